@@ -1,0 +1,61 @@
+// The versioned ABI of everything that crosses a process boundary in mpsshim.
+//
+// Bump kAbiMajor when a change breaks an existing peer (a struct in proto/ changes size or
+// layout, an opcode changes meaning). Bump kAbiMinor when a change only adds (a new opcode, a
+// new trailing field a peer may ignore). tests/proto/abi_layout_test.cpp pins every size and
+// offset together with the version: editing a struct without bumping fails that test.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace mpsshim::proto {
+
+inline constexpr std::uint32_t kHelloMagic = 0x4853504d;  // "MPSH" in memory order
+inline constexpr std::uint16_t kAbiMajor = 1;
+inline constexpr std::uint16_t kAbiMinor = 0;
+
+// FROZEN FOREVER. Every message on every mpsshim socket starts with this header, so that any two
+// versions of mpsshim can at least tell each other which versions they are. Never change it.
+struct HelloHeader {
+  std::uint32_t magic;      // kHelloMagic
+  std::uint16_t abi_major;  // sender's kAbiMajor
+  std::uint16_t abi_minor;  // sender's kAbiMinor
+  std::uint32_t size;       // bytes of the whole message, this header included
+  std::uint32_t kind;       // MessageKind
+};
+static_assert(sizeof(HelloHeader) == 16);
+static_assert(offsetof(HelloHeader, magic) == 0);
+static_assert(offsetof(HelloHeader, abi_major) == 4);
+static_assert(offsetof(HelloHeader, abi_minor) == 6);
+static_assert(offsetof(HelloHeader, size) == 8);
+static_assert(offsetof(HelloHeader, kind) == 12);
+
+// Socket message kinds. Values are never reused.
+enum class MessageKind : std::uint32_t {
+  kClientQuery = 1,     // client -> daemon: which devices are there?
+  kDaemonDevices = 2,   // daemon -> client: device table
+  kClientAttach = 3,    // client -> daemon: open a session on one device
+  kSessionWelcome = 4,  // server -> client: session accepted (+ segment memfd, doorbell eventfd)
+  kRefused = 5,         // anyone -> client: refused, with a message that says why
+  kServerReady = 6,     // server -> daemon: device snapshot, device count
+  kServerAdmit = 7,     // daemon -> server: a client connection (+ its fd)
+  kHostMemory = 8,      // client -> server: a memfd backing pinned host memory
+  kModuleImage = 9,     // client -> server: a memfd holding a module/library image
+  kCtlRequest = 10,     // mpsshimctl -> daemon: a text command
+  kCtlReply = 11,       // daemon -> mpsshimctl: text answer
+  kServerStats = 12,    // server -> daemon: per-client accounting (answer to kServerStatsQuery)
+  kServerStatsQuery = 13,
+  kServerTerminateClient = 14,
+};
+
+constexpr HelloHeader make_header(MessageKind kind, std::uint32_t size) {
+  return HelloHeader{kHelloMagic, kAbiMajor, kAbiMinor, size, static_cast<std::uint32_t>(kind)};
+}
+
+// A struct may cross the boundary only if its bytes are all it is.
+template <typename T>
+inline constexpr bool kWireSafe = std::is_trivially_copyable_v<T> && std::is_standard_layout_v<T>;
+
+}  // namespace mpsshim::proto

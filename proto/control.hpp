@@ -1,0 +1,119 @@
+// Socket messages (SOCK_SEQPACKET: one message per datagram, boundaries kept).
+//
+//   client --kClientQuery-->  daemon --kDaemonDevices--> client        (cuInit)
+//   client --kClientAttach--> daemon --kServerAdmit + client fd--> server
+//   server --kSessionWelcome + segment memfd + doorbell eventfd--> client
+//   server --kServerReady--> daemon                                    (server start)
+//   client --kHostMemory / kModuleImage + memfd--> server              (during a session)
+//
+// Any refusal is a kRefused carrying the CUresult the client should return and a sentence for
+// the operator.
+#pragma once
+
+#include <cstdint>
+
+#include "proto/abi.hpp"
+#include "proto/device_snapshot.hpp"
+
+namespace mpsshim::proto {
+
+inline constexpr char kControlSocketName[] = "control";  // in the runtime directory
+inline constexpr std::int32_t kUnset = -1;
+
+// What a client asks for, read from its environment at cuInit.
+struct ClientHello {
+  HelloHeader header;  // kClientQuery or kClientAttach
+  std::int32_t pid;
+  std::int32_t device;                     // attach: ordinal among the client's visible devices
+  std::int32_t active_thread_percentage;   // CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, kUnset if absent
+  std::int32_t priority;                   // CUDA_MPS_CLIENT_PRIORITY, kUnset if absent
+  std::uint64_t device_memory_limit;       // bytes for this device, 0 = no limit asked
+  std::uint32_t flags;                     // kHelloIgnoreSmCoscheduling, ...
+  std::uint32_t reserved;
+  char visible_devices[256];  // CUDA_VISIBLE_DEVICES as given ("" if unset)
+  char program[64];           // the client's program name, for logs and mpsshimctl ps
+};
+static_assert(kWireSafe<ClientHello>);
+static_assert(sizeof(ClientHello) == 368);
+static_assert(offsetof(ClientHello, visible_devices) == 48);
+inline constexpr std::uint32_t kHelloIgnoreSmCoscheduling = 1u << 0;
+
+struct Refused {
+  HelloHeader header;  // kRefused
+  std::int32_t cuda_error;
+  std::uint32_t reserved;
+  char message[496];
+};
+static_assert(kWireSafe<Refused>);
+static_assert(sizeof(Refused) == 520);
+
+// Followed by device_count DeviceSnapshots, in the client's visible order.
+struct DaemonDevices {
+  HelloHeader header;  // kDaemonDevices
+  std::uint32_t device_count;
+  std::uint32_t reserved;
+};
+static_assert(kWireSafe<DaemonDevices>);
+static_assert(sizeof(DaemonDevices) == 24);
+
+// Sent with two fds: [0] the sealed segment memfd, [1] the doorbell eventfd the client writes
+// when the server sleeps.
+struct SessionWelcome {
+  HelloHeader header;  // kSessionWelcome
+  std::uint32_t client_id;
+  std::uint32_t sm_count;         // SMs in this client's green context
+  std::uint64_t segment_bytes;
+  std::uint64_t memory_limit;     // bytes; 0 = the whole device
+  std::int32_t physical_ordinal;
+  std::int32_t priority;          // effective stream priority bias
+};
+static_assert(kWireSafe<SessionWelcome>);
+static_assert(sizeof(SessionWelcome) == 48);
+
+struct ServerReady {
+  HelloHeader header;  // kServerReady
+  std::int32_t ordinal;
+  std::int32_t device_count;
+  std::int32_t pid;
+  std::int32_t status;  // CUresult of the server's start; not 0 = it could not start
+  char message[256];
+  DeviceSnapshot snapshot;
+};
+static_assert(kWireSafe<ServerReady>);
+static_assert(offsetof(ServerReady, snapshot) == 288);
+
+// Sent with one fd: the client's connection.
+struct ServerAdmit {
+  HelloHeader header;  // kServerAdmit
+  std::int32_t peer_pid;  // from SO_PEERCRED, not from the hello
+  std::uint32_t peer_uid;
+  std::uint32_t peer_gid;
+  std::uint32_t reserved;
+  ClientHello hello;
+};
+static_assert(kWireSafe<ServerAdmit>);
+static_assert(sizeof(ServerAdmit) == 400);
+
+// Sent by a client during a session, with one memfd; the ring record that uses it names the
+// same token.
+struct FdTransfer {
+  HelloHeader header;  // kHostMemory or kModuleImage
+  std::uint32_t token;
+  std::uint32_t reserved;
+  std::uint64_t bytes;
+};
+static_assert(kWireSafe<FdTransfer>);
+static_assert(sizeof(FdTransfer) == 32);
+
+// mpsshimctl <-> daemon and daemon <-> server operator traffic: one line of text each way.
+struct TextMessage {
+  HelloHeader header;  // kCtlRequest / kCtlReply / kServerStatsQuery / kServerStats /
+                       // kServerTerminateClient
+  std::int32_t status;  // 0 = ok
+  std::uint32_t length;  // bytes of text used
+  char text[8168];
+};
+static_assert(kWireSafe<TextMessage>);
+static_assert(sizeof(TextMessage) == 8192);
+
+}  // namespace mpsshim::proto

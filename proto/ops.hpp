@@ -1,0 +1,255 @@
+// Opcodes of the request ring and their payloads.
+//
+// A record is RecordHeader + the opcode's request struct (+ trailing bytes where noted). A
+// record with reply_slot != kNoReply is answered in that ResponseSlot with a CUresult and the
+// opcode's reply struct. Records without a reply slot are one-way: an error they raise is
+// stored in SessionControl::async_error.
+//
+// Handles on the wire are server-issued 64-bit ids, valid only within their session; 0 is "no
+// handle". Device pointers are real device addresses, checked by the server against the
+// client's own allocations.
+#pragma once
+
+#include <cstdint>
+
+#include "proto/abi.hpp"
+#include "proto/ring.hpp"
+#include "proto/segment.hpp"
+
+namespace mpsshim::proto {
+
+using WireHandle = std::uint64_t;
+
+// Values are part of the ABI: append only.
+enum class Op : std::uint16_t {
+  kPad = kPadOpcode,
+  kGoodbye = 1,
+  kPing = 2,
+  kCtxCreate = 3,
+  kCtxDestroy = 4,
+  kCtxSynchronize = 5,
+  kCtxSetLimit = 6,
+  kCtxGetLimit = 7,
+  kMemAlloc = 8,
+  kMemAllocPitch = 9,
+  kMemFree = 10,
+  kMemGetInfo = 11,
+  kHostRegister = 12,
+  kHostUnregister = 13,
+  kCopyHtoD = 14,
+  kCopyDtoH = 15,
+  kCopyDtoD = 16,
+  kMemset = 17,
+  kImageLoad = 18,
+  kModuleUnload = 19,
+  kModuleGetFunction = 20,
+  kModuleGetGlobal = 21,
+  kLibraryUnload = 22,
+  kLibraryGetKernel = 23,
+  kLibraryGetModule = 24,
+  kLibraryGetGlobal = 25,
+  kKernelGetFunction = 26,
+  kFuncGetAttribute = 27,
+  kFuncSetAttribute = 28,
+  kFuncSetCacheConfig = 29,
+  kKernelGetAttribute = 30,
+  kKernelSetAttribute = 31,
+  kLaunchKernel = 32,
+  kStreamCreate = 33,
+  kStreamDestroy = 34,
+  kStreamQuery = 35,
+  kStreamSynchronize = 36,
+  kStreamWaitEvent = 37,
+  kEventCreate = 38,
+  kEventDestroy = 39,
+  kEventRecord = 40,
+  kEventQuery = 41,
+  kEventSynchronize = 42,
+  kEventElapsedTime = 43,
+  kOccupancyMaxActiveBlocks = 44,
+  kOccupancyMaxActiveClusters = 45,
+  kOccupancyAvailableDynamicSmem = 46,
+  kCount
+};
+
+// RecordHeader::flags
+inline constexpr std::uint16_t kFlagReplyWhenDone = 1u << 0;  // answer once the stream work ran
+
+// ---- context ----
+struct CtxCreateReq { std::uint32_t flags; std::uint32_t reserved; };
+struct CtxCreateRep { WireHandle ctx; WireHandle default_stream; };
+struct CtxReq { WireHandle ctx; };
+struct CtxLimitReq { std::uint32_t limit; std::uint32_t reserved; std::uint64_t value; };
+struct CtxLimitRep { std::uint64_t value; };
+
+// ---- memory ----
+struct MemAllocReq { WireHandle ctx; std::uint64_t bytes; };
+struct MemAllocRep { std::uint64_t dptr; };
+struct MemAllocPitchReq {
+  WireHandle ctx;
+  std::uint64_t width_bytes;
+  std::uint64_t height;
+  std::uint32_t element_bytes;
+  std::uint32_t reserved;
+};
+struct MemAllocPitchRep { std::uint64_t dptr; std::uint64_t pitch; };
+struct MemFreeReq { std::uint64_t dptr; };
+struct MemGetInfoRep { std::uint64_t free_bytes; std::uint64_t total_bytes; };
+
+// Pinned host memory: a memfd sent on the socket (FdTransfer with `token`), mapped by the
+// server at `client_address` when that address is free there (so host and device pointers
+// agree as under UVA), then registered with the driver.
+struct HostRegisterReq {
+  std::uint64_t client_address;
+  std::uint64_t bytes;
+  std::uint32_t token;
+  std::uint32_t flags;  // CU_MEMHOSTALLOC_*
+};
+struct HostRegisterRep { WireHandle region; std::uint64_t device_pointer; };
+struct HostUnregisterReq { WireHandle region; };
+
+// Where host bytes of a copy are.
+enum class HostKind : std::uint32_t { kPinnedRegion = 1, kStagingChunk = 2 };
+struct HostRef {
+  std::uint64_t handle;  // region id, or chunk index
+  std::uint64_t offset;  // into the region or chunk
+  HostKind kind;
+  std::uint32_t generation;  // staging chunks: the generation this use completes
+};
+struct CopyHostReq {  // kCopyHtoD and kCopyDtoH
+  WireHandle stream;
+  std::uint64_t device;
+  std::uint64_t bytes;
+  HostRef host;
+};
+struct CopyDtoDReq { WireHandle stream; std::uint64_t dst; std::uint64_t src; std::uint64_t bytes; };
+struct MemsetReq {
+  WireHandle stream;
+  std::uint64_t dst;
+  std::uint64_t pitch;   // bytes between rows; 0 for 1-D
+  std::uint64_t width;   // elements per row
+  std::uint64_t height;  // rows; 1 for 1-D
+  std::uint32_t value;
+  std::uint32_t element_bytes;  // 1, 2 or 4
+};
+
+// ---- modules and libraries ----
+enum class ImageKind : std::uint32_t { kModule = 1, kLibrary = 2 };
+// The image travels as a memfd (FdTransfer kModuleImage, `token`). For a v2 fat-binary
+// wrapper the memfd holds the containers back to back and `containers` counts them.
+struct ImageLoadReq {
+  WireHandle ctx;
+  std::uint64_t bytes;
+  std::uint32_t token;
+  ImageKind kind;
+  std::uint32_t containers;  // 0: a plain image
+  std::uint32_t reserved;
+};
+struct ImageLoadRep { WireHandle handle; };
+struct HandleReq { WireHandle handle; };
+// Followed by name_bytes bytes of name (no terminator needed).
+struct NamedLookupReq { WireHandle handle; std::uint32_t name_bytes; std::uint32_t reserved; };
+inline constexpr std::uint32_t kMaxNameBytes = 4096;
+
+struct ParamSlot { std::uint32_t offset; std::uint32_t size; };
+// Reply of GetFunction/GetKernel/KernelGetFunction: the handle and its parameter layout.
+struct FunctionRep {
+  WireHandle function;
+  std::uint32_t param_count;
+  std::uint32_t args_bytes;  // end of the last parameter
+  ParamSlot params[(kSlotPayloadBytes - 16) / sizeof(ParamSlot)];
+};
+struct GlobalRep { std::uint64_t dptr; std::uint64_t bytes; };
+struct AttributeReq {
+  WireHandle handle;
+  std::int32_t attribute;
+  std::int32_t value;
+  std::int32_t device;
+  std::uint32_t reserved;
+};
+struct AttributeRep { std::int32_t value; std::uint32_t reserved; };
+
+// ---- launches ----
+struct WireLaunchAttribute {
+  std::uint32_t id;
+  std::uint32_t reserved;
+  std::uint8_t value[64];
+};
+// Followed by attribute_count WireLaunchAttributes, then args_bytes of arguments packed at
+// their parameter offsets (the CU_LAUNCH_PARAM_BUFFER_POINTER layout).
+struct LaunchReq {
+  WireHandle function;
+  WireHandle stream;
+  std::uint32_t grid[3];
+  std::uint32_t block[3];
+  std::uint32_t shared_bytes;
+  std::uint32_t args_bytes;
+  std::uint32_t attribute_count;
+  std::uint32_t reserved;
+};
+inline constexpr std::uint32_t kMaxLaunchAttributes = 16;
+inline constexpr std::uint32_t kMaxArgsBytes = 32764;
+
+// ---- streams and events ----
+struct StreamCreateReq { WireHandle ctx; std::uint32_t flags; std::int32_t priority; };
+struct StreamCreateRep { WireHandle stream; };
+struct StreamWaitEventReq { WireHandle stream; WireHandle event; std::uint32_t flags; std::uint32_t reserved; };
+struct EventCreateReq { WireHandle ctx; std::uint32_t flags; std::uint32_t reserved; };
+struct EventCreateRep { WireHandle event; };
+struct EventRecordReq { WireHandle event; WireHandle stream; std::uint32_t flags; std::uint32_t reserved; };
+struct ElapsedReq { WireHandle start; WireHandle end; };
+struct ElapsedRep { float milliseconds; std::uint32_t reserved; };
+
+// ---- occupancy ----
+struct OccupancyReq {
+  WireHandle function;
+  std::int32_t block_size;
+  std::uint32_t flags;
+  std::uint64_t dynamic_smem;
+};
+struct OccupancyRep { std::int64_t value; };
+// Followed by attribute_count WireLaunchAttributes.
+struct ClusterOccupancyReq {
+  WireHandle function;
+  std::uint32_t grid[3];
+  std::uint32_t block[3];
+  std::uint32_t shared_bytes;
+  std::uint32_t attribute_count;
+};
+
+// Every payload above is plain bytes and fits a response slot.
+#define MPSSHIM_WIRE_CHECK(T) \
+  static_assert(kWireSafe<T>, #T " must be trivially copyable"); \
+  static_assert(sizeof(T) % 8 == 0 || sizeof(T) < 8, #T " must pad to 8 bytes");
+MPSSHIM_WIRE_CHECK(CtxCreateReq)
+MPSSHIM_WIRE_CHECK(CtxCreateRep)
+MPSSHIM_WIRE_CHECK(CtxReq)
+MPSSHIM_WIRE_CHECK(CtxLimitReq)
+MPSSHIM_WIRE_CHECK(MemAllocReq)
+MPSSHIM_WIRE_CHECK(MemAllocPitchReq)
+MPSSHIM_WIRE_CHECK(HostRegisterReq)
+MPSSHIM_WIRE_CHECK(HostRef)
+MPSSHIM_WIRE_CHECK(CopyHostReq)
+MPSSHIM_WIRE_CHECK(CopyDtoDReq)
+MPSSHIM_WIRE_CHECK(MemsetReq)
+MPSSHIM_WIRE_CHECK(ImageLoadReq)
+MPSSHIM_WIRE_CHECK(NamedLookupReq)
+MPSSHIM_WIRE_CHECK(FunctionRep)
+MPSSHIM_WIRE_CHECK(AttributeReq)
+MPSSHIM_WIRE_CHECK(WireLaunchAttribute)
+MPSSHIM_WIRE_CHECK(LaunchReq)
+MPSSHIM_WIRE_CHECK(StreamCreateReq)
+MPSSHIM_WIRE_CHECK(StreamWaitEventReq)
+MPSSHIM_WIRE_CHECK(EventRecordReq)
+MPSSHIM_WIRE_CHECK(ElapsedReq)
+MPSSHIM_WIRE_CHECK(OccupancyReq)
+MPSSHIM_WIRE_CHECK(ClusterOccupancyReq)
+#undef MPSSHIM_WIRE_CHECK
+static_assert(sizeof(FunctionRep) <= kSlotPayloadBytes);
+static_assert(sizeof(WireLaunchAttribute) == 72, "CUlaunchAttribute is 72 bytes");
+static_assert(sizeof(LaunchReq) == 56);
+static_assert(sizeof(HostRef) == 24);
+static_assert(sizeof(CopyHostReq) == 48);
+static_assert(sizeof(MemsetReq) == 48);
+
+}  // namespace mpsshim::proto

@@ -1,0 +1,155 @@
+// The shared segment of one session: a sealed memfd created by the server, mapped by both.
+//
+//   [SegmentHeader][SessionControl][request ring: RingControl + data]
+//   [ResponseSlot x slot_count][ChunkState x chunk_count][staging chunks]
+//
+// The server writes the header once before sealing and never reads shared fields back for
+// its own decisions: it keeps its own copy of the geometry. Everything the client writes is
+// treated as hostile.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "proto/abi.hpp"
+#include "proto/ring.hpp"
+
+namespace mpsshim::proto {
+
+inline constexpr std::uint32_t kSegmentMagic = 0x4d475353;  // "SSGM"
+
+struct SegmentHeader {
+  std::uint32_t magic;
+  std::uint16_t abi_major;
+  std::uint16_t abi_minor;
+  std::uint64_t segment_bytes;
+  std::uint64_t control_offset;
+  std::uint64_t ring_offset;
+  std::uint64_t ring_capacity;
+  std::uint64_t slots_offset;
+  std::uint32_t slot_count;
+  std::uint32_t slot_bytes;
+  std::uint64_t chunk_states_offset;
+  std::uint64_t staging_offset;
+  std::uint32_t chunk_count;
+  std::uint32_t reserved0;
+  std::uint64_t chunk_bytes;
+  std::uint64_t reserved[4];
+};
+static_assert(kWireSafe<SegmentHeader>);
+static_assert(sizeof(SegmentHeader) == 120);
+
+// Session-wide state the server publishes.
+struct SessionControl {
+  // A sticky failure of the whole server (GPU fault, server exit): every later call of the
+  // client returns it. 0 while healthy.
+  alignas(kCacheLine) std::atomic<std::uint32_t> fault;
+  // First error raised by a one-way call since the client last looked. The client swaps it to
+  // 0 at its next synchronizing call and returns it, as CUDA reports asynchronous errors.
+  std::atomic<std::uint32_t> async_error;
+  std::atomic<std::uint64_t> records_executed;  // accounting, for tests and mpsshimctl
+};
+static_assert(sizeof(SessionControl) == kCacheLine);
+static_assert(offsetof(SessionControl, async_error) == 4);
+
+enum SlotState : std::uint32_t { kSlotIdle = 0, kSlotPending = 1, kSlotReady = 2 };
+
+// One reply mailbox. A client thread owns a slot from the request to the reply; the server
+// writes result and payload, then stores kSlotReady (release) and wakes the futex if a waiter
+// is present.
+inline constexpr std::uint32_t kSlotBytes = 4096;
+struct ResponseSlot {
+  alignas(kCacheLine) std::atomic<std::uint32_t> state;  // futex word
+  std::atomic<std::uint32_t> waiter;
+  std::int32_t result;  // CUresult
+  std::uint32_t payload_bytes;
+  std::uint8_t reserved[48];
+  std::uint8_t payload[kSlotBytes - kCacheLine];
+};
+static_assert(sizeof(ResponseSlot) == kSlotBytes);
+static_assert(offsetof(ResponseSlot, payload) == kCacheLine);
+inline constexpr std::uint32_t kSlotPayloadBytes = kSlotBytes - kCacheLine;
+
+// Staging chunk i may be refilled by the client once done_generation equals the generation it
+// last issued for that chunk. The server stores the generation when the DMA that used the
+// chunk has completed.
+struct ChunkState {
+  alignas(kCacheLine) std::atomic<std::uint32_t> done_generation;  // futex word
+  std::atomic<std::uint32_t> waiter;
+  std::atomic<std::int32_t> result;  // CUresult of the copy that used it
+};
+static_assert(sizeof(ChunkState) == kCacheLine);
+
+struct SegmentGeometry {
+  std::uint64_t ring_capacity = 1u << 20;
+  std::uint32_t slot_count = 64;
+  std::uint32_t chunk_count = 16;
+  std::uint64_t chunk_bytes = 2u << 20;
+};
+
+inline constexpr std::uint64_t kPage = 4096;
+constexpr std::uint64_t round_up(std::uint64_t v, std::uint64_t to) { return (v + to - 1) / to * to; }
+
+// Lays the segment out; the staging area is page-aligned so it can be registered for DMA.
+constexpr SegmentHeader plan_segment(const SegmentGeometry& g) {
+  SegmentHeader h{};
+  h.magic = kSegmentMagic;
+  h.abi_major = kAbiMajor;
+  h.abi_minor = kAbiMinor;
+  std::uint64_t at = round_up(sizeof(SegmentHeader), kCacheLine);
+  h.control_offset = at;
+  at += sizeof(SessionControl);
+  h.ring_offset = round_up(at, kCacheLine);
+  h.ring_capacity = g.ring_capacity;
+  at = h.ring_offset + ring_footprint(g.ring_capacity);
+  h.slots_offset = round_up(at, kCacheLine);
+  h.slot_count = g.slot_count;
+  h.slot_bytes = kSlotBytes;
+  at = h.slots_offset + std::uint64_t{g.slot_count} * kSlotBytes;
+  h.chunk_states_offset = round_up(at, kCacheLine);
+  h.chunk_count = g.chunk_count;
+  at = h.chunk_states_offset + std::uint64_t{g.chunk_count} * sizeof(ChunkState);
+  h.staging_offset = round_up(at, kPage);
+  h.chunk_bytes = g.chunk_bytes;
+  h.segment_bytes = round_up(h.staging_offset + std::uint64_t{g.chunk_count} * g.chunk_bytes, kPage);
+  return h;
+}
+
+// Typed views over a mapped segment, built from a header the viewer trusts.
+struct SegmentView {
+  std::byte* base = nullptr;
+  SegmentHeader geometry{};
+
+  SessionControl* control() const {
+    return reinterpret_cast<SessionControl*>(base + geometry.control_offset);
+  }
+  RingControl* ring() const { return reinterpret_cast<RingControl*>(base + geometry.ring_offset); }
+  ResponseSlot* slot(std::uint32_t i) const {
+    return reinterpret_cast<ResponseSlot*>(base + geometry.slots_offset) + i;
+  }
+  ChunkState* chunk_state(std::uint32_t i) const {
+    return reinterpret_cast<ChunkState*>(base + geometry.chunk_states_offset) + i;
+  }
+  std::byte* chunk(std::uint32_t i) const {
+    return base + geometry.staging_offset + std::uint64_t{i} * geometry.chunk_bytes;
+  }
+};
+
+// A header received from the server is checked before the client uses it: everything must
+// lie inside the mapping.
+constexpr bool segment_header_valid(const SegmentHeader& h, std::uint64_t mapped_bytes) {
+  auto inside = [&](std::uint64_t off, std::uint64_t len) {
+    return off <= mapped_bytes && len <= mapped_bytes - off;
+  };
+  return h.magic == kSegmentMagic && h.abi_major == kAbiMajor && h.segment_bytes == mapped_bytes &&
+         is_power_of_two(h.ring_capacity) && h.slot_bytes == kSlotBytes && h.slot_count > 0 &&
+         h.chunk_count > 0 && h.chunk_count <= 1024 &&
+         inside(h.control_offset, sizeof(SessionControl)) &&
+         inside(h.ring_offset, ring_footprint(h.ring_capacity)) &&
+         inside(h.slots_offset, std::uint64_t{h.slot_count} * kSlotBytes) &&
+         inside(h.chunk_states_offset, std::uint64_t{h.chunk_count} * sizeof(ChunkState)) &&
+         inside(h.staging_offset, std::uint64_t{h.chunk_count} * h.chunk_bytes);
+}
+
+}  // namespace mpsshim::proto
