@@ -29,7 +29,7 @@ struct DeviceSnapshot {
   std::uint64_t reserved[4];
 };
 static_assert(kWireSafe<DeviceSnapshot>);
-static_assert(sizeof(DeviceSnapshot) == 1384);
+static_assert(sizeof(DeviceSnapshot) == 1368);
 static_assert(offsetof(DeviceSnapshot, uuid) == 256);
 static_assert(offsetof(DeviceSnapshot, total_memory) == 272);
 static_assert(offsetof(DeviceSnapshot, attributes) == 304);

@@ -28,6 +28,7 @@
   X(cuGreenCtxCreate, CUresult, (CUgreenCtx*, CUdevResourceDesc, CUdevice, unsigned int))      \
   X(cuGreenCtxDestroy, CUresult, (CUgreenCtx))                                                 \
   X(cuGreenCtxStreamCreate, CUresult, (CUstream*, CUgreenCtx, unsigned int, int))              \
+  X(cuCtxFromGreenCtx, CUresult, (CUcontext*, CUgreenCtx))                                     \
   X(cuDevicePrimaryCtxRetain, CUresult, (CUcontext*, CUdevice))                                \
   X(cuDevicePrimaryCtxRelease_v2, CUresult, (CUdevice))                                        \
   X(cuCtxSetCurrent, CUresult, (CUcontext))                                                    \

@@ -1,0 +1,221 @@
+#include "broker/daemon/client_gate.hpp"
+
+#include <cuda.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "broker/daemon/child_process.hpp"
+#include "broker/daemon/device_directory.hpp"
+#include "broker/daemon/log.hpp"
+#include "broker/daemon/wire.hpp"
+
+namespace mpsshim::daemon {
+
+namespace {
+
+using proto::MessageKind;
+
+// "client 4123 (python3, uid 1000)" / "mpsshimctl 4123 (uid 0)"
+std::string describe_client(const proto::PeerCredentials& peer, const std::string& program) {
+  return fmt::format("client {} ({}, uid {})", peer.pid, program.empty() ? "?" : program, peer.uid);
+}
+
+std::string describe_peer(const proto::PeerCredentials& peer) {
+  return fmt::format("pid {} ({}, uid {})", peer.pid, process_name(peer.pid), peer.uid);
+}
+
+}  // namespace
+
+ClientGate::ClientGate(EventLoop& loop, Supervisor& supervisor, Commands& commands,
+                       AccessPolicy policy)
+    : loop_(loop), supervisor_(supervisor), commands_(commands), policy_(policy) {}
+
+ClientGate::~ClientGate() { close(); }
+
+void ClientGate::listen(proto::UniqueFd listener) {
+  listener_ = std::move(listener);
+  loop_.watch(listener_.get(), EPOLLIN, [this](std::uint32_t) { accept_all(); });
+}
+
+void ClientGate::close() {
+  if (listener_) {
+    loop_.unwatch(listener_.get());
+    listener_.reset();
+  }
+  for (auto& [fd, connection] : waiting_) {
+    loop_.unwatch(fd);
+    loop_.cancel(connection.deadline);
+  }
+  waiting_.clear();
+}
+
+void ClientGate::accept_all() {
+  // Bounded, so a flood of connections cannot starve the servers' sockets.
+  for (int budget = 64; budget > 0 && listener_; --budget) {
+    proto::UniqueFd fd(
+        ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    if (!fd) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        log_error("accepting a connection failed: {}", std::strerror(errno));
+      }
+      return;
+    }
+    auto peer = proto::peer_credentials(fd.get());
+    if (!peer) continue;
+    if (waiting_.size() >= kMaxWaiting) {
+      log_warn("{} dropped: {} connections are already waiting to say who they are",
+               describe_peer(*peer), waiting_.size());
+      continue;
+    }
+    int raw = fd.get();
+    EventLoop::TimerId deadline = loop_.after(kFirstMessageTimeout, [this, raw] {
+      Waiting connection = take(raw);
+      log_warn("{} connected but sent nothing for {} s; closed", describe_peer(connection.peer),
+               std::chrono::seconds(kFirstMessageTimeout).count());
+    });
+    waiting_.emplace(raw, Waiting{std::move(fd), *peer, deadline});
+    loop_.watch(raw, EPOLLIN, [this, raw](std::uint32_t) { on_readable(raw); });
+  }
+}
+
+ClientGate::Waiting ClientGate::take(int fd) {
+  auto node = waiting_.extract(fd);
+  loop_.unwatch(fd);
+  loop_.cancel(node.mapped().deadline);
+  return std::move(node.mapped());
+}
+
+void ClientGate::on_readable(int fd) {
+  if (!waiting_.contains(fd)) return;
+  int error = proto::receive_message(fd, scratch_);
+  if (error == EAGAIN || error == EWOULDBLOCK) return;
+  Waiting connection = take(fd);
+  if (error != 0) {
+    log_warn("{}: unreadable first message ({}); closed", describe_peer(connection.peer),
+             std::strerror(error));
+    return;
+  }
+  if (scratch_.bytes.empty()) {
+    log_debug("{} hung up without a word", describe_peer(connection.peer));
+    return;
+  }
+  on_first_message(std::move(connection), scratch_);
+}
+
+void ClientGate::refuse(const Waiting& connection, int cuda_error, const std::string& message) {
+  // Best effort: the socket is fresh, so this cannot block; a peer that has gone is no loss.
+  proto::send_struct(connection.fd.get(), make_refused(cuda_error, message));
+}
+
+void ClientGate::on_first_message(Waiting connection, const proto::Received& message) {
+  auto header = header_of(message);
+  if (!header || header->magic != proto::kHelloMagic) {
+    log_warn("{} sent something that is not mpsshim's protocol; closed",
+             describe_peer(connection.peer));
+    return;
+  }
+  auto kind = static_cast<MessageKind>(header->kind);
+  if (header->abi_major != proto::kAbiMajor) {
+    std::string text = fmt::format(
+        "{} speaks mpsshim ABI {}.{}, this daemon speaks {}.{}; use matching libmpsshim.so, "
+        "mpsshimctl and mpsshimd",
+        kind == MessageKind::kCtlRequest ? "mpsshimctl" : "client", header->abi_major,
+        header->abi_minor, proto::kAbiMajor, proto::kAbiMinor);
+    log_warn("{} refused: {}", describe_peer(connection.peer), text);
+    refuse(connection, CUDA_ERROR_MPS_CONNECTION_FAILED, text);
+    return;
+  }
+  switch (kind) {
+    case MessageKind::kClientQuery:
+    case MessageKind::kClientAttach:
+      if (auto hello = decode<proto::ClientHello>(message)) {
+        return on_client(std::move(connection), kind, *hello);
+      }
+      break;
+    case MessageKind::kCtlRequest:
+      if (auto request = decode<proto::TextMessage>(message)) {
+        return on_command(std::move(connection), *request);
+      }
+      break;
+    default: {
+      std::string text = fmt::format(
+          "message kind {} cannot open a connection to mpsshimd; expected a client hello or an "
+          "mpsshimctl command",
+          header->kind);
+      log_warn("{} refused: {}", describe_peer(connection.peer), text);
+      refuse(connection, CUDA_ERROR_MPS_CONNECTION_FAILED, text);
+      return;
+    }
+  }
+  log_warn("{} sent a truncated message of kind {} ({} bytes); closed",
+           describe_peer(connection.peer), header->kind, message.bytes.size());
+}
+
+void ClientGate::on_client(Waiting connection, MessageKind kind, const proto::ClientHello& sent) {
+  proto::ClientHello hello = sent;
+  hello.visible_devices[sizeof hello.visible_devices - 1] = '\0';
+  hello.program[sizeof hello.program - 1] = '\0';
+  std::string who = describe_client(connection.peer, hello.program);
+  if (auto why = policy_.refusal(connection.peer, PeerRole::kClient)) {
+    log_warn("{} refused: {}", who, *why);
+    refuse(connection, CUDA_ERROR_MPS_CONNECTION_FAILED, *why);
+    return;
+  }
+  if (kind == MessageKind::kClientQuery) {
+    auto answer = answer_query(supervisor_, hello);
+    if (!answer) {
+      log_warn("{} asked for its devices; refused: {}", who, answer.error().message);
+      refuse(connection, answer.error().cuda_error, answer.error().message);
+      return;
+    }
+    log_debug("{} asked for its devices (CUDA_VISIBLE_DEVICES=\"{}\")", who,
+              hello.visible_devices);
+    if (int error = proto::send_message(connection.fd.get(), *answer); error != 0) {
+      log_warn("{} could not be sent its devices: {}", who, std::strerror(error));
+    }
+    return;
+  }
+  auto gpu = resolve_attach(supervisor_, hello);
+  if (!gpu) {
+    log_warn("{} asked for device {}; refused: {}", who, hello.device, gpu.error().message);
+    refuse(connection, gpu.error().cuda_error, gpu.error().message);
+    return;
+  }
+  // The server gets its own copy of the fd and answers the client directly; ours closes here.
+  auto server = supervisor_.admit(*gpu, connection.fd.get(), connection.peer, hello);
+  if (!server) {
+    log_warn("{} refused: {}", who, server.error());
+    refuse(connection, CUDA_ERROR_MPS_SERVER_NOT_READY, server.error());
+    return;
+  }
+  log_info("{} attached to GPU {} (server pid {})", who, *gpu, *server);
+}
+
+void ClientGate::on_command(Waiting connection, const proto::TextMessage& request) {
+  std::string line = text_of(request);
+  if (auto why = policy_.refusal(connection.peer, PeerRole::kOperator)) {
+    log_warn("mpsshimctl {} (uid {}) refused: {}", connection.peer.pid, connection.peer.uid, *why);
+    refuse(connection, CUDA_ERROR_MPS_CONNECTION_FAILED, *why);
+    return;
+  }
+  log_info("operator command from pid {} (uid {}): {}", connection.peer.pid, connection.peer.uid,
+           line);
+  int fd = connection.fd.get();
+  answering_.emplace(fd, std::move(connection.fd));
+  commands_.execute(line, [this, fd](CtlReply reply) {
+    auto node = answering_.extract(fd);
+    if (node.empty()) return;
+    constexpr std::size_t kRoom = sizeof(proto::TextMessage::text);
+    constexpr std::string_view kCut = "... (answer cut: too long for one message)\n";
+    if (!reply.text.empty() && reply.text.back() != '\n') reply.text += '\n';
+    if (reply.text.size() > kRoom) reply.text = reply.text.substr(0, kRoom - kCut.size()) + std::string(kCut);
+    proto::send_struct(node.mapped().get(), make_text(MessageKind::kCtlReply, reply.status,
+                                                      reply.text));
+  });
+}
+
+}  // namespace mpsshim::daemon

@@ -1,0 +1,58 @@
+// The front door: accepts connections on the control socket, gives each a few seconds to say
+// who it is, checks its ABI version and SO_PEERCRED, and passes it on: a device query is
+// answered here, an attach goes to the GPU's server, an mpsshimctl command to Commands.
+#pragma once
+
+#include <chrono>
+#include <unordered_map>
+
+#include "broker/daemon/access_policy.hpp"
+#include "broker/daemon/commands.hpp"
+#include "broker/daemon/event_loop.hpp"
+#include "broker/daemon/supervisor.hpp"
+#include "proto/control.hpp"
+#include "proto/unix_socket.hpp"
+
+namespace mpsshim::daemon {
+
+class ClientGate {
+ public:
+  // A peer that has not sent its first message by then is dropped: a slow or hostile peer
+  // costs one fd for this long, never the daemon's attention.
+  static constexpr auto kFirstMessageTimeout = std::chrono::seconds(5);
+  static constexpr std::size_t kMaxWaiting = 256;
+
+  ClientGate(EventLoop& loop, Supervisor& supervisor, Commands& commands, AccessPolicy policy);
+  ~ClientGate();
+
+  void listen(proto::UniqueFd listener);  // a listening SOCK_SEQPACKET socket
+  // Shutdown: stop accepting and drop connections that have not said who they are. Commands
+  // still waiting for servers keep their connection until answered.
+  void close();
+
+ private:
+  struct Waiting {
+    proto::UniqueFd fd;
+    proto::PeerCredentials peer;
+    EventLoop::TimerId deadline;
+  };
+
+  void accept_all();
+  void on_readable(int fd);
+  void on_first_message(Waiting connection, const proto::Received& message);
+  void on_client(Waiting connection, proto::MessageKind kind, const proto::ClientHello& hello);
+  void on_command(Waiting connection, const proto::TextMessage& request);
+  void refuse(const Waiting& connection, int cuda_error, const std::string& message);
+  Waiting take(int fd);
+
+  EventLoop& loop_;
+  Supervisor& supervisor_;
+  Commands& commands_;
+  AccessPolicy policy_;
+  proto::UniqueFd listener_;
+  std::unordered_map<int, Waiting> waiting_;             // by fd: no first message yet
+  std::unordered_map<int, proto::UniqueFd> answering_;  // by fd: a command awaiting servers
+  proto::Received scratch_;
+};
+
+}  // namespace mpsshim::daemon

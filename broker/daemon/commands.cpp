@@ -1,0 +1,296 @@
+#include "broker/daemon/commands.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <climits>
+#include <memory>
+#include <sstream>
+
+#include "broker/daemon/client_table.hpp"
+#include "broker/daemon/server_report.hpp"
+#include "broker/daemon/sizes.hpp"
+
+namespace mpsshim::daemon {
+
+namespace {
+
+using proto::MessageKind;
+
+std::vector<std::string> split_words(std::string_view line) {
+  std::istringstream in{std::string(line)};
+  std::vector<std::string> words;
+  for (std::string word; in >> word;) words.push_back(word);
+  return words;
+}
+
+std::optional<long> parse_integer(const std::string& text) {
+  long value = 0;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc{} || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+CtlReply error_reply(std::string text) { return CtlReply{1, std::move(text)}; }
+
+// Runs `done` with every GPU's answer once the last one has arrived or failed.
+class AnswerCollector : public std::enable_shared_from_this<AnswerCollector> {
+ public:
+  using Answer = tl::expected<ServerAnswer, std::string>;
+  using Done = std::function<void(std::vector<std::pair<int, Answer>>)>;
+
+  static void ask(Supervisor& supervisor, const std::vector<int>& gpus, MessageKind kind,
+                  const std::string& text, Done done) {
+    auto collector = std::make_shared<AnswerCollector>(gpus.size(), std::move(done));
+    if (gpus.empty()) {
+      collector->finish();
+      return;
+    }
+    for (std::size_t i = 0; i < gpus.size(); ++i) {
+      collector->answers_[i].first = gpus[i];
+      supervisor.request(gpus[i], kind, text, Commands::kServerTimeout,
+                         [collector, i](Answer answer) { collector->fill(i, std::move(answer)); });
+    }
+  }
+
+  AnswerCollector(std::size_t count, Done done)
+      : answers_(count, {0, Answer(tl::unexpect, "")}), remaining_(count), done_(std::move(done)) {}
+
+ private:
+  void fill(std::size_t i, Answer answer) {
+    answers_[i].second = std::move(answer);
+    if (--remaining_ == 0) finish();
+  }
+  void finish() { done_(std::move(answers_)); }
+
+  std::vector<std::pair<int, Answer>> answers_;
+  std::size_t remaining_;
+  Done done_;
+};
+
+}  // namespace
+
+Commands::Commands(Supervisor& supervisor, std::function<void()> request_shutdown)
+    : supervisor_(supervisor), request_shutdown_(std::move(request_shutdown)) {}
+
+const std::vector<Commands::Command>& Commands::table() {
+  static const std::vector<Command> commands{
+      {"help", "help", "this list", 0, 0, &Commands::help},
+      {"server_list", "server_list", "each GPU's server: pid, state, restarts", 0, 0,
+       &Commands::server_list},
+      {"device_query", "device_query", "each GPU: name, UUID, memory, SMs, driver version", 0, 0,
+       &Commands::device_query},
+      {"ps", "ps", "every client of every GPU: pid, user, SMs, memory, kernels launched, state", 0,
+       0, &Commands::ps},
+      {"terminate_client", "terminate_client <gpu> <pid>",
+       "end client <pid> on GPU <gpu>; its CUDA calls fail from then on", 2, 2,
+       &Commands::terminate_client},
+      {"set_default_active_thread_percentage", "set_default_active_thread_percentage <1-100>",
+       "share of SMs new clients get unless they set CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", 1, 1,
+       &Commands::set_default_percentage},
+      {"get_default_active_thread_percentage", "get_default_active_thread_percentage",
+       "the default share of SMs, in percent", 0, 0, &Commands::get_default_percentage},
+      {"set_default_device_pinned_mem_limit", "set_default_device_pinned_mem_limit <gpu> <size>",
+       "device memory new clients of <gpu> may use unless they set "
+       "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (e.g. 4G; 0 = no limit)",
+       2, 2, &Commands::set_default_memory_limit},
+      {"get_default_device_pinned_mem_limit", "get_default_device_pinned_mem_limit <gpu>",
+       "the default device memory limit of <gpu> (0 = none)", 1, 1,
+       &Commands::get_default_memory_limit},
+      {"server_command", "server_command <gpu> <text...>",
+       "pass a command the daemon does not know to GPU <gpu>'s server and show its answer", 2,
+       SIZE_MAX, &Commands::server_command},
+      {"quit", "quit", "stop every server and the daemon", 0, 0, &Commands::quit},
+  };
+  return commands;
+}
+
+void Commands::execute(std::string_view line, ReplyHandler reply) {
+  Args words = split_words(line);
+  if (words.empty()) {
+    reply(error_reply("empty command; `help` lists the commands"));
+    return;
+  }
+  for (const Command& command : table()) {
+    if (command.name != words.front()) continue;
+    Args args(words.begin() + 1, words.end());
+    if (args.size() < command.min_args || args.size() > command.max_args) {
+      reply(error_reply(fmt::format("usage: {}", command.usage)));
+      return;
+    }
+    (this->*command.run)(args, std::move(reply));
+    return;
+  }
+  reply(error_reply(fmt::format("unknown command `{}`; `help` lists the commands", words.front())));
+}
+
+void Commands::help(const Args&, ReplyHandler reply) {
+  std::string text = "commands:\n";
+  for (const Command& command : table()) {
+    text += fmt::format("  {}\n      {}\n", command.usage, command.help);
+  }
+  reply(CtlReply{0, text});
+}
+
+void Commands::server_list(const Args&, ReplyHandler reply) {
+  reply(CtlReply{0, format_server_list(supervisor_)});
+}
+
+void Commands::device_query(const Args&, ReplyHandler reply) {
+  reply(CtlReply{0, format_device_query(supervisor_)});
+}
+
+tl::expected<int, std::string> Commands::gpu_argument(const std::string& text) const {
+  auto gpu = parse_integer(text);
+  if (!gpu || *gpu < 0) return tl::unexpected(fmt::format("`{}` is not a GPU number", text));
+  if (*gpu >= supervisor_.gpu_count()) {
+    if (!supervisor_.gpu_count_known()) {
+      return tl::unexpected("the GPU count is not known yet (the server for GPU 0 is starting)");
+    }
+    return tl::unexpected(fmt::format("there is no GPU {}: mpsshimd manages GPUs 0 to {}", *gpu,
+                                      supervisor_.gpu_count() - 1));
+  }
+  return static_cast<int>(*gpu);
+}
+
+void Commands::ps(const Args&, ReplyHandler reply) {
+  std::vector<int> ready;
+  std::string notes;
+  for (int i = 0; i < supervisor_.gpu_count(); ++i) {
+    ServerState state = supervisor_.status(i).state;
+    if (state == ServerState::kReady) {
+      ready.push_back(i);
+    } else {
+      notes += fmt::format("GPU {}: the server is {}; its clients are not listed\n", i,
+                           state_name(state));
+    }
+  }
+  AnswerCollector::ask(
+      supervisor_, ready, MessageKind::kServerStatsQuery, "",
+      [reply = std::move(reply), notes](auto answers) mutable {
+        std::vector<ServerClients> clients;
+        std::string problems;
+        for (auto& [gpu, answer] : answers) {
+          if (answer) {
+            clients.push_back(ServerClients{gpu, answer->text});
+          } else {
+            problems += fmt::format("GPU {}: {}; its clients are not listed\n", gpu,
+                                    answer.error());
+          }
+        }
+        reply(CtlReply{problems.empty() ? 0 : 1,
+                       format_client_table(clients) + notes + problems});
+      });
+}
+
+void Commands::terminate_client(const Args& args, ReplyHandler reply) {
+  auto gpu = gpu_argument(args[0]);
+  if (!gpu) return reply(error_reply(gpu.error()));
+  auto pid = parse_integer(args[1]);
+  if (!pid || *pid <= 0) return reply(error_reply(fmt::format("`{}` is not a pid", args[1])));
+  supervisor_.request(*gpu, MessageKind::kServerTerminateClient, std::to_string(*pid),
+                      kServerTimeout, [reply = std::move(reply)](auto answer) {
+                        if (!answer) return reply(error_reply(answer.error()));
+                        reply(CtlReply{answer->status == 0 ? 0 : 1, answer->text});
+                      });
+}
+
+void Commands::tell_servers(const std::vector<int>& gpus, const std::string& text,
+                            std::function<void(std::string, bool)> done) {
+  std::vector<int> running;
+  std::string lines;
+  for (int gpu : gpus) {
+    if (supervisor_.status(gpu).state == ServerState::kReady) {
+      running.push_back(gpu);
+    } else {
+      lines += fmt::format("GPU {}: the server is {}; it gets the value when it starts\n", gpu,
+                           state_name(supervisor_.status(gpu).state));
+    }
+  }
+  AnswerCollector::ask(supervisor_, running, MessageKind::kCtlRequest, text,
+                       [done = std::move(done), lines](auto answers) mutable {
+                         bool all_ok = true;
+                         for (auto& [gpu, answer] : answers) {
+                           if (answer && answer->status == 0) continue;
+                           all_ok = false;
+                           lines += fmt::format("GPU {}: not applied: {}\n", gpu,
+                                                answer ? answer->text : answer.error());
+                         }
+                         done(std::move(lines), all_ok);
+                       });
+}
+
+void Commands::set_default_percentage(const Args& args, ReplyHandler reply) {
+  auto percentage = parse_integer(args[0]);
+  if (!percentage || *percentage < 1 || *percentage > 100) {
+    return reply(error_reply(
+        fmt::format("`{}` is not a percentage: give a whole number from 1 to 100", args[0])));
+  }
+  int value = static_cast<int>(*percentage);
+  supervisor_.defaults().sm_percentage = value;
+  std::vector<int> gpus;
+  for (int i = 0; i < supervisor_.gpu_count(); ++i) gpus.push_back(i);
+  tell_servers(gpus, fmt::format("set_default_active_thread_percentage {}", value),
+               [reply = std::move(reply), value](std::string lines, bool all_ok) {
+                 reply(CtlReply{all_ok ? 0 : 1,
+                                fmt::format("default active thread percentage is {} for new "
+                                            "clients\n{}",
+                                            value, lines)});
+               });
+}
+
+void Commands::get_default_percentage(const Args&, ReplyHandler reply) {
+  reply(CtlReply{0, fmt::format("{}\n", supervisor_.defaults().sm_percentage.value_or(100))});
+}
+
+void Commands::set_default_memory_limit(const Args& args, ReplyHandler reply) {
+  auto gpu = gpu_argument(args[0]);
+  if (!gpu) return reply(error_reply(gpu.error()));
+  auto bytes = parse_size(args[1]);
+  if (!bytes) {
+    return reply(error_reply(fmt::format(
+        "`{}` is not a size: give a number with an optional K, M, G or T (e.g. 4G)", args[1])));
+  }
+  if (*bytes == 0) {
+    supervisor_.defaults().memory_limit.erase(*gpu);
+  } else {
+    supervisor_.defaults().memory_limit[*gpu] = *bytes;
+  }
+  tell_servers({*gpu}, fmt::format("set_default_memory_limit {}", *bytes),
+               [reply = std::move(reply), gpu = *gpu, bytes = *bytes](std::string lines,
+                                                                      bool all_ok) {
+                 std::string value = bytes == 0 ? "no limit" : format_size(bytes);
+                 reply(CtlReply{all_ok ? 0 : 1,
+                                fmt::format("default device memory limit of GPU {} is {} for new "
+                                            "clients\n{}",
+                                            gpu, value, lines)});
+               });
+}
+
+void Commands::get_default_memory_limit(const Args& args, ReplyHandler reply) {
+  auto gpu = gpu_argument(args[0]);
+  if (!gpu) return reply(error_reply(gpu.error()));
+  const auto& limits = supervisor_.defaults().memory_limit;
+  auto it = limits.find(*gpu);
+  reply(CtlReply{0, fmt::format("{}\n", it == limits.end() ? "0" : format_size(it->second))});
+}
+
+void Commands::server_command(const Args& args, ReplyHandler reply) {
+  auto gpu = gpu_argument(args[0]);
+  if (!gpu) return reply(error_reply(gpu.error()));
+  std::string text = fmt::format("{}", fmt::join(args.begin() + 1, args.end(), " "));
+  supervisor_.request(*gpu, MessageKind::kCtlRequest, text, kServerTimeout,
+                      [reply = std::move(reply)](auto answer) {
+                        if (!answer) return reply(error_reply(answer.error()));
+                        reply(CtlReply{answer->status == 0 ? 0 : 1, answer->text});
+                      });
+}
+
+void Commands::quit(const Args&, ReplyHandler reply) {
+  reply(CtlReply{0, fmt::format("mpsshimd (pid {}) is stopping its servers and exiting\n",
+                                ::getpid())});
+  request_shutdown_();
+}
+
+}  // namespace mpsshim::daemon

@@ -1,0 +1,66 @@
+// The operator commands mpsshimctl sends (text in, text out): a superset of
+// nvidia-cuda-mps-control's. Some need the servers' answers, so a command finishes through a
+// callback, possibly after execute() has returned.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "broker/daemon/supervisor.hpp"
+
+namespace mpsshim::daemon {
+
+struct CtlReply {
+  int status = 0;  // 0 = ok; mpsshimctl exits 1 otherwise
+  std::string text;
+};
+using ReplyHandler = std::function<void(CtlReply)>;
+
+class Commands {
+ public:
+  static constexpr auto kServerTimeout = std::chrono::milliseconds(2000);
+
+  Commands(Supervisor& supervisor, std::function<void()> request_shutdown);
+
+  // `reply` runs exactly once.
+  void execute(std::string_view line, ReplyHandler reply);
+
+ private:
+  using Args = std::vector<std::string>;
+  struct Command {
+    std::string_view name;
+    std::string_view usage;
+    std::string_view help;
+    std::size_t min_args;
+    std::size_t max_args;  // SIZE_MAX: the rest of the line
+    void (Commands::*run)(const Args&, ReplyHandler);
+  };
+  static const std::vector<Command>& table();
+
+  void help(const Args&, ReplyHandler reply);
+  void server_list(const Args&, ReplyHandler reply);
+  void device_query(const Args&, ReplyHandler reply);
+  void ps(const Args&, ReplyHandler reply);
+  void terminate_client(const Args&, ReplyHandler reply);
+  void set_default_percentage(const Args&, ReplyHandler reply);
+  void get_default_percentage(const Args&, ReplyHandler reply);
+  void set_default_memory_limit(const Args&, ReplyHandler reply);
+  void get_default_memory_limit(const Args&, ReplyHandler reply);
+  void server_command(const Args&, ReplyHandler reply);
+  void quit(const Args&, ReplyHandler reply);
+
+  // The GPU an argument names, or an error reply.
+  tl::expected<int, std::string> gpu_argument(const std::string& text) const;
+  // Sends `text` to the running servers of `gpus`; `done` gets one line per GPU and whether all
+  // of them took it.
+  void tell_servers(const std::vector<int>& gpus, const std::string& text,
+                    std::function<void(std::string, bool)> done);
+
+  Supervisor& supervisor_;
+  std::function<void()> request_shutdown_;
+};
+
+}  // namespace mpsshim::daemon

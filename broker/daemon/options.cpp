@@ -1,0 +1,182 @@
+#include "broker/daemon/options.hpp"
+
+#include <fmt/format.h>
+#include <getopt.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <climits>
+#include <string_view>
+
+#include "broker/daemon/sizes.hpp"
+
+#ifndef MPSSHIM_LIBEXECDIR
+#error "meson defines MPSSHIM_LIBEXECDIR (the installed server's directory)"
+#endif
+
+namespace mpsshim::daemon {
+
+namespace {
+
+enum LongOnly : int {
+  kRuntimeDir = 256,
+  kServer,
+  kDriver,
+  kMultiuser,
+  kLogLevel,
+  kLogFile,
+  kRestartLimit,
+  kStopTimeout,
+  kDefaultSm,
+  kDefaultMemory,
+  kVersion,
+};
+
+// mpsshim-server beside this executable (a build tree, or a relocated install), else the one
+// installed under libexec.
+std::string default_server_path() {
+  char self[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) {
+    std::string dir(self, static_cast<std::size_t>(n));
+    dir.erase(dir.rfind('/') + 1);
+    std::string beside = dir + "mpsshim-server";
+    if (::access(beside.c_str(), X_OK) == 0) return beside;
+  }
+  return std::string(MPSSHIM_LIBEXECDIR) + "/mpsshim-server";
+}
+
+template <typename T>
+tl::expected<T, std::string> number(std::string_view option, std::string_view text, T low, T high) {
+  T value{};
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc{} || end != text.data() + text.size() || value < low || value > high) {
+    return tl::unexpected(
+        fmt::format("{} takes a whole number from {} to {}, not `{}`", option, low, high, text));
+  }
+  return value;
+}
+
+}  // namespace
+
+std::string daemon_usage() {
+  return R"(usage: mpsshimd [options]
+
+The mpsshim control daemon: starts one mpsshim-server per GPU, restarts those that die, hands
+each client connection to its GPU's server and answers mpsshimctl. It never loads CUDA.
+
+  --runtime-dir DIR    control socket and pid file directory (default: $CUDA_MPS_PIPE_DIRECTORY,
+                       else /run/mpsshim for root, else /tmp/mpsshim-$UID)
+  --multiuser          serve clients of every uid (root only; default: the daemon's uid only)
+  --server PATH        the per-GPU server (default: mpsshim-server beside mpsshimd, else the
+                       installed one)
+  --driver PATH        CUDA driver library the servers load (passed to every server)
+  --log-level LEVEL    error, warn, info (default) or debug; also passed to the servers
+  --log-file PATH      log here instead of stderr (SIGHUP reopens it)
+  -d, --daemon         run in the background; returns once every GPU's server is up
+  --restart-limit N    give up on a GPU after N failed server starts in a row (default 5)
+  --stop-timeout SECS  on shutdown, SIGKILL servers still running after SECS (default 10)
+  --default-sm-percentage P    default active thread percentage of new clients (1-100)
+  --default-memory-limit SIZE  default device memory limit of new clients on every GPU (e.g. 4G)
+  -h, --help           this text
+  --version            the version and the ABI it speaks
+)";
+}
+
+tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** argv) {
+  static const option kLong[] = {
+      {"runtime-dir", required_argument, nullptr, kRuntimeDir},
+      {"server", required_argument, nullptr, kServer},
+      {"driver", required_argument, nullptr, kDriver},
+      {"multiuser", no_argument, nullptr, kMultiuser},
+      {"log-level", required_argument, nullptr, kLogLevel},
+      {"log-file", required_argument, nullptr, kLogFile},
+      {"daemon", no_argument, nullptr, 'd'},
+      {"restart-limit", required_argument, nullptr, kRestartLimit},
+      {"stop-timeout", required_argument, nullptr, kStopTimeout},
+      {"default-sm-percentage", required_argument, nullptr, kDefaultSm},
+      {"default-memory-limit", required_argument, nullptr, kDefaultMemory},
+      {"help", no_argument, nullptr, 'h'},
+      {"version", no_argument, nullptr, kVersion},
+      {nullptr, 0, nullptr, 0},
+  };
+  DaemonOptions options;
+  std::optional<std::string> server;
+  ::opterr = 0;
+  ::optind = 1;
+  for (int c; (c = ::getopt_long(argc, argv, ":dh", kLong, nullptr)) != -1;) {
+    std::string_view arg = ::optarg != nullptr ? ::optarg : "";
+    switch (c) {
+      case kRuntimeDir:
+        options.runtime_dir = std::string(arg);
+        break;
+      case kServer:
+        server = std::string(arg);
+        break;
+      case kDriver:
+        options.driver_path = std::string(arg);
+        break;
+      case kMultiuser:
+        options.multiuser = true;
+        break;
+      case kLogLevel:
+        if (auto level = parse_log_level(arg)) {
+          options.log_level = *level;
+        } else {
+          return tl::unexpected(
+              fmt::format("--log-level takes error, warn, info or debug, not `{}`", arg));
+        }
+        break;
+      case kLogFile:
+        options.log_file = std::string(arg);
+        break;
+      case 'd':
+        options.daemonize = true;
+        break;
+      case kRestartLimit: {
+        auto n = number<int>("--restart-limit", arg, 1, 1000);
+        if (!n) return tl::unexpected(n.error());
+        options.restart_limit = *n;
+        break;
+      }
+      case kStopTimeout: {
+        auto n = number<int>("--stop-timeout", arg, 0, 3600);
+        if (!n) return tl::unexpected(n.error());
+        options.stop_timeout = std::chrono::seconds(*n);
+        break;
+      }
+      case kDefaultSm: {
+        auto n = number<int>("--default-sm-percentage", arg, 1, 100);
+        if (!n) return tl::unexpected(n.error());
+        options.default_sm_percentage = *n;
+        break;
+      }
+      case kDefaultMemory: {
+        auto bytes = parse_size(arg);
+        if (!bytes) {
+          return tl::unexpected(fmt::format(
+              "--default-memory-limit takes a size such as 4G or 512M, not `{}`", arg));
+        }
+        options.default_memory_limit = *bytes;
+        break;
+      }
+      case 'h':
+        options.help = true;
+        break;
+      case kVersion:
+        options.version = true;
+        break;
+      case ':':
+        return tl::unexpected(fmt::format("{} needs a value", argv[::optind - 1]));
+      default:
+        return tl::unexpected(fmt::format("unknown option {}", argv[::optind - 1]));
+    }
+  }
+  if (::optind < argc) {
+    return tl::unexpected(fmt::format("unexpected argument `{}`", argv[::optind]));
+  }
+  options.server_path = server ? *server : default_server_path();
+  return options;
+}
+
+}  // namespace mpsshim::daemon

@@ -1,0 +1,34 @@
+// mpsshimd's command line.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <tl/expected.hpp>
+
+#include "broker/daemon/log.hpp"
+
+namespace mpsshim::daemon {
+
+struct DaemonOptions {
+  std::optional<std::string> runtime_dir;
+  std::string server_path;  // resolved: --server, else beside mpsshimd, else libexec
+  std::optional<std::string> driver_path;
+  bool multiuser = false;
+  LogLevel log_level = LogLevel::kInfo;
+  std::optional<std::string> log_file;
+  bool daemonize = false;
+  int restart_limit = 5;
+  std::chrono::milliseconds stop_timeout{10'000};
+  std::optional<int> default_sm_percentage;
+  std::optional<std::uint64_t> default_memory_limit;
+  bool help = false;
+  bool version = false;
+};
+
+tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** argv);
+std::string daemon_usage();
+
+}  // namespace mpsshim::daemon

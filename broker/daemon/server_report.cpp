@@ -1,0 +1,54 @@
+#include "broker/daemon/server_report.hpp"
+
+#include <fmt/format.h>
+
+#include "broker/daemon/sizes.hpp"
+#include "broker/daemon/visible_devices.hpp"
+
+namespace mpsshim::daemon {
+
+namespace {
+
+std::string discovery_note(const Supervisor& supervisor) {
+  if (supervisor.gpu_count_known()) return "";
+  return "(the GPU count is not known yet: it comes from the server for GPU 0)\n";
+}
+
+}  // namespace
+
+std::string format_server_list(const Supervisor& supervisor) {
+  std::string text = fmt::format("{:<5}{:<9}{:<12}{:<10}{}\n", "GPU", "PID", "STATE", "RESTARTS",
+                                 "DETAILS");
+  for (int i = 0; i < supervisor.gpu_count(); ++i) {
+    const ServerStatus& s = supervisor.status(i);
+    std::string pid = s.pid > 0 ? std::to_string(s.pid) : "-";
+    std::string details = s.problem;
+    if (s.state == ServerState::kReady && s.snapshot) details = s.snapshot->name;
+    text += fmt::format("{:<5}{:<9}{:<12}{:<10}{}\n", i, pid, state_name(s.state), s.restarts,
+                        details);
+  }
+  return text + discovery_note(supervisor);
+}
+
+std::string format_device_query(const Supervisor& supervisor) {
+  std::string text;
+  for (int i = 0; i < supervisor.gpu_count(); ++i) {
+    const ServerStatus& s = supervisor.status(i);
+    std::string server = fmt::format("{}{}", state_name(s.state),
+                                     s.pid > 0 ? fmt::format(", pid {}", s.pid) : "");
+    if (!s.snapshot) {
+      text += fmt::format("GPU {}: no device information yet\n  server:  {}\n", i, server);
+      continue;
+    }
+    const proto::DeviceSnapshot& d = *s.snapshot;
+    text += fmt::format(
+        "GPU {}: {}\n  UUID:    {}\n  memory:  {} ({} bytes)\n  SMs:     {}\n"
+        "  driver:  {}.{} ({})\n  server:  {}\n",
+        i, d.name, format_gpu_uuid(d.uuid), format_size_approx(d.total_memory), d.total_memory,
+        d.sm_count, d.driver_version / 1000, d.driver_version % 1000 / 10, d.driver_version,
+        server);
+  }
+  return text + discovery_note(supervisor);
+}
+
+}  // namespace mpsshim::daemon

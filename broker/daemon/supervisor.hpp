@@ -1,0 +1,169 @@
+// One server process per GPU: started, watched, restarted with backoff, and talked to.
+//
+// Discovery needs no CUDA here: the server for GPU 0 starts first and its ServerReady says how
+// many GPUs there are; then the others start. A server that dies is restarted after 0.1 s,
+// doubling up to 5 s while it keeps failing within kStableUptime of its start; after
+// restart_limit such failures in a row the GPU is marked failed and left alone.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <tl/expected.hpp>
+
+#include "broker/daemon/child_process.hpp"
+#include "broker/daemon/event_loop.hpp"
+#include "broker/daemon/log.hpp"
+#include "proto/control.hpp"
+#include "proto/unix_socket.hpp"
+
+namespace mpsshim::daemon {
+
+enum class ServerState { kStarting, kReady, kRestarting, kFailed, kStopping, kStopped };
+std::string_view state_name(ServerState state);
+
+// What the operator set with set_default_*: passed to a server on its command line when it
+// starts, and sent to running servers when it changes.
+struct ServerDefaults {
+  std::optional<int> sm_percentage;
+  std::map<int, std::uint64_t> memory_limit;  // by GPU; absent = no limit
+};
+
+struct SupervisorConfig {
+  std::string server_path;
+  std::optional<std::string> driver_path;
+  LogLevel log_level = LogLevel::kInfo;
+  int output_fd = -1;  // the servers' stdout/stderr; -1 = the daemon's
+  int restart_limit = 5;
+};
+
+// What the rest of the daemon may know about one GPU's server.
+struct ServerStatus {
+  int ordinal = 0;
+  ServerState state = ServerState::kStarting;
+  pid_t pid = 0;  // the running process; 0 while none runs
+  int restarts = 0;
+  std::optional<proto::DeviceSnapshot> snapshot;  // from its last successful ServerReady
+  std::string problem;  // why it is not ready, in words ("exited with status 70 (GPU fault)")
+};
+
+// A server's answer to a text request: kServerStats for kServerStatsQuery, kCtlReply otherwise.
+struct ServerAnswer {
+  int status = 0;
+  std::string text;
+};
+using AnswerHandler = std::function<void(tl::expected<ServerAnswer, std::string>)>;
+
+class Supervisor {
+ public:
+  static constexpr auto kStableUptime = std::chrono::seconds(10);
+  static constexpr auto kReadyTimeout = std::chrono::seconds(60);
+  static constexpr auto kFirstBackoff = std::chrono::milliseconds(100);
+  static constexpr auto kMaxBackoff = std::chrono::seconds(5);
+  static constexpr std::size_t kMaxGpus = 64;
+  static constexpr std::size_t kMaxPendingRequests = 32;
+
+  struct Events {
+    std::function<void()> settled;  // once: every server is ready or failed
+    std::function<void()> changed;  // any server changed state
+  };
+
+  Supervisor(EventLoop& loop, SupervisorConfig config, Events events);
+  ~Supervisor();
+
+  void start();
+
+  // 1 until GPU 0's server has said how many GPUs there are.
+  int gpu_count() const { return static_cast<int>(servers_.size()); }
+  bool gpu_count_known() const { return gpu_count_known_; }
+  const ServerStatus& status(int ordinal) const { return servers_.at(ordinal)->status; }
+
+  ServerDefaults& defaults() { return defaults_; }
+
+  // Hands a client connection to the server of GPU `ordinal` (kServerAdmit + a copy of the fd;
+  // the caller closes its own). Returns the server's pid, or why the client cannot have this
+  // GPU now.
+  tl::expected<pid_t, std::string> admit(int ordinal, int client_fd,
+                                         const proto::PeerCredentials& peer,
+                                         const proto::ClientHello& hello);
+
+  // Sends a TextMessage of `kind` to GPU `ordinal`'s server; `handler` runs exactly once, with
+  // the answer or with why there is none (possibly before request() returns).
+  void request(int ordinal, proto::MessageKind kind, std::string_view text,
+               std::chrono::milliseconds timeout, AnswerHandler handler);
+
+  // SIGTERM every server, SIGKILL what is left after `grace`; `done` runs when all are gone.
+  void stop(std::chrono::milliseconds grace, std::function<void()> done);
+
+  // SIGCHLD: collect any server that exited (the pidfd path usually got there first).
+  void reap();
+
+ private:
+  struct PendingAnswer {
+    std::uint64_t id;
+    proto::MessageKind expected;
+  };
+  struct Server {
+    ServerStatus status;
+    ChildProcess process;
+    proto::UniqueFd control;
+    std::uint64_t incarnation = 0;
+    Clock::time_point started{};
+    bool was_ready = false;
+    bool start_failed = false;
+    int fast_failures = 0;
+    EventLoop::TimerId timer = 0;  // ready deadline or restart backoff
+    std::deque<PendingAnswer> pending;  // requests in the order the server answers them
+  };
+  struct Request {
+    AnswerHandler handler;
+    EventLoop::TimerId timer;
+    int ordinal;
+    pid_t pid;
+    std::chrono::milliseconds timeout;
+  };
+
+  void spawn(int ordinal);
+  std::vector<std::string> server_arguments(int ordinal) const;
+  void on_control_readable(int ordinal, std::uint64_t incarnation);
+  void on_message(Server& server, const proto::Received& message);
+  void on_ready(Server& server, const proto::ServerReady& ready);
+  void on_answer(Server& server, proto::MessageKind kind, const proto::Received& message);
+  void learn_gpu_count(int count);
+  void try_reap(int ordinal);
+  void on_exit(Server& server, int wait_status);
+  void schedule_restart(Server& server, std::string_view what_happened, bool fast);
+  void fail_pending(Server& server, const std::string& why);
+  void expire_request(std::uint64_t id);
+  void set_state(Server& server, ServerState state);
+  void check_settled();
+  void finish_stop();
+  std::string name(const Server& server) const;
+
+  EventLoop& loop_;
+  SupervisorConfig config_;
+  Events events_;
+  ServerDefaults defaults_;
+  std::vector<std::unique_ptr<Server>> servers_;
+  bool gpu_count_known_ = false;
+  bool settled_ = false;
+  bool stopping_ = false;
+  std::function<void()> stop_done_;
+  std::vector<EventLoop::TimerId> stop_timers_;
+  std::unordered_map<std::uint64_t, Request> requests_;
+  std::uint64_t next_request_ = 1;
+  proto::Received scratch_;  // reused: receive_message sizes it to the largest message
+};
+
+}  // namespace mpsshim::daemon

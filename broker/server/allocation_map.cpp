@@ -1,0 +1,49 @@
+#include "broker/server/allocation_map.hpp"
+
+#include <limits>
+
+namespace mpsshim::server {
+
+bool AllocationMap::add(const DeviceRange& range) {
+  if (range.bytes > std::numeric_limits<std::uint64_t>::max() - range.base) return false;
+  return ranges_.emplace(range.base, range).second;
+}
+
+bool AllocationMap::contains(std::uint64_t p, std::uint64_t n) const {
+  if (n == 0) return true;
+  if (n > std::numeric_limits<std::uint64_t>::max() - p) return false;
+  auto after = ranges_.upper_bound(p);
+  if (after == ranges_.begin()) return false;
+  const DeviceRange& range = std::prev(after)->second;
+  std::uint64_t offset = p - range.base;
+  return offset < range.bytes && n <= range.bytes - offset;
+}
+
+const DeviceRange* AllocationMap::find(std::uint64_t base) const {
+  auto it = ranges_.find(base);
+  return it == ranges_.end() ? nullptr : &it->second;
+}
+
+std::optional<DeviceRange> AllocationMap::remove(std::uint64_t base) {
+  auto it = ranges_.find(base);
+  if (it == ranges_.end()) return std::nullopt;
+  DeviceRange out = it->second;
+  ranges_.erase(it);
+  return out;
+}
+
+std::vector<DeviceRange> AllocationMap::remove_if(
+    const std::function<bool(const DeviceRange&)>& pred) {
+  std::vector<DeviceRange> removed;
+  for (auto it = ranges_.begin(); it != ranges_.end();) {
+    if (pred(it->second)) {
+      removed.push_back(it->second);
+      it = ranges_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return removed;
+}
+
+}  // namespace mpsshim::server

@@ -1,0 +1,42 @@
+// The device memory one client may name: its own allocations, the module and library globals
+// it looked up, and the device side of its pinned host regions. A pointer range a client sends
+// is used only if it lies inside one of these.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <vector>
+
+namespace mpsshim::server {
+
+enum class RangeKind : std::uint8_t { kAllocation, kGlobal, kPinned };
+
+struct DeviceRange {
+  std::uint64_t base = 0;
+  std::uint64_t bytes = 0;
+  RangeKind kind = RangeKind::kAllocation;
+  std::uint64_t owner = 0;  // allocation: context id; global: module/library id; pinned: region id
+};
+
+class AllocationMap {
+ public:
+  // False if the range wraps past 2^64 or its base is already known (a global looked up twice
+  // is remembered once).
+  bool add(const DeviceRange& range);
+
+  // [p, p + n) lies inside one known range. Zero bytes touch nothing and are always fine.
+  bool contains(std::uint64_t p, std::uint64_t n) const;
+
+  const DeviceRange* find(std::uint64_t base) const;
+  std::optional<DeviceRange> remove(std::uint64_t base);
+  std::vector<DeviceRange> remove_if(const std::function<bool(const DeviceRange&)>& pred);
+
+  std::size_t size() const { return ranges_.size(); }
+
+ private:
+  std::map<std::uint64_t, DeviceRange> ranges_;  // by base
+};
+
+}  // namespace mpsshim::server

@@ -1,0 +1,89 @@
+#include "broker/server/gpu.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace mpsshim::server {
+namespace {
+
+StartError failed(const DriverTable& cu, CUresult r, const char* what, int ordinal) {
+  return StartError{r, fmt::format("{} for device {} failed: {}", what, ordinal, describe(cu, r))};
+}
+
+}  // namespace
+
+tl::expected<Gpu, StartError> open_gpu(const DriverTable& cu, int ordinal) {
+  Gpu gpu;
+  gpu.cu = &cu;
+  gpu.ordinal = ordinal;
+  if (CUresult r = cu.cuInit(0); r != CUDA_SUCCESS) {
+    return tl::unexpected(failed(cu, r, "cuInit", ordinal));
+  }
+  if (CUresult r = cu.cuDeviceGetCount(&gpu.device_count); r != CUDA_SUCCESS) {
+    return tl::unexpected(failed(cu, r, "cuDeviceGetCount", ordinal));
+  }
+  if (CUresult r = cu.cuDeviceGet(&gpu.device, ordinal); r != CUDA_SUCCESS) {
+    return tl::unexpected(failed(cu, r, "cuDeviceGet", ordinal));
+  }
+  if (CUresult r = cu.cuDevicePrimaryCtxRetain(&gpu.primary, gpu.device); r != CUDA_SUCCESS) {
+    return tl::unexpected(failed(cu, r, "retaining the primary context", ordinal));
+  }
+  if (CUresult r = cu.cuCtxSetCurrent(gpu.primary); r != CUDA_SUCCESS) {
+    return tl::unexpected(failed(cu, r, "making the primary context current", ordinal));
+  }
+
+  proto::DeviceSnapshot& snap = gpu.snapshot;
+  snap.ordinal = ordinal;
+  if (CUresult r = cu.cuDeviceGetName(snap.name, sizeof snap.name - 1, gpu.device);
+      r != CUDA_SUCCESS) {
+    return tl::unexpected(failed(cu, r, "cuDeviceGetName", ordinal));
+  }
+  CUuuid uuid{};
+  if (CUresult r = cu.cuDeviceGetUuid_v2(&uuid, gpu.device); r != CUDA_SUCCESS) {
+    return tl::unexpected(failed(cu, r, "cuDeviceGetUuid_v2", ordinal));
+  }
+  static_assert(sizeof uuid.bytes == sizeof snap.uuid);
+  std::memcpy(snap.uuid, uuid.bytes, sizeof snap.uuid);
+  std::size_t total = 0;
+  if (CUresult r = cu.cuDeviceTotalMem_v2(&total, gpu.device); r != CUDA_SUCCESS) {
+    return tl::unexpected(failed(cu, r, "cuDeviceTotalMem", ordinal));
+  }
+  snap.total_memory = total;
+  if (CUresult r = cu.cuDriverGetVersion(&snap.driver_version); r != CUDA_SUCCESS) {
+    return tl::unexpected(failed(cu, r, "cuDriverGetVersion", ordinal));
+  }
+  if (CUresult r = cu.cuDeviceGetDevResource(gpu.device, &gpu.sm_resource, CU_DEV_RESOURCE_TYPE_SM);
+      r != CUDA_SUCCESS) {
+    return tl::unexpected(failed(cu, r, "cuDeviceGetDevResource(SM)", ordinal));
+  }
+  snap.sm_count = gpu.sm_resource.sm.smCount;
+  snap.sm_min_partition = gpu.sm_resource.sm.minSmPartitionSize;
+  snap.sm_coscheduled_alignment = gpu.sm_resource.sm.smCoscheduledAlignment;
+
+  // An attribute the driver refuses reads 0, as the real driver reports unsupported ones.
+  static_assert(CU_DEVICE_ATTRIBUTE_MAX <= proto::kMaxDeviceAttributes);
+  for (int a = 1; a < CU_DEVICE_ATTRIBUTE_MAX; ++a) {
+    int value = 0;
+    if (cu.cuDeviceGetAttribute(&value, static_cast<CUdevice_attribute>(a), gpu.device) !=
+        CUDA_SUCCESS) {
+      value = 0;
+    }
+    snap.attributes[a] = value;
+  }
+  snap.attribute_count = CU_DEVICE_ATTRIBUTE_MAX;
+  if (CUresult r = cu.cuCtxGetStreamPriorityRange(&snap.stream_priority_least,
+                                                  &snap.stream_priority_greatest);
+      r != CUDA_SUCCESS) {
+    return tl::unexpected(failed(cu, r, "cuCtxGetStreamPriorityRange", ordinal));
+  }
+  return gpu;
+}
+
+void close_gpu(Gpu& gpu) {
+  if (gpu.primary != nullptr) gpu.cu->cuDevicePrimaryCtxRelease_v2(gpu.device);
+  gpu.primary = nullptr;
+}
+
+}  // namespace mpsshim::server

@@ -1,0 +1,70 @@
+// What a client's handles name on the server.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "broker/server/handle_table.hpp"
+
+namespace mpsshim::server {
+
+// A context of the client's. Its default stream emulates the legacy NULL stream among the
+// context's blocking streams (see streams.hpp).
+struct ContextObj {
+  std::uint32_t flags = 0;
+  std::uint64_t default_stream = 0;
+  std::uint64_t default_epoch = 0;  // bumped by every operation queued on the default stream
+  std::vector<std::uint64_t> blocking_streams;
+};
+
+struct StreamObj {
+  CUstream stream = nullptr;  // always a cuGreenCtxStreamCreate stream of the client's
+  std::uint64_t ctx = 0;
+  bool is_default = false;
+  bool blocking = false;          // created without CU_STREAM_NON_BLOCKING
+  bool work_since_join = false;   // blocking: work the default stream has not waited for yet
+  std::uint64_t joined_epoch = 0;  // blocking: the default stream's epoch last waited for
+  CUevent join_event = nullptr;    // recorded here to make another stream wait for this one
+};
+
+struct EventObj {
+  CUevent event = nullptr;
+  std::uint64_t ctx = 0;
+};
+
+struct ModuleObj {
+  CUmodule module = nullptr;
+  std::uint64_t ctx = 0;
+  std::uint64_t library = 0;  // not 0: the library's own module (cuLibraryGetModule)
+};
+
+struct LibraryObj {
+  CUlibrary library = nullptr;
+  std::uint64_t ctx = 0;
+};
+
+struct FunctionObj {
+  CUfunction function = nullptr;
+  std::uint64_t owner = 0;  // the module or kernel it came from
+};
+
+struct KernelObj {
+  CUkernel kernel = nullptr;
+  std::uint64_t library = 0;
+  CUfunction function = nullptr;  // cuKernelGetFunction, fetched on first need
+};
+
+// A memfd of the client's, mapped here and registered with the driver.
+struct HostRegionObj {
+  void* address = nullptr;
+  std::uint64_t bytes = 0;
+  std::uint64_t mapped_bytes = 0;
+  CUdeviceptr device = 0;
+};
+
+using ObjectTable = HandleTable<ContextObj, StreamObj, EventObj, ModuleObj, LibraryObj,
+                                FunctionObj, KernelObj, HostRegionObj>;
+
+}  // namespace mpsshim::server

@@ -1,0 +1,69 @@
+// The handler of every opcode of proto/ops.hpp. Each takes the record being executed and says
+// how it ended; dispatch.cpp checks sizes and reply slots before calling them.
+#pragma once
+
+#include "broker/server/call.hpp"
+
+namespace mpsshim::server {
+
+// ops_context.cpp
+OpResult op_goodbye(Call& call);
+OpResult op_ping(Call& call);
+OpResult op_ctx_create(Call& call);
+OpResult op_ctx_destroy(Call& call);
+OpResult op_ctx_synchronize(Call& call);
+OpResult op_ctx_set_limit(Call& call);
+OpResult op_ctx_get_limit(Call& call);
+
+// ops_memory.cpp
+OpResult op_mem_alloc(Call& call);
+OpResult op_mem_alloc_pitch(Call& call);
+OpResult op_mem_free(Call& call);
+OpResult op_mem_get_info(Call& call);
+OpResult op_memset(Call& call);
+OpResult op_copy_dtod(Call& call);
+
+// ops_host.cpp
+OpResult op_host_register(Call& call);
+OpResult op_host_unregister(Call& call);
+OpResult op_copy_htod(Call& call);
+OpResult op_copy_dtoh(Call& call);
+
+// ops_module.cpp
+OpResult op_image_load(Call& call);
+OpResult op_module_unload(Call& call);
+OpResult op_module_get_function(Call& call);
+OpResult op_module_get_global(Call& call);
+OpResult op_library_unload(Call& call);
+OpResult op_library_get_kernel(Call& call);
+OpResult op_library_get_module(Call& call);
+OpResult op_library_get_global(Call& call);
+OpResult op_kernel_get_function(Call& call);
+
+// ops_function.cpp
+OpResult op_function_get_attribute(Call& call);
+OpResult op_function_set_attribute(Call& call);
+OpResult op_function_set_cache_config(Call& call);
+OpResult op_occupancy_max_active_blocks(Call& call);
+OpResult op_occupancy_max_active_clusters(Call& call);
+OpResult op_occupancy_available_dynamic_smem(Call& call);
+
+// ops_launch.cpp
+OpResult op_launch_kernel(Call& call);
+
+// ops_stream.cpp
+OpResult op_stream_create(Call& call);
+OpResult op_stream_destroy(Call& call);
+OpResult op_stream_query(Call& call);
+OpResult op_stream_synchronize(Call& call);
+OpResult op_stream_wait_event(Call& call);
+
+// ops_event.cpp
+OpResult op_event_create(Call& call);
+OpResult op_event_destroy(Call& call);
+OpResult op_event_record(Call& call);
+OpResult op_event_query(Call& call);
+OpResult op_event_synchronize(Call& call);
+OpResult op_event_elapsed_time(Call& call);
+
+}  // namespace mpsshim::server

@@ -1,0 +1,64 @@
+#include <algorithm>
+
+#include "broker/server/call.hpp"
+#include "broker/server/streams.hpp"
+
+namespace mpsshim::server {
+
+StreamObj* use_stream(Call& call, proto::WireHandle id, bool queues_work, CUresult* error) {
+  StreamObj* stream = call.session.objects.get<StreamObj>(id);
+  if (stream == nullptr) {
+    *error = CUDA_ERROR_INVALID_HANDLE;
+    return nullptr;
+  }
+  if (CUresult r = order_before(call.session, *stream); r != CUDA_SUCCESS) {
+    *error = r;
+    return nullptr;
+  }
+  if (queues_work) note_work(call.session, *stream);
+  *error = CUDA_SUCCESS;
+  return stream;
+}
+
+OpResult finish_on_stream(Call& call, StreamObj& stream, CUresult issued) {
+  if (issued != CUDA_SUCCESS || !call.reply_when_done()) return call.done(issued);
+  Completion completion;
+  completion.slot = call.header.reply_slot;
+  completion.op = call.op();
+  if (CUresult r = call.session.complete_after(stream.stream, std::move(completion));
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  return call.deferred();
+}
+
+CUresult resolve_function(Call& call, proto::WireHandle id, bool for_occupancy, CUfunction* out) {
+  if (FunctionObj* f = call.session.objects.get<FunctionObj>(id)) {
+    *out = f->function;
+    return CUDA_SUCCESS;
+  }
+  KernelObj* k = call.session.objects.get<KernelObj>(id);
+  if (k == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (!for_occupancy) {
+    *out = reinterpret_cast<CUfunction>(k->kernel);
+    return CUDA_SUCCESS;
+  }
+  if (k->function == nullptr) {
+    if (CUresult r = call.cu.cuKernelGetFunction(&k->function, k->kernel); r != CUDA_SUCCESS) {
+      return r;
+    }
+  }
+  *out = k->function;
+  return CUDA_SUCCESS;
+}
+
+int effective_priority(const Session& session, int asked) {
+  const proto::DeviceSnapshot& snap = session.gpu().snapshot;
+  // Lower numbers are higher priorities: greatest <= least.
+  int greatest = std::min(snap.stream_priority_greatest, snap.stream_priority_least);
+  int least = std::max(snap.stream_priority_greatest, snap.stream_priority_least);
+  long biased = static_cast<long>(std::clamp(asked, greatest, least)) + session.priority_bias;
+  return static_cast<int>(std::clamp<long>(biased, greatest, least));
+}
+
+}  // namespace mpsshim::server

@@ -1,0 +1,64 @@
+#include "broker/server/options.hpp"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <string_view>
+
+namespace mpsshim::server {
+namespace {
+
+template <typename T>
+bool parse_number(std::string_view text, T& out) {
+  const char* end = text.data() + text.size();
+  auto [at, ec] = std::from_chars(text.data(), end, out);
+  return ec == std::errc{} && at == end && !text.empty();
+}
+
+}  // namespace
+
+tl::expected<Options, std::string> parse_options(std::span<const char* const> args) {
+  Options options;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    std::string_view flag = args[i];
+    if (i + 1 >= args.size()) return tl::unexpected(fmt::format("{} needs a value", flag));
+    std::string_view value = args[++i];
+    if (flag == "--device") {
+      if (!parse_number(value, options.device) || options.device < 0) {
+        return tl::unexpected(fmt::format("--device {}: not a device ordinal", value));
+      }
+    } else if (flag == "--control-fd") {
+      if (!parse_number(value, options.control_fd) || options.control_fd < 0) {
+        return tl::unexpected(fmt::format("--control-fd {}: not a file descriptor", value));
+      }
+    } else if (flag == "--driver") {
+      options.driver = std::string(value);
+    } else if (flag == "--log-level") {
+      auto level = parse_log_level(value);
+      if (!level) {
+        return tl::unexpected(
+            fmt::format("--log-level {}: expected error, warn, info or debug", value));
+      }
+      options.log_level = *level;
+    } else if (flag == "--default-sm-percentage") {
+      int p = 0;
+      if (!parse_number(value, p) || p < 1 || p > 100) {
+        return tl::unexpected(
+            fmt::format("--default-sm-percentage {}: expected 1 to 100", value));
+      }
+      options.default_sm_percentage = p;
+    } else if (flag == "--default-memory-limit") {
+      if (!parse_number(value, options.default_memory_limit)) {
+        return tl::unexpected(
+            fmt::format("--default-memory-limit {}: expected a number of bytes", value));
+      }
+    } else {
+      return tl::unexpected(fmt::format("unknown argument {}", flag));
+    }
+  }
+  if (options.device < 0) return tl::unexpected(std::string("--device is required"));
+  if (options.control_fd < 0) return tl::unexpected(std::string("--control-fd is required"));
+  return options;
+}
+
+}  // namespace mpsshim::server

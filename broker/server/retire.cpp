@@ -1,0 +1,203 @@
+#include "broker/server/retire.hpp"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+
+#include "broker/server/completions.hpp"
+#include "broker/server/log.hpp"
+#include "broker/server/streams.hpp"
+
+namespace mpsshim::server {
+namespace {
+
+void warn_if_failed(Session& session, CUresult r, const char* what) {
+  if (r != CUDA_SUCCESS) {
+    log_warn("{}: {} failed while freeing: {}", session.who(), what, describe(session.cu(), r));
+  }
+}
+
+void forget_driver_handle(Session& session, const void* handle) {
+  session.ids_by_driver_handle.erase(const_cast<void*>(handle));
+}
+
+void forget_functions_of(Session& session, std::uint64_t owner) {
+  for (std::uint64_t id :
+       session.objects.ids_where<FunctionObj>([&](const FunctionObj& f) { return f.owner == owner; })) {
+    auto f = session.objects.take<FunctionObj>(id);
+    forget_driver_handle(session, f->function);
+  }
+}
+
+void forget_globals_of(Session& session, std::uint64_t owner) {
+  session.memory.remove_if([&](const DeviceRange& r) {
+    return r.kind == RangeKind::kGlobal && r.owner == owner;
+  });
+}
+
+}  // namespace
+
+CUresult retire(Session& session, Retired bundle) {
+  auto fences = session.fence_all_streams();
+  if (!fences) {
+    // The fences could not be recorded; freeing now may wait on queued work, but leaking
+    // would be worse.
+    free_retired(session, bundle);
+    return fences.error();
+  }
+  bundle.fences = std::move(*fences);
+  session.retiring.push_back(std::move(bundle));
+  return CUDA_SUCCESS;
+}
+
+void free_retired(Session& session, Retired& bundle, FreedTally* tally) {
+  const DriverTable& cu = session.cu();
+  for (CUmodule m : bundle.modules) warn_if_failed(session, cu.cuModuleUnload(m), "cuModuleUnload");
+  for (CUlibrary l : bundle.libraries) {
+    warn_if_failed(session, cu.cuLibraryUnload(l), "cuLibraryUnload");
+  }
+  for (const DeviceRange& a : bundle.allocations) {
+    warn_if_failed(session, cu.cuMemFree_v2(a.base), "cuMemFree");
+  }
+  for (const HostRegionObj& region : bundle.regions) {
+    warn_if_failed(session, cu.cuMemHostUnregister(region.address), "cuMemHostUnregister");
+    ::munmap(region.address, region.mapped_bytes);
+  }
+  if (tally != nullptr) {
+    tally->modules += bundle.modules.size();
+    tally->libraries += bundle.libraries.size();
+    tally->allocations += bundle.allocations.size();
+    for (const DeviceRange& a : bundle.allocations) tally->allocation_bytes += a.bytes;
+    tally->regions += bundle.regions.size();
+  }
+  bundle.modules.clear();
+  bundle.libraries.clear();
+  bundle.allocations.clear();
+  bundle.regions.clear();
+}
+
+void forget_module(Session& session, std::uint64_t module_id, Retired& bundle) {
+  auto module = session.objects.take<ModuleObj>(module_id);
+  if (!module) return;
+  forget_driver_handle(session, module->module);
+  forget_functions_of(session, module_id);
+  forget_globals_of(session, module_id);
+  if (module->library == 0) bundle.modules.push_back(module->module);
+}
+
+void forget_library(Session& session, std::uint64_t library_id, Retired& bundle) {
+  auto library = session.objects.take<LibraryObj>(library_id);
+  if (!library) return;
+  for (std::uint64_t id : session.objects.ids_where<KernelObj>(
+           [&](const KernelObj& k) { return k.library == library_id; })) {
+    auto kernel = session.objects.take<KernelObj>(id);
+    forget_driver_handle(session, kernel->kernel);
+    forget_functions_of(session, id);
+  }
+  for (std::uint64_t id : session.objects.ids_where<ModuleObj>(
+           [&](const ModuleObj& m) { return m.library == library_id; })) {
+    forget_module(session, id, bundle);
+  }
+  forget_globals_of(session, library_id);
+  bundle.libraries.push_back(library->library);
+}
+
+void destroy_stream(Session& session, std::uint64_t stream_id) {
+  StreamObj* stream = session.objects.get<StreamObj>(stream_id);
+  if (stream == nullptr) return;
+  if (ContextObj* ctx = session.objects.get<ContextObj>(stream->ctx)) {
+    if (stream->blocking && stream->work_since_join && !stream->is_default) {
+      if (StreamObj* d = session.objects.get<StreamObj>(ctx->default_stream)) {
+        join_streams(session, *stream, *d);
+      }
+    }
+    std::erase(ctx->blocking_streams, stream_id);
+  }
+  const DriverTable& cu = session.cu();
+  if (stream->join_event != nullptr) session.destroy_client_event(stream->join_event);
+  warn_if_failed(session, cu.cuStreamDestroy_v2(stream->stream), "cuStreamDestroy");
+  session.objects.take<StreamObj>(stream_id);
+}
+
+CUresult retire_context(Session& session, std::uint64_t ctx_id) {
+  Retired bundle;
+  for (std::uint64_t id : session.objects.ids_where<LibraryObj>(
+           [&](const LibraryObj& l) { return l.ctx == ctx_id; })) {
+    forget_library(session, id, bundle);
+  }
+  for (std::uint64_t id : session.objects.ids_where<ModuleObj>(
+           [&](const ModuleObj& m) { return m.ctx == ctx_id && m.library == 0; })) {
+    forget_module(session, id, bundle);
+  }
+  for (const DeviceRange& a : session.memory.remove_if([&](const DeviceRange& r) {
+         return r.kind == RangeKind::kAllocation && r.owner == ctx_id;
+       })) {
+    session.memory_used -= std::min(session.memory_used, a.bytes);
+    bundle.allocations.push_back(a);
+  }
+  // Fences go on the context's streams too, before they are destroyed.
+  CUresult result = retire(session, std::move(bundle));
+  for (std::uint64_t id :
+       session.objects.ids_where<EventObj>([&](const EventObj& e) { return e.ctx == ctx_id; })) {
+    session.destroy_client_event(session.objects.take<EventObj>(id)->event);
+  }
+  for (std::uint64_t id : session.objects.ids_where<StreamObj>(
+           [&](const StreamObj& s) { return s.ctx == ctx_id; })) {
+    destroy_stream(session, id);
+  }
+  session.objects.take<ContextObj>(ctx_id);
+  return result;
+}
+
+FreedTally free_everything(Session& session) {
+  FreedTally tally;
+  const DriverTable& cu = session.cu();
+  drop_completions(session);
+  for (Retired& bundle : session.retiring) {
+    for (CUevent fence : bundle.fences) session.release_event(fence);
+    free_retired(session, bundle, &tally);
+  }
+  session.retiring.clear();
+
+  Retired rest;
+  for (std::uint64_t id : session.objects.ids<LibraryObj>()) forget_library(session, id, rest);
+  for (std::uint64_t id : session.objects.ids<ModuleObj>()) forget_module(session, id, rest);
+  for (const DeviceRange& a : session.memory.remove_if(
+           [](const DeviceRange& r) { return r.kind == RangeKind::kAllocation; })) {
+    rest.allocations.push_back(a);
+  }
+  for (std::uint64_t id : session.objects.ids<HostRegionObj>()) {
+    rest.regions.push_back(*session.objects.take<HostRegionObj>(id));
+  }
+  free_retired(session, rest, &tally);
+  session.memory_used = 0;
+
+  for (std::uint64_t id : session.objects.ids<EventObj>()) {
+    warn_if_failed(session, cu.cuEventDestroy_v2(session.objects.take<EventObj>(id)->event),
+                   "cuEventDestroy");
+    ++tally.events;
+  }
+  for (std::uint64_t id : session.objects.ids<StreamObj>()) {
+    auto stream = session.objects.take<StreamObj>(id);
+    if (stream->join_event != nullptr) cu.cuEventDestroy_v2(stream->join_event);
+    warn_if_failed(session, cu.cuStreamDestroy_v2(stream->stream), "cuStreamDestroy");
+    ++tally.streams;
+  }
+  for (std::uint64_t id : session.objects.ids<ContextObj>()) session.objects.take<ContextObj>(id);
+  for (CUevent event : session.event_pool) cu.cuEventDestroy_v2(event);
+  session.event_pool.clear();
+
+  if (session.staging_registered) {
+    warn_if_failed(session, cu.cuMemHostUnregister(session.segment.staging()),
+                   "cuMemHostUnregister(staging)");
+    session.staging_registered = false;
+  }
+  if (session.green.green != nullptr) {
+    warn_if_failed(session, cu.cuGreenCtxDestroy(session.green.green), "cuGreenCtxDestroy");
+    session.green = GreenContext{};
+  }
+  session.stash.clear();
+  return tally;
+}
+
+}  // namespace mpsshim::server

@@ -1,0 +1,127 @@
+#include "broker/server/session.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "proto/futex.hpp"
+
+namespace mpsshim::server {
+
+Session::Session(const Gpu& gpu, ClientInfo info)
+    // Salting the ids with the client id keeps one client's ids from naming another's objects.
+    : client(std::move(info)), objects(client.id * 0x9E3779B1u), gpu_(&gpu) {}
+
+std::string Session::who() const {
+  return fmt::format("client {} (pid {}, {})", client.id, client.pid, client.program);
+}
+
+void Session::answer(std::uint32_t slot, CUresult result, std::span<const std::byte> payload) {
+  if (slot >= segment.geometry().slot_count) return;
+  proto::ResponseSlot* s = segment.view().slot(slot);
+  std::size_t n = std::min<std::size_t>(payload.size(), proto::kSlotPayloadBytes);
+  if (n != 0) std::memcpy(s->payload, payload.data(), n);
+  s->payload_bytes = static_cast<std::uint32_t>(n);
+  s->result = static_cast<std::int32_t>(result);
+  if (slot < slot_busy.size()) slot_busy[slot] = 0;
+  // seq_cst pairs with the waiter's "set waiter, re-check state": one of us sees the other.
+  s->state.store(proto::kSlotReady, std::memory_order_seq_cst);
+  if (s->waiter.load(std::memory_order_seq_cst) != 0) proto::futex_wake(&s->state);
+}
+
+void Session::finish_chunk(std::uint32_t chunk, std::uint32_t generation, CUresult result) {
+  if (chunk >= segment.geometry().chunk_count) return;
+  proto::ChunkState* c = segment.view().chunk_state(chunk);
+  c->result.store(static_cast<std::int32_t>(result), std::memory_order_relaxed);
+  c->done_generation.store(generation, std::memory_order_seq_cst);
+  if (c->waiter.load(std::memory_order_seq_cst) != 0) proto::futex_wake(&c->done_generation);
+}
+
+void Session::post_async_error(CUresult result) {
+  if (result == CUDA_SUCCESS) return;
+  std::uint32_t expected = 0;
+  control()->async_error.compare_exchange_strong(expected, static_cast<std::uint32_t>(result),
+                                                 std::memory_order_acq_rel);
+}
+
+void Session::wake_everyone() {
+  const proto::SegmentView& view = segment.view();
+  for (std::uint32_t i = 0; i < view.geometry.slot_count; ++i) proto::futex_wake(&view.slot(i)->state);
+  for (std::uint32_t i = 0; i < view.geometry.chunk_count; ++i) {
+    proto::futex_wake(&view.chunk_state(i)->done_generation);
+  }
+  ring.wake_producer();
+}
+
+tl::expected<CUevent, CUresult> Session::create_event(unsigned flags) {
+  const DriverTable& driver = cu();
+  if (CUresult r = driver.cuCtxSetCurrent(green.context); r != CUDA_SUCCESS) {
+    return tl::unexpected(r);
+  }
+  CUevent event = nullptr;
+  CUresult r = driver.cuEventCreate(&event, flags);
+  // Everything else the server does runs with the primary context current.
+  driver.cuCtxSetCurrent(gpu_->primary);
+  if (r != CUDA_SUCCESS) return tl::unexpected(r);
+  return event;
+}
+
+tl::expected<CUevent, CUresult> Session::acquire_event() {
+  if (!event_pool.empty()) {
+    CUevent event = event_pool.back();
+    event_pool.pop_back();
+    return event;
+  }
+  return create_event(CU_EVENT_DISABLE_TIMING);
+}
+
+void Session::release_event(CUevent event) { event_pool.push_back(event); }
+
+CUresult Session::complete_after(CUstream stream, Completion completion) {
+  auto event = acquire_event();
+  if (!event) return event.error();
+  if (CUresult r = cu().cuEventRecordWithFlags(*event, stream, 0); r != CUDA_SUCCESS) {
+    release_event(*event);
+    return r;
+  }
+  completion.waits.push_back({*event, Completion::Owner::kPool});
+  if (completion.slot != proto::kNoReply && completion.slot < slot_busy.size()) {
+    slot_busy[completion.slot] = 1;
+  }
+  pending.push_back(std::move(completion));
+  return CUDA_SUCCESS;
+}
+
+tl::expected<std::vector<CUevent>, CUresult> Session::fence_all_streams() {
+  std::vector<CUevent> fences;
+  auto fail = [&](CUresult r) {
+    for (CUevent e : fences) release_event(e);
+    return tl::unexpected(r);
+  };
+  for (std::uint64_t id : objects.ids<StreamObj>()) {
+    auto event = acquire_event();
+    if (!event) return fail(event.error());
+    fences.push_back(*event);
+    if (CUresult r = cu().cuEventRecordWithFlags(*event, objects.get<StreamObj>(id)->stream, 0);
+        r != CUDA_SUCCESS) {
+      return fail(r);
+    }
+  }
+  return fences;
+}
+
+void Session::destroy_client_event(CUevent event) {
+  bool waited_on = false;
+  for (Completion& c : pending) {
+    for (Completion::Wait& w : c.waits) {
+      if (w.event == event && w.owner != Completion::Owner::kPool) {
+        w.owner = Completion::Owner::kDestroy;
+        waited_on = true;
+      }
+    }
+  }
+  if (!waited_on) cu().cuEventDestroy_v2(event);
+}
+
+}  // namespace mpsshim::server

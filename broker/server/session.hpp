@@ -1,0 +1,174 @@
+// One client's session: its segment and ring, its green context, the objects it made, what it
+// is waiting for. Owned and driven by the Server's single thread.
+#pragma once
+
+#include <cuda.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "broker/server/allocation_map.hpp"
+#include "broker/server/gpu.hpp"
+#include "broker/server/green_context.hpp"
+#include "broker/server/objects.hpp"
+#include "broker/server/shared_segment.hpp"
+#include "proto/control.hpp"
+#include "proto/ops.hpp"
+#include "proto/ring.hpp"
+#include "proto/unix_socket.hpp"
+
+namespace mpsshim::server {
+
+struct ClientInfo {
+  std::uint32_t id = 0;
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::string program;
+};
+
+enum class SessionState { kActive, kDraining };
+
+// GPU work a reply, a staging chunk or a deferred free waits for. Done when every event has
+// completed; the first error is the result.
+struct Completion {
+  enum class Owner : std::uint8_t {
+    kPool,    // a server event: back to the session's pool afterwards
+    kClient,  // the client's own event (EventSynchronize): left alone
+    kDestroy  // the client destroyed its event while this waited: destroyed afterwards
+  };
+  struct Wait {
+    CUevent event;
+    Owner owner;
+  };
+  std::vector<Wait> waits;
+  std::size_t done = 0;  // waits[0, done) have completed
+  std::uint32_t slot = proto::kNoReply;
+  std::uint32_t chunk = kNoChunk;
+  std::uint32_t generation = 0;
+  CUresult result = CUDA_SUCCESS;
+  proto::Op op = proto::Op::kPad;
+
+  static constexpr std::uint32_t kNoChunk = 0xffffffffu;
+};
+
+// Objects the client let go of that the GPU may still be using: freed once the fences (events
+// recorded on every stream of the client at the time) have completed, so freeing never blocks
+// the server on the client's queued work.
+struct Retired {
+  std::vector<CUevent> fences;
+  std::size_t fences_done = 0;
+  std::vector<CUmodule> modules;
+  std::vector<CUlibrary> libraries;
+  std::vector<DeviceRange> allocations;
+  std::vector<HostRegionObj> regions;
+};
+
+// A memfd the client sent on its socket, waiting for the ring record that names its token.
+struct StashedFd {
+  proto::MessageKind kind;
+  std::uint64_t bytes;
+  proto::UniqueFd fd;
+};
+
+// Counts for the disconnect log line.
+struct FreedTally {
+  std::size_t allocations = 0;
+  std::uint64_t allocation_bytes = 0;
+  std::size_t modules = 0;
+  std::size_t libraries = 0;
+  std::size_t streams = 0;
+  std::size_t events = 0;
+  std::size_t regions = 0;
+};
+
+class Session {
+ public:
+  Session(const Gpu& gpu, ClientInfo client);
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  const Gpu& gpu() const { return *gpu_; }
+  const DriverTable& cu() const { return *gpu_->cu; }
+
+  // "client 3 (pid 4123, vector_add)"
+  std::string who() const;
+
+  // ---- answering the client -----------------------------------------------------------
+  proto::SessionControl* control() const { return segment.view().control(); }
+  // Writes the reply, publishes kSlotReady and wakes a sleeping waiter.
+  void answer(std::uint32_t slot, CUresult result, std::span<const std::byte> payload = {});
+  // Stores the copy's result, then publishes the chunk's generation and wakes a waiter.
+  void finish_chunk(std::uint32_t chunk, std::uint32_t generation, CUresult result);
+  // A one-way call failed: the first such error waits for the client's next synchronizing call.
+  void post_async_error(CUresult result);
+  // Wakes everyone who might sleep on this segment (fault, termination).
+  void wake_everyone();
+
+  // ---- events --------------------------------------------------------------------------
+  // An event in the client's green context (events must share their stream's context).
+  tl::expected<CUevent, CUresult> create_event(unsigned flags);
+  // A timing-free server event from the pool.
+  tl::expected<CUevent, CUresult> acquire_event();
+  void release_event(CUevent event);
+
+  // ---- completions ---------------------------------------------------------------------
+  // Records a pool event on `stream` and queues `completion` to fire when it completes.
+  CUresult complete_after(CUstream stream, Completion completion);
+  // Events recorded now on every live stream of the client.
+  tl::expected<std::vector<CUevent>, CUresult> fence_all_streams();
+  std::size_t pending_gpu_work() const { return pending.size() + retiring.size(); }
+
+  // The client destroyed one of its events: destroyed now, or when the completion that still
+  // waits on it fires.
+  void destroy_client_event(CUevent event);
+
+  // ---- memory --------------------------------------------------------------------------
+  bool over_limit(std::uint64_t more) const {
+    return memory_limit != 0 && (more > memory_limit || memory_used > memory_limit - more);
+  }
+
+  // ---- identity and settings ---------------------------------------------------------------
+  ClientInfo client;
+  SessionState state = SessionState::kActive;
+  std::string end_reason;
+  std::chrono::steady_clock::time_point drain_started{};
+  bool drain_warned = false;
+
+  proto::UniqueFd socket;
+  proto::UniqueFd doorbell;
+  SharedSegment segment;
+  proto::RingConsumer ring;
+  GreenContext green;
+  bool staging_registered = false;
+
+  std::uint64_t memory_limit = 0;  // 0: the whole device
+  bool limit_from_client = false;  // CUDA_MPS_PINNED_DEVICE_MEM_LIMIT rather than the default
+  std::uint64_t memory_used = 0;
+  int priority_bias = 0;  // added to every stream priority the client asks for
+
+  ObjectTable objects;
+  AllocationMap memory;
+  // The driver hands out the same CUfunction/CUkernel/CUmodule again for the same name: one id.
+  std::unordered_map<void*, std::uint64_t> ids_by_driver_handle;
+  std::map<std::uint32_t, StashedFd> stash;
+
+  std::vector<Completion> pending;
+  std::vector<Retired> retiring;
+  std::vector<CUevent> event_pool;
+  std::vector<std::uint8_t> slot_busy;  // a deferred answer is owed on this slot
+
+  std::uint64_t launches = 0;
+  std::uint64_t records = 0;
+
+ private:
+  const Gpu* gpu_;
+};
+
+}  // namespace mpsshim::server

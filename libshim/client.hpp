@@ -1,0 +1,196 @@
+// Process-wide state of the shim: the configuration read from the environment at cuInit, the
+// device table the daemon sent, one lazily attached Session per device, and the client-side
+// objects that CUcontext / CUstream / CUevent / CUmodule / CUlibrary / CUfunction / CUkernel
+// handles point at.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "libshim/api.hpp"
+#include "libshim/session.hpp"
+#include "proto/device_snapshot.hpp"
+#include "proto/ops.hpp"
+
+namespace mpsshim::shim {
+
+inline constexpr int kMaxDevices = 64;
+
+// What the client asks for, from CUDA_MPS_* and MPSSHIM_* variables (docs/environment.md).
+struct ClientConfig {
+  std::vector<std::string> socket_candidates;  // control sockets to try, in order
+  int active_thread_percentage = proto::kUnset;
+  int priority = proto::kUnset;
+  std::uint64_t memory_limit_all = 0;          // CUDA_MPS_PINNED_DEVICE_MEM_LIMIT without ordinal
+  std::map<int, std::uint64_t> memory_limit;   // per visible ordinal
+  bool ignore_sm_coscheduling = false;         // MPSSHIM_SM_GRANULARITY=2
+  std::string visible_devices;
+  std::string program;
+};
+ClientConfig read_client_config();
+// "4G", "512M", "1024" (bytes) -> bytes; 0 when malformed.
+std::uint64_t parse_memory_size(const std::string& text);
+
+// Magic words let entry points reject a handle that is not one of ours (or was destroyed)
+// instead of corrupting memory.
+enum class Magic : std::uint32_t {
+  kDead = 0,
+  kContext = 0x43545831,
+  kStream = 0x53545231,
+  kEvent = 0x45565431,
+  kModule = 0x4d4f4431,
+  kLibrary = 0x4c494231,
+  kFunction = 0x46554e31,
+};
+
+struct Context;
+
+struct Stream {
+  Magic magic = Magic::kStream;
+  Context* ctx = nullptr;
+  proto::WireHandle wire = 0;
+  unsigned flags = 0;
+  int priority = 0;
+  std::uint64_t id = 0;
+};
+
+struct Event {
+  Magic magic = Magic::kEvent;
+  Context* ctx = nullptr;
+  proto::WireHandle wire = 0;
+  unsigned flags = 0;
+};
+
+struct Function;
+
+struct Module {
+  Magic magic = Magic::kModule;
+  Context* ctx = nullptr;
+  proto::WireHandle wire = 0;
+  std::mutex mutex;
+  std::unordered_map<std::string, Function*> functions;  // cuModuleGetFunction cache
+  bool owned_by_library = false;
+};
+
+struct Library {
+  Magic magic = Magic::kLibrary;
+  Context* ctx = nullptr;
+  proto::WireHandle wire = 0;
+  std::mutex mutex;
+  std::unordered_map<std::string, Function*> kernels;
+  Module* module = nullptr;
+};
+
+// A CUfunction or a CUkernel: the runtime passes a CUkernel where a CUfunction is expected
+// (as the real driver allows), so both handles point at this one type.
+struct Function {
+  Magic magic = Magic::kFunction;
+  bool is_kernel = false;
+  Context* ctx = nullptr;
+  proto::WireHandle wire = 0;
+  std::string name;
+  std::vector<proto::ParamSlot> params;
+  std::uint32_t args_bytes = 0;
+  Module* module = nullptr;
+  Library* library = nullptr;
+  std::atomic<Function*> function_of_kernel{nullptr};  // cuKernelGetFunction, cached
+  // Attribute cache: value + 1 (0 = not fetched). Invalidated by Set*Attribute.
+  std::array<std::atomic<std::int64_t>, CU_FUNC_ATTRIBUTE_MAX> attributes{};
+};
+
+struct Context {
+  Magic magic = Magic::kContext;
+  int device = 0;
+  bool primary = false;
+  unsigned flags = 0;
+  std::atomic<std::uint64_t> id{0};
+  std::atomic<bool> active{false};
+  std::atomic<int> primary_refs{0};
+  Session* session = nullptr;
+  proto::WireHandle wire = 0;
+  Stream legacy;  // the context's legacy default stream (a private stream on the server)
+  std::mutex mutex;
+};
+
+template <typename T>
+inline constexpr Magic kMagicOf = Magic::kDead;
+template <> inline constexpr Magic kMagicOf<Context> = Magic::kContext;
+template <> inline constexpr Magic kMagicOf<Stream> = Magic::kStream;
+template <> inline constexpr Magic kMagicOf<Event> = Magic::kEvent;
+template <> inline constexpr Magic kMagicOf<Module> = Magic::kModule;
+template <> inline constexpr Magic kMagicOf<Library> = Magic::kLibrary;
+template <> inline constexpr Magic kMagicOf<Function> = Magic::kFunction;
+
+// The object behind a handle, or nullptr if it is not a live object of that type.
+template <typename T, typename Handle>
+T* object_of(Handle handle) {
+  T* object = reinterpret_cast<T*>(handle);
+  if (object == nullptr || object->magic != kMagicOf<T>) return nullptr;
+  return object;
+}
+
+// ---- process state ----
+
+// CUDA_SUCCESS once cuInit succeeded; CUDA_ERROR_NOT_INITIALIZED before; cuInit's failure after.
+CUresult init_status() noexcept;
+CUresult initialize() noexcept;
+const ClientConfig& config() noexcept;
+
+// The session of a visible device, attached on first use.
+CUresult session_for(int device, Session*& out) noexcept;
+// The granted SM count of a device: attaches the session (the server decides the rounding).
+int client_sm_count(int device) noexcept;
+
+// ---- contexts (context.cpp) ----
+
+// The calling thread's current context, activated (it has a session and a server context).
+CUresult current(Context*& out) noexcept;
+CUresult activate(Context* ctx) noexcept;
+
+// Which stream a CUstream argument means: NULL -> the context's legacy stream, or the calling
+// thread's per-thread stream for a _ptsz/_ptds entry point; CU_STREAM_LEGACY / PER_THREAD as
+// documented; else one of our Stream objects.
+enum class DefaultStream { kLegacy, kPerThread };
+CUresult resolve_stream(CUstream handle, DefaultStream mode, Context*& ctx, Stream*& stream) noexcept;
+
+// Device pointers the client owns, for cuMemcpy's unified addressing and cuPointerGetAttribute.
+struct DeviceRange {
+  std::uint64_t base;
+  std::uint64_t bytes;
+  Context* ctx;
+};
+struct PinnedRange {
+  std::byte* base;
+  std::uint64_t bytes;
+  Context* ctx;
+  proto::WireHandle region;
+  std::uint64_t device_pointer;
+  int memfd;
+  unsigned flags;
+};
+class AddressBook {
+ public:
+  void add_device(const DeviceRange& range);
+  bool remove_device(std::uint64_t base, DeviceRange* removed);
+  bool find_device(std::uint64_t address, DeviceRange* out) const;
+  void add_pinned(const PinnedRange& range);
+  bool remove_pinned(const void* base, PinnedRange* removed);
+  bool find_pinned(const void* address, PinnedRange* out) const;
+  bool find_pinned_by_device(std::uint64_t address, PinnedRange* out) const;
+
+ private:
+  mutable std::shared_mutex mutex_;
+  std::map<std::uint64_t, DeviceRange> device_;
+  std::map<std::uintptr_t, PinnedRange> pinned_;
+};
+AddressBook& address_book() noexcept;
+
+}  // namespace mpsshim::shim

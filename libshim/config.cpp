@@ -1,0 +1,116 @@
+// The client's configuration, read once at cuInit from the environment. Names follow NVIDIA
+// MPS where MPS has one (docs/environment.md lists them all).
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <string_view>
+
+#include "libshim/client.hpp"
+#include "libshim/log.hpp"
+
+namespace mpsshim::shim {
+
+namespace {
+
+std::string env(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? std::string(value) : std::string();
+}
+
+std::string trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return std::string(s);
+}
+
+// MPS's form: "2G" for every device, or "0=1G,1=512M" per device ordinal.
+void parse_memory_limits(const std::string& text, ClientConfig& config) {
+  std::string_view rest = text;
+  while (!rest.empty()) {
+    std::size_t comma = rest.find(',');
+    std::string item = trim(rest.substr(0, comma));
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    if (item.empty()) continue;
+    std::size_t eq = item.find('=');
+    if (eq == std::string::npos) {
+      config.memory_limit_all = parse_memory_size(item);
+      if (config.memory_limit_all == 0) {
+        log(Level::warn, "ignoring CUDA_MPS_PINNED_DEVICE_MEM_LIMIT item '{}': not a size", item);
+      }
+      continue;
+    }
+    char* end = nullptr;
+    long ordinal = std::strtol(item.c_str(), &end, 10);
+    std::uint64_t bytes = parse_memory_size(item.substr(eq + 1));
+    if (end != item.c_str() + eq || ordinal < 0 || ordinal >= kMaxDevices || bytes == 0) {
+      log(Level::warn, "ignoring CUDA_MPS_PINNED_DEVICE_MEM_LIMIT item '{}' (expected "
+          "<ordinal>=<size>, e.g. 0=4G)", item);
+      continue;
+    }
+    config.memory_limit[static_cast<int>(ordinal)] = bytes;
+  }
+}
+
+}  // namespace
+
+std::uint64_t parse_memory_size(const std::string& text) {
+  std::string s = trim(text);
+  if (s.empty()) return 0;
+  char* end = nullptr;
+  errno = 0;
+  double value = std::strtod(s.c_str(), &end);
+  if (errno != 0 || end == s.c_str() || value <= 0) return 0;
+  std::string unit = trim(end);
+  double scale = 1;
+  if (unit.empty() || unit == "B" || unit == "b") {
+    scale = 1;
+  } else {
+    switch (unit[0]) {
+      case 'K': case 'k': scale = 1024.0; break;
+      case 'M': case 'm': scale = 1024.0 * 1024; break;
+      case 'G': case 'g': scale = 1024.0 * 1024 * 1024; break;
+      case 'T': case 't': scale = 1024.0 * 1024 * 1024 * 1024; break;
+      default: return 0;
+    }
+    std::string_view tail = std::string_view(unit).substr(1);
+    if (!(tail.empty() || tail == "B" || tail == "iB" || tail == "b")) return 0;
+  }
+  return static_cast<std::uint64_t>(value * scale);
+}
+
+ClientConfig read_client_config() {
+  ClientConfig config;
+  if (std::string dir = env("CUDA_MPS_PIPE_DIRECTORY"); !dir.empty()) {
+    config.socket_candidates.push_back(dir + "/control");
+  } else {
+    config.socket_candidates.push_back("/tmp/mpsshim-" + std::to_string(::getuid()) + "/control");
+    config.socket_candidates.push_back("/run/mpsshim/control");
+  }
+  if (std::string pct = env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"); !pct.empty()) {
+    char* end = nullptr;
+    double value = std::strtod(pct.c_str(), &end);
+    if (end == pct.c_str() || value <= 0 || value > 100) {
+      log(Level::warn, "ignoring CUDA_MPS_ACTIVE_THREAD_PERCENTAGE='{}': expected a number in "
+          "(0, 100]", pct);
+    } else {
+      // Round up: asking for 12.5% of 132 SMs must not give less than 12.5%.
+      config.active_thread_percentage = static_cast<int>(value + 0.999);
+    }
+  }
+  if (std::string prio = env("CUDA_MPS_CLIENT_PRIORITY"); !prio.empty()) {
+    if (prio == "0" || prio == "1") {
+      config.priority = prio[0] - '0';
+    } else {
+      log(Level::warn, "ignoring CUDA_MPS_CLIENT_PRIORITY='{}': expected 0 (normal) or 1 "
+          "(below normal)", prio);
+    }
+  }
+  parse_memory_limits(env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), config);
+  config.ignore_sm_coscheduling = env("MPSSHIM_SM_GRANULARITY") == "2";
+  config.visible_devices = env("CUDA_VISIBLE_DEVICES");
+  config.program = program_invocation_short_name;
+  return config;
+}
+
+}  // namespace mpsshim::shim

@@ -1,0 +1,434 @@
+// Contexts: primary contexts (one stable handle per device, activated on retain), created
+// contexts, the per-thread current-context stack, and the client_view.hpp queries the private
+// tables use. cuCtxGetDevice and cuDevicePrimaryCtxGetState are called tens of thousands of
+// times per PyTorch inference: they read thread-local and atomic state only.
+#include <algorithm>
+#include <array>
+#include <unordered_map>
+
+#include "libshim/api.hpp"
+#include "libshim/client.hpp"
+#include "libshim/client_view.hpp"
+#include "libshim/log.hpp"
+
+namespace mpsshim::shim {
+
+namespace {
+
+std::array<Context, kMaxDevices>& primaries() {
+  static auto* contexts = new std::array<Context, kMaxDevices>();
+  return *contexts;
+}
+
+std::atomic<std::uint64_t> g_next_context_id{1};
+
+thread_local std::vector<Context*> t_stack;
+
+// Per-thread default streams (cudaStreamPerThread, --default-stream per-thread), one per
+// context the thread used.
+thread_local std::unordered_map<Context*, Stream*> t_per_thread_streams;
+
+Context* top() { return t_stack.empty() ? nullptr : t_stack.back(); }
+
+bool valid_device(CUdevice device) {
+  return device >= 0 && device < visible_device_count();
+}
+
+CUresult create_on_server(Context* ctx) {
+  Session* session = nullptr;
+  if (CUresult rc = session_for(ctx->device, session); rc != CUDA_SUCCESS) return rc;
+  proto::CtxCreateReq request{ctx->flags, 0};
+  proto::CtxCreateRep reply{};
+  if (CUresult rc = session->call(proto::Op::kCtxCreate, request, &reply); rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  ctx->session = session;
+  ctx->wire = reply.ctx;
+  ctx->legacy = Stream{};
+  ctx->legacy.ctx = ctx;
+  ctx->legacy.wire = reply.default_stream;
+  ctx->id.store(g_next_context_id.fetch_add(1), std::memory_order_relaxed);
+  ctx->active.store(true, std::memory_order_release);
+  return CUDA_SUCCESS;
+}
+
+// Ends the server side of a context: everything created in it is freed there.
+void destroy_on_server(Context* ctx) {
+  run_context_local_destructors(reinterpret_cast<CUcontext>(ctx));
+  if (ctx->active.exchange(false) && ctx->session != nullptr) {
+    proto::CtxReq request{ctx->wire};
+    ctx->session->call(proto::Op::kCtxDestroy, request, static_cast<int*>(nullptr));
+  }
+  for (auto it = t_per_thread_streams.begin(); it != t_per_thread_streams.end();) {
+    it = it->first == ctx ? t_per_thread_streams.erase(it) : std::next(it);
+  }
+}
+
+}  // namespace
+
+CUresult activate(Context* ctx) noexcept {
+  if (ctx->active.load(std::memory_order_acquire)) return CUDA_SUCCESS;
+  std::lock_guard lock(ctx->mutex);
+  if (ctx->active.load(std::memory_order_relaxed)) return CUDA_SUCCESS;
+  return create_on_server(ctx);
+}
+
+CUresult current(Context*& out) noexcept {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Context* ctx = top();
+  if (ctx == nullptr || ctx->magic != Magic::kContext) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CUresult rc = activate(ctx); rc != CUDA_SUCCESS) return rc;
+  out = ctx;
+  return CUDA_SUCCESS;
+}
+
+CUresult resolve_stream(CUstream handle, DefaultStream mode, Context*& ctx,
+                        Stream*& stream) noexcept {
+  if (handle == CU_STREAM_LEGACY || (handle == nullptr && mode == DefaultStream::kLegacy)) {
+    if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+    stream = &ctx->legacy;
+    return CUDA_SUCCESS;
+  }
+  if (handle == nullptr || handle == CU_STREAM_PER_THREAD) {
+    if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+    auto it = t_per_thread_streams.find(ctx);
+    if (it != t_per_thread_streams.end()) {
+      stream = it->second;
+      return CUDA_SUCCESS;
+    }
+    // A blocking stream: the per-thread default stream still synchronizes with the legacy one.
+    proto::StreamCreateReq request{ctx->wire, 0, 0};
+    proto::StreamCreateRep reply{};
+    if (CUresult rc = ctx->session->call(proto::Op::kStreamCreate, request, &reply);
+        rc != CUDA_SUCCESS) {
+      return rc;
+    }
+    stream = new Stream{Magic::kStream, ctx, reply.stream, 0, 0, 0};
+    t_per_thread_streams.emplace(ctx, stream);
+    return CUDA_SUCCESS;
+  }
+  stream = object_of<Stream>(handle);
+  if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  ctx = stream->ctx;
+  if (ctx == nullptr || !ctx->active.load(std::memory_order_acquire)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  return CUDA_SUCCESS;
+}
+
+// ---- client_view.hpp ----
+
+CUcontext current_context() noexcept { return reinterpret_cast<CUcontext>(top()); }
+
+bool context_identity(CUcontext handle, int* ordinal, std::uint64_t* id) noexcept {
+  Context* ctx = object_of<Context>(handle);
+  if (ctx == nullptr) return false;
+  if (ordinal) *ordinal = ctx->device;
+  if (id) *id = ctx->id.load(std::memory_order_relaxed);
+  return true;
+}
+
+CUresult primary_context_handle(CUdevice device, CUcontext* out) noexcept {
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (device < 0 || device >= kMaxDevices) return CUDA_ERROR_INVALID_DEVICE;
+  Context& ctx = primaries()[device];
+  ctx.device = device;
+  ctx.primary = true;
+  *out = reinterpret_cast<CUcontext>(&ctx);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace mpsshim::shim
+
+using namespace mpsshim::shim;
+namespace proto = mpsshim::proto;
+
+// ---- primary contexts ----
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  CUcontext handle = nullptr;
+  primary_context_handle(dev, &handle);
+  Context* ctx = object_of<Context>(handle);
+  if (CUresult rc = activate(ctx); rc != CUDA_SUCCESS) return rc;
+  ctx->primary_refs.fetch_add(1, std::memory_order_relaxed);
+  *pctx = handle;
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  Context& ctx = primaries()[dev];
+  std::lock_guard lock(ctx.mutex);
+  int refs = ctx.primary_refs.load(std::memory_order_relaxed);
+  if (refs <= 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (ctx.primary_refs.fetch_sub(1) == 1) destroy_on_server(&ctx);
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) {
+  return cuDevicePrimaryCtxRelease_v2(dev);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  Context& ctx = primaries()[dev];
+  std::lock_guard lock(ctx.mutex);
+  destroy_on_server(&ctx);
+  // Reset keeps the retain count: the next use recreates the context.
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev) {
+  return cuDevicePrimaryCtxReset_v2(dev);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags,
+                                                            int* active) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (flags == nullptr || active == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  const Context& ctx = primaries()[dev];
+  *flags = ctx.flags;
+  *active = ctx.primary_refs.load(std::memory_order_relaxed) > 0 &&
+            ctx.active.load(std::memory_order_relaxed);
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  // Scheduling flags only change how a host thread waits; the shim always spins then sleeps.
+  primaries()[dev].flags = flags;
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) {
+  return cuDevicePrimaryCtxSetFlags_v2(dev, flags);
+}
+
+// ---- created contexts ----
+
+namespace {
+
+CUresult create_context(CUcontext* pctx, unsigned int flags, CUdevice dev) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  auto* ctx = new Context();
+  ctx->device = dev;
+  ctx->flags = flags;
+  if (CUresult rc = create_on_server(ctx); rc != CUDA_SUCCESS) {
+    delete ctx;
+    return rc;
+  }
+  t_stack.push_back(ctx);
+  *pctx = reinterpret_cast<CUcontext>(ctx);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev) {
+  return create_context(pctx, flags, dev);
+}
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev) {
+  return create_context(pctx, flags, dev);
+}
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* params,
+                                               int count, unsigned int flags, CUdevice dev) {
+  if (count > 0 && params != nullptr) {
+    log_once("cuCtxCreate_v3.affinity", Level::warn,
+             "cuCtxCreate_v3: execution-affinity parameters are ignored; use "
+             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE to size the client's SM share");
+  }
+  return create_context(pctx, flags, dev);
+}
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* params,
+                                               unsigned int flags, CUdevice dev) {
+  if (params != nullptr && (params->execAffinityParams != nullptr || params->cigParams != nullptr)) {
+    log_once("cuCtxCreate_v4.params", Level::warn,
+             "cuCtxCreate_v4: affinity/CIG parameters are not supported by mpsshim");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  return create_context(pctx, flags, dev);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxDestroy_v2(CUcontext handle) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Context* ctx = object_of<Context>(handle);
+  if (ctx == nullptr || ctx->primary) return CUDA_ERROR_INVALID_CONTEXT;
+  {
+    std::lock_guard lock(ctx->mutex);
+    destroy_on_server(ctx);
+  }
+  t_stack.erase(std::remove(t_stack.begin(), t_stack.end(), ctx), t_stack.end());
+  // The object stays allocated (marked dead) so a stale handle is refused, not dereferenced
+  // into freed memory.
+  ctx->magic = Magic::kDead;
+  return CUDA_SUCCESS;
+}
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxPushCurrent_v2(CUcontext handle) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Context* ctx = object_of<Context>(handle);
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  t_stack.push_back(ctx);
+  return CUDA_SUCCESS;
+}
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx) { return cuCtxPushCurrent_v2(ctx); }
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxPopCurrent_v2(CUcontext* pctx) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (t_stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
+  if (pctx) *pctx = reinterpret_cast<CUcontext>(t_stack.back());
+  t_stack.pop_back();
+  return CUDA_SUCCESS;
+}
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxPopCurrent(CUcontext* pctx) { return cuCtxPopCurrent_v2(pctx); }
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxSetCurrent(CUcontext handle) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (handle == nullptr) {
+    if (!t_stack.empty()) t_stack.pop_back();
+    return CUDA_SUCCESS;
+  }
+  Context* ctx = object_of<Context>(handle);
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (t_stack.empty()) {
+    t_stack.push_back(ctx);
+  } else {
+    t_stack.back() = ctx;
+  }
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxGetCurrent(CUcontext* pctx) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *pctx = reinterpret_cast<CUcontext>(top());
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxGetDevice(CUdevice* device) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) [[unlikely]] return rc;
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Context* ctx = top();
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  *device = ctx->device;
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxGetDevice_v2(CUdevice* device, CUcontext handle) {
+  if (handle == nullptr) return cuCtxGetDevice(device);
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Context* ctx = object_of<Context>(handle);
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  *device = ctx->device;
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxGetFlags(unsigned int* flags) {
+  Context* ctx = nullptr;
+  if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *flags = ctx->flags;
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxSetFlags(unsigned int flags) {
+  Context* ctx = nullptr;
+  if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+  ctx->flags = flags;
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxGetId(CUcontext handle, unsigned long long* id) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (id == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Context* ctx = handle ? object_of<Context>(handle) : top();
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CUresult rc = activate(ctx); rc != CUDA_SUCCESS) return rc;
+  *id = ctx->id.load(std::memory_order_relaxed);
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxGetApiVersion(CUcontext handle, unsigned int* version) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (version == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Context* ctx = handle ? object_of<Context>(handle) : top();
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  *version = 3020;  // the context API version every CUDA >= 3.2 context reports
+  return CUDA_SUCCESS;
+}
+
+namespace {
+
+CUresult synchronize_context(Context* ctx) {
+  proto::CtxReq request{ctx->wire};
+  CUresult rc = ctx->session->call(proto::Op::kCtxSynchronize, request, static_cast<int*>(nullptr));
+  CUresult async = ctx->session->take_async_error();
+  return rc != CUDA_SUCCESS ? rc : async;
+}
+
+}  // namespace
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxSynchronize() {
+  Context* ctx = nullptr;
+  if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+  return synchronize_context(ctx);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext handle) {
+  if (handle == nullptr) return cuCtxSynchronize();
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Context* ctx = object_of<Context>(handle);
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CUresult rc = activate(ctx); rc != CUDA_SUCCESS) return rc;
+  return synchronize_context(ctx);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxSetLimit(CUlimit limit, size_t value) {
+  Context* ctx = nullptr;
+  if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+  proto::CtxLimitReq request{static_cast<std::uint32_t>(limit), 0, value};
+  return ctx->session->call(proto::Op::kCtxSetLimit, request, static_cast<int*>(nullptr));
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxGetLimit(size_t* value, CUlimit limit) {
+  Context* ctx = nullptr;
+  if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  proto::CtxLimitReq request{static_cast<std::uint32_t>(limit), 0, 0};
+  proto::CtxLimitRep reply{};
+  CUresult rc = ctx->session->call(proto::Op::kCtxGetLimit, request, &reply);
+  if (rc == CUDA_SUCCESS) *value = reply.value;
+  return rc;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxGetStreamPriorityRange(int* least, int* greatest) {
+  Context* ctx = nullptr;
+  if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+  const proto::DeviceSnapshot* snapshot = device_snapshot(ctx->device);
+  if (least) *least = snapshot->stream_priority_least;
+  if (greatest) *greatest = snapshot->stream_priority_greatest;
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxGetCacheConfig(CUfunc_cache* config) {
+  Context* ctx = nullptr;
+  if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+  if (config == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *config = CU_FUNC_CACHE_PREFER_NONE;
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxSetCacheConfig(CUfunc_cache) {
+  Context* ctx = nullptr;
+  // A preference only; the primary context is shared by all clients, so it is not changed.
+  return current(ctx);
+}

@@ -1,0 +1,29 @@
+// The weak default definition of every entry point (see entry_points.inc for how a strong
+// definition elsewhere replaces it). cuda.h stays out of this file: its prototypes would clash
+// with the parameterless stubs, which are ABI-safe on x86-64 SysV because a function that
+// ignores its arguments may be called with any, and CUresult is returned in eax like int.
+#include <atomic>
+
+#include "libshim/log.hpp"
+
+namespace {
+
+// CUDA_ERROR_NOT_SUPPORTED, spelled out because cuda.h is not included.
+constexpr int kNotSupported = 801;
+
+[[gnu::cold]] int not_implemented(std::atomic<bool>& logged, const char* name) noexcept {
+  mpsshim::shim::log_once(logged, mpsshim::shim::Level::warn,
+                          "{} is not implemented by mpsshim; returning CUDA_ERROR_NOT_SUPPORTED",
+                          name);
+  return kNotSupported;
+}
+
+}  // namespace
+
+#define MPSSHIM_ENTRY_POINT(name)                                      \
+  extern "C" __attribute__((weak, visibility("default"))) int name() { \
+    static constinit std::atomic<bool> logged{false};                  \
+    return not_implemented(logged, #name);                             \
+  }
+#include "libshim/entry/entry_points.inc"
+#undef MPSSHIM_ENTRY_POINT

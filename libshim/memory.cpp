@@ -1,0 +1,275 @@
+// Device memory (allocated by the server, checked against the client's limit there) and pinned
+// host memory: a memfd the client maps and the server maps at the same address when it can and
+// registers with the driver, so async copies from it are zero-copy DMA and, under unified
+// addressing, the host pointer is also the device pointer.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "libshim/api.hpp"
+#include "libshim/client.hpp"
+#include "libshim/log.hpp"
+
+using namespace mpsshim::shim;
+namespace proto = mpsshim::proto;
+
+namespace {
+
+CUresult allocate(Context* ctx, std::size_t bytes, CUdeviceptr* out) {
+  proto::MemAllocReq request{ctx->wire, bytes};
+  proto::MemAllocRep reply{};
+  CUresult rc = ctx->session->call(proto::Op::kMemAlloc, request, &reply);
+  if (rc != CUDA_SUCCESS) return rc;
+  address_book().add_device({reply.dptr, bytes, ctx});
+  *out = reply.dptr;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) {
+  Context* ctx = nullptr;
+  if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+  if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  return allocate(ctx, bytes, dptr);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch,
+                                                   size_t width, size_t height,
+                                                   unsigned int element_bytes) {
+  Context* ctx = nullptr;
+  if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+  if (dptr == nullptr || pitch == nullptr || width == 0 || height == 0 ||
+      (element_bytes != 4 && element_bytes != 8 && element_bytes != 16)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  proto::MemAllocPitchReq request{ctx->wire, width, height, element_bytes, 0};
+  proto::MemAllocPitchRep reply{};
+  CUresult rc = ctx->session->call(proto::Op::kMemAllocPitch, request, &reply);
+  if (rc != CUDA_SUCCESS) return rc;
+  address_book().add_device({reply.dptr, reply.pitch * height, ctx});
+  *dptr = reply.dptr;
+  *pitch = reply.pitch;
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (dptr == 0) return CUDA_SUCCESS;
+  DeviceRange range{};
+  if (!address_book().find_device(dptr, &range) || range.base != dptr) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  proto::MemFreeReq request{dptr};
+  CUresult rc = range.ctx->session->call(proto::Op::kMemFree, request, static_cast<int*>(nullptr));
+  if (rc == CUDA_SUCCESS) address_book().remove_device(dptr, nullptr);
+  return rc;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
+  Context* ctx = nullptr;
+  if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+  if (free_bytes == nullptr || total_bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  proto::MemGetInfoRep reply{};
+  CUresult rc = ctx->session->call(proto::Op::kMemGetInfo, proto::CtxReq{ctx->wire}, &reply);
+  if (rc != CUDA_SUCCESS) return rc;
+  *free_bytes = reply.free_bytes;
+  *total_bytes = reply.total_bytes;
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size,
+                                                        CUdeviceptr dptr) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  DeviceRange range{};
+  if (!address_book().find_device(dptr, &range)) return CUDA_ERROR_NOT_FOUND;
+  if (base) *base = range.base;
+  if (size) *size = range.bytes;
+  return CUDA_SUCCESS;
+}
+
+// ---- pinned host memory ----
+
+namespace {
+
+CUresult host_alloc(void** pp, size_t bytes, unsigned int flags) {
+  Context* ctx = nullptr;
+  if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+  if (pp == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  std::size_t mapped = (bytes + 4095) / 4096 * 4096;
+  int fd = ::memfd_create("mpsshim-pinned", MFD_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (::ftruncate(fd, static_cast<off_t>(mapped)) != 0) {
+    ::close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  void* base = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    ::close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  std::uint32_t token = 0;
+  CUresult rc = ctx->session->send_fd(proto::MessageKind::kHostMemory, fd, mapped, token);
+  proto::HostRegisterRep reply{};
+  if (rc == CUDA_SUCCESS) {
+    proto::HostRegisterReq request{reinterpret_cast<std::uint64_t>(base), mapped, token, flags};
+    rc = ctx->session->call(proto::Op::kHostRegister, request, &reply);
+  }
+  if (rc != CUDA_SUCCESS) {
+    ::munmap(base, mapped);
+    ::close(fd);
+    return rc == CUDA_ERROR_OUT_OF_MEMORY ? rc : CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  address_book().add_pinned({static_cast<std::byte*>(base), mapped, ctx, reply.region,
+                             reply.device_pointer, fd, flags});
+  *pp = base;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemAllocHost_v2(void** pp, size_t bytes) {
+  return host_alloc(pp, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) {
+  constexpr unsigned kKnown =
+      CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
+  if ((flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
+  return host_alloc(pp, bytes, flags);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemFreeHost(void* p) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  PinnedRange range{};
+  if (!address_book().find_pinned(p, &range) || range.base != p) return CUDA_ERROR_INVALID_VALUE;
+  address_book().remove_pinned(p, nullptr);
+  proto::HostUnregisterReq request{range.region};
+  CUresult rc = range.ctx->session->call(proto::Op::kHostUnregister, request,
+                                         static_cast<int*>(nullptr));
+  ::munmap(range.base, range.bytes);
+  ::close(range.memfd);
+  return rc;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemHostGetDevicePointer_v2(CUdeviceptr* dptr, void* p,
+                                                             unsigned int flags) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (dptr == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  PinnedRange range{};
+  if (!address_book().find_pinned(p, &range)) return CUDA_ERROR_INVALID_VALUE;
+  *dptr = range.device_pointer + (static_cast<std::byte*>(p) - range.base);
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemHostGetFlags(unsigned int* flags, void* p) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  PinnedRange range{};
+  if (flags == nullptr || !address_book().find_pinned(p, &range)) return CUDA_ERROR_INVALID_VALUE;
+  *flags = range.flags;
+  return CUDA_SUCCESS;
+}
+
+// ---- pointer attributes ----
+
+namespace {
+
+CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  DeviceRange device{};
+  PinnedRange pinned{};
+  bool is_device = address_book().find_device(ptr, &device);
+  bool is_pinned = !is_device && (address_book().find_pinned(reinterpret_cast<void*>(ptr), &pinned) ||
+                                  address_book().find_pinned_by_device(ptr, &pinned));
+  if (!is_device && !is_pinned) return CUDA_ERROR_INVALID_VALUE;
+  Context* ctx = is_device ? device.ctx : pinned.ctx;
+  std::uint64_t offset = is_device ? ptr - device.base
+                                   : (ptr >= pinned.device_pointer &&
+                                              ptr - pinned.device_pointer < pinned.bytes
+                                          ? ptr - pinned.device_pointer
+                                          : ptr - reinterpret_cast<std::uint64_t>(pinned.base));
+  switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+      *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(ctx);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      *static_cast<unsigned*>(data) = is_device ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+      *static_cast<CUdeviceptr*>(data) = is_device ? ptr : pinned.device_pointer + offset;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+      if (is_device) return CUDA_ERROR_INVALID_VALUE;
+      *static_cast<void**>(data) = pinned.base + offset;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+      *static_cast<int*>(data) = 0;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      *static_cast<int*>(data) = ctx->device;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      *static_cast<CUdeviceptr*>(data) =
+          is_device ? device.base : reinterpret_cast<CUdeviceptr>(pinned.base);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+      *static_cast<size_t*>(data) = is_device ? device.bytes : pinned.bytes;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+      *static_cast<int*>(data) = 1;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
+      *static_cast<int*>(data) = 1;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+      *static_cast<unsigned long long*>(data) = is_device ? device.base : pinned.region;
+      return CUDA_SUCCESS;
+    default:
+      log_once("cuPointerGetAttribute." + std::to_string(attribute), Level::warn,
+               "cuPointerGetAttribute: attribute {} is not supported by mpsshim",
+               static_cast<int>(attribute));
+      return CUDA_ERROR_NOT_SUPPORTED;
+  }
+}
+
+std::size_t attribute_size(CUpointer_attribute attribute) {
+  switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+      return 8;
+    default:
+      return 4;
+  }
+}
+
+}  // namespace
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuPointerGetAttribute(void* data, CUpointer_attribute attribute,
+                                                      CUdeviceptr ptr) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (data == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return pointer_attribute(data, attribute, ptr);
+}
+
+// Unlike the singular form, the real driver answers for memory it does not know (host memory
+// malloc'ed by the app) with zeroed values: PyTorch and CuPy rely on that to classify pointers.
+MPSSHIM_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int count,
+                                                       CUpointer_attribute* attributes,
+                                                       void** data, CUdeviceptr ptr) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (attributes == nullptr || data == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned i = 0; i < count; ++i) {
+    if (data[i] == nullptr) continue;
+    CUresult rc = pointer_attribute(data[i], attributes[i], ptr);
+    if (rc == CUDA_ERROR_INVALID_VALUE) {
+      std::memset(data[i], 0, attribute_size(attributes[i]));
+    } else if (rc != CUDA_SUCCESS) {
+      return rc;
+    }
+  }
+  return CUDA_SUCCESS;
+}

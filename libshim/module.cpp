@@ -1,0 +1,466 @@
+// Modules, libraries, functions and kernels. Images are shipped to the server once, through a
+// memfd, before the load call returns (the caller may free its copy). Functions carry their
+// parameter layout (fetched with the handle, one round trip) and a cache of their attributes:
+// PyTorch asks cuKernelGetAttribute thousands of times per inference.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "libshim/api.hpp"
+#include "libshim/client.hpp"
+#include "libshim/darkapi/image_length.hpp"
+#include "libshim/log.hpp"
+
+using namespace mpsshim::shim;
+namespace proto = mpsshim::proto;
+
+namespace {
+
+bool write_all(int fd, const void* data, std::size_t bytes) {
+  const auto* p = static_cast<const std::byte*>(data);
+  while (bytes > 0) {
+    ssize_t n = ::write(fd, p, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    bytes -= static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+CUresult ship_image(Context* ctx, std::span<const std::span<const std::byte>> pieces,
+                    proto::ImageKind kind, proto::WireHandle& out) {
+  proto::UniqueFd fd(::memfd_create("mpsshim-image", MFD_CLOEXEC));
+  if (!fd) return CUDA_ERROR_OUT_OF_MEMORY;
+  std::uint64_t total = 0;
+  for (auto piece : pieces) {
+    if (!write_all(fd.get(), piece.data(), piece.size())) return CUDA_ERROR_OUT_OF_MEMORY;
+    total += piece.size();
+  }
+  std::uint32_t token = 0;
+  if (CUresult rc = ctx->session->send_fd(proto::MessageKind::kModuleImage, fd.get(), total, token);
+      rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  proto::ImageLoadReq request{ctx->wire, total, token, kind,
+                              pieces.size() > 1 ? static_cast<std::uint32_t>(pieces.size()) : 0, 0};
+  proto::ImageLoadRep reply{};
+  CUresult rc = ctx->session->call(proto::Op::kImageLoad, request, &reply);
+  if (rc == CUDA_SUCCESS) out = reply.handle;
+  return rc;
+}
+
+// A file's bytes plus a terminating NUL (PTX files carry none; the driver reads text images up
+// to their NUL).
+bool read_file(const char* path, std::vector<std::byte>& out) {
+  proto::UniqueFd fd(::open(path, O_RDONLY | O_CLOEXEC));
+  struct stat st {};
+  if (!fd || ::fstat(fd.get(), &st) != 0) return false;
+  out.resize(static_cast<std::size_t>(st.st_size) + 1);
+  std::size_t got = 0;
+  while (got < static_cast<std::size_t>(st.st_size)) {
+    ssize_t n = ::read(fd.get(), out.data() + got, out.size() - 1 - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    got += static_cast<std::size_t>(n);
+  }
+  out[got] = std::byte{0};
+  return true;
+}
+
+CUresult load_module(CUmodule* module, const void* image) {
+  Context* ctx = nullptr;
+  if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+  if (module == nullptr || image == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::optional<std::size_t> length = module_image_length(image);
+  if (!length) return CUDA_ERROR_INVALID_IMAGE;
+  std::span<const std::byte> piece(static_cast<const std::byte*>(image), *length);
+  proto::WireHandle wire = 0;
+  if (CUresult rc = ship_image(ctx, {&piece, 1}, proto::ImageKind::kModule, wire); rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  auto* object = new Module();
+  object->ctx = ctx;
+  object->wire = wire;
+  *module = reinterpret_cast<CUmodule>(object);
+  return CUDA_SUCCESS;
+}
+
+CUresult load_library(CUlibrary* library, const void* code) {
+  Context* ctx = nullptr;
+  if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+  if (library == nullptr || code == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<std::span<const std::byte>> pieces;
+  if (!library_image_pieces(code, pieces)) return CUDA_ERROR_INVALID_IMAGE;
+  proto::WireHandle wire = 0;
+  if (CUresult rc = ship_image(ctx, pieces, proto::ImageKind::kLibrary, wire); rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  auto* object = new Library();
+  object->ctx = ctx;
+  object->wire = wire;
+  *library = reinterpret_cast<CUlibrary>(object);
+  return CUDA_SUCCESS;
+}
+
+Function* make_function(Context* ctx, const proto::FunctionRep& reply, std::string_view name,
+                        bool is_kernel) {
+  auto* f = new Function();
+  f->ctx = ctx;
+  f->wire = reply.function;
+  f->is_kernel = is_kernel;
+  f->name = std::string(name);
+  std::uint32_t count = std::min<std::uint32_t>(reply.param_count, std::size(reply.params));
+  f->params.assign(reply.params, reply.params + count);
+  f->args_bytes = reply.args_bytes;
+  return f;
+}
+
+CUresult lookup(Context* ctx, proto::Op op, proto::WireHandle handle, const char* name,
+                void* reply, std::size_t reply_bytes) {
+  std::size_t length = strnlen(name, proto::kMaxNameBytes + 1);
+  if (length == 0 || length > proto::kMaxNameBytes) return CUDA_ERROR_INVALID_VALUE;
+  proto::NamedLookupReq request{handle, static_cast<std::uint32_t>(length), 0};
+  return ctx->session->call(op, &request, sizeof request,
+                            std::as_bytes(std::span<const char>(name, length)), reply, reply_bytes);
+}
+
+void forget_functions(std::unordered_map<std::string, Function*>& functions) {
+  for (auto& [name, f] : functions) f->magic = Magic::kDead;
+  functions.clear();
+}
+
+}  // namespace
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuModuleLoadData(CUmodule* module, const void* image) {
+  return load_module(module, image);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuModuleLoadDataEx(CUmodule* module, const void* image,
+                                                   unsigned int count, CUjit_option*, void**) {
+  if (count > 0) {
+    log_once("cuModuleLoadDataEx.options", Level::info,
+             "cuModuleLoadDataEx: JIT options are not forwarded; the server's driver uses its "
+             "defaults");
+  }
+  return load_module(module, image);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuModuleLoadFatBinary(CUmodule* module, const void* image) {
+  return load_module(module, image);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuModuleLoad(CUmodule* module, const char* path) {
+  if (path == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<std::byte> bytes;
+  if (!read_file(path, bytes)) return CUDA_ERROR_FILE_NOT_FOUND;
+  return load_module(module, bytes.data());
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuModuleUnload(CUmodule handle) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Module* module = object_of<Module>(handle);
+  if (module == nullptr || module->owned_by_library) return CUDA_ERROR_INVALID_HANDLE;
+  proto::HandleReq request{module->wire};
+  CUresult rc = module->ctx->session->call(proto::Op::kModuleUnload, request, static_cast<int*>(nullptr));
+  std::lock_guard lock(module->mutex);
+  forget_functions(module->functions);
+  module->magic = Magic::kDead;
+  return rc;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuModuleGetFunction(CUfunction* hfunc, CUmodule handle,
+                                                    const char* name) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Module* module = object_of<Module>(handle);
+  if (module == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (hfunc == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(module->mutex);
+  if (auto it = module->functions.find(name); it != module->functions.end()) {
+    *hfunc = reinterpret_cast<CUfunction>(it->second);
+    return CUDA_SUCCESS;
+  }
+  proto::FunctionRep reply{};
+  CUresult rc = lookup(module->ctx, proto::Op::kModuleGetFunction, module->wire, name, &reply,
+                       sizeof reply);
+  if (rc != CUDA_SUCCESS) return rc;
+  Function* f = make_function(module->ctx, reply, name, false);
+  f->module = module;
+  module->functions.emplace(name, f);
+  *hfunc = reinterpret_cast<CUfunction>(f);
+  return CUDA_SUCCESS;
+}
+
+namespace {
+
+CUresult get_global(Context* ctx, proto::Op op, proto::WireHandle handle, CUdeviceptr* dptr,
+                    size_t* bytes, const char* name) {
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  proto::GlobalRep reply{};
+  CUresult rc = lookup(ctx, op, handle, name, &reply, sizeof reply);
+  if (rc != CUDA_SUCCESS) return rc;
+  if (!address_book().find_device(reply.dptr, nullptr)) {
+    address_book().add_device({reply.dptr, reply.bytes, ctx});
+  }
+  if (dptr) *dptr = reply.dptr;
+  if (bytes) *bytes = reply.bytes;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes,
+                                                     CUmodule handle, const char* name) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Module* module = object_of<Module>(handle);
+  if (module == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  return get_global(module->ctx, proto::Op::kModuleGetGlobal, module->wire, dptr, bytes, name);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuModuleGetLoadingMode(CUmoduleLoadingMode* mode) {
+  if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *mode = CU_MODULE_EAGER_LOADING;
+  return CUDA_SUCCESS;
+}
+
+// ---- libraries ----
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryLoadData(CUlibrary* library, const void* code,
+                                                  CUjit_option*, void**, unsigned int,
+                                                  CUlibraryOption*, void**, unsigned int) {
+  // CU_LIBRARY_BINARY_IS_PRESERVED is only a hint: the image is shipped now either way.
+  return load_library(library, code);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryLoadFromFile(CUlibrary* library, const char* path,
+                                                      CUjit_option*, void**, unsigned int,
+                                                      CUlibraryOption*, void**, unsigned int) {
+  if (path == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<std::byte> bytes;
+  if (!read_file(path, bytes)) return CUDA_ERROR_FILE_NOT_FOUND;
+  return load_library(library, bytes.data());
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryUnload(CUlibrary handle) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Library* library = object_of<Library>(handle);
+  if (library == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  proto::HandleReq request{library->wire};
+  CUresult rc =
+      library->ctx->session->call(proto::Op::kLibraryUnload, request, static_cast<int*>(nullptr));
+  std::lock_guard lock(library->mutex);
+  forget_functions(library->kernels);
+  if (library->module) {
+    forget_functions(library->module->functions);
+    library->module->magic = Magic::kDead;
+  }
+  library->magic = Magic::kDead;
+  return rc;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryGetKernel(CUkernel* kernel, CUlibrary handle,
+                                                   const char* name) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Library* library = object_of<Library>(handle);
+  if (library == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (kernel == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(library->mutex);
+  if (auto it = library->kernels.find(name); it != library->kernels.end()) {
+    *kernel = reinterpret_cast<CUkernel>(it->second);
+    return CUDA_SUCCESS;
+  }
+  proto::FunctionRep reply{};
+  CUresult rc = lookup(library->ctx, proto::Op::kLibraryGetKernel, library->wire, name, &reply,
+                       sizeof reply);
+  if (rc != CUDA_SUCCESS) return rc;
+  Function* f = make_function(library->ctx, reply, name, true);
+  f->library = library;
+  library->kernels.emplace(name, f);
+  *kernel = reinterpret_cast<CUkernel>(f);
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryGetModule(CUmodule* module, CUlibrary handle) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Library* library = object_of<Library>(handle);
+  if (library == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (module == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(library->mutex);
+  if (library->module == nullptr) {
+    proto::HandleReq request{library->wire};
+    proto::ImageLoadRep reply{};
+    CUresult rc = library->ctx->session->call(proto::Op::kLibraryGetModule, request, &reply);
+    if (rc != CUDA_SUCCESS) return rc;
+    auto* m = new Module();
+    m->ctx = library->ctx;
+    m->wire = reply.handle;
+    m->owned_by_library = true;
+    library->module = m;
+  }
+  *module = reinterpret_cast<CUmodule>(library->module);
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* bytes,
+                                                   CUlibrary handle, const char* name) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Library* library = object_of<Library>(handle);
+  if (library == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  return get_global(library->ctx, proto::Op::kLibraryGetGlobal, library->wire, dptr, bytes, name);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuKernelGetLibrary(CUlibrary* library, CUkernel kernel) {
+  Function* f = object_of<Function>(kernel);
+  if (f == nullptr || !f->is_kernel) return CUDA_ERROR_INVALID_HANDLE;
+  if (library == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *library = reinterpret_cast<CUlibrary>(f->library);
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuKernelGetFunction(CUfunction* pfunc, CUkernel kernel) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Function* k = object_of<Function>(kernel);
+  if (k == nullptr || !k->is_kernel) return CUDA_ERROR_INVALID_HANDLE;
+  if (pfunc == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (Function* f = k->function_of_kernel.load(std::memory_order_acquire)) {
+    *pfunc = reinterpret_cast<CUfunction>(f);
+    return CUDA_SUCCESS;
+  }
+  proto::HandleReq request{k->wire};
+  proto::FunctionRep reply{};
+  CUresult rc = k->ctx->session->call(proto::Op::kKernelGetFunction, request, &reply);
+  if (rc != CUDA_SUCCESS) return rc;
+  Function* f = make_function(k->ctx, reply, k->name, false);
+  Function* expected = nullptr;
+  if (!k->function_of_kernel.compare_exchange_strong(expected, f)) {
+    delete f;  // another thread won the race; same server function
+    f = expected;
+  }
+  *pfunc = reinterpret_cast<CUfunction>(f);
+  return CUDA_SUCCESS;
+}
+
+// ---- attributes and parameter layouts (cached) ----
+
+namespace {
+
+CUresult cached_attribute(Function* f, int attribute, int device, proto::Op op, int* value) {
+  if (attribute < 0 || attribute >= CU_FUNC_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
+  std::int64_t cached = f->attributes[attribute].load(std::memory_order_relaxed);
+  if (cached != 0) {
+    *value = static_cast<int>(cached - 1);
+    return CUDA_SUCCESS;
+  }
+  proto::AttributeReq request{f->wire, attribute, 0, device, 0};
+  proto::AttributeRep reply{};
+  CUresult rc = f->ctx->session->call(op, request, &reply);
+  if (rc != CUDA_SUCCESS) return rc;
+  f->attributes[attribute].store(std::int64_t{reply.value} + 1, std::memory_order_relaxed);
+  *value = reply.value;
+  return CUDA_SUCCESS;
+}
+
+CUresult set_attribute(Function* f, int attribute, int value, int device, proto::Op op) {
+  if (attribute < 0 || attribute >= CU_FUNC_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
+  proto::AttributeReq request{f->wire, attribute, value, device, 0};
+  CUresult rc = f->ctx->session->call(op, request, static_cast<int*>(nullptr));
+  // Setting one attribute can change others (max dynamic shared memory vs. carveout).
+  for (auto& a : f->attributes) a.store(0, std::memory_order_relaxed);
+  return rc;
+}
+
+CUresult param_info(Function* f, size_t index, size_t* offset, size_t* size) {
+  if (index >= f->params.size()) return CUDA_ERROR_INVALID_VALUE;
+  if (offset) *offset = f->params[index].offset;
+  if (size) *size = f->params[index].size;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuFuncGetAttribute(int* value, CUfunction_attribute attribute,
+                                                   CUfunction hfunc) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Function* f = object_of<Function>(hfunc);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  proto::Op op = f->is_kernel ? proto::Op::kKernelGetAttribute : proto::Op::kFuncGetAttribute;
+  return cached_attribute(f, attribute, f->ctx->device, op, value);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attribute,
+                                                   int value) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Function* f = object_of<Function>(hfunc);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  proto::Op op = f->is_kernel ? proto::Op::kKernelSetAttribute : proto::Op::kFuncSetAttribute;
+  return set_attribute(f, attribute, value, f->ctx->device, op);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuKernelGetAttribute(int* value, CUfunction_attribute attribute,
+                                                     CUkernel kernel, CUdevice device) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Function* f = object_of<Function>(kernel);
+  if (f == nullptr || !f->is_kernel) return CUDA_ERROR_INVALID_HANDLE;
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (device != f->ctx->device) return CUDA_ERROR_INVALID_DEVICE;
+  return cached_attribute(f, attribute, device, proto::Op::kKernelGetAttribute, value);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuKernelSetAttribute(CUfunction_attribute attribute, int value,
+                                                     CUkernel kernel, CUdevice device) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Function* f = object_of<Function>(kernel);
+  if (f == nullptr || !f->is_kernel) return CUDA_ERROR_INVALID_HANDLE;
+  if (device != f->ctx->device) return CUDA_ERROR_INVALID_DEVICE;
+  return set_attribute(f, attribute, value, device, proto::Op::kKernelSetAttribute);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Function* f = object_of<Function>(hfunc);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  proto::AttributeReq request{f->wire, static_cast<std::int32_t>(config), 0, f->ctx->device, 0};
+  return f->ctx->session->call(proto::Op::kFuncSetCacheConfig, request, static_cast<int*>(nullptr));
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuFuncGetParamInfo(CUfunction hfunc, size_t index, size_t* offset,
+                                                   size_t* size) {
+  Function* f = object_of<Function>(hfunc);
+  // As measured on the real driver: a CUkernel passed here is an invalid handle.
+  if (f == nullptr || f->is_kernel) return CUDA_ERROR_INVALID_HANDLE;
+  return param_info(f, index, offset, size);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuKernelGetParamInfo(CUkernel kernel, size_t index, size_t* offset,
+                                                     size_t* size) {
+  Function* f = object_of<Function>(kernel);
+  if (f == nullptr || !f->is_kernel) return CUDA_ERROR_INVALID_HANDLE;
+  return param_info(f, index, offset, size);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuFuncGetName(const char** name, CUfunction hfunc) {
+  Function* f = object_of<Function>(hfunc);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *name = f->name.c_str();
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuKernelGetName(const char** name, CUkernel kernel) {
+  return cuFuncGetName(name, reinterpret_cast<CUfunction>(kernel));
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuFuncGetModule(CUmodule* module, CUfunction hfunc) {
+  Function* f = object_of<Function>(hfunc);
+  if (f == nullptr || f->module == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (module == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *module = reinterpret_cast<CUmodule>(f->module);
+  return CUDA_SUCCESS;
+}

@@ -1,0 +1,333 @@
+#include "libshim/session.hpp"
+
+#include <poll.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "libshim/log.hpp"
+#include "proto/futex.hpp"
+#include "proto/memfd_mapping.hpp"
+
+namespace mpsshim::shim {
+
+namespace {
+
+// Spinning costs a core but answers in ~100 ns; a futex wake costs ~3.5 us. Spin this long
+// before sleeping: longer than a typical launch+synchronize round trip.
+constexpr auto kSpinFor = std::chrono::microseconds(60);
+// Sleeps are bounded so a server that died without a word is noticed.
+constexpr std::uint64_t kSleepSliceNs = 20'000'000;
+
+template <typename Ready>
+bool spin_until(Ready&& ready) {
+  auto deadline = std::chrono::steady_clock::now() + kSpinFor;
+  for (int i = 0;; ++i) {
+    if (ready()) return true;
+    proto::cpu_relax();
+    if ((i & 63) == 63 && std::chrono::steady_clock::now() > deadline) return false;
+  }
+}
+
+}  // namespace
+
+CUresult Session::attach(const std::string& socket_path, const proto::ClientHello& hello,
+                         std::unique_ptr<Session>& out) {
+  int fd = proto::connect_seqpacket(socket_path);
+  if (fd < 0) {
+    log(Level::error, "cannot reach the mpsshim daemon at {}: {}", socket_path, strerror(-fd));
+    return CUDA_ERROR_MPS_CONNECTION_FAILED;
+  }
+  std::unique_ptr<Session> session(new Session());
+  session->socket_.reset(fd);
+  if (int err = proto::send_struct(fd, hello); err != 0) {
+    log(Level::error, "sending the hello to {} failed: {}", socket_path, strerror(err));
+    return CUDA_ERROR_MPS_CONNECTION_FAILED;
+  }
+  proto::Received reply;
+  if (int err = proto::receive_message(fd, reply); err != 0 || reply.bytes.empty()) {
+    log(Level::error, "the mpsshim daemon at {} closed the connection without an answer ({})",
+        socket_path, err ? strerror(err) : "hang-up");
+    return CUDA_ERROR_MPS_CONNECTION_FAILED;
+  }
+  proto::HelloHeader header;
+  if (reply.bytes.size() < sizeof header) return CUDA_ERROR_MPS_CONNECTION_FAILED;
+  std::memcpy(&header, reply.bytes.data(), sizeof header);
+  if (header.kind == static_cast<std::uint32_t>(proto::MessageKind::kRefused) &&
+      reply.bytes.size() >= sizeof(proto::Refused)) {
+    proto::Refused refused;
+    std::memcpy(&refused, reply.bytes.data(), sizeof refused);
+    refused.message[sizeof refused.message - 1] = '\0';
+    log(Level::error, "the mpsshim server refused this client: {}", refused.message);
+    return refused.cuda_error != 0 ? static_cast<CUresult>(refused.cuda_error)
+                                   : CUDA_ERROR_MPS_CONNECTION_FAILED;
+  }
+  if (header.magic != proto::kHelloMagic || header.abi_major != proto::kAbiMajor ||
+      header.kind != static_cast<std::uint32_t>(proto::MessageKind::kSessionWelcome) ||
+      reply.bytes.size() < sizeof(proto::SessionWelcome) || reply.fds.size() != 2) {
+    log(Level::error, "unexpected answer from the mpsshim server (ABI {}.{}, kind {}); this "
+        "library speaks ABI {}.{}", header.abi_major, header.abi_minor, header.kind,
+        proto::kAbiMajor, proto::kAbiMinor);
+    return CUDA_ERROR_MPS_CONNECTION_FAILED;
+  }
+  std::memcpy(&session->welcome_, reply.bytes.data(), sizeof session->welcome_);
+  session->doorbell_ = std::move(reply.fds[1]);
+
+  struct stat st {};
+  int memfd = reply.fds[0].get();
+  if (fstat(memfd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != session->welcome_.segment_bytes) {
+    log(Level::error, "the session segment has the wrong size");
+    return CUDA_ERROR_MPS_CONNECTION_FAILED;
+  }
+  auto mapping = proto::map_fd(memfd, session->welcome_.segment_bytes, true);
+  if (!mapping) {
+    log(Level::error, "mapping the session segment ({} bytes) failed: {}",
+        session->welcome_.segment_bytes, strerror(errno));
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  session->mapping_ = std::move(*mapping);
+  session->view_.base = static_cast<std::byte*>(session->mapping_.get_address());
+  std::memcpy(&session->view_.geometry, session->view_.base, sizeof(proto::SegmentHeader));
+  const proto::SegmentHeader& g = session->view_.geometry;
+  if (!proto::segment_header_valid(g, session->welcome_.segment_bytes) || g.slot_count > 64) {
+    log(Level::error, "the server sent a session segment this library cannot use");
+    return CUDA_ERROR_MPS_CONNECTION_FAILED;
+  }
+  session->producer_ = proto::RingProducer(session->view_.ring(), g.ring_capacity);
+  session->free_slots_ = g.slot_count == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << g.slot_count) - 1;
+  session->chunk_generation_.assign(g.chunk_count, 0);
+  session->chunk_held_.assign(g.chunk_count, false);
+  out = std::move(session);
+  return CUDA_SUCCESS;
+}
+
+Session::~Session() = default;
+
+bool Session::peer_gone() {
+  if (dead_.load(std::memory_order_relaxed)) return true;
+  if (view_.control()->fault.load(std::memory_order_acquire) != 0) return true;
+  pollfd p{socket_.get(), POLLRDHUP, 0};
+  if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0) {
+    if (!dead_.exchange(true)) {
+      log(Level::error, "the mpsshim server for this GPU went away; CUDA calls now fail");
+    }
+    return true;
+  }
+  return false;
+}
+
+CUresult Session::dead_result() const {
+  if (std::uint32_t f = view_.control()->fault.load(std::memory_order_acquire); f != 0) {
+    return static_cast<CUresult>(f);
+  }
+  return CUDA_ERROR_MPS_CONNECTION_FAILED;
+}
+
+CUresult Session::fault() const {
+  if (dead_.load(std::memory_order_relaxed)) return dead_result();
+  std::uint32_t f = view_.control()->fault.load(std::memory_order_relaxed);
+  return static_cast<CUresult>(f);
+}
+
+CUresult Session::take_async_error() {
+  if (CUresult f = fault(); f != CUDA_SUCCESS) return f;
+  auto* control = view_.control();
+  if (control->async_error.load(std::memory_order_relaxed) == 0) return CUDA_SUCCESS;
+  return static_cast<CUresult>(control->async_error.exchange(0, std::memory_order_acq_rel));
+}
+
+void Session::ring_doorbell() {
+  std::uint64_t one = 1;
+  // A full eventfd counter (never in practice) still wakes the server: ignore EAGAIN.
+  [[maybe_unused]] ssize_t n = ::write(doorbell_.get(), &one, sizeof one);
+}
+
+std::byte* Session::begin_record(proto::Op op, std::uint32_t payload, std::uint16_t flags) {
+  std::uint32_t bytes = proto::record_bytes(payload);
+  producer_mutex_.lock();
+  if (bytes > producer_.max_record()) {
+    producer_mutex_.unlock();
+    return nullptr;
+  }
+  std::byte* at = producer_.reserve(bytes, [this] { return peer_gone(); });
+  if (at == nullptr) {
+    producer_mutex_.unlock();
+    return nullptr;
+  }
+  proto::RecordHeader header{bytes, static_cast<std::uint16_t>(op), flags, proto::kNoReply, 0};
+  std::memcpy(at, &header, sizeof header);
+  return at + sizeof header;
+}
+
+void Session::commit_record() {
+  bool wake = producer_.commit();
+  producer_mutex_.unlock();
+  if (wake) ring_doorbell();
+}
+
+CUresult Session::post(proto::Op op, const void* request, std::size_t request_bytes,
+                       std::span<const std::byte> trailing, std::uint16_t flags) {
+  if (dead_.load(std::memory_order_relaxed)) return dead_result();
+  std::byte* at = begin_record(op, static_cast<std::uint32_t>(request_bytes + trailing.size()), flags);
+  if (at == nullptr) return dead_.load() ? dead_result() : CUDA_ERROR_INVALID_VALUE;
+  std::memcpy(at, request, request_bytes);
+  if (!trailing.empty()) std::memcpy(at + request_bytes, trailing.data(), trailing.size());
+  commit_record();
+  return CUDA_SUCCESS;
+}
+
+std::uint32_t Session::acquire_slot() {
+  std::unique_lock lock(slot_mutex_);
+  slot_freed_.wait(lock, [this] { return free_slots_ != 0; });
+  std::uint32_t index = static_cast<std::uint32_t>(__builtin_ctzll(free_slots_));
+  free_slots_ &= ~(std::uint64_t{1} << index);
+  return index;
+}
+
+void Session::release_slot(std::uint32_t index) {
+  {
+    std::lock_guard lock(slot_mutex_);
+    free_slots_ |= std::uint64_t{1} << index;
+  }
+  slot_freed_.notify_one();
+}
+
+CUresult Session::wait_slot(proto::ResponseSlot* slot) {
+  auto ready = [slot] { return slot->state.load(std::memory_order_acquire) == proto::kSlotReady; };
+  if (spin_until(ready)) return CUDA_SUCCESS;
+  for (;;) {
+    slot->waiter.store(1, std::memory_order_seq_cst);
+    if (ready()) break;
+    proto::futex_wait(&slot->state, proto::kSlotPending, kSleepSliceNs);
+    if (ready()) break;
+    if (peer_gone()) return dead_result();
+  }
+  slot->waiter.store(0, std::memory_order_relaxed);
+  return CUDA_SUCCESS;
+}
+
+CUresult Session::call(proto::Op op, const void* request, std::size_t request_bytes,
+                       std::span<const std::byte> trailing, void* reply, std::size_t reply_bytes,
+                       std::uint16_t flags) {
+  if (dead_.load(std::memory_order_relaxed)) return dead_result();
+  std::uint32_t index = acquire_slot();
+  proto::ResponseSlot* slot = view_.slot(index);
+  slot->waiter.store(0, std::memory_order_relaxed);
+  slot->state.store(proto::kSlotPending, std::memory_order_relaxed);
+
+  std::uint32_t bytes = proto::record_bytes(request_bytes + trailing.size());
+  CUresult rc = CUDA_SUCCESS;
+  producer_mutex_.lock();
+  std::byte* at = bytes <= producer_.max_record()
+                      ? producer_.reserve(bytes, [this] { return peer_gone(); })
+                      : nullptr;
+  if (at == nullptr) {
+    producer_mutex_.unlock();
+    rc = dead_.load() ? dead_result() : CUDA_ERROR_INVALID_VALUE;
+  } else {
+    proto::RecordHeader header{bytes, static_cast<std::uint16_t>(op), flags, index, 0};
+    std::memcpy(at, &header, sizeof header);
+    std::memcpy(at + sizeof header, request, request_bytes);
+    if (!trailing.empty()) {
+      std::memcpy(at + sizeof header + request_bytes, trailing.data(), trailing.size());
+    }
+    commit_record();
+    rc = wait_slot(slot);
+    if (rc == CUDA_SUCCESS) {
+      rc = static_cast<CUresult>(slot->result);
+      if (reply != nullptr) {
+        std::size_t n = std::min<std::size_t>(
+            {reply_bytes, std::size_t{slot->payload_bytes}, std::size_t{proto::kSlotPayloadBytes}});
+        std::memcpy(reply, slot->payload, n);
+      }
+    }
+  }
+  if (rc == dead_result() && dead_.load()) {
+    // The server never answers this slot now: leave it out of circulation.
+    return rc;
+  }
+  slot->state.store(proto::kSlotIdle, std::memory_order_relaxed);
+  release_slot(index);
+  return rc;
+}
+
+CUresult Session::send_fd(proto::MessageKind kind, int fd, std::uint64_t bytes,
+                          std::uint32_t& token) {
+  token = next_token_.fetch_add(1, std::memory_order_relaxed);
+  proto::FdTransfer message{proto::make_header(kind, sizeof(proto::FdTransfer)), token, 0, bytes};
+  int fds[1] = {fd};
+  if (int err = proto::send_struct(socket_.get(), message, fds); err != 0) {
+    log(Level::error, "passing a memory descriptor to the server failed: {}", strerror(err));
+    return dead_result();
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult Session::wait_generation(proto::ChunkState* state, std::uint32_t generation) {
+  // At or past: the chunk may already carry a later copy of another thread.
+  auto reached = [generation](std::uint32_t done) {
+    return static_cast<std::int32_t>(done - generation) >= 0;
+  };
+  auto done = [state, reached] {
+    return reached(state->done_generation.load(std::memory_order_acquire));
+  };
+  if (spin_until(done)) return CUDA_SUCCESS;
+  for (;;) {
+    state->waiter.store(1, std::memory_order_seq_cst);
+    std::uint32_t seen = state->done_generation.load(std::memory_order_seq_cst);
+    if (reached(seen)) break;
+    proto::futex_wait(&state->done_generation, seen, kSleepSliceNs);
+    if (done()) break;
+    if (peer_gone()) return dead_result();
+  }
+  state->waiter.store(0, std::memory_order_relaxed);
+  return CUDA_SUCCESS;
+}
+
+CUresult Session::acquire_chunk(Chunk& out) {
+  std::uint32_t index;
+  {
+    std::unique_lock lock(chunk_mutex_);
+    std::uint32_t count = view_.geometry.chunk_count;
+    for (;;) {
+      std::uint32_t i = 0;
+      for (; i < count; ++i) {
+        std::uint32_t candidate = (next_chunk_ + i) % count;
+        if (!chunk_held_[candidate]) break;
+      }
+      if (i < count) {
+        index = (next_chunk_ + i) % count;
+        break;
+      }
+      // Every chunk is held by some thread; they are released within a copy's time.
+      lock.unlock();
+      std::this_thread::yield();
+      lock.lock();
+    }
+    next_chunk_ = (index + 1) % count;
+    chunk_held_[index] = true;
+  }
+  proto::ChunkState* state = view_.chunk_state(index);
+  if (CUresult rc = wait_generation(state, chunk_generation_[index]); rc != CUDA_SUCCESS) {
+    release_chunk({index, 0, nullptr});
+    return rc;
+  }
+  out = {index, chunk_generation_[index] + 1, view_.chunk(index)};
+  return CUDA_SUCCESS;
+}
+
+CUresult Session::wait_chunk(const Chunk& chunk) {
+  proto::ChunkState* state = view_.chunk_state(chunk.index);
+  if (CUresult rc = wait_generation(state, chunk.generation); rc != CUDA_SUCCESS) return rc;
+  return static_cast<CUresult>(state->result.load(std::memory_order_relaxed));
+}
+
+void Session::release_chunk(const Chunk& chunk) {
+  std::lock_guard lock(chunk_mutex_);
+  chunk_held_[chunk.index] = false;
+}
+
+}  // namespace mpsshim::shim

@@ -1,0 +1,118 @@
+// One client session with one GPU's server: the socket, the shared segment, the request ring,
+// the reply slots and the staging chunks. Every thread of the process shares it; the ring has
+// one producer at a time (a process-local mutex orders the threads, which also preserves the
+// order the application gave its threads with its own locks).
+#pragma once
+
+#include <boost/interprocess/mapped_region.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "libshim/api.hpp"
+#include "proto/control.hpp"
+#include "proto/ops.hpp"
+#include "proto/segment.hpp"
+#include "proto/unix_socket.hpp"
+
+namespace mpsshim::shim {
+
+class Session {
+ public:
+  // Attaches to the server of `visible_ordinal` through the daemon at `socket_path`.
+  static CUresult attach(const std::string& socket_path, const proto::ClientHello& hello,
+                         std::unique_ptr<Session>& out);
+  ~Session();
+
+  int sm_count() const { return welcome_.sm_count; }
+  std::uint64_t memory_limit() const { return welcome_.memory_limit; }
+  std::uint32_t client_id() const { return welcome_.client_id; }
+
+  // A request answered in a reply slot. `reply` receives up to reply_bytes of the payload.
+  CUresult call(proto::Op op, const void* request, std::size_t request_bytes,
+                std::span<const std::byte> trailing, void* reply, std::size_t reply_bytes,
+                std::uint16_t flags = 0);
+  template <typename Req, typename Rep>
+  CUresult call(proto::Op op, const Req& request, Rep* reply) {
+    return call(op, &request, sizeof request, {}, reply, reply ? sizeof(Rep) : 0);
+  }
+
+  // A one-way request. Its errors surface later through take_async_error().
+  CUresult post(proto::Op op, const void* request, std::size_t request_bytes,
+                std::span<const std::byte> trailing = {}, std::uint16_t flags = 0);
+  template <typename Req>
+  CUresult post(proto::Op op, const Req& request) {
+    return post(op, &request, sizeof request);
+  }
+
+  // Reserves a record of `payload` bytes and hands the caller the space to fill in place (the
+  // launch path writes arguments straight into the ring). Holds the producer lock until
+  // commit_record(); returns nullptr (lock released) when the session is dead.
+  std::byte* begin_record(proto::Op op, std::uint32_t payload, std::uint16_t flags = 0);
+  void commit_record();
+
+  // Sends a descriptor the next record refers to by token.
+  CUresult send_fd(proto::MessageKind kind, int fd, std::uint64_t bytes, std::uint32_t& token);
+
+  // The first error of a one-way call since the last look, or the session's sticky fault.
+  CUresult take_async_error();
+  CUresult fault() const;
+
+  // Staging chunks for pageable copies.
+  struct Chunk {
+    std::uint32_t index;
+    std::uint32_t generation;
+    std::byte* data;
+  };
+  // Takes a chunk for this thread once the previous copy through it has finished; the chunk's
+  // generation is the one the next copy through it will complete.
+  CUresult acquire_chunk(Chunk& out);
+  // Records that a copy with chunk.generation was posted (so later users wait for it).
+  void chunk_posted(const Chunk& chunk) { chunk_generation_[chunk.index] = chunk.generation; }
+  // Waits until the server finished the copy that used `chunk`, and returns its result.
+  CUresult wait_chunk(const Chunk& chunk);
+  // Lets other threads take the chunk (after its data was copied out, or once posted).
+  void release_chunk(const Chunk& chunk);
+  std::uint64_t chunk_bytes() const { return view_.geometry.chunk_bytes; }
+  std::uint32_t chunk_count() const { return view_.geometry.chunk_count; }
+
+ private:
+  Session() = default;
+  bool peer_gone();
+  void ring_doorbell();
+  CUresult wait_slot(proto::ResponseSlot* slot);
+  CUresult wait_generation(proto::ChunkState* state, std::uint32_t generation);
+  CUresult dead_result() const;
+  std::uint32_t acquire_slot();
+  void release_slot(std::uint32_t index);
+
+  proto::UniqueFd socket_;
+  proto::UniqueFd doorbell_;
+  boost::interprocess::mapped_region mapping_;
+  proto::SegmentView view_;
+  proto::SessionWelcome welcome_{};
+
+  std::mutex producer_mutex_;
+  proto::RingProducer producer_;
+
+  std::mutex slot_mutex_;
+  std::condition_variable slot_freed_;
+  std::uint64_t free_slots_ = 0;  // bit i set = slot i free (slot_count <= 64)
+
+  std::mutex chunk_mutex_;
+  std::uint32_t next_chunk_ = 0;
+  std::vector<std::uint32_t> chunk_generation_;  // last generation issued per chunk
+  std::vector<bool> chunk_held_;
+
+  std::atomic<std::uint32_t> next_token_{1};
+  std::atomic<bool> dead_{false};
+};
+
+}  // namespace mpsshim::shim

@@ -1,0 +1,228 @@
+// Streams and events. Creation and queries wait for the server; records, waits and destroys
+// are one-way. Synchronization is answered by the server from a completion, never by blocking
+// its loop.
+#include "libshim/api.hpp"
+#include "libshim/client.hpp"
+#include "libshim/log.hpp"
+
+using namespace mpsshim::shim;
+namespace proto = mpsshim::proto;
+
+namespace {
+
+std::atomic<std::uint64_t> g_next_stream_id{1};
+
+CUresult create_stream(CUstream* out, unsigned flags, int priority) {
+  Context* ctx = nullptr;
+  if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+  if (out == nullptr || (flags & ~unsigned{CU_STREAM_NON_BLOCKING}) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  proto::StreamCreateReq request{ctx->wire, flags, priority};
+  proto::StreamCreateRep reply{};
+  if (CUresult rc = ctx->session->call(proto::Op::kStreamCreate, request, &reply); rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  *out = reinterpret_cast<CUstream>(
+      new Stream{Magic::kStream, ctx, reply.stream, flags, priority, g_next_stream_id.fetch_add(1)});
+  return CUDA_SUCCESS;
+}
+
+CUresult stream_call(CUstream handle, DefaultStream mode, proto::Op op, bool report_async) {
+  Context* ctx = nullptr;
+  Stream* stream = nullptr;
+  if (CUresult rc = resolve_stream(handle, mode, ctx, stream); rc != CUDA_SUCCESS) return rc;
+  CUresult rc = ctx->session->call(op, proto::HandleReq{stream->wire}, static_cast<int*>(nullptr));
+  if (!report_async) return rc;
+  CUresult async = ctx->session->take_async_error();
+  return rc != CUDA_SUCCESS && rc != CUDA_ERROR_NOT_READY ? rc : (async ? async : rc);
+}
+
+CUresult wait_event(CUstream handle, CUevent hevent, unsigned flags, DefaultStream mode) {
+  Context* ctx = nullptr;
+  Stream* stream = nullptr;
+  if (CUresult rc = resolve_stream(handle, mode, ctx, stream); rc != CUDA_SUCCESS) return rc;
+  Event* event = object_of<Event>(hevent);
+  if (event == nullptr || event->ctx->session != ctx->session) return CUDA_ERROR_INVALID_HANDLE;
+  proto::StreamWaitEventReq request{stream->wire, event->wire, flags, 0};
+  return ctx->session->post(proto::Op::kStreamWaitEvent, request);
+}
+
+CUresult record_event(CUevent hevent, CUstream handle, unsigned flags, DefaultStream mode) {
+  Event* event = object_of<Event>(hevent);
+  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  Context* ctx = nullptr;
+  Stream* stream = nullptr;
+  if (CUresult rc = resolve_stream(handle, mode, ctx, stream); rc != CUDA_SUCCESS) return rc;
+  if (event->ctx->session != ctx->session) return CUDA_ERROR_INVALID_HANDLE;
+  proto::EventRecordReq request{event->wire, stream->wire, flags, 0};
+  return ctx->session->post(proto::Op::kEventRecord, request);
+}
+
+}  // namespace
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuStreamCreate(CUstream* out, unsigned int flags) {
+  return create_stream(out, flags, 0);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuStreamCreateWithPriority(CUstream* out, unsigned int flags,
+                                                           int priority) {
+  return create_stream(out, flags, priority);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuStreamDestroy_v2(CUstream handle) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Stream* stream = object_of<Stream>(handle);
+  if (stream == nullptr || stream == &stream->ctx->legacy) return CUDA_ERROR_INVALID_HANDLE;
+  // Work already queued still runs: the server destroys the stream after it (as CUDA does).
+  CUresult rc = stream->ctx->session->post(proto::Op::kStreamDestroy, proto::HandleReq{stream->wire});
+  stream->magic = Magic::kDead;
+  return rc;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuStreamDestroy(CUstream handle) { return cuStreamDestroy_v2(handle); }
+
+#define MPSSHIM_STREAM_ENTRIES(SUFFIX, MODE)                                                   \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamQuery##SUFFIX(CUstream h) {                          \
+    return stream_call(h, MODE, proto::Op::kStreamQuery, false);                               \
+  }                                                                                            \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamSynchronize##SUFFIX(CUstream h) {                    \
+    return stream_call(h, MODE, proto::Op::kStreamSynchronize, true);                          \
+  }                                                                                            \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamWaitEvent##SUFFIX(CUstream h, CUevent e,             \
+                                                            unsigned int flags) {              \
+    return wait_event(h, e, flags, MODE);                                                      \
+  }                                                                                            \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuEventRecord##SUFFIX(CUevent e, CUstream h) {               \
+    return record_event(e, h, 0, MODE);                                                        \
+  }                                                                                            \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuEventRecordWithFlags##SUFFIX(CUevent e, CUstream h,        \
+                                                                 unsigned int flags) {         \
+    return record_event(e, h, flags, MODE);                                                    \
+  }                                                                                            \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetFlags##SUFFIX(CUstream h, unsigned int* flags) {  \
+    Context* ctx = nullptr;                                                                    \
+    Stream* s = nullptr;                                                                       \
+    if (CUresult rc = resolve_stream(h, MODE, ctx, s); rc != CUDA_SUCCESS) return rc;          \
+    if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;                                     \
+    *flags = s->flags;                                                                         \
+    return CUDA_SUCCESS;                                                                       \
+  }                                                                                            \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetPriority##SUFFIX(CUstream h, int* priority) {     \
+    Context* ctx = nullptr;                                                                    \
+    Stream* s = nullptr;                                                                       \
+    if (CUresult rc = resolve_stream(h, MODE, ctx, s); rc != CUDA_SUCCESS) return rc;          \
+    if (priority == nullptr) return CUDA_ERROR_INVALID_VALUE;                                  \
+    *priority = s->priority;                                                                   \
+    return CUDA_SUCCESS;                                                                       \
+  }                                                                                            \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetCtx##SUFFIX(CUstream h, CUcontext* pctx) {        \
+    Context* ctx = nullptr;                                                                    \
+    Stream* s = nullptr;                                                                       \
+    if (CUresult rc = resolve_stream(h, MODE, ctx, s); rc != CUDA_SUCCESS) return rc;          \
+    if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;                                      \
+    *pctx = reinterpret_cast<CUcontext>(ctx);                                                  \
+    return CUDA_SUCCESS;                                                                       \
+  }                                                                                            \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetId##SUFFIX(CUstream h, unsigned long long* id) {  \
+    Context* ctx = nullptr;                                                                    \
+    Stream* s = nullptr;                                                                       \
+    if (CUresult rc = resolve_stream(h, MODE, ctx, s); rc != CUDA_SUCCESS) return rc;          \
+    if (id == nullptr) return CUDA_ERROR_INVALID_VALUE;                                        \
+    *id = s->id;                                                                               \
+    return CUDA_SUCCESS;                                                                       \
+  }                                                                                            \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetDevice##SUFFIX(CUstream h, CUdevice* device) {    \
+    Context* ctx = nullptr;                                                                    \
+    Stream* s = nullptr;                                                                       \
+    if (CUresult rc = resolve_stream(h, MODE, ctx, s); rc != CUDA_SUCCESS) return rc;          \
+    if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;                                    \
+    *device = ctx->device;                                                                     \
+    return CUDA_SUCCESS;                                                                       \
+  }                                                                                            \
+  /* Stream capture is not implemented yet: no stream is ever capturing. */                    \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamIsCapturing##SUFFIX(CUstream h,                      \
+                                                              CUstreamCaptureStatus* status) { \
+    Context* ctx = nullptr;                                                                    \
+    Stream* s = nullptr;                                                                       \
+    if (CUresult rc = resolve_stream(h, MODE, ctx, s); rc != CUDA_SUCCESS) return rc;          \
+    if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;                                    \
+    *status = CU_STREAM_CAPTURE_STATUS_NONE;                                                   \
+    return CUDA_SUCCESS;                                                                       \
+  }
+
+MPSSHIM_STREAM_ENTRIES(, DefaultStream::kLegacy)
+MPSSHIM_STREAM_ENTRIES(_ptsz, DefaultStream::kPerThread)
+#undef MPSSHIM_STREAM_ENTRIES
+
+// ---- events ----
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuEventCreate(CUevent* out, unsigned int flags) {
+  Context* ctx = nullptr;
+  if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+  constexpr unsigned kKnown = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+  if (out == nullptr || (flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
+  if ((flags & CU_EVENT_INTERPROCESS) != 0) {
+    log_once("cuEventCreate.ipc", Level::warn,
+             "cuEventCreate: CU_EVENT_INTERPROCESS events are not supported by mpsshim");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  proto::EventCreateReq request{ctx->wire, flags, 0};
+  proto::EventCreateRep reply{};
+  if (CUresult rc = ctx->session->call(proto::Op::kEventCreate, request, &reply); rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  *out = reinterpret_cast<CUevent>(new Event{Magic::kEvent, ctx, reply.event, flags});
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuEventDestroy_v2(CUevent handle) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Event* event = object_of<Event>(handle);
+  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult rc = event->ctx->session->post(proto::Op::kEventDestroy, proto::HandleReq{event->wire});
+  event->magic = Magic::kDead;
+  return rc;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuEventDestroy(CUevent handle) { return cuEventDestroy_v2(handle); }
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuEventQuery(CUevent handle) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Event* event = object_of<Event>(handle);
+  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  return event->ctx->session->call(proto::Op::kEventQuery, proto::HandleReq{event->wire},
+                                   static_cast<int*>(nullptr));
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent handle) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Event* event = object_of<Event>(handle);
+  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  Session* session = event->ctx->session;
+  CUresult rc = session->call(proto::Op::kEventSynchronize, proto::HandleReq{event->wire},
+                              static_cast<int*>(nullptr));
+  CUresult async = session->take_async_error();
+  return rc != CUDA_SUCCESS ? rc : async;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuEventElapsedTime_v2(float* ms, CUevent start, CUevent end) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Event* a = object_of<Event>(start);
+  Event* b = object_of<Event>(end);
+  if (a == nullptr || b == nullptr || a->ctx->session != b->ctx->session) {
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  if (ms == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  proto::ElapsedReq request{a->wire, b->wire};
+  proto::ElapsedRep reply{};
+  CUresult rc = a->ctx->session->call(proto::Op::kEventElapsedTime, request, &reply);
+  if (rc == CUDA_SUCCESS) *ms = reply.milliseconds;
+  return rc;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
+  return cuEventElapsedTime_v2(ms, start, end);
+}
+
+

@@ -1,0 +1,45 @@
+// An entry point nobody implements answers CUDA_ERROR_NOT_SUPPORTED and says so once.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "tests/entry/shim_under_test.hpp"
+
+namespace {
+
+using mpsshim::test::ShimUnderTest;
+
+// A graphics-interop call: mpsshim forwards compute work only, so this stays a stub.
+constexpr const char* kUnimplemented = "cuGraphicsUnregisterResource";
+constexpr int kNotSupported = 801;  // CUDA_ERROR_NOT_SUPPORTED
+
+std::size_t count(const std::string& text, const std::string& word) {
+  std::size_t found = 0;
+  for (auto at = text.find(word); at != std::string::npos; at = text.find(word, at + word.size())) {
+    ++found;
+  }
+  return found;
+}
+
+}  // namespace
+
+TEST_CASE("an unimplemented entry point returns NOT_SUPPORTED and logs its name once", "[stubs]") {
+  const auto& shim = ShimUnderTest::get();
+  // The real signature takes a CUgraphicsResource; the stub ignores its arguments.
+  const auto sut = shim.function<int (*)(void*)>(kUnimplemented);
+  REQUIRE(sut != nullptr);
+
+  REQUIRE(sut(nullptr) == kNotSupported);
+  REQUIRE(sut(nullptr) == kNotSupported);
+
+  const std::string log = shim.read_log();
+  CAPTURE(log);
+  REQUIRE(count(log, kUnimplemented) == 1);
+  const std::string expected_line = "mpsshim[" + std::to_string(::getpid()) +
+                                    "] warn: " + kUnimplemented +
+                                    " is not implemented by mpsshim; returning "
+                                    "CUDA_ERROR_NOT_SUPPORTED\n";
+  REQUIRE(log.find(expected_line) != std::string::npos);
+}

@@ -1,0 +1,167 @@
+#include "tests/testdriver/kernels.hpp"
+
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+namespace mpsshim::testdriver {
+namespace {
+
+// ---- Host bodies. Each comment is the device code the body models, so that an example's .cu
+// ---- and this table cannot drift apart unnoticed. Device code fuses a*b+c into an FMA (nvcc's
+// ---- default -fmad=true); the bodies use std::fma to produce the same bits.
+
+// if (i < n) c[i] = a[i] + b[i];   with i = blockIdx.x * blockDim.x + threadIdx.x
+void vector_add(const KernelContext& k, const float* a, const float* b, float* c, int n) {
+  const std::size_t count = k.threads_below(n);
+  const float* ha = k.device(a, count);
+  const float* hb = k.device(b, count);
+  float* hc = k.device(c, count);
+  for (std::size_t i = 0; i < count; ++i) hc[i] = ha[i] + hb[i];
+}
+
+// row = blockIdx.y * blockDim.y + threadIdx.y; col = blockIdx.x * blockDim.x + threadIdx.x;
+// if (row < M && col < N) C[row * N + col] = sum over k of A[row * K + k] * B[k * N + col];
+// accumulated in k order through shared-memory tiles (the tiling does not change the sum).
+void matmul_tiled(const KernelContext& k, const float* A, const float* B, float* C, int M, int N,
+                  int K) {
+  if (M <= 0 || N <= 0) return;
+  const std::size_t rows = std::min<std::uint64_t>(std::uint64_t{k.grid.y} * k.block.y, M);
+  const std::size_t cols = std::min<std::uint64_t>(std::uint64_t{k.grid.x} * k.block.x, N);
+  if (rows == 0 || cols == 0) return;
+  const std::size_t n = static_cast<std::size_t>(N);
+  const std::size_t depth = K > 0 ? static_cast<std::size_t>(K) : 0;
+  const float* ha = k.device(A, rows * depth);
+  const float* hb = k.device(B, depth == 0 ? 0 : (depth - 1) * n + cols);
+  float* hc = k.device(C, (rows - 1) * n + cols);
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t c = 0; c < cols; ++c) {
+      float sum = 0.0f;
+      for (std::size_t i = 0; i < depth; ++i) sum = std::fma(ha[r * depth + i], hb[i * n + c], sum);
+      hc[r * n + c] = sum;
+    }
+  }
+}
+
+// if (i < n) y[i] = alpha * x[i] + y[i];
+void scale_add(const KernelContext& k, float* y, const float* x, float alpha, int n) {
+  const std::size_t count = k.threads_below(n);
+  float* hy = k.device(y, count);
+  const float* hx = k.device(x, count);
+  for (std::size_t i = 0; i < count; ++i) hy[i] = std::fma(alpha, hx[i], hy[i]);
+}
+
+// if (i < n) p[i] = value;
+void fill_u32(const KernelContext& k, unsigned int* p, unsigned int value, int n) {
+  const std::size_t count = k.threads_below(n);
+  unsigned int* hp = k.device(p, count);
+  for (std::size_t i = 0; i < count; ++i) hp[i] = value;
+}
+
+// if (i < n) p[i] += 1;
+void increment_i32(const KernelContext& k, int* p, int n) {
+  const std::size_t count = k.threads_below(n);
+  int* hp = k.device(p, count);
+  for (std::size_t i = 0; i < count; ++i) hp[i] += 1;
+}
+
+// {}
+void empty_kernel(const KernelContext&) {}
+
+// long long start = clock64-based globaltimer; while (globaltimer() - start < nanoseconds) {}
+// Modelled per launch, not per block: blocks run concurrently on the device.
+void spin_kernel(const KernelContext&, long long nanoseconds) {
+  if (nanoseconds <= 0) return;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(nanoseconds);
+  while (std::chrono::steady_clock::now() < until) {
+  }
+}
+
+// __nanosleep in a loop until `microseconds` have passed; per launch, like spin_kernel.
+void sleep_kernel(const KernelContext&, int microseconds) {
+  if (microseconds > 0) std::this_thread::sleep_for(std::chrono::microseconds(microseconds));
+}
+
+// if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0)
+//   out[blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)] = %smid;
+// Block b lands on the b-th SM (cyclically) of the stream's context, so a green context's quota
+// is visible as the number of distinct ids.
+void record_smid(const KernelContext& k, unsigned int* out) {
+  const std::uint64_t blocks = k.grid.volume();
+  unsigned int* hout = k.device(out, static_cast<std::size_t>(blocks));
+  for (std::uint64_t b = 0; b < blocks; ++b) hout[b] = k.sms[b % k.sms.size()];
+}
+
+// *(volatile int*)p = *(volatile int*)nullptr;  -- an illegal address, always.
+void trigger_fault(const KernelContext&, int*) { throw DeviceFault{CUDA_ERROR_ILLEGAL_ADDRESS}; }
+
+// ---- Table machinery: parameter layout and argument unpacking come from the body's signature, so
+// ---- adding a kernel is one line in kTable.
+
+constexpr std::size_t align_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
+
+// The CUDA ABI lays parameters out in order, each at its natural alignment.
+template <class... Args>
+constexpr std::array<ParamInfo, sizeof...(Args)> layout() {
+  std::array<ParamInfo, sizeof...(Args)> out{};
+  [[maybe_unused]] std::size_t offset = 0;
+  [[maybe_unused]] std::size_t i = 0;
+  ((offset = align_up(offset, alignof(Args)), out[i++] = ParamInfo{offset, sizeof(Args)},
+    offset += sizeof(Args)),
+   ...);
+  return out;
+}
+
+template <class T>
+T load(const std::byte* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+template <auto Body>
+struct Entry;
+
+template <class... Args, void (*Body)(const KernelContext&, Args...)>
+struct Entry<Body> {
+  static constexpr std::array<ParamInfo, sizeof...(Args)> params = layout<Args...>();
+
+  static void run(const KernelContext& k, [[maybe_unused]] const std::byte* args) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      Body(k, load<Args>(args + params[I].offset)...);
+    }(std::index_sequence_for<Args...>{});
+  }
+
+  static constexpr KernelDef def(std::string_view name) {
+    const std::size_t size = params.empty() ? 0 : params.back().offset + params.back().size;
+    return KernelDef{name, params, size, &run};
+  }
+};
+
+constexpr std::array kTable{
+    Entry<&vector_add>::def("vector_add"),
+    Entry<&matmul_tiled>::def("matmul_tiled"),
+    Entry<&scale_add>::def("scale_add"),
+    Entry<&fill_u32>::def("fill_u32"),
+    Entry<&increment_i32>::def("increment_i32"),
+    Entry<&empty_kernel>::def("empty_kernel"),
+    Entry<&spin_kernel>::def("spin_kernel"),
+    Entry<&sleep_kernel>::def("sleep_kernel"),
+    Entry<&record_smid>::def("record_smid"),
+    Entry<&trigger_fault>::def("trigger_fault"),
+};
+
+}  // namespace
+
+std::span<const KernelDef> kernel_table() { return kTable; }
+
+const KernelDef* find_kernel(std::string_view name) {
+  for (const KernelDef& k : kTable)
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+}  // namespace mpsshim::testdriver

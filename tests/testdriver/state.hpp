@@ -1,0 +1,239 @@
+// The test driver's model of one process's view of the driver: devices, their primary contexts,
+// and every object the API hands out. One mutex guards it all; streams run on their own threads.
+#pragma once
+
+#include <cuda.h>
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <shared_mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "tests/testdriver/device_memory.hpp"
+#include "tests/testdriver/event.hpp"
+#include "tests/testdriver/kernels.hpp"
+#include "tests/testdriver/sm_set.hpp"
+#include "tests/testdriver/work_queue.hpp"
+
+// Definitions of exported entry points: C linkage, visible although the library hides the rest.
+#define MPSSHIM_TESTDRIVER_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace mpsshim::testdriver {
+
+inline constexpr int kDriverVersion = 13000;
+inline constexpr int kMaxDevices = 8;
+inline constexpr int kMaxThreadsPerBlock = 1024;
+inline constexpr int kMaxThreadsPerSm = 2048;
+inline constexpr int kMaxBlocksPerSm = 32;
+inline constexpr int kSharedPerBlock = 49152;
+inline constexpr int kSharedPerBlockOptin = 232448;
+inline constexpr int kSharedPerSm = 233472;
+inline constexpr int kStreamPriorityLeast = 0;
+inline constexpr int kStreamPriorityGreatest = -5;
+
+struct Module;
+struct Library;
+
+struct GreenContext {
+  int device;
+  SmSet sms;
+  bool destroyed = false;  // streams outlive it (the API leaves them to the user) and must know
+};
+
+struct Stream {
+  int device;
+  std::shared_ptr<GreenContext> green;  // null for a primary context's NULL stream
+  std::shared_ptr<const std::vector<std::uint16_t>> sms;
+  unsigned flags;
+  int priority;
+  std::shared_ptr<WorkQueue> queue;
+};
+
+struct PrimaryContext {
+  int refcount = 0;
+  std::array<std::size_t, CU_LIMIT_MAX> limits{};
+  std::unique_ptr<Stream> null_stream;  // while active
+  bool active() const { return refcount > 0; }
+};
+
+struct Device {
+  int ordinal;
+  DeviceMemory memory;
+  PrimaryContext primary;
+  CUcontext handle() { return reinterpret_cast<CUcontext>(&primary); }
+};
+
+// The settable part of a function's attributes. A CUkernel keeps one per device and the CUfunction
+// it yields in a context shares it, so setting either is seen through both.
+struct FuncAttributes {
+  int max_dynamic_shared = kSharedPerBlock;
+  int carveout = -1;
+  std::array<int, 3> required_cluster{};
+  int non_portable_cluster = 0;
+  int cluster_scheduling = 0;
+};
+
+struct Function {
+  Module* module;
+  const KernelDef* def;
+  FuncAttributes* attributes;  // &own, or the CUkernel's for this device
+  FuncAttributes own;
+};
+
+struct Module {
+  int device;
+  Library* library;     // null when loaded with cuModuleLoadData
+  CUdeviceptr global;   // `test_global`, 256 zeroed bytes
+  std::map<const KernelDef*, CUfunction> functions;
+};
+
+struct Kernel {
+  Library* library;
+  const KernelDef* def;
+  std::array<FuncAttributes, kMaxDevices> attributes;
+};
+
+struct Library {
+  std::array<CUmodule, kMaxDevices> modules{};  // loaded into a device's context when first needed
+  std::map<const KernelDef*, CUkernel> kernels;
+};
+
+struct ResourceDesc {
+  int device;
+  SmSet sms;
+};
+
+struct Allocation {
+  int device;
+  std::size_t size;
+  bool user;  // from cuMemAlloc*, not a module's global
+};
+
+struct Registration {
+  std::size_t size;
+  unsigned flags;
+};
+
+// Objects by handle; the handle is the object's address.
+template <class Handle, class T>
+class HandleTable {
+ public:
+  Handle add(std::shared_ptr<T> object) {
+    auto handle = reinterpret_cast<Handle>(object.get());
+    map_.emplace(handle, std::move(object));
+    return handle;
+  }
+  T* get(Handle h) const {
+    auto it = map_.find(h);
+    return it == map_.end() ? nullptr : it->second.get();
+  }
+  std::shared_ptr<T> shared(Handle h) const {
+    auto it = map_.find(h);
+    return it == map_.end() ? nullptr : it->second;
+  }
+  void erase(Handle h) { map_.erase(h); }
+  std::size_t size() const { return map_.size(); }
+  auto begin() const { return map_.begin(); }
+  auto end() const { return map_.end(); }
+  template <class Pred>
+  void erase_if(Pred pred) {
+    std::erase_if(map_, [&](const auto& kv) { return pred(*kv.second); });
+  }
+
+ private:
+  std::unordered_map<Handle, std::shared_ptr<T>> map_;
+};
+
+class State {
+ public:
+  State();
+
+  std::mutex mutex;  // guards everything below except the atomics
+  // Held shared by every operation that touches device memory while it runs, and exclusively
+  // while memory is unmapped, so freeing never pulls pages from under a running copy or kernel.
+  // Order: memory_use before mutex.
+  std::shared_mutex memory_use;
+
+  std::atomic<bool> initialized{false};
+  std::atomic<bool> forked{false};                   // a child of fork() after cuInit
+  std::atomic<CUresult> sticky{CUDA_SUCCESS};        // a device fault poisons the process
+
+  std::vector<std::unique_ptr<Device>> devices;
+  std::map<std::uintptr_t, Allocation> allocations;      // by base address
+  std::map<std::uintptr_t, Registration> registrations;  // by base address
+  HandleTable<CUstream, Stream> streams;
+  HandleTable<CUevent, Event> events;
+  HandleTable<CUmodule, Module> modules;
+  HandleTable<CUfunction, Function> functions;
+  HandleTable<CUlibrary, Library> libraries;
+  HandleTable<CUkernel, Kernel> kernels;
+  HandleTable<CUgreenCtx, GreenContext> green_contexts;
+  HandleTable<CUdevResourceDesc, ResourceDesc> descs;
+  std::uint64_t next_split = 1;
+
+  // Why an entry point may not run at all: not initialized, a forked child, a sticky fault.
+  CUresult admission() const;
+  void fault(CUresult error);
+  int live_objects();
+};
+
+// Never destroyed: detached stream workers may still run at exit.
+State& state();
+
+// Runs an entry point's body, which takes the State; nothing escapes the C ABI.
+template <class Body>
+CUresult entry(Body&& body) noexcept {
+  State& s = state();
+  if (CUresult r = s.admission(); r != CUDA_SUCCESS) return r;
+  try {
+    return body(s);
+  } catch (const std::bad_alloc&) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  } catch (...) {
+    return CUDA_ERROR_UNKNOWN;
+  }
+}
+
+// ---- Helpers shared by the entry points. "locked": the caller holds s.mutex.
+
+bool valid_device(const State& s, CUdevice dev);
+// The device whose active primary context is current on this thread; null when none (locked).
+Device* current_device(State& s);
+void set_current_device(int ordinal);  // -1: no context current
+// Retains / releases a device's primary context; the last release destroys everything created in
+// it, as the real driver does. release_primary unlocks `lock` while it drains the device's work.
+CUresult retain_primary(State& s, Device& dev);
+CUresult release_primary(State& s, Device& dev, std::unique_lock<std::mutex>& lock);
+
+// NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD name the current context's NULL stream (locked).
+CUresult resolve_stream(State& s, CUstream handle, Stream*& out);
+// A CUfunction, or a CUkernel cast to one, resolved in `device`'s context (-1: none) (locked).
+CUresult resolve_function(State& s, CUfunction handle, int device, Function*& out);
+
+// Host view of [addr, addr + bytes) when it lies in one live allocation or registered range.
+std::byte* resolve_range_locked(State& s, std::uintptr_t addr, std::size_t bytes);
+std::byte* resolve_range(std::uintptr_t addr, std::size_t bytes);  // takes the lock
+
+// Device memory in a context (locked); user allocations count as live objects.
+CUresult allocate(State& s, Device& dev, std::size_t bytes, bool user, CUdeviceptr* out);
+void release_allocation(State& s, std::uintptr_t base);  // locked, memory_use held exclusively
+
+// Enqueues work that touches memory: skipped once the process is faulted; a DeviceFault it raises
+// becomes the sticky error (locked).
+WorkQueue::Ticket submit_work(State& s, Stream& stream, std::function<void()> work);
+// Waits until every stream of `device` (-1: all devices) has run what it was given; takes and
+// releases the lock itself, so call it unlocked.
+void drain(State& s, int device);
+
+// Destroys a module's functions and global (locked, memory_use held exclusively).
+void destroy_module(State& s, CUmodule handle);
+
+}  // namespace mpsshim::testdriver

@@ -1,0 +1,144 @@
+// Streams and events. Work runs on each stream's own thread; an event record completes in stream
+// order and a stream wait holds the stream until the captured record has completed.
+#include <chrono>
+
+#include "tests/testdriver/state.hpp"
+
+namespace mpsshim::testdriver {
+
+CUresult resolve_stream(State& s, CUstream handle, Stream*& out) {
+  if (handle == nullptr || handle == CU_STREAM_LEGACY || handle == CU_STREAM_PER_THREAD) {
+    Device* dev = current_device(s);
+    if (dev == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    out = dev->primary.null_stream.get();
+    return CUDA_SUCCESS;
+  }
+  Stream* stream = s.streams.get(handle);
+  if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (stream->green && stream->green->destroyed) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  out = stream;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace mpsshim::testdriver
+
+using namespace mpsshim::testdriver;
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamDestroy_v2(CUstream hstream) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    Stream* stream = s.streams.get(hstream);
+    if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    if (stream->green && stream->green->destroyed) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    stream->queue->retire();  // queued work still runs, as documented
+    s.streams.erase(hstream);
+    return CUDA_SUCCESS;
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamQuery(CUstream hstream) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    Stream* stream = nullptr;
+    if (CUresult r = resolve_stream(s, hstream, stream); r != CUDA_SUCCESS) return r;
+    if (!stream->queue->reached(stream->queue->last_submitted())) return CUDA_ERROR_NOT_READY;
+    return s.sticky.load();
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamSynchronize(CUstream hstream) {
+  return entry([&](State& s) {
+    std::unique_lock lock(s.mutex);
+    Stream* stream = nullptr;
+    if (CUresult r = resolve_stream(s, hstream, stream); r != CUDA_SUCCESS) return r;
+    std::shared_ptr<WorkQueue> queue = stream->queue;
+    lock.unlock();
+    queue->wait_idle();
+    return s.sticky.load();  // a fault while waiting is this call's error too
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamWaitEvent(CUstream hstream, CUevent hevent,
+                                                          unsigned int flags) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    Stream* stream = nullptr;
+    if (CUresult r = resolve_stream(s, hstream, stream); r != CUDA_SUCCESS) return r;
+    std::shared_ptr<Event> event = s.events.shared(hevent);
+    if (!event) return CUDA_ERROR_INVALID_HANDLE;
+    // CU_EVENT_WAIT_EXTERNAL is only meaningful while capturing, which this driver never does.
+    if (flags != CU_EVENT_WAIT_DEFAULT) return CUDA_ERROR_INVALID_VALUE;
+    const std::uint64_t generation = event->latest();
+    if (generation == 0) return CUDA_SUCCESS;  // never recorded: an empty set of work
+    stream->queue->submit([event, generation] { event->wait(generation); });
+    return CUDA_SUCCESS;
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuEventCreate(CUevent* phEvent, unsigned int Flags) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    Device* dev = current_device(s);
+    if (dev == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    constexpr unsigned kKnown = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+    if (phEvent == nullptr || (Flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
+    if ((Flags & CU_EVENT_INTERPROCESS) != 0 && (Flags & CU_EVENT_DISABLE_TIMING) == 0)
+      return CUDA_ERROR_INVALID_VALUE;
+    *phEvent = s.events.add(std::make_shared<Event>(dev->ordinal, Flags));
+    return CUDA_SUCCESS;
+  });
+}
+
+// Pending records still complete: the stream holds its own reference.
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuEventDestroy_v2(CUevent hevent) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    if (s.events.get(hevent) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    s.events.erase(hevent);
+    return CUDA_SUCCESS;
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuEventRecordWithFlags(CUevent hevent, CUstream hstream,
+                                                               unsigned int flags) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    Stream* stream = nullptr;
+    if (CUresult r = resolve_stream(s, hstream, stream); r != CUDA_SUCCESS) return r;
+    std::shared_ptr<Event> event = s.events.shared(hevent);
+    if (!event || event->device() != stream->device) return CUDA_ERROR_INVALID_HANDLE;
+    // CU_EVENT_RECORD_EXTERNAL is invalid outside stream capture.
+    if (flags != CU_EVENT_RECORD_DEFAULT) return CUDA_ERROR_INVALID_VALUE;
+    const std::uint64_t generation = event->capture();
+    stream->queue->submit([event, generation] { event->complete(generation); });
+    return CUDA_SUCCESS;
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuEventQuery(CUevent hevent) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    Event* event = s.events.get(hevent);
+    if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    return event->reached(event->latest()) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuEventElapsedTime_v2(float* pMilliseconds,
+                                                              CUevent hStart, CUevent hEnd) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    if (pMilliseconds == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Event* start = s.events.get(hStart);
+    Event* end = s.events.get(hEnd);
+    if (start == nullptr || end == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    if (((start->flags() | end->flags()) & CU_EVENT_DISABLE_TIMING) != 0)
+      return CUDA_ERROR_INVALID_HANDLE;
+    if (start->latest() == 0 || end->latest() == 0) return CUDA_ERROR_INVALID_HANDLE;
+    const auto t0 = start->timestamp();
+    const auto t1 = end->timestamp();
+    if (!t0 || !t1) return CUDA_ERROR_NOT_READY;
+    *pMilliseconds = std::chrono::duration<float, std::milli>(*t1 - *t0).count();
+    return CUDA_SUCCESS;
+  });
+}

@@ -1,0 +1,42 @@
+// One stream's work, run in order on a thread of its own: like a GPU stream it runs concurrently
+// with the host and with every other stream, so a caller that forgets to synchronize sees stale
+// data here as it would on the device.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+
+namespace mpsshim::testdriver {
+
+class WorkQueue {
+ public:
+  using Ticket = std::uint64_t;  // 1 for the first operation submitted, then 2, 3, ...
+
+  // The worker keeps the queue alive until it has been retired and has drained.
+  static std::shared_ptr<WorkQueue> start();
+
+  Ticket submit(std::function<void()> op);
+  void wait(Ticket ticket);
+  bool reached(Ticket ticket) const;
+  Ticket last_submitted() const;
+  void wait_idle() { wait(last_submitted()); }
+  // Runs what was submitted, then lets the worker exit; no submissions afterwards.
+  void retire();
+
+ private:
+  void run();
+
+  mutable std::mutex mutex_;
+  std::condition_variable work_;
+  std::condition_variable progress_;
+  std::deque<std::function<void()>> ops_;
+  Ticket submitted_ = 0;
+  Ticket completed_ = 0;
+  bool retired_ = false;
+};
+
+}  // namespace mpsshim::testdriver
