@@ -92,8 +92,8 @@ int main(int argc, char** argv) {
   const auto sizes = parse_sizes(cli.text("--sizes", default_sizes));
   const auto repeats = cli.integer("--repeats", quick ? 3 : 5, 1, 1000);
   // Small copies repeat until about this many bytes moved, so each timing spans milliseconds.
-  const auto bytes_per_repeat = cli.integer("--bytes-per-repeat", quick ? 32 * kMiB : 64 * kMiB, 1,
-                                            1LL << 36);
+  const auto bytes_per_repeat =
+      cli.integer("--bytes-per-repeat", quick ? 32 * kMiB : 64 * kMiB, 1, 1LL << 36);
   const auto ordinal = static_cast<int>(cli.integer("--device", 0, 0, 1023));
   cli.finish();
 
@@ -174,8 +174,8 @@ int main(int argc, char** argv) {
   }
 
   // The result line names the largest size's figures (64 MiB in --quick).
-  const auto& largest = table[std::distance(
-      sizes.begin(), std::max_element(sizes.begin(), sizes.end()))];
+  const auto& largest =
+      table[std::distance(sizes.begin(), std::max_element(sizes.begin(), sizes.end()))];
   report.add("sizes", sizes.size());
   report.add("repeats", repeats);
   report.add("largest_bytes", max_size);

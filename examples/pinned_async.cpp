@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "examples/common/check.hpp"
@@ -137,6 +138,7 @@ int main(int argc, char** argv) {
   std::vector<unsigned char> shadow(memset_bytes, 0);
   CU_CHECK(cuMemsetD32(device_buffer, 0, memset_bytes / 4));
   long long memset_failures = 0;
+  std::vector<std::pair<const char*, const char*>> memset_results;
   auto* readback = reinterpret_cast<unsigned char*>(pinned);
   for (const auto& c : cases) {
     CU_CHECK(run_memset(c, device_buffer, stream));
@@ -152,13 +154,14 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "pinned_async: %s: buffer differs from the expected bytes\n", c.name);
       ++memset_failures;
     }
-    report.add(c.name, ok ? "ok" : "wrong");
+    memset_results.emplace_back(c.name, ok ? "ok" : "wrong");
   }
 
   report.add("n", n);
   report.add("async_mismatches", async_mismatches);
   report.add("zero_copy_mismatches", zero_copy_mismatches);
   report.add("checksum", round_trip_checksum);
+  for (const auto& [name, verdict] : memset_results) report.add(name, verdict);
   report.add_fixed("round_trip_ms", round_trip_ms, 3);
   report.add_fixed("zero_copy_ms", zero_copy_ms, 3);
   report.expect(async_mismatches == 0, "async_mismatches");

@@ -77,7 +77,8 @@ int main(int argc, char** argv) {
 
   // The kernels of one stream run one after another, each spinning spin_ns: a faster loop means
   // launches were dropped or did not spin.
-  const double minimum_seconds = 0.9e-9 * static_cast<double>(kernels) * static_cast<double>(spin_ns);
+  const double minimum_seconds =
+      0.9e-9 * static_cast<double>(kernels) * static_cast<double>(spin_ns);
 
   report.add("kernels", kernels);
   report.add("ns", spin_ns);

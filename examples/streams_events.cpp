@@ -28,8 +28,9 @@ namespace {
 constexpr unsigned kThreads = 256;
 constexpr float kBeta = 0.5f;
 
-float alpha_of(int s) { return 1.0f + 0.25f * static_cast<float>(s); }
-
+float alpha_of(int s) {
+  return 1.0f + 0.25f * static_cast<float>(s);
+}
 
 struct StreamWork {
   CUstream stream = nullptr;
@@ -86,7 +87,8 @@ int main(int argc, char** argv) {
     CU_CHECK(ex::launch_kernel(sleep_kernel, {1}, {1}, w.stream, sleep_us * (s + 1)));
     CU_CHECK(cuMemcpyHtoDAsync(w.x, w.host_x, bytes, w.stream));
     CU_CHECK(cuMemcpyHtoDAsync(w.y, w.host_y, bytes, w.stream));
-    CU_CHECK(ex::launch_kernel(scale_add, {blocks}, {kThreads}, w.stream, w.y, w.x, alpha_of(s), n));
+    CU_CHECK(
+        ex::launch_kernel(scale_add, {blocks}, {kThreads}, w.stream, w.y, w.x, alpha_of(s), n));
     CU_CHECK(cuEventRecord(w.phase1_done, w.stream));
   }
   // The last stream is still sleeping: both queries must say NOT_READY on a GPU.
@@ -122,8 +124,9 @@ int main(int argc, char** argv) {
     // not happen or an event recorded out of order cannot pass.
     const double slept_ms = 1e-3 * sleep_us * (s + 1);
     if (phase1_ms < 0.5 * slept_ms || total_ms < phase1_ms) {
-      std::fprintf(stderr, "streams_events: stream %d phase1 %.3f ms total %.3f ms, slept %.3f ms\n",
-                   s, phase1_ms, total_ms, slept_ms);
+      std::fprintf(stderr,
+                   "streams_events: stream %d phase1 %.3f ms total %.3f ms, slept %.3f ms\n", s,
+                   phase1_ms, total_ms, slept_ms);
       elapsed_ok = false;
     }
     min_phase1_ms = std::min(min_phase1_ms, static_cast<double>(phase1_ms));

@@ -146,7 +146,8 @@ tl::expected<int, std::string> Commands::gpu_argument(const std::string& text) c
   if (!gpu || *gpu < 0) return tl::unexpected(fmt::format("`{}` is not a GPU number", text));
   if (*gpu >= supervisor_.gpu_count()) {
     if (!supervisor_.gpu_count_known()) {
-      return tl::unexpected("the GPU count is not known yet (the server for GPU 0 is starting)");
+      return tl::unexpected(
+          std::string("the GPU count is not known yet (the server for GPU 0 is starting)"));
     }
     return tl::unexpected(fmt::format("there is no GPU {}: mpsshimd manages GPUs 0 to {}", *gpu,
                                       supervisor_.gpu_count() - 1));
@@ -159,7 +160,7 @@ void Commands::ps(const Args&, ReplyHandler reply) {
   std::string notes;
   for (int i = 0; i < supervisor_.gpu_count(); ++i) {
     ServerState state = supervisor_.status(i).state;
-    if (state == ServerState::kReady) {
+    if (state == ServerState::kRunning) {
       ready.push_back(i);
     } else {
       notes += fmt::format("GPU {}: the server is {}; its clients are not listed\n", i,
@@ -201,7 +202,7 @@ void Commands::tell_servers(const std::vector<int>& gpus, const std::string& tex
   std::vector<int> running;
   std::string lines;
   for (int gpu : gpus) {
-    if (supervisor_.status(gpu).state == ServerState::kReady) {
+    if (supervisor_.status(gpu).state == ServerState::kRunning) {
       running.push_back(gpu);
     } else {
       lines += fmt::format("GPU {}: the server is {}; it gets the value when it starts\n", gpu,
@@ -252,11 +253,7 @@ void Commands::set_default_memory_limit(const Args& args, ReplyHandler reply) {
     return reply(error_reply(fmt::format(
         "`{}` is not a size: give a number with an optional K, M, G or T (e.g. 4G)", args[1])));
   }
-  if (*bytes == 0) {
-    supervisor_.defaults().memory_limit.erase(*gpu);
-  } else {
-    supervisor_.defaults().memory_limit[*gpu] = *bytes;
-  }
+  supervisor_.defaults().memory_limit_by_gpu[*gpu] = *bytes;
   tell_servers({*gpu}, fmt::format("set_default_memory_limit {}", *bytes),
                [reply = std::move(reply), gpu = *gpu, bytes = *bytes](std::string lines,
                                                                       bool all_ok) {
@@ -271,9 +268,7 @@ void Commands::set_default_memory_limit(const Args& args, ReplyHandler reply) {
 void Commands::get_default_memory_limit(const Args& args, ReplyHandler reply) {
   auto gpu = gpu_argument(args[0]);
   if (!gpu) return reply(error_reply(gpu.error()));
-  const auto& limits = supervisor_.defaults().memory_limit;
-  auto it = limits.find(*gpu);
-  reply(CtlReply{0, fmt::format("{}\n", it == limits.end() ? "0" : format_size(it->second))});
+  reply(CtlReply{0, fmt::format("{}\n", format_size(supervisor_.defaults().memory_limit_of(*gpu)))});
 }
 
 void Commands::server_command(const Args& args, ReplyHandler reply) {

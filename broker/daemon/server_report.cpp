@@ -23,7 +23,7 @@ std::string format_server_list(const Supervisor& supervisor) {
     const ServerStatus& s = supervisor.status(i);
     std::string pid = s.pid > 0 ? std::to_string(s.pid) : "-";
     std::string details = s.problem;
-    if (s.state == ServerState::kReady && s.snapshot) details = s.snapshot->name;
+    if (s.state == ServerState::kRunning && s.snapshot) details = s.snapshot->name;
     text += fmt::format("{:<5}{:<9}{:<12}{:<10}{}\n", i, pid, state_name(s.state), s.restarts,
                         details);
   }

@@ -30,8 +30,8 @@ std::string_view state_name(ServerState state) {
   switch (state) {
     case ServerState::kStarting:
       return "starting";
-    case ServerState::kReady:
-      return "ready";
+    case ServerState::kRunning:
+      return "running";
     case ServerState::kRestarting:
       return "restarting";
     case ServerState::kFailed:
@@ -72,8 +72,8 @@ std::vector<std::string> Supervisor::server_arguments(int ordinal) const {
   if (defaults_.sm_percentage) {
     args.insert(args.end(), {"--default-sm-percentage", std::to_string(*defaults_.sm_percentage)});
   }
-  if (auto limit = defaults_.memory_limit.find(ordinal); limit != defaults_.memory_limit.end()) {
-    args.insert(args.end(), {"--default-memory-limit", std::to_string(limit->second)});
+  if (std::uint64_t limit = defaults_.memory_limit_of(ordinal); limit != 0) {
+    args.insert(args.end(), {"--default-memory-limit", std::to_string(limit)});
   }
   return args;
 }
@@ -210,7 +210,7 @@ void Supervisor::on_ready(Server& server, const proto::ServerReady& ready) {
     log_info("GPU {} ready: {} ({}), {} SMs, {}, driver {}; {}", server.status.ordinal,
              snapshot.name, format_gpu_uuid(snapshot.uuid), snapshot.sm_count,
              format_size_approx(snapshot.total_memory), snapshot.driver_version, name(server));
-    set_state(server, ServerState::kReady);
+    set_state(server, ServerState::kRunning);
   }
   if (server.status.ordinal == 0 && !gpu_count_known_ && ready.device_count > 0) {
     learn_gpu_count(ready.device_count);
@@ -336,7 +336,7 @@ tl::expected<pid_t, std::string> Supervisor::admit(int ordinal, int client_fd,
                                                    const proto::PeerCredentials& peer,
                                                    const proto::ClientHello& hello) {
   Server& server = *servers_.at(ordinal);
-  if (server.status.state != ServerState::kReady || !server.control) {
+  if (server.status.state != ServerState::kRunning || !server.control) {
     return tl::unexpected(fmt::format("the server for GPU {} is {}{}{}; see `mpsshimctl server_list`",
                                       ordinal, state_name(server.status.state),
                                       server.status.problem.empty() ? "" : ": ",
@@ -362,7 +362,7 @@ tl::expected<pid_t, std::string> Supervisor::admit(int ordinal, int client_fd,
 void Supervisor::request(int ordinal, MessageKind kind, std::string_view text,
                          std::chrono::milliseconds timeout, AnswerHandler handler) {
   Server& server = *servers_.at(ordinal);
-  if (server.status.state != ServerState::kReady || !server.control) {
+  if (server.status.state != ServerState::kRunning || !server.control) {
     handler(tl::unexpected(fmt::format("the server for GPU {} is {}", ordinal,
                                        state_name(server.status.state))));
     return;
@@ -419,7 +419,7 @@ void Supervisor::check_settled() {
   if (settled_ || stopping_) return;
   if (!gpu_count_known_ && servers_[0]->status.state != ServerState::kFailed) return;
   for (auto& server : servers_) {
-    if (server->status.state != ServerState::kReady &&
+    if (server->status.state != ServerState::kRunning &&
         server->status.state != ServerState::kFailed) {
       return;
     }

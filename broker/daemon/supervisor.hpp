@@ -30,14 +30,20 @@
 
 namespace mpsshim::daemon {
 
-enum class ServerState { kStarting, kReady, kRestarting, kFailed, kStopping, kStopped };
+enum class ServerState { kStarting, kRunning, kRestarting, kFailed, kStopping, kStopped };
 std::string_view state_name(ServerState state);
 
 // What the operator set with set_default_*: passed to a server on its command line when it
 // starts, and sent to running servers when it changes.
 struct ServerDefaults {
   std::optional<int> sm_percentage;
-  std::map<int, std::uint64_t> memory_limit;  // by GPU; absent = no limit
+  std::uint64_t memory_limit = 0;                     // every GPU; 0 = no limit
+  std::map<int, std::uint64_t> memory_limit_by_gpu;  // set for one GPU; 0 = no limit
+
+  std::uint64_t memory_limit_of(int gpu) const {
+    auto it = memory_limit_by_gpu.find(gpu);
+    return it != memory_limit_by_gpu.end() ? it->second : memory_limit;
+  }
 };
 
 struct SupervisorConfig {

@@ -11,6 +11,8 @@
 #include <string>
 #include <type_traits>
 
+#include <fmt/format.h>
+
 #include "broker/server/session.hpp"
 #include "proto/ops.hpp"
 
@@ -74,14 +76,26 @@ class Call {
   OpResult reply(const T& value, std::size_t bytes = sizeof(T)) {
     static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= proto::kSlotPayloadBytes);
     std::memcpy(reply_buffer, &value, bytes);
-    return OpResult{OpResult::Kind::kDone, CUDA_SUCCESS, static_cast<std::uint32_t>(bytes)};
+    OpResult result;
+    result.reply_bytes = static_cast<std::uint32_t>(bytes);
+    return result;
   }
   OpResult done(CUresult status = CUDA_SUCCESS) {
-    return OpResult{OpResult::Kind::kDone, status, 0};
+    OpResult result;
+    result.status = status;
+    return result;
   }
-  OpResult deferred() { return OpResult{OpResult::Kind::kDeferred, CUDA_SUCCESS, 0}; }
+  OpResult deferred() {
+    OpResult result;
+    result.kind = OpResult::Kind::kDeferred;
+    return result;
+  }
   OpResult malformed(std::string why) {
-    return OpResult{OpResult::Kind::kMalformed, CUDA_ERROR_INVALID_VALUE, 0, true, std::move(why)};
+    OpResult result;
+    result.kind = OpResult::Kind::kMalformed;
+    result.status = CUDA_ERROR_INVALID_VALUE;
+    result.why = std::move(why);
+    return result;
   }
 
   alignas(16) std::byte reply_buffer[proto::kSlotPayloadBytes];

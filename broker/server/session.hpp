@@ -138,6 +138,10 @@ class Session {
   ClientInfo client;
   SessionState state = SessionState::kActive;
   std::string end_reason;
+  // Set by anything that finds the session must end mid-record (socket hang-up, a malformed
+  // socket message); the server ends it after the record.
+  std::string end_requested;
+  CUresult end_notify = CUDA_SUCCESS;  // stored as the fault when end_requested ends it
   std::chrono::steady_clock::time_point drain_started{};
   bool drain_warned = false;
 

@@ -16,7 +16,7 @@ Cli::Cli(int argc, char** argv, std::string usage) : usage_(std::move(usage)) {
       std::printf("usage: %s %s\n", program_name(), usage_.c_str());
       std::exit(EXIT_SUCCESS);
     }
-    if (!arg.starts_with("--") || arg.size() == 2) usage_error(arg);
+    if (!arg.starts_with("--") || arg.size() == 2) usage_error(arg, "is not an option");
     Option option;
     const auto equals = arg.find('=');
     if (equals != std::string_view::npos) {
@@ -75,8 +75,8 @@ long long Cli::integer(std::string_view name, long long fallback, long long min,
   if (option == nullptr) return fallback;
   long long value = 0;
   if (!option->has_value || !parse_integer(option->value, value) || value < min || value > max) {
-    usage_error(std::string(name) + "=" + option->value + " (expected an integer in [" +
-                std::to_string(min) + ", " + std::to_string(max) + "])");
+    usage_error(name, "needs an integer in [" + std::to_string(min) + ", " + std::to_string(max) +
+                          "], got '" + option->value + "'");
   }
   return value;
 }
@@ -84,31 +84,29 @@ long long Cli::integer(std::string_view name, long long fallback, long long min,
 bool Cli::flag(std::string_view name) {
   const Option* option = find(name);
   if (option == nullptr) return false;
-  if (option->has_value) usage_error(std::string(name) + " takes no value");
+  if (option->has_value) usage_error(name, "takes no value");
   return true;
 }
 
 std::string Cli::text(std::string_view name, std::string_view fallback) {
   const Option* option = find(name);
   if (option == nullptr) return std::string(fallback);
-  if (!option->has_value) usage_error(std::string(name) + " needs a value");
+  if (!option->has_value) usage_error(name, "needs a value");
   return option->value;
 }
 
 void Cli::finish() const {
   for (const auto& option : options_) {
-    if (!option.used) usage_error("unknown option " + option.name);
+    if (!option.used) usage_error(option.name, "is not an option of this program");
   }
 }
 
-void Cli::usage_error(std::string_view what) const {
-  std::fprintf(stderr, "%s: %.*s\nusage: %s %s\n", program_name(), static_cast<int>(what.size()),
-               what.data(), program_name(), usage_.c_str());
-  std::string field(what);
-  for (char& c : field) {
-    if (c == ' ') c = '_';
-  }
-  std::printf("%s: usage_error=%s FAIL\n", program_name(), field.c_str());
+void Cli::usage_error(std::string_view option, std::string_view problem) const {
+  std::fprintf(stderr, "%s: %.*s %.*s\nusage: %s %s\n", program_name(),
+               static_cast<int>(option.size()), option.data(), static_cast<int>(problem.size()),
+               problem.data(), program_name(), usage_.c_str());
+  std::printf("%s: usage_error=%.*s FAIL\n", program_name(), static_cast<int>(option.size()),
+              option.data());
   std::fflush(stderr);
   std::fflush(stdout);
   std::exit(2);

@@ -1,8 +1,8 @@
 // Command-line options of the example and benchmark programs: "--name value", "--name=value"
 // and bare flags. Integers accept 0x prefixes and K/M/G (binary) suffixes: --n 1M, --size 64M.
 //
-// A malformed or unknown option prints the usage on stderr and "<program>: usage_error=... FAIL"
-// on stdout, and exits 2; --help prints the usage and exits 0.
+// A malformed or unknown option prints the problem and the usage on stderr and
+// "<program>: usage_error=<option> FAIL" on stdout, and exits 2; --help prints the usage, exits 0.
 #pragma once
 
 #include <string>
@@ -33,7 +33,8 @@ class Cli {
     bool used = false;
   };
   Option* find(std::string_view name);
-  [[noreturn]] void usage_error(std::string_view what) const;
+  // Names the option on stdout (one word) and the problem on stderr; exits 2.
+  [[noreturn]] void usage_error(std::string_view option, std::string_view problem) const;
 
   std::string usage_;
   std::vector<Option> options_;

@@ -7,7 +7,9 @@
 
 namespace mpsshim::examples {
 
-Report::Report(const char* program) : program_(program) { set_program_name(program); }
+Report::Report(const char* program) : program_(program) {
+  set_program_name(program);
+}
 
 void Report::add(std::string_view key, std::string_view value) {
   fields_ += ' ';

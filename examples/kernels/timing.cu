@@ -3,7 +3,9 @@
 
 extern "C" __global__ void empty_kernel() {}
 
-extern "C" __global__ void spin_kernel(long long nanoseconds) { spin_for_ns(nanoseconds); }
+extern "C" __global__ void spin_kernel(long long nanoseconds) {
+  spin_for_ns(nanoseconds);
+}
 
 // Sleeps without occupying the issue slots: other work may overlap it on the same SMs.
 extern "C" __global__ void sleep_kernel(int microseconds) {

@@ -34,7 +34,9 @@ void* get_buffer2(void** ptr, std::size_t* size) noexcept {
 
 // smolvm reports that the CUDA 12.8 runtime calls slots 1 and 4 on an ordinary path: a trap's
 // NOT_SUPPORTED could fail it, success without output cannot.
-CUresult hook_noop() noexcept { return CUDA_SUCCESS; }
+CUresult hook_noop() noexcept {
+  return CUDA_SUCCESS;
+}
 
 struct CallbackHooksTable {
   std::size_t size;
@@ -49,12 +51,19 @@ constexpr std::size_t kSlots = 7;
 static_assert(sizeof(CallbackHooksTable) == kSlots * sizeof(void*));
 
 constinit const CallbackHooksTable kCallbackHooks{
-    table_size_word(kSlots), &hook_noop, &get_buffer1, &hook_noop, &hook_noop, &hook_noop,
+    table_size_word(kSlots),
+    &hook_noop,
+    &get_buffer1,
+    &hook_noop,
+    &hook_noop,
+    &hook_noop,
     &get_buffer2,
 };
 
 }  // namespace
 
-const void* callback_hooks_table() noexcept { return &kCallbackHooks; }
+const void* callback_hooks_table() noexcept {
+  return &kCallbackHooks;
+}
 
 }  // namespace mpsshim::shim::darkapi

@@ -24,7 +24,9 @@ CUresult ctx_check(CUcontext ctx, std::uint32_t* out1, void** /*out2*/) noexcept
 }
 
 // Called with a runtime-internal object; the real driver returns 0.
-std::uint32_t check_fn3(void*) noexcept { return 0; }
+std::uint32_t check_fn3(void*) noexcept {
+  return 0;
+}
 
 struct ContextChecksTable {
   std::size_t size;
@@ -37,12 +39,14 @@ constexpr std::size_t kSlots = 15;
 static_assert(sizeof(ContextChecksTable) == kSlots * sizeof(void*));
 
 constinit const ContextChecksTable kContextChecks{
-    table_size_word(kSlots), &trap_slot<kTable, 1>, &ctx_check, &check_fn3,
+    table_size_word(kSlots),     &trap_slot<kTable, 1>, &ctx_check, &check_fn3,
     trap_slots<kTable, 4, 11>(),
 };
 
 }  // namespace
 
-const void* context_checks_table() noexcept { return &kContextChecks; }
+const void* context_checks_table() noexcept {
+  return &kContextChecks;
+}
 
 }  // namespace mpsshim::shim::darkapi

@@ -42,7 +42,9 @@ Storage* storage() noexcept {
 }
 
 // NULL means the calling thread's current context; NULL again means there is none (201).
-CUcontext resolve(CUcontext ctx) noexcept { return ctx != nullptr ? ctx : current_context(); }
+CUcontext resolve(CUcontext ctx) noexcept {
+  return ctx != nullptr ? ctx : current_context();
+}
 
 Entries::iterator find(Entries& entries, void* key) noexcept {
   auto it = entries.begin();
@@ -109,7 +111,7 @@ struct ContextLocalStorageTable {
 static_assert(sizeof(ContextLocalStorageTable) == 4 * sizeof(void*));
 
 constinit const ContextLocalStorageTable kContextLocalStorage{&cls_put, &cls_delete, &cls_get,
-                                                             nullptr};
+                                                              nullptr};
 
 }  // namespace
 
@@ -139,7 +141,9 @@ void run_context_local_destructors(CUcontext ctx) noexcept {
 
 namespace darkapi {
 
-const void* context_local_storage_table() noexcept { return &kContextLocalStorage; }
+const void* context_local_storage_table() noexcept {
+  return &kContextLocalStorage;
+}
 
 }  // namespace darkapi
 }  // namespace mpsshim::shim

@@ -77,7 +77,9 @@ CUresult get_module_from_cubin_ext2(const void* container, CUmodule* out, void* 
 
 // The real driver loads its PTX compiler, libnvvm and tile-IR support here; the shim's
 // compilers live in the broker's driver.
-CUresult load_compilers() noexcept { return CUDA_SUCCESS; }
+CUresult load_compilers() noexcept {
+  return CUDA_SUCCESS;
+}
 
 struct CudartInterfaceTable {
   std::size_t size;
@@ -115,6 +117,8 @@ constinit const CudartInterfaceTable kCudartInterface{
 
 }  // namespace
 
-const void* cudart_interface_table() noexcept { return &kCudartInterface; }
+const void* cudart_interface_table() noexcept {
+  return &kCudartInterface;
+}
 
 }  // namespace mpsshim::shim::darkapi

@@ -76,13 +76,13 @@ void report_refusal(const CUuuid& id, const void* caller) noexcept {
 
   for (const Refused& r : kRefused) {
     if (same(r.id, id)) {
-      log_once(once_key, Level::info, "cuGetExportTable: refusing {} table {} asked by {}",
-               r.name, text, library);
+      log_once(once_key, Level::info, "cuGetExportTable: refusing {} table {} asked by {}", r.name,
+               text, library);
       return;
     }
   }
-  log_once(once_key, Level::warn, "cuGetExportTable: unknown table {} asked by {}; refused",
-           text, library);
+  log_once(once_key, Level::warn, "cuGetExportTable: unknown table {} asked by {}; refused", text,
+           library);
 }
 
 }  // namespace

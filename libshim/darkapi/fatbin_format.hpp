@@ -44,6 +44,8 @@ T load(const void* base, std::size_t offset) noexcept {
   return value;
 }
 
-inline std::uint32_t magic_of(const void* image) noexcept { return load<std::uint32_t>(image, 0); }
+inline std::uint32_t magic_of(const void* image) noexcept {
+  return load<std::uint32_t>(image, 0);
+}
 
 }  // namespace mpsshim::shim::fatbin

@@ -28,10 +28,10 @@ struct ElfLayout {
   std::size_t phdr_size, p_offset, p_filesz;
   bool wide;  // 64-bit offsets and sizes
 };
-constexpr ElfLayout kElf32{52, 0x1C, 0x20, 0x2A, 0x2C, 0x2E, 0x30, 40, 4, 16, 20, 28, 32, 4, 16,
-                           false};
-constexpr ElfLayout kElf64{64, 0x20, 0x28, 0x36, 0x38, 0x3A, 0x3C, 64, 4, 24, 32, 44, 56, 8, 32,
-                           true};
+constexpr ElfLayout kElf32{52, 0x1C, 0x20, 0x2A, 0x2C, 0x2E, 0x30, 40,
+                           4,  16,   20,   28,   32,   4,    16,   false};
+constexpr ElfLayout kElf64{64, 0x20, 0x28, 0x36, 0x38, 0x3A, 0x3C, 64,
+                           4,  24,   32,   44,   56,   8,    32,   true};
 
 std::uint64_t load_word(const void* base, std::uint64_t offset, bool wide) noexcept {
   return wide ? load<std::uint64_t>(base, offset) : load<std::uint32_t>(base, offset);

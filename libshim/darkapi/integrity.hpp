@@ -22,16 +22,15 @@ struct IntegrityDevice {
 struct IntegrityInputs {
   std::uint32_t driver_version;  // what cuDriverGetVersion reports
   std::uint32_t pid;
-  std::uint32_t thread;          // low 32 bits of pthread_self() of the calling thread
-  std::uint64_t cudart_table;    // address of CUDART_INTERFACE as cuGetExportTable gives it
-  std::uint64_t integrity_table; // address of INTEGRITY_CHECK
-  std::uint64_t fn_address;      // INTEGRITY_CHECK slot 1
+  std::uint32_t thread;           // low 32 bits of pthread_self() of the calling thread
+  std::uint64_t cudart_table;     // address of CUDART_INTERFACE as cuGetExportTable gives it
+  std::uint64_t integrity_table;  // address of INTEGRITY_CHECK
+  std::uint64_t fn_address;       // INTEGRITY_CHECK slot 1
   std::span<const IntegrityDevice> devices;  // in ordinal order
 };
 
 inline constexpr std::array<std::uint8_t, 16> kIntegrityKey{
-    0x14, 0x6A, 0xDD, 0xAE, 0x53, 0xA9, 0xA7, 0x52,
-    0xAA, 0x08, 0x41, 0x36, 0x0B, 0xF5, 0x5A, 0x9F};
+    0x14, 0x6A, 0xDD, 0xAE, 0x53, 0xA9, 0xA7, 0x52, 0xAA, 0x08, 0x41, 0x36, 0x0B, 0xF5, 0x5A, 0x9F};
 
 using IntegrityHeader = std::array<std::uint8_t, 48>;
 using IntegrityRecord = std::array<std::uint8_t, 28>;

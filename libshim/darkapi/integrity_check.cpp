@@ -26,7 +26,9 @@ CUresult integrity_check(std::uint32_t version, std::uint64_t unix_seconds,
                          std::uint64_t* result) noexcept;
 
 // One int; a NULL slot reportedly fails the CUDA 12.9 runtime.
-CUresult set_enabled(int) noexcept { return CUDA_SUCCESS; }
+CUresult set_enabled(int) noexcept {
+  return CUDA_SUCCESS;
+}
 
 struct IntegrityCheckTable {
   std::size_t size;
@@ -38,7 +40,9 @@ static_assert(sizeof(IntegrityCheckTable) == 3 * sizeof(void*));
 constinit const IntegrityCheckTable kIntegrityCheck{table_size_word(3), &integrity_check,
                                                     &set_enabled};
 
-std::uint64_t address(const void* p) noexcept { return reinterpret_cast<std::uintptr_t>(p); }
+std::uint64_t address(const void* p) noexcept {
+  return reinterpret_cast<std::uintptr_t>(p);
+}
 
 // Device records in ordinal order, as cuDeviceGetUuid_v2 and cuDeviceGetAttribute report them.
 bool gather_devices(std::vector<IntegrityDevice>& out) noexcept {
@@ -88,6 +92,8 @@ CUresult integrity_check(std::uint32_t version, std::uint64_t unix_seconds,
 
 }  // namespace
 
-const void* integrity_check_table() noexcept { return &kIntegrityCheck; }
+const void* integrity_check_table() noexcept {
+  return &kIntegrityCheck;
+}
 
 }  // namespace mpsshim::shim::darkapi

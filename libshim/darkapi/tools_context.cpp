@@ -68,6 +68,8 @@ constinit const ToolsContextTable kToolsContext{
 
 }  // namespace
 
-const void* tools_context_table() noexcept { return &kToolsContext; }
+const void* tools_context_table() noexcept {
+  return &kToolsContext;
+}
 
 }  // namespace mpsshim::shim::darkapi

@@ -15,7 +15,9 @@ namespace {
 
 // Probing showed slot 1 bumping a byte of its argument; nothing was seen calling it, and a
 // success that writes nothing is the safest guess.
-CUresult slot1_noop() noexcept { return CUDA_SUCCESS; }
+CUresult slot1_noop() noexcept {
+  return CUDA_SUCCESS;
+}
 
 // The second argument (0, 0x37, 0x42, 0xb seen) did not change the real driver's answer.
 CUresult get_current_ctx(CUcontext* out, std::uintptr_t) noexcept {
@@ -36,6 +38,8 @@ constinit const ToolsTlsTable kToolsTls{table_size_word(kSlots), &slot1_noop, &g
 
 }  // namespace
 
-const void* tools_tls_table() noexcept { return &kToolsTls; }
+const void* tools_tls_table() noexcept {
+  return &kToolsTls;
+}
 
 }  // namespace mpsshim::shim::darkapi

@@ -61,10 +61,13 @@ template <TableId Table, std::size_t First, std::size_t Count>
 constexpr std::array<SlotFn, Count> trap_slots() noexcept {
   return []<std::size_t... I>(std::index_sequence<I...>) {
     return std::array<SlotFn, Count>{&trap_slot<Table, First + I>...};
-  }(std::make_index_sequence<Count>{});
+  }
+  (std::make_index_sequence<Count>{});
 }
 
 // Slot 0 of every table but CONTEXT_LOCAL_STORAGE: the table's size in bytes.
-constexpr std::size_t table_size_word(std::size_t slots) noexcept { return slots * sizeof(void*); }
+constexpr std::size_t table_size_word(std::size_t slots) noexcept {
+  return slots * sizeof(void*);
+}
 
 }  // namespace mpsshim::shim::darkapi

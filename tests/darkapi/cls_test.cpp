@@ -30,9 +30,13 @@ Cls cls() {
 }
 
 std::vector<std::tuple<CUcontext, void*, void*>> dtor_calls;
-void record_dtor(CUcontext ctx, void* key, void* value) { dtor_calls.emplace_back(ctx, key, value); }
+void record_dtor(CUcontext ctx, void* key, void* value) {
+  dtor_calls.emplace_back(ctx, key, value);
+}
 
-void* ptr(std::uintptr_t n) { return reinterpret_cast<void*>(n); }
+void* ptr(std::uintptr_t n) {
+  return reinterpret_cast<void*>(n);
+}
 
 }  // namespace
 

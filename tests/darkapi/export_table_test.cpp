@@ -1,7 +1,7 @@
 // The cuGetExportTable contract and the served tables' slots (dark-api.md §1-§3).
-#include <catch2/catch.hpp>
 #include <pthread.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <array>
 #include <cstring>
@@ -43,8 +43,8 @@ TEST_CASE("export tables: same address every call, real size words", "[export]")
     CHECK(first[0] == size);
     CHECK(export_table(hex) == first);
     for (std::size_t slot = 1; slot < size / 8; ++slot) {
-      const bool null_in_real_driver = (hex == kCudartInterface && slot == 10) ||
-                                       (hex == kToolsContext && slot == 91);
+      const bool null_in_real_driver =
+          (hex == kCudartInterface && slot == 10) || (hex == kToolsContext && slot == 91);
       INFO("slot " << slot);
       CHECK((first[slot] == 0) == null_in_real_driver);
     }
@@ -105,8 +105,8 @@ TEST_CASE("export tables: unknown slots are traps returning NOT_SUPPORTED", "[ex
 TEST_CASE("CUDART_INTERFACE slot 2: primary context handle", "[export]") {
   FakeCore& core = reset_fake_core();
   core.primary = {fake_context(7), fake_context(8)};
-  const auto get_primary = slot_fn<CUresult (*)(CUcontext*, CUdevice)>(
-      export_table(kCudartInterface), 2);
+  const auto get_primary =
+      slot_fn<CUresult (*)(CUcontext*, CUdevice)>(export_table(kCudartInterface), 2);
   CUcontext ctx = nullptr;
   CHECK(get_primary(&ctx, 1) == CUDA_SUCCESS);
   CHECK(ctx == fake_context(8));

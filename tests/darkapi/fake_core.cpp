@@ -16,8 +16,12 @@ FakeCore& reset_fake_core() {
   return core;
 }
 
-FakeCore& fake_core() { return core; }
-void set_current_context(CUcontext ctx) { current = ctx; }
+FakeCore& fake_core() {
+  return core;
+}
+void set_current_context(CUcontext ctx) {
+  current = ctx;
+}
 
 }  // namespace mpsshim::test
 
@@ -25,15 +29,21 @@ namespace mpsshim::shim {
 
 using test::core;
 
-int advertised_driver_version() noexcept { return core.driver_version; }
-int visible_device_count() noexcept { return static_cast<int>(core.devices.size()); }
+int advertised_driver_version() noexcept {
+  return core.driver_version;
+}
+int visible_device_count() noexcept {
+  return static_cast<int>(core.devices.size());
+}
 
 const proto::DeviceSnapshot* device_snapshot(int ordinal) noexcept {
   if (ordinal < 0 || ordinal >= visible_device_count()) return nullptr;
   return &core.devices[static_cast<std::size_t>(ordinal)];
 }
 
-CUcontext current_context() noexcept { return test::current; }
+CUcontext current_context() noexcept {
+  return test::current;
+}
 
 bool context_identity(CUcontext ctx, int* ordinal, std::uint64_t* id) noexcept {
   const auto it = core.contexts.find(ctx);

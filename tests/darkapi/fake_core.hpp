@@ -18,11 +18,11 @@ struct FakeCore {
   int driver_version = 13000;
   std::vector<proto::DeviceSnapshot> devices;
   std::map<CUcontext, std::pair<int, std::uint64_t>> contexts;  // -> (ordinal, id)
-  std::vector<CUcontext> primary;                                // per ordinal
+  std::vector<CUcontext> primary;                               // per ordinal
 
   // What the tables asked of the driver entry points.
-  const void* module_image = nullptr;   // last cuModuleLoadData image
-  const void* library_code = nullptr;   // last cuLibraryLoadData code
+  const void* module_image = nullptr;     // last cuModuleLoadData image
+  const void* library_code = nullptr;     // last cuLibraryLoadData code
   CUlibrary library_of_module = nullptr;  // last cuLibraryGetModule library
   int library_unloads = 0;
   CUresult module_result = CUDA_SUCCESS;
@@ -35,8 +35,14 @@ FakeCore& fake_core();
 void set_current_context(CUcontext ctx);
 
 // Handles the fake driver hands out.
-inline CUmodule fake_module() { return reinterpret_cast<CUmodule>(std::uintptr_t{0x1000}); }
-inline CUlibrary fake_library() { return reinterpret_cast<CUlibrary>(std::uintptr_t{0x2000}); }
-inline CUcontext fake_context(std::uintptr_t n) { return reinterpret_cast<CUcontext>(n << 4); }
+inline CUmodule fake_module() {
+  return reinterpret_cast<CUmodule>(std::uintptr_t{0x1000});
+}
+inline CUlibrary fake_library() {
+  return reinterpret_cast<CUlibrary>(std::uintptr_t{0x2000});
+}
+inline CUcontext fake_context(std::uintptr_t n) {
+  return reinterpret_cast<CUcontext>(n << 4);
+}
 
 }  // namespace mpsshim::test

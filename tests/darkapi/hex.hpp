@@ -13,7 +13,8 @@ namespace mpsshim::test {
 inline std::vector<std::uint8_t> from_hex(std::string_view hex) {
   std::vector<std::uint8_t> out;
   for (std::size_t i = 0; i + 1 < hex.size(); i += 2) {
-    out.push_back(static_cast<std::uint8_t>(std::stoul(std::string(hex.substr(i, 2)), nullptr, 16)));
+    out.push_back(
+        static_cast<std::uint8_t>(std::stoul(std::string(hex.substr(i, 2)), nullptr, 16)));
   }
   return out;
 }

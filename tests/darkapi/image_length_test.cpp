@@ -1,8 +1,8 @@
 // module_image_length / library_image_pieces on synthetic images: the corners real nvcc
 // output does not reach (ELF32, extended numbering, program headers last, sanity limits).
-#include <catch2/catch.hpp>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <array>
 #include <cstddef>
@@ -116,11 +116,11 @@ TEST_CASE("image length: one fatbin container, never the next", "[image]") {
 
 TEST_CASE("image length: implausible containers are refused", "[image]") {
   CHECK_FALSE(module_image_length(container(std::uint64_t{4} << 30).data()));  // > 4 GiB
-  CHECK(module_image_length(container((std::uint64_t{4} << 30) - 16).data()) ==
-        std::size_t{4} << 30);
+  CHECK(module_image_length(container((std::uint64_t{4} << 30) - 16).data()) == std::size_t{4}
+                                                                                    << 30);
   CHECK_FALSE(module_image_length(container(~std::uint64_t{0}).data()));  // overflow
-  CHECK_FALSE(module_image_length(container(64, 2).data()));             // unknown version
-  CHECK_FALSE(module_image_length(container(64, 1, 8).data()));          // header too small
+  CHECK_FALSE(module_image_length(container(64, 2).data()));              // unknown version
+  CHECK_FALSE(module_image_length(container(64, 1, 8).data()));           // header too small
 }
 
 TEST_CASE("image length: ELF64 extent is the furthest table or section", "[image]") {
@@ -151,8 +151,8 @@ TEST_CASE("image length: ELF extended section numbering", "[image]") {
   ElfSpec s;
   s.shoff = 0x200;
   s.extended_numbering = true;
-  s.sections = {{0, 0, 4}, {kProgbits, 0x40, 0x10}, {kProgbits, 0x50, 0x10},
-                {kProgbits, 0x60, 0x10}};
+  s.sections = {
+      {0, 0, 4}, {kProgbits, 0x40, 0x10}, {kProgbits, 0x50, 0x10}, {kProgbits, 0x60, 0x10}};
   // sections[0].size (4) is the count: the table ends at 0x200 + 4 * 64.
   CHECK(module_image_length(elf(s).data()) == 0x200u + 4 * 64);
 }
@@ -184,7 +184,10 @@ TEST_CASE("image length: implausible ELF headers are refused", "[image]") {
   CHECK_FALSE(module_image_length(bad_class.data()));
 
   // Section header entries too small to hold their fields.
-  auto small_entries = elf(ElfSpec{.shoff = 0x40, .sections = {{0, 0, 0}}});
+  ElfSpec small;
+  small.shoff = 0x40;
+  small.sections = {{0, 0, 0}};
+  auto small_entries = elf(small);
   put<std::uint16_t>(small_entries, 0x3A, 16);
   CHECK_FALSE(module_image_length(small_entries.data()));
 

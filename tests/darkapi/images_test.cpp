@@ -42,7 +42,9 @@ std::vector<std::byte> read_image(const std::string& name) {
   return bytes;
 }
 
-std::uint32_t magic(const std::byte* p) { return fatbin::load<std::uint32_t>(p, 0); }
+std::uint32_t magic(const std::byte* p) {
+  return fatbin::load<std::uint32_t>(p, 0);
+}
 
 }  // namespace
 
@@ -100,8 +102,8 @@ TEST_CASE("real back-to-back containers: the first ends where the second starts"
 
 TEST_CASE("real containers behind __fatBinC_Wrapper_t", "[images]") {
   const auto container = read_image("saxpy.fatbin");
-  const fatbin::Wrapper v1{fatbin::kWrapperMagic, fatbin::kWrapperVersionPlain,
-                           container.data(), nullptr};
+  const fatbin::Wrapper v1{fatbin::kWrapperMagic, fatbin::kWrapperVersionPlain, container.data(),
+                           nullptr};
   CHECK_FALSE(module_image_length(&v1));  // the real cuModuleLoadData says INVALID_IMAGE
   std::vector<std::span<const std::byte>> pieces;
   REQUIRE(library_image_pieces(&v1, pieces));
@@ -110,8 +112,7 @@ TEST_CASE("real containers behind __fatBinC_Wrapper_t", "[images]") {
   CHECK(pieces[0].size() == container.size());
 }
 
-TEST_CASE("real -rdc build: a v2 wrapper ships the linked and prelinked containers",
-          "[images]") {
+TEST_CASE("real -rdc build: a v2 wrapper ships the linked and prelinked containers", "[images]") {
   // nvcc -dlink's container, and each unit's relocatable one (its __nv_relfatbin section),
   // arranged as the wrapper nvcc generates for the linked program points at them.
   const auto linked = read_image("rdc_dlink.nv_fatbin");
@@ -138,9 +139,10 @@ TEST_CASE("real -rdc build: a v2 wrapper ships the linked and prelinked containe
 int main(int argc, char* argv[]) {
   const char* dir = std::getenv("DARKAPI_IMAGE_DIR");
   if (dir == nullptr || *dir == '\0') {
-    std::fputs("darkapi images: nvcc was not found at configure time (-Dnvcc=...); "
-               "no real images to test, skipping\n",
-               stderr);
+    std::fputs(
+        "darkapi images: nvcc was not found at configure time (-Dnvcc=...); "
+        "no real images to test, skipping\n",
+        stderr);
     return 77;  // meson: skipped
   }
   image_dir = dir;

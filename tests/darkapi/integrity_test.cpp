@@ -42,8 +42,8 @@ IntegrityDevice device(std::string_view uuid_hex, std::int32_t domain, std::int3
 const std::vector<IntegrityDevice> kDevicesA{device("c96881506bed1af8ac8e9be350580222", 0, 0, 6)};
 constexpr std::uint64_t kSecondsA = 1795252944;
 IntegrityInputs inputs_a() {
-  return IntegrityInputs{13000,          404,           0x9ff3e140,     0x7f939f24c680,
-                         0x7f939f24c660, 0x7f9399bab350, kDevicesA};
+  return IntegrityInputs{13000,          404,      0x9ff3e140, 0x7f939f24c680, 0x7f939f24c660,
+                         0x7f9399bab350, kDevicesA};
 }
 
 // Set B: 2 x H200, records in ordinal order.
@@ -52,8 +52,8 @@ const std::vector<IntegrityDevice> kDevicesB{device("04c9f6286312ff63a810d32f42f
 constexpr std::uint64_t kSecondsB = 1795253071;
 IntegrityInputs inputs_b() {
   // pthread_self 0x7f0b80b1f140 is hashed as its low 32 bits.
-  return IntegrityInputs{13000,          547,            0x80b1f140,     0x7f0b7fe29680,
-                         0x7f0b7fe29660, 0x7f0b7a788350, kDevicesB};
+  return IntegrityInputs{13000,          547,      0x80b1f140, 0x7f0b7fe29680, 0x7f0b7fe29660,
+                         0x7f0b7a788350, kDevicesB};
 }
 
 std::string digest(const IntegrityInputs& in, std::uint32_t version, std::uint64_t seconds) {
@@ -93,8 +93,7 @@ TEST_CASE("integrity: set A intermediates for version 13002", "[integrity]") {
         "50b3ba99937f0000d062016b00000000");
   CHECK(to_hex(integrity_record(kDevicesA[0])) ==
         "c96881506bed1af8ac8e9be350580222000000000000000006000000");
-  CHECK(to_hex(integrity_inner_digest(in, 13002, kSecondsA)) ==
-        "09f710b2c066e92b678305c05d4cf6dd");
+  CHECK(to_hex(integrity_inner_digest(in, 13002, kSecondsA)) == "09f710b2c066e92b678305c05d4cf6dd");
 }
 
 TEST_CASE("integrity: vector set B (2 GPUs)", "[integrity]") {
@@ -107,8 +106,7 @@ TEST_CASE("integrity: vector set B (2 GPUs)", "[integrity]") {
   CHECK(to_hex(integrity_header(in, 13002, kSecondsB)) ==
         "c8320000ca3200002302000040f1b1808096e27f0b7f00006096e27f0b7f0000"
         "5083787a0b7f00004f63016b00000000");
-  CHECK(to_hex(integrity_inner_digest(in, 13002, kSecondsB)) ==
-        "96300d745a0b06b8adf3d05d5e90ae17");
+  CHECK(to_hex(integrity_inner_digest(in, 13002, kSecondsB)) == "96300d745a0b06b8adf3d05d5e90ae17");
 }
 
 TEST_CASE("integrity: device records are hashed in ordinal order", "[integrity]") {
@@ -124,7 +122,7 @@ TEST_CASE("integrity: device records are hashed in ordinal order", "[integrity]"
 }
 
 TEST_CASE("integrity: ZLUDA's header vector reproduces their state", "[integrity]") {
-  const IntegrityInputs in{0x2f30, 0x2fa423, 0xf79c1000, 0x7ffff6958240,
+  const IntegrityInputs in{0x2f30,         0x2fa423,       0xf79c1000, 0x7ffff6958240,
                            0x7ffff6958220, 0x7ffff2aaf4a0, {}};
   Md2 h;
   for (const std::uint8_t b : kIntegrityKey) h.update(static_cast<std::uint8_t>(b ^ 0x36));

@@ -1,0 +1,118 @@
+#include "broker/daemon/daemon.hpp"
+
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <system_error>
+
+#include "broker/daemon/log.hpp"
+
+namespace mpsshim::daemon {
+
+namespace {
+
+sigset_t handled_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : {SIGTERM, SIGINT, SIGHUP, SIGCHLD}) sigaddset(&set, s);
+  return set;
+}
+
+SupervisorConfig supervisor_config(const DaemonOptions& options) {
+  return SupervisorConfig{options.server_path, options.driver_path, options.log_level, log_fd(),
+                          options.restart_limit};
+}
+
+}  // namespace
+
+void Daemon::block_signals() {
+  sigset_t set = handled_signals();
+  ::sigprocmask(SIG_BLOCK, &set, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);  // a peer that hangs up is an error code, not a death
+}
+
+Daemon::Daemon(DaemonSetup setup)
+    : setup_(std::move(setup)),
+      supervisor_(loop_, supervisor_config(setup_.options),
+                  Supervisor::Events{[this] { on_settled(); }, [this] { on_changed(); }}),
+      commands_(supervisor_, [this] { loop_.after({}, [this] { shutdown("mpsshimctl quit"); }); }),
+      gate_(loop_, supervisor_, commands_, AccessPolicy{::geteuid(), setup_.multiuser}) {
+  sigset_t set = handled_signals();
+  signals_.reset(::signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC));
+  if (!signals_) throw std::system_error(errno, std::generic_category(), "signalfd");
+  loop_.watch(signals_.get(), EPOLLIN, [this](std::uint32_t) { on_signal(); });
+
+  ServerDefaults& defaults = supervisor_.defaults();
+  defaults.sm_percentage = setup_.options.default_sm_percentage;
+  defaults.memory_limit = setup_.options.default_memory_limit.value_or(0);
+}
+
+void Daemon::run() {
+  gate_.listen(std::move(setup_.listener));
+  supervisor_.start();
+  loop_.run();
+  gate_.close();
+}
+
+void Daemon::on_signal() {
+  signalfd_siginfo info;
+  while (::read(signals_.get(), &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
+    switch (info.ssi_signo) {
+      case SIGTERM:
+      case SIGINT:
+        shutdown(info.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
+        break;
+      case SIGHUP:
+        reopen_log_file();
+        log_info("SIGHUP: log file reopened");
+        break;
+      case SIGCHLD:
+        supervisor_.reap();
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+std::string Daemon::status_line() const {
+  int ready = 0;
+  std::string others;
+  for (int i = 0; i < supervisor_.gpu_count(); ++i) {
+    ServerState state = supervisor_.status(i).state;
+    if (state == ServerState::kRunning) {
+      ++ready;
+    } else {
+      others += fmt::format(", GPU {} {}", i, state_name(state));
+    }
+  }
+  return fmt::format("{} of {} GPU server{} running{}; socket {}", ready, supervisor_.gpu_count(),
+                     supervisor_.gpu_count() == 1 ? "" : "s", others, setup_.socket_path);
+}
+
+void Daemon::on_settled() {
+  ready_ = true;
+  std::string status = status_line();
+  log_info("ready: {}", status);
+  setup_.notifier.send("READY=1\nSTATUS=" + status);
+  if (setup_.on_ready) std::exchange(setup_.on_ready, nullptr)();
+}
+
+void Daemon::on_changed() {
+  if (ready_ && !stopping_) setup_.notifier.send("STATUS=" + status_line());
+}
+
+void Daemon::shutdown(std::string_view reason) {
+  if (stopping_) return;
+  stopping_ = true;
+  log_info("stopping ({}): no new connections; ending the servers", reason);
+  setup_.notifier.send("STOPPING=1\nSTATUS=stopping");
+  gate_.close();
+  ::unlink(setup_.socket_path.c_str());
+  supervisor_.stop(setup_.options.stop_timeout, [this] { loop_.stop(); });
+}
+
+}  // namespace mpsshim::daemon

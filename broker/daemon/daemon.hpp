@@ -1,0 +1,54 @@
+// mpsshimd put together: the event loop, the servers, the front door, the operator commands,
+// signals and systemd notification.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "broker/daemon/client_gate.hpp"
+#include "broker/daemon/commands.hpp"
+#include "broker/daemon/event_loop.hpp"
+#include "broker/daemon/options.hpp"
+#include "broker/daemon/sd_notify.hpp"
+#include "broker/daemon/supervisor.hpp"
+#include "proto/unix_socket.hpp"
+
+namespace mpsshim::daemon {
+
+struct DaemonSetup {
+  DaemonOptions options;  // paths already absolute
+  bool multiuser = false;  // as honoured (root only)
+  std::string socket_path;
+  proto::UniqueFd listener;  // listening, non-blocking
+  Notifier notifier;
+  std::function<void()> on_ready;  // -d: release the waiting parent
+};
+
+class Daemon {
+ public:
+  // SIGTERM, SIGINT, SIGHUP and SIGCHLD are read through a signalfd; block them before any
+  // server is started (call this first thing) so none is lost or inherited as a handler.
+  static void block_signals();
+
+  explicit Daemon(DaemonSetup setup);
+  void run();  // returns after a clean shutdown
+
+ private:
+  void on_signal();
+  void on_settled();
+  void on_changed();
+  void shutdown(std::string_view reason);
+  std::string status_line() const;
+
+  DaemonSetup setup_;
+  EventLoop loop_;
+  Supervisor supervisor_;
+  Commands commands_;
+  ClientGate gate_;
+  proto::UniqueFd signals_;
+  bool ready_ = false;
+  bool stopping_ = false;
+};
+
+}  // namespace mpsshim::daemon

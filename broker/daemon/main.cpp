@@ -1,0 +1,143 @@
+// mpsshimd: see docs/daemon.md.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <optional>
+
+#include "broker/daemon/background.hpp"
+#include "broker/daemon/daemon.hpp"
+#include "broker/daemon/log.hpp"
+#include "broker/daemon/options.hpp"
+#include "broker/daemon/paths.hpp"
+#include "broker/daemon/pid_file.hpp"
+#include "broker/daemon/runtime_dir.hpp"
+#include "proto/abi.hpp"
+
+namespace {
+
+using namespace mpsshim::daemon;
+namespace proto = mpsshim::proto;
+
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+
+// fds 0-2 must be taken, or a socket could land on one and be clobbered when a server's stdio
+// is set up.
+void ensure_standard_fds() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) < 0) ::open("/dev/null", O_RDWR);
+  }
+}
+
+void make_paths_absolute(DaemonOptions& options) {
+  if (options.runtime_dir) options.runtime_dir = absolute_path(*options.runtime_dir);
+  if (options.log_file) options.log_file = absolute_path(*options.log_file);
+  if (options.driver_path) options.driver_path = absolute_path(*options.driver_path);
+  options.server_path = absolute_path(options.server_path);
+}
+
+int run(DaemonOptions options) {
+  make_paths_absolute(options);
+  set_log_level(options.log_level);
+  Daemon::block_signals();
+  Notifier notifier = Notifier::from_environment();
+
+  bool multiuser = options.multiuser;
+  if (multiuser && ::geteuid() != 0) {
+    log_warn("--multiuser ignored: only a daemon running as root may serve other users");
+    multiuser = false;
+  }
+  RuntimeDir dir = choose_runtime_dir(options.runtime_dir);
+  dir.path = absolute_path(dir.path);
+  if (auto prepared = prepare_runtime_dir(dir.path, multiuser); !prepared) {
+    log_error("{}", prepared.error());
+    return kExitFailure;
+  }
+  if (!options.log_file && options.daemonize) options.log_file = dir.path + "/mpsshimd.log";
+  if (options.log_file) {
+    if (auto opened = open_log_file(*options.log_file); !opened) {
+      log_error("{}", opened.error());
+      return kExitFailure;
+    }
+  }
+  auto pid_file = PidFile::acquire(pid_file_path(dir.path));
+  if (!pid_file) {
+    log_error("{}", pid_file.error());
+    return kExitFailure;
+  }
+  std::string socket_path = control_socket_path(dir.path);
+  if (socket_answers(socket_path)) {
+    log_error("another mpsshimd already answers on {}; stop it with `mpsshimctl quit` or give "
+              "this one another --runtime-dir",
+              socket_path);
+    return kExitFailure;
+  }
+  int listener = proto::listen_seqpacket(socket_path);
+  if (listener < 0) {
+    log_error("cannot listen on {}: {}", socket_path, std::strerror(-listener));
+    return kExitFailure;
+  }
+  proto::UniqueFd listener_fd(listener);
+  ::fcntl(listener, F_SETFL, O_NONBLOCK);
+  // Clients connect with write permission on the socket; the directory mode already keeps
+  // strangers out in single-user mode.
+  ::chmod(socket_path.c_str(), multiuser ? 0666 : 0600);
+
+  std::optional<Background> background;
+  if (options.daemonize) {
+    auto entered = Background::enter(*options.log_file);
+    if (!entered) {
+      log_error("cannot run in the background: {}", entered.error());
+      return kExitFailure;
+    }
+    background = std::move(*entered);
+  }
+  if (auto written = pid_file->write_pid(); !written) log_warn("{}", written.error());
+
+  log_info("mpsshimd {} (ABI {}.{}) starting in {} ({}); {}; server {}", MPSSHIM_VERSION,
+           proto::kAbiMajor, proto::kAbiMinor, dir.path, dir.reason,
+           multiuser ? "serving every uid" : fmt::format("serving uid {} only", ::geteuid()),
+           options.server_path);
+  int status = 0;
+  try {
+    DaemonSetup setup{options, multiuser, socket_path, std::move(listener_fd),
+                      std::move(notifier), nullptr};
+    if (background) setup.on_ready = [&background] { background->ready(); };
+    Daemon daemon(std::move(setup));
+    daemon.run();
+    log_info("stopped");
+  } catch (const std::exception& e) {
+    log_error("fatal: {}", e.what());
+    status = kExitFailure;
+  }
+  ::unlink(socket_path.c_str());
+  pid_file->remove();
+  return status;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ensure_standard_fds();
+  auto options = parse_daemon_options(argc, argv);
+  if (!options) {
+    fmt::print(stderr, "mpsshimd: {}\nrun `mpsshimd --help` for the options\n", options.error());
+    return kExitUsage;
+  }
+  if (options->help) {
+    fmt::print("{}", daemon_usage());
+    return 0;
+  }
+  if (options->version) {
+    fmt::print("mpsshimd {} (mpsshim ABI {}.{})\n", MPSSHIM_VERSION, proto::kAbiMajor,
+               proto::kAbiMinor);
+    return 0;
+  }
+  return run(std::move(*options));
+}

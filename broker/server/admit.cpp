@@ -1,0 +1,142 @@
+#include <fcntl.h>
+#include <sys/eventfd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string_view>
+
+#include "broker/server/log.hpp"
+#include "broker/server/quota.hpp"
+#include "broker/server/retire.hpp"
+#include "broker/server/server.hpp"
+
+namespace mpsshim::server {
+namespace {
+
+template <std::size_t N>
+std::string bounded_string(const char (&chars)[N]) {
+  return std::string(chars, ::strnlen(chars, N));
+}
+
+std::string describe_limit(std::uint64_t limit) {
+  return limit == 0 ? "no memory limit" : fmt::format("a memory limit of {}", format_bytes(limit));
+}
+
+}  // namespace
+
+void Server::refuse(int client_fd, CUresult error, const std::string& message) {
+  proto::Refused refused{};
+  refused.header = proto::make_header(proto::MessageKind::kRefused, sizeof refused);
+  refused.cuda_error = static_cast<std::int32_t>(error);
+  std::size_t n = std::min(message.size(), sizeof refused.message - 1);
+  std::memcpy(refused.message, message.data(), n);
+  proto::send_struct(client_fd, refused);
+}
+
+void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
+  const proto::ClientHello& hello = admit.hello;
+  ClientInfo info;
+  info.id = next_client_id_++;
+  info.pid = admit.peer_pid;
+  info.uid = admit.peer_uid;
+  info.gid = admit.peer_gid;
+  info.program = bounded_string(hello.program);
+  if (info.program.empty()) info.program = "unnamed";
+
+  if (stopping_) {
+    refuse(client.get(), CUDA_ERROR_MPS_SERVER_NOT_READY,
+           "the mpsshim server of this GPU is shutting down");
+    return;
+  }
+  if (hello.header.magic != proto::kHelloMagic || hello.header.abi_major != proto::kAbiMajor) {
+    std::string message = fmt::format(
+        "mpsshim version mismatch: the client speaks ABI {}.{}, this server {}.{}; use the "
+        "libmpsshim.so that came with the running mpsshimd",
+        hello.header.abi_major, hello.header.abi_minor, proto::kAbiMajor, proto::kAbiMinor);
+    log_warn("refused pid {} ({}): {}", info.pid, info.program, message);
+    refuse(client.get(), CUDA_ERROR_MPS_CONNECTION_FAILED, message);
+    return;
+  }
+  int flags = ::fcntl(client.get(), F_GETFL);
+  if (flags >= 0) ::fcntl(client.get(), F_SETFL, flags | O_NONBLOCK);
+
+  auto session = std::make_unique<Session>(gpu_, info);
+  Session& s = *session;
+  auto fail = [&](CUresult error, const std::string& why) {
+    log_error("could not admit {}: {}", s.who(), why);
+    free_everything(s);
+    refuse(client.get(), error, why);
+  };
+
+  // SM quota: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, else the server's default.
+  int percentage = hello.active_thread_percentage;
+  if (percentage == proto::kUnset) {
+    percentage = settings_.default_sm_percentage;
+  } else if (percentage < 1 || percentage > 100) {
+    log_warn("{} asked for {}% of the SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); using {}%",
+             s.who(), percentage, std::clamp(percentage, 1, 100));
+  }
+  const bool ignore_coscheduling = (hello.flags & proto::kHelloIgnoreSmCoscheduling) != 0;
+  const proto::DeviceSnapshot& snap = gpu_.snapshot;
+  SmQuota quota = plan_sm_quota(
+      snap.sm_count,
+      sm_granularity(snap.sm_min_partition, snap.sm_coscheduled_alignment, ignore_coscheduling),
+      percentage, ignore_coscheduling);
+  auto green = make_green_context(*gpu_.cu, gpu_.device, gpu_.sm_resource, quota);
+  if (!green) {
+    return fail(green.error(), fmt::format("creating its green context of {} SMs failed: {}",
+                                           quota.target, describe(*gpu_.cu, green.error())));
+  }
+  s.green = *green;
+
+  s.limit_from_client = hello.device_memory_limit != 0;
+  s.memory_limit = s.limit_from_client ? hello.device_memory_limit : settings_.default_memory_limit;
+  const int priority_span =
+      std::abs(snap.stream_priority_least - snap.stream_priority_greatest);
+  s.priority_bias = hello.priority == proto::kUnset ? 0 : std::clamp(hello.priority, 0, priority_span);
+
+  auto segment = SharedSegment::create(fmt::format("mpsshim-client-{}", info.id), settings_.geometry);
+  if (!segment) return fail(CUDA_ERROR_OUT_OF_MEMORY, segment.error());
+  s.segment = std::move(*segment);
+  const proto::SegmentHeader& geometry = s.segment.geometry();
+  s.ring = proto::RingConsumer(s.segment.view().ring(), geometry.ring_capacity);
+  s.slot_busy.assign(geometry.slot_count, 0);
+  // Registered once, so every staged copy is a direct DMA from or into shared memory.
+  if (CUresult r = gpu_.cu->cuMemHostRegister_v2(s.segment.staging(), s.segment.staging_bytes(),
+                                                 CU_MEMHOSTREGISTER_PORTABLE);
+      r != CUDA_SUCCESS) {
+    return fail(r, fmt::format("registering its {} staging area failed: {}",
+                               format_bytes(s.segment.staging_bytes()), describe(*gpu_.cu, r)));
+  }
+  s.staging_registered = true;
+  s.doorbell.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!s.doorbell) {
+    return fail(CUDA_ERROR_OPERATING_SYSTEM, fmt::format("eventfd: {}", std::strerror(errno)));
+  }
+
+  proto::SessionWelcome welcome{};
+  welcome.header = proto::make_header(proto::MessageKind::kSessionWelcome, sizeof welcome);
+  welcome.client_id = info.id;
+  welcome.sm_count = s.green.sm_count;
+  welcome.segment_bytes = geometry.segment_bytes;
+  welcome.memory_limit = s.memory_limit;
+  welcome.physical_ordinal = gpu_.ordinal;
+  welcome.priority = s.priority_bias;
+  const int fds[2] = {s.segment.fd(), s.doorbell.get()};
+  if (int rc = proto::send_struct(client.get(), welcome, fds); rc != 0) {
+    log_warn("{} left before its session started ({})", s.who(), std::strerror(rc));
+    free_everything(s);
+    return;
+  }
+  s.segment.close_fd();  // the mapping stays; the client has its own copy of the fd
+  s.socket = std::move(client);
+  watch(s.socket.get(), std::uint64_t{info.id} << 2 | kSocket);
+  watch(s.doorbell.get(), std::uint64_t{info.id} << 2 | kDoorbell);
+
+  log_info("client {} (pid {}, {}, uid {}) connected: {} of {} SMs, {}", info.id, info.pid,
+           info.program, info.uid, s.green.sm_count, snap.sm_count,
+           describe_limit(s.memory_limit));
+  sessions_.push_back(std::move(session));
+}
+
+}  // namespace mpsshim::server

@@ -1,0 +1,25 @@
+// The client's socket during a session: memfds arrive on it (FdTransfer, before the ring
+// record that names their token), and its hang-up is how the server learns the client died.
+#pragma once
+
+#include <cstdint>
+#include <tl/expected.hpp>
+
+#include "broker/server/session.hpp"
+
+namespace mpsshim::server {
+
+// Reads every message waiting on the (non-blocking) socket and stashes their memfds. On
+// hang-up or a message that breaks the protocol it sets session.end_requested.
+// Returns the number of messages read.
+std::size_t pump_client_socket(Session& session);
+
+// The memfd sent under `token` as a message of `kind`, looking in the socket when it is not
+// stashed yet. Missing or of the wrong kind: CUDA_ERROR_INVALID_VALUE.
+tl::expected<StashedFd, CUresult> take_stashed_fd(Session& session, std::uint32_t token,
+                                                  proto::MessageKind kind);
+
+// Most memfds a client may have sent and not yet used: each is an open file in the server.
+inline constexpr std::size_t kMaxStashedFds = 256;
+
+}  // namespace mpsshim::server

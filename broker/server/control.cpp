@@ -1,0 +1,198 @@
+// The control socket to the daemon: client connections, operator requests, hang-up.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstring>
+#include <sstream>
+
+#include "broker/server/log.hpp"
+#include "broker/server/server.hpp"
+
+namespace mpsshim::server {
+namespace {
+
+template <typename T>
+bool parse_number(std::string_view text, T& out) {
+  const char* end = text.data() + text.size();
+  auto [at, ec] = std::from_chars(text.data(), end, out);
+  return ec == std::errc{} && at == end && !text.empty();
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+// Program names go into space-separated key=value lines.
+std::string one_word(const std::string& name) {
+  std::string out = name;
+  std::replace_if(out.begin(), out.end(), [](unsigned char c) { return std::isspace(c) != 0; }, '_');
+  return out;
+}
+
+}  // namespace
+
+std::size_t Server::read_control() {
+  std::size_t count = 0;
+  proto::Received message;
+  while (control_) {
+    int rc = proto::receive_message(control_.get(), message);
+    if (rc == EAGAIN || rc == EWOULDBLOCK) break;
+    if (rc == 0 && message.bytes.empty()) {
+      unwatch(control_.get());
+      control_.reset();
+      shutdown("the daemon closed the control socket");
+      break;
+    }
+    ++count;
+    if (rc != 0) {
+      log_warn("dropped a message from the daemon: {}", std::strerror(rc));
+      continue;
+    }
+    on_control_message(message);
+  }
+  return count;
+}
+
+void Server::on_control_message(proto::Received& message) {
+  proto::HelloHeader header{};
+  if (message.bytes.size() < sizeof header) {
+    log_warn("dropped a {}-byte message from the daemon", message.bytes.size());
+    return;
+  }
+  std::memcpy(&header, message.bytes.data(), sizeof header);
+  if (header.magic != proto::kHelloMagic || header.abi_major != proto::kAbiMajor) {
+    log_warn("dropped a message from the daemon with ABI {}.{} (this server is {}.{})",
+             header.abi_major, header.abi_minor, proto::kAbiMajor, proto::kAbiMinor);
+    return;
+  }
+  auto kind = static_cast<proto::MessageKind>(header.kind);
+  if (kind == proto::MessageKind::kServerAdmit) {
+    proto::ServerAdmit admit_message{};
+    if (message.bytes.size() != sizeof admit_message || message.fds.size() != 1) {
+      log_warn("dropped a malformed client admission ({} bytes, {} fds)", message.bytes.size(),
+               message.fds.size());
+      return;
+    }
+    std::memcpy(&admit_message, message.bytes.data(), sizeof admit_message);
+    admit(admit_message, std::move(message.fds[0]));
+    return;
+  }
+
+  proto::TextMessage text_message{};
+  const std::size_t text_offset = offsetof(proto::TextMessage, text);
+  if (message.bytes.size() < text_offset || message.bytes.size() > sizeof text_message) {
+    log_warn("dropped a malformed {}-byte operator message (kind {})", message.bytes.size(),
+             header.kind);
+    return;
+  }
+  std::memcpy(&text_message, message.bytes.data(), message.bytes.size());
+  std::size_t length =
+      std::min<std::size_t>(text_message.length, message.bytes.size() - text_offset);
+  std::string text(text_message.text, ::strnlen(text_message.text, length));
+  int status = 0;
+  switch (kind) {
+    case proto::MessageKind::kServerStatsQuery:
+      reply_text(proto::MessageKind::kServerStats, 0, stats_text());
+      break;
+    case proto::MessageKind::kServerTerminateClient: {
+      std::string reply = terminate_client(text, status);
+      reply_text(proto::MessageKind::kCtlReply, status, reply);
+      break;
+    }
+    case proto::MessageKind::kCtlRequest: {
+      std::string reply = control_command(text, status);
+      reply_text(proto::MessageKind::kCtlReply, status, reply);
+      break;
+    }
+    default:
+      log_warn("dropped a message of kind {} from the daemon", header.kind);
+      break;
+  }
+}
+
+void Server::reply_text(proto::MessageKind kind, int status, const std::string& text) {
+  if (!control_) return;
+  proto::TextMessage reply{};
+  reply.header = proto::make_header(kind, sizeof reply);
+  reply.status = status;
+  std::size_t n = std::min(text.size(), sizeof reply.text - 1);
+  std::memcpy(reply.text, text.data(), n);
+  reply.length = static_cast<std::uint32_t>(n);
+  if (int rc = proto::send_struct(control_.get(), reply); rc != 0) {
+    log_warn("could not answer the daemon: {}", std::strerror(rc));
+  }
+}
+
+std::string Server::stats_text() const {
+  std::string out;
+  for (const auto& s : sessions_) {
+    std::string line = fmt::format(
+        "client={} pid={} uid={} program={} sms={} mem_used={} mem_limit={} launches={} "
+        "state={}\n",
+        s->client.id, s->client.pid, s->client.uid, one_word(s->client.program), s->green.sm_count,
+        s->memory_used, s->memory_limit, s->launches,
+        s->state == SessionState::kActive ? "active" : "draining");
+    // One TextMessage carries the answer; say so rather than cut a line in half.
+    if (out.size() + line.size() > sizeof(proto::TextMessage{}.text) - 64) {
+      out += fmt::format("truncated: {} clients in all\n", sessions_.size());
+      break;
+    }
+    out += line;
+  }
+  return out;
+}
+
+std::string Server::terminate_client(const std::string& text, int& status) {
+  int pid = 0;
+  if (!parse_number(trim(text), pid)) {
+    status = 1;
+    return fmt::format("terminate_client: \"{}\" is not a pid", text);
+  }
+  std::vector<std::string> ended;
+  for (auto& s : sessions_) {
+    if (s->client.pid != pid || s->state != SessionState::kActive) continue;
+    ended.push_back(s->who());
+    end_session(*s, "was terminated by the operator", CUDA_ERROR_MPS_CLIENT_TERMINATED);
+  }
+  if (ended.empty()) {
+    status = 1;
+    return fmt::format("no client with pid {} on GPU {}", pid, gpu_.ordinal);
+  }
+  return fmt::format("terminated {}", fmt::join(ended, ", "));
+}
+
+std::string Server::control_command(const std::string& text, int& status) {
+  std::istringstream in{std::string(trim(text))};
+  std::string command, value;
+  in >> command >> value;
+  if (command == "set_default_active_thread_percentage") {
+    int p = 0;
+    if (!parse_number(std::string_view(value), p) || p < 1 || p > 100) {
+      status = 1;
+      return fmt::format("{}: expected a percentage from 1 to 100, got \"{}\"", command, value);
+    }
+    settings_.default_sm_percentage = p;
+    log_info("default SM share for new clients is now {}%", p);
+    return "ok";
+  }
+  if (command == "set_default_memory_limit") {
+    std::uint64_t bytes = 0;
+    if (!parse_number(std::string_view(value), bytes)) {
+      status = 1;
+      return fmt::format("{}: expected a number of bytes (0 = no limit), got \"{}\"", command,
+                         value);
+    }
+    settings_.default_memory_limit = bytes;
+    log_info("default memory limit for new clients is now {}",
+             bytes == 0 ? std::string("none") : format_bytes(bytes));
+    return "ok";
+  }
+  status = 1;
+  return fmt::format("the server does not know the command \"{}\"", command);
+}
+
+}  // namespace mpsshim::server

@@ -1,0 +1,188 @@
+#include "broker/server/dispatch.hpp"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <cstring>
+
+#include "broker/server/call.hpp"
+#include "broker/server/driver.hpp"
+#include "broker/server/ops.hpp"
+
+namespace mpsshim::server {
+namespace {
+
+using proto::Op;
+
+struct OpSpec {
+  const char* name = nullptr;
+  OpResult (*run)(Call&) = nullptr;
+  std::uint32_t request_bytes = 0;  // the payload holds at least this much
+  bool needs_reply = false;         // returns data or must order with the caller: a slot is required
+};
+
+constexpr std::size_t kOpCount = static_cast<std::size_t>(Op::kCount);
+
+std::array<OpSpec, kOpCount> make_specs() {
+  std::array<OpSpec, kOpCount> s{};
+  auto set = [&](Op op, const char* name, OpResult (*run)(Call&), std::uint32_t bytes, bool reply) {
+    s[static_cast<std::size_t>(op)] = OpSpec{name, run, bytes, reply};
+  };
+  using namespace proto;
+  set(Op::kGoodbye, "Goodbye", op_goodbye, 0, false);
+  set(Op::kPing, "Ping", op_ping, 0, true);
+  set(Op::kCtxCreate, "CtxCreate", op_ctx_create, sizeof(CtxCreateReq), true);
+  set(Op::kCtxDestroy, "CtxDestroy", op_ctx_destroy, sizeof(CtxReq), false);
+  set(Op::kCtxSynchronize, "CtxSynchronize", op_ctx_synchronize, sizeof(CtxReq), true);
+  set(Op::kCtxSetLimit, "CtxSetLimit", op_ctx_set_limit, sizeof(CtxLimitReq), false);
+  set(Op::kCtxGetLimit, "CtxGetLimit", op_ctx_get_limit, sizeof(CtxLimitReq), true);
+  set(Op::kMemAlloc, "MemAlloc", op_mem_alloc, sizeof(MemAllocReq), true);
+  set(Op::kMemAllocPitch, "MemAllocPitch", op_mem_alloc_pitch, sizeof(MemAllocPitchReq), true);
+  set(Op::kMemFree, "MemFree", op_mem_free, sizeof(MemFreeReq), false);
+  set(Op::kMemGetInfo, "MemGetInfo", op_mem_get_info, 0, true);
+  set(Op::kHostRegister, "HostRegister", op_host_register, sizeof(HostRegisterReq), true);
+  set(Op::kHostUnregister, "HostUnregister", op_host_unregister, sizeof(HostUnregisterReq), false);
+  set(Op::kCopyHtoD, "CopyHtoD", op_copy_htod, sizeof(CopyHostReq), false);
+  set(Op::kCopyDtoH, "CopyDtoH", op_copy_dtoh, sizeof(CopyHostReq), false);
+  set(Op::kCopyDtoD, "CopyDtoD", op_copy_dtod, sizeof(CopyDtoDReq), false);
+  set(Op::kMemset, "Memset", op_memset, sizeof(MemsetReq), false);
+  set(Op::kImageLoad, "ImageLoad", op_image_load, sizeof(ImageLoadReq), true);
+  set(Op::kModuleUnload, "ModuleUnload", op_module_unload, sizeof(HandleReq), false);
+  set(Op::kModuleGetFunction, "ModuleGetFunction", op_module_get_function,
+      sizeof(NamedLookupReq), true);
+  set(Op::kModuleGetGlobal, "ModuleGetGlobal", op_module_get_global, sizeof(NamedLookupReq), true);
+  set(Op::kLibraryUnload, "LibraryUnload", op_library_unload, sizeof(HandleReq), false);
+  set(Op::kLibraryGetKernel, "LibraryGetKernel", op_library_get_kernel, sizeof(NamedLookupReq),
+      true);
+  set(Op::kLibraryGetModule, "LibraryGetModule", op_library_get_module, sizeof(HandleReq), true);
+  set(Op::kLibraryGetGlobal, "LibraryGetGlobal", op_library_get_global, sizeof(NamedLookupReq),
+      true);
+  set(Op::kKernelGetFunction, "KernelGetFunction", op_kernel_get_function, sizeof(HandleReq), true);
+  set(Op::kFuncGetAttribute, "FuncGetAttribute", op_function_get_attribute, sizeof(AttributeReq),
+      true);
+  set(Op::kFuncSetAttribute, "FuncSetAttribute", op_function_set_attribute, sizeof(AttributeReq),
+      false);
+  set(Op::kFuncSetCacheConfig, "FuncSetCacheConfig", op_function_set_cache_config,
+      sizeof(AttributeReq), false);
+  set(Op::kKernelGetAttribute, "KernelGetAttribute", op_function_get_attribute,
+      sizeof(AttributeReq), true);
+  set(Op::kKernelSetAttribute, "KernelSetAttribute", op_function_set_attribute,
+      sizeof(AttributeReq), false);
+  set(Op::kLaunchKernel, "LaunchKernel", op_launch_kernel, sizeof(LaunchReq), false);
+  set(Op::kStreamCreate, "StreamCreate", op_stream_create, sizeof(StreamCreateReq), true);
+  set(Op::kStreamDestroy, "StreamDestroy", op_stream_destroy, sizeof(HandleReq), false);
+  set(Op::kStreamQuery, "StreamQuery", op_stream_query, sizeof(HandleReq), true);
+  set(Op::kStreamSynchronize, "StreamSynchronize", op_stream_synchronize, sizeof(HandleReq), true);
+  set(Op::kStreamWaitEvent, "StreamWaitEvent", op_stream_wait_event, sizeof(StreamWaitEventReq),
+      false);
+  set(Op::kEventCreate, "EventCreate", op_event_create, sizeof(EventCreateReq), true);
+  set(Op::kEventDestroy, "EventDestroy", op_event_destroy, sizeof(HandleReq), false);
+  set(Op::kEventRecord, "EventRecord", op_event_record, sizeof(EventRecordReq), false);
+  set(Op::kEventQuery, "EventQuery", op_event_query, sizeof(HandleReq), true);
+  set(Op::kEventSynchronize, "EventSynchronize", op_event_synchronize, sizeof(HandleReq), true);
+  set(Op::kEventElapsedTime, "EventElapsedTime", op_event_elapsed_time, sizeof(ElapsedReq), true);
+  set(Op::kOccupancyMaxActiveBlocks, "OccupancyMaxActiveBlocks", op_occupancy_max_active_blocks,
+      sizeof(OccupancyReq), true);
+  set(Op::kOccupancyMaxActiveClusters, "OccupancyMaxActiveClusters",
+      op_occupancy_max_active_clusters, sizeof(ClusterOccupancyReq), true);
+  set(Op::kOccupancyAvailableDynamicSmem, "OccupancyAvailableDynamicSmem",
+      op_occupancy_available_dynamic_smem, sizeof(OccupancyReq), true);
+  return s;
+}
+
+const std::array<OpSpec, kOpCount>& specs() {
+  static const std::array<OpSpec, kOpCount> table = make_specs();
+  return table;
+}
+
+const OpSpec* find_spec(std::uint16_t opcode) {
+  if (opcode >= kOpCount) return nullptr;
+  const OpSpec& spec = specs()[opcode];
+  return spec.run == nullptr ? nullptr : &spec;
+}
+
+// A record that breaks the protocol: the client is told its connection failed.
+DispatchOutcome end_session(std::string why, CUresult notify = CUDA_ERROR_MPS_RPC_FAILURE) {
+  DispatchOutcome outcome;
+  outcome.kind = DispatchOutcome::Kind::kEndSession;
+  outcome.why = std::move(why);
+  outcome.notify = notify;
+  return outcome;
+}
+
+}  // namespace
+
+const char* op_name(proto::Op op) {
+  const OpSpec* spec = find_spec(static_cast<std::uint16_t>(op));
+  return spec == nullptr ? "unknown operation" : spec->name;
+}
+
+DispatchOutcome dispatch_record(Session& session, std::span<const std::byte> record) {
+  // The client can rewrite shared bytes at any moment: everything below reads a private copy.
+  alignas(16) static std::byte buffer[kMaxRecordBytes];
+  if (record.size() < sizeof(proto::RecordHeader) || record.size() > kMaxRecordBytes) {
+    return end_session(fmt::format("sent a {}-byte record, more than any operation needs",
+                                   record.size()));
+  }
+  std::memcpy(buffer, record.data(), record.size());
+  proto::RecordHeader header;
+  std::memcpy(&header, buffer, sizeof header);
+  header.size = static_cast<std::uint32_t>(record.size());
+
+  const OpSpec* spec = find_spec(header.opcode);
+  if (spec == nullptr) return end_session(fmt::format("sent unknown opcode {}", header.opcode));
+  std::span<const std::byte> payload(buffer + sizeof header, record.size() - sizeof header);
+  if (payload.size() < spec->request_bytes) {
+    return end_session(fmt::format("sent a {} record with {} payload bytes; it needs {}", spec->name,
+                                   payload.size(), spec->request_bytes));
+  }
+  const std::uint32_t slot_count = session.segment.geometry().slot_count;
+  if (header.reply_slot != proto::kNoReply) {
+    if (header.reply_slot >= slot_count) {
+      return end_session(fmt::format("named reply slot {} of a {} with only {} slots",
+                                     header.reply_slot, spec->name, slot_count));
+    }
+    if (session.slot_busy[header.reply_slot] != 0) {
+      return end_session(fmt::format("reused reply slot {} for a {} while its previous answer "
+                                     "was still owed",
+                                     header.reply_slot, spec->name));
+    }
+  } else if (spec->needs_reply) {
+    return end_session(fmt::format("sent a {} without a reply slot", spec->name));
+  }
+
+  Call call(session, header, payload);
+  OpResult result = spec->run(call);
+  ++session.records;
+  session.control()->records_executed.fetch_add(1, std::memory_order_relaxed);
+
+  switch (result.kind) {
+    case OpResult::Kind::kMalformed:
+      return end_session(std::move(result.why));
+    case OpResult::Kind::kDeferred:
+      break;
+    case OpResult::Kind::kDone:
+    case OpResult::Kind::kEnd:
+      if (call.has_reply_slot()) {
+        session.answer(header.reply_slot, result.status,
+                       std::span<const std::byte>(call.reply_buffer, result.reply_bytes));
+      } else if (result.status != CUDA_SUCCESS && result.async_error) {
+        session.post_async_error(result.status);
+      }
+      break;
+  }
+  if (is_sticky(result.status, false)) {
+    DispatchOutcome outcome;
+    outcome.kind = DispatchOutcome::Kind::kSticky;
+    outcome.sticky = result.status;
+    outcome.op = call.op();
+    return outcome;
+  }
+  if (result.kind == OpResult::Kind::kEnd) return end_session(std::move(result.why), CUDA_SUCCESS);
+  if (!session.end_requested.empty()) {
+    return end_session(session.end_requested, session.end_notify);
+  }
+  return {};
+}
+
+}  // namespace mpsshim::server

@@ -1,0 +1,77 @@
+#include "broker/server/ops.hpp"
+
+namespace mpsshim::server {
+
+OpResult op_event_create(Call& call) {
+  auto req = call.request<proto::EventCreateReq>();
+  Session& session = call.session;
+  if (session.objects.get<ContextObj>(req.ctx) == nullptr) {
+    return call.done(CUDA_ERROR_INVALID_CONTEXT);
+  }
+  // An interprocess event would hand the client a handle into the server's process.
+  if ((req.flags & CU_EVENT_INTERPROCESS) != 0) return call.done(CUDA_ERROR_NOT_SUPPORTED);
+  auto event = session.create_event(req.flags);
+  if (!event) return call.done(event.error());
+  std::uint64_t id = session.objects.insert(EventObj{*event, req.ctx});
+  if (id == 0) {
+    call.cu.cuEventDestroy_v2(*event);
+    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  return call.reply(proto::EventCreateRep{id});
+}
+
+OpResult op_event_destroy(Call& call) {
+  auto req = call.request<proto::HandleReq>();
+  auto event = call.session.objects.take<EventObj>(req.handle);
+  if (!event) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  call.session.destroy_client_event(event->event);
+  return call.done();
+}
+
+OpResult op_event_record(Call& call) {
+  auto req = call.request<proto::EventRecordReq>();
+  const EventObj* event = call.session.objects.get<EventObj>(req.event);
+  if (event == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  CUevent driver_event = event->event;
+  CUresult error = CUDA_SUCCESS;
+  StreamObj* stream = use_stream(call, req.stream, true, &error);
+  if (stream == nullptr) return call.done(error);
+  return finish_on_stream(call, *stream,
+                          call.cu.cuEventRecordWithFlags(driver_event, stream->stream, req.flags));
+}
+
+OpResult op_event_query(Call& call) {
+  auto req = call.request<proto::HandleReq>();
+  const EventObj* event = call.session.objects.get<EventObj>(req.handle);
+  if (event == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  return call.done(call.cu.cuEventQuery(event->event));
+}
+
+OpResult op_event_synchronize(Call& call) {
+  auto req = call.request<proto::HandleReq>();
+  Session& session = call.session;
+  const EventObj* event = session.objects.get<EventObj>(req.handle);
+  if (event == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  Completion completion;
+  completion.slot = call.header.reply_slot;
+  completion.op = call.op();
+  completion.waits.push_back({event->event, Completion::Owner::kClient});
+  if (completion.slot < session.slot_busy.size()) session.slot_busy[completion.slot] = 1;
+  session.pending.push_back(std::move(completion));
+  return call.deferred();
+}
+
+OpResult op_event_elapsed_time(Call& call) {
+  auto req = call.request<proto::ElapsedReq>();
+  const EventObj* start = call.session.objects.get<EventObj>(req.start);
+  const EventObj* end = call.session.objects.get<EventObj>(req.end);
+  if (start == nullptr || end == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  float ms = 0.0f;
+  if (CUresult r = call.cu.cuEventElapsedTime_v2(&ms, start->event, end->event);
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  return call.reply(proto::ElapsedRep{ms, 0});
+}
+
+}  // namespace mpsshim::server

@@ -1,0 +1,182 @@
+#include <algorithm>
+#include <limits>
+
+#include "broker/server/log.hpp"
+#include "broker/server/ops.hpp"
+#include "broker/server/retire.hpp"
+
+namespace mpsshim::server {
+namespace {
+
+OpResult refuse_over_limit(Call& call, std::uint64_t asked) {
+  const Session& s = call.session;
+  log_warn("{} asked for {} of device memory; its limit is {} ({}) and it already uses {}",
+           s.who(), format_bytes(asked), format_bytes(s.memory_limit),
+           s.limit_from_client ? "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+                               : "the server's default memory limit",
+           format_bytes(s.memory_used));
+  return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+}
+
+bool add_allocation(Session& session, CUdeviceptr base, std::uint64_t bytes, std::uint64_t ctx) {
+  if (!session.memory.add(DeviceRange{base, bytes, RangeKind::kAllocation, ctx})) return false;
+  session.memory_used += bytes;
+  return true;
+}
+
+}  // namespace
+
+OpResult op_mem_alloc(Call& call) {
+  auto req = call.request<proto::MemAllocReq>();
+  Session& session = call.session;
+  if (session.objects.get<ContextObj>(req.ctx) == nullptr) {
+    return call.done(CUDA_ERROR_INVALID_CONTEXT);
+  }
+  if (req.bytes == 0) return call.done(CUDA_ERROR_INVALID_VALUE);
+  if (session.over_limit(req.bytes)) return refuse_over_limit(call, req.bytes);
+  CUdeviceptr dptr = 0;
+  if (CUresult r = call.cu.cuMemAlloc_v2(&dptr, static_cast<std::size_t>(req.bytes));
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  if (!add_allocation(session, dptr, req.bytes, req.ctx)) {
+    call.cu.cuMemFree_v2(dptr);
+    return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  return call.reply(proto::MemAllocRep{dptr});
+}
+
+OpResult op_mem_alloc_pitch(Call& call) {
+  auto req = call.request<proto::MemAllocPitchReq>();
+  Session& session = call.session;
+  if (session.objects.get<ContextObj>(req.ctx) == nullptr) {
+    return call.done(CUDA_ERROR_INVALID_CONTEXT);
+  }
+  if (req.width_bytes == 0 || req.height == 0 ||
+      req.width_bytes > std::numeric_limits<std::uint64_t>::max() / req.height) {
+    return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  if (session.over_limit(req.width_bytes * req.height)) {
+    return refuse_over_limit(call, req.width_bytes * req.height);
+  }
+  CUdeviceptr dptr = 0;
+  std::size_t pitch = 0;
+  if (CUresult r = call.cu.cuMemAllocPitch_v2(&dptr, &pitch, req.width_bytes, req.height,
+                                              req.element_bytes);
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  std::uint64_t bytes = std::uint64_t{pitch} * req.height;
+  // The padding of each row counts: it is device memory the client holds.
+  if (session.over_limit(bytes)) {
+    call.cu.cuMemFree_v2(dptr);
+    return refuse_over_limit(call, bytes);
+  }
+  if (!add_allocation(session, dptr, bytes, req.ctx)) {
+    call.cu.cuMemFree_v2(dptr);
+    return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  return call.reply(proto::MemAllocPitchRep{dptr, pitch});
+}
+
+OpResult op_mem_free(Call& call) {
+  auto req = call.request<proto::MemFreeReq>();
+  Session& session = call.session;
+  if (req.dptr == 0) return call.done();  // cuMemFree(0), like free(NULL)
+  const DeviceRange* range = session.memory.find(req.dptr);
+  if (range == nullptr || range->kind != RangeKind::kAllocation) {
+    return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  Retired bundle;
+  bundle.allocations.push_back(*session.memory.remove(req.dptr));
+  session.memory_used -= std::min(session.memory_used, bundle.allocations.back().bytes);
+  return call.done(retire(session, std::move(bundle)));
+}
+
+OpResult op_mem_get_info(Call& call) {
+  const Session& session = call.session;
+  std::size_t free_bytes = 0, total_bytes = 0;
+  if (CUresult r = call.cu.cuMemGetInfo_v2(&free_bytes, &total_bytes); r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  proto::MemGetInfoRep rep{free_bytes, total_bytes};
+  if (session.memory_limit != 0) {
+    std::uint64_t left = session.memory_limit - std::min(session.memory_limit, session.memory_used);
+    rep.total_bytes = std::min<std::uint64_t>(total_bytes, session.memory_limit);
+    rep.free_bytes = std::min<std::uint64_t>(free_bytes, left);
+  }
+  return call.reply(rep);
+}
+
+OpResult op_memset(Call& call) {
+  auto req = call.request<proto::MemsetReq>();
+  Session& session = call.session;
+  const std::uint64_t element = req.element_bytes;
+  if (element != 1 && element != 2 && element != 4) return call.done(CUDA_ERROR_INVALID_VALUE);
+  constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
+  const bool two_d = req.pitch != 0;
+  if (!two_d && req.height != 1) return call.done(CUDA_ERROR_INVALID_VALUE);
+  if (req.width > kMax / element) return call.done(CUDA_ERROR_INVALID_VALUE);
+  const std::uint64_t row_bytes = req.width * element;
+  // The whole pitched range, from the first row's start to the last row's end.
+  std::uint64_t extent = 0;
+  if (req.height != 0 && row_bytes != 0) {
+    if (two_d && row_bytes > req.pitch) return call.done(CUDA_ERROR_INVALID_VALUE);
+    if (req.height - 1 > (kMax - row_bytes) / std::max<std::uint64_t>(req.pitch, 1)) {
+      return call.done(CUDA_ERROR_INVALID_VALUE);
+    }
+    extent = (req.height - 1) * req.pitch + row_bytes;
+  }
+  if (!session.memory.contains(req.dst, extent)) return call.done(CUDA_ERROR_INVALID_VALUE);
+  CUresult error = CUDA_SUCCESS;
+  StreamObj* stream = use_stream(call, req.stream, true, &error);
+  if (stream == nullptr) return call.done(error);
+  const DriverTable& cu = call.cu;
+  CUresult r = CUDA_SUCCESS;
+  if (!two_d) {
+    switch (element) {
+      case 1:
+        r = cu.cuMemsetD8Async(req.dst, static_cast<unsigned char>(req.value), req.width,
+                               stream->stream);
+        break;
+      case 2:
+        r = cu.cuMemsetD16Async(req.dst, static_cast<unsigned short>(req.value), req.width,
+                                stream->stream);
+        break;
+      default:
+        r = cu.cuMemsetD32Async(req.dst, req.value, req.width, stream->stream);
+        break;
+    }
+  } else {
+    switch (element) {
+      case 1:
+        r = cu.cuMemsetD2D8Async(req.dst, req.pitch, static_cast<unsigned char>(req.value),
+                                 req.width, req.height, stream->stream);
+        break;
+      case 2:
+        r = cu.cuMemsetD2D16Async(req.dst, req.pitch, static_cast<unsigned short>(req.value),
+                                  req.width, req.height, stream->stream);
+        break;
+      default:
+        r = cu.cuMemsetD2D32Async(req.dst, req.pitch, req.value, req.width, req.height,
+                                  stream->stream);
+        break;
+    }
+  }
+  return finish_on_stream(call, *stream, r);
+}
+
+OpResult op_copy_dtod(Call& call) {
+  auto req = call.request<proto::CopyDtoDReq>();
+  Session& session = call.session;
+  if (!session.memory.contains(req.dst, req.bytes) || !session.memory.contains(req.src, req.bytes)) {
+    return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  CUresult error = CUDA_SUCCESS;
+  StreamObj* stream = use_stream(call, req.stream, true, &error);
+  if (stream == nullptr) return call.done(error);
+  return finish_on_stream(call, *stream,
+                          call.cu.cuMemcpyDtoDAsync_v2(req.dst, req.src, req.bytes, stream->stream));
+}
+
+}  // namespace mpsshim::server

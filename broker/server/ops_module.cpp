@@ -1,0 +1,278 @@
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <string>
+
+#include "broker/server/client_socket.hpp"
+#include "broker/server/image.hpp"
+#include "broker/server/log.hpp"
+#include "broker/server/ops.hpp"
+#include "broker/server/retire.hpp"
+
+namespace mpsshim::server {
+namespace {
+
+// A private copy of the client's image: the client can rewrite its memfd at any time, and the
+// driver's parser must not see bytes change under it or run off the end. One zeroed page
+// follows the copy.
+class PrivateImage {
+ public:
+  bool read(int fd, std::uint64_t bytes) {
+    const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+    size_ = (bytes / page + 2) * page;
+    void* at = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (at == MAP_FAILED) {
+      size_ = 0;
+      return false;
+    }
+    data_ = static_cast<std::byte*>(at);
+    for (std::uint64_t done = 0; done < bytes;) {
+      ssize_t n = ::pread(fd, data_ + done, bytes - done, static_cast<off_t>(done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      done += static_cast<std::uint64_t>(n);
+    }
+    bytes_ = bytes;
+    return true;
+  }
+  ~PrivateImage() {
+    if (data_ != nullptr) ::munmap(data_, size_);
+  }
+  std::span<const std::byte> bytes() const { return {data_, bytes_}; }
+  const void* data() const { return data_; }
+
+ private:
+  std::byte* data_ = nullptr;
+  std::uint64_t size_ = 0;
+  std::uint64_t bytes_ = 0;
+};
+
+// The parameter layout, as the launch path of the shim needs it.
+template <typename Query>
+OpResult reply_function(Call& call, std::uint64_t id, Query&& query) {
+  proto::FunctionRep rep{};
+  rep.function = id;
+  constexpr std::size_t kMaxParams = std::size(proto::FunctionRep{}.params);
+  for (std::size_t i = 0;; ++i) {
+    std::size_t offset = 0, size = 0;
+    CUresult r = query(i, &offset, &size);
+    if (r == CUDA_ERROR_INVALID_VALUE) break;  // past the last parameter
+    if (r != CUDA_SUCCESS) return call.done(r);
+    if (i >= kMaxParams) return call.done(CUDA_ERROR_NOT_SUPPORTED);
+    rep.params[i] = proto::ParamSlot{static_cast<std::uint32_t>(offset),
+                                     static_cast<std::uint32_t>(size)};
+    rep.param_count = static_cast<std::uint32_t>(i + 1);
+    rep.args_bytes = std::max(rep.args_bytes, static_cast<std::uint32_t>(offset + size));
+  }
+  return call.reply(rep, offsetof(proto::FunctionRep, params) +
+                             std::size_t{rep.param_count} * sizeof(proto::ParamSlot));
+}
+
+// The name that follows a NamedLookupReq, or nullopt when its stated length is not exact.
+std::optional<std::string> lookup_name(Call& call, const proto::NamedLookupReq& req) {
+  if (req.name_bytes > proto::kMaxNameBytes || !call.exact(sizeof req, req.name_bytes)) {
+    return std::nullopt;
+  }
+  auto bytes = call.trailing(sizeof req, req.name_bytes);
+  return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+OpResult bad_name(Call& call, const proto::NamedLookupReq& req) {
+  return call.malformed(fmt::format("a lookup names {} bytes of name that the record does not hold",
+                                    req.name_bytes));
+}
+
+const char* kind_name(proto::ImageKind kind) {
+  return kind == proto::ImageKind::kLibrary ? "library" : "module";
+}
+
+}  // namespace
+
+OpResult op_image_load(Call& call) {
+  auto req = call.request<proto::ImageLoadReq>();
+  Session& session = call.session;
+  auto stashed = take_stashed_fd(session, req.token, proto::MessageKind::kModuleImage);
+  if (!stashed) return call.done(stashed.error());
+  if (session.objects.get<ContextObj>(req.ctx) == nullptr) {
+    return call.done(CUDA_ERROR_INVALID_CONTEXT);
+  }
+  if (req.kind != proto::ImageKind::kModule && req.kind != proto::ImageKind::kLibrary) {
+    return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  if (req.containers > 1) {
+    log_info("{} loaded a {} from a fat binary of {} linked containers (a device-linked, -rdc, "
+             "program); the server does not support those yet",
+             session.who(), kind_name(req.kind), req.containers);
+    return call.done(CUDA_ERROR_NOT_SUPPORTED);
+  }
+  struct stat st{};
+  if (req.bytes == 0 || ::fstat(stashed->fd.get(), &st) != 0 ||
+      static_cast<std::uint64_t>(st.st_size) < req.bytes) {
+    return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  PrivateImage image;
+  if (!image.read(stashed->fd.get(), req.bytes)) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+  auto extent = image_extent(image.bytes());
+  if (!extent || extent->bytes > req.bytes) {
+    log_warn("{} sent a {} image of {} bytes whose own headers {}; refused", session.who(),
+             kind_name(req.kind), req.bytes,
+             extent ? fmt::format("say it is {} bytes long", extent->bytes)
+                    : std::string("do not describe a fat binary, cubin or PTX text"));
+    return call.done(CUDA_ERROR_INVALID_IMAGE);
+  }
+  const DriverTable& cu = call.cu;
+  std::uint64_t id = 0;
+  if (req.kind == proto::ImageKind::kModule) {
+    CUmodule module = nullptr;
+    if (CUresult r = cu.cuModuleLoadData(&module, image.data()); r != CUDA_SUCCESS) {
+      return call.done(r);
+    }
+    id = session.objects.insert(ModuleObj{module, req.ctx, 0});
+    if (id == 0) cu.cuModuleUnload(module);
+  } else {
+    CUlibrary library = nullptr;
+    if (CUresult r = cu.cuLibraryLoadData(&library, image.data(), nullptr, nullptr, 0, nullptr,
+                                          nullptr, 0);
+        r != CUDA_SUCCESS) {
+      return call.done(r);
+    }
+    id = session.objects.insert(LibraryObj{library, req.ctx});
+    if (id == 0) cu.cuLibraryUnload(library);
+  }
+  if (id == 0) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+  return call.reply(proto::ImageLoadRep{id});
+}
+
+OpResult op_module_unload(Call& call) {
+  auto req = call.request<proto::HandleReq>();
+  Session& session = call.session;
+  const ModuleObj* module = session.objects.get<ModuleObj>(req.handle);
+  if (module == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  // A library's module goes with its library.
+  if (module->library != 0) return call.done(CUDA_ERROR_NOT_PERMITTED);
+  Retired bundle;
+  forget_module(session, req.handle, bundle);
+  return call.done(retire(session, std::move(bundle)));
+}
+
+OpResult op_module_get_function(Call& call) {
+  auto req = call.request<proto::NamedLookupReq>();
+  auto name = lookup_name(call, req);
+  if (!name) return bad_name(call, req);
+  Session& session = call.session;
+  const ModuleObj* module = session.objects.get<ModuleObj>(req.handle);
+  if (module == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  CUfunction function = nullptr;
+  if (CUresult r = call.cu.cuModuleGetFunction(&function, module->module, name->c_str());
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  std::uint64_t id = remember(session, function, FunctionObj{function, req.handle});
+  if (id == 0) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+  return reply_function(call, id, [&](std::size_t i, std::size_t* offset, std::size_t* size) {
+    return call.cu.cuFuncGetParamInfo(function, i, offset, size);
+  });
+}
+
+OpResult op_module_get_global(Call& call) {
+  auto req = call.request<proto::NamedLookupReq>();
+  auto name = lookup_name(call, req);
+  if (!name) return bad_name(call, req);
+  Session& session = call.session;
+  const ModuleObj* module = session.objects.get<ModuleObj>(req.handle);
+  if (module == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  CUdeviceptr dptr = 0;
+  std::size_t bytes = 0;
+  if (CUresult r = call.cu.cuModuleGetGlobal_v2(&dptr, &bytes, module->module, name->c_str());
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  // A global is the client's memory from now on (it may copy to and from it).
+  session.memory.add(DeviceRange{dptr, bytes, RangeKind::kGlobal, req.handle});
+  return call.reply(proto::GlobalRep{dptr, bytes});
+}
+
+OpResult op_library_unload(Call& call) {
+  auto req = call.request<proto::HandleReq>();
+  Session& session = call.session;
+  if (session.objects.get<LibraryObj>(req.handle) == nullptr) {
+    return call.done(CUDA_ERROR_INVALID_HANDLE);
+  }
+  Retired bundle;
+  forget_library(session, req.handle, bundle);
+  return call.done(retire(session, std::move(bundle)));
+}
+
+OpResult op_library_get_kernel(Call& call) {
+  auto req = call.request<proto::NamedLookupReq>();
+  auto name = lookup_name(call, req);
+  if (!name) return bad_name(call, req);
+  Session& session = call.session;
+  const LibraryObj* library = session.objects.get<LibraryObj>(req.handle);
+  if (library == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  CUkernel kernel = nullptr;
+  if (CUresult r = call.cu.cuLibraryGetKernel(&kernel, library->library, name->c_str());
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  std::uint64_t id = remember(session, kernel, KernelObj{kernel, req.handle, nullptr});
+  if (id == 0) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+  // cuFuncGetParamInfo on a CUkernel is INVALID_HANDLE on the real driver (measured).
+  return reply_function(call, id, [&](std::size_t i, std::size_t* offset, std::size_t* size) {
+    return call.cu.cuKernelGetParamInfo(kernel, i, offset, size);
+  });
+}
+
+OpResult op_library_get_module(Call& call) {
+  auto req = call.request<proto::HandleReq>();
+  Session& session = call.session;
+  const LibraryObj* library = session.objects.get<LibraryObj>(req.handle);
+  if (library == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  CUmodule module = nullptr;
+  if (CUresult r = call.cu.cuLibraryGetModule(&module, library->library); r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  std::uint64_t id = remember(session, module, ModuleObj{module, library->ctx, req.handle});
+  if (id == 0) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+  return call.reply(proto::ImageLoadRep{id});
+}
+
+OpResult op_library_get_global(Call& call) {
+  auto req = call.request<proto::NamedLookupReq>();
+  auto name = lookup_name(call, req);
+  if (!name) return bad_name(call, req);
+  Session& session = call.session;
+  const LibraryObj* library = session.objects.get<LibraryObj>(req.handle);
+  if (library == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  CUdeviceptr dptr = 0;
+  std::size_t bytes = 0;
+  if (CUresult r = call.cu.cuLibraryGetGlobal(&dptr, &bytes, library->library, name->c_str());
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  session.memory.add(DeviceRange{dptr, bytes, RangeKind::kGlobal, req.handle});
+  return call.reply(proto::GlobalRep{dptr, bytes});
+}
+
+OpResult op_kernel_get_function(Call& call) {
+  auto req = call.request<proto::HandleReq>();
+  Session& session = call.session;
+  KernelObj* kernel = session.objects.get<KernelObj>(req.handle);
+  if (kernel == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  CUfunction function = nullptr;
+  if (CUresult r = call.cu.cuKernelGetFunction(&function, kernel->kernel); r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  kernel->function = function;
+  std::uint64_t id = remember(session, function, FunctionObj{function, req.handle});
+  if (id == 0) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+  return reply_function(call, id, [&](std::size_t i, std::size_t* offset, std::size_t* size) {
+    return call.cu.cuFuncGetParamInfo(function, i, offset, size);
+  });
+}
+
+}  // namespace mpsshim::server

@@ -1,0 +1,82 @@
+#include "broker/server/ops.hpp"
+#include "broker/server/retire.hpp"
+#include "broker/server/streams.hpp"
+
+namespace mpsshim::server {
+
+OpResult op_stream_create(Call& call) {
+  auto req = call.request<proto::StreamCreateReq>();
+  Session& session = call.session;
+  ContextObj* ctx = session.objects.get<ContextObj>(req.ctx);
+  if (ctx == nullptr) return call.done(CUDA_ERROR_INVALID_CONTEXT);
+  if ((req.flags & ~static_cast<std::uint32_t>(CU_STREAM_NON_BLOCKING)) != 0) {
+    return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  // Every real stream is non-blocking: the legacy ordering of blocking streams is emulated
+  // among the client's own streams (streams.hpp), never through the real NULL stream.
+  CUstream stream = nullptr;
+  if (CUresult r = call.cu.cuGreenCtxStreamCreate(&stream, session.green.green,
+                                                  CU_STREAM_NON_BLOCKING,
+                                                  effective_priority(session, req.priority));
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  StreamObj object;
+  object.stream = stream;
+  object.ctx = req.ctx;
+  object.blocking = (req.flags & CU_STREAM_NON_BLOCKING) == 0;
+  std::uint64_t id = session.objects.insert(object);
+  if (id == 0) {
+    call.cu.cuStreamDestroy_v2(stream);
+    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  if (object.blocking) ctx->blocking_streams.push_back(id);
+  return call.reply(proto::StreamCreateRep{id});
+}
+
+OpResult op_stream_destroy(Call& call) {
+  auto req = call.request<proto::HandleReq>();
+  Session& session = call.session;
+  const StreamObj* stream = session.objects.get<StreamObj>(req.handle);
+  // The default stream lives and dies with its context.
+  if (stream == nullptr || stream->is_default) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  destroy_stream(session, req.handle);
+  return call.done();
+}
+
+OpResult op_stream_query(Call& call) {
+  auto req = call.request<proto::HandleReq>();
+  CUresult error = CUDA_SUCCESS;
+  StreamObj* stream = use_stream(call, req.handle, false, &error);
+  if (stream == nullptr) return call.done(error);
+  return call.done(call.cu.cuStreamQuery(stream->stream));
+}
+
+OpResult op_stream_synchronize(Call& call) {
+  auto req = call.request<proto::HandleReq>();
+  CUresult error = CUDA_SUCCESS;
+  StreamObj* stream = use_stream(call, req.handle, false, &error);
+  if (stream == nullptr) return call.done(error);
+  Completion completion;
+  completion.slot = call.header.reply_slot;
+  completion.op = call.op();
+  if (CUresult r = call.session.complete_after(stream->stream, std::move(completion));
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  return call.deferred();
+}
+
+OpResult op_stream_wait_event(Call& call) {
+  auto req = call.request<proto::StreamWaitEventReq>();
+  const EventObj* event = call.session.objects.get<EventObj>(req.event);
+  if (event == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  CUevent driver_event = event->event;
+  CUresult error = CUDA_SUCCESS;
+  StreamObj* stream = use_stream(call, req.stream, true, &error);
+  if (stream == nullptr) return call.done(error);
+  return finish_on_stream(call, *stream,
+                          call.cu.cuStreamWaitEvent(stream->stream, driver_event, req.flags));
+}
+
+}  // namespace mpsshim::server

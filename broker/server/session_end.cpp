@@ -1,0 +1,98 @@
+#include <sys/socket.h>
+
+#include <vector>
+
+#include "broker/server/completions.hpp"
+#include "broker/server/dispatch.hpp"
+#include "broker/server/log.hpp"
+#include "broker/server/retire.hpp"
+#include "broker/server/server.hpp"
+
+namespace mpsshim::server {
+namespace {
+
+std::string freed_summary(const FreedTally& t) {
+  std::vector<std::string> parts;
+  auto count = [](std::size_t n, const char* one, const char* many) {
+    return fmt::format("{} {}", n, n == 1 ? one : many);
+  };
+  if (t.allocations != 0) {
+    parts.push_back(fmt::format("{} ({})", count(t.allocations, "allocation", "allocations"),
+                                format_bytes(t.allocation_bytes)));
+  }
+  if (t.modules != 0) parts.push_back(count(t.modules, "module", "modules"));
+  if (t.libraries != 0) parts.push_back(count(t.libraries, "library", "libraries"));
+  if (t.streams != 0) parts.push_back(count(t.streams, "stream", "streams"));
+  if (t.events != 0) parts.push_back(count(t.events, "event", "events"));
+  if (t.regions != 0) parts.push_back(count(t.regions, "pinned host region", "pinned host regions"));
+  if (parts.empty()) return "nothing to free";
+  return "freed " + fmt::format("{}", fmt::join(parts, ", "));
+}
+
+}  // namespace
+
+void Server::end_session(Session& session, const std::string& reason, CUresult notify) {
+  if (session.state != SessionState::kActive) return;
+  session.state = SessionState::kDraining;
+  session.end_reason = reason;
+  session.end_notify = notify;
+  session.drain_started = std::chrono::steady_clock::now();
+  if (notify != CUDA_SUCCESS) {
+    // The client may still be alive (terminated, or it broke the protocol): every later call
+    // and every call now waiting returns this.
+    session.control()->fault.store(static_cast<std::uint32_t>(notify), std::memory_order_seq_cst);
+    abandon_completions(session, notify);
+    session.wake_everyone();
+  }
+  if (notify != CUDA_SUCCESS) log_warn("{} {}; ending its session", session.who(), reason);
+  if (session.socket) {
+    unwatch(session.socket.get());
+    // shutdown, not just close: the daemon may still hold a copy of this socket.
+    ::shutdown(session.socket.get(), SHUT_RDWR);
+    session.socket.reset();
+  }
+  if (session.doorbell) {
+    unwatch(session.doorbell.get());
+    session.doorbell.reset();
+  }
+  session.stash.clear();
+}
+
+void Server::free_session(Session& session) {
+  FreedTally tally = free_everything(session);
+  if (session.end_notify == CUDA_SUCCESS) {  // the client left: "disconnected", "said goodbye"
+    log_info("{} {}; {}", session.who(), session.end_reason, freed_summary(tally));
+  } else {
+    log_info("{}: session over ({}); {}", session.who(), session.end_reason, freed_summary(tally));
+  }
+}
+
+void Server::shutdown(const std::string& reason) {
+  if (stopping_) return;
+  stopping_ = true;
+  log_info("shutting down ({}); ending {} session(s)", reason, sessions_.size());
+  for (auto& s : sessions_) end_session(*s, "was disconnected: the server is shutting down",
+                                        CUDA_ERROR_MPS_CONNECTION_FAILED);
+}
+
+void Server::fatal_fault(Session* culprit, CUresult error, proto::Op op) {
+  faulted_ = true;
+  std::string error_text = describe(*gpu_.cu, error);
+  if (culprit != nullptr) {
+    log_error("GPU fault: {} work of {} failed with {}. A fault poisons every context of this "
+              "process, so all {} client(s) get this error and the server exits for a fresh one",
+              op == proto::Op::kPad ? "queued" : op_name(op), culprit->who(), error_text,
+              sessions_.size());
+  } else {
+    log_error("GPU fault: {}; all {} client(s) get this error and the server exits for a fresh one",
+              error_text, sessions_.size());
+  }
+  for (auto& s : sessions_) {
+    s->control()->fault.store(static_cast<std::uint32_t>(error), std::memory_order_seq_cst);
+    abandon_completions(*s, error);
+    s->wake_everyone();
+  }
+  fatal_(kExitGpuFault);
+}
+
+}  // namespace mpsshim::server

@@ -1,0 +1,90 @@
+// The daemon's pure pieces: CUDA_VISIBLE_DEVICES as CUDA reads it, sizes as operators write them.
+#include <catch2/catch.hpp>
+
+#include <optional>
+#include <vector>
+
+#include "broker/daemon/sizes.hpp"
+#include "broker/daemon/visible_devices.hpp"
+
+using namespace mpsshim::daemon;
+
+namespace {
+
+// Three GPUs whose UUIDs share the first byte: GPU-ab111111-..., GPU-ab222222-..., GPU-ab333333-...
+std::vector<std::optional<GpuUuid>> three_gpus() {
+  std::vector<std::optional<GpuUuid>> uuids;
+  for (int gpu = 0; gpu < 3; ++gpu) {
+    GpuUuid uuid;
+    uuid.fill(static_cast<std::uint8_t>(0x11 * (gpu + 1)));
+    uuid[0] = 0xab;
+    uuids.emplace_back(uuid);
+  }
+  return uuids;
+}
+
+std::vector<int> visible(const char* spec) { return resolve_visible_devices(spec, three_gpus()); }
+
+}  // namespace
+
+TEST_CASE("a GPU UUID is printed as nvidia-smi prints it", "[visible]") {
+  GpuUuid uuid{0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef,
+               0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77};
+  CHECK(format_gpu_uuid(uuid) == "GPU-01234567-89ab-cdef-0011-223344556677");
+}
+
+TEST_CASE("CUDA_VISIBLE_DEVICES selects and orders GPUs as CUDA does", "[visible]") {
+  CHECK(visible("") == std::vector{0, 1, 2});
+  CHECK(visible("2,0") == std::vector{2, 0});
+  CHECK(visible(" 1 , 2 ") == std::vector{1, 2});
+  CHECK(visible("GPU-ab33,1") == std::vector{2, 1});
+  CHECK(visible("gpu-AB2222") == std::vector{1});
+  CHECK(visible("GPU-ab222222-2222-2222-2222-222222222222") == std::vector{1});
+}
+
+TEST_CASE("CUDA_VISIBLE_DEVICES ends at the first entry that names no single new GPU",
+          "[visible]") {
+  CHECK(visible("1,7,0") == std::vector{1});        // out of range
+  CHECK(visible("0,-1,1") == std::vector{0});       // negative
+  CHECK(visible("2,x,0") == std::vector{2});        // not a number
+  CHECK(visible("0,1abc").size() == 1);             // trailing junk
+  CHECK(visible("1,1,0") == std::vector{1});        // a repeat
+  CHECK(visible("GPU-ab,0").empty());               // ambiguous prefix
+  CHECK(visible("GPU-ff,0").empty());               // no such UUID
+  CHECK(visible("0,MIG-ab111111,1") == std::vector{0});  // MIG is not supported
+  CHECK(visible("0,,1") == std::vector{0});         // empty item
+}
+
+TEST_CASE("a GPU whose UUID is not known yet can be named by index only", "[visible]") {
+  auto uuids = three_gpus();
+  uuids[1].reset();
+  CHECK(resolve_visible_devices("1,0", uuids) == std::vector{1, 0});
+  CHECK(resolve_visible_devices("GPU-ab22,0", uuids).empty());
+}
+
+TEST_CASE("sizes read as operators write them", "[sizes]") {
+  CHECK(parse_size("0") == 0u);
+  CHECK(parse_size("1536") == 1536u);
+  CHECK(parse_size("4G") == 4ull << 30);
+  CHECK(parse_size("4g") == 4ull << 30);
+  CHECK(parse_size("512M") == 512ull << 20);
+  CHECK(parse_size("512MiB") == 512ull << 20);
+  CHECK(parse_size("2TB") == 2ull << 40);
+  CHECK(parse_size("64K") == 64ull << 10);
+  CHECK(parse_size("100B") == 100u);
+  CHECK_FALSE(parse_size(""));
+  CHECK_FALSE(parse_size("G"));
+  CHECK_FALSE(parse_size("4X"));
+  CHECK_FALSE(parse_size("4GG"));
+  CHECK_FALSE(parse_size("-4G"));
+  CHECK_FALSE(parse_size("99999999999T"));  // overflows 64 bits
+}
+
+TEST_CASE("sizes print in the largest exact unit", "[sizes]") {
+  CHECK(format_size(0) == "0");
+  CHECK(format_size(1536) == "1536");
+  CHECK(format_size(4ull << 30) == "4G");
+  CHECK(format_size(1536ull << 20) == "1536M");
+  CHECK(format_size_approx(85899345920ull) == "80.0 GiB");
+  CHECK(format_size_approx(512) == "512 B");
+}

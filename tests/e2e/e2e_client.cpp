@@ -1,0 +1,209 @@
+// A driver-API client for the CPU end-to-end tests: run under LD_PRELOAD=libmpsshim.so against
+// mpsshimd and the host-memory test driver. Each mode prints one result line and exits 0 only
+// when what it checked held.
+#include <cuda.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+// The test driver resolves kernels by name from any image; this PTX-like text is one.
+constexpr char kModuleImage[] = "// mpsshim e2e test module\n.version 8.0\n.target sm_90\n";
+
+#define CHECK(call)                                                                     \
+  do {                                                                                  \
+    CUresult rc_ = (call);                                                              \
+    if (rc_ != CUDA_SUCCESS) {                                                          \
+      const char* name_ = nullptr;                                                      \
+      cuGetErrorName(rc_, &name_);                                                      \
+      std::printf("FAIL %s -> %s (%d) at line %d\n", #call, name_ ? name_ : "?", rc_,   \
+                  __LINE__);                                                            \
+      std::fflush(stdout);                                                              \
+      std::exit(1);                                                                     \
+    }                                                                                   \
+  } while (0)
+
+struct Setup {
+  CUcontext ctx{};
+  CUmodule module{};
+  CUdevice device{};
+};
+
+Setup setup() {
+  Setup s;
+  CHECK(cuInit(0));
+  CHECK(cuDeviceGet(&s.device, 0));
+  CHECK(cuDevicePrimaryCtxRetain(&s.ctx, s.device));
+  CHECK(cuCtxSetCurrent(s.ctx));
+  CHECK(cuModuleLoadData(&s.module, kModuleImage));
+  return s;
+}
+
+int basic(int n) {
+  Setup s = setup();
+  CUfunction add{};
+  CHECK(cuModuleGetFunction(&add, s.module, "vector_add"));
+  std::vector<float> a(n), b(n), c(n);
+  for (int i = 0; i < n; ++i) {
+    a[i] = static_cast<float>(i);
+    b[i] = 2.0f * static_cast<float>(i);
+  }
+  CUdeviceptr da, db, dc;
+  size_t bytes = sizeof(float) * static_cast<size_t>(n);
+  CHECK(cuMemAlloc(&da, bytes));
+  CHECK(cuMemAlloc(&db, bytes));
+  CHECK(cuMemAlloc(&dc, bytes));
+  CHECK(cuMemsetD32(dc, 0xffffffffu, static_cast<size_t>(n)));
+  CHECK(cuMemcpyHtoD(da, a.data(), bytes));
+  CHECK(cuMemcpyHtoD(db, b.data(), bytes));
+  void* args[] = {&da, &db, &dc, &n};
+  CHECK(cuLaunchKernel(add, (n + 255) / 256, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr));
+  CHECK(cuMemcpyDtoH(c.data(), dc, bytes));
+  for (int i = 0; i < n; ++i) {
+    if (c[i] != 3.0f * static_cast<float>(i)) {
+      std::printf("FAIL c[%d]=%f expected %f\n", i, c[i], 3.0 * i);
+      return 1;
+    }
+  }
+  // Pinned memory, async copies and a stream of the client's own.
+  float* pinned = nullptr;
+  CHECK(cuMemAllocHost(reinterpret_cast<void**>(&pinned), bytes));
+  CUstream stream{};
+  CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  CHECK(cuMemcpyDtoHAsync(pinned, dc, bytes, stream));
+  CHECK(cuStreamSynchronize(stream));
+  if (std::memcmp(pinned, c.data(), bytes) != 0) {
+    std::printf("FAIL pinned copy differs\n");
+    return 1;
+  }
+  CHECK(cuMemFreeHost(pinned));
+  CHECK(cuStreamDestroy(stream));
+  CHECK(cuMemFree(da));
+  CHECK(cuMemFree(db));
+  CHECK(cuMemFree(dc));
+  std::printf("PASS basic n=%d\n", n);
+  return 0;
+}
+
+int hog(std::size_t megabytes) {
+  Setup s = setup();
+  CUfunction sleeper{};
+  CHECK(cuModuleGetFunction(&sleeper, s.module, "sleep_kernel"));
+  CUdeviceptr big;
+  CHECK(cuMemAlloc(&big, megabytes << 20));
+  size_t free_bytes = 0, total = 0;
+  CHECK(cuMemGetInfo(&free_bytes, &total));
+  std::printf("READY free=%zu\n", free_bytes);
+  std::fflush(stdout);
+  int us = 2000;
+  void* args[] = {&us};
+  for (;;) {
+    for (int i = 0; i < 8; ++i) {
+      CHECK(cuLaunchKernel(sleeper, 1, 1, 1, 1, 1, 1, 0, nullptr, args, nullptr));
+    }
+    CHECK(cuCtxSynchronize());
+  }
+}
+
+int meminfo() {
+  setup();
+  size_t free_bytes = 0, total = 0;
+  CHECK(cuMemGetInfo(&free_bytes, &total));
+  std::printf("PASS free=%zu total=%zu\n", free_bytes, total);
+  return 0;
+}
+
+// A client must not reach memory it does not own: ranges past its allocation and another
+// client's pointer are refused, and the session (and the server) go on working.
+int forge(unsigned long long foreign) {
+  Setup s = setup();
+  CUdeviceptr mine;
+  CHECK(cuMemAlloc(&mine, 4096));
+  std::vector<char> host(8192, 1);
+  CUresult past_end = cuMemcpyHtoD(mine + 4096 - 16, host.data(), 64);
+  CUresult synced = cuCtxSynchronize();
+  CUresult other = CUDA_SUCCESS;
+  if (foreign != 0) {
+    other = cuMemcpyDtoH(host.data(), foreign, 16);
+    if (other == CUDA_SUCCESS) other = cuCtxSynchronize();
+  }
+  CUresult bad_free = cuMemFree(mine + 64);
+  // Still usable afterwards.
+  CHECK(cuMemcpyHtoD(mine, host.data(), 4096));
+  CHECK(cuMemcpyDtoH(host.data() + 4096, mine, 4096));
+  CHECK(cuCtxSynchronize());
+  bool ok = (past_end != CUDA_SUCCESS || synced != CUDA_SUCCESS) &&
+            (foreign == 0 || other != CUDA_SUCCESS) && bad_free != CUDA_SUCCESS &&
+            std::memcmp(host.data(), host.data() + 4096, 4096) == 0;
+  std::printf("%s forge past_end=%d/%d foreign=%d bad_free=%d\n", ok ? "PASS" : "FAIL", past_end,
+              synced, other, bad_free);
+  return ok ? 0 : 1;
+}
+
+int pointer() {
+  setup();
+  CUdeviceptr p;
+  CHECK(cuMemAlloc(&p, 1 << 20));
+  std::printf("POINTER %llu\n", static_cast<unsigned long long>(p));
+  std::fflush(stdout);
+  // Keep the allocation alive until the test kills us.
+  for (;;) pause();
+}
+
+int overlimit(std::size_t megabytes) {
+  setup();
+  CUdeviceptr p;
+  CUresult rc = cuMemAlloc(&p, megabytes << 20);
+  size_t free_bytes = 0, total = 0;
+  CHECK(cuMemGetInfo(&free_bytes, &total));
+  bool ok = rc == CUDA_ERROR_OUT_OF_MEMORY;
+  std::printf("%s overlimit rc=%d total=%zu\n", ok ? "PASS" : "FAIL", rc, total);
+  return ok ? 0 : 1;
+}
+
+int quota() {
+  Setup s = setup();
+  int sms = 0;
+  CHECK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, s.device));
+  CUfunction record{};
+  CHECK(cuModuleGetFunction(&record, s.module, "record_smid"));
+  int blocks = 4 * 132;
+  CUdeviceptr out;
+  CHECK(cuMemAlloc(&out, sizeof(unsigned) * blocks));
+  void* args[] = {&out};
+  CHECK(cuLaunchKernel(record, blocks, 1, 1, 32, 1, 1, 0, nullptr, args, nullptr));
+  std::vector<unsigned> ids(blocks);
+  CHECK(cuMemcpyDtoH(ids.data(), out, sizeof(unsigned) * blocks));
+  std::vector<bool> seen(1024);
+  int distinct = 0;
+  for (unsigned id : ids) {
+    if (id < seen.size() && !seen[id]) {
+      seen[id] = true;
+      ++distinct;
+    }
+  }
+  std::printf("PASS sms=%d distinct=%d\n", sms, distinct);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string mode = argc > 1 ? argv[1] : "basic";
+  unsigned long long arg = argc > 2 ? std::strtoull(argv[2], nullptr, 0) : 0;
+  if (mode == "basic") return basic(arg ? static_cast<int>(arg) : 1 << 20);
+  if (mode == "hog") return hog(arg ? arg : 256);
+  if (mode == "meminfo") return meminfo();
+  if (mode == "forge") return forge(arg);
+  if (mode == "pointer") return pointer();
+  if (mode == "overlimit") return overlimit(arg);
+  if (mode == "quota") return quota();
+  std::printf("FAIL unknown mode %s\n", mode.c_str());
+  return 2;
+}

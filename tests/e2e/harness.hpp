@@ -1,0 +1,69 @@
+// Real processes for the end-to-end tests: a daemon in a private runtime directory serving the
+// host-memory test driver, and clients run under LD_PRELOAD=libmpsshim.so.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mpsshim::e2e {
+
+// Paths of the built artefacts, from the environment meson sets for the test.
+std::string artefact(const char* variable);
+
+struct Outcome {
+  int exit_code = -1;  // -signal when killed by a signal
+  std::string out;
+  std::string err;
+};
+
+// A child process with captured stdout/stderr.
+class Child {
+ public:
+  Child(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env);
+  ~Child();
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // Waits until stdout contains `text`; false on timeout or exit.
+  bool wait_for_output(const std::string& text, std::chrono::seconds timeout);
+  const std::string& out() const { return out_; }
+  void kill(int signal);
+  Outcome wait(std::chrono::seconds timeout = std::chrono::seconds(60));
+
+ private:
+  void pump(int timeout_ms);
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  int err_fd_ = -1;
+  std::string out_;
+  std::string err_;
+  bool reaped_ = false;
+  Outcome outcome_;
+};
+
+class Daemon {
+ public:
+  explicit Daemon(std::vector<std::string> extra_args = {});
+  ~Daemon();
+  const std::string& dir() const { return dir_; }
+  // The environment a client of this daemon runs with.
+  std::map<std::string, std::string> client_env(std::map<std::string, std::string> extra = {}) const;
+  Outcome ctl(const std::vector<std::string>& command) const;
+  std::string log() const;
+
+ private:
+  std::string dir_;
+  std::unique_ptr<Child> process_;
+};
+
+// Runs a client under the shim and waits for it.
+Outcome run_client(const Daemon& daemon, const std::vector<std::string>& argv,
+                   std::map<std::string, std::string> env = {});
+
+}  // namespace mpsshim::e2e

@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# The GPU suite: every example natively and under the shim, concurrency of small kernels, SM
+# quotas and crash containment, on the real driver. Exits 77 (skipped) without an NVIDIA GPU,
+# 0 when every check passed, 1 otherwise. Prints a summary table at the end.
+#
+# usage: gpu_suite.sh --build-dir BUILD
+#        gpu_suite.sh --shim libmpsshim.so --daemon mpsshimd --ctl mpsshimctl --examples-dir DIR
+#        [--work-dir DIR (kept; default a temporary one, removed on success)]
+# Environment: PROGRAM_TIMEOUT (seconds per program run, 300).
+set -u -o pipefail
+
+SCRIPT_NAME=gpu_suite
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+if ! have_gpu; then
+  log "no NVIDIA GPU (no /dev/nvidiactl, or nvidia-smi -L lists none): skipped"
+  exit "$SKIP_STATUS"
+fi
+
+parse_paths "$@"
+WORK_DIR=""
+set -- "${REST_ARGS[@]+"${REST_ARGS[@]}"}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --work-dir) WORK_DIR=$2; shift 2 ;;
+    *) die "unknown option $1" ;;
+  esac
+done
+require_file shim "${SHIM:-}"
+require_file daemon "${DAEMON:-}"
+require_file ctl "${CTL:-}"
+require_file examples-dir "${EXAMPLES_DIR:-}"
+KEEP_WORK=1
+if [ -z "$WORK_DIR" ]; then
+  WORK_DIR=$(mktemp -d /tmp/mpsshim-gpu-suite.XXXXXX)
+  KEEP_WORK=0
+fi
+mkdir -p "$WORK_DIR/logs"
+LOGS=$WORK_DIR/logs
+
+# ---- the summary table --------------------------------------------------------------------
+ROWS=()
+FAILURES=0
+# add_row CHECK NATIVE SHIM VERDICT DETAIL
+add_row() {
+  ROWS+=("$(printf '%-26s %-8s %-8s %-5s %s' "$1" "$2" "$3" "$4" "$5")")
+  [ "$4" = PASS ] || FAILURES=$((FAILURES + 1))
+  log "$4  $1: $5"
+}
+
+# shellcheck disable=SC2317  # called from the EXIT trap
+print_summary() {
+  echo
+  echo "================================ mpsshim GPU suite ================================"
+  nvidia-smi -L 2>/dev/null | head -n1 || true
+  printf '%-26s %-8s %-8s %-5s %s\n' CHECK NATIVE SHIM RESULT DETAIL
+  local row
+  for row in "${ROWS[@]+"${ROWS[@]}"}"; do echo "$row"; done
+  echo "logs: $LOGS"
+  if [ "$FAILURES" -eq 0 ]; then echo "gpu_suite: ${#ROWS[@]} checks PASS"; else
+    echo "gpu_suite: $FAILURES of ${#ROWS[@]} checks FAIL"; fi
+}
+
+# shellcheck disable=SC2317  # the EXIT trap
+cleanup() {
+  daemon_stop
+  print_summary
+  [ "$KEEP_WORK" -eq 1 ] || [ "$FAILURES" -ne 0 ] || rm -rf "$WORK_DIR"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log "work dir $WORK_DIR"
+daemon_start "$WORK_DIR/run" "$LOGS/mpsshimd.log" || {
+  add_row daemon_start - - FAIL "mpsshimd did not become ready; see $LOGS/mpsshimd.log"
+  exit 1
+}
+
+# ---- 1. every example, natively and under the shim, same results -------------------------
+# Fields that legitimately differ between the two runs (the SM count is the quota under the shim).
+declare -A IGNORED=([smid_quota]="blocks distinct_sms reported_sms max_smid")
+
+for name in vector_add matmul_tiled streams_events pinned_async small_kernels smid_quota; do
+  exe=$EXAMPLES_DIR/$name
+  read -ra ignored <<<"${IGNORED[$name]:-}"
+  run_mode native "$LOGS/$name.native" "$exe"
+  native_line=$(result_line "$LOGS/$name.native.out" "$name")
+  run_mode shim "$LOGS/$name.shim" "$exe"
+  shim_line=$(result_line "$LOGS/$name.shim.out" "$name")
+  native_verdict=$(verdict "$native_line")
+  shim_verdict=$(verdict "$shim_line")
+  difference=$(diff <(result_fields "$native_line" "${ignored[@]}") \
+    <(result_fields "$shim_line" "${ignored[@]}") | grep '^[<>]' | tr '\n' ' ')
+  if [ "$native_verdict" = PASS ] && [ "$shim_verdict" = PASS ] && [ -z "$difference" ]; then
+    compared=$(result_fields "$native_line" "${ignored[@]}")
+    add_row "$name" PASS PASS PASS "$(wc -l <<<"$compared") result fields equal $(grep -E \
+      '^(checksum|max_abs_err)=' <<<"$compared" | tr '\n' ' ')"
+  elif [ "$native_verdict" = PASS ] && [ "$shim_verdict" = PASS ]; then
+    add_row "$name" PASS PASS FAIL "results differ (< native, > shim): $difference"
+  else
+    add_row "$name" "$native_verdict" "$shim_verdict" FAIL \
+      "native: ${native_line:-no result line} | shim: ${shim_line:-no result line}"
+  fi
+done
+
+# ---- 2. 8 concurrent copies of small_kernels: the shim must overlap them ---------------------
+COPIES=8
+run_small_kernel_copies native 1 "$LOGS/small1.native"
+native_one=$COPIES_MEAN_S
+run_small_kernel_copies native "$COPIES" "$LOGS/small$COPIES.native"
+native_ok=$COPIES_OK native_wall=$COPIES_WALL_S native_mean=$COPIES_MEAN_S
+run_small_kernel_copies shim 1 "$LOGS/small1.shim"
+shim_one_ok=$COPIES_OK shim_one=$COPIES_MEAN_S
+run_small_kernel_copies shim "$COPIES" "$LOGS/small$COPIES.shim"
+shim_ok=$COPIES_OK shim_wall=$COPIES_WALL_S shim_mean=$COPIES_MEAN_S shim_late=$COPIES_LATE_MS
+detail="1 copy: native ${native_one}s shim ${shim_one}s; $COPIES copies wall: native ${native_wall}s"
+detail+=" (per-process ${native_mean}s) shim ${shim_wall}s (per-process ${shim_mean}s)"
+[ "$shim_late" = "0.0" ] || detail+="; a shim copy started ${shim_late} ms late"
+overlap=$(awk -v w="$shim_wall" -v one="$shim_one" 'BEGIN { print (w < 4 * one) ? "yes" : "no" }')
+if [ "$native_ok" = 1 ] && [ "$shim_ok" = 1 ] && [ "$shim_one_ok" = 1 ] && [ "$overlap" = yes ]; then
+  add_row "small_kernels x$COPIES overlap" PASS PASS PASS "$detail; shim wall < 4 x 1-copy"
+else
+  add_row "small_kernels x$COPIES overlap" "$([ "$native_ok" = 1 ] && echo PASS || echo FAIL)" \
+    "$([ "$shim_ok" = 1 ] && echo PASS || echo FAIL)" FAIL \
+    "$detail; need all PASS and shim wall < 4 x shim 1-copy"
+fi
+
+# ---- 3. SM quota: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 --------------------------------------
+run_mode native "$LOGS/smid_quota.full" "$EXAMPLES_DIR/smid_quota"
+native_sms=$(field "$(result_line "$LOGS/smid_quota.full.out" smid_quota)" reported_sms)
+run_mode shim "$LOGS/smid_quota.q25" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 "$EXAMPLES_DIR/smid_quota"
+quota_line=$(result_line "$LOGS/smid_quota.q25.out" smid_quota)
+distinct=$(field "$quota_line" distinct_sms)
+reported=$(field "$quota_line" reported_sms)
+quota_check=$(awk -v d="${distinct:-x}" -v r="${reported:-x}" -v n="${native_sms:-x}" 'BEGIN {
+  if (d == "x" || r == "x" || n == "x" || n <= 0) { print "no figures"; exit }
+  share = r / n
+  ok = (d <= r) && (r <= 0.35 * n) && (share >= 0.15)
+  printf "%s %.1f%%\n", ok ? "ok" : "bad", 100 * share }')
+detail="25% quota: distinct_sms=${distinct:-?} reported_sms=${reported:-?} of ${native_sms:-?}"
+detail+=" native (${quota_check#* })"
+if [ "$(verdict "$quota_line")" = PASS ] && [ "${quota_check%% *}" = ok ]; then
+  add_row "smid_quota 25%" - PASS PASS "$detail"
+else
+  add_row "smid_quota 25%" - "$(verdict "$quota_line")" FAIL \
+    "$detail; need distinct <= reported <= 0.35 x native, reported >= 0.15 x native"
+fi
+
+# ---- 4. crash containment: a faulting client, then a fresh client --------------------------
+run_mode native "$LOGS/fault.native" "$EXAMPLES_DIR/fault"
+native_fault=$(result_line "$LOGS/fault.native.out" fault)
+run_mode shim "$LOGS/fault.shim" "$EXAMPLES_DIR/fault"
+shim_fault=$(result_line "$LOGS/fault.shim.out" fault)
+detail="native sync=$(field "$native_fault" sync), shim sync=$(field "$shim_fault" sync)"
+if [ "$(verdict "$shim_fault")" = PASS ] && [ "$(verdict "$native_fault")" = PASS ]; then
+  add_row "fault (sticky error)" PASS PASS PASS "$detail"
+else
+  add_row "fault (sticky error)" "$(verdict "$native_fault")" "$(verdict "$shim_fault")" FAIL \
+    "$detail | native: ${native_fault:-no result line} | shim: ${shim_fault:-no result line}"
+fi
+
+# The daemon replaces the poisoned server; a new client must work. Retries show how long that
+# took (each try is a whole new process).
+attempt=0 after_line=""
+while [ "$attempt" -lt 10 ]; do
+  attempt=$((attempt + 1))
+  run_mode shim "$LOGS/after_fault.$attempt" "$EXAMPLES_DIR/vector_add"
+  after_line=$(result_line "$LOGS/after_fault.$attempt.out" vector_add)
+  [ "$(verdict "$after_line")" = PASS ] && break
+  sleep 1
+done
+if [ "$(verdict "$after_line")" = PASS ] &&
+  "$CTL" --runtime-dir "$SHIM_RUNTIME_DIR" server_list >"$LOGS/server_list.after_fault" 2>&1; then
+  add_row "fresh client after fault" - PASS PASS \
+    "vector_add PASS on attempt $attempt; mpsshimctl server_list answers"
+else
+  add_row "fresh client after fault" - "$(verdict "$after_line")" FAIL \
+    "after $attempt attempts: ${after_line:-no result line}; see $LOGS/mpsshimd.log"
+fi
+
+exit $((FAILURES == 0 ? 0 : 1))
