@@ -22,7 +22,8 @@ def main():
     image_path, output_path = Path(sys.argv[1]), Path(sys.argv[2])
     image = image_path.read_bytes()
     if len(image) < 16 or struct.unpack_from("<I", image)[0] != FATBIN_MAGIC:
-        sys.exit(f"embed_image.py: {image_path} does not start with the fatbin magic 0x{FATBIN_MAGIC:08X}")
+        sys.exit(f"embed_image.py: {image_path} does not start with the fatbin magic "
+                 f"0x{FATBIN_MAGIC:08X}")
     lines = []
     for start in range(0, len(image), BYTES_PER_LINE):
         chunk = image[start:start + BYTES_PER_LINE]

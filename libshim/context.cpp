@@ -16,7 +16,14 @@ namespace mpsshim::shim {
 namespace {
 
 std::array<Context, kMaxDevices>& primaries() {
-  static auto* contexts = new std::array<Context, kMaxDevices>();
+  static auto* contexts = [] {
+    auto* all = new std::array<Context, kMaxDevices>();
+    for (int i = 0; i < kMaxDevices; ++i) {
+      (*all)[i].device = i;
+      (*all)[i].primary = true;
+    }
+    return all;
+  }();
   return *contexts;
 }
 
@@ -129,10 +136,7 @@ bool context_identity(CUcontext handle, int* ordinal, std::uint64_t* id) noexcep
 CUresult primary_context_handle(CUdevice device, CUcontext* out) noexcept {
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (device < 0 || device >= kMaxDevices) return CUDA_ERROR_INVALID_DEVICE;
-  Context& ctx = primaries()[device];
-  ctx.device = device;
-  ctx.primary = true;
-  *out = reinterpret_cast<CUcontext>(&ctx);
+  *out = reinterpret_cast<CUcontext>(&primaries()[device]);
   return CUDA_SUCCESS;
 }
 

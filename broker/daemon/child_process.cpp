@@ -9,11 +9,11 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <string_view>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 
 extern char** environ;
 

@@ -20,8 +20,8 @@ struct ChildProcess {
 struct SpawnRequest {
   std::string executable;
   std::vector<std::string> arguments;  // without argv[0]
-  int control_fd = -1;  // becomes fd 3 in the child
-  int output_fd = -1;   // becomes the child's stdout and stderr; -1 keeps ours
+  int control_fd = -1;                 // becomes fd 3 in the child
+  int output_fd = -1;                  // becomes the child's stdout and stderr; -1 keeps ours
 };
 
 // fork + exec. Fails (with the reason exec gave) when the program cannot be started, so a

@@ -33,7 +33,9 @@ ClientGate::ClientGate(EventLoop& loop, Supervisor& supervisor, Commands& comman
                        AccessPolicy policy)
     : loop_(loop), supervisor_(supervisor), commands_(commands), policy_(policy) {}
 
-ClientGate::~ClientGate() { close(); }
+ClientGate::~ClientGate() {
+  close();
+}
 
 void ClientGate::listen(proto::UniqueFd listener) {
   listener_ = std::move(listener);
@@ -55,8 +57,7 @@ void ClientGate::close() {
 void ClientGate::accept_all() {
   // Bounded, so a flood of connections cannot starve the servers' sockets.
   for (int budget = 64; budget > 0 && listener_; --budget) {
-    proto::UniqueFd fd(
-        ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    proto::UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (!fd) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK) {
@@ -172,8 +173,7 @@ void ClientGate::on_client(Waiting connection, MessageKind kind, const proto::Cl
       refuse(connection, answer.error().cuda_error, answer.error().message);
       return;
     }
-    log_debug("{} asked for its devices (CUDA_VISIBLE_DEVICES=\"{}\")", who,
-              hello.visible_devices);
+    log_debug("{} asked for its devices (CUDA_VISIBLE_DEVICES=\"{}\")", who, hello.visible_devices);
     if (int error = proto::send_message(connection.fd.get(), *answer); error != 0) {
       log_warn("{} could not be sent its devices: {}", who, std::strerror(error));
     }
@@ -212,9 +212,10 @@ void ClientGate::on_command(Waiting connection, const proto::TextMessage& reques
     constexpr std::size_t kRoom = sizeof(proto::TextMessage::text);
     constexpr std::string_view kCut = "... (answer cut: too long for one message)\n";
     if (!reply.text.empty() && reply.text.back() != '\n') reply.text += '\n';
-    if (reply.text.size() > kRoom) reply.text = reply.text.substr(0, kRoom - kCut.size()) + std::string(kCut);
-    proto::send_struct(node.mapped().get(), make_text(MessageKind::kCtlReply, reply.status,
-                                                      reply.text));
+    if (reply.text.size() > kRoom)
+      reply.text = reply.text.substr(0, kRoom - kCut.size()) + std::string(kCut);
+    proto::send_struct(node.mapped().get(),
+                       make_text(MessageKind::kCtlReply, reply.status, reply.text));
   });
 }
 

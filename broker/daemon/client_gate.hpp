@@ -50,7 +50,7 @@ class ClientGate {
   Commands& commands_;
   AccessPolicy policy_;
   proto::UniqueFd listener_;
-  std::unordered_map<int, Waiting> waiting_;             // by fd: no first message yet
+  std::unordered_map<int, Waiting> waiting_;            // by fd: no first message yet
   std::unordered_map<int, proto::UniqueFd> answering_;  // by fd: a command awaiting servers
   proto::Received scratch_;
 };

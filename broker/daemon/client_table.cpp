@@ -59,17 +59,17 @@ std::string user_name(long uid) {
 
 std::string format_client_table(const std::vector<ServerClients>& servers) {
   constexpr std::string_view kRow = "{:<9}{:<12}{:<5}{:<6}{:<12}{:<10}{:<11}{}\n";
-  std::string table = fmt::format(kRow, "PID", "USER", "GPU", "SMS", "MEMORY", "LAUNCHES",
-                                  "STATE", "PROGRAM");
+  std::string table =
+      fmt::format(kRow, "PID", "USER", "GPU", "SMS", "MEMORY", "LAUNCHES", "STATE", "PROGRAM");
   std::string unparsed;
   for (const ServerClients& server : servers) {
     std::istringstream lines(server.text);
     for (std::string line; std::getline(lines, line);) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       if (auto row = parse_row(line)) {
-        table += fmt::format(kRow, row->pid, user_name(row->uid), server.gpu,
-                             row->sms, format_size_approx(row->memory), row->launches, row->state,
-                             row->program);
+        table +=
+            fmt::format(kRow, row->pid, user_name(row->uid), server.gpu, row->sms,
+                        format_size_approx(row->memory), row->launches, row->state, row->program);
       } else {
         unparsed += fmt::format("GPU {}: {}\n", server.gpu, line);
       }

@@ -32,7 +32,9 @@ std::optional<long> parse_integer(const std::string& text) {
   return value;
 }
 
-CtlReply error_reply(std::string text) { return CtlReply{1, std::move(text)}; }
+CtlReply error_reply(std::string text) {
+  return CtlReply{1, std::move(text)};
+}
 
 // Runs `done` with every GPU's answer once the last one has arrived or failed.
 class AnswerCollector : public std::enable_shared_from_this<AnswerCollector> {
@@ -176,12 +178,11 @@ void Commands::ps(const Args&, ReplyHandler reply) {
           if (answer) {
             clients.push_back(ServerClients{gpu, answer->text});
           } else {
-            problems += fmt::format("GPU {}: {}; its clients are not listed\n", gpu,
-                                    answer.error());
+            problems +=
+                fmt::format("GPU {}: {}; its clients are not listed\n", gpu, answer.error());
           }
         }
-        reply(CtlReply{problems.empty() ? 0 : 1,
-                       format_client_table(clients) + notes + problems});
+        reply(CtlReply{problems.empty() ? 0 : 1, format_client_table(clients) + notes + problems});
       });
 }
 
@@ -232,13 +233,13 @@ void Commands::set_default_percentage(const Args& args, ReplyHandler reply) {
   supervisor_.defaults().sm_percentage = value;
   std::vector<int> gpus;
   for (int i = 0; i < supervisor_.gpu_count(); ++i) gpus.push_back(i);
-  tell_servers(gpus, fmt::format("set_default_active_thread_percentage {}", value),
-               [reply = std::move(reply), value](std::string lines, bool all_ok) {
-                 reply(CtlReply{all_ok ? 0 : 1,
-                                fmt::format("default active thread percentage is {} for new "
-                                            "clients\n{}",
-                                            value, lines)});
-               });
+  tell_servers(
+      gpus, fmt::format("set_default_active_thread_percentage {}", value),
+      [reply = std::move(reply), value](std::string lines, bool all_ok) {
+        reply(CtlReply{all_ok ? 0 : 1, fmt::format("default active thread percentage is {} for new "
+                                                   "clients\n{}",
+                                                   value, lines)});
+      });
 }
 
 void Commands::get_default_percentage(const Args&, ReplyHandler reply) {
@@ -254,21 +255,22 @@ void Commands::set_default_memory_limit(const Args& args, ReplyHandler reply) {
         "`{}` is not a size: give a number with an optional K, M, G or T (e.g. 4G)", args[1])));
   }
   supervisor_.defaults().memory_limit_by_gpu[*gpu] = *bytes;
-  tell_servers({*gpu}, fmt::format("set_default_memory_limit {}", *bytes),
-               [reply = std::move(reply), gpu = *gpu, bytes = *bytes](std::string lines,
-                                                                      bool all_ok) {
-                 std::string value = bytes == 0 ? "no limit" : format_size(bytes);
-                 reply(CtlReply{all_ok ? 0 : 1,
-                                fmt::format("default device memory limit of GPU {} is {} for new "
-                                            "clients\n{}",
-                                            gpu, value, lines)});
-               });
+  tell_servers(
+      {*gpu}, fmt::format("set_default_memory_limit {}", *bytes),
+      [reply = std::move(reply), gpu = *gpu, bytes = *bytes](std::string lines, bool all_ok) {
+        std::string value = bytes == 0 ? "no limit" : format_size(bytes);
+        reply(CtlReply{all_ok ? 0 : 1,
+                       fmt::format("default device memory limit of GPU {} is {} for new "
+                                   "clients\n{}",
+                                   gpu, value, lines)});
+      });
 }
 
 void Commands::get_default_memory_limit(const Args& args, ReplyHandler reply) {
   auto gpu = gpu_argument(args[0]);
   if (!gpu) return reply(error_reply(gpu.error()));
-  reply(CtlReply{0, fmt::format("{}\n", format_size(supervisor_.defaults().memory_limit_of(*gpu)))});
+  reply(
+      CtlReply{0, fmt::format("{}\n", format_size(supervisor_.defaults().memory_limit_of(*gpu)))});
 }
 
 void Commands::server_command(const Args& args, ReplyHandler reply) {
@@ -283,8 +285,8 @@ void Commands::server_command(const Args& args, ReplyHandler reply) {
 }
 
 void Commands::quit(const Args&, ReplyHandler reply) {
-  reply(CtlReply{0, fmt::format("mpsshimd (pid {}) is stopping its servers and exiting\n",
-                                ::getpid())});
+  reply(CtlReply{
+      0, fmt::format("mpsshimd (pid {}) is stopping its servers and exiting\n", ::getpid())});
   request_shutdown_();
 }
 

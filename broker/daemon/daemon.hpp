@@ -17,7 +17,7 @@
 namespace mpsshim::daemon {
 
 struct DaemonSetup {
-  DaemonOptions options;  // paths already absolute
+  DaemonOptions options;   // paths already absolute
   bool multiuser = false;  // as honoured (root only)
   std::string socket_path;
   proto::UniqueFd listener;  // listening, non-blocking

@@ -51,8 +51,8 @@ tl::expected<std::vector<std::byte>, Refusal> answer_query(const Supervisor& sup
   if (!visible) return tl::unexpected(visible.error());
   proto::DaemonDevices head{};
   std::size_t bytes = sizeof head + visible->size() * sizeof(proto::DeviceSnapshot);
-  head.header = proto::make_header(proto::MessageKind::kDaemonDevices,
-                                   static_cast<std::uint32_t>(bytes));
+  head.header =
+      proto::make_header(proto::MessageKind::kDaemonDevices, static_cast<std::uint32_t>(bytes));
   head.device_count = static_cast<std::uint32_t>(visible->size());
   std::vector<std::byte> message(bytes);
   std::memcpy(message.data(), &head, sizeof head);
@@ -76,11 +76,11 @@ tl::expected<int, Refusal> resolve_attach(const Supervisor& supervisor,
   auto visible = visible_gpus(supervisor, hello);
   if (!visible) return tl::unexpected(visible.error());
   if (hello.device < 0 || static_cast<std::size_t>(hello.device) >= visible->size()) {
-    return tl::unexpected(Refusal{
-        CUDA_ERROR_INVALID_DEVICE,
-        fmt::format("device {} does not exist: this client sees {} device(s) "
-                    "(CUDA_VISIBLE_DEVICES=\"{}\")",
-                    hello.device, visible->size(), bounded_string(hello.visible_devices))});
+    return tl::unexpected(
+        Refusal{CUDA_ERROR_INVALID_DEVICE,
+                fmt::format("device {} does not exist: this client sees {} device(s) "
+                            "(CUDA_VISIBLE_DEVICES=\"{}\")",
+                            hello.device, visible->size(), bounded_string(hello.visible_devices))});
   }
   return (*visible)[static_cast<std::size_t>(hello.device)];
 }

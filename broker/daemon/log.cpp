@@ -37,12 +37,17 @@ std::string_view log_level_name(LogLevel level) {
   return kLevelNames[static_cast<std::size_t>(level)];
 }
 
-void set_log_level(LogLevel level) { g_level = level; }
-bool log_enabled(LogLevel level) { return level <= g_level; }
+void set_log_level(LogLevel level) {
+  g_level = level;
+}
+bool log_enabled(LogLevel level) {
+  return level <= g_level;
+}
 
 tl::expected<void, std::string> open_log_file(const std::string& path) {
   int fd = open_append(path);
-  if (fd < 0) return tl::unexpected(fmt::format("cannot open log file {}: {}", path, std::strerror(errno)));
+  if (fd < 0)
+    return tl::unexpected(fmt::format("cannot open log file {}: {}", path, std::strerror(errno)));
   if (g_fd != STDERR_FILENO) ::close(g_fd);
   g_fd = fd;
   g_path = path;
@@ -61,7 +66,9 @@ void reopen_log_file() {
   g_fd = fd;
 }
 
-int log_fd() { return g_fd; }
+int log_fd() {
+  return g_fd;
+}
 
 void write_log_line(LogLevel level, std::string_view text) {
   using namespace std::chrono;

@@ -73,9 +73,10 @@ int run(DaemonOptions options) {
   }
   std::string socket_path = control_socket_path(dir.path);
   if (socket_answers(socket_path)) {
-    log_error("another mpsshimd already answers on {}; stop it with `mpsshimctl quit` or give "
-              "this one another --runtime-dir",
-              socket_path);
+    log_error(
+        "another mpsshimd already answers on {}; stop it with `mpsshimctl quit` or give "
+        "this one another --runtime-dir",
+        socket_path);
     return kExitFailure;
   }
   int listener = proto::listen_seqpacket(socket_path);
@@ -106,8 +107,8 @@ int run(DaemonOptions options) {
            options.server_path);
   int status = 0;
   try {
-    DaemonSetup setup{options, multiuser, socket_path, std::move(listener_fd),
-                      std::move(notifier), nullptr};
+    DaemonSetup setup{options, multiuser, socket_path, std::move(listener_fd), std::move(notifier),
+                      nullptr};
     if (background) setup.on_ready = [&background] { background->ready(); };
     Daemon daemon(std::move(setup));
     daemon.run();

@@ -154,8 +154,8 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
       case kDefaultMemory: {
         auto bytes = parse_size(arg);
         if (!bytes) {
-          return tl::unexpected(fmt::format(
-              "--default-memory-limit takes a size such as 4G or 512M, not `{}`", arg));
+          return tl::unexpected(
+              fmt::format("--default-memory-limit takes a size such as 4G or 512M, not `{}`", arg));
         }
         options.default_memory_limit = *bytes;
         break;

@@ -34,27 +34,29 @@ RuntimeDir choose_runtime_dir(const std::optional<std::string>& option) {
     return {env, "CUDA_MPS_PIPE_DIRECTORY"};
   }
   if (::geteuid() == 0) return {"/run/mpsshim", "the default for root"};
-  return {fmt::format("/tmp/mpsshim-{}", ::geteuid()), "the default for uid " +
-                                                            std::to_string(::geteuid())};
+  return {fmt::format("/tmp/mpsshim-{}", ::geteuid()),
+          "the default for uid " + std::to_string(::geteuid())};
 }
 
 std::string control_socket_path(const std::string& dir) {
   return dir + "/" + proto::kControlSocketName;
 }
 
-std::string pid_file_path(const std::string& dir) { return dir + "/mpsshimd.pid"; }
+std::string pid_file_path(const std::string& dir) {
+  return dir + "/mpsshimd.pid";
+}
 
 tl::expected<void, std::string> prepare_runtime_dir(const std::string& dir, bool multiuser) {
   const mode_t mode = multiuser ? 0755 : 0700;
   if (auto parents = make_parents(dir); !parents) return parents;
   if (::mkdir(dir.c_str(), mode) != 0 && errno != EEXIST) {
-    return tl::unexpected(fmt::format("cannot create runtime directory {}: {}", dir,
-                                      std::strerror(errno)));
+    return tl::unexpected(
+        fmt::format("cannot create runtime directory {}: {}", dir, std::strerror(errno)));
   }
-  struct stat st{};
+  struct stat st {};
   if (::lstat(dir.c_str(), &st) != 0) {
-    return tl::unexpected(fmt::format("cannot inspect runtime directory {}: {}", dir,
-                                      std::strerror(errno)));
+    return tl::unexpected(
+        fmt::format("cannot inspect runtime directory {}: {}", dir, std::strerror(errno)));
   }
   if (!S_ISDIR(st.st_mode)) {
     return tl::unexpected(fmt::format("runtime directory {} is not a directory", dir));
@@ -66,8 +68,8 @@ tl::expected<void, std::string> prepare_runtime_dir(const std::string& dir, bool
         dir, st.st_uid, ::geteuid()));
   }
   if ((st.st_mode & 07777) != mode && ::chmod(dir.c_str(), mode) != 0) {
-    return tl::unexpected(fmt::format("cannot set mode {:o} on runtime directory {}: {}", mode,
-                                      dir, std::strerror(errno)));
+    return tl::unexpected(fmt::format("cannot set mode {:o} on runtime directory {}: {}", mode, dir,
+                                      std::strerror(errno)));
   }
   return {};
 }

@@ -11,7 +11,8 @@ namespace mpsshim::daemon {
 
 struct RuntimeDir {
   std::string path;
-  std::string reason;  // why this one, for messages: "--runtime-dir", "CUDA_MPS_PIPE_DIRECTORY", ...
+  std::string
+      reason;  // why this one, for messages: "--runtime-dir", "CUDA_MPS_PIPE_DIRECTORY", ...
 };
 
 // --runtime-dir, else $CUDA_MPS_PIPE_DIRECTORY, else /run/mpsshim for root, else

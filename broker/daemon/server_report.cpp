@@ -16,16 +16,20 @@ std::string discovery_note(const Supervisor& supervisor) {
 
 }  // namespace
 
+std::string format_driver_version(int version) {
+  return fmt::format("{}.{}", version / 1000, version % 1000 / 10);
+}
+
 std::string format_server_list(const Supervisor& supervisor) {
-  std::string text = fmt::format("{:<5}{:<9}{:<12}{:<10}{}\n", "GPU", "PID", "STATE", "RESTARTS",
-                                 "DETAILS");
+  std::string text =
+      fmt::format("{:<5}{:<9}{:<12}{:<10}{}\n", "GPU", "PID", "STATE", "RESTARTS", "DETAILS");
   for (int i = 0; i < supervisor.gpu_count(); ++i) {
     const ServerStatus& s = supervisor.status(i);
     std::string pid = s.pid > 0 ? std::to_string(s.pid) : "-";
     std::string details = s.problem;
     if (s.state == ServerState::kRunning && s.snapshot) details = s.snapshot->name;
-    text += fmt::format("{:<5}{:<9}{:<12}{:<10}{}\n", i, pid, state_name(s.state), s.restarts,
-                        details);
+    text +=
+        fmt::format("{:<5}{:<9}{:<12}{:<10}{}\n", i, pid, state_name(s.state), s.restarts, details);
   }
   return text + discovery_note(supervisor);
 }
@@ -34,8 +38,8 @@ std::string format_device_query(const Supervisor& supervisor) {
   std::string text;
   for (int i = 0; i < supervisor.gpu_count(); ++i) {
     const ServerStatus& s = supervisor.status(i);
-    std::string server = fmt::format("{}{}", state_name(s.state),
-                                     s.pid > 0 ? fmt::format(", pid {}", s.pid) : "");
+    std::string server =
+        fmt::format("{}{}", state_name(s.state), s.pid > 0 ? fmt::format(", pid {}", s.pid) : "");
     if (!s.snapshot) {
       text += fmt::format("GPU {}: no device information yet\n  server:  {}\n", i, server);
       continue;
@@ -43,10 +47,9 @@ std::string format_device_query(const Supervisor& supervisor) {
     const proto::DeviceSnapshot& d = *s.snapshot;
     text += fmt::format(
         "GPU {}: {}\n  UUID:    {}\n  memory:  {} ({} bytes)\n  SMs:     {}\n"
-        "  driver:  {}.{} ({})\n  server:  {}\n",
+        "  driver:  {} ({})\n  server:  {}\n",
         i, d.name, format_gpu_uuid(d.uuid), format_size_approx(d.total_memory), d.total_memory,
-        d.sm_count, d.driver_version / 1000, d.driver_version % 1000 / 10, d.driver_version,
-        server);
+        d.sm_count, format_driver_version(d.driver_version), d.driver_version, server);
   }
   return text + discovery_note(supervisor);
 }

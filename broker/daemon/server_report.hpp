@@ -10,6 +10,9 @@ namespace mpsshim::daemon {
 // GPU  PID  STATE  RESTARTS  DETAILS, one line per GPU.
 std::string format_server_list(const Supervisor& supervisor);
 
+// 13000 -> "13.0", as cuDriverGetVersion encodes it.
+std::string format_driver_version(int version);
+
 // Per GPU: name, UUID, memory, SMs, driver version, server state.
 std::string format_device_query(const Supervisor& supervisor);
 

@@ -41,7 +41,8 @@ std::optional<std::uint64_t> parse_size(std::string_view text) {
 std::string format_size(std::uint64_t bytes) {
   for (const Unit& unit : kUnits) {
     std::uint64_t mask = (std::uint64_t{1} << unit.shift) - 1;
-    if (bytes != 0 && (bytes & mask) == 0) return fmt::format("{}{}", bytes >> unit.shift, unit.letter);
+    if (bytes != 0 && (bytes & mask) == 0)
+      return fmt::format("{}{}", bytes >> unit.shift, unit.letter);
   }
   return fmt::format("{}", bytes);
 }

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "broker/daemon/server_report.hpp"
 #include "broker/daemon/sizes.hpp"
 #include "broker/daemon/visible_devices.hpp"
 #include "broker/daemon/wire.hpp"
@@ -56,7 +57,9 @@ Supervisor::~Supervisor() {
   }
 }
 
-void Supervisor::start() { spawn(0); }
+void Supervisor::start() {
+  spawn(0);
+}
 
 std::string Supervisor::name(const Server& server) const {
   if (server.status.pid > 0) {
@@ -84,13 +87,14 @@ void Supervisor::spawn(int ordinal) {
   server.timer = 0;
   proto::UniqueFd ours, theirs;
   if (!proto::seqpacket_pair(ours, theirs)) {
-    schedule_restart(server, fmt::format("could not be started: socketpair: {}", std::strerror(errno)),
-                     true);
+    schedule_restart(
+        server, fmt::format("could not be started: socketpair: {}", std::strerror(errno)), true);
     return;
   }
   ::fcntl(ours.get(), F_SETFL, O_NONBLOCK);  // a stuck server must never block the daemon
   std::vector<std::string> args = server_arguments(ordinal);
-  auto child = spawn_child(SpawnRequest{config_.server_path, args, theirs.get(), config_.output_fd});
+  auto child =
+      spawn_child(SpawnRequest{config_.server_path, args, theirs.get(), config_.output_fd});
   if (!child) {
     log_error("cannot start the server for GPU {}: {}", ordinal, child.error());
     schedule_restart(server, "could not be started: " + child.error(), true);
@@ -144,13 +148,20 @@ void Supervisor::on_control_readable(int ordinal, std::uint64_t incarnation) {
       log_warn("{} sent an oversized message; ignored", name(server));
       continue;
     }
-    // Hang-up (or a broken socket): without its control connection the server cannot be given
-    // clients, so it is useless; its exit brings a fresh one.
+    // Hang-up (or a broken socket). Usually the server is exiting and its pidfd says so in a
+    // moment. One that lives on without its control connection can never be given clients
+    // again: kill it, and its exit brings a fresh one.
+    // Pending requests wait for the exit, whose status says more than the hang-up.
     loop_.unwatch(server.control.get());
     server.control.reset();
     if (server.process.pid > 0 && !stopping_) {
-      log_warn("{} closed its control connection; stopping it", name(server));
-      signal_child(server.process, SIGKILL);
+      loop_.after(kHangupGrace, [this, ordinal, incarnation] {
+        Server& s = *servers_[ordinal];
+        if (s.incarnation != incarnation || s.process.pid <= 0 || stopping_) return;
+        log_warn("{} closed its control connection but did not exit; killing it", name(s));
+        fail_pending(s, fmt::format("{} closed its control connection without answering", name(s)));
+        signal_child(s.process, SIGKILL);
+      });
     }
     return;
   }
@@ -159,10 +170,11 @@ void Supervisor::on_control_readable(int ordinal, std::uint64_t incarnation) {
 void Supervisor::on_message(Server& server, const proto::Received& message) {
   auto header = header_of(message);
   if (!header || header->magic != proto::kHelloMagic || header->abi_major != proto::kAbiMajor) {
-    log_warn("{} sent a message this daemon cannot read (magic {:#x}, ABI {}.{}; this daemon "
-             "speaks {}.{}); is mpsshim-server from the same release as mpsshimd?",
-             name(server), header ? header->magic : 0, header ? header->abi_major : 0,
-             header ? header->abi_minor : 0, proto::kAbiMajor, proto::kAbiMinor);
+    log_warn(
+        "{} sent a message this daemon cannot read (magic {:#x}, ABI {}.{}; this daemon "
+        "speaks {}.{}); is mpsshim-server from the same release as mpsshimd?",
+        name(server), header ? header->magic : 0, header ? header->abi_major : 0,
+        header ? header->abi_minor : 0, proto::kAbiMajor, proto::kAbiMinor);
     return;
   }
   auto kind = static_cast<MessageKind>(header->kind);
@@ -209,7 +221,8 @@ void Supervisor::on_ready(Server& server, const proto::ServerReady& ready) {
     server.was_ready = true;
     log_info("GPU {} ready: {} ({}), {} SMs, {}, driver {}; {}", server.status.ordinal,
              snapshot.name, format_gpu_uuid(snapshot.uuid), snapshot.sm_count,
-             format_size_approx(snapshot.total_memory), snapshot.driver_version, name(server));
+             format_size_approx(snapshot.total_memory),
+             format_driver_version(snapshot.driver_version), name(server));
     set_state(server, ServerState::kRunning);
   }
   if (server.status.ordinal == 0 && !gpu_count_known_ && ready.device_count > 0) {
@@ -238,18 +251,23 @@ void Supervisor::on_answer(Server& server, MessageKind kind, const proto::Receiv
     log_warn("{} sent a truncated answer ({} bytes); ignored", name(server), message.bytes.size());
     return;
   }
-  if (server.pending.empty()) {
-    log_warn("{} answered a request nobody made; ignored", name(server));
+  // Servers answer in order, so the answer belongs to the oldest request of its kind. Requests
+  // of that kind queued before it which already timed out were never answered: forget them.
+  auto& pending = server.pending;
+  auto match = std::find_if(pending.begin(), pending.end(),
+                            [kind](const PendingAnswer& p) { return p.expected == kind; });
+  if (match == pending.end()) {
+    log_warn("{} answered a request nobody made (message kind {}); ignored", name(server),
+             static_cast<std::uint32_t>(kind));
     return;
   }
-  PendingAnswer pending = server.pending.front();
-  server.pending.pop_front();
-  if (pending.expected != kind) {
-    log_warn("{} answered with message kind {} where {} was expected", name(server),
-             static_cast<std::uint32_t>(kind), static_cast<std::uint32_t>(pending.expected));
-  }
-  auto it = requests_.find(pending.id);
+  std::uint64_t id = match->id;
+  pending.erase(match);
+  auto it = requests_.find(id);
   if (it == requests_.end()) return;  // it timed out; the answer came too late
+  std::erase_if(pending, [this, kind, id](const PendingAnswer& p) {
+    return p.expected == kind && p.id < id && !requests_.contains(p.id);
+  });
   AnswerHandler handler = std::move(it->second.handler);
   loop_.cancel(it->second.timer);
   requests_.erase(it);
@@ -274,13 +292,15 @@ void Supervisor::reap() {
 }
 
 void Supervisor::on_exit(Server& server, int wait_status) {
-  std::string what = wait_status == -1 ? "ended (exit status unknown)"
-                                       : describe_wait_status(wait_status);
-  if (server.control) loop_.unwatch(server.control.get());
-  if (server.process.pidfd) loop_.unwatch(server.process.pidfd.get());
-  server.control.reset();
+  std::string what =
+      wait_status == -1 ? "ended (exit status unknown)" : describe_wait_status(wait_status);
   std::string who = name(server);
-  server.process = ChildProcess{};
+  ChildProcess gone = std::exchange(server.process, ChildProcess{});  // nothing left to signal
+  if (gone.pidfd) loop_.unwatch(gone.pidfd.get());
+  // What it said before dying (typically a failed ServerReady and why) may still be queued.
+  if (server.control) on_control_readable(server.status.ordinal, server.incarnation);
+  if (server.control) loop_.unwatch(server.control.get());
+  server.control.reset();
   server.status.pid = 0;
   loop_.cancel(server.timer);
   server.timer = 0;
@@ -332,15 +352,22 @@ void Supervisor::schedule_restart(Server& server, std::string_view what_happened
   });
 }
 
+std::optional<std::string> Supervisor::unavailable(const Server& server) const {
+  if (server.status.state == ServerState::kRunning && server.control) return std::nullopt;
+  if (server.status.state == ServerState::kRunning) {
+    return fmt::format("{} has closed its control connection", name(server));
+  }
+  return fmt::format("the server for GPU {} is {}{}{}", server.status.ordinal,
+                     state_name(server.status.state), server.status.problem.empty() ? "" : ": ",
+                     server.status.problem);
+}
+
 tl::expected<pid_t, std::string> Supervisor::admit(int ordinal, int client_fd,
                                                    const proto::PeerCredentials& peer,
                                                    const proto::ClientHello& hello) {
   Server& server = *servers_.at(ordinal);
-  if (server.status.state != ServerState::kRunning || !server.control) {
-    return tl::unexpected(fmt::format("the server for GPU {} is {}{}{}; see `mpsshimctl server_list`",
-                                      ordinal, state_name(server.status.state),
-                                      server.status.problem.empty() ? "" : ": ",
-                                      server.status.problem));
+  if (auto why = unavailable(server)) {
+    return tl::unexpected(*why + "; see `mpsshimctl server_list`");
   }
   proto::ServerAdmit admit{};
   admit.header = proto::make_header(MessageKind::kServerAdmit, sizeof admit);
@@ -350,8 +377,8 @@ tl::expected<pid_t, std::string> Supervisor::admit(int ordinal, int client_fd,
   admit.hello = hello;
   int error = proto::send_struct(server.control.get(), admit, std::span<const int>(&client_fd, 1));
   if (error == EAGAIN || error == EWOULDBLOCK) {
-    return tl::unexpected(fmt::format("{} is not taking new clients fast enough; try again",
-                                      name(server)));
+    return tl::unexpected(
+        fmt::format("{} is not taking new clients fast enough; try again", name(server)));
   }
   if (error != 0) {
     return tl::unexpected(fmt::format("cannot reach {}: {}", name(server), std::strerror(error)));
@@ -362,9 +389,8 @@ tl::expected<pid_t, std::string> Supervisor::admit(int ordinal, int client_fd,
 void Supervisor::request(int ordinal, MessageKind kind, std::string_view text,
                          std::chrono::milliseconds timeout, AnswerHandler handler) {
   Server& server = *servers_.at(ordinal);
-  if (server.status.state != ServerState::kRunning || !server.control) {
-    handler(tl::unexpected(fmt::format("the server for GPU {} is {}", ordinal,
-                                       state_name(server.status.state))));
+  if (auto why = unavailable(server)) {
+    handler(tl::unexpected(*why));
     return;
   }
   if (server.pending.size() >= kMaxPendingRequests) {
@@ -391,9 +417,9 @@ void Supervisor::expire_request(std::uint64_t id) {
   Request request = std::move(it->second);
   requests_.erase(it);
   // Its PendingAnswer stays queued so that a late answer is matched to it, not to the next one.
-  request.handler(tl::unexpected(fmt::format("the server for GPU {} (pid {}) did not answer within {}",
-                                             request.ordinal, request.pid,
-                                             seconds_text(request.timeout))));
+  request.handler(
+      tl::unexpected(fmt::format("the server for GPU {} (pid {}) did not answer within {}",
+                                 request.ordinal, request.pid, seconds_text(request.timeout))));
 }
 
 void Supervisor::fail_pending(Server& server, const std::string& why) {

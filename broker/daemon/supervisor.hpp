@@ -37,7 +37,7 @@ std::string_view state_name(ServerState state);
 // starts, and sent to running servers when it changes.
 struct ServerDefaults {
   std::optional<int> sm_percentage;
-  std::uint64_t memory_limit = 0;                     // every GPU; 0 = no limit
+  std::uint64_t memory_limit = 0;                    // every GPU; 0 = no limit
   std::map<int, std::uint64_t> memory_limit_by_gpu;  // set for one GPU; 0 = no limit
 
   std::uint64_t memory_limit_of(int gpu) const {
@@ -77,6 +77,7 @@ class Supervisor {
   static constexpr auto kReadyTimeout = std::chrono::seconds(60);
   static constexpr auto kFirstBackoff = std::chrono::milliseconds(100);
   static constexpr auto kMaxBackoff = std::chrono::seconds(5);
+  static constexpr auto kHangupGrace = std::chrono::seconds(1);  // < Commands::kServerTimeout
   static constexpr std::size_t kMaxGpus = 64;
   static constexpr std::size_t kMaxPendingRequests = 32;
 
@@ -129,7 +130,7 @@ class Supervisor {
     bool was_ready = false;
     bool start_failed = false;
     int fast_failures = 0;
-    EventLoop::TimerId timer = 0;  // ready deadline or restart backoff
+    EventLoop::TimerId timer = 0;       // ready deadline or restart backoff
     std::deque<PendingAnswer> pending;  // requests in the order the server answers them
   };
   struct Request {
@@ -153,6 +154,8 @@ class Supervisor {
   void fail_pending(Server& server, const std::string& why);
   void expire_request(std::uint64_t id);
   void set_state(Server& server, ServerState state);
+  // Why `server` cannot take clients or requests now; nullopt when it can.
+  std::optional<std::string> unavailable(const Server& server) const;
   void check_settled();
   void finish_stop();
   std::string name(const Server& server) const;

@@ -62,9 +62,13 @@ PollOutcome poll_completions(Session& session) {
       ++i;
       continue;
     }
-    if (is_sticky(c.result, true) && out.sticky == CUDA_SUCCESS) {
+    if (is_sticky(c.result, true)) {
+      // Not answered here: the server first stores the fault in every client's session, then
+      // answers everything owed (abandon_completions), so no client sees the error as its own
+      // call's alone.
       out.sticky = c.result;
       out.sticky_op = c.op;
+      return out;
     }
     deliver(session, c, c.result);
     release_waits(session, c);
@@ -90,7 +94,10 @@ PollOutcome poll_retired(Session& session) {
       if (r != CUDA_SUCCESS && result == CUDA_SUCCESS) result = r;
       ++bundle.fences_done;
     }
-    if (is_sticky(result, true) && out.sticky == CUDA_SUCCESS) out.sticky = result;
+    if (is_sticky(result, true)) {  // nothing more is freed on a poisoned device
+      out.sticky = result;
+      return out;
+    }
     if (!complete) {
       ++i;
       continue;

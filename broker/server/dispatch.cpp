@@ -156,6 +156,15 @@ DispatchOutcome dispatch_record(Session& session, std::span<const std::byte> rec
   ++session.records;
   session.control()->records_executed.fetch_add(1, std::memory_order_relaxed);
 
+  if (is_sticky(result.status, false)) {
+    // Answered by the server once every client's session holds the fault.
+    DispatchOutcome outcome;
+    outcome.kind = DispatchOutcome::Kind::kSticky;
+    outcome.sticky = result.status;
+    outcome.op = call.op();
+    outcome.reply_slot = header.reply_slot;
+    return outcome;
+  }
   switch (result.kind) {
     case OpResult::Kind::kMalformed:
       return end_session(std::move(result.why));
@@ -170,13 +179,6 @@ DispatchOutcome dispatch_record(Session& session, std::span<const std::byte> rec
         session.post_async_error(result.status);
       }
       break;
-  }
-  if (is_sticky(result.status, false)) {
-    DispatchOutcome outcome;
-    outcome.kind = DispatchOutcome::Kind::kSticky;
-    outcome.sticky = result.status;
-    outcome.op = call.op();
-    return outcome;
   }
   if (result.kind == OpResult::Kind::kEnd) return end_session(std::move(result.why), CUDA_SUCCESS);
   if (!session.end_requested.empty()) {

@@ -24,6 +24,7 @@ struct DispatchOutcome {
   CUresult notify = CUDA_SUCCESS;  // kEndSession: stored as the client's fault (0: none)
   CUresult sticky = CUDA_SUCCESS;  // kSticky: the error that poisoned the GPU
   proto::Op op = proto::Op::kPad;
+  std::uint32_t reply_slot = proto::kNoReply;  // kSticky: the record's slot, not yet answered
 };
 
 // `record` is the record in shared memory (header included), as RingConsumer::peek gave it.

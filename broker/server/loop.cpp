@@ -97,7 +97,7 @@ std::size_t Server::drain_ring(Session& session) {
     if (session.ring.release()) session.ring.wake_producer();
     ++done;
     if (outcome.kind == DispatchOutcome::Kind::kSticky) {
-      fatal_fault(&session, outcome.sticky, outcome.op);
+      fatal_fault(&session, outcome.sticky, outcome.op, outcome.reply_slot);
       break;
     }
     if (outcome.kind == DispatchOutcome::Kind::kEndSession) {

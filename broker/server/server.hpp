@@ -91,7 +91,10 @@ class Server final : public Parker {
   // admit.cpp
   void refuse(int client_fd, CUresult error, const std::string& message);
 
-  void fatal_fault(Session* culprit, CUresult error, proto::Op op);
+  // A sticky error: every client's session gets the fault, then everything owed is answered
+  // with it (reply_slot: the culprit's record that returned it), then the fatal handler runs.
+  void fatal_fault(Session* culprit, CUresult error, proto::Op op,
+                   std::uint32_t reply_slot = proto::kNoReply);
   void free_session(Session& session);
 
   Gpu gpu_;

@@ -75,7 +75,8 @@ void Server::shutdown(const std::string& reason) {
                                         CUDA_ERROR_MPS_CONNECTION_FAILED);
 }
 
-void Server::fatal_fault(Session* culprit, CUresult error, proto::Op op) {
+void Server::fatal_fault(Session* culprit, CUresult error, proto::Op op,
+                         std::uint32_t reply_slot) {
   faulted_ = true;
   std::string error_text = describe(*gpu_.cu, error);
   if (culprit != nullptr) {
@@ -89,6 +90,9 @@ void Server::fatal_fault(Session* culprit, CUresult error, proto::Op op) {
   }
   for (auto& s : sessions_) {
     s->control()->fault.store(static_cast<std::uint32_t>(error), std::memory_order_seq_cst);
+  }
+  if (culprit != nullptr && reply_slot != proto::kNoReply) culprit->answer(reply_slot, error);
+  for (auto& s : sessions_) {
     abandon_completions(*s, error);
     s->wake_everyone();
   }

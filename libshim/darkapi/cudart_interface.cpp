@@ -21,8 +21,9 @@ constexpr TableId kTable = TableId::kCudartInterface;
 // sense as a whole, which the shim's cuLibraryLoadData understands.
 CUresult load_wrapper(CUmodule* out, const void* wrapper) noexcept {
   if (out == nullptr || wrapper == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  // The magic first: anything else may be shorter than a wrapper.
+  if (fatbin::magic_of(wrapper) != fatbin::kWrapperMagic) return CUDA_ERROR_INVALID_IMAGE;
   const auto w = fatbin::load<fatbin::Wrapper>(wrapper, 0);
-  if (w.magic != fatbin::kWrapperMagic) return CUDA_ERROR_INVALID_IMAGE;
   if (w.version == fatbin::kWrapperVersionPlain) {
     if (w.data == nullptr) return CUDA_ERROR_INVALID_IMAGE;
     return cuModuleLoadData(out, w.data);

@@ -89,9 +89,6 @@ std::optional<std::size_t> elf_extent(const std::byte* image, const ElfLayout& l
 }
 
 std::optional<std::span<const std::byte>> container_piece(const void* container) noexcept {
-  if (container == nullptr || fatbin::magic_of(container) != fatbin::kContainerMagic) {
-    return std::nullopt;
-  }
   const auto length = fatbin_container_length(container);
   if (!length) return std::nullopt;
   return std::span(static_cast<const std::byte*>(container), *length);
@@ -122,10 +119,11 @@ bool wrapper_pieces(const fatbin::Wrapper& w, std::vector<std::span<const std::b
 }  // namespace
 
 std::optional<std::size_t> fatbin_container_length(const void* image) noexcept {
-  if (image == nullptr) return std::nullopt;
+  // The magic first: anything else may be shorter than a container header.
+  if (image == nullptr || fatbin::magic_of(image) != fatbin::kContainerMagic) return std::nullopt;
   const auto h = load<fatbin::ContainerHeader>(image, 0);
-  if (h.magic != fatbin::kContainerMagic || h.version != fatbin::kContainerVersion ||
-      h.header_size < sizeof(fatbin::ContainerHeader) || h.header_size > kMaxContainerHeader) {
+  if (h.version != fatbin::kContainerVersion || h.header_size < sizeof(fatbin::ContainerHeader) ||
+      h.header_size > kMaxContainerHeader) {
     return std::nullopt;
   }
   std::uint64_t end = 0;

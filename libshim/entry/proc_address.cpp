@@ -1,7 +1,7 @@
 // cuGetProcAddress and cuGetProcAddress_v2, answered from the real driver's probed table
 // (dark-api.md §6). Needs no connection, so cudart may call it before cuInit.
 #include <algorithm>
-#include <cstring>
+#include <iterator>
 #include <string_view>
 #include <tuple>
 
@@ -45,7 +45,7 @@ Lookup find(std::string_view name, std::uint8_t flags, int version) noexcept {
 // The checks both entries share; INVALID_VALUE leaves *pfn and the status untouched [V].
 CUresult lookup(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags,
                 Lookup& out) noexcept {
-  // The real driver crashes on a NULL symbol or pfn; refusing is kinder.
+  // The real driver crashes on a NULL pfn [V]; refusing is kinder.
   if (symbol == nullptr || pfn == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (flags > kMaxFlags || cuda_version > advertised_driver_version()) {
     return CUDA_ERROR_INVALID_VALUE;

@@ -1,11 +1,11 @@
 // mpsshimd as a whole: a real daemon process, fake per-GPU servers, real sockets, mpsshimctl.
-#include <catch2/catch.hpp>
 #include <cuda.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <cstring>
 #include <fstream>
@@ -33,7 +33,7 @@ std::string bounded(const proto::Refused& refused) {
 }
 
 bool exists(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   return ::lstat(path.c_str(), &st) == 0;
 }
 
@@ -121,7 +121,7 @@ TEST_CASE("a server that dies is restarted and clients are routed to the new one
     return now > 0 && now != before[1];
   }));
   CHECK(sut.server_pids()[0] == before[0]);
-  CHECK(contains(sut.ctl({"server_list"}).out, "running"));
+  CHECK(sut.servers()[1].state == "running");
   CHECK(contains(sut.log(), "server for GPU 1 (pid " + std::to_string(before[1]) +
                                 ") was killed by signal 9 (SIGKILL)"));
   CHECK(bounded(attach(sut.socket_path(), "", 1)) == admitted(1));
@@ -141,18 +141,35 @@ TEST_CASE("a server that exits with a GPU fault is logged as one and restarted",
   }));
   CHECK(contains(sut.log(), "exited with status 70 (GPU fault)"));
   CHECK(contains(sut.log(), "; restarting in 0.1 s"));
-  CHECK(contains(sut.ctl({"server_list"}).out, "running  1"));  // one restart
+  CHECK(sut.servers()[0].state == "running");
+  CHECK(sut.servers()[0].restarts == 1);
 }
 
-TEST_CASE("a GPU whose server keeps failing is given up and the others still serve",
-          "[restart]") {
-  DaemonUnderTest sut({.gpus = 2,
-                       .args = {"--restart-limit", "2"},
-                       .env = {{"FAKE_SERVER_FAIL_DEVICE", "1"}}});
+TEST_CASE("a server that drops its control connection but lives on is replaced", "[restart]") {
+  DaemonUnderTest sut({.gpus = 1});
+  pid_t before = sut.server_pids()[0];
+
+  Outcome hang_up = sut.ctl({"server_command", "0", "hang_up"});
+
+  CHECK(hang_up.exit_code == 1);
+  CHECK(contains(hang_up.err, "closed its control connection without answering"));
+  REQUIRE(wait_until([&] {
+    pid_t now = sut.server_pids()[0];
+    return now > 0 && now != before;
+  }));
+  CHECK(process_gone(before));
+  CHECK(contains(sut.log(), "closed its control connection but did not exit; killing it"));
+  CHECK(bounded(attach(sut.socket_path(), "", 0)) == admitted(0));
+}
+
+TEST_CASE("a GPU whose server keeps failing is given up and the others still serve", "[restart]") {
+  DaemonUnderTest sut(
+      {.gpus = 2, .args = {"--restart-limit", "2"}, .env = {{"FAKE_SERVER_FAIL_DEVICE", "1"}}});
 
   std::string list = sut.ctl({"server_list"}).out;
-  CHECK(contains(list, "failed"));
-  CHECK(contains(list, "fake failure of GPU 1"));
+  CHECK(sut.servers()[1].state == "failed");
+  CHECK(sut.servers()[1].restarts == 1);
+  CHECK(contains(list, "could not start: fake failure of GPU 1 (CUresult 100)"));
   CHECK(contains(sut.notify().received().back(), "GPU 1 failed"));
   CHECK(query(sut.socket_path(), "0").ordinals == std::vector{0});
   DeviceList all = query(sut.socket_path(), "");
@@ -222,8 +239,8 @@ TEST_CASE("operator commands answer, and mpsshimctl's exit status says how it we
 TEST_CASE("mpsshimctl says where it looked when no daemon answers", "[ctl]") {
   TempDir nowhere;
 
-  Outcome outcome = run_program({artefact("MPSSHIMCTL"), "--runtime-dir", nowhere.path(),
-                                 "server_list"});
+  Outcome outcome =
+      run_program({artefact("MPSSHIMCTL"), "--runtime-dir", nowhere.path(), "server_list"});
 
   CHECK(outcome.exit_code == 2);
   CHECK(contains(outcome.err, nowhere.path() + "/control"));
@@ -242,8 +259,9 @@ TEST_CASE("default quotas reach running servers and restarted ones", "[ctl]") {
   CHECK(sut.ctl({"get_default_device_pinned_mem_limit", "0"}).out == "0\n");
 
   std::string running = sut.ctl({"server_command", "1", "show_state"}).out;
-  CHECK(contains(running, "taken: set_default_active_thread_percentage 25; "
-                          "set_default_memory_limit 4294967296"));
+  CHECK(contains(running,
+                 "taken: set_default_active_thread_percentage 25; "
+                 "set_default_memory_limit 4294967296"));
 
   pid_t before = sut.server_pids()[1];
   ::kill(before, SIGKILL);
@@ -317,7 +335,7 @@ TEST_CASE("the runtime directory comes from CUDA_MPS_PIPE_DIRECTORY without --ru
   DaemonUnderTest sut({.gpus = 1, .runtime_dir_from_env = true});
 
   CHECK(exists(sut.socket_path()));
-  struct stat st{};
+  struct stat st {};
   REQUIRE(::stat(sut.runtime_dir().c_str(), &st) == 0);
   CHECK((st.st_mode & 07777) == 0700);
   Outcome found = run_program({artefact("MPSSHIMCTL"), "server_list"},
@@ -344,9 +362,9 @@ TEST_CASE("-d returns once the daemon is ready and leaves it running", "[lifecyc
   TempDir tmp;
   std::string dir = tmp.path() + "/run";
 
-  Outcome started = run_program({artefact("MPSSHIMD"), "-d", "--runtime-dir", dir, "--server",
-                                 artefact("FAKE_SERVER")},
-                                {{"FAKE_SERVER_DEVICES", "2"}});
+  Outcome started = run_program(
+      {artefact("MPSSHIMD"), "-d", "--runtime-dir", dir, "--server", artefact("FAKE_SERVER")},
+      {{"FAKE_SERVER_DEVICES", "2"}});
 
   REQUIRE(started.exit_code == 0);
   std::ifstream pid_file(dir + "/mpsshimd.pid");

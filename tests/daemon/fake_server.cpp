@@ -12,8 +12,8 @@
 // Behaviour: on ServerAdmit it sends the client a Refused with cuda_error 0 and the text
 // "fake server <gpu> admitted pid <pid>"; kServerStatsQuery gets one client line naming
 // "fake-client-gpu<gpu>"; kServerTerminateClient is acknowledged; kCtlRequest "crash" exits 70
-// (as a GPU fault would), "show_state" answers with its command line and the requests it took,
-// anything else is acknowledged and remembered.
+// (as a GPU fault would), "hang_up" closes the control socket and lives on, "show_state" answers
+// with its command line and the requests it took, anything else is acknowledged and remembered.
 #include <signal.h>
 #include <unistd.h>
 
@@ -98,9 +98,9 @@ int main(int argc, char** argv) {
     if (kind == MessageKind::kServerAdmit) {
       auto admit = daemon::decode<proto::ServerAdmit>(message);
       if (!admit || message.fds.size() != 1) continue;
-      proto::send_struct(message.fds[0].get(),
-                         make_refused(0, fmt::format("fake server {} admitted pid {}", gpu,
-                                                     admit->peer_pid)));
+      proto::send_struct(
+          message.fds[0].get(),
+          make_refused(0, fmt::format("fake server {} admitted pid {}", gpu, admit->peer_pid)));
       continue;
     }
     auto request = daemon::decode<proto::TextMessage>(message);
@@ -118,6 +118,9 @@ int main(int argc, char** argv) {
                                    fmt::format("fake server {} terminated client {}", gpu, text)));
     } else if (kind == MessageKind::kCtlRequest && text == "crash") {
       ::_exit(kExitGpuFault);
+    } else if (kind == MessageKind::kCtlRequest && text == "hang_up") {
+      ::close(control);  // and live on, useless: the daemon must notice and replace us
+      for (;;) ::pause();
     } else if (kind == MessageKind::kCtlRequest && text == "show_state") {
       proto::send_struct(control, make_text(MessageKind::kCtlReply, 0,
                                             fmt::format("args: {}\ntaken: {}\n", command_line,

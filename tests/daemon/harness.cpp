@@ -48,8 +48,8 @@ std::vector<char*> pointers(std::vector<std::string>& strings) {
 }
 
 // fork + exec with stdin/stdout/stderr on the given fds (-1: /dev/null).
-pid_t spawn(std::vector<std::string> argv, const std::map<std::string, std::string>& env,
-            int in, int out, int err) {
+pid_t spawn(std::vector<std::string> argv, const std::map<std::string, std::string>& env, int in,
+            int out, int err) {
   std::vector<std::string> environment = environment_with(env);
   std::vector<char*> argp = pointers(argv);
   std::vector<char*> envp = pointers(environment);
@@ -83,7 +83,8 @@ bool wait_until(const std::function<bool()>& condition, Clock::duration timeout)
 
 std::string artefact(const char* variable) {
   const char* value = std::getenv(variable);
-  if (value == nullptr) throw std::runtime_error(std::string(variable) + " is not set (run via meson test)");
+  if (value == nullptr)
+    throw std::runtime_error(std::string(variable) + " is not set (run via meson test)");
   return value;
 }
 
@@ -178,7 +179,8 @@ namespace {
 
 std::string notify_name(const std::string& base, bool abstract) {
   static int counter = 0;
-  if (abstract) return "@mpsshimd-test-" + std::to_string(::getpid()) + "-" + std::to_string(++counter);
+  if (abstract)
+    return "@mpsshimd-test-" + std::to_string(::getpid()) + "-" + std::to_string(++counter);
   return base + "/notify";
 }
 
@@ -231,17 +233,26 @@ Outcome DaemonUnderTest::ctl(const std::vector<std::string>& args, const std::st
   return run_program(argv, {}, input);
 }
 
-std::map<int, pid_t> DaemonUnderTest::server_pids() const {
-  std::map<int, pid_t> pids;
+std::map<int, DaemonUnderTest::ServerRow> DaemonUnderTest::servers() const {
+  std::map<int, ServerRow> rows;
   std::istringstream lines(ctl({"server_list"}).out);
   std::string line;
-  std::getline(lines, line);  // header
+  std::getline(lines, line);  // GPU PID STATE RESTARTS DETAILS
   while (std::getline(lines, line)) {
     std::istringstream fields(line);
     int gpu;
     std::string pid;
-    if (fields >> gpu >> pid) pids[gpu] = pid == "-" ? 0 : std::atoi(pid.c_str());
+    ServerRow row;
+    if (!(fields >> gpu >> pid >> row.state >> row.restarts)) continue;
+    row.pid = pid == "-" ? 0 : std::atoi(pid.c_str());
+    rows[gpu] = row;
   }
+  return rows;
+}
+
+std::map<int, pid_t> DaemonUnderTest::server_pids() const {
+  std::map<int, pid_t> pids;
+  for (const auto& [gpu, row] : servers()) pids[gpu] = row.pid;
   return pids;
 }
 
@@ -291,7 +302,8 @@ proto::ClientHello make_hello(proto::MessageKind kind, const std::string& visibl
 
 proto::Received exchange(const std::string& socket_path, const void* bytes, std::size_t size) {
   int fd = proto::connect_seqpacket(socket_path);
-  if (fd < 0) throw std::runtime_error("cannot connect to " + socket_path + ": " + std::strerror(-fd));
+  if (fd < 0)
+    throw std::runtime_error("cannot connect to " + socket_path + ": " + std::strerror(-fd));
   proto::UniqueFd socket(fd);
   timeval timeout{20, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
@@ -316,13 +328,15 @@ DeviceList query(const std::string& socket_path, const std::string& visible_devi
     return list;
   }
   auto head = daemon::decode<proto::DaemonDevices>(answer);
-  if (!head || answer.bytes.size() != sizeof *head + head->device_count * sizeof(proto::DeviceSnapshot) ||
+  if (!head ||
+      answer.bytes.size() != sizeof *head + head->device_count * sizeof(proto::DeviceSnapshot) ||
       head->header.size != answer.bytes.size()) {
     throw std::runtime_error("query: malformed DaemonDevices");
   }
   for (std::uint32_t i = 0; i < head->device_count; ++i) {
     proto::DeviceSnapshot snapshot;
-    std::memcpy(&snapshot, answer.bytes.data() + sizeof *head + i * sizeof snapshot, sizeof snapshot);
+    std::memcpy(&snapshot, answer.bytes.data() + sizeof *head + i * sizeof snapshot,
+                sizeof snapshot);
     list.ordinals.push_back(snapshot.ordinal);
   }
   return list;

@@ -2,6 +2,7 @@
 // mpsshimctl run as a child, and a client that speaks the socket protocol by hand.
 #pragma once
 
+#include <signal.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -69,9 +70,9 @@ class NotifySocket {
 
 struct DaemonConfig {
   int gpus = 2;
-  std::vector<std::string> args;               // added to the defaults below
-  std::map<std::string, std::string> env;      // FAKE_SERVER_* and friends
-  bool runtime_dir_from_env = false;           // CUDA_MPS_PIPE_DIRECTORY instead of the option
+  std::vector<std::string> args{};           // added to the defaults below
+  std::map<std::string, std::string> env{};  // FAKE_SERVER_* and friends
+  bool runtime_dir_from_env = false;         // CUDA_MPS_PIPE_DIRECTORY instead of the option
   bool abstract_notify_socket = false;
   bool wait_ready = true;
 };
@@ -94,7 +95,13 @@ class DaemonUnderTest {
   std::string log() const;
 
   Outcome ctl(const std::vector<std::string>& args, const std::string& input = "") const;
-  // GPU -> server pid, from `mpsshimctl server_list` (0 when the GPU has no running server).
+  struct ServerRow {
+    pid_t pid = 0;  // 0 when the GPU has no server process
+    std::string state;
+    int restarts = 0;
+  };
+  // By GPU, from `mpsshimctl server_list`.
+  std::map<int, ServerRow> servers() const;
   std::map<int, pid_t> server_pids() const;
   // Sends `signal` and waits for the daemon; its exit status, or nullopt if it did not exit.
   std::optional<int> stop(int signal = SIGTERM, Clock::duration timeout = kPatience);

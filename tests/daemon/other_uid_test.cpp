@@ -40,9 +40,9 @@ Answer as_other_user(const std::string& socket_path, const void* bytes, std::siz
     proto::Received received = exchange(socket_path, bytes, size);
     auto header = daemon::header_of(received);
     auto refused = daemon::decode<proto::Refused>(received);
-    std::string line = fmt::format("{} {} {}", header ? header->kind : 0,
-                                   refused ? refused->cuda_error : 0,
-                                   refused ? daemon::bounded_string(refused->message) : "");
+    std::string line =
+        fmt::format("{} {} {}", header ? header->kind : 0, refused ? refused->cuda_error : 0,
+                    refused ? daemon::bounded_string(refused->message) : "");
     if (::write(pipe_fds[1], line.data(), line.size()) < 0) ::_exit(4);
     ::_exit(0);
   }
@@ -54,7 +54,8 @@ Answer as_other_user(const std::string& socket_path, const void* bytes, std::siz
   int status = 0;
   ::waitpid(child, &status, 0);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    throw std::runtime_error(fmt::format("the uid {} child failed (status {:#x})", kNobody, status));
+    throw std::runtime_error(
+        fmt::format("the uid {} child failed (status {:#x})", kNobody, status));
   }
   Answer answer;
   std::size_t first = text.find(' '), second = text.find(' ', first + 1);
@@ -98,13 +99,13 @@ int main() {
       check(answer.message.find("serves only uid 0, not uid 65534") != std::string::npos &&
                 answer.message.find("--multiuser") != std::string::npos,
             "single-user: the message says why and what to do: " + answer.message);
-      check(sut.log().find("client " ) != std::string::npos &&
+      check(sut.log().find("client ") != std::string::npos &&
                 sut.log().find("uid 65534) refused") != std::string::npos,
             "single-user: the refusal is logged");
     }
     {
       DaemonUnderTest sut({.gpus = 1, .args = {"--multiuser"}});
-      struct stat st{};
+      struct stat st {};
       ::stat(sut.runtime_dir().c_str(), &st);
       check((st.st_mode & 07777) == 0755, "multi-user: the runtime directory is 0755");
       ::chmod(sut.base().c_str(), 0755);

@@ -23,7 +23,9 @@ std::vector<std::optional<GpuUuid>> three_gpus() {
   return uuids;
 }
 
-std::vector<int> visible(const char* spec) { return resolve_visible_devices(spec, three_gpus()); }
+std::vector<int> visible(const char* spec) {
+  return resolve_visible_devices(spec, three_gpus());
+}
 
 }  // namespace
 
@@ -44,15 +46,15 @@ TEST_CASE("CUDA_VISIBLE_DEVICES selects and orders GPUs as CUDA does", "[visible
 
 TEST_CASE("CUDA_VISIBLE_DEVICES ends at the first entry that names no single new GPU",
           "[visible]") {
-  CHECK(visible("1,7,0") == std::vector{1});        // out of range
-  CHECK(visible("0,-1,1") == std::vector{0});       // negative
-  CHECK(visible("2,x,0") == std::vector{2});        // not a number
-  CHECK(visible("0,1abc").size() == 1);             // trailing junk
-  CHECK(visible("1,1,0") == std::vector{1});        // a repeat
-  CHECK(visible("GPU-ab,0").empty());               // ambiguous prefix
-  CHECK(visible("GPU-ff,0").empty());               // no such UUID
+  CHECK(visible("1,7,0") == std::vector{1});             // out of range
+  CHECK(visible("0,-1,1") == std::vector{0});            // negative
+  CHECK(visible("2,x,0") == std::vector{2});             // not a number
+  CHECK(visible("0,1abc").size() == 1);                  // trailing junk
+  CHECK(visible("1,1,0") == std::vector{1});             // a repeat
+  CHECK(visible("GPU-ab,0").empty());                    // ambiguous prefix
+  CHECK(visible("GPU-ff,0").empty());                    // no such UUID
   CHECK(visible("0,MIG-ab111111,1") == std::vector{0});  // MIG is not supported
-  CHECK(visible("0,,1") == std::vector{0});         // empty item
+  CHECK(visible("0,,1") == std::vector{0});              // empty item
 }
 
 TEST_CASE("a GPU whose UUID is not known yet can be named by index only", "[visible]") {

@@ -122,7 +122,7 @@ int meminfo() {
 // A client must not reach memory it does not own: ranges past its allocation and another
 // client's pointer are refused, and the session (and the server) go on working.
 int forge(unsigned long long foreign) {
-  Setup s = setup();
+  setup();
   CUdeviceptr mine;
   CHECK(cuMemAlloc(&mine, 4096));
   std::vector<char> host(8192, 1);

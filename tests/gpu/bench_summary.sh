@@ -6,7 +6,7 @@
 #
 # usage: bench_summary.sh --build-dir BUILD [--modes native,shim,mps] [--procs 8] [--work-dir DIR]
 #        bench_summary.sh --shim libmpsshim.so --daemon mpsshimd --ctl mpsshimctl
-#                         --examples-dir DIR --bench-dir DIR [...]
+#                         [--server mpsshim-server] --examples-dir DIR --bench-dir DIR [...]
 set -u -o pipefail
 
 SCRIPT_NAME=bench_summary
@@ -30,6 +30,7 @@ while [ $# -gt 0 ]; do
 done
 require_file examples-dir "${EXAMPLES_DIR:-}"
 require_file bench-dir "${BENCH_DIR:-}"
+require_file bench-dir "$BENCH_DIR/launch_latency"  # not built when nvcc was missing
 if [[ ",$MODES," == *,shim,* ]]; then
   require_file shim "${SHIM:-}"
   require_file daemon "${DAEMON:-}"
@@ -49,6 +50,11 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+run_failed() {  # WHAT
+  log "failed: $1"
+  FAILED_RUNS=$((FAILED_RUNS + 1))
+}
+
 # Figures per mode, in associative arrays keyed by figure name.
 declare -A NATIVE=() SHIM_FIG=() MPS=()
 
@@ -59,14 +65,14 @@ measure() {
   local -n out=$2
   log "measuring: $mode"
   run_mode "$mode" "$LOGS/launch_latency.$mode" "$BENCH_DIR/launch_latency" --quick ||
-    { log "launch_latency failed in $mode: see $LOGS/launch_latency.$mode.*"; FAILED_RUNS=$((FAILED_RUNS + 1)); }
+    run_failed "launch_latency in $mode: see $LOGS/launch_latency.$mode.*"
   local f=$LOGS/launch_latency.$mode.out
   out["launch_cpu"]=$(csv_value "$f" launch_latency launch_async_cpu)
   out["stream_sync"]=$(csv_value "$f" launch_latency launch_stream_sync)
   out["ctx_sync"]=$(csv_value "$f" launch_latency launch_ctx_sync)
 
   run_mode "$mode" "$LOGS/bandwidth.$mode" "$BENCH_DIR/bandwidth" --quick --sizes "$SIZE_64M" ||
-    { log "bandwidth failed in $mode: see $LOGS/bandwidth.$mode.*"; FAILED_RUNS=$((FAILED_RUNS + 1)); }
+    run_failed "bandwidth in $mode: see $LOGS/bandwidth.$mode.*"
   f=$LOGS/bandwidth.$mode.out
   out["h2d_pinned"]=$(csv_value "$f" bandwidth h2d_pinned_sync "$SIZE_64M")
   out["h2d_pageable"]=$(csv_value "$f" bandwidth h2d_pageable_sync "$SIZE_64M")
@@ -74,10 +80,10 @@ measure() {
   out["d2h_pageable"]=$(csv_value "$f" bandwidth d2h_pageable_sync "$SIZE_64M")
 
   run_small_kernel_copies "$mode" 1 "$LOGS/small1.$mode"
-  [ "$COPIES_OK" = 1 ] || FAILED_RUNS=$((FAILED_RUNS + 1))
+  [ "$COPIES_OK" = 1 ] || run_failed "small_kernels in $mode: see $LOGS/small1.$mode.*"
   out["small_one"]=$COPIES_MEAN_S
   run_small_kernel_copies "$mode" "$PROCS" "$LOGS/small$PROCS.$mode"
-  [ "$COPIES_OK" = 1 ] || FAILED_RUNS=$((FAILED_RUNS + 1))
+  [ "$COPIES_OK" = 1 ] || run_failed "small_kernels x$PROCS in $mode: see $LOGS/small$PROCS.$mode.*"
   out["small_wall"]=$COPIES_WALL_S
   out["small_mean"]=$COPIES_MEAN_S
   out["small_max"]=$COPIES_MAX_S

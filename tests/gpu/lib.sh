@@ -27,7 +27,8 @@ have_gpu() {
   "$smi" -L 2>/dev/null | grep -q '^GPU '
 }
 
-# Parses the options both scripts take; sets SHIM DAEMON CTL EXAMPLES_DIR BENCH_DIR (absolute).
+# Parses the options both scripts take; sets SHIM DAEMON CTL SERVER EXAMPLES_DIR BENCH_DIR
+# (absolute paths; SERVER may stay empty: mpsshimd then uses its default).
 # Unknown options are left in REST_ARGS for the caller.
 parse_paths() {
   local build_dir=""
@@ -38,24 +39,30 @@ parse_paths() {
       --shim) SHIM=$2; shift 2 ;;
       --daemon) DAEMON=$2; shift 2 ;;
       --ctl) CTL=$2; shift 2 ;;
+      --server) SERVER=$2; shift 2 ;;
       --examples-dir) EXAMPLES_DIR=$2; shift 2 ;;
       --bench-dir) BENCH_DIR=$2; shift 2 ;;
       *) REST_ARGS+=("$1"); shift ;;
     esac
   done
   if [ -n "$build_dir" ]; then
-    # Where meson puts them; the daemon and ctl are found by name wherever broker/ builds them.
+    # Where meson puts them; broker/'s programs are found by name wherever it builds them.
     : "${SHIM:=$build_dir/libshim/libmpsshim.so}"
-    : "${DAEMON:=$(find "$build_dir" -name mpsshimd -type f -perm -u+x 2>/dev/null | head -n1)}"
-    : "${CTL:=$(find "$build_dir" -name mpsshimctl -type f -perm -u+x 2>/dev/null | head -n1)}"
+    : "${DAEMON:=$(find_program_in "$build_dir" mpsshimd)}"
+    : "${CTL:=$(find_program_in "$build_dir" mpsshimctl)}"
+    : "${SERVER:=$(find_program_in "$build_dir" mpsshim-server)}"
     : "${EXAMPLES_DIR:=$build_dir/examples}"
     : "${BENCH_DIR:=$build_dir/bench}"
   fi
   local var
-  for var in SHIM DAEMON CTL EXAMPLES_DIR BENCH_DIR; do
+  for var in SHIM DAEMON CTL SERVER EXAMPLES_DIR BENCH_DIR; do
     [ -n "${!var:-}" ] && printf -v "$var" '%s' "$(realpath -m "${!var}")"
   done
   return 0
+}
+
+find_program_in() {  # DIR NAME: the first executable file called NAME under DIR
+  find "$1" -name "$2" -type f -perm -u+x 2>/dev/null | head -n1
 }
 
 require_file() {  # NAME PATH
@@ -70,17 +77,21 @@ SHIM_RUNTIME_DIR=""
 DAEMON_PID=""
 
 # daemon_start RUNTIME_DIR LOG_FILE: starts mpsshimd on the real driver and waits until its
-# control socket answers server_list.
+# control socket answers server_list and a server there says "running" (clients that arrive
+# while the servers start are refused with CUDA_ERROR_MPS_SERVER_NOT_READY).
 daemon_start() {
   SHIM_RUNTIME_DIR=$1
-  local log_file=$2 deadline=$((SECONDS + 30)) status
+  local log_file=$2 deadline=$((SECONDS + 30)) status servers
+  local -a server_arg=()
+  [ -z "${SERVER:-}" ] || server_arg=(--server "$SERVER")
   mkdir -p "$SHIM_RUNTIME_DIR"
   env -u CUDA_MPS_PIPE_DIRECTORY -u LD_PRELOAD -u NOTIFY_SOCKET \
-    "$DAEMON" --runtime-dir "$SHIM_RUNTIME_DIR" >"$log_file" 2>&1 &
+    "$DAEMON" --runtime-dir "$SHIM_RUNTIME_DIR" "${server_arg[@]}" >"$log_file" 2>&1 &
   DAEMON_PID=$!
   while :; do
     if [ -S "$SHIM_RUNTIME_DIR/control" ] &&
-      "$CTL" --runtime-dir "$SHIM_RUNTIME_DIR" server_list >/dev/null 2>&1; then
+      servers=$("$CTL" --runtime-dir "$SHIM_RUNTIME_DIR" server_list 2>&1) &&
+      grep -qw running <<<"$servers"; then
       return 0
     fi
     if [ -n "$DAEMON_PID" ] && ! kill -0 "$DAEMON_PID" 2>/dev/null; then
@@ -95,7 +106,8 @@ daemon_start() {
       }
     fi
     if [ "$SECONDS" -ge "$deadline" ]; then
-      log "mpsshimd not ready after 30 s; its log ($log_file):"
+      log "mpsshimd not ready after 30 s; server_list said: ${servers:-nothing}"
+      log "its log ($log_file):"
       tail -n 30 "$log_file" >&2
       return 1
     fi
@@ -108,8 +120,9 @@ daemon_stop() {
   [ -n "$SHIM_RUNTIME_DIR" ] || return 0
   timeout 10 "$CTL" --runtime-dir "$SHIM_RUNTIME_DIR" quit >/dev/null 2>&1 || true
   if [ -n "$DAEMON_PID" ]; then
+    # mpsshimd itself waits up to --stop-timeout (10 s) for its servers: give it longer.
     local i
-    for i in $(seq 100); do
+    for i in $(seq 250); do
       kill -0 "$DAEMON_PID" 2>/dev/null || break
       sleep 0.1
     done

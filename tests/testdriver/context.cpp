@@ -21,17 +21,18 @@ void activate(Device& dev) {
   static const auto all_sms = std::make_shared<const std::vector<std::uint16_t>>(SmSet::all().ids());
   dev.primary.limits = default_limits();
   dev.primary.null_stream = std::make_unique<Stream>(
-      Stream{dev.ordinal, nullptr, all_sms, 0, kStreamPriorityLeast, WorkQueue::start()});
+      Stream{dev.ordinal, dev.handle(), nullptr, all_sms, 0, kStreamPriorityLeast,
+             WorkQueue::start()});
 }
 
 // Everything created in the context goes with it (registrations are process-wide here, as if
 // every range were CU_MEMHOSTREGISTER_PORTABLE). Locked, memory_use held exclusively.
 void teardown(State& s, Device& dev) {
   const int d = dev.ordinal;
-  dev.primary.null_stream->queue->retire();
+  retire_stream(s, *dev.primary.null_stream);
   dev.primary.null_stream.reset();
   for (const auto& [handle, stream] : s.streams)
-    if (stream->device == d) stream->queue->retire();
+    if (stream->device == d) retire_stream(s, *stream);
   s.streams.erase_if([d](const Stream& st) { return st.device == d; });
   s.events.erase_if([d](const Event& e) { return e.device() == d; });
   std::vector<CUmodule> doomed;
@@ -89,20 +90,13 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice
   });
 }
 
+// A primary context while retained, or a green context's CUcontext while it lives.
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
-    if (ctx == nullptr) {
-      set_current_device(-1);
-      return CUDA_SUCCESS;
-    }
-    for (const auto& dev : s.devices) {
-      if (dev->handle() != ctx) continue;
-      if (!dev->primary.active()) return CUDA_ERROR_INVALID_CONTEXT;
-      set_current_device(dev->ordinal);
-      return CUDA_SUCCESS;
-    }
-    return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx != nullptr && context_of(s, ctx).device == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    set_current_context(ctx);
+    return CUDA_SUCCESS;
   });
 }
 

@@ -2,6 +2,8 @@
 // event stands for its latest capture, as cuEventRecord documents.
 #pragma once
 
+#include <cuda.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -15,9 +17,11 @@ class Event {
  public:
   using Clock = std::chrono::steady_clock;
 
-  Event(int device, unsigned flags) : device_(device), flags_(flags) {}
+  Event(int device, CUcontext context, unsigned flags)
+      : device_(device), context_(context), flags_(flags) {}
 
   int device() const { return device_; }
+  CUcontext context() const { return context_; }
   unsigned flags() const { return flags_; }
 
   // At enqueue time; the returned generation becomes the event's latest capture.
@@ -33,6 +37,7 @@ class Event {
 
  private:
   const int device_;
+  const CUcontext context_;
   const unsigned flags_;
   mutable std::mutex mutex_;
   std::condition_variable completed_;

@@ -162,7 +162,14 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGreenCtxCreate(CUgreenCtx* phCtx, C
     const ResourceDesc* d = s.descs.get(desc);
     if (d == nullptr || d->device != dev) return CUDA_ERROR_INVALID_VALUE;
     retain_primary(s, *s.devices[static_cast<std::size_t>(dev)]);  // released by cuGreenCtxDestroy
-    *phCtx = s.green_contexts.add(std::make_shared<GreenContext>(GreenContext{dev, d->sms}));
+    auto green = std::make_shared<GreenContext>(GreenContext{dev, d->sms, false, nullptr});
+    green->default_stream = std::make_unique<Stream>(
+        Stream{dev, green->context(), nullptr,
+               std::make_shared<const std::vector<std::uint16_t>>(d->sms.ids()),
+               CU_STREAM_NON_BLOCKING, kStreamPriorityLeast, WorkQueue::start()});
+    const CUcontext view = green->context();
+    *phCtx = s.green_contexts.add(std::move(green));
+    s.green_by_context.emplace(view, *phCtx);
     return CUDA_SUCCESS;
   });
 }
@@ -174,6 +181,8 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGreenCtxDestroy(CUgreenCtx hCtx) {
     std::shared_ptr<GreenContext> green = s.green_contexts.shared(hCtx);
     if (!green) return CUDA_ERROR_INVALID_CONTEXT;
     green->destroyed = true;
+    retire_stream(s, *green->default_stream);
+    s.green_by_context.erase(green->context());
     s.green_contexts.erase(hCtx);
     return release_primary(s, *s.devices[static_cast<std::size_t>(green->device)], lock);
   });
@@ -190,8 +199,19 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGreenCtxStreamCreate(CUstream* phSt
     if (flags != CU_STREAM_NON_BLOCKING) return CUDA_ERROR_INVALID_VALUE;  // required by the API
     priority = std::clamp(priority, kStreamPriorityGreatest, kStreamPriorityLeast);
     auto sms = std::make_shared<const std::vector<std::uint16_t>>(green->sms.ids());
-    *phStream = s.streams.add(std::make_shared<Stream>(
-        Stream{green->device, green, std::move(sms), flags, priority, WorkQueue::start()}));
+    *phStream = s.streams.add(std::make_shared<Stream>(Stream{
+        green->device, green->context(), green, std::move(sms), flags, priority, WorkQueue::start()}));
+    return CUDA_SUCCESS;
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuCtxFromGreenCtx(CUcontext* pContext, CUgreenCtx hCtx) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    if (pContext == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    GreenContext* green = s.green_contexts.get(hCtx);
+    if (green == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    *pContext = green->context();
     return CUDA_SUCCESS;
   });
 }

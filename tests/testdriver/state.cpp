@@ -7,7 +7,7 @@
 namespace mpsshim::testdriver {
 namespace {
 
-thread_local int t_current_device = -1;  // like the driver's per-thread current context
+thread_local CUcontext t_current = nullptr;  // like the driver's, per thread
 
 }  // namespace
 
@@ -49,13 +49,23 @@ bool valid_device(const State& s, CUdevice dev) {
   return dev >= 0 && static_cast<std::size_t>(dev) < s.devices.size();
 }
 
-Device* current_device(State& s) {
-  if (!valid_device(s, t_current_device)) return nullptr;
-  Device* dev = s.devices[static_cast<std::size_t>(t_current_device)].get();
-  return dev->primary.active() ? dev : nullptr;
+CurrentContext context_of(State& s, CUcontext ctx) {
+  if (ctx == nullptr) return {};
+  for (const auto& dev : s.devices) {
+    if (dev->handle() != ctx) continue;
+    if (!dev->primary.active()) return {};
+    return {dev.get(), ctx, dev->primary.null_stream.get()};
+  }
+  auto it = s.green_by_context.find(ctx);
+  if (it == s.green_by_context.end()) return {};
+  GreenContext* green = s.green_contexts.get(it->second);
+  return {s.devices[static_cast<std::size_t>(green->device)].get(), ctx,
+          green->default_stream.get()};
 }
 
-void set_current_device(int ordinal) { t_current_device = ordinal; }
+CurrentContext current_context(State& s) { return context_of(s, t_current); }
+
+void set_current_context(CUcontext ctx) { t_current = ctx; }
 
 std::byte* resolve_range_locked(State& s, std::uintptr_t addr, std::size_t bytes) {
   if (addr + bytes < addr) return nullptr;
@@ -110,16 +120,28 @@ WorkQueue::Ticket submit_work(State& s, Stream& stream, std::function<void()> wo
   });
 }
 
+void retire_stream(State& s, Stream& stream) {
+  stream.queue->retire();
+  s.retiring.emplace_back(stream.device, stream.queue);
+}
+
 void drain(State& s, int device) {
   std::vector<std::shared_ptr<WorkQueue>> queues;
   {
     std::lock_guard lock(s.mutex);
+    std::erase_if(s.retiring, [](const auto& r) { return r.second.expired(); });
+    for (const auto& [dev, weak] : s.retiring) {
+      if (device >= 0 && dev != device) continue;
+      if (auto q = weak.lock()) queues.push_back(std::move(q));
+    }
     for (const auto& dev : s.devices) {
       if ((device < 0 || dev->ordinal == device) && dev->primary.null_stream)
         queues.push_back(dev->primary.null_stream->queue);
     }
     for (const auto& [handle, stream] : s.streams)
       if (device < 0 || stream->device == device) queues.push_back(stream->queue);
+    for (const auto& [handle, green] : s.green_contexts)
+      if (device < 0 || green->device == device) queues.push_back(green->default_stream->queue);
   }
   for (const auto& q : queues) q->wait_idle();
 }

@@ -42,19 +42,23 @@ inline constexpr int kStreamPriorityGreatest = -5;
 struct Module;
 struct Library;
 
-struct GreenContext {
-  int device;
-  SmSet sms;
-  bool destroyed = false;  // streams outlive it (the API leaves them to the user) and must know
-};
-
 struct Stream {
   int device;
-  std::shared_ptr<GreenContext> green;  // null for a primary context's NULL stream
+  CUcontext context;  // a primary context, or a green context's CUcontext
+  std::shared_ptr<struct GreenContext> green;  // for cuGreenCtxStreamCreate streams
   std::shared_ptr<const std::vector<std::uint16_t>> sms;
   unsigned flags;
   int priority;
   std::shared_ptr<WorkQueue> queue;
+};
+
+struct GreenContext {
+  int device;
+  SmSet sms;
+  bool destroyed = false;  // streams outlive it (the API leaves them to the user) and must know
+  std::unique_ptr<Stream> default_stream;  // what NULL names while it is current
+  char view = 0;  // its address is the CUcontext cuCtxFromGreenCtx returns
+  CUcontext context() { return reinterpret_cast<CUcontext>(&view); }
 };
 
 struct PrimaryContext {
@@ -176,6 +180,9 @@ class State {
   HandleTable<CUlibrary, Library> libraries;
   HandleTable<CUkernel, Kernel> kernels;
   HandleTable<CUgreenCtx, GreenContext> green_contexts;
+  std::unordered_map<CUcontext, CUgreenCtx> green_by_context;
+  // Destroyed streams still running what they were given: the device is not idle until they are.
+  std::vector<std::pair<int, std::weak_ptr<WorkQueue>>> retiring;
   HandleTable<CUdevResourceDesc, ResourceDesc> descs;
   std::uint64_t next_split = 1;
 
@@ -205,9 +212,17 @@ CUresult entry(Body&& body) noexcept {
 // ---- Helpers shared by the entry points. "locked": the caller holds s.mutex.
 
 bool valid_device(const State& s, CUdevice dev);
-// The device whose active primary context is current on this thread; null when none (locked).
-Device* current_device(State& s);
-void set_current_device(int ordinal);  // -1: no context current
+// The calling thread's current context, while it is usable (locked): an active primary context
+// or a live green context; `null_stream` is the stream that NULL names in it.
+struct CurrentContext {
+  Device* device = nullptr;
+  CUcontext handle = nullptr;
+  Stream* null_stream = nullptr;
+};
+CurrentContext context_of(State& s, CUcontext ctx);  // empty when ctx is not usable
+CurrentContext current_context(State& s);
+inline Device* current_device(State& s) { return current_context(s).device; }
+void set_current_context(CUcontext ctx);
 // Retains / releases a device's primary context; the last release destroys everything created in
 // it, as the real driver does. release_primary unlocks `lock` while it drains the device's work.
 CUresult retain_primary(State& s, Device& dev);
@@ -229,6 +244,8 @@ void release_allocation(State& s, std::uintptr_t base);  // locked, memory_use h
 // Enqueues work that touches memory: skipped once the process is faulted; a DeviceFault it raises
 // becomes the sticky error (locked).
 WorkQueue::Ticket submit_work(State& s, Stream& stream, std::function<void()> work);
+// Lets the stream finish its work on its own, still counted by drain() (locked).
+void retire_stream(State& s, Stream& stream);
 // Waits until every stream of `device` (-1: all devices) has run what it was given; takes and
 // releases the lock itself, so call it unlocked.
 void drain(State& s, int device);

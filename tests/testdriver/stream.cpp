@@ -8,9 +8,9 @@ namespace mpsshim::testdriver {
 
 CUresult resolve_stream(State& s, CUstream handle, Stream*& out) {
   if (handle == nullptr || handle == CU_STREAM_LEGACY || handle == CU_STREAM_PER_THREAD) {
-    Device* dev = current_device(s);
-    if (dev == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-    out = dev->primary.null_stream.get();
+    const CurrentContext ctx = current_context(s);
+    if (ctx.device == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    out = ctx.null_stream;
     return CUDA_SUCCESS;
   }
   Stream* stream = s.streams.get(handle);
@@ -30,7 +30,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamDestroy_v2(CUstream hstream) 
     Stream* stream = s.streams.get(hstream);
     if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     if (stream->green && stream->green->destroyed) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
-    stream->queue->retire();  // queued work still runs, as documented
+    retire_stream(s, *stream);  // queued work still runs, as documented
     s.streams.erase(hstream);
     return CUDA_SUCCESS;
   });
@@ -78,13 +78,13 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamWaitEvent(CUstream hstream, C
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuEventCreate(CUevent* phEvent, unsigned int Flags) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
-    Device* dev = current_device(s);
-    if (dev == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    const CurrentContext ctx = current_context(s);
+    if (ctx.device == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
     constexpr unsigned kKnown = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
     if (phEvent == nullptr || (Flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
     if ((Flags & CU_EVENT_INTERPROCESS) != 0 && (Flags & CU_EVENT_DISABLE_TIMING) == 0)
       return CUDA_ERROR_INVALID_VALUE;
-    *phEvent = s.events.add(std::make_shared<Event>(dev->ordinal, Flags));
+    *phEvent = s.events.add(std::make_shared<Event>(ctx.device->ordinal, ctx.handle, Flags));
     return CUDA_SUCCESS;
   });
 }
@@ -106,7 +106,8 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuEventRecordWithFlags(CUevent hevent
     Stream* stream = nullptr;
     if (CUresult r = resolve_stream(s, hstream, stream); r != CUDA_SUCCESS) return r;
     std::shared_ptr<Event> event = s.events.shared(hevent);
-    if (!event || event->device() != stream->device) return CUDA_ERROR_INVALID_HANDLE;
+    // "hEvent and hStream must be from the same context": a green context is a context of its own.
+    if (!event || event->context() != stream->context) return CUDA_ERROR_INVALID_HANDLE;
     // CU_EVENT_RECORD_EXTERNAL is invalid outside stream capture.
     if (flags != CU_EVENT_RECORD_DEFAULT) return CUDA_ERROR_INVALID_VALUE;
     const std::uint64_t generation = event->capture();

@@ -10,8 +10,8 @@ namespace {
 TEST_CASE("isolated: trigger_fault", "[.isolated]") {
   Session s;
   const GreenStream other = make_green_stream(0, 8, 1, 0);
-  const CUdeviceptr p = s.alloc(sizeof(int));
-  void* params[] = {const_cast<CUdeviceptr*>(&p)};
+  CUdeviceptr p = s.alloc(sizeof(int));
+  void* params[] = {&p};
 
   CHECK_CU(s.sut.cuLaunchKernel(s.function("trigger_fault"), 1, 1, 1, 1, 1, 1, 0, s.stream, params,
                                 nullptr),
@@ -29,9 +29,9 @@ TEST_CASE("isolated: trigger_fault", "[.isolated]") {
 
 TEST_CASE("isolated: out-of-bounds kernel", "[.isolated]") {
   Session s;
-  const CUdeviceptr p = s.alloc(64 * sizeof(int));
+  CUdeviceptr p = s.alloc(64 * sizeof(int));
   int n = 65;  // one past the allocation
-  void* params[] = {const_cast<CUdeviceptr*>(&p), &n};
+  void* params[] = {&p, &n};
   CHECK_CU(s.sut.cuLaunchKernel(s.function("increment_i32"), 1, 1, 1, 128, 1, 1, 0, s.stream,
                                 params, nullptr),
            CUDA_SUCCESS);

@@ -33,12 +33,13 @@ Split split(unsigned min_count, unsigned flags, unsigned want = 200) {
 
 // Distinct SM ids that record_smid reports for `blocks` blocks on `stream`.
 std::set<unsigned> sms_seen(Session& s, CUstream stream, int blocks) {
-  const CUdeviceptr out = s.alloc(sizeof(unsigned) * static_cast<std::size_t>(blocks));
-  void* params[] = {const_cast<CUdeviceptr*>(&out)};
+  CUdeviceptr out = s.alloc(sizeof(unsigned) * static_cast<std::size_t>(blocks));
+  void* params[] = {&out};
   REQUIRE_CU(s.sut.cuLaunchKernel(s.function("record_smid"), static_cast<unsigned>(blocks), 1, 1,
                                   32, 1, 1, 0, stream, params, nullptr));
   REQUIRE_CU(s.sut.cuStreamSynchronize(stream));
   const auto ids = s.download<unsigned>(out, static_cast<std::size_t>(blocks));
+  REQUIRE_CU(s.sut.cuMemFree_v2(out));
   return {ids.begin(), ids.end()};
 }
 

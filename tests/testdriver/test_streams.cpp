@@ -28,8 +28,7 @@ void launch_increment(Session& s, CUstream stream, CUdeviceptr p, int n) {
 
 TEST_CASE("work runs after the call that enqueued it returns", "[streams]") {
   Session s;
-  CUevent done = nullptr;
-  REQUIRE_CU(s.sut.cuEventCreate(&done, CU_EVENT_DEFAULT));
+  const CUevent done = s.event(CU_EVENT_DEFAULT);
 
   launch_sleep(s, s.stream, kSleepMicroseconds);
   REQUIRE_CU(s.sut.cuEventRecordWithFlags(done, s.stream, 0));
@@ -43,11 +42,10 @@ TEST_CASE("work runs after the call that enqueued it returns", "[streams]") {
 
 TEST_CASE("events time the work between them", "[streams]") {
   Session s;
-  CUevent start = nullptr, stop = nullptr, untimed = nullptr, unrecorded = nullptr;
-  REQUIRE_CU(s.sut.cuEventCreate(&start, CU_EVENT_DEFAULT));
-  REQUIRE_CU(s.sut.cuEventCreate(&stop, CU_EVENT_BLOCKING_SYNC));
-  REQUIRE_CU(s.sut.cuEventCreate(&untimed, CU_EVENT_DISABLE_TIMING));
-  REQUIRE_CU(s.sut.cuEventCreate(&unrecorded, CU_EVENT_DEFAULT));
+  const CUevent start = s.event(CU_EVENT_DEFAULT);
+  const CUevent stop = s.event(CU_EVENT_BLOCKING_SYNC);
+  const CUevent untimed = s.event(CU_EVENT_DISABLE_TIMING);
+  CUevent unrecorded = s.event(CU_EVENT_DEFAULT);
   CHECK_CU(s.sut.cuEventQuery(unrecorded), CUDA_SUCCESS);  // an empty set of work
 
   REQUIRE_CU(s.sut.cuEventRecordWithFlags(start, s.stream, 0));
@@ -70,6 +68,31 @@ TEST_CASE("events time the work between them", "[streams]") {
   CHECK_CU(s.sut.cuEventQuery(start), CUDA_ERROR_INVALID_HANDLE);
 }
 
+TEST_CASE("an event is recorded only on a stream of its own context", "[streams]") {
+  Session s;
+  CUevent primary_event = nullptr;
+  REQUIRE_CU(s.sut.cuEventCreate(&primary_event, CU_EVENT_DEFAULT));  // the primary is current
+  CHECK_CU(s.sut.cuEventRecordWithFlags(primary_event, s.stream, 0), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_CU(s.sut.cuEventRecordWithFlags(primary_event, nullptr, 0), CUDA_SUCCESS);
+  // Waiting crosses contexts freely.
+  CHECK_CU(s.sut.cuStreamWaitEvent(s.stream, primary_event, 0), CUDA_SUCCESS);
+  s.sync();
+}
+
+TEST_CASE("NULL names the green context's default stream while it is current", "[streams]") {
+  Session s;
+  REQUIRE_CU(s.sut.cuCtxSetCurrent(s.green_ctx));
+  const CUdeviceptr p = s.alloc(sizeof(int));
+  CUevent e = nullptr;
+  REQUIRE_CU(s.sut.cuEventCreate(&e, CU_EVENT_DEFAULT));
+  REQUIRE_CU(s.sut.cuMemsetD32Async(p, 9, 1, nullptr));
+  REQUIRE_CU(s.sut.cuEventRecordWithFlags(e, nullptr, 0));
+  REQUIRE_CU(s.sut.cuStreamSynchronize(nullptr));
+  CHECK_CU(s.sut.cuEventQuery(e), CUDA_SUCCESS);
+  REQUIRE_CU(s.sut.cuCtxSetCurrent(s.ctx));
+  CHECK(s.download<int>(p, 1)[0] == 9);
+}
+
 TEST_CASE("a stream waits for an event recorded in another", "[streams]") {
   Session s;
   const GreenStream other = make_green_stream(0, 8, 2, 0);
@@ -78,8 +101,7 @@ TEST_CASE("a stream waits for an event recorded in another", "[streams]") {
   s.sync();
   int pinned = -1;
   REQUIRE_CU(s.sut.cuMemHostRegister_v2(&pinned, sizeof pinned, 0));
-  CUevent incremented = nullptr;
-  REQUIRE_CU(s.sut.cuEventCreate(&incremented, CU_EVENT_DISABLE_TIMING));
+  const CUevent incremented = s.event(CU_EVENT_DISABLE_TIMING);
 
   launch_sleep(s, s.stream, kSleepMicroseconds);
   launch_increment(s, s.stream, counter, 1);

@@ -91,6 +91,7 @@ Session::Session(CUdevice dev) : sut(driver().api), device(dev) {
   REQUIRE_CU(sut.cuDevResourceGenerateDesc(&desc, &all, 1));
   REQUIRE_CU(sut.cuGreenCtxCreate(&green, desc, device, CU_GREEN_CTX_DEFAULT_STREAM));
   REQUIRE_CU(sut.cuGreenCtxStreamCreate(&stream, green, CU_STREAM_NON_BLOCKING, 0));
+  REQUIRE_CU(sut.cuCtxFromGreenCtx(&green_ctx, green));
   static constexpr char kImage[] = "// any image: kernels are found by name\n.version 8.0\n";
   REQUIRE_CU(sut.cuModuleLoadData(&module, kImage));
 }
@@ -107,6 +108,8 @@ CUfunction Session::function(const char* name) {
   REQUIRE_CU(sut.cuModuleGetFunction(&f, module, name));
   return f;
 }
+
+CUevent Session::event(unsigned flags) { return make_event(green, flags, ctx); }
 
 CUdeviceptr Session::alloc(std::size_t bytes) {
   CUdeviceptr p = 0;
@@ -141,6 +144,18 @@ GreenStream make_green_stream(CUdevice device, unsigned min_count, unsigned grou
   REQUIRE_CU(sut.cuGreenCtxCreate(&g.green, desc, device, CU_GREEN_CTX_DEFAULT_STREAM));
   REQUIRE_CU(sut.cuGreenCtxStreamCreate(&g.stream, g.green, CU_STREAM_NON_BLOCKING, 0));
   return g;
+}
+
+CUevent make_event(CUgreenCtx green, unsigned flags, CUcontext restore) {
+  const auto& sut = driver().api;
+  CUcontext green_ctx = nullptr;
+  REQUIRE_CU(sut.cuCtxFromGreenCtx(&green_ctx, green));
+  REQUIRE_CU(sut.cuCtxSetCurrent(green_ctx));
+  CUevent event = nullptr;
+  const CUresult created = sut.cuEventCreate(&event, flags);
+  REQUIRE_CU(sut.cuCtxSetCurrent(restore));
+  REQUIRE_CU(created);
+  return event;
 }
 
 void destroy_green_stream(const GreenStream& g) {

@@ -52,7 +52,12 @@ class Session {
   CUstream stream = nullptr;
   CUmodule module = nullptr;
 
+  CUcontext green_ctx = nullptr;  // the green context as a CUcontext
+
   CUfunction function(const char* name);
+  // An event of the green context, so that it can be recorded on `stream` (an event and the
+  // stream it is recorded on must share a context).
+  CUevent event(unsigned flags);
   CUdeviceptr alloc(std::size_t bytes);
   template <class T>
   void upload(CUdeviceptr dst, const std::vector<T>& src) {
@@ -79,6 +84,8 @@ struct GreenStream {
 };
 GreenStream make_green_stream(CUdevice device, unsigned min_count, unsigned groups,
                               unsigned flags);
+// An event created with `green` current, then the previous context current again.
+CUevent make_event(CUgreenCtx green, unsigned flags, CUcontext restore);
 void destroy_green_stream(const GreenStream& g);
 
 }  // namespace mpsshim::testdriver::test

@@ -1,0 +1,354 @@
+#include "tests/server/fake_driver.hpp"
+
+#include <cstring>
+
+namespace mpsshim::server::test {
+namespace {
+
+std::uintptr_t g_next_handle = 0x1000;
+
+template <typename T>
+T new_handle() {
+  g_next_handle += 0x10;
+  return reinterpret_cast<T>(g_next_handle);
+}
+
+CUresult work_state() {
+  FakeGpu& gpu = fake_gpu();
+  return gpu.busy ? CUDA_ERROR_NOT_READY : gpu.work_result;
+}
+
+void* named(const std::string& name) {
+  auto [it, inserted] = fake_gpu().named.try_emplace(name, nullptr);
+  if (inserted) it->second = new_handle<void*>();
+  return it->second;
+}
+
+// Device memory: host memory that the fake's copies and memsets write through.
+std::byte* device_bytes(CUdeviceptr p) { return reinterpret_cast<std::byte*>(p); }
+
+CUresult alloc(CUdeviceptr* out, std::size_t bytes) {
+  std::vector<std::byte> block(bytes + 256);
+  auto base = reinterpret_cast<std::uintptr_t>(block.data());
+  CUdeviceptr aligned = (base + 255) / 256 * 256;
+  *out = aligned;
+  fake_gpu().allocations.emplace(aligned, std::move(block));
+  return CUDA_SUCCESS;
+}
+
+template <typename T>
+void fill(CUdeviceptr dst, T value, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) std::memcpy(device_bytes(dst) + i * sizeof(T), &value, sizeof(T));
+}
+
+template <typename T>
+void fill_2d(CUdeviceptr dst, std::size_t pitch, T value, std::size_t width, std::size_t height) {
+  for (std::size_t row = 0; row < height; ++row) fill(dst + row * pitch, value, width);
+}
+
+}  // namespace
+
+FakeGpu& fake_gpu() {
+  static FakeGpu gpu;
+  return gpu;
+}
+
+DriverTable fake_driver_table() {
+  DriverTable t;
+  t.cuInit = [](unsigned) { return CUDA_SUCCESS; };
+  t.cuDriverGetVersion = [](int* v) {
+    *v = 13000;
+    return CUDA_SUCCESS;
+  };
+  t.cuGetErrorName = [](CUresult, const char** name) {
+    *name = "CUDA_ERROR_FAKE";
+    return CUDA_SUCCESS;
+  };
+  t.cuGetErrorString = [](CUresult, const char** text) {
+    *text = "fake";
+    return CUDA_SUCCESS;
+  };
+  t.cuDeviceGet = [](CUdevice* d, int ordinal) {
+    *d = ordinal;
+    return ordinal == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+  };
+  t.cuDeviceGetCount = [](int* n) {
+    *n = 1;
+    return CUDA_SUCCESS;
+  };
+  t.cuDeviceGetName = [](char* name, int length, CUdevice) {
+    std::strncpy(name, "Fake H100", static_cast<std::size_t>(length));
+    return CUDA_SUCCESS;
+  };
+  t.cuDeviceGetUuid_v2 = [](CUuuid* uuid, CUdevice) {
+    for (int i = 0; i < 16; ++i) uuid->bytes[i] = static_cast<char>(i);
+    return CUDA_SUCCESS;
+  };
+  t.cuDeviceTotalMem_v2 = [](std::size_t* bytes, CUdevice) {
+    *bytes = fake_gpu().total_memory;
+    return CUDA_SUCCESS;
+  };
+  t.cuDeviceGetAttribute = [](int* value, CUdevice_attribute a, CUdevice) {
+    if (a == CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) {
+      *value = static_cast<int>(fake_gpu().sm_count);
+      return CUDA_SUCCESS;
+    }
+    if (a % 7 == 0) return CUDA_ERROR_INVALID_VALUE;  // some the driver does not know
+    *value = static_cast<int>(a) * 10;
+    return CUDA_SUCCESS;
+  };
+  t.cuDeviceGetDevResource = [](CUdevice, CUdevResource* r, CUdevResourceType type) {
+    std::memset(r, 0, sizeof *r);
+    r->type = type;
+    r->sm.smCount = fake_gpu().sm_count;
+    r->sm.minSmPartitionSize = fake_gpu().min_partition;
+    r->sm.smCoscheduledAlignment = fake_gpu().coscheduled_alignment;
+    return CUDA_SUCCESS;
+  };
+  t.cuDevSmResourceSplitByCount = [](CUdevResource* result, unsigned* groups, const CUdevResource* in,
+                                     CUdevResource* remaining, unsigned flags, unsigned min_count) {
+    FakeGpu& gpu = fake_gpu();
+    gpu.last_split_min_count = min_count;
+    gpu.last_split_flags = flags;
+    if (min_count > in->sm.smCount) return CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION;
+    *result = *in;
+    result->sm.smCount = min_count;
+    *groups = 1;
+    if (remaining != nullptr) {
+      *remaining = *in;
+      remaining->sm.smCount = in->sm.smCount - min_count;
+    }
+    return CUDA_SUCCESS;
+  };
+  t.cuDevResourceGenerateDesc = [](CUdevResourceDesc* desc, CUdevResource*, unsigned) {
+    *desc = new_handle<CUdevResourceDesc>();
+    return CUDA_SUCCESS;
+  };
+  t.cuGreenCtxCreate = [](CUgreenCtx* g, CUdevResourceDesc, CUdevice, unsigned) {
+    *g = new_handle<CUgreenCtx>();
+    ++fake_gpu().green_live;
+    return CUDA_SUCCESS;
+  };
+  t.cuGreenCtxDestroy = [](CUgreenCtx) {
+    --fake_gpu().green_live;
+    return CUDA_SUCCESS;
+  };
+  t.cuGreenCtxStreamCreate = [](CUstream* s, CUgreenCtx, unsigned flags, int priority) {
+    if (flags != CU_STREAM_NON_BLOCKING) return CUDA_ERROR_INVALID_VALUE;
+    *s = new_handle<CUstream>();
+    ++fake_gpu().streams_live;
+    fake_gpu().last_stream_priority = priority;
+    return CUDA_SUCCESS;
+  };
+  t.cuCtxFromGreenCtx = [](CUcontext* c, CUgreenCtx) {
+    *c = new_handle<CUcontext>();
+    return CUDA_SUCCESS;
+  };
+  t.cuDevicePrimaryCtxRetain = [](CUcontext* c, CUdevice) {
+    *c = new_handle<CUcontext>();
+    return CUDA_SUCCESS;
+  };
+  t.cuDevicePrimaryCtxRelease_v2 = [](CUdevice) { return CUDA_SUCCESS; };
+  t.cuCtxSetCurrent = [](CUcontext) { return CUDA_SUCCESS; };
+  t.cuCtxSetLimit = [](CUlimit limit, std::size_t value) {
+    fake_gpu().limits[limit] = value;
+    return CUDA_SUCCESS;
+  };
+  t.cuCtxGetLimit = [](std::size_t* value, CUlimit limit) {
+    *value = fake_gpu().limits[limit];
+    return CUDA_SUCCESS;
+  };
+  t.cuCtxGetStreamPriorityRange = [](int* least, int* greatest) {
+    *least = 0;
+    *greatest = -5;
+    return CUDA_SUCCESS;
+  };
+  t.cuMemAlloc_v2 = [](CUdeviceptr* p, std::size_t bytes) { return alloc(p, bytes); };
+  t.cuMemAllocPitch_v2 = [](CUdeviceptr* p, std::size_t* pitch, std::size_t width,
+                            std::size_t height, unsigned) {
+    *pitch = (width + 511) / 512 * 512;
+    return alloc(p, *pitch * height);
+  };
+  t.cuMemFree_v2 = [](CUdeviceptr p) {
+    return fake_gpu().allocations.erase(p) == 1 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  };
+  t.cuMemGetInfo_v2 = [](std::size_t* free_bytes, std::size_t* total) {
+    *free_bytes = fake_gpu().free_memory;
+    *total = fake_gpu().total_memory;
+    return CUDA_SUCCESS;
+  };
+  t.cuMemHostRegister_v2 = [](void* p, std::size_t bytes, unsigned) {
+    fake_gpu().host_registrations[p] = bytes;
+    return CUDA_SUCCESS;
+  };
+  t.cuMemHostUnregister = [](void* p) {
+    return fake_gpu().host_registrations.erase(p) == 1 ? CUDA_SUCCESS
+                                                       : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  };
+  t.cuMemHostGetDevicePointer_v2 = [](CUdeviceptr* d, void* p, unsigned) {
+    *d = reinterpret_cast<CUdeviceptr>(p);
+    return CUDA_SUCCESS;
+  };
+  t.cuMemcpyHtoDAsync_v2 = [](CUdeviceptr d, const void* h, std::size_t n, CUstream) {
+    std::memcpy(device_bytes(d), h, n);
+    return CUDA_SUCCESS;
+  };
+  t.cuMemcpyDtoHAsync_v2 = [](void* h, CUdeviceptr d, std::size_t n, CUstream) {
+    std::memcpy(h, device_bytes(d), n);
+    return CUDA_SUCCESS;
+  };
+  t.cuMemcpyDtoDAsync_v2 = [](CUdeviceptr d, CUdeviceptr s, std::size_t n, CUstream) {
+    std::memmove(device_bytes(d), device_bytes(s), n);
+    return CUDA_SUCCESS;
+  };
+  t.cuMemsetD8Async = [](CUdeviceptr d, unsigned char v, std::size_t n, CUstream) {
+    fill(d, v, n);
+    return CUDA_SUCCESS;
+  };
+  t.cuMemsetD16Async = [](CUdeviceptr d, unsigned short v, std::size_t n, CUstream) {
+    fill(d, v, n);
+    return CUDA_SUCCESS;
+  };
+  t.cuMemsetD32Async = [](CUdeviceptr d, unsigned v, std::size_t n, CUstream) {
+    fill(d, v, n);
+    return CUDA_SUCCESS;
+  };
+  t.cuMemsetD2D8Async = [](CUdeviceptr d, std::size_t pitch, unsigned char v, std::size_t w,
+                           std::size_t h, CUstream) {
+    fill_2d(d, pitch, v, w, h);
+    return CUDA_SUCCESS;
+  };
+  t.cuMemsetD2D16Async = [](CUdeviceptr d, std::size_t pitch, unsigned short v, std::size_t w,
+                            std::size_t h, CUstream) {
+    fill_2d(d, pitch, v, w, h);
+    return CUDA_SUCCESS;
+  };
+  t.cuMemsetD2D32Async = [](CUdeviceptr d, std::size_t pitch, unsigned v, std::size_t w,
+                            std::size_t h, CUstream) {
+    fill_2d(d, pitch, v, w, h);
+    return CUDA_SUCCESS;
+  };
+  t.cuModuleLoadData = [](CUmodule* m, const void*) {
+    *m = new_handle<CUmodule>();
+    ++fake_gpu().modules_live;
+    return CUDA_SUCCESS;
+  };
+  t.cuModuleUnload = [](CUmodule) {
+    --fake_gpu().modules_live;
+    return CUDA_SUCCESS;
+  };
+  t.cuModuleGetFunction = [](CUfunction* f, CUmodule, const char* name) {
+    if (std::strcmp(name, "missing") == 0) return CUDA_ERROR_NOT_FOUND;
+    *f = static_cast<CUfunction>(named(std::string("function:") + name));
+    return CUDA_SUCCESS;
+  };
+  t.cuModuleGetGlobal_v2 = [](CUdeviceptr* p, std::size_t* bytes, CUmodule, const char*) {
+    *bytes = 64;
+    return alloc(p, 64);
+  };
+  t.cuLibraryLoadData = [](CUlibrary* l, const void*, CUjit_option*, void**, unsigned,
+                           CUlibraryOption*, void**, unsigned) {
+    *l = new_handle<CUlibrary>();
+    ++fake_gpu().libraries_live;
+    return CUDA_SUCCESS;
+  };
+  t.cuLibraryUnload = [](CUlibrary) {
+    --fake_gpu().libraries_live;
+    return CUDA_SUCCESS;
+  };
+  t.cuLibraryGetKernel = [](CUkernel* k, CUlibrary, const char* name) {
+    *k = static_cast<CUkernel>(named(std::string("kernel:") + name));
+    return CUDA_SUCCESS;
+  };
+  t.cuLibraryGetModule = [](CUmodule* m, CUlibrary) {
+    *m = new_handle<CUmodule>();
+    return CUDA_SUCCESS;
+  };
+  t.cuLibraryGetGlobal = [](CUdeviceptr* p, std::size_t* bytes, CUlibrary, const char*) {
+    *bytes = 32;
+    return alloc(p, 32);
+  };
+  t.cuKernelGetFunction = [](CUfunction* f, CUkernel) {
+    *f = new_handle<CUfunction>();
+    return CUDA_SUCCESS;
+  };
+  t.cuKernelGetAttribute = [](int* v, CUfunction_attribute, CUkernel, CUdevice) {
+    *v = 7;
+    return CUDA_SUCCESS;
+  };
+  t.cuKernelSetAttribute = [](CUfunction_attribute, int, CUkernel, CUdevice) { return CUDA_SUCCESS; };
+  // Two parameters: a pointer at 0 and an int at 8.
+  t.cuKernelGetParamInfo = [](CUkernel, std::size_t i, std::size_t* offset, std::size_t* size) {
+    if (i >= 2) return CUDA_ERROR_INVALID_VALUE;
+    *offset = i * 8;
+    *size = i == 0 ? 8 : 4;
+    return CUDA_SUCCESS;
+  };
+  t.cuFuncGetParamInfo = [](CUfunction, std::size_t i, std::size_t* offset, std::size_t* size) {
+    if (i >= 3) return CUDA_ERROR_INVALID_VALUE;
+    *offset = i * 8;
+    *size = 8;
+    return CUDA_SUCCESS;
+  };
+  t.cuFuncGetAttribute = [](int* v, CUfunction_attribute, CUfunction) {
+    *v = 3;
+    return CUDA_SUCCESS;
+  };
+  t.cuFuncSetAttribute = [](CUfunction, CUfunction_attribute, int) { return CUDA_SUCCESS; };
+  t.cuFuncSetCacheConfig = [](CUfunction, CUfunc_cache) { return CUDA_SUCCESS; };
+  t.cuLaunchKernel = [](CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        unsigned, CUstream, void**, void**) { return CUDA_ERROR_NOT_SUPPORTED; };
+  t.cuLaunchKernelEx = [](const CUlaunchConfig* config, CUfunction, void**, void** extra) {
+    FakeGpu& gpu = fake_gpu();
+    ++gpu.launches;
+    gpu.last_launch_attribute_count = config->numAttrs;
+    gpu.last_launch_args.clear();
+    if (extra != nullptr) {
+      auto* buffer = static_cast<const std::byte*>(extra[1]);
+      std::size_t size = *static_cast<std::size_t*>(extra[3]);
+      gpu.last_launch_args.assign(buffer, buffer + size);
+    }
+    return gpu.launch_result;
+  };
+  t.cuStreamDestroy_v2 = [](CUstream) {
+    --fake_gpu().streams_live;
+    return CUDA_SUCCESS;
+  };
+  t.cuStreamQuery = [](CUstream) { return work_state(); };
+  t.cuStreamSynchronize = [](CUstream) { return CUDA_ERROR_NOT_SUPPORTED; };  // the server must not block
+  t.cuStreamWaitEvent = [](CUstream, CUevent, unsigned) {
+    ++fake_gpu().stream_waits;
+    return CUDA_SUCCESS;
+  };
+  t.cuEventCreate = [](CUevent* e, unsigned) {
+    *e = new_handle<CUevent>();
+    ++fake_gpu().events_live;
+    return CUDA_SUCCESS;
+  };
+  t.cuEventDestroy_v2 = [](CUevent) {
+    --fake_gpu().events_live;
+    return CUDA_SUCCESS;
+  };
+  t.cuEventRecordWithFlags = [](CUevent, CUstream, unsigned) { return CUDA_SUCCESS; };
+  t.cuEventQuery = [](CUevent) { return work_state(); };
+  t.cuEventElapsedTime_v2 = [](float* ms, CUevent, CUevent) {
+    *ms = 1.5f;
+    return CUDA_SUCCESS;
+  };
+  t.cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags = [](int* n, CUfunction, int, std::size_t,
+                                                              unsigned) {
+    *n = 4;
+    return CUDA_SUCCESS;
+  };
+  t.cuOccupancyMaxActiveClusters = [](int* n, CUfunction, const CUlaunchConfig*) {
+    *n = 2;
+    return CUDA_SUCCESS;
+  };
+  t.cuOccupancyAvailableDynamicSMemPerBlock = [](std::size_t* n, CUfunction, int, int) {
+    *n = 1024;
+    return CUDA_SUCCESS;
+  };
+  return t;
+}
+
+}  // namespace mpsshim::server::test

@@ -1,0 +1,56 @@
+// An in-process stand-in for the driver, for driving the server's dispatcher without a GPU or
+// the test driver library: device memory is host memory, copies and memsets happen at once,
+// and a test decides when "GPU work" completes and what it returns.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "broker/server/driver_table.hpp"
+
+namespace mpsshim::server::test {
+
+struct FakeGpu {
+  // The device.
+  unsigned sm_count = 132;
+  unsigned min_partition = 8;
+  unsigned coscheduled_alignment = 8;
+  std::size_t total_memory = std::size_t{80} << 30;
+  std::size_t free_memory = std::size_t{70} << 30;
+
+  // What queued work reports: NOT_READY while busy, else work_result.
+  bool busy = false;
+  CUresult work_result = CUDA_SUCCESS;
+  CUresult launch_result = CUDA_SUCCESS;
+
+  // What the server did.
+  std::map<CUdeviceptr, std::vector<std::byte>> allocations;
+  std::map<void*, std::size_t> host_registrations;
+  int streams_live = 0;
+  int events_live = 0;
+  int green_live = 0;
+  int modules_live = 0;
+  int libraries_live = 0;
+  int launches = 0;
+  int stream_waits = 0;
+  unsigned last_split_min_count = 0;
+  unsigned last_split_flags = 0;
+  int last_stream_priority = 0;
+  unsigned last_launch_attribute_count = 0;
+  std::vector<std::byte> last_launch_args;
+  std::size_t limits[CU_LIMIT_MAX] = {};
+  // The same name gives the same CUfunction/CUkernel again, as the real driver does.
+  std::map<std::string, void*> named;
+
+  void reset() { *this = FakeGpu{}; }
+};
+
+FakeGpu& fake_gpu();
+DriverTable fake_driver_table();
+
+}  // namespace mpsshim::server::test

@@ -1,0 +1,115 @@
+// A server on the fake driver, in-process, and clients that talk to it through a real session
+// segment and ring, as the shim does. Tests run the server's loop by hand (pump).
+#pragma once
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "broker/server/server.hpp"
+#include "proto/control.hpp"
+#include "proto/ops.hpp"
+#include "proto/unix_socket.hpp"
+#include "tests/server/fake_driver.hpp"
+
+namespace mpsshim::server::test {
+
+class Harness {
+ public:
+  explicit Harness(ServerSettings settings = {});
+  ~Harness();
+
+  // Runs passes of the loop until pred() holds or two seconds pass; returns pred().
+  bool pump_until(const std::function<bool()>& pred);
+  void pump(int passes = 8);
+
+  bool logged(const std::string& fragment) const;
+
+  DriverTable table;
+  Gpu gpu;
+  proto::UniqueFd daemon;  // the daemon's end of the control socket
+  std::unique_ptr<Server> server;
+  std::vector<std::string> logs;
+  int fatal_code = -1;
+};
+
+proto::ClientHello default_hello(int pid = 4123, const char* program = "vector_add");
+
+struct Reply {
+  CUresult result = CUDA_SUCCESS;
+  std::vector<std::byte> payload;
+
+  template <typename T>
+  T as() const {
+    T value{};
+    std::memcpy(&value, payload.data(), std::min(sizeof(T), payload.size()));
+    return value;
+  }
+};
+
+class TestClient {
+ public:
+  explicit TestClient(Harness& harness, const proto::ClientHello& hello = default_hello());
+  ~TestClient();
+
+  bool connected() const { return base_ != nullptr; }
+  const proto::SessionWelcome& welcome() const { return welcome_; }
+  const proto::SegmentView& view() const { return view_; }
+  proto::SessionControl* control() const { return view_.control(); }
+  int socket() const { return socket_.get(); }
+  void hang_up() { socket_.reset(); }
+
+  // Writes one record and commits it.
+  void send_raw(std::uint16_t opcode, std::span<const std::byte> payload, std::uint32_t slot,
+                std::uint16_t flags = 0, std::uint32_t size_override = 0);
+  template <typename Req>
+  void send(proto::Op op, const Req& req, std::uint32_t slot = proto::kNoReply,
+            std::span<const std::byte> trailing = {}, std::uint16_t flags = 0) {
+    std::vector<std::byte> bytes(sizeof(Req) + trailing.size());
+    std::memcpy(bytes.data(), &req, sizeof(Req));
+    if (!trailing.empty()) std::memcpy(bytes.data() + sizeof(Req), trailing.data(), trailing.size());
+    send_raw(static_cast<std::uint16_t>(op), bytes, slot, flags);
+  }
+  void send_empty(proto::Op op, std::uint32_t slot = proto::kNoReply) {
+    send_raw(static_cast<std::uint16_t>(op), {}, slot);
+  }
+
+  // The answer in `slot`, once the server wrote it (pumping the loop); the slot is idle again.
+  std::optional<Reply> reply(std::uint32_t slot = 0);
+  bool slot_ready(std::uint32_t slot) const;
+
+  // Sends a request on slot 0 and waits for its answer.
+  template <typename Req>
+  Reply call(proto::Op op, const Req& req, std::span<const std::byte> trailing = {}) {
+    send(op, req, 0, trailing);
+    return reply(0).value_or(Reply{CUDA_ERROR_UNKNOWN, {}});
+  }
+  Reply call_empty(proto::Op op) {
+    send_empty(op, 0);
+    return reply(0).value_or(Reply{CUDA_ERROR_UNKNOWN, {}});
+  }
+
+  // Conveniences used by many tests.
+  proto::CtxCreateRep create_context();
+  std::uint64_t alloc(std::uint64_t ctx, std::uint64_t bytes, CUresult* result = nullptr);
+  // An FdTransfer with a memfd of `bytes` holding `content`.
+  void send_memfd(proto::MessageKind kind, std::uint32_t token, std::uint64_t bytes,
+                  std::span<const std::byte> content = {});
+
+ private:
+  Harness& harness_;
+  proto::UniqueFd socket_;
+  proto::SessionWelcome welcome_{};
+  void* base_ = nullptr;
+  proto::SegmentView view_{};
+  proto::RingProducer ring_;
+};
+
+}  // namespace mpsshim::server::test

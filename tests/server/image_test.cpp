@@ -1,0 +1,104 @@
+#include "broker/server/image.hpp"
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace mpsshim::server {
+namespace {
+
+template <typename T>
+void put(std::vector<std::byte>& bytes, std::size_t at, T value) {
+  if (bytes.size() < at + sizeof value) bytes.resize(at + sizeof value);
+  std::memcpy(bytes.data() + at, &value, sizeof value);
+}
+
+std::vector<std::byte> fatbin(std::uint64_t fat_size, std::size_t actual_bytes) {
+  std::vector<std::byte> bytes(actual_bytes);
+  put<std::uint32_t>(bytes, 0, 0xBA55ED50u);
+  put<std::uint16_t>(bytes, 4, 1);
+  put<std::uint16_t>(bytes, 6, 16);
+  put<std::uint64_t>(bytes, 8, fat_size);
+  return bytes;
+}
+
+// An ELF64 with `sections` section headers after a 0x100-byte body; section 1 covers the body.
+std::vector<std::byte> elf(std::uint16_t sections) {
+  constexpr std::uint64_t kShoff = 0x140;
+  std::vector<std::byte> bytes(kShoff + std::size_t{sections} * 64);
+  put<std::uint32_t>(bytes, 0, 0x464C457Fu);
+  put<std::uint8_t>(bytes, 4, 2);
+  put<std::uint64_t>(bytes, 0x28, kShoff);
+  put<std::uint16_t>(bytes, 0x3A, 64);
+  put<std::uint16_t>(bytes, 0x3C, sections);
+  if (sections > 1) {
+    put<std::uint32_t>(bytes, kShoff + 64 + 0x04, 1);  // PROGBITS
+    put<std::uint64_t>(bytes, kShoff + 64 + 0x18, 0x40);
+    put<std::uint64_t>(bytes, kShoff + 64 + 0x20, 0x100);
+  }
+  return bytes;
+}
+
+TEST_CASE("a fat-binary container is its header plus fat_size", "[server][image]") {
+  auto bytes = fatbin(100, 116);
+  auto sut = image_extent(bytes);
+  REQUIRE(sut);
+  CHECK(sut->format == ImageFormat::kFatbin);
+  CHECK(sut->bytes == 116);
+}
+
+TEST_CASE("a container claiming more than was sent says so", "[server][image]") {
+  auto bytes = fatbin(1 << 20, 116);
+  auto sut = image_extent(bytes);
+  REQUIRE(sut);
+  CHECK(sut->bytes > bytes.size());
+}
+
+TEST_CASE("a container whose size wraps is refused", "[server][image]") {
+  auto bytes = fatbin(~std::uint64_t{0} - 4, 32);
+  CHECK_FALSE(image_extent(bytes));
+}
+
+TEST_CASE("a cut-short container header is refused", "[server][image]") {
+  auto bytes = fatbin(0, 16);
+  bytes.resize(8);
+  CHECK_FALSE(image_extent(bytes));
+}
+
+TEST_CASE("an ELF ends after its section table or its furthest section", "[server][image]") {
+  auto bytes = elf(3);
+  auto sut = image_extent(bytes);
+  REQUIRE(sut);
+  CHECK(sut->format == ImageFormat::kElf);
+  CHECK(sut->bytes == bytes.size());
+}
+
+TEST_CASE("an ELF whose section table lies past the end is longer than sent", "[server][image]") {
+  auto bytes = elf(3);
+  bytes.resize(bytes.size() - 64);
+  auto sut = image_extent(bytes);
+  REQUIRE(sut);
+  CHECK(sut->bytes > bytes.size());
+}
+
+TEST_CASE("PTX text ends at its terminator", "[server][image]") {
+  std::string ptx = ".version 8.0\n.target sm_90\n";
+  std::vector<std::byte> bytes(ptx.size() + 10);
+  std::memcpy(bytes.data(), ptx.c_str(), ptx.size() + 1);
+  auto sut = image_extent(bytes);
+  REQUIRE(sut);
+  CHECK(sut->format == ImageFormat::kText);
+  CHECK(sut->bytes == ptx.size() + 1);
+}
+
+TEST_CASE("text without a terminator and wrappers are refused", "[server][image]") {
+  std::vector<std::byte> text(64, std::byte{'a'});
+  CHECK_FALSE(image_extent(text));
+  std::vector<std::byte> wrapper(24);
+  put<std::uint32_t>(wrapper, 0, 0x466243B1u);
+  CHECK_FALSE(image_extent(wrapper));
+}
+
+}  // namespace
+}  // namespace mpsshim::server

@@ -1,0 +1,259 @@
+// Images, functions, kernels, attributes and launches.
+#include <catch2/catch.hpp>
+
+#include "tests/server/harness.hpp"
+
+namespace mpsshim::server::test {
+namespace {
+
+using proto::Op;
+
+std::vector<std::byte> fatbin(std::uint64_t fat_size) {
+  std::vector<std::byte> bytes(16 + fat_size);
+  const std::uint32_t magic = 0xBA55ED50u;
+  const std::uint16_t version = 1, header_size = 16;
+  std::memcpy(bytes.data(), &magic, 4);
+  std::memcpy(bytes.data() + 4, &version, 2);
+  std::memcpy(bytes.data() + 6, &header_size, 2);
+  std::memcpy(bytes.data() + 8, &fat_size, 8);
+  return bytes;
+}
+
+std::vector<std::byte> name(const std::string& s) {
+  std::vector<std::byte> out(s.size());
+  std::memcpy(out.data(), s.data(), s.size());
+  return out;
+}
+
+std::uint64_t load(TestClient& client, std::uint64_t ctx, proto::ImageKind kind,
+                   std::uint32_t token, CUresult* result = nullptr) {
+  auto image = fatbin(64);
+  client.send_memfd(proto::MessageKind::kModuleImage, token, image.size(), image);
+  auto reply = client.call(Op::kImageLoad,
+                           proto::ImageLoadReq{ctx, image.size(), token, kind, 0, 0});
+  if (result != nullptr) *result = reply.result;
+  return reply.result == CUDA_SUCCESS ? reply.as<proto::ImageLoadRep>().handle : 0;
+}
+
+proto::FunctionRep lookup(TestClient& client, Op op, std::uint64_t owner, const std::string& n,
+                          CUresult* result = nullptr) {
+  auto bytes = name(n);
+  auto reply = client.call(op, proto::NamedLookupReq{owner, static_cast<std::uint32_t>(n.size()), 0},
+                           bytes);
+  if (result != nullptr) *result = reply.result;
+  return reply.as<proto::FunctionRep>();
+}
+
+std::vector<std::byte> launch_record(std::uint64_t function, std::uint64_t stream,
+                                     std::span<const proto::WireLaunchAttribute> attributes,
+                                     std::span<const std::byte> args, proto::LaunchReq* out) {
+  proto::LaunchReq req{};
+  req.function = function;
+  req.stream = stream;
+  req.grid[0] = req.grid[1] = req.grid[2] = 1;
+  req.block[0] = 32;
+  req.block[1] = req.block[2] = 1;
+  req.args_bytes = static_cast<std::uint32_t>(args.size());
+  req.attribute_count = static_cast<std::uint32_t>(attributes.size());
+  *out = req;
+  std::vector<std::byte> trailing(attributes.size_bytes() + args.size());
+  if (!attributes.empty()) std::memcpy(trailing.data(), attributes.data(), attributes.size_bytes());
+  if (!args.empty()) std::memcpy(trailing.data() + attributes.size_bytes(), args.data(), args.size());
+  return trailing;
+}
+
+TEST_CASE("a module's functions come with their parameter layout", "[server][module]") {
+  Harness h;
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  std::uint64_t module = load(sut, ctx.ctx, proto::ImageKind::kModule, 1);
+  REQUIRE(module != 0);
+  CHECK(fake_gpu().modules_live == 1);
+
+  CUresult result = CUDA_SUCCESS;
+  auto function = lookup(sut, Op::kModuleGetFunction, module, "vector_add", &result);
+  REQUIRE(result == CUDA_SUCCESS);
+  CHECK(lookup(sut, Op::kModuleGetFunction, module, "vector_add").function == function.function);
+  CHECK(function.param_count == 3);
+  CHECK(function.args_bytes == 24);
+  CHECK(function.params[2].offset == 16);
+
+  lookup(sut, Op::kModuleGetFunction, module, "missing", &result);
+  CHECK(result == CUDA_ERROR_NOT_FOUND);
+  CHECK(lookup(sut, Op::kModuleGetFunction, ctx.ctx, "vector_add", &result).function == 0);
+  CHECK(result == CUDA_ERROR_INVALID_HANDLE);
+}
+
+TEST_CASE("a launch carries its packed arguments to the driver", "[server][module]") {
+  Harness h;
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  std::uint64_t module = load(sut, ctx.ctx, proto::ImageKind::kModule, 1);
+  auto function = lookup(sut, Op::kModuleGetFunction, module, "vector_add");
+  std::vector<std::byte> args(24);
+  for (std::size_t i = 0; i < args.size(); ++i) args[i] = static_cast<std::byte>(i);
+  proto::LaunchReq req;
+  auto trailing = launch_record(function.function, ctx.default_stream, {}, args, &req);
+
+  sut.send(Op::kLaunchKernel, req, proto::kNoReply, trailing);
+  h.pump();
+
+  CHECK(fake_gpu().launches == 1);
+  CHECK(fake_gpu().last_launch_args == args);
+  CHECK(sut.control()->async_error.load() == 0);
+  CHECK(h.server->stats_text().find("launches=1 ") != std::string::npos);
+}
+
+TEST_CASE("launch attributes that carry handles are refused", "[server][module]") {
+  Harness h;
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  std::uint64_t module = load(sut, ctx.ctx, proto::ImageKind::kModule, 1);
+  auto function = lookup(sut, Op::kModuleGetFunction, module, "f");
+  proto::WireLaunchAttribute event_attribute{};
+  event_attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT;
+  proto::WireLaunchAttribute cooperative{};
+  cooperative.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+  proto::LaunchReq req;
+
+  auto refused = launch_record(function.function, ctx.default_stream,
+                               std::span(&event_attribute, 1), {}, &req);
+  sut.send(Op::kLaunchKernel, req, proto::kNoReply, refused);
+  h.pump();
+  CHECK(fake_gpu().launches == 0);
+  CHECK(sut.control()->async_error.exchange(0) == CUDA_ERROR_NOT_SUPPORTED);
+
+  auto allowed = launch_record(function.function, ctx.default_stream,
+                               std::span(&cooperative, 1), {}, &req);
+  sut.send(Op::kLaunchKernel, req, proto::kNoReply, allowed);
+  h.pump();
+  CHECK(fake_gpu().launches == 1);
+  CHECK(fake_gpu().last_launch_attribute_count == 1);
+  CHECK(sut.control()->async_error.load() == 0);
+}
+
+TEST_CASE("a library's kernels use the kernel parameter query and launch", "[server][module]") {
+  Harness h;
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  std::uint64_t library = load(sut, ctx.ctx, proto::ImageKind::kLibrary, 5);
+  REQUIRE(library != 0);
+
+  auto kernel = lookup(sut, Op::kLibraryGetKernel, library, "k");
+  CHECK(kernel.param_count == 2);
+  CHECK(kernel.args_bytes == 12);
+  CHECK(lookup(sut, Op::kLibraryGetKernel, library, "k").function == kernel.function);
+
+  auto attribute = sut.call(Op::kKernelGetAttribute,
+                            proto::AttributeReq{kernel.function, CU_FUNC_ATTRIBUTE_NUM_REGS, 0, 0, 0});
+  CHECK(attribute.as<proto::AttributeRep>().value == 7);
+  auto function = sut.call(Op::kKernelGetFunction, proto::HandleReq{kernel.function});
+  CHECK(function.result == CUDA_SUCCESS);
+  CHECK(function.as<proto::FunctionRep>().param_count == 3);
+
+  proto::LaunchReq req;
+  std::vector<std::byte> args(12);
+  auto trailing = launch_record(kernel.function, ctx.default_stream, {}, args, &req);
+  sut.send(Op::kLaunchKernel, req, proto::kNoReply, trailing);
+  h.pump();
+  CHECK(fake_gpu().launches == 1);
+
+  auto module = sut.call(Op::kLibraryGetModule, proto::HandleReq{library});
+  REQUIRE(module.result == CUDA_SUCCESS);
+  CHECK(sut.call(Op::kModuleUnload, proto::HandleReq{module.as<proto::ImageLoadRep>().handle}).result ==
+        CUDA_ERROR_NOT_PERMITTED);
+
+  CHECK(sut.call(Op::kLibraryUnload, proto::HandleReq{library}).result == CUDA_SUCCESS);
+  CHECK(h.pump_until([&] { return fake_gpu().libraries_live == 0; }));
+  CHECK(sut.call(Op::kKernelGetFunction, proto::HandleReq{kernel.function}).result ==
+        CUDA_ERROR_INVALID_HANDLE);
+}
+
+TEST_CASE("a global's range becomes the client's memory", "[server][module]") {
+  Harness h;
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  std::uint64_t module = load(sut, ctx.ctx, proto::ImageKind::kModule, 1);
+  std::uint64_t dptr = sut.alloc(ctx.ctx, 1024);
+  auto bytes = name("counter");
+
+  auto global = sut.call(Op::kModuleGetGlobal, proto::NamedLookupReq{module, 7, 0}, bytes)
+                    .as<proto::GlobalRep>();
+  REQUIRE(global.bytes == 64);
+
+  CHECK(sut.call(Op::kCopyDtoD, proto::CopyDtoDReq{ctx.default_stream, global.dptr, dptr, 64})
+            .result == CUDA_SUCCESS);
+  CHECK(sut.call(Op::kCopyDtoD, proto::CopyDtoDReq{ctx.default_stream, global.dptr, dptr, 65})
+            .result == CUDA_ERROR_INVALID_VALUE);
+  CHECK(sut.call(Op::kMemFree, proto::MemFreeReq{global.dptr}).result == CUDA_ERROR_INVALID_VALUE);
+
+  sut.call(Op::kModuleUnload, proto::HandleReq{module});
+  CHECK(sut.call(Op::kCopyDtoD, proto::CopyDtoDReq{ctx.default_stream, global.dptr, dptr, 64})
+            .result == CUDA_ERROR_INVALID_VALUE);
+  CHECK(h.pump_until([&] { return fake_gpu().modules_live == 0; }));
+}
+
+TEST_CASE("an image longer than what was sent is refused", "[server][module]") {
+  Harness h;
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  auto image = fatbin(64);
+  sut.send_memfd(proto::MessageKind::kModuleImage, 9, image.size(), image);
+
+  auto reply = sut.call(Op::kImageLoad, proto::ImageLoadReq{ctx.ctx, image.size() - 8, 9,
+                                                            proto::ImageKind::kModule, 0, 0});
+
+  CHECK(reply.result == CUDA_ERROR_INVALID_IMAGE);
+  CHECK(fake_gpu().modules_live == 0);
+  CHECK(h.logged("say it is 80 bytes long"));
+}
+
+TEST_CASE("linked multi-container images are not supported yet", "[server][module]") {
+  Harness h;
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  auto image = fatbin(64);
+  sut.send_memfd(proto::MessageKind::kModuleImage, 9, image.size(), image);
+
+  auto reply = sut.call(Op::kImageLoad, proto::ImageLoadReq{ctx.ctx, image.size(), 9,
+                                                            proto::ImageKind::kLibrary, 3, 0});
+
+  CHECK(reply.result == CUDA_ERROR_NOT_SUPPORTED);
+  CHECK(h.logged("does not support those yet"));
+}
+
+TEST_CASE("occupancy queries answer for functions and kernels", "[server][module]") {
+  Harness h;
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  std::uint64_t library = load(sut, ctx.ctx, proto::ImageKind::kLibrary, 1);
+  auto kernel = lookup(sut, Op::kLibraryGetKernel, library, "k");
+
+  auto blocks = sut.call(Op::kOccupancyMaxActiveBlocks, proto::OccupancyReq{kernel.function, 128, 0, 0});
+  CHECK(blocks.as<proto::OccupancyRep>().value == 4);
+  proto::ClusterOccupancyReq clusters{};
+  clusters.function = kernel.function;
+  CHECK(sut.call(Op::kOccupancyMaxActiveClusters, clusters).as<proto::OccupancyRep>().value == 2);
+  auto smem = sut.call(Op::kOccupancyAvailableDynamicSmem, proto::OccupancyReq{kernel.function, 128, 2, 0});
+  CHECK(smem.as<proto::OccupancyRep>().value == 1024);
+}
+
+TEST_CASE("context limits can be raised, never lowered", "[server][module]") {
+  Harness h;
+  TestClient sut(h);
+  sut.create_context();
+  auto set = [&](CUlimit limit, std::uint64_t value) {
+    return sut.call(Op::kCtxSetLimit, proto::CtxLimitReq{limit, 0, value}).result;
+  };
+  auto get = [&](CUlimit limit) {
+    return sut.call(Op::kCtxGetLimit, proto::CtxLimitReq{limit, 0, 0}).as<proto::CtxLimitRep>().value;
+  };
+
+  CHECK(set(CU_LIMIT_STACK_SIZE, 4096) == CUDA_SUCCESS);
+  CHECK(set(CU_LIMIT_STACK_SIZE, 1024) == CUDA_SUCCESS);
+  CHECK(get(CU_LIMIT_STACK_SIZE) == 4096);
+  CHECK(set(CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 1 << 20) == CUDA_ERROR_NOT_SUPPORTED);
+}
+
+}  // namespace
+}  // namespace mpsshim::server::test

@@ -1,0 +1,39 @@
+#include "broker/server/options.hpp"
+
+#include <catch2/catch.hpp>
+#include <vector>
+
+namespace mpsshim::server {
+namespace {
+
+tl::expected<Options, std::string> parse(std::vector<const char*> args) {
+  return parse_options(std::span<const char* const>(args.data(), args.size()));
+}
+
+TEST_CASE("the daemon's command line parses", "[server][options]") {
+  auto sut = parse({"--device", "1", "--control-fd", "5", "--driver", "/x/libcuda.so.1",
+                    "--log-level", "debug", "--default-sm-percentage", "25",
+                    "--default-memory-limit", "1073741824"});
+  REQUIRE(sut);
+  CHECK(sut->device == 1);
+  CHECK(sut->control_fd == 5);
+  CHECK(sut->driver == "/x/libcuda.so.1");
+  CHECK(sut->log_level == LogLevel::kDebug);
+  CHECK(sut->default_sm_percentage == 25);
+  CHECK(sut->default_memory_limit == 1073741824u);
+}
+
+TEST_CASE("defaults and bad arguments", "[server][options]") {
+  auto sut = parse({"--device", "0", "--control-fd", "3"});
+  REQUIRE(sut);
+  CHECK(sut->driver == "libcuda.so.1");
+  CHECK(sut->default_sm_percentage == 100);
+  CHECK_FALSE(parse({"--device", "0"}));
+  CHECK_FALSE(parse({"--device", "x", "--control-fd", "3"}));
+  CHECK_FALSE(parse({"--device", "0", "--control-fd", "3", "--default-sm-percentage", "0"}));
+  CHECK_FALSE(parse({"--device", "0", "--control-fd", "3", "--bogus", "1"}));
+  CHECK_FALSE(parse({"--device", "0", "--control-fd"}));
+}
+
+}  // namespace
+}  // namespace mpsshim::server

@@ -1,0 +1,209 @@
+// Streams, events, handles, legacy default-stream ordering, answers from completions.
+#include <catch2/catch.hpp>
+
+#include "tests/server/harness.hpp"
+
+namespace mpsshim::server::test {
+namespace {
+
+using proto::Op;
+constexpr std::uint64_t kMiB = 1 << 20;
+
+std::uint64_t create_stream(TestClient& client, std::uint64_t ctx, std::uint32_t flags,
+                            int priority = 0) {
+  auto reply = client.call(Op::kStreamCreate, proto::StreamCreateReq{ctx, flags, priority});
+  REQUIRE(reply.result == CUDA_SUCCESS);
+  return reply.as<proto::StreamCreateRep>().stream;
+}
+
+void memset_on(TestClient& client, std::uint64_t stream, std::uint64_t dptr) {
+  client.send(Op::kMemset, proto::MemsetReq{stream, dptr, 0, 16, 1, 0, 1});
+}
+
+TEST_CASE("a handle of the wrong kind, a stale one and another client's are refused",
+          "[server][streams]") {
+  Harness h;
+  TestClient sut(h, default_hello(1));
+  TestClient other(h, default_hello(2));
+  auto ctx = sut.create_context();
+  auto other_ctx = other.create_context();
+  std::uint64_t stream = create_stream(sut, ctx.ctx, CU_STREAM_NON_BLOCKING);
+  auto query = [&](std::uint64_t id) {
+    return sut.call(Op::kStreamQuery, proto::HandleReq{id}).result;
+  };
+
+  CHECK(query(stream) == CUDA_SUCCESS);
+  CHECK(query(ctx.ctx) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(query(other_ctx.default_stream) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(query(0) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(sut.call(Op::kStreamDestroy, proto::HandleReq{stream}).result == CUDA_SUCCESS);
+  CHECK(query(stream) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(sut.call(Op::kStreamDestroy, proto::HandleReq{ctx.default_stream}).result ==
+        CUDA_ERROR_INVALID_HANDLE);
+}
+
+TEST_CASE("every stream is a non-blocking green-context stream with a biased priority",
+          "[server][streams]") {
+  Harness h;
+  auto hello = default_hello();
+  hello.priority = 1;
+  TestClient sut(h, hello);
+  auto ctx = sut.create_context();
+
+  create_stream(sut, ctx.ctx, 0, -5);
+  CHECK(fake_gpu().last_stream_priority == -4);
+  create_stream(sut, ctx.ctx, CU_STREAM_NON_BLOCKING, 0);
+  CHECK(fake_gpu().last_stream_priority == 0);  // clamped to the least priority
+}
+
+TEST_CASE("blocking streams order with the context's default stream", "[server][streams]") {
+  Harness h;
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  std::uint64_t dptr = sut.alloc(ctx.ctx, kMiB);
+  std::uint64_t blocking = create_stream(sut, ctx.ctx, 0);
+  std::uint64_t non_blocking = create_stream(sut, ctx.ctx, CU_STREAM_NON_BLOCKING);
+  auto waits_after = [&](std::uint64_t stream) {
+    int before = fake_gpu().stream_waits;
+    memset_on(sut, stream, dptr);
+    h.pump();
+    return fake_gpu().stream_waits - before;
+  };
+
+  CHECK(waits_after(ctx.default_stream) == 0);  // nothing to wait for yet
+  CHECK(waits_after(blocking) == 1);            // waits for the default stream's memset
+  CHECK(waits_after(blocking) == 0);            // already joined
+  CHECK(waits_after(non_blocking) == 0);        // orders with nothing
+  CHECK(waits_after(ctx.default_stream) == 1);  // waits for the blocking stream's work
+  CHECK(waits_after(ctx.default_stream) == 0);
+  CHECK(sut.control()->async_error.load() == 0);
+}
+
+TEST_CASE("synchronizing calls are answered when the GPU work completes", "[server][streams]") {
+  Harness h;
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  fake_gpu().busy = true;
+
+  sut.send(Op::kStreamSynchronize, proto::HandleReq{ctx.default_stream}, 0);
+  sut.send(Op::kCtxSynchronize, proto::CtxReq{ctx.ctx}, 1);
+  h.pump();
+  CHECK_FALSE(sut.slot_ready(0));
+  CHECK_FALSE(sut.slot_ready(1));
+
+  fake_gpu().busy = false;
+  auto stream_done = sut.reply(0);
+  auto ctx_done = sut.reply(1);
+  REQUIRE(stream_done);
+  REQUIRE(ctx_done);
+  CHECK(stream_done->result == CUDA_SUCCESS);
+  CHECK(ctx_done->result == CUDA_SUCCESS);
+}
+
+TEST_CASE("the server keeps serving while a client waits on its GPU work", "[server][streams]") {
+  Harness h;
+  TestClient waiter(h, default_hello(1));
+  TestClient other(h, default_hello(2));
+  auto ctx = waiter.create_context();
+  fake_gpu().busy = true;
+
+  waiter.send(Op::kStreamSynchronize, proto::HandleReq{ctx.default_stream}, 0);
+  CHECK(other.call_empty(Op::kPing).result == CUDA_SUCCESS);
+  CHECK_FALSE(waiter.slot_ready(0));
+
+  fake_gpu().busy = false;
+  auto reply = waiter.reply(0);
+  REQUIRE(reply);
+  CHECK(reply->result == CUDA_SUCCESS);
+}
+
+TEST_CASE("kFlagReplyWhenDone answers a one-way call once its stream ran it", "[server][streams]") {
+  Harness h;
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  std::uint64_t dptr = sut.alloc(ctx.ctx, kMiB);
+  fake_gpu().busy = true;
+
+  sut.send(Op::kMemset, proto::MemsetReq{ctx.default_stream, dptr, 0, 16, 1, 0, 1}, 0, {},
+           proto::kFlagReplyWhenDone);
+  sut.send(Op::kMemset, proto::MemsetReq{ctx.default_stream, dptr, 0, 16, 1, 0, 1}, 1);
+  h.pump();
+  CHECK_FALSE(sut.slot_ready(0));
+  CHECK(sut.slot_ready(1));  // without the flag: answered when issued
+
+  fake_gpu().busy = false;
+  CHECK(sut.reply(0).has_value());
+}
+
+TEST_CASE("events record, wait, query, synchronize and time", "[server][streams]") {
+  Harness h;
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  auto create_event = [&](std::uint32_t flags) {
+    auto reply = sut.call(Op::kEventCreate, proto::EventCreateReq{ctx.ctx, flags, 0});
+    REQUIRE(reply.result == CUDA_SUCCESS);
+    return reply.as<proto::EventCreateRep>().event;
+  };
+  std::uint64_t start = create_event(0);
+  std::uint64_t end = create_event(0);
+  std::uint64_t other_stream = create_stream(sut, ctx.ctx, CU_STREAM_NON_BLOCKING);
+
+  sut.send(Op::kEventRecord, proto::EventRecordReq{start, ctx.default_stream, 0, 0});
+  sut.send(Op::kStreamWaitEvent, proto::StreamWaitEventReq{other_stream, start, 0, 0});
+  sut.send(Op::kEventRecord, proto::EventRecordReq{end, other_stream, 0, 0});
+  CHECK(sut.call(Op::kEventQuery, proto::HandleReq{end}).result == CUDA_SUCCESS);
+  CHECK(sut.call(Op::kEventSynchronize, proto::HandleReq{end}).result == CUDA_SUCCESS);
+  auto elapsed = sut.call(Op::kEventElapsedTime, proto::ElapsedReq{start, end});
+  CHECK(elapsed.as<proto::ElapsedRep>().milliseconds == 1.5f);
+  CHECK(sut.control()->async_error.load() == 0);
+
+  CHECK(sut.call(Op::kEventCreate, proto::EventCreateReq{ctx.ctx, CU_EVENT_INTERPROCESS, 0}).result ==
+        CUDA_ERROR_NOT_SUPPORTED);
+  CHECK(sut.call(Op::kEventQuery, proto::HandleReq{other_stream}).result == CUDA_ERROR_INVALID_HANDLE);
+}
+
+TEST_CASE("an event destroyed while someone waits on it goes when the wait ends",
+          "[server][streams]") {
+  Harness h;
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  auto event = sut.call(Op::kEventCreate, proto::EventCreateReq{ctx.ctx, 0, 0})
+                   .as<proto::EventCreateRep>()
+                   .event;
+  fake_gpu().busy = true;
+  const int events_before = fake_gpu().events_live;
+
+  sut.send(Op::kEventSynchronize, proto::HandleReq{event}, 0);
+  sut.send(Op::kEventDestroy, proto::HandleReq{event}, 1);
+  REQUIRE(sut.reply(1));
+  CHECK(fake_gpu().events_live == events_before);
+
+  fake_gpu().busy = false;
+  REQUIRE(sut.reply(0));
+  CHECK(fake_gpu().events_live == events_before - 1);
+}
+
+TEST_CASE("CtxDestroy frees what was made in the context", "[server][streams]") {
+  Harness h;
+  TestClient sut(h);
+  auto keep = sut.create_context();
+  auto gone = sut.create_context();
+  std::uint64_t kept = sut.alloc(keep.ctx, kMiB);
+  std::uint64_t freed = sut.alloc(gone.ctx, kMiB);
+  create_stream(sut, gone.ctx, 0);
+  const int streams_before = fake_gpu().streams_live;
+
+  CHECK(sut.call(Op::kCtxDestroy, proto::CtxReq{gone.ctx}).result == CUDA_SUCCESS);
+
+  CHECK(h.pump_until([&] { return fake_gpu().allocations.count(freed) == 0; }));
+  CHECK(fake_gpu().allocations.count(kept) == 1);
+  CHECK(fake_gpu().streams_live == streams_before - 2);
+  CHECK(sut.call(Op::kStreamQuery, proto::HandleReq{gone.default_stream}).result ==
+        CUDA_ERROR_INVALID_HANDLE);
+  CHECK(sut.call(Op::kMemAlloc, proto::MemAllocReq{gone.ctx, 16}).result ==
+        CUDA_ERROR_INVALID_CONTEXT);
+  CHECK(sut.call(Op::kStreamQuery, proto::HandleReq{keep.default_stream}).result == CUDA_SUCCESS);
+}
+
+}  // namespace
+}  // namespace mpsshim::server::test
