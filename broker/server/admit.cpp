@@ -73,8 +73,8 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
   if (percentage == proto::kUnset) {
     percentage = settings_.default_sm_percentage;
   } else if (percentage < 1 || percentage > 100) {
-    log_warn("{} asked for {}% of the SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); using {}%",
-             s.who(), percentage, std::clamp(percentage, 1, 100));
+    log_warn("{} asked for {}% of the SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); using {}%", s.who(),
+             percentage, std::clamp(percentage, 1, 100));
   }
   const bool ignore_coscheduling = (hello.flags & proto::kHelloIgnoreSmCoscheduling) != 0;
   const proto::DeviceSnapshot& snap = gpu_.snapshot;
@@ -91,11 +91,12 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
 
   s.limit_from_client = hello.device_memory_limit != 0;
   s.memory_limit = s.limit_from_client ? hello.device_memory_limit : settings_.default_memory_limit;
-  const int priority_span =
-      std::abs(snap.stream_priority_least - snap.stream_priority_greatest);
-  s.priority_bias = hello.priority == proto::kUnset ? 0 : std::clamp(hello.priority, 0, priority_span);
+  const int priority_span = std::abs(snap.stream_priority_least - snap.stream_priority_greatest);
+  s.priority_bias =
+      hello.priority == proto::kUnset ? 0 : std::clamp(hello.priority, 0, priority_span);
 
-  auto segment = SharedSegment::create(fmt::format("mpsshim-client-{}", info.id), settings_.geometry);
+  auto segment =
+      SharedSegment::create(fmt::format("mpsshim-client-{}", info.id), settings_.geometry);
   if (!segment) return fail(CUDA_ERROR_OUT_OF_MEMORY, segment.error());
   s.segment = std::move(*segment);
   const proto::SegmentHeader& geometry = s.segment.geometry();
@@ -134,8 +135,7 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
   watch(s.doorbell.get(), std::uint64_t{info.id} << 2 | kDoorbell);
 
   log_info("client {} (pid {}, {}, uid {}) connected: {} of {} SMs, {}", info.id, info.pid,
-           info.program, info.uid, s.green.sm_count, snap.sm_count,
-           describe_limit(s.memory_limit));
+           info.program, info.uid, s.green.sm_count, snap.sm_count, describe_limit(s.memory_limit));
   sessions_.push_back(std::move(session));
 }
 

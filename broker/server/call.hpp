@@ -28,9 +28,9 @@ struct OpResult {
   Kind kind = Kind::kDone;
   CUresult status = CUDA_SUCCESS;
   std::uint32_t reply_bytes = 0;
-  // A failed one-way call normally leaves its error in async_error; a staging-chunk copy
-  // reports through the chunk instead, so the client does not see the error twice.
-  bool async_error = true;
+  // False when the handler already stored a one-way call's error in async_error itself (it
+  // had to be there before a staging chunk was handed back).
+  bool post_async_error = true;
   std::string why;  // kMalformed / kEnd: for the log
 };
 
@@ -45,7 +45,8 @@ class Call {
   Session& session;
   const DriverTable& cu;
   const proto::RecordHeader header;
-  const std::span<const std::byte> payload;  // private, 16-byte aligned; the record after its header
+  const std::span<const std::byte>
+      payload;  // private, 16-byte aligned; the record after its header
 
   // The request struct; the dispatcher checked that the payload holds one.
   template <typename T>

@@ -12,8 +12,8 @@
 namespace mpsshim::server {
 
 struct PollOutcome {
-  std::size_t fired = 0;               // completions answered, bundles freed
-  CUresult sticky = CUDA_SUCCESS;      // a sticky error seen in completed work
+  std::size_t fired = 0;           // completions answered, bundles freed
+  CUresult sticky = CUDA_SUCCESS;  // a sticky error seen in completed work
   proto::Op sticky_op = proto::Op::kPad;
 };
 

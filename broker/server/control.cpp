@@ -29,7 +29,8 @@ std::string_view trim(std::string_view s) {
 // Program names go into space-separated key=value lines.
 std::string one_word(const std::string& name) {
   std::string out = name;
-  std::replace_if(out.begin(), out.end(), [](unsigned char c) { return std::isspace(c) != 0; }, '_');
+  std::replace_if(
+      out.begin(), out.end(), [](unsigned char c) { return std::isspace(c) != 0; }, '_');
   return out;
 }
 

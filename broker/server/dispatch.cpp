@@ -18,7 +18,7 @@ struct OpSpec {
   const char* name = nullptr;
   OpResult (*run)(Call&) = nullptr;
   std::uint32_t request_bytes = 0;  // the payload holds at least this much
-  bool needs_reply = false;         // returns data or must order with the caller: a slot is required
+  bool needs_reply = false;  // returns data or must order with the caller: a slot is required
 };
 
 constexpr std::size_t kOpCount = static_cast<std::size_t>(Op::kCount);
@@ -48,8 +48,8 @@ std::array<OpSpec, kOpCount> make_specs() {
   set(Op::kMemset, "Memset", op_memset, sizeof(MemsetReq), false);
   set(Op::kImageLoad, "ImageLoad", op_image_load, sizeof(ImageLoadReq), true);
   set(Op::kModuleUnload, "ModuleUnload", op_module_unload, sizeof(HandleReq), false);
-  set(Op::kModuleGetFunction, "ModuleGetFunction", op_module_get_function,
-      sizeof(NamedLookupReq), true);
+  set(Op::kModuleGetFunction, "ModuleGetFunction", op_module_get_function, sizeof(NamedLookupReq),
+      true);
   set(Op::kModuleGetGlobal, "ModuleGetGlobal", op_module_get_global, sizeof(NamedLookupReq), true);
   set(Op::kLibraryUnload, "LibraryUnload", op_library_unload, sizeof(HandleReq), false);
   set(Op::kLibraryGetKernel, "LibraryGetKernel", op_library_get_kernel, sizeof(NamedLookupReq),
@@ -121,8 +121,8 @@ DispatchOutcome dispatch_record(Session& session, std::span<const std::byte> rec
   // The client can rewrite shared bytes at any moment: everything below reads a private copy.
   alignas(16) static std::byte buffer[kMaxRecordBytes];
   if (record.size() < sizeof(proto::RecordHeader) || record.size() > kMaxRecordBytes) {
-    return end_session(fmt::format("sent a {}-byte record, more than any operation needs",
-                                   record.size()));
+    return end_session(
+        fmt::format("sent a {}-byte record, more than any operation needs", record.size()));
   }
   std::memcpy(buffer, record.data(), record.size());
   proto::RecordHeader header;
@@ -133,8 +133,8 @@ DispatchOutcome dispatch_record(Session& session, std::span<const std::byte> rec
   if (spec == nullptr) return end_session(fmt::format("sent unknown opcode {}", header.opcode));
   std::span<const std::byte> payload(buffer + sizeof header, record.size() - sizeof header);
   if (payload.size() < spec->request_bytes) {
-    return end_session(fmt::format("sent a {} record with {} payload bytes; it needs {}", spec->name,
-                                   payload.size(), spec->request_bytes));
+    return end_session(fmt::format("sent a {} record with {} payload bytes; it needs {}",
+                                   spec->name, payload.size(), spec->request_bytes));
   }
   const std::uint32_t slot_count = session.segment.geometry().slot_count;
   if (header.reply_slot != proto::kNoReply) {
@@ -143,9 +143,10 @@ DispatchOutcome dispatch_record(Session& session, std::span<const std::byte> rec
                                      header.reply_slot, spec->name, slot_count));
     }
     if (session.slot_busy[header.reply_slot] != 0) {
-      return end_session(fmt::format("reused reply slot {} for a {} while its previous answer "
-                                     "was still owed",
-                                     header.reply_slot, spec->name));
+      return end_session(
+          fmt::format("reused reply slot {} for a {} while its previous answer "
+                      "was still owed",
+                      header.reply_slot, spec->name));
     }
   } else if (spec->needs_reply) {
     return end_session(fmt::format("sent a {} without a reply slot", spec->name));
@@ -175,7 +176,7 @@ DispatchOutcome dispatch_record(Session& session, std::span<const std::byte> rec
       if (call.has_reply_slot()) {
         session.answer(header.reply_slot, result.status,
                        std::span<const std::byte>(call.reply_buffer, result.reply_bytes));
-      } else if (result.status != CUDA_SUCCESS && result.async_error) {
+      } else if (result.status != CUDA_SUCCESS && result.post_async_error) {
         session.post_async_error(result.status);
       }
       break;

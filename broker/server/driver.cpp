@@ -15,13 +15,13 @@ tl::expected<DriverTable, StartError> load_driver(const std::string& path) {
   }
   DriverTable table;
 #define MPSSHIM_RESOLVE(name, ret, params)                                                  \
-  table.name = reinterpret_cast<ret(CUDAAPI*) params>(::dlsym(library, #name));            \
-  if (table.name == nullptr) {                                                             \
-    return tl::unexpected(StartError{                                                      \
-        CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND,                                         \
+  table.name = reinterpret_cast<ret(CUDAAPI*) params>(::dlsym(library, #name));             \
+  if (table.name == nullptr) {                                                              \
+    return tl::unexpected(StartError{                                                       \
+        CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND,                                          \
         fmt::format("the CUDA driver {} does not export {}, which the server needs; is it " \
-                    "older than CUDA 13.0?",                                               \
-                    path, #name)});                                                        \
+                    "older than CUDA 13.0?",                                                \
+                    path, #name)});                                                         \
   }
   MPSSHIM_DRIVER_FUNCTIONS(MPSSHIM_RESOLVE)
 #undef MPSSHIM_RESOLVE

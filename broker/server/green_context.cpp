@@ -3,8 +3,8 @@
 namespace mpsshim::server {
 
 tl::expected<GreenContext, CUresult> make_green_context(const DriverTable& cu, CUdevice device,
-                                                         const CUdevResource& device_sms,
-                                                         const SmQuota& quota) {
+                                                        const CUdevResource& device_sms,
+                                                        const SmQuota& quota) {
   CUdevResource resource = device_sms;
   if (!quota.whole_device) {
     CUdevResource group{};

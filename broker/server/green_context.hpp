@@ -19,7 +19,7 @@ struct GreenContext {
 // cuDevSmResourceSplitByCount (one group) -> cuDevResourceGenerateDesc -> cuGreenCtxCreate.
 // The whole-device quota skips the split.
 tl::expected<GreenContext, CUresult> make_green_context(const DriverTable& cu, CUdevice device,
-                                                         const CUdevResource& device_sms,
-                                                         const SmQuota& quota);
+                                                        const CUdevResource& device_sms,
+                                                        const SmQuota& quota);
 
 }  // namespace mpsshim::server

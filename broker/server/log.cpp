@@ -26,13 +26,17 @@ const char* level_name(LogLevel level) {
 
 }  // namespace
 
-void set_log_level(LogLevel level) { g_level.store(static_cast<int>(level)); }
+void set_log_level(LogLevel level) {
+  g_level.store(static_cast<int>(level));
+}
 
 bool log_enabled(LogLevel level) {
   return static_cast<int>(level) <= g_level.load(std::memory_order_relaxed);
 }
 
-void set_log_prefix(std::string prefix) { g_prefix = std::move(prefix); }
+void set_log_prefix(std::string prefix) {
+  g_prefix = std::move(prefix);
+}
 
 void set_log_sink(std::function<void(LogLevel, std::string_view)> sink) {
   g_sink = std::move(sink);

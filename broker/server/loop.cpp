@@ -54,7 +54,9 @@ void Server::watch(int fd, std::uint64_t tag) {
   }
 }
 
-void Server::unwatch(int fd) { ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr); }
+void Server::unwatch(int fd) {
+  ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
+}
 
 Session* Server::find_session(std::uint32_t client_id) const {
   for (const auto& s : sessions_) {
@@ -140,9 +142,10 @@ std::size_t Server::poll_gpu() {
       auto waited = std::chrono::steady_clock::now() - session.drain_started;
       if (!session.drain_warned && waited > std::chrono::seconds(10)) {
         session.drain_warned = true;
-        log_warn("{} is gone but its GPU work is still running after 10 s; what it owned is "
-                 "freed when that work ends",
-                 session.who());
+        log_warn(
+            "{} is gone but its GPU work is still running after 10 s; what it owned is "
+            "freed when that work ends",
+            session.who());
       }
       ++i;
       continue;

@@ -18,10 +18,12 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 
-void on_signal(int) { g_stop.store(true); }
+void on_signal(int) {
+  g_stop.store(true);
+}
 
 void install_signal_handlers() {
-  struct sigaction action{};
+  struct sigaction action {};
   action.sa_handler = on_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = 0;  // no SA_RESTART: a parked epoll_wait returns so the loop sees the stop
@@ -53,7 +55,8 @@ void send_ready(int control_fd, int ordinal, int device_count, CUresult status,
 
 int main(int argc, char** argv) {
   using namespace mpsshim::server;
-  auto options = parse_options(std::span<const char* const>(argv + 1, static_cast<std::size_t>(argc - 1)));
+  auto options =
+      parse_options(std::span<const char* const>(argv + 1, static_cast<std::size_t>(argc - 1)));
   if (!options) {
     std::fprintf(stderr, "mpsshim-server: %s\n%s\n", options.error().c_str(), kUsage);
     return 2;
@@ -85,8 +88,7 @@ int main(int argc, char** argv) {
   settings.default_memory_limit = options->default_memory_limit;
   const int control_fd = control.get();
   Server server(*gpu, settings, std::move(control));
-  send_ready(control_fd, options->device, gpu->device_count, CUDA_SUCCESS, "ready",
-             &gpu->snapshot);
+  send_ready(control_fd, options->device, gpu->device_count, CUDA_SUCCESS, "ready", &gpu->snapshot);
 
   BackoffIdleStrategy idle;
   int code = server.run(idle, g_stop);

@@ -23,8 +23,8 @@ struct StreamObj {
   CUstream stream = nullptr;  // always a cuGreenCtxStreamCreate stream of the client's
   std::uint64_t ctx = 0;
   bool is_default = false;
-  bool blocking = false;          // created without CU_STREAM_NON_BLOCKING
-  bool work_since_join = false;   // blocking: work the default stream has not waited for yet
+  bool blocking = false;           // created without CU_STREAM_NON_BLOCKING
+  bool work_since_join = false;    // blocking: work the default stream has not waited for yet
   std::uint64_t joined_epoch = 0;  // blocking: the default stream's epoch last waited for
   CUevent join_event = nullptr;    // recorded here to make another stream wait for this one
 };
@@ -64,7 +64,7 @@ struct HostRegionObj {
   CUdeviceptr device = 0;
 };
 
-using ObjectTable = HandleTable<ContextObj, StreamObj, EventObj, ModuleObj, LibraryObj,
-                                FunctionObj, KernelObj, HostRegionObj>;
+using ObjectTable = HandleTable<ContextObj, StreamObj, EventObj, ModuleObj, LibraryObj, FunctionObj,
+                                KernelObj, HostRegionObj>;
 
 }  // namespace mpsshim::server

@@ -12,7 +12,9 @@ OpResult op_goodbye(Call& call) {
   return result;
 }
 
-OpResult op_ping(Call& call) { return call.done(); }
+OpResult op_ping(Call& call) {
+  return call.done();
+}
 
 OpResult op_ctx_create(Call& call) {
   auto req = call.request<proto::CtxCreateReq>();
@@ -20,9 +22,8 @@ OpResult op_ctx_create(Call& call) {
   CUstream stream = nullptr;
   // Nothing runs on the real NULL stream: the context's default stream is a stream of the
   // client's green context like any other.
-  if (CUresult r = call.cu.cuGreenCtxStreamCreate(&stream, session.green.green,
-                                                  CU_STREAM_NON_BLOCKING,
-                                                  effective_priority(session, 0));
+  if (CUresult r = call.cu.cuGreenCtxStreamCreate(
+          &stream, session.green.green, CU_STREAM_NON_BLOCKING, effective_priority(session, 0));
       r != CUDA_SUCCESS) {
     return call.done(r);
   }
@@ -61,15 +62,16 @@ OpResult op_ctx_synchronize(Call& call) {
   auto give_back = [&] {
     for (const Completion::Wait& w : completion.waits) session.release_event(w.event);
   };
-  for (std::uint64_t id : session.objects.ids_where<StreamObj>(
-           [&](const StreamObj& s) { return s.ctx == req.ctx; })) {
+  for (std::uint64_t id :
+       session.objects.ids_where<StreamObj>([&](const StreamObj& s) { return s.ctx == req.ctx; })) {
     auto event = session.acquire_event();
     if (!event) {
       give_back();
       return call.done(event.error());
     }
     completion.waits.push_back({*event, Completion::Owner::kPool});
-    if (CUresult r = call.cu.cuEventRecordWithFlags(*event, session.objects.get<StreamObj>(id)->stream, 0);
+    if (CUresult r =
+            call.cu.cuEventRecordWithFlags(*event, session.objects.get<StreamObj>(id)->stream, 0);
         r != CUDA_SUCCESS) {
       give_back();
       return call.done(r);

@@ -64,10 +64,12 @@ OpResult op_occupancy_max_active_blocks(Call& call) {
 OpResult op_occupancy_max_active_clusters(Call& call) {
   auto req = call.request<proto::ClusterOccupancyReq>();
   if (req.attribute_count > proto::kMaxLaunchAttributes ||
-      !call.exact(sizeof req, std::uint64_t{req.attribute_count} * sizeof(proto::WireLaunchAttribute))) {
-    return call.malformed(fmt::format("a cluster occupancy query states {} attributes that the "
-                                      "record does not hold",
-                                      req.attribute_count));
+      !call.exact(sizeof req,
+                  std::uint64_t{req.attribute_count} * sizeof(proto::WireLaunchAttribute))) {
+    return call.malformed(
+        fmt::format("a cluster occupancy query states {} attributes that the "
+                    "record does not hold",
+                    req.attribute_count));
   }
   CUfunction function = nullptr;
   if (CUresult r = resolve_function(call, req.function, true, &function); r != CUDA_SUCCESS) {

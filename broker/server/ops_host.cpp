@@ -12,7 +12,9 @@
 namespace mpsshim::server {
 namespace {
 
-std::uint64_t page_size() { return static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)); }
+std::uint64_t page_size() {
+  return static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+}
 
 // Maps the client's memfd at the client's own address when that range is free here too, so
 // that under UVA the host pointer is also the device pointer in both processes.
@@ -61,13 +63,18 @@ OpResult copy_host(Call& call, bool to_device) {
   const bool names_chunk = req.host.kind == proto::HostKind::kStagingChunk &&
                            req.host.handle < session.segment.geometry().chunk_count;
   const auto chunk = static_cast<std::uint32_t>(req.host.handle);
-  // A staging chunk is always released, even by a copy that fails, or the client would wait
-  // on it forever; its error travels in the chunk rather than in async_error.
+  // A staging chunk is always handed back, even by a copy that fails, or the client would
+  // wait on it forever. A one-way copy's error goes to async_error first: a client that wakes
+  // on the chunk and then looks at async_error must find it there.
   auto fail = [&](CUresult r) {
-    if (!names_chunk) return call.done(r);
-    session.finish_chunk(chunk, req.host.generation, r);
     OpResult result = call.done(r);
-    result.async_error = false;
+    if (names_chunk) {
+      if (!call.has_reply_slot()) {
+        session.post_async_error(r);
+        result.post_async_error = false;
+      }
+      session.finish_chunk(chunk, req.host.generation, r);
+    }
     return result;
   };
   HostBytes host;
@@ -104,7 +111,7 @@ OpResult op_host_register(Call& call) {
   Session& session = call.session;
   auto stashed = take_stashed_fd(session, req.token, proto::MessageKind::kHostMemory);
   if (!stashed) return call.done(stashed.error());
-  struct stat st{};
+  struct stat st {};
   if (req.bytes == 0 || ::fstat(stashed->fd.get(), &st) != 0 ||
       static_cast<std::uint64_t>(st.st_size) < req.bytes) {
     return call.done(CUDA_ERROR_INVALID_VALUE);
@@ -113,8 +120,8 @@ OpResult op_host_register(Call& call) {
   void* address = map_region(stashed->fd.get(), req.client_address, mapped);
   if (address == nullptr) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   const DriverTable& cu = call.cu;
-  if (CUresult r = cu.cuMemHostRegister_v2(address, req.bytes,
-                                           CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
+  if (CUresult r = cu.cuMemHostRegister_v2(
+          address, req.bytes, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
       r != CUDA_SUCCESS) {
     ::munmap(address, mapped);
     return call.done(r);
@@ -150,7 +157,11 @@ OpResult op_host_unregister(Call& call) {
   return call.done(retire(session, std::move(bundle)));
 }
 
-OpResult op_copy_htod(Call& call) { return copy_host(call, true); }
-OpResult op_copy_dtoh(Call& call) { return copy_host(call, false); }
+OpResult op_copy_htod(Call& call) {
+  return copy_host(call, true);
+}
+OpResult op_copy_dtoh(Call& call) {
+  return copy_host(call, false);
+}
 
 }  // namespace mpsshim::server

@@ -11,9 +11,10 @@ OpResult op_launch_kernel(Call& call) {
       std::uint64_t{req.attribute_count} * sizeof(proto::WireLaunchAttribute);
   if (req.attribute_count > proto::kMaxLaunchAttributes || req.args_bytes > proto::kMaxArgsBytes ||
       !call.exact(sizeof req, attribute_bytes + req.args_bytes)) {
-    return call.malformed(fmt::format("a launch states {} attributes and {} argument bytes that the "
-                                      "record does not hold",
-                                      req.attribute_count, req.args_bytes));
+    return call.malformed(
+        fmt::format("a launch states {} attributes and {} argument bytes that the "
+                    "record does not hold",
+                    req.attribute_count, req.args_bytes));
   }
   Session& session = call.session;
   CUfunction function = nullptr;
@@ -51,7 +52,8 @@ OpResult op_launch_kernel(Call& call) {
   config.hStream = stream->stream;
   config.attrs = attributes;
   config.numAttrs = req.attribute_count;
-  CUresult r = call.cu.cuLaunchKernelEx(&config, function, nullptr, args_size != 0 ? extra : nullptr);
+  CUresult r =
+      call.cu.cuLaunchKernelEx(&config, function, nullptr, args_size != 0 ? extra : nullptr);
   if (r == CUDA_SUCCESS) ++session.launches;
   return finish_on_stream(call, *stream, r);
 }

@@ -10,8 +10,8 @@ namespace {
 
 OpResult refuse_over_limit(Call& call, std::uint64_t asked) {
   const Session& s = call.session;
-  log_warn("{} asked for {} of device memory; its limit is {} ({}) and it already uses {}",
-           s.who(), format_bytes(asked), format_bytes(s.memory_limit),
+  log_warn("{} asked for {} of device memory; its limit is {} ({}) and it already uses {}", s.who(),
+           format_bytes(asked), format_bytes(s.memory_limit),
            s.limit_from_client ? "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
                                : "the server's default memory limit",
            format_bytes(s.memory_used));
@@ -61,8 +61,8 @@ OpResult op_mem_alloc_pitch(Call& call) {
   }
   CUdeviceptr dptr = 0;
   std::size_t pitch = 0;
-  if (CUresult r = call.cu.cuMemAllocPitch_v2(&dptr, &pitch, req.width_bytes, req.height,
-                                              req.element_bytes);
+  if (CUresult r =
+          call.cu.cuMemAllocPitch_v2(&dptr, &pitch, req.width_bytes, req.height, req.element_bytes);
       r != CUDA_SUCCESS) {
     return call.done(r);
   }
@@ -169,14 +169,15 @@ OpResult op_memset(Call& call) {
 OpResult op_copy_dtod(Call& call) {
   auto req = call.request<proto::CopyDtoDReq>();
   Session& session = call.session;
-  if (!session.memory.contains(req.dst, req.bytes) || !session.memory.contains(req.src, req.bytes)) {
+  if (!session.memory.contains(req.dst, req.bytes) ||
+      !session.memory.contains(req.src, req.bytes)) {
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
   CUresult error = CUDA_SUCCESS;
   StreamObj* stream = use_stream(call, req.stream, true, &error);
   if (stream == nullptr) return call.done(error);
-  return finish_on_stream(call, *stream,
-                          call.cu.cuMemcpyDtoDAsync_v2(req.dst, req.src, req.bytes, stream->stream));
+  return finish_on_stream(
+      call, *stream, call.cu.cuMemcpyDtoDAsync_v2(req.dst, req.src, req.bytes, stream->stream));
 }
 
 }  // namespace mpsshim::server

@@ -16,6 +16,10 @@
 namespace mpsshim::server {
 namespace {
 
+// The server copies every image before the driver sees it; this bounds what one load costs.
+// Real containers are far smaller (cuBLASLt's largest is tens of MiB).
+constexpr std::uint64_t kMaxImageBytes = std::uint64_t{4} << 30;
+
 // A private copy of the client's image: the client can rewrite its memfd at any time, and the
 // driver's parser must not see bytes change under it or run off the end. One zeroed page
 // follows the copy.
@@ -63,8 +67,8 @@ OpResult reply_function(Call& call, std::uint64_t id, Query&& query) {
     if (r == CUDA_ERROR_INVALID_VALUE) break;  // past the last parameter
     if (r != CUDA_SUCCESS) return call.done(r);
     if (i >= kMaxParams) return call.done(CUDA_ERROR_NOT_SUPPORTED);
-    rep.params[i] = proto::ParamSlot{static_cast<std::uint32_t>(offset),
-                                     static_cast<std::uint32_t>(size)};
+    rep.params[i] =
+        proto::ParamSlot{static_cast<std::uint32_t>(offset), static_cast<std::uint32_t>(size)};
     rep.param_count = static_cast<std::uint32_t>(i + 1);
     rep.args_bytes = std::max(rep.args_bytes, static_cast<std::uint32_t>(offset + size));
   }
@@ -82,8 +86,8 @@ std::optional<std::string> lookup_name(Call& call, const proto::NamedLookupReq& 
 }
 
 OpResult bad_name(Call& call, const proto::NamedLookupReq& req) {
-  return call.malformed(fmt::format("a lookup names {} bytes of name that the record does not hold",
-                                    req.name_bytes));
+  return call.malformed(
+      fmt::format("a lookup names {} bytes of name that the record does not hold", req.name_bytes));
 }
 
 const char* kind_name(proto::ImageKind kind) {
@@ -104,12 +108,18 @@ OpResult op_image_load(Call& call) {
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
   if (req.containers > 1) {
-    log_info("{} loaded a {} from a fat binary of {} linked containers (a device-linked, -rdc, "
-             "program); the server does not support those yet",
-             session.who(), kind_name(req.kind), req.containers);
+    log_info(
+        "{} loaded a {} from a fat binary of {} linked containers (a device-linked, -rdc, "
+        "program); the server does not support those yet",
+        session.who(), kind_name(req.kind), req.containers);
     return call.done(CUDA_ERROR_NOT_SUPPORTED);
   }
-  struct stat st{};
+  if (req.bytes > kMaxImageBytes) {
+    log_warn("{} sent a {} image of {}; the server takes images up to {}", session.who(),
+             kind_name(req.kind), format_bytes(req.bytes), format_bytes(kMaxImageBytes));
+    return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  struct stat st {};
   if (req.bytes == 0 || ::fstat(stashed->fd.get(), &st) != 0 ||
       static_cast<std::uint64_t>(st.st_size) < req.bytes) {
     return call.done(CUDA_ERROR_INVALID_VALUE);
@@ -135,8 +145,8 @@ OpResult op_image_load(Call& call) {
     if (id == 0) cu.cuModuleUnload(module);
   } else {
     CUlibrary library = nullptr;
-    if (CUresult r = cu.cuLibraryLoadData(&library, image.data(), nullptr, nullptr, 0, nullptr,
-                                          nullptr, 0);
+    if (CUresult r =
+            cu.cuLibraryLoadData(&library, image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
         r != CUDA_SUCCESS) {
       return call.done(r);
     }

@@ -15,9 +15,9 @@ OpResult op_stream_create(Call& call) {
   // Every real stream is non-blocking: the legacy ordering of blocking streams is emulated
   // among the client's own streams (streams.hpp), never through the real NULL stream.
   CUstream stream = nullptr;
-  if (CUresult r = call.cu.cuGreenCtxStreamCreate(&stream, session.green.green,
-                                                  CU_STREAM_NON_BLOCKING,
-                                                  effective_priority(session, req.priority));
+  if (CUresult r =
+          call.cu.cuGreenCtxStreamCreate(&stream, session.green.green, CU_STREAM_NON_BLOCKING,
+                                         effective_priority(session, req.priority));
       r != CUDA_SUCCESS) {
     return call.done(r);
   }

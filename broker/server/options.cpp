@@ -43,8 +43,7 @@ tl::expected<Options, std::string> parse_options(std::span<const char* const> ar
     } else if (flag == "--default-sm-percentage") {
       int p = 0;
       if (!parse_number(value, p) || p < 1 || p > 100) {
-        return tl::unexpected(
-            fmt::format("--default-sm-percentage {}: expected 1 to 100", value));
+        return tl::unexpected(fmt::format("--default-sm-percentage {}: expected 1 to 100", value));
       }
       options.default_sm_percentage = p;
     } else if (flag == "--default-memory-limit") {

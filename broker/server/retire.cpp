@@ -22,17 +22,16 @@ void forget_driver_handle(Session& session, const void* handle) {
 }
 
 void forget_functions_of(Session& session, std::uint64_t owner) {
-  for (std::uint64_t id :
-       session.objects.ids_where<FunctionObj>([&](const FunctionObj& f) { return f.owner == owner; })) {
+  for (std::uint64_t id : session.objects.ids_where<FunctionObj>(
+           [&](const FunctionObj& f) { return f.owner == owner; })) {
     auto f = session.objects.take<FunctionObj>(id);
     forget_driver_handle(session, f->function);
   }
 }
 
 void forget_globals_of(Session& session, std::uint64_t owner) {
-  session.memory.remove_if([&](const DeviceRange& r) {
-    return r.kind == RangeKind::kGlobal && r.owner == owner;
-  });
+  session.memory.remove_if(
+      [&](const DeviceRange& r) { return r.kind == RangeKind::kGlobal && r.owner == owner; });
 }
 
 }  // namespace
@@ -141,8 +140,8 @@ CUresult retire_context(Session& session, std::uint64_t ctx_id) {
        session.objects.ids_where<EventObj>([&](const EventObj& e) { return e.ctx == ctx_id; })) {
     session.destroy_client_event(session.objects.take<EventObj>(id)->event);
   }
-  for (std::uint64_t id : session.objects.ids_where<StreamObj>(
-           [&](const StreamObj& s) { return s.ctx == ctx_id; })) {
+  for (std::uint64_t id :
+       session.objects.ids_where<StreamObj>([&](const StreamObj& s) { return s.ctx == ctx_id; })) {
     destroy_stream(session, id);
   }
   session.objects.take<ContextObj>(ctx_id);

@@ -24,7 +24,7 @@
 namespace mpsshim::server {
 
 struct ServerSettings {
-  int default_sm_percentage = 100;        // for clients that set no CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+  int default_sm_percentage = 100;  // for clients that set no CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
   std::uint64_t default_memory_limit = 0;  // for clients that set no limit; 0 = none
   proto::SegmentGeometry geometry{};
   std::size_t batch_per_client = 32;  // records per client per pass

@@ -47,7 +47,8 @@ void Session::post_async_error(CUresult result) {
 
 void Session::wake_everyone() {
   const proto::SegmentView& view = segment.view();
-  for (std::uint32_t i = 0; i < view.geometry.slot_count; ++i) proto::futex_wake(&view.slot(i)->state);
+  for (std::uint32_t i = 0; i < view.geometry.slot_count; ++i)
+    proto::futex_wake(&view.slot(i)->state);
   for (std::uint32_t i = 0; i < view.geometry.chunk_count; ++i) {
     proto::futex_wake(&view.chunk_state(i)->done_generation);
   }
@@ -76,7 +77,9 @@ tl::expected<CUevent, CUresult> Session::acquire_event() {
   return create_event(CU_EVENT_DISABLE_TIMING);
 }
 
-void Session::release_event(CUevent event) { event_pool.push_back(event); }
+void Session::release_event(CUevent event) {
+  event_pool.push_back(event);
+}
 
 CUresult Session::complete_after(CUstream stream, Completion completion) {
   auto event = acquire_event();

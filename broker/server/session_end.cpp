@@ -24,7 +24,8 @@ std::string freed_summary(const FreedTally& t) {
   if (t.libraries != 0) parts.push_back(count(t.libraries, "library", "libraries"));
   if (t.streams != 0) parts.push_back(count(t.streams, "stream", "streams"));
   if (t.events != 0) parts.push_back(count(t.events, "event", "events"));
-  if (t.regions != 0) parts.push_back(count(t.regions, "pinned host region", "pinned host regions"));
+  if (t.regions != 0)
+    parts.push_back(count(t.regions, "pinned host region", "pinned host regions"));
   if (parts.empty()) return "nothing to free";
   return "freed " + fmt::format("{}", fmt::join(parts, ", "));
 }
@@ -71,19 +72,20 @@ void Server::shutdown(const std::string& reason) {
   if (stopping_) return;
   stopping_ = true;
   log_info("shutting down ({}); ending {} session(s)", reason, sessions_.size());
-  for (auto& s : sessions_) end_session(*s, "was disconnected: the server is shutting down",
-                                        CUDA_ERROR_MPS_CONNECTION_FAILED);
+  for (auto& s : sessions_)
+    end_session(*s, "was disconnected: the server is shutting down",
+                CUDA_ERROR_MPS_CONNECTION_FAILED);
 }
 
-void Server::fatal_fault(Session* culprit, CUresult error, proto::Op op,
-                         std::uint32_t reply_slot) {
+void Server::fatal_fault(Session* culprit, CUresult error, proto::Op op, std::uint32_t reply_slot) {
   faulted_ = true;
   std::string error_text = describe(*gpu_.cu, error);
   if (culprit != nullptr) {
-    log_error("GPU fault: {} work of {} failed with {}. A fault poisons every context of this "
-              "process, so all {} client(s) get this error and the server exits for a fresh one",
-              op == proto::Op::kPad ? "queued" : op_name(op), culprit->who(), error_text,
-              sessions_.size());
+    log_error(
+        "GPU fault: {} work of {} failed with {}. A fault poisons every context of this "
+        "process, so all {} client(s) get this error and the server exits for a fresh one",
+        op == proto::Op::kPad ? "queued" : op_name(op), culprit->who(), error_text,
+        sessions_.size());
   } else {
     log_error("GPU fault: {}; all {} client(s) get this error and the server exits for a fresh one",
               error_text, sessions_.size());

@@ -51,7 +51,9 @@ SharedSegment& SharedSegment::operator=(SharedSegment&& other) noexcept {
   return *this;
 }
 
-SharedSegment::~SharedSegment() { unmap(); }
+SharedSegment::~SharedSegment() {
+  unmap();
+}
 
 void SharedSegment::unmap() {
   if (view_.base != nullptr) ::munmap(view_.base, view_.geometry.segment_bytes);

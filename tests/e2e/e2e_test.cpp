@@ -45,7 +45,7 @@ TEST_CASE("the examples give correct results through the broker", "[e2e]") {
     if (path == nullptr) continue;  // examples need nvcc to build
     SECTION(name) {
       std::vector<std::string> argv = {path};
-      if (std::string(name) == "EXAMPLE_MATMUL_TILED") argv.push_back("--size=128");
+      if (std::string(name) == "EXAMPLE_MATMUL_TILED") argv.insert(argv.end(), {"--m", "128", "--n", "128", "--k", "128"});
       require_pass(run_client(daemon, argv), daemon);
     }
   }

@@ -27,7 +27,9 @@ proto::TextMessage ask_daemon(Harness& h, proto::MessageKind kind, const std::st
   return reply;
 }
 
-std::string text_of(const proto::TextMessage& m) { return std::string(m.text, m.length); }
+std::string text_of(const proto::TextMessage& m) {
+  return std::string(m.text, m.length);
+}
 
 TEST_CASE("a client gets the whole device and no limit by default", "[server][admission]") {
   Harness h;
@@ -36,8 +38,9 @@ TEST_CASE("a client gets the whole device and no limit by default", "[server][ad
   CHECK(sut.welcome().sm_count == 132);
   CHECK(sut.welcome().memory_limit == 0);
   CHECK(sut.welcome().client_id == 1);
-  CHECK(h.logged("client 1 (pid 4123, vector_add, uid 1000) connected: 132 of 132 SMs, no "
-                 "memory limit"));
+  CHECK(
+      h.logged("client 1 (pid 4123, vector_add, uid 1000) connected: 132 of 132 SMs, no "
+               "memory limit"));
   CHECK(fake_gpu().green_live == 1);
   CHECK(sut.call_empty(Op::kPing).result == CUDA_SUCCESS);
 }
@@ -151,9 +154,11 @@ TEST_CASE("default quotas change for new clients", "[server][control]") {
   Harness h;
   TestClient before(h);
 
-  auto sm = ask_daemon(h, proto::MessageKind::kCtlRequest, "set_default_active_thread_percentage 25");
+  auto sm =
+      ask_daemon(h, proto::MessageKind::kCtlRequest, "set_default_active_thread_percentage 25");
   auto mem = ask_daemon(h, proto::MessageKind::kCtlRequest, "set_default_memory_limit 4096");
-  auto bad = ask_daemon(h, proto::MessageKind::kCtlRequest, "set_default_active_thread_percentage 0");
+  auto bad =
+      ask_daemon(h, proto::MessageKind::kCtlRequest, "set_default_active_thread_percentage 0");
   TestClient after(h);
 
   CHECK(text_of(sm) == "ok");

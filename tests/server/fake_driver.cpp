@@ -25,7 +25,9 @@ void* named(const std::string& name) {
 }
 
 // Device memory: host memory that the fake's copies and memsets write through.
-std::byte* device_bytes(CUdeviceptr p) { return reinterpret_cast<std::byte*>(p); }
+std::byte* device_bytes(CUdeviceptr p) {
+  return reinterpret_cast<std::byte*>(p);
+}
 
 CUresult alloc(CUdeviceptr* out, std::size_t bytes) {
   std::vector<std::byte> block(bytes + 256);
@@ -38,7 +40,8 @@ CUresult alloc(CUdeviceptr* out, std::size_t bytes) {
 
 template <typename T>
 void fill(CUdeviceptr dst, T value, std::size_t count) {
-  for (std::size_t i = 0; i < count; ++i) std::memcpy(device_bytes(dst) + i * sizeof(T), &value, sizeof(T));
+  for (std::size_t i = 0; i < count; ++i)
+    std::memcpy(device_bytes(dst) + i * sizeof(T), &value, sizeof(T));
 }
 
 template <typename T>
@@ -105,8 +108,9 @@ DriverTable fake_driver_table() {
     r->sm.smCoscheduledAlignment = fake_gpu().coscheduled_alignment;
     return CUDA_SUCCESS;
   };
-  t.cuDevSmResourceSplitByCount = [](CUdevResource* result, unsigned* groups, const CUdevResource* in,
-                                     CUdevResource* remaining, unsigned flags, unsigned min_count) {
+  t.cuDevSmResourceSplitByCount = [](CUdevResource* result, unsigned* groups,
+                                     const CUdevResource* in, CUdevResource* remaining,
+                                     unsigned flags, unsigned min_count) {
     FakeGpu& gpu = fake_gpu();
     gpu.last_split_min_count = min_count;
     gpu.last_split_flags = flags;
@@ -276,7 +280,9 @@ DriverTable fake_driver_table() {
     *v = 7;
     return CUDA_SUCCESS;
   };
-  t.cuKernelSetAttribute = [](CUfunction_attribute, int, CUkernel, CUdevice) { return CUDA_SUCCESS; };
+  t.cuKernelSetAttribute = [](CUfunction_attribute, int, CUkernel, CUdevice) {
+    return CUDA_SUCCESS;
+  };
   // Two parameters: a pointer at 0 and an int at 8.
   t.cuKernelGetParamInfo = [](CUkernel, std::size_t i, std::size_t* offset, std::size_t* size) {
     if (i >= 2) return CUDA_ERROR_INVALID_VALUE;
@@ -315,7 +321,9 @@ DriverTable fake_driver_table() {
     return CUDA_SUCCESS;
   };
   t.cuStreamQuery = [](CUstream) { return work_state(); };
-  t.cuStreamSynchronize = [](CUstream) { return CUDA_ERROR_NOT_SUPPORTED; };  // the server must not block
+  t.cuStreamSynchronize = [](CUstream) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  };  // the server must not block
   t.cuStreamWaitEvent = [](CUstream, CUevent, unsigned) {
     ++fake_gpu().stream_waits;
     return CUDA_SUCCESS;

@@ -49,7 +49,7 @@ struct Reply {
   template <typename T>
   T as() const {
     T value{};
-    std::memcpy(&value, payload.data(), std::min(sizeof(T), payload.size()));
+    if (!payload.empty()) std::memcpy(&value, payload.data(), std::min(sizeof(T), payload.size()));
     return value;
   }
 };
@@ -74,7 +74,8 @@ class TestClient {
             std::span<const std::byte> trailing = {}, std::uint16_t flags = 0) {
     std::vector<std::byte> bytes(sizeof(Req) + trailing.size());
     std::memcpy(bytes.data(), &req, sizeof(Req));
-    if (!trailing.empty()) std::memcpy(bytes.data() + sizeof(Req), trailing.data(), trailing.size());
+    if (!trailing.empty())
+      std::memcpy(bytes.data() + sizeof(Req), trailing.data(), trailing.size());
     send_raw(static_cast<std::uint16_t>(op), bytes, slot, flags);
   }
   void send_empty(proto::Op op, std::uint32_t slot = proto::kNoReply) {

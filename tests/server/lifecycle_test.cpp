@@ -23,8 +23,9 @@ Owned make_things(TestClient& client) {
   std::vector<std::byte> ptx(64, std::byte{'a'});
   ptx.back() = std::byte{0};
   client.send_memfd(proto::MessageKind::kModuleImage, 1, ptx.size(), ptx);
-  REQUIRE(client.call(Op::kImageLoad, proto::ImageLoadReq{ctx.ctx, ptx.size(), 1,
-                                                          proto::ImageKind::kModule, 0, 0})
+  REQUIRE(client
+              .call(Op::kImageLoad,
+                    proto::ImageLoadReq{ctx.ctx, ptx.size(), 1, proto::ImageKind::kModule, 0, 0})
               .result == CUDA_SUCCESS);
   client.send_memfd(proto::MessageKind::kHostMemory, 2, 4096);
   REQUIRE(client.call(Op::kHostRegister, proto::HostRegisterReq{0, 4096, 2, 0}).result ==
@@ -53,8 +54,9 @@ TEST_CASE("a client that hangs up has everything freed", "[server][lifecycle]") 
 
   REQUIRE(h.pump_until([&] { return h.server->session_count() == 0; }));
   check_nothing_left();
-  CHECK(h.logged("client 1 (pid 4123, vector_add) disconnected; freed 1 allocation (1.5 MiB), 1 "
-                 "module, 2 streams, 1 event, 1 pinned host region"));
+  CHECK(
+      h.logged("client 1 (pid 4123, vector_add) disconnected; freed 1 allocation (1.5 MiB), 1 "
+               "module, 2 streams, 1 event, 1 pinned host region"));
 }
 
 TEST_CASE("Goodbye ends the session in order", "[server][lifecycle]") {

@@ -9,7 +9,9 @@ namespace {
 using proto::Op;
 constexpr std::uint64_t kMiB = 1 << 20;
 
-std::byte* device(std::uint64_t dptr) { return reinterpret_cast<std::byte*>(dptr); }
+std::byte* device(std::uint64_t dptr) {
+  return reinterpret_cast<std::byte*>(dptr);
+}
 
 TEST_CASE("an allocation beyond the client's limit is refused and logged", "[server][memory]") {
   Harness h;
@@ -23,8 +25,9 @@ TEST_CASE("an allocation beyond the client's limit is refused and logged", "[ser
   CHECK(sut.alloc(ctx.ctx, 8 * kMiB, &result) == 0);
 
   CHECK(result == CUDA_ERROR_OUT_OF_MEMORY);
-  CHECK(h.logged("client 1 (pid 4123, python3) asked for 8 MiB of device memory; its limit is "
-                 "16 MiB (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT) and it already uses 10 MiB"));
+  CHECK(
+      h.logged("client 1 (pid 4123, python3) asked for 8 MiB of device memory; its limit is "
+               "16 MiB (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT) and it already uses 10 MiB"));
 }
 
 TEST_CASE("MemGetInfo reports the client's view of its limit", "[server][memory]") {
@@ -130,8 +133,9 @@ TEST_CASE("a staged copy waits for its DMA before handing the chunk back", "[ser
   std::uint64_t dptr = sut.alloc(ctx.ctx, kMiB);
   fake_gpu().busy = true;
 
-  sut.send(Op::kCopyHtoD, proto::CopyHostReq{ctx.default_stream, dptr, 16,
-                                             proto::HostRef{1, 0, proto::HostKind::kStagingChunk, 2}});
+  sut.send(Op::kCopyHtoD,
+           proto::CopyHostReq{ctx.default_stream, dptr, 16,
+                              proto::HostRef{1, 0, proto::HostKind::kStagingChunk, 2}});
   h.pump();
   CHECK(sut.view().chunk_state(1)->done_generation.load() == 0);
 
@@ -145,20 +149,22 @@ TEST_CASE("a bad staged copy still hands the chunk back, with the error", "[serv
   auto ctx = sut.create_context();
   const std::uint64_t chunk_bytes = sut.view().geometry.chunk_bytes;
 
-  sut.send(Op::kCopyHtoD, proto::CopyHostReq{ctx.default_stream, 0x1234, 16,
-                                             proto::HostRef{2, 0, proto::HostKind::kStagingChunk, 5}});
+  sut.send(Op::kCopyHtoD,
+           proto::CopyHostReq{ctx.default_stream, 0x1234, 16,
+                              proto::HostRef{2, 0, proto::HostKind::kStagingChunk, 5}});
   REQUIRE(h.pump_until([&] { return sut.view().chunk_state(2)->done_generation.load() == 5; }));
   CHECK(sut.view().chunk_state(2)->result.load() == CUDA_ERROR_INVALID_VALUE);
-  CHECK(sut.control()->async_error.load() == 0);  // reported once, through the chunk
+  CHECK(sut.control()->async_error.load() == CUDA_ERROR_INVALID_VALUE);  // a one-way call's error
 
   std::uint64_t dptr = sut.alloc(ctx.ctx, 4 * chunk_bytes);
-  auto past_chunk = sut.call(Op::kCopyHtoD,
-                             proto::CopyHostReq{ctx.default_stream, dptr, chunk_bytes,
-                                                proto::HostRef{2, 1, proto::HostKind::kStagingChunk, 6}});
+  auto past_chunk = sut.call(
+      Op::kCopyHtoD, proto::CopyHostReq{ctx.default_stream, dptr, chunk_bytes,
+                                        proto::HostRef{2, 1, proto::HostKind::kStagingChunk, 6}});
   CHECK(past_chunk.result == CUDA_ERROR_INVALID_VALUE);
-  auto no_such_chunk = sut.call(
-      Op::kCopyHtoD, proto::CopyHostReq{ctx.default_stream, dptr, 16,
-                                        proto::HostRef{9999, 0, proto::HostKind::kStagingChunk, 1}});
+  auto no_such_chunk =
+      sut.call(Op::kCopyHtoD,
+               proto::CopyHostReq{ctx.default_stream, dptr, 16,
+                                  proto::HostRef{9999, 0, proto::HostKind::kStagingChunk, 1}});
   CHECK(no_such_chunk.result == CUDA_ERROR_INVALID_VALUE);
 }
 
@@ -177,21 +183,24 @@ TEST_CASE("pinned host memory is mapped, registered and copied from", "[server][
   CHECK(region.device_pointer != 0);
   CHECK(fake_gpu().host_registrations.size() == 2);  // the staging area and this region
 
-  auto copy = sut.call(Op::kCopyHtoD,
-                       proto::CopyHostReq{ctx.default_stream, dptr, 4096,
-                                          proto::HostRef{region.region, 4096, proto::HostKind::kPinnedRegion, 0}});
+  auto copy = sut.call(
+      Op::kCopyHtoD,
+      proto::CopyHostReq{ctx.default_stream, dptr, 4096,
+                         proto::HostRef{region.region, 4096, proto::HostKind::kPinnedRegion, 0}});
   CHECK(copy.result == CUDA_SUCCESS);
   CHECK(device(dptr)[0] == std::byte{0x33});
-  auto outside = sut.call(Op::kCopyHtoD,
-                          proto::CopyHostReq{ctx.default_stream, dptr, 4096,
-                                             proto::HostRef{region.region, 4097, proto::HostKind::kPinnedRegion, 0}});
+  auto outside = sut.call(
+      Op::kCopyHtoD,
+      proto::CopyHostReq{ctx.default_stream, dptr, 4096,
+                         proto::HostRef{region.region, 4097, proto::HostKind::kPinnedRegion, 0}});
   CHECK(outside.result == CUDA_ERROR_INVALID_VALUE);
   // The region's device side is the client's memory too (zero-copy access).
   auto dtod = sut.call(Op::kCopyDtoD,
                        proto::CopyDtoDReq{ctx.default_stream, dptr, region.device_pointer, 8192});
   CHECK(dtod.result == CUDA_SUCCESS);
 
-  CHECK(sut.call(Op::kHostUnregister, proto::HostUnregisterReq{region.region}).result == CUDA_SUCCESS);
+  CHECK(sut.call(Op::kHostUnregister, proto::HostUnregisterReq{region.region}).result ==
+        CUDA_SUCCESS);
   CHECK(h.pump_until([&] { return fake_gpu().host_registrations.size() == 1; }));
   CHECK(sut.call(Op::kHostUnregister, proto::HostUnregisterReq{region.region}).result ==
         CUDA_ERROR_INVALID_VALUE);
@@ -219,8 +228,9 @@ TEST_CASE("memsets cover the whole pitched range or nothing", "[server][memory]"
   std::uint64_t dptr = sut.alloc(ctx.ctx, 4096);
   auto memset = [&](std::uint64_t pitch, std::uint64_t width, std::uint64_t height,
                     std::uint32_t element) {
-    return sut.call(Op::kMemset, proto::MemsetReq{ctx.default_stream, dptr, pitch, width, height,
-                                                  0x01020304, element})
+    return sut
+        .call(Op::kMemset,
+              proto::MemsetReq{ctx.default_stream, dptr, pitch, width, height, 0x01020304, element})
         .result;
   };
 
@@ -231,7 +241,7 @@ TEST_CASE("memsets cover the whole pitched range or nothing", "[server][memory]"
   CHECK(memset(0, 4096, 1, 1) == CUDA_SUCCESS);
   CHECK(memset(0, 16, 1, 3) == CUDA_ERROR_INVALID_VALUE);
   CHECK(memset(0, 16, 2, 1) == CUDA_ERROR_INVALID_VALUE);  // 1-D has one row
-  CHECK(memset(1024, 64, 4, 1) == CUDA_SUCCESS);            // last row ends at 3136
+  CHECK(memset(1024, 64, 4, 1) == CUDA_SUCCESS);           // last row ends at 3136
   CHECK(memset(1024, 64, 5, 1) == CUDA_ERROR_INVALID_VALUE);
   CHECK(memset(32, 64, 2, 1) == CUDA_ERROR_INVALID_VALUE);  // rows wider than the pitch
   CHECK(memset(~std::uint64_t{0} / 2, 1, 3, 1) == CUDA_ERROR_INVALID_VALUE);

@@ -29,8 +29,8 @@ std::uint64_t load(TestClient& client, std::uint64_t ctx, proto::ImageKind kind,
                    std::uint32_t token, CUresult* result = nullptr) {
   auto image = fatbin(64);
   client.send_memfd(proto::MessageKind::kModuleImage, token, image.size(), image);
-  auto reply = client.call(Op::kImageLoad,
-                           proto::ImageLoadReq{ctx, image.size(), token, kind, 0, 0});
+  auto reply =
+      client.call(Op::kImageLoad, proto::ImageLoadReq{ctx, image.size(), token, kind, 0, 0});
   if (result != nullptr) *result = reply.result;
   return reply.result == CUDA_SUCCESS ? reply.as<proto::ImageLoadRep>().handle : 0;
 }
@@ -38,8 +38,8 @@ std::uint64_t load(TestClient& client, std::uint64_t ctx, proto::ImageKind kind,
 proto::FunctionRep lookup(TestClient& client, Op op, std::uint64_t owner, const std::string& n,
                           CUresult* result = nullptr) {
   auto bytes = name(n);
-  auto reply = client.call(op, proto::NamedLookupReq{owner, static_cast<std::uint32_t>(n.size()), 0},
-                           bytes);
+  auto reply =
+      client.call(op, proto::NamedLookupReq{owner, static_cast<std::uint32_t>(n.size()), 0}, bytes);
   if (result != nullptr) *result = reply.result;
   return reply.as<proto::FunctionRep>();
 }
@@ -58,7 +58,8 @@ std::vector<std::byte> launch_record(std::uint64_t function, std::uint64_t strea
   *out = req;
   std::vector<std::byte> trailing(attributes.size_bytes() + args.size());
   if (!attributes.empty()) std::memcpy(trailing.data(), attributes.data(), attributes.size_bytes());
-  if (!args.empty()) std::memcpy(trailing.data() + attributes.size_bytes(), args.data(), args.size());
+  if (!args.empty())
+    std::memcpy(trailing.data() + attributes.size_bytes(), args.data(), args.size());
   return trailing;
 }
 
@@ -123,8 +124,8 @@ TEST_CASE("launch attributes that carry handles are refused", "[server][module]"
   CHECK(fake_gpu().launches == 0);
   CHECK(sut.control()->async_error.exchange(0) == CUDA_ERROR_NOT_SUPPORTED);
 
-  auto allowed = launch_record(function.function, ctx.default_stream,
-                               std::span(&cooperative, 1), {}, &req);
+  auto allowed =
+      launch_record(function.function, ctx.default_stream, std::span(&cooperative, 1), {}, &req);
   sut.send(Op::kLaunchKernel, req, proto::kNoReply, allowed);
   h.pump();
   CHECK(fake_gpu().launches == 1);
@@ -144,8 +145,9 @@ TEST_CASE("a library's kernels use the kernel parameter query and launch", "[ser
   CHECK(kernel.args_bytes == 12);
   CHECK(lookup(sut, Op::kLibraryGetKernel, library, "k").function == kernel.function);
 
-  auto attribute = sut.call(Op::kKernelGetAttribute,
-                            proto::AttributeReq{kernel.function, CU_FUNC_ATTRIBUTE_NUM_REGS, 0, 0, 0});
+  auto attribute =
+      sut.call(Op::kKernelGetAttribute,
+               proto::AttributeReq{kernel.function, CU_FUNC_ATTRIBUTE_NUM_REGS, 0, 0, 0});
   CHECK(attribute.as<proto::AttributeRep>().value == 7);
   auto function = sut.call(Op::kKernelGetFunction, proto::HandleReq{kernel.function});
   CHECK(function.result == CUDA_SUCCESS);
@@ -160,8 +162,8 @@ TEST_CASE("a library's kernels use the kernel parameter query and launch", "[ser
 
   auto module = sut.call(Op::kLibraryGetModule, proto::HandleReq{library});
   REQUIRE(module.result == CUDA_SUCCESS);
-  CHECK(sut.call(Op::kModuleUnload, proto::HandleReq{module.as<proto::ImageLoadRep>().handle}).result ==
-        CUDA_ERROR_NOT_PERMITTED);
+  CHECK(sut.call(Op::kModuleUnload, proto::HandleReq{module.as<proto::ImageLoadRep>().handle})
+            .result == CUDA_ERROR_NOT_PERMITTED);
 
   CHECK(sut.call(Op::kLibraryUnload, proto::HandleReq{library}).result == CUDA_SUCCESS);
   CHECK(h.pump_until([&] { return fake_gpu().libraries_live == 0; }));
@@ -229,12 +231,14 @@ TEST_CASE("occupancy queries answer for functions and kernels", "[server][module
   std::uint64_t library = load(sut, ctx.ctx, proto::ImageKind::kLibrary, 1);
   auto kernel = lookup(sut, Op::kLibraryGetKernel, library, "k");
 
-  auto blocks = sut.call(Op::kOccupancyMaxActiveBlocks, proto::OccupancyReq{kernel.function, 128, 0, 0});
+  auto blocks =
+      sut.call(Op::kOccupancyMaxActiveBlocks, proto::OccupancyReq{kernel.function, 128, 0, 0});
   CHECK(blocks.as<proto::OccupancyRep>().value == 4);
   proto::ClusterOccupancyReq clusters{};
   clusters.function = kernel.function;
   CHECK(sut.call(Op::kOccupancyMaxActiveClusters, clusters).as<proto::OccupancyRep>().value == 2);
-  auto smem = sut.call(Op::kOccupancyAvailableDynamicSmem, proto::OccupancyReq{kernel.function, 128, 2, 0});
+  auto smem =
+      sut.call(Op::kOccupancyAvailableDynamicSmem, proto::OccupancyReq{kernel.function, 128, 2, 0});
   CHECK(smem.as<proto::OccupancyRep>().value == 1024);
 }
 
@@ -246,7 +250,9 @@ TEST_CASE("context limits can be raised, never lowered", "[server][module]") {
     return sut.call(Op::kCtxSetLimit, proto::CtxLimitReq{limit, 0, value}).result;
   };
   auto get = [&](CUlimit limit) {
-    return sut.call(Op::kCtxGetLimit, proto::CtxLimitReq{limit, 0, 0}).as<proto::CtxLimitRep>().value;
+    return sut.call(Op::kCtxGetLimit, proto::CtxLimitReq{limit, 0, 0})
+        .as<proto::CtxLimitRep>()
+        .value;
   };
 
   CHECK(set(CU_LIMIT_STACK_SIZE, 4096) == CUDA_SUCCESS);

@@ -11,9 +11,9 @@ tl::expected<Options, std::string> parse(std::vector<const char*> args) {
 }
 
 TEST_CASE("the daemon's command line parses", "[server][options]") {
-  auto sut = parse({"--device", "1", "--control-fd", "5", "--driver", "/x/libcuda.so.1",
-                    "--log-level", "debug", "--default-sm-percentage", "25",
-                    "--default-memory-limit", "1073741824"});
+  auto sut =
+      parse({"--device", "1", "--control-fd", "5", "--driver", "/x/libcuda.so.1", "--log-level",
+             "debug", "--default-sm-percentage", "25", "--default-memory-limit", "1073741824"});
   REQUIRE(sut);
   CHECK(sut->device == 1);
   CHECK(sut->control_fd == 5);

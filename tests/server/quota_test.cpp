@@ -47,7 +47,7 @@ TEST_CASE("100% is the whole device, without a split", "[server][quota]") {
 }
 
 TEST_CASE("a share that rounds up past the device is the whole device", "[server][quota]") {
-  CHECK(plan_sm_quota(kH100Sms, granularity(false), 97, false).whole_device);  // 129 -> 136
+  CHECK(plan_sm_quota(kH100Sms, granularity(false), 97, false).whole_device);   // 129 -> 136
   SmQuota just_under = plan_sm_quota(kH100Sms, granularity(false), 96, false);  // 127 -> 128
   CHECK_FALSE(just_under.whole_device);
   CHECK(just_under.target == 128);

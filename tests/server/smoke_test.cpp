@@ -47,9 +47,9 @@ class ServerProcess {
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, child_end.get(), kChildControlFd);
     std::string exe = env_or_fail("MPSSHIM_SERVER_EXE");
-    std::vector<std::string> args = {exe,       "--device",    "0",     "--control-fd",
-                                     std::to_string(kChildControlFd), "--driver", driver,
-                                     "--log-level", "debug"};
+    std::vector<std::string> args = {
+        exe,        "--device", "0",           "--control-fd", std::to_string(kChildControlFd),
+        "--driver", driver,     "--log-level", "debug"};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

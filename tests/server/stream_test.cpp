@@ -157,9 +157,11 @@ TEST_CASE("events record, wait, query, synchronize and time", "[server][streams]
   CHECK(elapsed.as<proto::ElapsedRep>().milliseconds == 1.5f);
   CHECK(sut.control()->async_error.load() == 0);
 
-  CHECK(sut.call(Op::kEventCreate, proto::EventCreateReq{ctx.ctx, CU_EVENT_INTERPROCESS, 0}).result ==
-        CUDA_ERROR_NOT_SUPPORTED);
-  CHECK(sut.call(Op::kEventQuery, proto::HandleReq{other_stream}).result == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(
+      sut.call(Op::kEventCreate, proto::EventCreateReq{ctx.ctx, CU_EVENT_INTERPROCESS, 0}).result ==
+      CUDA_ERROR_NOT_SUPPORTED);
+  CHECK(sut.call(Op::kEventQuery, proto::HandleReq{other_stream}).result ==
+        CUDA_ERROR_INVALID_HANDLE);
 }
 
 TEST_CASE("an event destroyed while someone waits on it goes when the wait ends",

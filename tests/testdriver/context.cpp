@@ -18,11 +18,11 @@ std::array<std::size_t, CU_LIMIT_MAX> default_limits() {
 }
 
 void activate(Device& dev) {
-  static const auto all_sms = std::make_shared<const std::vector<std::uint16_t>>(SmSet::all().ids());
+  static const auto all_sms =
+      std::make_shared<const std::vector<std::uint16_t>>(SmSet::all().ids());
   dev.primary.limits = default_limits();
-  dev.primary.null_stream = std::make_unique<Stream>(
-      Stream{dev.ordinal, dev.handle(), nullptr, all_sms, 0, kStreamPriorityLeast,
-             WorkQueue::start()});
+  dev.primary.null_stream = std::make_unique<Stream>(Stream{
+      dev.ordinal, dev.handle(), nullptr, all_sms, 0, kStreamPriorityLeast, WorkQueue::start()});
 }
 
 // Everything created in the context goes with it (registrations are process-wide here, as if
@@ -39,7 +39,8 @@ void teardown(State& s, Device& dev) {
   for (const auto& [handle, m] : s.modules)
     if (m->device == d) doomed.push_back(handle);
   for (CUmodule m : doomed) {
-    if (Library* lib = s.modules.get(m)->library) lib->modules[static_cast<std::size_t>(d)] = nullptr;
+    if (Library* lib = s.modules.get(m)->library)
+      lib->modules[static_cast<std::size_t>(d)] = nullptr;
     destroy_module(s, m);
   }
   std::vector<std::uintptr_t> bases;
@@ -133,7 +134,8 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuCtxGetLimit(size_t* pvalue, CUlimit
     std::lock_guard lock(s.mutex);
     Device* dev = current_device(s);
     if (dev == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-    if (pvalue == nullptr || static_cast<unsigned>(limit) >= CU_LIMIT_MAX) return CUDA_ERROR_INVALID_VALUE;
+    if (pvalue == nullptr || static_cast<unsigned>(limit) >= CU_LIMIT_MAX)
+      return CUDA_ERROR_INVALID_VALUE;
     if (limit == CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH) return CUDA_ERROR_UNSUPPORTED_LIMIT;
     *pvalue = dev->primary.limits[limit];
     return CUDA_SUCCESS;

@@ -11,7 +11,9 @@
 namespace mpsshim::testdriver {
 namespace {
 
-std::uintptr_t addr_of(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+std::uintptr_t addr_of(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p);
+}
 
 // The range's host view when the work runs; freed or unregistered meanwhile is a device fault.
 std::byte* at_run(std::uintptr_t addr, std::size_t bytes) {
@@ -60,7 +62,7 @@ CUresult memset2d(CUdeviceptr dst, std::size_t pitch, T value, std::size_t width
 using namespace mpsshim::testdriver;
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src,
-                                                             size_t bytes, CUstream hstream) {
+                                                                size_t bytes, CUstream hstream) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     Stream* stream = nullptr;
@@ -70,7 +72,8 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemcpyHtoDAsync_v2(CUdeviceptr dst,
       return CUDA_ERROR_INVALID_VALUE;
     if (registered(s, src, bytes)) {
       const std::uintptr_t from = addr_of(src);
-      submit_work(s, *stream, [=] { std::memmove(at_run(dst, bytes), at_run(from, bytes), bytes); });
+      submit_work(s, *stream,
+                  [=] { std::memmove(at_run(dst, bytes), at_run(from, bytes), bytes); });
     } else {
       const auto* first = static_cast<const std::byte*>(src);
       auto staged = std::make_shared<std::vector<std::byte>>(first, first + bytes);
@@ -81,7 +84,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemcpyHtoDAsync_v2(CUdeviceptr dst,
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src,
-                                                             size_t bytes, CUstream hstream) {
+                                                                size_t bytes, CUstream hstream) {
   return entry([&](State& s) {
     std::unique_lock lock(s.mutex);
     Stream* stream = nullptr;
@@ -104,7 +107,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemcpyDtoHAsync_v2(void* dst, CUdev
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src,
-                                                             size_t bytes, CUstream hstream) {
+                                                                size_t bytes, CUstream hstream) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     Stream* stream = nullptr;
@@ -119,34 +122,34 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemcpyDtoDAsync_v2(CUdeviceptr dst,
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dst, unsigned char value,
-                                                        size_t n, CUstream hstream) {
+                                                           size_t n, CUstream hstream) {
   return memset2d(dst, n, value, n, 1, hstream);
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemsetD16Async(CUdeviceptr dst, unsigned short value,
-                                                         size_t n, CUstream hstream) {
+                                                            size_t n, CUstream hstream) {
   return memset2d(dst, n * sizeof(value), value, n, 1, hstream);
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemsetD32Async(CUdeviceptr dst, unsigned int value,
-                                                         size_t n, CUstream hstream) {
+                                                            size_t n, CUstream hstream) {
   return memset2d(dst, n * sizeof(value), value, n, 1, hstream);
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemsetD2D8Async(CUdeviceptr dst, size_t pitch,
-                                                          unsigned char value, size_t width,
-                                                          size_t height, CUstream hstream) {
+                                                             unsigned char value, size_t width,
+                                                             size_t height, CUstream hstream) {
   return memset2d(dst, pitch, value, width, height, hstream);
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemsetD2D16Async(CUdeviceptr dst, size_t pitch,
-                                                           unsigned short value, size_t width,
-                                                           size_t height, CUstream hstream) {
+                                                              unsigned short value, size_t width,
+                                                              size_t height, CUstream hstream) {
   return memset2d(dst, pitch, value, width, height, hstream);
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemsetD2D32Async(CUdeviceptr dst, size_t pitch,
-                                                           unsigned int value, size_t width,
-                                                           size_t height, CUstream hstream) {
+                                                              unsigned int value, size_t width,
+                                                              size_t height, CUstream hstream) {
   return memset2d(dst, pitch, value, width, height, hstream);
 }

@@ -17,12 +17,16 @@ std::size_t page_size() {
   static const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
   return page;
 }
-std::size_t align_down(std::size_t v, std::size_t a) { return v / a * a; }
-std::size_t align_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
+std::size_t align_down(std::size_t v, std::size_t a) {
+  return v / a * a;
+}
+std::size_t align_up(std::size_t v, std::size_t a) {
+  return (v + a - 1) / a * a;
+}
 
 std::byte* map_none(void* hint, std::size_t size, int extra_flags) {
-  void* p = mmap(hint, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | extra_flags,
-                 -1, 0);
+  void* p =
+      mmap(hint, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | extra_flags, -1, 0);
   return p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
 }
 

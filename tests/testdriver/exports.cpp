@@ -9,8 +9,7 @@ namespace {
 
 #define MPSSHIM_TESTDRIVER_ADDRESS(name, ret, params) \
   reinterpret_cast<const void*>(static_cast<ret(CUDAAPI*) params>(&::name)),
-[[gnu::used]] const void* const kExports[] = {
-    MPSSHIM_DRIVER_FUNCTIONS(MPSSHIM_TESTDRIVER_ADDRESS)};
+[[gnu::used]] const void* const kExports[] = {MPSSHIM_DRIVER_FUNCTIONS(MPSSHIM_TESTDRIVER_ADDRESS)};
 #undef MPSSHIM_TESTDRIVER_ADDRESS
 
 }  // namespace

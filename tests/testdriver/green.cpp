@@ -9,10 +9,10 @@ namespace mpsshim::testdriver {
 namespace {
 
 constexpr std::uint32_t kResourceMagic = 0x4d505354;  // "MPST"
-constexpr unsigned kCoscheduledUnit = 8;   // minSmPartitionSize / smCoscheduledAlignment
-constexpr unsigned kIndependentUnit = 2;   // with CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING
-constexpr unsigned kSplitFlags =
-    CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING | CU_DEV_SM_RESOURCE_SPLIT_MAX_POTENTIAL_CLUSTER_SIZE;
+constexpr unsigned kCoscheduledUnit = 8;              // minSmPartitionSize / smCoscheduledAlignment
+constexpr unsigned kIndependentUnit = 2;  // with CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING
+constexpr unsigned kSplitFlags = CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING |
+                                 CU_DEV_SM_RESOURCE_SPLIT_MAX_POTENTIAL_CLUSTER_SIZE;
 
 // What the driver keeps in a CUdevResource's opaque bytes.
 struct ResourceTag {
@@ -75,8 +75,8 @@ std::vector<SmSet> carve(const SmSet& input, unsigned size, unsigned unit, bool 
 using namespace mpsshim::testdriver;
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuDeviceGetDevResource(CUdevice dev,
-                                                               CUdevResource* resource,
-                                                               CUdevResourceType type) {
+                                                                  CUdevResource* resource,
+                                                                  CUdevResourceType type) {
   return entry([&](State& s) {
     if (resource == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -117,7 +117,8 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuDevSmResourceSplitByCount(
     }
     SmSet rest = in.sms;
     for (unsigned i = 0; i < made; ++i) {
-      write_resource(result[i], ResourceTag{kResourceMagic, in.device, split, groups[i]}, unit, unit);
+      write_resource(result[i], ResourceTag{kResourceMagic, in.device, split, groups[i]}, unit,
+                     unit);
       for (std::uint16_t sm : groups[i].ids()) rest.remove(sm);
     }
     if (remaining != nullptr) {
@@ -130,8 +131,8 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuDevSmResourceSplitByCount(
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuDevResourceGenerateDesc(CUdevResourceDesc* phDesc,
-                                                                  CUdevResource* resources,
-                                                                  unsigned int nbResources) {
+                                                                     CUdevResource* resources,
+                                                                     unsigned int nbResources) {
   return entry([&](State& s) {
     if (phDesc == nullptr || resources == nullptr || nbResources == 0)
       return CUDA_ERROR_INVALID_VALUE;
@@ -153,8 +154,9 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuDevResourceGenerateDesc(CUdevResour
   });
 }
 
-MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResourceDesc desc,
-                                                         CUdevice dev, unsigned int flags) {
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGreenCtxCreate(CUgreenCtx* phCtx,
+                                                            CUdevResourceDesc desc, CUdevice dev,
+                                                            unsigned int flags) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     if (phCtx == nullptr || flags != CU_GREEN_CTX_DEFAULT_STREAM) return CUDA_ERROR_INVALID_VALUE;
@@ -189,8 +191,9 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGreenCtxDestroy(CUgreenCtx hCtx) {
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGreenCtxStreamCreate(CUstream* phStream,
-                                                               CUgreenCtx greenCtx,
-                                                               unsigned int flags, int priority) {
+                                                                  CUgreenCtx greenCtx,
+                                                                  unsigned int flags,
+                                                                  int priority) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     if (phStream == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -199,8 +202,9 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGreenCtxStreamCreate(CUstream* phSt
     if (flags != CU_STREAM_NON_BLOCKING) return CUDA_ERROR_INVALID_VALUE;  // required by the API
     priority = std::clamp(priority, kStreamPriorityGreatest, kStreamPriorityLeast);
     auto sms = std::make_shared<const std::vector<std::uint16_t>>(green->sms.ids());
-    *phStream = s.streams.add(std::make_shared<Stream>(Stream{
-        green->device, green->context(), green, std::move(sms), flags, priority, WorkQueue::start()}));
+    *phStream = s.streams.add(
+        std::make_shared<Stream>(Stream{green->device, green->context(), green, std::move(sms),
+                                        flags, priority, WorkQueue::start()}));
     return CUDA_SUCCESS;
   });
 }

@@ -71,8 +71,8 @@ void increment_i32(const KernelContext& k, int* p, int n) {
 // {}
 void empty_kernel(const KernelContext&) {}
 
-// long long start = clock64-based globaltimer; while (globaltimer() - start < nanoseconds) {}
-// Modelled per launch, not per block: blocks run concurrently on the device.
+// start = %globaltimer; while (%globaltimer - start < nanoseconds) {}
+// Modelled per launch, not per block: the blocks spin concurrently on the device.
 void spin_kernel(const KernelContext&, long long nanoseconds) {
   if (nanoseconds <= 0) return;
   const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(nanoseconds);
@@ -96,12 +96,16 @@ void record_smid(const KernelContext& k, unsigned int* out) {
 }
 
 // *(volatile int*)p = *(volatile int*)nullptr;  -- an illegal address, always.
-void trigger_fault(const KernelContext&, int*) { throw DeviceFault{CUDA_ERROR_ILLEGAL_ADDRESS}; }
+void trigger_fault(const KernelContext&, int*) {
+  throw DeviceFault{CUDA_ERROR_ILLEGAL_ADDRESS};
+}
 
 // ---- Table machinery: parameter layout and argument unpacking come from the body's signature, so
 // ---- adding a kernel is one line in kTable.
 
-constexpr std::size_t align_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
+constexpr std::size_t align_up(std::size_t v, std::size_t a) {
+  return (v + a - 1) / a * a;
+}
 
 // The CUDA ABI lays parameters out in order, each at its natural alignment.
 template <class... Args>
@@ -132,7 +136,8 @@ struct Entry<Body> {
   static void run(const KernelContext& k, [[maybe_unused]] const std::byte* args) {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       Body(k, load<Args>(args + params[I].offset)...);
-    }(std::index_sequence_for<Args...>{});
+    }
+    (std::index_sequence_for<Args...>{});
   }
 
   static constexpr KernelDef def(std::string_view name) {
@@ -142,21 +147,18 @@ struct Entry<Body> {
 };
 
 constexpr std::array kTable{
-    Entry<&vector_add>::def("vector_add"),
-    Entry<&matmul_tiled>::def("matmul_tiled"),
-    Entry<&scale_add>::def("scale_add"),
-    Entry<&fill_u32>::def("fill_u32"),
-    Entry<&increment_i32>::def("increment_i32"),
-    Entry<&empty_kernel>::def("empty_kernel"),
-    Entry<&spin_kernel>::def("spin_kernel"),
-    Entry<&sleep_kernel>::def("sleep_kernel"),
-    Entry<&record_smid>::def("record_smid"),
-    Entry<&trigger_fault>::def("trigger_fault"),
+    Entry<&vector_add>::def("vector_add"),       Entry<&matmul_tiled>::def("matmul_tiled"),
+    Entry<&scale_add>::def("scale_add"),         Entry<&fill_u32>::def("fill_u32"),
+    Entry<&increment_i32>::def("increment_i32"), Entry<&empty_kernel>::def("empty_kernel"),
+    Entry<&spin_kernel>::def("spin_kernel"),     Entry<&sleep_kernel>::def("sleep_kernel"),
+    Entry<&record_smid>::def("record_smid"),     Entry<&trigger_fault>::def("trigger_fault"),
 };
 
 }  // namespace
 
-std::span<const KernelDef> kernel_table() { return kTable; }
+std::span<const KernelDef> kernel_table() {
+  return kTable;
+}
 
 const KernelDef* find_kernel(std::string_view name) {
   for (const KernelDef& k : kTable)

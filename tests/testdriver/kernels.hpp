@@ -43,7 +43,8 @@ class KernelContext {
   std::size_t threads_below(long long n) const {
     if (n <= 0) return 0;
     const std::uint64_t threads = std::uint64_t{grid.x} * block.x;
-    return static_cast<std::size_t>(std::min<std::uint64_t>(threads, static_cast<std::uint64_t>(n)));
+    return static_cast<std::size_t>(
+        std::min<std::uint64_t>(threads, static_cast<std::uint64_t>(n)));
   }
 
   // The host view of `count` elements at device pointer p; faults as the GPU would when the range

@@ -31,7 +31,8 @@ Dim3 cluster_of(const Function& fn, Dim3 given) {
   if (given.x != 0) return given;
   const auto& r = fn.attributes->required_cluster;
   if (r[0] > 0 && r[1] > 0 && r[2] > 0)
-    return Dim3{static_cast<unsigned>(r[0]), static_cast<unsigned>(r[1]), static_cast<unsigned>(r[2])};
+    return Dim3{static_cast<unsigned>(r[0]), static_cast<unsigned>(r[1]),
+                static_cast<unsigned>(r[2])};
   return Dim3{0, 0, 0};
 }
 
@@ -51,7 +52,8 @@ CUresult check_shape(const Function& fn, const LaunchShape& l) {
       b.volume() > static_cast<std::uint64_t>(kMaxThreadsPerBlock))
     return CUDA_ERROR_INVALID_VALUE;
   if (g.x > kMaxGridX || g.y > kMaxGridYZ || g.z > kMaxGridYZ) return CUDA_ERROR_INVALID_VALUE;
-  if (l.shared > static_cast<unsigned>(fn.attributes->max_dynamic_shared)) return CUDA_ERROR_INVALID_VALUE;
+  if (l.shared > static_cast<unsigned>(fn.attributes->max_dynamic_shared))
+    return CUDA_ERROR_INVALID_VALUE;
   const Dim3 c = cluster_of(fn, l.cluster);
   if (c.x == 0) return CUDA_SUCCESS;
   if (CUresult r = check_cluster(fn, c); r != CUDA_SUCCESS) return r;
@@ -84,7 +86,8 @@ CUresult pack_arguments(const KernelDef& def, void** params, void** extra,
     }
   }
   if (def.args_size == 0) return CUDA_SUCCESS;
-  if (buffer == nullptr || size == nullptr || *size < def.args_size) return CUDA_ERROR_INVALID_VALUE;
+  if (buffer == nullptr || size == nullptr || *size < def.args_size)
+    return CUDA_ERROR_INVALID_VALUE;
   std::memcpy(args.data(), buffer, def.args_size);
   return CUDA_SUCCESS;
 }
@@ -136,25 +139,20 @@ int blocks_per_sm(int block_size, std::size_t dynamic_shared, const Function& fn
 
 using namespace mpsshim::testdriver;
 
-MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX,
-                                                       unsigned int gridDimY, unsigned int gridDimZ,
-                                                       unsigned int blockDimX,
-                                                       unsigned int blockDimY,
-                                                       unsigned int blockDimZ,
-                                                       unsigned int sharedMemBytes, CUstream hStream,
-                                                       void** kernelParams, void** extra) {
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI
+cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+               unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+               unsigned int sharedMemBytes, CUstream hStream, void** kernelParams, void** extra) {
   return entry([&](State& s) {
-    const LaunchShape shape{{gridDimX, gridDimY, gridDimZ},
-                            {blockDimX, blockDimY, blockDimZ},
-                            sharedMemBytes,
-                            hStream};
+    const LaunchShape shape{
+        {gridDimX, gridDimY, gridDimZ}, {blockDimX, blockDimY, blockDimZ}, sharedMemBytes, hStream};
     return launch(s, f, shape, kernelParams, extra);
   });
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig* config,
-                                                         CUfunction f, void** kernelParams,
-                                                         void** extra) {
+                                                            CUfunction f, void** kernelParams,
+                                                            void** extra) {
   return entry([&](State& s) {
     if (config == nullptr) return CUDA_ERROR_INVALID_VALUE;
     LaunchShape shape{{config->gridDimX, config->gridDimY, config->gridDimZ},
@@ -183,9 +181,8 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveBlocksPerMultipro
 
 // Clusters that fit at once on the SMs the config's stream may use; the cluster size must come
 // from the config or the function (cuda.h: "else the function will return an error").
-MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveClusters(int* numClusters,
-                                                                     CUfunction func,
-                                                                     const CUlaunchConfig* config) {
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI
+cuOccupancyMaxActiveClusters(int* numClusters, CUfunction func, const CUlaunchConfig* config) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     if (numClusters == nullptr || config == nullptr) return CUDA_ERROR_INVALID_VALUE;

@@ -42,8 +42,8 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch,
-                                                           size_t width, size_t height,
-                                                           unsigned int elementSize) {
+                                                              size_t width, size_t height,
+                                                              unsigned int elementSize) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     Device* dev = current_device(s);
@@ -87,7 +87,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemGetInfo_v2(size_t* free, size_t*
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemHostRegister_v2(void* p, size_t bytesize,
-                                                             unsigned int Flags) {
+                                                                unsigned int Flags) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     if (current_device(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
@@ -119,7 +119,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemHostUnregister(void* p) {
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p,
-                                                                     unsigned int Flags) {
+                                                                        unsigned int Flags) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     if (current_device(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;

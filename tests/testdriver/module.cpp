@@ -36,7 +36,8 @@ CUresult library_module(State& s, Library& lib, int device, CUmodule* out) {
 CUkernel library_kernel(State& s, Library& lib, const KernelDef* def) {
   auto it = lib.kernels.find(def);
   if (it == lib.kernels.end())
-    it = lib.kernels.emplace(def, s.kernels.add(std::make_shared<Kernel>(Kernel{&lib, def, {}}))).first;
+    it = lib.kernels.emplace(def, s.kernels.add(std::make_shared<Kernel>(Kernel{&lib, def, {}})))
+             .first;
   return it->second;
 }
 
@@ -74,23 +75,56 @@ CUresult param_info(const KernelDef& def, size_t index, size_t* offset, size_t* 
 CUresult get_attribute(const FuncAttributes& a, CUfunction_attribute attrib, int* out) {
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   switch (attrib) {
-    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *out = kMaxThreadsPerBlock; break;
-    case CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: *out = 0; break;
-    case CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES: *out = 0; break;
-    case CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: *out = 0; break;
-    case CU_FUNC_ATTRIBUTE_NUM_REGS: *out = 32; break;
-    case CU_FUNC_ATTRIBUTE_PTX_VERSION: *out = 90; break;
-    case CU_FUNC_ATTRIBUTE_BINARY_VERSION: *out = 90; break;
-    case CU_FUNC_ATTRIBUTE_CACHE_MODE_CA: *out = 0; break;
-    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *out = a.max_dynamic_shared; break;
-    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: *out = a.carveout; break;
-    case CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET: *out = 0; break;
-    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH: *out = a.required_cluster[0]; break;
-    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT: *out = a.required_cluster[1]; break;
-    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH: *out = a.required_cluster[2]; break;
-    case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: *out = a.non_portable_cluster; break;
-    case CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: *out = a.cluster_scheduling; break;
-    default: return CUDA_ERROR_INVALID_VALUE;
+    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+      *out = kMaxThreadsPerBlock;
+      break;
+    case CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES:
+      *out = 0;
+      break;
+    case CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES:
+      *out = 0;
+      break;
+    case CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES:
+      *out = 0;
+      break;
+    case CU_FUNC_ATTRIBUTE_NUM_REGS:
+      *out = 32;
+      break;
+    case CU_FUNC_ATTRIBUTE_PTX_VERSION:
+      *out = 90;
+      break;
+    case CU_FUNC_ATTRIBUTE_BINARY_VERSION:
+      *out = 90;
+      break;
+    case CU_FUNC_ATTRIBUTE_CACHE_MODE_CA:
+      *out = 0;
+      break;
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
+      *out = a.max_dynamic_shared;
+      break;
+    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+      *out = a.carveout;
+      break;
+    case CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET:
+      *out = 0;
+      break;
+    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH:
+      *out = a.required_cluster[0];
+      break;
+    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT:
+      *out = a.required_cluster[1];
+      break;
+    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH:
+      *out = a.required_cluster[2];
+      break;
+    case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED:
+      *out = a.non_portable_cluster;
+      break;
+    case CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+      *out = a.cluster_scheduling;
+      break;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
   }
   return CUDA_SUCCESS;
 }
@@ -110,8 +144,8 @@ CUresult set_attribute(FuncAttributes& a, CUfunction_attribute attrib, int value
     case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT:
     case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH:
       if (!in(0, 16)) return CUDA_ERROR_INVALID_VALUE;
-      a.required_cluster[static_cast<std::size_t>(attrib - CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH)] =
-          value;
+      a.required_cluster[static_cast<std::size_t>(
+          attrib - CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH)] = value;
       return CUDA_SUCCESS;
     case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED:
       if (!in(0, 1)) return CUDA_ERROR_INVALID_VALUE;
@@ -128,7 +162,8 @@ CUresult set_attribute(FuncAttributes& a, CUfunction_attribute attrib, int value
 
 // Unloading waits for all queued work (a kernel may be using the module's global), then unmaps
 // with nothing running. Returns with `lock` held.
-void quiesce(State& s, std::unique_lock<std::mutex>& lock, std::unique_lock<std::shared_mutex>& use) {
+void quiesce(State& s, std::unique_lock<std::mutex>& lock,
+             std::unique_lock<std::shared_mutex>& use) {
   lock.unlock();
   drain(s, -1);
   use.lock();
@@ -184,7 +219,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuModuleUnload(CUmodule hmod) {
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod,
-                                                            const char* name) {
+                                                               const char* name) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     if (hfunc == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -198,7 +233,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuModuleGetFunction(CUfunction* hfunc
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes,
-                                                             CUmodule hmod, const char* name) {
+                                                                CUmodule hmod, const char* name) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     Module* m = s.modules.get(hmod);
@@ -240,7 +275,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuLibraryUnload(CUlibrary hlib) {
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuLibraryGetKernel(CUkernel* pKernel, CUlibrary hlib,
-                                                           const char* name) {
+                                                              const char* name) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     if (pKernel == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -266,7 +301,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuLibraryGetModule(CUmodule* pMod, CU
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* bytes,
-                                                           CUlibrary hlib, const char* name) {
+                                                              CUlibrary hlib, const char* name) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     Device* dev = current_device(s);
@@ -295,8 +330,9 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuKernelGetFunction(CUfunction* pFunc
   });
 }
 
-MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuKernelGetAttribute(int* pi, CUfunction_attribute attrib,
-                                                             CUkernel kernel, CUdevice dev) {
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuKernelGetAttribute(int* pi,
+                                                                CUfunction_attribute attrib,
+                                                                CUkernel kernel, CUdevice dev) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     Kernel* k = s.kernels.get(kernel);
@@ -306,8 +342,9 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuKernelGetAttribute(int* pi, CUfunct
   });
 }
 
-MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuKernelSetAttribute(CUfunction_attribute attrib, int val,
-                                                             CUkernel kernel, CUdevice dev) {
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuKernelSetAttribute(CUfunction_attribute attrib,
+                                                                int val, CUkernel kernel,
+                                                                CUdevice dev) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     Kernel* k = s.kernels.get(kernel);
@@ -318,8 +355,8 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuKernelSetAttribute(CUfunction_attri
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex,
-                                                             size_t* paramOffset,
-                                                             size_t* paramSize) {
+                                                                size_t* paramOffset,
+                                                                size_t* paramSize) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     Kernel* k = s.kernels.get(kernel);
@@ -331,7 +368,8 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuKernelGetParamInfo(CUkernel kernel,
 // Only a true CUfunction: given a CUkernel the real driver answers CUDA_ERROR_INVALID_HANDLE
 // (measured), so this does not go through resolve_function.
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuFuncGetParamInfo(CUfunction func, size_t paramIndex,
-                                                           size_t* paramOffset, size_t* paramSize) {
+                                                              size_t* paramOffset,
+                                                              size_t* paramSize) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     Function* fn = s.functions.get(func);
@@ -341,7 +379,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuFuncGetParamInfo(CUfunction func, s
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuFuncGetAttribute(int* pi, CUfunction_attribute attrib,
-                                                           CUfunction hfunc) {
+                                                              CUfunction hfunc) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     Device* dev = current_device(s);
@@ -353,7 +391,8 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuFuncGetAttribute(int* pi, CUfunctio
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuFuncSetAttribute(CUfunction hfunc,
-                                                           CUfunction_attribute attrib, int value) {
+                                                              CUfunction_attribute attrib,
+                                                              int value) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     Device* dev = current_device(s);
@@ -364,15 +403,15 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuFuncSetAttribute(CUfunction hfunc,
   });
 }
 
-MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config) {
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuFuncSetCacheConfig(CUfunction hfunc,
+                                                                CUfunc_cache config) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     Device* dev = current_device(s);
     Function* fn = nullptr;
     if (CUresult r = resolve_function(s, hfunc, dev ? dev->ordinal : -1, fn); r != CUDA_SUCCESS)
       return r;
-    if (static_cast<unsigned>(config) > CU_FUNC_CACHE_PREFER_EQUAL)
-      return CUDA_ERROR_INVALID_VALUE;
+    if (static_cast<unsigned>(config) > CU_FUNC_CACHE_PREFER_EQUAL) return CUDA_ERROR_INVALID_VALUE;
     return CUDA_SUCCESS;  // a preference; nothing here depends on it
   });
 }

@@ -63,9 +63,13 @@ CurrentContext context_of(State& s, CUcontext ctx) {
           green->default_stream.get()};
 }
 
-CurrentContext current_context(State& s) { return context_of(s, t_current); }
+CurrentContext current_context(State& s) {
+  return context_of(s, t_current);
+}
 
-void set_current_context(CUcontext ctx) { t_current = ctx; }
+void set_current_context(CUcontext ctx) {
+  t_current = ctx;
+}
 
 std::byte* resolve_range_locked(State& s, std::uintptr_t addr, std::size_t bytes) {
   if (addr + bytes < addr) return nullptr;

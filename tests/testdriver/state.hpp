@@ -15,6 +15,7 @@
 #include <new>
 #include <shared_mutex>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "tests/testdriver/device_memory.hpp"
@@ -39,13 +40,14 @@ inline constexpr int kSharedPerSm = 233472;
 inline constexpr int kStreamPriorityLeast = 0;
 inline constexpr int kStreamPriorityGreatest = -5;
 
-struct Module;
+struct GreenContext;
 struct Library;
+struct Module;
 
 struct Stream {
   int device;
-  CUcontext context;  // a primary context, or a green context's CUcontext
-  std::shared_ptr<struct GreenContext> green;  // for cuGreenCtxStreamCreate streams
+  CUcontext context;                    // a primary context, or a green context's CUcontext
+  std::shared_ptr<GreenContext> green;  // for cuGreenCtxStreamCreate streams
   std::shared_ptr<const std::vector<std::uint16_t>> sms;
   unsigned flags;
   int priority;
@@ -57,7 +59,7 @@ struct GreenContext {
   SmSet sms;
   bool destroyed = false;  // streams outlive it (the API leaves them to the user) and must know
   std::unique_ptr<Stream> default_stream;  // what NULL names while it is current
-  char view = 0;  // its address is the CUcontext cuCtxFromGreenCtx returns
+  char view = 0;                           // its address is the CUcontext cuCtxFromGreenCtx returns
   CUcontext context() { return reinterpret_cast<CUcontext>(&view); }
 };
 
@@ -94,8 +96,8 @@ struct Function {
 
 struct Module {
   int device;
-  Library* library;     // null when loaded with cuModuleLoadData
-  CUdeviceptr global;   // `test_global`, 256 zeroed bytes
+  Library* library;    // null when loaded with cuModuleLoadData
+  CUdeviceptr global;  // `test_global`, 256 zeroed bytes
   std::map<const KernelDef*, CUfunction> functions;
 };
 
@@ -167,8 +169,8 @@ class State {
   std::shared_mutex memory_use;
 
   std::atomic<bool> initialized{false};
-  std::atomic<bool> forked{false};                   // a child of fork() after cuInit
-  std::atomic<CUresult> sticky{CUDA_SUCCESS};        // a device fault poisons the process
+  std::atomic<bool> forked{false};             // a child of fork() after cuInit
+  std::atomic<CUresult> sticky{CUDA_SUCCESS};  // a device fault poisons the process
 
   std::vector<std::unique_ptr<Device>> devices;
   std::map<std::uintptr_t, Allocation> allocations;      // by base address
@@ -221,7 +223,9 @@ struct CurrentContext {
 };
 CurrentContext context_of(State& s, CUcontext ctx);  // empty when ctx is not usable
 CurrentContext current_context(State& s);
-inline Device* current_device(State& s) { return current_context(s).device; }
+inline Device* current_device(State& s) {
+  return current_context(s).device;
+}
 void set_current_context(CUcontext ctx);
 // Retains / releases a device's primary context; the last release destroys everything created in
 // it, as the real driver does. release_primary unlocks `lock` while it drains the device's work.

@@ -59,7 +59,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamSynchronize(CUstream hstream)
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamWaitEvent(CUstream hstream, CUevent hevent,
-                                                          unsigned int flags) {
+                                                             unsigned int flags) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     Stream* stream = nullptr;
@@ -80,7 +80,8 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuEventCreate(CUevent* phEvent, unsig
     std::lock_guard lock(s.mutex);
     const CurrentContext ctx = current_context(s);
     if (ctx.device == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-    constexpr unsigned kKnown = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+    constexpr unsigned kKnown =
+        CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
     if (phEvent == nullptr || (Flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
     if ((Flags & CU_EVENT_INTERPROCESS) != 0 && (Flags & CU_EVENT_DISABLE_TIMING) == 0)
       return CUDA_ERROR_INVALID_VALUE;
@@ -100,7 +101,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuEventDestroy_v2(CUevent hevent) {
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuEventRecordWithFlags(CUevent hevent, CUstream hstream,
-                                                               unsigned int flags) {
+                                                                  unsigned int flags) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     Stream* stream = nullptr;
@@ -126,7 +127,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuEventQuery(CUevent hevent) {
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuEventElapsedTime_v2(float* pMilliseconds,
-                                                              CUevent hStart, CUevent hEnd) {
+                                                                 CUevent hStart, CUevent hEnd) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     if (pMilliseconds == nullptr) return CUDA_ERROR_INVALID_VALUE;

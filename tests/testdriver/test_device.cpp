@@ -10,7 +10,7 @@
 namespace mpsshim::testdriver::test {
 namespace {
 
-constexpr int kDevicesInTestEnv = 2;                 // MPSSHIM_TESTDRIVER_DEVICES in meson.build
+constexpr int kDevicesInTestEnv = 2;                   // MPSSHIM_TESTDRIVER_DEVICES in meson.build
 constexpr std::size_t kMemoryInTestEnv = 1024u << 20;  // MPSSHIM_TESTDRIVER_MEMORY_MB
 
 TEST_CASE("isolated: before cuInit", "[.isolated]") {

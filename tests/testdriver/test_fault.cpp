@@ -44,9 +44,9 @@ TEST_CASE("isolated: misaligned kernel argument", "[.isolated]") {
   unsigned value = 1;
   int n = 4;
   void* params[] = {&p, &value, &n};
-  CHECK_CU(s.sut.cuLaunchKernel(s.function("fill_u32"), 1, 1, 1, 32, 1, 1, 0, s.stream, params,
-                                nullptr),
-           CUDA_SUCCESS);
+  CHECK_CU(
+      s.sut.cuLaunchKernel(s.function("fill_u32"), 1, 1, 1, 32, 1, 1, 0, s.stream, params, nullptr),
+      CUDA_SUCCESS);
   CHECK_CU(s.sut.cuStreamSynchronize(s.stream), CUDA_ERROR_MISALIGNED_ADDRESS);
 }
 
@@ -56,8 +56,8 @@ TEST_CASE("isolated: work queued on freed memory", "[.isolated]") {
   std::vector<char> host(4096);
   int sleep_us = 100000;
   void* params[] = {&sleep_us};
-  REQUIRE_CU(s.sut.cuLaunchKernel(s.function("sleep_kernel"), 1, 1, 1, 1, 1, 1, 0, s.stream,
-                                  params, nullptr));
+  REQUIRE_CU(s.sut.cuLaunchKernel(s.function("sleep_kernel"), 1, 1, 1, 1, 1, 1, 0, s.stream, params,
+                                  nullptr));
   REQUIRE_CU(s.sut.cuMemHostRegister_v2(host.data(), host.size(), 0));
   REQUIRE_CU(s.sut.cuMemcpyHtoDAsync_v2(p, host.data(), host.size(), s.stream));
   // Unregistering does not wait for the queued copy, which then reads unpinned memory.

@@ -62,8 +62,7 @@ TEST_CASE("parameter layouts follow the CUDA ABI", "[modules]") {
         std::vector<Param>{{0, 8}, {8, 8}, {16, 8}, {24, 4}});
   CHECK(params_of(s.function("matmul_tiled")) ==
         std::vector<Param>{{0, 8}, {8, 8}, {16, 8}, {24, 4}, {28, 4}, {32, 4}});
-  CHECK(params_of(s.function("scale_add")) ==
-        std::vector<Param>{{0, 8}, {8, 8}, {16, 4}, {20, 4}});
+  CHECK(params_of(s.function("scale_add")) == std::vector<Param>{{0, 8}, {8, 8}, {16, 4}, {20, 4}});
   CHECK(params_of(s.function("spin_kernel")) == std::vector<Param>{{0, 8}});
   CHECK(params_of(s.function("empty_kernel")).empty());
 }
@@ -193,8 +192,8 @@ TEST_CASE("vector_add through an argument buffer packed at the parameter offsets
   for (std::size_t i = 0; i < layout.size(); ++i)
     std::memcpy(buffer.data() + layout[i].offset, values[i], layout[i].size);
   std::size_t size = buffer.size();
-  void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buffer.data(), CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
-                   CU_LAUNCH_PARAM_END};
+  void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buffer.data(), CU_LAUNCH_PARAM_BUFFER_SIZE,
+                   &size, CU_LAUNCH_PARAM_END};
 
   REQUIRE_CU(s.sut.cuLaunchKernel(f, 8, 1, 1, 128, 1, 1, 0, s.stream, nullptr, extra));
   data.check(s);
@@ -286,7 +285,8 @@ TEST_CASE("matmul_tiled multiplies row-major matrices", "[launch]") {
   for (int r = 0; r < m; ++r) {
     for (int col = 0; col < n; ++col) {
       float want = 0;
-      for (int i = 0; i < k; ++i) want += a[static_cast<std::size_t>(r * k + i)] * b[static_cast<std::size_t>(i * n + col)];
+      for (int i = 0; i < k; ++i)
+        want += a[static_cast<std::size_t>(r * k + i)] * b[static_cast<std::size_t>(i * n + col)];
       INFO("C[" << r << "][" << col << "]");
       REQUIRE(c[static_cast<std::size_t>(r * n + col)] == Approx(want));
     }

@@ -36,7 +36,8 @@ TEST_CASE("the NULL stream works in the current context", "[memory]") {
   const CUdeviceptr p = s.alloc(sizeof(int) * values.size());
   REQUIRE_CU(s.sut.cuMemcpyHtoDAsync_v2(p, values.data(), sizeof(int) * values.size(), nullptr));
   std::vector<int> back(values.size());
-  REQUIRE_CU(s.sut.cuMemcpyDtoHAsync_v2(back.data(), p, sizeof(int) * back.size(), CU_STREAM_LEGACY));
+  REQUIRE_CU(
+      s.sut.cuMemcpyDtoHAsync_v2(back.data(), p, sizeof(int) * back.size(), CU_STREAM_LEGACY));
   CHECK(back == values);
 }
 
@@ -156,8 +157,8 @@ TEST_CASE("registered host memory is device-accessible at its own address", "[me
 
   const CUdeviceptr dev = s.alloc(bytes);
   REQUIRE_CU(s.sut.cuMemsetD32Async(dev, 42, host.size(), s.stream));
-  REQUIRE_CU(s.sut.cuMemcpyDtoDAsync_v2(reinterpret_cast<CUdeviceptr>(host.data()), dev, bytes,
-                                        s.stream));
+  REQUIRE_CU(
+      s.sut.cuMemcpyDtoDAsync_v2(reinterpret_cast<CUdeviceptr>(host.data()), dev, bytes, s.stream));
   s.sync();
   CHECK(host[0] == 42);
   CHECK(host[1023] == 42);

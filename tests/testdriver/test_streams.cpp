@@ -115,8 +115,7 @@ TEST_CASE("a stream waits for an event recorded in another", "[streams]") {
   destroy_green_stream(other);
 }
 
-TEST_CASE("copies to pinned memory are asynchronous, to pageable memory synchronous",
-          "[streams]") {
+TEST_CASE("copies to pinned memory are asynchronous, to pageable memory synchronous", "[streams]") {
   Session s;
   const CUdeviceptr value = s.alloc(sizeof(int));
   REQUIRE_CU(s.sut.cuMemsetD32Async(value, 7, 1, s.stream));
@@ -142,14 +141,19 @@ TEST_CASE("a destroyed stream still runs what it was given", "[streams]") {
   int pinned = 0;
   REQUIRE_CU(s.sut.cuMemHostRegister_v2(&pinned, sizeof pinned, 0));
 
+  const CUevent copied = make_event(doomed.green, CU_EVENT_DISABLE_TIMING, s.ctx);
+
   launch_sleep(s, doomed.stream, kSleepMicroseconds / 2);
   REQUIRE_CU(s.sut.cuMemcpyDtoHAsync_v2(&pinned, value, sizeof pinned, doomed.stream));
+  REQUIRE_CU(s.sut.cuEventRecordWithFlags(copied, doomed.stream, 0));
   REQUIRE_CU(s.sut.cuStreamDestroy_v2(doomed.stream));
   CHECK_CU(s.sut.cuStreamQuery(doomed.stream), CUDA_ERROR_INVALID_HANDLE);
 
   const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (reinterpret_cast<volatile int&>(pinned) != 5 && std::chrono::steady_clock::now() < deadline)
+  while (s.sut.cuEventQuery(copied) == CUDA_ERROR_NOT_READY &&
+         std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(1ms);
+  CHECK_CU(s.sut.cuEventQuery(copied), CUDA_SUCCESS);
   CHECK(pinned == 5);
   REQUIRE_CU(s.sut.cuGreenCtxDestroy(doomed.green));
   REQUIRE_CU(s.sut.cuMemHostUnregister(&pinned));

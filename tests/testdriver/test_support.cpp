@@ -32,7 +32,8 @@ LoadedDriver& driver() {
 
 std::string error_name(CUresult r) {
   const char* name = nullptr;
-  if (driver().api.cuGetErrorName == nullptr || driver().api.cuGetErrorName(r, &name) != CUDA_SUCCESS)
+  if (driver().api.cuGetErrorName == nullptr ||
+      driver().api.cuGetErrorName(r, &name) != CUDA_SUCCESS)
     return "CUresult " + std::to_string(static_cast<int>(r));
   return name;
 }
@@ -109,7 +110,9 @@ CUfunction Session::function(const char* name) {
   return f;
 }
 
-CUevent Session::event(unsigned flags) { return make_event(green, flags, ctx); }
+CUevent Session::event(unsigned flags) {
+  return make_event(green, flags, ctx);
+}
 
 CUdeviceptr Session::alloc(std::size_t bytes) {
   CUdeviceptr p = 0;
@@ -117,7 +120,9 @@ CUdeviceptr Session::alloc(std::size_t bytes) {
   return p;
 }
 
-void Session::sync() { REQUIRE_CU(sut.cuStreamSynchronize(stream)); }
+void Session::sync() {
+  REQUIRE_CU(sut.cuStreamSynchronize(stream));
+}
 
 void Session::upload_bytes(CUdeviceptr dst, const void* src, std::size_t bytes) {
   REQUIRE_CU(sut.cuMemcpyHtoDAsync_v2(dst, src, bytes, stream));

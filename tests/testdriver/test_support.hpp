@@ -82,8 +82,7 @@ struct GreenStream {
   CUstream stream = nullptr;
   unsigned sm_count = 0;
 };
-GreenStream make_green_stream(CUdevice device, unsigned min_count, unsigned groups,
-                              unsigned flags);
+GreenStream make_green_stream(CUdevice device, unsigned min_count, unsigned groups, unsigned flags);
 // An event created with `green` current, then the previous context current again.
 CUevent make_event(CUgreenCtx green, unsigned flags, CUcontext restore);
 void destroy_green_stream(const GreenStream& g);
