@@ -35,6 +35,13 @@ void ensure_standard_fds() {
   }
 }
 
+// Startup failures reach the person who started mpsshimd even when the log goes to a file.
+int startup_failure(const std::string& message) {
+  log_error("{}", message);
+  if (log_fd() != STDERR_FILENO) fmt::print(stderr, "mpsshimd: {}\n", message);
+  return kExitFailure;
+}
+
 void make_paths_absolute(DaemonOptions& options) {
   if (options.runtime_dir) options.runtime_dir = absolute_path(*options.runtime_dir);
   if (options.log_file) options.log_file = absolute_path(*options.log_file);
@@ -56,33 +63,27 @@ int run(DaemonOptions options) {
   RuntimeDir dir = choose_runtime_dir(options.runtime_dir);
   dir.path = absolute_path(dir.path);
   if (auto prepared = prepare_runtime_dir(dir.path, multiuser); !prepared) {
-    log_error("{}", prepared.error());
-    return kExitFailure;
+    return startup_failure(prepared.error());
   }
   if (!options.log_file && options.daemonize) options.log_file = dir.path + "/mpsshimd.log";
   if (options.log_file) {
     if (auto opened = open_log_file(*options.log_file); !opened) {
-      log_error("{}", opened.error());
-      return kExitFailure;
+      return startup_failure(opened.error());
     }
   }
   auto pid_file = PidFile::acquire(pid_file_path(dir.path));
-  if (!pid_file) {
-    log_error("{}", pid_file.error());
-    return kExitFailure;
-  }
+  if (!pid_file) return startup_failure(pid_file.error());
   std::string socket_path = control_socket_path(dir.path);
   if (socket_answers(socket_path)) {
-    log_error(
-        "another mpsshimd already answers on {}; stop it with `mpsshimctl quit` or give "
-        "this one another --runtime-dir",
-        socket_path);
-    return kExitFailure;
+    return startup_failure(
+        fmt::format("another mpsshimd already answers on {}; stop it with `mpsshimctl quit` or "
+                    "give this one another --runtime-dir",
+                    socket_path));
   }
   int listener = proto::listen_seqpacket(socket_path);
   if (listener < 0) {
-    log_error("cannot listen on {}: {}", socket_path, std::strerror(-listener));
-    return kExitFailure;
+    return startup_failure(
+        fmt::format("cannot listen on {}: {}", socket_path, std::strerror(-listener)));
   }
   proto::UniqueFd listener_fd(listener);
   ::fcntl(listener, F_SETFL, O_NONBLOCK);
@@ -93,10 +94,7 @@ int run(DaemonOptions options) {
   std::optional<Background> background;
   if (options.daemonize) {
     auto entered = Background::enter(*options.log_file);
-    if (!entered) {
-      log_error("cannot run in the background: {}", entered.error());
-      return kExitFailure;
-    }
+    if (!entered) return startup_failure("cannot run in the background: " + entered.error());
     background = std::move(*entered);
   }
   if (auto written = pid_file->write_pid(); !written) log_warn("{}", written.error());

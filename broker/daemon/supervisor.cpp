@@ -149,9 +149,9 @@ void Supervisor::on_control_readable(int ordinal, std::uint64_t incarnation) {
       continue;
     }
     // Hang-up (or a broken socket). Usually the server is exiting and its pidfd says so in a
-    // moment. One that lives on without its control connection can never be given clients
-    // again: kill it, and its exit brings a fresh one.
-    // Pending requests wait for the exit, whose status says more than the hang-up.
+    // moment; pending requests wait for that, since the exit status says more than the hang-up.
+    // One that lives on without its control connection can never be given clients again: kill
+    // it, and its exit brings a fresh one.
     loop_.unwatch(server.control.get());
     server.control.reset();
     if (server.process.pid > 0 && !stopping_) {

@@ -47,12 +47,10 @@ void release_waits(Session& session, Completion& c) {
 }
 
 void deliver(Session& session, const Completion& c, CUresult result) {
-  if (c.chunk != Completion::kNoChunk) {
-    // A staged copy that failed on the GPU is reported at the client's next synchronizing
-    // call; store it before releasing the chunk, which the client may be watching.
-    if (result != CUDA_SUCCESS) session.post_async_error(result);
-    session.finish_chunk(c.chunk, c.generation, result);
-  }
+  // A one-way call (a staged copy) that failed on the GPU is reported at the client's next
+  // synchronizing call; store it before releasing the chunk, which the client may be watching.
+  if (c.slot == proto::kNoReply) session.post_async_error(result);
+  if (c.chunk != Completion::kNoChunk) session.finish_chunk(c.chunk, c.generation, result);
   if (c.slot != proto::kNoReply) session.answer(c.slot, result);
 }
 

@@ -9,84 +9,83 @@
 #include <string>
 
 // X(exported_symbol, return_type, (parameter list))
-#define MPSSHIM_DRIVER_FUNCTIONS(X)                                                              \
-  X(cuInit, CUresult, (unsigned int))                                                          \
-  X(cuDriverGetVersion, CUresult, (int*))                                                      \
-  X(cuGetErrorName, CUresult, (CUresult, const char**))                                        \
-  X(cuGetErrorString, CUresult, (CUresult, const char**))                                      \
-  X(cuDeviceGet, CUresult, (CUdevice*, int))                                                   \
-  X(cuDeviceGetCount, CUresult, (int*))                                                        \
-  X(cuDeviceGetName, CUresult, (char*, int, CUdevice))                                         \
-  X(cuDeviceGetUuid_v2, CUresult, (CUuuid*, CUdevice))                                         \
-  X(cuDeviceTotalMem_v2, CUresult, (size_t*, CUdevice))                                        \
-  X(cuDeviceGetAttribute, CUresult, (int*, CUdevice_attribute, CUdevice))                      \
-  X(cuDeviceGetDevResource, CUresult, (CUdevice, CUdevResource*, CUdevResourceType))           \
-  X(cuDevSmResourceSplitByCount, CUresult,                                                     \
-    (CUdevResource*, unsigned int*, const CUdevResource*, CUdevResource*, unsigned int,        \
-     unsigned int))                                                                            \
-  X(cuDevResourceGenerateDesc, CUresult, (CUdevResourceDesc*, CUdevResource*, unsigned int))   \
-  X(cuGreenCtxCreate, CUresult, (CUgreenCtx*, CUdevResourceDesc, CUdevice, unsigned int))      \
-  X(cuGreenCtxDestroy, CUresult, (CUgreenCtx))                                                 \
-  X(cuGreenCtxStreamCreate, CUresult, (CUstream*, CUgreenCtx, unsigned int, int))              \
-  X(cuCtxFromGreenCtx, CUresult, (CUcontext*, CUgreenCtx))                                     \
-  X(cuDevicePrimaryCtxRetain, CUresult, (CUcontext*, CUdevice))                                \
-  X(cuDevicePrimaryCtxRelease_v2, CUresult, (CUdevice))                                        \
-  X(cuCtxSetCurrent, CUresult, (CUcontext))                                                    \
-  X(cuCtxSetLimit, CUresult, (CUlimit, size_t))                                                \
-  X(cuCtxGetLimit, CUresult, (size_t*, CUlimit))                                               \
-  X(cuCtxGetStreamPriorityRange, CUresult, (int*, int*))                                       \
-  X(cuMemAlloc_v2, CUresult, (CUdeviceptr*, size_t))                                           \
-  X(cuMemAllocPitch_v2, CUresult, (CUdeviceptr*, size_t*, size_t, size_t, unsigned int))       \
-  X(cuMemFree_v2, CUresult, (CUdeviceptr))                                                     \
-  X(cuMemGetInfo_v2, CUresult, (size_t*, size_t*))                                             \
-  X(cuMemHostRegister_v2, CUresult, (void*, size_t, unsigned int))                             \
-  X(cuMemHostUnregister, CUresult, (void*))                                                    \
-  X(cuMemHostGetDevicePointer_v2, CUresult, (CUdeviceptr*, void*, unsigned int))               \
-  X(cuMemcpyHtoDAsync_v2, CUresult, (CUdeviceptr, const void*, size_t, CUstream))              \
-  X(cuMemcpyDtoHAsync_v2, CUresult, (void*, CUdeviceptr, size_t, CUstream))                    \
-  X(cuMemcpyDtoDAsync_v2, CUresult, (CUdeviceptr, CUdeviceptr, size_t, CUstream))              \
-  X(cuMemsetD8Async, CUresult, (CUdeviceptr, unsigned char, size_t, CUstream))                 \
-  X(cuMemsetD16Async, CUresult, (CUdeviceptr, unsigned short, size_t, CUstream))               \
-  X(cuMemsetD32Async, CUresult, (CUdeviceptr, unsigned int, size_t, CUstream))                 \
-  X(cuMemsetD2D8Async, CUresult, (CUdeviceptr, size_t, unsigned char, size_t, size_t, CUstream)) \
-  X(cuMemsetD2D16Async, CUresult,                                                              \
-    (CUdeviceptr, size_t, unsigned short, size_t, size_t, CUstream))                           \
-  X(cuMemsetD2D32Async, CUresult, (CUdeviceptr, size_t, unsigned int, size_t, size_t, CUstream)) \
-  X(cuModuleLoadData, CUresult, (CUmodule*, const void*))                                      \
-  X(cuModuleUnload, CUresult, (CUmodule))                                                      \
-  X(cuModuleGetFunction, CUresult, (CUfunction*, CUmodule, const char*))                       \
-  X(cuModuleGetGlobal_v2, CUresult, (CUdeviceptr*, size_t*, CUmodule, const char*))            \
-  X(cuLibraryLoadData, CUresult,                                                               \
-    (CUlibrary*, const void*, CUjit_option*, void**, unsigned int, CUlibraryOption*, void**,   \
-     unsigned int))                                                                            \
-  X(cuLibraryUnload, CUresult, (CUlibrary))                                                    \
-  X(cuLibraryGetKernel, CUresult, (CUkernel*, CUlibrary, const char*))                         \
-  X(cuLibraryGetModule, CUresult, (CUmodule*, CUlibrary))                                      \
-  X(cuLibraryGetGlobal, CUresult, (CUdeviceptr*, size_t*, CUlibrary, const char*))             \
-  X(cuKernelGetFunction, CUresult, (CUfunction*, CUkernel))                                    \
-  X(cuKernelGetAttribute, CUresult, (int*, CUfunction_attribute, CUkernel, CUdevice))          \
-  X(cuKernelSetAttribute, CUresult, (CUfunction_attribute, int, CUkernel, CUdevice))           \
-  X(cuKernelGetParamInfo, CUresult, (CUkernel, size_t, size_t*, size_t*))                      \
-  X(cuFuncGetParamInfo, CUresult, (CUfunction, size_t, size_t*, size_t*))                      \
-  X(cuFuncGetAttribute, CUresult, (int*, CUfunction_attribute, CUfunction))                    \
-  X(cuFuncSetAttribute, CUresult, (CUfunction, CUfunction_attribute, int))                     \
-  X(cuFuncSetCacheConfig, CUresult, (CUfunction, CUfunc_cache))                                \
-  X(cuLaunchKernel, CUresult,                                                                  \
-    (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,         \
-     unsigned int, unsigned int, CUstream, void**, void**))                                    \
-  X(cuLaunchKernelEx, CUresult, (const CUlaunchConfig*, CUfunction, void**, void**))           \
-  X(cuStreamDestroy_v2, CUresult, (CUstream))                                                  \
-  X(cuStreamQuery, CUresult, (CUstream))                                                       \
-  X(cuStreamSynchronize, CUresult, (CUstream))                                                 \
-  X(cuStreamWaitEvent, CUresult, (CUstream, CUevent, unsigned int))                            \
-  X(cuEventCreate, CUresult, (CUevent*, unsigned int))                                         \
-  X(cuEventDestroy_v2, CUresult, (CUevent))                                                    \
-  X(cuEventRecordWithFlags, CUresult, (CUevent, CUstream, unsigned int))                       \
-  X(cuEventQuery, CUresult, (CUevent))                                                         \
-  X(cuEventElapsedTime_v2, CUresult, (float*, CUevent, CUevent))                               \
-  X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, CUresult,                            \
-    (int*, CUfunction, int, size_t, unsigned int))                                             \
-  X(cuOccupancyMaxActiveClusters, CUresult, (int*, CUfunction, const CUlaunchConfig*))         \
+#define MPSSHIM_DRIVER_FUNCTIONS(X)                                                                \
+  X(cuInit, CUresult, (unsigned int))                                                              \
+  X(cuDriverGetVersion, CUresult, (int*))                                                          \
+  X(cuGetErrorName, CUresult, (CUresult, const char**))                                            \
+  X(cuGetErrorString, CUresult, (CUresult, const char**))                                          \
+  X(cuDeviceGet, CUresult, (CUdevice*, int))                                                       \
+  X(cuDeviceGetCount, CUresult, (int*))                                                            \
+  X(cuDeviceGetName, CUresult, (char*, int, CUdevice))                                             \
+  X(cuDeviceGetUuid_v2, CUresult, (CUuuid*, CUdevice))                                             \
+  X(cuDeviceTotalMem_v2, CUresult, (size_t*, CUdevice))                                            \
+  X(cuDeviceGetAttribute, CUresult, (int*, CUdevice_attribute, CUdevice))                          \
+  X(cuDeviceGetDevResource, CUresult, (CUdevice, CUdevResource*, CUdevResourceType))               \
+  X(cuDevSmResourceSplitByCount, CUresult,                                                         \
+    (CUdevResource*, unsigned int*, const CUdevResource*, CUdevResource*, unsigned int,            \
+     unsigned int))                                                                                \
+  X(cuDevResourceGenerateDesc, CUresult, (CUdevResourceDesc*, CUdevResource*, unsigned int))       \
+  X(cuGreenCtxCreate, CUresult, (CUgreenCtx*, CUdevResourceDesc, CUdevice, unsigned int))          \
+  X(cuGreenCtxDestroy, CUresult, (CUgreenCtx))                                                     \
+  X(cuGreenCtxStreamCreate, CUresult, (CUstream*, CUgreenCtx, unsigned int, int))                  \
+  X(cuCtxFromGreenCtx, CUresult, (CUcontext*, CUgreenCtx))                                         \
+  X(cuDevicePrimaryCtxRetain, CUresult, (CUcontext*, CUdevice))                                    \
+  X(cuDevicePrimaryCtxRelease_v2, CUresult, (CUdevice))                                            \
+  X(cuCtxSetCurrent, CUresult, (CUcontext))                                                        \
+  X(cuCtxSetLimit, CUresult, (CUlimit, size_t))                                                    \
+  X(cuCtxGetLimit, CUresult, (size_t*, CUlimit))                                                   \
+  X(cuCtxGetStreamPriorityRange, CUresult, (int*, int*))                                           \
+  X(cuMemAlloc_v2, CUresult, (CUdeviceptr*, size_t))                                               \
+  X(cuMemAllocPitch_v2, CUresult, (CUdeviceptr*, size_t*, size_t, size_t, unsigned int))           \
+  X(cuMemFree_v2, CUresult, (CUdeviceptr))                                                         \
+  X(cuMemGetInfo_v2, CUresult, (size_t*, size_t*))                                                 \
+  X(cuMemHostRegister_v2, CUresult, (void*, size_t, unsigned int))                                 \
+  X(cuMemHostUnregister, CUresult, (void*))                                                        \
+  X(cuMemHostGetDevicePointer_v2, CUresult, (CUdeviceptr*, void*, unsigned int))                   \
+  X(cuMemcpyHtoDAsync_v2, CUresult, (CUdeviceptr, const void*, size_t, CUstream))                  \
+  X(cuMemcpyDtoHAsync_v2, CUresult, (void*, CUdeviceptr, size_t, CUstream))                        \
+  X(cuMemcpyDtoDAsync_v2, CUresult, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                  \
+  X(cuMemsetD8Async, CUresult, (CUdeviceptr, unsigned char, size_t, CUstream))                     \
+  X(cuMemsetD16Async, CUresult, (CUdeviceptr, unsigned short, size_t, CUstream))                   \
+  X(cuMemsetD32Async, CUresult, (CUdeviceptr, unsigned int, size_t, CUstream))                     \
+  X(cuMemsetD2D8Async, CUresult, (CUdeviceptr, size_t, unsigned char, size_t, size_t, CUstream))   \
+  X(cuMemsetD2D16Async, CUresult, (CUdeviceptr, size_t, unsigned short, size_t, size_t, CUstream)) \
+  X(cuMemsetD2D32Async, CUresult, (CUdeviceptr, size_t, unsigned int, size_t, size_t, CUstream))   \
+  X(cuModuleLoadData, CUresult, (CUmodule*, const void*))                                          \
+  X(cuModuleUnload, CUresult, (CUmodule))                                                          \
+  X(cuModuleGetFunction, CUresult, (CUfunction*, CUmodule, const char*))                           \
+  X(cuModuleGetGlobal_v2, CUresult, (CUdeviceptr*, size_t*, CUmodule, const char*))                \
+  X(cuLibraryLoadData, CUresult,                                                                   \
+    (CUlibrary*, const void*, CUjit_option*, void**, unsigned int, CUlibraryOption*, void**,       \
+     unsigned int))                                                                                \
+  X(cuLibraryUnload, CUresult, (CUlibrary))                                                        \
+  X(cuLibraryGetKernel, CUresult, (CUkernel*, CUlibrary, const char*))                             \
+  X(cuLibraryGetModule, CUresult, (CUmodule*, CUlibrary))                                          \
+  X(cuLibraryGetGlobal, CUresult, (CUdeviceptr*, size_t*, CUlibrary, const char*))                 \
+  X(cuKernelGetFunction, CUresult, (CUfunction*, CUkernel))                                        \
+  X(cuKernelGetAttribute, CUresult, (int*, CUfunction_attribute, CUkernel, CUdevice))              \
+  X(cuKernelSetAttribute, CUresult, (CUfunction_attribute, int, CUkernel, CUdevice))               \
+  X(cuKernelGetParamInfo, CUresult, (CUkernel, size_t, size_t*, size_t*))                          \
+  X(cuFuncGetParamInfo, CUresult, (CUfunction, size_t, size_t*, size_t*))                          \
+  X(cuFuncGetAttribute, CUresult, (int*, CUfunction_attribute, CUfunction))                        \
+  X(cuFuncSetAttribute, CUresult, (CUfunction, CUfunction_attribute, int))                         \
+  X(cuFuncSetCacheConfig, CUresult, (CUfunction, CUfunc_cache))                                    \
+  X(cuLaunchKernel, CUresult,                                                                      \
+    (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,             \
+     unsigned int, unsigned int, CUstream, void**, void**))                                        \
+  X(cuLaunchKernelEx, CUresult, (const CUlaunchConfig*, CUfunction, void**, void**))               \
+  X(cuStreamDestroy_v2, CUresult, (CUstream))                                                      \
+  X(cuStreamQuery, CUresult, (CUstream))                                                           \
+  X(cuStreamSynchronize, CUresult, (CUstream))                                                     \
+  X(cuStreamWaitEvent, CUresult, (CUstream, CUevent, unsigned int))                                \
+  X(cuEventCreate, CUresult, (CUevent*, unsigned int))                                             \
+  X(cuEventDestroy_v2, CUresult, (CUevent))                                                        \
+  X(cuEventRecordWithFlags, CUresult, (CUevent, CUstream, unsigned int))                           \
+  X(cuEventQuery, CUresult, (CUevent))                                                             \
+  X(cuEventElapsedTime_v2, CUresult, (float*, CUevent, CUevent))                                   \
+  X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, CUresult,                                \
+    (int*, CUfunction, int, size_t, unsigned int))                                                 \
+  X(cuOccupancyMaxActiveClusters, CUresult, (int*, CUfunction, const CUlaunchConfig*))             \
   X(cuOccupancyAvailableDynamicSMemPerBlock, CUresult, (size_t*, CUfunction, int, int))
 
 namespace mpsshim::server {

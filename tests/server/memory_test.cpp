@@ -249,3 +249,30 @@ TEST_CASE("memsets cover the whole pitched range or nothing", "[server][memory]"
 
 }  // namespace
 }  // namespace mpsshim::server::test
+
+namespace mpsshim::server::test {
+namespace {
+
+TEST_CASE("a staged copy that fails on the GPU reports at the next synchronizing call",
+          "[server][memory]") {
+  Harness h;
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  std::uint64_t dptr = sut.alloc(ctx.ctx, 1 << 20);
+  fake_gpu().busy = true;
+  sut.send(proto::Op::kCopyDtoH,
+           proto::CopyHostReq{ctx.default_stream, dptr, 16,
+                              proto::HostRef{4, 0, proto::HostKind::kStagingChunk, 3}});
+  h.pump();
+
+  fake_gpu().busy = false;
+  fake_gpu().work_result = CUDA_ERROR_NOT_PERMITTED;  // not sticky
+
+  REQUIRE(h.pump_until([&] { return sut.view().chunk_state(4)->done_generation.load() == 3; }));
+  CHECK(sut.view().chunk_state(4)->result.load() == CUDA_ERROR_NOT_PERMITTED);
+  CHECK(sut.control()->async_error.load() == CUDA_ERROR_NOT_PERMITTED);
+  CHECK(h.fatal_code == -1);
+}
+
+}  // namespace
+}  // namespace mpsshim::server::test

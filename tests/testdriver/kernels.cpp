@@ -10,22 +10,24 @@
 namespace mpsshim::testdriver {
 namespace {
 
-// ---- Host bodies. Each comment is the device code the body models, so that an example's .cu
-// ---- and this table cannot drift apart unnoticed. Device code fuses a*b+c into an FMA (nvcc's
-// ---- default -fmad=true); the bodies use std::fma to produce the same bits.
+// ---- Host bodies, one per kernel of examples/kernels/*.cu; each comment is the device code the
+// ---- body models. Device code spells its multiply-adds as fmaf; the bodies use std::fma to get
+// ---- the same bits.
 
-// if (i < n) c[i] = a[i] + b[i];   with i = blockIdx.x * blockDim.x + threadIdx.x
+// for (i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+//   c[i] = a[i] + b[i];
 void vector_add(const KernelContext& k, const float* a, const float* b, float* c, int n) {
-  const std::size_t count = k.threads_below(n);
+  const std::size_t count = KernelContext::elements(n);
   const float* ha = k.device(a, count);
   const float* hb = k.device(b, count);
   float* hc = k.device(c, count);
   for (std::size_t i = 0; i < count; ++i) hc[i] = ha[i] + hb[i];
 }
 
-// row = blockIdx.y * blockDim.y + threadIdx.y; col = blockIdx.x * blockDim.x + threadIdx.x;
+// One 16x16 output tile per block (launched with blockDim (16, 16)), k staged through shared
+// memory in tiles and accumulated in k order with fmaf:
+// row = blockIdx.y * 16 + threadIdx.y; col = blockIdx.x * 16 + threadIdx.x;
 // if (row < M && col < N) C[row * N + col] = sum over k of A[row * K + k] * B[k * N + col];
-// accumulated in k order through shared-memory tiles (the tiling does not change the sum).
 void matmul_tiled(const KernelContext& k, const float* A, const float* B, float* C, int M, int N,
                   int K) {
   if (M <= 0 || N <= 0) return;
@@ -33,7 +35,7 @@ void matmul_tiled(const KernelContext& k, const float* A, const float* B, float*
   const std::size_t cols = std::min<std::uint64_t>(std::uint64_t{k.grid.x} * k.block.x, N);
   if (rows == 0 || cols == 0) return;
   const std::size_t n = static_cast<std::size_t>(N);
-  const std::size_t depth = K > 0 ? static_cast<std::size_t>(K) : 0;
+  const std::size_t depth = KernelContext::elements(K);
   const float* ha = k.device(A, rows * depth);
   const float* hb = k.device(B, depth == 0 ? 0 : (depth - 1) * n + cols);
   float* hc = k.device(C, (rows - 1) * n + cols);
@@ -46,24 +48,24 @@ void matmul_tiled(const KernelContext& k, const float* A, const float* B, float*
   }
 }
 
-// if (i < n) y[i] = alpha * x[i] + y[i];
+// grid-stride over [0, n): y[i] = fmaf(alpha, x[i], y[i]);
 void scale_add(const KernelContext& k, float* y, const float* x, float alpha, int n) {
-  const std::size_t count = k.threads_below(n);
+  const std::size_t count = KernelContext::elements(n);
   float* hy = k.device(y, count);
   const float* hx = k.device(x, count);
   for (std::size_t i = 0; i < count; ++i) hy[i] = std::fma(alpha, hx[i], hy[i]);
 }
 
-// if (i < n) p[i] = value;
+// grid-stride over [0, n): p[i] = value;
 void fill_u32(const KernelContext& k, unsigned int* p, unsigned int value, int n) {
-  const std::size_t count = k.threads_below(n);
+  const std::size_t count = KernelContext::elements(n);
   unsigned int* hp = k.device(p, count);
   for (std::size_t i = 0; i < count; ++i) hp[i] = value;
 }
 
-// if (i < n) p[i] += 1;
+// grid-stride over [0, n): p[i] += 1;
 void increment_i32(const KernelContext& k, int* p, int n) {
-  const std::size_t count = k.threads_below(n);
+  const std::size_t count = KernelContext::elements(n);
   int* hp = k.device(p, count);
   for (std::size_t i = 0; i < count; ++i) hp[i] += 1;
 }
@@ -72,7 +74,7 @@ void increment_i32(const KernelContext& k, int* p, int n) {
 void empty_kernel(const KernelContext&) {}
 
 // start = %globaltimer; while (%globaltimer - start < nanoseconds) {}
-// Modelled per launch, not per block: the blocks spin concurrently on the device.
+// Per launch, not per block: the blocks spin concurrently on the device.
 void spin_kernel(const KernelContext&, long long nanoseconds) {
   if (nanoseconds <= 0) return;
   const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(nanoseconds);
@@ -80,24 +82,24 @@ void spin_kernel(const KernelContext&, long long nanoseconds) {
   }
 }
 
-// __nanosleep in a loop until `microseconds` have passed; per launch, like spin_kernel.
+// __nanosleep in a loop until `microseconds` have passed on %globaltimer; per launch too.
 void sleep_kernel(const KernelContext&, int microseconds) {
   if (microseconds > 0) std::this_thread::sleep_for(std::chrono::microseconds(microseconds));
 }
 
-// if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0)
-//   out[blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)] = %smid;
-// Block b lands on the b-th SM (cyclically) of the stream's context, so a green context's quota
+// if (threadIdx.x == 0) out[blockIdx.x] = %smid;
+// Block x lands on the x-th SM (cyclically) of the stream's context, so a green context's quota
 // is visible as the number of distinct ids.
 void record_smid(const KernelContext& k, unsigned int* out) {
-  const std::uint64_t blocks = k.grid.volume();
-  unsigned int* hout = k.device(out, static_cast<std::size_t>(blocks));
-  for (std::uint64_t b = 0; b < blocks; ++b) hout[b] = k.sms[b % k.sms.size()];
+  unsigned int* hout = k.device(out, k.grid.x);
+  for (std::size_t b = 0; b < k.grid.x; ++b) hout[b] = k.sms[b % k.sms.size()];
 }
 
-// *(volatile int*)p = *(volatile int*)nullptr;  -- an illegal address, always.
-void trigger_fault(const KernelContext&, int*) {
-  throw DeviceFault{CUDA_ERROR_ILLEGAL_ADDRESS};
+// if (threadIdx.x == 0) *(volatile int*)p = 0x0badf00d;  -- the host passes an address that is
+// not device memory (NULL by default), which faults.
+void trigger_fault(const KernelContext& k, int* p) {
+  constexpr int kMarker = 0x0badf00d;
+  *k.device(p, 1) = kMarker;
 }
 
 // ---- Table machinery: parameter layout and argument unpacking come from the body's signature, so

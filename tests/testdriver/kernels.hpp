@@ -39,13 +39,8 @@ class KernelContext {
   Dim3 block;
   std::span<const std::uint16_t> sms;  // SMs of the stream's (green) context, increasing ids
 
-  // Threads of a 1-D launch with an index below n: the elements a bounds-checked kernel touches.
-  std::size_t threads_below(long long n) const {
-    if (n <= 0) return 0;
-    const std::uint64_t threads = std::uint64_t{grid.x} * block.x;
-    return static_cast<std::size_t>(
-        std::min<std::uint64_t>(threads, static_cast<std::uint64_t>(n)));
-  }
+  // The elements a grid-stride loop over [0, n) visits: all of them, whatever the grid.
+  static std::size_t elements(int n) { return n > 0 ? static_cast<std::size_t>(n) : 0; }
 
   // The host view of `count` elements at device pointer p; faults as the GPU would when the range
   // is not device-accessible memory or p is misaligned for T.

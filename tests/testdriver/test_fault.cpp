@@ -10,7 +10,8 @@ namespace {
 TEST_CASE("isolated: trigger_fault", "[.isolated]") {
   Session s;
   const GreenStream other = make_green_stream(0, 8, 1, 0);
-  CUdeviceptr p = s.alloc(sizeof(int));
+  const CUdeviceptr allocated = s.alloc(16);
+  CUdeviceptr p = 0;  // NULL, as the fault example passes
   void* params[] = {&p};
 
   CHECK_CU(s.sut.cuLaunchKernel(s.function("trigger_fault"), 1, 1, 1, 1, 1, 1, 0, s.stream, params,
@@ -20,7 +21,7 @@ TEST_CASE("isolated: trigger_fault", "[.isolated]") {
   CHECK_CU(s.sut.cuStreamSynchronize(other.stream), CUDA_ERROR_ILLEGAL_ADDRESS);
   CUdeviceptr q = 0;
   CHECK_CU(s.sut.cuMemAlloc_v2(&q, 16), CUDA_ERROR_ILLEGAL_ADDRESS);
-  CHECK_CU(s.sut.cuMemFree_v2(p), CUDA_ERROR_ILLEGAL_ADDRESS);
+  CHECK_CU(s.sut.cuMemFree_v2(allocated), CUDA_ERROR_ILLEGAL_ADDRESS);
   int count = 0;
   CHECK_CU(s.sut.cuDeviceGetCount(&count), CUDA_ERROR_ILLEGAL_ADDRESS);
   const char* name = nullptr;

@@ -293,7 +293,7 @@ TEST_CASE("matmul_tiled multiplies row-major matrices", "[launch]") {
   }
 }
 
-TEST_CASE("elementwise kernels cover the threads launched", "[launch]") {
+TEST_CASE("elementwise kernels stride over the grid", "[launch]") {
   Session s;
   int n = 300;
   std::vector<float> x(300, 2.0f), y(300, 1.0f);
@@ -306,16 +306,24 @@ TEST_CASE("elementwise kernels cover the threads launched", "[launch]") {
                                   scale_params, nullptr));
   unsigned value = 0xdeadbeef;
   void* fill_params[] = {&du, &value, &n};
-  // 2 blocks of 100 threads: a bounds-checked kernel leaves elements 200.. alone.
-  REQUIRE_CU(s.sut.cuMemsetD32Async(du, 0, 300, s.stream));
+  // 2 blocks of 100 threads for 300 elements: the grid-stride loop still covers all of them.
   REQUIRE_CU(s.sut.cuLaunchKernel(s.function("fill_u32"), 2, 1, 1, 100, 1, 1, 0, s.stream,
                                   fill_params, nullptr));
   const auto ys = s.download<float>(dy, 300);
   const auto us = s.download<unsigned>(du, 300);
   CHECK(ys[0] == 7.0f);
   CHECK(ys[299] == 7.0f);
-  CHECK(us[199] == 0xdeadbeef);
-  CHECK(us[200] == 0);
+  CHECK(us[0] == 0xdeadbeef);
+  CHECK(us[299] == 0xdeadbeef);
+}
+
+TEST_CASE("trigger_fault stores to the address it is given", "[launch]") {
+  Session s;
+  CUdeviceptr p = s.alloc(sizeof(int));
+  void* params[] = {&p};
+  REQUIRE_CU(s.sut.cuLaunchKernel(s.function("trigger_fault"), 1, 1, 1, 32, 1, 1, 0, s.stream,
+                                  params, nullptr));
+  CHECK(s.download<int>(p, 1)[0] == 0x0badf00d);  // device memory: no fault, as on the GPU
 }
 
 TEST_CASE("occupancy of an H100/H200 SM", "[launch]") {

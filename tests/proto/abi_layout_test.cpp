@@ -1,0 +1,136 @@
+// Pins the layout of everything in proto/ to the ABI version. If this fails, a struct that
+// crosses the process boundary changed: bump proto::kAbiMajor (incompatible) or kAbiMinor
+// (additive), then record the new fingerprint below for that version.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <string>
+
+#include "proto/abi.hpp"
+#include "proto/control.hpp"
+#include "proto/device_snapshot.hpp"
+#include "proto/ops.hpp"
+#include "proto/ring.hpp"
+#include "proto/segment.hpp"
+
+using namespace mpsshim::proto;
+
+namespace {
+
+// FNV-1a over every size and field offset, in a fixed order.
+struct Fingerprint {
+  std::uint64_t h = 1469598103934665603ull;
+  void add(std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  }
+};
+
+#define SIZE(T) f.add(sizeof(T)), f.add(alignof(T))
+#define FIELD(T, m) f.add(offsetof(T, m))
+
+std::uint64_t layout_fingerprint() {
+  Fingerprint f;
+  SIZE(HelloHeader); FIELD(HelloHeader, magic); FIELD(HelloHeader, abi_major);
+  FIELD(HelloHeader, abi_minor); FIELD(HelloHeader, size); FIELD(HelloHeader, kind);
+  SIZE(ClientHello); FIELD(ClientHello, pid); FIELD(ClientHello, device);
+  FIELD(ClientHello, active_thread_percentage); FIELD(ClientHello, priority);
+  FIELD(ClientHello, device_memory_limit); FIELD(ClientHello, flags);
+  FIELD(ClientHello, visible_devices); FIELD(ClientHello, program);
+  SIZE(Refused); FIELD(Refused, cuda_error); FIELD(Refused, message);
+  SIZE(DaemonDevices); FIELD(DaemonDevices, device_count);
+  SIZE(SessionWelcome); FIELD(SessionWelcome, client_id); FIELD(SessionWelcome, sm_count);
+  FIELD(SessionWelcome, segment_bytes); FIELD(SessionWelcome, memory_limit);
+  FIELD(SessionWelcome, physical_ordinal); FIELD(SessionWelcome, priority);
+  SIZE(ServerReady); FIELD(ServerReady, ordinal); FIELD(ServerReady, device_count);
+  FIELD(ServerReady, status); FIELD(ServerReady, message); FIELD(ServerReady, snapshot);
+  SIZE(ServerAdmit); FIELD(ServerAdmit, peer_pid); FIELD(ServerAdmit, hello);
+  SIZE(FdTransfer); FIELD(FdTransfer, token); FIELD(FdTransfer, bytes);
+  SIZE(TextMessage); FIELD(TextMessage, status); FIELD(TextMessage, length); FIELD(TextMessage, text);
+  SIZE(DeviceSnapshot); FIELD(DeviceSnapshot, name); FIELD(DeviceSnapshot, uuid);
+  FIELD(DeviceSnapshot, total_memory); FIELD(DeviceSnapshot, driver_version);
+  FIELD(DeviceSnapshot, sm_count); FIELD(DeviceSnapshot, attribute_count);
+  FIELD(DeviceSnapshot, attributes); FIELD(DeviceSnapshot, stream_priority_least);
+  SIZE(RecordHeader); FIELD(RecordHeader, size); FIELD(RecordHeader, opcode);
+  FIELD(RecordHeader, flags); FIELD(RecordHeader, reply_slot);
+  SIZE(RingControl); FIELD(RingControl, head); FIELD(RingControl, tail);
+  FIELD(RingControl, consumer_waiting); FIELD(RingControl, producer_waiting);
+  FIELD(RingControl, capacity);
+  SIZE(SegmentHeader); FIELD(SegmentHeader, ring_offset); FIELD(SegmentHeader, slots_offset);
+  FIELD(SegmentHeader, chunk_states_offset); FIELD(SegmentHeader, staging_offset);
+  FIELD(SegmentHeader, chunk_bytes);
+  SIZE(SessionControl); FIELD(SessionControl, fault); FIELD(SessionControl, async_error);
+  FIELD(SessionControl, records_executed);
+  SIZE(ResponseSlot); FIELD(ResponseSlot, state); FIELD(ResponseSlot, waiter);
+  FIELD(ResponseSlot, result); FIELD(ResponseSlot, payload_bytes); FIELD(ResponseSlot, payload);
+  SIZE(ChunkState); FIELD(ChunkState, done_generation); FIELD(ChunkState, result);
+  SIZE(CtxCreateReq); SIZE(CtxCreateRep); SIZE(CtxReq); SIZE(CtxLimitReq); SIZE(CtxLimitRep);
+  SIZE(MemAllocReq); SIZE(MemAllocRep); SIZE(MemAllocPitchReq); SIZE(MemAllocPitchRep);
+  SIZE(MemFreeReq); SIZE(MemGetInfoRep); SIZE(HostRegisterReq); SIZE(HostRegisterRep);
+  SIZE(HostUnregisterReq); SIZE(HostRef); FIELD(HostRef, kind); FIELD(HostRef, generation);
+  SIZE(CopyHostReq); FIELD(CopyHostReq, host); SIZE(CopyDtoDReq); SIZE(MemsetReq);
+  FIELD(MemsetReq, value); FIELD(MemsetReq, element_bytes);
+  SIZE(ImageLoadReq); FIELD(ImageLoadReq, token); FIELD(ImageLoadReq, containers);
+  SIZE(ImageLoadRep); SIZE(HandleReq); SIZE(NamedLookupReq); SIZE(ParamSlot);
+  SIZE(FunctionRep); FIELD(FunctionRep, params); SIZE(GlobalRep); SIZE(AttributeReq);
+  SIZE(AttributeRep); SIZE(WireLaunchAttribute); SIZE(LaunchReq); FIELD(LaunchReq, grid);
+  FIELD(LaunchReq, block); FIELD(LaunchReq, shared_bytes); FIELD(LaunchReq, args_bytes);
+  FIELD(LaunchReq, attribute_count); SIZE(StreamCreateReq); SIZE(StreamCreateRep);
+  SIZE(StreamWaitEventReq); SIZE(EventCreateReq); SIZE(EventCreateRep); SIZE(EventRecordReq);
+  SIZE(ElapsedReq); SIZE(ElapsedRep); SIZE(OccupancyReq); SIZE(OccupancyRep);
+  SIZE(ClusterOccupancyReq);
+  f.add(static_cast<std::uint64_t>(Op::kCount));
+  f.add(static_cast<std::uint64_t>(MessageKind::kServerTerminateClient));
+  f.add(kSlotBytes);
+  f.add(kMaxDeviceAttributes);
+  return f.h;
+}
+
+// One line per released ABI version: {major, minor, fingerprint}.
+struct Pinned {
+  std::uint16_t major, minor;
+  std::uint64_t fingerprint;
+};
+constexpr Pinned kPinned[] = {
+    {1, 0, 0x4ba4610596c1d0e0},
+};
+
+}  // namespace
+
+TEST_CASE("the wire layout matches the fingerprint pinned for this ABI version", "[abi]") {
+  const std::uint64_t actual = layout_fingerprint();
+  const Pinned* pinned = nullptr;
+  for (const Pinned& p : kPinned) {
+    if (p.major == kAbiMajor && p.minor == kAbiMinor) pinned = &p;
+  }
+  INFO("ABI " << kAbiMajor << "." << kAbiMinor << " layout fingerprint is 0x" << std::hex
+              << actual << ". If you changed a struct in proto/, bump kAbiMajor/kAbiMinor in "
+              << "proto/abi.hpp and add a line for the new version to kPinned.");
+  REQUIRE(pinned != nullptr);
+  REQUIRE(pinned->fingerprint == actual);
+}
+
+TEST_CASE("the frozen hello header never changes", "[abi]") {
+  STATIC_REQUIRE(sizeof(HelloHeader) == 16);
+  constexpr HelloHeader h = make_header(MessageKind::kClientQuery, 368);
+  STATIC_REQUIRE(h.magic == 0x4853504d);
+  STATIC_REQUIRE(static_cast<std::uint32_t>(MessageKind::kClientQuery) == 1);
+  STATIC_REQUIRE(static_cast<std::uint32_t>(MessageKind::kRefused) == 5);
+}
+
+TEST_CASE("a planned segment keeps every part inside and the staging area page-aligned", "[abi]") {
+  SegmentGeometry g;
+  SegmentHeader h = plan_segment(g);
+  CHECK(segment_header_valid(h, h.segment_bytes));
+  CHECK(h.staging_offset % kPage == 0);
+  CHECK(h.ring_offset % kCacheLine == 0);
+  CHECK(h.slots_offset % kCacheLine == 0);
+  SegmentHeader corrupt = h;
+  corrupt.staging_offset = h.segment_bytes - 4096;
+  CHECK_FALSE(segment_header_valid(corrupt, h.segment_bytes));
+  corrupt = h;
+  corrupt.ring_capacity = (1u << 20) + 16;
+  CHECK_FALSE(segment_header_valid(corrupt, h.segment_bytes));
+}
