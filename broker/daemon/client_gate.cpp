@@ -121,11 +121,11 @@ void ClientGate::on_first_message(Waiting connection, const proto::Received& mes
   }
   auto kind = static_cast<MessageKind>(header->kind);
   if (header->abi_major != proto::kAbiMajor) {
+    bool operator_tool = kind == MessageKind::kCtlRequest;
     std::string text = fmt::format(
-        "{} speaks mpsshim ABI {}.{}, this daemon speaks {}.{}; use matching libmpsshim.so, "
-        "mpsshimctl and mpsshimd",
-        kind == MessageKind::kCtlRequest ? "mpsshimctl" : "client", header->abi_major,
-        header->abi_minor, proto::kAbiMajor, proto::kAbiMinor);
+        "{} speaks mpsshim ABI {}.{}, this daemon speaks {}.{}; use matching {} and mpsshimd",
+        operator_tool ? "mpsshimctl" : "client", header->abi_major, header->abi_minor,
+        proto::kAbiMajor, proto::kAbiMinor, operator_tool ? "mpsshimctl" : "libmpsshim.so");
     log_warn("{} refused: {}", describe_peer(connection.peer), text);
     refuse(connection, CUDA_ERROR_MPS_CONNECTION_FAILED, text);
     return;

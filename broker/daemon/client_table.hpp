@@ -1,12 +1,14 @@
 // The `ps` table, built from the servers' kServerStats answers.
 //
-// A server answers kServerStatsQuery with one line per client, fields separated by blanks:
-//   <pid> <uid> <sm_count> <memory_used_bytes> <kernels_launched> <state> <program...>
-// (the program name is the rest of the line). A line that does not read so is shown as it is.
+// A server answers kServerStatsQuery with one line per client of blank-separated key=value
+// fields, values without blanks:
+//   client=3 pid=4123 uid=1000 program=python3 sms=32 mem_used=1048576 mem_limit=0
+//   launches=1234 state=active
+// Unknown keys are ignored and missing ones shown as "-"; a line without pid= (a note such as
+// "truncated: ...") is shown as it is.
 #pragma once
 
 #include <string>
-#include <string_view>
 #include <vector>
 
 namespace mpsshim::daemon {
@@ -16,7 +18,7 @@ struct ServerClients {
   std::string text;  // the server's kServerStats text
 };
 
-// PID  USER  GPU  SMS  MEMORY  LAUNCHES  STATE  PROGRAM, then the lines that did not parse.
+// PID USER GPU SMS MEMORY LIMIT LAUNCHES STATE PROGRAM, then the lines that are not clients.
 std::string format_client_table(const std::vector<ServerClients>& servers);
 
 }  // namespace mpsshim::daemon

@@ -37,7 +37,7 @@ CtlReply error_reply(std::string text) {
 }
 
 // Runs `done` with every GPU's answer once the last one has arrived or failed.
-class AnswerCollector : public std::enable_shared_from_this<AnswerCollector> {
+class AnswerCollector {
  public:
   using Answer = tl::expected<ServerAnswer, std::string>;
   using Done = std::function<void(std::vector<std::pair<int, Answer>>)>;

@@ -463,7 +463,14 @@ void Supervisor::stop(std::chrono::milliseconds grace, std::function<void()> don
     server->timer = 0;
     if (server->process.pid > 0) {
       any = true;
+      // Both ways of saying "stop": SIGTERM, and the hang-up a server sees when the daemon is
+      // gone (a server asleep in its idle strategy may notice only the latter).
       signal_child(server->process, SIGTERM);
+      if (server->control) {
+        loop_.unwatch(server->control.get());
+        server->control.reset();
+      }
+      fail_pending(*server, fmt::format("mpsshimd is stopping {}", name(*server)));
       set_state(*server, ServerState::kStopping);
     } else {
       set_state(*server, ServerState::kStopped);

@@ -2,6 +2,7 @@
 #include <sys/epoll.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <ctime>
@@ -216,8 +217,13 @@ void Server::park(std::chrono::nanoseconds timeout) {
   // client saw the flag rings no doorbell.
   bool ready = false;
   for (auto& s : sessions_) {
+    if (s->state == SessionState::kActive) s->ring.prepare_sleep();
+  }
+  // Pairs with the fence in RingProducer::commit: either the client sees the flag and rings,
+  // or the re-check below sees its record.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  for (auto& s : sessions_) {
     if (s->state != SessionState::kActive) continue;
-    s->ring.prepare_sleep();
     if (s->ring.peek().status != proto::PeekStatus::kEmpty) ready = true;
   }
   if (!ready) {

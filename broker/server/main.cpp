@@ -92,8 +92,7 @@ int main(int argc, char** argv) {
 
   BackoffIdleStrategy idle;
   int code = server.run(idle, g_stop);
-  Gpu owned = *gpu;
-  close_gpu(owned);
+  close_gpu(*gpu);
   log_info("stopped");
   return code;
 }

@@ -187,10 +187,12 @@ TEST_CASE("ps shows every server's clients", "[ps]") {
   Outcome ps = sut.ctl({"ps"});
 
   CHECK(ps.exit_code == 0);
-  CHECK(contains(ps.out, "PID"));
-  CHECK(contains(ps.out, "fake-client-gpu0"));
+  CHECK(contains(ps.out, "PID      USER        GPU  SMS   MEMORY      LIMIT       LAUNCHES"));
+  CHECK(contains(ps.out, "\n4242     "));
+  CHECK(contains(ps.out,
+                 "0    66    1.0 MiB     none        7         active    fake-client-gpu0\n"));
   CHECK(contains(ps.out, "fake-client-gpu1"));
-  CHECK(contains(ps.out, "1.0 MiB"));
+  CHECK(contains(ps.out, "GPU 1: not a client line\n"));
 }
 
 TEST_CASE("ps names the server that did not answer", "[ps]") {
@@ -303,9 +305,9 @@ TEST_CASE("quit stops the daemon the same way", "[lifecycle]") {
   CHECK_FALSE(exists(sut.socket_path()));
 }
 
-TEST_CASE("a server that ignores SIGTERM is killed after --stop-timeout", "[lifecycle]") {
+TEST_CASE("a server that does not stop is killed after --stop-timeout", "[lifecycle]") {
   DaemonUnderTest sut(
-      {.gpus = 1, .args = {"--stop-timeout", "1"}, .env = {{"FAKE_SERVER_IGNORE_SIGTERM", "1"}}});
+      {.gpus = 1, .args = {"--stop-timeout", "1"}, .env = {{"FAKE_SERVER_HANG_ON_STOP", "1"}}});
   pid_t server = sut.server_pids()[0];
 
   CHECK(sut.stop(SIGTERM) == 0);

@@ -7,7 +7,8 @@
 //   FAKE_SERVER_DEVICES=N          GPUs it reports (default 1)
 //   FAKE_SERVER_FAIL_DEVICE=K      the server for GPU K reports a failed start and exits 1
 //   FAKE_SERVER_SILENT_DEVICE=K    the server for GPU K never answers kServerStatsQuery
-//   FAKE_SERVER_IGNORE_SIGTERM=1   ignore SIGTERM (tests the daemon's SIGKILL escalation)
+//   FAKE_SERVER_HANG_ON_STOP=1     ignore SIGTERM and the daemon's hang-up (tests the daemon's
+//                                  SIGKILL escalation)
 //
 // Behaviour: on ServerAdmit it sends the client a Refused with cuda_error 0 and the text
 // "fake server <gpu> admitted pid <pid>"; kServerStatsQuery gets one client line naming
@@ -82,7 +83,8 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "fake_server: --device and --control-fd are required\n");
     return 64;
   }
-  if (env_int("FAKE_SERVER_IGNORE_SIGTERM", 0) == 1) ::signal(SIGTERM, SIG_IGN);
+  bool hang_on_stop = env_int("FAKE_SERVER_HANG_ON_STOP", 0) == 1;
+  if (hang_on_stop) ::signal(SIGTERM, SIG_IGN);
 
   bool fail = env_int("FAKE_SERVER_FAIL_DEVICE", -1) == gpu;
   proto::send_struct(control, make_ready(gpu, env_int("FAKE_SERVER_DEVICES", 1), fail));
@@ -108,10 +110,12 @@ int main(int argc, char** argv) {
     std::string text = text_of(*request);
     if (kind == MessageKind::kServerStatsQuery) {
       if (silent) continue;
-      proto::send_struct(control, make_text(MessageKind::kServerStats, 0,
-                                            fmt::format("4242 {} 66 1048576 7 running "
-                                                        "fake-client-gpu{}\n",
-                                                        ::getuid(), gpu)));
+      proto::send_struct(control,
+                         make_text(MessageKind::kServerStats, 0,
+                                   fmt::format("client=1 pid=4242 uid={} program=fake-client-gpu{} "
+                                               "sms=66 mem_used=1048576 mem_limit=0 launches=7 "
+                                               "state=active\nnot a client line\n",
+                                               ::getuid(), gpu)));
     } else if (kind == MessageKind::kServerTerminateClient) {
       proto::send_struct(control,
                          make_text(MessageKind::kCtlReply, 0,
@@ -131,5 +135,6 @@ int main(int argc, char** argv) {
                                             fmt::format("fake server {} took: {}", gpu, text)));
     }
   }
+  while (hang_on_stop) ::pause();
   return 0;
 }
