@@ -82,9 +82,14 @@ struct Module {
 
 struct Library {
   Magic magic = Magic::kLibrary;
-  Context* ctx = nullptr;
+  Context* ctx = nullptr;  // nullptr until bound: loaded with no current context (see below)
   proto::WireHandle wire = 0;
   std::mutex mutex;
+  // Libraries are context-independent: the CUDA runtime loads its fat binaries with
+  // cuLibraryLoadData before any context exists. Such a library keeps a copy of its image
+  // (the pieces, back to back) and is shipped into the first context current at a use.
+  std::vector<std::byte> unbound_image;
+  std::vector<std::size_t> unbound_pieces;
   std::unordered_map<std::string, Function*> kernels;
   Module* module = nullptr;
 };

@@ -93,19 +93,64 @@ CUresult load_module(CUmodule* module, const void* image) {
 }
 
 CUresult load_library(CUlibrary* library, const void* code) {
-  Context* ctx = nullptr;
-  if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   if (library == nullptr || code == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::vector<std::span<const std::byte>> pieces;
   if (!library_image_pieces(code, pieces)) return CUDA_ERROR_INVALID_IMAGE;
+  Context* ctx = nullptr;
+  CUresult rc = current(ctx);
+  if (rc == CUDA_ERROR_INVALID_CONTEXT) {
+    // No current context: the real driver loads a library without one (the CUDA runtime does
+    // so at its initialisation). Keep a copy, since the caller may free the image, and ship
+    // it into the first context that is current when the library is used.
+    auto* object = new Library();
+    try {
+      std::size_t total = 0;
+      for (auto piece : pieces) total += piece.size();
+      object->unbound_image.reserve(total);
+      for (auto piece : pieces) {
+        object->unbound_image.insert(object->unbound_image.end(), piece.begin(), piece.end());
+        object->unbound_pieces.push_back(piece.size());
+      }
+    } catch (...) {
+      delete object;
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *library = reinterpret_cast<CUlibrary>(object);
+    return CUDA_SUCCESS;
+  }
+  if (rc != CUDA_SUCCESS) return rc;
   proto::WireHandle wire = 0;
-  if (CUresult rc = ship_image(ctx, pieces, proto::ImageKind::kLibrary, wire); rc != CUDA_SUCCESS) {
+  if (rc = ship_image(ctx, pieces, proto::ImageKind::kLibrary, wire); rc != CUDA_SUCCESS) {
     return rc;
   }
   auto* object = new Library();
   object->ctx = ctx;
   object->wire = wire;
   *library = reinterpret_cast<CUlibrary>(object);
+  return CUDA_SUCCESS;
+}
+
+// A library loaded with no current context is shipped into the calling thread's current
+// context on its first use. The caller holds library->mutex.
+CUresult bind_library(Library* library) {
+  if (library->ctx != nullptr) return CUDA_SUCCESS;
+  Context* ctx = nullptr;
+  if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+  std::vector<std::span<const std::byte>> pieces;
+  const std::byte* at = library->unbound_image.data();
+  for (std::size_t bytes : library->unbound_pieces) {
+    pieces.emplace_back(at, bytes);
+    at += bytes;
+  }
+  proto::WireHandle wire = 0;
+  if (CUresult rc = ship_image(ctx, pieces, proto::ImageKind::kLibrary, wire); rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  library->ctx = ctx;
+  library->wire = wire;
+  std::vector<std::byte>().swap(library->unbound_image);
+  std::vector<std::size_t>().swap(library->unbound_pieces);
   return CUDA_SUCCESS;
 }
 
@@ -251,10 +296,13 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryUnload(CUlibrary handle) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   Library* library = object_of<Library>(handle);
   if (library == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  proto::HandleReq request{library->wire};
-  CUresult rc =
-      library->ctx->session->call(proto::Op::kLibraryUnload, request, static_cast<int*>(nullptr));
   std::lock_guard lock(library->mutex);
+  CUresult rc = CUDA_SUCCESS;
+  if (library->ctx != nullptr) {  // else never shipped: nothing on the server
+    proto::HandleReq request{library->wire};
+    rc = library->ctx->session->call(proto::Op::kLibraryUnload, request,
+                                     static_cast<int*>(nullptr));
+  }
   forget_functions(library->kernels);
   if (library->module) {
     forget_functions(library->module->functions);
@@ -275,6 +323,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryGetKernel(CUkernel* kernel, CUlibrary h
     *kernel = reinterpret_cast<CUkernel>(it->second);
     return CUDA_SUCCESS;
   }
+  if (CUresult rc = bind_library(library); rc != CUDA_SUCCESS) return rc;
   proto::FunctionRep reply{};
   CUresult rc = lookup(library->ctx, proto::Op::kLibraryGetKernel, library->wire, name, &reply,
                        sizeof reply);
@@ -292,6 +341,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryGetModule(CUmodule* module, CUlibrary h
   if (library == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (module == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard lock(library->mutex);
+  if (CUresult rc = bind_library(library); rc != CUDA_SUCCESS) return rc;
   if (library->module == nullptr) {
     proto::HandleReq request{library->wire};
     proto::ImageLoadRep reply{};
@@ -312,6 +362,10 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* by
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   Library* library = object_of<Library>(handle);
   if (library == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  {
+    std::lock_guard lock(library->mutex);
+    if (CUresult rc = bind_library(library); rc != CUDA_SUCCESS) return rc;
+  }
   return get_global(library->ctx, proto::Op::kLibraryGetGlobal, library->wire, dptr, bytes, name);
 }
 
