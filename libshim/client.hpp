@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -83,13 +84,15 @@ struct Module {
 struct Library {
   Magic magic = Magic::kLibrary;
   Context* ctx = nullptr;  // nullptr until bound: loaded with no current context (see below)
+  std::uint64_t ctx_id = 0;  // ctx->id when bound; it changes when a primary context is reset
   proto::WireHandle wire = 0;
   std::mutex mutex;
   // Libraries are context-independent: the CUDA runtime loads its fat binaries with
-  // cuLibraryLoadData before any context exists. Such a library keeps a copy of its image
-  // (the pieces, back to back) and is shipped into the first context current at a use.
-  std::vector<std::byte> unbound_image;
-  std::vector<std::size_t> unbound_pieces;
+  // cuLibraryLoadData before any context exists. Such a library is shipped into the first
+  // context current at a use; until then it holds its image pieces, pointing into the caller's
+  // memory under CU_LIBRARY_BINARY_IS_PRESERVED (as the runtime passes) or else into a copy.
+  std::vector<std::span<const std::byte>> unbound_pieces;
+  std::vector<std::byte> unbound_copy;
   std::unordered_map<std::string, Function*> kernels;
   Module* module = nullptr;
 };

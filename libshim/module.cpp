@@ -92,7 +92,9 @@ CUresult load_module(CUmodule* module, const void* image) {
   return CUDA_SUCCESS;
 }
 
-CUresult load_library(CUlibrary* library, const void* code) {
+// `preserved`: the caller promised (CU_LIBRARY_BINARY_IS_PRESERVED) that `code` stays valid
+// until cuLibraryUnload.
+CUresult load_library(CUlibrary* library, const void* code, bool preserved) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   if (library == nullptr || code == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::vector<std::span<const std::byte>> pieces;
@@ -101,16 +103,22 @@ CUresult load_library(CUlibrary* library, const void* code) {
   CUresult rc = current(ctx);
   if (rc == CUDA_ERROR_INVALID_CONTEXT) {
     // No current context: the real driver loads a library without one (the CUDA runtime does
-    // so at its initialisation). Keep a copy, since the caller may free the image, and ship
-    // it into the first context that is current when the library is used.
+    // so at its initialisation), so the image is shipped into the first context that is
+    // current when the library is used. Unless preserved, it is copied now: the caller may
+    // free it as soon as this returns.
     auto* object = new Library();
     try {
-      std::size_t total = 0;
-      for (auto piece : pieces) total += piece.size();
-      object->unbound_image.reserve(total);
-      for (auto piece : pieces) {
-        object->unbound_image.insert(object->unbound_image.end(), piece.begin(), piece.end());
-        object->unbound_pieces.push_back(piece.size());
+      if (preserved) {
+        object->unbound_pieces = std::move(pieces);
+      } else {
+        std::size_t total = 0;
+        for (auto piece : pieces) total += piece.size();
+        object->unbound_copy.reserve(total);
+        for (auto piece : pieces) {
+          const std::byte* at = object->unbound_copy.data() + object->unbound_copy.size();
+          object->unbound_copy.insert(object->unbound_copy.end(), piece.begin(), piece.end());
+          object->unbound_pieces.emplace_back(at, piece.size());
+        }
       }
     } catch (...) {
       delete object;
@@ -126,31 +134,28 @@ CUresult load_library(CUlibrary* library, const void* code) {
   }
   auto* object = new Library();
   object->ctx = ctx;
+  object->ctx_id = ctx->id.load(std::memory_order_relaxed);
   object->wire = wire;
   *library = reinterpret_cast<CUlibrary>(object);
   return CUDA_SUCCESS;
 }
 
-// A library loaded with no current context is shipped into the calling thread's current
-// context on its first use. The caller holds library->mutex.
+// Ships a library loaded with no current context into the calling thread's current context,
+// on the library's first use. The caller holds library->mutex.
 CUresult bind_library(Library* library) {
   if (library->ctx != nullptr) return CUDA_SUCCESS;
   Context* ctx = nullptr;
   if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
-  std::vector<std::span<const std::byte>> pieces;
-  const std::byte* at = library->unbound_image.data();
-  for (std::size_t bytes : library->unbound_pieces) {
-    pieces.emplace_back(at, bytes);
-    at += bytes;
-  }
   proto::WireHandle wire = 0;
-  if (CUresult rc = ship_image(ctx, pieces, proto::ImageKind::kLibrary, wire); rc != CUDA_SUCCESS) {
+  if (CUresult rc = ship_image(ctx, library->unbound_pieces, proto::ImageKind::kLibrary, wire);
+      rc != CUDA_SUCCESS) {
     return rc;
   }
   library->ctx = ctx;
+  library->ctx_id = ctx->id.load(std::memory_order_relaxed);
   library->wire = wire;
-  std::vector<std::byte>().swap(library->unbound_image);
-  std::vector<std::size_t>().swap(library->unbound_pieces);
+  std::vector<std::span<const std::byte>>().swap(library->unbound_pieces);
+  std::vector<std::byte>().swap(library->unbound_copy);
   return CUDA_SUCCESS;
 }
 
@@ -278,9 +283,18 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuModuleGetLoadingMode(CUmoduleLoadingMode* mode
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryLoadData(CUlibrary* library, const void* code,
                                                   CUjit_option*, void**, unsigned int,
-                                                  CUlibraryOption*, void**, unsigned int) {
-  // CU_LIBRARY_BINARY_IS_PRESERVED is only a hint: the image is shipped now either way.
-  return load_library(library, code);
+                                                  CUlibraryOption* options, void** values,
+                                                  unsigned int count) {
+  // CU_LIBRARY_BINARY_IS_PRESERVED is only a hint: with a current context the image is shipped
+  // now either way; without one it spares a copy until the first use ships it. The CUDA
+  // runtime passes it with the value (void*)1.
+  bool preserved = false;
+  for (unsigned i = 0; options != nullptr && i < count; ++i) {
+    if (options[i] == CU_LIBRARY_BINARY_IS_PRESERVED) {
+      preserved = values != nullptr && values[i] != nullptr;
+    }
+  }
+  return load_library(library, code, preserved);
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryLoadFromFile(CUlibrary* library, const char* path,
@@ -289,7 +303,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryLoadFromFile(CUlibrary* library, const 
   if (path == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::vector<std::byte> bytes;
   if (!read_file(path, bytes)) return CUDA_ERROR_FILE_NOT_FOUND;
-  return load_library(library, bytes.data());
+  return load_library(library, bytes.data(), false);
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryUnload(CUlibrary handle) {
@@ -298,7 +312,12 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryUnload(CUlibrary handle) {
   if (library == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   std::lock_guard lock(library->mutex);
   CUresult rc = CUDA_SUCCESS;
-  if (library->ctx != nullptr) {  // else never shipped: nothing on the server
+  // Nothing to do on the server when the library was never shipped, or when the context it was
+  // shipped into has been destroyed or reset since (the server freed it with that context; the
+  // CUDA runtime unloads its libraries at exit, after a cudaDeviceReset).
+  Context* ctx = library->ctx;
+  if (ctx != nullptr && ctx->active.load(std::memory_order_acquire) &&
+      ctx->id.load(std::memory_order_relaxed) == library->ctx_id) {
     proto::HandleReq request{library->wire};
     rc = library->ctx->session->call(proto::Op::kLibraryUnload, request,
                                      static_cast<int*>(nullptr));
