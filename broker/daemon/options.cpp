@@ -32,16 +32,18 @@ enum LongOnly : int {
   kVersion,
 };
 
-// mpsshim-server beside this executable (a build tree, or a relocated install), else the one
-// installed under libexec.
+// mpsshim-server beside this executable (a relocated install), or where the build tree puts it
+// (broker/daemon/ -> broker/server/), else the one installed under libexec.
 std::string default_server_path() {
   char self[PATH_MAX];
   ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
   if (n > 0) {
     std::string dir(self, static_cast<std::size_t>(n));
     dir.erase(dir.rfind('/') + 1);
-    std::string beside = dir + "mpsshim-server";
-    if (::access(beside.c_str(), X_OK) == 0) return beside;
+    for (const char* relative : {"mpsshim-server", "../server/mpsshim-server"}) {
+      std::string candidate = dir + relative;
+      if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    }
   }
   return std::string(MPSSHIM_LIBEXECDIR) + "/mpsshim-server";
 }
@@ -68,8 +70,8 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
   --runtime-dir DIR    control socket and pid file directory (default: $CUDA_MPS_PIPE_DIRECTORY,
                        else /run/mpsshim for root, else /tmp/mpsshim-$UID)
   --multiuser          serve clients of every uid (root only; default: the daemon's uid only)
-  --server PATH        the per-GPU server (default: mpsshim-server beside mpsshimd, else the
-                       installed one)
+  --server PATH        the per-GPU server (default: mpsshim-server beside mpsshimd or in the
+                       build tree's broker/server/, else the installed one)
   --driver PATH        CUDA driver library the servers load (passed to every server)
   --log-level LEVEL    error, warn, info (default) or debug; also passed to the servers
   --log-file PATH      log here instead of stderr (SIGHUP reopens it)
