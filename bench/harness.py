@@ -7,7 +7,15 @@ usage (on a machine with an NVIDIA GPU, as root for NVIDIA MPS):
     python3 bench/harness.py --build-dir build --out bench-results --quick   # < 5 minutes
     python3 bench/harness.py --build-dir build --out bench-results --full    # <= 9 minutes
       [--modes native,mps,shim] [--workloads launch,bandwidth,concurrency,mixed,memory,resnet,scaling]
-      [--reps R] [--budget-s S] [--python PYTHON]
+      [--reps R] [--budget-s S] [--python PYTHON] [--daemon-arg=--log-level=debug ...]
+    python3 bench/harness.py --render RESULTS_DIR --out DIR   # re-render from results.csv/json
+
+The programs come from --build-dir (libshim/, broker/, examples/small_kernels, bench/); a build
+copied to another machine needs its shared libraries there too (libfmt.so.9: LD_LIBRARY_PATH).
+--quick: 3 repetitions, small_kernels N in {1,8,32}, memory N in {1,4}, ResNet N in {1,8}, scaling
+up to 48 clients. --full: N in {1,2,...,64}, memory N in {1,4,16}, ResNet N in {1,4,8}, scaling up
+to 128. Both stop starting new work when their time budget (265 s / 500 s) would be exceeded and
+say what was skipped. See docs/benchmarks.md.
 
 Modes:
   native  the real driver, no MPS: processes time-slice the GPU
@@ -68,6 +76,7 @@ PRESETS = {
         "launch_args": ["--quick"],
         "bandwidth_args": ["--quick", "--sizes", "4K,64K,1M,16M,256M"],
         "concurrency_n": [1, 8, 32],
+        "concurrency_big_reps": 2,
         "small_kernels": 5000,
         "mixed_large": 2,
         "mixed_small": 8,
@@ -83,15 +92,16 @@ PRESETS = {
     },
     "full": {
         "reps": 3,
-        "budget_s": 515,
+        "budget_s": 500,
         "launch_args": ["--launches", "50000", "--repeats", "5", "--trips", "5000",
                         "--allocs", "5000"],
-        "bandwidth_args": ["--repeats", "3"],
+        "bandwidth_args": ["--repeats", "3", "--bytes-per-repeat", "32M"],
         "concurrency_n": [1, 2, 4, 8, 16, 32, 64],
+        "concurrency_big_reps": 2,
         "small_kernels": 5000,
         "mixed_large": 2,
         "mixed_small": 8,
-        "mixed_duration_ms": 2000,
+        "mixed_duration_ms": 1500,
         "memory_n": [1, 4, 16],
         "memory_reps": 2,
         "scaling_cap": 128,
@@ -127,6 +137,7 @@ METRICS = {
     ("memory", "mem_daemon_idle_mib"): ("in use with the daemon up, no client", "MiB", "lower"),
     ("resnet", "ms_per_iter"): ("ResNet-50 b1, per-process", "ms/iter", "lower"),
     ("resnet", "agg_iters_per_s"): ("ResNet-50 b1, aggregate", "iters/s", "higher"),
+    ("resnet", "out_sum"): ("output check: sum of the logits (same seed in every mode)", "", None),
     ("scaling", "max_clients"): ("concurrent idle clients accepted", "clients", "higher"),
     ("scaling", "scaling_mem_mib"): ("memory in use with N idle clients (1 MiB each)", "MiB", None),
 }
@@ -317,7 +328,10 @@ class Harness:
         self.notes: list[str] = []
         self.t0 = time.monotonic()
         self.item_cost: dict = {}
-        self.start_delay = defaultdict(lambda: 0.04)  # small_kernels barrier, s per process
+        # small_kernels barrier: seconds per process to wait before the common start. Context
+        # creation is serialised: ~0.1 s per process natively and under NVIDIA MPS on the H200
+        # machine (gVisor), a few ms under mpsshim. Raised when a copy arrives late.
+        self.start_delay = {"native": 0.11, "mps": 0.11, "shim": 0.03}
         self.shim_dir = ""
         self.shim_proc = None
         self.mps_dirs = None
@@ -447,16 +461,29 @@ class Harness:
             return
         pipe, logd = self.mps_dirs
         env = self.env("mps")
+        control_log = os.path.join(logd, "control.log")
+
+        def exits_logged() -> int:
+            try:
+                with open(control_log, "rb") as f:
+                    return f.read().count(b"Exit with status")
+            except OSError:
+                return 0
+
+        before = exits_logged()
         try:
             subprocess.run([self.mps_control], input="quit\n", env=env, capture_output=True,
                            text=True, timeout=30)
         except subprocess.SubprocessError as e:
             log(f"echo quit | nvidia-cuda-mps-control failed: {e}")
+        # Gone when its log says so (the control pipe itself may stay behind) or the pipe went.
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and os.path.exists(os.path.join(pipe, "control")):
-            time.sleep(0.1)
-        if os.path.exists(os.path.join(pipe, "control")):
-            log("NVIDIA MPS control pipe still there 15 s after quit")
+        while time.monotonic() < deadline:
+            if exits_logged() > before or not os.path.exists(os.path.join(pipe, "control")):
+                break
+            time.sleep(0.05)
+        else:
+            log("NVIDIA MPS control daemon: no exit logged 15 s after quit")
         for name in ("control.log", "server.log"):
             src = os.path.join(logd, name)
             if os.path.exists(src):
@@ -479,7 +506,8 @@ class Harness:
         log_path = os.path.join(self.logs, f"mpsshimd.{rep}.log")
         self.shim_log = open(log_path, "wb")
         self.shim_proc = subprocess.Popen(
-            [self.daemon, "--runtime-dir", self.shim_dir, "--server", self.server],
+            [self.daemon, "--runtime-dir", self.shim_dir, "--server", self.server]
+            + self.args.daemon_arg,
             env=self.env("native"), stdout=self.shim_log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
@@ -622,6 +650,8 @@ class Harness:
         metrics = ["agg_kernels_per_s", "per_proc_s", "slowest_proc_s", "late_ms"]
         kernels = self.cfg["small_kernels"]
         for n in self.cfg["concurrency_n"]:
+            if n >= 16 and rep >= self.cfg.get("concurrency_big_reps", 99):
+                continue  # the large N cost most: fewer repetitions (the preset says how many)
             key = ("concurrency", mode, n)
             if key in self.failed_once:
                 self.fail("concurrency", metrics, mode, rep, "not run: failed in an earlier "
@@ -652,7 +682,8 @@ class Harness:
             self.add("concurrency", "late_ms", mode, rep, late, n=n)
             if late > 0:
                 # Some copy was still initialising at the barrier: give the next run more room.
-                self.start_delay[mode] = min(1.0, self.start_delay[mode] * 2 + late / 1000 / n)
+                self.start_delay[mode] = min(1.0, max(self.start_delay[mode] * 1.5,
+                                                      1.25 * (delay + late / 1000) / n))
             log(f"  concurrency {mode} n={n}: {n * kernels / span:,.0f} kernels/s, "
                 f"per-process {statistics.median(seconds):.3f} s, late {late:.0f} ms")
 
@@ -826,6 +857,8 @@ class Harness:
                 # One sample per timed window of each process.
                 for w in r["window_ms"].split(","):
                     self.add("resnet", "ms_per_iter", mode, rep, float(w), n=n)
+                if "out_sum" in r:
+                    self.add("resnet", "out_sum", mode, rep, float(r["out_sum"]), n=n)
             self.add("resnet", "agg_iters_per_s", mode, rep, n * iters / span, n=n)
             log(f"  resnet {mode} n={n}: "
                 f"{statistics.median(float(r['ms_per_iter']) for r in res):.2f} ms/iter, "
@@ -856,7 +889,6 @@ class Harness:
         return False
 
     def run(self) -> None:
-        self.check_programs()
         info = self.smi_query("name,driver_version,memory.total,memory.used")
         self.gpu_idle_mib = float(info[3]) if len(info) > 3 else None
         self.meta = {
@@ -875,6 +907,10 @@ class Harness:
                                 + sys.argv[1:]),
             "python": sys.version.split()[0],
         }
+        info_path = os.path.join(self.build, "BUILD_INFO")
+        if os.path.exists(info_path):  # written by whoever copied the build (optional)
+            with open(info_path) as f:
+                self.meta["build_info"] = f.read().strip()[:500]
         log(f"{self.meta['gpu']}, driver {self.meta['driver']}, idle GPU memory "
             f"{self.gpu_idle_mib} MiB; preset {self.preset_name}, {self.cfg['reps']} repetitions, "
             f"budget {self.cfg['budget_s']} s")
@@ -950,16 +986,12 @@ class Harness:
         for r in self.rows:
             if r["metric"] not in ("budget_skip", "mode_start", "harness_error"):
                 continue
-            for key in list(order):
-                w, m, n, size, mode = key
-                if w != r["workload"] or mode == r["mode"]:
-                    continue
-                mine = (w, m, n, size, r["mode"])
-                if mine not in groups and mine not in errors:
+            mine_keys = {(w, m, n, size, r["mode"]) for (w, m, n, size, _mode) in order
+                         if w == r["workload"]}
+            for mine in sorted(mine_keys):
+                if mine not in order:
                     order.append(mine)
-                    errors[mine].append(r["error"])
-                elif mine in errors and not groups.get(mine):
-                    errors[mine].append(r["error"])
+                errors[mine].append(r["error"])
         out = []
         for key in order:
             values = groups.get(key, [])
@@ -970,7 +1002,8 @@ class Harness:
                 "min": min(values) if values else None,
                 "max": max(values) if values else None,
                 "samples": len(values),
-                "failures": len(errors.get(key, [])),
+                "failures": sum(1 for x in errors.get(key, []) if not is_skip(x)),
+                "skipped": sum(1 for x in errors.get(key, []) if is_skip(x)),
                 "error": (errors.get(key) or [""])[0] or notes.get(key, ""),
                 "unit": METRICS.get((w, m), ("", "", None))[1],
             })
@@ -986,10 +1019,17 @@ class Harness:
         with open(os.path.join(self.out, "summary.csv"), "w", newline="") as f:
             wr = csv.DictWriter(f, fieldnames=["workload", "metric", "n", "size_bytes", "mode",
                                                "median", "min", "max", "samples", "failures",
-                                               "unit", "error"])
+                                               "skipped", "unit", "error"])
             wr.writeheader()
             wr.writerows(summary)
         self.meta["elapsed_s"] = round(self.elapsed(), 1)
+        skips = sorted({f"{r['workload']} ({MODE_LABEL[r['mode']]}, repetition {int(r['rep']) + 1})"
+                        for r in self.rows if r["metric"] == "budget_skip"})
+        budget_note = ("not run for the time budget (figures have one repetition fewer): "
+                       + ", ".join(skips)) if skips else ""
+        self.notes = [n for n in self.notes if not n.startswith("not run for the time budget")]
+        if budget_note:
+            self.notes.append(budget_note)
         self.meta["notes"] = self.notes
         plots = make_plots(summary, self.out, self.modes, self.meta)
         self.meta["plots"] = plots
@@ -1007,7 +1047,11 @@ class Harness:
 def fmt(value, unit="") -> str:
     if value is None:
         return "-"
+    if unit == "":
+        return f"{value:.7g}"
     a = abs(value)
+    if unit == "clients" or (unit == "MiB" and float(value).is_integer()):
+        return f"{value:,.0f}"
     if unit in ("kernels/s", "iters/s") or a >= 1000:
         return f"{value:,.0f}"
     if a >= 100:
@@ -1019,19 +1063,25 @@ def fmt(value, unit="") -> str:
     return f"{value:.3f}"
 
 
+def is_skip(error: str) -> bool:
+    return error.startswith(("skipped", "not run"))
+
+
 def cell(entry) -> str:
     if entry is None:
-        return "not run"
+        return "n/a"
     if entry["median"] is None:
         err = entry["error"] or "failed"
-        word = "skipped" if err.startswith(("not run", "skipped")) else "FAILED"
+        word = "skipped" if is_skip(err) else "FAILED"
         return f"**{word}**: {err[:160]}".replace("|", "/")
     unit = entry["unit"]
     text = fmt(entry["median"], unit)
     if entry["samples"] > 1 and entry["min"] != entry["max"]:
         text += f" ({fmt(entry['min'], unit)}–{fmt(entry['max'], unit)})"
     if entry["failures"]:
-        text += f" [{entry['failures']} failed]"
+        text += f" [{entry['failures']} run(s) failed]"
+    if entry.get("skipped"):
+        text += f" [{entry['skipped']} skipped]"
     return text
 
 
@@ -1091,10 +1141,10 @@ def table_rows(summary, modes, keys, idx, label_fn):
                         words.append(v)
             shim = entries.get("shim")
             if shim is not None and shim["median"] is None:
-                words = ["**failed**"]
+                words = ["not run" if is_skip(shim["error"]) else "**failed**"]
             row.append("; ".join(words))
-            if any("behind" in x or "failed" in x for x in words):
-                behind.append((label_fn(key, label), unit, words))
+            if better is not None and any("behind" in x or "failed" in x for x in words):
+                behind.append((key, label_fn(key, label), unit, words, shim))
         lines.append("| " + " | ".join(row) + " |")
     return lines, behind
 
@@ -1108,6 +1158,9 @@ def render_report(summary, meta, modes) -> str:
              f"modes {', '.join(modes)}, {meta.get('elapsed_s', '?')} s). Idle GPU: "
              f"{meta.get('gpu_memory_idle_mib')} MiB in use of {meta.get('gpu_memory_total_mib')} MiB.")
     L.append("")
+    if meta.get("build_info"):
+        L.append(f"Build: {meta['build_info'].splitlines()[0]}")
+        L.append("")
     L.append("Each cell: median (min–max) over repetitions, and over the processes of a run where "
              "a figure is per process. Ratios are mpsshim's median over the other mode's; "
              "\"behind\" means more than 5% worse in the figure's direction (lower time, higher "
@@ -1131,22 +1184,40 @@ def render_report(summary, meta, modes) -> str:
     big = 64 * MIB if 64 * MIB in bw_sizes else (bw_sizes[-1] if bw_sizes else 0)
     rn = [e["n"] for e in summary if e["workload"] == "resnet"]
     mem_marg = [e["n"] for e in summary if e["metric"] == "mem_marginal_mib"]
+    largest = bw_sizes[-1] if bw_sizes else 0
+    mixed_n = f"{meta['config']['mixed_large']}L+{meta['config']['mixed_small']}S"
+    n_max = str(max(cn)) if cn else ""
     head_keys = [
+        ("concurrency", "agg_kernels_per_s", "1", 0),
         ("concurrency", "agg_kernels_per_s", n8, 0),
         ("concurrency", "per_proc_s", n8, 0),
+        ("concurrency", "agg_kernels_per_s", n_max, 0),
         ("launch", "launch_async_cpu", "", 0),
         ("launch", "launch_ctx_sync", "", 0),
         ("launch", "launch_stream_sync", "", 0),
+        ("launch", "ctx_sync_idle", "", 0),
         ("launch", "mem_alloc_free", "", 0),
         ("bandwidth", "h2d_pinned_sync", "", big),
-        ("bandwidth", "h2d_pageable_sync", "", big),
-        ("mixed", "small_p99_us", f"{meta['config']['mixed_large']}L+{meta['config']['mixed_small']}S", 0),
+        ("bandwidth", "h2d_pinned_sync", "", largest),
+        ("bandwidth", "h2d_pageable_sync", "", largest),
+        ("bandwidth", "d2h_pageable_sync", "", largest),
+        ("mixed", "small_p50_us", mixed_n, 0),
+        ("mixed", "small_p99_us", mixed_n, 0),
+        ("mixed", "large_agg_kernels_per_s", mixed_n, 0),
         ("memory", "mem_marginal_mib", mem_marg[0] if mem_marg else "", 0),
+        ("memory", "mem_daemon_idle_mib", "0", 0),
         ("scaling", "max_clients", "", 0),
+        ("resnet", "agg_iters_per_s", "1", 0),
         ("resnet", "agg_iters_per_s", "8" if "8" in rn else (rn[-1] if rn else "8"), 0),
     ]
+    seen_keys = []
+    for k in head_keys:
+        if k not in seen_keys:
+            seen_keys.append(k)
+    head_keys = seen_keys
     head_keys = [k for k in head_keys if any((k + (m,)) in idx for m in modes)]
     lines, behind = table_rows(summary, modes, head_keys, idx, plain)
+    head_behind = list(behind)
     L.append("## Headline")
     L.append("")
     L += lines
@@ -1182,36 +1253,72 @@ def render_report(summary, meta, modes) -> str:
         keys.sort(key=sort_key)
         if w == "scaling":
             keys = [k for k in keys if k[1] == "max_clients"]
+        if w == "bandwidth":
+            largest = max(k[3] for k in keys)
+            keys = [k for k in keys if k[1].endswith("_sync") or k[3] == largest]
         lines, behind = table_rows(summary, modes, keys, idx, plain)
         L.append(f"## {title}")
         L.append("")
         L += lines
         L.append("")
+        if w == "resnet":
+            sums = {mode: [e for e in summary if e["workload"] == "resnet"
+                           and e["metric"] == "out_sum" and e["mode"] == mode
+                           and e["median"] is not None] for mode in modes}
+            ref = sums.get("native") or sums.get("mps") or []
+            if ref:
+                r0 = ref[0]["median"]
+                for mode in modes:
+                    if mode == "native" or not sums.get(mode):
+                        continue
+                    worst = max(abs(e[k] - r0) for e in sums[mode] for k in ("min", "max"))
+                    rel = worst / max(abs(r0), 1e-12)
+                    L.append(f"- {MODE_LABEL[mode]}: output {'matches' if rel < 1e-3 else '**differs from**'}"
+                             f" the reference (largest relative difference {rel:.1e})")
+                L.append("")
         if w == "scaling":
             for mode in modes:
                 e = idx.get(("scaling", "max_clients", "", 0, mode))
                 if e and e["error"]:
                     L.append(f"- {MODE_LABEL[mode]}: {e['error']}".replace("|", "/"))
             L.append("")
-        all_behind += [b for b in behind if b not in all_behind]
+        all_behind += [b for b in behind if b[0] not in {x[0] for x in all_behind}]
 
     L.append("## Where mpsshim is behind")
     L.append("")
     if not all_behind:
         L.append("Nowhere by more than 5% in these runs.")
+    else:
+        L.append("Headline figures first, then every other figure of the tables above.")
+        L.append("")
     seen = set()
-    for label, unit, words in all_behind:
+    failed_runs = {}
+    head_set = {b[0] for b in head_behind}
+    ordered = head_behind + [b for b in all_behind if b[0] not in head_set]
+    for key, label, unit, words, shim in ordered:
+        if "**failed**" in words:
+            # One line per failed run (workload, N), not per figure.
+            failed_runs.setdefault((key[0], key[2]), shim["error"] if shim else "")
+            continue
         if label in seen:
             continue
         seen.add(label)
         L.append(f"- {label} ({unit}): {'; '.join(words)}")
+    for (w, n), err in failed_runs.items():
+        L.append(f"- {w}{f' N={n}' if n else ''}: **mpsshim failed**: {err[:300]}"
+                 .replace("|", "/"))
     L.append("")
-    failures = [e for e in summary if e["failures"] and e["median"] is None]
+    failures = [e for e in summary if (e["failures"] or e["skipped"]) and e["median"] is None]
     if failures:
         L.append("## Failed or skipped runs")
         L.append("")
+        seen_runs = set()
         for e in failures:
-            what = f"{e['workload']}/{e['metric']}" + (f" N={e['n']}" if e["n"] else "")
+            run = (e["mode"], e["workload"], e["n"])
+            if run in seen_runs:
+                continue
+            seen_runs.add(run)
+            what = e["workload"] + (f" N={e['n']}" if e["n"] else "")
             L.append(f"- {MODE_LABEL[e['mode']]}, {what}: {e['error'][:300]}".replace("|", "/"))
         L.append("")
     if meta.get("notes"):
@@ -1257,7 +1364,7 @@ def make_plots(summary, out, modes, meta) -> list[str]:
         "concurrency.png": [("concurrency", "agg_kernels_per_s", "n", "processes N",
                              "aggregate kernels/s", True),
                             ("concurrency", "per_proc_s", "n", "processes N",
-                             "per-process loop s (5000 kernels)", True)],
+                             "per-process loop s (5000 kernels), log scale", True, True)],
         "bandwidth.png": [("bandwidth", m, "size", "bytes", m + " GB/s", True)
                           for m in ["h2d_pinned_sync", "h2d_pageable_sync", "d2h_pinned_sync",
                                     "d2h_pageable_sync"]],
@@ -1306,7 +1413,7 @@ def make_plots(summary, out, modes, meta) -> list[str]:
         cols = 2
         rows = (len(specs) + 1) // 2
         fig, axes = plt.subplots(rows, cols, figsize=(11, 4.2 * rows), squeeze=False)
-        for ax, (w, m, by, xlabel, ylabel, logx) in zip(axes.flat, specs):
+        for ax, (w, m, by, xlabel, ylabel, logx, *logy) in zip(axes.flat, specs):
             for mode in modes:
                 xs, med, lo, hi = series(summary, w, m, mode, by)
                 if xs:
@@ -1314,6 +1421,8 @@ def make_plots(summary, out, modes, meta) -> list[str]:
                                 color=COLORS[mode], label=MODE_LABEL[mode])
             if logx:
                 ax.set_xscale("log", base=2)
+            if logy:
+                ax.set_yscale("log")
             ax.set_xlabel(xlabel)
             ax.set_ylabel(ylabel)
             ax.grid(True, alpha=0.3)
@@ -1343,7 +1452,8 @@ def make_plots(summary, out, modes, meta) -> list[str]:
                     ax.text(i, e["median"], fmt(e["median"], unit), ha="center", va="bottom",
                             fontsize=7)
                 else:
-                    ax.text(i, 0, "failed" if e else "n/a", ha="center", va="bottom",
+                    word = ("skipped" if is_skip(e["error"]) else "failed") if e else "n/a"
+                    ax.text(i, 0, word, ha="center", va="bottom",
                             fontsize=8, color="red", rotation=90)
             ax.set_xticks(range(len(modes)))
             ax.set_xticklabels([MODE_LABEL[x].split(" (")[0] for x in modes], fontsize=8)
@@ -1357,11 +1467,33 @@ def make_plots(summary, out, modes, meta) -> list[str]:
     return written
 
 
+def render_only(src: str, out: str) -> int:
+    """Re-renders the outputs of an earlier run (the report's format may have changed since)."""
+    with open(os.path.join(src, "results.json")) as f:
+        meta = json.load(f)["meta"]
+    rows = []
+    with open(os.path.join(src, "results.csv"), newline="") as f:
+        for r in csv.DictReader(f):
+            r["size_bytes"] = int(r["size_bytes"] or 0)
+            r["rep"] = int(r["rep"])
+            rows.append(r)
+    os.makedirs(out, exist_ok=True)
+    h = Harness.__new__(Harness)
+    h.rows, h.out, h.modes, h.meta = rows, os.path.abspath(out), meta["modes"], meta
+    h.notes = meta.get("notes", [])
+    h.t0 = time.monotonic() - float(meta.get("elapsed_s", 0))
+    h.write_outputs()
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--build-dir", required=True)
+    parser.add_argument("--build-dir", help="meson build directory (not with --render)")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--render", metavar="DIR",
+                        help="measure nothing: re-render report.md, summary.csv and the plots "
+                             "into --out from DIR/results.csv and DIR/results.json")
     preset = parser.add_mutually_exclusive_group()
     preset.add_argument("--quick", action="store_true", help="< 5 minutes (default)")
     preset.add_argument("--full", action="store_true", help="<= 9 minutes")
@@ -1371,8 +1503,15 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=0,
                         help="stop starting new work after this many seconds (preset's)")
     parser.add_argument("--python", default="", help="python for resnet_client.py")
+    parser.add_argument("--daemon-arg", action="append", default=[],
+                        help="extra mpsshimd argument (repeatable), e.g. --daemon-arg=--log-level=info")
     args = parser.parse_args()
+    if args.render:
+        return render_only(args.render, args.out)
+    if not args.build_dir:
+        parser.error("--build-dir is required (or --render DIR)")
     harness = Harness(args)
+    harness.check_programs()
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _on_signal)
     try:

@@ -7,7 +7,10 @@ prints "# ready" and waits for one line on stdin holding a CLOCK_REALTIME instan
 once), so that several copies time their loops together. The timed loop is --iters iterations in
 --windows equal windows; the result line gives ms/iter overall and per window:
 
-  resnet_client: iters=200 ms_per_iter=2.31 window_ms=2.30,2.31,... start_ns=.. end_ns=.. PASS
+  resnet_client: iters=200 ms_per_iter=2.31 window_ms=2.30,2.31,... out_sum=.. start_ns=.. PASS
+
+out_sum (the sum of one more forward pass's logits) lets the harness check that every mode
+computed the same thing.
 
 Any exception prints its traceback on stderr and "resnet_client: error=<type> FAIL" on stdout.
 """
@@ -63,8 +66,11 @@ def main() -> int:
                 done += n
         end_ns = time.time_ns()
         ms = 1e-6 * (end_ns - start_ns) / args.iters
+        with torch.no_grad():  # the same weights and input in every mode: the same logits
+            out_sum = float(model(x).double().sum())
         print(f"resnet_client: iters={args.iters} ms_per_iter={ms:.4f} "
               f"window_ms={','.join(f'{w:.4f}' for w in window_ms)} init_s={init_s:.2f} "
+              f"out_sum={out_sum:.9g} "
               f"start_ns={start_ns} end_ns={end_ns} PASS", flush=True)
         return 0
     except BaseException as error:  # noqa: BLE001 - any failure is the result
