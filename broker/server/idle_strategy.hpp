@@ -28,13 +28,9 @@ class BackoffIdleStrategy final : public IdleStrategy {
   struct Config {
     std::chrono::nanoseconds spin = std::chrono::microseconds(20);
     std::chrono::nanoseconds yield = std::chrono::microseconds(200);
-    // While GPU work is owed: yield longer, then park in short naps between polls. Every
-    // microsecond between the GPU finishing and the loop noticing is added to a client's
-    // synchronize: with a 1 ms yield and 100 us naps, a 64 MiB pinned copy (1.2 ms) lost 9% of
-    // its bandwidth (50.3 vs 55.1 GB/s on an H200). Yielding costs a core only while a client
-    // actually waits on the GPU.
-    std::chrono::nanoseconds pending_yield = std::chrono::milliseconds(10);
-    std::chrono::nanoseconds pending_nap = std::chrono::microseconds(20);
+    // While GPU work is owed: yield longer, then park in short naps between polls.
+    std::chrono::nanoseconds pending_yield = std::chrono::milliseconds(1);
+    std::chrono::nanoseconds pending_nap = std::chrono::microseconds(100);
   };
 
   BackoffIdleStrategy() = default;
