@@ -90,7 +90,8 @@ CUresult query_devices(ProcessState& s) {
       return CUDA_ERROR_MPS_CONNECTION_FAILED;
     }
     std::memcpy(&table, reply.bytes.data(), sizeof table);
-    std::size_t expected = sizeof table + std::size_t{table.device_count} * sizeof(proto::DeviceSnapshot);
+    std::size_t expected =
+        sizeof table + std::size_t{table.device_count} * sizeof(proto::DeviceSnapshot);
     if (table.device_count > kMaxDevices || reply.bytes.size() < expected) {
       log(Level::error, "the mpsshim daemon at {} sent a malformed device table", path);
       return CUDA_ERROR_MPS_CONNECTION_FAILED;
@@ -100,8 +101,10 @@ CUresult query_devices(ProcessState& s) {
                 table.device_count * sizeof(proto::DeviceSnapshot));
     s.socket_path = path;
     if (s.devices.empty()) {
-      log(Level::error, "the mpsshim daemon at {} has no GPU for this process (CUDA_VISIBLE_DEVICES"
-          "='{}')", path, s.config.visible_devices);
+      log(Level::error,
+          "the mpsshim daemon at {} has no GPU for this process (CUDA_VISIBLE_DEVICES"
+          "='{}')",
+          path, s.config.visible_devices);
       return CUDA_ERROR_NO_DEVICE;
     }
     set_server_driver_version(s.devices[0].driver_version);
@@ -109,9 +112,11 @@ CUresult query_devices(ProcessState& s) {
         s.devices.size(), s.devices[0].driver_version);
     return CUDA_SUCCESS;
   }
-  log(Level::error, "no mpsshim daemon found (tried {}). Start one with `mpsshimd` (or "
+  log(Level::error,
+      "no mpsshim daemon found (tried {}). Start one with `mpsshimd` (or "
       "`systemctl start mpsshimd`), or set CUDA_MPS_PIPE_DIRECTORY to the runtime directory of a "
-      "running one.", tried);
+      "running one.",
+      tried);
   return CUDA_ERROR_MPS_CONNECTION_FAILED;
 }
 
@@ -138,7 +143,9 @@ CUresult initialize() noexcept {
   return rc;
 }
 
-const ClientConfig& config() noexcept { return state().config; }
+const ClientConfig& config() noexcept {
+  return state().config;
+}
 
 CUresult session_for(int device, Session*& out) noexcept {
   ProcessState& s = state();

@@ -30,9 +30,9 @@ struct ClientConfig {
   std::vector<std::string> socket_candidates;  // control sockets to try, in order
   int active_thread_percentage = proto::kUnset;
   int priority = proto::kUnset;
-  std::uint64_t memory_limit_all = 0;          // CUDA_MPS_PINNED_DEVICE_MEM_LIMIT without ordinal
-  std::map<int, std::uint64_t> memory_limit;   // per visible ordinal
-  bool ignore_sm_coscheduling = false;         // MPSSHIM_SM_GRANULARITY=2
+  std::uint64_t memory_limit_all = 0;         // CUDA_MPS_PINNED_DEVICE_MEM_LIMIT without ordinal
+  std::map<int, std::uint64_t> memory_limit;  // per visible ordinal
+  bool ignore_sm_coscheduling = false;        // MPSSHIM_SM_GRANULARITY=2
   std::string visible_devices;
   std::string program;
 };
@@ -83,7 +83,7 @@ struct Module {
 
 struct Library {
   Magic magic = Magic::kLibrary;
-  Context* ctx = nullptr;  // nullptr until bound: loaded with no current context (see below)
+  Context* ctx = nullptr;    // nullptr until bound: loaded with no current context (see below)
   std::uint64_t ctx_id = 0;  // ctx->id when bound; it changes when a primary context is reset
   proto::WireHandle wire = 0;
   std::mutex mutex;
@@ -130,12 +130,18 @@ struct Context {
 
 template <typename T>
 inline constexpr Magic kMagicOf = Magic::kDead;
-template <> inline constexpr Magic kMagicOf<Context> = Magic::kContext;
-template <> inline constexpr Magic kMagicOf<Stream> = Magic::kStream;
-template <> inline constexpr Magic kMagicOf<Event> = Magic::kEvent;
-template <> inline constexpr Magic kMagicOf<Module> = Magic::kModule;
-template <> inline constexpr Magic kMagicOf<Library> = Magic::kLibrary;
-template <> inline constexpr Magic kMagicOf<Function> = Magic::kFunction;
+template <>
+inline constexpr Magic kMagicOf<Context> = Magic::kContext;
+template <>
+inline constexpr Magic kMagicOf<Stream> = Magic::kStream;
+template <>
+inline constexpr Magic kMagicOf<Event> = Magic::kEvent;
+template <>
+inline constexpr Magic kMagicOf<Module> = Magic::kModule;
+template <>
+inline constexpr Magic kMagicOf<Library> = Magic::kLibrary;
+template <>
+inline constexpr Magic kMagicOf<Function> = Magic::kFunction;
 
 // The object behind a handle, or nullptr if it is not a live object of that type.
 template <typename T, typename Handle>
@@ -167,7 +173,8 @@ CUresult activate(Context* ctx) noexcept;
 // thread's per-thread stream for a _ptsz/_ptds entry point; CU_STREAM_LEGACY / PER_THREAD as
 // documented; else one of our Stream objects.
 enum class DefaultStream { kLegacy, kPerThread };
-CUresult resolve_stream(CUstream handle, DefaultStream mode, Context*& ctx, Stream*& stream) noexcept;
+CUresult resolve_stream(CUstream handle, DefaultStream mode, Context*& ctx,
+                        Stream*& stream) noexcept;
 
 // Device pointers the client owns, for cuMemcpy's unified addressing and cuPointerGetAttribute.
 struct DeviceRange {

@@ -44,8 +44,10 @@ void parse_memory_limits(const std::string& text, ClientConfig& config) {
     long ordinal = std::strtol(item.c_str(), &end, 10);
     std::uint64_t bytes = parse_memory_size(item.substr(eq + 1));
     if (end != item.c_str() + eq || ordinal < 0 || ordinal >= kMaxDevices || bytes == 0) {
-      log(Level::warn, "ignoring CUDA_MPS_PINNED_DEVICE_MEM_LIMIT item '{}' (expected "
-          "<ordinal>=<size>, e.g. 0=4G)", item);
+      log(Level::warn,
+          "ignoring CUDA_MPS_PINNED_DEVICE_MEM_LIMIT item '{}' (expected "
+          "<ordinal>=<size>, e.g. 0=4G)",
+          item);
       continue;
     }
     config.memory_limit[static_cast<int>(ordinal)] = bytes;
@@ -67,11 +69,24 @@ std::uint64_t parse_memory_size(const std::string& text) {
     scale = 1;
   } else {
     switch (unit[0]) {
-      case 'K': case 'k': scale = 1024.0; break;
-      case 'M': case 'm': scale = 1024.0 * 1024; break;
-      case 'G': case 'g': scale = 1024.0 * 1024 * 1024; break;
-      case 'T': case 't': scale = 1024.0 * 1024 * 1024 * 1024; break;
-      default: return 0;
+      case 'K':
+      case 'k':
+        scale = 1024.0;
+        break;
+      case 'M':
+      case 'm':
+        scale = 1024.0 * 1024;
+        break;
+      case 'G':
+      case 'g':
+        scale = 1024.0 * 1024 * 1024;
+        break;
+      case 'T':
+      case 't':
+        scale = 1024.0 * 1024 * 1024 * 1024;
+        break;
+      default:
+        return 0;
     }
     std::string_view tail = std::string_view(unit).substr(1);
     if (!(tail.empty() || tail == "B" || tail == "iB" || tail == "b")) return 0;
@@ -91,8 +106,10 @@ ClientConfig read_client_config() {
     char* end = nullptr;
     double value = std::strtod(pct.c_str(), &end);
     if (end == pct.c_str() || value <= 0 || value > 100) {
-      log(Level::warn, "ignoring CUDA_MPS_ACTIVE_THREAD_PERCENTAGE='{}': expected a number in "
-          "(0, 100]", pct);
+      log(Level::warn,
+          "ignoring CUDA_MPS_ACTIVE_THREAD_PERCENTAGE='{}': expected a number in "
+          "(0, 100]",
+          pct);
     } else {
       // Round up: asking for 12.5% of 132 SMs must not give less than 12.5%.
       config.active_thread_percentage = static_cast<int>(value + 0.999);
@@ -102,8 +119,10 @@ ClientConfig read_client_config() {
     if (prio == "0" || prio == "1") {
       config.priority = prio[0] - '0';
     } else {
-      log(Level::warn, "ignoring CUDA_MPS_CLIENT_PRIORITY='{}': expected 0 (normal) or 1 "
-          "(below normal)", prio);
+      log(Level::warn,
+          "ignoring CUDA_MPS_CLIENT_PRIORITY='{}': expected 0 (normal) or 1 "
+          "(below normal)",
+          prio);
     }
   }
   parse_memory_limits(env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), config);

@@ -35,7 +35,9 @@ thread_local std::vector<Context*> t_stack;
 // context the thread used.
 thread_local std::unordered_map<Context*, Stream*> t_per_thread_streams;
 
-Context* top() { return t_stack.empty() ? nullptr : t_stack.back(); }
+Context* top() {
+  return t_stack.empty() ? nullptr : t_stack.back();
+}
 
 bool valid_device(CUdevice device) {
   return device >= 0 && device < visible_device_count();
@@ -117,13 +119,16 @@ CUresult resolve_stream(CUstream handle, DefaultStream mode, Context*& ctx,
   stream = object_of<Stream>(handle);
   if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   ctx = stream->ctx;
-  if (ctx == nullptr || !ctx->active.load(std::memory_order_acquire)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  if (ctx == nullptr || !ctx->active.load(std::memory_order_acquire))
+    return CUDA_ERROR_CONTEXT_IS_DESTROYED;
   return CUDA_SUCCESS;
 }
 
 // ---- client_view.hpp ----
 
-CUcontext current_context() noexcept { return reinterpret_cast<CUcontext>(top()); }
+CUcontext current_context() noexcept {
+  return reinterpret_cast<CUcontext>(top());
+}
 
 bool context_identity(CUcontext handle, int* ordinal, std::uint64_t* id) noexcept {
   Context* ctx = object_of<Context>(handle);
@@ -190,7 +195,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev) {
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags,
-                                                            int* active) {
+                                                           int* active) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   if (flags == nullptr || active == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -252,7 +257,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityPa
 }
 MPSSHIM_EXPORT CUresult CUDAAPI cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* params,
                                                unsigned int flags, CUdevice dev) {
-  if (params != nullptr && (params->execAffinityParams != nullptr || params->cigParams != nullptr)) {
+  if (params != nullptr &&
+      (params->execAffinityParams != nullptr || params->cigParams != nullptr)) {
     log_once("cuCtxCreate_v4.params", Level::warn,
              "cuCtxCreate_v4: affinity/CIG parameters are not supported by mpsshim");
     return CUDA_ERROR_NOT_SUPPORTED;
@@ -274,7 +280,9 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuCtxDestroy_v2(CUcontext handle) {
   ctx->magic = Magic::kDead;
   return CUDA_SUCCESS;
 }
-MPSSHIM_EXPORT CUresult CUDAAPI cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxDestroy(CUcontext ctx) {
+  return cuCtxDestroy_v2(ctx);
+}
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuCtxPushCurrent_v2(CUcontext handle) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
@@ -283,7 +291,9 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuCtxPushCurrent_v2(CUcontext handle) {
   t_stack.push_back(ctx);
   return CUDA_SUCCESS;
 }
-MPSSHIM_EXPORT CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx) { return cuCtxPushCurrent_v2(ctx); }
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx) {
+  return cuCtxPushCurrent_v2(ctx);
+}
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuCtxPopCurrent_v2(CUcontext* pctx) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
@@ -292,7 +302,9 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuCtxPopCurrent_v2(CUcontext* pctx) {
   t_stack.pop_back();
   return CUDA_SUCCESS;
 }
-MPSSHIM_EXPORT CUresult CUDAAPI cuCtxPopCurrent(CUcontext* pctx) { return cuCtxPopCurrent_v2(pctx); }
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxPopCurrent(CUcontext* pctx) {
+  return cuCtxPopCurrent_v2(pctx);
+}
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuCtxSetCurrent(CUcontext handle) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
@@ -318,7 +330,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuCtxGetCurrent(CUcontext* pctx) {
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuCtxGetDevice(CUdevice* device) {
-  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) [[unlikely]] return rc;
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) [[unlikely]]
+    return rc;
   if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Context* ctx = top();
   if (ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;

@@ -34,10 +34,13 @@ CUresult copy_htod(Context* ctx, Stream* stream, CUdeviceptr dst, const void* sr
   Session* session = ctx->session;
   PinnedRange pinned{};
   if (pinned_span(src, n, pinned)) {
-    proto::CopyHostReq request{stream->wire, dst, n,
-                               {pinned.region,
-                                static_cast<std::uint64_t>(static_cast<const std::byte*>(src) - pinned.base),
-                                proto::HostKind::kPinnedRegion, 0}};
+    proto::CopyHostReq request{
+        stream->wire,
+        dst,
+        n,
+        {pinned.region,
+         static_cast<std::uint64_t>(static_cast<const std::byte*>(src) - pinned.base),
+         proto::HostKind::kPinnedRegion, 0}};
     if (!host_synchronous) return session->post(proto::Op::kCopyHtoD, request);
     CUresult rc = session->call(proto::Op::kCopyHtoD, &request, sizeof request, {}, nullptr, 0,
                                 proto::kFlagReplyWhenDone);
@@ -49,7 +52,9 @@ CUresult copy_htod(Context* ctx, Stream* stream, CUdeviceptr dst, const void* sr
     if (CUresult rc = session->acquire_chunk(chunk); rc != CUDA_SUCCESS) return rc;
     std::size_t piece = std::min<std::size_t>(session->chunk_bytes(), n - offset);
     std::memcpy(chunk.data, bytes + offset, piece);
-    proto::CopyHostReq request{stream->wire, dst + offset, piece,
+    proto::CopyHostReq request{stream->wire,
+                               dst + offset,
+                               piece,
                                {chunk.index, 0, proto::HostKind::kStagingChunk, chunk.generation}};
     CUresult rc = session->post(proto::Op::kCopyHtoD, request);
     if (rc == CUDA_SUCCESS) session->chunk_posted(chunk);
@@ -67,10 +72,12 @@ CUresult copy_dtoh(Context* ctx, Stream* stream, void* dst, CUdeviceptr src, siz
   Session* session = ctx->session;
   PinnedRange pinned{};
   if (pinned_span(dst, n, pinned)) {
-    proto::CopyHostReq request{stream->wire, src, n,
-                               {pinned.region,
-                                static_cast<std::uint64_t>(static_cast<std::byte*>(dst) - pinned.base),
-                                proto::HostKind::kPinnedRegion, 0}};
+    proto::CopyHostReq request{
+        stream->wire,
+        src,
+        n,
+        {pinned.region, static_cast<std::uint64_t>(static_cast<std::byte*>(dst) - pinned.base),
+         proto::HostKind::kPinnedRegion, 0}};
     if (async_pinned_ok) return session->post(proto::Op::kCopyDtoH, request);
     CUresult rc = session->call(proto::Op::kCopyDtoH, &request, sizeof request, {}, nullptr, 0,
                                 proto::kFlagReplyWhenDone);
@@ -95,8 +102,11 @@ CUresult copy_dtoh(Context* ctx, Stream* stream, void* dst, CUdeviceptr src, siz
         break;
       }
       std::size_t piece = std::min<std::size_t>(session->chunk_bytes(), n - offset);
-      proto::CopyHostReq request{stream->wire, src + offset, piece,
-                                 {chunk.index, 0, proto::HostKind::kStagingChunk, chunk.generation}};
+      proto::CopyHostReq request{
+          stream->wire,
+          src + offset,
+          piece,
+          {chunk.index, 0, proto::HostKind::kStagingChunk, chunk.generation}};
       if (CUresult rc = session->post(proto::Op::kCopyDtoH, request); rc != CUDA_SUCCESS) {
         session->release_chunk(chunk);
         result = rc;
@@ -161,8 +171,8 @@ CUresult copy_unified(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream handl
   // Host to host: order after the stream's work, as a copy on the stream would be.
   if (async) {
     proto::HandleReq request{stream->wire};
-    if (CUresult rc = ctx->session->call(proto::Op::kStreamSynchronize, request,
-                                         static_cast<int*>(nullptr));
+    if (CUresult rc =
+            ctx->session->call(proto::Op::kStreamSynchronize, request, static_cast<int*>(nullptr));
         rc != CUDA_SUCCESS) {
       return rc;
     }
@@ -197,51 +207,49 @@ constexpr auto kPerThread = DefaultStream::kPerThread;
 
 // ---- synchronous copies (legacy default stream; _ptds = the thread's default stream) ----
 
-#define MPSSHIM_SYNC_COPIES(SUFFIX, MODE)                                                        \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyHtoD_v2##SUFFIX(CUdeviceptr dst, const void* src,     \
-                                                          size_t n) {                           \
-    return with_stream(nullptr, MODE, [&](Context* ctx, Stream* s) {                            \
-      return copy_htod(ctx, s, dst, src, n, true);                                              \
-    });                                                                                         \
-  }                                                                                             \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyDtoH_v2##SUFFIX(void* dst, CUdeviceptr src, size_t n) { \
-    return with_stream(nullptr, MODE, [&](Context* ctx, Stream* s) {                            \
-      return copy_dtoh(ctx, s, dst, src, n, false);                                             \
-    });                                                                                         \
-  }                                                                                             \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyDtoD_v2##SUFFIX(CUdeviceptr dst, CUdeviceptr src,     \
-                                                          size_t n) {                           \
-    return with_stream(nullptr, MODE, [&](Context* ctx, Stream* s) {                            \
-      return copy_dtod(ctx, s, dst, src, n);                                                    \
-    });                                                                                         \
-  }                                                                                             \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpy##SUFFIX(CUdeviceptr dst, CUdeviceptr src, size_t n) { \
-    return copy_unified(dst, src, n, nullptr, MODE, false);                                     \
-  }                                                                                             \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD8_v2##SUFFIX(CUdeviceptr dst, unsigned char v,       \
-                                                        size_t n) {                             \
-    return memset_2d(dst, 0, v, 1, n, 1, nullptr, MODE);                                        \
-  }                                                                                             \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD16_v2##SUFFIX(CUdeviceptr dst, unsigned short v,     \
-                                                         size_t n) {                            \
-    return memset_2d(dst, 0, v, 2, n, 1, nullptr, MODE);                                        \
-  }                                                                                             \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD32_v2##SUFFIX(CUdeviceptr dst, unsigned int v,       \
-                                                         size_t n) {                            \
-    return memset_2d(dst, 0, v, 4, n, 1, nullptr, MODE);                                        \
-  }                                                                                             \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD2D8_v2##SUFFIX(CUdeviceptr dst, size_t pitch,        \
-                                                          unsigned char v, size_t w, size_t h) { \
-    return memset_2d(dst, pitch, v, 1, w, h, nullptr, MODE);                                    \
-  }                                                                                             \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD2D16_v2##SUFFIX(CUdeviceptr dst, size_t pitch,       \
-                                                           unsigned short v, size_t w,          \
-                                                           size_t h) {                          \
-    return memset_2d(dst, pitch, v, 2, w, h, nullptr, MODE);                                    \
-  }                                                                                             \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD2D32_v2##SUFFIX(CUdeviceptr dst, size_t pitch,       \
-                                                           unsigned int v, size_t w, size_t h) { \
-    return memset_2d(dst, pitch, v, 4, w, h, nullptr, MODE);                                    \
+#define MPSSHIM_SYNC_COPIES(SUFFIX, MODE)                                                          \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyHtoD_v2##SUFFIX(CUdeviceptr dst, const void* src,        \
+                                                          size_t n) {                              \
+    return with_stream(nullptr, MODE, [&](Context* ctx, Stream* s) {                               \
+      return copy_htod(ctx, s, dst, src, n, true);                                                 \
+    });                                                                                            \
+  }                                                                                                \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyDtoH_v2##SUFFIX(void* dst, CUdeviceptr src, size_t n) {  \
+    return with_stream(nullptr, MODE, [&](Context* ctx, Stream* s) {                               \
+      return copy_dtoh(ctx, s, dst, src, n, false);                                                \
+    });                                                                                            \
+  }                                                                                                \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyDtoD_v2##SUFFIX(CUdeviceptr dst, CUdeviceptr src,        \
+                                                          size_t n) {                              \
+    return with_stream(nullptr, MODE,                                                              \
+                       [&](Context* ctx, Stream* s) { return copy_dtod(ctx, s, dst, src, n); });   \
+  }                                                                                                \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpy##SUFFIX(CUdeviceptr dst, CUdeviceptr src, size_t n) {   \
+    return copy_unified(dst, src, n, nullptr, MODE, false);                                        \
+  }                                                                                                \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD8_v2##SUFFIX(CUdeviceptr dst, unsigned char v,          \
+                                                        size_t n) {                                \
+    return memset_2d(dst, 0, v, 1, n, 1, nullptr, MODE);                                           \
+  }                                                                                                \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD16_v2##SUFFIX(CUdeviceptr dst, unsigned short v,        \
+                                                         size_t n) {                               \
+    return memset_2d(dst, 0, v, 2, n, 1, nullptr, MODE);                                           \
+  }                                                                                                \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD32_v2##SUFFIX(CUdeviceptr dst, unsigned int v,          \
+                                                         size_t n) {                               \
+    return memset_2d(dst, 0, v, 4, n, 1, nullptr, MODE);                                           \
+  }                                                                                                \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD2D8_v2##SUFFIX(CUdeviceptr dst, size_t pitch,           \
+                                                          unsigned char v, size_t w, size_t h) {   \
+    return memset_2d(dst, pitch, v, 1, w, h, nullptr, MODE);                                       \
+  }                                                                                                \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD2D16_v2##SUFFIX(CUdeviceptr dst, size_t pitch,          \
+                                                           unsigned short v, size_t w, size_t h) { \
+    return memset_2d(dst, pitch, v, 2, w, h, nullptr, MODE);                                       \
+  }                                                                                                \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD2D32_v2##SUFFIX(CUdeviceptr dst, size_t pitch,          \
+                                                           unsigned int v, size_t w, size_t h) {   \
+    return memset_2d(dst, pitch, v, 4, w, h, nullptr, MODE);                                       \
   }
 
 MPSSHIM_SYNC_COPIES(, kLegacy)
@@ -250,52 +258,49 @@ MPSSHIM_SYNC_COPIES(_ptds, kPerThread)
 
 // ---- asynchronous copies (_ptsz: a NULL stream means the thread's default stream) ----
 
-#define MPSSHIM_ASYNC_COPIES(SUFFIX, MODE)                                                       \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyHtoDAsync_v2##SUFFIX(CUdeviceptr dst, const void* src, \
-                                                               size_t n, CUstream h) {          \
-    return with_stream(h, MODE, [&](Context* ctx, Stream* s) {                                  \
-      return copy_htod(ctx, s, dst, src, n, false);                                             \
-    });                                                                                         \
-  }                                                                                             \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyDtoHAsync_v2##SUFFIX(void* dst, CUdeviceptr src,      \
-                                                               size_t n, CUstream h) {          \
-    return with_stream(h, MODE, [&](Context* ctx, Stream* s) {                                  \
-      return copy_dtoh(ctx, s, dst, src, n, true);                                              \
-    });                                                                                         \
-  }                                                                                             \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyDtoDAsync_v2##SUFFIX(CUdeviceptr dst, CUdeviceptr src, \
-                                                               size_t n, CUstream h) {          \
-    return with_stream(h, MODE, [&](Context* ctx, Stream* s) {                                  \
-      return copy_dtod(ctx, s, dst, src, n);                                                    \
-    });                                                                                         \
-  }                                                                                             \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyAsync##SUFFIX(CUdeviceptr dst, CUdeviceptr src,       \
-                                                        size_t n, CUstream h) {                 \
-    return copy_unified(dst, src, n, h, MODE, true);                                            \
-  }                                                                                             \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD8Async##SUFFIX(CUdeviceptr dst, unsigned char v,     \
-                                                          size_t n, CUstream h) {               \
-    return memset_2d(dst, 0, v, 1, n, 1, h, MODE);                                              \
-  }                                                                                             \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD16Async##SUFFIX(CUdeviceptr dst, unsigned short v,   \
-                                                           size_t n, CUstream h) {              \
-    return memset_2d(dst, 0, v, 2, n, 1, h, MODE);                                              \
-  }                                                                                             \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD32Async##SUFFIX(CUdeviceptr dst, unsigned int v,     \
-                                                           size_t n, CUstream h) {              \
-    return memset_2d(dst, 0, v, 4, n, 1, h, MODE);                                              \
-  }                                                                                             \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD2D8Async##SUFFIX(                                    \
-      CUdeviceptr dst, size_t pitch, unsigned char v, size_t w, size_t h, CUstream s) {         \
-    return memset_2d(dst, pitch, v, 1, w, h, s, MODE);                                          \
-  }                                                                                             \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD2D16Async##SUFFIX(                                   \
-      CUdeviceptr dst, size_t pitch, unsigned short v, size_t w, size_t h, CUstream s) {        \
-    return memset_2d(dst, pitch, v, 2, w, h, s, MODE);                                          \
-  }                                                                                             \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD2D32Async##SUFFIX(                                   \
-      CUdeviceptr dst, size_t pitch, unsigned int v, size_t w, size_t h, CUstream s) {          \
-    return memset_2d(dst, pitch, v, 4, w, h, s, MODE);                                          \
+#define MPSSHIM_ASYNC_COPIES(SUFFIX, MODE)                                                        \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyHtoDAsync_v2##SUFFIX(CUdeviceptr dst, const void* src,  \
+                                                               size_t n, CUstream h) {            \
+    return with_stream(                                                                           \
+        h, MODE, [&](Context* ctx, Stream* s) { return copy_htod(ctx, s, dst, src, n, false); }); \
+  }                                                                                               \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyDtoHAsync_v2##SUFFIX(void* dst, CUdeviceptr src,        \
+                                                               size_t n, CUstream h) {            \
+    return with_stream(                                                                           \
+        h, MODE, [&](Context* ctx, Stream* s) { return copy_dtoh(ctx, s, dst, src, n, true); });  \
+  }                                                                                               \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyDtoDAsync_v2##SUFFIX(CUdeviceptr dst, CUdeviceptr src,  \
+                                                               size_t n, CUstream h) {            \
+    return with_stream(h, MODE,                                                                   \
+                       [&](Context* ctx, Stream* s) { return copy_dtod(ctx, s, dst, src, n); });  \
+  }                                                                                               \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyAsync##SUFFIX(CUdeviceptr dst, CUdeviceptr src,         \
+                                                        size_t n, CUstream h) {                   \
+    return copy_unified(dst, src, n, h, MODE, true);                                              \
+  }                                                                                               \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD8Async##SUFFIX(CUdeviceptr dst, unsigned char v,       \
+                                                          size_t n, CUstream h) {                 \
+    return memset_2d(dst, 0, v, 1, n, 1, h, MODE);                                                \
+  }                                                                                               \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD16Async##SUFFIX(CUdeviceptr dst, unsigned short v,     \
+                                                           size_t n, CUstream h) {                \
+    return memset_2d(dst, 0, v, 2, n, 1, h, MODE);                                                \
+  }                                                                                               \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD32Async##SUFFIX(CUdeviceptr dst, unsigned int v,       \
+                                                           size_t n, CUstream h) {                \
+    return memset_2d(dst, 0, v, 4, n, 1, h, MODE);                                                \
+  }                                                                                               \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD2D8Async##SUFFIX(                                      \
+      CUdeviceptr dst, size_t pitch, unsigned char v, size_t w, size_t h, CUstream s) {           \
+    return memset_2d(dst, pitch, v, 1, w, h, s, MODE);                                            \
+  }                                                                                               \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD2D16Async##SUFFIX(                                     \
+      CUdeviceptr dst, size_t pitch, unsigned short v, size_t w, size_t h, CUstream s) {          \
+    return memset_2d(dst, pitch, v, 2, w, h, s, MODE);                                            \
+  }                                                                                               \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD2D32Async##SUFFIX(                                     \
+      CUdeviceptr dst, size_t pitch, unsigned int v, size_t w, size_t h, CUstream s) {            \
+    return memset_2d(dst, pitch, v, 4, w, h, s, MODE);                                            \
   }
 
 MPSSHIM_ASYNC_COPIES(, kLegacy)

@@ -94,7 +94,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuDeviceGetAttribute(int* value, CUdevice_attrib
                                                      CUdevice dev) {
   CUresult rc;
   const auto* snapshot = snapshot_of(dev, rc);
-  if (snapshot == nullptr) [[unlikely]] return rc;
+  if (snapshot == nullptr) [[unlikely]]
+    return rc;
   if (value == nullptr || attribute <= 0 ||
       static_cast<std::uint32_t>(attribute) >= snapshot->attribute_count) {
     return CUDA_ERROR_INVALID_VALUE;
@@ -183,8 +184,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuDeviceCanAccessPeer(int* can, CUdevice dev, CU
   return CUDA_SUCCESS;
 }
 
-MPSSHIM_EXPORT CUresult CUDAAPI cuDeviceGetExecAffinitySupport(int* supported,
-                                                               CUexecAffinityType, CUdevice dev) {
+MPSSHIM_EXPORT CUresult CUDAAPI cuDeviceGetExecAffinitySupport(int* supported, CUexecAffinityType,
+                                                               CUdevice dev) {
   CUresult rc;
   if (snapshot_of(dev, rc) == nullptr) return rc;
   if (supported == nullptr) return CUDA_ERROR_INVALID_VALUE;

@@ -47,7 +47,8 @@ CUresult launch(CUfunction hfunc, const Geometry& g, CUstream handle, DefaultStr
                 void** params, void** extra, const CUlaunchAttribute* attributes,
                 unsigned attribute_count) {
   Function* f = object_of<Function>(hfunc);
-  if (f == nullptr) [[unlikely]] return CUDA_ERROR_INVALID_HANDLE;
+  if (f == nullptr) [[unlikely]]
+    return CUDA_ERROR_INVALID_HANDLE;
   Context* ctx = nullptr;
   Stream* stream = nullptr;
   if (CUresult rc = resolve_stream(handle, mode, ctx, stream); rc != CUDA_SUCCESS) return rc;
@@ -62,8 +63,8 @@ CUresult launch(CUfunction hfunc, const Geometry& g, CUstream handle, DefaultStr
   std::byte* at = f->ctx->session->begin_record(
       proto::Op::kLaunchKernel,
       static_cast<std::uint32_t>(sizeof(proto::LaunchReq) + attribute_bytes + args));
-  if (at == nullptr) return f->ctx->session->fault() ? f->ctx->session->fault()
-                                                     : CUDA_ERROR_MPS_CONNECTION_FAILED;
+  if (at == nullptr)
+    return f->ctx->session->fault() ? f->ctx->session->fault() : CUDA_ERROR_MPS_CONNECTION_FAILED;
   proto::LaunchReq request{f->wire,
                            stream->wire,
                            {g.grid[0], g.grid[1], g.grid[2]},
@@ -100,9 +101,8 @@ CUresult launch_ex(const CUlaunchConfig* config, CUfunction f, void** params, vo
   return launch(f, g, config->hStream, mode, params, extra, config->attrs, config->numAttrs);
 }
 
-CUresult cooperative(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                     unsigned by, unsigned bz, unsigned shared, CUstream s, void** params,
-                     DefaultStream mode) {
+CUresult cooperative(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                     unsigned bz, unsigned shared, CUstream s, void** params, DefaultStream mode) {
   CUlaunchAttribute attribute{};
   attribute.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
   attribute.value.cooperative = 1;
@@ -111,8 +111,8 @@ CUresult cooperative(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsign
 
 }  // namespace
 
-MPSSHIM_EXPORT CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy,
-                                               unsigned gz, unsigned bx, unsigned by, unsigned bz,
+MPSSHIM_EXPORT CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                               unsigned bx, unsigned by, unsigned bz,
                                                unsigned shared, CUstream s, void** params,
                                                void** extra) {
   return launch(f, {{gx, gy, gz}, {bx, by, bz}, shared}, s, DefaultStream::kLegacy, params, extra,
@@ -139,8 +139,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuLaunchKernelEx_ptsz(const CUlaunchConfig* conf
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy,
                                                           unsigned gz, unsigned bx, unsigned by,
-                                                          unsigned bz, unsigned shared,
-                                                          CUstream s, void** params) {
+                                                          unsigned bz, unsigned shared, CUstream s,
+                                                          void** params) {
   return cooperative(f, gx, gy, gz, bx, by, bz, shared, s, params, DefaultStream::kLegacy);
 }
 
@@ -194,7 +194,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuOccupancyMaxPotentialBlockSizeWithFlags(
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (min_grid == nullptr || block_size == nullptr) return CUDA_ERROR_INVALID_VALUE;
   int max_threads = 0;
-  if (CUresult rc = cuFuncGetAttribute(&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, hfunc);
+  if (CUresult rc =
+          cuFuncGetAttribute(&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, hfunc);
       rc != CUDA_SUCCESS) {
     return rc;
   }
@@ -204,7 +205,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuOccupancyMaxPotentialBlockSizeWithFlags(
   for (int candidate = max_threads - max_threads % 32; candidate > 0; candidate -= 32) {
     size_t smem = smem_for_block ? smem_for_block(candidate) : dynamic_smem;
     int blocks = 0;
-    if (CUresult rc = max_active_blocks(&blocks, hfunc, candidate, smem, flags); rc != CUDA_SUCCESS) {
+    if (CUresult rc = max_active_blocks(&blocks, hfunc, candidate, smem, flags);
+        rc != CUDA_SUCCESS) {
       return rc;
     }
     if (blocks * candidate > best_threads) {
@@ -227,8 +229,10 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuOccupancyMaxPotentialBlockSize(int* min_grid, 
                                                    dynamic_smem, block_limit, 0);
 }
 
-MPSSHIM_EXPORT CUresult CUDAAPI cuOccupancyAvailableDynamicSMemPerBlock(size_t* smem, CUfunction hfunc,
-                                                                        int blocks, int block_size) {
+MPSSHIM_EXPORT CUresult CUDAAPI cuOccupancyAvailableDynamicSMemPerBlock(size_t* smem,
+                                                                        CUfunction hfunc,
+                                                                        int blocks,
+                                                                        int block_size) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   Function* f = object_of<Function>(hfunc);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;

@@ -35,9 +35,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) {
   return allocate(ctx, bytes, dptr);
 }
 
-MPSSHIM_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch,
-                                                   size_t width, size_t height,
-                                                   unsigned int element_bytes) {
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width,
+                                                   size_t height, unsigned int element_bytes) {
   Context* ctx = nullptr;
   if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
   if (dptr == nullptr || pitch == nullptr || width == 0 || height == 0 ||
@@ -121,8 +120,8 @@ CUresult host_alloc(void** pp, size_t bytes, unsigned int flags) {
     ::close(fd);
     return rc == CUDA_ERROR_OUT_OF_MEMORY ? rc : CUDA_ERROR_OUT_OF_MEMORY;
   }
-  address_book().add_pinned({static_cast<std::byte*>(base), mapped, ctx, reply.region,
-                             reply.device_pointer, fd, flags});
+  address_book().add_pinned(
+      {static_cast<std::byte*>(base), mapped, ctx, reply.region, reply.device_pointer, fd, flags});
   *pp = base;
   return CUDA_SUCCESS;
 }
@@ -146,8 +145,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemFreeHost(void* p) {
   if (!address_book().find_pinned(p, &range) || range.base != p) return CUDA_ERROR_INVALID_VALUE;
   address_book().remove_pinned(p, nullptr);
   proto::HostUnregisterReq request{range.region};
-  CUresult rc = range.ctx->session->call(proto::Op::kHostUnregister, request,
-                                         static_cast<int*>(nullptr));
+  CUresult rc =
+      range.ctx->session->call(proto::Op::kHostUnregister, request, static_cast<int*>(nullptr));
   ::munmap(range.base, range.bytes);
   ::close(range.memfd);
   return rc;
@@ -179,15 +178,16 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdevicept
   DeviceRange device{};
   PinnedRange pinned{};
   bool is_device = address_book().find_device(ptr, &device);
-  bool is_pinned = !is_device && (address_book().find_pinned(reinterpret_cast<void*>(ptr), &pinned) ||
-                                  address_book().find_pinned_by_device(ptr, &pinned));
+  bool is_pinned =
+      !is_device && (address_book().find_pinned(reinterpret_cast<void*>(ptr), &pinned) ||
+                     address_book().find_pinned_by_device(ptr, &pinned));
   if (!is_device && !is_pinned) return CUDA_ERROR_INVALID_VALUE;
   Context* ctx = is_device ? device.ctx : pinned.ctx;
-  std::uint64_t offset = is_device ? ptr - device.base
-                                   : (ptr >= pinned.device_pointer &&
-                                              ptr - pinned.device_pointer < pinned.bytes
-                                          ? ptr - pinned.device_pointer
-                                          : ptr - reinterpret_cast<std::uint64_t>(pinned.base));
+  std::uint64_t offset =
+      is_device ? ptr - device.base
+                : (ptr >= pinned.device_pointer && ptr - pinned.device_pointer < pinned.bytes
+                       ? ptr - pinned.device_pointer
+                       : ptr - reinterpret_cast<std::uint64_t>(pinned.base));
   switch (attribute) {
     case CU_POINTER_ATTRIBUTE_CONTEXT:
       *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(ctx);
@@ -258,8 +258,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuPointerGetAttribute(void* data, CUpointer_attr
 // Unlike the singular form, the real driver answers for memory it does not know (host memory
 // malloc'ed by the app) with zeroed values: PyTorch and CuPy rely on that to classify pointers.
 MPSSHIM_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int count,
-                                                       CUpointer_attribute* attributes,
-                                                       void** data, CUdeviceptr ptr) {
+                                                       CUpointer_attribute* attributes, void** data,
+                                                       CUdeviceptr ptr) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   if (attributes == nullptr || data == nullptr) return CUDA_ERROR_INVALID_VALUE;
   for (unsigned i = 0; i < count; ++i) {

@@ -48,8 +48,12 @@ CUresult ship_image(Context* ctx, std::span<const std::span<const std::byte>> pi
       rc != CUDA_SUCCESS) {
     return rc;
   }
-  proto::ImageLoadReq request{ctx->wire, total, token, kind,
-                              pieces.size() > 1 ? static_cast<std::uint32_t>(pieces.size()) : 0, 0};
+  proto::ImageLoadReq request{ctx->wire,
+                              total,
+                              token,
+                              kind,
+                              pieces.size() > 1 ? static_cast<std::uint32_t>(pieces.size()) : 0,
+                              0};
   proto::ImageLoadRep reply{};
   CUresult rc = ctx->session->call(proto::Op::kImageLoad, request, &reply);
   if (rc == CUDA_SUCCESS) out = reply.handle;
@@ -82,7 +86,8 @@ CUresult load_module(CUmodule* module, const void* image) {
   if (!length) return CUDA_ERROR_INVALID_IMAGE;
   std::span<const std::byte> piece(static_cast<const std::byte*>(image), *length);
   proto::WireHandle wire = 0;
-  if (CUresult rc = ship_image(ctx, {&piece, 1}, proto::ImageKind::kModule, wire); rc != CUDA_SUCCESS) {
+  if (CUresult rc = ship_image(ctx, {&piece, 1}, proto::ImageKind::kModule, wire);
+      rc != CUDA_SUCCESS) {
     return rc;
   }
   auto* object = new Module();
@@ -172,8 +177,8 @@ Function* make_function(Context* ctx, const proto::FunctionRep& reply, std::stri
   return f;
 }
 
-CUresult lookup(Context* ctx, proto::Op op, proto::WireHandle handle, const char* name,
-                void* reply, std::size_t reply_bytes) {
+CUresult lookup(Context* ctx, proto::Op op, proto::WireHandle handle, const char* name, void* reply,
+                std::size_t reply_bytes) {
   std::size_t length = strnlen(name, proto::kMaxNameBytes + 1);
   if (length == 0 || length > proto::kMaxNameBytes) return CUDA_ERROR_INVALID_VALUE;
   proto::NamedLookupReq request{handle, static_cast<std::uint32_t>(length), 0};
@@ -218,7 +223,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuModuleUnload(CUmodule handle) {
   Module* module = object_of<Module>(handle);
   if (module == nullptr || module->owned_by_library) return CUDA_ERROR_INVALID_HANDLE;
   proto::HandleReq request{module->wire};
-  CUresult rc = module->ctx->session->call(proto::Op::kModuleUnload, request, static_cast<int*>(nullptr));
+  CUresult rc =
+      module->ctx->session->call(proto::Op::kModuleUnload, request, static_cast<int*>(nullptr));
   std::lock_guard lock(module->mutex);
   forget_functions(module->functions);
   module->magic = Magic::kDead;
@@ -237,8 +243,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuModuleGetFunction(CUfunction* hfunc, CUmodule 
     return CUDA_SUCCESS;
   }
   proto::FunctionRep reply{};
-  CUresult rc = lookup(module->ctx, proto::Op::kModuleGetFunction, module->wire, name, &reply,
-                       sizeof reply);
+  CUresult rc =
+      lookup(module->ctx, proto::Op::kModuleGetFunction, module->wire, name, &reply, sizeof reply);
   if (rc != CUDA_SUCCESS) return rc;
   Function* f = make_function(module->ctx, reply, name, false);
   f->module = module;
@@ -319,8 +325,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryUnload(CUlibrary handle) {
   if (ctx != nullptr && ctx->active.load(std::memory_order_acquire) &&
       ctx->id.load(std::memory_order_relaxed) == library->ctx_id) {
     proto::HandleReq request{library->wire};
-    rc = library->ctx->session->call(proto::Op::kLibraryUnload, request,
-                                     static_cast<int*>(nullptr));
+    rc =
+        library->ctx->session->call(proto::Op::kLibraryUnload, request, static_cast<int*>(nullptr));
   }
   forget_functions(library->kernels);
   if (library->module) {
@@ -344,8 +350,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryGetKernel(CUkernel* kernel, CUlibrary h
   }
   if (CUresult rc = bind_library(library); rc != CUDA_SUCCESS) return rc;
   proto::FunctionRep reply{};
-  CUresult rc = lookup(library->ctx, proto::Op::kLibraryGetKernel, library->wire, name, &reply,
-                       sizeof reply);
+  CUresult rc =
+      lookup(library->ctx, proto::Op::kLibraryGetKernel, library->wire, name, &reply, sizeof reply);
   if (rc != CUDA_SUCCESS) return rc;
   Function* f = make_function(library->ctx, reply, name, true);
   f->library = library;

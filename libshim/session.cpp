@@ -68,9 +68,10 @@ CUresult Session::attach(const std::string& socket_path, const proto::ClientHell
   if (header.magic != proto::kHelloMagic || header.abi_major != proto::kAbiMajor ||
       header.kind != static_cast<std::uint32_t>(proto::MessageKind::kSessionWelcome) ||
       reply.bytes.size() < sizeof(proto::SessionWelcome) || reply.fds.size() != 2) {
-    log(Level::error, "unexpected answer from the mpsshim server (ABI {}.{}, kind {}); this "
-        "library speaks ABI {}.{}", header.abi_major, header.abi_minor, header.kind,
-        proto::kAbiMajor, proto::kAbiMinor);
+    log(Level::error,
+        "unexpected answer from the mpsshim server (ABI {}.{}, kind {}); this "
+        "library speaks ABI {}.{}",
+        header.abi_major, header.abi_minor, header.kind, proto::kAbiMajor, proto::kAbiMinor);
     return CUDA_ERROR_MPS_CONNECTION_FAILED;
   }
   std::memcpy(&session->welcome_, reply.bytes.data(), sizeof session->welcome_);
@@ -78,7 +79,8 @@ CUresult Session::attach(const std::string& socket_path, const proto::ClientHell
 
   struct stat st {};
   int memfd = reply.fds[0].get();
-  if (fstat(memfd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != session->welcome_.segment_bytes) {
+  if (fstat(memfd, &st) != 0 ||
+      static_cast<std::uint64_t>(st.st_size) != session->welcome_.segment_bytes) {
     log(Level::error, "the session segment has the wrong size");
     return CUDA_ERROR_MPS_CONNECTION_FAILED;
   }
@@ -97,7 +99,8 @@ CUresult Session::attach(const std::string& socket_path, const proto::ClientHell
     return CUDA_ERROR_MPS_CONNECTION_FAILED;
   }
   session->producer_ = proto::RingProducer(session->view_.ring(), g.ring_capacity);
-  session->free_slots_ = g.slot_count == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << g.slot_count) - 1;
+  session->free_slots_ =
+      g.slot_count == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << g.slot_count) - 1;
   session->chunk_generation_.assign(g.chunk_count, 0);
   session->chunk_held_.assign(g.chunk_count, false);
   out = std::move(session);
@@ -171,7 +174,8 @@ void Session::commit_record() {
 CUresult Session::post(proto::Op op, const void* request, std::size_t request_bytes,
                        std::span<const std::byte> trailing, std::uint16_t flags) {
   if (dead_.load(std::memory_order_relaxed)) return dead_result();
-  std::byte* at = begin_record(op, static_cast<std::uint32_t>(request_bytes + trailing.size()), flags);
+  std::byte* at =
+      begin_record(op, static_cast<std::uint32_t>(request_bytes + trailing.size()), flags);
   if (at == nullptr) return dead_.load() ? dead_result() : CUDA_ERROR_INVALID_VALUE;
   std::memcpy(at, request, request_bytes);
   if (!trailing.empty()) std::memcpy(at + request_bytes, trailing.data(), trailing.size());

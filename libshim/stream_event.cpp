@@ -20,11 +20,12 @@ CUresult create_stream(CUstream* out, unsigned flags, int priority) {
   }
   proto::StreamCreateReq request{ctx->wire, flags, priority};
   proto::StreamCreateRep reply{};
-  if (CUresult rc = ctx->session->call(proto::Op::kStreamCreate, request, &reply); rc != CUDA_SUCCESS) {
+  if (CUresult rc = ctx->session->call(proto::Op::kStreamCreate, request, &reply);
+      rc != CUDA_SUCCESS) {
     return rc;
   }
-  *out = reinterpret_cast<CUstream>(
-      new Stream{Magic::kStream, ctx, reply.stream, flags, priority, g_next_stream_id.fetch_add(1)});
+  *out = reinterpret_cast<CUstream>(new Stream{Magic::kStream, ctx, reply.stream, flags, priority,
+                                               g_next_stream_id.fetch_add(1)});
   return CUDA_SUCCESS;
 }
 
@@ -75,12 +76,15 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuStreamDestroy_v2(CUstream handle) {
   Stream* stream = object_of<Stream>(handle);
   if (stream == nullptr || stream == &stream->ctx->legacy) return CUDA_ERROR_INVALID_HANDLE;
   // Work already queued still runs: the server destroys the stream after it (as CUDA does).
-  CUresult rc = stream->ctx->session->post(proto::Op::kStreamDestroy, proto::HandleReq{stream->wire});
+  CUresult rc =
+      stream->ctx->session->post(proto::Op::kStreamDestroy, proto::HandleReq{stream->wire});
   stream->magic = Magic::kDead;
   return rc;
 }
 
-MPSSHIM_EXPORT CUresult CUDAAPI cuStreamDestroy(CUstream handle) { return cuStreamDestroy_v2(handle); }
+MPSSHIM_EXPORT CUresult CUDAAPI cuStreamDestroy(CUstream handle) {
+  return cuStreamDestroy_v2(handle);
+}
 
 #define MPSSHIM_STREAM_ENTRIES(SUFFIX, MODE)                                                   \
   MPSSHIM_EXPORT CUresult CUDAAPI cuStreamQuery##SUFFIX(CUstream h) {                          \
@@ -160,7 +164,8 @@ MPSSHIM_STREAM_ENTRIES(_ptsz, DefaultStream::kPerThread)
 MPSSHIM_EXPORT CUresult CUDAAPI cuEventCreate(CUevent* out, unsigned int flags) {
   Context* ctx = nullptr;
   if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
-  constexpr unsigned kKnown = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+  constexpr unsigned kKnown =
+      CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
   if (out == nullptr || (flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
   if ((flags & CU_EVENT_INTERPROCESS) != 0) {
     log_once("cuEventCreate.ipc", Level::warn,
@@ -169,7 +174,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuEventCreate(CUevent* out, unsigned int flags) 
   }
   proto::EventCreateReq request{ctx->wire, flags, 0};
   proto::EventCreateRep reply{};
-  if (CUresult rc = ctx->session->call(proto::Op::kEventCreate, request, &reply); rc != CUDA_SUCCESS) {
+  if (CUresult rc = ctx->session->call(proto::Op::kEventCreate, request, &reply);
+      rc != CUDA_SUCCESS) {
     return rc;
   }
   *out = reinterpret_cast<CUevent>(new Event{Magic::kEvent, ctx, reply.event, flags});
@@ -185,7 +191,9 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuEventDestroy_v2(CUevent handle) {
   return rc;
 }
 
-MPSSHIM_EXPORT CUresult CUDAAPI cuEventDestroy(CUevent handle) { return cuEventDestroy_v2(handle); }
+MPSSHIM_EXPORT CUresult CUDAAPI cuEventDestroy(CUevent handle) {
+  return cuEventDestroy_v2(handle);
+}
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuEventQuery(CUevent handle) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
@@ -224,5 +232,3 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuEventElapsedTime_v2(float* ms, CUevent start, 
 MPSSHIM_EXPORT CUresult CUDAAPI cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
   return cuEventElapsedTime_v2(ms, start, end);
 }
-
-

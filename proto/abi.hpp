@@ -56,6 +56,6 @@ constexpr HelloHeader make_header(MessageKind kind, std::uint32_t size) {
 
 // A struct may cross the boundary only if its bytes are all it is.
 template <typename T>
-inline constexpr bool kWireSafe = std::is_trivially_copyable_v<T> && std::is_standard_layout_v<T>;
+inline constexpr bool kWireSafe = std::is_trivially_copyable_v<T>&& std::is_standard_layout_v<T>;
 
 }  // namespace mpsshim::proto

@@ -24,11 +24,11 @@ inline constexpr std::int32_t kUnset = -1;
 struct ClientHello {
   HelloHeader header;  // kClientQuery or kClientAttach
   std::int32_t pid;
-  std::int32_t device;                     // attach: ordinal among the client's visible devices
-  std::int32_t active_thread_percentage;   // CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, kUnset if absent
-  std::int32_t priority;                   // CUDA_MPS_CLIENT_PRIORITY, kUnset if absent
-  std::uint64_t device_memory_limit;       // bytes for this device, 0 = no limit asked
-  std::uint32_t flags;                     // kHelloIgnoreSmCoscheduling, ...
+  std::int32_t device;                    // attach: ordinal among the client's visible devices
+  std::int32_t active_thread_percentage;  // CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, kUnset if absent
+  std::int32_t priority;                  // CUDA_MPS_CLIENT_PRIORITY, kUnset if absent
+  std::uint64_t device_memory_limit;      // bytes for this device, 0 = no limit asked
+  std::uint32_t flags;                    // kHelloIgnoreSmCoscheduling, ...
   std::uint32_t reserved;
   char visible_devices[256];  // CUDA_VISIBLE_DEVICES as given ("" if unset)
   char program[64];           // the client's program name, for logs and mpsshimctl ps
@@ -61,11 +61,11 @@ static_assert(sizeof(DaemonDevices) == 24);
 struct SessionWelcome {
   HelloHeader header;  // kSessionWelcome
   std::uint32_t client_id;
-  std::uint32_t sm_count;         // SMs in this client's green context
+  std::uint32_t sm_count;  // SMs in this client's green context
   std::uint64_t segment_bytes;
-  std::uint64_t memory_limit;     // bytes; 0 = the whole device
+  std::uint64_t memory_limit;  // bytes; 0 = the whole device
   std::int32_t physical_ordinal;
-  std::int32_t priority;          // effective stream priority bias
+  std::int32_t priority;  // effective stream priority bias
 };
 static_assert(kWireSafe<SessionWelcome>);
 static_assert(sizeof(SessionWelcome) == 48);
@@ -84,7 +84,7 @@ static_assert(offsetof(ServerReady, snapshot) == 288);
 
 // Sent with one fd: the client's connection.
 struct ServerAdmit {
-  HelloHeader header;  // kServerAdmit
+  HelloHeader header;     // kServerAdmit
   std::int32_t peer_pid;  // from SO_PEERCRED, not from the hello
   std::uint32_t peer_uid;
   std::uint32_t peer_gid;
@@ -107,9 +107,9 @@ static_assert(sizeof(FdTransfer) == 32);
 
 // mpsshimctl <-> daemon and daemon <-> server operator traffic: one line of text each way.
 struct TextMessage {
-  HelloHeader header;  // kCtlRequest / kCtlReply / kServerStatsQuery / kServerStats /
-                       // kServerTerminateClient
-  std::int32_t status;  // 0 = ok
+  HelloHeader header;    // kCtlRequest / kCtlReply / kServerStatsQuery / kServerStats /
+                         // kServerTerminateClient
+  std::int32_t status;   // 0 = ok
   std::uint32_t length;  // bytes of text used
   char text[8168];
 };

@@ -76,15 +76,34 @@ enum class Op : std::uint16_t {
 inline constexpr std::uint16_t kFlagReplyWhenDone = 1u << 0;  // answer once the stream work ran
 
 // ---- context ----
-struct CtxCreateReq { std::uint32_t flags; std::uint32_t reserved; };
-struct CtxCreateRep { WireHandle ctx; WireHandle default_stream; };
-struct CtxReq { WireHandle ctx; };
-struct CtxLimitReq { std::uint32_t limit; std::uint32_t reserved; std::uint64_t value; };
-struct CtxLimitRep { std::uint64_t value; };
+struct CtxCreateReq {
+  std::uint32_t flags;
+  std::uint32_t reserved;
+};
+struct CtxCreateRep {
+  WireHandle ctx;
+  WireHandle default_stream;
+};
+struct CtxReq {
+  WireHandle ctx;
+};
+struct CtxLimitReq {
+  std::uint32_t limit;
+  std::uint32_t reserved;
+  std::uint64_t value;
+};
+struct CtxLimitRep {
+  std::uint64_t value;
+};
 
 // ---- memory ----
-struct MemAllocReq { WireHandle ctx; std::uint64_t bytes; };
-struct MemAllocRep { std::uint64_t dptr; };
+struct MemAllocReq {
+  WireHandle ctx;
+  std::uint64_t bytes;
+};
+struct MemAllocRep {
+  std::uint64_t dptr;
+};
 struct MemAllocPitchReq {
   WireHandle ctx;
   std::uint64_t width_bytes;
@@ -92,9 +111,17 @@ struct MemAllocPitchReq {
   std::uint32_t element_bytes;
   std::uint32_t reserved;
 };
-struct MemAllocPitchRep { std::uint64_t dptr; std::uint64_t pitch; };
-struct MemFreeReq { std::uint64_t dptr; };
-struct MemGetInfoRep { std::uint64_t free_bytes; std::uint64_t total_bytes; };
+struct MemAllocPitchRep {
+  std::uint64_t dptr;
+  std::uint64_t pitch;
+};
+struct MemFreeReq {
+  std::uint64_t dptr;
+};
+struct MemGetInfoRep {
+  std::uint64_t free_bytes;
+  std::uint64_t total_bytes;
+};
 
 // Pinned host memory: a memfd sent on the socket (FdTransfer with `token`), mapped by the
 // server at `client_address` when that address is free there (so host and device pointers
@@ -105,8 +132,13 @@ struct HostRegisterReq {
   std::uint32_t token;
   std::uint32_t flags;  // CU_MEMHOSTALLOC_*
 };
-struct HostRegisterRep { WireHandle region; std::uint64_t device_pointer; };
-struct HostUnregisterReq { WireHandle region; };
+struct HostRegisterRep {
+  WireHandle region;
+  std::uint64_t device_pointer;
+};
+struct HostUnregisterReq {
+  WireHandle region;
+};
 
 // Where host bytes of a copy are.
 enum class HostKind : std::uint32_t { kPinnedRegion = 1, kStagingChunk = 2 };
@@ -122,7 +154,12 @@ struct CopyHostReq {  // kCopyHtoD and kCopyDtoH
   std::uint64_t bytes;
   HostRef host;
 };
-struct CopyDtoDReq { WireHandle stream; std::uint64_t dst; std::uint64_t src; std::uint64_t bytes; };
+struct CopyDtoDReq {
+  WireHandle stream;
+  std::uint64_t dst;
+  std::uint64_t src;
+  std::uint64_t bytes;
+};
 struct MemsetReq {
   WireHandle stream;
   std::uint64_t dst;
@@ -145,13 +182,24 @@ struct ImageLoadReq {
   std::uint32_t containers;  // 0: a plain image
   std::uint32_t reserved;
 };
-struct ImageLoadRep { WireHandle handle; };
-struct HandleReq { WireHandle handle; };
+struct ImageLoadRep {
+  WireHandle handle;
+};
+struct HandleReq {
+  WireHandle handle;
+};
 // Followed by name_bytes bytes of name (no terminator needed).
-struct NamedLookupReq { WireHandle handle; std::uint32_t name_bytes; std::uint32_t reserved; };
+struct NamedLookupReq {
+  WireHandle handle;
+  std::uint32_t name_bytes;
+  std::uint32_t reserved;
+};
 inline constexpr std::uint32_t kMaxNameBytes = 4096;
 
-struct ParamSlot { std::uint32_t offset; std::uint32_t size; };
+struct ParamSlot {
+  std::uint32_t offset;
+  std::uint32_t size;
+};
 // Reply of GetFunction/GetKernel/KernelGetFunction: the handle and its parameter layout.
 struct FunctionRep {
   WireHandle function;
@@ -159,7 +207,10 @@ struct FunctionRep {
   std::uint32_t args_bytes;  // end of the last parameter
   ParamSlot params[(kSlotPayloadBytes - 16) / sizeof(ParamSlot)];
 };
-struct GlobalRep { std::uint64_t dptr; std::uint64_t bytes; };
+struct GlobalRep {
+  std::uint64_t dptr;
+  std::uint64_t bytes;
+};
 struct AttributeReq {
   WireHandle handle;
   std::int32_t attribute;
@@ -167,7 +218,10 @@ struct AttributeReq {
   std::int32_t device;
   std::uint32_t reserved;
 };
-struct AttributeRep { std::int32_t value; std::uint32_t reserved; };
+struct AttributeRep {
+  std::int32_t value;
+  std::uint32_t reserved;
+};
 
 // ---- launches ----
 struct WireLaunchAttribute {
@@ -191,14 +245,42 @@ inline constexpr std::uint32_t kMaxLaunchAttributes = 16;
 inline constexpr std::uint32_t kMaxArgsBytes = 32764;
 
 // ---- streams and events ----
-struct StreamCreateReq { WireHandle ctx; std::uint32_t flags; std::int32_t priority; };
-struct StreamCreateRep { WireHandle stream; };
-struct StreamWaitEventReq { WireHandle stream; WireHandle event; std::uint32_t flags; std::uint32_t reserved; };
-struct EventCreateReq { WireHandle ctx; std::uint32_t flags; std::uint32_t reserved; };
-struct EventCreateRep { WireHandle event; };
-struct EventRecordReq { WireHandle event; WireHandle stream; std::uint32_t flags; std::uint32_t reserved; };
-struct ElapsedReq { WireHandle start; WireHandle end; };
-struct ElapsedRep { float milliseconds; std::uint32_t reserved; };
+struct StreamCreateReq {
+  WireHandle ctx;
+  std::uint32_t flags;
+  std::int32_t priority;
+};
+struct StreamCreateRep {
+  WireHandle stream;
+};
+struct StreamWaitEventReq {
+  WireHandle stream;
+  WireHandle event;
+  std::uint32_t flags;
+  std::uint32_t reserved;
+};
+struct EventCreateReq {
+  WireHandle ctx;
+  std::uint32_t flags;
+  std::uint32_t reserved;
+};
+struct EventCreateRep {
+  WireHandle event;
+};
+struct EventRecordReq {
+  WireHandle event;
+  WireHandle stream;
+  std::uint32_t flags;
+  std::uint32_t reserved;
+};
+struct ElapsedReq {
+  WireHandle start;
+  WireHandle end;
+};
+struct ElapsedRep {
+  float milliseconds;
+  std::uint32_t reserved;
+};
 
 // ---- occupancy ----
 struct OccupancyReq {
@@ -207,7 +289,9 @@ struct OccupancyReq {
   std::uint32_t flags;
   std::uint64_t dynamic_smem;
 };
-struct OccupancyRep { std::int64_t value; };
+struct OccupancyRep {
+  std::int64_t value;
+};
 // Followed by attribute_count WireLaunchAttributes.
 struct ClusterOccupancyReq {
   WireHandle function;
@@ -218,7 +302,7 @@ struct ClusterOccupancyReq {
 };
 
 // Every payload above is plain bytes and fits a response slot.
-#define MPSSHIM_WIRE_CHECK(T) \
+#define MPSSHIM_WIRE_CHECK(T)                                    \
   static_assert(kWireSafe<T>, #T " must be trivially copyable"); \
   static_assert(sizeof(T) % 8 == 0 || sizeof(T) < 8, #T " must pad to 8 bytes");
 MPSSHIM_WIRE_CHECK(CtxCreateReq)

@@ -65,7 +65,9 @@ constexpr std::uint32_t record_bytes(std::size_t payload) {
                                     ~std::size_t{kRecordAlign - 1});
 }
 
-constexpr bool is_power_of_two(std::uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+constexpr bool is_power_of_two(std::uint64_t v) {
+  return v != 0 && (v & (v - 1)) == 0;
+}
 
 // Bytes a ring of `capacity` data bytes needs in the segment.
 constexpr std::size_t ring_footprint(std::uint64_t capacity) {
@@ -229,7 +231,8 @@ class RingConsumer {
   void sleep_on_head(std::uint64_t timeout_ns) {
     prepare_sleep();
     std::uint64_t head = ctl_->head.load(std::memory_order_seq_cst);
-    if (head == tail_) futex_wait(low_word(ctl_->head), static_cast<std::uint32_t>(head), timeout_ns);
+    if (head == tail_)
+      futex_wait(low_word(ctl_->head), static_cast<std::uint32_t>(head), timeout_ns);
     end_sleep();
   }
 

@@ -89,7 +89,9 @@ struct SegmentGeometry {
 };
 
 inline constexpr std::uint64_t kPage = 4096;
-constexpr std::uint64_t round_up(std::uint64_t v, std::uint64_t to) { return (v + to - 1) / to * to; }
+constexpr std::uint64_t round_up(std::uint64_t v, std::uint64_t to) {
+  return (v + to - 1) / to * to;
+}
 
 // Lays the segment out; the staging area is page-aligned so it can be registered for DMA.
 constexpr SegmentHeader plan_segment(const SegmentGeometry& g) {
@@ -112,7 +114,8 @@ constexpr SegmentHeader plan_segment(const SegmentGeometry& g) {
   at = h.chunk_states_offset + std::uint64_t{g.chunk_count} * sizeof(ChunkState);
   h.staging_offset = round_up(at, kPage);
   h.chunk_bytes = g.chunk_bytes;
-  h.segment_bytes = round_up(h.staging_offset + std::uint64_t{g.chunk_count} * g.chunk_bytes, kPage);
+  h.segment_bytes =
+      round_up(h.staging_offset + std::uint64_t{g.chunk_count} * g.chunk_bytes, kPage);
   return h;
 }
 

@@ -1,8 +1,8 @@
 // The whole path on the CPU: LD_PRELOAD=libmpsshim.so client -> mpsshimd -> mpsshim-server ->
 // host-memory test driver, with real processes, sockets and shared memory.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <signal.h>
+#include <catch2/catch.hpp>
 
 #include <regex>
 #include <thread>
@@ -14,7 +14,9 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::string client() { return artefact("E2E_CLIENT"); }
+std::string client() {
+  return artefact("E2E_CLIENT");
+}
 
 unsigned long long field(const std::string& text, const std::string& key) {
   std::smatch m;
@@ -45,7 +47,8 @@ TEST_CASE("the examples give correct results through the broker", "[e2e]") {
     if (path == nullptr) continue;  // examples need nvcc to build
     SECTION(name) {
       std::vector<std::string> argv = {path};
-      if (std::string(name) == "EXAMPLE_MATMUL_TILED") argv.insert(argv.end(), {"--m", "128", "--n", "128", "--k", "128"});
+      if (std::string(name) == "EXAMPLE_MATMUL_TILED")
+        argv.insert(argv.end(), {"--m", "128", "--n", "128", "--k", "128"});
       require_pass(run_client(daemon, argv), daemon);
     }
   }
@@ -103,7 +106,7 @@ TEST_CASE("a client cannot reach memory it does not own; the server survives", "
   Daemon daemon;
   Child owner({client(), "pointer"}, daemon.client_env());
   REQUIRE(owner.wait_for_output("POINTER", 60s));
-  unsigned long long foreign = field(owner.out(), "POINTER ") ;
+  unsigned long long foreign = field(owner.out(), "POINTER ");
   std::smatch m;
   std::string text = owner.out();
   REQUIRE(std::regex_search(text, m, std::regex("POINTER ([0-9]+)")));
@@ -125,7 +128,8 @@ TEST_CASE("a memory limit is enforced with a message naming it", "[e2e]") {
 
 TEST_CASE("an SM quota sizes the client's green context and is what it sees", "[e2e]") {
   Daemon daemon;
-  Outcome o = run_client(daemon, {client(), "quota"}, {{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "25"}});
+  Outcome o =
+      run_client(daemon, {client(), "quota"}, {{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "25"}});
   require_pass(o, daemon);
   // 25% of the test device's 132 SMs, rounded up to the 8-SM partition granularity.
   CHECK(field(o.out, "sms") == 40);

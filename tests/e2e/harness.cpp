@@ -128,11 +128,17 @@ Daemon::Daemon(std::vector<std::string> extra_args) {
   char pattern[] = "/tmp/mpsshim-e2e-XXXXXX";
   if (mkdtemp(pattern) == nullptr) throw std::runtime_error("mkdtemp");
   dir_ = pattern;
-  std::vector<std::string> argv = {artefact("MPSSHIMD"),      "--runtime-dir", dir_,
-                                   "--server",                artefact("MPSSHIM_SERVER"),
-                                   "--driver",                artefact("MPSSHIM_TESTDRIVER"),
-                                   "--log-level",             "info",
-                                   "--log-file",              dir_ + "/daemon.log"};
+  std::vector<std::string> argv = {artefact("MPSSHIMD"),
+                                   "--runtime-dir",
+                                   dir_,
+                                   "--server",
+                                   artefact("MPSSHIM_SERVER"),
+                                   "--driver",
+                                   artefact("MPSSHIM_TESTDRIVER"),
+                                   "--log-level",
+                                   "info",
+                                   "--log-file",
+                                   dir_ + "/daemon.log"};
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   // The daemon's and its servers' stderr go to a file: a pipe nobody drains would block them.
   std::vector<std::string> shell = {"/bin/sh", "-c", "exec \"$@\" >>\"$0\" 2>&1",
@@ -158,7 +164,8 @@ Daemon::~Daemon() {
   [[maybe_unused]] int rc = std::system(cmd.c_str());
 }
 
-std::map<std::string, std::string> Daemon::client_env(std::map<std::string, std::string> extra) const {
+std::map<std::string, std::string> Daemon::client_env(
+    std::map<std::string, std::string> extra) const {
   extra["CUDA_MPS_PIPE_DIRECTORY"] = dir_;
   extra["LD_PRELOAD"] = artefact("LIBMPSSHIM");
   return extra;

@@ -53,7 +53,8 @@ class Daemon {
   ~Daemon();
   const std::string& dir() const { return dir_; }
   // The environment a client of this daemon runs with.
-  std::map<std::string, std::string> client_env(std::map<std::string, std::string> extra = {}) const;
+  std::map<std::string, std::string> client_env(
+      std::map<std::string, std::string> extra = {}) const;
   Outcome ctl(const std::vector<std::string>& command) const;
   std::string log() const;
 

@@ -1,9 +1,9 @@
 // The SPSC ring: wrap padding, full and empty, hostile sizes, and a real two-process stress
 // over shared memory with both sides sleeping on futexes.
-#include <catch2/catch.hpp>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <cstring>
 #include <vector>
@@ -127,7 +127,8 @@ TEST_CASE("two processes pass a million records through a small ring", "[ring][f
       RecordHeader h;
       std::memcpy(&h, p.record.data(), sizeof h);
       std::uint32_t v = value_of(p.record);
-      if (v != expected || h.opcode != 1 + v % 7 || h.size != record_bytes(4 + (v % 13) * 8)) _exit(3);
+      if (v != expected || h.opcode != 1 + v % 7 || h.size != record_bytes(4 + (v % 13) * 8))
+        _exit(3);
       // The payload after the value repeats it: check every byte made it.
       for (std::size_t i = sizeof h + 4; i + 4 <= h.size; i += 4) {
         std::uint32_t w;
@@ -146,7 +147,8 @@ TEST_CASE("two processes pass a million records through a small ring", "[ring][f
     std::byte* at = producer.reserve(bytes, [] { return false; });
     REQUIRE(at != nullptr);
     write_record(at, bytes, static_cast<std::uint16_t>(1 + v % 7), v);
-    for (std::size_t i = sizeof(RecordHeader) + 4; i + 4 <= bytes; i += 4) std::memcpy(at + i, &v, 4);
+    for (std::size_t i = sizeof(RecordHeader) + 4; i + 4 <= bytes; i += 4)
+      std::memcpy(at + i, &v, 4);
     if (producer.commit()) futex_wake(low_word(ring.ctl->head));
   }
   int status = 0;

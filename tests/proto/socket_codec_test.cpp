@@ -1,9 +1,9 @@
 // Socket messages round-trip with their descriptors and credentials; truncated or oversized
 // messages are refused rather than half-read.
-#include <catch2/catch.hpp>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <cstring>
 
