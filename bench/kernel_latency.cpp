@@ -60,7 +60,8 @@ int main(int argc, char** argv) {
   CUfunction spin = ex::get_function(module, "spin_kernel");
   CUstream stream = nullptr;
   CU_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
-  for (int i = 0; i < 3; ++i) CU_CHECK(ex::launch_kernel(spin, {blocks}, {threads}, stream, spin_ns));
+  for (int i = 0; i < 3; ++i)
+    CU_CHECK(ex::launch_kernel(spin, {blocks}, {threads}, stream, spin_ns));
   CU_CHECK(cuStreamSynchronize(stream));
 
   if (wait_go) {

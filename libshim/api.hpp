@@ -8,11 +8,3 @@
 
 // Entry points are exported; everything else in the shim is hidden (-fvisibility=hidden).
 #define MPSSHIM_EXPORT extern "C" __attribute__((visibility("default")))
-
-namespace mpsshim::shim {
-
-// CUDA_ERROR_* that cuda.h defines but older toolchains lacked are used by value nowhere:
-// every code below comes from cuda.h.
-inline constexpr CUresult kNotSupported = CUDA_ERROR_NOT_SUPPORTED;
-
-}  // namespace mpsshim::shim

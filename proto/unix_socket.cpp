@@ -4,6 +4,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -47,8 +48,19 @@ int send_message(int socket, std::span<const std::byte> bytes, std::span<const i
 }
 
 int receive_message(int socket, Received& out) {
-  out.bytes.resize(kMaxMessageBytes);
   out.fds.clear();
+  // Size the buffer to the datagram (MSG_PEEK|MSG_TRUNC returns its real length) rather than
+  // zero-filling kMaxMessageBytes for every message; a longer one is still cut off at the cap
+  // and refused below as truncated.
+  ssize_t length;
+  do {
+    length = ::recv(socket, nullptr, 0, MSG_PEEK | MSG_TRUNC);
+  } while (length < 0 && errno == EINTR);
+  if (length < 0) {
+    out.bytes.clear();
+    return errno;
+  }
+  out.bytes.resize(std::min<std::size_t>(static_cast<std::size_t>(length), kMaxMessageBytes));
   iovec iov{out.bytes.data(), out.bytes.size()};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)] = {};
   msghdr msg{};

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <vector>
 
 #include "proto/control.hpp"
 #include "proto/unix_socket.hpp"
@@ -64,4 +65,18 @@ TEST_CASE("more descriptors than allowed are refused by the sender", "[socket]")
   for (int& fd : fds) fd = a.get();
   std::byte byte{};
   CHECK(send_message(a.get(), {&byte, 1}, fds) == EINVAL);
+}
+
+TEST_CASE("a message arrives with exactly its own length", "[socket]") {
+  UniqueFd a, b;
+  REQUIRE(seqpacket_pair(a, b));
+  std::vector<std::byte> sent(100'000);
+  for (std::size_t i = 0; i < sent.size(); ++i) sent[i] = static_cast<std::byte>(i * 7);
+  REQUIRE(send_message(a.get(), sent) == 0);
+  REQUIRE(send_message(a.get(), std::span<const std::byte>(sent.data(), 3)) == 0);
+  Received got;
+  REQUIRE(receive_message(b.get(), got) == 0);
+  CHECK(got.bytes == sent);
+  REQUIRE(receive_message(b.get(), got) == 0);
+  CHECK(got.bytes.size() == 3);
 }
