@@ -83,8 +83,10 @@ struct Module {
 
 struct Library {
   Magic magic = Magic::kLibrary;
-  Context* ctx = nullptr;    // nullptr until bound: loaded with no current context (see below)
-  std::uint64_t ctx_id = 0;  // ctx->id when bound; it changes when a primary context is reset
+  // The context it was shipped from; nullptr until bound: loaded with no current context (see
+  // below). The server keeps a shipped library for the whole session, as libraries are
+  // context-independent: destroying or resetting that context does not unload it.
+  Context* ctx = nullptr;
   proto::WireHandle wire = 0;
   std::mutex mutex;
   // Libraries are context-independent: the CUDA runtime loads its fat binaries with

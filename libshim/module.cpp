@@ -139,7 +139,6 @@ CUresult load_library(CUlibrary* library, const void* code, bool preserved) {
   }
   auto* object = new Library();
   object->ctx = ctx;
-  object->ctx_id = ctx->id.load(std::memory_order_relaxed);
   object->wire = wire;
   *library = reinterpret_cast<CUlibrary>(object);
   return CUDA_SUCCESS;
@@ -157,7 +156,6 @@ CUresult bind_library(Library* library) {
     return rc;
   }
   library->ctx = ctx;
-  library->ctx_id = ctx->id.load(std::memory_order_relaxed);
   library->wire = wire;
   std::vector<std::span<const std::byte>>().swap(library->unbound_pieces);
   std::vector<std::byte>().swap(library->unbound_copy);
@@ -318,12 +316,10 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryUnload(CUlibrary handle) {
   if (library == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   std::lock_guard lock(library->mutex);
   CUresult rc = CUDA_SUCCESS;
-  // Nothing to do on the server when the library was never shipped, or when the context it was
-  // shipped into has been destroyed or reset since (the server freed it with that context; the
-  // CUDA runtime unloads its libraries at exit, after a cudaDeviceReset).
-  Context* ctx = library->ctx;
-  if (ctx != nullptr && ctx->active.load(std::memory_order_acquire) &&
-      ctx->id.load(std::memory_order_relaxed) == library->ctx_id) {
+  // Nothing to do on the server when the library was never shipped. Once shipped it lives
+  // there until now, whatever became of the context it was shipped from (the CUDA runtime
+  // unloads its libraries at exit, after a cudaDeviceReset).
+  if (library->ctx != nullptr && library->ctx->session->fault() == CUDA_SUCCESS) {
     proto::HandleReq request{library->wire};
     rc =
         library->ctx->session->call(proto::Op::kLibraryUnload, request, static_cast<int*>(nullptr));

@@ -8,7 +8,6 @@ namespace mpsshim::server {
 namespace {
 
 constexpr std::uint32_t kFatbinMagic = 0xBA55ED50u;
-constexpr std::uint32_t kWrapperMagic = 0x466243B1u;
 constexpr std::uint32_t kElfMagic = 0x464C457Fu;  // "\x7fELF"
 constexpr std::uint8_t kElfClass64 = 2;
 constexpr std::uint32_t kShtNobits = 8;
@@ -91,6 +90,24 @@ std::optional<ImageExtent> image_extent(std::span<const std::byte> image) {
   auto nul = std::find(image.begin(), image.end(), std::byte{0});
   if (nul == image.end()) return std::nullopt;
   return ImageExtent{ImageFormat::kText, static_cast<std::uint64_t>(nul - image.begin()) + 1};
+}
+
+std::optional<std::vector<std::span<const std::byte>>> split_containers(
+    std::span<const std::byte> image, std::uint32_t count) {
+  std::vector<std::span<const std::byte>> containers;
+  std::uint64_t at = 0;
+  while (at < image.size()) {
+    if (containers.size() == count) return std::nullopt;  // bytes beyond the stated count
+    auto rest = image.subspan(at);
+    auto extent = image_extent(rest);
+    if (!extent || extent->format != ImageFormat::kFatbin || extent->bytes > rest.size()) {
+      return std::nullopt;
+    }
+    containers.push_back(rest.first(extent->bytes));
+    at += extent->bytes;
+  }
+  if (containers.size() != count) return std::nullopt;
+  return containers;
 }
 
 }  // namespace mpsshim::server

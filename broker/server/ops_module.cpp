@@ -107,12 +107,9 @@ OpResult op_image_load(Call& call) {
   if (req.kind != proto::ImageKind::kModule && req.kind != proto::ImageKind::kLibrary) {
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
-  if (req.containers > 1) {
-    log_info(
-        "{} loaded a {} from a fat binary of {} linked containers (a device-linked, -rdc, "
-        "program); the server does not support those yet",
-        session.who(), kind_name(req.kind), req.containers);
-    return call.done(CUDA_ERROR_NOT_SUPPORTED);
+  if (req.containers > 1 && req.kind != proto::ImageKind::kLibrary) {
+    // Only cuLibraryLoadData takes a device-linked wrapper; the shim never sends one otherwise.
+    return call.malformed(fmt::format("a module image of {} linked containers", req.containers));
   }
   if (req.bytes > kMaxImageBytes) {
     log_warn("{} sent a {} image of {}; the server takes images up to {}", session.who(),
@@ -126,27 +123,49 @@ OpResult op_image_load(Call& call) {
   }
   PrivateImage image;
   if (!image.read(stashed->fd.get(), req.bytes)) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
-  auto extent = image_extent(image.bytes());
-  if (!extent || extent->bytes > req.bytes) {
-    log_warn("{} sent a {} image of {} bytes whose own headers {}; refused", session.who(),
-             kind_name(req.kind), req.bytes,
-             extent ? fmt::format("say it is {} bytes long", extent->bytes)
-                    : std::string("do not describe a fat binary, cubin or PTX text"));
-    return call.done(CUDA_ERROR_INVALID_IMAGE);
+  // A device-linked program: rebuild its v2 wrapper over the private copy, so the driver picks
+  // the device-linked container or links the prelinked ones exactly as it would natively.
+  std::vector<const void*> prelinked;
+  LinkedWrapper wrapper{};
+  const void* code = image.data();
+  if (req.containers > 1) {
+    auto containers = split_containers(image.bytes(), req.containers);
+    if (!containers) {
+      log_warn(
+          "{} sent a device-linked library of {} bytes that is not {} whole fat-binary "
+          "containers; refused",
+          session.who(), req.bytes, req.containers);
+      return call.done(CUDA_ERROR_INVALID_IMAGE);
+    }
+    for (std::size_t i = 1; i < containers->size(); ++i) {
+      prelinked.push_back((*containers)[i].data());
+    }
+    prelinked.push_back(nullptr);
+    wrapper = LinkedWrapper{kWrapperMagic, kWrapperVersionLinked, (*containers)[0].data(),
+                            prelinked.data()};
+    code = &wrapper;
+  } else {
+    auto extent = image_extent(image.bytes());
+    if (!extent || extent->bytes > req.bytes) {
+      log_warn("{} sent a {} image of {} bytes whose own headers {}; refused", session.who(),
+               kind_name(req.kind), req.bytes,
+               extent ? fmt::format("say it is {} bytes long", extent->bytes)
+                      : std::string("do not describe a fat binary, cubin or PTX text"));
+      return call.done(CUDA_ERROR_INVALID_IMAGE);
+    }
   }
   const DriverTable& cu = call.cu;
   std::uint64_t id = 0;
   if (req.kind == proto::ImageKind::kModule) {
     CUmodule module = nullptr;
-    if (CUresult r = cu.cuModuleLoadData(&module, image.data()); r != CUDA_SUCCESS) {
+    if (CUresult r = cu.cuModuleLoadData(&module, code); r != CUDA_SUCCESS) {
       return call.done(r);
     }
     id = session.objects.insert(ModuleObj{module, req.ctx, 0});
     if (id == 0) cu.cuModuleUnload(module);
   } else {
     CUlibrary library = nullptr;
-    if (CUresult r =
-            cu.cuLibraryLoadData(&library, image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+    if (CUresult r = cu.cuLibraryLoadData(&library, code, nullptr, nullptr, 0, nullptr, nullptr, 0);
         r != CUDA_SUCCESS) {
       return call.done(r);
     }

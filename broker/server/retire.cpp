@@ -120,10 +120,11 @@ void destroy_stream(Session& session, std::uint64_t stream_id) {
 
 CUresult retire_context(Session& session, std::uint64_t ctx_id) {
   Retired bundle;
-  for (std::uint64_t id : session.objects.ids_where<LibraryObj>(
-           [&](const LibraryObj& l) { return l.ctx == ctx_id; })) {
-    forget_library(session, id, bundle);
-  }
+  // Libraries are context-independent (CUDA 12+): the CUDA runtime loads its fat binaries once
+  // and keeps using their kernels after cudaDeviceReset, in the next primary context. Every
+  // client context lives in this server's one real context, so a library stays until
+  // cuLibraryUnload or the end of the session. (Its __device__ variables therefore keep their
+  // values across a reset, where the real driver would load them afresh.)
   for (std::uint64_t id : session.objects.ids_where<ModuleObj>(
            [&](const ModuleObj& m) { return m.ctx == ctx_id && m.library == 0; })) {
     forget_module(session, id, bundle);

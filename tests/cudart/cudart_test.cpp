@@ -20,7 +20,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-constexpr const char* kPrograms[] = {"CUDART_VECADD", "CUDART_STREAMS"};
+constexpr const char* kPrograms[] = {"CUDART_VECADD", "CUDART_STREAMS", "CUDART_RDC"};
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -106,6 +106,13 @@ TEST_CASE("a cudart vector add runs under the shim", "[cudart]") {
   run_and_check(daemon, "CUDART_VECADD");
   run_and_check(daemon, "CUDART_VECADD", {"1"});
   run_and_check(daemon, "CUDART_VECADD", {"1000003"});
+}
+
+TEST_CASE("a device-linked (-rdc) program runs under the shim, also after cudaDeviceReset",
+          "[cudart]") {
+  Daemon daemon;
+  run_and_check(daemon, "CUDART_RDC");
+  run_and_check(daemon, "CUDART_RDC", {"3"});
 }
 
 TEST_CASE("cudart streams, pinned memory, events and memset run under the shim", "[cudart]") {

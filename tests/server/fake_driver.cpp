@@ -250,8 +250,28 @@ DriverTable fake_driver_table() {
     *bytes = 64;
     return alloc(p, 64);
   };
-  t.cuLibraryLoadData = [](CUlibrary* l, const void*, CUjit_option*, void**, unsigned,
+  t.cuLibraryLoadData = [](CUlibrary* l, const void* code, CUjit_option*, void**, unsigned,
                            CUlibraryOption*, void**, unsigned) {
+    std::uint32_t magic = 0;
+    std::memcpy(&magic, code, sizeof magic);
+    if (magic == 0x466243B1u) {  // a __fatBinC_Wrapper_t
+      struct {
+        std::uint32_t magic, version;
+        const void* data;
+        const void* const* list;
+      } w;
+      std::memcpy(&w, code, sizeof w);
+      auto fat_size = [](const void* container) {  // the header's u64 at offset 8
+        std::uint64_t size = 0;
+        std::memcpy(&size, static_cast<const std::byte*>(container) + 8, sizeof size);
+        return size;
+      };
+      fake_gpu().last_wrapper_version = w.version;
+      fake_gpu().last_wrapper_containers = {fat_size(w.data)};
+      for (std::size_t i = 0; w.list != nullptr && w.list[i] != nullptr; ++i) {
+        fake_gpu().last_wrapper_containers.push_back(fat_size(w.list[i]));
+      }
+    }
     *l = new_handle<CUlibrary>();
     ++fake_gpu().libraries_live;
     return CUDA_SUCCESS;

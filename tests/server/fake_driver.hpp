@@ -36,6 +36,10 @@ struct FakeGpu {
   int green_live = 0;
   int modules_live = 0;
   int libraries_live = 0;
+  // The last cuLibraryLoadData given a __fatBinC_Wrapper_t: its version and the fat_size of
+  // each container it names (the linked one first), read while the wrapper was valid.
+  std::uint32_t last_wrapper_version = 0;
+  std::vector<std::uint64_t> last_wrapper_containers;
   int launches = 0;
   int stream_waits = 0;
   unsigned last_split_min_count = 0;

@@ -100,5 +100,39 @@ TEST_CASE("text without a terminator and wrappers are refused", "[server][image]
   CHECK_FALSE(image_extent(wrapper));
 }
 
+TEST_CASE("a device-linked image splits into its back-to-back containers", "[server][image]") {
+  auto image = fatbin(32, 48);
+  auto second = fatbin(100, 116);
+  auto third = fatbin(0, 16);
+  image.insert(image.end(), second.begin(), second.end());
+  image.insert(image.end(), third.begin(), third.end());
+
+  auto sut = split_containers(image, 3);
+
+  REQUIRE(sut);
+  REQUIRE(sut->size() == 3);
+  CHECK((*sut)[0].data() == image.data());
+  CHECK((*sut)[0].size() == 48);
+  CHECK((*sut)[1].data() == image.data() + 48);
+  CHECK((*sut)[1].size() == 116);
+  CHECK((*sut)[2].size() == 16);
+}
+
+TEST_CASE("a device-linked image must be exactly the containers it claims", "[server][image]") {
+  auto image = fatbin(32, 48);
+  auto second = fatbin(100, 116);
+  image.insert(image.end(), second.begin(), second.end());
+
+  CHECK_FALSE(split_containers(image, 3));  // fewer containers than stated
+  CHECK_FALSE(split_containers(image, 1));  // more than stated
+  auto cut = image;
+  cut.resize(cut.size() - 1);
+  CHECK_FALSE(split_containers(cut, 2));  // the last container runs past the end
+  auto with_text = image;
+  const char ptx[] = ".version 8.0";
+  for (char c : ptx) with_text.push_back(static_cast<std::byte>(c));
+  CHECK_FALSE(split_containers(with_text, 3));  // only fat-binary containers belong
+}
+
 }  // namespace
 }  // namespace mpsshim::server

@@ -210,7 +210,55 @@ TEST_CASE("an image longer than what was sent is refused", "[server][module]") {
   CHECK(h.logged("say it is 80 bytes long"));
 }
 
-TEST_CASE("linked multi-container images are not supported yet", "[server][module]") {
+TEST_CASE("a library outlives the context it was loaded from; a module does not",
+          "[server][module]") {
+  Harness h;
+  TestClient sut(h);
+  auto first = sut.create_context();
+  std::uint64_t library = load(sut, first.ctx, proto::ImageKind::kLibrary, 7);
+  load(sut, first.ctx, proto::ImageKind::kModule, 8);
+  REQUIRE(library != 0);
+
+  sut.send(Op::kCtxDestroy, proto::CtxReq{first.ctx});
+  CHECK(h.pump_until([&] { return fake_gpu().modules_live == 0; }));
+
+  // As after cudaDeviceReset: the runtime's kernels are used from the next context.
+  auto second = sut.create_context();
+  CHECK(fake_gpu().libraries_live == 1);
+  CUresult result = CUDA_ERROR_UNKNOWN;
+  lookup(sut, Op::kLibraryGetKernel, library, "vector_add", &result);
+  CHECK(result == CUDA_SUCCESS);
+  CHECK(second.ctx != 0);
+
+  CHECK(sut.call_empty(Op::kGoodbye).result == CUDA_SUCCESS);
+  CHECK(h.pump_until([&] { return fake_gpu().libraries_live == 0; }));
+}
+
+TEST_CASE("a device-linked library is re-wrapped over its containers for the driver",
+          "[server][module]") {
+  Harness h;
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  // Three containers back to back; each one's fat_size differs so the driver's view shows
+  // which container it was given where.
+  std::vector<std::byte> image;
+  for (std::uint64_t fat_size : {64, 32, 16}) {
+    auto container = fatbin(fat_size);
+    image.insert(image.end(), container.begin(), container.end());
+  }
+  sut.send_memfd(proto::MessageKind::kModuleImage, 9, image.size(), image);
+
+  auto reply = sut.call(Op::kImageLoad, proto::ImageLoadReq{ctx.ctx, image.size(), 9,
+                                                            proto::ImageKind::kLibrary, 3, 0});
+
+  REQUIRE(reply.result == CUDA_SUCCESS);
+  CHECK(fake_gpu().libraries_live == 1);
+  CHECK(fake_gpu().last_wrapper_version == 2);
+  CHECK(fake_gpu().last_wrapper_containers == std::vector<std::uint64_t>{64, 32, 16});
+}
+
+TEST_CASE("a device-linked library that is not its stated containers is refused",
+          "[server][module]") {
   Harness h;
   TestClient sut(h);
   auto ctx = sut.create_context();
@@ -220,8 +268,9 @@ TEST_CASE("linked multi-container images are not supported yet", "[server][modul
   auto reply = sut.call(Op::kImageLoad, proto::ImageLoadReq{ctx.ctx, image.size(), 9,
                                                             proto::ImageKind::kLibrary, 3, 0});
 
-  CHECK(reply.result == CUDA_ERROR_NOT_SUPPORTED);
-  CHECK(h.logged("does not support those yet"));
+  CHECK(reply.result == CUDA_ERROR_INVALID_IMAGE);
+  CHECK(fake_gpu().libraries_live == 0);
+  CHECK(h.logged("is not 3 whole fat-binary containers"));
 }
 
 TEST_CASE("occupancy queries answer for functions and kernels", "[server][module]") {
