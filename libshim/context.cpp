@@ -32,8 +32,31 @@ std::atomic<std::uint64_t> g_next_context_id{1};
 thread_local std::vector<Context*> t_stack;
 
 // Per-thread default streams (cudaStreamPerThread, --default-stream per-thread), one per
-// context the thread used.
-thread_local std::unordered_map<Context*, Stream*> t_per_thread_streams;
+// context the thread used. Each remembers the context's id when it was made: a primary context
+// keeps its handle across a reset but its server-side streams are gone, so a stream of an
+// earlier incarnation is replaced. A thread that exits gives its streams back to the server
+// (sessions are never destroyed, so this is safe at any time).
+struct PerThreadStream {
+  Stream* stream;
+  std::uint64_t ctx_id;
+};
+class PerThreadStreams {
+ public:
+  ~PerThreadStreams() {
+    for (auto& [ctx, entry] : map) {
+      if (current_incarnation(ctx, entry) && ctx->session->fault() == CUDA_SUCCESS) {
+        ctx->session->post(proto::Op::kStreamDestroy, proto::HandleReq{entry.stream->wire});
+      }
+      entry.stream->magic = Magic::kDead;
+    }
+  }
+  static bool current_incarnation(Context* ctx, const PerThreadStream& entry) {
+    return ctx->active.load(std::memory_order_acquire) &&
+           ctx->id.load(std::memory_order_relaxed) == entry.ctx_id;
+  }
+  std::unordered_map<Context*, PerThreadStream> map;
+};
+thread_local PerThreadStreams t_per_thread_streams;
 
 Context* top() {
   return t_stack.empty() ? nullptr : t_stack.back();
@@ -68,8 +91,10 @@ void destroy_on_server(Context* ctx) {
     proto::CtxReq request{ctx->wire};
     ctx->session->call(proto::Op::kCtxDestroy, request, static_cast<int*>(nullptr));
   }
-  for (auto it = t_per_thread_streams.begin(); it != t_per_thread_streams.end();) {
-    it = it->first == ctx ? t_per_thread_streams.erase(it) : std::next(it);
+  // Its streams died with it on the server; other threads notice through the context id.
+  if (auto it = t_per_thread_streams.map.find(ctx); it != t_per_thread_streams.map.end()) {
+    it->second.stream->magic = Magic::kDead;
+    t_per_thread_streams.map.erase(it);
   }
 }
 
@@ -100,10 +125,15 @@ CUresult resolve_stream(CUstream handle, DefaultStream mode, Context*& ctx,
   }
   if (handle == nullptr || handle == CU_STREAM_PER_THREAD) {
     if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
-    auto it = t_per_thread_streams.find(ctx);
-    if (it != t_per_thread_streams.end()) {
-      stream = it->second;
-      return CUDA_SUCCESS;
+    auto& streams = t_per_thread_streams.map;
+    auto it = streams.find(ctx);
+    if (it != streams.end()) {
+      if (PerThreadStreams::current_incarnation(ctx, it->second)) {
+        stream = it->second.stream;
+        return CUDA_SUCCESS;
+      }
+      it->second.stream->magic = Magic::kDead;
+      streams.erase(it);
     }
     // A blocking stream: the per-thread default stream still synchronizes with the legacy one.
     proto::StreamCreateReq request{ctx->wire, 0, 0};
@@ -113,7 +143,7 @@ CUresult resolve_stream(CUstream handle, DefaultStream mode, Context*& ctx,
       return rc;
     }
     stream = new Stream{Magic::kStream, ctx, reply.stream, 0, 0, 0};
-    t_per_thread_streams.emplace(ctx, stream);
+    streams.emplace(ctx, PerThreadStream{stream, ctx->id.load(std::memory_order_relaxed)});
     return CUDA_SUCCESS;
   }
   stream = object_of<Stream>(handle);
