@@ -28,8 +28,7 @@ extern "C" __global__ void fill_u32(unsigned int* p, unsigned int value, int n) 
 }
 
 extern "C" __global__ void increment_i32(int* p, int n) {
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-    p[i] += 1;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) p[i] += 1;
 }
 
 constexpr int kThreads = 4;

@@ -114,8 +114,7 @@ TEST_CASE("cudart streams, pinned memory, events and memset run under the shim",
   run_and_check(daemon, "CUDART_STREAMS", {"777"});
 }
 
-TEST_CASE("four threads use their per-thread default streams at once under the shim",
-          "[cudart]") {
+TEST_CASE("four threads use their per-thread default streams at once under the shim", "[cudart]") {
   Daemon daemon;
   run_and_check(daemon, "CUDART_PER_THREAD");
   run_and_check(daemon, "CUDART_PER_THREAD", {"1"});

@@ -139,7 +139,8 @@ int main() {
     CUdevice dev{};
     CUuuid uuid{};
     IntegrityDevice d{};
-    if (cu.cuDeviceGet(&dev, i) != CUDA_SUCCESS || cu.cuDeviceGetUuid_v2(&uuid, dev) != CUDA_SUCCESS ||
+    if (cu.cuDeviceGet(&dev, i) != CUDA_SUCCESS ||
+        cu.cuDeviceGetUuid_v2(&uuid, dev) != CUDA_SUCCESS ||
         cu.cuDeviceGetAttribute(&d.pci_domain, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, dev) != 0 ||
         cu.cuDeviceGetAttribute(&d.pci_bus, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, dev) != 0 ||
         cu.cuDeviceGetAttribute(&d.pci_device, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, dev) != 0) {

@@ -9,15 +9,15 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define RT_CHECK(call)                                                                        \
-  do {                                                                                        \
-    cudaError_t err_ = (call);                                                                \
-    if (err_ != cudaSuccess) {                                                                \
-      std::printf("%s: %s failed at line %d: %s (%d) FAIL\n", kProgram, #call, __LINE__,      \
-                  cudaGetErrorName(err_), static_cast<int>(err_));                            \
-      std::fflush(stdout);                                                                    \
-      std::exit(1);                                                                           \
-    }                                                                                         \
+#define RT_CHECK(call)                                                                   \
+  do {                                                                                   \
+    cudaError_t err_ = (call);                                                           \
+    if (err_ != cudaSuccess) {                                                           \
+      std::printf("%s: %s failed at line %d: %s (%d) FAIL\n", kProgram, #call, __LINE__, \
+                  cudaGetErrorName(err_), static_cast<int>(err_));                       \
+      std::fflush(stdout);                                                               \
+      std::exit(1);                                                                      \
+    }                                                                                    \
   } while (0)
 
 // Checks a kernel launch (configuration errors) right after it.
@@ -45,6 +45,6 @@ __device__ inline void rt_spin_ns(unsigned long long nanoseconds) {
 }
 
 // Prints the one result line; returns the exit status (0 only on PASS).
-#define RT_REPORT(ok, format, ...)                                                            \
-  (std::printf("%s: " format " %s\n", kProgram, __VA_ARGS__, (ok) ? "PASS" : "FAIL"),         \
+#define RT_REPORT(ok, format, ...)                                                    \
+  (std::printf("%s: " format " %s\n", kProgram, __VA_ARGS__, (ok) ? "PASS" : "FAIL"), \
    std::fflush(stdout), (ok) ? 0 : 1)

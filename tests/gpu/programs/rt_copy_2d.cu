@@ -52,8 +52,8 @@ int main() {
   RT_CHECK(cudaMemcpy2DAsync(pinned_out, host_pitch, dev, pitch, row, H, cudaMemcpyDeviceToHost,
                              stream));
   RT_CHECK(cudaStreamSynchronize(stream));
-  RT_CHECK(cudaMemcpy2DAsync(dev, pitch, pinned_in, host_pitch, row, H, cudaMemcpyHostToDevice,
-                             stream));
+  RT_CHECK(
+      cudaMemcpy2DAsync(dev, pitch, pinned_in, host_pitch, row, H, cudaMemcpyHostToDevice, stream));
   RT_CHECK(cudaMemcpy2D(back.data(), host_pitch, dev, pitch, row, H, cudaMemcpyDeviceToHost));
   for (int y = 0; y < H; ++y) {
     for (int x = 0; x < W; ++x) {
@@ -95,7 +95,8 @@ int main() {
   RT_CHECK(cudaMemcpy2DFromArray(from_array.data(), host_pitch, array, 0, 0, row, H,
                                  cudaMemcpyDeviceToHost));
   for (int y = 0; y < H; ++y)
-    for (int x = 0; x < W; ++x) wrong_array += value(from_array.data(), host_pitch, x, y) != y * 100003 + x;
+    for (int x = 0; x < W; ++x)
+      wrong_array += value(from_array.data(), host_pitch, x, y) != y * 100003 + x;
 
   RT_CHECK(cudaFreeArray(array));
   RT_CHECK(cudaFree(dev3.ptr));

@@ -30,8 +30,8 @@ struct Buffers {
 
 // One replay: x steps on s1; fork: y accumulates x on s2 while x steps again on s1; join;
 // z combines; out = copy of z.
-void capture(cudaStream_t s1, cudaStream_t s2, cudaEvent_t fork, cudaEvent_t join,
-             const Buffers& b, unsigned k, cudaGraph_t* graph) {
+void capture(cudaStream_t s1, cudaStream_t s2, cudaEvent_t fork, cudaEvent_t join, const Buffers& b,
+             unsigned k, cudaGraph_t* graph) {
   RT_CHECK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal));
   step_x<<<64, 256, 0, s1>>>(b.x, k, kN);
   RT_CHECK(cudaEventRecord(fork, s1));

@@ -62,6 +62,6 @@ int main() {
   for (int t = 0; t < kThreads; ++t) threads.emplace_back(work, t);
   for (auto& th : threads) th.join();
   const std::uint64_t all = rt_checksum(checksums.data(), sizeof(std::uint64_t) * kThreads);
-  return RT_REPORT(wrong == 0, "threads=%d rounds=%d wrong=%d checksum=%016llx", kThreads,
-                   kRounds, wrong.load(), static_cast<unsigned long long>(all));
+  return RT_REPORT(wrong == 0, "threads=%d rounds=%d wrong=%d checksum=%016llx", kThreads, kRounds,
+                   wrong.load(), static_cast<unsigned long long>(all));
 }

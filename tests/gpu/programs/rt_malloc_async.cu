@@ -49,7 +49,8 @@ int main(int argc, char** argv) {
     }
     for (int s = 0; s < kStreams; ++s) {
       RT_CHECK(cudaStreamSynchronize(streams[s]));
-      for (int i = 0; i < sizes[s]; ++i) wrong += host[s][i] != ((it * 31u + s) ^ (i * 2246822519u));
+      for (int i = 0; i < sizes[s]; ++i)
+        wrong += host[s][i] != ((it * 31u + s) ^ (i * 2246822519u));
       checksum = rt_checksum(host[s], sizeof(unsigned) * sizes[s], checksum);
     }
   }

@@ -55,7 +55,6 @@ int main() {
                 static_cast<int>(alloc));
   }
   return RT_REPORT(consistent,
-                   "managed=%s attr_managed=%d attr_concurrent=%d wrong=%d checksum=%016llx",
-                   mode, attr_managed, attr_concurrent, wrong,
-                   static_cast<unsigned long long>(checksum));
+                   "managed=%s attr_managed=%d attr_concurrent=%d wrong=%d checksum=%016llx", mode,
+                   attr_managed, attr_concurrent, wrong, static_cast<unsigned long long>(checksum));
 }

@@ -49,6 +49,7 @@ int main() {
   RT_CHECK(cudaFree(dA));
   RT_CHECK(cudaFree(dB));
   RT_CHECK(cudaFree(dC));
-  return RT_REPORT(wrong == 0, "m=%d n=%d k=%d wrong=%d checksum=%016llx", M, N, K, wrong,
-                   static_cast<unsigned long long>(rt_checksum(C.data(), sizeof(float) * C.size())));
+  return RT_REPORT(
+      wrong == 0, "m=%d n=%d k=%d wrong=%d checksum=%016llx", M, N, K, wrong,
+      static_cast<unsigned long long>(rt_checksum(C.data(), sizeof(float) * C.size())));
 }

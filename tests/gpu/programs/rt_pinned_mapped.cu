@@ -98,8 +98,8 @@ int main() {
   RT_CHECK(cudaStreamDestroy(stream));
   RT_CHECK(cudaFree(dev_in));
   RT_CHECK(cudaFree(dev_out));
-  const bool ok = wrong == 0 && flags_wrong == 0 && mapped_wrong == 0 && can_map == 1 &&
-                  unregister_twice_fails;
+  const bool ok =
+      wrong == 0 && flags_wrong == 0 && mapped_wrong == 0 && can_map == 1 && unregister_twice_fails;
   return RT_REPORT(ok,
                    "n=%d wrong=%d flags_wrong=%d mapped_wrong=%d can_map=%d "
                    "unregister_twice_fails=%d checksum=%016llx",

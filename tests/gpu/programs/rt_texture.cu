@@ -13,10 +13,10 @@ __global__ void sample(cudaTextureObject_t tex, float* out, int w, int h) {
 }
 
 __global__ void sample_outside(cudaTextureObject_t tex, float* out, int w, int h) {
-  out[0] = tex2D<float>(tex, -3.0f, -3.0f);                  // -> (0, 0)
-  out[1] = tex2D<float>(tex, w + 10.0f, 0.5f);               // -> (w-1, 0)
-  out[2] = tex2D<float>(tex, 0.5f, h + 10.0f);               // -> (0, h-1)
-  out[3] = tex2D<float>(tex, w + 10.0f, h + 10.0f);          // -> (w-1, h-1)
+  out[0] = tex2D<float>(tex, -3.0f, -3.0f);          // -> (0, 0)
+  out[1] = tex2D<float>(tex, w + 10.0f, 0.5f);       // -> (w-1, 0)
+  out[2] = tex2D<float>(tex, 0.5f, h + 10.0f);       // -> (0, h-1)
+  out[3] = tex2D<float>(tex, w + 10.0f, h + 10.0f);  // -> (w-1, h-1)
 }
 
 cudaTextureObject_t make_texture(const cudaResourceDesc& resource) {
@@ -43,8 +43,7 @@ int check(cudaTextureObject_t tex, const std::vector<float>& image, int w, int h
   RT_CHECK(cudaMemcpy(got.data() + w * h, d_out, sizeof(float) * 4, cudaMemcpyDeviceToHost));
   int wrong = 0;
   for (int i = 0; i < w * h; ++i) wrong += got[i] != image[i];
-  const float corners[4] = {image[0], image[w - 1], image[(h - 1) * w],
-                            image[(h - 1) * w + w - 1]};
+  const float corners[4] = {image[0], image[w - 1], image[(h - 1) * w], image[(h - 1) * w + w - 1]};
   for (int c = 0; c < 4; ++c) wrong += got[w * h + c] != corners[c];
   checksum = rt_checksum(got.data(), sizeof(float) * got.size(), checksum);
   return wrong;
@@ -93,6 +92,6 @@ int main() {
   RT_CHECK(cudaFree(pitched));
   RT_CHECK(cudaFree(d_out));
   const bool ok = wrong_pitch2d == 0 && wrong_array == 0;
-  return RT_REPORT(ok, "width=%d height=%d wrong_pitch2d=%d wrong_array=%d checksum=%016llx", w,
-                   h, wrong_pitch2d, wrong_array, static_cast<unsigned long long>(checksum));
+  return RT_REPORT(ok, "width=%d height=%d wrong_pitch2d=%d wrong_array=%d checksum=%016llx", w, h,
+                   wrong_pitch2d, wrong_array, static_cast<unsigned long long>(checksum));
 }
