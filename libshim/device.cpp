@@ -6,6 +6,7 @@
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/client_view.hpp"
+#include "libshim/host_memory.hpp"
 #include "libshim/log.hpp"
 
 using namespace mpsshim::shim;
@@ -102,6 +103,10 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuDeviceGetAttribute(int* value, CUdevice_attrib
   }
   if (attribute == CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) {
     *value = client_sm_count(dev);
+    return CUDA_SUCCESS;
+  }
+  if (masked_under_shim(attribute)) {  // no managed memory, no device-mapped registered memory
+    *value = 0;
     return CUDA_SUCCESS;
   }
   *value = snapshot->attributes[attribute];

@@ -9,6 +9,7 @@
 
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
+#include "libshim/host_memory.hpp"
 #include "libshim/log.hpp"
 
 using namespace mpsshim::shim;
@@ -157,22 +158,63 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemHostGetDevicePointer_v2(CUdeviceptr* dptr, 
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   if (dptr == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   PinnedRange range{};
-  if (!address_book().find_pinned(p, &range)) return CUDA_ERROR_INVALID_VALUE;
+  if (!address_book().find_pinned(p, &range)) {
+    return find_registered(p, nullptr) ? registered_device_pointer_refused()
+                                       : CUDA_ERROR_INVALID_VALUE;
+  }
   *dptr = range.device_pointer + (static_cast<std::byte*>(p) - range.base);
   return CUDA_SUCCESS;
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuMemHostGetFlags(unsigned int* flags, void* p) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
   PinnedRange range{};
-  if (flags == nullptr || !address_book().find_pinned(p, &range)) return CUDA_ERROR_INVALID_VALUE;
-  *flags = range.flags;
+  RegisteredRange registered{};
+  if (address_book().find_pinned(p, &range)) {
+    *flags = range.flags;
+  } else if (find_registered(p, &registered)) {
+    *flags = registered.flags;
+  } else {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   return CUDA_SUCCESS;
 }
 
 // ---- pointer attributes ----
 
 namespace {
+
+// Memory registered with cuMemHostRegister: host memory the device cannot address.
+CUresult registered_attribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  RegisteredRange range{};
+  if (!find_registered(reinterpret_cast<void*>(ptr), &range)) return CUDA_ERROR_INVALID_VALUE;
+  switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      *static_cast<unsigned*>(data) = CU_MEMORYTYPE_HOST;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+      *static_cast<void**>(data) = reinterpret_cast<void*>(ptr);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+      return registered_device_pointer_refused();
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+      *static_cast<int*>(data) = 0;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      *static_cast<int*>(data) = range.device;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      *static_cast<CUdeviceptr*>(data) = range.base;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+      *static_cast<size_t*>(data) = range.bytes;
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
 
 CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
   DeviceRange device{};
@@ -181,7 +223,7 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdevicept
   bool is_pinned =
       !is_device && (address_book().find_pinned(reinterpret_cast<void*>(ptr), &pinned) ||
                      address_book().find_pinned_by_device(ptr, &pinned));
-  if (!is_device && !is_pinned) return CUDA_ERROR_INVALID_VALUE;
+  if (!is_device && !is_pinned) return registered_attribute(data, attribute, ptr);
   Context* ctx = is_device ? device.ctx : pinned.ctx;
   std::uint64_t offset =
       is_device ? ptr - device.base
@@ -265,7 +307,10 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int count,
   for (unsigned i = 0; i < count; ++i) {
     if (data[i] == nullptr) continue;
     CUresult rc = pointer_attribute(data[i], attributes[i], ptr);
-    if (rc == CUDA_ERROR_INVALID_VALUE) {
+    // A registered range has no device pointer (refused above, logged): report it as 0 here,
+    // where cudaPointerGetAttributes asks for it together with the host-side attributes.
+    if (rc == CUDA_ERROR_INVALID_VALUE ||
+        (rc == CUDA_ERROR_NOT_SUPPORTED && attributes[i] == CU_POINTER_ATTRIBUTE_DEVICE_POINTER)) {
       std::memset(data[i], 0, attribute_size(attributes[i]));
     } else if (rc != CUDA_SUCCESS) {
       return rc;

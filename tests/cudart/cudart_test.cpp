@@ -20,7 +20,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-constexpr const char* kPrograms[] = {"CUDART_VECADD", "CUDART_STREAMS", "CUDART_RDC"};
+constexpr const char* kPrograms[] = {"CUDART_VECADD", "CUDART_STREAMS", "CUDART_RDC",
+                                     "CUDART_PER_THREAD"};
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -119,6 +120,13 @@ TEST_CASE("cudart streams, pinned memory, events and memset run under the shim",
   Daemon daemon;
   run_and_check(daemon, "CUDART_STREAMS");
   run_and_check(daemon, "CUDART_STREAMS", {"777"});
+}
+
+TEST_CASE("four threads use their per-thread default streams at once under the shim", "[cudart]") {
+  Daemon daemon;
+  run_and_check(daemon, "CUDART_PER_THREAD");
+  run_and_check(daemon, "CUDART_PER_THREAD", {"1"});
+  run_and_check(daemon, "CUDART_PER_THREAD", {"300001"});
 }
 
 TEST_CASE("four cudart programs at once each get their own correct results", "[cudart]") {

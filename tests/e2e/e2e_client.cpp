@@ -191,6 +191,113 @@ int quota() {
   return 0;
 }
 
+// Host-memory decisions (docs/host-memory.md). Managed memory is refused with
+// CUDA_ERROR_NOT_SUPPORTED and the attributes that advertise it read 0; cuMemHostRegister of
+// malloc'd memory records the range, copies through it give correct results (staged), the
+// misuse errors are the driver's, and the device pointer of such a range is refused.
+int hostmem(int n) {
+  Setup s = setup();
+  int failures = 0;
+  auto expect = [&](const char* what, long long got, long long want) {
+    if (got != want) {
+      std::printf("hostmem: %s = %lld, expected %lld\n", what, got, want);
+      ++failures;
+    }
+  };
+
+  // ---- managed memory ----
+  for (CUdevice_attribute a :
+       {CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS,
+        CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS,
+        CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
+        CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST,
+        CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM}) {
+    int value = -1;
+    CHECK(cuDeviceGetAttribute(&value, a, s.device));
+    expect("managed-memory attribute", value, 0);
+  }
+  int can_map = 0;
+  CHECK(cuDeviceGetAttribute(&can_map, CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, s.device));
+  expect("CAN_MAP_HOST_MEMORY (pinned allocations stay mappable)", can_map, 1);
+  CUdeviceptr managed = 1;
+  expect("cuMemAllocManaged", cuMemAllocManaged(&managed, 4096, CU_MEM_ATTACH_GLOBAL),
+         CUDA_ERROR_NOT_SUPPORTED);
+  expect("cuMemAllocManaged's pointer", static_cast<long long>(managed), 0);
+  CUdeviceptr dev;
+  CHECK(cuMemAlloc(&dev, sizeof(int) * static_cast<size_t>(n)));
+  CUmemLocation location{CU_MEM_LOCATION_TYPE_DEVICE, 0};
+  expect("cuMemAdvise", cuMemAdvise(dev, 4096, CU_MEM_ADVISE_SET_READ_MOSTLY, location),
+         CUDA_ERROR_NOT_SUPPORTED);
+  expect("cuMemPrefetchAsync", cuMemPrefetchAsync(dev, 4096, location, 0, nullptr),
+         CUDA_ERROR_NOT_SUPPORTED);
+  std::vector<int> plain(16);
+  unsigned memory_type = 0;
+  expect("cuPointerGetAttribute(malloc'd, never registered)",
+         cuPointerGetAttribute(&memory_type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                               reinterpret_cast<CUdeviceptr>(plain.data())),
+         CUDA_ERROR_INVALID_VALUE);
+
+  // ---- cuMemHostRegister of malloc'd memory ----
+  const size_t bytes = sizeof(int) * static_cast<size_t>(n);
+  int* host = static_cast<int*>(std::malloc(bytes + 64));
+  for (int i = 0; i < n; ++i) host[i] = 3 * i - 7;
+  CHECK(cuMemHostRegister(host, bytes, CU_MEMHOSTREGISTER_PORTABLE));
+  expect("register again", cuMemHostRegister(host + 1, 64, 0),
+         CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+  expect("register with an unknown flag", cuMemHostRegister(host + n, 16, 0x100),
+         CUDA_ERROR_INVALID_VALUE);
+  expect("register 0 bytes", cuMemHostRegister(host + n, 0, 0), CUDA_ERROR_INVALID_VALUE);
+  expect("unregister inside the range", cuMemHostUnregister(host + 1),
+         CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+  unsigned flags = 0;
+  CHECK(cuMemHostGetFlags(&flags, host));
+  expect("cuMemHostGetFlags", flags, CU_MEMHOSTREGISTER_PORTABLE);
+  CHECK(cuPointerGetAttribute(&memory_type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                              reinterpret_cast<CUdeviceptr>(host + 5)));
+  expect("memory type of registered memory", memory_type, CU_MEMORYTYPE_HOST);
+  CUdeviceptr mapped = 0;
+  expect("cuMemHostGetDevicePointer(registered)", cuMemHostGetDevicePointer(&mapped, host, 0),
+         CUDA_ERROR_NOT_SUPPORTED);
+
+  // Copies through the registered range: HtoD, a kernel, DtoH async on a stream.
+  CUfunction increment{};
+  CHECK(cuModuleGetFunction(&increment, s.module, "increment_i32"));
+  CHECK(cuMemcpyHtoD(dev, host, bytes));
+  std::memset(host, 0, bytes);  // the copy above must not read the buffer later
+  void* args[] = {&dev, &n};
+  CHECK(cuLaunchKernel(increment, (n + 255) / 256, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr));
+  CUstream stream{};
+  CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  CHECK(cuCtxSynchronize());
+  CHECK(cuMemcpyDtoHAsync(host, dev, bytes, stream));
+  CHECK(cuStreamSynchronize(stream));
+  int wrong = 0;
+  for (int i = 0; i < n; ++i) wrong += host[i] != 3 * i - 7 + 1;
+  expect("wrong elements after HtoD, kernel, DtoH through registered memory", wrong, 0);
+
+  CHECK(cuMemHostUnregister(host));
+  expect("unregister twice", cuMemHostUnregister(host), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+  // DEVICEMAP is accepted (the driver defers the failure to cuMemHostGetDevicePointer).
+  CHECK(cuMemHostRegister(host, bytes, CU_MEMHOSTREGISTER_DEVICEMAP));
+  expect("cuMemHostGetDevicePointer(DEVICEMAP)", cuMemHostGetDevicePointer(&mapped, host + 8, 0),
+         CUDA_ERROR_NOT_SUPPORTED);
+  CHECK(cuMemHostUnregister(host));
+
+  // Pinned memory of our own is already registered.
+  void* pinned = nullptr;
+  CHECK(cuMemAllocHost(&pinned, 4096));
+  expect("register cuMemAllocHost memory", cuMemHostRegister(pinned, 4096, 0),
+         CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+  expect("unregister cuMemAllocHost memory", cuMemHostUnregister(pinned),
+         CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+  CHECK(cuMemFreeHost(pinned));
+  CHECK(cuStreamDestroy(stream));
+  CHECK(cuMemFree(dev));
+  std::free(host);
+  std::printf("%s hostmem n=%d failures=%d\n", failures == 0 ? "PASS" : "FAIL", n, failures);
+  return failures == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -203,6 +310,7 @@ int main(int argc, char** argv) {
   if (mode == "pointer") return pointer();
   if (mode == "overlimit") return overlimit(arg);
   if (mode == "quota") return quota();
+  if (mode == "hostmem") return hostmem(arg ? static_cast<int>(arg) : 100000);
   std::printf("FAIL unknown mode %s\n", mode.c_str());
   return 2;
 }

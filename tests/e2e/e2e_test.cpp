@@ -54,6 +54,13 @@ TEST_CASE("the examples give correct results through the broker", "[e2e]") {
   }
 }
 
+TEST_CASE("managed memory is refused and registered host memory is staged", "[e2e][hostmem]") {
+  Daemon daemon;
+  // Bigger than one staging chunk, and an odd count, so copies take several pieces.
+  require_pass(run_client(daemon, {client(), "hostmem", "1000003"}), daemon);
+  require_pass(run_client(daemon, {client(), "hostmem", "17"}), daemon);
+}
+
 TEST_CASE("eight clients at once all get their own correct results", "[e2e]") {
   Daemon daemon;
   std::vector<std::unique_ptr<Child>> clients;

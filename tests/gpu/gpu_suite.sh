@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# The GPU suite: every example natively and under the shim, concurrency of small kernels, SM
+# The GPU suite: every example and every CUDA-runtime program (tests/gpu/programs) natively and
+# under the shim, the integrity check against the real driver, concurrency of small kernels, SM
 # quotas and crash containment, on the real driver. Exits 77 (skipped) without an NVIDIA GPU,
 # 0 when every check passed, 1 otherwise. Prints a summary table at the end.
 #
 # usage: gpu_suite.sh --build-dir BUILD
 #        gpu_suite.sh --shim libmpsshim.so --daemon mpsshimd --ctl mpsshimctl
 #                     [--server mpsshim-server] --examples-dir DIR
+#                     [--programs-dir DIR] [--integrity integrity_vs_driver]
 #        [--work-dir DIR (kept; default a temporary one, removed on success)]
-# Environment: PROGRAM_TIMEOUT (seconds per program run, 300).
+# Environment: PROGRAM_TIMEOUT (seconds per example run, 300), RT_TIMEOUT (seconds per
+# CUDA-runtime program run, 180).
 set -u -o pipefail
 
 SCRIPT_NAME=gpu_suite
@@ -104,6 +107,107 @@ for name in vector_add matmul_tiled streams_events pinned_async small_kernels sm
       "native: ${native_line:-no result line} | shim: ${shim_line:-no result line}"
   fi
 done
+
+# ---- 1b. CUDA-runtime programs (tests/gpu/programs), natively and under the shim ------------
+# nvcc-built programs with static cudart: the runtime's own path through the shim (private
+# tables, integrity check, cuGetProcAddress) and the features of issue 3. Their result fields
+# must agree; rt_managed has its own rule (managed memory is not offered under the shim).
+RT_TIMEOUT=${RT_TIMEOUT:-180}
+RT_PROGRAMS=(rt_vector_add rt_matmul_shared rt_streams_events rt_host_threads rt_per_thread_stream
+  rt_pinned_mapped rt_managed rt_graph rt_malloc_async rt_cooperative rt_copy_2d rt_host_callback
+  rt_texture)
+# The grid of a cooperative launch follows the SM count, which is the client's quota under the shim.
+declare -A RT_IGNORED=([rt_cooperative]="blocks sms")
+
+# why_no_line PREFIX STATUS: a short reason a run printed no result line.
+why_no_line() {
+  local reason="exit $2"
+  [ "$2" = 124 ] && reason="timed out after ${RT_TIMEOUT}s"
+  [ "$2" -gt 128 ] && [ "$2" != 124 ] && reason="killed by signal $(($2 - 128))"
+  local last
+  last=$(grep -av '^\s*$' "$1.err" 2>/dev/null | tail -n1 | cut -c1-200)
+  echo "$reason${last:+; stderr: $last}"
+}
+
+# run_rt MODE NAME: runs one program; sets RT_LINE (result line or "") and RT_WHY.
+run_rt() {
+  local status=0
+  PROGRAM_TIMEOUT=$RT_TIMEOUT run_mode "$1" "$LOGS/$2.$1" "$PROGRAMS_DIR/$2" || status=$?
+  RT_LINE=$(result_line "$LOGS/$2.$1.out" "$2")
+  RT_WHY=""
+  [ -n "$RT_LINE" ] || RT_WHY="$1: no result line ($(why_no_line "$LOGS/$2.$1" "$status"))"
+  [ "$status" = 0 ] || [ "$(verdict "$RT_LINE")" != PASS ] ||
+    RT_WHY="$1: printed PASS but exited $status"
+}
+
+if [ -z "${PROGRAMS_DIR:-}" ] || [ ! -x "$PROGRAMS_DIR/rt_vector_add" ]; then
+  add_row "cuda runtime programs" - - FAIL \
+    "not built in ${PROGRAMS_DIR:-?} (nvcc missing at configure time?)"
+else
+  for name in "${RT_PROGRAMS[@]}"; do
+    if [ ! -x "$PROGRAMS_DIR/$name" ]; then
+      add_row "$name" - - FAIL "$PROGRAMS_DIR/$name not built"
+      continue
+    fi
+    read -ra ignored <<<"${RT_IGNORED[$name]:-}"
+    run_rt native "$name"
+    native_line=$RT_LINE native_why=$RT_WHY
+    run_rt shim "$name"
+    shim_line=$RT_LINE shim_why=$RT_WHY
+    native_verdict=$(verdict "$native_line")
+    shim_verdict=$(verdict "$shim_line")
+    [ -z "$native_why" ] || native_verdict=FAIL
+    [ -z "$shim_why" ] || shim_verdict=FAIL
+    if [ "$name" = rt_managed ]; then
+      # Native: managed memory works. Shim: refused with cudaErrorNotSupported and the device
+      # attribute reads 0 (docs/host-memory.md); the explicit-memory fallback gives the same data.
+      native_mode=$(field "$native_line" managed)
+      shim_mode=$(field "$shim_line" managed)
+      detail="native managed=${native_mode:-?}, shim managed=${shim_mode:-?}"
+      same=$([ "$(field "$native_line" checksum)" = "$(field "$shim_line" checksum)" ] && echo 1)
+      if [ "$native_verdict$shim_verdict" = PASSPASS ] && [ "$native_mode" = supported ] &&
+        [ "$shim_mode" = not_supported ] && [ "$same" = 1 ]; then
+        add_row "$name" PASS PASS PASS "$detail; checksums equal"
+      else
+        add_row "$name" "$native_verdict" "$shim_verdict" FAIL \
+          "$detail (want supported / not_supported, equal checksums) | native: ${native_why:-$native_line} | shim: ${shim_why:-$shim_line}"
+      fi
+      continue
+    fi
+    difference=$(diff <(result_fields "$native_line" "${ignored[@]}") \
+      <(result_fields "$shim_line" "${ignored[@]}") | grep '^[<>]' | tr '\n' ' ')
+    if [ "$native_verdict$shim_verdict" = PASSPASS ] && [ -z "$difference" ]; then
+      compared=$(result_fields "$native_line" "${ignored[@]}")
+      add_row "$name" PASS PASS PASS "$(wc -l <<<"$compared") result fields equal $(grep -E \
+        '^checksum=' <<<"$compared" | tr '\n' ' ')"
+    elif [ "$native_verdict$shim_verdict" = PASSPASS ]; then
+      add_row "$name" PASS PASS FAIL "results differ (< native, > shim): $difference"
+    else
+      add_row "$name" "$native_verdict" "$shim_verdict" FAIL \
+        "native: ${native_why:-$native_line} | shim: ${shim_why:-$shim_line}"
+    fi
+  done
+fi
+
+# ---- 1c. the integrity check: mpsshim's algorithm against the real driver (dark-api.md §4) --
+if [ -z "${INTEGRITY:-}" ] || [ ! -x "$INTEGRITY" ]; then
+  add_row "integrity vs driver" - - FAIL "integrity_vs_driver not built (${INTEGRITY:-?})"
+else
+  status=0
+  PROGRAM_TIMEOUT=60 run_mode native "$LOGS/integrity" "$INTEGRITY" || status=$?
+  line=$(result_line "$LOGS/integrity.out" integrity_vs_driver)
+  detail="cases=$(field "$line" cases) mismatches=$(field "$line" mismatches)"
+  detail+=" devices=$(field "$line" devices) driver_version=$(field "$line" driver_version)"
+  if [ "$status" = 0 ] && [ "$(verdict "$line")" = PASS ]; then
+    add_row "integrity vs driver" PASS - PASS "$detail: byte for byte"
+  elif [ "$status" = "$SKIP_STATUS" ]; then
+    add_row "integrity vs driver" SKIP - FAIL "skipped on a GPU machine: $(tail -n1 "$LOGS/integrity.out")"
+  else
+    add_row "integrity vs driver" "$(verdict "$line")" - FAIL \
+      "${line:+$detail; }$(grep -a -m3 MISMATCH "$LOGS/integrity.out" | cut -c1-160 | tr '\n' ' ')$(
+        [ -n "$line" ] || why_no_line "$LOGS/integrity" "$status")"
+  fi
+fi
 
 # ---- 2. 8 concurrent copies of small_kernels: the shim must overlap them ---------------------
 COPIES=8

@@ -28,7 +28,7 @@ have_gpu() {
 }
 
 # Parses the options both scripts take; sets SHIM DAEMON CTL SERVER EXAMPLES_DIR BENCH_DIR
-# (absolute paths; SERVER may stay empty: mpsshimd then uses its default).
+# PROGRAMS_DIR INTEGRITY (absolute paths; SERVER may stay empty: mpsshimd then uses its default).
 # Unknown options are left in REST_ARGS for the caller.
 parse_paths() {
   local build_dir=""
@@ -42,6 +42,8 @@ parse_paths() {
       --server) SERVER=$2; shift 2 ;;
       --examples-dir) EXAMPLES_DIR=$2; shift 2 ;;
       --bench-dir) BENCH_DIR=$2; shift 2 ;;
+      --programs-dir) PROGRAMS_DIR=$2; shift 2 ;;
+      --integrity) INTEGRITY=$2; shift 2 ;;
       *) REST_ARGS+=("$1"); shift ;;
     esac
   done
@@ -53,9 +55,11 @@ parse_paths() {
     : "${SERVER:=$(find_program_in "$build_dir" mpsshim-server)}"
     : "${EXAMPLES_DIR:=$build_dir/examples}"
     : "${BENCH_DIR:=$build_dir/bench}"
+    : "${PROGRAMS_DIR:=$build_dir/tests/gpu/programs}"
+    : "${INTEGRITY:=$build_dir/tests/gpu/integrity_vs_driver}"
   fi
   local var
-  for var in SHIM DAEMON CTL SERVER EXAMPLES_DIR BENCH_DIR; do
+  for var in SHIM DAEMON CTL SERVER EXAMPLES_DIR BENCH_DIR PROGRAMS_DIR INTEGRITY; do
     [ -n "${!var:-}" ] && printf -v "$var" '%s' "$(realpath -m "${!var}")"
   done
   return 0

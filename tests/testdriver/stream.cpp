@@ -112,7 +112,9 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuEventRecordWithFlags(CUevent hevent
     // CU_EVENT_RECORD_EXTERNAL is invalid outside stream capture.
     if (flags != CU_EVENT_RECORD_DEFAULT) return CUDA_ERROR_INVALID_VALUE;
     const std::uint64_t generation = event->capture();
-    stream->queue->submit([event, generation] { event->complete(generation); });
+    // Complete only once the stream counts the record as done: whoever saw the event complete
+    // then finds the stream idle too (cuStreamQuery right after cuEventSynchronize).
+    stream->queue->submit([] {}, [event, generation] { event->complete(generation); });
     return CUDA_SUCCESS;
   });
 }

@@ -13,9 +13,9 @@ std::shared_ptr<WorkQueue> WorkQueue::start() {
   return queue;
 }
 
-WorkQueue::Ticket WorkQueue::submit(std::function<void()> op) {
+WorkQueue::Ticket WorkQueue::submit(std::function<void()> op, std::function<void()> then) {
   std::lock_guard lock(mutex_);
-  ops_.push_back(std::move(op));
+  ops_.push_back(Op{std::move(op), std::move(then)});
   work_.notify_one();
   return ++submitted_;
 }
@@ -46,14 +46,20 @@ void WorkQueue::run() {
   for (;;) {
     work_.wait(lock, [&] { return !ops_.empty() || retired_; });
     if (ops_.empty()) return;
-    std::function<void()> op = std::move(ops_.front());
+    Op op = std::move(ops_.front());
     ops_.pop_front();
     lock.unlock();
-    op();
-    op = nullptr;  // drop what the operation captured before reporting it done
+    op.run();
+    op.run = nullptr;  // drop what the operation captured before reporting it done
     lock.lock();
     ++completed_;
     progress_.notify_all();
+    if (op.then) {
+      lock.unlock();
+      op.then();
+      op.then = nullptr;
+      lock.lock();
+    }
   }
 }
 

@@ -19,7 +19,9 @@ class WorkQueue {
   // The worker keeps the queue alive until it has been retired and has drained.
   static std::shared_ptr<WorkQueue> start();
 
-  Ticket submit(std::function<void()> op);
+  // `then`, if given, runs once the operation counts as completed (reached() is true for it):
+  // what it makes visible — an event's completion — never runs ahead of the stream's own state.
+  Ticket submit(std::function<void()> op, std::function<void()> then = {});
   void wait(Ticket ticket);
   bool reached(Ticket ticket) const;
   Ticket last_submitted() const;
@@ -33,7 +35,11 @@ class WorkQueue {
   mutable std::mutex mutex_;
   std::condition_variable work_;
   std::condition_variable progress_;
-  std::deque<std::function<void()>> ops_;
+  struct Op {
+    std::function<void()> run;
+    std::function<void()> then;
+  };
+  std::deque<Op> ops_;
   Ticket submitted_ = 0;
   Ticket completed_ = 0;
   bool retired_ = false;
