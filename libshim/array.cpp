@@ -20,10 +20,10 @@ CUresult create_array(const CUDA_ARRAY3D_DESCRIPTOR& desc, CUarray* out) {
   Context* ctx = nullptr;
   if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  proto::ArrayCreateReq request{ctx->wire,
-                                {desc.Width, desc.Height, desc.Depth,
-                                 static_cast<std::uint32_t>(desc.Format), desc.NumChannels,
-                                 desc.Flags, 0}};
+  proto::ArrayCreateReq request{
+      ctx->wire,
+      {desc.Width, desc.Height, desc.Depth, static_cast<std::uint32_t>(desc.Format),
+       desc.NumChannels, desc.Flags, 0}};
   proto::ArrayCreateRep reply{};
   CUresult rc = ctx->session->call(proto::Op::kArrayCreate, request, &reply);
   if (rc == CUDA_ERROR_NOT_SUPPORTED) {
@@ -67,8 +67,8 @@ TexRegistry& registry() {
 
 CUresult wire_resource(const CUDA_RESOURCE_DESC* r, Context* ctx, proto::WireResourceDesc& out) {
   if (r == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  out = proto::WireResourceDesc{static_cast<std::uint32_t>(r->resType), r->flags, 0, 0, 0, 0, 0,
-                                0, 0};
+  out = proto::WireResourceDesc{
+      static_cast<std::uint32_t>(r->resType), r->flags, 0, 0, 0, 0, 0, 0, 0};
   switch (r->resType) {
     case CU_RESOURCE_TYPE_ARRAY: {
       Array* array = object_of<Array>(r->res.array.hArray);
@@ -180,7 +180,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR* o
   Array* array = object_of<Array>(handle);
   if (array == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (array->desc.Depth != 0) return CUDA_ERROR_INVALID_VALUE;  // a 3D array: cuArray3DGetDescriptor
+  if (array->desc.Depth != 0)
+    return CUDA_ERROR_INVALID_VALUE;  // a 3D array: cuArray3DGetDescriptor
   out->Width = array->desc.Width;
   out->Height = array->desc.Height;
   out->Format = array->desc.Format;
@@ -210,7 +211,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuTexObjectCreate(CUtexObject* out,
   request.ctx = ctx->wire;
   if (CUresult rc = wire_resource(resource, ctx, request.resource); rc != CUDA_SUCCESS) return rc;
   proto::WireTextureDesc& t = request.texture;
-  for (int i = 0; i < 3; ++i) t.address_mode[i] = static_cast<std::uint32_t>(texture->addressMode[i]);
+  for (int i = 0; i < 3; ++i)
+    t.address_mode[i] = static_cast<std::uint32_t>(texture->addressMode[i]);
   t.filter_mode = static_cast<std::uint32_t>(texture->filterMode);
   t.flags = texture->flags;
   t.max_anisotropy = texture->maxAnisotropy;
@@ -233,8 +235,13 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuTexObjectCreate(CUtexObject* out,
   proto::TexObjectRep reply{};
   CUresult rc = ctx->session->call(proto::Op::kTexObjectCreate, request, &reply);
   if (rc != CUDA_SUCCESS) return rc;
-  TexRecord record{ctx->session, reply.object, false,   *resource,
-                   *texture,     view != nullptr, view ? *view : CUDA_RESOURCE_VIEW_DESC{}};
+  TexRecord record{ctx->session,
+                   reply.object,
+                   false,
+                   *resource,
+                   *texture,
+                   view != nullptr,
+                   view ? *view : CUDA_RESOURCE_VIEW_DESC{}};
   if (CUresult r = remember(reply.value, record); r != CUDA_SUCCESS) return r;
   *out = reply.value;
   return CUDA_SUCCESS;

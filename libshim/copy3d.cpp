@@ -25,7 +25,7 @@ enum class Kind { kDevice, kPinned, kPageable, kArray };
 // One side of the copy as this client sees it.
 struct Side {
   Kind kind = Kind::kDevice;
-  std::uint64_t device = 0;  // kDevice
+  std::uint64_t device = 0;   // kDevice
   std::byte* host = nullptr;  // kPinned, kPageable: the side's origin (0, 0, 0)
   PinnedRange pinned{};       // kPinned
   Array* array = nullptr;     // kArray
@@ -158,15 +158,16 @@ std::vector<Piece> cut(const Box& box, std::uint64_t chunk_bytes) {
 
 // The record for one piece: the staged side is the chunk, rows packed; the other side's origin
 // moves to the piece.
-proto::Copy3DReq piece_request(Stream* stream, const Side& remote, bool to_remote,
-                               const Piece& p, const Session::Chunk& chunk) {
+proto::Copy3DReq piece_request(Stream* stream, const Side& remote, bool to_remote, const Piece& p,
+                               const Session::Chunk& chunk) {
   proto::CopySide far = wire_side(remote);
   far.x_bytes += p.x;
   far.y += p.y;
   far.z += p.z;
-  proto::CopySide near{chunk.index, 0, 0, 0, 0, p.width, p.rows,
-                       proto::CopySideKind::kStagingChunk, chunk.generation};
-  return proto::Copy3DReq{stream->wire, p.width, p.rows, 1, to_remote ? near : far,
+  proto::CopySide near{
+      chunk.index,     0, 0, 0, 0, p.width, p.rows, proto::CopySideKind::kStagingChunk,
+      chunk.generation};
+  return proto::Copy3DReq{stream->wire,          p.width, p.rows, 1, to_remote ? near : far,
                           to_remote ? far : near};
 }
 
@@ -291,8 +292,8 @@ CUresult copy_3d(const CUDA_MEMCPY3D* c, CUstream handle, DefaultStream mode, bo
   if (src.kind == Kind::kPageable) return stage_in(session, stream, src, dst, box);
   if (dst.kind == Kind::kPageable) return stage_out(session, stream, dst, src, box);
 
-  proto::Copy3DReq request{stream->wire, box.width, box.height, box.depth, wire_side(src),
-                           wire_side(dst)};
+  proto::Copy3DReq request{stream->wire, box.width,      box.height,
+                           box.depth,    wire_side(src), wire_side(dst)};
   // Pinned host memory on either side: a synchronous copy returns once it completed.
   if (async || !(is_host(src) || is_host(dst))) return session->post(proto::Op::kCopy3D, request);
   CUresult rc = session->call(proto::Op::kCopy3D, &request, sizeof request, {}, nullptr, 0,
@@ -347,8 +348,8 @@ CUresult same_device(CUcontext dst_ctx, CUcontext src_ctx) {
   return CUDA_SUCCESS;
 }
 
-CUresult copy_peer(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx,
-                   size_t n, CUstream handle, DefaultStream mode) {
+CUresult copy_peer(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx, size_t n,
+                   CUstream handle, DefaultStream mode) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   if (CUresult rc = same_device(dst_ctx, src_ctx); rc != CUDA_SUCCESS) return rc;
   if (n == 0) return CUDA_SUCCESS;
@@ -417,8 +418,8 @@ CUresult atoh(void* dst, CUarray src, size_t offset, size_t n, CUstream h, Defau
   return copy_3d(&c, h, mode, async);
 }
 
-CUresult htoa(CUarray dst, size_t offset, const void* src, size_t n, CUstream h,
-              DefaultStream mode, bool async) {
+CUresult htoa(CUarray dst, size_t offset, const void* src, size_t n, CUstream h, DefaultStream mode,
+              bool async) {
   CUDA_MEMCPY3D c = array_row(n);
   set_array(c.dstMemoryType, c.dstArray, c.dstXInBytes, dst, offset);
   c.srcMemoryType = CU_MEMORYTYPE_HOST;
@@ -463,44 +464,42 @@ constexpr auto kPerThread = DefaultStream::kPerThread;
 
 // ---- synchronous forms (legacy default stream; _ptds = the thread's default stream) ----
 
-#define MPSSHIM_SYNC_COPIES_3D(SUFFIX, MODE)                                                      \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpy2D_v2##SUFFIX(const CUDA_MEMCPY2D* c) {                 \
-    return copy_2d(c, nullptr, MODE, false);                                                      \
-  }                                                                                               \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpy2DUnaligned_v2##SUFFIX(const CUDA_MEMCPY2D* c) {        \
-    return copy_2d(c, nullptr, MODE, false);                                                      \
-  }                                                                                               \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpy3D_v2##SUFFIX(const CUDA_MEMCPY3D* c) {                 \
-    return copy_3d(c, nullptr, MODE, false);                                                      \
-  }                                                                                               \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyAtoH_v2##SUFFIX(void* dst, CUarray src, size_t offset,  \
-                                                          size_t n) {                             \
-    return atoh(dst, src, offset, n, nullptr, MODE, false);                                       \
-  }                                                                                               \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyHtoA_v2##SUFFIX(CUarray dst, size_t offset,             \
-                                                          const void* src, size_t n) {            \
-    return htoa(dst, offset, src, n, nullptr, MODE, false);                                       \
-  }                                                                                               \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyAtoD_v2##SUFFIX(CUdeviceptr dst, CUarray src,           \
-                                                          size_t offset, size_t n) {              \
-    return atod(dst, src, offset, n, MODE);                                                       \
-  }                                                                                               \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyDtoA_v2##SUFFIX(CUarray dst, size_t offset,             \
-                                                          CUdeviceptr src, size_t n) {            \
-    return dtoa(dst, offset, src, n, MODE);                                                       \
-  }                                                                                               \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyAtoA_v2##SUFFIX(CUarray dst, size_t dst_offset,         \
-                                                          CUarray src, size_t src_offset,         \
-                                                          size_t n) {                             \
-    return atoa(dst, dst_offset, src, src_offset, n, MODE);                                       \
-  }                                                                                               \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyPeer##SUFFIX(CUdeviceptr dst, CUcontext dst_ctx,        \
-                                                       CUdeviceptr src, CUcontext src_ctx,        \
-                                                       size_t n) {                                \
-    return copy_peer(dst, dst_ctx, src, src_ctx, n, nullptr, MODE);                               \
-  }                                                                                               \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpy3DPeer##SUFFIX(const CUDA_MEMCPY3D_PEER* c) {           \
-    return copy_3d_peer(c, nullptr, MODE, false);                                                 \
+#define MPSSHIM_SYNC_COPIES_3D(SUFFIX, MODE)                                                     \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpy2D_v2##SUFFIX(const CUDA_MEMCPY2D* c) {                \
+    return copy_2d(c, nullptr, MODE, false);                                                     \
+  }                                                                                              \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpy2DUnaligned_v2##SUFFIX(const CUDA_MEMCPY2D* c) {       \
+    return copy_2d(c, nullptr, MODE, false);                                                     \
+  }                                                                                              \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpy3D_v2##SUFFIX(const CUDA_MEMCPY3D* c) {                \
+    return copy_3d(c, nullptr, MODE, false);                                                     \
+  }                                                                                              \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyAtoH_v2##SUFFIX(void* dst, CUarray src, size_t offset, \
+                                                          size_t n) {                            \
+    return atoh(dst, src, offset, n, nullptr, MODE, false);                                      \
+  }                                                                                              \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyHtoA_v2##SUFFIX(CUarray dst, size_t offset,            \
+                                                          const void* src, size_t n) {           \
+    return htoa(dst, offset, src, n, nullptr, MODE, false);                                      \
+  }                                                                                              \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyAtoD_v2##SUFFIX(CUdeviceptr dst, CUarray src,          \
+                                                          size_t offset, size_t n) {             \
+    return atod(dst, src, offset, n, MODE);                                                      \
+  }                                                                                              \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyDtoA_v2##SUFFIX(CUarray dst, size_t offset,            \
+                                                          CUdeviceptr src, size_t n) {           \
+    return dtoa(dst, offset, src, n, MODE);                                                      \
+  }                                                                                              \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyAtoA_v2##SUFFIX(                                       \
+      CUarray dst, size_t dst_offset, CUarray src, size_t src_offset, size_t n) {                \
+    return atoa(dst, dst_offset, src, src_offset, n, MODE);                                      \
+  }                                                                                              \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyPeer##SUFFIX(                                          \
+      CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx, size_t n) {        \
+    return copy_peer(dst, dst_ctx, src, src_ctx, n, nullptr, MODE);                              \
+  }                                                                                              \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpy3DPeer##SUFFIX(const CUDA_MEMCPY3D_PEER* c) {          \
+    return copy_3d_peer(c, nullptr, MODE, false);                                                \
   }
 
 MPSSHIM_SYNC_COPIES_3D(, kLegacy)
@@ -509,31 +508,29 @@ MPSSHIM_SYNC_COPIES_3D(_ptds, kPerThread)
 
 // ---- asynchronous forms (_ptsz: a NULL stream means the thread's default stream) ----
 
-#define MPSSHIM_ASYNC_COPIES_3D(SUFFIX, MODE)                                                     \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpy2DAsync_v2##SUFFIX(const CUDA_MEMCPY2D* c,             \
-                                                             CUstream h) {                        \
-    return copy_2d(c, h, MODE, true);                                                             \
-  }                                                                                               \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpy3DAsync_v2##SUFFIX(const CUDA_MEMCPY3D* c,             \
-                                                             CUstream h) {                        \
-    return copy_3d(c, h, MODE, true);                                                             \
-  }                                                                                               \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyAtoHAsync_v2##SUFFIX(                                   \
-      void* dst, CUarray src, size_t offset, size_t n, CUstream h) {                              \
-    return atoh(dst, src, offset, n, h, MODE, true);                                              \
-  }                                                                                               \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyHtoAAsync_v2##SUFFIX(                                   \
-      CUarray dst, size_t offset, const void* src, size_t n, CUstream h) {                        \
-    return htoa(dst, offset, src, n, h, MODE, true);                                              \
-  }                                                                                               \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyPeerAsync##SUFFIX(CUdeviceptr dst, CUcontext dst_ctx,   \
-                                                            CUdeviceptr src, CUcontext src_ctx,   \
-                                                            size_t n, CUstream h) {               \
-    return copy_peer(dst, dst_ctx, src, src_ctx, n, h, MODE);                                     \
-  }                                                                                               \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpy3DPeerAsync##SUFFIX(const CUDA_MEMCPY3D_PEER* c,        \
-                                                              CUstream h) {                       \
-    return copy_3d_peer(c, h, MODE, true);                                                        \
+#define MPSSHIM_ASYNC_COPIES_3D(SUFFIX, MODE)                                                      \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpy2DAsync_v2##SUFFIX(const CUDA_MEMCPY2D* c, CUstream h) { \
+    return copy_2d(c, h, MODE, true);                                                              \
+  }                                                                                                \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpy3DAsync_v2##SUFFIX(const CUDA_MEMCPY3D* c, CUstream h) { \
+    return copy_3d(c, h, MODE, true);                                                              \
+  }                                                                                                \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyAtoHAsync_v2##SUFFIX(                                    \
+      void* dst, CUarray src, size_t offset, size_t n, CUstream h) {                               \
+    return atoh(dst, src, offset, n, h, MODE, true);                                               \
+  }                                                                                                \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyHtoAAsync_v2##SUFFIX(                                    \
+      CUarray dst, size_t offset, const void* src, size_t n, CUstream h) {                         \
+    return htoa(dst, offset, src, n, h, MODE, true);                                               \
+  }                                                                                                \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyPeerAsync##SUFFIX(CUdeviceptr dst, CUcontext dst_ctx,    \
+                                                            CUdeviceptr src, CUcontext src_ctx,    \
+                                                            size_t n, CUstream h) {                \
+    return copy_peer(dst, dst_ctx, src, src_ctx, n, h, MODE);                                      \
+  }                                                                                                \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpy3DPeerAsync##SUFFIX(const CUDA_MEMCPY3D_PEER* c,         \
+                                                              CUstream h) {                        \
+    return copy_3d_peer(c, h, MODE, true);                                                         \
   }
 
 MPSSHIM_ASYNC_COPIES_3D(, kLegacy)

@@ -94,8 +94,8 @@ std::array<OpSpec, kOpCount> make_specs() {
   set(Op::kTexObjectCreate, "TexObjectCreate", op_tex_object_create, sizeof(TexObjectCreateReq),
       true);
   set(Op::kTexObjectDestroy, "TexObjectDestroy", op_tex_object_destroy, sizeof(HandleReq), false);
-  set(Op::kSurfObjectCreate, "SurfObjectCreate", op_surf_object_create,
-      sizeof(SurfObjectCreateReq), true);
+  set(Op::kSurfObjectCreate, "SurfObjectCreate", op_surf_object_create, sizeof(SurfObjectCreateReq),
+      true);
   set(Op::kSurfObjectDestroy, "SurfObjectDestroy", op_surf_object_destroy, sizeof(HandleReq),
       false);
   return s;

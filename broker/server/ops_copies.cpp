@@ -140,7 +140,8 @@ CUresult resolve_resource(Call& call, const proto::WireResourceDesc& w, CUDA_RES
       std::uint64_t element = proto::element_bytes(w.format, w.channels);
       const u128 row = element != 0 ? u128{w.width} * element : u128{w.pitch};
       const u128 extent = u128{w.height - 1} * w.pitch + row;
-      if (extent > kMax64 || !session.memory.contains(w.handle, static_cast<std::uint64_t>(extent))) {
+      if (extent > kMax64 ||
+          !session.memory.contains(w.handle, static_cast<std::uint64_t>(extent))) {
         return CUDA_ERROR_INVALID_VALUE;
       }
       out.resType = CU_RESOURCE_TYPE_PITCH2D;
@@ -153,9 +154,10 @@ CUresult resolve_resource(Call& call, const proto::WireResourceDesc& w, CUDA_RES
       return CUDA_SUCCESS;
     }
     default:
-      log_warn("{} asked for a texture or surface over a resource of type {}; mpsshim supports "
-               "arrays, linear and pitch2D resources (mipmapped arrays are not supported)",
-               session.who(), w.type);
+      log_warn(
+          "{} asked for a texture or surface over a resource of type {}; mpsshim supports "
+          "arrays, linear and pitch2D resources (mipmapped arrays are not supported)",
+          session.who(), w.type);
       return CUDA_ERROR_NOT_SUPPORTED;
   }
 }
@@ -191,8 +193,8 @@ OpResult op_copy_3d(Call& call) {
   const bool dst_chunk = req.dst.kind == proto::CopySideKind::kStagingChunk;
   if (src_chunk && dst_chunk) return call.malformed("sent a 3D copy between two staging chunks");
   const proto::CopySide& staged = src_chunk ? req.src : req.dst;
-  const bool names_chunk = (src_chunk || dst_chunk) &&
-                           staged.handle < session.segment.geometry().chunk_count;
+  const bool names_chunk =
+      (src_chunk || dst_chunk) && staged.handle < session.segment.geometry().chunk_count;
   const auto chunk = static_cast<std::uint32_t>(staged.handle);
   // As copy_host: a staging chunk is handed back whatever happens, its error stored first.
   auto fail = [&](CUresult r) {
@@ -251,17 +253,17 @@ OpResult op_array_create(Call& call) {
   constexpr std::uint32_t kUnsupportedFlags = CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING;
   const std::uint64_t element = proto::element_bytes(d.format, d.channels);
   if ((d.flags & kUnsupportedFlags) != 0 || element == 0) {
-    log_warn("{} asked for a CUDA array of format {:#x} x{} with flags {:#x}; mpsshim supports "
-             "plain 8/16/32-bit, half and float formats with 1, 2 or 4 channels, not sparse or "
-             "deferred-mapping arrays",
-             session.who(), d.format, d.channels, d.flags);
+    log_warn(
+        "{} asked for a CUDA array of format {:#x} x{} with flags {:#x}; mpsshim supports "
+        "plain 8/16/32-bit, half and float formats with 1, 2 or 4 channels, not sparse or "
+        "deferred-mapping arrays",
+        session.who(), d.format, d.channels, d.flags);
     return call.done(d.channels > 4 ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_SUPPORTED);
   }
   if (d.width == 0) return call.done(CUDA_ERROR_INVALID_VALUE);
   // What the array holds; the driver's tiled layout may take somewhat more.
-  const u128 bytes =
-      u128{d.width} * std::max<std::uint64_t>(d.height, 1) * std::max<std::uint64_t>(d.depth, 1) *
-      element;
+  const u128 bytes = u128{d.width} * std::max<std::uint64_t>(d.height, 1) *
+                     std::max<std::uint64_t>(d.depth, 1) * element;
   if (bytes > kMax64) return call.done(CUDA_ERROR_INVALID_VALUE);
   const auto charged = static_cast<std::uint64_t>(bytes);
   if (session.over_limit(charged)) return refuse_over_limit(call, charged, "a CUDA array");
@@ -308,7 +310,8 @@ OpResult op_tex_object_create(Call& call) {
   }
   CUDA_TEXTURE_DESC texture{};
   const proto::WireTextureDesc& t = req.texture;
-  for (int i = 0; i < 3; ++i) texture.addressMode[i] = static_cast<CUaddress_mode>(t.address_mode[i]);
+  for (int i = 0; i < 3; ++i)
+    texture.addressMode[i] = static_cast<CUaddress_mode>(t.address_mode[i]);
   texture.filterMode = static_cast<CUfilter_mode>(t.filter_mode);
   texture.flags = t.flags;
   texture.maxAnisotropy = t.max_anisotropy;
@@ -330,8 +333,8 @@ OpResult op_tex_object_create(Call& call) {
     view.lastLayer = v.last_layer;
   }
   CUtexObject value = 0;
-  CUresult r = call.cu.cuTexObjectCreate(&value, &resource, &texture,
-                                         v.present != 0 ? &view : nullptr);
+  CUresult r =
+      call.cu.cuTexObjectCreate(&value, &resource, &texture, v.present != 0 ? &view : nullptr);
   return finish_object(call, r, value, false, req.ctx);
 }
 

@@ -68,7 +68,8 @@ void free_retired(Session& session, Retired& bundle, FreedTally* tally) {
   const DriverTable& cu = session.cu();
   // Texture and surface objects first: they refer to the memory and arrays freed below.
   for (const TexObj& t : bundle.textures) {
-    warn_if_failed(session, t.surface ? cu.cuSurfObjectDestroy(t.value) : cu.cuTexObjectDestroy(t.value),
+    warn_if_failed(session,
+                   t.surface ? cu.cuSurfObjectDestroy(t.value) : cu.cuTexObjectDestroy(t.value),
                    t.surface ? "cuSurfObjectDestroy" : "cuTexObjectDestroy");
   }
   for (CUmodule m : bundle.modules) warn_if_failed(session, cu.cuModuleUnload(m), "cuModuleUnload");

@@ -11,24 +11,24 @@
 #include <cstring>
 #include <vector>
 
-#define CHECK(call)                                                                          \
-  do {                                                                                       \
-    cudaError_t err_ = (call);                                                               \
-    if (err_ != cudaSuccess) {                                                               \
-      std::printf("cudart_copies: line %d: %s failed: %s (%d) FAIL\n", __LINE__, #call,      \
-                  cudaGetErrorName(err_), static_cast<int>(err_));                           \
-      return 1;                                                                              \
-    }                                                                                        \
+#define CHECK(call)                                                                     \
+  do {                                                                                  \
+    cudaError_t err_ = (call);                                                          \
+    if (err_ != cudaSuccess) {                                                          \
+      std::printf("cudart_copies: line %d: %s failed: %s (%d) FAIL\n", __LINE__, #call, \
+                  cudaGetErrorName(err_), static_cast<int>(err_));                      \
+      return 1;                                                                         \
+    }                                                                                   \
   } while (0)
 
-#define EXPECT(cond, ...)                                                      \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      std::printf("cudart_copies: line %d: %s: ", __LINE__, #cond);            \
-      std::printf(__VA_ARGS__);                                                \
-      std::printf(" FAIL\n");                                                  \
-      return 1;                                                                \
-    }                                                                          \
+#define EXPECT(cond, ...)                                           \
+  do {                                                              \
+    if (!(cond)) {                                                  \
+      std::printf("cudart_copies: line %d: %s: ", __LINE__, #cond); \
+      std::printf(__VA_ARGS__);                                     \
+      std::printf(" FAIL\n");                                       \
+      return 1;                                                     \
+    }                                                               \
   } while (0)
 
 // Same name, signature and semantics as the test driver's tex2d_fetch_f32
@@ -92,8 +92,8 @@ int round_trip(const char* what, unsigned char* up, unsigned char* down, std::si
     CHECK(cudaMemcpy2D(down + dst_x, host_pitch, dev_bytes + src_x, dev_pitch, width, height,
                        cudaMemcpyDeviceToHost));
   }
-  long bad = check_box(down, host_pitch, dst_x, host_pitch * height, up, host_pitch, src_x, width,
-                       height);
+  long bad =
+      check_box(down, host_pitch, dst_x, host_pitch * height, up, host_pitch, src_x, width, height);
   EXPECT(bad < 0, "%s %zux%zu: byte %ld (row %ld) is wrong", what, width, height, bad,
          bad / static_cast<long>(host_pitch));
   CHECK(cudaFree(dev));
@@ -124,8 +124,8 @@ int copies_2d(std::size_t big_height) {
                      async))
         return 1;
       // Mixed: pinned up, pageable down.
-      if (round_trip("pinned up, pageable down", pinned_up, pageable_down.data(), c.w, c.h,
-                     stream, async))
+      if (round_trip("pinned up, pageable down", pinned_up, pageable_down.data(), c.w, c.h, stream,
+                     async))
         return 1;
     }
   }
@@ -269,7 +269,8 @@ int arrays_and_textures() {
   CHECK(cudaCreateTextureObject(&tex, &resource, &texture, nullptr));
   cudaResourceDesc got_resource = {};
   CHECK(cudaGetTextureObjectResourceDesc(&got_resource, tex));
-  EXPECT(got_resource.resType == cudaResourceTypePitch2D && got_resource.res.pitch2D.devPtr == dev &&
+  EXPECT(got_resource.resType == cudaResourceTypePitch2D &&
+             got_resource.res.pitch2D.devPtr == dev &&
              got_resource.res.pitch2D.pitchInBytes == pitch,
          "the texture's resource reads back differently");
   dim3 block(16, 16), grid((width + 15) / 16, (height + 15) / 16);
@@ -312,7 +313,8 @@ int main(int argc, char** argv) {
   if (copies_3d() != 0) return 1;
   if (arrays_and_textures() != 0) return 1;
   CHECK(cudaDeviceSynchronize());
-  std::printf("cudart_copies: 2D/3D copies (pageable, pinned, device, arrays), peer copy and "
-              "texture fetches correct PASS\n");
+  std::printf(
+      "cudart_copies: 2D/3D copies (pageable, pinned, device, arrays), peer copy and "
+      "texture fetches correct PASS\n");
   return 0;
 }

@@ -32,7 +32,8 @@ proto::Copy3DReq box(std::uint64_t stream, proto::CopySide src, proto::CopySide 
 
 proto::WireResourceDesc resource(std::uint32_t type, std::uint64_t handle, std::uint64_t size = 0,
                                  std::uint64_t width = 0, std::uint64_t height = 0) {
-  return proto::WireResourceDesc{type, 0, handle, CU_AD_FORMAT_FLOAT, 1, size, width, height, kPitch};
+  return proto::WireResourceDesc{type,  0,      handle, CU_AD_FORMAT_FLOAT, 1, size,
+                                 width, height, kPitch};
 }
 
 proto::ArrayCreateRep make_array(TestClient& client, std::uint64_t ctx, std::uint64_t width,
@@ -132,8 +133,7 @@ TEST_CASE("a staged 2D copy hands the chunk back, refused or not", "[server][cop
   CHECK(sut.control()->async_error.load() == CUDA_ERROR_INVALID_VALUE);
 }
 
-TEST_CASE("arrays count against the memory limit and copies stay inside them",
-          "[server][copies]") {
+TEST_CASE("arrays count against the memory limit and copies stay inside them", "[server][copies]") {
   Harness h;
   auto hello = default_hello();
   hello.device_memory_limit = 2 * kMiB;

@@ -8,12 +8,12 @@ namespace mpsshim::server::test {
 namespace {
 
 std::size_t element_of(const CUDA_ARRAY3D_DESCRIPTOR& d) {
-  std::size_t channel = d.Format == CU_AD_FORMAT_FLOAT || d.Format == CU_AD_FORMAT_UNSIGNED_INT32 ||
-                                d.Format == CU_AD_FORMAT_SIGNED_INT32
-                            ? 4
-                        : d.Format == CU_AD_FORMAT_UNSIGNED_INT8 || d.Format == CU_AD_FORMAT_SIGNED_INT8
-                            ? 1
-                            : 2;
+  std::size_t channel =
+      d.Format == CU_AD_FORMAT_FLOAT || d.Format == CU_AD_FORMAT_UNSIGNED_INT32 ||
+              d.Format == CU_AD_FORMAT_SIGNED_INT32
+          ? 4
+      : d.Format == CU_AD_FORMAT_UNSIGNED_INT8 || d.Format == CU_AD_FORMAT_SIGNED_INT8 ? 1
+                                                                                       : 2;
   return channel * d.NumChannels;
 }
 
@@ -46,12 +46,12 @@ void add_copy_fakes(DriverTable& t) {
     ++fake_gpu().copies_3d;
     for (std::size_t z = 0; z < c->Depth; ++z) {
       for (std::size_t y = 0; y < c->Height; ++y) {
-        std::byte* from = address(c->srcMemoryType, c->srcHost, c->srcDevice, c->srcArray,
-                                  c->srcPitch, c->srcHeight, c->srcXInBytes, c->srcY + y,
-                                  c->srcZ + z);
-        std::byte* to = address(c->dstMemoryType, c->dstHost, c->dstDevice, c->dstArray,
-                                c->dstPitch, c->dstHeight, c->dstXInBytes, c->dstY + y,
-                                c->dstZ + z);
+        std::byte* from =
+            address(c->srcMemoryType, c->srcHost, c->srcDevice, c->srcArray, c->srcPitch,
+                    c->srcHeight, c->srcXInBytes, c->srcY + y, c->srcZ + z);
+        std::byte* to =
+            address(c->dstMemoryType, c->dstHost, c->dstDevice, c->dstArray, c->dstPitch,
+                    c->dstHeight, c->dstXInBytes, c->dstY + y, c->dstZ + z);
         std::memmove(to, from, c->WidthInBytes);
       }
     }
@@ -61,8 +61,8 @@ void add_copy_fakes(DriverTable& t) {
     static std::uintptr_t next = 0xa000;
     next += 0x10;
     auto array = reinterpret_cast<CUarray>(next);
-    std::size_t bytes = d->Width * element_of(*d) * (d->Height ? d->Height : 1) *
-                        (d->Depth ? d->Depth : 1);
+    std::size_t bytes =
+        d->Width * element_of(*d) * (d->Height ? d->Height : 1) * (d->Depth ? d->Depth : 1);
     fake_gpu().arrays[array].assign(bytes, std::byte{0});
     descriptors()[array] = FakeArray{*d};
     ++fake_gpu().arrays_live;

@@ -45,9 +45,9 @@ struct Side {
   }
 };
 
-CUresult make_side(State& s, CUmemorytype type, const void* host, CUdeviceptr device,
-                   CUarray array, std::size_t pitch, std::size_t height, std::size_t x,
-                   std::size_t y, std::size_t z, const CUDA_MEMCPY3D& c, Side& out) {
+CUresult make_side(State& s, CUmemorytype type, const void* host, CUdeviceptr device, CUarray array,
+                   std::size_t pitch, std::size_t height, std::size_t x, std::size_t y,
+                   std::size_t z, const CUDA_MEMCPY3D& c, Side& out) {
   out = Side{0, pitch, height, x, y, z, false};
   if (type == CU_MEMORYTYPE_ARRAY) {
     Array* a = s.arrays.get(array);
@@ -64,7 +64,8 @@ CUresult make_side(State& s, CUmemorytype type, const void* host, CUdeviceptr de
   if (pitch < c.WidthInBytes + x && (c.Height > 1 || c.Depth > 1)) return CUDA_ERROR_INVALID_VALUE;
   if (c.Depth > 1 && height < c.Height + y) return CUDA_ERROR_INVALID_VALUE;
   const u128 first = (u128{z} * height + y) * pitch + x;
-  const u128 end = ((u128{z} + c.Depth - 1) * height + y + c.Height - 1) * pitch + x + c.WidthInBytes;
+  const u128 end =
+      ((u128{z} + c.Depth - 1) * height + y + c.Height - 1) * pitch + x + c.WidthInBytes;
   std::uintptr_t base = 0;
   switch (type) {
     case CU_MEMORYTYPE_DEVICE:
@@ -156,7 +157,8 @@ float fetch_texel_f32(unsigned long long tex, long x, long y) {
   {
     std::lock_guard lock(s.mutex);
     auto it = s.tex_objects.find(tex);
-    if (it == s.tex_objects.end() || it->second.surface) throw DeviceFault{CUDA_ERROR_ILLEGAL_ADDRESS};
+    if (it == s.tex_objects.end() || it->second.surface)
+      throw DeviceFault{CUDA_ERROR_ILLEGAL_ADDRESS};
     r = it->second.resource;
     if (r.resType == CU_RESOURCE_TYPE_PITCH2D) {
       if (r.res.pitch2D.format != CU_AD_FORMAT_FLOAT || r.res.pitch2D.numChannels != 1)
@@ -178,8 +180,10 @@ float fetch_texel_f32(unsigned long long tex, long x, long y) {
     }
   }
   // Clamp addressing, point filtering, unnormalized coordinates.
-  const std::size_t cx = static_cast<std::size_t>(std::clamp<long>(x, 0, static_cast<long>(width) - 1));
-  const std::size_t cy = static_cast<std::size_t>(std::clamp<long>(y, 0, static_cast<long>(height) - 1));
+  const std::size_t cx =
+      static_cast<std::size_t>(std::clamp<long>(x, 0, static_cast<long>(width) - 1));
+  const std::size_t cy =
+      static_cast<std::size_t>(std::clamp<long>(y, 0, static_cast<long>(height) - 1));
   std::byte* p = resolve_range(base + cy * pitch + cx * sizeof(float), sizeof(float));
   if (p == nullptr) throw DeviceFault{CUDA_ERROR_ILLEGAL_ADDRESS};
   float v;
@@ -252,12 +256,14 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemcpy3DAsync_v2(const CUDA_MEMCPY3
     if (c == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (c->WidthInBytes == 0 || c->Height == 0 || c->Depth == 0) return CUDA_SUCCESS;
     Side src, dst;
-    if (CUresult r = make_side(s, c->srcMemoryType, c->srcHost, c->srcDevice, c->srcArray,
-                               c->srcPitch, c->srcHeight, c->srcXInBytes, c->srcY, c->srcZ, *c, src);
+    if (CUresult r =
+            make_side(s, c->srcMemoryType, c->srcHost, c->srcDevice, c->srcArray, c->srcPitch,
+                      c->srcHeight, c->srcXInBytes, c->srcY, c->srcZ, *c, src);
         r != CUDA_SUCCESS)
       return r;
-    if (CUresult r = make_side(s, c->dstMemoryType, c->dstHost, c->dstDevice, c->dstArray,
-                               c->dstPitch, c->dstHeight, c->dstXInBytes, c->dstY, c->dstZ, *c, dst);
+    if (CUresult r =
+            make_side(s, c->dstMemoryType, c->dstHost, c->dstDevice, c->dstArray, c->dstPitch,
+                      c->dstHeight, c->dstXInBytes, c->dstY, c->dstZ, *c, dst);
         r != CUDA_SUCCESS)
       return r;
     const std::size_t width = c->WidthInBytes, height = c->Height, depth = c->Depth;

@@ -161,11 +161,16 @@ struct Entry<Body> {
 };
 
 constexpr std::array kTable{
-    Entry<&vector_add>::def("vector_add"),       Entry<&matmul_tiled>::def("matmul_tiled"),
-    Entry<&scale_add>::def("scale_add"),         Entry<&fill_u32>::def("fill_u32"),
-    Entry<&increment_i32>::def("increment_i32"), Entry<&empty_kernel>::def("empty_kernel"),
-    Entry<&spin_kernel>::def("spin_kernel"),     Entry<&sleep_kernel>::def("sleep_kernel"),
-    Entry<&record_smid>::def("record_smid"),     Entry<&trigger_fault>::def("trigger_fault"),
+    Entry<&vector_add>::def("vector_add"),
+    Entry<&matmul_tiled>::def("matmul_tiled"),
+    Entry<&scale_add>::def("scale_add"),
+    Entry<&fill_u32>::def("fill_u32"),
+    Entry<&increment_i32>::def("increment_i32"),
+    Entry<&empty_kernel>::def("empty_kernel"),
+    Entry<&spin_kernel>::def("spin_kernel"),
+    Entry<&sleep_kernel>::def("sleep_kernel"),
+    Entry<&record_smid>::def("record_smid"),
+    Entry<&trigger_fault>::def("trigger_fault"),
     Entry<&tex2d_fetch_f32>::def("tex2d_fetch_f32"),
 };
 

@@ -40,8 +40,8 @@ TEST_CASE("a pitched 2D copy moves the box and nothing else", "[arrays]") {
   s.upload(tight, packed);
   REQUIRE_CU(s.sut.cuMemsetD8Async(pitched, 0, kPitch * kHeight, s.stream));
 
-  CUDA_MEMCPY3D c = linear_copy(tight, kWidth * sizeof(float), pitched, kPitch,
-                                kWidth * sizeof(float), kHeight);
+  CUDA_MEMCPY3D c =
+      linear_copy(tight, kWidth * sizeof(float), pitched, kPitch, kWidth * sizeof(float), kHeight);
   REQUIRE_CU(s.sut.cuMemcpy3DAsync_v2(&c, s.stream));
   const auto back = s.download<float>(pitched, kPitch * kHeight / sizeof(float));
 
@@ -77,7 +77,8 @@ TEST_CASE("arrays hold what is copied in, and texture objects fetch it", "[array
   const CUdeviceptr src = s.alloc(values.size() * sizeof(float));
   s.upload(src, values);
 
-  CUDA_MEMCPY3D in = linear_copy(src, kWidth * sizeof(float), 0, 0, kWidth * sizeof(float), kHeight);
+  CUDA_MEMCPY3D in =
+      linear_copy(src, kWidth * sizeof(float), 0, 0, kWidth * sizeof(float), kHeight);
   in.dstMemoryType = CU_MEMORYTYPE_ARRAY;
   in.dstArray = array;
   REQUIRE_CU(s.sut.cuMemcpy3DAsync_v2(&in, s.stream));
