@@ -50,6 +50,7 @@ enum class Magic : std::uint32_t {
   kModule = 0x4d4f4431,
   kLibrary = 0x4c494231,
   kFunction = 0x46554e31,
+  kArray = 0x41525231,
 };
 
 struct Context;
@@ -130,6 +131,14 @@ struct Context {
   std::mutex mutex;
 };
 
+// A CUarray (array.cpp): the server's array and the descriptor it was made with.
+struct Array {
+  Magic magic = Magic::kArray;
+  Context* ctx = nullptr;
+  proto::WireHandle wire = 0;
+  CUDA_ARRAY3D_DESCRIPTOR desc{};
+};
+
 template <typename T>
 inline constexpr Magic kMagicOf = Magic::kDead;
 template <>
@@ -144,6 +153,8 @@ template <>
 inline constexpr Magic kMagicOf<Library> = Magic::kLibrary;
 template <>
 inline constexpr Magic kMagicOf<Function> = Magic::kFunction;
+template <>
+inline constexpr Magic kMagicOf<Array> = Magic::kArray;
 
 // The object behind a handle, or nullptr if it is not a live object of that type.
 template <typename T, typename Handle>

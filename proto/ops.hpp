@@ -69,7 +69,15 @@ enum class Op : std::uint16_t {
   kOccupancyMaxActiveBlocks = 44,
   kOccupancyMaxActiveClusters = 45,
   kOccupancyAvailableDynamicSmem = 46,
-  kCount
+  // 2D/3D copies, CUDA arrays, texture and surface objects (proto/ops_copies.hpp)
+  kCopy3D = 100,
+  kArrayCreate = 101,
+  kArrayDestroy = 102,
+  kTexObjectCreate = 103,
+  kTexObjectDestroy = 104,
+  kSurfObjectCreate = 105,
+  kSurfObjectDestroy = 106,
+  kCount = 120
 };
 
 // RecordHeader::flags

@@ -8,6 +8,7 @@
 #include "broker/server/call.hpp"
 #include "broker/server/driver.hpp"
 #include "broker/server/ops.hpp"
+#include "proto/ops_copies.hpp"
 
 namespace mpsshim::server {
 namespace {
@@ -87,6 +88,16 @@ std::array<OpSpec, kOpCount> make_specs() {
       op_occupancy_max_active_clusters, sizeof(ClusterOccupancyReq), true);
   set(Op::kOccupancyAvailableDynamicSmem, "OccupancyAvailableDynamicSmem",
       op_occupancy_available_dynamic_smem, sizeof(OccupancyReq), true);
+  set(Op::kCopy3D, "Copy3D", op_copy_3d, sizeof(Copy3DReq), false);
+  set(Op::kArrayCreate, "ArrayCreate", op_array_create, sizeof(ArrayCreateReq), true);
+  set(Op::kArrayDestroy, "ArrayDestroy", op_array_destroy, sizeof(HandleReq), false);
+  set(Op::kTexObjectCreate, "TexObjectCreate", op_tex_object_create, sizeof(TexObjectCreateReq),
+      true);
+  set(Op::kTexObjectDestroy, "TexObjectDestroy", op_tex_object_destroy, sizeof(HandleReq), false);
+  set(Op::kSurfObjectCreate, "SurfObjectCreate", op_surf_object_create, sizeof(SurfObjectCreateReq),
+      true);
+  set(Op::kSurfObjectDestroy, "SurfObjectDestroy", op_surf_object_destroy, sizeof(HandleReq),
+      false);
   return s;
 }
 

@@ -86,7 +86,16 @@
   X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, CUresult,                                \
     (int*, CUfunction, int, size_t, unsigned int))                                                 \
   X(cuOccupancyMaxActiveClusters, CUresult, (int*, CUfunction, const CUlaunchConfig*))             \
-  X(cuOccupancyAvailableDynamicSMemPerBlock, CUresult, (size_t*, CUfunction, int, int))
+  X(cuOccupancyAvailableDynamicSMemPerBlock, CUresult, (size_t*, CUfunction, int, int))            \
+  X(cuMemcpy3DAsync_v2, CUresult, (const CUDA_MEMCPY3D*, CUstream))                                \
+  X(cuArray3DCreate_v2, CUresult, (CUarray*, const CUDA_ARRAY3D_DESCRIPTOR*))                      \
+  X(cuArrayDestroy, CUresult, (CUarray))                                                           \
+  X(cuTexObjectCreate, CUresult,                                                                   \
+    (CUtexObject*, const CUDA_RESOURCE_DESC*, const CUDA_TEXTURE_DESC*,                            \
+     const CUDA_RESOURCE_VIEW_DESC*))                                                              \
+  X(cuTexObjectDestroy, CUresult, (CUtexObject))                                                   \
+  X(cuSurfObjectCreate, CUresult, (CUsurfObject*, const CUDA_RESOURCE_DESC*))                      \
+  X(cuSurfObjectDestroy, CUresult, (CUsurfObject))
 
 namespace mpsshim::server {
 

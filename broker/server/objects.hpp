@@ -64,7 +64,23 @@ struct HostRegionObj {
   CUdeviceptr device = 0;
 };
 
+// A CUDA array of the client's (ops_copies.cpp). `charged` bytes count against its limit.
+struct ArrayObj {
+  CUarray array = nullptr;
+  std::uint64_t ctx = 0;
+  CUDA_ARRAY3D_DESCRIPTOR desc{};
+  std::uint64_t element_bytes = 0;
+  std::uint64_t charged = 0;
+};
+
+// A texture or surface object of the client's; `value` is what the driver handed out.
+struct TexObj {
+  unsigned long long value = 0;
+  bool surface = false;
+  std::uint64_t ctx = 0;
+};
+
 using ObjectTable = HandleTable<ContextObj, StreamObj, EventObj, ModuleObj, LibraryObj, FunctionObj,
-                                KernelObj, HostRegionObj>;
+                                KernelObj, HostRegionObj, ArrayObj, TexObj>;
 
 }  // namespace mpsshim::server

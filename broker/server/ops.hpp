@@ -66,4 +66,13 @@ OpResult op_event_query(Call& call);
 OpResult op_event_synchronize(Call& call);
 OpResult op_event_elapsed_time(Call& call);
 
+// ops_copies.cpp
+OpResult op_copy_3d(Call& call);
+OpResult op_array_create(Call& call);
+OpResult op_array_destroy(Call& call);
+OpResult op_tex_object_create(Call& call);
+OpResult op_tex_object_destroy(Call& call);
+OpResult op_surf_object_create(Call& call);
+OpResult op_surf_object_destroy(Call& call);
+
 }  // namespace mpsshim::server

@@ -34,6 +34,21 @@ void forget_globals_of(Session& session, std::uint64_t owner) {
       [&](const DeviceRange& r) { return r.kind == RangeKind::kGlobal && r.owner == owner; });
 }
 
+// Texture/surface objects and arrays made in a context `pred` accepts go into the bundle.
+template <typename Pred>
+void take_arrays_and_textures(Session& session, Retired& bundle, Pred pred) {
+  for (std::uint64_t id :
+       session.objects.ids_where<TexObj>([&](const TexObj& t) { return pred(t.ctx); })) {
+    bundle.textures.push_back(*session.objects.take<TexObj>(id));
+  }
+  for (std::uint64_t id :
+       session.objects.ids_where<ArrayObj>([&](const ArrayObj& a) { return pred(a.ctx); })) {
+    auto array = session.objects.take<ArrayObj>(id);
+    session.memory_used -= std::min(session.memory_used, array->charged);
+    bundle.arrays.push_back(array->array);
+  }
+}
+
 }  // namespace
 
 CUresult retire(Session& session, Retired bundle) {
@@ -51,6 +66,12 @@ CUresult retire(Session& session, Retired bundle) {
 
 void free_retired(Session& session, Retired& bundle, FreedTally* tally) {
   const DriverTable& cu = session.cu();
+  // Texture and surface objects first: they refer to the memory and arrays freed below.
+  for (const TexObj& t : bundle.textures) {
+    warn_if_failed(session,
+                   t.surface ? cu.cuSurfObjectDestroy(t.value) : cu.cuTexObjectDestroy(t.value),
+                   t.surface ? "cuSurfObjectDestroy" : "cuTexObjectDestroy");
+  }
   for (CUmodule m : bundle.modules) warn_if_failed(session, cu.cuModuleUnload(m), "cuModuleUnload");
   for (CUlibrary l : bundle.libraries) {
     warn_if_failed(session, cu.cuLibraryUnload(l), "cuLibraryUnload");
@@ -62,13 +83,18 @@ void free_retired(Session& session, Retired& bundle, FreedTally* tally) {
     warn_if_failed(session, cu.cuMemHostUnregister(region.address), "cuMemHostUnregister");
     ::munmap(region.address, region.mapped_bytes);
   }
+  for (CUarray a : bundle.arrays) warn_if_failed(session, cu.cuArrayDestroy(a), "cuArrayDestroy");
   if (tally != nullptr) {
     tally->modules += bundle.modules.size();
     tally->libraries += bundle.libraries.size();
     tally->allocations += bundle.allocations.size();
     for (const DeviceRange& a : bundle.allocations) tally->allocation_bytes += a.bytes;
     tally->regions += bundle.regions.size();
+    tally->textures += bundle.textures.size();
+    tally->arrays += bundle.arrays.size();
   }
+  bundle.textures.clear();
+  bundle.arrays.clear();
   bundle.modules.clear();
   bundle.libraries.clear();
   bundle.allocations.clear();
@@ -135,6 +161,8 @@ CUresult retire_context(Session& session, std::uint64_t ctx_id) {
     session.memory_used -= std::min(session.memory_used, a.bytes);
     bundle.allocations.push_back(a);
   }
+  take_arrays_and_textures(session, bundle,
+                           [&](std::uint64_t owner_ctx) { return owner_ctx == ctx_id; });
   // Fences go on the context's streams too, before they are destroyed.
   CUresult result = retire(session, std::move(bundle));
   for (std::uint64_t id :
@@ -169,6 +197,7 @@ FreedTally free_everything(Session& session) {
   for (std::uint64_t id : session.objects.ids<HostRegionObj>()) {
     rest.regions.push_back(*session.objects.take<HostRegionObj>(id));
   }
+  take_arrays_and_textures(session, rest, [](std::uint64_t) { return true; });
   free_retired(session, rest, &tally);
   session.memory_used = 0;
 

@@ -68,6 +68,8 @@ struct Retired {
   std::vector<CUlibrary> libraries;
   std::vector<DeviceRange> allocations;
   std::vector<HostRegionObj> regions;
+  std::vector<TexObj> textures;  // destroyed before the arrays they may sample
+  std::vector<CUarray> arrays;
 };
 
 // A memfd the client sent on its socket, waiting for the ring record that names its token.
@@ -86,6 +88,8 @@ struct FreedTally {
   std::size_t streams = 0;
   std::size_t events = 0;
   std::size_t regions = 0;
+  std::size_t arrays = 0;
+  std::size_t textures = 0;
 };
 
 class Session {

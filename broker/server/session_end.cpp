@@ -26,6 +26,10 @@ std::string freed_summary(const FreedTally& t) {
   if (t.events != 0) parts.push_back(count(t.events, "event", "events"));
   if (t.regions != 0)
     parts.push_back(count(t.regions, "pinned host region", "pinned host regions"));
+  if (t.arrays != 0) parts.push_back(count(t.arrays, "CUDA array", "CUDA arrays"));
+  if (t.textures != 0) {
+    parts.push_back(count(t.textures, "texture/surface object", "texture/surface objects"));
+  }
   if (parts.empty()) return "nothing to free";
   return "freed " + fmt::format("{}", fmt::join(parts, ", "));
 }

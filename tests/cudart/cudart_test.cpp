@@ -21,7 +21,7 @@ using namespace std::chrono_literals;
 namespace {
 
 constexpr const char* kPrograms[] = {"CUDART_VECADD", "CUDART_STREAMS", "CUDART_RDC",
-                                     "CUDART_PER_THREAD"};
+                                     "CUDART_PER_THREAD", "CUDART_COPIES"};
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -127,6 +127,13 @@ TEST_CASE("four threads use their per-thread default streams at once under the s
   run_and_check(daemon, "CUDART_PER_THREAD");
   run_and_check(daemon, "CUDART_PER_THREAD", {"1"});
   run_and_check(daemon, "CUDART_PER_THREAD", {"300001"});
+}
+
+TEST_CASE("cudart 2D/3D copies, arrays, peer copies and texture objects run under the shim",
+          "[cudart]") {
+  Daemon daemon;
+  run_and_check(daemon, "CUDART_COPIES");
+  run_and_check(daemon, "CUDART_COPIES", {"3"});
 }
 
 TEST_CASE("four cudart programs at once each get their own correct results", "[cudart]") {

@@ -10,6 +10,7 @@
 #include "proto/control.hpp"
 #include "proto/device_snapshot.hpp"
 #include "proto/ops.hpp"
+#include "proto/ops_copies.hpp"
 #include "proto/ring.hpp"
 #include "proto/segment.hpp"
 
@@ -168,6 +169,42 @@ std::uint64_t layout_fingerprint() {
   SIZE(OccupancyReq);
   SIZE(OccupancyRep);
   SIZE(ClusterOccupancyReq);
+  SIZE(CopySide);
+  FIELD(CopySide, offset);
+  FIELD(CopySide, pitch);
+  FIELD(CopySide, height);
+  FIELD(CopySide, kind);
+  FIELD(CopySide, generation);
+  SIZE(Copy3DReq);
+  FIELD(Copy3DReq, width_bytes);
+  FIELD(Copy3DReq, src);
+  FIELD(Copy3DReq, dst);
+  SIZE(ArrayDescriptor);
+  FIELD(ArrayDescriptor, format);
+  FIELD(ArrayDescriptor, channels);
+  FIELD(ArrayDescriptor, flags);
+  SIZE(ArrayCreateReq);
+  SIZE(ArrayCreateRep);
+  SIZE(WireResourceDesc);
+  FIELD(WireResourceDesc, handle);
+  FIELD(WireResourceDesc, format);
+  FIELD(WireResourceDesc, size_bytes);
+  FIELD(WireResourceDesc, pitch);
+  SIZE(WireTextureDesc);
+  FIELD(WireTextureDesc, filter_mode);
+  FIELD(WireTextureDesc, mipmap_level_bias);
+  FIELD(WireTextureDesc, border_color);
+  SIZE(WireResourceViewDesc);
+  FIELD(WireResourceViewDesc, width);
+  FIELD(WireResourceViewDesc, first_mipmap_level);
+  SIZE(TexObjectCreateReq);
+  FIELD(TexObjectCreateReq, resource);
+  FIELD(TexObjectCreateReq, texture);
+  FIELD(TexObjectCreateReq, view);
+  SIZE(SurfObjectCreateReq);
+  SIZE(TexObjectRep);
+  f.add(static_cast<std::uint64_t>(Op::kCopy3D));
+  f.add(static_cast<std::uint64_t>(Op::kSurfObjectDestroy));
   f.add(static_cast<std::uint64_t>(Op::kCount));
   f.add(static_cast<std::uint64_t>(MessageKind::kServerTerminateClient));
   f.add(kSlotBytes);
@@ -182,6 +219,7 @@ struct Pinned {
 };
 constexpr Pinned kPinned[] = {
     {1, 0, 0x4ba4610596c1d0e0},
+    {1, 1, 0x6dab2c70ef01b429},  // copies: Op 100..106 and proto/ops_copies.hpp
 };
 
 }  // namespace

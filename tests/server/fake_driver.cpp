@@ -376,6 +376,7 @@ DriverTable fake_driver_table() {
     *n = 1024;
     return CUDA_SUCCESS;
   };
+  add_copy_fakes(t);
   return t;
 }
 

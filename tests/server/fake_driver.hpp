@@ -48,6 +48,11 @@ struct FakeGpu {
   unsigned last_launch_attribute_count = 0;
   std::vector<std::byte> last_launch_args;
   std::size_t limits[CU_LIMIT_MAX] = {};
+  // 2D/3D copies, arrays, texture/surface objects (fake_driver_copies.cpp).
+  int copies_3d = 0;
+  int arrays_live = 0;
+  int tex_objects_live = 0;
+  std::map<CUarray, std::vector<std::byte>> arrays;
   // The same name gives the same CUfunction/CUkernel again, as the real driver does.
   std::map<std::string, void*> named;
 
@@ -56,5 +61,6 @@ struct FakeGpu {
 
 FakeGpu& fake_gpu();
 DriverTable fake_driver_table();
+void add_copy_fakes(DriverTable& t);
 
 }  // namespace mpsshim::server::test

@@ -1,5 +1,7 @@
 #include "tests/testdriver/kernels.hpp"
 
+#include "tests/testdriver/texture.hpp"
+
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -102,6 +104,16 @@ void trigger_fault(const KernelContext& k, int* p) {
   *k.device(p, 1) = kMarker;
 }
 
+// One thread per texel (x, y) of a width x height grid:
+// out[y * width + x] = tex2D<float>(tex, x + 0.5f, y + 0.5f);
+void tex2d_fetch_f32(const KernelContext& k, unsigned long long tex, float* out, int width,
+                     int height) {
+  if (width <= 0 || height <= 0) return;
+  float* hout = k.device(out, static_cast<std::size_t>(width) * static_cast<std::size_t>(height));
+  for (long y = 0; y < height; ++y)
+    for (long x = 0; x < width; ++x) hout[y * width + x] = fetch_texel_f32(tex, x, y);
+}
+
 // ---- Table machinery: parameter layout and argument unpacking come from the body's signature, so
 // ---- adding a kernel is one line in kTable.
 
@@ -149,11 +161,17 @@ struct Entry<Body> {
 };
 
 constexpr std::array kTable{
-    Entry<&vector_add>::def("vector_add"),       Entry<&matmul_tiled>::def("matmul_tiled"),
-    Entry<&scale_add>::def("scale_add"),         Entry<&fill_u32>::def("fill_u32"),
-    Entry<&increment_i32>::def("increment_i32"), Entry<&empty_kernel>::def("empty_kernel"),
-    Entry<&spin_kernel>::def("spin_kernel"),     Entry<&sleep_kernel>::def("sleep_kernel"),
-    Entry<&record_smid>::def("record_smid"),     Entry<&trigger_fault>::def("trigger_fault"),
+    Entry<&vector_add>::def("vector_add"),
+    Entry<&matmul_tiled>::def("matmul_tiled"),
+    Entry<&scale_add>::def("scale_add"),
+    Entry<&fill_u32>::def("fill_u32"),
+    Entry<&increment_i32>::def("increment_i32"),
+    Entry<&empty_kernel>::def("empty_kernel"),
+    Entry<&spin_kernel>::def("spin_kernel"),
+    Entry<&sleep_kernel>::def("sleep_kernel"),
+    Entry<&record_smid>::def("record_smid"),
+    Entry<&trigger_fault>::def("trigger_fault"),
+    Entry<&tex2d_fetch_f32>::def("tex2d_fetch_f32"),
 };
 
 }  // namespace

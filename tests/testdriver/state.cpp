@@ -39,7 +39,7 @@ int State::live_objects() {
   if (forked.load() || !initialized.load()) return 0;
   std::lock_guard lock(mutex);
   std::size_t n = streams.size() + events.size() + libraries.size() + green_contexts.size() +
-                  registrations.size();
+                  registrations.size() + arrays.size() + tex_objects.size();
   for (const auto& [base, a] : allocations) n += a.user ? 1 : 0;
   for (const auto& [handle, m] : modules) n += m->library == nullptr ? 1 : 0;
   return static_cast<int>(n);

@@ -128,6 +128,24 @@ struct Registration {
   unsigned flags;
 };
 
+// A CUDA array (arrays.cpp): rows packed in a device allocation of its own.
+struct Array {
+  int device;
+  CUdeviceptr storage;
+  CUDA_ARRAY3D_DESCRIPTOR desc;
+  std::size_t element;  // bytes
+  std::size_t row() const { return desc.Width * element; }
+  std::size_t rows() const { return desc.Height == 0 ? 1 : desc.Height; }
+  std::size_t slices() const { return desc.Depth == 0 ? 1 : desc.Depth; }
+};
+
+// A texture or surface object (arrays.cpp).
+struct TexObject {
+  CUDA_RESOURCE_DESC resource;
+  CUDA_TEXTURE_DESC texture;
+  bool surface;
+};
+
 // Objects by handle; the handle is the object's address.
 template <class Handle, class T>
 class HandleTable {
@@ -186,6 +204,9 @@ class State {
   // Destroyed streams still running what they were given: the device is not idle until they are.
   std::vector<std::pair<int, std::weak_ptr<WorkQueue>>> retiring;
   HandleTable<CUdevResourceDesc, ResourceDesc> descs;
+  HandleTable<CUarray, Array> arrays;
+  std::map<unsigned long long, TexObject> tex_objects;  // by value; values count up from 1
+  unsigned long long next_tex_object = 1;
   std::uint64_t next_split = 1;
 
   // Why an entry point may not run at all: not initialized, a forked child, a sticky fault.
