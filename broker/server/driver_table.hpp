@@ -86,7 +86,31 @@
   X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, CUresult,                                \
     (int*, CUfunction, int, size_t, unsigned int))                                                 \
   X(cuOccupancyMaxActiveClusters, CUresult, (int*, CUfunction, const CUlaunchConfig*))             \
-  X(cuOccupancyAvailableDynamicSMemPerBlock, CUresult, (size_t*, CUfunction, int, int))
+  X(cuOccupancyAvailableDynamicSMemPerBlock, CUresult, (size_t*, CUfunction, int, int))         \
+  X(cuStreamBeginCapture_v2, CUresult, (CUstream, CUstreamCaptureMode))                          \
+  X(cuStreamEndCapture, CUresult, (CUstream, CUgraph*))                                          \
+  X(cuStreamIsCapturing, CUresult, (CUstream, CUstreamCaptureStatus*))                           \
+  X(cuStreamGetCaptureInfo_v3, CUresult,                                                         \
+    (CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*, const CUgraphNode**,               \
+     const CUgraphEdgeData**, size_t*))                                                          \
+  X(cuGraphCreate, CUresult, (CUgraph*, unsigned int))                                           \
+  X(cuGraphDestroy, CUresult, (CUgraph))                                                         \
+  X(cuGraphGetNodes, CUresult, (CUgraph, CUgraphNode*, size_t*))                                 \
+  X(cuGraphInstantiateWithFlags, CUresult, (CUgraphExec*, CUgraph, unsigned long long))          \
+  X(cuGraphExecDestroy, CUresult, (CUgraphExec))                                                 \
+  X(cuGraphLaunch, CUresult, (CUgraphExec, CUstream))                                            \
+  X(cuGraphUpload, CUresult, (CUgraphExec, CUstream))                                            \
+  X(cuGraphExecUpdate_v2, CUresult, (CUgraphExec, CUgraph, CUgraphExecUpdateResultInfo*))        \
+  X(cuGraphAddKernelNode_v2, CUresult,                                                           \
+    (CUgraphNode*, CUgraph, const CUgraphNode*, size_t, const CUDA_KERNEL_NODE_PARAMS*))          \
+  X(cuGraphAddMemsetNode, CUresult,                                                              \
+    (CUgraphNode*, CUgraph, const CUgraphNode*, size_t, const CUDA_MEMSET_NODE_PARAMS*,          \
+     CUcontext))                                                                                 \
+  X(cuGraphAddMemcpyNode, CUresult,                                                              \
+    (CUgraphNode*, CUgraph, const CUgraphNode*, size_t, const CUDA_MEMCPY3D*, CUcontext))        \
+  X(cuGraphAddEmptyNode, CUresult, (CUgraphNode*, CUgraph, const CUgraphNode*, size_t))          \
+  X(cuGraphAddDependencies_v2, CUresult,                                                         \
+    (CUgraph, const CUgraphNode*, const CUgraphNode*, const CUgraphEdgeData*, size_t))
 
 namespace mpsshim::server {
 
