@@ -68,6 +68,7 @@ struct Retired {
   std::vector<CUlibrary> libraries;
   std::vector<DeviceRange> allocations;
   std::vector<HostRegionObj> regions;
+  std::vector<CUgraphExec> graph_execs;
 };
 
 // A memfd the client sent on its socket, waiting for the ring record that names its token.
@@ -86,6 +87,7 @@ struct FreedTally {
   std::size_t streams = 0;
   std::size_t events = 0;
   std::size_t regions = 0;
+  std::size_t graphs = 0;
 };
 
 class Session {
@@ -166,6 +168,10 @@ class Session {
   std::vector<Completion> pending;
   std::vector<Retired> retiring;
   std::vector<CUevent> event_pool;
+  // Captures begun and not yet ended: while 0, no stream of the client is capturing and nothing
+  // asks the driver. fence_stream stands in for capturing streams in fence_all_streams.
+  std::uint32_t active_captures = 0;
+  CUstream fence_stream = nullptr;
   std::vector<std::uint8_t> slot_busy;  // a deferred answer is owed on this slot
 
   std::uint64_t launches = 0;

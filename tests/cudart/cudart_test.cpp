@@ -20,7 +20,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-constexpr const char* kPrograms[] = {"CUDART_VECADD", "CUDART_STREAMS"};
+constexpr const char* kPrograms[] = {"CUDART_VECADD", "CUDART_STREAMS", "CUDART_GRAPH"};
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -112,6 +112,13 @@ TEST_CASE("cudart streams, pinned memory, events and memset run under the shim",
   Daemon daemon;
   run_and_check(daemon, "CUDART_STREAMS");
   run_and_check(daemon, "CUDART_STREAMS", {"777"});
+}
+
+TEST_CASE("a cudart program captures, replays, updates and builds graphs under the shim",
+          "[cudart][graph]") {
+  Daemon daemon;
+  run_and_check(daemon, "CUDART_GRAPH");
+  run_and_check(daemon, "CUDART_GRAPH", {"1000", "3"});
 }
 
 TEST_CASE("four cudart programs at once each get their own correct results", "[cudart]") {

@@ -219,6 +219,7 @@ struct Pinned {
 };
 constexpr Pinned kPinned[] = {
     {1, 0, 0x4ba4610596c1d0e0},
+    {1, 1, 0x1a7ba65bc7a0ca46},
 };
 
 }  // namespace
