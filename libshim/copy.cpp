@@ -8,6 +8,7 @@
 #include <deque>
 
 #include "libshim/api.hpp"
+#include "libshim/capture.hpp"
 #include "libshim/client.hpp"
 #include "libshim/log.hpp"
 
@@ -46,6 +47,7 @@ CUresult copy_htod(Context* ctx, Stream* stream, CUdeviceptr dst, const void* sr
                                 proto::kFlagReplyWhenDone);
     return finish_sync(session, rc);
   }
+  if (CUresult rc = refuse_staged_copy_in_capture(ctx, stream); rc != CUDA_SUCCESS) return rc;
   const auto* bytes = static_cast<const std::byte*>(src);
   for (std::size_t offset = 0; offset < n;) {
     Session::Chunk chunk{};
@@ -83,6 +85,7 @@ CUresult copy_dtoh(Context* ctx, Stream* stream, void* dst, CUdeviceptr src, siz
                                 proto::kFlagReplyWhenDone);
     return finish_sync(session, rc);
   }
+  if (CUresult rc = refuse_staged_copy_in_capture(ctx, stream); rc != CUDA_SUCCESS) return rc;
   // Keep half the chunks free for the process's other threads.
   const std::size_t max_in_flight = std::max<std::uint32_t>(1, session->chunk_count() / 2);
   struct Piece {

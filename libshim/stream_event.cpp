@@ -86,74 +86,65 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuStreamDestroy(CUstream handle) {
   return cuStreamDestroy_v2(handle);
 }
 
-#define MPSSHIM_STREAM_ENTRIES(SUFFIX, MODE)                                                   \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamQuery##SUFFIX(CUstream h) {                          \
-    return stream_call(h, MODE, proto::Op::kStreamQuery, false);                               \
-  }                                                                                            \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamSynchronize##SUFFIX(CUstream h) {                    \
-    return stream_call(h, MODE, proto::Op::kStreamSynchronize, true);                          \
-  }                                                                                            \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamWaitEvent##SUFFIX(CUstream h, CUevent e,             \
-                                                            unsigned int flags) {              \
-    return wait_event(h, e, flags, MODE);                                                      \
-  }                                                                                            \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuEventRecord##SUFFIX(CUevent e, CUstream h) {               \
-    return record_event(e, h, 0, MODE);                                                        \
-  }                                                                                            \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuEventRecordWithFlags##SUFFIX(CUevent e, CUstream h,        \
-                                                                 unsigned int flags) {         \
-    return record_event(e, h, flags, MODE);                                                    \
-  }                                                                                            \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetFlags##SUFFIX(CUstream h, unsigned int* flags) {  \
-    Context* ctx = nullptr;                                                                    \
-    Stream* s = nullptr;                                                                       \
-    if (CUresult rc = resolve_stream(h, MODE, ctx, s); rc != CUDA_SUCCESS) return rc;          \
-    if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;                                     \
-    *flags = s->flags;                                                                         \
-    return CUDA_SUCCESS;                                                                       \
-  }                                                                                            \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetPriority##SUFFIX(CUstream h, int* priority) {     \
-    Context* ctx = nullptr;                                                                    \
-    Stream* s = nullptr;                                                                       \
-    if (CUresult rc = resolve_stream(h, MODE, ctx, s); rc != CUDA_SUCCESS) return rc;          \
-    if (priority == nullptr) return CUDA_ERROR_INVALID_VALUE;                                  \
-    *priority = s->priority;                                                                   \
-    return CUDA_SUCCESS;                                                                       \
-  }                                                                                            \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetCtx##SUFFIX(CUstream h, CUcontext* pctx) {        \
-    Context* ctx = nullptr;                                                                    \
-    Stream* s = nullptr;                                                                       \
-    if (CUresult rc = resolve_stream(h, MODE, ctx, s); rc != CUDA_SUCCESS) return rc;          \
-    if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;                                      \
-    *pctx = reinterpret_cast<CUcontext>(ctx);                                                  \
-    return CUDA_SUCCESS;                                                                       \
-  }                                                                                            \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetId##SUFFIX(CUstream h, unsigned long long* id) {  \
-    Context* ctx = nullptr;                                                                    \
-    Stream* s = nullptr;                                                                       \
-    if (CUresult rc = resolve_stream(h, MODE, ctx, s); rc != CUDA_SUCCESS) return rc;          \
-    if (id == nullptr) return CUDA_ERROR_INVALID_VALUE;                                        \
-    *id = s->id;                                                                               \
-    return CUDA_SUCCESS;                                                                       \
-  }                                                                                            \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetDevice##SUFFIX(CUstream h, CUdevice* device) {    \
-    Context* ctx = nullptr;                                                                    \
-    Stream* s = nullptr;                                                                       \
-    if (CUresult rc = resolve_stream(h, MODE, ctx, s); rc != CUDA_SUCCESS) return rc;          \
-    if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;                                    \
-    *device = ctx->device;                                                                     \
-    return CUDA_SUCCESS;                                                                       \
-  }                                                                                            \
-  /* Stream capture is not implemented yet: no stream is ever capturing. */                    \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamIsCapturing##SUFFIX(CUstream h,                      \
-                                                              CUstreamCaptureStatus* status) { \
-    Context* ctx = nullptr;                                                                    \
-    Stream* s = nullptr;                                                                       \
-    if (CUresult rc = resolve_stream(h, MODE, ctx, s); rc != CUDA_SUCCESS) return rc;          \
-    if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;                                    \
-    *status = CU_STREAM_CAPTURE_STATUS_NONE;                                                   \
-    return CUDA_SUCCESS;                                                                       \
+#define MPSSHIM_STREAM_ENTRIES(SUFFIX, MODE)                                                  \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamQuery##SUFFIX(CUstream h) {                         \
+    return stream_call(h, MODE, proto::Op::kStreamQuery, false);                              \
+  }                                                                                           \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamSynchronize##SUFFIX(CUstream h) {                   \
+    return stream_call(h, MODE, proto::Op::kStreamSynchronize, true);                         \
+  }                                                                                           \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamWaitEvent##SUFFIX(CUstream h, CUevent e,            \
+                                                            unsigned int flags) {             \
+    return wait_event(h, e, flags, MODE);                                                     \
+  }                                                                                           \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuEventRecord##SUFFIX(CUevent e, CUstream h) {              \
+    return record_event(e, h, 0, MODE);                                                       \
+  }                                                                                           \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuEventRecordWithFlags##SUFFIX(CUevent e, CUstream h,       \
+                                                                 unsigned int flags) {        \
+    return record_event(e, h, flags, MODE);                                                   \
+  }                                                                                           \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetFlags##SUFFIX(CUstream h, unsigned int* flags) { \
+    Context* ctx = nullptr;                                                                   \
+    Stream* s = nullptr;                                                                      \
+    if (CUresult rc = resolve_stream(h, MODE, ctx, s); rc != CUDA_SUCCESS) return rc;         \
+    if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;                                    \
+    *flags = s->flags;                                                                        \
+    return CUDA_SUCCESS;                                                                      \
+  }                                                                                           \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetPriority##SUFFIX(CUstream h, int* priority) {    \
+    Context* ctx = nullptr;                                                                   \
+    Stream* s = nullptr;                                                                      \
+    if (CUresult rc = resolve_stream(h, MODE, ctx, s); rc != CUDA_SUCCESS) return rc;         \
+    if (priority == nullptr) return CUDA_ERROR_INVALID_VALUE;                                 \
+    *priority = s->priority;                                                                  \
+    return CUDA_SUCCESS;                                                                      \
+  }                                                                                           \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetCtx##SUFFIX(CUstream h, CUcontext* pctx) {       \
+    Context* ctx = nullptr;                                                                   \
+    Stream* s = nullptr;                                                                      \
+    if (CUresult rc = resolve_stream(h, MODE, ctx, s); rc != CUDA_SUCCESS) return rc;         \
+    if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;                                     \
+    *pctx = reinterpret_cast<CUcontext>(ctx);                                                 \
+    return CUDA_SUCCESS;                                                                      \
+  }                                                                                           \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetId##SUFFIX(CUstream h, unsigned long long* id) { \
+    Context* ctx = nullptr;                                                                   \
+    Stream* s = nullptr;                                                                      \
+    if (CUresult rc = resolve_stream(h, MODE, ctx, s); rc != CUDA_SUCCESS) return rc;         \
+    if (id == nullptr) return CUDA_ERROR_INVALID_VALUE;                                       \
+    *id = s->id;                                                                              \
+    return CUDA_SUCCESS;                                                                      \
+  }                                                                                           \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetDevice##SUFFIX(CUstream h, CUdevice* device) {   \
+    Context* ctx = nullptr;                                                                   \
+    Stream* s = nullptr;                                                                      \
+    if (CUresult rc = resolve_stream(h, MODE, ctx, s); rc != CUDA_SUCCESS) return rc;         \
+    if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;                                   \
+    *device = ctx->device;                                                                    \
+    return CUDA_SUCCESS;                                                                      \
   }
+// cuStreamIsCapturing and the rest of stream capture: graph.cpp.
 
 MPSSHIM_STREAM_ENTRIES(, DefaultStream::kLegacy)
 MPSSHIM_STREAM_ENTRIES(_ptsz, DefaultStream::kPerThread)

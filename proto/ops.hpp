@@ -69,6 +69,23 @@ enum class Op : std::uint16_t {
   kOccupancyMaxActiveBlocks = 44,
   kOccupancyMaxActiveClusters = 45,
   kOccupancyAvailableDynamicSmem = 46,
+  // Stream capture and graphs (60..79).
+  kStreamBeginCapture = 60,
+  kStreamEndCapture = 61,
+  kStreamCaptureInfo = 62,
+  kGraphCreate = 63,
+  kGraphDestroy = 64,
+  kGraphInstantiate = 65,
+  kGraphExecDestroy = 66,
+  kGraphLaunch = 67,
+  kGraphUpload = 68,
+  kGraphExecUpdate = 69,
+  kGraphGetNodes = 70,
+  kGraphAddKernelNode = 71,
+  kGraphAddMemsetNode = 72,
+  kGraphAddCopyNode = 73,
+  kGraphAddEmptyNode = 74,
+  kGraphAddDependencies = 75,
   // 2D/3D copies, CUDA arrays, texture and surface objects (proto/ops_copies.hpp)
   kCopy3D = 100,
   kArrayCreate = 101,
@@ -77,7 +94,7 @@ enum class Op : std::uint16_t {
   kTexObjectDestroy = 104,
   kSurfObjectCreate = 105,
   kSurfObjectDestroy = 106,
-  kCount = 120
+  kCount
 };
 
 // RecordHeader::flags
@@ -309,6 +326,103 @@ struct ClusterOccupancyReq {
   std::uint32_t attribute_count;
 };
 
+// ---- stream capture and graphs ----
+// Capture runs on the server's real stream; the server always captures in
+// CU_STREAM_CAPTURE_MODE_RELAXED (one server thread serves every client, so a global-mode
+// capture would forbid other clients' calls) and the client emulates its own mode.
+struct BeginCaptureReq {
+  WireHandle stream;
+  std::uint32_t mode;  // CUstreamCaptureMode the client asked for
+  std::uint32_t reserved;
+};
+struct EndCaptureRep {
+  WireHandle graph;  // 0 when the capture was invalidated
+};
+struct CaptureInfoRep {
+  std::uint32_t status;  // CUstreamCaptureStatus
+  std::uint32_t reserved;
+  std::uint64_t id;
+  WireHandle graph;               // ACTIVE only: the graph being captured into
+  std::uint64_t dependency_count; // ACTIVE only
+};
+struct GraphCreateReq {
+  WireHandle ctx;
+  std::uint32_t flags;
+  std::uint32_t reserved;
+};
+struct GraphRep {
+  WireHandle handle;  // a graph, an executable graph or a node
+};
+struct GraphInstantiateReq {
+  WireHandle graph;
+  WireHandle upload_stream;  // 0: none (CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD not set)
+  std::uint64_t flags;       // CUgraphInstantiate_flags
+};
+struct GraphInstantiateRep {
+  WireHandle exec;
+  std::uint32_t result;  // CUgraphInstantiateResult
+  std::uint32_t reserved;
+};
+struct GraphLaunchReq {  // kGraphLaunch and kGraphUpload
+  WireHandle exec;
+  WireHandle stream;
+};
+struct GraphExecUpdateReq {
+  WireHandle exec;
+  WireHandle graph;
+};
+struct GraphExecUpdateRep {
+  std::uint32_t result;  // CUgraphExecUpdateResult
+  std::uint32_t reserved;
+};
+// Nodes are listed a page at a time: the reply holds up to kNodesPerReply ids from `first`.
+struct GraphGetNodesReq {
+  WireHandle graph;
+  std::uint64_t first;
+};
+struct GraphGetNodesRep {
+  std::uint64_t total;
+  std::uint64_t count;  // ids below
+  WireHandle nodes[(kSlotPayloadBytes - 16) / sizeof(WireHandle)];
+};
+inline constexpr std::uint32_t kNodesPerReply = (kSlotPayloadBytes - 16) / sizeof(WireHandle);
+inline constexpr std::uint32_t kMaxNodeDependencies = 512;
+// Every kGraphAdd*Node request is followed by dependency_count node ids (WireHandle), then
+// what the node kind states (kernel: its arguments, packed as for LaunchReq).
+struct GraphAddNodeHeader {
+  WireHandle graph;
+  std::uint32_t dependency_count;
+  std::uint32_t reserved;
+};
+struct GraphKernelNodeReq {
+  GraphAddNodeHeader node;
+  WireHandle function;
+  std::uint32_t grid[3];
+  std::uint32_t block[3];
+  std::uint32_t shared_bytes;
+  std::uint32_t args_bytes;
+};
+struct GraphMemsetNodeReq {
+  GraphAddNodeHeader node;
+  std::uint64_t dst;
+  std::uint64_t pitch;
+  std::uint64_t width;   // elements per row
+  std::uint64_t height;  // rows
+  std::uint32_t value;
+  std::uint32_t element_bytes;
+};
+struct GraphCopyNodeReq {  // device to device, one-dimensional
+  GraphAddNodeHeader node;
+  std::uint64_t dst;
+  std::uint64_t src;
+  std::uint64_t bytes;
+};
+// Followed by `count` (from, to) pairs of node ids.
+struct GraphAddDependenciesReq {
+  WireHandle graph;
+  std::uint64_t count;
+};
+
 // Every payload above is plain bytes and fits a response slot.
 #define MPSSHIM_WIRE_CHECK(T)                                    \
   static_assert(kWireSafe<T>, #T " must be trivially copyable"); \
@@ -336,6 +450,23 @@ MPSSHIM_WIRE_CHECK(EventRecordReq)
 MPSSHIM_WIRE_CHECK(ElapsedReq)
 MPSSHIM_WIRE_CHECK(OccupancyReq)
 MPSSHIM_WIRE_CHECK(ClusterOccupancyReq)
+MPSSHIM_WIRE_CHECK(BeginCaptureReq)
+MPSSHIM_WIRE_CHECK(EndCaptureRep)
+MPSSHIM_WIRE_CHECK(CaptureInfoRep)
+MPSSHIM_WIRE_CHECK(GraphCreateReq)
+MPSSHIM_WIRE_CHECK(GraphRep)
+MPSSHIM_WIRE_CHECK(GraphInstantiateReq)
+MPSSHIM_WIRE_CHECK(GraphInstantiateRep)
+MPSSHIM_WIRE_CHECK(GraphLaunchReq)
+MPSSHIM_WIRE_CHECK(GraphExecUpdateReq)
+MPSSHIM_WIRE_CHECK(GraphExecUpdateRep)
+MPSSHIM_WIRE_CHECK(GraphGetNodesReq)
+MPSSHIM_WIRE_CHECK(GraphGetNodesRep)
+MPSSHIM_WIRE_CHECK(GraphAddNodeHeader)
+MPSSHIM_WIRE_CHECK(GraphKernelNodeReq)
+MPSSHIM_WIRE_CHECK(GraphMemsetNodeReq)
+MPSSHIM_WIRE_CHECK(GraphCopyNodeReq)
+MPSSHIM_WIRE_CHECK(GraphAddDependenciesReq)
 #undef MPSSHIM_WIRE_CHECK
 static_assert(sizeof(FunctionRep) <= kSlotPayloadBytes);
 static_assert(sizeof(WireLaunchAttribute) == 72, "CUlaunchAttribute is 72 bytes");
@@ -343,5 +474,10 @@ static_assert(sizeof(LaunchReq) == 56);
 static_assert(sizeof(HostRef) == 24);
 static_assert(sizeof(CopyHostReq) == 48);
 static_assert(sizeof(MemsetReq) == 48);
+static_assert(sizeof(GraphGetNodesRep) <= kSlotPayloadBytes);
+static_assert(sizeof(GraphAddNodeHeader) == 16);
+static_assert(sizeof(GraphKernelNodeReq) == 56);
+static_assert(sizeof(GraphMemsetNodeReq) == 56);
+static_assert(sizeof(GraphCopyNodeReq) == 40);
 
 }  // namespace mpsshim::proto

@@ -98,6 +98,30 @@ std::array<OpSpec, kOpCount> make_specs() {
       true);
   set(Op::kSurfObjectDestroy, "SurfObjectDestroy", op_surf_object_destroy, sizeof(HandleReq),
       false);
+  set(Op::kStreamBeginCapture, "StreamBeginCapture", op_stream_begin_capture,
+      sizeof(BeginCaptureReq), true);
+  set(Op::kStreamEndCapture, "StreamEndCapture", op_stream_end_capture, sizeof(HandleReq), true);
+  set(Op::kStreamCaptureInfo, "StreamCaptureInfo", op_stream_capture_info, sizeof(HandleReq), true);
+  set(Op::kGraphCreate, "GraphCreate", op_graph_create, sizeof(GraphCreateReq), true);
+  set(Op::kGraphDestroy, "GraphDestroy", op_graph_destroy, sizeof(HandleReq), false);
+  set(Op::kGraphInstantiate, "GraphInstantiate", op_graph_instantiate, sizeof(GraphInstantiateReq),
+      true);
+  set(Op::kGraphExecDestroy, "GraphExecDestroy", op_graph_exec_destroy, sizeof(HandleReq), false);
+  set(Op::kGraphLaunch, "GraphLaunch", op_graph_launch, sizeof(GraphLaunchReq), false);
+  set(Op::kGraphUpload, "GraphUpload", op_graph_launch, sizeof(GraphLaunchReq), false);
+  set(Op::kGraphExecUpdate, "GraphExecUpdate", op_graph_exec_update, sizeof(GraphExecUpdateReq),
+      true);
+  set(Op::kGraphGetNodes, "GraphGetNodes", op_graph_get_nodes, sizeof(GraphGetNodesReq), true);
+  set(Op::kGraphAddKernelNode, "GraphAddKernelNode", op_graph_add_kernel_node,
+      sizeof(GraphKernelNodeReq), true);
+  set(Op::kGraphAddMemsetNode, "GraphAddMemsetNode", op_graph_add_memset_node,
+      sizeof(GraphMemsetNodeReq), true);
+  set(Op::kGraphAddCopyNode, "GraphAddCopyNode", op_graph_add_copy_node, sizeof(GraphCopyNodeReq),
+      true);
+  set(Op::kGraphAddEmptyNode, "GraphAddEmptyNode", op_graph_add_empty_node,
+      sizeof(GraphAddNodeHeader), true);
+  set(Op::kGraphAddDependencies, "GraphAddDependencies", op_graph_add_dependencies,
+      sizeof(GraphAddDependenciesReq), true);
   return s;
 }
 

@@ -95,7 +95,31 @@
      const CUDA_RESOURCE_VIEW_DESC*))                                                              \
   X(cuTexObjectDestroy, CUresult, (CUtexObject))                                                   \
   X(cuSurfObjectCreate, CUresult, (CUsurfObject*, const CUDA_RESOURCE_DESC*))                      \
-  X(cuSurfObjectDestroy, CUresult, (CUsurfObject))
+  X(cuSurfObjectDestroy, CUresult, (CUsurfObject))                                                 \
+  X(cuStreamBeginCapture_v2, CUresult, (CUstream, CUstreamCaptureMode))                            \
+  X(cuStreamEndCapture, CUresult, (CUstream, CUgraph*))                                            \
+  X(cuStreamIsCapturing, CUresult, (CUstream, CUstreamCaptureStatus*))                             \
+  X(cuStreamGetCaptureInfo_v3, CUresult,                                                           \
+    (CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*, const CUgraphNode**,                 \
+     const CUgraphEdgeData**, size_t*))                                                            \
+  X(cuGraphCreate, CUresult, (CUgraph*, unsigned int))                                             \
+  X(cuGraphDestroy, CUresult, (CUgraph))                                                           \
+  X(cuGraphGetNodes, CUresult, (CUgraph, CUgraphNode*, size_t*))                                   \
+  X(cuGraphInstantiateWithFlags, CUresult, (CUgraphExec*, CUgraph, unsigned long long))            \
+  X(cuGraphExecDestroy, CUresult, (CUgraphExec))                                                   \
+  X(cuGraphLaunch, CUresult, (CUgraphExec, CUstream))                                              \
+  X(cuGraphUpload, CUresult, (CUgraphExec, CUstream))                                              \
+  X(cuGraphExecUpdate_v2, CUresult, (CUgraphExec, CUgraph, CUgraphExecUpdateResultInfo*))          \
+  X(cuGraphAddKernelNode_v2, CUresult,                                                             \
+    (CUgraphNode*, CUgraph, const CUgraphNode*, size_t, const CUDA_KERNEL_NODE_PARAMS*))           \
+  X(cuGraphAddMemsetNode, CUresult,                                                                \
+    (CUgraphNode*, CUgraph, const CUgraphNode*, size_t, const CUDA_MEMSET_NODE_PARAMS*,            \
+     CUcontext))                                                                                   \
+  X(cuGraphAddMemcpyNode, CUresult,                                                                \
+    (CUgraphNode*, CUgraph, const CUgraphNode*, size_t, const CUDA_MEMCPY3D*, CUcontext))          \
+  X(cuGraphAddEmptyNode, CUresult, (CUgraphNode*, CUgraph, const CUgraphNode*, size_t))            \
+  X(cuGraphAddDependencies_v2, CUresult,                                                           \
+    (CUgraph, const CUgraphNode*, const CUgraphNode*, const CUgraphEdgeData*, size_t))
 
 namespace mpsshim::server {
 

@@ -27,6 +27,12 @@ struct StreamObj {
   bool work_since_join = false;    // blocking: work the default stream has not waited for yet
   std::uint64_t joined_epoch = 0;  // blocking: the default stream's epoch last waited for
   CUevent join_event = nullptr;    // recorded here to make another stream wait for this one
+  // Stream capture (capture.hpp): the stream began a capture (it must end it); a pool event
+  // recorded just before the stream began or joined a capture, which fences stand in for while
+  // it captures; the id of the graph being captured, once the client asked for it.
+  bool capture_origin = false;
+  CUevent capture_fence = nullptr;
+  std::uint64_t capture_graph = 0;
 };
 
 struct EventObj {
@@ -80,7 +86,26 @@ struct TexObj {
   std::uint64_t ctx = 0;
 };
 
-using ObjectTable = HandleTable<ContextObj, StreamObj, EventObj, ModuleObj, LibraryObj, FunctionObj,
-                                KernelObj, HostRegionObj, ArrayObj, TexObj>;
+// A graph of the client's. Not owned while a capture still builds it (the driver frees it if the
+// capture fails).
+struct GraphObj {
+  CUgraph graph = nullptr;
+  std::uint64_t ctx = 0;
+  bool owned = true;
+};
+
+struct GraphExecObj {
+  CUgraphExec exec = nullptr;
+  std::uint64_t ctx = 0;
+};
+
+struct GraphNodeObj {
+  CUgraphNode node = nullptr;
+  std::uint64_t graph = 0;
+};
+
+using ObjectTable =
+    HandleTable<ContextObj, StreamObj, EventObj, ModuleObj, LibraryObj, FunctionObj, KernelObj,
+                HostRegionObj, ArrayObj, TexObj, GraphObj, GraphExecObj, GraphNodeObj>;
 
 }  // namespace mpsshim::server

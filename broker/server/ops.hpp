@@ -74,5 +74,21 @@ OpResult op_tex_object_create(Call& call);
 OpResult op_tex_object_destroy(Call& call);
 OpResult op_surf_object_create(Call& call);
 OpResult op_surf_object_destroy(Call& call);
+// ops_graph.cpp
+OpResult op_stream_begin_capture(Call& call);
+OpResult op_stream_end_capture(Call& call);
+OpResult op_stream_capture_info(Call& call);
+OpResult op_graph_create(Call& call);
+OpResult op_graph_destroy(Call& call);
+OpResult op_graph_instantiate(Call& call);
+OpResult op_graph_exec_destroy(Call& call);
+OpResult op_graph_launch(Call& call);  // kGraphLaunch and kGraphUpload
+OpResult op_graph_exec_update(Call& call);
+OpResult op_graph_get_nodes(Call& call);
+OpResult op_graph_add_kernel_node(Call& call);
+OpResult op_graph_add_memset_node(Call& call);
+OpResult op_graph_add_copy_node(Call& call);
+OpResult op_graph_add_empty_node(Call& call);
+OpResult op_graph_add_dependencies(Call& call);
 
 }  // namespace mpsshim::server

@@ -1,6 +1,7 @@
 #include <algorithm>
 
 #include "broker/server/call.hpp"
+#include "broker/server/capture.hpp"
 #include "broker/server/streams.hpp"
 
 namespace mpsshim::server {
@@ -10,6 +11,18 @@ StreamObj* use_stream(Call& call, proto::WireHandle id, bool queues_work, CUresu
   if (stream == nullptr) {
     *error = CUDA_ERROR_INVALID_HANDLE;
     return nullptr;
+  }
+  if (call.session.active_captures != 0) {
+    // A capturing stream is ordered by its capture alone (its legacy joins were made before the
+    // capture began), and what it queues is not work the legacy stream must wait for.
+    if (capturing(call.session, *stream)) {
+      *error = CUDA_SUCCESS;
+      return stream;
+    }
+    if (stream->is_default && blocking_stream_capturing(call.session, stream->ctx)) {
+      *error = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+      return nullptr;
+    }
   }
   if (CUresult r = order_before(call.session, *stream); r != CUDA_SUCCESS) {
     *error = r;
@@ -22,6 +35,8 @@ StreamObj* use_stream(Call& call, proto::WireHandle id, bool queues_work, CUresu
 
 OpResult finish_on_stream(Call& call, StreamObj& stream, CUresult issued) {
   if (issued != CUDA_SUCCESS || !call.reply_when_done()) return call.done(issued);
+  // A synchronous call on a capturing stream: the real driver refuses it and invalidates.
+  if (capturing(call.session, stream)) return call.done(refuse_in_capture(call.session, stream));
   Completion completion;
   completion.slot = call.header.reply_slot;
   completion.op = call.op();

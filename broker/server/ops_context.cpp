@@ -1,5 +1,6 @@
 #include <algorithm>
 
+#include "broker/server/capture.hpp"
 #include "broker/server/ops.hpp"
 #include "broker/server/retire.hpp"
 
@@ -55,6 +56,16 @@ OpResult op_ctx_synchronize(Call& call) {
   Session& session = call.session;
   if (session.objects.get<ContextObj>(req.ctx) == nullptr) {
     return call.done(CUDA_ERROR_INVALID_CONTEXT);
+  }
+  // Synchronizing the context while one of its streams captures fails as the stream's would.
+  if (session.active_captures != 0) {
+    CUresult refused = CUDA_SUCCESS;
+    for (std::uint64_t id : session.objects.ids_where<StreamObj>(
+             [&](const StreamObj& s) { return s.ctx == req.ctx; })) {
+      StreamObj* s = session.objects.get<StreamObj>(id);
+      if (capturing(session, *s)) refused = refuse_in_capture(session, *s);
+    }
+    if (refused != CUDA_SUCCESS) return call.done(refused);
   }
   Completion completion;
   completion.slot = call.header.reply_slot;

@@ -4,6 +4,7 @@
 
 #include <limits>
 
+#include "broker/server/capture.hpp"
 #include "broker/server/client_socket.hpp"
 #include "broker/server/log.hpp"
 #include "broker/server/ops.hpp"
@@ -85,6 +86,9 @@ OpResult copy_host(Call& call, bool to_device) {
   CUresult error = CUDA_SUCCESS;
   StreamObj* stream = use_stream(call, req.stream, true, &error);
   if (stream == nullptr) return fail(error);
+  // A graph must never hold a staging chunk's address: the chunk is reused by the next copy.
+  // The real driver refuses pageable copies in a capture the same way.
+  if (host.chunk && capturing(session, *stream)) return fail(refuse_in_capture(session, *stream));
   const DriverTable& cu = call.cu;
   CUresult r = to_device
                    ? cu.cuMemcpyHtoDAsync_v2(req.device, host.pointer, req.bytes, stream->stream)

@@ -1,3 +1,4 @@
+#include "broker/server/capture.hpp"
 #include "broker/server/ops.hpp"
 #include "broker/server/retire.hpp"
 #include "broker/server/streams.hpp"
@@ -57,6 +58,7 @@ OpResult op_stream_synchronize(Call& call) {
   CUresult error = CUDA_SUCCESS;
   StreamObj* stream = use_stream(call, req.handle, false, &error);
   if (stream == nullptr) return call.done(error);
+  if (capturing(call.session, *stream)) return call.done(refuse_in_capture(call.session, *stream));
   Completion completion;
   completion.slot = call.header.reply_slot;
   completion.op = call.op();
@@ -75,8 +77,16 @@ OpResult op_stream_wait_event(Call& call) {
   CUresult error = CUDA_SUCCESS;
   StreamObj* stream = use_stream(call, req.stream, true, &error);
   if (stream == nullptr) return call.done(error);
-  return finish_on_stream(call, *stream,
-                          call.cu.cuStreamWaitEvent(stream->stream, driver_event, req.flags));
+  // The wait may make the stream join a capture: fences then stand in with the work before it.
+  const bool may_join = call.session.active_captures != 0 && !capturing(call.session, *stream);
+  if (may_join) {
+    if (CUresult r = mark_capture_fence(call.session, *stream); r != CUDA_SUCCESS) {
+      return call.done(r);
+    }
+  }
+  CUresult r = call.cu.cuStreamWaitEvent(stream->stream, driver_event, req.flags);
+  if (may_join) release_capture_fences(call.session);
+  return finish_on_stream(call, *stream, r);
 }
 
 }  // namespace mpsshim::server

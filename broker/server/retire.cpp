@@ -84,6 +84,9 @@ void free_retired(Session& session, Retired& bundle, FreedTally* tally) {
     ::munmap(region.address, region.mapped_bytes);
   }
   for (CUarray a : bundle.arrays) warn_if_failed(session, cu.cuArrayDestroy(a), "cuArrayDestroy");
+  for (CUgraphExec exec : bundle.graph_execs) {
+    warn_if_failed(session, cu.cuGraphExecDestroy(exec), "cuGraphExecDestroy");
+  }
   if (tally != nullptr) {
     tally->modules += bundle.modules.size();
     tally->libraries += bundle.libraries.size();
@@ -92,6 +95,7 @@ void free_retired(Session& session, Retired& bundle, FreedTally* tally) {
     tally->regions += bundle.regions.size();
     tally->textures += bundle.textures.size();
     tally->arrays += bundle.arrays.size();
+    tally->graphs += bundle.graph_execs.size();
   }
   bundle.textures.clear();
   bundle.arrays.clear();
@@ -99,6 +103,7 @@ void free_retired(Session& session, Retired& bundle, FreedTally* tally) {
   bundle.libraries.clear();
   bundle.allocations.clear();
   bundle.regions.clear();
+  bundle.graph_execs.clear();
 }
 
 void forget_module(Session& session, std::uint64_t module_id, Retired& bundle) {
@@ -139,6 +144,8 @@ void destroy_stream(Session& session, std::uint64_t stream_id) {
     std::erase(ctx->blocking_streams, stream_id);
   }
   const DriverTable& cu = session.cu();
+  if (stream->capture_origin) --session.active_captures;
+  if (stream->capture_fence != nullptr) session.release_event(stream->capture_fence);
   if (stream->join_event != nullptr) session.destroy_client_event(stream->join_event);
   warn_if_failed(session, cu.cuStreamDestroy_v2(stream->stream), "cuStreamDestroy");
   session.objects.take<StreamObj>(stream_id);
@@ -198,6 +205,10 @@ FreedTally free_everything(Session& session) {
     rest.regions.push_back(*session.objects.take<HostRegionObj>(id));
   }
   take_arrays_and_textures(session, rest, [](std::uint64_t) { return true; });
+  for (std::uint64_t id : session.objects.ids<GraphExecObj>()) {
+    rest.graph_execs.push_back(session.objects.take<GraphExecObj>(id)->exec);
+  }
+  tally.graphs += forget_graphs(session);
   free_retired(session, rest, &tally);
   session.memory_used = 0;
 
@@ -209,10 +220,16 @@ FreedTally free_everything(Session& session) {
   for (std::uint64_t id : session.objects.ids<StreamObj>()) {
     auto stream = session.objects.take<StreamObj>(id);
     if (stream->join_event != nullptr) cu.cuEventDestroy_v2(stream->join_event);
+    if (stream->capture_fence != nullptr) session.release_event(stream->capture_fence);
     warn_if_failed(session, cu.cuStreamDestroy_v2(stream->stream), "cuStreamDestroy");
     ++tally.streams;
   }
   for (std::uint64_t id : session.objects.ids<ContextObj>()) session.objects.take<ContextObj>(id);
+  if (session.fence_stream != nullptr) {
+    warn_if_failed(session, cu.cuStreamDestroy_v2(session.fence_stream), "cuStreamDestroy");
+    session.fence_stream = nullptr;
+  }
+  session.active_captures = 0;
   for (CUevent event : session.event_pool) cu.cuEventDestroy_v2(event);
   session.event_pool.clear();
 

@@ -30,6 +30,12 @@ void destroy_stream(Session& session, std::uint64_t stream_id);
 // cuCtxDestroy for a client context: everything made in it.
 CUresult retire_context(Session& session, std::uint64_t ctx_id);
 
+// Destroys every graph of the client that it owns (graphs are never in use by GPU work; their
+// executable graphs are) and forgets their nodes; returns how many were destroyed (graph.cpp).
+std::size_t forget_graphs(Session& session);
+// Forgets one graph's nodes, and the graph (destroying it when owned).
+void forget_graph(Session& session, std::uint64_t graph_id);
+
 // Session end, once the client's streams are idle: frees everything it owned, the green
 // context and the staging registration included.
 FreedTally free_everything(Session& session);

@@ -103,11 +103,33 @@ tl::expected<std::vector<CUevent>, CUresult> Session::fence_all_streams() {
     return tl::unexpected(r);
   };
   for (std::uint64_t id : objects.ids<StreamObj>()) {
+    const StreamObj* stream = objects.get<StreamObj>(id);
+    CUstream on = stream->stream;
+    if (active_captures != 0) {
+      CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+      cu().cuStreamIsCapturing(stream->stream, &status);
+      if (status != CU_STREAM_CAPTURE_STATUS_NONE) {
+        // A record would join the capture: fence what ran before it on a private stream.
+        if (fence_stream == nullptr) {
+          if (CUresult r = cu().cuGreenCtxStreamCreate(&fence_stream, green.green,
+                                                       CU_STREAM_NON_BLOCKING, 0);
+              r != CUDA_SUCCESS) {
+            return fail(r);
+          }
+        }
+        on = fence_stream;
+        if (stream->capture_fence != nullptr) {
+          if (CUresult r = cu().cuStreamWaitEvent(on, stream->capture_fence, 0);
+              r != CUDA_SUCCESS) {
+            return fail(r);
+          }
+        }
+      }
+    }
     auto event = acquire_event();
     if (!event) return fail(event.error());
     fences.push_back(*event);
-    if (CUresult r = cu().cuEventRecordWithFlags(*event, objects.get<StreamObj>(id)->stream, 0);
-        r != CUDA_SUCCESS) {
+    if (CUresult r = cu().cuEventRecordWithFlags(*event, on, 0); r != CUDA_SUCCESS) {
       return fail(r);
     }
   }

@@ -70,6 +70,7 @@ struct Retired {
   std::vector<HostRegionObj> regions;
   std::vector<TexObj> textures;  // destroyed before the arrays they may sample
   std::vector<CUarray> arrays;
+  std::vector<CUgraphExec> graph_execs;
 };
 
 // A memfd the client sent on its socket, waiting for the ring record that names its token.
@@ -90,6 +91,7 @@ struct FreedTally {
   std::size_t regions = 0;
   std::size_t arrays = 0;
   std::size_t textures = 0;
+  std::size_t graphs = 0;
 };
 
 class Session {
@@ -170,6 +172,10 @@ class Session {
   std::vector<Completion> pending;
   std::vector<Retired> retiring;
   std::vector<CUevent> event_pool;
+  // Captures begun and not yet ended: while 0, no stream of the client is capturing and nothing
+  // asks the driver. fence_stream stands in for capturing streams in fence_all_streams.
+  std::uint32_t active_captures = 0;
+  CUstream fence_stream = nullptr;
   std::vector<std::uint8_t> slot_busy;  // a deferred answer is owed on this slot
 
   std::uint64_t launches = 0;

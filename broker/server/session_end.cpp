@@ -24,6 +24,7 @@ std::string freed_summary(const FreedTally& t) {
   if (t.libraries != 0) parts.push_back(count(t.libraries, "library", "libraries"));
   if (t.streams != 0) parts.push_back(count(t.streams, "stream", "streams"));
   if (t.events != 0) parts.push_back(count(t.events, "event", "events"));
+  if (t.graphs != 0) parts.push_back(count(t.graphs, "graph", "graphs"));
   if (t.regions != 0)
     parts.push_back(count(t.regions, "pinned host region", "pinned host regions"));
   if (t.arrays != 0) parts.push_back(count(t.arrays, "CUDA array", "CUDA arrays"));

@@ -20,8 +20,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-constexpr const char* kPrograms[] = {"CUDART_VECADD", "CUDART_STREAMS", "CUDART_RDC",
-                                     "CUDART_PER_THREAD", "CUDART_COPIES"};
+constexpr const char* kPrograms[] = {"CUDART_VECADD",     "CUDART_STREAMS", "CUDART_RDC",
+                                     "CUDART_PER_THREAD", "CUDART_COPIES",  "CUDART_GRAPH"};
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -134,6 +134,13 @@ TEST_CASE("cudart 2D/3D copies, arrays, peer copies and texture objects run unde
   Daemon daemon;
   run_and_check(daemon, "CUDART_COPIES");
   run_and_check(daemon, "CUDART_COPIES", {"3"});
+}
+
+TEST_CASE("a cudart program captures, replays, updates and builds graphs under the shim",
+          "[cudart][graph]") {
+  Daemon daemon;
+  run_and_check(daemon, "CUDART_GRAPH");
+  run_and_check(daemon, "CUDART_GRAPH", {"1000", "3"});
 }
 
 TEST_CASE("four cudart programs at once each get their own correct results", "[cudart]") {

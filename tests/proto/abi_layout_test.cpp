@@ -205,6 +205,43 @@ std::uint64_t layout_fingerprint() {
   SIZE(TexObjectRep);
   f.add(static_cast<std::uint64_t>(Op::kCopy3D));
   f.add(static_cast<std::uint64_t>(Op::kSurfObjectDestroy));
+  SIZE(BeginCaptureReq);
+  FIELD(BeginCaptureReq, mode);
+  SIZE(EndCaptureRep);
+  SIZE(CaptureInfoRep);
+  FIELD(CaptureInfoRep, id);
+  FIELD(CaptureInfoRep, graph);
+  FIELD(CaptureInfoRep, dependency_count);
+  SIZE(GraphCreateReq);
+  SIZE(GraphRep);
+  SIZE(GraphInstantiateReq);
+  FIELD(GraphInstantiateReq, upload_stream);
+  FIELD(GraphInstantiateReq, flags);
+  SIZE(GraphInstantiateRep);
+  FIELD(GraphInstantiateRep, result);
+  SIZE(GraphLaunchReq);
+  SIZE(GraphExecUpdateReq);
+  SIZE(GraphExecUpdateRep);
+  SIZE(GraphGetNodesReq);
+  SIZE(GraphGetNodesRep);
+  FIELD(GraphGetNodesRep, count);
+  FIELD(GraphGetNodesRep, nodes);
+  SIZE(GraphAddNodeHeader);
+  FIELD(GraphAddNodeHeader, dependency_count);
+  SIZE(GraphKernelNodeReq);
+  FIELD(GraphKernelNodeReq, function);
+  FIELD(GraphKernelNodeReq, grid);
+  FIELD(GraphKernelNodeReq, block);
+  FIELD(GraphKernelNodeReq, shared_bytes);
+  FIELD(GraphKernelNodeReq, args_bytes);
+  SIZE(GraphMemsetNodeReq);
+  FIELD(GraphMemsetNodeReq, dst);
+  FIELD(GraphMemsetNodeReq, value);
+  FIELD(GraphMemsetNodeReq, element_bytes);
+  SIZE(GraphCopyNodeReq);
+  FIELD(GraphCopyNodeReq, src);
+  FIELD(GraphCopyNodeReq, bytes);
+  SIZE(GraphAddDependenciesReq);
   f.add(static_cast<std::uint64_t>(Op::kCount));
   f.add(static_cast<std::uint64_t>(MessageKind::kServerTerminateClient));
   f.add(kSlotBytes);
@@ -219,7 +256,7 @@ struct Pinned {
 };
 constexpr Pinned kPinned[] = {
     {1, 0, 0x4ba4610596c1d0e0},
-    {1, 1, 0x6dab2c70ef01b429},  // copies: Op 100..106 and proto/ops_copies.hpp
+    {1, 1, 0x9fe0d6254dab7193},
 };
 
 }  // namespace

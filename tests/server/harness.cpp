@@ -10,9 +10,11 @@
 
 namespace mpsshim::server::test {
 
-Harness::Harness(ServerSettings settings) {
+Harness::Harness(ServerSettings settings) : Harness(fake_driver_table(), settings) {}
+
+Harness::Harness(const DriverTable& driver, ServerSettings settings) {
   fake_gpu().reset();
-  table = fake_driver_table();
+  table = driver;
   set_log_level(LogLevel::kDebug);
   set_log_sink([this](LogLevel, std::string_view line) { logs.emplace_back(line); });
   auto opened = open_gpu(table, 0);

@@ -24,6 +24,8 @@ namespace mpsshim::server::test {
 class Harness {
  public:
   explicit Harness(ServerSettings settings = {});
+  // On another driver than the fake one (the test driver, for tests that need real semantics).
+  Harness(const DriverTable& driver, ServerSettings settings);
   ~Harness();
 
   // Runs passes of the loop until pred() holds or two seconds pass; returns pred().

@@ -46,12 +46,15 @@ CUresult memset2d(CUdeviceptr dst, std::size_t pitch, T value, std::size_t width
       return CUDA_ERROR_INVALID_VALUE;
     const std::size_t extent = (height - 1) * pitch + row;
     if (resolve_range_locked(s, dst, extent) == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    submit_work(s, *stream, [=] {
-      std::byte* base = at_run(dst, extent);
-      // Aligned: dst and pitch are multiples of sizeof(T), and host views keep page offsets.
-      for (std::size_t y = 0; y < height; ++y)
-        std::fill_n(reinterpret_cast<T*>(base + y * pitch), width, value);
-    });
+    submit_work(
+        s, *stream,
+        [=] {
+          std::byte* base = at_run(dst, extent);
+          // Aligned: dst and pitch are multiples of sizeof(T), and host views keep page offsets.
+          for (std::size_t y = 0; y < height; ++y)
+            std::fill_n(reinterpret_cast<T*>(base + y * pitch), width, value);
+        },
+        CU_GRAPH_NODE_TYPE_MEMSET);
     return CUDA_SUCCESS;
   });
 }
@@ -72,9 +75,12 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemcpyHtoDAsync_v2(CUdeviceptr dst,
       return CUDA_ERROR_INVALID_VALUE;
     if (registered(s, src, bytes)) {
       const std::uintptr_t from = addr_of(src);
-      submit_work(s, *stream,
-                  [=] { std::memmove(at_run(dst, bytes), at_run(from, bytes), bytes); });
+      submit_work(
+          s, *stream, [=] { std::memmove(at_run(dst, bytes), at_run(from, bytes), bytes); },
+          CU_GRAPH_NODE_TYPE_MEMCPY);
     } else {
+      // A pageable source cannot be captured: the graph would copy from memory it does not own.
+      if (CUresult r = forbid_in_capture(s, *stream); r != CUDA_SUCCESS) return r;
       const auto* first = static_cast<const std::byte*>(src);
       auto staged = std::make_shared<std::vector<std::byte>>(first, first + bytes);
       submit_work(s, *stream, [=] { std::memcpy(at_run(dst, bytes), staged->data(), bytes); });
@@ -94,9 +100,12 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemcpyDtoHAsync_v2(void* dst, CUdev
       return CUDA_ERROR_INVALID_VALUE;
     if (registered(s, dst, bytes)) {
       const std::uintptr_t to = addr_of(dst);
-      submit_work(s, *stream, [=] { std::memmove(at_run(to, bytes), at_run(src, bytes), bytes); });
+      submit_work(
+          s, *stream, [=] { std::memmove(at_run(to, bytes), at_run(src, bytes), bytes); },
+          CU_GRAPH_NODE_TYPE_MEMCPY);
       return CUDA_SUCCESS;
     }
+    if (CUresult r = forbid_in_capture(s, *stream); r != CUDA_SUCCESS) return r;
     const WorkQueue::Ticket ticket =
         submit_work(s, *stream, [=] { std::memcpy(dst, at_run(src, bytes), bytes); });
     std::shared_ptr<WorkQueue> queue = stream->queue;
@@ -116,7 +125,9 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemcpyDtoDAsync_v2(CUdeviceptr dst,
     if (resolve_range_locked(s, dst, bytes) == nullptr ||
         resolve_range_locked(s, src, bytes) == nullptr)
       return CUDA_ERROR_INVALID_VALUE;
-    submit_work(s, *stream, [=] { std::memmove(at_run(dst, bytes), at_run(src, bytes), bytes); });
+    submit_work(
+        s, *stream, [=] { std::memmove(at_run(dst, bytes), at_run(src, bytes), bytes); },
+        CU_GRAPH_NODE_TYPE_MEMCPY);
     return CUDA_SUCCESS;
   });
 }

@@ -61,6 +61,8 @@ CUresult check_shape(const Function& fn, const LaunchShape& l) {
   return CUDA_SUCCESS;
 }
 
+}  // namespace
+
 // The packed argument buffer, from kernelParams (one pointer per parameter) or from `extra`.
 CUresult pack_arguments(const KernelDef& def, void** params, void** extra,
                         std::vector<std::byte>& args) {
@@ -92,6 +94,17 @@ CUresult pack_arguments(const KernelDef& def, void** params, void** extra,
   return CUDA_SUCCESS;
 }
 
+std::function<void()> kernel_work(const KernelDef* def, Dim3 grid, Dim3 block,
+                                  std::shared_ptr<const std::vector<std::uint16_t>> sms,
+                                  std::shared_ptr<std::vector<std::byte>> args) {
+  return [def, grid, block, sms = std::move(sms), args = std::move(args)] {
+    const KernelContext k(grid, block, *sms, &resolve_range);
+    def->run(k, args->data());
+  };
+}
+
+namespace {
+
 CUresult launch(State& s, CUfunction f, const LaunchShape& shape, void** params, void** extra) {
   std::lock_guard lock(s.mutex);
   Stream* stream = nullptr;
@@ -103,10 +116,7 @@ CUresult launch(State& s, CUfunction f, const LaunchShape& shape, void** params,
   auto args = std::make_shared<std::vector<std::byte>>();
   if (CUresult r = pack_arguments(*fn->def, params, extra, *args); r != CUDA_SUCCESS) return r;
   const KernelDef* def = fn->def;
-  submit_work(s, *stream, [def, grid = shape.grid, block = shape.block, sms = stream->sms, args] {
-    const KernelContext k(grid, block, *sms, &resolve_range);
-    def->run(k, args->data());
-  });
+  submit_work(s, *stream, kernel_work(def, shape.grid, shape.block, stream->sms, std::move(args)));
   return CUDA_SUCCESS;
 }
 

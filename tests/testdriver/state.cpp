@@ -39,7 +39,8 @@ int State::live_objects() {
   if (forked.load() || !initialized.load()) return 0;
   std::lock_guard lock(mutex);
   std::size_t n = streams.size() + events.size() + libraries.size() + green_contexts.size() +
-                  registrations.size() + arrays.size() + tex_objects.size();
+                  registrations.size() + arrays.size() + tex_objects.size() + graphs.size() +
+                  graph_execs.size();
   for (const auto& [base, a] : allocations) n += a.user ? 1 : 0;
   for (const auto& [handle, m] : modules) n += m->library == nullptr ? 1 : 0;
   return static_cast<int>(n);
@@ -110,7 +111,12 @@ void release_allocation(State& s, std::uintptr_t base) {
   s.allocations.erase(it);
 }
 
-WorkQueue::Ticket submit_work(State& s, Stream& stream, std::function<void()> work) {
+WorkQueue::Ticket submit_work(State& s, Stream& stream, std::function<void()> work,
+                              CUgraphNodeType type) {
+  if (stream.capture) {
+    capture_node(s, stream, type, std::move(work));
+    return 0;
+  }
   return stream.queue->submit([&s, work = std::move(work)] {
     if (s.sticky.load() != CUDA_SUCCESS) return;  // a faulted device runs nothing more
     std::shared_lock use(s.memory_use);

@@ -20,6 +20,7 @@
 
 #include "tests/testdriver/device_memory.hpp"
 #include "tests/testdriver/event.hpp"
+#include "tests/testdriver/graph.hpp"
 #include "tests/testdriver/kernels.hpp"
 #include "tests/testdriver/sm_set.hpp"
 #include "tests/testdriver/work_queue.hpp"
@@ -52,6 +53,8 @@ struct Stream {
   unsigned flags;
   int priority;
   std::shared_ptr<WorkQueue> queue;
+  std::shared_ptr<Capture> capture{};       // while capturing (graph.cpp)
+  std::vector<CUgraphNode> capture_tail{};  // what the next captured node depends on
 };
 
 struct GreenContext {
@@ -207,6 +210,10 @@ class State {
   HandleTable<CUarray, Array> arrays;
   std::map<unsigned long long, TexObject> tex_objects;  // by value; values count up from 1
   unsigned long long next_tex_object = 1;
+  HandleTable<CUgraph, Graph> graphs;
+  HandleTable<CUgraphExec, GraphExec> graph_execs;
+  std::unordered_map<const Event*, CapturedRecord> captured_events;
+  std::uint64_t next_capture_id = 1;
   std::uint64_t next_split = 1;
 
   // Why an entry point may not run at all: not initialized, a forked child, a sticky fault.
@@ -268,12 +275,35 @@ void release_allocation(State& s, std::uintptr_t base);  // locked, memory_use h
 
 // Enqueues work that touches memory: skipped once the process is faulted; a DeviceFault it raises
 // becomes the sticky error (locked).
-WorkQueue::Ticket submit_work(State& s, Stream& stream, std::function<void()> work);
+// On a capturing stream the work becomes a node of type `type` of the capture's graph instead, and
+// the ticket is 0 (graph.cpp).
+WorkQueue::Ticket submit_work(State& s, Stream& stream, std::function<void()> work,
+                              CUgraphNodeType type = CU_GRAPH_NODE_TYPE_KERNEL);
+// Adds a node to the capture of `stream` after its current dependencies (locked).
+void capture_node(State& s, Stream& stream, CUgraphNodeType type, std::function<void()> work);
+// CUDA_SUCCESS, or, for a capturing stream, the capture invalidated and
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: what the real driver does for an operation that cannot
+// be captured (synchronization, pageable copies) (locked).
+CUresult forbid_in_capture(State& s, Stream& stream);
+// cuStreamWaitEvent's capture rules: joins `stream` to the capture the event was recorded in, or
+// refuses a wait that crosses a capture's boundary; CUDA_ERROR_NOT_FOUND when capture is not
+// involved and the wait is an ordinary one (locked).
+CUresult capture_wait(State& s, Stream& stream, const Event& event);
+// The stream leaves its capture (destroyed); a capture losing its origin is invalidated (locked).
+void leave_capture(State& s, Stream& stream);
 // Lets the stream finish its work on its own, still counted by drain() (locked).
 void retire_stream(State& s, Stream& stream);
 // Waits until every stream of `device` (-1: all devices) has run what it was given; takes and
 // releases the lock itself, so call it unlocked.
 void drain(State& s, int device);
+
+// The packed argument buffer of a launch, from kernelParams or `extra` (launch.cpp).
+CUresult pack_arguments(const KernelDef& def, void** params, void** extra,
+                        std::vector<std::byte>& args);
+// A kernel's run over the given SMs, as stream work.
+std::function<void()> kernel_work(const KernelDef* def, Dim3 grid, Dim3 block,
+                                  std::shared_ptr<const std::vector<std::uint16_t>> sms,
+                                  std::shared_ptr<std::vector<std::byte>> args);
 
 // Destroys a module's functions and global (locked, memory_use held exclusively).
 void destroy_module(State& s, CUmodule handle);

@@ -30,6 +30,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamDestroy_v2(CUstream hstream) 
     Stream* stream = s.streams.get(hstream);
     if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     if (stream->green && stream->green->destroyed) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    leave_capture(s, *stream);
     retire_stream(s, *stream);  // queued work still runs, as documented
     s.streams.erase(hstream);
     return CUDA_SUCCESS;
@@ -41,6 +42,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamQuery(CUstream hstream) {
     std::lock_guard lock(s.mutex);
     Stream* stream = nullptr;
     if (CUresult r = resolve_stream(s, hstream, stream); r != CUDA_SUCCESS) return r;
+    if (CUresult r = forbid_in_capture(s, *stream); r != CUDA_SUCCESS) return r;
     if (!stream->queue->reached(stream->queue->last_submitted())) return CUDA_ERROR_NOT_READY;
     return s.sticky.load();
   });
@@ -51,6 +53,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamSynchronize(CUstream hstream)
     std::unique_lock lock(s.mutex);
     Stream* stream = nullptr;
     if (CUresult r = resolve_stream(s, hstream, stream); r != CUDA_SUCCESS) return r;
+    if (CUresult r = forbid_in_capture(s, *stream); r != CUDA_SUCCESS) return r;
     std::shared_ptr<WorkQueue> queue = stream->queue;
     lock.unlock();
     queue->wait_idle();
@@ -66,8 +69,8 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamWaitEvent(CUstream hstream, C
     if (CUresult r = resolve_stream(s, hstream, stream); r != CUDA_SUCCESS) return r;
     std::shared_ptr<Event> event = s.events.shared(hevent);
     if (!event) return CUDA_ERROR_INVALID_HANDLE;
-    // CU_EVENT_WAIT_EXTERNAL is only meaningful while capturing, which this driver never does.
     if (flags != CU_EVENT_WAIT_DEFAULT) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = capture_wait(s, *stream, *event); r != CUDA_ERROR_NOT_FOUND) return r;
     const std::uint64_t generation = event->latest();
     if (generation == 0) return CUDA_SUCCESS;  // never recorded: an empty set of work
     stream->queue->submit([event, generation] { event->wait(generation); });
@@ -95,6 +98,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuEventDestroy_v2(CUevent hevent) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     if (s.events.get(hevent) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    s.captured_events.erase(s.events.get(hevent));
     s.events.erase(hevent);
     return CUDA_SUCCESS;
   });
@@ -111,6 +115,11 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuEventRecordWithFlags(CUevent hevent
     if (!event || event->context() != stream->context) return CUDA_ERROR_INVALID_HANDLE;
     // CU_EVENT_RECORD_EXTERNAL is invalid outside stream capture.
     if (flags != CU_EVENT_RECORD_DEFAULT) return CUDA_ERROR_INVALID_VALUE;
+    if (stream->capture) {  // a record in a capture marks a point that other streams may join
+      s.captured_events[event.get()] = CapturedRecord{stream->capture, stream->capture_tail};
+      return CUDA_SUCCESS;
+    }
+    s.captured_events.erase(event.get());
     const std::uint64_t generation = event->capture();
     // Complete only once the stream counts the record as done: whoever saw the event complete
     // then finds the stream idle too (cuStreamQuery right after cuEventSynchronize).
@@ -124,6 +133,10 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuEventQuery(CUevent hevent) {
     std::lock_guard lock(s.mutex);
     Event* event = s.events.get(hevent);
     if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    // "attempting cuEventQuery on an event that was last recorded inside a capture sequence"
+    if (auto it = s.captured_events.find(event);
+        it != s.captured_events.end() && !it->second.capture.expired())
+      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     return event->reached(event->latest()) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
   });
 }

@@ -1,0 +1,490 @@
+// Stream capture and graphs. Capture runs on the client's real stream in relaxed mode (see
+// proto/ops.hpp); graphs, executable graphs and nodes are handles of the session; executable
+// graphs are destroyed behind fences, as GPU work may still run them.
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "broker/server/capture.hpp"
+#include "broker/server/ops.hpp"
+#include "broker/server/retire.hpp"
+
+namespace mpsshim::server {
+namespace {
+
+// The client's green context current for a call that takes the current context (graph
+// creation, instantiation, node creation), the primary context again afterwards.
+class GreenCurrent {
+ public:
+  explicit GreenCurrent(Session& session) : session_(session) {
+    session.cu().cuCtxSetCurrent(session.green.context);
+  }
+  ~GreenCurrent() { session_.cu().cuCtxSetCurrent(session_.gpu().primary); }
+  GreenCurrent(const GreenCurrent&) = delete;
+  GreenCurrent& operator=(const GreenCurrent&) = delete;
+
+ private:
+  Session& session_;
+};
+
+std::uint64_t remember_node(Session& session, CUgraphNode node, std::uint64_t graph_id) {
+  return remember(session, node, GraphNodeObj{node, graph_id});
+}
+
+// A graph id handed out for the graph a capture builds; owned = false until the capture ends.
+std::uint64_t remember_graph(Session& session, CUgraph graph, std::uint64_t ctx, bool owned) {
+  std::uint64_t id = remember(session, graph, GraphObj{graph, ctx, owned});
+  if (GraphObj* g = session.objects.get<GraphObj>(id)) g->owned = g->owned || owned;
+  return id;
+}
+
+// The dependency list after a kGraphAdd*Node request, as driver nodes of `graph_id`.
+bool read_dependencies(Call& call, std::size_t request_bytes, const proto::GraphAddNodeHeader& h,
+                       std::vector<CUgraphNode>& out, CUresult& error) {
+  std::vector<proto::WireHandle> ids(h.dependency_count);
+  if (!ids.empty()) {
+    std::memcpy(ids.data(),
+                call.trailing(request_bytes, ids.size() * sizeof(proto::WireHandle)).data(),
+                ids.size() * sizeof(proto::WireHandle));
+  }
+  error = CUDA_SUCCESS;
+  for (proto::WireHandle id : ids) {
+    const GraphNodeObj* node = call.session.objects.get<GraphNodeObj>(id);
+    if (node == nullptr || node->graph != h.graph) {
+      error = CUDA_ERROR_INVALID_VALUE;
+      return true;
+    }
+    out.push_back(node->node);
+  }
+  return true;
+}
+
+// Validates the shared part of a kGraphAdd*Node record: the graph and the dependency ids that
+// the record must hold after the request struct (plus `extra` bytes of the node kind's own).
+GraphObj* node_target(Call& call, std::size_t request_bytes, const proto::GraphAddNodeHeader& h,
+                      std::uint64_t extra, std::vector<CUgraphNode>& deps, CUresult& error,
+                      bool& malformed) {
+  malformed = h.dependency_count > proto::kMaxNodeDependencies ||
+              !call.exact(request_bytes, std::uint64_t{h.dependency_count} * 8 + extra);
+  if (malformed) return nullptr;
+  GraphObj* graph = call.session.objects.get<GraphObj>(h.graph);
+  if (graph == nullptr) {
+    error = CUDA_ERROR_INVALID_HANDLE;
+    return nullptr;
+  }
+  read_dependencies(call, request_bytes, h, deps, error);
+  return error == CUDA_SUCCESS ? graph : nullptr;
+}
+
+OpResult node_reply(Call& call, std::uint64_t graph_id, CUresult r, CUgraphNode node) {
+  if (r != CUDA_SUCCESS) return call.done(r);
+  std::uint64_t id = remember_node(call.session, node, graph_id);
+  if (id == 0) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+  return call.reply(proto::GraphRep{id});
+}
+
+OpResult malformed_node(Call& call) {
+  return call.malformed("sent a graph node whose dependency list the record does not hold");
+}
+
+}  // namespace
+
+std::size_t forget_graphs(Session& session) {
+  std::size_t destroyed = 0;
+  for (std::uint64_t id : session.objects.ids<GraphObj>()) {
+    destroyed += session.objects.get<GraphObj>(id)->owned ? 1 : 0;
+    forget_graph(session, id);
+  }
+  return destroyed;
+}
+
+void forget_graph(Session& session, std::uint64_t graph_id) {
+  for (std::uint64_t id : session.objects.ids_where<GraphNodeObj>(
+           [&](const GraphNodeObj& n) { return n.graph == graph_id; })) {
+    session.ids_by_driver_handle.erase(session.objects.take<GraphNodeObj>(id)->node);
+  }
+  auto graph = session.objects.take<GraphObj>(graph_id);
+  if (!graph) return;
+  session.ids_by_driver_handle.erase(graph->graph);
+  if (graph->owned) session.cu().cuGraphDestroy(graph->graph);
+}
+
+// ---- capture ----
+
+OpResult op_stream_begin_capture(Call& call) {
+  auto req = call.request<proto::BeginCaptureReq>();
+  Session& session = call.session;
+  if (req.mode > CU_STREAM_CAPTURE_MODE_RELAXED) return call.done(CUDA_ERROR_INVALID_VALUE);
+  CUresult error = CUDA_SUCCESS;
+  // Legacy joins now, outside the capture: in-stream order may cross into it.
+  StreamObj* stream = use_stream(call, req.stream, false, &error);
+  if (stream == nullptr) return call.done(error);
+  // The legacy default stream synchronizes with every blocking stream: it cannot capture.
+  if (stream->is_default) return call.done(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  if (capturing(session, *stream)) return call.done(CUDA_ERROR_ILLEGAL_STATE);
+  if (CUresult r = mark_capture_fence(session, *stream); r != CUDA_SUCCESS) return call.done(r);
+  // Relaxed on the driver whatever the client asked: this thread serves every client, and a
+  // global-mode capture would forbid the calls it makes for the others.
+  if (CUresult r = call.cu.cuStreamBeginCapture_v2(stream->stream, CU_STREAM_CAPTURE_MODE_RELAXED);
+      r != CUDA_SUCCESS) {
+    session.release_event(stream->capture_fence);
+    stream->capture_fence = nullptr;
+    return call.done(r);
+  }
+  stream->capture_origin = true;
+  stream->capture_graph = 0;
+  ++session.active_captures;
+  return call.done();
+}
+
+OpResult op_stream_end_capture(Call& call) {
+  auto req = call.request<proto::HandleReq>();
+  Session& session = call.session;
+  StreamObj* stream = session.objects.get<StreamObj>(req.handle);
+  if (stream == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  CUgraph graph = nullptr;
+  CUresult r = call.cu.cuStreamEndCapture(stream->stream, &graph);
+  if (!stream->capture_origin) return call.done(r);  // not a capture this stream began
+  stream->capture_origin = false;
+  --session.active_captures;
+  // The graph the client may hold an id of: owned now, or gone with the failed capture.
+  const std::uint64_t handed_out = std::exchange(stream->capture_graph, 0);
+  if (handed_out != 0) {
+    const GraphObj* g = session.objects.get<GraphObj>(handed_out);
+    if (g != nullptr && (r != CUDA_SUCCESS || g->graph != graph)) forget_graph(session, handed_out);
+  }
+  release_capture_fences(session);
+  if (r != CUDA_SUCCESS) return call.done(r);
+  std::uint64_t ctx = stream->ctx;
+  std::uint64_t id = remember_graph(session, graph, ctx, true);
+  if (id == 0) {
+    call.cu.cuGraphDestroy(graph);
+    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  return call.reply(proto::EndCaptureRep{id});
+}
+
+OpResult op_stream_capture_info(Call& call) {
+  auto req = call.request<proto::HandleReq>();
+  Session& session = call.session;
+  StreamObj* stream = session.objects.get<StreamObj>(req.handle);
+  if (stream == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  proto::CaptureInfoRep rep{};
+  rep.status = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (session.active_captures == 0) return call.reply(rep);
+  if (stream->is_default && blocking_stream_capturing(session, stream->ctx)) {
+    return call.done(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+  }
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t id = 0;
+  CUgraph graph = nullptr;
+  std::size_t dependencies = 0;
+  if (CUresult r = call.cu.cuStreamGetCaptureInfo_v3(stream->stream, &status, &id, &graph, nullptr,
+                                                     nullptr, &dependencies);
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  rep.status = status;
+  if (status == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+    rep.id = id;
+    rep.dependency_count = dependencies;
+    if (graph != nullptr) {
+      rep.graph = remember_graph(session, graph, stream->ctx, false);
+      // The origin ends the capture and settles the id; a joined stream reports the origin's.
+      for (std::uint64_t sid : session.objects.ids_where<StreamObj>(
+               [](const StreamObj& s) { return s.capture_origin; })) {
+        StreamObj* origin = session.objects.get<StreamObj>(sid);
+        CUgraph origin_graph = nullptr;
+        CUstreamCaptureStatus st{};
+        if (call.cu.cuStreamGetCaptureInfo_v3(origin->stream, &st, nullptr, &origin_graph, nullptr,
+                                              nullptr, nullptr) == CUDA_SUCCESS &&
+            origin_graph == graph) {
+          origin->capture_graph = rep.graph;
+        }
+      }
+    }
+  }
+  return call.reply(rep);
+}
+
+// ---- graphs ----
+
+OpResult op_graph_create(Call& call) {
+  auto req = call.request<proto::GraphCreateReq>();
+  Session& session = call.session;
+  if (session.objects.get<ContextObj>(req.ctx) == nullptr) {
+    return call.done(CUDA_ERROR_INVALID_CONTEXT);
+  }
+  if (req.flags != 0) return call.done(CUDA_ERROR_INVALID_VALUE);
+  CUgraph graph = nullptr;
+  {
+    GreenCurrent green(session);
+    if (CUresult r = call.cu.cuGraphCreate(&graph, 0); r != CUDA_SUCCESS) return call.done(r);
+  }
+  std::uint64_t id = remember_graph(session, graph, req.ctx, true);
+  if (id == 0) {
+    call.cu.cuGraphDestroy(graph);
+    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  return call.reply(proto::GraphRep{id});
+}
+
+OpResult op_graph_destroy(Call& call) {
+  auto req = call.request<proto::HandleReq>();
+  const GraphObj* graph = call.session.objects.get<GraphObj>(req.handle);
+  if (graph == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  if (!graph->owned) return call.done(CUDA_ERROR_INVALID_VALUE);  // a capture still builds it
+  // No GPU work uses a graph (executable graphs are copies): destroyed now.
+  forget_graph(call.session, req.handle);
+  return call.done();
+}
+
+OpResult op_graph_instantiate(Call& call) {
+  auto req = call.request<proto::GraphInstantiateReq>();
+  Session& session = call.session;
+  const GraphObj* graph = session.objects.get<GraphObj>(req.graph);
+  if (graph == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  // Device-launch graphs would hand the client's kernels a way to launch work the server never
+  // sees; uploads are done here with the stream the client named.
+  constexpr std::uint64_t kAllowed = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |
+                                     CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY |
+                                     CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD;
+  if ((req.flags & ~kAllowed) != 0) return call.done(CUDA_ERROR_NOT_SUPPORTED);
+  StreamObj* upload = nullptr;
+  if ((req.flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) != 0) {
+    CUresult error = CUDA_SUCCESS;
+    upload = use_stream(call, req.upload_stream, true, &error);
+    if (upload == nullptr) return call.done(error);
+  }
+  CUgraphExec exec = nullptr;
+  {
+    GreenCurrent green(session);
+    if (CUresult r = call.cu.cuGraphInstantiateWithFlags(
+            &exec, graph->graph, req.flags & ~std::uint64_t{CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD});
+        r != CUDA_SUCCESS) {
+      return call.done(r);
+    }
+  }
+  if (upload != nullptr) {
+    if (CUresult r = call.cu.cuGraphUpload(exec, upload->stream); r != CUDA_SUCCESS) {
+      call.cu.cuGraphExecDestroy(exec);
+      return call.done(r);
+    }
+  }
+  std::uint64_t id = session.objects.insert(GraphExecObj{exec, graph->ctx});
+  if (id == 0) {
+    call.cu.cuGraphExecDestroy(exec);
+    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  return call.reply(proto::GraphInstantiateRep{id, CUDA_GRAPH_INSTANTIATE_SUCCESS, 0});
+}
+
+OpResult op_graph_exec_destroy(Call& call) {
+  auto req = call.request<proto::HandleReq>();
+  auto exec = call.session.objects.take<GraphExecObj>(req.handle);
+  if (!exec) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  Retired bundle;
+  bundle.graph_execs.push_back(exec->exec);
+  return call.done(retire(call.session, std::move(bundle)));
+}
+
+OpResult op_graph_launch(Call& call) {
+  auto req = call.request<proto::GraphLaunchReq>();
+  const GraphExecObj* exec = call.session.objects.get<GraphExecObj>(req.exec);
+  if (exec == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  CUgraphExec driver_exec = exec->exec;
+  CUresult error = CUDA_SUCCESS;
+  StreamObj* stream = use_stream(call, req.stream, true, &error);
+  if (stream == nullptr) return call.done(error);
+  CUresult r = call.op() == proto::Op::kGraphUpload
+                   ? call.cu.cuGraphUpload(driver_exec, stream->stream)
+                   : call.cu.cuGraphLaunch(driver_exec, stream->stream);
+  if (r == CUDA_SUCCESS && call.op() == proto::Op::kGraphLaunch) ++call.session.launches;
+  return finish_on_stream(call, *stream, r);
+}
+
+OpResult op_graph_exec_update(Call& call) {
+  auto req = call.request<proto::GraphExecUpdateReq>();
+  const GraphExecObj* exec = call.session.objects.get<GraphExecObj>(req.exec);
+  const GraphObj* graph = call.session.objects.get<GraphObj>(req.graph);
+  if (exec == nullptr || graph == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  CUgraphExecUpdateResultInfo info{};
+  CUresult r = call.cu.cuGraphExecUpdate_v2(exec->exec, graph->graph, &info);
+  OpResult result =
+      call.reply(proto::GraphExecUpdateRep{static_cast<std::uint32_t>(info.result), 0});
+  result.status = r;
+  return result;
+}
+
+OpResult op_graph_get_nodes(Call& call) {
+  auto req = call.request<proto::GraphGetNodesReq>();
+  Session& session = call.session;
+  const GraphObj* graph = session.objects.get<GraphObj>(req.graph);
+  if (graph == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  std::size_t total = 0;
+  if (CUresult r = call.cu.cuGraphGetNodes(graph->graph, nullptr, &total); r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  proto::GraphGetNodesRep rep{};
+  rep.total = total;
+  if (req.first < total) {
+    std::vector<CUgraphNode> nodes(total);
+    std::size_t n = total;
+    if (CUresult r = call.cu.cuGraphGetNodes(graph->graph, nodes.data(), &n); r != CUDA_SUCCESS) {
+      return call.done(r);
+    }
+    const std::size_t count =
+        std::min<std::size_t>(n - std::min<std::size_t>(req.first, n), proto::kNodesPerReply);
+    for (std::size_t i = 0; i < count; ++i) {
+      rep.nodes[i] = remember_node(session, nodes[req.first + i], req.graph);
+      if (rep.nodes[i] == 0) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    rep.count = count;
+  }
+  return call.reply(
+      rep, offsetof(proto::GraphGetNodesRep, nodes) + rep.count * sizeof(proto::WireHandle));
+}
+
+// ---- explicit construction ----
+
+OpResult op_graph_add_kernel_node(Call& call) {
+  auto req = call.request<proto::GraphKernelNodeReq>();
+  Session& session = call.session;
+  if (req.args_bytes > proto::kMaxArgsBytes) return malformed_node(call);
+  std::vector<CUgraphNode> deps;
+  CUresult error = CUDA_SUCCESS;
+  bool malformed = false;
+  GraphObj* graph = node_target(call, sizeof req, req.node, req.args_bytes, deps, error, malformed);
+  if (malformed) return malformed_node(call);
+  if (graph == nullptr) return call.done(error);
+  CUDA_KERNEL_NODE_PARAMS params{};
+  if (const FunctionObj* f = session.objects.get<FunctionObj>(req.function)) {
+    params.func = f->function;
+  } else if (const KernelObj* k = session.objects.get<KernelObj>(req.function)) {
+    // A CUkernel runs in the node's context: the client's green context.
+    params.kern = k->kernel;
+    params.ctx = session.green.context;
+  } else {
+    return call.done(CUDA_ERROR_INVALID_HANDLE);
+  }
+  alignas(16) std::byte args[proto::kMaxArgsBytes];
+  std::size_t args_size = req.args_bytes;
+  if (args_size != 0) {
+    std::memcpy(args, call.trailing(sizeof req + deps.size() * 8, args_size).data(), args_size);
+  }
+  void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, args, CU_LAUNCH_PARAM_BUFFER_SIZE, &args_size,
+                   CU_LAUNCH_PARAM_END};
+  params.gridDimX = req.grid[0];
+  params.gridDimY = req.grid[1];
+  params.gridDimZ = req.grid[2];
+  params.blockDimX = req.block[0];
+  params.blockDimY = req.block[1];
+  params.blockDimZ = req.block[2];
+  params.sharedMemBytes = req.shared_bytes;
+  params.extra = args_size != 0 ? extra : nullptr;
+  CUgraphNode node = nullptr;
+  GreenCurrent green(session);
+  CUresult r =
+      call.cu.cuGraphAddKernelNode_v2(&node, graph->graph, deps.data(), deps.size(), &params);
+  return node_reply(call, req.node.graph, r, node);
+}
+
+OpResult op_graph_add_memset_node(Call& call) {
+  auto req = call.request<proto::GraphMemsetNodeReq>();
+  Session& session = call.session;
+  std::vector<CUgraphNode> deps;
+  CUresult error = CUDA_SUCCESS;
+  bool malformed = false;
+  GraphObj* graph = node_target(call, sizeof req, req.node, 0, deps, error, malformed);
+  if (malformed) return malformed_node(call);
+  if (graph == nullptr) return call.done(error);
+  const std::uint64_t element = req.element_bytes;
+  if ((element != 1 && element != 2 && element != 4) || req.width == 0 || req.height == 0 ||
+      req.width > std::numeric_limits<std::uint64_t>::max() / 8 / element) {
+    return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  const std::uint64_t row = req.width * element;
+  const std::uint64_t pitch = req.height > 1 ? req.pitch : row;
+  if (pitch < row || req.height - 1 > (std::numeric_limits<std::uint64_t>::max() - row) / pitch ||
+      !session.memory.contains(req.dst, (req.height - 1) * pitch + row)) {
+    return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  CUDA_MEMSET_NODE_PARAMS params{};
+  params.dst = req.dst;
+  params.pitch = pitch;
+  params.value = req.value;
+  params.elementSize = req.element_bytes;
+  params.width = req.width;
+  params.height = req.height;
+  CUgraphNode node = nullptr;
+  GreenCurrent green(session);
+  CUresult r = call.cu.cuGraphAddMemsetNode(&node, graph->graph, deps.data(), deps.size(), &params,
+                                            session.green.context);
+  return node_reply(call, req.node.graph, r, node);
+}
+
+OpResult op_graph_add_copy_node(Call& call) {
+  auto req = call.request<proto::GraphCopyNodeReq>();
+  Session& session = call.session;
+  std::vector<CUgraphNode> deps;
+  CUresult error = CUDA_SUCCESS;
+  bool malformed = false;
+  GraphObj* graph = node_target(call, sizeof req, req.node, 0, deps, error, malformed);
+  if (malformed) return malformed_node(call);
+  if (graph == nullptr) return call.done(error);
+  if (!session.memory.contains(req.dst, req.bytes) ||
+      !session.memory.contains(req.src, req.bytes)) {
+    return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  CUDA_MEMCPY3D params{};
+  params.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+  params.srcDevice = req.src;
+  params.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  params.dstDevice = req.dst;
+  params.WidthInBytes = req.bytes;
+  params.Height = 1;
+  params.Depth = 1;
+  CUgraphNode node = nullptr;
+  GreenCurrent green(session);
+  CUresult r = call.cu.cuGraphAddMemcpyNode(&node, graph->graph, deps.data(), deps.size(), &params,
+                                            session.green.context);
+  return node_reply(call, req.node.graph, r, node);
+}
+
+OpResult op_graph_add_empty_node(Call& call) {
+  auto req = call.request<proto::GraphAddNodeHeader>();
+  std::vector<CUgraphNode> deps;
+  CUresult error = CUDA_SUCCESS;
+  bool malformed = false;
+  GraphObj* graph = node_target(call, sizeof req, req, 0, deps, error, malformed);
+  if (malformed) return malformed_node(call);
+  if (graph == nullptr) return call.done(error);
+  CUgraphNode node = nullptr;
+  CUresult r = call.cu.cuGraphAddEmptyNode(&node, graph->graph, deps.data(), deps.size());
+  return node_reply(call, req.graph, r, node);
+}
+
+OpResult op_graph_add_dependencies(Call& call) {
+  auto req = call.request<proto::GraphAddDependenciesReq>();
+  Session& session = call.session;
+  if (req.count > proto::kMaxNodeDependencies || !call.exact(sizeof req, req.count * 16)) {
+    return call.malformed("sent graph dependencies that the record does not hold");
+  }
+  const GraphObj* graph = session.objects.get<GraphObj>(req.graph);
+  if (graph == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  std::vector<proto::WireHandle> ids(req.count * 2);
+  if (!ids.empty()) {
+    std::memcpy(ids.data(), call.trailing(sizeof req, ids.size() * 8).data(), ids.size() * 8);
+  }
+  std::vector<CUgraphNode> from, to;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const GraphNodeObj* node = session.objects.get<GraphNodeObj>(ids[i]);
+    if (node == nullptr || node->graph != req.graph) return call.done(CUDA_ERROR_INVALID_VALUE);
+    (i % 2 == 0 ? from : to).push_back(node->node);
+  }
+  return call.done(call.cu.cuGraphAddDependencies_v2(graph->graph, from.data(), to.data(), nullptr,
+                                                     from.size()));
+}
+
+}  // namespace mpsshim::server

@@ -1,0 +1,711 @@
+// Stream capture and CUDA graphs. Capture happens on the server, on the client's real stream;
+// graphs, executable graphs and nodes are server handles wrapped in small client objects.
+//
+// cuStreamIsCapturing is polled on every allocation by PyTorch: while this process has no
+// capture open it is answered here, in nanoseconds; otherwise the server asks the driver (exact,
+// streams that joined a capture through an event wait included).
+//
+// The server captures in relaxed mode; the capture modes of the application (global, thread
+// local) are kept here for cuThreadExchangeStreamCaptureMode and the same-thread rule of
+// cuStreamEndCapture. The "unsafe call" prohibitions of global mode are not emulated.
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "libshim/api.hpp"
+#include "libshim/capture.hpp"
+#include "libshim/client.hpp"
+#include "libshim/log.hpp"
+
+using namespace mpsshim::shim;
+namespace proto = mpsshim::proto;
+
+namespace {
+
+constexpr std::uint32_t kGraphMagic = 0x47524631;      // "GRF1"
+constexpr std::uint32_t kGraphExecMagic = 0x47455831;  // "GEX1"
+constexpr std::uint32_t kNodeMagic = 0x474e4431;       // "GND1"
+constexpr std::uint32_t kDeadMagic = 0;
+
+struct GraphNodeObject;
+
+struct GraphObject {
+  std::uint32_t magic = kGraphMagic;
+  Context* ctx = nullptr;
+  proto::WireHandle wire = 0;
+  std::mutex mutex;
+  std::unordered_map<proto::WireHandle, GraphNodeObject*> nodes;
+};
+
+struct GraphNodeObject {
+  std::uint32_t magic = kNodeMagic;
+  GraphObject* graph = nullptr;
+  proto::WireHandle wire = 0;
+};
+
+struct GraphExecObject {
+  std::uint32_t magic = kGraphExecMagic;
+  Context* ctx = nullptr;
+  proto::WireHandle wire = 0;
+};
+
+template <typename T>
+T* live(void* handle, std::uint32_t magic) {
+  auto* object = static_cast<T*>(handle);
+  return object != nullptr && object->magic == magic ? object : nullptr;
+}
+GraphObject* graph_of(CUgraph h) {
+  return live<GraphObject>(h, kGraphMagic);
+}
+GraphExecObject* exec_of(CUgraphExec h) {
+  return live<GraphExecObject>(h, kGraphExecMagic);
+}
+GraphNodeObject* node_of(CUgraphNode h) {
+  return live<GraphNodeObject>(h, kNodeMagic);
+}
+
+// ---- capture bookkeeping ----
+
+struct CaptureRecord {
+  CUstreamCaptureMode mode;
+  std::thread::id thread;
+};
+
+struct CaptureBook {
+  std::mutex mutex;
+  std::unordered_map<const Stream*, CaptureRecord> origins;
+  // Graph objects by server id, so that the graph cuStreamGetCaptureInfo showed is the one
+  // cuStreamEndCapture returns.
+  std::unordered_map<proto::WireHandle, GraphObject*> graphs;
+};
+CaptureBook& book() {
+  static CaptureBook* b = new CaptureBook();  // never destroyed: used from static destructors
+  return *b;
+}
+
+std::atomic<int> g_open_captures{0};
+thread_local CUstreamCaptureMode t_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+GraphObject* graph_for(Context* ctx, proto::WireHandle wire) {
+  CaptureBook& b = book();
+  std::lock_guard lock(b.mutex);
+  auto it = b.graphs.find(wire);
+  if (it != b.graphs.end() && it->second->magic == kGraphMagic) return it->second;
+  auto* graph = new GraphObject();
+  graph->ctx = ctx;
+  graph->wire = wire;
+  b.graphs[wire] = graph;
+  return graph;
+}
+
+GraphNodeObject* node_for(GraphObject* graph, proto::WireHandle wire) {
+  std::lock_guard lock(graph->mutex);
+  GraphNodeObject*& node = graph->nodes[wire];
+  if (node == nullptr) node = new GraphNodeObject{kNodeMagic, graph, wire};
+  return node;
+}
+
+CUresult begin_capture(CUstream handle, CUstreamCaptureMode mode, DefaultStream dmode) {
+  Context* ctx = nullptr;
+  Stream* stream = nullptr;
+  if (CUresult rc = resolve_stream(handle, dmode, ctx, stream); rc != CUDA_SUCCESS) return rc;
+  if (mode < CU_STREAM_CAPTURE_MODE_GLOBAL || mode > CU_STREAM_CAPTURE_MODE_RELAXED) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  proto::BeginCaptureReq request{stream->wire, static_cast<std::uint32_t>(mode), 0};
+  // Counted first: a racing cuStreamIsCapturing must ask the server from now on.
+  g_open_captures.fetch_add(1, std::memory_order_seq_cst);
+  CUresult rc =
+      ctx->session->call(proto::Op::kStreamBeginCapture, request, static_cast<int*>(nullptr));
+  if (rc != CUDA_SUCCESS) {
+    g_open_captures.fetch_sub(1, std::memory_order_seq_cst);
+    return rc;
+  }
+  std::lock_guard lock(book().mutex);
+  book().origins[stream] = CaptureRecord{mode, std::this_thread::get_id()};
+  return CUDA_SUCCESS;
+}
+
+CUresult end_capture(CUstream handle, CUgraph* out, DefaultStream dmode) {
+  Context* ctx = nullptr;
+  Stream* stream = nullptr;
+  if (CUresult rc = resolve_stream(handle, dmode, ctx, stream); rc != CUDA_SUCCESS) return rc;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  bool origin = false;
+  {
+    CaptureBook& b = book();
+    std::lock_guard lock(b.mutex);
+    auto it = b.origins.find(stream);
+    if (it != b.origins.end()) {
+      if (it->second.mode != CU_STREAM_CAPTURE_MODE_RELAXED &&
+          it->second.thread != std::this_thread::get_id()) {
+        return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+      }
+      b.origins.erase(it);
+      origin = true;
+    }
+  }
+  proto::EndCaptureRep reply{};
+  CUresult rc =
+      ctx->session->call(proto::Op::kStreamEndCapture, proto::HandleReq{stream->wire}, &reply);
+  if (origin) g_open_captures.fetch_sub(1, std::memory_order_seq_cst);
+  *out = nullptr;
+  if (rc != CUDA_SUCCESS) return rc;
+  *out = reinterpret_cast<CUgraph>(graph_for(ctx, reply.graph));
+  return CUDA_SUCCESS;
+}
+
+CUresult capture_info(CUstream handle, DefaultStream dmode, proto::CaptureInfoRep& reply,
+                      Context*& ctx) {
+  Stream* stream = nullptr;
+  if (CUresult rc = resolve_stream(handle, dmode, ctx, stream); rc != CUDA_SUCCESS) return rc;
+  reply = proto::CaptureInfoRep{};
+  reply.status = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (g_open_captures.load(std::memory_order_seq_cst) == 0) return CUDA_SUCCESS;
+  return ctx->session->call(proto::Op::kStreamCaptureInfo, proto::HandleReq{stream->wire}, &reply);
+}
+
+CUresult is_capturing(CUstream handle, CUstreamCaptureStatus* status, DefaultStream dmode) {
+  if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (g_open_captures.load(std::memory_order_acquire) == 0) {
+    // The fast path: validates the handle and answers NONE without the server.
+    Context* ctx = nullptr;
+    Stream* stream = nullptr;
+    if (CUresult rc = resolve_stream(handle, dmode, ctx, stream); rc != CUDA_SUCCESS) return rc;
+    *status = CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+  }
+  proto::CaptureInfoRep reply{};
+  Context* ctx = nullptr;
+  if (CUresult rc = capture_info(handle, dmode, reply, ctx); rc != CUDA_SUCCESS) return rc;
+  *status = static_cast<CUstreamCaptureStatus>(reply.status);
+  return CUDA_SUCCESS;
+}
+
+CUresult get_capture_info(CUstream handle, DefaultStream dmode, CUstreamCaptureStatus* status,
+                          cuuint64_t* id, CUgraph* graph, const CUgraphNode** deps,
+                          const CUgraphEdgeData** edges, size_t* count) {
+  if (status == nullptr || (edges != nullptr && deps == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  proto::CaptureInfoRep reply{};
+  Context* ctx = nullptr;
+  if (CUresult rc = capture_info(handle, dmode, reply, ctx); rc != CUDA_SUCCESS) return rc;
+  *status = static_cast<CUstreamCaptureStatus>(reply.status);
+  if (reply.status != CU_STREAM_CAPTURE_STATUS_ACTIVE) return CUDA_SUCCESS;
+  if (deps != nullptr && reply.dependency_count != 0) {
+    log_once("cuStreamGetCaptureInfo.deps", Level::warn,
+             "cuStreamGetCaptureInfo: the dependency node array of a capturing stream is not "
+             "supported by mpsshim; ask for the status, id, graph and count only");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  if (id != nullptr) *id = reply.id;
+  if (graph != nullptr) {
+    *graph = reply.graph != 0 ? reinterpret_cast<CUgraph>(graph_for(ctx, reply.graph)) : nullptr;
+  }
+  if (deps != nullptr) *deps = nullptr;
+  if (edges != nullptr) *edges = nullptr;
+  if (count != nullptr) *count = reply.dependency_count;
+  return CUDA_SUCCESS;
+}
+
+// ---- graphs ----
+
+CUresult instantiate(CUgraphExec* out, CUgraph hgraph, std::uint64_t flags, CUstream upload,
+                     CUgraphInstantiateResult* result) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  GraphObject* graph = graph_of(hgraph);
+  if (graph == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if ((flags & CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH) != 0) {
+    log_once("cuGraphInstantiate.device_launch", Level::warn,
+             "cuGraphInstantiate: device-launchable graphs are not supported by mpsshim; "
+             "instantiate without CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  proto::GraphInstantiateReq request{graph->wire, 0, flags};
+  if ((flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) != 0) {
+    Context* ctx = nullptr;
+    Stream* stream = nullptr;
+    if (CUresult rc = resolve_stream(upload, DefaultStream::kLegacy, ctx, stream);
+        rc != CUDA_SUCCESS) {
+      return rc;
+    }
+    request.upload_stream = stream->wire;
+  }
+  proto::GraphInstantiateRep reply{};
+  CUresult rc = graph->ctx->session->call(proto::Op::kGraphInstantiate, request, &reply);
+  if (result != nullptr) {
+    *result = rc == CUDA_SUCCESS  ? CUDA_GRAPH_INSTANTIATE_SUCCESS
+              : reply.result != 0 ? static_cast<CUgraphInstantiateResult>(reply.result)
+                                  : CUDA_GRAPH_INSTANTIATE_ERROR;
+  }
+  if (rc != CUDA_SUCCESS) return rc;
+  *out =
+      reinterpret_cast<CUgraphExec>(new GraphExecObject{kGraphExecMagic, graph->ctx, reply.exec});
+  return CUDA_SUCCESS;
+}
+
+CUresult launch_graph(CUgraphExec hexec, CUstream handle, DefaultStream dmode, proto::Op op) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  GraphExecObject* exec = exec_of(hexec);
+  if (exec == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  Context* ctx = nullptr;
+  Stream* stream = nullptr;
+  if (CUresult rc = resolve_stream(handle, dmode, ctx, stream); rc != CUDA_SUCCESS) return rc;
+  if (ctx->session != exec->ctx->session) return CUDA_ERROR_INVALID_VALUE;
+  return ctx->session->post(op, proto::GraphLaunchReq{exec->wire, stream->wire});
+}
+
+CUresult exec_update(CUgraphExec hexec, CUgraph hgraph, CUgraphExecUpdateResult* result) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  GraphExecObject* exec = exec_of(hexec);
+  GraphObject* graph = graph_of(hgraph);
+  if (exec == nullptr || graph == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  proto::GraphExecUpdateRep reply{};
+  CUresult rc = exec->ctx->session->call(
+      proto::Op::kGraphExecUpdate, proto::GraphExecUpdateReq{exec->wire, graph->wire}, &reply);
+  if (result != nullptr) *result = static_cast<CUgraphExecUpdateResult>(reply.result);
+  return rc;
+}
+
+// Checks a dependency list against the graph and appends the nodes' ids to `out`.
+CUresult append_dependencies(GraphObject* graph, const CUgraphNode* deps, std::size_t count,
+                             std::vector<std::byte>& out) {
+  if (count != 0 && deps == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (count > proto::kMaxNodeDependencies) {
+    log_once("cuGraphAddNode.deps", Level::warn,
+             "cuGraphAdd*Node: more than {} dependencies of one node are not supported by "
+             "mpsshim; add them with cuGraphAddDependencies",
+             proto::kMaxNodeDependencies);
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    GraphNodeObject* node = node_of(deps[i]);
+    if (node == nullptr || node->graph != graph) return CUDA_ERROR_INVALID_VALUE;
+    const auto* bytes = reinterpret_cast<const std::byte*>(&node->wire);
+    out.insert(out.end(), bytes, bytes + sizeof node->wire);
+  }
+  return CUDA_SUCCESS;
+}
+
+template <typename Req>
+CUresult add_node(CUgraphNode* out, GraphObject* graph, proto::Op op, const Req& request,
+                  std::span<const std::byte> trailing) {
+  proto::GraphRep reply{};
+  CUresult rc =
+      graph->ctx->session->call(op, &request, sizeof request, trailing, &reply, sizeof reply);
+  if (rc != CUDA_SUCCESS) return rc;
+  *out = reinterpret_cast<CUgraphNode>(node_for(graph, reply.handle));
+  return CUDA_SUCCESS;
+}
+
+CUresult add_kernel_node(CUgraphNode* out, CUgraph hgraph, const CUgraphNode* deps,
+                         std::size_t count, CUfunction func, CUkernel kern, unsigned const grid[3],
+                         unsigned const block[3], unsigned shared, void** params, void** extra) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  GraphObject* graph = graph_of(hgraph);
+  if (graph == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  Function* f =
+      object_of<Function>(func != nullptr ? static_cast<void*>(func) : static_cast<void*>(kern));
+  if (f == nullptr || f->ctx == nullptr || f->ctx->session != graph->ctx->session) {
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<std::byte> trailing;
+  if (CUresult rc = append_dependencies(graph, deps, count, trailing); rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  // Arguments packed as launches pack them: at the offsets of the cached parameter layout.
+  const std::size_t at = trailing.size();
+  if (extra != nullptr) {
+    const void* buffer = nullptr;
+    std::size_t bytes = 0;
+    for (void** e = extra; *e != CU_LAUNCH_PARAM_END; e += 2) {
+      if (*e == CU_LAUNCH_PARAM_BUFFER_POINTER) {
+        buffer = e[1];
+      } else if (*e == CU_LAUNCH_PARAM_BUFFER_SIZE) {
+        bytes = *static_cast<std::size_t*>(e[1]);
+      } else {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+    }
+    if (params != nullptr || (bytes != 0 && buffer == nullptr) || bytes > proto::kMaxArgsBytes) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    trailing.resize(at + bytes);
+    if (bytes != 0) std::memcpy(trailing.data() + at, buffer, bytes);
+  } else {
+    if (f->args_bytes != 0 && params == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    trailing.resize(at + f->args_bytes);
+    for (std::size_t i = 0; i < f->params.size(); ++i) {
+      const proto::ParamSlot& p = f->params[i];
+      std::memcpy(trailing.data() + at + p.offset, params[i], p.size);
+    }
+  }
+  proto::GraphKernelNodeReq request{{graph->wire, static_cast<std::uint32_t>(count), 0},
+                                    f->wire,
+                                    {grid[0], grid[1], grid[2]},
+                                    {block[0], block[1], block[2]},
+                                    shared,
+                                    static_cast<std::uint32_t>(trailing.size() - at)};
+  return add_node(out, graph, proto::Op::kGraphAddKernelNode, request, trailing);
+}
+
+CUresult add_dependencies(CUgraph hgraph, const CUgraphNode* from, const CUgraphNode* to,
+                          const CUgraphEdgeData* edges, std::size_t count) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  GraphObject* graph = graph_of(hgraph);
+  if (graph == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (count != 0 && (from == nullptr || to == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  if (edges != nullptr) {
+    for (std::size_t i = 0; i < count; ++i) {
+      if (edges[i].type != CU_GRAPH_DEPENDENCY_TYPE_DEFAULT || edges[i].from_port != 0 ||
+          edges[i].to_port != 0) {
+        log_once("cuGraphAddDependencies.edges", Level::warn,
+                 "cuGraphAddDependencies: edge data (ports, programmatic dependencies) is not "
+                 "supported by mpsshim; add plain dependencies");
+        return CUDA_ERROR_NOT_SUPPORTED;
+      }
+    }
+  }
+  std::vector<std::byte> pairs;
+  for (std::size_t done = 0; done < count;) {
+    const std::size_t n = std::min<std::size_t>(count - done, proto::kMaxNodeDependencies);
+    pairs.clear();
+    for (std::size_t i = done; i < done + n; ++i) {
+      GraphNodeObject* a = node_of(from[i]);
+      GraphNodeObject* b = node_of(to[i]);
+      if (a == nullptr || b == nullptr || a->graph != graph || b->graph != graph) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      for (proto::WireHandle w : {a->wire, b->wire}) {
+        const auto* bytes = reinterpret_cast<const std::byte*>(&w);
+        pairs.insert(pairs.end(), bytes, bytes + sizeof w);
+      }
+    }
+    proto::GraphAddDependenciesReq request{graph->wire, n};
+    if (CUresult rc = graph->ctx->session->call(proto::Op::kGraphAddDependencies, &request,
+                                                sizeof request, pairs, nullptr, 0);
+        rc != CUDA_SUCCESS) {
+      return rc;
+    }
+    done += n;
+  }
+  return CUDA_SUCCESS;
+}
+
+constexpr auto kLegacy = DefaultStream::kLegacy;
+constexpr auto kPerThread = DefaultStream::kPerThread;
+
+}  // namespace
+
+namespace mpsshim::shim {
+
+bool process_has_open_capture() noexcept {
+  return g_open_captures.load(std::memory_order_acquire) != 0;
+}
+
+CUresult refuse_staged_copy_in_capture(Context* ctx, Stream* stream) noexcept {
+  if (!process_has_open_capture()) return CUDA_SUCCESS;
+  proto::CaptureInfoRep reply{};
+  if (CUresult rc =
+          ctx->session->call(proto::Op::kStreamCaptureInfo, proto::HandleReq{stream->wire}, &reply);
+      rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  if (reply.status == CU_STREAM_CAPTURE_STATUS_NONE) return CUDA_SUCCESS;
+  // As the real driver: the copy is refused and the capture invalidated (a query on a
+  // capturing stream does that on the server).
+  ctx->session->call(proto::Op::kStreamQuery, proto::HandleReq{stream->wire},
+                     static_cast<int*>(nullptr));
+  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+}  // namespace mpsshim::shim
+
+// ---- capture entry points ----
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+  if (mode == nullptr || *mode < CU_STREAM_CAPTURE_MODE_GLOBAL ||
+      *mode > CU_STREAM_CAPTURE_MODE_RELAXED) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::swap(*mode, t_mode);
+  return CUDA_SUCCESS;
+}
+
+#define MPSSHIM_CAPTURE_ENTRIES(SUFFIX, MODE)                                                  \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamBeginCapture_v2##SUFFIX(CUstream h,                  \
+                                                                  CUstreamCaptureMode mode) {  \
+    return begin_capture(h, mode, MODE);                                                       \
+  }                                                                                            \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamBeginCapture##SUFFIX(CUstream h) {                   \
+    return begin_capture(h, CU_STREAM_CAPTURE_MODE_GLOBAL, MODE);                              \
+  }                                                                                            \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamEndCapture##SUFFIX(CUstream h, CUgraph* g) {         \
+    return end_capture(h, g, MODE);                                                            \
+  }                                                                                            \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamIsCapturing##SUFFIX(CUstream h,                      \
+                                                              CUstreamCaptureStatus* status) { \
+    return is_capturing(h, status, MODE);                                                      \
+  }                                                                                            \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo##SUFFIX(                              \
+      CUstream h, CUstreamCaptureStatus* status, cuuint64_t* id) {                             \
+    return get_capture_info(h, MODE, status, id, nullptr, nullptr, nullptr, nullptr);          \
+  }                                                                                            \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v2##SUFFIX(                           \
+      CUstream h, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,               \
+      const CUgraphNode** deps, size_t* count) {                                               \
+    return get_capture_info(h, MODE, status, id, graph, deps, nullptr, count);                 \
+  }                                                                                            \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuGraphLaunch##SUFFIX(CUgraphExec e, CUstream h) {           \
+    return launch_graph(e, h, MODE, proto::Op::kGraphLaunch);                                  \
+  }                                                                                            \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuGraphUpload##SUFFIX(CUgraphExec e, CUstream h) {           \
+    return launch_graph(e, h, MODE, proto::Op::kGraphUpload);                                  \
+  }
+
+MPSSHIM_CAPTURE_ENTRIES(, kLegacy)
+MPSSHIM_CAPTURE_ENTRIES(_ptsz, kPerThread)
+#undef MPSSHIM_CAPTURE_ENTRIES
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v3(CUstream h, CUstreamCaptureStatus* status,
+                                                          cuuint64_t* id, CUgraph* graph,
+                                                          const CUgraphNode** deps,
+                                                          const CUgraphEdgeData** edges,
+                                                          size_t* count) {
+  return get_capture_info(h, kLegacy, status, id, graph, deps, edges, count);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v3_ptsz(
+    CUstream h, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,
+    const CUgraphNode** deps, const CUgraphEdgeData** edges, size_t* count) {
+  return get_capture_info(h, kPerThread, status, id, graph, deps, edges, count);
+}
+
+// ---- graphs ----
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphCreate(CUgraph* out, unsigned int flags) {
+  Context* ctx = nullptr;
+  if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+  if (out == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  proto::GraphRep reply{};
+  if (CUresult rc = ctx->session->call(proto::Op::kGraphCreate,
+                                       proto::GraphCreateReq{ctx->wire, flags, 0}, &reply);
+      rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  *out = reinterpret_cast<CUgraph>(graph_for(ctx, reply.handle));
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphDestroy(CUgraph hgraph) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  GraphObject* graph = graph_of(hgraph);
+  if (graph == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult rc = graph->ctx->session->post(proto::Op::kGraphDestroy, proto::HandleReq{graph->wire});
+  {
+    std::lock_guard lock(book().mutex);
+    book().graphs.erase(graph->wire);
+  }
+  std::lock_guard lock(graph->mutex);
+  for (auto& [wire, node] : graph->nodes) node->magic = kDeadMagic;  // kept: stale handles fail
+  graph->magic = kDeadMagic;
+  return rc;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphGetNodes(CUgraph hgraph, CUgraphNode* nodes, size_t* count) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  GraphObject* graph = graph_of(hgraph);
+  if (graph == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const std::size_t room = nodes == nullptr ? 0 : *count;
+  std::size_t filled = 0;
+  std::uint64_t total = 0;
+  do {
+    proto::GraphGetNodesRep reply{};
+    // Only the total when no array was given: the first page is skipped past the end.
+    const std::uint64_t first = nodes == nullptr ? ~std::uint64_t{0} : filled;
+    if (CUresult rc = graph->ctx->session->call(
+            proto::Op::kGraphGetNodes, proto::GraphGetNodesReq{graph->wire, first}, &reply);
+        rc != CUDA_SUCCESS) {
+      return rc;
+    }
+    total = reply.total;
+    if (nodes == nullptr || reply.count == 0) break;
+    for (std::uint64_t i = 0; i < reply.count && filled < room; ++i) {
+      nodes[filled++] = reinterpret_cast<CUgraphNode>(node_for(graph, reply.nodes[i]));
+    }
+  } while (filled < room && filled < total);
+  if (nodes == nullptr) {
+    *count = total;
+  } else {
+    for (std::size_t i = filled; i < room; ++i) nodes[i] = nullptr;
+    *count = filled;
+  }
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec* out, CUgraph graph,
+                                                            unsigned long long flags) {
+  if ((flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) != 0) return CUDA_ERROR_INVALID_VALUE;
+  return instantiate(out, graph, flags, nullptr, nullptr);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphInstantiate(CUgraphExec* out, CUgraph graph,
+                                                   CUgraphNode* error_node, char* log,
+                                                   size_t log_bytes) {
+  if (error_node != nullptr) *error_node = nullptr;
+  if (log != nullptr && log_bytes != 0) log[0] = '\0';
+  return instantiate(out, graph, 0, nullptr, nullptr);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphInstantiate_v2(CUgraphExec* out, CUgraph graph,
+                                                      CUgraphNode* error_node, char* log,
+                                                      size_t log_bytes) {
+  return cuGraphInstantiate(out, graph, error_node, log, log_bytes);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphInstantiateWithParams(CUgraphExec* out, CUgraph graph,
+                                                             CUDA_GRAPH_INSTANTIATE_PARAMS* p) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  p->hErrNode_out = nullptr;
+  return instantiate(out, graph, p->flags, p->hUploadStream, &p->result_out);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphInstantiateWithParams_ptsz(
+    CUgraphExec* out, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS* p) {
+  return cuGraphInstantiateWithParams(out, graph, p);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec hexec) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  GraphExecObject* exec = exec_of(hexec);
+  if (exec == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  // Launched replays still run: the server destroys it behind fences.
+  CUresult rc =
+      exec->ctx->session->post(proto::Op::kGraphExecDestroy, proto::HandleReq{exec->wire});
+  exec->magic = kDeadMagic;
+  return rc;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
+                                                     CUgraphExecUpdateResultInfo* info) {
+  if (info == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *info = CUgraphExecUpdateResultInfo{};
+  return exec_update(exec, graph, &info->result);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphExecUpdate(CUgraphExec exec, CUgraph graph,
+                                                  CUgraphNode* error_node,
+                                                  CUgraphExecUpdateResult* result) {
+  if (error_node == nullptr || result == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *error_node = nullptr;
+  return exec_update(exec, graph, result);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddKernelNode_v2(CUgraphNode* out, CUgraph graph,
+                                                        const CUgraphNode* deps, size_t count,
+                                                        const CUDA_KERNEL_NODE_PARAMS* p) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const unsigned grid[3] = {p->gridDimX, p->gridDimY, p->gridDimZ};
+  const unsigned block[3] = {p->blockDimX, p->blockDimY, p->blockDimZ};
+  return add_kernel_node(out, graph, deps, count, p->func, p->kern, grid, block, p->sharedMemBytes,
+                         p->kernelParams, p->extra);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddKernelNode(CUgraphNode* out, CUgraph graph,
+                                                     const CUgraphNode* deps, size_t count,
+                                                     const CUDA_KERNEL_NODE_PARAMS_v1* p) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const unsigned grid[3] = {p->gridDimX, p->gridDimY, p->gridDimZ};
+  const unsigned block[3] = {p->blockDimX, p->blockDimY, p->blockDimZ};
+  return add_kernel_node(out, graph, deps, count, p->func, nullptr, grid, block, p->sharedMemBytes,
+                         p->kernelParams, p->extra);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddMemsetNode(CUgraphNode* out, CUgraph hgraph,
+                                                     const CUgraphNode* deps, size_t count,
+                                                     const CUDA_MEMSET_NODE_PARAMS* p, CUcontext) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  GraphObject* graph = graph_of(hgraph);
+  if (graph == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (out == nullptr || p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<std::byte> trailing;
+  if (CUresult rc = append_dependencies(graph, deps, count, trailing); rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  proto::GraphMemsetNodeReq request{{graph->wire, static_cast<std::uint32_t>(count), 0},
+                                    p->dst,
+                                    p->pitch,
+                                    p->width,
+                                    p->height,
+                                    p->value,
+                                    p->elementSize};
+  return add_node(out, graph, proto::Op::kGraphAddMemsetNode, request, trailing);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddMemcpyNode(CUgraphNode* out, CUgraph hgraph,
+                                                     const CUgraphNode* deps, size_t count,
+                                                     const CUDA_MEMCPY3D* p, CUcontext) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  GraphObject* graph = graph_of(hgraph);
+  if (graph == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (out == nullptr || p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto device_side = [](CUmemorytype type, CUdeviceptr address) {
+    return type == CU_MEMORYTYPE_DEVICE ||
+           (type == CU_MEMORYTYPE_UNIFIED && address_book().find_device(address, nullptr));
+  };
+  if (!device_side(p->srcMemoryType, p->srcDevice) ||
+      !device_side(p->dstMemoryType, p->dstDevice) || p->Height > 1 || p->Depth > 1 ||
+      p->srcY != 0 || p->srcZ != 0 || p->dstY != 0 || p->dstZ != 0) {
+    log_once("cuGraphAddMemcpyNode.shape", Level::warn,
+             "cuGraphAddMemcpyNode: only one-dimensional device-to-device copies are supported "
+             "by mpsshim in explicitly built graphs; capture other copies from a stream "
+             "(pinned host memory) instead");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  std::vector<std::byte> trailing;
+  if (CUresult rc = append_dependencies(graph, deps, count, trailing); rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  proto::GraphCopyNodeReq request{{graph->wire, static_cast<std::uint32_t>(count), 0},
+                                  p->dstDevice + p->dstXInBytes,
+                                  p->srcDevice + p->srcXInBytes,
+                                  p->WidthInBytes};
+  return add_node(out, graph, proto::Op::kGraphAddCopyNode, request, trailing);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddEmptyNode(CUgraphNode* out, CUgraph hgraph,
+                                                    const CUgraphNode* deps, size_t count) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  GraphObject* graph = graph_of(hgraph);
+  if (graph == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<std::byte> trailing;
+  if (CUresult rc = append_dependencies(graph, deps, count, trailing); rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  proto::GraphAddNodeHeader request{graph->wire, static_cast<std::uint32_t>(count), 0};
+  return add_node(out, graph, proto::Op::kGraphAddEmptyNode, request, trailing);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddDependencies_v2(CUgraph graph, const CUgraphNode* from,
+                                                          const CUgraphNode* to,
+                                                          const CUgraphEdgeData* edges,
+                                                          size_t count) {
+  return add_dependencies(graph, from, to, edges, count);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddDependencies(CUgraph graph, const CUgraphNode* from,
+                                                       const CUgraphNode* to, size_t count) {
+  return add_dependencies(graph, from, to, nullptr, count);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphDebugDotPrint(CUgraph, const char*, unsigned int) {
+  log_once("cuGraphDebugDotPrint", Level::warn,
+           "cuGraphDebugDotPrint is not supported by mpsshim: the graph lives in the server");
+  return CUDA_ERROR_NOT_SUPPORTED;
+}

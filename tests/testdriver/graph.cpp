@@ -1,0 +1,529 @@
+// Stream capture and graphs: a capturing stream records its work as graph nodes; an executable
+// graph replays them, in a topological order, as one work item of the stream it is launched on.
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "tests/testdriver/state.hpp"
+
+namespace mpsshim::testdriver {
+namespace {
+
+// Node index by handle, in creation order.
+std::map<CUgraphNode, std::size_t> index_of(const Graph& g) {
+  std::map<CUgraphNode, std::size_t> index;
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) index[handle_of(g.nodes[i].get())] = i;
+  return index;
+}
+
+GraphShape shape_of(const Graph& g) {
+  const auto index = index_of(g);
+  GraphShape shape;
+  for (const auto& node : g.nodes) {
+    shape.types.push_back(node->type);
+    std::vector<std::size_t> deps;
+    for (CUgraphNode d : node->deps) deps.push_back(index.at(d));
+    std::sort(deps.begin(), deps.end());
+    shape.deps.push_back(std::move(deps));
+  }
+  return shape;
+}
+
+// The nodes' work in an order that runs every node after its dependencies (Kahn).
+std::shared_ptr<const std::vector<Work>> replay_order(const Graph& g, const GraphShape& shape) {
+  const std::size_t n = g.nodes.size();
+  std::vector<std::size_t> waiting(n);
+  std::vector<std::vector<std::size_t>> dependents(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    waiting[i] = shape.deps[i].size();
+    for (std::size_t d : shape.deps[i]) dependents[d].push_back(i);
+  }
+  std::vector<std::size_t> ready;
+  for (std::size_t i = 0; i < n; ++i)
+    if (waiting[i] == 0) ready.push_back(i);
+  auto order = std::make_shared<std::vector<Work>>();
+  std::size_t visited = 0;
+  while (!ready.empty()) {
+    const std::size_t i = ready.back();
+    ready.pop_back();
+    ++visited;
+    if (g.nodes[i]->work) order->push_back(g.nodes[i]->work);
+    for (std::size_t d : dependents[i])
+      if (--waiting[d] == 0) ready.push_back(d);
+  }
+  if (visited != n) return nullptr;  // a cycle
+  return order;
+}
+
+// Nodes named by a dependency list, all of graph `g`.
+CUresult check_deps(const Graph& g, const CUgraphNode* deps, std::size_t count) {
+  if (count != 0 && deps == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  for (std::size_t i = 0; i < count; ++i) {
+    bool found = false;
+    for (const auto& node : g.nodes) found = found || handle_of(node.get()) == deps[i];
+    if (!found) return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult add_node(State& s, CUgraphNode* out, CUgraph hgraph, const CUgraphNode* deps,
+                  std::size_t count, CUgraphNodeType type, std::function<void()> work) {
+  Graph* g = s.graphs.get(hgraph);
+  if (g == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = check_deps(*g, deps, count); r != CUDA_SUCCESS) return r;
+  auto node = std::make_unique<GraphNode>();
+  node->type = type;
+  if (work) node->work = std::make_shared<const std::function<void()>>(std::move(work));
+  node->deps.assign(deps, deps + count);
+  *out = handle_of(node.get());
+  g->nodes.push_back(std::move(node));
+  return CUDA_SUCCESS;
+}
+
+// The SMs a node runs on: its context's (a green context's own), else the device's.
+std::shared_ptr<const std::vector<std::uint16_t>> sms_of(State& s, CUcontext ctx, int device) {
+  const CurrentContext c = context_of(s, ctx != nullptr ? ctx : current_context(s).handle);
+  if (c.null_stream != nullptr && c.device != nullptr && c.device->ordinal == device)
+    return c.null_stream->sms;
+  return s.devices[static_cast<std::size_t>(device)]->primary.null_stream
+             ? s.devices[static_cast<std::size_t>(device)]->primary.null_stream->sms
+             : nullptr;
+}
+
+bool capturing(const Stream& stream) {
+  return stream.capture != nullptr;
+}
+
+// Every node from which `tail` can be reached, `tail` included.
+std::set<CUgraphNode> ancestors(const std::vector<CUgraphNode>& tail) {
+  std::set<CUgraphNode> seen;
+  std::vector<CUgraphNode> todo = tail;
+  while (!todo.empty()) {
+    CUgraphNode n = todo.back();
+    todo.pop_back();
+    if (!seen.insert(n).second) continue;
+    for (CUgraphNode d : node_of(n)->deps) todo.push_back(d);
+  }
+  return seen;
+}
+
+void end_capture_of_streams(Capture& capture) {
+  for (Stream* member : capture.streams) {
+    member->capture.reset();
+    member->capture_tail.clear();
+  }
+}
+
+}  // namespace
+
+void capture_node(State& s, Stream& stream, CUgraphNodeType type, std::function<void()> work) {
+  Capture& capture = *stream.capture;
+  if (capture.invalidated) return;
+  (void)s;
+  auto node = std::make_unique<GraphNode>();
+  node->type = type;
+  node->work = std::make_shared<const std::function<void()>>(std::move(work));
+  node->deps = stream.capture_tail;
+  stream.capture_tail = {handle_of(node.get())};
+  capture.graph->nodes.push_back(std::move(node));
+}
+
+CUresult forbid_in_capture(State& s, Stream& stream) {
+  (void)s;
+  if (!capturing(stream)) return CUDA_SUCCESS;
+  stream.capture->invalidated = true;
+  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+void leave_capture(State& s, Stream& stream) {
+  (void)s;
+  if (!capturing(stream)) return;
+  Capture& capture = *stream.capture;
+  if (capture.origin == &stream) {
+    capture.invalidated = true;
+    capture.origin = nullptr;
+  }
+  std::erase(capture.streams, &stream);
+  stream.capture.reset();
+  stream.capture_tail.clear();
+}
+
+CUresult capture_wait(State& s, Stream& stream, const Event& event) {
+  std::shared_ptr<Capture> from;
+  std::vector<CUgraphNode> nodes;
+  if (auto it = s.captured_events.find(&event); it != s.captured_events.end()) {
+    from = it->second.capture.lock();
+    nodes = it->second.nodes;
+  }
+  if (!from) {
+    if (!capturing(stream)) return CUDA_ERROR_NOT_FOUND;  // an ordinary wait
+    if (event.latest() == 0) return CUDA_SUCCESS;
+    // Only in-stream order may cross into a capture.
+    stream.capture->invalidated = true;
+    return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+  }
+  if (capturing(stream) && stream.capture != from) {
+    stream.capture->invalidated = true;
+    from->invalidated = true;
+    return CUDA_ERROR_STREAM_CAPTURE_MERGE;
+  }
+  if (!capturing(stream)) {  // a fork: the stream joins the capture after the event's nodes
+    stream.capture = from;
+    stream.capture_tail = nodes;
+    from->streams.push_back(&stream);
+    return CUDA_SUCCESS;
+  }
+  for (CUgraphNode n : nodes) {
+    if (std::find(stream.capture_tail.begin(), stream.capture_tail.end(), n) ==
+        stream.capture_tail.end())
+      stream.capture_tail.push_back(n);
+  }
+  return CUDA_SUCCESS;
+}
+
+}  // namespace mpsshim::testdriver
+
+using namespace mpsshim::testdriver;
+
+// ---- capture ----
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamBeginCapture_v2(CUstream hstream,
+                                                                   CUstreamCaptureMode mode) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    // The NULL stream cannot capture: it synchronizes with every blocking stream.
+    if (hstream == nullptr || hstream == CU_STREAM_LEGACY || hstream == CU_STREAM_PER_THREAD)
+      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    Stream* stream = nullptr;
+    if (CUresult r = resolve_stream(s, hstream, stream); r != CUDA_SUCCESS) return r;
+    if (mode > CU_STREAM_CAPTURE_MODE_RELAXED || mode < CU_STREAM_CAPTURE_MODE_GLOBAL)
+      return CUDA_ERROR_INVALID_VALUE;
+    if (capturing(*stream)) return CUDA_ERROR_ILLEGAL_STATE;
+    auto capture = std::make_shared<Capture>();
+    capture->id = s.next_capture_id++;
+    capture->mode = mode;
+    capture->graph = std::make_unique<Graph>();
+    capture->graph->device = stream->device;
+    capture->origin = stream;
+    capture->streams.push_back(stream);
+    stream->capture = std::move(capture);
+    stream->capture_tail.clear();
+    return CUDA_SUCCESS;
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamEndCapture(CUstream hstream, CUgraph* phGraph) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    Stream* stream = nullptr;
+    if (CUresult r = resolve_stream(s, hstream, stream); r != CUDA_SUCCESS) return r;
+    if (phGraph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!capturing(*stream)) return CUDA_ERROR_ILLEGAL_STATE;
+    std::shared_ptr<Capture> capture = stream->capture;
+    if (capture->origin != stream) return CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
+    // Every stream that forked from the origin must have been joined back into it.
+    const std::set<CUgraphNode> joined = ancestors(stream->capture_tail);
+    bool unjoined = false;
+    for (Stream* member : capture->streams) {
+      for (CUgraphNode n : member->capture_tail) unjoined = unjoined || !joined.contains(n);
+    }
+    end_capture_of_streams(*capture);
+    *phGraph = nullptr;
+    if (capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    if (unjoined) return CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
+    std::shared_ptr<Graph> graph(std::move(capture->graph));
+    *phGraph = s.graphs.add(std::move(graph));
+    return CUDA_SUCCESS;
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamIsCapturing(CUstream hstream,
+                                                               CUstreamCaptureStatus* status) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    Stream* stream = nullptr;
+    if (CUresult r = resolve_stream(s, hstream, stream); r != CUDA_SUCCESS) return r;
+    if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!capturing(*stream)) {
+      *status = CU_STREAM_CAPTURE_STATUS_NONE;
+    } else {
+      *status = stream->capture->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                             : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    }
+    return CUDA_SUCCESS;
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v3(
+    CUstream hstream, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,
+    const CUgraphNode** deps, const CUgraphEdgeData** edges, size_t* count) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    Stream* stream = nullptr;
+    if (CUresult r = resolve_stream(s, hstream, stream); r != CUDA_SUCCESS) return r;
+    if (status == nullptr || (edges != nullptr && deps == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+    if (!capturing(*stream)) {
+      *status = CU_STREAM_CAPTURE_STATUS_NONE;
+      return CUDA_SUCCESS;
+    }
+    const Capture& capture = *stream->capture;
+    *status = capture.invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                  : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    if (capture.invalidated) return CUDA_SUCCESS;
+    if (id != nullptr) *id = capture.id;
+    if (graph != nullptr) *graph = capture.graph->handle();
+    if (deps != nullptr) *deps = stream->capture_tail.data();
+    if (edges != nullptr) *edges = nullptr;
+    if (count != nullptr) *count = stream->capture_tail.size();
+    return CUDA_SUCCESS;
+  });
+}
+
+// ---- graphs ----
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphCreate(CUgraph* phGraph, unsigned int flags) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    const CurrentContext ctx = current_context(s);
+    if (ctx.device == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    if (phGraph == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    auto graph = std::make_shared<Graph>();
+    graph->device = ctx.device->ordinal;
+    *phGraph = s.graphs.add(std::move(graph));
+    return CUDA_SUCCESS;
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphDestroy(CUgraph hgraph) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    if (s.graphs.get(hgraph) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    s.graphs.erase(hgraph);  // executable graphs made from it keep their own copy
+    return CUDA_SUCCESS;
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphGetNodes(CUgraph hgraph, CUgraphNode* nodes,
+                                                           size_t* count) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    Graph* g = s.graphs.get(hgraph);
+    if (g == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (nodes == nullptr) {
+      *count = g->nodes.size();
+      return CUDA_SUCCESS;
+    }
+    const std::size_t n = std::min(*count, g->nodes.size());
+    for (std::size_t i = 0; i < n; ++i) nodes[i] = handle_of(g->nodes[i].get());
+    for (std::size_t i = n; i < *count; ++i) nodes[i] = nullptr;
+    *count = n;
+    return CUDA_SUCCESS;
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec* phExec,
+                                                                       CUgraph hgraph,
+                                                                       unsigned long long flags) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    Graph* g = s.graphs.get(hgraph);
+    if (g == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    if (phExec == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    constexpr unsigned long long kKnown = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |
+                                          CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
+    if ((flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
+    auto exec = std::make_shared<GraphExec>();
+    exec->device = g->device;
+    exec->shape = shape_of(*g);
+    exec->order = replay_order(*g, exec->shape);
+    if (!exec->order) return CUDA_ERROR_INVALID_VALUE;
+    *phExec = s.graph_execs.add(std::move(exec));
+    return CUDA_SUCCESS;
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec hexec) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    if (s.graph_execs.get(hexec) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    s.graph_execs.erase(hexec);  // launched replays hold their order
+    return CUDA_SUCCESS;
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphLaunch(CUgraphExec hexec, CUstream hstream) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    GraphExec* exec = s.graph_execs.get(hexec);
+    if (exec == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    Stream* stream = nullptr;
+    if (CUresult r = resolve_stream(s, hstream, stream); r != CUDA_SUCCESS) return r;
+    if (stream->device != exec->device) return CUDA_ERROR_INVALID_VALUE;
+    submit_work(
+        s, *stream,
+        [order = exec->order] {
+          for (const Work& w : *order) (*w)();
+        },
+        CU_GRAPH_NODE_TYPE_GRAPH);
+    return CUDA_SUCCESS;
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphUpload(CUgraphExec hexec, CUstream hstream) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    if (s.graph_execs.get(hexec) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    Stream* stream = nullptr;
+    return resolve_stream(s, hstream, stream);  // nothing to upload in host memory
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphExecUpdate_v2(CUgraphExec hexec, CUgraph hgraph,
+                                                                CUgraphExecUpdateResultInfo* info) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    GraphExec* exec = s.graph_execs.get(hexec);
+    Graph* g = s.graphs.get(hgraph);
+    if (exec == nullptr || g == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    if (info == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    *info = CUgraphExecUpdateResultInfo{};
+    GraphShape shape = shape_of(*g);
+    if (shape.types.size() != exec->shape.types.size() || shape.deps != exec->shape.deps) {
+      info->result = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
+      return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+    }
+    if (shape.types != exec->shape.types) {
+      info->result = CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED;
+      return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+    }
+    exec->order = replay_order(*g, shape);
+    info->result = CU_GRAPH_EXEC_UPDATE_SUCCESS;
+    return CUDA_SUCCESS;
+  });
+}
+
+// ---- explicit construction ----
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphAddKernelNode_v2(
+    CUgraphNode* out, CUgraph hgraph, const CUgraphNode* deps, size_t count,
+    const CUDA_KERNEL_NODE_PARAMS* p) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    Graph* g = s.graphs.get(hgraph);
+    if (g == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    CUfunction handle = p->func != nullptr ? p->func : reinterpret_cast<CUfunction>(p->kern);
+    Function* fn = nullptr;
+    if (CUresult r = resolve_function(s, handle, g->device, fn); r != CUDA_SUCCESS) return r;
+    if (p->gridDimX == 0 || p->gridDimY == 0 || p->gridDimZ == 0 || p->blockDimX == 0 ||
+        p->blockDimY == 0 || p->blockDimZ == 0)
+      return CUDA_ERROR_INVALID_VALUE;
+    auto args = std::make_shared<std::vector<std::byte>>();
+    if (CUresult r = pack_arguments(*fn->def, p->kernelParams, p->extra, *args);
+        r != CUDA_SUCCESS)
+      return r;
+    // func runs in its own context; a CUkernel in the node's (a green context's SMs).
+    auto sms = sms_of(s, p->func != nullptr ? nullptr : p->ctx, g->device);
+    if (!sms) return CUDA_ERROR_INVALID_CONTEXT;
+    return add_node(s, out, hgraph, deps, count, CU_GRAPH_NODE_TYPE_KERNEL,
+                    kernel_work(fn->def, Dim3{p->gridDimX, p->gridDimY, p->gridDimZ},
+                                Dim3{p->blockDimX, p->blockDimY, p->blockDimZ}, std::move(sms),
+                                std::move(args)));
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphAddMemsetNode(CUgraphNode* out, CUgraph hgraph,
+                                                                const CUgraphNode* deps,
+                                                                size_t count,
+                                                                const CUDA_MEMSET_NODE_PARAMS* p,
+                                                                CUcontext ctx) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    (void)ctx;
+    if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const std::size_t element = p->elementSize;
+    if (element != 1 && element != 2 && element != 4) return CUDA_ERROR_INVALID_VALUE;
+    if (p->width == 0 || p->height == 0) return CUDA_ERROR_INVALID_VALUE;
+    const std::size_t row = p->width * element;
+    const std::size_t pitch = p->height > 1 ? p->pitch : row;
+    if (pitch < row || p->dst % element != 0) return CUDA_ERROR_INVALID_VALUE;
+    const std::size_t extent = (p->height - 1) * pitch + row;
+    if (resolve_range_locked(s, p->dst, extent) == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const CUdeviceptr dst = p->dst;
+    const unsigned value = p->value;
+    const std::size_t width = p->width, height = p->height;
+    return add_node(s, out, hgraph, deps, count, CU_GRAPH_NODE_TYPE_MEMSET, [=] {
+      std::byte* base = resolve_range(dst, extent);
+      if (base == nullptr) throw DeviceFault{CUDA_ERROR_ILLEGAL_ADDRESS};
+      for (std::size_t y = 0; y < height; ++y) {
+        for (std::size_t x = 0; x < width; ++x)
+          std::memcpy(base + y * pitch + x * element, &value, element);  // little-endian
+      }
+    });
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphAddMemcpyNode(CUgraphNode* out, CUgraph hgraph,
+                                                                const CUgraphNode* deps,
+                                                                size_t count,
+                                                                const CUDA_MEMCPY3D* p,
+                                                                CUcontext ctx) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    (void)ctx;
+    if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    // The one shape modelled: a linear device-to-device copy.
+    if (p->srcMemoryType != CU_MEMORYTYPE_DEVICE || p->dstMemoryType != CU_MEMORYTYPE_DEVICE ||
+        p->Height > 1 || p->Depth > 1 || p->srcY != 0 || p->srcZ != 0 || p->dstY != 0 ||
+        p->dstZ != 0)
+      return CUDA_ERROR_NOT_SUPPORTED;
+    const CUdeviceptr src = p->srcDevice + p->srcXInBytes;
+    const CUdeviceptr dst = p->dstDevice + p->dstXInBytes;
+    const std::size_t bytes = p->WidthInBytes;
+    if (resolve_range_locked(s, src, bytes) == nullptr ||
+        resolve_range_locked(s, dst, bytes) == nullptr)
+      return CUDA_ERROR_INVALID_VALUE;
+    return add_node(s, out, hgraph, deps, count, CU_GRAPH_NODE_TYPE_MEMCPY, [=] {
+      std::byte* to = resolve_range(dst, bytes);
+      std::byte* from = resolve_range(src, bytes);
+      if (to == nullptr || from == nullptr) throw DeviceFault{CUDA_ERROR_ILLEGAL_ADDRESS};
+      std::memmove(to, from, bytes);
+    });
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphAddEmptyNode(CUgraphNode* out, CUgraph hgraph,
+                                                               const CUgraphNode* deps,
+                                                               size_t count) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    return add_node(s, out, hgraph, deps, count, CU_GRAPH_NODE_TYPE_EMPTY, nullptr);
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphAddDependencies_v2(CUgraph hgraph,
+                                                                     const CUgraphNode* from,
+                                                                     const CUgraphNode* to,
+                                                                     const CUgraphEdgeData* edges,
+                                                                     size_t count) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    (void)edges;
+    Graph* g = s.graphs.get(hgraph);
+    if (g == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    if (count != 0 && (from == nullptr || to == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = check_deps(*g, from, count); r != CUDA_SUCCESS) return r;
+    if (CUresult r = check_deps(*g, to, count); r != CUDA_SUCCESS) return r;
+    for (std::size_t i = 0; i < count; ++i) {
+      if (from[i] == to[i]) return CUDA_ERROR_INVALID_VALUE;
+      auto& deps = node_of(to[i])->deps;
+      if (std::find(deps.begin(), deps.end(), from[i]) != deps.end())
+        return CUDA_ERROR_INVALID_VALUE;  // the edge exists already
+    }
+    for (std::size_t i = 0; i < count; ++i) node_of(to[i])->deps.push_back(from[i]);
+    return CUDA_SUCCESS;
+  });
+}

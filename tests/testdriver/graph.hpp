@@ -1,0 +1,68 @@
+// Stream capture and graphs in the test driver. A capturing stream records each piece of work as
+// a node of the capture's graph (after the stream's current dependencies) instead of running it;
+// an instantiated graph replays its nodes in a topological order as one item of the launch
+// stream. Concurrency inside a graph is not modelled: results are what any valid order gives.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace mpsshim::testdriver {
+
+struct Stream;
+
+using Work = std::shared_ptr<const std::function<void()>>;
+
+struct GraphNode {
+  CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
+  Work work;                       // null for an empty node
+  std::vector<CUgraphNode> deps;   // nodes of the same graph
+};
+
+struct Graph {
+  int device = 0;
+  std::vector<std::unique_ptr<GraphNode>> nodes;
+  CUgraph handle() { return reinterpret_cast<CUgraph>(this); }
+};
+
+// What an executable graph was made from: node types and dependencies by node index, for
+// cuGraphExecUpdate's topology check.
+struct GraphShape {
+  std::vector<CUgraphNodeType> types;
+  std::vector<std::vector<std::size_t>> deps;
+  bool operator==(const GraphShape&) const = default;
+};
+
+struct GraphExec {
+  int device = 0;
+  GraphShape shape;
+  std::shared_ptr<const std::vector<Work>> order;  // a launch keeps the order it was given
+};
+
+struct Capture {
+  std::uint64_t id = 0;
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  bool invalidated = false;
+  std::unique_ptr<Graph> graph;
+  Stream* origin = nullptr;
+  std::vector<Stream*> streams;  // the origin and every stream that joined
+};
+
+// An event last recorded in a capture: a stream that waits on it joins the capture after `nodes`.
+struct CapturedRecord {
+  std::weak_ptr<Capture> capture;
+  std::vector<CUgraphNode> nodes;
+};
+
+inline GraphNode* node_of(CUgraphNode handle) {
+  return reinterpret_cast<GraphNode*>(handle);
+}
+inline CUgraphNode handle_of(GraphNode* node) {
+  return reinterpret_cast<CUgraphNode>(node);
+}
+
+}  // namespace mpsshim::testdriver

@@ -1,0 +1,238 @@
+// Stream capture records work instead of running it; graphs replay it; the capture rules of the
+// real driver (no synchronization, no pageable copies, forks must be joined) hold.
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "tests/testdriver/test_support.hpp"
+
+namespace mpsshim::testdriver::test {
+namespace {
+
+constexpr int kElements = 1024;
+constexpr unsigned kFillValue = 7;
+constexpr int kReplays = 50;
+
+void launch_increment(Session& s, CUstream stream, CUdeviceptr p, int n) {
+  CUfunction inc = s.function("increment_i32");
+  void* args[] = {&p, &n};
+  REQUIRE_CU(s.sut.cuLaunchKernel(inc, 1, 1, 1, 32, 1, 1, 0, stream, args, nullptr));
+}
+
+CUstream second_stream(Session& s) {
+  CUstream stream = nullptr;
+  REQUIRE_CU(s.sut.cuGreenCtxStreamCreate(&stream, s.green, CU_STREAM_NON_BLOCKING, 0));
+  return stream;
+}
+
+CUstreamCaptureStatus status_of(Session& s, CUstream stream) {
+  CUstreamCaptureStatus status{};
+  REQUIRE_CU(s.sut.cuStreamIsCapturing(stream, &status));
+  return status;
+}
+
+std::size_t node_count(Session& s, CUgraph graph) {
+  std::size_t n = 0;
+  REQUIRE_CU(s.sut.cuGraphGetNodes(graph, nullptr, &n));
+  return n;
+}
+
+TEST_CASE("a captured fork and join replays many times; capture itself runs nothing",
+          "[graph]") {
+  Session s;
+  const CUstream side = second_stream(s);
+  const CUevent fork = s.event(CU_EVENT_DISABLE_TIMING);
+  const CUevent join = s.event(CU_EVENT_DISABLE_TIMING);
+  const CUdeviceptr a = s.alloc(kElements * sizeof(int));
+  const CUdeviceptr b = s.alloc(kElements * sizeof(int));
+  s.upload(a, std::vector<int>(kElements, 100));
+  s.upload(b, std::vector<int>(kElements, 200));
+
+  REQUIRE_CU(s.sut.cuStreamBeginCapture_v2(s.stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CHECK(status_of(s, s.stream) == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  CHECK(status_of(s, side) == CU_STREAM_CAPTURE_STATUS_NONE);
+  launch_increment(s, s.stream, a, kElements);
+  REQUIRE_CU(s.sut.cuEventRecordWithFlags(fork, s.stream, 0));
+  REQUIRE_CU(s.sut.cuStreamWaitEvent(side, fork, 0));
+  CHECK(status_of(s, side) == CU_STREAM_CAPTURE_STATUS_ACTIVE);  // joined through the event
+  launch_increment(s, side, b, kElements);
+  REQUIRE_CU(s.sut.cuMemsetD32Async(b + 4, kFillValue, 1, side));
+  REQUIRE_CU(s.sut.cuEventRecordWithFlags(join, side, 0));
+  REQUIRE_CU(s.sut.cuStreamWaitEvent(s.stream, join, 0));
+  REQUIRE_CU(s.sut.cuMemcpyDtoDAsync_v2(a + 8, b + 4, sizeof(int), s.stream));
+  CUstreamCaptureStatus status{};
+  cuuint64_t id = 0;
+  std::size_t deps = 0;
+  REQUIRE_CU(s.sut.cuStreamGetCaptureInfo_v3(s.stream, &status, &id, nullptr, nullptr, nullptr,
+                                             &deps));
+  CHECK(id != 0);
+  CHECK(deps == 1);
+  CUgraph graph = nullptr;
+  REQUIRE_CU(s.sut.cuStreamEndCapture(s.stream, &graph));
+  REQUIRE(graph != nullptr);
+  CHECK(status_of(s, side) == CU_STREAM_CAPTURE_STATUS_NONE);
+
+  s.sync();
+  CHECK(s.download<int>(a, 1)[0] == 100);  // nothing ran while capturing
+  CHECK(node_count(s, graph) == 4);        // kernel, kernel, memset, memcpy
+
+  CUgraphExec exec = nullptr;
+  REQUIRE_CU(s.sut.cuGraphInstantiateWithFlags(&exec, graph, 0));
+  for (int i = 0; i < kReplays; ++i) REQUIRE_CU(s.sut.cuGraphLaunch(exec, s.stream));
+  s.sync();
+  const std::vector<int> ha = s.download<int>(a, 4);
+  const std::vector<int> hb = s.download<int>(b, 4);
+  CHECK(ha[0] == 100 + kReplays);
+  CHECK(ha[2] == static_cast<int>(kFillValue));  // the copy ran after the join
+  CHECK(hb[0] == 200 + kReplays);
+  CHECK(hb[1] == static_cast<int>(kFillValue));
+
+  const int live = driver().live_objects();
+  REQUIRE_CU(s.sut.cuGraphExecDestroy(exec));
+  REQUIRE_CU(s.sut.cuGraphDestroy(graph));
+  CHECK(driver().live_objects() == live - 2);
+  REQUIRE_CU(s.sut.cuStreamDestroy_v2(side));
+}
+
+TEST_CASE("synchronizing or copying pageable memory in a capture invalidates it", "[graph]") {
+  Session s;
+  const CUdeviceptr p = s.alloc(kElements * sizeof(int));
+  std::vector<int> pageable(kElements, 1);
+  CUgraph graph = reinterpret_cast<CUgraph>(&pageable);
+
+  SECTION("stream synchronize") {
+    REQUIRE_CU(s.sut.cuStreamBeginCapture_v2(s.stream, CU_STREAM_CAPTURE_MODE_RELAXED));
+    CHECK_CU(s.sut.cuStreamSynchronize(s.stream), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  }
+  SECTION("stream query") {
+    REQUIRE_CU(s.sut.cuStreamBeginCapture_v2(s.stream, CU_STREAM_CAPTURE_MODE_RELAXED));
+    CHECK_CU(s.sut.cuStreamQuery(s.stream), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  }
+  SECTION("a pageable host-to-device copy") {
+    REQUIRE_CU(s.sut.cuStreamBeginCapture_v2(s.stream, CU_STREAM_CAPTURE_MODE_RELAXED));
+    CHECK_CU(s.sut.cuMemcpyHtoDAsync_v2(p, pageable.data(), sizeof(int), s.stream),
+             CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  }
+  SECTION("a pageable device-to-host copy") {
+    REQUIRE_CU(s.sut.cuStreamBeginCapture_v2(s.stream, CU_STREAM_CAPTURE_MODE_RELAXED));
+    CHECK_CU(s.sut.cuMemcpyDtoHAsync_v2(pageable.data(), p, sizeof(int), s.stream),
+             CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  }
+  CHECK(status_of(s, s.stream) == CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+  CHECK_CU(s.sut.cuStreamEndCapture(s.stream, &graph), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CHECK(graph == nullptr);
+  CHECK(status_of(s, s.stream) == CU_STREAM_CAPTURE_STATUS_NONE);
+  REQUIRE_CU(s.sut.cuStreamSynchronize(s.stream));  // usable again
+}
+
+TEST_CASE("capture rules: unjoined forks, foreign events, the wrong stream, twice", "[graph]") {
+  Session s;
+  const CUstream side = second_stream(s);
+  const CUevent fork = s.event(CU_EVENT_DISABLE_TIMING);
+  const CUevent outside = s.event(CU_EVENT_DISABLE_TIMING);
+  const CUdeviceptr p = s.alloc(kElements * sizeof(int));
+  CUgraph graph = nullptr;
+  REQUIRE_CU(s.sut.cuEventRecordWithFlags(outside, side, 0));
+
+  REQUIRE_CU(s.sut.cuStreamBeginCapture_v2(s.stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CHECK_CU(s.sut.cuStreamBeginCapture_v2(s.stream, CU_STREAM_CAPTURE_MODE_GLOBAL),
+           CUDA_ERROR_ILLEGAL_STATE);
+  REQUIRE_CU(s.sut.cuEventRecordWithFlags(fork, s.stream, 0));
+  REQUIRE_CU(s.sut.cuStreamWaitEvent(side, fork, 0));
+  launch_increment(s, side, p, kElements);
+  CHECK_CU(s.sut.cuEventQuery(fork), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CHECK_CU(s.sut.cuStreamEndCapture(side, &graph), CUDA_ERROR_STREAM_CAPTURE_UNMATCHED);
+  CHECK_CU(s.sut.cuStreamEndCapture(s.stream, &graph), CUDA_ERROR_STREAM_CAPTURE_UNJOINED);
+  CHECK(status_of(s, side) == CU_STREAM_CAPTURE_STATUS_NONE);
+
+  REQUIRE_CU(s.sut.cuStreamBeginCapture_v2(s.stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CHECK_CU(s.sut.cuStreamWaitEvent(s.stream, outside, 0), CUDA_ERROR_STREAM_CAPTURE_ISOLATION);
+  CHECK_CU(s.sut.cuStreamEndCapture(s.stream, &graph), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CHECK_CU(s.sut.cuStreamBeginCapture_v2(nullptr, CU_STREAM_CAPTURE_MODE_GLOBAL),
+           CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  REQUIRE_CU(s.sut.cuStreamDestroy_v2(side));
+}
+
+TEST_CASE("an executable graph takes a re-captured graph of the same shape", "[graph]") {
+  Session s;
+  const CUdeviceptr first = s.alloc(kElements * sizeof(int));
+  const CUdeviceptr second = s.alloc(kElements * sizeof(int));
+  s.upload(first, std::vector<int>(kElements, 0));
+  s.upload(second, std::vector<int>(kElements, 0));
+  auto capture = [&](CUdeviceptr target, int kernels) {
+    CUgraph g = nullptr;
+    REQUIRE_CU(s.sut.cuStreamBeginCapture_v2(s.stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    for (int i = 0; i < kernels; ++i) launch_increment(s, s.stream, target, kElements);
+    REQUIRE_CU(s.sut.cuStreamEndCapture(s.stream, &g));
+    return g;
+  };
+  CUgraph original = capture(first, 1);
+  CUgraph retargeted = capture(second, 1);
+  CUgraph longer = capture(second, 2);
+  CUgraphExec exec = nullptr;
+  REQUIRE_CU(s.sut.cuGraphInstantiateWithFlags(&exec, original, 0));
+
+  CUgraphExecUpdateResultInfo info{};
+  REQUIRE_CU(s.sut.cuGraphExecUpdate_v2(exec, retargeted, &info));
+  CHECK(info.result == CU_GRAPH_EXEC_UPDATE_SUCCESS);
+  CHECK_CU(s.sut.cuGraphExecUpdate_v2(exec, longer, &info), CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE);
+  CHECK(info.result == CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED);
+  REQUIRE_CU(s.sut.cuGraphLaunch(exec, s.stream));
+  s.sync();
+  CHECK(s.download<int>(first, 1)[0] == 0);
+  CHECK(s.download<int>(second, 1)[0] == 1);
+  for (CUgraph g : {original, retargeted, longer}) REQUIRE_CU(s.sut.cuGraphDestroy(g));
+  REQUIRE_CU(s.sut.cuGraphExecDestroy(exec));
+}
+
+TEST_CASE("explicitly built graphs run their nodes in dependency order", "[graph]") {
+  Session s;
+  const CUdeviceptr src = s.alloc(kElements * sizeof(int));
+  const CUdeviceptr dst = s.alloc(kElements * sizeof(int));
+  CUgraph graph = nullptr;
+  REQUIRE_CU(s.sut.cuGraphCreate(&graph, 0));
+
+  CUgraphNode memset = nullptr, kernel = nullptr, copy = nullptr, empty = nullptr;
+  CUDA_MEMSET_NODE_PARAMS fill{};
+  fill.dst = src;
+  fill.value = kFillValue;
+  fill.elementSize = sizeof(int);
+  fill.width = kElements;
+  fill.height = 1;
+  REQUIRE_CU(s.sut.cuGraphAddMemsetNode(&memset, graph, nullptr, 0, &fill, s.green_ctx));
+  CUdeviceptr p = src;
+  int n = kElements;
+  void* args[] = {&p, &n};
+  CUDA_KERNEL_NODE_PARAMS kp{};
+  kp.func = s.function("increment_i32");
+  kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1;
+  kp.blockDimX = 32;
+  kp.blockDimY = kp.blockDimZ = 1;
+  kp.kernelParams = args;
+  REQUIRE_CU(s.sut.cuGraphAddKernelNode_v2(&kernel, graph, &memset, 1, &kp));
+  CUDA_MEMCPY3D cp{};
+  cp.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+  cp.srcDevice = src;
+  cp.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  cp.dstDevice = dst;
+  cp.WidthInBytes = kElements * sizeof(int);
+  cp.Height = cp.Depth = 1;
+  REQUIRE_CU(s.sut.cuGraphAddMemcpyNode(&copy, graph, nullptr, 0, &cp, s.green_ctx));
+  REQUIRE_CU(s.sut.cuGraphAddEmptyNode(&empty, graph, nullptr, 0));
+  REQUIRE_CU(s.sut.cuGraphAddDependencies_v2(graph, &kernel, &empty, nullptr, 1));
+  REQUIRE_CU(s.sut.cuGraphAddDependencies_v2(graph, &empty, &copy, nullptr, 1));
+  CHECK_CU(s.sut.cuGraphAddDependencies_v2(graph, &empty, &copy, nullptr, 1),
+           CUDA_ERROR_INVALID_VALUE);
+  CHECK(node_count(s, graph) == 4);
+
+  CUgraphExec exec = nullptr;
+  REQUIRE_CU(s.sut.cuGraphInstantiateWithFlags(&exec, graph, 0));
+  REQUIRE_CU(s.sut.cuGraphLaunch(exec, s.stream));
+  s.sync();
+  CHECK(s.download<int>(dst, kElements) == std::vector<int>(kElements, kFillValue + 1));
+  REQUIRE_CU(s.sut.cuGraphExecDestroy(exec));
+  REQUIRE_CU(s.sut.cuGraphDestroy(graph));
+}
+
+}  // namespace
+}  // namespace mpsshim::testdriver::test
