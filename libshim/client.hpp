@@ -50,6 +50,7 @@ enum class Magic : std::uint32_t {
   kModule = 0x4d4f4431,
   kLibrary = 0x4c494231,
   kFunction = 0x46554e31,
+  kMemPool = 0x504f4f31,
 };
 
 struct Context;
@@ -142,6 +143,17 @@ template <>
 inline constexpr Magic kMagicOf<Library> = Magic::kLibrary;
 template <>
 inline constexpr Magic kMagicOf<Function> = Magic::kFunction;
+
+// A CUmemoryPool: one of the client's pools on the server of its device (memory_pool.cpp).
+struct MemPool {
+  Magic magic = Magic::kMemPool;
+  Session* session = nullptr;
+  int device = 0;
+  proto::WireHandle wire = 0;  // 0: the session's default pool
+  bool is_default = false;
+};
+template <>
+inline constexpr Magic kMagicOf<MemPool> = Magic::kMemPool;
 
 // The object behind a handle, or nullptr if it is not a live object of that type.
 template <typename T, typename Handle>

@@ -69,7 +69,16 @@ enum class Op : std::uint16_t {
   kOccupancyMaxActiveBlocks = 44,
   kOccupancyMaxActiveClusters = 45,
   kOccupancyAvailableDynamicSmem = 46,
-  kCount
+  // host functions and stream-ordered allocation (80..99)
+  kHostFunc = 80,
+  kMemPoolCreate = 81,
+  kMemPoolDestroy = 82,
+  kMemPoolSetAttribute = 83,
+  kMemPoolGetAttribute = 84,
+  kMemPoolTrimTo = 85,
+  kMemAllocAsync = 86,
+  kMemFreeAsync = 87,
+  kCount = 88
 };
 
 // RecordHeader::flags
@@ -301,6 +310,55 @@ struct ClusterOccupancyReq {
   std::uint32_t attribute_count;
 };
 
+// ---- host functions (cuLaunchHostFunc, cuStreamAddCallback) ----
+// The callback runs in the client: the server queues a host function of its own on the real
+// stream that publishes callback_id in the segment's HostCallbackCells and waits for the
+// client to report it done (proto/segment.hpp).
+enum class HostFuncKind : std::uint32_t {
+  kLaunchHostFunc = 1,     // fn(userData)
+  kStreamAddCallback = 2,  // callback(hStream, status, userData)
+};
+struct HostFuncReq {
+  WireHandle stream;
+  std::uint64_t callback_id;  // the client's own name for (fn, userData); never 0
+  HostFuncKind kind;
+  std::uint32_t reserved;
+};
+
+// ---- stream-ordered allocation and memory pools ----
+// Pool handle 0 names the session's own default pool of its device (created on first use).
+struct MemPoolCreateReq {
+  std::uint64_t max_bytes;  // CUmemPoolProps::maxSize; 0 = no bound but the client's limit
+  std::uint32_t usage;      // CUmemPoolProps::usage
+  std::uint32_t reserved;
+};
+struct MemPoolCreateRep {
+  WireHandle pool;
+};
+struct MemPoolAttributeReq {  // kMemPoolSetAttribute and kMemPoolGetAttribute
+  WireHandle pool;
+  std::uint32_t attribute;  // CUmemPool_attribute
+  std::uint32_t reserved;
+  std::uint64_t value;  // set: the value (int attributes in the low 32 bits)
+};
+struct MemPoolAttributeRep {
+  std::uint64_t value;
+};
+struct MemPoolTrimReq {
+  WireHandle pool;
+  std::uint64_t keep_bytes;
+};
+struct MemAllocAsyncReq {
+  WireHandle pool;
+  WireHandle stream;
+  std::uint64_t bytes;
+};
+// Reply: MemAllocRep.
+struct MemFreeAsyncReq {
+  std::uint64_t dptr;
+  WireHandle stream;
+};
+
 // Every payload above is plain bytes and fits a response slot.
 #define MPSSHIM_WIRE_CHECK(T)                                    \
   static_assert(kWireSafe<T>, #T " must be trivially copyable"); \
@@ -328,6 +386,14 @@ MPSSHIM_WIRE_CHECK(EventRecordReq)
 MPSSHIM_WIRE_CHECK(ElapsedReq)
 MPSSHIM_WIRE_CHECK(OccupancyReq)
 MPSSHIM_WIRE_CHECK(ClusterOccupancyReq)
+MPSSHIM_WIRE_CHECK(HostFuncReq)
+MPSSHIM_WIRE_CHECK(MemPoolCreateReq)
+MPSSHIM_WIRE_CHECK(MemPoolCreateRep)
+MPSSHIM_WIRE_CHECK(MemPoolAttributeReq)
+MPSSHIM_WIRE_CHECK(MemPoolAttributeRep)
+MPSSHIM_WIRE_CHECK(MemPoolTrimReq)
+MPSSHIM_WIRE_CHECK(MemAllocAsyncReq)
+MPSSHIM_WIRE_CHECK(MemFreeAsyncReq)
 #undef MPSSHIM_WIRE_CHECK
 static_assert(sizeof(FunctionRep) <= kSlotPayloadBytes);
 static_assert(sizeof(WireLaunchAttribute) == 72, "CUlaunchAttribute is 72 bytes");
@@ -335,5 +401,9 @@ static_assert(sizeof(LaunchReq) == 56);
 static_assert(sizeof(HostRef) == 24);
 static_assert(sizeof(CopyHostReq) == 48);
 static_assert(sizeof(MemsetReq) == 48);
+static_assert(sizeof(HostFuncReq) == 24);
+static_assert(sizeof(MemPoolAttributeReq) == 24);
+static_assert(sizeof(MemAllocAsyncReq) == 24);
+static_assert(sizeof(MemFreeAsyncReq) == 16);
 
 }  // namespace mpsshim::proto

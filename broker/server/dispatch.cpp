@@ -87,6 +87,16 @@ std::array<OpSpec, kOpCount> make_specs() {
       op_occupancy_max_active_clusters, sizeof(ClusterOccupancyReq), true);
   set(Op::kOccupancyAvailableDynamicSmem, "OccupancyAvailableDynamicSmem",
       op_occupancy_available_dynamic_smem, sizeof(OccupancyReq), true);
+  set(Op::kHostFunc, "HostFunc", op_host_func, sizeof(HostFuncReq), false);
+  set(Op::kMemPoolCreate, "MemPoolCreate", op_mem_pool_create, sizeof(MemPoolCreateReq), true);
+  set(Op::kMemPoolDestroy, "MemPoolDestroy", op_mem_pool_destroy, sizeof(HandleReq), false);
+  set(Op::kMemPoolSetAttribute, "MemPoolSetAttribute", op_mem_pool_set_attribute,
+      sizeof(MemPoolAttributeReq), true);
+  set(Op::kMemPoolGetAttribute, "MemPoolGetAttribute", op_mem_pool_get_attribute,
+      sizeof(MemPoolAttributeReq), true);
+  set(Op::kMemPoolTrimTo, "MemPoolTrimTo", op_mem_pool_trim_to, sizeof(MemPoolTrimReq), false);
+  set(Op::kMemAllocAsync, "MemAllocAsync", op_mem_alloc_async, sizeof(MemAllocAsyncReq), true);
+  set(Op::kMemFreeAsync, "MemFreeAsync", op_mem_free_async, sizeof(MemFreeAsyncReq), false);
   return s;
 }
 

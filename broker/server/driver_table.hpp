@@ -86,7 +86,17 @@
   X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, CUresult,                                \
     (int*, CUfunction, int, size_t, unsigned int))                                                 \
   X(cuOccupancyMaxActiveClusters, CUresult, (int*, CUfunction, const CUlaunchConfig*))             \
-  X(cuOccupancyAvailableDynamicSMemPerBlock, CUresult, (size_t*, CUfunction, int, int))
+  X(cuOccupancyAvailableDynamicSMemPerBlock, CUresult, (size_t*, CUfunction, int, int))         \
+  X(cuLaunchHostFunc, CUresult, (CUstream, CUhostFn, void*))                                       \
+  X(cuStreamAddCallback, CUresult, (CUstream, CUstreamCallback, void*, unsigned int))              \
+  X(cuStreamIsCapturing, CUresult, (CUstream, CUstreamCaptureStatus*))                             \
+  X(cuMemPoolCreate, CUresult, (CUmemoryPool*, const CUmemPoolProps*))                             \
+  X(cuMemPoolDestroy, CUresult, (CUmemoryPool))                                                    \
+  X(cuMemPoolSetAttribute, CUresult, (CUmemoryPool, CUmemPool_attribute, void*))                   \
+  X(cuMemPoolGetAttribute, CUresult, (CUmemoryPool, CUmemPool_attribute, void*))                   \
+  X(cuMemPoolTrimTo, CUresult, (CUmemoryPool, size_t))                                             \
+  X(cuMemAllocFromPoolAsync, CUresult, (CUdeviceptr*, size_t, CUmemoryPool, CUstream))             \
+  X(cuMemFreeAsync, CUresult, (CUdeviceptr, CUstream))
 
 namespace mpsshim::server {
 

@@ -64,7 +64,13 @@ struct HostRegionObj {
   CUdeviceptr device = 0;
 };
 
+// A memory pool of the client's own (cuMemPoolCreate, or its default pool).
+struct PoolObj {
+  CUmemoryPool pool = nullptr;
+  bool is_default = false;
+};
+
 using ObjectTable = HandleTable<ContextObj, StreamObj, EventObj, ModuleObj, LibraryObj, FunctionObj,
-                                KernelObj, HostRegionObj>;
+                                KernelObj, HostRegionObj, PoolObj>;
 
 }  // namespace mpsshim::server

@@ -66,4 +66,16 @@ OpResult op_event_query(Call& call);
 OpResult op_event_synchronize(Call& call);
 OpResult op_event_elapsed_time(Call& call);
 
+// ops_host_function.cpp
+OpResult op_host_func(Call& call);
+
+// ops_memory_pool.cpp
+OpResult op_mem_pool_create(Call& call);
+OpResult op_mem_pool_destroy(Call& call);
+OpResult op_mem_pool_set_attribute(Call& call);
+OpResult op_mem_pool_get_attribute(Call& call);
+OpResult op_mem_pool_trim_to(Call& call);
+OpResult op_mem_alloc_async(Call& call);
+OpResult op_mem_free_async(Call& call);
+
 }  // namespace mpsshim::server
