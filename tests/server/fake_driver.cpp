@@ -1,5 +1,7 @@
 #include "tests/server/fake_driver.hpp"
 
+#include "tests/server/fake_async.hpp"
+
 #include <cstring>
 
 namespace mpsshim::server::test {
@@ -356,6 +358,7 @@ DriverTable fake_driver_table() {
     *n = 1024;
     return CUDA_SUCCESS;
   };
+  add_async_fakes(t);
   return t;
 }
 
