@@ -20,7 +20,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-constexpr const char* kPrograms[] = {"CUDART_VECADD", "CUDART_STREAMS"};
+constexpr const char* kPrograms[] = {"CUDART_VECADD", "CUDART_STREAMS", "CUDART_ASYNC_ALLOC"};
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -114,11 +114,19 @@ TEST_CASE("cudart streams, pinned memory, events and memset run under the shim",
   run_and_check(daemon, "CUDART_STREAMS", {"777"});
 }
 
+TEST_CASE("cudaMallocAsync, pools and host functions on two streams run under the shim",
+          "[cudart]") {
+  Daemon daemon;
+  run_and_check(daemon, "CUDART_ASYNC_ALLOC");
+  run_and_check(daemon, "CUDART_ASYNC_ALLOC", {"1"});
+  run_and_check(daemon, "CUDART_ASYNC_ALLOC", {"70001"});
+}
+
 TEST_CASE("four cudart programs at once each get their own correct results", "[cudart]") {
   Daemon daemon;
   std::vector<std::unique_ptr<Child>> clients;
   for (int i = 0; i < 4; ++i) {
-    const char* variable = kPrograms[i % 2];
+    const char* variable = kPrograms[i % 3];
     clients.push_back(std::make_unique<Child>(
         std::vector<std::string>{artefact(variable), std::to_string(20000 + 1000 * i)},
         daemon.client_env()));
