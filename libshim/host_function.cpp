@@ -87,8 +87,7 @@ class HostCallbacks {
       }
     } else {
       log_once(unknown_id_, Level::warn,
-               "the server asked for host function {} that this process never queued; skipped",
-               id);
+               "the server asked for host function {} that this process never queued; skipped", id);
     }
     cell.done.store(ticket, std::memory_order_seq_cst);
     proto::futex_wake(&cell.done);

@@ -17,7 +17,7 @@ namespace {
 
 struct DevicePools {
   std::mutex mutex;
-  std::array<MemPool*, kMaxDevices> defaults{};  // made on first use, never freed
+  std::array<MemPool*, kMaxDevices> defaults{};              // made on first use, never freed
   std::array<std::atomic<MemPool*>, kMaxDevices> current{};  // nullptr: the default pool
 };
 
@@ -54,8 +54,7 @@ CUresult set_current_pool(int device, MemPool* pool) {
   if (pool == nullptr || pool->device != device || device >= kMaxDevices) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  device_pools().current[static_cast<std::size_t>(device)].store(pool->is_default ? nullptr
-                                                                                  : pool);
+  device_pools().current[static_cast<std::size_t>(device)].store(pool->is_default ? nullptr : pool);
   return CUDA_SUCCESS;
 }
 
@@ -125,21 +124,21 @@ std::atomic<bool> g_access_logged{false};
 
 // ---- stream-ordered allocation ----
 
-#define MPSSHIM_ASYNC_ALLOC_ENTRIES(SUFFIX, MODE)                                                \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemAllocAsync##SUFFIX(CUdeviceptr* dptr, size_t bytes,      \
-                                                          CUstream stream) {                    \
-    if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;                             \
-    return alloc_from(nullptr, dptr, bytes, stream, MODE);                                      \
-  }                                                                                             \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync##SUFFIX(                              \
-      CUdeviceptr* dptr, size_t bytes, CUmemoryPool hpool, CUstream stream) {                   \
-    if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;                             \
-    MemPool* pool = object_of<MemPool>(hpool);                                                  \
-    if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;                                       \
-    return alloc_from(pool, dptr, bytes, stream, MODE);                                         \
-  }                                                                                             \
-  MPSSHIM_EXPORT CUresult CUDAAPI cuMemFreeAsync##SUFFIX(CUdeviceptr dptr, CUstream stream) {   \
-    return free_async(dptr, stream, MODE);                                                      \
+#define MPSSHIM_ASYNC_ALLOC_ENTRIES(SUFFIX, MODE)                                             \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemAllocAsync##SUFFIX(CUdeviceptr* dptr, size_t bytes,    \
+                                                          CUstream stream) {                  \
+    if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;                           \
+    return alloc_from(nullptr, dptr, bytes, stream, MODE);                                    \
+  }                                                                                           \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync##SUFFIX(                            \
+      CUdeviceptr* dptr, size_t bytes, CUmemoryPool hpool, CUstream stream) {                 \
+    if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;                           \
+    MemPool* pool = object_of<MemPool>(hpool);                                                \
+    if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;                                     \
+    return alloc_from(pool, dptr, bytes, stream, MODE);                                       \
+  }                                                                                           \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuMemFreeAsync##SUFFIX(CUdeviceptr dptr, CUstream stream) { \
+    return free_async(dptr, stream, MODE);                                                    \
   }
 
 MPSSHIM_ASYNC_ALLOC_ENTRIES(, DefaultStream::kLegacy)
@@ -228,8 +227,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* out, const CUmemPo
   if (CUresult rc = session->call(proto::Op::kMemPoolCreate, request, &reply); rc != CUDA_SUCCESS) {
     return rc;
   }
-  *out = reinterpret_cast<CUmemoryPool>(new MemPool{Magic::kMemPool, session, device, reply.pool,
-                                                    false});
+  *out = reinterpret_cast<CUmemoryPool>(
+      new MemPool{Magic::kMemPool, session, device, reply.pool, false});
   return CUDA_SUCCESS;
 }
 
@@ -240,8 +239,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool hpool) {
   // A destroyed current pool leaves its device with the default pool, as the driver does.
   if (pool->device < kMaxDevices) {
     MemPool* expected = pool;
-    device_pools().current[static_cast<std::size_t>(pool->device)].compare_exchange_strong(
-        expected, nullptr);
+    device_pools().current[static_cast<std::size_t>(pool->device)].compare_exchange_strong(expected,
+                                                                                           nullptr);
   }
   CUresult rc = pool->session->post(proto::Op::kMemPoolDestroy, proto::HandleReq{pool->wire});
   pool->magic = Magic::kDead;
@@ -281,8 +280,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool hpool, size_t keep_
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   MemPool* pool = object_of<MemPool>(hpool);
   if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return pool->session->post(proto::Op::kMemPoolTrimTo, proto::MemPoolTrimReq{pool->wire,
-                                                                               keep_bytes});
+  return pool->session->post(proto::Op::kMemPoolTrimTo,
+                             proto::MemPoolTrimReq{pool->wire, keep_bytes});
 }
 
 // A pool's memory is visible to its own device only (one device per mpsshim server).

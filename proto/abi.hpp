@@ -14,7 +14,8 @@ namespace mpsshim::proto {
 
 inline constexpr std::uint32_t kHelloMagic = 0x4853504d;  // "MPSH" in memory order
 inline constexpr std::uint16_t kAbiMajor = 1;
-inline constexpr std::uint16_t kAbiMinor = 1;  // 1: host functions, memory pools (ops 80..87), callback cells
+// Minor 1: host functions and memory pools (ops 80..87), host-callback cells in the segment.
+inline constexpr std::uint16_t kAbiMinor = 1;
 
 // FROZEN FOREVER. Every message on every mpsshim socket starts with this header, so that any two
 // versions of mpsshim can at least tell each other which versions they are. Never change it.

@@ -86,7 +86,7 @@
   X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, CUresult,                                \
     (int*, CUfunction, int, size_t, unsigned int))                                                 \
   X(cuOccupancyMaxActiveClusters, CUresult, (int*, CUfunction, const CUlaunchConfig*))             \
-  X(cuOccupancyAvailableDynamicSMemPerBlock, CUresult, (size_t*, CUfunction, int, int))         \
+  X(cuOccupancyAvailableDynamicSMemPerBlock, CUresult, (size_t*, CUfunction, int, int))            \
   X(cuLaunchHostFunc, CUresult, (CUstream, CUhostFn, void*))                                       \
   X(cuStreamAddCallback, CUresult, (CUstream, CUstreamCallback, void*, unsigned int))              \
   X(cuStreamIsCapturing, CUresult, (CUstream, CUstreamCaptureStatus*))                             \

@@ -29,10 +29,10 @@ OpResult op_host_func(Call& call) {
   host_call->channel = session.callbacks;
   host_call->callback_id = req.callback_id;
   host_call->one_shot = capture == CU_STREAM_CAPTURE_STATUS_NONE;
-  CUresult r = req.kind == proto::HostFuncKind::kLaunchHostFunc
-                   ? call.cu.cuLaunchHostFunc(stream->stream, run_host_function, host_call.get())
-                   : call.cu.cuStreamAddCallback(stream->stream, run_stream_callback,
-                                                 host_call.get(), 0);
+  CUresult r =
+      req.kind == proto::HostFuncKind::kLaunchHostFunc
+          ? call.cu.cuLaunchHostFunc(stream->stream, run_host_function, host_call.get())
+          : call.cu.cuStreamAddCallback(stream->stream, run_stream_callback, host_call.get(), 0);
   if (r == CUDA_SUCCESS) {
     if (host_call->one_shot) {
       host_call.release();  // the driver's callback owns it now and frees it after running it

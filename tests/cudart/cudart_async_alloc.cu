@@ -15,14 +15,14 @@
 #include <cstdlib>
 #include <cstring>
 
-#define CHECK(call)                                                                             \
-  do {                                                                                          \
-    cudaError_t err_ = (call);                                                                  \
-    if (err_ != cudaSuccess) {                                                                  \
+#define CHECK(call)                                                                               \
+  do {                                                                                            \
+    cudaError_t err_ = (call);                                                                    \
+    if (err_ != cudaSuccess) {                                                                    \
       std::printf("cudart_async_alloc: %s failed: %s (%d) FAIL\n", #call, cudaGetErrorName(err_), \
-                  static_cast<int>(err_));                                                      \
-      return 1;                                                                                 \
-    }                                                                                           \
+                  static_cast<int>(err_));                                                        \
+      return 1;                                                                                   \
+    }                                                                                             \
   } while (0)
 
 // Same names, signatures and semantics as the test driver's kernels (tests/testdriver/kernels.cpp).
@@ -51,7 +51,9 @@ std::atomic<int> g_failures{0};
 std::atomic<int> g_host_functions{0};
 std::atomic<int> g_next_round[kStreams];
 
-int value_of(int stream, int round) { return 1000 * (stream + 1) + 7 * round; }
+int value_of(int stream, int round) {
+  return 1000 * (stream + 1) + 7 * round;
+}
 
 struct Round {
   int stream;

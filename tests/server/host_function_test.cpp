@@ -53,7 +53,8 @@ class DriverCallbackThread {
   bool returned() const { return returned_; }
   bool returns_within(std::chrono::milliseconds limit) const {
     auto deadline = std::chrono::steady_clock::now() + limit;
-    while (!returned_ && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+    while (!returned_ && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(1ms);
     return returned_;
   }
 

@@ -13,14 +13,15 @@ constexpr std::uint64_t kMiB = 1 << 20;
 constexpr proto::WireHandle kDefaultPool = 0;
 
 Reply alloc_async(TestClient& client, std::uint64_t stream, std::uint64_t bytes,
-                         proto::WireHandle pool = kDefaultPool) {
+                  proto::WireHandle pool = kDefaultPool) {
   return client.call(Op::kMemAllocAsync, proto::MemAllocAsyncReq{pool, stream, bytes});
 }
 
 std::uint64_t pool_attribute(TestClient& client, proto::WireHandle pool,
                              CUmemPool_attribute attribute, CUresult* result = nullptr) {
-  auto reply = client.call(Op::kMemPoolGetAttribute,
-                           proto::MemPoolAttributeReq{pool, static_cast<std::uint32_t>(attribute), 0, 0});
+  auto reply =
+      client.call(Op::kMemPoolGetAttribute,
+                  proto::MemPoolAttributeReq{pool, static_cast<std::uint32_t>(attribute), 0, 0});
   if (result != nullptr) *result = reply.result;
   return reply.as<proto::MemPoolAttributeRep>().value;
 }
@@ -29,8 +30,7 @@ CUresult next_async_error(TestClient& client) {
   return static_cast<CUresult>(client.control()->async_error.exchange(0));
 }
 
-TEST_CASE("each client allocates from a pool of its own, bounded by its limit",
-          "[server][pools]") {
+TEST_CASE("each client allocates from a pool of its own, bounded by its limit", "[server][pools]") {
   Harness h;
   auto hello = default_hello(1, "first");
   hello.device_memory_limit = 100 * kMiB;
@@ -68,9 +68,10 @@ TEST_CASE("an async allocation beyond the client's limit is refused and logged",
   auto refused = alloc_async(sut, ctx.default_stream, 4 * kMiB);
 
   CHECK(refused.result == CUDA_ERROR_OUT_OF_MEMORY);
-  CHECK(h.logged("client 1 (pid 4123, python3) asked for 4 MiB of device memory "
-                 "(cudaMallocAsync); its limit is 16 MiB (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT) and "
-                 "it already uses 14 MiB"));
+  CHECK(
+      h.logged("client 1 (pid 4123, python3) asked for 4 MiB of device memory "
+               "(cudaMallocAsync); its limit is 16 MiB (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT) and "
+               "it already uses 14 MiB"));
 }
 
 TEST_CASE("async memory is the client's until its stream-ordered free", "[server][pools]") {
@@ -124,18 +125,18 @@ TEST_CASE("pool attributes come from the client's own pool", "[server][pools]") 
   REQUIRE(alloc_async(sut, ctx.default_stream, 3 * kMiB).result == CUDA_SUCCESS);
 
   CHECK(pool_attribute(sut, kDefaultPool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT) == 3 * kMiB);
-  auto set = sut.call(Op::kMemPoolSetAttribute,
-                      proto::MemPoolAttributeReq{kDefaultPool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                                                 0, 64 * kMiB});
+  auto set = sut.call(
+      Op::kMemPoolSetAttribute,
+      proto::MemPoolAttributeReq{kDefaultPool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, 0, 64 * kMiB});
   CHECK(set.result == CUDA_SUCCESS);
   CHECK(pool_attribute(sut, kDefaultPool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) == 64 * kMiB);
   CHECK(pool_attribute(sut, kDefaultPool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC) == 1);
   CUresult result = CUDA_SUCCESS;
   pool_attribute(sut, kDefaultPool, static_cast<CUmemPool_attribute>(99), &result);
   CHECK(result == CUDA_ERROR_INVALID_VALUE);
-  auto read_only = sut.call(Op::kMemPoolSetAttribute,
-                            proto::MemPoolAttributeReq{kDefaultPool,
-                                                       CU_MEMPOOL_ATTR_USED_MEM_CURRENT, 0, 0});
+  auto read_only =
+      sut.call(Op::kMemPoolSetAttribute,
+               proto::MemPoolAttributeReq{kDefaultPool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, 0, 0});
   CHECK(read_only.result == CUDA_ERROR_INVALID_VALUE);
 }
 

@@ -146,7 +146,8 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool ha
       case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
       case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
       case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
-        *static_cast<int*>(value) = pool->reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES];
+        *static_cast<int*>(value) =
+            pool->reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES];
         return CUDA_SUCCESS;
       case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
         *u64 = pool->release_threshold;
@@ -175,7 +176,8 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool handle,
     std::lock_guard lock(s.mutex);
     Pool* pool = live_pool(handle);
     if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    pool->reserved = std::max<std::uint64_t>(pool->used, std::min<std::uint64_t>(pool->reserved, minBytesToKeep));
+    pool->reserved = std::max<std::uint64_t>(
+        pool->used, std::min<std::uint64_t>(pool->reserved, minBytesToKeep));
     return CUDA_SUCCESS;
   });
 }
