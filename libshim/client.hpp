@@ -51,6 +51,7 @@ enum class Magic : std::uint32_t {
   kLibrary = 0x4c494231,
   kFunction = 0x46554e31,
   kArray = 0x41525231,
+  kMemPool = 0x504f4f31,
 };
 
 struct Context;
@@ -155,6 +156,17 @@ template <>
 inline constexpr Magic kMagicOf<Function> = Magic::kFunction;
 template <>
 inline constexpr Magic kMagicOf<Array> = Magic::kArray;
+
+// A CUmemoryPool: one of the client's pools on the server of its device (memory_pool.cpp).
+struct MemPool {
+  Magic magic = Magic::kMemPool;
+  Session* session = nullptr;
+  int device = 0;
+  proto::WireHandle wire = 0;  // 0: the session's default pool
+  bool is_default = false;
+};
+template <>
+inline constexpr Magic kMagicOf<MemPool> = Magic::kMemPool;
 
 // The object behind a handle, or nullptr if it is not a live object of that type.
 template <typename T, typename Handle>

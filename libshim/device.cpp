@@ -109,6 +109,10 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuDeviceGetAttribute(int* value, CUdevice_attrib
     *value = 0;
     return CUDA_SUCCESS;
   }
+  if (attribute == CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES) {
+    *value = CU_MEM_HANDLE_TYPE_NONE;  // pools cannot be exported through mpsshim
+    return CUDA_SUCCESS;
+  }
   *value = snapshot->attributes[attribute];
   return CUDA_SUCCESS;
 }

@@ -64,6 +64,9 @@ class Session {
   // The first error of a one-way call since the last look, or the session's sticky fault.
   CUresult take_async_error();
   CUresult fault() const;
+  // True once the server is gone or the session faulted (polls the socket: not for hot paths).
+  bool gone() { return peer_gone(); }
+  const proto::SegmentView& view() const { return view_; }
 
   // Staging chunks for pageable copies.
   struct Chunk {

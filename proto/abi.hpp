@@ -14,6 +14,8 @@ namespace mpsshim::proto {
 
 inline constexpr std::uint32_t kHelloMagic = 0x4853504d;  // "MPSH" in memory order
 inline constexpr std::uint16_t kAbiMajor = 1;
+// Minor 1: stream capture and graphs, host functions and memory pools, 2D/3D copies, arrays and
+// texture objects (ops 47..77), host-callback cells in the segment.
 inline constexpr std::uint16_t kAbiMinor = 1;
 
 // FROZEN FOREVER. Every message on every mpsshim socket starts with this header, so that any two

@@ -69,31 +69,40 @@ enum class Op : std::uint16_t {
   kOccupancyMaxActiveBlocks = 44,
   kOccupancyMaxActiveClusters = 45,
   kOccupancyAvailableDynamicSmem = 46,
-  // Stream capture and graphs (60..79).
-  kStreamBeginCapture = 60,
-  kStreamEndCapture = 61,
-  kStreamCaptureInfo = 62,
-  kGraphCreate = 63,
-  kGraphDestroy = 64,
-  kGraphInstantiate = 65,
-  kGraphExecDestroy = 66,
-  kGraphLaunch = 67,
-  kGraphUpload = 68,
-  kGraphExecUpdate = 69,
-  kGraphGetNodes = 70,
-  kGraphAddKernelNode = 71,
-  kGraphAddMemsetNode = 72,
-  kGraphAddCopyNode = 73,
-  kGraphAddEmptyNode = 74,
-  kGraphAddDependencies = 75,
-  // 2D/3D copies, CUDA arrays, texture and surface objects (proto/ops_copies.hpp)
-  kCopy3D = 100,
-  kArrayCreate = 101,
-  kArrayDestroy = 102,
-  kTexObjectCreate = 103,
-  kTexObjectDestroy = 104,
-  kSurfObjectCreate = 105,
-  kSurfObjectDestroy = 106,
+  // Stream capture and graphs (libshim/graph.cpp, broker/server/ops_graph.cpp).
+  kStreamBeginCapture = 47,
+  kStreamEndCapture = 48,
+  kStreamCaptureInfo = 49,
+  kGraphCreate = 50,
+  kGraphDestroy = 51,
+  kGraphInstantiate = 52,
+  kGraphExecDestroy = 53,
+  kGraphLaunch = 54,
+  kGraphUpload = 55,
+  kGraphExecUpdate = 56,
+  kGraphGetNodes = 57,
+  kGraphAddKernelNode = 58,
+  kGraphAddMemsetNode = 59,
+  kGraphAddCopyNode = 60,
+  kGraphAddEmptyNode = 61,
+  kGraphAddDependencies = 62,
+  // 2D/3D copies, CUDA arrays, texture and surface objects (proto/ops_copies.hpp).
+  kCopy3D = 63,
+  kArrayCreate = 64,
+  kArrayDestroy = 65,
+  kTexObjectCreate = 66,
+  kTexObjectDestroy = 67,
+  kSurfObjectCreate = 68,
+  kSurfObjectDestroy = 69,
+  // Host functions and stream-ordered allocation (ops_host_function.cpp, ops_memory_pool.cpp).
+  kHostFunc = 70,
+  kMemPoolCreate = 71,
+  kMemPoolDestroy = 72,
+  kMemPoolSetAttribute = 73,
+  kMemPoolGetAttribute = 74,
+  kMemPoolTrimTo = 75,
+  kMemAllocAsync = 76,
+  kMemFreeAsync = 77,
   kCount
 };
 
@@ -342,8 +351,8 @@ struct CaptureInfoRep {
   std::uint32_t status;  // CUstreamCaptureStatus
   std::uint32_t reserved;
   std::uint64_t id;
-  WireHandle graph;               // ACTIVE only: the graph being captured into
-  std::uint64_t dependency_count; // ACTIVE only
+  WireHandle graph;                // ACTIVE only: the graph being captured into
+  std::uint64_t dependency_count;  // ACTIVE only
 };
 struct GraphCreateReq {
   WireHandle ctx;
@@ -422,6 +431,54 @@ struct GraphAddDependenciesReq {
   WireHandle graph;
   std::uint64_t count;
 };
+// ---- host functions (cuLaunchHostFunc, cuStreamAddCallback) ----
+// The callback runs in the client: the server queues a host function of its own on the real
+// stream that publishes callback_id in the segment's HostCallbackCells and waits for the
+// client to report it done (proto/segment.hpp).
+enum class HostFuncKind : std::uint32_t {
+  kLaunchHostFunc = 1,     // fn(userData)
+  kStreamAddCallback = 2,  // callback(hStream, status, userData)
+};
+struct HostFuncReq {
+  WireHandle stream;
+  std::uint64_t callback_id;  // the client's own name for (fn, userData); never 0
+  HostFuncKind kind;
+  std::uint32_t reserved;
+};
+
+// ---- stream-ordered allocation and memory pools ----
+// Pool handle 0 names the session's own default pool of its device (created on first use).
+struct MemPoolCreateReq {
+  std::uint64_t max_bytes;  // CUmemPoolProps::maxSize; 0 = no bound but the client's limit
+  std::uint32_t usage;      // CUmemPoolProps::usage
+  std::uint32_t reserved;
+};
+struct MemPoolCreateRep {
+  WireHandle pool;
+};
+struct MemPoolAttributeReq {  // kMemPoolSetAttribute and kMemPoolGetAttribute
+  WireHandle pool;
+  std::uint32_t attribute;  // CUmemPool_attribute
+  std::uint32_t reserved;
+  std::uint64_t value;  // set: the value (int attributes in the low 32 bits)
+};
+struct MemPoolAttributeRep {
+  std::uint64_t value;
+};
+struct MemPoolTrimReq {
+  WireHandle pool;
+  std::uint64_t keep_bytes;
+};
+struct MemAllocAsyncReq {
+  WireHandle pool;
+  WireHandle stream;
+  std::uint64_t bytes;
+};
+// Reply: MemAllocRep.
+struct MemFreeAsyncReq {
+  std::uint64_t dptr;
+  WireHandle stream;
+};
 
 // Every payload above is plain bytes and fits a response slot.
 #define MPSSHIM_WIRE_CHECK(T)                                    \
@@ -467,6 +524,14 @@ MPSSHIM_WIRE_CHECK(GraphKernelNodeReq)
 MPSSHIM_WIRE_CHECK(GraphMemsetNodeReq)
 MPSSHIM_WIRE_CHECK(GraphCopyNodeReq)
 MPSSHIM_WIRE_CHECK(GraphAddDependenciesReq)
+MPSSHIM_WIRE_CHECK(HostFuncReq)
+MPSSHIM_WIRE_CHECK(MemPoolCreateReq)
+MPSSHIM_WIRE_CHECK(MemPoolCreateRep)
+MPSSHIM_WIRE_CHECK(MemPoolAttributeReq)
+MPSSHIM_WIRE_CHECK(MemPoolAttributeRep)
+MPSSHIM_WIRE_CHECK(MemPoolTrimReq)
+MPSSHIM_WIRE_CHECK(MemAllocAsyncReq)
+MPSSHIM_WIRE_CHECK(MemFreeAsyncReq)
 #undef MPSSHIM_WIRE_CHECK
 static_assert(sizeof(FunctionRep) <= kSlotPayloadBytes);
 static_assert(sizeof(WireLaunchAttribute) == 72, "CUlaunchAttribute is 72 bytes");
@@ -479,5 +544,9 @@ static_assert(sizeof(GraphAddNodeHeader) == 16);
 static_assert(sizeof(GraphKernelNodeReq) == 56);
 static_assert(sizeof(GraphMemsetNodeReq) == 56);
 static_assert(sizeof(GraphCopyNodeReq) == 40);
+static_assert(sizeof(HostFuncReq) == 24);
+static_assert(sizeof(MemPoolAttributeReq) == 24);
+static_assert(sizeof(MemAllocAsyncReq) == 24);
+static_assert(sizeof(MemFreeAsyncReq) == 16);
 
 }  // namespace mpsshim::proto

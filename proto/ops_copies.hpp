@@ -1,4 +1,4 @@
-// Payloads of the 2D/3D copy, CUDA array and texture/surface object opcodes (Op 100..119).
+// Payloads of the 2D/3D copy, CUDA array and texture/surface object opcodes (Op 63..69).
 //
 // A 2D or 3D copy travels as one Copy3DReq: each side says where its bytes are (device memory,
 // a pinned host region, a staging chunk, or a CUDA array of the client's) and the geometry of

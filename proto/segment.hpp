@@ -1,7 +1,9 @@
 // The shared segment of one session: a sealed memfd created by the server, mapped by both.
 //
 //   [SegmentHeader][SessionControl][request ring: RingControl + data]
-//   [ResponseSlot x slot_count][ChunkState x chunk_count][staging chunks]
+//   [ResponseSlot x slot_count][ChunkState x chunk_count]
+//   [HostCallbackControl][HostCallbackCell x callback_cell_count]  (page-aligned, whole pages)
+//   [staging chunks]
 //
 // The server writes the header once before sealing and never reads shared fields back for
 // its own decisions: it keeps its own copy of the geometry. Everything the client writes is
@@ -33,12 +35,15 @@ struct SegmentHeader {
   std::uint64_t chunk_states_offset;
   std::uint64_t staging_offset;
   std::uint32_t chunk_count;
-  std::uint32_t reserved0;
+  std::uint32_t callback_cell_count;  // ABI 1.1; 0 from a 1.0 server: no host functions
   std::uint64_t chunk_bytes;
-  std::uint64_t reserved[4];
+  std::uint64_t callbacks_offset;  // ABI 1.1: page-aligned, so the server can map it on its own
+  std::uint64_t reserved[3];
 };
 static_assert(kWireSafe<SegmentHeader>);
 static_assert(sizeof(SegmentHeader) == 120);
+static_assert(offsetof(SegmentHeader, callback_cell_count) == 76);
+static_assert(offsetof(SegmentHeader, callbacks_offset) == 88);
 
 // Session-wide state the server publishes.
 struct SessionControl {
@@ -81,17 +86,49 @@ struct ChunkState {
 };
 static_assert(sizeof(ChunkState) == kCacheLine);
 
+// Host functions run in the client, in stream order. A server-side host function on the real
+// stream (run by the driver's callback thread) takes a free cell, writes callback_id, status and
+// flags, then publishes a fresh ticket in `requested` and bumps HostCallbackControl::posted. The
+// client's callback thread runs the callback and stores that ticket in `done`; the server's
+// host function waits (futex on `done`) for it, so the stream goes on only afterwards. The
+// server never reads anything else the client writes here: a client that lies about `done`
+// only reorders its own stream.
+struct HostCallbackControl {
+  alignas(kCacheLine) std::atomic<std::uint32_t> posted;  // futex word of the client's thread
+  std::uint32_t cell_count;
+};
+static_assert(sizeof(HostCallbackControl) == kCacheLine);
+
+inline constexpr std::uint32_t kCallbackKeep = 1u << 0;  // the id stays valid (a graph's node)
+
+struct HostCallbackCell {
+  alignas(kCacheLine) std::atomic<std::uint32_t> requested;  // server: ticket, 0 = never used
+  std::atomic<std::uint32_t> done;  // client: the ticket it finished (futex word of the server)
+  std::uint32_t flags;              // kCallbackKeep
+  std::int32_t status;              // CUresult passed to a stream callback
+  std::uint64_t callback_id;
+};
+static_assert(sizeof(HostCallbackCell) == kCacheLine);
+static_assert(offsetof(HostCallbackCell, done) == 4);
+static_assert(offsetof(HostCallbackCell, callback_id) == 16);
+
 struct SegmentGeometry {
   std::uint64_t ring_capacity = 1u << 20;
   std::uint32_t slot_count = 64;
   std::uint32_t chunk_count = 16;
   std::uint64_t chunk_bytes = 2u << 20;
+  std::uint32_t callback_cells = 63;  // with the control line: one page
 };
 
 inline constexpr std::uint64_t kPage = 4096;
 constexpr std::uint64_t round_up(std::uint64_t v, std::uint64_t to) {
   return (v + to - 1) / to * to;
 }
+constexpr std::uint64_t callback_region_bytes(std::uint32_t cells) {
+  return round_up(sizeof(HostCallbackControl) + std::uint64_t{cells} * sizeof(HostCallbackCell),
+                  kPage);
+}
+inline constexpr std::uint32_t kMaxCallbackCells = 1023;
 
 // Lays the segment out; the staging area is page-aligned so it can be registered for DMA.
 constexpr SegmentHeader plan_segment(const SegmentGeometry& g) {
@@ -112,6 +149,9 @@ constexpr SegmentHeader plan_segment(const SegmentGeometry& g) {
   h.chunk_states_offset = round_up(at, kCacheLine);
   h.chunk_count = g.chunk_count;
   at = h.chunk_states_offset + std::uint64_t{g.chunk_count} * sizeof(ChunkState);
+  h.callbacks_offset = round_up(at, kPage);
+  h.callback_cell_count = g.callback_cells;
+  at = h.callbacks_offset + callback_region_bytes(g.callback_cells);
   h.staging_offset = round_up(at, kPage);
   h.chunk_bytes = g.chunk_bytes;
   h.segment_bytes =
@@ -134,6 +174,14 @@ struct SegmentView {
   ChunkState* chunk_state(std::uint32_t i) const {
     return reinterpret_cast<ChunkState*>(base + geometry.chunk_states_offset) + i;
   }
+  HostCallbackControl* callback_control() const {
+    return reinterpret_cast<HostCallbackControl*>(base + geometry.callbacks_offset);
+  }
+  HostCallbackCell* callback_cell(std::uint32_t i) const {
+    return reinterpret_cast<HostCallbackCell*>(base + geometry.callbacks_offset +
+                                               sizeof(HostCallbackControl)) +
+           i;
+  }
   std::byte* chunk(std::uint32_t i) const {
     return base + geometry.staging_offset + std::uint64_t{i} * geometry.chunk_bytes;
   }
@@ -152,7 +200,10 @@ constexpr bool segment_header_valid(const SegmentHeader& h, std::uint64_t mapped
          inside(h.ring_offset, ring_footprint(h.ring_capacity)) &&
          inside(h.slots_offset, std::uint64_t{h.slot_count} * kSlotBytes) &&
          inside(h.chunk_states_offset, std::uint64_t{h.chunk_count} * sizeof(ChunkState)) &&
-         inside(h.staging_offset, std::uint64_t{h.chunk_count} * h.chunk_bytes);
+         inside(h.staging_offset, std::uint64_t{h.chunk_count} * h.chunk_bytes) &&
+         (h.callback_cell_count == 0 ||
+          (h.callback_cell_count <= kMaxCallbackCells && h.callbacks_offset % kPage == 0 &&
+           inside(h.callbacks_offset, callback_region_bytes(h.callback_cell_count))));
 }
 
 }  // namespace mpsshim::proto

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "broker/server/host_callbacks.hpp"
 #include "broker/server/log.hpp"
 #include "broker/server/quota.hpp"
 #include "broker/server/retire.hpp"
@@ -129,6 +130,10 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
     free_everything(s);
     return;
   }
+  std::string callbacks_error;
+  s.callbacks =
+      HostCallbackChannel::open(s.segment.fd(), s.segment.geometry(), s.who(), &callbacks_error);
+  if (!s.callbacks) log_warn("{}: host functions are unavailable: {}", s.who(), callbacks_error);
   s.segment.close_fd();  // the mapping stays; the client has its own copy of the fd
   s.socket = std::move(client);
   watch(s.socket.get(), std::uint64_t{info.id} << 2 | kSocket);

@@ -122,6 +122,16 @@ std::array<OpSpec, kOpCount> make_specs() {
       sizeof(GraphAddNodeHeader), true);
   set(Op::kGraphAddDependencies, "GraphAddDependencies", op_graph_add_dependencies,
       sizeof(GraphAddDependenciesReq), true);
+  set(Op::kHostFunc, "HostFunc", op_host_func, sizeof(HostFuncReq), false);
+  set(Op::kMemPoolCreate, "MemPoolCreate", op_mem_pool_create, sizeof(MemPoolCreateReq), true);
+  set(Op::kMemPoolDestroy, "MemPoolDestroy", op_mem_pool_destroy, sizeof(HandleReq), false);
+  set(Op::kMemPoolSetAttribute, "MemPoolSetAttribute", op_mem_pool_set_attribute,
+      sizeof(MemPoolAttributeReq), true);
+  set(Op::kMemPoolGetAttribute, "MemPoolGetAttribute", op_mem_pool_get_attribute,
+      sizeof(MemPoolAttributeReq), true);
+  set(Op::kMemPoolTrimTo, "MemPoolTrimTo", op_mem_pool_trim_to, sizeof(MemPoolTrimReq), false);
+  set(Op::kMemAllocAsync, "MemAllocAsync", op_mem_alloc_async, sizeof(MemAllocAsyncReq), true);
+  set(Op::kMemFreeAsync, "MemFreeAsync", op_mem_free_async, sizeof(MemFreeAsyncReq), false);
   return s;
 }
 

@@ -119,7 +119,16 @@
     (CUgraphNode*, CUgraph, const CUgraphNode*, size_t, const CUDA_MEMCPY3D*, CUcontext))          \
   X(cuGraphAddEmptyNode, CUresult, (CUgraphNode*, CUgraph, const CUgraphNode*, size_t))            \
   X(cuGraphAddDependencies_v2, CUresult,                                                           \
-    (CUgraph, const CUgraphNode*, const CUgraphNode*, const CUgraphEdgeData*, size_t))
+    (CUgraph, const CUgraphNode*, const CUgraphNode*, const CUgraphEdgeData*, size_t))             \
+  X(cuLaunchHostFunc, CUresult, (CUstream, CUhostFn, void*))                                       \
+  X(cuStreamAddCallback, CUresult, (CUstream, CUstreamCallback, void*, unsigned int))              \
+  X(cuMemPoolCreate, CUresult, (CUmemoryPool*, const CUmemPoolProps*))                             \
+  X(cuMemPoolDestroy, CUresult, (CUmemoryPool))                                                    \
+  X(cuMemPoolSetAttribute, CUresult, (CUmemoryPool, CUmemPool_attribute, void*))                   \
+  X(cuMemPoolGetAttribute, CUresult, (CUmemoryPool, CUmemPool_attribute, void*))                   \
+  X(cuMemPoolTrimTo, CUresult, (CUmemoryPool, size_t))                                             \
+  X(cuMemAllocFromPoolAsync, CUresult, (CUdeviceptr*, size_t, CUmemoryPool, CUstream))             \
+  X(cuMemFreeAsync, CUresult, (CUdeviceptr, CUstream))
 
 namespace mpsshim::server {
 

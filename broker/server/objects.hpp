@@ -104,8 +104,14 @@ struct GraphNodeObj {
   std::uint64_t graph = 0;
 };
 
+// A memory pool of the client's own (cuMemPoolCreate, or its default pool).
+struct PoolObj {
+  CUmemoryPool pool = nullptr;
+  bool is_default = false;
+};
+
 using ObjectTable =
     HandleTable<ContextObj, StreamObj, EventObj, ModuleObj, LibraryObj, FunctionObj, KernelObj,
-                HostRegionObj, ArrayObj, TexObj, GraphObj, GraphExecObj, GraphNodeObj>;
+                HostRegionObj, ArrayObj, TexObj, GraphObj, GraphExecObj, GraphNodeObj, PoolObj>;
 
 }  // namespace mpsshim::server

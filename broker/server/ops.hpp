@@ -90,5 +90,16 @@ OpResult op_graph_add_memset_node(Call& call);
 OpResult op_graph_add_copy_node(Call& call);
 OpResult op_graph_add_empty_node(Call& call);
 OpResult op_graph_add_dependencies(Call& call);
+// ops_host_function.cpp
+OpResult op_host_func(Call& call);
+
+// ops_memory_pool.cpp
+OpResult op_mem_pool_create(Call& call);
+OpResult op_mem_pool_destroy(Call& call);
+OpResult op_mem_pool_set_attribute(Call& call);
+OpResult op_mem_pool_get_attribute(Call& call);
+OpResult op_mem_pool_trim_to(Call& call);
+OpResult op_mem_alloc_async(Call& call);
+OpResult op_mem_free_async(Call& call);
 
 }  // namespace mpsshim::server

@@ -5,7 +5,9 @@
 #include <algorithm>
 
 #include "broker/server/completions.hpp"
+#include "broker/server/host_callbacks.hpp"
 #include "broker/server/log.hpp"
+#include "broker/server/pools.hpp"
 #include "broker/server/streams.hpp"
 
 namespace mpsshim::server {
@@ -211,6 +213,11 @@ FreedTally free_everything(Session& session) {
   tally.graphs += forget_graphs(session);
   free_retired(session, rest, &tally);
   session.memory_used = 0;
+  destroy_pools(session);  // after their allocations (pool memory is freed with cuMemFree)
+  if (session.callbacks) {
+    session.callbacks->end();
+    session.callbacks->drop_kept();
+  }
 
   for (std::uint64_t id : session.objects.ids<EventObj>()) {
     warn_if_failed(session, cu.cuEventDestroy_v2(session.objects.take<EventObj>(id)->event),

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -24,6 +25,8 @@
 #include "proto/unix_socket.hpp"
 
 namespace mpsshim::server {
+
+class HostCallbackChannel;
 
 struct ClientInfo {
   std::uint32_t id = 0;
@@ -157,6 +160,8 @@ class Session {
   proto::RingConsumer ring;
   GreenContext green;
   bool staging_registered = false;
+  // Host functions run in the client (host_callbacks.hpp); shared with queued host functions.
+  std::shared_ptr<HostCallbackChannel> callbacks;
 
   std::uint64_t memory_limit = 0;  // 0: the whole device
   bool limit_from_client = false;  // CUDA_MPS_PINNED_DEVICE_MEM_LIMIT rather than the default

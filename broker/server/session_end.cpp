@@ -4,6 +4,7 @@
 
 #include "broker/server/completions.hpp"
 #include "broker/server/dispatch.hpp"
+#include "broker/server/host_callbacks.hpp"
 #include "broker/server/log.hpp"
 #include "broker/server/retire.hpp"
 #include "broker/server/server.hpp"
@@ -43,6 +44,8 @@ void Server::end_session(Session& session, const std::string& reason, CUresult n
   session.end_reason = reason;
   session.end_notify = notify;
   session.drain_started = std::chrono::steady_clock::now();
+  // Host functions waiting for the client return now, so its streams can drain.
+  if (session.callbacks) session.callbacks->end();
   if (notify != CUDA_SUCCESS) {
     // The client may still be alive (terminated, or it broke the protocol): every later call
     // and every call now waiting returns this.

@@ -21,7 +21,8 @@ using namespace std::chrono_literals;
 namespace {
 
 constexpr const char* kPrograms[] = {"CUDART_VECADD",     "CUDART_STREAMS", "CUDART_RDC",
-                                     "CUDART_PER_THREAD", "CUDART_COPIES",  "CUDART_GRAPH"};
+                                     "CUDART_PER_THREAD", "CUDART_COPIES",  "CUDART_GRAPH",
+                                     "CUDART_ASYNC_ALLOC"};
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -143,11 +144,19 @@ TEST_CASE("a cudart program captures, replays, updates and builds graphs under t
   run_and_check(daemon, "CUDART_GRAPH", {"1000", "3"});
 }
 
+TEST_CASE("cudaMallocAsync, pools and host functions on two streams run under the shim",
+          "[cudart]") {
+  Daemon daemon;
+  run_and_check(daemon, "CUDART_ASYNC_ALLOC");
+  run_and_check(daemon, "CUDART_ASYNC_ALLOC", {"1"});
+  run_and_check(daemon, "CUDART_ASYNC_ALLOC", {"70001"});
+}
+
 TEST_CASE("four cudart programs at once each get their own correct results", "[cudart]") {
   Daemon daemon;
   std::vector<std::unique_ptr<Child>> clients;
   for (int i = 0; i < 4; ++i) {
-    const char* variable = kPrograms[i % 2];
+    const char* variable = kPrograms[i % 3];
     clients.push_back(std::make_unique<Child>(
         std::vector<std::string>{artefact(variable), std::to_string(20000 + 1000 * i)},
         daemon.client_env()));

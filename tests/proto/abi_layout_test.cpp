@@ -103,6 +103,8 @@ std::uint64_t layout_fingerprint() {
   FIELD(SegmentHeader, chunk_states_offset);
   FIELD(SegmentHeader, staging_offset);
   FIELD(SegmentHeader, chunk_bytes);
+  FIELD(SegmentHeader, callback_cell_count);
+  FIELD(SegmentHeader, callbacks_offset);
   SIZE(SessionControl);
   FIELD(SessionControl, fault);
   FIELD(SessionControl, async_error);
@@ -242,6 +244,31 @@ std::uint64_t layout_fingerprint() {
   FIELD(GraphCopyNodeReq, src);
   FIELD(GraphCopyNodeReq, bytes);
   SIZE(GraphAddDependenciesReq);
+  SIZE(HostCallbackControl);
+  FIELD(HostCallbackControl, posted);
+  FIELD(HostCallbackControl, cell_count);
+  SIZE(HostCallbackCell);
+  FIELD(HostCallbackCell, requested);
+  FIELD(HostCallbackCell, done);
+  FIELD(HostCallbackCell, flags);
+  FIELD(HostCallbackCell, status);
+  FIELD(HostCallbackCell, callback_id);
+  SIZE(HostFuncReq);
+  FIELD(HostFuncReq, callback_id);
+  FIELD(HostFuncReq, kind);
+  SIZE(MemPoolCreateReq);
+  FIELD(MemPoolCreateReq, usage);
+  SIZE(MemPoolCreateRep);
+  SIZE(MemPoolAttributeReq);
+  FIELD(MemPoolAttributeReq, attribute);
+  FIELD(MemPoolAttributeReq, value);
+  SIZE(MemPoolAttributeRep);
+  SIZE(MemPoolTrimReq);
+  SIZE(MemAllocAsyncReq);
+  FIELD(MemAllocAsyncReq, stream);
+  FIELD(MemAllocAsyncReq, bytes);
+  SIZE(MemFreeAsyncReq);
+  FIELD(MemFreeAsyncReq, stream);
   f.add(static_cast<std::uint64_t>(Op::kCount));
   f.add(static_cast<std::uint64_t>(MessageKind::kServerTerminateClient));
   f.add(kSlotBytes);
@@ -256,7 +283,7 @@ struct Pinned {
 };
 constexpr Pinned kPinned[] = {
     {1, 0, 0x4ba4610596c1d0e0},
-    {1, 1, 0x9fe0d6254dab7193},
+    {1, 1, 0x9d5d8b4305593426},
 };
 
 }  // namespace
@@ -289,10 +316,23 @@ TEST_CASE("a planned segment keeps every part inside and the staging area page-a
   CHECK(h.staging_offset % kPage == 0);
   CHECK(h.ring_offset % kCacheLine == 0);
   CHECK(h.slots_offset % kCacheLine == 0);
+  CHECK(h.callbacks_offset % kPage == 0);
+  CHECK(h.callbacks_offset >= h.chunk_states_offset + h.chunk_count * sizeof(ChunkState));
+  CHECK(h.callbacks_offset + callback_region_bytes(h.callback_cell_count) <= h.staging_offset);
+  CHECK(callback_region_bytes(SegmentGeometry{}.callback_cells) == kPage);
   SegmentHeader corrupt = h;
   corrupt.staging_offset = h.segment_bytes - 4096;
   CHECK_FALSE(segment_header_valid(corrupt, h.segment_bytes));
   corrupt = h;
   corrupt.ring_capacity = (1u << 20) + 16;
   CHECK_FALSE(segment_header_valid(corrupt, h.segment_bytes));
+  corrupt = h;
+  corrupt.callbacks_offset = h.segment_bytes - 64;  // the cells would run past the mapping
+  CHECK_FALSE(segment_header_valid(corrupt, h.segment_bytes));
+  corrupt = h;
+  corrupt.callback_cell_count = kMaxCallbackCells + 1;
+  CHECK_FALSE(segment_header_valid(corrupt, h.segment_bytes));
+  corrupt = h;
+  corrupt.callback_cell_count = 0;  // a 1.0 server: valid, without host functions
+  CHECK(segment_header_valid(corrupt, h.segment_bytes));
 }

@@ -1,5 +1,7 @@
 #include "tests/server/fake_driver.hpp"
 
+#include "tests/server/fake_async.hpp"
+
 #include <cstring>
 
 namespace mpsshim::server::test {
@@ -377,6 +379,7 @@ DriverTable fake_driver_table() {
     return CUDA_SUCCESS;
   };
   add_copy_fakes(t);
+  add_async_fakes(t);
   return t;
 }
 

@@ -42,6 +42,7 @@ int State::live_objects() {
                   registrations.size() + arrays.size() + tex_objects.size() + graphs.size() +
                   graph_execs.size();
   for (const auto& [base, a] : allocations) n += a.user ? 1 : 0;
+  n += static_cast<std::size_t>(live_pools(*this));
   for (const auto& [handle, m] : modules) n += m->library == nullptr ? 1 : 0;
   return static_cast<int>(n);
 }
@@ -107,6 +108,7 @@ CUresult allocate(State& s, Device& dev, std::size_t bytes, bool user, CUdevicep
 void release_allocation(State& s, std::uintptr_t base) {
   auto it = s.allocations.find(base);
   if (it == s.allocations.end()) return;
+  forget_pool_allocation(s, base);
   s.devices[static_cast<std::size_t>(it->second.device)]->memory.release(base, it->second.size);
   s.allocations.erase(it);
 }

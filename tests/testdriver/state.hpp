@@ -272,6 +272,9 @@ std::byte* resolve_range(std::uintptr_t addr, std::size_t bytes);  // takes the 
 // Device memory in a context (locked); user allocations count as live objects.
 CUresult allocate(State& s, Device& dev, std::size_t bytes, bool user, CUdeviceptr* out);
 void release_allocation(State& s, std::uintptr_t base);  // locked, memory_use held exclusively
+// Memory pools (memory_pool.cpp), locked: a pool allocation being released; live pools.
+void forget_pool_allocation(State& s, std::uintptr_t base);
+int live_pools(const State& s);
 
 // Enqueues work that touches memory: skipped once the process is faulted; a DeviceFault it raises
 // becomes the sticky error (locked).

@@ -1,0 +1,85 @@
+// Host functions (cuLaunchHostFunc, cuStreamAddCallback) run in the CLIENT, in stream order.
+//
+// The server queues a host function of its own on the client's real stream. When the driver
+// runs it (on the driver's callback thread, never the server loop), it publishes the client's
+// callback id in a cell of the session segment (proto/segment.hpp), wakes the client's callback
+// thread, and waits until the client reports the callback done, so the stream goes on only
+// after the client's callback returned. Session end releases every waiting host function at
+// once. The channel is shared with every queued host function, so it (and its own mapping of
+// the cells) outlives the session for as long as the driver may still run one.
+#pragma once
+
+#include <cuda.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "proto/segment.hpp"
+
+namespace mpsshim::server {
+
+class HostCallbackChannel {
+ public:
+  // Maps the callback region of the session's memfd on its own. nullptr when the segment has
+  // no callback cells or the mapping fails (*error says why).
+  static std::shared_ptr<HostCallbackChannel> open(int memfd, const proto::SegmentHeader& geometry,
+                                                   std::string who, std::string* error);
+  ~HostCallbackChannel();
+  HostCallbackChannel(const HostCallbackChannel&) = delete;
+  HostCallbackChannel& operator=(const HostCallbackChannel&) = delete;
+
+  // On the driver's callback thread: has the client run `callback_id` and waits until it has,
+  // or until the session ends. flags: proto::kCallbackKeep for a captured (replayable) call.
+  void run(std::uint64_t callback_id, CUresult status, std::uint32_t flags);
+
+  // The session ended: every waiting and every later run() returns at once.
+  void end();
+  bool ended() const { return ended_.load(std::memory_order_acquire); }
+
+  // Calls the driver may run again and again (captured into a graph) live until drop_kept().
+  struct Call;
+  void keep(std::unique_ptr<Call> call);
+  void drop_kept();  // session free: no stream or graph of the session can run them any more
+
+  std::size_t waiting() const;  // host functions waiting for the client right now (tests)
+
+ private:
+  HostCallbackChannel() = default;
+  std::uint32_t acquire_cell();  // kNoCell once ended
+  void release_cell(std::uint32_t cell);
+
+  static constexpr std::uint32_t kNoCell = 0xffffffffu;
+
+  void* mapping_ = nullptr;
+  std::size_t mapping_bytes_ = 0;
+  proto::HostCallbackControl* control_ = nullptr;
+  proto::HostCallbackCell* cells_ = nullptr;
+  std::uint32_t cell_count_ = 0;
+  std::string who_;
+
+  mutable std::mutex mutex_;  // server-private: never shared with the client
+  std::condition_variable cell_freed_;
+  std::vector<std::uint32_t> tickets_;  // ticket of the request in each cell; 0 = free
+  std::uint32_t next_ticket_ = 0;
+  std::vector<std::unique_ptr<Call>> kept_;
+  std::atomic<bool> ended_{false};
+};
+
+// The user data of one server host function on the real driver.
+struct HostCallbackChannel::Call {
+  std::shared_ptr<HostCallbackChannel> channel;
+  std::uint64_t callback_id = 0;
+  bool one_shot = true;  // freed after it ran; false: captured, run at every graph replay
+};
+
+// The functions the driver calls (CUhostFn and CUstreamCallback).
+void CUDA_CB run_host_function(void* user_data);
+void CUDA_CB run_stream_callback(CUstream stream, CUresult status, void* user_data);
+
+}  // namespace mpsshim::server

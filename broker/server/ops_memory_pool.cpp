@@ -1,0 +1,242 @@
+// Stream-ordered allocation. Every client gets pools of its own (never the device's default
+// pool, which all clients would share), bounded by its memory limit; what it allocates from
+// them is in its allocation map, owned by the pool's id, so pointer checks and session-end
+// cleanup treat it like any allocation of the client.
+#include <algorithm>
+
+#include "broker/server/driver.hpp"
+#include "broker/server/log.hpp"
+#include "broker/server/ops.hpp"
+#include "broker/server/pools.hpp"
+#include "broker/server/retire.hpp"
+
+namespace mpsshim::server {
+namespace {
+
+// A pool's bound is the client's limit, rounded up to the driver's 2 MiB allocation granule.
+constexpr std::uint64_t kPoolGranule = std::uint64_t{2} << 20;
+
+CUresult create_pool(Session& session, std::uint64_t max_bytes, unsigned short usage,
+                     bool is_default, std::uint64_t* id) {
+  CUmemPoolProps props{};
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = session.gpu().device;
+  props.usage = usage;
+  std::uint64_t bound = max_bytes;
+  if (session.memory_limit != 0) {
+    const std::uint64_t limit = proto::round_up(session.memory_limit, kPoolGranule);
+    bound = bound == 0 ? limit : std::min(bound, limit);
+  }
+  props.maxSize = static_cast<std::size_t>(bound);
+  CUmemoryPool pool = nullptr;
+  if (CUresult r = session.cu().cuMemPoolCreate(&pool, &props); r != CUDA_SUCCESS) return r;
+  *id = session.objects.insert(PoolObj{pool, is_default});
+  if (*id == 0) {
+    session.cu().cuMemPoolDestroy(pool);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  return CUDA_SUCCESS;
+}
+
+// The pool a request names; 0 is the session's default pool, made on first use.
+PoolObj* find_pool(Session& session, proto::WireHandle wire, std::uint64_t* id, CUresult* error) {
+  *error = CUDA_SUCCESS;
+  if (wire != 0) {
+    *id = wire;
+    PoolObj* pool = session.objects.get<PoolObj>(wire);
+    if (pool == nullptr) *error = CUDA_ERROR_INVALID_VALUE;
+    return pool;
+  }
+  auto defaults = session.objects.ids_where<PoolObj>([](const PoolObj& p) { return p.is_default; });
+  if (!defaults.empty()) {
+    *id = defaults.front();
+  } else if (CUresult r = create_pool(session, 0, 0, true, id); r != CUDA_SUCCESS) {
+    *error = r;
+    return nullptr;
+  }
+  return session.objects.get<PoolObj>(*id);
+}
+
+bool settable(std::uint32_t attribute) {
+  switch (attribute) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool is_int_attribute(std::uint32_t attribute) {
+  return attribute == CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES ||
+         attribute == CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC ||
+         attribute == CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES;
+}
+
+bool known_attribute(std::uint32_t attribute) {
+  return attribute >= CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES &&
+         attribute <= CU_MEMPOOL_ATTR_USED_MEM_HIGH;
+}
+
+}  // namespace
+
+bool is_pool_allocation(Session& session, const DeviceRange& range) {
+  // cuMemAlloc'ed memory is owned by a live context; pool memory by its pool's id, which
+  // names no context even after the pool is gone.
+  return range.kind == RangeKind::kAllocation &&
+         session.objects.get<ContextObj>(range.owner) == nullptr;
+}
+
+void destroy_pools(Session& session) {
+  for (std::uint64_t id : session.objects.ids<PoolObj>()) {
+    CUresult r = session.cu().cuMemPoolDestroy(session.objects.take<PoolObj>(id)->pool);
+    if (r != CUDA_SUCCESS) {
+      log_warn("{}: cuMemPoolDestroy failed while freeing: {}", session.who(),
+               describe(session.cu(), r));
+    }
+  }
+}
+
+OpResult op_mem_pool_create(Call& call) {
+  auto req = call.request<proto::MemPoolCreateReq>();
+  if (req.usage > 0xffff) return call.done(CUDA_ERROR_INVALID_VALUE);
+  std::uint64_t id = 0;
+  if (CUresult r = create_pool(call.session, req.max_bytes, static_cast<unsigned short>(req.usage),
+                               false, &id);
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  return call.reply(proto::MemPoolCreateRep{id});
+}
+
+OpResult op_mem_pool_destroy(Call& call) {
+  auto req = call.request<proto::HandleReq>();
+  Session& session = call.session;
+  const PoolObj* pool = session.objects.get<PoolObj>(req.handle);
+  if (pool == nullptr || pool->is_default) return call.done(CUDA_ERROR_INVALID_VALUE);
+  // The driver keeps the pool until its outstanding allocations are freed; they stay the
+  // client's (owned by the dead id, freed with cuMemFreeAsync, cuMemFree or at session end).
+  CUresult r = call.cu.cuMemPoolDestroy(pool->pool);
+  session.objects.take<PoolObj>(req.handle);
+  return call.done(r);
+}
+
+OpResult op_mem_pool_set_attribute(Call& call) {
+  auto req = call.request<proto::MemPoolAttributeReq>();
+  std::uint64_t id = 0;
+  CUresult error = CUDA_SUCCESS;
+  PoolObj* pool = find_pool(call.session, req.pool, &id, &error);
+  if (pool == nullptr) return call.done(error);
+  if (!settable(req.attribute)) return call.done(CUDA_ERROR_INVALID_VALUE);
+  const auto attribute = static_cast<CUmemPool_attribute>(req.attribute);
+  if (is_int_attribute(req.attribute)) {
+    int value = static_cast<int>(static_cast<std::uint32_t>(req.value));
+    return call.done(call.cu.cuMemPoolSetAttribute(pool->pool, attribute, &value));
+  }
+  cuuint64_t value = req.value;
+  return call.done(call.cu.cuMemPoolSetAttribute(pool->pool, attribute, &value));
+}
+
+OpResult op_mem_pool_get_attribute(Call& call) {
+  auto req = call.request<proto::MemPoolAttributeReq>();
+  std::uint64_t id = 0;
+  CUresult error = CUDA_SUCCESS;
+  PoolObj* pool = find_pool(call.session, req.pool, &id, &error);
+  if (pool == nullptr) return call.done(error);
+  if (!known_attribute(req.attribute)) return call.done(CUDA_ERROR_INVALID_VALUE);
+  const auto attribute = static_cast<CUmemPool_attribute>(req.attribute);
+  proto::MemPoolAttributeRep rep{};
+  if (is_int_attribute(req.attribute)) {
+    int value = 0;
+    if (CUresult r = call.cu.cuMemPoolGetAttribute(pool->pool, attribute, &value);
+        r != CUDA_SUCCESS) {
+      return call.done(r);
+    }
+    rep.value = static_cast<std::uint32_t>(value);
+  } else {
+    cuuint64_t value = 0;
+    if (CUresult r = call.cu.cuMemPoolGetAttribute(pool->pool, attribute, &value);
+        r != CUDA_SUCCESS) {
+      return call.done(r);
+    }
+    rep.value = value;
+  }
+  return call.reply(rep);
+}
+
+OpResult op_mem_pool_trim_to(Call& call) {
+  auto req = call.request<proto::MemPoolTrimReq>();
+  std::uint64_t id = 0;
+  CUresult error = CUDA_SUCCESS;
+  PoolObj* pool = find_pool(call.session, req.pool, &id, &error);
+  if (pool == nullptr) return call.done(error);
+  return call.done(call.cu.cuMemPoolTrimTo(pool->pool, static_cast<std::size_t>(req.keep_bytes)));
+}
+
+OpResult op_mem_alloc_async(Call& call) {
+  auto req = call.request<proto::MemAllocAsyncReq>();
+  Session& session = call.session;
+  if (req.bytes == 0) return call.done(CUDA_ERROR_INVALID_VALUE);
+  std::uint64_t pool_id = 0;
+  CUresult error = CUDA_SUCCESS;
+  PoolObj* pool = find_pool(session, req.pool, &pool_id, &error);
+  if (pool == nullptr) return call.done(error);
+  if (session.over_limit(req.bytes)) {
+    log_warn(
+        "{} asked for {} of device memory (cudaMallocAsync); its limit is {} ({}) and it "
+        "already uses {}",
+        session.who(), format_bytes(req.bytes), format_bytes(session.memory_limit),
+        session.limit_from_client ? "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+                                  : "the server's default memory limit",
+        format_bytes(session.memory_used));
+    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  StreamObj* stream = use_stream(call, req.stream, true, &error);
+  if (stream == nullptr) return call.done(error);
+  CUdeviceptr dptr = 0;
+  if (CUresult r = call.cu.cuMemAllocFromPoolAsync(&dptr, static_cast<std::size_t>(req.bytes),
+                                                   pool->pool, stream->stream);
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  if (!session.memory.add(DeviceRange{dptr, req.bytes, RangeKind::kAllocation, pool_id})) {
+    call.cu.cuMemFreeAsync(dptr, stream->stream);
+    return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  session.memory_used += req.bytes;
+  return call.reply(proto::MemAllocRep{dptr});
+}
+
+OpResult op_mem_free_async(Call& call) {
+  auto req = call.request<proto::MemFreeAsyncReq>();
+  Session& session = call.session;
+  const DeviceRange* range = session.memory.find(req.dptr);
+  if (range == nullptr || range->kind != RangeKind::kAllocation) {
+    return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  CUresult error = CUDA_SUCCESS;
+  StreamObj* stream = use_stream(call, req.stream, true, &error);
+  if (stream == nullptr) return call.done(error);
+  if (!is_pool_allocation(session, *range)) {
+    // cuMemAlloc'ed memory: freed once every stream of the client passed this point.
+    Retired bundle;
+    bundle.allocations.push_back(*session.memory.remove(req.dptr));
+    session.memory_used -= std::min(session.memory_used, bundle.allocations.back().bytes);
+    return call.done(retire(session, std::move(bundle)));
+  }
+  const std::uint64_t bytes = range->bytes;
+  CUresult r = call.cu.cuMemFreeAsync(req.dptr, stream->stream);
+  if (r == CUDA_SUCCESS) {
+    session.memory.remove(req.dptr);
+    session.memory_used -= std::min(session.memory_used, bytes);
+  }
+  return finish_on_stream(call, *stream, r);
+}
+
+}  // namespace mpsshim::server
