@@ -203,14 +203,25 @@ int main(int argc, char** argv) {
   EXPECT(ended == cudaErrorStreamCaptureInvalidated && invalid == nullptr,
          "ending an invalidated capture gave %s", cudaGetErrorName(ended));
   cudaGetLastError();
+  // A pageable copy in a capture: the real driver captures a node that reads this process's
+  // pageable memory at every replay; under mpsshim the server cannot reach that memory, so the
+  // copy fails with cudaErrorStreamCaptureUnsupported and invalidates the capture
+  // (docs/graphs.md). Either outcome must be consistent; the result line says which it was.
   std::vector<float> pageable(n, 1.0f);
   CHECK(cudaStreamBeginCapture(s3, cudaStreamCaptureModeRelaxed));
-  cudaError_t staged = cudaMemcpyAsync(b.dx, pageable.data(), fbytes, cudaMemcpyHostToDevice, s3);
-  EXPECT(staged == cudaErrorStreamCaptureUnsupported, "a pageable copy in a capture gave %s",
-         cudaGetErrorName(staged));
+  const cudaError_t staged =
+      cudaMemcpyAsync(b.dx, pageable.data(), fbytes, cudaMemcpyHostToDevice, s3);
   ended = cudaStreamEndCapture(s3, &invalid);
-  EXPECT(ended == cudaErrorStreamCaptureInvalidated, "ending after a pageable copy gave %s",
-         cudaGetErrorName(ended));
+  if (staged == cudaSuccess) {
+    EXPECT(ended == cudaSuccess && invalid != nullptr,
+           "ending after a captured pageable copy gave %s", cudaGetErrorName(ended));
+    if (invalid != nullptr) CHECK(cudaGraphDestroy(invalid));
+  } else {
+    EXPECT(staged == cudaErrorStreamCaptureUnsupported, "a pageable copy in a capture gave %s",
+           cudaGetErrorName(staged));
+    EXPECT(ended == cudaErrorStreamCaptureInvalidated, "ending after a pageable copy gave %s",
+           cudaGetErrorName(ended));
+  }
   cudaGetLastError();
   CHECK(cudaStreamSynchronize(s3));  // usable again
 
@@ -257,7 +268,9 @@ int main(int argc, char** argv) {
   CHECK(cudaFree(b.dp));
   CHECK(cudaFreeHost(b.hx));
   CHECK(cudaFreeHost(b.hy));
-  std::printf("cudart_graph: n=%d, %d replays, update, capture rules, built graph PASS\n", n,
-              replays);
+  std::printf(
+      "cudart_graph: n=%d, %d replays, update, capture rules, built graph, pageable_capture=%s "
+      "PASS\n",
+      n, replays, cudaGetErrorName(staged));
   return 0;
 }
