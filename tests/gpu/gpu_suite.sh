@@ -61,6 +61,12 @@ print_summary() {
   printf '%-26s %-8s %-8s %-5s %s\n' CHECK NATIVE SHIM RESULT DETAIL
   local row
   for row in "${ROWS[@]+"${ROWS[@]}"}"; do echo "$row"; done
+  # What the programs reached that the shim does not implement (logged once per process at
+  # warn level, so every shim run's stderr has it).
+  local missing
+  missing=$(grep -ahoE "[A-Za-z_0-9]+ is not implemented by mpsshim|its meaning is unknown.*|unknown table.*" \
+    "$LOGS"/*.err 2>/dev/null | sort | uniq -c | sort -rn)
+  echo "not implemented, reached by the programs under the shim: ${missing:+$'\n'}${missing:-none}"
   echo "logs: $LOGS"
   if [ "$FAILURES" -eq 0 ]; then echo "gpu_suite: ${#ROWS[@]} checks PASS"; else
     echo "gpu_suite: $FAILURES of ${#ROWS[@]} checks FAIL"; fi
@@ -251,6 +257,27 @@ if [ "$(verdict "$quota_line")" = PASS ] && [ "${quota_check%% *}" = ok ]; then
 else
   add_row "smid_quota 25%" - "$(verdict "$quota_line")" FAIL \
     "$detail; need distinct <= reported <= 0.35 x native, reported >= 0.15 x native"
+fi
+
+# ---- 3b. graph kernels stay in the quota: captured and hand-built kernel nodes -------------
+if [ -x "$PROGRAMS_DIR/rt_graph_quota" ]; then
+  run_mode shim "$LOGS/rt_graph_quota.q25" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 \
+    "$PROGRAMS_DIR/rt_graph_quota"
+  graph_line=$(result_line "$LOGS/rt_graph_quota.q25.out" rt_graph_quota)
+  g_reported=$(field "$graph_line" reported_sms)
+  g_captured=$(field "$graph_line" distinct_captured)
+  g_node=$(field "$graph_line" distinct_node)
+  graph_check=$(awk -v r="${g_reported:-x}" -v n="${native_sms:-x}" 'BEGIN {
+    if (r == "x" || n == "x" || n <= 0) { print "no"; exit }
+    print (r <= 0.35 * n) ? "ok" : "no" }')
+  detail="25% quota: reported_sms=${g_reported:-?} of ${native_sms:-?}; captured kernel on"
+  detail+=" ${g_captured:-?} SMs, hand-built node on ${g_node:-?} SMs"
+  if [ "$(verdict "$graph_line")" = PASS ] && [ "$graph_check" = ok ]; then
+    add_row "graph quota 25%" - PASS PASS "$detail"
+  else
+    add_row "graph quota 25%" - "$(verdict "$graph_line")" FAIL \
+      "$detail; need each <= reported <= 0.35 x native | ${graph_line:-no result line}"
+  fi
 fi
 
 # ---- 4. crash containment: a faulting client, then a fresh client --------------------------
