@@ -105,24 +105,28 @@ tl::expected<std::vector<CUevent>, CUresult> Session::fence_all_streams() {
   for (std::uint64_t id : objects.ids<StreamObj>()) {
     const StreamObj* stream = objects.get<StreamObj>(id);
     CUstream on = stream->stream;
-    if (active_captures != 0) {
-      CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-      cu().cuStreamIsCapturing(stream->stream, &status);
-      if (status != CU_STREAM_CAPTURE_STATUS_NONE) {
-        // A record would join the capture: fence what ran before it on a private stream.
-        if (fence_stream == nullptr) {
-          if (CUresult r = cu().cuGreenCtxStreamCreate(&fence_stream, green.green,
-                                                       CU_STREAM_NON_BLOCKING, 0);
-              r != CUDA_SUCCESS) {
-            return fail(r);
-          }
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (active_captures != 0) cu().cuStreamIsCapturing(stream->stream, &status);
+    // An idle stream needs no fence. Skipping it also keeps the client's view exact: a record
+    // of ours on a stream the client just synchronized would make its next cuStreamQuery
+    // answer NOT_READY until the record ran. (Querying a capturing stream would invalidate
+    // its capture, hence the check above first.)
+    if (status == CU_STREAM_CAPTURE_STATUS_NONE && cu().cuStreamQuery(on) == CUDA_SUCCESS) {
+      continue;
+    }
+    if (status != CU_STREAM_CAPTURE_STATUS_NONE) {
+      // A record would join the capture: fence what ran before it on a private stream.
+      if (fence_stream == nullptr) {
+        if (CUresult r =
+                cu().cuGreenCtxStreamCreate(&fence_stream, green.green, CU_STREAM_NON_BLOCKING, 0);
+            r != CUDA_SUCCESS) {
+          return fail(r);
         }
-        on = fence_stream;
-        if (stream->capture_fence != nullptr) {
-          if (CUresult r = cu().cuStreamWaitEvent(on, stream->capture_fence, 0);
-              r != CUDA_SUCCESS) {
-            return fail(r);
-          }
+      }
+      on = fence_stream;
+      if (stream->capture_fence != nullptr) {
+        if (CUresult r = cu().cuStreamWaitEvent(on, stream->capture_fence, 0); r != CUDA_SUCCESS) {
+          return fail(r);
         }
       }
     }
