@@ -79,6 +79,16 @@ measure() {
   out["d2h_pinned"]=$(csv_value "$f" bandwidth d2h_pinned_sync "$SIZE_64M")
   out["d2h_pageable"]=$(csv_value "$f" bandwidth d2h_pageable_sync "$SIZE_64M")
 
+  if [ -x "$BENCH_DIR/runtime_paths" ]; then  # a CUDA-runtime program (graphs, host functions)
+    run_mode "$mode" "$LOGS/runtime_paths.$mode" "$BENCH_DIR/runtime_paths" ||
+      run_failed "runtime_paths in $mode: see $LOGS/runtime_paths.$mode.*"
+    f=$LOGS/runtime_paths.$mode.out
+    out["is_capturing"]=$(csv_value "$f" runtime_paths is_capturing_cpu)
+    out["graph_issue"]=$(csv_value "$f" runtime_paths graph_launch_issue_cpu)
+    out["graph_launch"]=$(csv_value "$f" runtime_paths graph_launch_10_kernels)
+    out["host_func"]=$(csv_value "$f" runtime_paths host_func_round_trip_median)
+  fi
+
   run_small_kernel_copies "$mode" 1 "$LOGS/small1.$mode"
   [ "$COPIES_OK" = 1 ] || run_failed "small_kernels in $mode: see $LOGS/small1.$mode.*"
   out["small_one"]=$COPIES_MEAN_S
@@ -130,6 +140,10 @@ row "H2D pinned 64 MiB, GB/s" h2d_pinned 55.5
 row "H2D pageable 64 MiB, GB/s" h2d_pageable 12.0
 row "D2H pinned 64 MiB, GB/s" d2h_pinned -
 row "D2H pageable 64 MiB, GB/s" d2h_pageable -
+row "cudaStreamIsCapturing, client CPU, ns" is_capturing -
+row "cudaGraphLaunch (10 kernels), client CPU, us" graph_issue -
+row "cudaGraphLaunch (10 kernels), throughput, us" graph_launch -
+row "cudaLaunchHostFunc + sync round trip, us" host_func -
 row "small kernels, 1 proc, s" small_one 0.058
 row "small kernels, $PROCS procs, wall s" small_wall -
 row "small kernels, $PROCS procs, per-process s" small_mean "0.067-0.071"

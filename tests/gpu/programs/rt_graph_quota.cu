@@ -96,6 +96,7 @@ int main() {
   const unsigned long long expected_blocks = 3ull * grid;
   const bool ok = blocks_a == expected_blocks && blocks_b == expected_blocks &&
                   distinct_captured <= sms && distinct_node <= sms;
-  return RT_REPORT(ok, "reported_sms=%d distinct_captured=%d distinct_node=%d max_smid=%d blocks=%llu",
+  return RT_REPORT(ok,
+                   "reported_sms=%d distinct_captured=%d distinct_node=%d max_smid=%d blocks=%llu",
                    sms, distinct_captured, distinct_node, max_smid, blocks_a + blocks_b);
 }
