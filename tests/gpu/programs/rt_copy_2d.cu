@@ -54,6 +54,8 @@ int main() {
   RT_CHECK(cudaStreamSynchronize(stream));
   RT_CHECK(
       cudaMemcpy2DAsync(dev, pitch, pinned_in, host_pitch, row, H, cudaMemcpyHostToDevice, stream));
+  // `stream` is non-blocking: the legacy-stream copy below does not wait for it by itself.
+  RT_CHECK(cudaStreamSynchronize(stream));
   RT_CHECK(cudaMemcpy2D(back.data(), host_pitch, dev, pitch, row, H, cudaMemcpyDeviceToHost));
   for (int y = 0; y < H; ++y) {
     for (int x = 0; x < W; ++x) {

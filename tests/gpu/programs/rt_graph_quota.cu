@@ -43,6 +43,7 @@ int main() {
   RT_CHECK(cudaMalloc(&node_seen, bytes));
   RT_CHECK(cudaMemset(captured_seen, 0, bytes));
   RT_CHECK(cudaMemset(node_seen, 0, bytes));
+  RT_CHECK(cudaDeviceSynchronize());  // the graphs run on a non-blocking stream
   cudaStream_t stream;
   RT_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
