@@ -18,6 +18,7 @@
 #include "libshim/api.hpp"
 #include "libshim/capture.hpp"
 #include "libshim/client.hpp"
+#include "libshim/kernel_args.hpp"
 #include "libshim/log.hpp"
 
 using namespace mpsshim::shim;
@@ -318,32 +319,13 @@ CUresult add_kernel_node(CUgraphNode* out, CUgraph hgraph, const CUgraphNode* de
     return rc;
   }
   // Arguments packed as launches pack them: at the offsets of the cached parameter layout.
+  const void* buffer = nullptr;
+  std::size_t bytes = 0;
+  if (CUresult rc = argument_bytes(f, params, extra, buffer, bytes); rc != CUDA_SUCCESS) return rc;
+  if (bytes > proto::kMaxArgsBytes) return CUDA_ERROR_INVALID_VALUE;
   const std::size_t at = trailing.size();
-  if (extra != nullptr) {
-    const void* buffer = nullptr;
-    std::size_t bytes = 0;
-    for (void** e = extra; *e != CU_LAUNCH_PARAM_END; e += 2) {
-      if (*e == CU_LAUNCH_PARAM_BUFFER_POINTER) {
-        buffer = e[1];
-      } else if (*e == CU_LAUNCH_PARAM_BUFFER_SIZE) {
-        bytes = *static_cast<std::size_t*>(e[1]);
-      } else {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-    }
-    if (params != nullptr || (bytes != 0 && buffer == nullptr) || bytes > proto::kMaxArgsBytes) {
-      return CUDA_ERROR_INVALID_VALUE;
-    }
-    trailing.resize(at + bytes);
-    if (bytes != 0) std::memcpy(trailing.data() + at, buffer, bytes);
-  } else {
-    if (f->args_bytes != 0 && params == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    trailing.resize(at + f->args_bytes);
-    for (std::size_t i = 0; i < f->params.size(); ++i) {
-      const proto::ParamSlot& p = f->params[i];
-      std::memcpy(trailing.data() + at + p.offset, params[i], p.size);
-    }
-  }
+  trailing.resize(at + bytes);
+  pack_arguments(f, params, buffer, bytes, trailing.data() + at);
   proto::GraphKernelNodeReq request{{graph->wire, static_cast<std::uint32_t>(count), 0},
                                     f->wire,
                                     {grid[0], grid[1], grid[2]},

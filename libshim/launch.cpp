@@ -6,6 +6,7 @@
 
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
+#include "libshim/kernel_args.hpp"
 #include "libshim/log.hpp"
 
 using namespace mpsshim::shim;
@@ -18,30 +19,6 @@ struct Geometry {
   unsigned block[3];
   unsigned shared_bytes;
 };
-
-// Arguments as the caller gave them: kernelParams (one pointer per parameter) or extra.
-CUresult argument_bytes(const Function* f, void** params, void** extra, const void*& buffer,
-                        std::size_t& bytes) {
-  if (extra != nullptr) {
-    buffer = nullptr;
-    bytes = 0;
-    for (void** e = extra; *e != CU_LAUNCH_PARAM_END; e += 2) {
-      if (*e == CU_LAUNCH_PARAM_BUFFER_POINTER) {
-        buffer = e[1];
-      } else if (*e == CU_LAUNCH_PARAM_BUFFER_SIZE) {
-        bytes = *static_cast<std::size_t*>(e[1]);
-      } else {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-    }
-    if (params != nullptr || (bytes != 0 && buffer == nullptr)) return CUDA_ERROR_INVALID_VALUE;
-    return CUDA_SUCCESS;
-  }
-  buffer = nullptr;
-  bytes = f->args_bytes;
-  if (bytes != 0 && params == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return CUDA_SUCCESS;
-}
 
 CUresult launch(CUfunction hfunc, const Geometry& g, CUstream handle, DefaultStream mode,
                 void** params, void** extra, const CUlaunchAttribute* attributes,
@@ -78,16 +55,7 @@ CUresult launch(CUfunction hfunc, const Geometry& g, CUstream handle, DefaultStr
   static_assert(sizeof(CUlaunchAttribute) == sizeof(proto::WireLaunchAttribute));
   if (attribute_bytes != 0) std::memcpy(at, attributes, attribute_bytes);
   at += attribute_bytes;
-  if (buffer != nullptr) {
-    std::memcpy(at, buffer, args);
-  } else {
-    // Padding between parameters is zeroed: the record is copied verbatim to the GPU.
-    std::memset(at, 0, args);
-    for (std::size_t i = 0; i < f->params.size(); ++i) {
-      const proto::ParamSlot& p = f->params[i];
-      std::memcpy(at + p.offset, params[i], p.size);
-    }
-  }
+  pack_arguments(f, params, buffer, args, at);
   f->ctx->session->commit_record();
   return CUDA_SUCCESS;
 }
