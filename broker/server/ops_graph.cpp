@@ -60,21 +60,28 @@ bool read_dependencies(Call& call, std::size_t request_bytes, const proto::Graph
   return true;
 }
 
-// Validates the shared part of a kGraphAdd*Node record: the graph and the dependency ids that
-// the record must hold after the request struct (plus `extra` bytes of the node kind's own).
-GraphObj* node_target(Call& call, std::size_t request_bytes, const proto::GraphAddNodeHeader& h,
-                      std::uint64_t extra, std::vector<CUgraphNode>& deps, CUresult& error,
-                      bool& malformed) {
-  malformed = h.dependency_count > proto::kMaxNodeDependencies ||
-              !call.exact(request_bytes, std::uint64_t{h.dependency_count} * 8 + extra);
-  if (malformed) return nullptr;
-  GraphObj* graph = call.session.objects.get<GraphObj>(h.graph);
-  if (graph == nullptr) {
-    error = CUDA_ERROR_INVALID_HANDLE;
-    return nullptr;
+// The shared part of a kGraphAdd*Node record: the graph it names and the dependency ids it must
+// hold after the request struct (plus `extra` bytes of the node kind's own); or the answer that
+// ends the call (a malformed record, an unknown graph or node).
+struct NodeTarget {
+  GraphObj* graph = nullptr;
+  std::vector<CUgraphNode> deps;
+};
+OpResult malformed_node(Call& call);
+tl::expected<NodeTarget, OpResult> node_target(Call& call, std::size_t request_bytes,
+                                               const proto::GraphAddNodeHeader& h,
+                                               std::uint64_t extra) {
+  if (h.dependency_count > proto::kMaxNodeDependencies ||
+      !call.exact(request_bytes, std::uint64_t{h.dependency_count} * 8 + extra)) {
+    return tl::unexpected(malformed_node(call));
   }
-  read_dependencies(call, request_bytes, h, deps, error);
-  return error == CUDA_SUCCESS ? graph : nullptr;
+  NodeTarget target;
+  target.graph = call.session.objects.get<GraphObj>(h.graph);
+  if (target.graph == nullptr) return tl::unexpected(call.done(CUDA_ERROR_INVALID_HANDLE));
+  CUresult error = CUDA_SUCCESS;
+  read_dependencies(call, request_bytes, h, target.deps, error);
+  if (error != CUDA_SUCCESS) return tl::unexpected(call.done(error));
+  return target;
 }
 
 OpResult node_reply(Call& call, std::uint64_t graph_id, CUresult r, CUgraphNode node) {
@@ -352,12 +359,10 @@ OpResult op_graph_add_kernel_node(Call& call) {
   auto req = call.request<proto::GraphKernelNodeReq>();
   Session& session = call.session;
   if (req.args_bytes > proto::kMaxArgsBytes) return malformed_node(call);
-  std::vector<CUgraphNode> deps;
-  CUresult error = CUDA_SUCCESS;
-  bool malformed = false;
-  GraphObj* graph = node_target(call, sizeof req, req.node, req.args_bytes, deps, error, malformed);
-  if (malformed) return malformed_node(call);
-  if (graph == nullptr) return call.done(error);
+  auto target = node_target(call, sizeof req, req.node, req.args_bytes);
+  if (!target) return target.error();
+  const std::vector<CUgraphNode>& deps = target->deps;
+  GraphObj* graph = target->graph;
   CUDA_KERNEL_NODE_PARAMS params{};
   if (const FunctionObj* f = session.objects.get<FunctionObj>(req.function)) {
     params.func = f->function;
@@ -393,12 +398,10 @@ OpResult op_graph_add_kernel_node(Call& call) {
 OpResult op_graph_add_memset_node(Call& call) {
   auto req = call.request<proto::GraphMemsetNodeReq>();
   Session& session = call.session;
-  std::vector<CUgraphNode> deps;
-  CUresult error = CUDA_SUCCESS;
-  bool malformed = false;
-  GraphObj* graph = node_target(call, sizeof req, req.node, 0, deps, error, malformed);
-  if (malformed) return malformed_node(call);
-  if (graph == nullptr) return call.done(error);
+  auto target = node_target(call, sizeof req, req.node, 0);
+  if (!target) return target.error();
+  const std::vector<CUgraphNode>& deps = target->deps;
+  GraphObj* graph = target->graph;
   const std::uint64_t element = req.element_bytes;
   if ((element != 1 && element != 2 && element != 4) || req.width == 0 || req.height == 0 ||
       req.width > std::numeric_limits<std::uint64_t>::max() / 8 / element) {
@@ -427,12 +430,10 @@ OpResult op_graph_add_memset_node(Call& call) {
 OpResult op_graph_add_copy_node(Call& call) {
   auto req = call.request<proto::GraphCopyNodeReq>();
   Session& session = call.session;
-  std::vector<CUgraphNode> deps;
-  CUresult error = CUDA_SUCCESS;
-  bool malformed = false;
-  GraphObj* graph = node_target(call, sizeof req, req.node, 0, deps, error, malformed);
-  if (malformed) return malformed_node(call);
-  if (graph == nullptr) return call.done(error);
+  auto target = node_target(call, sizeof req, req.node, 0);
+  if (!target) return target.error();
+  const std::vector<CUgraphNode>& deps = target->deps;
+  GraphObj* graph = target->graph;
   if (!session.memory.contains(req.dst, req.bytes) ||
       !session.memory.contains(req.src, req.bytes)) {
     return call.done(CUDA_ERROR_INVALID_VALUE);
@@ -454,12 +455,10 @@ OpResult op_graph_add_copy_node(Call& call) {
 
 OpResult op_graph_add_empty_node(Call& call) {
   auto req = call.request<proto::GraphAddNodeHeader>();
-  std::vector<CUgraphNode> deps;
-  CUresult error = CUDA_SUCCESS;
-  bool malformed = false;
-  GraphObj* graph = node_target(call, sizeof req, req, 0, deps, error, malformed);
-  if (malformed) return malformed_node(call);
-  if (graph == nullptr) return call.done(error);
+  auto target = node_target(call, sizeof req, req, 0);
+  if (!target) return target.error();
+  const std::vector<CUgraphNode>& deps = target->deps;
+  GraphObj* graph = target->graph;
   CUgraphNode node = nullptr;
   CUresult r = call.cu.cuGraphAddEmptyNode(&node, graph->graph, deps.data(), deps.size());
   return node_reply(call, req.graph, r, node);
