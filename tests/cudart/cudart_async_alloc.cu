@@ -15,15 +15,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#define CHECK(call)                                                                               \
-  do {                                                                                            \
-    cudaError_t err_ = (call);                                                                    \
-    if (err_ != cudaSuccess) {                                                                    \
-      std::printf("cudart_async_alloc: %s failed: %s (%d) FAIL\n", #call, cudaGetErrorName(err_), \
-                  static_cast<int>(err_));                                                        \
-      return 1;                                                                                   \
-    }                                                                                             \
-  } while (0)
+constexpr const char* kProgram = "cudart_async_alloc";
+#include "cudart_check.cuh"
 
 // Same names, signatures and semantics as the test driver's kernels (tests/testdriver/kernels.cpp).
 extern "C" __global__ void increment_i32(int* p, int n) {

@@ -11,25 +11,8 @@
 #include <cstring>
 #include <vector>
 
-#define CHECK(call)                                                                     \
-  do {                                                                                  \
-    cudaError_t err_ = (call);                                                          \
-    if (err_ != cudaSuccess) {                                                          \
-      std::printf("cudart_copies: line %d: %s failed: %s (%d) FAIL\n", __LINE__, #call, \
-                  cudaGetErrorName(err_), static_cast<int>(err_));                      \
-      return 1;                                                                         \
-    }                                                                                   \
-  } while (0)
-
-#define EXPECT(cond, ...)                                           \
-  do {                                                              \
-    if (!(cond)) {                                                  \
-      std::printf("cudart_copies: line %d: %s: ", __LINE__, #cond); \
-      std::printf(__VA_ARGS__);                                     \
-      std::printf(" FAIL\n");                                       \
-      return 1;                                                     \
-    }                                                               \
-  } while (0)
+constexpr const char* kProgram = "cudart_copies";
+#include "cudart_check.cuh"
 
 // Same name, signature and semantics as the test driver's tex2d_fetch_f32
 // (tests/testdriver/kernels.cpp): point-sampled, clamped, unnormalized coordinates.

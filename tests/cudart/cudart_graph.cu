@@ -13,24 +13,8 @@
 #include <cstring>
 #include <vector>
 
-#define CHECK(call)                                                                         \
-  do {                                                                                      \
-    cudaError_t err_ = (call);                                                              \
-    if (err_ != cudaSuccess) {                                                              \
-      std::printf("cudart_graph: %s failed: %s (%d) FAIL\n", #call, cudaGetErrorName(err_), \
-                  static_cast<int>(err_));                                                  \
-      return 1;                                                                             \
-    }                                                                                       \
-  } while (0)
-
-#define EXPECT(cond, ...)                        \
-  do {                                           \
-    if (!(cond)) {                               \
-      std::printf("cudart_graph: " __VA_ARGS__); \
-      std::printf(" (%s) FAIL\n", #cond);        \
-      return 1;                                  \
-    }                                            \
-  } while (0)
+constexpr const char* kProgram = "cudart_graph";
+#include "cudart_check.cuh"
 
 // Same names, signatures and semantics as the test driver's kernels (tests/testdriver/kernels.cpp).
 extern "C" __global__ void scale_add(float* y, const float* x, float alpha, int n) {

@@ -11,16 +11,8 @@
 #include <thread>
 #include <vector>
 
-#define CHECK(call)                                                                              \
-  do {                                                                                           \
-    cudaError_t err_ = (call);                                                                   \
-    if (err_ != cudaSuccess) {                                                                   \
-      std::printf("cudart_per_thread: %s failed: %s (%d) FAIL\n", #call, cudaGetErrorName(err_), \
-                  static_cast<int>(err_));                                                       \
-      std::fflush(stdout);                                                                       \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
+constexpr const char* kProgram = "cudart_per_thread";
+#include "cudart_check.cuh"
 
 extern "C" __global__ void fill_u32(unsigned int* p, unsigned int value, int n) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)

@@ -10,15 +10,8 @@
 #include <cstdlib>
 #include <vector>
 
-#define CHECK(call)                                                                       \
-  do {                                                                                    \
-    cudaError_t err_ = (call);                                                            \
-    if (err_ != cudaSuccess) {                                                            \
-      std::printf("cudart_rdc: %s failed: %s (%d) FAIL\n", #call, cudaGetErrorName(err_), \
-                  static_cast<int>(err_));                                                \
-      return 1;                                                                           \
-    }                                                                                     \
-  } while (0)
+constexpr const char* kProgram = "cudart_rdc";
+#include "cudart_check.cuh"
 
 __device__ float add_values(float a, float b);  // cudart_rdc_add.cu
 

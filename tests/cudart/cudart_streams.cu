@@ -9,15 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#define CHECK(call)                                                                           \
-  do {                                                                                        \
-    cudaError_t err_ = (call);                                                                \
-    if (err_ != cudaSuccess) {                                                                \
-      std::printf("cudart_streams: %s failed: %s (%d) FAIL\n", #call, cudaGetErrorName(err_), \
-                  static_cast<int>(err_));                                                    \
-      return 1;                                                                               \
-    }                                                                                         \
-  } while (0)
+constexpr const char* kProgram = "cudart_streams";
+#include "cudart_check.cuh"
 
 // Same names, signatures and semantics as the test driver's kernels (tests/testdriver/kernels.cpp).
 extern "C" __global__ void scale_add(float* y, const float* x, float alpha, int n) {

@@ -8,15 +8,8 @@
 #include <cstdlib>
 #include <vector>
 
-#define CHECK(call)                                                                          \
-  do {                                                                                       \
-    cudaError_t err_ = (call);                                                               \
-    if (err_ != cudaSuccess) {                                                               \
-      std::printf("cudart_vecadd: %s failed: %s (%d) FAIL\n", #call, cudaGetErrorName(err_), \
-                  static_cast<int>(err_));                                                   \
-      return 1;                                                                              \
-    }                                                                                        \
-  } while (0)
+constexpr const char* kProgram = "cudart_vecadd";
+#include "cudart_check.cuh"
 
 // Same name, signature and semantics as the test driver's vector_add
 // (tests/testdriver/kernels.cpp).
