@@ -53,13 +53,13 @@ void WorkQueue::run() {
     op.run = nullptr;  // drop what the operation captured before reporting it done
     lock.lock();
     ++completed_;
-    progress_.notify_all();
+    // Under the lock, before anyone is woken: whoever sees the stream reach the op finds `then`
+    // done, and whoever sees `then`'s effect finds the stream there (it takes this lock).
     if (op.then) {
-      lock.unlock();
       op.then();
       op.then = nullptr;
-      lock.lock();
     }
+    progress_.notify_all();
   }
 }
 

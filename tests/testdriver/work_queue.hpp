@@ -19,8 +19,9 @@ class WorkQueue {
   // The worker keeps the queue alive until it has been retired and has drained.
   static std::shared_ptr<WorkQueue> start();
 
-  // `then`, if given, runs once the operation counts as completed (reached() is true for it):
-  // what it makes visible — an event's completion — never runs ahead of the stream's own state.
+  // `then`, if given, runs as the operation comes to count as completed, atomically with it:
+  // what it makes visible (an event's completion) and the stream's own state never disagree.
+  // It runs under the queue's lock and must not call back into the queue.
   Ticket submit(std::function<void()> op, std::function<void()> then = {});
   void wait(Ticket ticket);
   bool reached(Ticket ticket) const;
