@@ -9,6 +9,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 #include <fmt/format.h>
@@ -131,5 +132,10 @@ std::uint64_t remember(Session& session, void* driver_handle, T object) {
 // Stream priority the client asked for, biased by its session priority and clamped to the
 // device's range (lower numbers are higher priorities).
 int effective_priority(const Session& session, int asked);
+
+// Refuses `asked` bytes of device memory (`what`: "device memory", "a CUDA array", ...) that
+// would take the client past its memory limit: OUT_OF_MEMORY, and a log line that names the
+// limit and how to change it.
+OpResult refuse_over_limit(Call& call, std::uint64_t asked, std::string_view what);
 
 }  // namespace mpsshim::server

@@ -2,6 +2,7 @@
 
 #include "broker/server/call.hpp"
 #include "broker/server/capture.hpp"
+#include "broker/server/log.hpp"
 #include "broker/server/streams.hpp"
 
 namespace mpsshim::server {
@@ -74,6 +75,18 @@ int effective_priority(const Session& session, int asked) {
   int least = std::max(snap.stream_priority_greatest, snap.stream_priority_least);
   long biased = static_cast<long>(std::clamp(asked, greatest, least)) + session.priority_bias;
   return static_cast<int>(std::clamp<long>(biased, greatest, least));
+}
+
+OpResult refuse_over_limit(Call& call, std::uint64_t asked, std::string_view what) {
+  const Session& s = call.session;
+  log_warn("{} asked for {} of {}; its limit is {} ({}) and it already uses {}", s.who(),
+           format_bytes(asked), what, format_bytes(s.memory_limit),
+           s.limit_from_client
+               ? "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; raise it in the client's environment"
+               : "the server's default; the operator changes it with mpsshimctl "
+                 "set_default_memory_limit",
+           format_bytes(s.memory_used));
+  return call.done(CUDA_ERROR_OUT_OF_MEMORY);
 }
 
 }  // namespace mpsshim::server

@@ -100,16 +100,6 @@ void fill(const proto::CopySide& s, const Side& side, CUmemorytype& type, std::s
   height = side.type == CU_MEMORYTYPE_ARRAY ? 0 : s.height;
 }
 
-OpResult refuse_over_limit(Call& call, std::uint64_t asked, const char* what) {
-  const Session& s = call.session;
-  log_warn("{} asked for {} ({}); its limit is {} ({}) and it already uses {}", s.who(),
-           format_bytes(asked), what, format_bytes(s.memory_limit),
-           s.limit_from_client ? "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
-                               : "the server's default memory limit",
-           format_bytes(s.memory_used));
-  return call.done(CUDA_ERROR_OUT_OF_MEMORY);
-}
-
 // The driver's resource description for a client's one; false if it names anything not the
 // client's own.
 CUresult resolve_resource(Call& call, const proto::WireResourceDesc& w, CUDA_RESOURCE_DESC& out) {

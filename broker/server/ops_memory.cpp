@@ -8,16 +8,6 @@
 namespace mpsshim::server {
 namespace {
 
-OpResult refuse_over_limit(Call& call, std::uint64_t asked) {
-  const Session& s = call.session;
-  log_warn("{} asked for {} of device memory; its limit is {} ({}) and it already uses {}", s.who(),
-           format_bytes(asked), format_bytes(s.memory_limit),
-           s.limit_from_client ? "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
-                               : "the server's default memory limit",
-           format_bytes(s.memory_used));
-  return call.done(CUDA_ERROR_OUT_OF_MEMORY);
-}
-
 bool add_allocation(Session& session, CUdeviceptr base, std::uint64_t bytes, std::uint64_t ctx) {
   if (!session.memory.add(DeviceRange{base, bytes, RangeKind::kAllocation, ctx})) return false;
   session.memory_used += bytes;
@@ -33,7 +23,7 @@ OpResult op_mem_alloc(Call& call) {
     return call.done(CUDA_ERROR_INVALID_CONTEXT);
   }
   if (req.bytes == 0) return call.done(CUDA_ERROR_INVALID_VALUE);
-  if (session.over_limit(req.bytes)) return refuse_over_limit(call, req.bytes);
+  if (session.over_limit(req.bytes)) return refuse_over_limit(call, req.bytes, "device memory");
   CUdeviceptr dptr = 0;
   if (CUresult r = call.cu.cuMemAlloc_v2(&dptr, static_cast<std::size_t>(req.bytes));
       r != CUDA_SUCCESS) {
@@ -57,7 +47,7 @@ OpResult op_mem_alloc_pitch(Call& call) {
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
   if (session.over_limit(req.width_bytes * req.height)) {
-    return refuse_over_limit(call, req.width_bytes * req.height);
+    return refuse_over_limit(call, req.width_bytes * req.height, "device memory");
   }
   CUdeviceptr dptr = 0;
   std::size_t pitch = 0;
@@ -70,7 +60,7 @@ OpResult op_mem_alloc_pitch(Call& call) {
   // The padding of each row counts: it is device memory the client holds.
   if (session.over_limit(bytes)) {
     call.cu.cuMemFree_v2(dptr);
-    return refuse_over_limit(call, bytes);
+    return refuse_over_limit(call, bytes, "device memory");
   }
   if (!add_allocation(session, dptr, bytes, req.ctx)) {
     call.cu.cuMemFree_v2(dptr);

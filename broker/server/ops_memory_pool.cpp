@@ -188,14 +188,7 @@ OpResult op_mem_alloc_async(Call& call) {
   PoolObj* pool = find_pool(session, req.pool, &pool_id, &error);
   if (pool == nullptr) return call.done(error);
   if (session.over_limit(req.bytes)) {
-    log_warn(
-        "{} asked for {} of device memory (cudaMallocAsync); its limit is {} ({}) and it "
-        "already uses {}",
-        session.who(), format_bytes(req.bytes), format_bytes(session.memory_limit),
-        session.limit_from_client ? "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
-                                  : "the server's default memory limit",
-        format_bytes(session.memory_used));
-    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+    return refuse_over_limit(call, req.bytes, "device memory (cudaMallocAsync)");
   }
   StreamObj* stream = use_stream(call, req.stream, true, &error);
   if (stream == nullptr) return call.done(error);

@@ -146,7 +146,7 @@ TEST_CASE("arrays count against the memory limit and copies stay inside them", "
   CHECK(array.charged_bytes == kMiB);
   make_array(sut, ctx.ctx, 256, 2048, &result);
   CHECK(result == CUDA_ERROR_OUT_OF_MEMORY);
-  CHECK(h.logged("(a CUDA array); its limit is 2 MiB"));
+  CHECK(h.logged("of a CUDA array; its limit is 2 MiB"));
 
   std::uint64_t dptr = sut.alloc(ctx.ctx, kPitch * kRows);
   proto::CopySide in_array{array.array, 0, 1020, 1023, 0, 0, 0, CopySideKind::kArray, 0};

@@ -70,8 +70,8 @@ TEST_CASE("an async allocation beyond the client's limit is refused and logged",
   CHECK(refused.result == CUDA_ERROR_OUT_OF_MEMORY);
   CHECK(
       h.logged("client 1 (pid 4123, python3) asked for 4 MiB of device memory "
-               "(cudaMallocAsync); its limit is 16 MiB (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT) and "
-               "it already uses 14 MiB"));
+               "(cudaMallocAsync); its limit is 16 MiB (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; raise "
+               "it in the client's environment) and it already uses 14 MiB"));
 }
 
 TEST_CASE("async memory is the client's until its stream-ordered free", "[server][pools]") {

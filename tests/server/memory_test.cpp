@@ -27,7 +27,8 @@ TEST_CASE("an allocation beyond the client's limit is refused and logged", "[ser
   CHECK(result == CUDA_ERROR_OUT_OF_MEMORY);
   CHECK(
       h.logged("client 1 (pid 4123, python3) asked for 8 MiB of device memory; its limit is "
-               "16 MiB (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT) and it already uses 10 MiB"));
+               "16 MiB (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; raise it in the client's environment) "
+               "and it already uses 10 MiB"));
 }
 
 TEST_CASE("MemGetInfo reports the client's view of its limit", "[server][memory]") {
