@@ -162,10 +162,12 @@ std::byte* Session::begin_record(proto::Op op, std::uint32_t payload, std::uint1
   }
   proto::RecordHeader header{bytes, static_cast<std::uint16_t>(op), flags, proto::kNoReply, 0};
   std::memcpy(at, &header, sizeof header);
+  open_record_ = at;
   return at + sizeof header;
 }
 
 void Session::commit_record() {
+  proto::stamp_record(open_record_);
   bool wake = producer_.commit();
   producer_mutex_.unlock();
   if (wake) ring_doorbell();
@@ -238,6 +240,7 @@ CUresult Session::call(proto::Op op, const void* request, std::size_t request_by
     if (!trailing.empty()) {
       std::memcpy(at + sizeof header + request_bytes, trailing.data(), trailing.size());
     }
+    open_record_ = at;
     commit_record();
     rc = wait_slot(slot);
     if (rc == CUDA_SUCCESS) {

@@ -54,7 +54,8 @@ class Session {
 
   // Reserves a record of `payload` bytes and hands the caller the space to fill in place (the
   // launch path writes arguments straight into the ring). Holds the producer lock until
-  // commit_record(); returns nullptr (lock released) when the session is dead.
+  // commit_record(), which stamps the record's send time and publishes it; returns nullptr (lock
+  // released) when the session is dead.
   std::byte* begin_record(proto::Op op, std::uint32_t payload, std::uint16_t flags = 0);
   void commit_record();
 
@@ -104,6 +105,7 @@ class Session {
 
   std::mutex producer_mutex_;
   proto::RingProducer producer_;
+  std::byte* open_record_ = nullptr;  // the record between begin_record and commit_record
 
   std::mutex slot_mutex_;
   std::condition_variable slot_freed_;

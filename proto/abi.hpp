@@ -16,7 +16,9 @@ inline constexpr std::uint32_t kHelloMagic = 0x4853504d;  // "MPSH" in memory or
 inline constexpr std::uint16_t kAbiMajor = 1;
 // Minor 1: stream capture and graphs, host functions and memory pools, 2D/3D copies, arrays and
 // texture objects (ops 47..77), host-callback cells in the segment.
-inline constexpr std::uint16_t kAbiMinor = 1;
+// Minor 2: RecordHeader::send_stamp (was reserved, 0): when the client committed the record,
+// for the server's per-client delay figures (mpsshimctl stats). A 0 stamp is not measured.
+inline constexpr std::uint16_t kAbiMinor = 2;
 
 // FROZEN FOREVER. Every message on every mpsshim socket starts with this header, so that any two
 // versions of mpsshim can at least tell each other which versions they are. Never change it.

@@ -13,6 +13,7 @@
 // therefore makes no system call.
 #pragma once
 
+#include <time.h>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -35,12 +36,45 @@ struct RecordHeader {
   std::uint16_t opcode;
   std::uint16_t flags;
   std::uint32_t reply_slot;  // kNoReply for one-way records
-  std::uint32_t reserved;
+  std::uint32_t send_stamp;  // when the producer committed it (below); 0: not stamped (ABI < 1.2)
 };
 static_assert(sizeof(RecordHeader) == 16);
+static_assert(offsetof(RecordHeader, send_stamp) == 12);
 static_assert(kWireSafe<RecordHeader>);
 inline constexpr std::uint16_t kPadOpcode = 0;
 inline constexpr std::uint32_t kNoReply = 0xffffffffu;
+
+// RecordHeader::send_stamp: CLOCK_MONOTONIC nanoseconds >> kSendStampShift (32-ns units), the
+// low 32 bits, so it wraps every 2^37 ns (~137 s); a stamp that comes out 0 is sent as 1. The
+// consumer reads the record's time in the ring as send_stamp_age_ns(), which is right for any
+// wait shorter than the wrap. Both processes read the same clock: they share the host.
+inline constexpr unsigned kSendStampShift = 5;
+
+inline std::uint32_t send_stamp_of(std::uint64_t monotonic_ns) {
+  auto stamp = static_cast<std::uint32_t>(monotonic_ns >> kSendStampShift);
+  return stamp == 0 ? 1 : stamp;
+}
+
+// One clock_gettime through the vDSO: no system call.
+inline std::uint32_t send_stamp_now() {
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);
+  return send_stamp_of(static_cast<std::uint64_t>(now.tv_sec) * 1'000'000'000u +
+                       static_cast<std::uint64_t>(now.tv_nsec));
+}
+
+// Nanoseconds from `stamp` to `monotonic_ns` (modulo the wrap), in whole 32-ns units.
+inline std::uint64_t send_stamp_age_ns(std::uint32_t stamp, std::uint64_t monotonic_ns) {
+  auto units = static_cast<std::uint32_t>(monotonic_ns >> kSendStampShift) - stamp;
+  return static_cast<std::uint64_t>(units) << kSendStampShift;
+}
+
+// Stamps the record whose header starts at `record`: called just before the commit that
+// publishes it, once the payload is written.
+inline void stamp_record(std::byte* record) {
+  const std::uint32_t stamp = send_stamp_now();
+  std::memcpy(record + offsetof(RecordHeader, send_stamp), &stamp, sizeof stamp);
+}
 
 // The shared indices. head and tail live on separate cache lines so the producer's stores do
 // not invalidate the line the consumer polls, and vice versa.

@@ -5,10 +5,13 @@
 #include <unistd.h>
 
 #include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string_view>
+#include <vector>
 
 #include "broker/daemon/sizes.hpp"
 
@@ -57,6 +60,103 @@ std::string bytes_field(const Fields& fields, std::string_view key, bool zero_is
   return format_size_approx(bytes);
 }
 
+std::optional<double> parse_number(std::string_view text) {
+  double value = 0;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc{} || end != text.data() + text.size() || !std::isfinite(value)) {
+    return std::nullopt;
+  }
+  return value;
+}
+
+// Microseconds for people: 0.4us, 812us, 51.2ms, 1.25s.
+std::string format_us(double us) {
+  if (us < 10) return fmt::format("{:.1f}us", us);
+  if (us < 1000) return fmt::format("{:.0f}us", us);
+  if (us < 1e6) return fmt::format("{:.1f}ms", us / 1e3);
+  return fmt::format("{:.2f}s", us / 1e6);
+}
+
+std::string duration_field(const Fields& fields, std::string_view key) {
+  std::string text = field(fields, key);
+  auto us = parse_number(text);
+  return us ? format_us(*us) : text;
+}
+
+std::vector<std::string> split(const std::string& text, char separator) {
+  std::vector<std::string> parts;
+  std::istringstream in(text);
+  for (std::string part; std::getline(in, part, separator);) parts.push_back(part);
+  return parts;
+}
+
+struct TopEntry {
+  std::string op;
+  std::optional<double> count;
+  std::optional<double> server_us;
+};
+
+// "LaunchKernel:20000:51234,StreamSynchronize:12:3100"
+std::vector<TopEntry> parse_top(const std::string& text) {
+  std::vector<TopEntry> entries;
+  if (text == "-") return entries;
+  for (const std::string& item : split(text, ',')) {
+    std::vector<std::string> parts = split(item, ':');
+    TopEntry entry{parts.empty() ? item : parts[0], std::nullopt, std::nullopt};
+    if (parts.size() == 3) {
+      entry.count = parse_number(parts[1]);
+      entry.server_us = parse_number(parts[2]);
+    }
+    entries.push_back(std::move(entry));
+  }
+  return entries;
+}
+
+std::string top_field(const Fields& fields) {
+  std::string text = field(fields, "top");
+  std::vector<TopEntry> entries = parse_top(text);
+  if (entries.empty()) return text;
+  std::string out;
+  for (const TopEntry& entry : entries) {
+    if (!out.empty()) out += ',';
+    out += entry.op;
+    if (entry.count && entry.server_us) {
+      out += fmt::format(":{:.0f}:{}", *entry.count, format_us(*entry.server_us));
+    }
+  }
+  return out;
+}
+
+std::string json_string(std::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string json_number(std::optional<double> value) {
+  return value ? fmt::format("{}", *value) : "null";
+}
+
+std::string json_number_field(const Fields& fields, std::string_view key) {
+  auto it = fields.find(key);
+  return json_number(it == fields.end() ? std::nullopt : parse_number(it->second));
+}
+
 }  // namespace
 
 std::string format_client_table(const std::vector<ServerClients>& servers) {
@@ -80,6 +180,72 @@ std::string format_client_table(const std::vector<ServerClients>& servers) {
     }
   }
   return table + notes;
+}
+
+std::string format_stats_table(const std::vector<ServerClients>& servers) {
+  constexpr std::string_view kRow = "{:<9}{:<12}{:<5}{:<11}{:<10}{:<11}{:<11}{:<11}{:<17}{}\n";
+  std::string table = fmt::format(kRow, "PID", "USER", "GPU", "RECORDS", "SERVER", "DELAY_P50",
+                                  "DELAY_P99", "DELAY_MAX", "PROGRAM", "TOP");
+  std::string notes;
+  for (const ServerClients& server : servers) {
+    std::istringstream lines(server.text);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      Fields fields = parse_fields(line);
+      if (!fields.contains("pid")) {
+        notes += fmt::format("GPU {}: {}\n", server.gpu, line);
+        continue;
+      }
+      table += fmt::format(
+          kRow, field(fields, "pid"), user_name(field(fields, "uid")), server.gpu,
+          field(fields, "records"), duration_field(fields, "server_us"),
+          duration_field(fields, "delay_p50_us"), duration_field(fields, "delay_p99_us"),
+          duration_field(fields, "delay_max_us"), field(fields, "program"), top_field(fields));
+    }
+  }
+  return table + notes;
+}
+
+std::string format_stats_json(const std::vector<ServerClients>& servers, const std::string& notes) {
+  std::vector<std::string> clients;
+  std::vector<std::string> other_lines;
+  for (const ServerClients& server : servers) {
+    std::istringstream lines(server.text);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      Fields fields = parse_fields(line);
+      if (!fields.contains("pid")) {
+        other_lines.push_back(fmt::format("GPU {}: {}", server.gpu, line));
+        continue;
+      }
+      std::vector<std::string> top;
+      auto it = fields.find("top");
+      for (const TopEntry& entry : parse_top(it == fields.end() ? "-" : it->second)) {
+        top.push_back(fmt::format(R"({{"op": {}, "count": {}, "server_us": {}}})",
+                                  json_string(entry.op), json_number(entry.count),
+                                  json_number(entry.server_us)));
+      }
+      std::string uid = field(fields, "uid");
+      clients.push_back(fmt::format(
+          R"({{"gpu": {}, "client": {}, "pid": {}, "uid": {}, "user": {}, "program": {}, )"
+          R"("records": {}, "server_us": {}, "delay_samples": {}, "delay_p50_us": {}, )"
+          R"("delay_p99_us": {}, "delay_max_us": {}, "worker": {}, "top": [{}]}})",
+          server.gpu, json_number_field(fields, "client"), json_number_field(fields, "pid"),
+          json_number_field(fields, "uid"), json_string(user_name(uid)),
+          json_string(field(fields, "program")), json_number_field(fields, "records"),
+          json_number_field(fields, "server_us"), json_number_field(fields, "delay_samples"),
+          json_number_field(fields, "delay_p50_us"), json_number_field(fields, "delay_p99_us"),
+          json_number_field(fields, "delay_max_us"), json_number_field(fields, "worker"),
+          fmt::join(top, ", ")));
+    }
+  }
+  for (const std::string& line : split(notes, '\n')) {
+    if (!line.empty()) other_lines.push_back(line);
+  }
+  std::vector<std::string> quoted;
+  for (const std::string& line : other_lines) quoted.push_back(json_string(line));
+  return fmt::format("{{\"clients\": [{}], \"notes\": [{}]}}\n", fmt::join(clients, ",\n  "),
+                     fmt::join(quoted, ", "));
 }
 
 }  // namespace mpsshim::daemon

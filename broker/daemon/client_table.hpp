@@ -21,4 +21,17 @@ struct ServerClients {
 // PID USER GPU SMS MEMORY LIMIT LAUNCHES STATE PROGRAM, then the lines that are not clients.
 std::string format_client_table(const std::vector<ServerClients>& servers);
 
+// `mpsshimctl stats`: the servers' answers to the query text "stats", one line per client:
+//   client=3 pid=4123 uid=1000 program=python3 records=20512 server_us=55123
+//   delay_samples=20512 delay_p50_us=0.4 delay_p99_us=3.1 delay_max_us=8.2
+//   top=LaunchKernel:20000:51234,CopyHtoD:12:3100
+// (broker/server/session_stats.hpp). As a table: PID USER GPU RECORDS SERVER DELAY_P50
+// DELAY_P99 DELAY_MAX PROGRAM TOP, durations for people (0.4us, 51.2ms, 1.25s), then the lines
+// that are not clients.
+std::string format_stats_table(const std::vector<ServerClients>& servers);
+// The same as one JSON object: {"clients": [{"gpu": 0, "pid": 4123, ..., "top": [{"op":
+// "LaunchKernel", "count": 20000, "server_us": 51234}, ...]}, ...], "notes": ["...", ...]}.
+// Times in microseconds; a figure the server did not give is null. `notes` adds lines to "notes".
+std::string format_stats_json(const std::vector<ServerClients>& servers, const std::string& notes);
+
 }  // namespace mpsshim::daemon

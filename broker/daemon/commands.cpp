@@ -85,6 +85,10 @@ const std::vector<Commands::Command>& Commands::table() {
        &Commands::device_query},
       {"ps", "ps", "every client of every GPU: pid, user, SMs, memory, kernels launched, state", 0,
        0, &Commands::ps},
+      {"stats", "stats [--json]",
+       "every client of every GPU: records, server time, delay from the client's send to the "
+       "server's start (p50, p99, max), the operations that took the most server time",
+       0, 1, &Commands::stats},
       {"terminate_client", "terminate_client <gpu> <pid>",
        "end client <pid> on GPU <gpu>; its CUDA calls fail from then on", 2, 2,
        &Commands::terminate_client},
@@ -157,7 +161,7 @@ tl::expected<int, std::string> Commands::gpu_argument(const std::string& text) c
   return static_cast<int>(*gpu);
 }
 
-void Commands::ps(const Args&, ReplyHandler reply) {
+void Commands::query_clients(const std::string& text, ClientsHandler done) {
   std::vector<int> ready;
   std::string notes;
   for (int i = 0; i < supervisor_.gpu_count(); ++i) {
@@ -169,21 +173,39 @@ void Commands::ps(const Args&, ReplyHandler reply) {
                            state_name(state));
     }
   }
-  AnswerCollector::ask(
-      supervisor_, ready, MessageKind::kServerStatsQuery, "",
-      [reply = std::move(reply), notes](auto answers) mutable {
-        std::vector<ServerClients> clients;
-        std::string problems;
-        for (auto& [gpu, answer] : answers) {
-          if (answer) {
-            clients.push_back(ServerClients{gpu, answer->text});
-          } else {
-            problems +=
-                fmt::format("GPU {}: {}; its clients are not listed\n", gpu, answer.error());
-          }
-        }
-        reply(CtlReply{problems.empty() ? 0 : 1, format_client_table(clients) + notes + problems});
-      });
+  AnswerCollector::ask(supervisor_, ready, MessageKind::kServerStatsQuery, text,
+                       [done = std::move(done), notes](auto answers) mutable {
+                         std::vector<ServerClients> clients;
+                         std::string problems;
+                         for (auto& [gpu, answer] : answers) {
+                           if (answer) {
+                             clients.push_back(ServerClients{gpu, answer->text});
+                           } else {
+                             problems += fmt::format("GPU {}: {}; its clients are not listed\n",
+                                                     gpu, answer.error());
+                           }
+                         }
+                         done(std::move(clients), std::move(notes), std::move(problems));
+                       });
+}
+
+void Commands::ps(const Args&, ReplyHandler reply) {
+  query_clients("", [reply = std::move(reply)](auto clients, auto notes, auto problems) {
+    reply(CtlReply{problems.empty() ? 0 : 1, format_client_table(clients) + notes + problems});
+  });
+}
+
+void Commands::stats(const Args& args, ReplyHandler reply) {
+  const bool json = !args.empty();
+  if (json && args[0] != "--json") {
+    return reply(
+        error_reply(fmt::format("usage: stats [--json] (`{}` is not an option)", args[0])));
+  }
+  query_clients("stats", [reply = std::move(reply), json](auto clients, auto notes, auto problems) {
+    const int status = problems.empty() ? 0 : 1;
+    if (json) return reply(CtlReply{status, format_stats_json(clients, notes + problems)});
+    reply(CtlReply{status, format_stats_table(clients) + notes + problems});
+  });
 }
 
 void Commands::terminate_client(const Args& args, ReplyHandler reply) {

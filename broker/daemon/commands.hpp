@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "broker/daemon/client_table.hpp"
 #include "broker/daemon/supervisor.hpp"
 
 namespace mpsshim::daemon {
@@ -44,6 +45,7 @@ class Commands {
   void server_list(const Args&, ReplyHandler reply);
   void device_query(const Args&, ReplyHandler reply);
   void ps(const Args&, ReplyHandler reply);
+  void stats(const Args&, ReplyHandler reply);
   void terminate_client(const Args&, ReplyHandler reply);
   void set_default_percentage(const Args&, ReplyHandler reply);
   void get_default_percentage(const Args&, ReplyHandler reply);
@@ -54,6 +56,12 @@ class Commands {
 
   // The GPU an argument names, or an error reply.
   tl::expected<int, std::string> gpu_argument(const std::string& text) const;
+  // Sends kServerStatsQuery `text` to every running server; `done` gets their answers, a line
+  // for each GPU whose server is not running (notes) and one for each that did not answer
+  // (problems: the command failed).
+  using ClientsHandler =
+      std::function<void(std::vector<ServerClients>, std::string notes, std::string problems)>;
+  void query_clients(const std::string& text, ClientsHandler done);
   // Sends `text` to the running servers of `gpus`; `done` gets one line per GPU and whether all
   // of them took it.
   void tell_servers(const std::vector<int>& gpus, const std::string& text,

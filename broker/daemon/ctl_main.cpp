@@ -1,6 +1,7 @@
 // mpsshimctl: sends operator commands to mpsshimd and prints the answers. See docs/daemon.md.
 //
 //   mpsshimctl server_list            one command
+//   mpsshimctl stats --json           one command with an argument
 //   echo quit | mpsshimctl            commands from stdin, one per line
 //
 // Exit status: 0 all answered ok, 1 the daemon answered with an error (or refused us), 2 the
@@ -38,7 +39,8 @@ constexpr int kAnswerTimeoutSeconds = 15;
 constexpr const char* kUsage = R"(usage: mpsshimctl [--runtime-dir DIR] [command [arguments...]]
 
 Sends one command to mpsshimd and prints its answer; without a command, reads commands from
-stdin, one per line (echo quit | mpsshimctl). `mpsshimctl help` lists the commands.
+stdin, one per line (echo quit | mpsshimctl). `mpsshimctl help` lists the commands, e.g.
+`ps` (who runs where) and `stats [--json]` (server time and delays per client).
 
   --runtime-dir DIR  the daemon's runtime directory (default: $CUDA_MPS_PIPE_DIRECTORY, else
                      /run/mpsshim for root, else /tmp/mpsshim-$UID)

@@ -22,8 +22,8 @@ sigset_t handled_signals() {
 }
 
 SupervisorConfig supervisor_config(const DaemonOptions& options) {
-  return SupervisorConfig{options.server_path, options.driver_path, options.log_level, log_fd(),
-                          options.restart_limit};
+  return SupervisorConfig{options.server_path,   options.driver_path,   options.log_level, log_fd(),
+                          options.restart_limit, options.server_workers};
 }
 
 }  // namespace

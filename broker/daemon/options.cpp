@@ -29,6 +29,7 @@ enum LongOnly : int {
   kStopTimeout,
   kDefaultSm,
   kDefaultMemory,
+  kServerWorkers,
   kVersion,
 };
 
@@ -80,6 +81,8 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
   --stop-timeout SECS  on shutdown, SIGKILL servers still running after SECS (default 10)
   --default-sm-percentage P    default active thread percentage of new clients (1-100)
   --default-memory-limit SIZE  default device memory limit of new clients on every GPU (e.g. 4G)
+  --server-workers N   worker threads of every GPU's server (default: one per CPU the server
+                       may run on; see mpsshim-server --workers)
   -h, --help           this text
   --version            the version and the ABI it speaks
 )";
@@ -98,6 +101,7 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
       {"stop-timeout", required_argument, nullptr, kStopTimeout},
       {"default-sm-percentage", required_argument, nullptr, kDefaultSm},
       {"default-memory-limit", required_argument, nullptr, kDefaultMemory},
+      {"server-workers", required_argument, nullptr, kServerWorkers},
       {"help", no_argument, nullptr, 'h'},
       {"version", no_argument, nullptr, kVersion},
       {nullptr, 0, nullptr, 0},
@@ -160,6 +164,12 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
               fmt::format("--default-memory-limit takes a size such as 4G or 512M, not `{}`", arg));
         }
         options.default_memory_limit = *bytes;
+        break;
+      }
+      case kServerWorkers: {
+        auto n = number<int>("--server-workers", arg, 1, 256);
+        if (!n) return tl::unexpected(n.error());
+        options.server_workers = *n;
         break;
       }
       case 'h':

@@ -24,6 +24,7 @@ struct DaemonOptions {
   std::chrono::milliseconds stop_timeout{10'000};
   std::optional<int> default_sm_percentage;
   std::optional<std::uint64_t> default_memory_limit;
+  std::optional<int> server_workers;  // --workers of every server; unset: the server decides
   bool help = false;
   bool version = false;
 };

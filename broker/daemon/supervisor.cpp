@@ -72,6 +72,9 @@ std::vector<std::string> Supervisor::server_arguments(int ordinal) const {
   std::vector<std::string> args{"--device", std::to_string(ordinal), "--control-fd", "3"};
   if (config_.driver_path) args.insert(args.end(), {"--driver", *config_.driver_path});
   args.insert(args.end(), {"--log-level", std::string(log_level_name(config_.log_level))});
+  if (config_.server_workers) {
+    args.insert(args.end(), {"--workers", std::to_string(*config_.server_workers)});
+  }
   if (defaults_.sm_percentage) {
     args.insert(args.end(), {"--default-sm-percentage", std::to_string(*defaults_.sm_percentage)});
   }

@@ -52,6 +52,7 @@ struct SupervisorConfig {
   LogLevel log_level = LogLevel::kInfo;
   int output_fd = -1;  // the servers' stdout/stderr; -1 = the daemon's
   int restart_limit = 5;
+  std::optional<int> server_workers;  // passed as --workers; unset: the server's default
 };
 
 // What the rest of the daemon may know about one GPU's server.

@@ -136,12 +136,13 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
   if (!s.callbacks) log_warn("{}: host functions are unavailable: {}", s.who(), callbacks_error);
   s.segment.close_fd();  // the mapping stays; the client has its own copy of the fd
   s.socket = std::move(client);
-  watch(s.socket.get(), std::uint64_t{info.id} << 2 | kSocket);
-  watch(s.doorbell.get(), std::uint64_t{info.id} << 2 | kDoorbell);
 
-  log_info("client {} (pid {}, {}, uid {}) connected: {} of {} SMs, {}", info.id, info.pid,
-           info.program, info.uid, s.green.sm_count, snap.sm_count, describe_limit(s.memory_limit));
-  sessions_.push_back(std::move(session));
+  Worker& worker = least_loaded();
+  log_info("client {} (pid {}, {}, uid {}) connected: {} of {} SMs, {}; served by worker {}",
+           info.id, info.pid, info.program, info.uid, s.green.sm_count, snap.sm_count,
+           describe_limit(s.memory_limit), worker.index());
+  // From here on the session belongs to the worker's thread.
+  worker.adopt(std::move(session));
 }
 
 }  // namespace mpsshim::server

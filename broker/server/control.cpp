@@ -1,4 +1,6 @@
 // The control socket to the daemon: client connections, operator requests, hang-up.
+#include <sys/epoll.h>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -34,6 +36,9 @@ std::string one_word(const std::string& name) {
   return out;
 }
 
+// Operator requests wait this long for each worker's answer.
+constexpr auto kOperatorTimeout = std::chrono::milliseconds(2000);
+
 }  // namespace
 
 std::size_t Server::read_control() {
@@ -43,7 +48,7 @@ std::size_t Server::read_control() {
     int rc = proto::receive_message(control_.get(), message);
     if (rc == EAGAIN || rc == EWOULDBLOCK) break;
     if (rc == 0 && message.bytes.empty()) {
-      unwatch(control_.get());
+      ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, control_.get(), nullptr);
       control_.reset();
       shutdown("the daemon closed the control socket");
       break;
@@ -97,7 +102,8 @@ void Server::on_control_message(proto::Received& message) {
   int status = 0;
   switch (kind) {
     case proto::MessageKind::kServerStatsQuery:
-      reply_text(proto::MessageKind::kServerStats, 0, stats_text());
+      // "" asks for the `ps` fields, "stats" for the per-client accounting (mpsshimctl stats).
+      reply_text(proto::MessageKind::kServerStats, 0, stats_text(text == "stats"));
       break;
     case proto::MessageKind::kServerTerminateClient: {
       std::string reply = terminate_client(text, status);
@@ -128,21 +134,43 @@ void Server::reply_text(proto::MessageKind kind, int status, const std::string& 
   }
 }
 
-std::string Server::stats_text() const {
+std::string Server::stats_text(bool accounting) {
+  std::vector<std::string> parts = on_each_worker(
+      [accounting](Worker& worker) {
+        std::string lines;
+        for (const auto& s : worker.sessions()) {
+          if (accounting) {
+            std::string line = format_session_stats(*s);
+            line.insert(line.size() - 1, fmt::format(" worker={}", worker.index()));
+            lines += line;
+            continue;
+          }
+          lines += fmt::format(
+              "client={} pid={} uid={} program={} sms={} mem_used={} mem_limit={} launches={} "
+              "state={} worker={}\n",
+              s->client.id, s->client.pid, s->client.uid, one_word(s->client.program),
+              s->green.sm_count, s->memory_used, s->memory_limit, s->launches,
+              s->state == SessionState::kActive ? "active" : "draining", worker.index());
+        }
+        return lines;
+      },
+      kOperatorTimeout);
   std::string out;
-  for (const auto& s : sessions_) {
-    std::string line = fmt::format(
-        "client={} pid={} uid={} program={} sms={} mem_used={} mem_limit={} launches={} "
-        "state={}\n",
-        s->client.id, s->client.pid, s->client.uid, one_word(s->client.program), s->green.sm_count,
-        s->memory_used, s->memory_limit, s->launches,
-        s->state == SessionState::kActive ? "active" : "draining");
-    // One TextMessage carries the answer; say so rather than cut a line in half.
-    if (out.size() + line.size() > sizeof(proto::TextMessage{}.text) - 64) {
-      out += fmt::format("truncated: {} clients in all\n", sessions_.size());
-      break;
+  std::size_t total = 0;
+  for (const std::string& part : parts) total += std::count(part.begin(), part.end(), '\n');
+  for (const std::string& part : parts) {
+    std::size_t at = 0;
+    while (at < part.size()) {
+      std::size_t end = part.find('\n', at);
+      if (end == std::string::npos) end = part.size() - 1;
+      std::string_view line(part.data() + at, end + 1 - at);
+      // One TextMessage carries the answer; say so rather than cut a line in half.
+      if (out.size() + line.size() > sizeof(proto::TextMessage{}.text) - 64) {
+        return out + fmt::format("truncated: {} clients in all\n", total);
+      }
+      out += line;
+      at = end + 1;
     }
-    out += line;
   }
   return out;
 }
@@ -153,11 +181,21 @@ std::string Server::terminate_client(const std::string& text, int& status) {
     status = 1;
     return fmt::format("terminate_client: \"{}\" is not a pid", text);
   }
+  std::vector<std::string> parts = on_each_worker(
+      [pid](Worker& worker) {
+        std::vector<std::string> ended;
+        for (const auto& s : worker.sessions()) {
+          if (s->client.pid != pid || s->state != SessionState::kActive) continue;
+          ended.push_back(s->who());
+          worker.end_session(*s, "was terminated by the operator",
+                             CUDA_ERROR_MPS_CLIENT_TERMINATED);
+        }
+        return fmt::format("{}", fmt::join(ended, ", "));
+      },
+      kOperatorTimeout);
   std::vector<std::string> ended;
-  for (auto& s : sessions_) {
-    if (s->client.pid != pid || s->state != SessionState::kActive) continue;
-    ended.push_back(s->who());
-    end_session(*s, "was terminated by the operator", CUDA_ERROR_MPS_CLIENT_TERMINATED);
+  for (std::string& part : parts) {
+    if (!part.empty()) ended.push_back(std::move(part));
   }
   if (ended.empty()) {
     status = 1;

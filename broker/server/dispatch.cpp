@@ -163,8 +163,9 @@ const char* op_name(proto::Op op) {
 }
 
 DispatchOutcome dispatch_record(Session& session, std::span<const std::byte> record) {
-  // The client can rewrite shared bytes at any moment: everything below reads a private copy.
-  alignas(16) static std::byte buffer[kMaxRecordBytes];
+  // The client can rewrite shared bytes at any moment: everything below reads a private copy,
+  // one per worker thread.
+  alignas(16) thread_local std::byte buffer[kMaxRecordBytes];
   if (record.size() < sizeof(proto::RecordHeader) || record.size() > kMaxRecordBytes) {
     return end_session(
         fmt::format("sent a {}-byte record, more than any operation needs", record.size()));
@@ -198,7 +199,10 @@ DispatchOutcome dispatch_record(Session& session, std::span<const std::byte> rec
   }
 
   Call call(session, header, payload);
+  const std::uint64_t started = SessionStats::now_ns();
   OpResult result = spec->run(call);
+  session.stats.record(static_cast<Op>(header.opcode), SessionStats::now_ns() - started,
+                       SessionStats::delay_ns(header.send_stamp, started));
   ++session.records;
   session.control()->records_executed.fetch_add(1, std::memory_order_relaxed);
 

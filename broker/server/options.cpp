@@ -51,6 +51,11 @@ tl::expected<Options, std::string> parse_options(std::span<const char* const> ar
         return tl::unexpected(
             fmt::format("--default-memory-limit {}: expected a number of bytes", value));
       }
+    } else if (flag == "--workers") {
+      if (!parse_number(value, options.workers) || options.workers > kMaxWorkers) {
+        return tl::unexpected(fmt::format("--workers {}: expected 0 (one per available CPU) to {}",
+                                          value, kMaxWorkers));
+      }
     } else {
       return tl::unexpected(fmt::format("unknown argument {}", flag));
     }

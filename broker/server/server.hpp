@@ -1,7 +1,9 @@
-// mpsshim-server's single-threaded agent: one per GPU. do_work() makes one pass over the
-// control socket, every client's request ring (a bounded batch each, round-robin, so one
-// client cannot starve another), and the GPU work answers are owed for; it returns how much it
-// did, and an IdleStrategy decides what to do when that was nothing.
+// mpsshim-server's coordinator: one per GPU, on the main thread. It owns the control socket to
+// the daemon, admits clients (green context, segment, staging registration) and places each
+// new session on the least-loaded worker (worker.hpp), which serves it from then on. Operator
+// requests (ps, stats, terminate_client) and shutdown reach the sessions through the workers'
+// mailboxes; a sticky GPU fault found by any worker reaches every worker's sessions before the
+// process exits 70. See docs/architecture.md.
 #pragma once
 
 #include <sys/epoll.h>
@@ -17,6 +19,7 @@
 #include "broker/server/gpu.hpp"
 #include "broker/server/idle_strategy.hpp"
 #include "broker/server/session.hpp"
+#include "broker/server/worker.hpp"
 #include "proto/control.hpp"
 #include "proto/segment.hpp"
 #include "proto/unix_socket.hpp"
@@ -28,58 +31,74 @@ struct ServerSettings {
   std::uint64_t default_memory_limit = 0;  // for clients that set no limit; 0 = none
   proto::SegmentGeometry geometry{};
   std::size_t batch_per_client = 32;  // records per client per pass
+  std::size_t workers = 1;            // worker threads; sessions are sharded over them
 };
 
 // The process exit code after a sticky GPU fault: the daemon starts a fresh server.
 inline constexpr int kExitGpuFault = 70;
 
-class Server final : public Parker {
+// Worker threads by default: the CPUs this process may run on (sched_getaffinity).
+std::size_t default_worker_count();
+
+class Server final {
  public:
   Server(Gpu gpu, ServerSettings settings, proto::UniqueFd control);
-  ~Server() override;
+  ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
-  // One pass; returns the amount of work done (0 = idle).
+  // Inline mode (tests): one pass of the coordinator and of every worker on the calling
+  // thread; returns the amount of work done (0 = idle).
   std::size_t do_work();
-  // Passes until the server is finished (control socket closed or `stop`, and every session
-  // freed) or a fault. Returns the process exit code.
-  int run(IdleStrategy& idle, const std::atomic<bool>& stop);
-
-  void park(std::chrono::nanoseconds timeout) override;
-  bool gpu_pending() const;
+  // Threaded mode: starts the workers, then serves the control socket until the server is
+  // finished (control socket closed or `stop`, and every session freed) or a fault. Returns
+  // the process exit code.
+  int run(const std::atomic<bool>& stop);
 
   // A client connection from the daemon (public for tests).
   void admit(const proto::ServerAdmit& admit, proto::UniqueFd client);
-  // Stops reading the client's ring; its GPU work drains, then everything it owned is freed.
-  // notify != CUDA_SUCCESS is stored as the session's fault and answers everything owed.
-  void end_session(Session& session, const std::string& reason, CUresult notify);
   // Ends every session, then the server finishes.
   void shutdown(const std::string& reason);
-  bool finished() const { return stopping_ && sessions_.empty(); }
-  bool faulted() const { return faulted_; }
+  bool finished() const;
+  bool faulted() const { return fault_.load(std::memory_order_acquire) != CUDA_SUCCESS; }
 
   // What happens after a sticky fault has been reported to every client. Default: exit(70).
   void set_fatal_handler(std::function<void(int)> handler) { fatal_ = std::move(handler); }
 
-  // One line per client, for mpsshimctl ps.
-  std::string stats_text() const;
+  // One line per client: the `ps` fields, or with `accounting` the per-client figures of
+  // session_stats.hpp (mpsshimctl stats). Every line names the worker that serves the client.
+  std::string stats_text(bool accounting = false);
   const Gpu& gpu() const { return gpu_; }
   const ServerSettings& settings() const { return settings_; }
-  std::size_t session_count() const { return sessions_.size(); }
+  std::size_t session_count() const;
+  // Inline mode or a worker's own thread only: sessions belong to their worker.
   Session* find_session(std::uint32_t client_id) const;
+  std::size_t worker_count() const { return workers_.size(); }
+  Worker& worker(std::size_t i) { return *workers_[i]; }
+
+  // ---- called by workers (any thread) -----------------------------------------------------
+  // The first sticky error of the process: logged once; every worker then fails its sessions.
+  // Returns true for the call that raised it first.
+  bool raise_fault(const Session* culprit, CUresult error, proto::Op op);
+  CUresult fault() const { return fault_.load(std::memory_order_acquire); }
+  // fail_sessions on a worker: it stored the sticky fault in all its sessions (phase 1), then
+  // answered everything they were owed (phase 2; the coordinator exits after every worker's).
+  void worker_stored_fault();
+  void worker_failed_sessions();
+  // Until every worker has (true) or `timeout` passed (false).
+  bool await_fault_stored(std::chrono::milliseconds timeout = std::chrono::seconds(5));
+  // Something for the coordinator to look at (a fault spread, a session freed).
+  void wake();
+  std::size_t clients_on_gpu() const { return session_count(); }
 
  private:
-  // epoll_event.data.u64: client id << 2 | source.
-  enum Source : std::uint64_t { kControl = 0, kSocket = 1, kDoorbell = 2 };
-
-  std::size_t drain_ring(Session& session);
-  std::size_t poll_gpu();
-  std::size_t reap();
-  std::size_t poll_io(std::chrono::nanoseconds timeout);
-  void on_event(const epoll_event& event);
-  void watch(int fd, std::uint64_t tag);
-  void unwatch(int fd);
+  // Runs `task` on every worker and returns what each returned, in worker order: posted and
+  // waited for (at most `timeout` per worker) when threaded, called directly when inline.
+  std::vector<std::string> on_each_worker(const std::function<std::string(Worker&)>& task,
+                                          std::chrono::milliseconds timeout);
+  Worker& least_loaded();
+  std::size_t poll_control(std::chrono::nanoseconds timeout);
+  void finish_fault();
 
   // control.cpp
   std::size_t read_control();
@@ -91,22 +110,18 @@ class Server final : public Parker {
   // admit.cpp
   void refuse(int client_fd, CUresult error, const std::string& message);
 
-  // A sticky error: every client's session gets the fault, then everything owed is answered
-  // with it (reply_slot: the culprit's record that returned it), then the fatal handler runs.
-  void fatal_fault(Session* culprit, CUresult error, proto::Op op,
-                   std::uint32_t reply_slot = proto::kNoReply);
-  void free_session(Session& session);
-
   Gpu gpu_;
   ServerSettings settings_;
   proto::UniqueFd control_;
   proto::UniqueFd epoll_;
-  std::vector<std::unique_ptr<Session>> sessions_;
+  proto::UniqueFd wake_;  // eventfd: a worker wants the coordinator to look (fault, drained)
+  std::vector<std::unique_ptr<Worker>> workers_;
   std::uint32_t next_client_id_ = 1;
-  std::size_t round_robin_ = 0;
   std::chrono::steady_clock::time_point next_io_poll_{};
   bool stopping_ = false;
-  bool faulted_ = false;
+  std::atomic<CUresult> fault_{CUDA_SUCCESS};
+  std::atomic<std::size_t> workers_stored_fault_{0};
+  std::atomic<std::size_t> workers_failed_{0};
   std::function<void(int)> fatal_;
 };
 

@@ -18,6 +18,7 @@
 #include "broker/server/gpu.hpp"
 #include "broker/server/green_context.hpp"
 #include "broker/server/objects.hpp"
+#include "broker/server/session_stats.hpp"
 #include "broker/server/shared_segment.hpp"
 #include "proto/control.hpp"
 #include "proto/ops.hpp"
@@ -185,6 +186,7 @@ class Session {
 
   std::uint64_t launches = 0;
   std::uint64_t records = 0;
+  SessionStats stats;  // server time per opcode, ring delays (mpsshimctl stats)
 
  private:
   const Gpu* gpu_;

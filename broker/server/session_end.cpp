@@ -1,5 +1,6 @@
 #include <sys/socket.h>
 
+#include <thread>
 #include <vector>
 
 #include "broker/server/completions.hpp"
@@ -38,7 +39,7 @@ std::string freed_summary(const FreedTally& t) {
 
 }  // namespace
 
-void Server::end_session(Session& session, const std::string& reason, CUresult notify) {
+void Worker::end_session(Session& session, const std::string& reason, CUresult notify) {
   if (session.state != SessionState::kActive) return;
   session.state = SessionState::kDraining;
   session.end_reason = reason;
@@ -67,7 +68,7 @@ void Server::end_session(Session& session, const std::string& reason, CUresult n
   session.stash.clear();
 }
 
-void Server::free_session(Session& session) {
+void Worker::free_session(Session& session) {
   FreedTally tally = free_everything(session);
   if (session.end_notify == CUDA_SUCCESS) {  // the client left: "disconnected", "said goodbye"
     log_info("{} {}; {}", session.who(), session.end_reason, freed_summary(tally));
@@ -76,37 +77,88 @@ void Server::free_session(Session& session) {
   }
 }
 
+void Worker::sticky_fault(Session& culprit, CUresult error, proto::Op op,
+                          std::uint32_t reply_slot) {
+  server_.raise_fault(&culprit, error, op);
+  // The culprit's own call is answered once every session holds the fault, so the client
+  // never sees the error as its call's alone.
+  pending_fault_reply_ = {&culprit, reply_slot, error};
+  fail_sessions(server_.fault());
+}
+
+void Worker::fail_sessions(CUresult error) {
+  const bool first = !failed_;
+  failed_ = true;
+  // Every session holds the fault before anything owed is answered with it.
+  for (auto& s : sessions_) {
+    s->control()->fault.store(static_cast<std::uint32_t>(error), std::memory_order_seq_cst);
+  }
+  if (first) server_.worker_stored_fault();
+  // ... on every worker: a client answered with the fault may tell another client (a parent
+  // and its workers), who must then find it set too. Every worker stores before it waits, so
+  // the wait ends unless a worker is stuck in the driver (bounded).
+  if (threaded()) server_.await_fault_stored();
+  if (pending_fault_reply_.session != nullptr) {
+    if (pending_fault_reply_.slot != proto::kNoReply) {
+      pending_fault_reply_.session->answer(pending_fault_reply_.slot, pending_fault_reply_.error);
+    }
+    pending_fault_reply_ = {};
+  }
+  for (auto& s : sessions_) {
+    abandon_completions(*s, error);
+    s->wake_everyone();
+  }
+  if (first) server_.worker_failed_sessions();
+}
+
 void Server::shutdown(const std::string& reason) {
   if (stopping_) return;
   stopping_ = true;
-  log_info("shutting down ({}); ending {} session(s)", reason, sessions_.size());
-  for (auto& s : sessions_)
-    end_session(*s, "was disconnected: the server is shutting down",
-                CUDA_ERROR_MPS_CONNECTION_FAILED);
+  log_info("shutting down ({}); ending {} session(s)", reason, session_count());
+  for (auto& worker : workers_) {
+    worker->post([](Worker& w) {
+      for (const auto& s : w.sessions())
+        w.end_session(*s, "was disconnected: the server is shutting down",
+                      CUDA_ERROR_MPS_CONNECTION_FAILED);
+    });
+  }
 }
 
-void Server::fatal_fault(Session* culprit, CUresult error, proto::Op op, std::uint32_t reply_slot) {
-  faulted_ = true;
+bool Server::raise_fault(const Session* culprit, CUresult error, proto::Op op) {
+  CUresult none = CUDA_SUCCESS;
+  if (!fault_.compare_exchange_strong(none, error, std::memory_order_acq_rel)) return false;
   std::string error_text = describe(*gpu_.cu, error);
   if (culprit != nullptr) {
     log_error(
         "GPU fault: {} work of {} failed with {}. A fault poisons every context of this "
         "process, so all {} client(s) get this error and the server exits for a fresh one",
         op == proto::Op::kPad ? "queued" : op_name(op), culprit->who(), error_text,
-        sessions_.size());
+        session_count());
   } else {
     log_error("GPU fault: {}; all {} client(s) get this error and the server exits for a fresh one",
-              error_text, sessions_.size());
+              error_text, session_count());
   }
-  for (auto& s : sessions_) {
-    s->control()->fault.store(static_cast<std::uint32_t>(error), std::memory_order_seq_cst);
+  for (auto& worker : workers_) worker->nudge();
+  wake();
+  return true;
+}
+
+void Server::worker_stored_fault() {
+  workers_stored_fault_.fetch_add(1, std::memory_order_acq_rel);
+}
+
+void Server::worker_failed_sessions() {
+  workers_failed_.fetch_add(1, std::memory_order_acq_rel);
+  wake();
+}
+
+bool Server::await_fault_stored(std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (workers_stored_fault_.load(std::memory_order_acquire) < workers_.size()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
-  if (culprit != nullptr && reply_slot != proto::kNoReply) culprit->answer(reply_slot, error);
-  for (auto& s : sessions_) {
-    abandon_completions(*s, error);
-    s->wake_everyone();
-  }
-  fatal_(kExitGpuFault);
+  return true;
 }
 
 }  // namespace mpsshim::server

@@ -208,6 +208,51 @@ TEST_CASE("ps names the server that did not answer", "[ps]") {
   CHECK(sut.ctl({"terminate_client", "1", "4242"}).out == "fake server 1 terminated client 4242\n");
 }
 
+TEST_CASE("stats shows every server's per-client figures", "[stats]") {
+  DaemonUnderTest sut({.gpus = 2});
+
+  Outcome stats = sut.ctl({"stats"});
+
+  CHECK(stats.exit_code == 0);
+  CHECK(contains(stats.out,
+                 "PID      USER        GPU  RECORDS    SERVER    DELAY_P50  DELAY_P99  DELAY_MAX  "
+                 "PROGRAM          TOP\n"));
+  CHECK(contains(stats.out, "\n4242     "));
+  CHECK(contains(stats.out,
+                 "1    20512      55.1ms    0.4us      3.1us      8.2us      fake-client-gpu1 "
+                 "LaunchKernel:20000:51.2ms,StreamSynchronize:12:3.1ms\n"));
+  CHECK(contains(stats.out, "fake-client-gpu0"));
+  CHECK(contains(stats.out, "GPU 0: not a client line\n"));
+}
+
+TEST_CASE("stats --json gives the same figures as numbers", "[stats]") {
+  DaemonUnderTest sut({.gpus = 1});
+
+  Outcome json = sut.ctl({"stats", "--json"});
+  Outcome wrong = sut.ctl({"stats", "--xml"});
+
+  CHECK(json.exit_code == 0);
+  CHECK(contains(json.out, R"({"clients": [{"gpu": 0, "client": 1, "pid": 4242, )"));
+  CHECK(contains(json.out, R"("program": "fake-client-gpu0", "records": 20512, )"
+                           R"("server_us": 55123, "delay_samples": 20512, "delay_p50_us": 0.4, )"
+                           R"("delay_p99_us": 3.1, "delay_max_us": 8.2, "worker": 0, )"
+                           R"("top": [{"op": "LaunchKernel", "count": 20000, "server_us": 51234}, )"
+                           R"({"op": "StreamSynchronize", "count": 12, "server_us": 3100}]}])"));
+  CHECK(contains(json.out, R"("notes": ["GPU 0: not a client line"]})"));
+  CHECK(wrong.exit_code == 1);
+  CHECK(contains(wrong.err, "usage: stats [--json]"));
+}
+
+TEST_CASE("stats names the server that did not answer", "[stats]") {
+  DaemonUnderTest sut({.gpus = 2, .env = {{"FAKE_SERVER_SILENT_DEVICE", "1"}}});
+
+  Outcome stats = sut.ctl({"stats"});
+
+  CHECK(stats.exit_code == 1);
+  CHECK(contains(stats.err, "fake-client-gpu0"));
+  CHECK(contains(stats.err, "GPU 1: the server for GPU 1 (pid "));
+}
+
 TEST_CASE("operator commands answer, and mpsshimctl's exit status says how it went", "[ctl]") {
   DaemonUnderTest sut({.gpus = 2});
 

@@ -12,7 +12,8 @@
 //
 // Behaviour: on ServerAdmit it sends the client a Refused with cuda_error 0 and the text
 // "fake server <gpu> admitted pid <pid>"; kServerStatsQuery gets one client line naming
-// "fake-client-gpu<gpu>"; kServerTerminateClient is acknowledged; kCtlRequest "crash" exits 70
+// "fake-client-gpu<gpu>" (the `ps` fields, or with the text "stats" the `stats` fields);
+// kServerTerminateClient is acknowledged; kCtlRequest "crash" exits 70
 // (as a GPU fault would), "hang_up" closes the control socket and lives on, "show_state" answers
 // with its command line and the requests it took, anything else is acknowledged and remembered.
 #include <signal.h>
@@ -108,7 +109,18 @@ int main(int argc, char** argv) {
     auto request = daemon::decode<proto::TextMessage>(message);
     if (!request) continue;
     std::string text = text_of(*request);
-    if (kind == MessageKind::kServerStatsQuery) {
+    if (kind == MessageKind::kServerStatsQuery && text == "stats") {
+      if (silent) continue;
+      proto::send_struct(
+          control,
+          make_text(MessageKind::kServerStats, 0,
+                    fmt::format("client=1 pid=4242 uid={} program=fake-client-gpu{} "
+                                "records=20512 server_us=55123 delay_samples=20512 "
+                                "delay_p50_us=0.4 delay_p99_us=3.1 delay_max_us=8.2 "
+                                "worker=0 top=LaunchKernel:20000:51234,StreamSynchronize:12:3100"
+                                "\nnot a client line\n",
+                                ::getuid(), gpu)));
+    } else if (kind == MessageKind::kServerStatsQuery) {
       if (silent) continue;
       proto::send_struct(control,
                          make_text(MessageKind::kServerStats, 0,

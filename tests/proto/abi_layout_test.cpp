@@ -91,6 +91,7 @@ std::uint64_t layout_fingerprint() {
   FIELD(RecordHeader, opcode);
   FIELD(RecordHeader, flags);
   FIELD(RecordHeader, reply_slot);
+  FIELD(RecordHeader, send_stamp);
   SIZE(RingControl);
   FIELD(RingControl, head);
   FIELD(RingControl, tail);
@@ -284,6 +285,7 @@ struct Pinned {
 constexpr Pinned kPinned[] = {
     {1, 0, 0x4ba4610596c1d0e0},
     {1, 1, 0x9d5d8b4305593426},
+    {1, 2, 0x6e7139ba53bf4a0a},
 };
 
 }  // namespace

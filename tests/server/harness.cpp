@@ -109,7 +109,9 @@ void TestClient::send_raw(std::uint16_t opcode, std::span<const std::byte> paylo
   const std::uint32_t bytes = proto::record_bytes(payload.size());
   std::byte* at = ring_.try_reserve(bytes);
   if (at == nullptr) throw std::runtime_error("ring full");
-  proto::RecordHeader header{size_override != 0 ? size_override : bytes, opcode, flags, slot, 0};
+  // Stamped as libshim stamps: the server measures each record's wait in the ring.
+  proto::RecordHeader header{size_override != 0 ? size_override : bytes, opcode, flags, slot,
+                             proto::send_stamp_now()};
   std::memcpy(at, &header, sizeof header);
   if (!payload.empty()) std::memcpy(at + sizeof header, payload.data(), payload.size());
   if (slot != proto::kNoReply && slot < view_.geometry.slot_count) {
