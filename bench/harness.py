@@ -13,8 +13,9 @@ usage (on a machine with an NVIDIA GPU, as root for NVIDIA MPS):
 The programs come from --build-dir (libshim/, broker/, examples/small_kernels, bench/); a build
 copied to another machine needs its shared libraries there too (libfmt.so.9: LD_LIBRARY_PATH).
 --quick: 3 repetitions, small_kernels N in {1,8,32}, memory N in {1,4}, ResNet N in {1,8}, scaling
-up to 48 clients. --full: N in {1,2,...,64}, memory N in {1,4,16}, ResNet N in {1,4,8}, scaling up
-to 128. Both stop starting new work when their time budget (265 s / 500 s) would be exceeded and
+up to 256 clients (the broker's CPU with 64 idle clients measured from /proc on the way). --full:
+N in {1,2,...,64}, memory N in {1,4,16}, ResNet N in {1,4,8}, scaling up to 256. Both stop
+starting new work when their time budget (265 s / 500 s) would be exceeded and
 say what was skipped. See docs/benchmarks.md.
 
 Modes:
@@ -83,8 +84,8 @@ PRESETS = {
         "mixed_duration_ms": 1500,
         "memory_n": [1, 4],
         "memory_reps": 2,
-        "scaling_cap": 48,
-        "scaling_batch": 8,
+        "scaling_cap": 256,
+        "scaling_batch": 32,
         "resnet_n": [1, 8],
         "resnet_iters": 100,
         "resnet_reps": 1,
@@ -104,8 +105,8 @@ PRESETS = {
         "mixed_duration_ms": 1500,
         "memory_n": [1, 4, 16],
         "memory_reps": 2,
-        "scaling_cap": 128,
-        "scaling_batch": 16,
+        "scaling_cap": 256,
+        "scaling_batch": 32,
         "resnet_n": [1, 4, 8],
         "resnet_iters": 200,
         "resnet_reps": 1,
@@ -134,12 +135,14 @@ METRICS = {
     ("memory", "mem_used_mib"): ("GPU memory in use (nvidia-smi)", "MiB", "lower"),
     ("memory", "mem_per_client_mib"): ("(in use - idle GPU) / N", "MiB", "lower"),
     ("memory", "mem_marginal_mib"): ("marginal memory per extra client", "MiB", "lower"),
-    ("memory", "mem_daemon_idle_mib"): ("in use with the daemon up, no client", "MiB", "lower"),
+    ("memory", "mem_daemon_idle_mib"): ("in use with the daemon up, no client (at rest)", "MiB",
+                                        "lower"),
     ("resnet", "ms_per_iter"): ("ResNet-50 b1, per-process", "ms/iter", "lower"),
     ("resnet", "agg_iters_per_s"): ("ResNet-50 b1, aggregate", "iters/s", "higher"),
     ("resnet", "out_sum"): ("output check: sum of the logits (same seed in every mode)", "", None),
     ("scaling", "max_clients"): ("concurrent idle clients accepted", "clients", "higher"),
     ("scaling", "scaling_mem_mib"): ("memory in use with N idle clients (1 MiB each)", "MiB", None),
+    ("scaling", "idle_cpu_pct"): ("broker CPU with N idle clients, % of one core", "%", "lower"),
 }
 for _series in ["h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable"]:
     for _kind in ["sync", "async"]:
@@ -751,6 +754,14 @@ class Harness:
         env = self.env(mode)
         if mode != "native":
             idle = self.mem_used_mib()
+            if mode == "shim":
+                # mpsshim's server releases its primary context --context-idle-timeout (10 s by
+                # default) after the last client left: at rest is after that.
+                t0 = time.monotonic()
+                while idle is not None and idle > 150 and time.monotonic() - t0 < 15:
+                    time.sleep(0.5)
+                    idle = self.mem_used_mib()
+                log(f"  memory shim: {idle} MiB at rest after {time.monotonic() - t0:.1f} s")
             if idle is not None:
                 self.add("memory", "mem_daemon_idle_mib", mode, rep, idle, n=0)
         for n in self.cfg["memory_n"]:
@@ -787,6 +798,40 @@ class Harness:
             self.add("memory", "mem_marginal_mib", mode, rep,
                      (used_by_n[hi] - used_by_n[lo]) / (hi - lo), n=f"{lo}->{hi}")
 
+    BROKER_COMMS = {"shim": ("mpsshimd", "mpsshim-server"), "mps": ("nvidia-cuda-mps",)}
+
+    def broker_cpu_pct(self, mode, seconds=5.0):
+        """CPU the broker's processes (all threads) used over `seconds`, in % of one core."""
+        prefixes = self.BROKER_COMMS.get(mode)
+        if not prefixes:
+            return None
+
+        def ticks():
+            total, matched = 0, 0
+            for pid in os.listdir("/proc"):
+                if not pid.isdigit():
+                    continue
+                try:
+                    with open(f"/proc/{pid}/comm") as f:
+                        if not f.read().strip().startswith(prefixes):
+                            continue
+                    with open(f"/proc/{pid}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                    total += int(fields[11]) + int(fields[12])  # utime, stime
+                    matched += 1
+                except (OSError, IndexError, ValueError):
+                    continue
+            return total, matched
+
+        hz = os.sysconf("SC_CLK_TCK")
+        t0, (c0, n0) = time.monotonic(), ticks()
+        time.sleep(seconds)
+        t1, (c1, n1) = time.monotonic(), ticks()
+        if n0 == 0 or n1 == 0:
+            log(f"  broker CPU: no process named {'/'.join(prefixes)} found")
+            return None
+        return 100.0 * (c1 - c0) / hz / (t1 - t0)
+
     def w_scaling(self, mode, rep):
         if rep != 0:
             return
@@ -796,6 +841,7 @@ class Harness:
         os.makedirs(run_dir)
         env = self.env(mode)
         held, refusal = [], ""
+        cpu_measured = False
         t_start = time.monotonic()
         try:
             while len(held) < cap and not refusal:
@@ -817,6 +863,12 @@ class Harness:
                 used = self.mem_used_mib()
                 if used is not None:
                     self.add("scaling", "scaling_mem_mib", mode, rep, used, n=len(held))
+                if len(held) == 64 and not cpu_measured:
+                    # Idle clients must cost the broker nothing: its workers park.
+                    cpu_measured = True
+                    pct = self.broker_cpu_pct(mode)
+                    if pct is not None:
+                        self.add("scaling", "idle_cpu_pct", mode, rep, pct, n=64)
         finally:
             self.release(held)
         capped = not refusal and len(held) >= cap
@@ -1252,7 +1304,7 @@ def render_report(summary, meta, modes) -> str:
 
         keys.sort(key=sort_key)
         if w == "scaling":
-            keys = [k for k in keys if k[1] == "max_clients"]
+            keys = [k for k in keys if k[1] in ("max_clients", "idle_cpu_pct")]
         if w == "bandwidth":
             largest = max(k[3] for k in keys)
             keys = [k for k in keys if k[1].endswith("_sync") or k[3] == largest]

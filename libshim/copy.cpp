@@ -11,6 +11,7 @@
 #include "libshim/capture.hpp"
 #include "libshim/client.hpp"
 #include "libshim/log.hpp"
+#include "libshim/staging_copy.hpp"
 
 using namespace mpsshim::shim;
 namespace proto = mpsshim::proto;
@@ -53,7 +54,7 @@ CUresult copy_htod(Context* ctx, Stream* stream, CUdeviceptr dst, const void* sr
     Session::Chunk chunk{};
     if (CUresult rc = session->acquire_chunk(chunk); rc != CUDA_SUCCESS) return rc;
     std::size_t piece = std::min<std::size_t>(session->chunk_bytes(), n - offset);
-    std::memcpy(chunk.data, bytes + offset, piece);
+    staging_copy(chunk.data, bytes + offset, piece);
     proto::CopyHostReq request{stream->wire,
                                dst + offset,
                                piece,
@@ -124,7 +125,7 @@ CUresult copy_dtoh(Context* ctx, Stream* stream, void* dst, CUdeviceptr src, siz
     in_flight.pop_front();
     CUresult rc = session->wait_chunk(piece.chunk);
     if (rc == CUDA_SUCCESS && result == CUDA_SUCCESS) {
-      std::memcpy(out + piece.offset, piece.chunk.data, piece.bytes);
+      staging_copy(out + piece.offset, piece.chunk.data, piece.bytes);
     } else if (result == CUDA_SUCCESS) {
       result = rc;
     }

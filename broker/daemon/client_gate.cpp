@@ -11,6 +11,7 @@
 #include "broker/daemon/device_directory.hpp"
 #include "broker/daemon/log.hpp"
 #include "broker/daemon/wire.hpp"
+#include "proto/text_parts.hpp"
 
 namespace mpsshim::daemon {
 
@@ -209,13 +210,12 @@ void ClientGate::on_command(Waiting connection, const proto::TextMessage& reques
   commands_.execute(line, [this, fd](CtlReply reply) {
     auto node = answering_.extract(fd);
     if (node.empty()) return;
-    constexpr std::size_t kRoom = sizeof(proto::TextMessage::text);
-    constexpr std::string_view kCut = "... (answer cut: too long for one message)\n";
     if (!reply.text.empty() && reply.text.back() != '\n') reply.text += '\n';
-    if (reply.text.size() > kRoom)
-      reply.text = reply.text.substr(0, kRoom - kCut.size()) + std::string(kCut);
-    proto::send_struct(node.mapped().get(),
-                       make_text(MessageKind::kCtlReply, reply.status, reply.text));
+    // A long answer goes in parts (proto/text_parts.hpp); mpsshimctl puts them together.
+    for (const proto::TextMessage& part :
+         proto::text_messages(MessageKind::kCtlReply, reply.status, reply.text)) {
+      if (proto::send_struct(node.mapped().get(), part) != 0) break;
+    }
   });
 }
 

@@ -23,6 +23,7 @@
 #include "broker/daemon/runtime_dir.hpp"
 #include "broker/daemon/wire.hpp"
 #include "proto/control.hpp"
+#include "proto/text_parts.hpp"
 #include "proto/unix_socket.hpp"
 
 namespace {
@@ -69,36 +70,40 @@ int send_command(const RuntimeDir& dir, const std::string& line) {
                std::strerror(error));
     return kUnreachable;
   }
-  proto::Received answer;
-  int error = proto::receive_message(fd, answer);
-  if (error == EAGAIN || error == EWOULDBLOCK) {
-    fmt::print(stderr, "mpsshimctl: mpsshimd at {} did not answer `{}` within {} s\n", path, line,
-               kAnswerTimeoutSeconds);
-    return kUnreachable;
+  // A long answer comes in parts (proto/text_parts.hpp).
+  proto::TextAssembly assembly;
+  for (;;) {
+    proto::Received answer;
+    int error = proto::receive_message(fd, answer);
+    if (error == EAGAIN || error == EWOULDBLOCK) {
+      fmt::print(stderr, "mpsshimctl: mpsshimd at {} did not answer `{}` within {} s\n", path, line,
+                 kAnswerTimeoutSeconds);
+      return kUnreachable;
+    }
+    auto header = error == 0 ? header_of(answer) : std::nullopt;
+    if (!header || header->magic != proto::kHelloMagic) {
+      fmt::print(stderr, "mpsshimctl: mpsshimd at {} closed the connection without answering{}\n",
+                 path, error != 0 ? fmt::format(" ({})", std::strerror(error)) : "");
+      return kDaemonError;
+    }
+    auto kind = static_cast<proto::MessageKind>(header->kind);
+    if (kind == proto::MessageKind::kRefused) {
+      auto refused = decode<proto::Refused>(answer);
+      fmt::print(stderr, "mpsshimctl: mpsshimd refused: {}\n",
+                 refused ? bounded_string(refused->message) : "(no reason given)");
+      return kDaemonError;
+    }
+    auto reply = decode<proto::TextMessage>(answer);
+    if (kind != proto::MessageKind::kCtlReply || !reply) {
+      fmt::print(stderr, "mpsshimctl: mpsshimd answered with message kind {}, not a reply\n",
+                 header->kind);
+      return kDaemonError;
+    }
+    if (assembly.add(*reply)) break;
   }
-  auto header = error == 0 ? header_of(answer) : std::nullopt;
-  if (!header || header->magic != proto::kHelloMagic) {
-    fmt::print(stderr, "mpsshimctl: mpsshimd at {} closed the connection without answering{}\n",
-               path, error != 0 ? fmt::format(" ({})", std::strerror(error)) : "");
-    return kDaemonError;
-  }
-  auto kind = static_cast<proto::MessageKind>(header->kind);
-  if (kind == proto::MessageKind::kRefused) {
-    auto refused = decode<proto::Refused>(answer);
-    fmt::print(stderr, "mpsshimctl: mpsshimd refused: {}\n",
-               refused ? bounded_string(refused->message) : "(no reason given)");
-    return kDaemonError;
-  }
-  auto reply = decode<proto::TextMessage>(answer);
-  if (kind != proto::MessageKind::kCtlReply || !reply) {
-    fmt::print(stderr, "mpsshimctl: mpsshimd answered with message kind {}, not a reply\n",
-               header->kind);
-    return kDaemonError;
-  }
-  std::string text = text_of(*reply);
-  std::fputs(text.c_str(), reply->status == 0 ? stdout : stderr);
+  std::fputs(assembly.text().c_str(), assembly.status() == 0 ? stdout : stderr);
   std::fflush(nullptr);
-  return reply->status == 0 ? kOk : kDaemonError;
+  return assembly.status() == 0 ? kOk : kDaemonError;
 }
 
 }  // namespace

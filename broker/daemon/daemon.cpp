@@ -22,8 +22,19 @@ sigset_t handled_signals() {
 }
 
 SupervisorConfig supervisor_config(const DaemonOptions& options) {
-  return SupervisorConfig{options.server_path,   options.driver_path,   options.log_level, log_fd(),
-                          options.restart_limit, options.server_workers};
+  return SupervisorConfig{options.server_path,
+                          options.driver_path,
+                          options.log_level,
+                          log_fd(),
+                          options.restart_limit,
+                          options.server_workers,
+                          options.context_idle_timeout_s};
+}
+
+// What the supervisor passes to every server beyond supervisor_config's list.
+SupervisorConfig with_server_tuning(SupervisorConfig config, const DaemonOptions& options) {
+  config.server_launch_batch = options.server_launch_batch;
+  return config;
 }
 
 }  // namespace
@@ -36,7 +47,7 @@ void Daemon::block_signals() {
 
 Daemon::Daemon(DaemonSetup setup)
     : setup_(std::move(setup)),
-      supervisor_(loop_, supervisor_config(setup_.options),
+      supervisor_(loop_, with_server_tuning(supervisor_config(setup_.options), setup_.options),
                   Supervisor::Events{[this] { on_settled(); }, [this] { on_changed(); }}),
       commands_(supervisor_, [this] { loop_.after({}, [this] { shutdown("mpsshimctl quit"); }); }),
       gate_(loop_, supervisor_, commands_, AccessPolicy{::geteuid(), setup_.multiuser}) {

@@ -30,6 +30,8 @@ enum LongOnly : int {
   kDefaultSm,
   kDefaultMemory,
   kServerWorkers,
+  kServerLaunchBatch,
+  kContextIdleTimeout,
   kVersion,
 };
 
@@ -83,6 +85,11 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
   --default-memory-limit SIZE  default device memory limit of new clients on every GPU (e.g. 4G)
   --server-workers N   worker threads of every GPU's server (default: one per CPU the server
                        may run on; see mpsshim-server --workers)
+  --server-launch-batch N  most kernel launches of a client every GPU's server issues as one
+                       graph launch (default 64; 0 or 1 = off; see docs/launch-batching.md)
+  --context-idle-timeout SECS  a GPU's server releases its primary context (~500 MiB of GPU
+                       memory) after SECS without a client and creates it again for the next
+                       one (default 10; 0 = as soon as the last client leaves; -1 = never)
   -h, --help           this text
   --version            the version and the ABI it speaks
 )";
@@ -102,6 +109,8 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
       {"default-sm-percentage", required_argument, nullptr, kDefaultSm},
       {"default-memory-limit", required_argument, nullptr, kDefaultMemory},
       {"server-workers", required_argument, nullptr, kServerWorkers},
+      {"server-launch-batch", required_argument, nullptr, kServerLaunchBatch},
+      {"context-idle-timeout", required_argument, nullptr, kContextIdleTimeout},
       {"help", no_argument, nullptr, 'h'},
       {"version", no_argument, nullptr, kVersion},
       {nullptr, 0, nullptr, 0},
@@ -170,6 +179,18 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
         auto n = number<int>("--server-workers", arg, 1, 256);
         if (!n) return tl::unexpected(n.error());
         options.server_workers = *n;
+        break;
+      }
+      case kServerLaunchBatch: {
+        auto n = number<int>("--server-launch-batch", arg, 0, 256);
+        if (!n) return tl::unexpected(n.error());
+        options.server_launch_batch = *n;
+        break;
+      }
+      case kContextIdleTimeout: {
+        auto n = number<int>("--context-idle-timeout", arg, -1, 86400);
+        if (!n) return tl::unexpected(n.error());
+        options.context_idle_timeout_s = *n;
         break;
       }
       case 'h':

@@ -72,8 +72,15 @@ std::vector<std::string> Supervisor::server_arguments(int ordinal) const {
   std::vector<std::string> args{"--device", std::to_string(ordinal), "--control-fd", "3"};
   if (config_.driver_path) args.insert(args.end(), {"--driver", *config_.driver_path});
   args.insert(args.end(), {"--log-level", std::string(log_level_name(config_.log_level))});
+  if (config_.context_idle_timeout_s) {
+    args.insert(args.end(),
+                {"--context-idle-timeout", std::to_string(*config_.context_idle_timeout_s)});
+  }
   if (config_.server_workers) {
     args.insert(args.end(), {"--workers", std::to_string(*config_.server_workers)});
+  }
+  if (config_.server_launch_batch) {
+    args.insert(args.end(), {"--launch-batch", std::to_string(*config_.server_launch_batch)});
   }
   if (defaults_.sm_percentage) {
     args.insert(args.end(), {"--default-sm-percentage", std::to_string(*defaults_.sm_percentage)});
@@ -264,6 +271,9 @@ void Supervisor::on_answer(Server& server, MessageKind kind, const proto::Receiv
              static_cast<std::uint32_t>(kind));
     return;
   }
+  if (!match->parts.add(*text)) return;  // more parts of this answer follow
+  const std::int32_t status = match->parts.status();
+  std::string answer = match->parts.text();
   std::uint64_t id = match->id;
   pending.erase(match);
   auto it = requests_.find(id);
@@ -274,7 +284,7 @@ void Supervisor::on_answer(Server& server, MessageKind kind, const proto::Receiv
   AnswerHandler handler = std::move(it->second.handler);
   loop_.cancel(it->second.timer);
   requests_.erase(it);
-  handler(ServerAnswer{text->status, text_of(*text)});
+  handler(ServerAnswer{status, std::move(answer)});
 }
 
 void Supervisor::try_reap(int ordinal) {
@@ -409,7 +419,7 @@ void Supervisor::request(int ordinal, MessageKind kind, std::string_view text,
   std::uint64_t id = next_request_++;
   MessageKind expected =
       kind == MessageKind::kServerStatsQuery ? MessageKind::kServerStats : MessageKind::kCtlReply;
-  server.pending.push_back(PendingAnswer{id, expected});
+  server.pending.push_back(PendingAnswer{id, expected, {}});
   EventLoop::TimerId timer = loop_.after(timeout, [this, id] { expire_request(id); });
   requests_.emplace(id, Request{std::move(handler), timer, ordinal, server.status.pid, timeout});
 }

@@ -26,6 +26,7 @@
 #include "broker/daemon/event_loop.hpp"
 #include "broker/daemon/log.hpp"
 #include "proto/control.hpp"
+#include "proto/text_parts.hpp"
 #include "proto/unix_socket.hpp"
 
 namespace mpsshim::daemon {
@@ -52,7 +53,11 @@ struct SupervisorConfig {
   LogLevel log_level = LogLevel::kInfo;
   int output_fd = -1;  // the servers' stdout/stderr; -1 = the daemon's
   int restart_limit = 5;
-  std::optional<int> server_workers;  // passed as --workers; unset: the server's default
+  std::optional<int> server_workers;          // passed as --workers; unset: the server's default
+  std::optional<int> context_idle_timeout_s;  // passed as --context-idle-timeout
+  // Passed as --launch-batch; unset: the server's default. Last, with an initializer:
+  // supervisor_config's aggregate lists the fields before it.
+  std::optional<int> server_launch_batch{};
 };
 
 // What the rest of the daemon may know about one GPU's server.
@@ -121,6 +126,7 @@ class Supervisor {
   struct PendingAnswer {
     std::uint64_t id;
     proto::MessageKind expected;
+    proto::TextAssembly parts;  // a long answer comes in parts (proto/text_parts.hpp)
   };
   struct Server {
     ServerStatus status;

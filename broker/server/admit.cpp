@@ -61,6 +61,11 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
   int flags = ::fcntl(client.get(), F_GETFL);
   if (flags >= 0) ::fcntl(client.get(), F_SETFL, flags | O_NONBLOCK);
 
+  if (auto held = lease_.acquire(); !held) {
+    log_error("could not admit pid {} ({}): {}", info.pid, info.program, held.error());
+    refuse(client.get(), CUDA_ERROR_MPS_SERVER_NOT_READY, held.error());
+    return;
+  }
   auto session = std::make_unique<Session>(gpu_, info);
   Session& s = *session;
   auto fail = [&](CUresult error, const std::string& why) {

@@ -11,6 +11,7 @@
 
 #include "broker/server/log.hpp"
 #include "broker/server/server.hpp"
+#include "proto/text_parts.hpp"
 
 namespace mpsshim::server {
 namespace {
@@ -123,14 +124,12 @@ void Server::on_control_message(proto::Received& message) {
 
 void Server::reply_text(proto::MessageKind kind, int status, const std::string& text) {
   if (!control_) return;
-  proto::TextMessage reply{};
-  reply.header = proto::make_header(kind, sizeof reply);
-  reply.status = status;
-  std::size_t n = std::min(text.size(), sizeof reply.text - 1);
-  std::memcpy(reply.text, text.data(), n);
-  reply.length = static_cast<std::uint32_t>(n);
-  if (int rc = proto::send_struct(control_.get(), reply); rc != 0) {
-    log_warn("could not answer the daemon: {}", std::strerror(rc));
+  // Several messages when it is long (`ps` of many clients): proto/text_parts.hpp.
+  for (const proto::TextMessage& part : proto::text_messages(kind, status, text)) {
+    if (int rc = proto::send_struct(control_.get(), part); rc != 0) {
+      log_warn("could not answer the daemon: {}", std::strerror(rc));
+      return;
+    }
   }
 }
 
@@ -156,22 +155,7 @@ std::string Server::stats_text(bool accounting) {
       },
       kOperatorTimeout);
   std::string out;
-  std::size_t total = 0;
-  for (const std::string& part : parts) total += std::count(part.begin(), part.end(), '\n');
-  for (const std::string& part : parts) {
-    std::size_t at = 0;
-    while (at < part.size()) {
-      std::size_t end = part.find('\n', at);
-      if (end == std::string::npos) end = part.size() - 1;
-      std::string_view line(part.data() + at, end + 1 - at);
-      // One TextMessage carries the answer; say so rather than cut a line in half.
-      if (out.size() + line.size() > sizeof(proto::TextMessage{}.text) - 64) {
-        return out + fmt::format("truncated: {} clients in all\n", total);
-      }
-      out += line;
-      at = end + 1;
-    }
-  }
+  for (const std::string& part : parts) out += part;
   return out;
 }
 

@@ -7,6 +7,7 @@
 
 #include "broker/server/call.hpp"
 #include "broker/server/driver.hpp"
+#include "broker/server/launch_batch.hpp"
 #include "broker/server/ops.hpp"
 #include "proto/ops_copies.hpp"
 
@@ -146,6 +147,25 @@ const OpSpec* find_spec(std::uint16_t opcode) {
   return spec.run == nullptr ? nullptr : &spec;
 }
 
+// Records after which a cached launch graph, or a function's limits that launch batching read,
+// may no longer hold: a function's attributes (its shared memory limit, cache configuration), an
+// unloaded module or library (whose CUfunction handles the driver may hand out again for other
+// code), a destroyed context, a context limit (stack size). All rare.
+bool invalidates_launch_cache(Op op) {
+  switch (op) {
+    case Op::kFuncSetAttribute:
+    case Op::kFuncSetCacheConfig:
+    case Op::kKernelSetAttribute:
+    case Op::kModuleUnload:
+    case Op::kLibraryUnload:
+    case Op::kCtxDestroy:
+    case Op::kCtxSetLimit:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // A record that breaks the protocol: the client is told its connection failed.
 DispatchOutcome end_session(std::string why, CUresult notify = CUDA_ERROR_MPS_RPC_FAILURE) {
   DispatchOutcome outcome;
@@ -196,6 +216,21 @@ DispatchOutcome dispatch_record(Session& session, std::span<const std::byte> rec
     }
   } else if (spec->needs_reply) {
     return end_session(fmt::format("sent a {} without a reply slot", spec->name));
+  }
+
+  const auto op = static_cast<Op>(header.opcode);
+  if (op != Op::kLaunchKernel) {
+    // Launches waiting in the session's batch go out before anything else the client sent after
+    // them (op_launch_kernel decides for launches itself).
+    if (CUresult r = flush_launches(session); r != CUDA_SUCCESS) {
+      DispatchOutcome outcome;
+      outcome.kind = DispatchOutcome::Kind::kSticky;
+      outcome.sticky = r;
+      outcome.op = Op::kLaunchKernel;
+      outcome.reply_slot = header.reply_slot;  // this record never ran: answered with the fault
+      return outcome;
+    }
+    if (invalidates_launch_cache(op)) session.launch_batch.forget(session.cu());
   }
 
   Call call(session, header, payload);

@@ -112,6 +112,8 @@
   X(cuGraphExecUpdate_v2, CUresult, (CUgraphExec, CUgraph, CUgraphExecUpdateResultInfo*))          \
   X(cuGraphAddKernelNode_v2, CUresult,                                                             \
     (CUgraphNode*, CUgraph, const CUgraphNode*, size_t, const CUDA_KERNEL_NODE_PARAMS*))           \
+  X(cuGraphExecKernelNodeSetParams_v2, CUresult,                                                   \
+    (CUgraphExec, CUgraphNode, const CUDA_KERNEL_NODE_PARAMS*))                                    \
   X(cuGraphAddMemsetNode, CUresult,                                                                \
     (CUgraphNode*, CUgraph, const CUgraphNode*, size_t, const CUDA_MEMSET_NODE_PARAMS*,            \
      CUcontext))                                                                                   \

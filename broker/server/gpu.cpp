@@ -81,9 +81,4 @@ tl::expected<Gpu, StartError> open_gpu(const DriverTable& cu, int ordinal) {
   return gpu;
 }
 
-void close_gpu(Gpu& gpu) {
-  if (gpu.primary != nullptr) gpu.cu->cuDevicePrimaryCtxRelease_v2(gpu.device);
-  gpu.primary = nullptr;
-}
-
 }  // namespace mpsshim::server

@@ -1,8 +1,10 @@
-// The device this server owns: the driver table, the primary context (current on the server
-// thread for the life of the process) and the snapshot every client gets at connect.
+// The device this server owns: the driver table, the primary context (held while clients need
+// it: context_lease.hpp) and the snapshot every client gets at connect.
 #pragma once
 
 #include <cuda.h>
+
+#include <cstdint>
 
 #include <tl/expected.hpp>
 
@@ -17,7 +19,10 @@ struct Gpu {
   int ordinal = 0;
   int device_count = 0;
   CUdevice device = 0;
-  CUcontext primary = nullptr;
+  CUcontext primary = nullptr;  // null while released (context_lease.hpp)
+  // Counts retains: a re-created primary context may come back under the same handle, and
+  // every thread must make it current again all the same.
+  std::uint64_t primary_generation = 1;
   CUdevResource sm_resource{};  // the whole device's SMs, the input of every split
   proto::DeviceSnapshot snapshot{};
 };
@@ -25,8 +30,5 @@ struct Gpu {
 // cuInit, cuDeviceGet, retain the primary context and make it current on this thread, then
 // take the snapshot.
 tl::expected<Gpu, StartError> open_gpu(const DriverTable& cu, int ordinal);
-
-// Releases the primary context (orderly exit only; after a fault the process just exits).
-void close_gpu(Gpu& gpu);
 
 }  // namespace mpsshim::server

@@ -204,7 +204,11 @@ std::size_t Server::do_work() {
     work += worker->do_work();
     if (faulted()) break;
   }
-  if (faulted()) finish_fault();
+  if (faulted()) {
+    finish_fault();
+    return work;
+  }
+  lease_.check(session_count());
   return work;
 }
 
@@ -219,9 +223,11 @@ int Server::run(const std::atomic<bool>& stop) {
       code = kExitGpuFault;
       break;
     }
+    lease_.check(session_count());
     poll_control(std::chrono::nanoseconds(-1));
   }
   for (auto& worker : workers_) worker->stop();
+  if (code == 0) lease_.release("the server stops");
   return code;
 }
 

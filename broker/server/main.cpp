@@ -1,6 +1,7 @@
 // mpsshim-server: started by mpsshimd, one per GPU. See server.hpp.
 #include <signal.h>
 #include <unistd.h>
+#include <chrono>
 
 #include <atomic>
 #include <cstdio>
@@ -92,13 +93,14 @@ int main(int argc, char** argv) {
   ServerSettings settings;
   settings.default_sm_percentage = options->default_sm_percentage;
   settings.default_memory_limit = options->default_memory_limit;
+  settings.launch_batch.max_launches = options->launch_batch;
   settings.workers = options->workers != 0 ? options->workers : default_worker_count();
+  settings.context_idle_timeout = std::chrono::seconds(options->context_idle_timeout_s);
   const int control_fd = control.get();
   Server server(*gpu, settings, std::move(control));
   send_ready(control_fd, options->device, gpu->device_count, CUDA_SUCCESS, "ready", &gpu->snapshot);
 
   int code = server.run(g_stop);
-  close_gpu(*gpu);
   log_info("stopped");
   return code;
 }

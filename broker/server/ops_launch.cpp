@@ -1,9 +1,29 @@
 #include <cstring>
 
 #include "broker/server/launch_attributes.hpp"
+#include "broker/server/launch_batch.hpp"
 #include "broker/server/ops.hpp"
 
 namespace mpsshim::server {
+namespace {
+
+// A function or kernel handle as cuLaunchKernelEx takes it (as resolve_function gives it), and
+// whether it is a CUkernel (a batched launch's graph node names the context a CUkernel runs in).
+CUresult resolve_launch_function(Call& call, proto::WireHandle id, CUfunction* out, bool* kernel) {
+  if (const FunctionObj* f = call.session.objects.get<FunctionObj>(id)) {
+    *out = f->function;
+    *kernel = false;
+    return CUDA_SUCCESS;
+  }
+  if (const KernelObj* k = call.session.objects.get<KernelObj>(id)) {
+    *out = reinterpret_cast<CUfunction>(k->kernel);
+    *kernel = true;
+    return CUDA_SUCCESS;
+  }
+  return CUDA_ERROR_INVALID_HANDLE;
+}
+
+}  // namespace
 
 OpResult op_launch_kernel(Call& call) {
   auto req = call.request<proto::LaunchReq>();
@@ -17,8 +37,28 @@ OpResult op_launch_kernel(Call& call) {
                     req.attribute_count, req.args_bytes));
   }
   Session& session = call.session;
+  LaunchBatcher& batch = session.launch_batch;
+  // Whether this launch may join the session's batch (launch_batch.hpp): batching is on, and
+  // nothing about the launch needs more than a kernel node of a chain launched into the stream
+  // gives. Launch attributes (cooperative, clusters, priority, ...) are not carried by a node
+  // update; a reply slot wants an answer after this very launch; during a capture the launch
+  // belongs in the client's graph.
+  const bool may_join = batch.settings().enabled() && !call.has_reply_slot() &&
+                        req.attribute_count == 0 && session.active_captures == 0;
+  // Anything this launch does on the driver (its legacy-stream joins, the launch itself, the
+  // error it reports) comes after the launches already waiting. A launch for another stream
+  // sends them out and may start a batch of its own. (Flushed here, their driver time counts
+  // in this record's handler time.)
+  auto flush_first = [&] { return batch.pending() ? batch.flush(session) : CUDA_SUCCESS; };
+  if (!may_join || (batch.pending() && batch.stream() != req.stream)) {
+    if (CUresult r = flush_first(); r != CUDA_SUCCESS) return call.done(r);
+  }
+
   CUfunction function = nullptr;
-  if (CUresult r = resolve_function(call, req.function, false, &function); r != CUDA_SUCCESS) {
+  bool kernel = false;
+  if (CUresult r = resolve_launch_function(call, req.function, &function, &kernel);
+      r != CUDA_SUCCESS) {
+    if (CUresult f = flush_first(); f != CUDA_SUCCESS) return call.done(f);
     return call.done(r);
   }
   CUlaunchAttribute attributes[proto::kMaxLaunchAttributes];
@@ -27,6 +67,35 @@ OpResult op_launch_kernel(Call& call) {
       r != CUDA_SUCCESS) {
     return call.done(r);
   }
+  std::span<const std::byte> wire_args =
+      call.trailing(sizeof req + attribute_bytes, req.args_bytes);
+
+  if (may_join) {
+    BatchedLaunch launch;
+    launch.function = function;
+    launch.kernel = kernel;
+    std::memcpy(launch.grid, req.grid, sizeof launch.grid);
+    std::memcpy(launch.block, req.block, sizeof launch.block);
+    launch.shared_bytes = req.shared_bytes;
+    if (session.objects.get<StreamObj>(req.stream) == nullptr || !batch.accepts(session, launch)) {
+      // Goes out eagerly below, after the batch.
+      if (CUresult f = flush_first(); f != CUDA_SUCCESS) return call.done(f);
+    } else {
+      CUresult error = CUDA_SUCCESS;
+      // Legacy-stream joins are made now, before the batch's first launch; later launches of
+      // the batch are on the same stream with nothing between them and need none.
+      StreamObj* stream = use_stream(call, req.stream, true, &error);
+      if (stream == nullptr) {
+        if (CUresult f = flush_first(); f != CUDA_SUCCESS) return call.done(f);
+        return call.done(error);
+      }
+      // Counted in session.launches once it went out; errors reported by flush as the eager
+      // launch reports them.
+      if (batch.add(req.stream, launch, wire_args)) return call.done(batch.flush(session));
+      return call.done();
+    }
+  }
+
   CUresult error = CUDA_SUCCESS;
   StreamObj* stream = use_stream(call, req.stream, true, &error);
   if (stream == nullptr) return call.done(error);
@@ -35,9 +104,7 @@ OpResult op_launch_kernel(Call& call) {
   // the kernel's parameter block, whose members may need 16-byte alignment.
   alignas(16) std::byte args[proto::kMaxArgsBytes];
   std::size_t args_size = req.args_bytes;
-  if (args_size != 0) {
-    std::memcpy(args, call.trailing(sizeof req + attribute_bytes, args_size).data(), args_size);
-  }
+  if (args_size != 0) std::memcpy(args, wire_args.data(), args_size);
   void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, args, CU_LAUNCH_PARAM_BUFFER_SIZE, &args_size,
                    CU_LAUNCH_PARAM_END};
 

@@ -62,6 +62,11 @@ OpResult op_stream_synchronize(Call& call) {
   Completion completion;
   completion.slot = call.header.reply_slot;
   completion.op = call.op();
+  // An idle stream needs no event round trip: answered at this pass's poll.
+  if (call.cu.cuStreamQuery(stream->stream) == CUDA_SUCCESS) {
+    call.session.complete_queued(std::move(completion));
+    return call.deferred();
+  }
   if (CUresult r = call.session.complete_after(stream->stream, std::move(completion));
       r != CUDA_SUCCESS) {
     return call.done(r);

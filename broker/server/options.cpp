@@ -51,11 +51,24 @@ tl::expected<Options, std::string> parse_options(std::span<const char* const> ar
         return tl::unexpected(
             fmt::format("--default-memory-limit {}: expected a number of bytes", value));
       }
+    } else if (flag == "--launch-batch") {
+      if (!parse_number(value, options.launch_batch) || options.launch_batch > kMaxLaunchBatch) {
+        return tl::unexpected(fmt::format(
+            "--launch-batch {}: expected 0 or 1 (off) or the most launches per batch, up to {}",
+            value, kMaxLaunchBatch));
+      }
     } else if (flag == "--workers") {
       if (!parse_number(value, options.workers) || options.workers > kMaxWorkers) {
         return tl::unexpected(fmt::format("--workers {}: expected 0 (one per available CPU) to {}",
                                           value, kMaxWorkers));
       }
+    } else if (flag == "--context-idle-timeout") {
+      int s = 0;
+      if (!parse_number(value, s) || s < -1 || s > 86400) {
+        return tl::unexpected(fmt::format(
+            "--context-idle-timeout {}: expected seconds from 0 to 86400, or -1 (never)", value));
+      }
+      options.context_idle_timeout_s = s;
     } else {
       return tl::unexpected(fmt::format("unknown argument {}", flag));
     }

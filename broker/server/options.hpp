@@ -1,6 +1,8 @@
 // mpsshim-server's command line, as the daemon starts it:
 //   mpsshim-server --device N --control-fd FD [--driver PATH] [--log-level LEVEL]
 //                  [--default-sm-percentage P] [--default-memory-limit BYTES] [--workers N]
+//                  [--launch-batch N]
+//                  [--context-idle-timeout SECS]
 #pragma once
 
 #include <cstddef>
@@ -9,9 +11,12 @@
 #include <string>
 #include <tl/expected.hpp>
 
+#include "broker/server/launch_batch.hpp"
 #include "broker/server/log.hpp"
 
 namespace mpsshim::server {
+
+inline constexpr int kDefaultContextIdleTimeoutS = 10;
 
 struct Options {
   int device = -1;
@@ -21,16 +26,22 @@ struct Options {
   int default_sm_percentage = 100;
   std::uint64_t default_memory_limit = 0;  // 0 = no limit
   std::size_t workers = 0;                 // worker threads; 0 = one per available CPU
+  // Seconds without a client before the primary context (~500 MiB of GPU memory) is released;
+  // -1 = never. See context_lease.hpp.
+  int context_idle_timeout_s = kDefaultContextIdleTimeoutS;
+  // Most kernel launches issued as one graph launch (launch_batch.hpp); 0 or 1: off.
+  std::size_t launch_batch = LaunchBatchSettings{}.max_launches;
 };
 
 inline constexpr std::size_t kMaxWorkers = 256;
+inline constexpr std::size_t kMaxLaunchBatch = 256;
 
 // argv without the program name. The error names the offending argument.
 tl::expected<Options, std::string> parse_options(std::span<const char* const> args);
 
 inline constexpr const char* kUsage =
     "usage: mpsshim-server --device N --control-fd FD [--driver PATH] "
-    "[--log-level error|warn|info|debug] [--default-sm-percentage P] "
-    "[--default-memory-limit BYTES] [--workers N]";
+    "[--log-level error|warn|info|debug] [--default-sm-percentage P] [--launch-batch N] "
+    "[--default-memory-limit BYTES] [--workers N] [--context-idle-timeout SECS]";
 
 }  // namespace mpsshim::server

@@ -190,6 +190,9 @@ FreedTally free_everything(Session& session) {
   FreedTally tally;
   const DriverTable& cu = session.cu();
   drop_completions(session);
+  // The cached launch graphs first: their nodes name the modules and the green context freed
+  // below.
+  session.launch_batch.release(session);
   for (Retired& bundle : session.retiring) {
     for (CUevent fence : bundle.fences) session.release_event(fence);
     free_retired(session, bundle, &tally);

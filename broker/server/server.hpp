@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "broker/server/context_lease.hpp"
 #include "broker/server/gpu.hpp"
 #include "broker/server/idle_strategy.hpp"
 #include "broker/server/session.hpp"
@@ -32,6 +33,10 @@ struct ServerSettings {
   proto::SegmentGeometry geometry{};
   std::size_t batch_per_client = 32;  // records per client per pass
   std::size_t workers = 1;            // worker threads; sessions are sharded over them
+  LaunchBatchSettings launch_batch;   // launch_batch.hpp (mpsshim-server --launch-batch)
+  // The primary context is released after this long without a client (context_lease.hpp);
+  // negative: kept for the server's life.
+  std::chrono::milliseconds context_idle_timeout{-1};
 };
 
 // The process exit code after a sticky GPU fault: the daemon starts a fresh server.
@@ -69,6 +74,7 @@ class Server final {
   // session_stats.hpp (mpsshimctl stats). Every line names the worker that serves the client.
   std::string stats_text(bool accounting = false);
   const Gpu& gpu() const { return gpu_; }
+  bool context_held() const { return lease_.held(); }
   const ServerSettings& settings() const { return settings_; }
   std::size_t session_count() const;
   // Inline mode or a worker's own thread only: sessions belong to their worker.
@@ -112,6 +118,7 @@ class Server final {
 
   Gpu gpu_;
   ServerSettings settings_;
+  ContextLease lease_{gpu_, settings_.context_idle_timeout};
   proto::UniqueFd control_;
   proto::UniqueFd epoll_;
   proto::UniqueFd wake_;  // eventfd: a worker wants the coordinator to look (fault, drained)

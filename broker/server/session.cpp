@@ -89,11 +89,15 @@ CUresult Session::complete_after(CUstream stream, Completion completion) {
     return r;
   }
   completion.waits.push_back({*event, Completion::Owner::kPool});
+  complete_queued(std::move(completion));
+  return CUDA_SUCCESS;
+}
+
+void Session::complete_queued(Completion completion) {
   if (completion.slot != proto::kNoReply && completion.slot < slot_busy.size()) {
     slot_busy[completion.slot] = 1;
   }
   pending.push_back(std::move(completion));
-  return CUDA_SUCCESS;
 }
 
 tl::expected<std::vector<CUevent>, CUresult> Session::fence_all_streams() {

@@ -17,6 +17,7 @@
 #include "broker/server/allocation_map.hpp"
 #include "broker/server/gpu.hpp"
 #include "broker/server/green_context.hpp"
+#include "broker/server/launch_batch.hpp"
 #include "broker/server/objects.hpp"
 #include "broker/server/session_stats.hpp"
 #include "broker/server/shared_segment.hpp"
@@ -131,6 +132,9 @@ class Session {
   // ---- completions ---------------------------------------------------------------------
   // Records a pool event on `stream` and queues `completion` to fire when it completes.
   CUresult complete_after(CUstream stream, Completion completion);
+  // Queues `completion` with what it already waits for (answered at the next poll, after the
+  // session's earlier completions).
+  void complete_queued(Completion completion);
   // Events recorded now on every live stream of the client.
   tl::expected<std::vector<CUevent>, CUresult> fence_all_streams();
   std::size_t pending_gpu_work() const { return pending.size() + retiring.size(); }
@@ -187,6 +191,9 @@ class Session {
   std::uint64_t launches = 0;
   std::uint64_t records = 0;
   SessionStats stats;  // server time per opcode, ring delays (mpsshimctl stats)
+  // Consecutive launches waiting to go out as one graph launch, and the session's cache of
+  // executable graphs (launch_batch.hpp). Empty between drain passes.
+  LaunchBatcher launch_batch;
 
  private:
   const Gpu* gpu_;

@@ -38,6 +38,13 @@ struct SessionStats {
 
   std::array<PerOp, kOpCount> ops{};
   std::array<std::uint64_t, kDelayBuckets> delay{};
+  // Launch batching (launch_batch.hpp): graph launches that carried a batch, the kernels they
+  // carried, executable graphs built, and batches that went out eagerly because a step of the
+  // graph path failed.
+  std::uint64_t batches = 0;
+  std::uint64_t batched = 0;
+  std::uint64_t batch_graphs = 0;
+  std::uint64_t batch_fallbacks = 0;
 
   // steady_clock is CLOCK_MONOTONIC (libstdc++ on Linux, through the vDSO), the clock of the
   // client's RecordHeader::send_stamp.
@@ -89,8 +96,11 @@ struct SessionStats {
 // One line of blank-separated key=value fields, newline-terminated:
 //   client=3 pid=4123 uid=1000 program=python3 records=20512 server_us=55123
 //   delay_samples=20512 delay_p50_us=0.4 delay_p99_us=3.1 delay_max_us=8.2
+//   batches=300 batched=19200
 //   top=LaunchKernel:20000:51234,CopyHtoD:12:3100,...
-// Delays are "-" without samples; top is "-" before the first record.
+// Delays are "-" without samples; top is "-" before the first record. batches/batched: graph
+// launches that carried launch batches and the kernels in them (launch_batch.hpp). Kept short:
+// an answer holds one such line per client.
 std::string format_session_stats(const Session& session);
 
 }  // namespace mpsshim::server

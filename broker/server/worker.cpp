@@ -107,6 +107,15 @@ std::size_t Worker::take_mail() {
 void Worker::serve(std::unique_ptr<Session> session) {
   Session& s = *session;
   sessions_.push_back(std::move(session));
+  // The coordinator retained the primary context before handing the session over; after an
+  // idle release it may be a new one. Everything the worker issues runs with it current.
+  if (const Gpu& gpu = server_.gpu(); gpu.primary_generation != context_generation_) {
+    if (CUresult r = gpu.cu->cuCtxSetCurrent(gpu.primary); r != CUDA_SUCCESS) {
+      log_error("worker {}: cannot make the primary context current: {}", index_,
+                describe(*gpu.cu, r));
+    }
+    context_generation_ = gpu.primary_generation;
+  }
   if (server_.faulted()) {  // placed while the fault spread: it fails with the rest
     fail_sessions(server_.fault());
     return;
@@ -150,25 +159,43 @@ std::size_t Worker::do_work() {
 
 std::size_t Worker::drain_ring(Session& session) {
   const std::size_t batch = server_.settings().batch_per_client;
+  // Consecutive launches collect in the session's launch batch (launch_batch.hpp) while this
+  // pass finds them in the ring; the batch goes out when something else comes, when it is full,
+  // and at the latest when the pass ends. It never waits for records that are not there yet.
+  session.launch_batch.configure(server_.settings().launch_batch);
   std::size_t done = 0;
-  while (done < batch) {
+  DispatchOutcome outcome;
+  for (;;) {
     proto::Peeked peeked = session.ring.peek();
     if (peeked.status == proto::PeekStatus::kEmpty) break;
     if (peeked.status == proto::PeekStatus::kMalformed) {
-      end_session(session, "corrupted its request ring", CUDA_ERROR_MPS_RPC_FAILURE);
+      outcome = DispatchOutcome{DispatchOutcome::Kind::kEndSession, "corrupted its request ring",
+                                CUDA_ERROR_MPS_RPC_FAILURE};
       break;
     }
-    DispatchOutcome outcome = dispatch_record(session, peeked.record);
+    // Past the pass's share of records only while a waiting batch may still grow: by at most
+    // the batch's maximum, as the batch goes out when full. (The opcode is read from shared
+    // memory here; a client that rewrites it only changes where its own pass ends.)
+    if (done >= batch && !continues_launch_batch(session, peeked.record)) break;
+    outcome = dispatch_record(session, peeked.record);
     if (session.ring.release()) session.ring.wake_producer();
     ++done;
-    if (outcome.kind == DispatchOutcome::Kind::kSticky) {
-      sticky_fault(session, outcome.sticky, outcome.op, outcome.reply_slot);
-      break;
+    if (outcome.kind != DispatchOutcome::Kind::kOk) break;
+  }
+  // What the eager path would have issued before this point is issued before the session ends
+  // or the fault spreads. After a sticky fault nothing more is worth issuing.
+  if (outcome.kind != DispatchOutcome::Kind::kSticky) {
+    if (CUresult r = flush_launches(session); r != CUDA_SUCCESS) {
+      outcome = DispatchOutcome{};
+      outcome.kind = DispatchOutcome::Kind::kSticky;
+      outcome.sticky = r;
+      outcome.op = proto::Op::kLaunchKernel;
     }
-    if (outcome.kind == DispatchOutcome::Kind::kEndSession) {
-      end_session(session, outcome.why, outcome.notify);
-      break;
-    }
+  }
+  if (outcome.kind == DispatchOutcome::Kind::kSticky) {
+    sticky_fault(session, outcome.sticky, outcome.op, outcome.reply_slot);
+  } else if (outcome.kind == DispatchOutcome::Kind::kEndSession) {
+    end_session(session, outcome.why, outcome.notify);
   }
   return done;
 }
@@ -326,13 +353,7 @@ void Worker::loop(std::unique_ptr<IdleStrategy> idle) {
   char name[16];
   std::snprintf(name, sizeof name, "mpsshim-w%zu", index_);
   ::pthread_setname_np(::pthread_self(), name);
-  // The driver's current context is per thread; everything the server issues runs with the
-  // primary context current (green contexts are made current only around event creation).
-  const Gpu& gpu = server_.gpu();
-  if (CUresult r = gpu.cu->cuCtxSetCurrent(gpu.primary); r != CUDA_SUCCESS) {
-    log_error("worker {}: cannot make the primary context current: {}", index_,
-              describe(*gpu.cu, r));
-  }
+  // The primary context is made current by serve(), once a session arrives.
   while (!exit_.load(std::memory_order_acquire)) {
     std::size_t work = do_work();
     idle->idle(work, gpu_pending(), *this);

@@ -103,6 +103,7 @@ class Worker final : public Parker {
   std::size_t round_robin_ = 0;
   std::chrono::steady_clock::time_point next_io_poll_{};
   bool failed_ = false;  // fail_sessions ran
+  std::uint64_t context_generation_ = 0;  // Gpu::primary_generation this thread has current
   // The culprit's call that returned the sticky error: answered by fail_sessions once every
   // worker's sessions hold the fault.
   struct FaultReply {

@@ -1,5 +1,6 @@
 // mpsshimd as a whole: a real daemon process, fake per-GPU servers, real sockets, mpsshimctl.
 #include <cuda.h>
+#include <fmt/format.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -193,6 +194,21 @@ TEST_CASE("ps shows every server's clients", "[ps]") {
                  "0    66    1.0 MiB     none        7         active    fake-client-gpu0\n"));
   CHECK(contains(ps.out, "fake-client-gpu1"));
   CHECK(contains(ps.out, "GPU 1: not a client line\n"));
+}
+
+TEST_CASE("ps lists 300 clients whole: long answers travel in parts on both hops", "[ps]") {
+  DaemonUnderTest sut({.gpus = 1, .env = {{"FAKE_SERVER_CLIENTS", "300"}}});
+
+  Outcome ps = sut.ctl({"ps"});
+
+  CHECK(ps.exit_code == 0);
+  CHECK(ps.out.size() > 2 * sizeof(proto::TextMessage{}.text));
+  for (int i = 0; i < 300; ++i) {
+    INFO("client " << i);
+    REQUIRE(contains(ps.out, fmt::format("\n{}     ", 5000 + i)));
+  }
+  CHECK(contains(ps.out, "many-299\n"));
+  CHECK_FALSE(contains(ps.out, "cut"));
 }
 
 TEST_CASE("ps names the server that did not answer", "[ps]") {

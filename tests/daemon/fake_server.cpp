@@ -7,6 +7,8 @@
 //   FAKE_SERVER_DEVICES=N          GPUs it reports (default 1)
 //   FAKE_SERVER_FAIL_DEVICE=K      the server for GPU K reports a failed start and exits 1
 //   FAKE_SERVER_SILENT_DEVICE=K    the server for GPU K never answers kServerStatsQuery
+//   FAKE_SERVER_CLIENTS=N          `ps` lists N clients (pids 5000...): an answer of several
+//                                  messages (proto/text_parts.hpp)
 //   FAKE_SERVER_HANG_ON_STOP=1     ignore SIGTERM and the daemon's hang-up (tests the daemon's
 //                                  SIGKILL escalation)
 //
@@ -28,6 +30,7 @@
 
 #include "broker/daemon/wire.hpp"
 #include "proto/control.hpp"
+#include "proto/text_parts.hpp"
 #include "proto/unix_socket.hpp"
 
 namespace {
@@ -91,6 +94,7 @@ int main(int argc, char** argv) {
   proto::send_struct(control, make_ready(gpu, env_int("FAKE_SERVER_DEVICES", 1), fail));
   if (fail) return 1;
   bool silent = env_int("FAKE_SERVER_SILENT_DEVICE", -1) == gpu;
+  const int many_clients = env_int("FAKE_SERVER_CLIENTS", 0);
 
   std::vector<std::string> taken;
   proto::Received message;
@@ -120,6 +124,18 @@ int main(int argc, char** argv) {
                                 "worker=0 top=LaunchKernel:20000:51234,StreamSynchronize:12:3100"
                                 "\nnot a client line\n",
                                 ::getuid(), gpu)));
+    } else if (kind == MessageKind::kServerStatsQuery && many_clients > 0) {
+      if (silent) continue;
+      std::string lines;
+      for (int i = 0; i < many_clients; ++i) {
+        lines += fmt::format(
+            "client={} pid={} uid={} program=many-{} sms=8 mem_used=0 mem_limit=0 launches={} "
+            "state=active\n",
+            i + 1, 5000 + i, ::getuid(), i, i);
+      }
+      for (const auto& part : proto::text_messages(MessageKind::kServerStats, 0, lines)) {
+        proto::send_struct(control, part);
+      }
     } else if (kind == MessageKind::kServerStatsQuery) {
       if (silent) continue;
       proto::send_struct(control,

@@ -1,9 +1,11 @@
-// The daemon's pure pieces: CUDA_VISIBLE_DEVICES as CUDA reads it, sizes as operators write them.
+// The daemon's pure pieces: CUDA_VISIBLE_DEVICES as CUDA reads it, sizes as operators write them,
+// options passed on to the servers.
 #include <catch2/catch.hpp>
 
 #include <optional>
 #include <vector>
 
+#include "broker/daemon/options.hpp"
 #include "broker/daemon/sizes.hpp"
 #include "broker/daemon/visible_devices.hpp"
 
@@ -89,4 +91,23 @@ TEST_CASE("sizes print in the largest exact unit", "[sizes]") {
   CHECK(format_size(1536ull << 20) == "1536M");
   CHECK(format_size_approx(85899345920ull) == "80.0 GiB");
   CHECK(format_size_approx(512) == "512 B");
+}
+
+TEST_CASE("--server-launch-batch takes what a server's --launch-batch takes", "[options]") {
+  auto parse = [](std::vector<const char*> args) {
+    args.insert(args.begin(), "mpsshimd");
+    return parse_daemon_options(static_cast<int>(args.size()), const_cast<char**>(args.data()));
+  };
+  auto unset = parse({});
+  REQUIRE(unset);
+  CHECK_FALSE(unset->server_launch_batch);
+  auto off = parse({"--server-launch-batch", "0"});
+  REQUIRE(off);
+  CHECK(off->server_launch_batch == 0);
+  auto sixteen = parse({"--server-launch-batch", "16"});
+  REQUIRE(sixteen);
+  CHECK(sixteen->server_launch_batch == 16);
+  CHECK_FALSE(parse({"--server-launch-batch", "257"}));
+  CHECK_FALSE(parse({"--server-launch-batch", "x"}));
+  CHECK(daemon_usage().find("--server-launch-batch N") != std::string::npos);
 }

@@ -3,6 +3,7 @@
 // when what it checked held.
 #include <cuda.h>
 
+#include <poll.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -87,6 +88,83 @@ int basic(int n) {
   CHECK(cuMemFree(db));
   CHECK(cuMemFree(dc));
   std::printf("PASS basic n=%d\n", n);
+  return 0;
+}
+
+// True once stdin reached its end (the test closed its pipe); with `block`, waits for that.
+bool stdin_closed(bool block) {
+  pollfd in{0, POLLIN, 0};
+  if (::poll(&in, 1, block ? -1 : 0) <= 0) return false;
+  char buffer[64];
+  for (;;) {
+    ssize_t n = ::read(0, buffer, sizeof buffer);
+    if (n == 0) return true;
+    if (n < 0 || !block) return false;
+  }
+}
+
+// Many iterations of work, each checked: three fresh allocations, copies in (synchronous from
+// pageable memory, or asynchronous from pinned memory on a stream of its own, alternately), a
+// vector_add launch, the copy back and every element compared, the allocations freed. Prints
+// READY once attached and set up. `gate`: waits for stdin to close before the first iteration.
+// iterations 0: goes on until stdin closes (at least one iteration).
+int stress(int iterations, bool gate) {
+  Setup s = setup();
+  CUfunction add{};
+  CHECK(cuModuleGetFunction(&add, s.module, "vector_add"));
+  CUstream stream{};
+  CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  int n = 1 << 14;
+  const size_t bytes = sizeof(float) * static_cast<size_t>(n);
+  float* pinned = nullptr;
+  CHECK(cuMemAllocHost(reinterpret_cast<void**>(&pinned), 3 * bytes));
+  std::vector<float> a(n), b(n), c(n);
+  const int salt = static_cast<int>(::getpid() % 1000);
+  std::printf("READY pid=%d\n", static_cast<int>(::getpid()));
+  std::fflush(stdout);
+  if (gate) stdin_closed(true);
+  int done = 0;
+  for (; iterations == 0 ? done == 0 || !stdin_closed(false) : done < iterations; ++done) {
+    const bool async = done % 2 == 1;
+    float* ha = async ? pinned : a.data();
+    float* hb = async ? pinned + n : b.data();
+    float* hc = async ? pinned + 2 * n : c.data();
+    for (int i = 0; i < n; ++i) {
+      ha[i] = static_cast<float>(salt + done + i);
+      hb[i] = static_cast<float>(2 * i);
+      hc[i] = -1.0f;
+    }
+    CUdeviceptr da, db, dc;
+    CHECK(cuMemAlloc(&da, bytes));
+    CHECK(cuMemAlloc(&db, bytes));
+    CHECK(cuMemAlloc(&dc, bytes));
+    void* args[] = {&da, &db, &dc, &n};
+    if (async) {
+      CHECK(cuMemcpyHtoDAsync(da, ha, bytes, stream));
+      CHECK(cuMemcpyHtoDAsync(db, hb, bytes, stream));
+      CHECK(cuLaunchKernel(add, n / 256, 1, 1, 256, 1, 1, 0, stream, args, nullptr));
+      CHECK(cuMemcpyDtoHAsync(hc, dc, bytes, stream));
+      CHECK(cuStreamSynchronize(stream));
+    } else {
+      CHECK(cuMemcpyHtoD(da, ha, bytes));
+      CHECK(cuMemcpyHtoD(db, hb, bytes));
+      CHECK(cuLaunchKernel(add, n / 256, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr));
+      CHECK(cuMemcpyDtoH(hc, dc, bytes));
+    }
+    for (int i = 0; i < n; ++i) {
+      if (hc[i] != static_cast<float>(salt + done + 3 * i)) {
+        std::printf("FAIL stress iteration %d: c[%d]=%f expected %d\n", done, i, hc[i],
+                    salt + done + 3 * i);
+        return 1;
+      }
+    }
+    CHECK(cuMemFree(da));
+    CHECK(cuMemFree(db));
+    CHECK(cuMemFree(dc));
+  }
+  CHECK(cuMemFreeHost(pinned));
+  CHECK(cuStreamDestroy(stream));
+  std::printf("PASS stress iterations=%d\n", done);
   return 0;
 }
 
@@ -311,6 +389,9 @@ int main(int argc, char** argv) {
   if (mode == "overlimit") return overlimit(arg);
   if (mode == "quota") return quota();
   if (mode == "hostmem") return hostmem(arg ? static_cast<int>(arg) : 100000);
+  if (mode == "stress") {
+    return stress(static_cast<int>(arg), argc > 3 && std::string(argv[3]) == "gate");
+  }
   std::printf("FAIL unknown mode %s\n", mode.c_str());
   return 2;
 }

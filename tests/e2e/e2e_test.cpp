@@ -4,7 +4,12 @@
 #include <signal.h>
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
+#include <map>
+#include <random>
 #include <regex>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "harness.hpp"
@@ -29,6 +34,56 @@ void require_pass(const Outcome& o, const Daemon& d) {
   INFO("stdout: " << o.out << "\nstderr: " << o.err << "\ndaemon log:\n" << d.log());
   REQUIRE(o.exit_code == 0);
   REQUIRE(o.out.find("PASS") != std::string::npos);
+}
+
+// GPU 0's line of `mpsshimctl server_list`: GPU PID STATE RESTARTS DETAILS.
+struct ServerLine {
+  int pid = -1;
+  std::string state;
+  int restarts = -1;
+};
+
+ServerLine server_line(const Daemon& daemon) {
+  Outcome list = daemon.ctl({"server_list"});
+  std::istringstream lines(list.out);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream fields(line);
+    std::string gpu;
+    ServerLine out;
+    if (fields >> gpu >> out.pid >> out.state >> out.restarts && gpu == "0") return out;
+  }
+  return {};
+}
+
+// The pids `mpsshimctl ps` lists.
+std::set<int> ps_pids(const Daemon& daemon) {
+  Outcome ps = daemon.ctl({"ps"});
+  std::set<int> pids;
+  std::istringstream lines(ps.out);
+  std::string line;
+  std::getline(lines, line);  // the header
+  while (std::getline(lines, line)) {
+    int pid = 0;
+    if (std::istringstream(line) >> pid) pids.insert(pid);
+  }
+  return pids;
+}
+
+// Polls `done` (a look at the daemon or /proc, not a wait for time to pass) until it holds or
+// `timeout` passes.
+template <typename Pred>
+bool eventually(Pred done, std::chrono::seconds timeout = 30s) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(20ms);
+  }
+  return true;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != 0 ? std::atoi(value) : fallback;
 }
 
 }  // namespace
@@ -155,4 +210,167 @@ TEST_CASE("without a daemon cuInit fails and says how to start one", "[e2e]") {
   CHECK(o.out.find("CUDA_ERROR_MPS_CONNECTION_FAILED") != std::string::npos);
   CHECK(o.err.find("/nonexistent/mpsshim/control") != std::string::npos);
   CHECK(o.err.find("mpsshimd") != std::string::npos);
+}
+
+TEST_CASE("32 clients at once on a server of 4 workers all get their own correct results",
+          "[e2e][threaded]") {
+  Daemon daemon({"--server-workers", "4"});
+  constexpr int kClients = 32;
+  std::vector<std::unique_ptr<Child>> clients;
+  std::set<int> pids;
+  for (int i = 0; i < kClients; ++i) {
+    clients.push_back(std::make_unique<Child>(
+        std::vector<std::string>{client(), "stress", "8", "gate"}, daemon.client_env(), true));
+    pids.insert(clients.back()->pid());
+  }
+  for (auto& c : clients) {
+    INFO("stdout: " << c->out() << "\ndaemon log:\n" << daemon.log());
+    REQUIRE(c->wait_for_output("READY", 120s));
+  }
+  // All 32 attached at once, each placed on the least-loaded worker as it came: 8 each, as the
+  // server logged it and as `stats --json` reports it.
+  CHECK(ps_pids(daemon) == pids);
+  std::map<int, int> placed;  // pid -> worker, from the server's log
+  {
+    const std::regex admitted(
+        "\\(pid ([0-9]+), e2e_client, uid [0-9]+\\) connected: .* served "
+        "by worker ([0-9]+)");
+    std::istringstream lines(daemon.log());
+    for (std::string line; std::getline(lines, line);) {
+      std::smatch m;
+      if (std::regex_search(line, m, admitted)) placed[std::stoi(m[1])] = std::stoi(m[2]);
+    }
+  }
+  std::map<int, int> per_worker;
+  std::set<int> placed_pids;
+  for (const auto& [pid, worker] : placed) {
+    placed_pids.insert(pid);
+    ++per_worker[worker];
+  }
+  {
+    INFO("daemon log:\n" << daemon.log());
+    CHECK(placed_pids == pids);
+    CHECK(per_worker == std::map<int, int>{{0, 8}, {1, 8}, {2, 8}, {3, 8}});
+  }
+  Outcome stats = daemon.ctl({"stats", "--json"});
+  {
+    INFO("stats --json:\n" << stats.out);
+    CHECK(stats.exit_code == 0);
+    // One object a line. The daemon's answer to mpsshimctl is one message, so 32 clients'
+    // objects do not all fit: those listed must name the worker the server placed them on.
+    const std::regex entry("\"pid\": ([0-9]+), .*\"worker\": ([0-9]+)");
+    std::istringstream lines(stats.out);
+    int listed = 0;
+    for (std::string line; std::getline(lines, line);) {
+      std::smatch m;
+      if (!std::regex_search(line, m, entry)) continue;
+      ++listed;
+      INFO("pid " << m[1]);
+      CHECK(placed.count(std::stoi(m[1])) == 1);
+      CHECK(placed[std::stoi(m[1])] == std::stoi(m[2]));
+    }
+    CHECK(listed >= 8);
+  }
+  for (auto& c : clients) c->close_stdin();  // go: all of them work at once
+  for (auto& c : clients) {
+    Outcome o = c->wait(120s);
+    require_pass(o, daemon);
+    CHECK(o.out.find("PASS stress iterations=8") != std::string::npos);
+  }
+  CHECK(daemon.log().find("4 worker thread(s) serve the clients") != std::string::npos);
+  CHECK(eventually([&] { return ps_pids(daemon).empty(); }));
+}
+
+TEST_CASE("clients killed at random points leave the server and the busy clients unharmed",
+          "[e2e][threaded]") {
+  Daemon daemon({"--server-workers", "4"});
+  const ServerLine server = server_line(daemon);
+  REQUIRE(server.pid > 0);
+  REQUIRE(server.state == "running");
+  const int fds_idle = open_fd_count(server.pid);
+  REQUIRE(fds_idle > 0);
+
+  constexpr int kBusy = 8;
+  std::vector<std::unique_ptr<Child>> busy;
+  std::set<int> busy_pids;
+  for (int i = 0; i < kBusy; ++i) {
+    busy.push_back(std::make_unique<Child>(std::vector<std::string>{client(), "stress", "0"},
+                                           daemon.client_env(), true));
+    busy_pids.insert(busy.back()->pid());
+  }
+  for (auto& c : busy) {
+    INFO("stdout: " << c->out() << "\ndaemon log:\n" << daemon.log());
+    REQUIRE(c->wait_for_output("READY", 120s));
+  }
+  REQUIRE(eventually([&] { return ps_pids(daemon) == busy_pids; }));
+  const int fds_busy = open_fd_count(server.pid);
+  REQUIRE(fds_busy > fds_idle);
+
+  // Victims in waves of four; each is killed at a random point: before or while it attaches
+  // and sets up, or while it works.
+  const int kills = env_int("MPSSHIM_E2E_KILLS", 60);
+  const unsigned seed = static_cast<unsigned>(
+      env_int("MPSSHIM_E2E_SEED", static_cast<int>(std::random_device{}() % 1000000)));
+  INFO("MPSSHIM_E2E_SEED=" << seed);
+  std::mt19937 random(seed);
+  int killed = 0;
+  int killed_working = 0;
+  while (killed < kills) {
+    std::vector<std::unique_ptr<Child>> wave;
+    for (int i = 0; i < 4; ++i) {
+      wave.push_back(std::make_unique<Child>(
+          std::vector<std::string>{client(), "stress", "1000000"}, daemon.client_env()));
+    }
+    for (auto& victim : wave) {
+      // The sleeps pick the kill point; nothing waits on them.
+      if (random() % 3 == 0) {
+        std::this_thread::sleep_for(std::chrono::microseconds(random() % 30000));
+      } else {
+        INFO("stdout: " << victim->out() << "\ndaemon log:\n" << daemon.log());
+        REQUIRE(victim->wait_for_output("READY", 60s));
+        std::this_thread::sleep_for(std::chrono::microseconds(random() % 10000));
+        ++killed_working;
+      }
+      victim->kill(SIGKILL);
+    }
+    for (auto& victim : wave) {
+      Outcome o = victim->wait(30s);
+      INFO("victim stdout: " << o.out << "\nstderr: " << o.err);
+      CHECK(o.exit_code == -SIGKILL);  // none failed or ended before its kill
+      ++killed;
+    }
+  }
+  CHECK(killed_working > 0);
+
+  // The same server, never restarted; only the busy clients are left, and the fds of every
+  // victim's session are closed.
+  const ServerLine after = server_line(daemon);
+  CHECK(after.pid == server.pid);
+  CHECK(after.state == "running");
+  CHECK(after.restarts == server.restarts);
+  {
+    INFO("ps:\n" << daemon.ctl({"ps"}).out);
+    CHECK(eventually([&] { return ps_pids(daemon) == busy_pids; }));
+  }
+  {
+    bool closed = eventually([&] { return open_fd_count(server.pid) == fds_busy; });
+    INFO("server fds: " << open_fd_count(server.pid) << ", " << fds_busy << " before the kills");
+    CHECK(closed);
+  }
+
+  for (auto& c : busy) c->close_stdin();
+  for (auto& c : busy) {
+    Outcome o = c->wait(120s);
+    require_pass(o, daemon);
+  }
+  CHECK(eventually([&] { return ps_pids(daemon).empty(); }));
+  {
+    bool closed = eventually([&] { return open_fd_count(server.pid) == fds_idle; });
+    INFO("server fds: " << open_fd_count(server.pid) << ", " << fds_idle << " without clients");
+    CHECK(closed);
+  }
+  CHECK(server_line(daemon).pid == server.pid);
+  const std::string log = daemon.log();
+  CHECK(log.find("GPU fault") == std::string::npos);
+  CHECK(log.find("restarting") == std::string::npos);
 }

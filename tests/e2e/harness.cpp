@@ -1,5 +1,6 @@
 #include "harness.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -23,9 +24,11 @@ std::string artefact(const char* variable) {
   return value;
 }
 
-Child::Child(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env) {
-  int out[2], err[2];
+Child::Child(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+             bool stdin_pipe) {
+  int out[2], err[2], in[2] = {-1, -1};
   if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) throw std::runtime_error("pipe");
+  if (stdin_pipe && pipe2(in, O_CLOEXEC) != 0) throw std::runtime_error("pipe");
   std::map<std::string, std::string> merged;
   for (char** e = environ; *e; ++e) {
     std::string kv = *e;
@@ -37,6 +40,7 @@ Child::Child(const std::vector<std::string>& argv, const std::map<std::string, s
   for (const auto& [k, v] : merged) env_strings.push_back(k + "=" + v);
   pid_ = fork();
   if (pid_ == 0) {
+    if (in[0] >= 0) dup2(in[0], 0);
     dup2(out[1], 1);
     dup2(err[1], 2);
     std::vector<char*> args, envp;
@@ -49,6 +53,8 @@ Child::Child(const std::vector<std::string>& argv, const std::map<std::string, s
   }
   close(out[1]);
   close(err[1]);
+  if (in[0] >= 0) close(in[0]);
+  in_fd_ = in[1];
   out_fd_ = out[0];
   err_fd_ = err[0];
 }
@@ -58,8 +64,14 @@ Child::~Child() {
     ::kill(pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);
   }
+  close_stdin();
   if (out_fd_ >= 0) close(out_fd_);
   if (err_fd_ >= 0) close(err_fd_);
+}
+
+void Child::close_stdin() {
+  if (in_fd_ >= 0) close(in_fd_);
+  in_fd_ = -1;
 }
 
 void Child::pump(int timeout_ms) {
@@ -189,6 +201,17 @@ std::string Daemon::log() const {
     std::fclose(f);
   }
   return text;
+}
+
+int open_fd_count(pid_t pid) {
+  DIR* dir = opendir(("/proc/" + std::to_string(pid) + "/fd").c_str());
+  if (dir == nullptr) return -1;
+  int count = 0;
+  while (dirent* entry = readdir(dir)) {
+    if (entry->d_name[0] != '.') ++count;
+  }
+  closedir(dir);
+  return count;
 }
 
 Outcome run_client(const Daemon& daemon, const std::vector<std::string>& argv,

@@ -21,10 +21,13 @@ struct Outcome {
   std::string err;
 };
 
-// A child process with captured stdout/stderr.
+// A child process with captured stdout/stderr; with `stdin_pipe`, its stdin is a pipe the test
+// closes (close_stdin) to tell it something (the e2e client's stress mode reads EOF as "go" or
+// "stop").
 class Child {
  public:
-  Child(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env);
+  Child(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+        bool stdin_pipe = false);
   ~Child();
   Child(const Child&) = delete;
   Child& operator=(const Child&) = delete;
@@ -34,11 +37,13 @@ class Child {
   bool wait_for_output(const std::string& text, std::chrono::seconds timeout);
   const std::string& out() const { return out_; }
   void kill(int signal);
+  void close_stdin();
   Outcome wait(std::chrono::seconds timeout = std::chrono::seconds(60));
 
  private:
   void pump(int timeout_ms);
   pid_t pid_ = -1;
+  int in_fd_ = -1;
   int out_fd_ = -1;
   int err_fd_ = -1;
   std::string out_;
@@ -62,6 +67,9 @@ class Daemon {
   std::string dir_;
   std::unique_ptr<Child> process_;
 };
+
+// The number of open file descriptors of a process (/proc/<pid>/fd); -1 if it cannot be read.
+int open_fd_count(pid_t pid);
 
 // Runs a client under the shim and waits for it.
 Outcome run_client(const Daemon& daemon, const std::vector<std::string>& argv,

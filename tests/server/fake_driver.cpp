@@ -51,6 +51,99 @@ void fill_2d(CUdeviceptr dst, std::size_t pitch, T value, std::size_t width, std
   for (std::size_t row = 0; row < height; ++row) fill(dst + row * pitch, value, width);
 }
 
+// The attributes a launch's shape is checked against read as a real GPU's; others as `other`.
+int launch_limit(CUfunction_attribute attribute, int other) {
+  switch (attribute) {
+    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+      return 1024;
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
+      return 48 * 1024;
+    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH:
+    case CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET:
+      return 0;
+    default:
+      return other;
+  }
+}
+
+// The packed arguments of a kernel node (CU_LAUNCH_PARAM_BUFFER_POINTER in `extra`).
+std::vector<std::byte> node_args(const CUDA_KERNEL_NODE_PARAMS* p) {
+  if (p->extra == nullptr) return {};
+  auto* buffer = static_cast<const std::byte*>(p->extra[1]);
+  std::size_t size = *static_cast<std::size_t*>(p->extra[3]);
+  return std::vector<std::byte>(buffer, buffer + size);
+}
+
+// Graphs as launch batching uses them: kernel nodes only, launched as one launch per node.
+void add_graph_fakes(DriverTable& t) {
+  t.cuGraphCreate = [](CUgraph* g, unsigned) {
+    *g = new_handle<CUgraph>();
+    fake_gpu().graphs[*g] = FakeGpu::Graph{};
+    ++fake_gpu().graphs_live;
+    return CUDA_SUCCESS;
+  };
+  t.cuGraphDestroy = [](CUgraph g) {
+    FakeGpu& gpu = fake_gpu();
+    if (gpu.graphs.erase(g) == 0) return CUDA_ERROR_INVALID_HANDLE;
+    std::erase_if(gpu.graph_nodes, [&](const auto& kv) { return kv.second.first == g; });
+    --gpu.graphs_live;
+    return CUDA_SUCCESS;
+  };
+  t.cuGraphAddKernelNode_v2 = [](CUgraphNode* node, CUgraph g, const CUgraphNode*, std::size_t,
+                                 const CUDA_KERNEL_NODE_PARAMS* p) {
+    FakeGpu& gpu = fake_gpu();
+    auto it = gpu.graphs.find(g);
+    if (it == gpu.graphs.end() || it->second.executable) return CUDA_ERROR_INVALID_HANDLE;
+    *node = new_handle<CUgraphNode>();
+    gpu.graph_nodes[*node] = {g, it->second.node_args.size()};
+    it->second.node_args.push_back(node_args(p));
+    return CUDA_SUCCESS;
+  };
+  t.cuGraphInstantiateWithFlags = [](CUgraphExec* exec, CUgraph g, unsigned long long) {
+    FakeGpu& gpu = fake_gpu();
+    auto it = gpu.graphs.find(g);
+    if (it == gpu.graphs.end() || it->second.executable) return CUDA_ERROR_INVALID_HANDLE;
+    if (gpu.graph_instantiate_result != CUDA_SUCCESS) return gpu.graph_instantiate_result;
+    FakeGpu::Graph copy = it->second;
+    copy.executable = true;
+    *exec = new_handle<CUgraphExec>();
+    gpu.graphs[*exec] = std::move(copy);
+    ++gpu.graph_execs_live;
+    ++gpu.graph_instantiations;
+    return CUDA_SUCCESS;
+  };
+  t.cuGraphExecDestroy = [](CUgraphExec exec) {
+    FakeGpu& gpu = fake_gpu();
+    if (gpu.graphs.erase(exec) == 0) return CUDA_ERROR_INVALID_HANDLE;
+    --gpu.graph_execs_live;
+    return CUDA_SUCCESS;
+  };
+  t.cuGraphExecKernelNodeSetParams_v2 = [](CUgraphExec exec, CUgraphNode node,
+                                           const CUDA_KERNEL_NODE_PARAMS* p) {
+    FakeGpu& gpu = fake_gpu();
+    auto e = gpu.graphs.find(exec);
+    auto n = gpu.graph_nodes.find(node);
+    if (e == gpu.graphs.end() || !e->second.executable || n == gpu.graph_nodes.end()) {
+      return CUDA_ERROR_INVALID_HANDLE;
+    }
+    if (gpu.graph_node_update_result != CUDA_SUCCESS) return gpu.graph_node_update_result;
+    e->second.node_args.at(n->second.second) = node_args(p);
+    ++gpu.graph_node_updates;
+    return CUDA_SUCCESS;
+  };
+  t.cuGraphLaunch = [](CUgraphExec exec, CUstream) {
+    FakeGpu& gpu = fake_gpu();
+    auto e = gpu.graphs.find(exec);
+    if (e == gpu.graphs.end() || !e->second.executable) return CUDA_ERROR_INVALID_HANDLE;
+    if (gpu.graph_launch_result != CUDA_SUCCESS) return gpu.graph_launch_result;
+    ++gpu.graph_launches;
+    gpu.launches += static_cast<int>(e->second.node_args.size());
+    if (!e->second.node_args.empty()) gpu.last_launch_args = e->second.node_args.back();
+    gpu.last_launch_attribute_count = 0;
+    return CUDA_SUCCESS;
+  };
+}
+
 }  // namespace
 
 FakeGpu& fake_gpu() {
@@ -151,10 +244,16 @@ DriverTable fake_driver_table() {
     return CUDA_SUCCESS;
   };
   t.cuDevicePrimaryCtxRetain = [](CUcontext* c, CUdevice) {
+    if (fake_gpu().primary_retain_result != CUDA_SUCCESS) return fake_gpu().primary_retain_result;
     *c = new_handle<CUcontext>();
+    ++fake_gpu().primary_refs;
     return CUDA_SUCCESS;
   };
-  t.cuDevicePrimaryCtxRelease_v2 = [](CUdevice) { return CUDA_SUCCESS; };
+  t.cuDevicePrimaryCtxRelease_v2 = [](CUdevice) {
+    if (fake_gpu().primary_refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    --fake_gpu().primary_refs;
+    return CUDA_SUCCESS;
+  };
   t.cuCtxSetCurrent = [](CUcontext) { return CUDA_SUCCESS; };
   t.cuCtxSetLimit = [](CUlimit limit, std::size_t value) {
     fake_gpu().limits[limit] = value;
@@ -298,8 +397,8 @@ DriverTable fake_driver_table() {
     *f = new_handle<CUfunction>();
     return CUDA_SUCCESS;
   };
-  t.cuKernelGetAttribute = [](int* v, CUfunction_attribute, CUkernel, CUdevice) {
-    *v = 7;
+  t.cuKernelGetAttribute = [](int* v, CUfunction_attribute attribute, CUkernel, CUdevice) {
+    *v = launch_limit(attribute, 7);
     return CUDA_SUCCESS;
   };
   t.cuKernelSetAttribute = [](CUfunction_attribute, int, CUkernel, CUdevice) {
@@ -318,8 +417,8 @@ DriverTable fake_driver_table() {
     *size = 8;
     return CUDA_SUCCESS;
   };
-  t.cuFuncGetAttribute = [](int* v, CUfunction_attribute, CUfunction) {
-    *v = 3;
+  t.cuFuncGetAttribute = [](int* v, CUfunction_attribute attribute, CUfunction) {
+    *v = launch_limit(attribute, 3);
     return CUDA_SUCCESS;
   };
   t.cuFuncSetAttribute = [](CUfunction, CUfunction_attribute, int) { return CUDA_SUCCESS; };
@@ -380,6 +479,7 @@ DriverTable fake_driver_table() {
   };
   add_copy_fakes(t);
   add_async_fakes(t);
+  add_graph_fakes(t);
   return t;
 }
 

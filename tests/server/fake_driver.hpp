@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "broker/server/driver_table.hpp"
@@ -31,6 +32,8 @@ struct FakeGpu {
   // What the server did.
   std::map<CUdeviceptr, std::vector<std::byte>> allocations;
   std::map<void*, std::size_t> host_registrations;
+  int primary_refs = 0;  // cuDevicePrimaryCtxRetain minus releases
+  CUresult primary_retain_result = CUDA_SUCCESS;
   int streams_live = 0;
   int events_live = 0;
   int green_live = 0;
@@ -55,6 +58,23 @@ struct FakeGpu {
   std::map<CUarray, std::vector<std::byte>> arrays;
   // The same name gives the same CUfunction/CUkernel again, as the real driver does.
   std::map<std::string, void*> named;
+  // Graphs as launch batching makes them (add_graph_fakes): kernel nodes and the packed
+  // arguments each node last got; a launch counts every node as a launch.
+  struct Graph {
+    std::vector<std::vector<std::byte>> node_args;
+    bool executable = false;
+  };
+  std::map<void*, Graph> graphs;                               // CUgraph and CUgraphExec handles
+  std::map<void*, std::pair<void*, std::size_t>> graph_nodes;  // node -> (graph, index)
+  int graphs_live = 0;
+  int graph_execs_live = 0;
+  int graph_instantiations = 0;
+  int graph_launches = 0;
+  int graph_node_updates = 0;
+  // What the graph calls return, for tests of the eager fallback.
+  CUresult graph_instantiate_result = CUDA_SUCCESS;
+  CUresult graph_node_update_result = CUDA_SUCCESS;
+  CUresult graph_launch_result = CUDA_SUCCESS;
 
   void reset() { *this = FakeGpu{}; }
 };

@@ -1,14 +1,25 @@
 #include "tests/server/harness.hpp"
 
+#include <poll.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <limits>
 #include <stdexcept>
 #include <thread>
 
 #include "broker/server/log.hpp"
+#include "proto/futex.hpp"
 
 namespace mpsshim::server::test {
+namespace {
+
+// The status of every part of a long operator answer but the last (an answer longer than one
+// TextMessage is sent as several).
+constexpr std::int32_t kTextContinues = std::numeric_limits<std::int32_t>::min();
+
+}  // namespace
 
 Harness::Harness(ServerSettings settings) : Harness(fake_driver_table(), settings) {}
 
@@ -16,7 +27,11 @@ Harness::Harness(const DriverTable& driver, ServerSettings settings) {
   fake_gpu().reset();
   table = driver;
   set_log_level(LogLevel::kDebug);
-  set_log_sink([this](LogLevel, std::string_view line) { logs.emplace_back(line); });
+  // Worker threads log too: one line at a time.
+  set_log_sink([this](LogLevel, std::string_view line) {
+    std::lock_guard lock(log_mutex_);
+    logs.emplace_back(line);
+  });
   auto opened = open_gpu(table, 0);
   if (!opened) throw std::runtime_error(opened.error().message);
   gpu = *opened;
@@ -27,11 +42,21 @@ Harness::Harness(const DriverTable& driver, ServerSettings settings) {
 }
 
 Harness::~Harness() {
+  stop_threaded();
   server.reset();
   set_log_sink(nullptr);
 }
 
 bool Harness::pump_until(const std::function<bool()>& pred) {
+  if (threaded()) {
+    // The server's threads do the work; this thread only looks.
+    auto deadline = std::chrono::steady_clock::now() + threaded_timeout;
+    while (!pred()) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));  // a poll, not a wait
+    }
+    return true;
+  }
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   while (!pred()) {
     if (std::chrono::steady_clock::now() > deadline) return false;
@@ -48,10 +73,73 @@ void Harness::pump(int passes) {
 }
 
 bool Harness::logged(const std::string& fragment) const {
-  for (const std::string& line : logs) {
-    if (line.find(fragment) != std::string::npos) return true;
+  return count_logged(fragment) != 0;
+}
+
+std::size_t Harness::count_logged(const std::string& fragment) const {
+  std::lock_guard lock(log_mutex_);
+  return static_cast<std::size_t>(std::count_if(logs.begin(), logs.end(), [&](const auto& line) {
+    return line.find(fragment) != std::string::npos;
+  }));
+}
+
+std::vector<std::string> Harness::log_lines() const {
+  std::lock_guard lock(log_mutex_);
+  return logs;
+}
+
+void Harness::start_threaded() {
+  if (threaded()) return;
+  stop_.store(false);
+  runner_ = std::thread([this] {
+    // As in mpsshim-server, whose main thread opened the GPU: the coordinator admits clients
+    // (registers their staging areas) with the primary context current.
+    if (gpu.cu->cuCtxSetCurrent(gpu.primary) != CUDA_SUCCESS) return;
+    run_code_ = server->run(stop_);
+  });
+}
+
+int Harness::stop_threaded() {
+  if (!threaded()) return -1;
+  stop_.store(true);
+  // run() looks at the flag each time the coordinator wakes (at the latest every second).
+  server->wake();
+  runner_.join();
+  return run_code_;
+}
+
+int Harness::send_to_server(std::span<const std::byte> bytes, std::span<const int> fds) {
+  std::lock_guard lock(daemon_mutex_);
+  return proto::send_message(daemon.get(), bytes, fds);
+}
+
+std::optional<Harness::Answer> Harness::operator_request(proto::MessageKind kind,
+                                                         const std::string& text) {
+  proto::TextMessage request{};
+  request.header = proto::make_header(kind, sizeof request);
+  std::size_t n = std::min(text.size(), sizeof request.text - 1);
+  std::memcpy(request.text, text.data(), n);
+  request.length = static_cast<std::uint32_t>(n);
+  if (send_to_server(std::as_bytes(std::span(&request, 1))) != 0) return std::nullopt;
+  Answer answer;
+  for (;;) {
+    pollfd readable{daemon.get(), POLLIN, 0};
+    if (::poll(&readable, 1, static_cast<int>(threaded_timeout.count())) != 1) return std::nullopt;
+    proto::Received message;
+    if (proto::receive_message(daemon.get(), message) != 0) return std::nullopt;
+    proto::TextMessage part{};
+    if (message.bytes.size() < offsetof(proto::TextMessage, text) ||
+        message.bytes.size() > sizeof part) {
+      return std::nullopt;
+    }
+    std::memcpy(&part, message.bytes.data(), message.bytes.size());
+    answer.kind = static_cast<proto::MessageKind>(part.header.kind);
+    answer.text.append(part.text, std::min<std::size_t>(part.length, sizeof part.text));
+    // A long answer may come in parts, every part but the last marked so in its status.
+    if (part.status == kTextContinues) continue;
+    answer.status = part.status;
+    return answer;
   }
-  return false;
 }
 
 proto::ClientHello default_hello(int pid, const char* program) {
@@ -74,7 +162,16 @@ TestClient::TestClient(Harness& harness, const proto::ClientHello& hello) : harn
   admit.peer_uid = 1000;
   admit.peer_gid = 1000;
   admit.hello = hello;
-  harness.server->admit(admit, std::move(server_end));
+  if (harness.threaded()) {
+    // As the daemon does: the admission and the client's socket on the control socket.
+    const int fds[1] = {server_end.get()};
+    if (harness.send_to_server(std::as_bytes(std::span(&admit, 1)), fds) != 0) return;
+    server_end.reset();
+    pollfd readable{socket_.get(), POLLIN, 0};
+    if (::poll(&readable, 1, static_cast<int>(harness.threaded_timeout.count())) != 1) return;
+  } else {
+    harness.server->admit(admit, std::move(server_end));
+  }
 
   proto::Received message;
   if (proto::receive_message(socket_.get(), message) != 0 || message.bytes.size() < 16) return;
@@ -85,6 +182,7 @@ TestClient::TestClient(Harness& harness, const proto::ClientHello& hello) : harn
     return;
   }
   std::memcpy(&welcome_, message.bytes.data(), sizeof welcome_);
+  doorbell_ = std::move(message.fds[1]);
   base_ = ::mmap(nullptr, welcome_.segment_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
                  message.fds[0].get(), 0);
   if (base_ == MAP_FAILED) {
@@ -117,7 +215,11 @@ void TestClient::send_raw(std::uint16_t opcode, std::span<const std::byte> paylo
   if (slot != proto::kNoReply && slot < view_.geometry.slot_count) {
     view_.slot(slot)->state.store(proto::kSlotPending, std::memory_order_relaxed);
   }
-  ring_.commit();
+  // As the shim does: a worker that parked waits for the doorbell (inline passes never park).
+  if (ring_.commit() && doorbell_) {
+    std::uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(doorbell_.get(), &one, sizeof one);
+  }
 }
 
 bool TestClient::slot_ready(std::uint32_t slot) const {
@@ -125,7 +227,26 @@ bool TestClient::slot_ready(std::uint32_t slot) const {
 }
 
 std::optional<Reply> TestClient::reply(std::uint32_t slot) {
-  if (!harness_.pump_until([&] { return slot_ready(slot); })) return std::nullopt;
+  if (harness_.threaded()) {
+    // As the shim waits: sleeps on the slot's futex, the server wakes it when it answers. A
+    // session that holds a fault answers only what it was owed when the fault came (and wakes
+    // every waiter then).
+    proto::ResponseSlot* s = view_.slot(slot);
+    auto deadline = std::chrono::steady_clock::now() + harness_.threaded_timeout;
+    while (!slot_ready(slot)) {
+      if (control()->fault.load(std::memory_order_acquire) != 0 ||
+          std::chrono::steady_clock::now() > deadline) {
+        s->waiter.store(0, std::memory_order_relaxed);
+        return std::nullopt;
+      }
+      s->waiter.store(1, std::memory_order_seq_cst);
+      if (slot_ready(slot)) break;
+      proto::futex_wait(&s->state, proto::kSlotPending, 10'000'000);
+    }
+    s->waiter.store(0, std::memory_order_relaxed);
+  } else if (!harness_.pump_until([&] { return slot_ready(slot); })) {
+    return std::nullopt;
+  }
   proto::ResponseSlot* s = view_.slot(slot);
   Reply reply;
   reply.result = static_cast<CUresult>(s->result);

@@ -1,16 +1,22 @@
 // A server on the fake driver, in-process, and clients that talk to it through a real session
-// segment and ring, as the shim does. Tests run the server's loop by hand (pump).
+// segment and ring, as the shim does. Tests run the server's loop by hand (pump), or start it
+// threaded (start_threaded: Server::run on a thread of its own, with its worker threads); then
+// clients are admitted through the control socket, as the daemon admits them, and may be used
+// from threads of their own.
 #pragma once
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "broker/server/server.hpp"
@@ -28,18 +34,48 @@ class Harness {
   Harness(const DriverTable& driver, ServerSettings settings);
   ~Harness();
 
-  // Runs passes of the loop until pred() holds or two seconds pass; returns pred().
+  // Runs passes of the loop until pred() holds or two seconds pass; returns pred(). Threaded:
+  // waits (the server runs on its own threads) until pred() holds or `threaded_timeout` passes.
   bool pump_until(const std::function<bool()>& pred);
   void pump(int passes = 8);
 
+  // Any thread: the log sink may be called by the server's worker threads.
   bool logged(const std::string& fragment) const;
+  std::size_t count_logged(const std::string& fragment) const;
+  std::vector<std::string> log_lines() const;
+
+  // Threaded mode: Server::run on a thread of its own until stop_threaded(), which returns
+  // run's exit code (-1 if it was not running).
+  void start_threaded();
+  int stop_threaded();
+  bool threaded() const { return runner_.joinable(); }
+  // Threaded mode, any thread: sends a message (with fds) on the daemon's end of the control
+  // socket. One sender at a time.
+  int send_to_server(std::span<const std::byte> bytes, std::span<const int> fds = {});
+  // Threaded mode, one thread at a time: an operator request as the daemon sends it, and the
+  // server's answer (nullopt when none came within `threaded_timeout`).
+  struct Answer {
+    proto::MessageKind kind{};
+    int status = 0;
+    std::string text;
+  };
+  std::optional<Answer> operator_request(proto::MessageKind kind, const std::string& text);
 
   DriverTable table;
   Gpu gpu;
   proto::UniqueFd daemon;  // the daemon's end of the control socket
   std::unique_ptr<Server> server;
+  // Inline mode only: threaded tests read the log through log_lines() / logged().
   std::vector<std::string> logs;
   int fatal_code = -1;
+  std::chrono::milliseconds threaded_timeout{60'000};
+
+ private:
+  mutable std::mutex log_mutex_;
+  std::mutex daemon_mutex_;
+  std::atomic<bool> stop_{false};
+  std::thread runner_;
+  int run_code_ = -1;
 };
 
 proto::ClientHello default_hello(int pid = 4123, const char* program = "vector_add");
@@ -58,6 +94,8 @@ struct Reply {
 
 class TestClient {
  public:
+  // Inline mode: admitted by a direct call. Threaded mode: through the control socket, as
+  // the daemon admits clients (any thread; waits for the welcome).
   explicit TestClient(Harness& harness, const proto::ClientHello& hello = default_hello());
   ~TestClient();
 
@@ -85,6 +123,8 @@ class TestClient {
   }
 
   // The answer in `slot`, once the server wrote it (pumping the loop); the slot is idle again.
+  // Threaded mode: also gives up (nullopt) once the session holds a fault (the client was
+  // terminated or the server stopped), as the shim's waits do.
   std::optional<Reply> reply(std::uint32_t slot = 0);
   bool slot_ready(std::uint32_t slot) const;
 
@@ -109,6 +149,7 @@ class TestClient {
  private:
   Harness& harness_;
   proto::UniqueFd socket_;
+  proto::UniqueFd doorbell_;  // rung when a commit finds the server's worker asleep
   proto::SessionWelcome welcome_{};
   void* base_ = nullptr;
   proto::SegmentView view_{};

@@ -1,6 +1,7 @@
 #include "broker/server/options.hpp"
 
 #include <catch2/catch.hpp>
+#include <string>
 #include <vector>
 
 namespace mpsshim::server {
@@ -33,6 +34,27 @@ TEST_CASE("defaults and bad arguments", "[server][options]") {
   CHECK_FALSE(parse({"--device", "0", "--control-fd", "3", "--default-sm-percentage", "0"}));
   CHECK_FALSE(parse({"--device", "0", "--control-fd", "3", "--bogus", "1"}));
   CHECK_FALSE(parse({"--device", "0", "--control-fd"}));
+}
+
+TEST_CASE("--launch-batch sets the most launches per graph launch; 0 and 1 turn it off",
+          "[server][options]") {
+  auto defaults = parse({"--device", "0", "--control-fd", "3"});
+  REQUIRE(defaults);
+  CHECK(defaults->launch_batch == 64);
+  CHECK(LaunchBatchSettings{}.enabled());
+  for (const char* n : {"0", "1"}) {
+    auto off = parse({"--device", "0", "--control-fd", "3", "--launch-batch", n});
+    REQUIRE(off);
+    LaunchBatchSettings settings;
+    settings.max_launches = off->launch_batch;
+    CHECK_FALSE(settings.enabled());
+  }
+  auto eight = parse({"--device", "0", "--control-fd", "3", "--launch-batch", "8"});
+  REQUIRE(eight);
+  CHECK(eight->launch_batch == 8);
+  CHECK_FALSE(parse({"--device", "0", "--control-fd", "3", "--launch-batch", "257"}));
+  CHECK_FALSE(parse({"--device", "0", "--control-fd", "3", "--launch-batch", "-1"}));
+  CHECK(std::string(kUsage).find("--launch-batch N") != std::string::npos);
 }
 
 }  // namespace

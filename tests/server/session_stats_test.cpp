@@ -111,6 +111,8 @@ TEST_CASE("a session's stats line names the client and its figures", "[server][s
   for (int i = 0; i < 20; ++i) sut.stats.record(Op::kLaunchKernel, 2500, 800);
   sut.stats.record(Op::kStreamSynchronize, 7 * kMs, 800);
   sut.stats.record(Op::kPing, 1500, kNoDelay);
+  sut.stats.batches = 2;
+  sut.stats.batched = 17;
 
   std::string line = format_session_stats(sut);
 
@@ -127,6 +129,8 @@ TEST_CASE("a session's stats line names the client and its figures", "[server][s
   CHECK(fields["delay_p50_us"] == "0.8");  // 512 + 512 * 10.5 / 21 = 768 ns
   CHECK(fields["delay_max_us"] == "1.0");
   CHECK(fields["top"] == "StreamSynchronize:1:7000,LaunchKernel:20:50,Ping:1:1");
+  CHECK(fields["batches"] == "2");
+  CHECK(fields["batched"] == "17");
 }
 
 TEST_CASE("a session without records or stamps shows dashes", "[server][stats]") {

@@ -30,8 +30,10 @@ GraphShape shape_of(const Graph& g) {
   return shape;
 }
 
-// The nodes' work in an order that runs every node after its dependencies (Kahn).
-std::shared_ptr<const std::vector<Work>> replay_order(const Graph& g, const GraphShape& shape) {
+// The nodes' work in an order that runs every node after its dependencies (Kahn). `positions`
+// (when given) gets each node's index in that order (nodes without work: none).
+std::shared_ptr<const std::vector<Work>> replay_order(
+    const Graph& g, const GraphShape& shape, std::vector<std::size_t>* positions = nullptr) {
   const std::size_t n = g.nodes.size();
   std::vector<std::size_t> waiting(n);
   std::vector<std::vector<std::size_t>> dependents(n);
@@ -43,11 +45,13 @@ std::shared_ptr<const std::vector<Work>> replay_order(const Graph& g, const Grap
   for (std::size_t i = 0; i < n; ++i)
     if (waiting[i] == 0) ready.push_back(i);
   auto order = std::make_shared<std::vector<Work>>();
+  if (positions != nullptr) positions->assign(n, 0);
   std::size_t visited = 0;
   while (!ready.empty()) {
     const std::size_t i = ready.back();
     ready.pop_back();
     ++visited;
+    if (positions != nullptr) (*positions)[i] = order->size();
     if (g.nodes[i]->work) order->push_back(g.nodes[i]->work);
     for (std::size_t d : dependents[i])
       if (--waiting[d] == 0) ready.push_back(d);
@@ -90,6 +94,30 @@ std::shared_ptr<const std::vector<std::uint16_t>> sms_of(State& s, CUcontext ctx
   return s.devices[static_cast<std::size_t>(device)]->primary.null_stream
              ? s.devices[static_cast<std::size_t>(device)]->primary.null_stream->sms
              : nullptr;
+}
+
+// The context a kernel node runs in: a CUkernel's is the node's ctx (NULL: the current one); a
+// CUfunction's is modelled as the context current when the node is made.
+CUcontext kernel_context(State& s, const CUDA_KERNEL_NODE_PARAMS& p) {
+  if (p.func == nullptr && p.ctx != nullptr) return p.ctx;
+  return current_context(s).handle;
+}
+
+// The replay order of `g` and where each kernel node's work sits in it, into `exec`; kernel nodes
+// keep the handles they had (an update keeps the original graph's handles working). False for a
+// graph with a cycle.
+bool order_exec(const Graph& g, GraphExec& exec) {
+  std::vector<std::size_t> positions;
+  auto order = replay_order(g, exec.shape, &positions);
+  if (!order) return false;
+  exec.order = std::move(order);
+  for (auto& [handle, kernel] : exec.kernels) kernel.position = positions[kernel.node];
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const GraphNode& node = *g.nodes[i];
+    if (node.type != CU_GRAPH_NODE_TYPE_KERNEL || !node.work) continue;
+    exec.kernels[handle_of(g.nodes[i].get())] = ExecKernel{i, positions[i], node.context};
+  }
+  return true;
 }
 
 bool capturing(const Stream& stream) {
@@ -338,9 +366,9 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphEx
     auto exec = std::make_shared<GraphExec>();
     exec->device = g->device;
     exec->shape = shape_of(*g);
-    exec->order = replay_order(*g, exec->shape);
-    if (!exec->order) return CUDA_ERROR_INVALID_VALUE;
+    if (!order_exec(*g, *exec)) return CUDA_ERROR_INVALID_VALUE;
     *phExec = s.graph_execs.add(std::move(exec));
+    ++s.graph_instantiations;
     return CUDA_SUCCESS;
   });
 }
@@ -399,7 +427,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphExecUpdate_v2(CUgraphExec hexe
       info->result = CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED;
       return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
     }
-    exec->order = replay_order(*g, shape);
+    order_exec(*g, *exec);
     info->result = CU_GRAPH_EXEC_UPDATE_SUCCESS;
     return CUDA_SUCCESS;
   });
@@ -407,9 +435,9 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphExecUpdate_v2(CUgraphExec hexe
 
 // ---- explicit construction ----
 
-MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphAddKernelNode_v2(
-    CUgraphNode* out, CUgraph hgraph, const CUgraphNode* deps, size_t count,
-    const CUDA_KERNEL_NODE_PARAMS* p) {
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI
+cuGraphAddKernelNode_v2(CUgraphNode* out, CUgraph hgraph, const CUgraphNode* deps, size_t count,
+                        const CUDA_KERNEL_NODE_PARAMS* p) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     Graph* g = s.graphs.get(hgraph);
@@ -422,17 +450,78 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphAddKernelNode_v2(
         p->blockDimY == 0 || p->blockDimZ == 0)
       return CUDA_ERROR_INVALID_VALUE;
     auto args = std::make_shared<std::vector<std::byte>>();
-    if (CUresult r = pack_arguments(*fn->def, p->kernelParams, p->extra, *args);
-        r != CUDA_SUCCESS)
+    if (CUresult r = pack_arguments(*fn->def, p->kernelParams, p->extra, *args); r != CUDA_SUCCESS)
       return r;
     // func runs in its own context; a CUkernel in the node's (a green context's SMs).
-    auto sms = sms_of(s, p->func != nullptr ? nullptr : p->ctx, g->device);
+    const CUcontext ctx = kernel_context(s, *p);
+    auto sms = sms_of(s, ctx, g->device);
     if (!sms) return CUDA_ERROR_INVALID_CONTEXT;
-    return add_node(s, out, hgraph, deps, count, CU_GRAPH_NODE_TYPE_KERNEL,
-                    kernel_work(fn->def, Dim3{p->gridDimX, p->gridDimY, p->gridDimZ},
-                                Dim3{p->blockDimX, p->blockDimY, p->blockDimZ}, std::move(sms),
-                                std::move(args)));
+    CUresult r = add_node(s, out, hgraph, deps, count, CU_GRAPH_NODE_TYPE_KERNEL,
+                          kernel_work(fn->def, Dim3{p->gridDimX, p->gridDimY, p->gridDimZ},
+                                      Dim3{p->blockDimX, p->blockDimY, p->blockDimZ},
+                                      std::move(sms), std::move(args)));
+    if (r == CUDA_SUCCESS) node_of(*out)->context = ctx;
+    return r;
   });
+}
+
+// A kernel node's function, shape and arguments in an executable graph: later launches of the
+// graph run them, launches already queued keep what they were launched with. The node stays in
+// its context (cuda.h: "The owning context of the function cannot change").
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphExecKernelNodeSetParams_v2(
+    CUgraphExec hexec, CUgraphNode hnode, const CUDA_KERNEL_NODE_PARAMS* p) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    GraphExec* exec = s.graph_execs.get(hexec);
+    if (exec == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    auto slot = exec->kernels.find(hnode);
+    if (slot == exec->kernels.end()) return CUDA_ERROR_INVALID_VALUE;
+    CUfunction handle = p->func != nullptr ? p->func : reinterpret_cast<CUfunction>(p->kern);
+    Function* fn = nullptr;
+    if (CUresult r = resolve_function(s, handle, exec->device, fn); r != CUDA_SUCCESS) return r;
+    if (p->gridDimX == 0 || p->gridDimY == 0 || p->gridDimZ == 0 || p->blockDimX == 0 ||
+        p->blockDimY == 0 || p->blockDimZ == 0)
+      return CUDA_ERROR_INVALID_VALUE;
+    // A CUfunction keeps the node's context (its owning one, which a function cannot leave); a
+    // CUkernel names its context, which must be the node's.
+    if (p->func == nullptr && kernel_context(s, *p) != slot->second.context)
+      return CUDA_ERROR_INVALID_VALUE;
+    auto args = std::make_shared<std::vector<std::byte>>();
+    if (CUresult r = pack_arguments(*fn->def, p->kernelParams, p->extra, *args); r != CUDA_SUCCESS)
+      return r;
+    auto sms = sms_of(s, slot->second.context, exec->device);
+    if (!sms) return CUDA_ERROR_INVALID_CONTEXT;
+    Work work = std::make_shared<const std::function<void()>>(kernel_work(
+        fn->def, Dim3{p->gridDimX, p->gridDimY, p->gridDimZ},
+        Dim3{p->blockDimX, p->blockDimY, p->blockDimZ}, std::move(sms), std::move(args)));
+    // Copy on write: a queued launch holds the order it was given.
+    auto order = std::make_shared<std::vector<Work>>(*exec->order);
+    (*order)[slot->second.position] = std::move(work);
+    exec->order = std::move(order);
+    ++s.graph_node_updates;
+    return CUDA_SUCCESS;
+  });
+}
+
+// Test hooks: executable graphs instantiated, graphs and executable graphs alive, and kernel nodes
+// of executable graphs updated since the library was loaded.
+MPSSHIM_TESTDRIVER_EXPORT unsigned long long mpsshim_testdriver_graph_instantiations(void) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  return s.graph_instantiations;
+}
+
+MPSSHIM_TESTDRIVER_EXPORT int mpsshim_testdriver_graph_objects(void) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  return static_cast<int>(s.graphs.size() + s.graph_execs.size());
+}
+
+MPSSHIM_TESTDRIVER_EXPORT unsigned long long mpsshim_testdriver_graph_node_updates(void) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  return s.graph_node_updates;
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphAddMemsetNode(CUgraphNode* out, CUgraph hgraph,

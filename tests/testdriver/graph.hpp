@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -19,8 +20,9 @@ using Work = std::shared_ptr<const std::function<void()>>;
 
 struct GraphNode {
   CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
-  Work work;                       // null for an empty node
-  std::vector<CUgraphNode> deps;   // nodes of the same graph
+  Work work;                      // null for an empty node
+  std::vector<CUgraphNode> deps;  // nodes of the same graph
+  CUcontext context = nullptr;    // a kernel node: the context whose SMs it runs on
 };
 
 struct Graph {
@@ -37,10 +39,22 @@ struct GraphShape {
   bool operator==(const GraphShape&) const = default;
 };
 
+// A kernel node of an executable graph, for cuGraphExecKernelNodeSetParams: its index in the
+// graph, where its work sits in the replay order, and the context it runs in (an update may not
+// move it to another).
+struct ExecKernel {
+  std::size_t node = 0;
+  std::size_t position = 0;
+  CUcontext context = nullptr;
+};
+
 struct GraphExec {
   int device = 0;
   GraphShape shape;
-  std::shared_ptr<const std::vector<Work>> order;  // a launch keeps the order it was given
+  // A launch keeps the order it was given: an update replaces the vector when a launch still
+  // holds it, so queued launches run with the parameters they were launched with.
+  std::shared_ptr<const std::vector<Work>> order;
+  std::map<CUgraphNode, ExecKernel> kernels;  // by the node's handle in the graph it came from
 };
 
 struct Capture {

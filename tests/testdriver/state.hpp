@@ -212,6 +212,8 @@ class State {
   unsigned long long next_tex_object = 1;
   HandleTable<CUgraph, Graph> graphs;
   HandleTable<CUgraphExec, GraphExec> graph_execs;
+  std::uint64_t graph_instantiations = 0;  // test hooks (graph.cpp)
+  std::uint64_t graph_node_updates = 0;
   std::unordered_map<const Event*, CapturedRecord> captured_events;
   std::uint64_t next_capture_id = 1;
   std::uint64_t next_split = 1;

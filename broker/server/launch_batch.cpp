@@ -1,0 +1,386 @@
+#include "broker/server/launch_batch.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "broker/server/driver.hpp"
+#include "broker/server/log.hpp"
+#include "broker/server/session.hpp"
+
+namespace mpsshim::server {
+namespace {
+
+// The grid and block limits of every GPU CUDA 13 supports (compute capability 7.5 and later).
+// A shape outside them goes out eagerly, where the driver refuses it as it always did.
+constexpr std::uint32_t kMaxGridX = 2147483647u;
+constexpr std::uint32_t kMaxGridYZ = 65535u;
+constexpr std::uint32_t kMaxBlockXY = 1024u;
+constexpr std::uint32_t kMaxBlockZ = 64u;
+
+constexpr std::size_t kArgsAlign = 16;  // a kernel's parameter block may hold 16-byte members
+
+// The client's green context current while a graph is made (the current context is the one
+// graph creation and instantiation use), the primary context again afterwards, as everywhere else
+// in the server.
+class GreenCurrent {
+ public:
+  explicit GreenCurrent(Session& session) : session_(session) {
+    session.cu().cuCtxSetCurrent(session.green.context);
+  }
+  ~GreenCurrent() { session_.cu().cuCtxSetCurrent(session_.gpu().primary); }
+  GreenCurrent(const GreenCurrent&) = delete;
+  GreenCurrent& operator=(const GreenCurrent&) = delete;
+
+ private:
+  Session& session_;
+};
+
+// The node parameters of a launch. `extra` must outlive the call that reads them.
+CUDA_KERNEL_NODE_PARAMS node_params(const Session& session, const BatchedLaunch& l, void** extra) {
+  CUDA_KERNEL_NODE_PARAMS p{};
+  if (l.kernel) {
+    // A CUkernel runs in the node's context: the client's green context, as for the client's
+    // own hand-built kernel nodes (ops_graph.cpp).
+    p.kern = reinterpret_cast<CUkernel>(l.function);
+    p.ctx = session.green.context;
+  } else {
+    p.func = l.function;
+  }
+  p.gridDimX = l.grid[0];
+  p.gridDimY = l.grid[1];
+  p.gridDimZ = l.grid[2];
+  p.blockDimX = l.block[0];
+  p.blockDimY = l.block[1];
+  p.blockDimZ = l.block[2];
+  p.sharedMemBytes = l.shared_bytes;
+  p.extra = l.args_bytes != 0 ? extra : nullptr;
+  return p;
+}
+
+// Whether the client's green context has fewer SMs than the device: an SM quota.
+bool has_sm_quota(const Session& session) {
+  return session.green.sm_count != 0 && session.green.sm_count < session.gpu().snapshot.sm_count;
+}
+
+}  // namespace
+
+LaunchBatcher::~LaunchBatcher() {
+  // Normally empty: free_everything released the cache at the session's end.
+  if (cu_ != nullptr) forget(*cu_);
+}
+
+const LaunchBatcher::Limits& LaunchBatcher::limits_of(Session& session,
+                                                      const BatchedLaunch& launch) {
+  auto it = limits_.find(launch.function);
+  if (it != limits_.end()) return it->second;
+  // Read once per function (until forget()): a handful of driver calls, then a map lookup.
+  const DriverTable& cu = session.cu();
+  auto get = [&](CUfunction_attribute attribute, int* value) {
+    if (launch.kernel) {
+      return cu.cuKernelGetAttribute(value, attribute, reinterpret_cast<CUkernel>(launch.function),
+                                     session.gpu().device);
+    }
+    return cu.cuFuncGetAttribute(value, attribute, launch.function);
+  };
+  Limits limits;
+  int cluster_width = 0, cluster_must_be_set = 0;
+  bool read = get(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, &limits.max_threads) == CUDA_SUCCESS &&
+              get(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, &limits.max_dynamic_shared) ==
+                  CUDA_SUCCESS &&
+              get(CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH, &cluster_width) == CUDA_SUCCESS &&
+              get(CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET, &cluster_must_be_set) == CUDA_SUCCESS;
+  // A function compiled for clusters launches with a cluster shape whose rules the eager path
+  // leaves to the driver: it always goes eagerly.
+  limits.eager_only = !read || cluster_width != 0 || cluster_must_be_set != 0;
+  return limits_.emplace(launch.function, limits).first->second;
+}
+
+bool LaunchBatcher::accepts(Session& session, const BatchedLaunch& l) {
+  if (!settings_.enabled()) return false;
+  // A module's CUfunction runs in its own context when it is a graph node (cuda.h, the ctx
+  // field of CUDA_KERNEL_NODE_PARAMS), and the server loads modules in its primary context:
+  // under an SM quota that node could leave the client's green context. Until that is measured
+  // on the GPU, such launches go eagerly; CUkernels name the green context in their nodes.
+  if (!l.kernel && has_sm_quota(session)) return false;
+  if (l.grid[0] == 0 || l.grid[1] == 0 || l.grid[2] == 0 || l.grid[0] > kMaxGridX ||
+      l.grid[1] > kMaxGridYZ || l.grid[2] > kMaxGridYZ) {
+    return false;
+  }
+  if (l.block[0] == 0 || l.block[1] == 0 || l.block[2] == 0 || l.block[0] > kMaxBlockXY ||
+      l.block[1] > kMaxBlockXY || l.block[2] > kMaxBlockZ) {
+    return false;
+  }
+  const Limits& limits = limits_of(session, l);
+  if (limits.eager_only) return false;
+  const std::uint64_t threads = std::uint64_t{l.block[0]} * l.block[1] * l.block[2];
+  return threads <= static_cast<std::uint64_t>(std::max(limits.max_threads, 0)) &&
+         l.shared_bytes <= static_cast<std::uint64_t>(std::max(limits.max_dynamic_shared, 0));
+}
+
+bool LaunchBatcher::add(std::uint64_t stream_id, const BatchedLaunch& launch,
+                        std::span<const std::byte> args) {
+  if (pending_.empty()) {
+    stream_ = stream_id;
+    args_.clear();
+  }
+  const std::size_t offset = (args_.size() + kArgsAlign - 1) / kArgsAlign * kArgsAlign;
+  // Grows to the largest batch seen, then stays: no allocation per batch after that.
+  args_.resize(offset + args.size());
+  if (!args.empty()) std::memcpy(args_.data() + offset, args.data(), args.size());
+  BatchedLaunch copy = launch;
+  copy.args_bytes = static_cast<std::uint32_t>(args.size());
+  pending_.push_back(copy);
+  offsets_.push_back(offset);
+  return pending_.size() >= settings_.max_launches;
+}
+
+CUresult LaunchBatcher::flush(Session& session) {
+  if (pending_.empty()) return CUDA_SUCCESS;
+  CUresult sticky = CUDA_SUCCESS;
+  const StreamObj* stream = session.objects.get<StreamObj>(stream_);
+  if (stream == nullptr) {
+    // Cannot happen: a stream is destroyed only by a record, and every record other than a
+    // launch flushes the batch first. Reported as the eager launches would have been.
+    session.post_async_error(CUDA_ERROR_INVALID_HANDLE);
+  } else if (pending_.size() < std::max<std::size_t>(settings_.min_launches, 2) ||
+             !launch_graph(session, stream->stream)) {
+    sticky = issue_eagerly(session, stream->stream);
+  }
+  pending_.clear();
+  offsets_.clear();
+  return sticky;
+}
+
+CUresult LaunchBatcher::issue_eagerly(Session& session, CUstream stream) {
+  // Exactly what op_launch_kernel does for a launch without attributes, one by one.
+  const DriverTable& cu = session.cu();
+  for (std::size_t i = 0; i < pending_.size(); ++i) {
+    const BatchedLaunch& l = pending_[i];
+    std::size_t args_size = l.args_bytes;
+    void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, const_cast<std::byte*>(args_of(i)),
+                     CU_LAUNCH_PARAM_BUFFER_SIZE, &args_size, CU_LAUNCH_PARAM_END};
+    CUlaunchConfig config{};
+    config.gridDimX = l.grid[0];
+    config.gridDimY = l.grid[1];
+    config.gridDimZ = l.grid[2];
+    config.blockDimX = l.block[0];
+    config.blockDimY = l.block[1];
+    config.blockDimZ = l.block[2];
+    config.sharedMemBytes = l.shared_bytes;
+    config.hStream = stream;
+    CUresult r =
+        cu.cuLaunchKernelEx(&config, l.function, nullptr, args_size != 0 ? extra : nullptr);
+    if (r == CUDA_SUCCESS) {
+      ++session.launches;
+    } else if (is_sticky(r, false)) {
+      return r;  // the server fails every session; nothing later would run
+    } else {
+      session.post_async_error(r);
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+bool LaunchBatcher::launch_graph(Session& session, CUstream stream) {
+  const DriverTable& cu = session.cu();
+  const std::uint64_t hash = key_hash();
+  Cached* entry = find(hash);
+  if (entry == nullptr) {
+    // A batch larger than the whole cache may hold never gets a graph.
+    if (pending_.size() > settings_.cache_nodes || settings_.cache_graphs == 0) return false;
+    if (refused(hash) || !seen_enough(hash)) return false;
+    entry = build(session, hash);
+    if (entry == nullptr) {
+      ++session.stats.batch_fallbacks;
+      return false;
+    }
+  }
+  entry->last_used = ++clock_;
+  // Every node gets this batch's shape and arguments; the driver copies them, and a launch of
+  // the graph already queued keeps the values it was launched with.
+  CUresult r = CUDA_SUCCESS;
+  for (std::size_t i = 0; i < pending_.size() && r == CUDA_SUCCESS; ++i) {
+    std::size_t args_size = pending_[i].args_bytes;
+    void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, const_cast<std::byte*>(args_of(i)),
+                     CU_LAUNCH_PARAM_BUFFER_SIZE, &args_size, CU_LAUNCH_PARAM_END};
+    CUDA_KERNEL_NODE_PARAMS params = node_params(session, pending_[i], extra);
+    r = cu.cuGraphExecKernelNodeSetParams_v2(entry->exec, entry->nodes[i], &params);
+  }
+  if (r == CUDA_SUCCESS) r = cu.cuGraphLaunch(entry->exec, stream);
+  if (r == CUDA_SUCCESS) {
+    session.launches += pending_.size();
+    ++session.stats.batches;
+    session.stats.batched += pending_.size();
+    return true;
+  }
+  // Nothing of this batch ran (a failed update or launch queues nothing): it goes out eagerly,
+  // where each launch fails or succeeds as it would have without batching. The graph is not
+  // trusted again.
+  log_debug("{}: a batch of {} launches went out eagerly: {}", session.who(), pending_.size(),
+            describe(cu, r));
+  ++session.stats.batch_fallbacks;
+  refused_[refused_next_++ % refused_.size()] = hash;
+  drop(cu, static_cast<std::size_t>(entry - cache_.data()));
+  return false;
+}
+
+std::uint64_t LaunchBatcher::key_hash() const {
+  // FNV-1a over the node count and each node's function and kind.
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&](std::uint64_t v) {
+    for (int b = 0; b < 8; ++b) {
+      h ^= (v >> (8 * b)) & 0xff;
+      h *= 0x100000001b3ull;
+    }
+  };
+  mix(pending_.size());
+  for (const BatchedLaunch& l : pending_) {
+    mix(reinterpret_cast<std::uintptr_t>(l.function));
+    mix(l.kernel ? 1 : 0);
+  }
+  return h;
+}
+
+LaunchBatcher::Cached* LaunchBatcher::find(std::uint64_t hash) {
+  for (Cached& c : cache_) {
+    if (c.hash != hash || c.functions.size() != pending_.size()) continue;
+    bool same = true;
+    for (std::size_t i = 0; i < pending_.size() && same; ++i) {
+      same = c.functions[i] == pending_[i].function && c.kernels[i] == pending_[i].kernel;
+    }
+    if (same) return &c;
+  }
+  return nullptr;
+}
+
+bool LaunchBatcher::seen_enough(std::uint64_t hash) {
+  const auto seen = static_cast<std::size_t>(std::count(seen_.begin(), seen_.end(), hash));
+  if (seen >= settings_.eager_sightings) {
+    std::replace(seen_.begin(), seen_.end(), hash, std::uint64_t{0});
+    return true;
+  }
+  seen_[seen_next_++ % seen_.size()] = hash;
+  return false;
+}
+
+bool LaunchBatcher::refused(std::uint64_t hash) const {
+  return std::find(refused_.begin(), refused_.end(), hash) != refused_.end();
+}
+
+LaunchBatcher::Cached* LaunchBatcher::build(Session& session, std::uint64_t hash) {
+  const DriverTable& cu = session.cu();
+  evict_for(cu, pending_.size());
+  Cached entry;
+  entry.hash = hash;
+  CUresult r = CUDA_SUCCESS;
+  {
+    GreenCurrent green(session);
+    r = cu.cuGraphCreate(&entry.graph, 0);
+    // A chain: node i depends on node i - 1, as launches on one stream are ordered. The
+    // parameters are this batch's; every launch of the graph sets them again.
+    for (std::size_t i = 0; i < pending_.size() && r == CUDA_SUCCESS; ++i) {
+      std::size_t args_size = pending_[i].args_bytes;
+      void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, const_cast<std::byte*>(args_of(i)),
+                       CU_LAUNCH_PARAM_BUFFER_SIZE, &args_size, CU_LAUNCH_PARAM_END};
+      CUDA_KERNEL_NODE_PARAMS params = node_params(session, pending_[i], extra);
+      CUgraphNode node = nullptr;
+      r = cu.cuGraphAddKernelNode_v2(&node, entry.graph,
+                                     entry.nodes.empty() ? nullptr : &entry.nodes.back(),
+                                     entry.nodes.empty() ? 0 : 1, &params);
+      if (r == CUDA_SUCCESS) entry.nodes.push_back(node);
+    }
+    if (r == CUDA_SUCCESS) r = cu.cuGraphInstantiateWithFlags(&entry.exec, entry.graph, 0);
+  }
+  if (r != CUDA_SUCCESS) {
+    log_debug("{}: no graph for a batch of {} launches: {}", session.who(), pending_.size(),
+              describe(cu, r));
+    destroy(cu, entry);
+    refused_[refused_next_++ % refused_.size()] = hash;
+    return nullptr;
+  }
+  for (const BatchedLaunch& l : pending_) {
+    entry.functions.push_back(l.function);
+    entry.kernels.push_back(l.kernel);
+  }
+  cu_ = &cu;
+  cached_nodes_ += entry.nodes.size();
+  ++session.stats.batch_graphs;
+  cache_.push_back(std::move(entry));
+  return &cache_.back();
+}
+
+void LaunchBatcher::evict_for(const DriverTable& cu, std::size_t nodes) {
+  while (!cache_.empty() && (cache_.size() >= settings_.cache_graphs ||
+                             cached_nodes_ + nodes > settings_.cache_nodes)) {
+    auto oldest = std::min_element(
+        cache_.begin(), cache_.end(),
+        [](const Cached& a, const Cached& b) { return a.last_used < b.last_used; });
+    drop(cu, static_cast<std::size_t>(oldest - cache_.begin()));
+  }
+}
+
+void LaunchBatcher::drop(const DriverTable& cu, std::size_t index) {
+  cached_nodes_ -= std::min(cached_nodes_, cache_[index].nodes.size());
+  destroy(cu, cache_[index]);
+  cache_.erase(cache_.begin() + static_cast<std::ptrdiff_t>(index));
+}
+
+void LaunchBatcher::destroy(const DriverTable& cu, Cached& entry) {
+  // An executable graph still queued on the GPU is freed by the driver once it completes
+  // (cuGraphExecDestroy: "If the executable graph is in-flight, it will not be terminated, but
+  // rather freed asynchronously on completion").
+  if (entry.exec != nullptr) cu.cuGraphExecDestroy(entry.exec);
+  if (entry.graph != nullptr) cu.cuGraphDestroy(entry.graph);
+  entry.exec = nullptr;
+  entry.graph = nullptr;
+}
+
+void LaunchBatcher::forget(const DriverTable& cu) {
+  for (Cached& c : cache_) destroy(cu, c);
+  cache_.clear();
+  cached_nodes_ = 0;
+  limits_.clear();
+  seen_.fill(0);
+  refused_.fill(0);
+}
+
+void LaunchBatcher::release(Session& session) {
+  const SessionStats& stats = session.stats;
+  if (stats.batches != 0 || stats.batch_fallbacks != 0) {
+    log_info(
+        "{}: {} launches went out in {} graph launches (mean batch {:.1f}); {} graphs built, {} "
+        "batches issued eagerly after a failure",
+        session.who(), stats.batched, stats.batches,
+        stats.batches == 0
+            ? 0.0
+            : static_cast<double>(stats.batched) / static_cast<double>(stats.batches),
+        stats.batch_graphs, stats.batch_fallbacks);
+  }
+  forget(session.cu());
+}
+
+CUresult flush_launches(Session& session) {
+  if (!session.launch_batch.pending()) return CUDA_SUCCESS;
+  const std::uint64_t started = SessionStats::now_ns();
+  CUresult r = session.launch_batch.flush(session);
+  // The launches' driver time, outside any record's handler: it counts as LaunchKernel's server
+  // time (the records themselves were counted when dispatched).
+  session.stats.ops[static_cast<std::size_t>(proto::Op::kLaunchKernel)].handler_ns +=
+      SessionStats::now_ns() - started;
+  return r;
+}
+
+bool continues_launch_batch(const Session& session, std::span<const std::byte> record) {
+  const LaunchBatcher& batch = session.launch_batch;
+  if (!batch.pending() || record.size() < sizeof(proto::RecordHeader) + sizeof(proto::LaunchReq)) {
+    return false;
+  }
+  proto::RecordHeader header;
+  std::memcpy(&header, record.data(), sizeof header);
+  if (header.opcode != static_cast<std::uint16_t>(proto::Op::kLaunchKernel)) return false;
+  proto::LaunchReq req;
+  std::memcpy(&req, record.data() + sizeof header, sizeof req);
+  return req.stream == batch.stream();
+}
+
+}  // namespace mpsshim::server

@@ -1,0 +1,164 @@
+// Launch batching: a session's kernel launches that sit one after another in its ring, all for
+// the same stream, go out as one cuGraphLaunch of a cached executable graph instead of one
+// cuLaunchKernelEx each. The driver serializes cuLaunchKernel inside one process (~1.35 us each
+// on an H100, whatever the number of threads); updating a node of an executable graph
+// (cuGraphExecKernelNodeSetParams, ~0.4 us) does not serialize across threads, and one graph
+// launch then issues every node. See docs/launch-batching.md.
+//
+// Only what is already in the ring is batched: the worker's drain pass (worker.cpp) flushes the
+// batch when the ring is empty or the pass ends, dispatch_record flushes it before any other
+// record, and op_launch_kernel before a launch that cannot join it. A batch shorter than the
+// minimum goes out eagerly, as it would without batching.
+//
+// One per session, used only by the thread that owns the session.
+#pragma once
+
+#include <cuda.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "broker/server/driver_table.hpp"
+#include "proto/ops.hpp"
+
+namespace mpsshim::server {
+
+class Session;
+
+struct LaunchBatchSettings {
+  // Batches shorter than this go out eagerly (one cuLaunchKernelEx each).
+  std::size_t min_launches = 2;
+  // A batch that reaches this many launches goes out at once. 0 or 1: batching off
+  // (mpsshim-server --launch-batch N).
+  std::size_t max_launches = 64;
+  // The cache of executable graphs, per session: at most this many graphs, and this many kernel
+  // nodes in all of them; the least recently used graph goes first.
+  // Keys are exact node counts, so one function launched in batches of every size up to the
+  // maximum needs 64 graphs (2080 nodes): these fit it.
+  std::size_t cache_graphs = 64;
+  std::size_t cache_nodes = 4096;
+  // A sequence of functions is issued eagerly the first `eager_sightings` times it is seen; a
+  // graph is built for it only at the next. Instantiating a graph costs many eager launches, so
+  // a sequence that never comes back (batch boundaries fall wherever the ring happened to end)
+  // should not pay for one. 0: build at the first sight.
+  std::size_t eager_sightings = 1;
+
+  bool enabled() const { return max_launches >= 2 && min_launches <= max_launches; }
+};
+
+// A launch that passed every check op_launch_kernel makes, waiting to go out.
+struct BatchedLaunch {
+  CUfunction function = nullptr;  // what cuLaunchKernelEx takes (a CUkernel cast to one)
+  bool kernel = false;            // a CUkernel: its graph node runs in the client's green context
+  std::uint32_t grid[3] = {};
+  std::uint32_t block[3] = {};
+  std::uint32_t shared_bytes = 0;
+  std::uint32_t args_bytes = 0;
+};
+
+class LaunchBatcher {
+ public:
+  LaunchBatcher() = default;
+  ~LaunchBatcher();
+  LaunchBatcher(const LaunchBatcher&) = delete;
+  LaunchBatcher& operator=(const LaunchBatcher&) = delete;
+
+  // The server's settings; taken at every drain pass (cheap: a few words).
+  void configure(const LaunchBatchSettings& settings) { settings_ = settings; }
+  const LaunchBatchSettings& settings() const { return settings_; }
+
+  // Whether a launch of `function` with this shape may wait in a batch: batching is on, the
+  // function's own limits allow the shape (checked here so that a launch the driver would refuse
+  // goes out eagerly and fails exactly as it does without batching) and it needs no cluster.
+  // A launch with attributes, a reply slot or during a capture never asks (op_launch_kernel).
+  bool accepts(Session& session, const BatchedLaunch& launch);
+
+  bool pending() const { return !pending_.empty(); }
+  std::uint64_t stream() const { return stream_; }
+
+  // Adds a launch for `stream_id` (the stream of any launch already pending). Copies the
+  // arguments. Returns true when the batch is full and must be flushed now.
+  bool add(std::uint64_t stream_id, const BatchedLaunch& launch, std::span<const std::byte> args);
+
+  // Issues what is pending: eagerly below the minimum; else as one graph launch, or eagerly if
+  // any step of the graph path fails. Errors are reported as the eager launches report them (a
+  // one-way call's error waits in async_error). Returns a sticky error (the caller raises the
+  // fault), else CUDA_SUCCESS.
+  CUresult flush(Session& session);
+
+  // Something a cached graph or a function's limits may depend on changed (a function's
+  // attribute, an unloaded module or library, a destroyed context, a context limit): every
+  // cached graph and limit is dropped. Nothing may be pending.
+  void forget(const DriverTable& cu);
+
+  // Session end: destroys every cached graph (the session's streams are idle) and logs what
+  // batching did for the session.
+  void release(Session& session);
+
+  std::size_t cached_graphs() const { return cache_.size(); }
+
+ private:
+  struct Limits {
+    int max_threads = 0;         // CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+    int max_dynamic_shared = 0;  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    bool eager_only = false;     // needs a cluster, or its limits could not be read
+  };
+  // An executable graph whose kernel nodes form a chain; node i runs functions[i].
+  struct Cached {
+    std::uint64_t hash = 0;
+    std::vector<CUfunction> functions;
+    std::vector<bool> kernels;
+    CUgraph graph = nullptr;
+    CUgraphExec exec = nullptr;
+    std::vector<CUgraphNode> nodes;
+    std::uint64_t last_used = 0;
+  };
+
+  const Limits& limits_of(Session& session, const BatchedLaunch& launch);
+  std::uint64_t key_hash() const;
+  Cached* find(std::uint64_t hash);
+  bool seen_enough(std::uint64_t hash);
+  bool refused(std::uint64_t hash) const;
+  Cached* build(Session& session, std::uint64_t hash);
+  void evict_for(const DriverTable& cu, std::size_t nodes);
+  void drop(const DriverTable& cu, std::size_t index);  // destroys and removes cache_[index]
+  void destroy(const DriverTable& cu, Cached& entry);
+  // False when the batch must go out eagerly instead (nothing of it was queued).
+  bool launch_graph(Session& session, CUstream stream);
+  CUresult issue_eagerly(Session& session, CUstream stream);
+  const std::byte* args_of(std::size_t i) const { return args_.data() + offsets_[i]; }
+
+  LaunchBatchSettings settings_;
+  // The batch.
+  std::uint64_t stream_ = 0;
+  std::vector<BatchedLaunch> pending_;
+  std::vector<std::size_t> offsets_;  // into args_, 16-byte aligned
+  std::vector<std::byte> args_;
+  // The cache.
+  std::vector<Cached> cache_;
+  std::size_t cached_nodes_ = 0;
+  std::uint64_t clock_ = 0;
+  std::unordered_map<CUfunction, Limits> limits_;
+  // Recent sequences seen without a graph, and sequences whose graph could not be built or
+  // updated (never tried again until forget()): hashes, oldest overwritten.
+  std::array<std::uint64_t, 64> seen_{};
+  std::size_t seen_next_ = 0;
+  std::array<std::uint64_t, 16> refused_{};
+  std::size_t refused_next_ = 0;
+  const DriverTable* cu_ = nullptr;  // the driver that made the cached graphs
+};
+
+// The session's batch flushed outside a record's handler (before another record, at the end of
+// a drain pass); its driver time is added to LaunchKernel's server time in the session's stats.
+CUresult flush_launches(Session& session);
+
+// Whether `record` (a ring record in shared memory, header included) is a launch that would
+// join the session's waiting batch: one for the batch's stream, while a batch waits. A hint for
+// where a drain pass may end, read without copying; dispatch decides from a private copy.
+bool continues_launch_batch(const Session& session, std::span<const std::byte> record);
+
+}  // namespace mpsshim::server

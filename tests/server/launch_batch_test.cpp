@@ -1,0 +1,741 @@
+// Launch batching (broker/server/launch_batch.hpp): consecutive launches of a session for one
+// stream go out as one launch of a cached executable graph. On the test driver, whose graphs
+// really run their nodes in order with the parameters last set, the results must be those of
+// eager launches; on the fake driver, a failing graph step must fall back to eager launches.
+#include <dlfcn.h>
+
+#include <catch2/catch.hpp>
+
+#include <bit>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <vector>
+
+#include "broker/server/driver.hpp"
+#include "broker/server/session_stats.hpp"
+#include "tests/server/harness.hpp"
+
+namespace mpsshim::server::test {
+namespace {
+
+using proto::Op;
+
+const DriverTable& test_driver() {
+  static const DriverTable table = [] {
+    const char* path = std::getenv("MPSSHIM_TESTDRIVER_LIB");
+    if (path == nullptr) throw std::runtime_error("MPSSHIM_TESTDRIVER_LIB is not set");
+    auto loaded = load_driver(path);
+    if (!loaded) throw std::runtime_error(loaded.error().message);
+    return *loaded;
+  }();
+  return table;
+}
+
+template <typename T>
+T driver_hook(const char* name) {
+  void* lib = ::dlopen(std::getenv("MPSSHIM_TESTDRIVER_LIB"), RTLD_NOW | RTLD_NOLOAD);
+  void* symbol = lib != nullptr ? ::dlsym(lib, name) : nullptr;
+  if (symbol == nullptr) throw std::runtime_error(std::string("test driver lacks ") + name);
+  return reinterpret_cast<T>(symbol);
+}
+int live_driver_objects() {
+  return driver_hook<int (*)()>("mpsshim_testdriver_live_objects")();
+}
+unsigned long long instantiations() {
+  return driver_hook<unsigned long long (*)()>("mpsshim_testdriver_graph_instantiations")();
+}
+int graph_objects() {  // graphs and executable graphs alive
+  return driver_hook<int (*)()>("mpsshim_testdriver_graph_objects")();
+}
+unsigned long long node_updates() {
+  return driver_hook<unsigned long long (*)()>("mpsshim_testdriver_graph_node_updates")();
+}
+
+std::vector<std::byte> fatbin() {
+  std::vector<std::byte> bytes(16 + 64);
+  const std::uint32_t magic = 0xBA55ED50u;
+  const std::uint16_t version = 1, header_size = 16;
+  const std::uint64_t fat_size = 64;
+  std::memcpy(bytes.data(), &magic, 4);
+  std::memcpy(bytes.data() + 4, &version, 2);
+  std::memcpy(bytes.data() + 6, &header_size, 2);
+  std::memcpy(bytes.data() + 8, &fat_size, 8);
+  return bytes;
+}
+
+std::uint32_t bits(float f) {
+  return std::bit_cast<std::uint32_t>(f);
+}
+
+// The session's figures, from its stats line and its ps line.
+struct Figures {
+  std::uint64_t batches = 0;
+  std::uint64_t batched = 0;
+  std::uint64_t launches = 0;
+};
+std::uint64_t field(const std::string& text, const std::string& key) {
+  const std::size_t at = text.find(" " + key + "=");
+  if (at == std::string::npos) throw std::runtime_error("no " + key + "= in: " + text);
+  return std::stoull(text.substr(at + key.size() + 2));
+}
+Figures figures(Harness& h) {
+  const std::string stats = h.server->stats_text(true);
+  const std::string ps = h.server->stats_text(false);
+  return Figures{field(stats, "batches"), field(stats, "batched"), field(ps, "launches")};
+}
+
+// A client of a server on `driver` with one context, its module's functions and a library's
+// kernels, streams and device buffers.
+struct Fixture {
+  explicit Fixture(const DriverTable& driver, ServerSettings settings = {},
+                   proto::ClientHello hello = default_hello())
+      : h(driver, settings), sut(h, hello) {
+    std::string log;
+    for (const std::string& line : h.logs) log += line + "\n";
+    INFO("server log:\n" << log);
+    REQUIRE(sut.connected());
+    ctx = sut.create_context();
+  }
+  ~Fixture() {
+    sut.hang_up();
+    h.pump_until([&] { return h.logged("freed") || h.logged("nothing to free"); });
+  }
+  Fixture(const Fixture&) = delete;
+  Fixture& operator=(const Fixture&) = delete;
+
+  std::uint64_t load(proto::ImageKind kind) {
+    auto image = fatbin();
+    const std::uint32_t token = next_token++;
+    sut.send_memfd(proto::MessageKind::kModuleImage, token, image.size(), image);
+    auto reply =
+        sut.call(Op::kImageLoad, proto::ImageLoadReq{ctx.ctx, image.size(), token, kind, 0, 0});
+    REQUIRE(reply.result == CUDA_SUCCESS);
+    return reply.as<proto::ImageLoadRep>().handle;
+  }
+  // A module function (kind kModule) or a library kernel (kLibrary) by name.
+  proto::FunctionRep function(const std::string& name,
+                              proto::ImageKind kind = proto::ImageKind::kModule) {
+    std::uint64_t& owner = kind == proto::ImageKind::kModule ? module : library;
+    if (owner == 0) owner = load(kind);
+    std::vector<std::byte> bytes(name.size());
+    std::memcpy(bytes.data(), name.data(), name.size());
+    auto reply =
+        sut.call(kind == proto::ImageKind::kModule ? Op::kModuleGetFunction : Op::kLibraryGetKernel,
+                 proto::NamedLookupReq{owner, static_cast<std::uint32_t>(name.size()), 0}, bytes);
+    REQUIRE(reply.result == CUDA_SUCCESS);
+    return reply.as<proto::FunctionRep>();
+  }
+  std::uint64_t stream(std::uint32_t flags = CU_STREAM_NON_BLOCKING) {
+    auto reply = sut.call(Op::kStreamCreate, proto::StreamCreateReq{ctx.ctx, flags, 0});
+    REQUIRE(reply.result == CUDA_SUCCESS);
+    return reply.as<proto::StreamCreateRep>().stream;
+  }
+  std::uint64_t event() {
+    auto reply =
+        sut.call(Op::kEventCreate, proto::EventCreateReq{ctx.ctx, CU_EVENT_DISABLE_TIMING, 0});
+    REQUIRE(reply.result == CUDA_SUCCESS);
+    return reply.as<proto::EventCreateRep>().event;
+  }
+  std::uint64_t buffer(std::uint64_t bytes) {
+    CUresult r = CUDA_SUCCESS;
+    std::uint64_t p = sut.alloc(ctx.ctx, bytes, &r);
+    REQUIRE(r == CUDA_SUCCESS);
+    return p;
+  }
+
+  // A launch record: `args` packed at the function's parameter offsets.
+  template <typename... Args>
+  void launch(const proto::FunctionRep& f, std::uint64_t stream, unsigned grid, unsigned block,
+              Args... args) {
+    launch_shaped(f, stream, {grid, 1, 1}, {block, 1, 1}, 0, args...);
+  }
+  template <typename... Args>
+  void launch_shaped(const proto::FunctionRep& f, std::uint64_t stream,
+                     std::array<unsigned, 3> grid, std::array<unsigned, 3> block,
+                     std::uint32_t shared, Args... args) {
+    std::vector<std::byte> packed(f.args_bytes);
+    std::size_t i = 0;
+    auto put = [&](auto value) {
+      REQUIRE(i < f.param_count);
+      REQUIRE(f.params[i].size == sizeof value);
+      std::memcpy(packed.data() + f.params[i].offset, &value, sizeof value);
+      ++i;
+    };
+    (put(args), ...);
+    REQUIRE(i == f.param_count);
+    proto::LaunchReq req{};
+    req.function = f.function;
+    req.stream = stream;
+    std::memcpy(req.grid, grid.data(), sizeof req.grid);
+    std::memcpy(req.block, block.data(), sizeof req.block);
+    req.shared_bytes = shared;
+    req.args_bytes = static_cast<std::uint32_t>(packed.size());
+    sut.send(Op::kLaunchKernel, req, proto::kNoReply, packed);
+  }
+  void memset(std::uint64_t stream, std::uint64_t dst, std::uint32_t value, std::uint64_t words) {
+    sut.send(Op::kMemset, proto::MemsetReq{stream, dst, 0, words, 1, value, 4});
+  }
+  CUresult synchronize(std::uint64_t stream) {
+    return sut.call(Op::kStreamSynchronize, proto::HandleReq{stream}).result;
+  }
+  // `words` 32-bit words at dptr, through a staged copy on the default stream.
+  template <typename T = std::uint32_t>
+  std::vector<T> read(std::uint64_t dptr, std::size_t count) {
+    const std::uint32_t generation = ++read_generation;
+    sut.send(Op::kCopyDtoH,
+             proto::CopyHostReq{ctx.default_stream, dptr, count * sizeof(T),
+                                proto::HostRef{1, 0, proto::HostKind::kStagingChunk, generation}});
+    REQUIRE(h.pump_until(
+        [&] { return sut.view().chunk_state(1)->done_generation.load() == generation; }));
+    REQUIRE(sut.view().chunk_state(1)->result.load() == CUDA_SUCCESS);
+    std::vector<T> out(count);
+    std::memcpy(out.data(), sut.view().chunk(1), count * sizeof(T));
+    return out;
+  }
+  CUresult async_error() { return static_cast<CUresult>(sut.control()->async_error.exchange(0)); }
+
+  Harness h;
+  TestClient sut;
+  proto::CtxCreateRep ctx{};
+  std::uint64_t module = 0;
+  std::uint64_t library = 0;
+  std::uint32_t next_token = 1;
+  std::uint32_t read_generation = 0;
+};
+
+ServerSettings batching(std::size_t max = 64, std::size_t eager_sightings = 1) {
+  ServerSettings s;
+  s.launch_batch.max_launches = max;
+  s.launch_batch.eager_sightings = eager_sightings;
+  return s;
+}
+
+ServerSettings no_batching() {
+  return batching(0);
+}
+
+constexpr int kWords = 16;
+
+// fill_u32(p + i, 100 i, 1) then increment_i32(p, n), for every i: word i ends at
+// 100 i + (kWords - i), which only the launch order gives. Two functions, 2 * kWords launches.
+// (Functions are looked up before: a lookup is a record between launches.)
+void append_and_count(Fixture& f, std::uint64_t stream, std::uint64_t words,
+                      const proto::FunctionRep& fill, const proto::FunctionRep& increment) {
+  for (int i = 0; i < kWords; ++i) {
+    f.launch(fill, stream, 1, 32, words + 4u * i, static_cast<std::uint32_t>(100 * i), 1);
+    f.launch(increment, stream, 2, 64, words, kWords);
+  }
+}
+std::vector<std::uint32_t> appended_and_counted() {
+  std::vector<std::uint32_t> out;
+  for (int i = 0; i < kWords; ++i) out.push_back(static_cast<std::uint32_t>(100 * i + kWords - i));
+  return out;
+}
+
+// Fibonacci with vector_add on aliased buffers: a += b, then b += a, `pairs` times, from a = b =
+// 1: any two launches swapped give other numbers.
+void fibonacci(Fixture& f, std::uint64_t stream, std::uint64_t a, std::uint64_t b, int pairs,
+               const proto::FunctionRep& add) {
+  for (int i = 0; i < pairs; ++i) {
+    f.launch(add, stream, 1, 32, a, b, a, 4);
+    f.launch(add, stream, 1, 32, a, b, b, 4);
+  }
+}
+
+// What one run of the mixed sequence below leaves in device memory, and what came back.
+struct RunResult {
+  std::vector<std::uint32_t> words;
+  std::vector<float> fib;
+  CUresult async_error = CUDA_SUCCESS;
+  Figures figures;
+  unsigned long long instantiations = 0;
+};
+
+RunResult run_mixed(ServerSettings settings, int rounds) {
+  Fixture f(test_driver(), settings);
+  const unsigned long long instantiated_before = instantiations();
+  const std::uint64_t s = f.stream();
+  const std::uint64_t words = f.buffer(4 * kWords);
+  const std::uint64_t fib = f.buffer(2 * 4 * 4);
+  const auto fill = f.function("fill_u32");
+  const auto increment = f.function("increment_i32");
+  const auto add = f.function("vector_add");
+  RunResult result;
+  for (int round = 0; round < rounds; ++round) {
+    f.memset(s, words, 0, kWords);
+    f.memset(s, fib, bits(1.0f), 8);
+    append_and_count(f, s, words, fill, increment);
+    fibonacci(f, s, fib, fib + 16, 5, add);
+    REQUIRE(f.synchronize(s) == CUDA_SUCCESS);
+    CHECK(f.read(words, kWords) == appended_and_counted());
+  }
+  result.words = f.read(words, kWords);
+  result.fib = f.read<float>(fib, 8);
+  result.async_error = f.async_error();
+  result.figures = figures(f.h);
+  result.instantiations = instantiations() - instantiated_before;
+  return result;
+}
+
+}  // namespace
+
+TEST_CASE("batched launches leave device memory exactly as eager launches do",
+          "[server][launch_batch]") {
+  constexpr int kRounds = 4;
+  const RunResult eager = run_mixed(no_batching(), kRounds);
+  const RunResult batched = run_mixed(batching(), kRounds);
+
+  CHECK(eager.words == appended_and_counted());
+  // a, b after five pairs from 1, 1: (2, 3), (5, 8), (13, 21), (34, 55), (89, 144).
+  CHECK(eager.fib == std::vector<float>{89, 89, 89, 89, 144, 144, 144, 144});
+  CHECK(batched.words == eager.words);
+  CHECK(batched.fib == eager.fib);
+  CHECK(batched.async_error == CUDA_SUCCESS);
+  CHECK(eager.async_error == CUDA_SUCCESS);
+
+  const std::uint64_t per_round = 2 * kWords + 10;
+  CHECK(eager.figures.batches == 0);
+  CHECK(eager.figures.launches == kRounds * per_round);
+  CHECK(eager.instantiations == 0);
+  // Each round's launches wait in the ring behind two memsets and end at the synchronize: one
+  // batch. The first round is the sequence's first sighting (eager); the second builds its
+  // graph, the others reuse it.
+  CHECK(batched.figures.launches == kRounds * per_round);
+  CHECK(batched.figures.batches == kRounds - 1);
+  CHECK(batched.figures.batched == (kRounds - 1) * per_round);
+  CHECK(batched.instantiations == 1);
+}
+
+TEST_CASE("a batch goes out as one graph launch whose nodes all got this batch's parameters",
+          "[server][launch_batch]") {
+  Fixture f(test_driver(), batching(64, 0));
+  const auto fill = f.function("fill_u32");
+  const std::uint64_t s = f.stream();
+  const std::uint64_t out = f.buffer(4 * kWords);
+  const unsigned long long updates_before = node_updates();
+  // The same sequence of functions with other arguments each time: the cached graph runs them.
+  for (std::uint32_t round = 1; round <= 3; ++round) {
+    for (int i = 0; i < kWords; ++i) {
+      f.launch(fill, s, 1, 32, out + 4u * i, round * 1000 + static_cast<std::uint32_t>(i), 1);
+    }
+    REQUIRE(f.synchronize(s) == CUDA_SUCCESS);
+    std::vector<std::uint32_t> expected;
+    for (int i = 0; i < kWords; ++i)
+      expected.push_back(round * 1000 + static_cast<std::uint32_t>(i));
+    CHECK(f.read(out, kWords) == expected);
+  }
+  CHECK(figures(f.h).batches == 3);
+  CHECK(node_updates() - updates_before == 3 * kWords);
+  CHECK(f.async_error() == CUDA_SUCCESS);
+}
+
+TEST_CASE("a memset, an event record or another stream between launches splits the batch in order",
+          "[server][launch_batch]") {
+  Fixture f(test_driver(), batching(64, 0));
+  const auto add = f.function("scale_add");  // y = alpha * x + y
+  const auto copy = f.function("vector_add");
+  const std::uint64_t s = f.stream();
+  const std::uint64_t other = f.stream();
+  const std::uint64_t y = f.buffer(16);
+  const std::uint64_t ones = f.buffer(16);
+  const std::uint64_t zeros = f.buffer(16);
+  const std::uint64_t snapshot = f.buffer(16);
+  const std::uint64_t z = f.buffer(16);
+  f.memset(s, ones, bits(1.0f), 4);
+  f.memset(s, zeros, 0, 4);
+  f.memset(s, z, 0, 4);
+  f.memset(s, y, bits(7.0f), 4);
+  REQUIRE(f.synchronize(s) == CUDA_SUCCESS);
+  const std::uint64_t reached = f.event();
+  const std::uint64_t copied = f.event();
+
+  SECTION("a memset") {
+    for (int i = 0; i < 5; ++i) f.launch(add, s, 1, 32, y, ones, 1.0f, 4);  // 12
+    f.memset(s, y, bits(100.0f), 4);
+    for (int i = 0; i < 3; ++i) f.launch(add, s, 1, 32, y, ones, 1.0f, 4);  // 103
+    REQUIRE(f.synchronize(s) == CUDA_SUCCESS);
+    CHECK(f.read<float>(y, 4) == std::vector<float>(4, 103.0f));
+    CHECK(figures(f.h).batches == 2);
+  }
+  SECTION("an event record another stream waits for") {
+    for (int i = 0; i < 5; ++i) f.launch(add, s, 1, 32, y, ones, 1.0f, 4);  // 12
+    f.sut.send(Op::kEventRecord, proto::EventRecordReq{reached, s, 0, 0});
+    f.sut.send(Op::kStreamWaitEvent, proto::StreamWaitEventReq{other, reached, 0, 0});
+    f.launch(copy, other, 1, 32, y, zeros, snapshot, 4);  // what y held at the record
+    f.sut.send(Op::kEventRecord, proto::EventRecordReq{copied, other, 0, 0});
+    f.sut.send(Op::kStreamWaitEvent, proto::StreamWaitEventReq{s, copied, 0, 0});
+    for (int i = 0; i < 3; ++i) f.launch(add, s, 1, 32, y, ones, 10.0f, 4);  // 42
+    REQUIRE(f.synchronize(s) == CUDA_SUCCESS);
+    CHECK(f.read<float>(snapshot, 4) == std::vector<float>(4, 12.0f));
+    CHECK(f.read<float>(y, 4) == std::vector<float>(4, 42.0f));
+    CHECK(figures(f.h).batches == 2);  // the lone copy on the other stream went out eagerly
+  }
+  SECTION("launches on another stream") {
+    for (int i = 0; i < 4; ++i) f.launch(add, s, 1, 32, y, ones, 1.0f, 4);      // 11
+    for (int i = 0; i < 3; ++i) f.launch(add, other, 1, 32, z, ones, 2.0f, 4);  // 6
+    for (int i = 0; i < 2; ++i) f.launch(add, s, 1, 32, y, ones, 1.0f, 4);      // 13
+    REQUIRE(f.synchronize(s) == CUDA_SUCCESS);
+    REQUIRE(f.synchronize(other) == CUDA_SUCCESS);
+    CHECK(f.read<float>(y, 4) == std::vector<float>(4, 13.0f));
+    CHECK(f.read<float>(z, 4) == std::vector<float>(4, 6.0f));
+    auto fig = figures(f.h);
+    CHECK(fig.batches == 3);
+    CHECK(fig.batched == 9);
+  }
+  CHECK(f.async_error() == CUDA_SUCCESS);
+}
+
+TEST_CASE("batches on the legacy default stream and a blocking stream keep the legacy order",
+          "[server][launch_batch]") {
+  Fixture f(test_driver(), batching(64, 0));
+  const auto add = f.function("scale_add");
+  const auto copy = f.function("vector_add");
+  const std::uint64_t legacy = f.ctx.default_stream;
+  const std::uint64_t blocking = f.stream(0);
+  const std::uint64_t b = f.buffer(16);
+  const std::uint64_t c = f.buffer(16);
+  const std::uint64_t ones = f.buffer(16);
+  const std::uint64_t zeros = f.buffer(16);
+  f.memset(legacy, ones, bits(1.0f), 4);
+  f.memset(legacy, zeros, 0, 4);
+  f.memset(legacy, b, 0, 4);
+  for (int i = 0; i < 4; ++i) f.launch(add, blocking, 1, 32, b, ones, 1.0f, 4);  // b = 4
+  // The legacy stream waits for the blocking stream's batch, then copies and adds.
+  f.launch(copy, legacy, 1, 32, b, zeros, c, 4);
+  for (int i = 0; i < 3; ++i) f.launch(add, legacy, 1, 32, c, ones, 1.0f, 4);  // c = 7
+  // The blocking stream waits for the legacy stream's batch.
+  f.launch(copy, blocking, 1, 32, c, zeros, b, 4);
+  f.launch(add, blocking, 1, 32, b, ones, 100.0f, 4);  // b = 107
+  REQUIRE(f.synchronize(blocking) == CUDA_SUCCESS);
+  CHECK(f.read<float>(c, 4) == std::vector<float>(4, 7.0f));
+  CHECK(f.read<float>(b, 4) == std::vector<float>(4, 107.0f));
+  CHECK(figures(f.h).batches == 3);
+  CHECK(f.async_error() == CUDA_SUCCESS);
+}
+
+TEST_CASE("a launch the driver refuses fails as it does eagerly; the others of its batch run",
+          "[server][launch_batch]") {
+  auto run = [](ServerSettings settings) {
+    Fixture f(test_driver(), settings);
+    const auto add = f.function("scale_add");
+    const std::uint64_t s = f.stream();
+    const std::uint64_t y = f.buffer(16);
+    const std::uint64_t ones = f.buffer(16);
+    f.memset(s, ones, bits(1.0f), 4);
+    f.memset(s, y, 0, 4);
+    std::vector<CUresult> errors;
+    auto round = [&](auto bad) {
+      for (int i = 0; i < 3; ++i) f.launch(add, s, 1, 32, y, ones, 1.0f, 4);
+      bad();
+      for (int i = 0; i < 3; ++i) f.launch(add, s, 1, 32, y, ones, 1.0f, 4);
+      REQUIRE(f.synchronize(s) == CUDA_SUCCESS);
+      errors.push_back(f.async_error());
+    };
+    // Too many threads, too much dynamic shared memory, a function the client does not have.
+    for (int repeat = 0; repeat < 2; ++repeat) {
+      round([&] { f.launch_shaped(add, s, {1, 1, 1}, {2048, 1, 1}, 0, y, ones, 1.0f, 4); });
+      round([&] { f.launch_shaped(add, s, {1, 1, 1}, {32, 1, 1}, 1 << 20, y, ones, 1.0f, 4); });
+      round([&] {
+        proto::FunctionRep bogus = add;
+        bogus.function = 0xdead;
+        f.launch(bogus, s, 1, 32, y, ones, 1.0f, 4);
+      });
+    }
+    struct Out {
+      std::vector<CUresult> errors;
+      std::vector<float> y;
+      Figures figures;
+    };
+    return Out{errors, f.read<float>(y, 4), figures(f.h)};
+  };
+  const auto eager = run(no_batching());
+  const auto batched = run(batching(64, 0));
+  CHECK(eager.errors == std::vector<CUresult>{CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_INVALID_VALUE,
+                                              CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE,
+                                              CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_INVALID_HANDLE});
+  CHECK(batched.errors == eager.errors);
+  CHECK(eager.y == std::vector<float>(4, 36.0f));
+  CHECK(batched.y == eager.y);
+  CHECK(batched.figures.launches == eager.figures.launches);
+  CHECK(batched.figures.batches == 12);  // three before and three after each refused launch
+}
+
+TEST_CASE("a lone launch goes out eagerly, without a graph", "[server][launch_batch]") {
+  Fixture f(test_driver(), batching(64, 0));
+  const auto add = f.function("scale_add");
+  const std::uint64_t s = f.stream();
+  const std::uint64_t y = f.buffer(16);
+  const std::uint64_t ones = f.buffer(16);
+  f.memset(s, ones, bits(1.0f), 4);
+  f.memset(s, y, 0, 4);
+  REQUIRE(f.synchronize(s) == CUDA_SUCCESS);
+  const unsigned long long before = instantiations();
+  const int graphs = graph_objects();
+  for (int i = 0; i < 5; ++i) {
+    f.launch(add, s, 1, 32, y, ones, 1.0f, 4);
+    REQUIRE(f.synchronize(s) == CUDA_SUCCESS);
+  }
+  CHECK(f.read<float>(y, 4) == std::vector<float>(4, 5.0f));
+  CHECK(instantiations() == before);
+  CHECK(graph_objects() == graphs);
+  const Figures fig = figures(f.h);
+  CHECK(fig.batches == 0);
+  CHECK(fig.launches == 5);
+}
+
+TEST_CASE("the graph cache reuses graphs, stays within its bounds and dies with the session",
+          "[server][launch_batch]") {
+  const int live_before = live_driver_objects();
+  {
+    ServerSettings settings = batching(64, 0);
+    settings.launch_batch.cache_graphs = 2;
+    Fixture f(test_driver(), settings);
+    const auto add = f.function("scale_add");
+    const std::uint64_t s = f.stream();
+    const std::uint64_t y = f.buffer(16);
+    const std::uint64_t ones = f.buffer(16);
+    f.memset(s, ones, bits(1.0f), 4);
+    f.memset(s, y, 0, 4);
+    REQUIRE(f.synchronize(s) == CUDA_SUCCESS);
+    const int graphs_idle = graph_objects();
+    const unsigned long long before = instantiations();
+    float expected = 0;
+    auto batch_of = [&](int n) {
+      for (int i = 0; i < n; ++i) f.launch(add, s, 1, 32, y, ones, 1.0f, 4);
+      expected += static_cast<float>(n);
+      REQUIRE(f.synchronize(s) == CUDA_SUCCESS);
+      // A graph and its executable graph per cached entry, never more than two entries.
+      CHECK(graph_objects() <= graphs_idle + 4);
+    };
+    // Node counts are part of the key: 2 and 3 are two graphs, used again and again.
+    for (int i = 0; i < 4; ++i) {
+      batch_of(2);
+      batch_of(3);
+    }
+    CHECK(instantiations() - before == 2);
+    CHECK(graph_objects() == graphs_idle + 4);
+    // A third size evicts the least recently used (2); 2 then needs a new graph.
+    batch_of(4);
+    batch_of(3);
+    batch_of(2);
+    CHECK(instantiations() - before == 4);
+    CHECK(f.read<float>(y, 4) == std::vector<float>(4, expected));
+    CHECK(figures(f.h).batches == 11);
+    CHECK(graph_objects() == graphs_idle + 4);
+
+    f.sut.hang_up();  // the cached graphs are left for the session's end
+    REQUIRE(f.h.pump_until([&] { return f.h.logged("freed"); }));
+    CHECK(f.h.logged("29 launches went out in 11 graph launches"));
+    CHECK(live_driver_objects() == live_before);
+  }
+  CHECK(live_driver_objects() == live_before);
+}
+
+TEST_CASE("the graph cache holds no more nodes than its bound", "[server][launch_batch]") {
+  ServerSettings settings = batching(64, 0);
+  settings.launch_batch.cache_nodes = 5;
+  Fixture f(test_driver(), settings);
+  const auto add = f.function("scale_add");
+  const std::uint64_t s = f.stream();
+  const std::uint64_t y = f.buffer(16);
+  const std::uint64_t ones = f.buffer(16);
+  f.memset(s, ones, bits(1.0f), 4);
+  f.memset(s, y, 0, 4);
+  REQUIRE(f.synchronize(s) == CUDA_SUCCESS);
+  const unsigned long long before = instantiations();
+  Session* session = f.h.server->find_session(f.sut.welcome().client_id);
+  REQUIRE(session != nullptr);
+  for (int n : {3, 3, 4, 4, 3, 6}) {
+    for (int i = 0; i < n; ++i) f.launch(add, s, 1, 32, y, ones, 1.0f, 4);
+    REQUIRE(f.synchronize(s) == CUDA_SUCCESS);
+    CHECK(session->launch_batch.cached_graphs() <= 1);
+  }
+  // 3, (3 again), 4 evicts 3, (4 again), 3 evicts 4; 6 nodes never fit: eagerly.
+  CHECK(instantiations() - before == 3);
+  CHECK(f.read<float>(y, 4) == std::vector<float>(4, 23.0f));
+  CHECK(figures(f.h).batches == 5);
+}
+
+TEST_CASE("under an SM quota batched kernels stay in the client's green context",
+          "[server][launch_batch]") {
+  proto::ClientHello hello = default_hello();
+  hello.active_thread_percentage = 25;
+  Fixture f(test_driver(), batching(64, 0), hello);
+  const unsigned granted = f.sut.welcome().sm_count;
+  const unsigned device = f.h.gpu.snapshot.sm_count;
+  REQUIRE(granted < device);
+  const std::uint64_t s = f.stream();
+  const std::uint64_t ids = f.buffer(4 * device);
+  auto distinct_sms = [&](const proto::FunctionRep& smid) {
+    f.memset(s, ids, 0xffffffffu, device);
+    for (int i = 0; i < 4; ++i) f.launch(smid, s, device, 32, ids);
+    REQUIRE(f.synchronize(s) == CUDA_SUCCESS);
+    auto seen = f.read(ids, device);
+    return std::set<std::uint32_t>(seen.begin(), seen.end()).size();
+  };
+  // A library's CUkernel: batched, its nodes name the green context.
+  CHECK(distinct_sms(f.function("record_smid", proto::ImageKind::kLibrary)) == granted);
+  CHECK(figures(f.h).batches == 1);
+  // A module's CUfunction would run in its own (the primary) context as a graph node: eagerly.
+  CHECK(distinct_sms(f.function("record_smid")) == granted);
+  CHECK(figures(f.h).batches == 1);
+  CHECK(f.async_error() == CUDA_SUCCESS);
+}
+
+TEST_CASE("launches during a stream capture are captured one by one, not batched",
+          "[server][launch_batch]") {
+  Fixture f(test_driver(), batching(64, 0));
+  const auto add = f.function("scale_add");
+  const std::uint64_t s = f.stream();
+  const std::uint64_t y = f.buffer(16);
+  const std::uint64_t ones = f.buffer(16);
+  f.memset(s, ones, bits(1.0f), 4);
+  f.memset(s, y, 0, 4);
+  REQUIRE(f.synchronize(s) == CUDA_SUCCESS);
+  REQUIRE(f.sut
+              .call(Op::kStreamBeginCapture,
+                    proto::BeginCaptureReq{s, CU_STREAM_CAPTURE_MODE_RELAXED, 0})
+              .result == CUDA_SUCCESS);
+  for (int i = 0; i < 5; ++i) f.launch(add, s, 1, 32, y, ones, 1.0f, 4);
+  auto ended = f.sut.call(Op::kStreamEndCapture, proto::HandleReq{s});
+  REQUIRE(ended.result == CUDA_SUCCESS);
+  const std::uint64_t graph = ended.as<proto::EndCaptureRep>().graph;
+  auto nodes = f.sut.call(Op::kGraphGetNodes, proto::GraphGetNodesReq{graph, 0});
+  CHECK(nodes.as<proto::GraphGetNodesRep>().total == 5);
+  auto inst = f.sut.call(Op::kGraphInstantiate, proto::GraphInstantiateReq{graph, 0, 0});
+  REQUIRE(inst.result == CUDA_SUCCESS);
+  // The client's own graph launches are never batched into: launches around them still are.
+  const std::uint64_t exec = inst.as<proto::GraphInstantiateRep>().exec;
+  for (int i = 0; i < 2; ++i) f.launch(add, s, 1, 32, y, ones, 1.0f, 4);
+  f.sut.send(Op::kGraphLaunch, proto::GraphLaunchReq{exec, s});
+  for (int i = 0; i < 2; ++i) f.launch(add, s, 1, 32, y, ones, 1.0f, 4);
+  REQUIRE(f.synchronize(s) == CUDA_SUCCESS);
+  CHECK(f.read<float>(y, 4) == std::vector<float>(4, 9.0f));
+  CHECK(figures(f.h).batches == 2);
+  CHECK(f.async_error() == CUDA_SUCCESS);
+}
+
+// ---- the fake driver: failures of the graph path ----
+
+namespace {
+
+struct FakeFixture {
+  explicit FakeFixture(ServerSettings settings = batching(64, 0)) : h(settings), sut(h) {
+    REQUIRE(sut.connected());
+    ctx = sut.create_context();
+    std::vector<std::byte> image = fatbin();
+    sut.send_memfd(proto::MessageKind::kModuleImage, 1, image.size(), image);
+    auto module = sut.call(Op::kImageLoad, proto::ImageLoadReq{ctx.ctx, image.size(), 1,
+                                                               proto::ImageKind::kModule, 0, 0});
+    REQUIRE(module.result == CUDA_SUCCESS);
+    const std::string name = "f";
+    std::vector<std::byte> bytes(name.size());
+    std::memcpy(bytes.data(), name.data(), name.size());
+    auto function =
+        sut.call(Op::kModuleGetFunction,
+                 proto::NamedLookupReq{module.as<proto::ImageLoadRep>().handle, 1, 0}, bytes);
+    REQUIRE(function.result == CUDA_SUCCESS);
+    fn = function.as<proto::FunctionRep>().function;
+  }
+  // `n` launches on the default stream, each with its index as its 24 argument bytes' first.
+  void launches(int n) {
+    for (int i = 0; i < n; ++i) {
+      std::vector<std::byte> args(24);
+      args[0] = static_cast<std::byte>(i);
+      proto::LaunchReq req{};
+      req.function = fn;
+      req.stream = ctx.default_stream;
+      req.grid[0] = req.grid[1] = req.grid[2] = 1;
+      req.block[0] = 32;
+      req.block[1] = req.block[2] = 1;
+      req.args_bytes = 24;
+      sut.send(Op::kLaunchKernel, req, proto::kNoReply, args);
+    }
+    h.pump();
+  }
+
+  Harness h;
+  TestClient sut;
+  proto::CtxCreateRep ctx{};
+  std::uint64_t fn = 0;
+};
+
+}  // namespace
+
+TEST_CASE("a batch whose graph cannot be instantiated goes out eagerly, once each",
+          "[server][launch_batch]") {
+  FakeFixture f;
+  fake_gpu().graph_instantiate_result = CUDA_ERROR_OUT_OF_MEMORY;
+  f.launches(5);
+  CHECK(fake_gpu().launches == 5);
+  CHECK(fake_gpu().graph_launches == 0);
+  CHECK(fake_gpu().graphs_live == 0);  // the half-made graph was destroyed
+  CHECK(fake_gpu().last_launch_args[0] == std::byte{4});
+  CHECK(f.sut.control()->async_error.load() == 0);
+  // The sequence is not tried again: the same batch goes out eagerly at once.
+  fake_gpu().graph_instantiate_result = CUDA_SUCCESS;
+  f.launches(5);
+  CHECK(fake_gpu().launches == 10);
+  CHECK(fake_gpu().graph_instantiations == 0);
+  CHECK(f.h.server->stats_text().find("launches=10 ") != std::string::npos);
+  // Another sequence (of another length) gets its graph.
+  f.launches(6);
+  CHECK(fake_gpu().graph_instantiations == 1);
+  CHECK(fake_gpu().graph_launches == 1);
+  CHECK(fake_gpu().launches == 16);
+  CHECK(fake_gpu().last_launch_args[0] == std::byte{5});
+  CHECK(f.h.server->stats_text(true).find(" batches=1 batched=6 ") != std::string::npos);
+}
+
+TEST_CASE("a failed node update or graph launch falls back to eager launches, none lost or doubled",
+          "[server][launch_batch]") {
+  FakeFixture f;
+  SECTION("node update") {
+    fake_gpu().graph_node_update_result = CUDA_ERROR_INVALID_VALUE;
+  }
+  SECTION("graph launch") {
+    fake_gpu().graph_launch_result = CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
+  }
+  f.launches(7);
+  CHECK(fake_gpu().graph_instantiations == 1);
+  CHECK(fake_gpu().graph_launches == 0);
+  CHECK(fake_gpu().launches == 7);
+  CHECK(fake_gpu().last_launch_args[0] == std::byte{6});
+  CHECK(fake_gpu().graph_execs_live == 0);  // not trusted again
+  CHECK(fake_gpu().graphs_live == 0);
+  CHECK(f.sut.control()->async_error.load() == 0);
+  CHECK(f.h.server->stats_text().find("launches=7 ") != std::string::npos);
+}
+
+TEST_CASE("an eager launch's error in a fallen-back batch is reported as without batching",
+          "[server][launch_batch]") {
+  FakeFixture f;
+  fake_gpu().graph_launch_result = CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
+  fake_gpu().launch_result = CUDA_ERROR_INVALID_VALUE;
+  f.launches(3);
+  CHECK(fake_gpu().launches == 3);
+  CHECK(f.sut.control()->async_error.exchange(0) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(f.h.server->stats_text().find("launches=0 ") != std::string::npos);
+}
+
+TEST_CASE("batching off: every launch goes out on its own", "[server][launch_batch]") {
+  FakeFixture f(batching(1));
+  f.launches(9);
+  CHECK(fake_gpu().launches == 9);
+  CHECK(fake_gpu().graph_launches == 0);
+  CHECK(fake_gpu().graph_instantiations == 0);
+}
+
+TEST_CASE("a batch never grows past its maximum", "[server][launch_batch]") {
+  FakeFixture f(batching(4, 0));
+  f.launches(10);  // 4 + 4 (one graph, twice) + 2 (another)
+  CHECK(fake_gpu().launches == 10);
+  CHECK(fake_gpu().graph_launches == 3);
+  CHECK(fake_gpu().graph_instantiations == 2);
+  CHECK(f.h.server->stats_text(true).find(" batches=3 batched=10 ") != std::string::npos);
+}
+
+}  // namespace mpsshim::server::test

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Copies what the GPU suite (tests/gpu/gpu_suite.sh) and bench/harness.py need out of a build
+# directory into a small tree of the same layout, stripped, with the shared libraries a fresh
+# GPU machine lacks (libfmt.so.9) in OUT/lib. A whole debug build is ~700 MiB; this is ~20 MiB,
+# small enough to carry to the GPU machine. There:
+#
+#   export LD_LIBRARY_PATH=$PWD/OUT/lib
+#   bash tests/gpu/gpu_suite.sh --build-dir OUT
+#   python3 bench/harness.py --build-dir OUT --out /tmp/bench --quick
+#
+# usage: tools/gpu_pack.sh BUILD OUT   (OUT is replaced)
+set -euo pipefail
+[ $# -eq 2 ] || { echo "usage: $0 BUILD OUT" >&2; exit 2; }
+build=$(realpath "$1")
+out=$2
+rm -rf "$out"
+mkdir -p "$out/lib"
+
+copy() {  # a build-relative path, kept at the same place under OUT
+  mkdir -p "$out/$(dirname "$1")"
+  cp "$build/$1" "$out/$1"
+  strip --strip-debug "$out/$1" 2>/dev/null || true
+}
+copy libshim/libmpsshim.so
+for program in broker/daemon/mpsshimd broker/daemon/mpsshimctl broker/server/mpsshim-server \
+  tests/gpu/integrity_vs_driver; do
+  copy "$program"
+done
+for dir in examples bench tests/gpu/programs; do
+  while IFS= read -r file; do copy "${file#"$build"/}"; done \
+    < <(find "$build/$dir" -maxdepth 1 -type f -perm -u+x)
+done
+cp -L "$(ldconfig -p | awk '/libfmt\.so\.9 /{print $NF; exit}')" "$out/lib/"
+du -sh "$out"
