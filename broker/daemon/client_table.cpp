@@ -229,13 +229,15 @@ std::string format_stats_json(const std::vector<ServerClients>& servers, const s
       clients.push_back(fmt::format(
           R"({{"gpu": {}, "client": {}, "pid": {}, "uid": {}, "user": {}, "program": {}, )"
           R"("records": {}, "server_us": {}, "delay_samples": {}, "delay_p50_us": {}, )"
-          R"("delay_p99_us": {}, "delay_max_us": {}, "worker": {}, "top": [{}]}})",
+          R"("delay_p99_us": {}, "delay_max_us": {}, "worker": {}, "batches": {}, "batched": {}, )"
+          R"("top": [{}]}})",
           server.gpu, json_number_field(fields, "client"), json_number_field(fields, "pid"),
           json_number_field(fields, "uid"), json_string(user_name(uid)),
           json_string(field(fields, "program")), json_number_field(fields, "records"),
           json_number_field(fields, "server_us"), json_number_field(fields, "delay_samples"),
           json_number_field(fields, "delay_p50_us"), json_number_field(fields, "delay_p99_us"),
           json_number_field(fields, "delay_max_us"), json_number_field(fields, "worker"),
+          json_number_field(fields, "batches"), json_number_field(fields, "batched"),
           fmt::join(top, ", ")));
     }
   }

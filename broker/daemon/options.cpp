@@ -86,7 +86,7 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
   --server-workers N   worker threads of every GPU's server (default: one per CPU the server
                        may run on; see mpsshim-server --workers)
   --server-launch-batch N  most kernel launches of a client every GPU's server issues as one
-                       graph launch (default 64; 0 or 1 = off; see docs/launch-batching.md)
+                       graph launch (default 0 = off; 64 to try; see docs/launch-batching.md)
   --context-idle-timeout SECS  a GPU's server releases its primary context (~500 MiB of GPU
                        memory) after SECS without a client and creates it again for the next
                        one (default 10; 0 = as soon as the last client leaves; -1 = never)

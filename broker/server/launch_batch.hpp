@@ -33,8 +33,10 @@ struct LaunchBatchSettings {
   // Batches shorter than this go out eagerly (one cuLaunchKernelEx each).
   std::size_t min_launches = 2;
   // A batch that reaches this many launches goes out at once. 0 or 1: batching off
-  // (mpsshim-server --launch-batch N).
-  std::size_t max_launches = 64;
+  // (mpsshim-server --launch-batch N). Off by default: measured on an H100 (2026-11-24,
+  // docs/benchmarks.md), 64 made 8 and 32 clients of small kernels ~2x slower than eager
+  // launches; 64 is the size to try.
+  std::size_t max_launches = 0;
   // The cache of executable graphs, per session: at most this many graphs, and this many kernel
   // nodes in all of them; the least recently used graph goes first.
   // Keys are exact node counts, so one function launched in batches of every size up to the

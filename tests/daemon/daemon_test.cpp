@@ -252,6 +252,7 @@ TEST_CASE("stats --json gives the same figures as numbers", "[stats]") {
   CHECK(contains(json.out, R"("program": "fake-client-gpu0", "records": 20512, )"
                            R"("server_us": 55123, "delay_samples": 20512, "delay_p50_us": 0.4, )"
                            R"("delay_p99_us": 3.1, "delay_max_us": 8.2, "worker": 0, )"
+                           R"("batches": 300, "batched": 19200, )"
                            R"("top": [{"op": "LaunchKernel", "count": 20000, "server_us": 51234}, )"
                            R"({"op": "StreamSynchronize", "count": 12, "server_us": 3100}]}])"));
   CHECK(contains(json.out, R"("notes": ["GPU 0: not a client line"]})"));
