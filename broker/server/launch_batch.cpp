@@ -134,6 +134,13 @@ bool LaunchBatcher::add(std::uint64_t stream_id, const BatchedLaunch& launch,
   return pending_.size() >= settings_.max_launches;
 }
 
+std::size_t LaunchBatcher::run_length(std::size_t remaining) const {
+  if (!settings_.power_of_two_runs) return remaining;
+  std::size_t run = 1;
+  while (run * 2 <= remaining) run *= 2;
+  return run;
+}
+
 CUresult LaunchBatcher::flush(Session& session) {
   if (pending_.empty()) return CUDA_SUCCESS;
   CUresult sticky = CUDA_SUCCESS;
@@ -142,19 +149,27 @@ CUresult LaunchBatcher::flush(Session& session) {
     // Cannot happen: a stream is destroyed only by a record, and every record other than a
     // launch flushes the batch first. Reported as the eager launches would have been.
     session.post_async_error(CUDA_ERROR_INVALID_HANDLE);
-  } else if (pending_.size() < std::max<std::size_t>(settings_.min_launches, 2) ||
-             !launch_graph(session, stream->stream)) {
-    sticky = issue_eagerly(session, stream->stream);
+  } else {
+    // In runs, one after another on the stream: each a graph launch, or eager launches when it
+    // is shorter than the minimum or its graph path fails.
+    const std::size_t min = std::max<std::size_t>(settings_.min_launches, 2);
+    for (std::size_t first = 0; first < pending_.size() && sticky == CUDA_SUCCESS;) {
+      const Run run{first, run_length(pending_.size() - first)};
+      if (run.count < min || !launch_graph(session, stream->stream, run)) {
+        sticky = issue_eagerly(session, stream->stream, run);
+      }
+      first += run.count;
+    }
   }
   pending_.clear();
   offsets_.clear();
   return sticky;
 }
 
-CUresult LaunchBatcher::issue_eagerly(Session& session, CUstream stream) {
+CUresult LaunchBatcher::issue_eagerly(Session& session, CUstream stream, Run run) {
   // Exactly what op_launch_kernel does for a launch without attributes, one by one.
   const DriverTable& cu = session.cu();
-  for (std::size_t i = 0; i < pending_.size(); ++i) {
+  for (std::size_t i = run.first; i < run.first + run.count; ++i) {
     const BatchedLaunch& l = pending_[i];
     std::size_t args_size = l.args_bytes;
     void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, const_cast<std::byte*>(args_of(i)),
@@ -181,42 +196,43 @@ CUresult LaunchBatcher::issue_eagerly(Session& session, CUstream stream) {
   return CUDA_SUCCESS;
 }
 
-bool LaunchBatcher::launch_graph(Session& session, CUstream stream) {
+bool LaunchBatcher::launch_graph(Session& session, CUstream stream, Run run) {
   const DriverTable& cu = session.cu();
-  const std::uint64_t hash = key_hash();
-  Cached* entry = find(hash);
+  const std::uint64_t hash = key_hash(run);
+  Cached* entry = find(hash, run);
   if (entry == nullptr) {
-    // A batch larger than the whole cache may hold never gets a graph.
-    if (pending_.size() > settings_.cache_nodes || settings_.cache_graphs == 0) return false;
+    // A run larger than the whole cache may hold never gets a graph.
+    if (run.count > settings_.cache_nodes || settings_.cache_graphs == 0) return false;
     if (refused(hash) || !seen_enough(hash)) return false;
-    entry = build(session, hash);
+    entry = build(session, hash, run);
     if (entry == nullptr) {
       ++session.stats.batch_fallbacks;
       return false;
     }
   }
   entry->last_used = ++clock_;
-  // Every node gets this batch's shape and arguments; the driver copies them, and a launch of
-  // the graph already queued keeps the values it was launched with.
+  // Every node gets this run's shapes and arguments; the driver copies them, and a launch of the
+  // graph already queued keeps the values it was launched with.
   CUresult r = CUDA_SUCCESS;
-  for (std::size_t i = 0; i < pending_.size() && r == CUDA_SUCCESS; ++i) {
+  for (std::size_t k = 0; k < run.count && r == CUDA_SUCCESS; ++k) {
+    const std::size_t i = run.first + k;
     std::size_t args_size = pending_[i].args_bytes;
     void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, const_cast<std::byte*>(args_of(i)),
                      CU_LAUNCH_PARAM_BUFFER_SIZE, &args_size, CU_LAUNCH_PARAM_END};
     CUDA_KERNEL_NODE_PARAMS params = node_params(session, pending_[i], extra);
-    r = cu.cuGraphExecKernelNodeSetParams_v2(entry->exec, entry->nodes[i], &params);
+    r = cu.cuGraphExecKernelNodeSetParams_v2(entry->exec, entry->nodes[k], &params);
   }
   if (r == CUDA_SUCCESS) r = cu.cuGraphLaunch(entry->exec, stream);
   if (r == CUDA_SUCCESS) {
-    session.launches += pending_.size();
+    session.launches += run.count;
     ++session.stats.batches;
-    session.stats.batched += pending_.size();
+    session.stats.batched += run.count;
     return true;
   }
-  // Nothing of this batch ran (a failed update or launch queues nothing): it goes out eagerly,
+  // Nothing of this run ran (a failed update or launch queues nothing): it goes out eagerly,
   // where each launch fails or succeeds as it would have without batching. The graph is not
   // trusted again.
-  log_debug("{}: a batch of {} launches went out eagerly: {}", session.who(), pending_.size(),
+  log_debug("{}: a batch of {} launches went out eagerly: {}", session.who(), run.count,
             describe(cu, r));
   ++session.stats.batch_fallbacks;
   refused_[refused_next_++ % refused_.size()] = hash;
@@ -224,7 +240,7 @@ bool LaunchBatcher::launch_graph(Session& session, CUstream stream) {
   return false;
 }
 
-std::uint64_t LaunchBatcher::key_hash() const {
+std::uint64_t LaunchBatcher::key_hash(Run run) const {
   // FNV-1a over the node count and each node's function and kind.
   std::uint64_t h = 0xcbf29ce484222325ull;
   auto mix = [&](std::uint64_t v) {
@@ -233,20 +249,21 @@ std::uint64_t LaunchBatcher::key_hash() const {
       h *= 0x100000001b3ull;
     }
   };
-  mix(pending_.size());
-  for (const BatchedLaunch& l : pending_) {
-    mix(reinterpret_cast<std::uintptr_t>(l.function));
-    mix(l.kernel ? 1 : 0);
+  mix(run.count);
+  for (std::size_t i = run.first; i < run.first + run.count; ++i) {
+    mix(reinterpret_cast<std::uintptr_t>(pending_[i].function));
+    mix(pending_[i].kernel ? 1 : 0);
   }
   return h;
 }
 
-LaunchBatcher::Cached* LaunchBatcher::find(std::uint64_t hash) {
+LaunchBatcher::Cached* LaunchBatcher::find(std::uint64_t hash, Run run) {
   for (Cached& c : cache_) {
-    if (c.hash != hash || c.functions.size() != pending_.size()) continue;
+    if (c.hash != hash || c.functions.size() != run.count) continue;
     bool same = true;
-    for (std::size_t i = 0; i < pending_.size() && same; ++i) {
-      same = c.functions[i] == pending_[i].function && c.kernels[i] == pending_[i].kernel;
+    for (std::size_t k = 0; k < run.count && same; ++k) {
+      const BatchedLaunch& l = pending_[run.first + k];
+      same = c.functions[k] == l.function && c.kernels[k] == l.kernel;
     }
     if (same) return &c;
   }
@@ -267,18 +284,19 @@ bool LaunchBatcher::refused(std::uint64_t hash) const {
   return std::find(refused_.begin(), refused_.end(), hash) != refused_.end();
 }
 
-LaunchBatcher::Cached* LaunchBatcher::build(Session& session, std::uint64_t hash) {
+LaunchBatcher::Cached* LaunchBatcher::build(Session& session, std::uint64_t hash, Run run) {
   const DriverTable& cu = session.cu();
-  evict_for(cu, pending_.size());
+  evict_for(cu, run.count);
   Cached entry;
   entry.hash = hash;
   CUresult r = CUDA_SUCCESS;
   {
     GreenCurrent green(session);
     r = cu.cuGraphCreate(&entry.graph, 0);
-    // A chain: node i depends on node i - 1, as launches on one stream are ordered. The
-    // parameters are this batch's; every launch of the graph sets them again.
-    for (std::size_t i = 0; i < pending_.size() && r == CUDA_SUCCESS; ++i) {
+    // A chain: node k depends on node k - 1, as launches on one stream are ordered. The
+    // parameters are this run's; every launch of the graph sets them again.
+    for (std::size_t k = 0; k < run.count && r == CUDA_SUCCESS; ++k) {
+      const std::size_t i = run.first + k;
       std::size_t args_size = pending_[i].args_bytes;
       void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, const_cast<std::byte*>(args_of(i)),
                        CU_LAUNCH_PARAM_BUFFER_SIZE, &args_size, CU_LAUNCH_PARAM_END};
@@ -292,15 +310,15 @@ LaunchBatcher::Cached* LaunchBatcher::build(Session& session, std::uint64_t hash
     if (r == CUDA_SUCCESS) r = cu.cuGraphInstantiateWithFlags(&entry.exec, entry.graph, 0);
   }
   if (r != CUDA_SUCCESS) {
-    log_debug("{}: no graph for a batch of {} launches: {}", session.who(), pending_.size(),
+    log_debug("{}: no graph for a batch of {} launches: {}", session.who(), run.count,
               describe(cu, r));
     destroy(cu, entry);
     refused_[refused_next_++ % refused_.size()] = hash;
     return nullptr;
   }
-  for (const BatchedLaunch& l : pending_) {
-    entry.functions.push_back(l.function);
-    entry.kernels.push_back(l.kernel);
+  for (std::size_t k = 0; k < run.count; ++k) {
+    entry.functions.push_back(pending_[run.first + k].function);
+    entry.kernels.push_back(pending_[run.first + k].kernel);
   }
   cu_ = &cu;
   cached_nodes_ += entry.nodes.size();

@@ -37,10 +37,17 @@ struct LaunchBatchSettings {
   // docs/benchmarks.md), 64 made 8 and 32 clients of small kernels ~2x slower than eager
   // launches; 64 is the size to try.
   std::size_t max_launches = 0;
+  // A batch goes out in runs of power-of-two lengths, longest first (42: 32 + 8 + 2), each one
+  // graph launch (a last single launch eagerly). Batch lengths depend on timing and rarely
+  // repeat, and node counts are part of the cache key: this way one sequence of functions needs
+  // at most log2(max) graphs instead of one per length, and the cache warms within a few
+  // batches. False: one run of the batch's exact length (measured ~2x slower than eager launches
+  // on an H100, see max_launches).
+  bool power_of_two_runs = true;
   // The cache of executable graphs, per session: at most this many graphs, and this many kernel
-  // nodes in all of them; the least recently used graph goes first.
-  // Keys are exact node counts, so one function launched in batches of every size up to the
-  // maximum needs 64 graphs (2080 nodes): these fit it.
+  // nodes in all of them; the least recently used graph goes first. With exact lengths, one
+  // function launched in batches of every length up to 64 needs 64 graphs (2080 nodes): these
+  // fit it.
   std::size_t cache_graphs = 64;
   std::size_t cache_nodes = 4096;
   // A sequence of functions is issued eagerly the first `eager_sightings` times it is seen; a
@@ -86,10 +93,10 @@ class LaunchBatcher {
   // arguments. Returns true when the batch is full and must be flushed now.
   bool add(std::uint64_t stream_id, const BatchedLaunch& launch, std::span<const std::byte> args);
 
-  // Issues what is pending: eagerly below the minimum; else as one graph launch, or eagerly if
-  // any step of the graph path fails. Errors are reported as the eager launches report them (a
-  // one-way call's error waits in async_error). Returns a sticky error (the caller raises the
-  // fault), else CUDA_SUCCESS.
+  // Issues what is pending, in runs (power_of_two_runs): a run below the minimum eagerly, else
+  // as one graph launch, or eagerly if any step of its graph path fails. Errors are reported as
+  // the eager launches report them (a one-way call's error waits in async_error). Returns a
+  // sticky error (the caller raises the fault), else CUDA_SUCCESS.
   CUresult flush(Session& session);
 
   // Something a cached graph or a function's limits may depend on changed (a function's
@@ -120,18 +127,26 @@ class LaunchBatcher {
     std::uint64_t last_used = 0;
   };
 
+  // Launches pending_[first, first + count): one graph launch, or eager launches.
+  struct Run {
+    std::size_t first = 0;
+    std::size_t count = 0;
+  };
+
   const Limits& limits_of(Session& session, const BatchedLaunch& launch);
-  std::uint64_t key_hash() const;
-  Cached* find(std::uint64_t hash);
+  // How many of the `remaining` launches the next run takes.
+  std::size_t run_length(std::size_t remaining) const;
+  std::uint64_t key_hash(Run run) const;
+  Cached* find(std::uint64_t hash, Run run);
   bool seen_enough(std::uint64_t hash);
   bool refused(std::uint64_t hash) const;
-  Cached* build(Session& session, std::uint64_t hash);
+  Cached* build(Session& session, std::uint64_t hash, Run run);
   void evict_for(const DriverTable& cu, std::size_t nodes);
   void drop(const DriverTable& cu, std::size_t index);  // destroys and removes cache_[index]
   void destroy(const DriverTable& cu, Cached& entry);
-  // False when the batch must go out eagerly instead (nothing of it was queued).
-  bool launch_graph(Session& session, CUstream stream);
-  CUresult issue_eagerly(Session& session, CUstream stream);
+  // False when the run must go out eagerly instead (nothing of it was queued).
+  bool launch_graph(Session& session, CUstream stream, Run run);
+  CUresult issue_eagerly(Session& session, CUstream stream, Run run);
   const std::byte* args_of(std::size_t i) const { return args_.data() + offsets_[i]; }
 
   LaunchBatchSettings settings_;

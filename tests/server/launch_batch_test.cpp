@@ -206,11 +206,18 @@ struct Fixture {
   std::uint32_t read_generation = 0;
 };
 
-ServerSettings batching(std::size_t max = 64, std::size_t eager_sightings = 1) {
+ServerSettings batching(std::size_t max = 64, std::size_t eager_sightings = 1,
+                        bool power_of_two_runs = true) {
   ServerSettings s;
   s.launch_batch.max_launches = max;
   s.launch_batch.eager_sightings = eager_sightings;
+  s.launch_batch.power_of_two_runs = power_of_two_runs;
   return s;
+}
+
+// One graph launch per batch, of the batch's exact length.
+ServerSettings exact_batching(std::size_t max = 64, std::size_t eager_sightings = 1) {
+  return batching(max, eager_sightings, false);
 }
 
 ServerSettings no_batching() {
@@ -286,14 +293,17 @@ TEST_CASE("batched launches leave device memory exactly as eager launches do",
           "[server][launch_batch]") {
   constexpr int kRounds = 4;
   const RunResult eager = run_mixed(no_batching(), kRounds);
-  const RunResult batched = run_mixed(batching(), kRounds);
+  const RunResult exact = run_mixed(exact_batching(), kRounds);
+  const RunResult runs = run_mixed(batching(), kRounds);
 
   CHECK(eager.words == appended_and_counted());
   // a, b after five pairs from 1, 1: (2, 3), (5, 8), (13, 21), (34, 55), (89, 144).
   CHECK(eager.fib == std::vector<float>{89, 89, 89, 89, 144, 144, 144, 144});
-  CHECK(batched.words == eager.words);
-  CHECK(batched.fib == eager.fib);
-  CHECK(batched.async_error == CUDA_SUCCESS);
+  for (const RunResult* batched : {&exact, &runs}) {
+    CHECK(batched->words == eager.words);
+    CHECK(batched->fib == eager.fib);
+    CHECK(batched->async_error == CUDA_SUCCESS);
+  }
   CHECK(eager.async_error == CUDA_SUCCESS);
 
   const std::uint64_t per_round = 2 * kWords + 10;
@@ -303,10 +313,15 @@ TEST_CASE("batched launches leave device memory exactly as eager launches do",
   // Each round's launches wait in the ring behind two memsets and end at the synchronize: one
   // batch. The first round is the sequence's first sighting (eager); the second builds its
   // graph, the others reuse it.
-  CHECK(batched.figures.launches == kRounds * per_round);
-  CHECK(batched.figures.batches == kRounds - 1);
-  CHECK(batched.figures.batched == (kRounds - 1) * per_round);
-  CHECK(batched.instantiations == 1);
+  CHECK(exact.figures.launches == kRounds * per_round);
+  CHECK(exact.figures.batches == kRounds - 1);
+  CHECK(exact.figures.batched == (kRounds - 1) * per_round);
+  CHECK(exact.instantiations == 1);
+  // In power-of-two runs the 42 launches are 32 + 8 + 2: three graphs, three graph launches.
+  CHECK(runs.figures.launches == kRounds * per_round);
+  CHECK(runs.figures.batches == 3 * (kRounds - 1));
+  CHECK(runs.figures.batched == (kRounds - 1) * per_round);
+  CHECK(runs.instantiations == 3);
 }
 
 TEST_CASE("a batch goes out as one graph launch whose nodes all got this batch's parameters",
@@ -383,7 +398,7 @@ TEST_CASE("a memset, an event record or another stream between launches splits t
     CHECK(f.read<float>(z, 4) == std::vector<float>(4, 6.0f));
     auto fig = figures(f.h);
     CHECK(fig.batches == 3);
-    CHECK(fig.batched == 9);
+    CHECK(fig.batched == 8);  // 4, 2 (+ 1 eagerly), 2
   }
   CHECK(f.async_error() == CUDA_SUCCESS);
 }
@@ -490,7 +505,7 @@ TEST_CASE("the graph cache reuses graphs, stays within its bounds and dies with 
           "[server][launch_batch]") {
   const int live_before = live_driver_objects();
   {
-    ServerSettings settings = batching(64, 0);
+    ServerSettings settings = exact_batching(64, 0);
     settings.launch_batch.cache_graphs = 2;
     Fixture f(test_driver(), settings);
     const auto add = f.function("scale_add");
@@ -535,7 +550,7 @@ TEST_CASE("the graph cache reuses graphs, stays within its bounds and dies with 
 }
 
 TEST_CASE("the graph cache holds no more nodes than its bound", "[server][launch_batch]") {
-  ServerSettings settings = batching(64, 0);
+  ServerSettings settings = exact_batching(64, 0);
   settings.launch_batch.cache_nodes = 5;
   Fixture f(test_driver(), settings);
   const auto add = f.function("scale_add");
@@ -667,7 +682,7 @@ struct FakeFixture {
 
 TEST_CASE("a batch whose graph cannot be instantiated goes out eagerly, once each",
           "[server][launch_batch]") {
-  FakeFixture f;
+  FakeFixture f(exact_batching(64, 0));
   fake_gpu().graph_instantiate_result = CUDA_ERROR_OUT_OF_MEMORY;
   f.launches(5);
   CHECK(fake_gpu().launches == 5);
@@ -692,7 +707,7 @@ TEST_CASE("a batch whose graph cannot be instantiated goes out eagerly, once eac
 
 TEST_CASE("a failed node update or graph launch falls back to eager launches, none lost or doubled",
           "[server][launch_batch]") {
-  FakeFixture f;
+  FakeFixture f(exact_batching(64, 0));
   SECTION("node update") {
     fake_gpu().graph_node_update_result = CUDA_ERROR_INVALID_VALUE;
   }
@@ -727,6 +742,26 @@ TEST_CASE("batching off: every launch goes out on its own", "[server][launch_bat
   CHECK(fake_gpu().launches == 9);
   CHECK(fake_gpu().graph_launches == 0);
   CHECK(fake_gpu().graph_instantiations == 0);
+}
+
+TEST_CASE("a batch goes out in power-of-two runs whose graphs serve later batches of any length",
+          "[server][launch_batch]") {
+  FakeFixture f(batching(64, 0));
+  f.launches(7);  // 4 + 2 + 1
+  CHECK(fake_gpu().launches == 7);
+  CHECK(fake_gpu().graph_launches == 2);
+  CHECK(fake_gpu().graph_instantiations == 2);
+  CHECK(fake_gpu().last_launch_args[0] == std::byte{6});  // the last launch, eagerly
+  f.launches(6);                                          // 4 + 2: both graphs again
+  CHECK(fake_gpu().graph_instantiations == 2);
+  CHECK(fake_gpu().graph_launches == 4);
+  CHECK(fake_gpu().last_launch_args[0] == std::byte{5});
+  f.launches(63);  // 32 + 16 + 8 + 4 + 2 + 1: three new graphs
+  CHECK(fake_gpu().graph_instantiations == 5);
+  CHECK(fake_gpu().graph_launches == 9);
+  CHECK(fake_gpu().launches == 76);
+  CHECK(f.h.server->stats_text(true).find(" batches=9 batched=74 ") != std::string::npos);
+  CHECK(f.sut.control()->async_error.load() == 0);
 }
 
 TEST_CASE("a batch never grows past its maximum", "[server][launch_batch]") {
