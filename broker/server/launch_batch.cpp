@@ -232,8 +232,16 @@ bool LaunchBatcher::launch_graph(Session& session, CUstream stream, Run run) {
   // Nothing of this run ran (a failed update or launch queues nothing): it goes out eagerly,
   // where each launch fails or succeeds as it would have without batching. The graph is not
   // trusted again.
-  log_debug("{}: a batch of {} launches went out eagerly: {}", session.who(), run.count,
-            describe(cu, r));
+  // The first fallback of a session is worth an operator's eye: it says which driver answer
+  // keeps batching from working (docs/launch-batching.md).
+  if (session.stats.batch_fallbacks == 0) {
+    log_warn(
+        "{}: a batch of {} launches went out eagerly: a graph node update or launch failed: {}",
+        session.who(), run.count, describe(cu, r));
+  } else {
+    log_debug("{}: a batch of {} launches went out eagerly: {}", session.who(), run.count,
+              describe(cu, r));
+  }
   ++session.stats.batch_fallbacks;
   refused_[refused_next_++ % refused_.size()] = hash;
   drop(cu, static_cast<std::size_t>(entry - cache_.data()));
