@@ -160,6 +160,8 @@ TEST_CASE("a server that drops its control connection but lives on is replaced",
   }));
   CHECK(process_gone(before));
   CHECK(contains(sut.log(), "closed its control connection but did not exit; killing it"));
+  // The replacement takes clients once it reported ready (a loaded CI machine can take a while).
+  REQUIRE(wait_until([&] { return sut.servers()[0].state == "running"; }));
   CHECK(bounded(attach(sut.socket_path(), "", 0)) == admitted(0));
 }
 
