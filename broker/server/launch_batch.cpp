@@ -19,22 +19,6 @@ constexpr std::uint32_t kMaxBlockZ = 64u;
 
 constexpr std::size_t kArgsAlign = 16;  // a kernel's parameter block may hold 16-byte members
 
-// The client's green context current while a graph is made (the current context is the one
-// graph creation and instantiation use), the primary context again afterwards, as everywhere else
-// in the server.
-class GreenCurrent {
- public:
-  explicit GreenCurrent(Session& session) : session_(session) {
-    session.cu().cuCtxSetCurrent(session.green.context);
-  }
-  ~GreenCurrent() { session_.cu().cuCtxSetCurrent(session_.gpu().primary); }
-  GreenCurrent(const GreenCurrent&) = delete;
-  GreenCurrent& operator=(const GreenCurrent&) = delete;
-
- private:
-  Session& session_;
-};
-
 // The node parameters of a launch. `extra` must outlive the call that reads them.
 CUDA_KERNEL_NODE_PARAMS node_params(const Session& session, const BatchedLaunch& l, void** extra) {
   CUDA_KERNEL_NODE_PARAMS p{};

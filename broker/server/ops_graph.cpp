@@ -13,21 +13,6 @@
 namespace mpsshim::server {
 namespace {
 
-// The client's green context current for a call that takes the current context (graph
-// creation, instantiation, node creation), the primary context again afterwards.
-class GreenCurrent {
- public:
-  explicit GreenCurrent(Session& session) : session_(session) {
-    session.cu().cuCtxSetCurrent(session.green.context);
-  }
-  ~GreenCurrent() { session_.cu().cuCtxSetCurrent(session_.gpu().primary); }
-  GreenCurrent(const GreenCurrent&) = delete;
-  GreenCurrent& operator=(const GreenCurrent&) = delete;
-
- private:
-  Session& session_;
-};
-
 std::uint64_t remember_node(Session& session, CUgraphNode node, std::uint64_t graph_id) {
   return remember(session, node, GraphNodeObj{node, graph_id});
 }

@@ -199,4 +199,20 @@ class Session {
   const Gpu* gpu_;
 };
 
+// The client's green context current for a call that takes the current context (graph
+// creation, instantiation, node creation), the primary context again afterwards, as everywhere
+// else in the server.
+class GreenCurrent {
+ public:
+  explicit GreenCurrent(Session& session) : session_(session) {
+    session.cu().cuCtxSetCurrent(session.green.context);
+  }
+  ~GreenCurrent() { session_.cu().cuCtxSetCurrent(session_.gpu().primary); }
+  GreenCurrent(const GreenCurrent&) = delete;
+  GreenCurrent& operator=(const GreenCurrent&) = delete;
+
+ private:
+  Session& session_;
+};
+
 }  // namespace mpsshim::server

@@ -338,6 +338,7 @@ void Worker::start(std::unique_ptr<IdleStrategy> idle) {
   sigset_t all, previous;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, &previous);
+  threaded_.store(true, std::memory_order_release);
   thread_ = std::thread([this, idle = std::move(idle)]() mutable { loop(std::move(idle)); });
   pthread_sigmask(SIG_SETMASK, &previous, nullptr);
 }
@@ -347,6 +348,7 @@ void Worker::stop() {
   exit_.store(true, std::memory_order_release);
   nudge();
   thread_.join();
+  threaded_.store(false, std::memory_order_release);
 }
 
 void Worker::loop(std::unique_ptr<IdleStrategy> idle) {

@@ -71,7 +71,9 @@ class Worker final : public Parker {
   // until stop(); without start() the server runs passes inline (tests).
   void start(std::unique_ptr<IdleStrategy> idle);
   void stop();  // joins
-  bool threaded() const { return thread_.joinable(); }
+  // Set before the thread starts and cleared after it was joined: the worker's own thread and
+  // the coordinator may both ask (thread_ itself is the coordinator's).
+  bool threaded() const { return threaded_.load(std::memory_order_acquire); }
 
  private:
   // epoll_event.data.u64: client id << 2 | source.
@@ -102,7 +104,7 @@ class Worker final : public Parker {
   std::vector<std::unique_ptr<Session>> sessions_;
   std::size_t round_robin_ = 0;
   std::chrono::steady_clock::time_point next_io_poll_{};
-  bool failed_ = false;  // fail_sessions ran
+  bool failed_ = false;                   // fail_sessions ran
   std::uint64_t context_generation_ = 0;  // Gpu::primary_generation this thread has current
   // The culprit's call that returned the sticky error: answered by fail_sessions once every
   // worker's sessions hold the fault.
@@ -122,6 +124,7 @@ class Worker final : public Parker {
 
   std::thread thread_;
   std::atomic<bool> exit_{false};
+  std::atomic<bool> threaded_{false};
 };
 
 }  // namespace mpsshim::server
