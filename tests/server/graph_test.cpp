@@ -22,23 +22,6 @@ constexpr std::uint64_t kBytes = 4096;
 constexpr std::uint32_t kPattern = 0x2a2a2a2a;
 constexpr int kReplays = 10;
 
-const DriverTable& test_driver() {
-  static const DriverTable table = [] {
-    const char* path = std::getenv("MPSSHIM_TESTDRIVER_LIB");
-    if (path == nullptr) throw std::runtime_error("MPSSHIM_TESTDRIVER_LIB is not set");
-    auto loaded = load_driver(path);
-    if (!loaded) throw std::runtime_error(loaded.error().message);
-    return *loaded;
-  }();
-  return table;
-}
-
-int live_driver_objects() {
-  void* lib = ::dlopen(std::getenv("MPSSHIM_TESTDRIVER_LIB"), RTLD_NOW | RTLD_NOLOAD);
-  auto count = reinterpret_cast<int (*)()>(::dlsym(lib, "mpsshim_testdriver_live_objects"));
-  return count();
-}
-
 // The client is admitted, or the test stops with the server's log.
 TestClient& admitted(Harness& h, TestClient& client) {
   std::string log;

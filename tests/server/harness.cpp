@@ -1,5 +1,6 @@
 #include "tests/server/harness.hpp"
 
+#include <dlfcn.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -13,6 +14,25 @@
 #include "proto/futex.hpp"
 
 namespace mpsshim::server::test {
+
+const DriverTable& test_driver() {
+  static const DriverTable table = [] {
+    const char* path = std::getenv("MPSSHIM_TESTDRIVER_LIB");
+    if (path == nullptr) throw std::runtime_error("MPSSHIM_TESTDRIVER_LIB is not set");
+    auto loaded = load_driver(path);
+    if (!loaded) throw std::runtime_error(loaded.error().message);
+    return *loaded;
+  }();
+  return table;
+}
+
+int live_driver_objects() {
+  void* lib = ::dlopen(std::getenv("MPSSHIM_TESTDRIVER_LIB"), RTLD_NOW | RTLD_NOLOAD);
+  if (lib == nullptr) throw std::runtime_error("the test driver is not loaded");
+  auto count = reinterpret_cast<int (*)()>(::dlsym(lib, "mpsshim_testdriver_live_objects"));
+  if (count == nullptr) throw std::runtime_error("the test driver has no object count");
+  return count();
+}
 namespace {
 
 // The status of every part of a long operator answer but the last (an answer longer than one

@@ -78,6 +78,11 @@ class Harness {
   int run_code_ = -1;
 };
 
+// The host-memory test driver (MPSSHIM_TESTDRIVER_LIB, set by meson test), loaded once, and how
+// many objects it holds (what a test leaks shows here).
+const DriverTable& test_driver();
+int live_driver_objects();
+
 proto::ClientHello default_hello(int pid = 4123, const char* program = "vector_add");
 
 struct Reply {

@@ -23,26 +23,12 @@ namespace {
 
 using proto::Op;
 
-const DriverTable& test_driver() {
-  static const DriverTable table = [] {
-    const char* path = std::getenv("MPSSHIM_TESTDRIVER_LIB");
-    if (path == nullptr) throw std::runtime_error("MPSSHIM_TESTDRIVER_LIB is not set");
-    auto loaded = load_driver(path);
-    if (!loaded) throw std::runtime_error(loaded.error().message);
-    return *loaded;
-  }();
-  return table;
-}
-
 template <typename T>
 T driver_hook(const char* name) {
   void* lib = ::dlopen(std::getenv("MPSSHIM_TESTDRIVER_LIB"), RTLD_NOW | RTLD_NOLOAD);
   void* symbol = lib != nullptr ? ::dlsym(lib, name) : nullptr;
   if (symbol == nullptr) throw std::runtime_error(std::string("test driver lacks ") + name);
   return reinterpret_cast<T>(symbol);
-}
-int live_driver_objects() {
-  return driver_hook<int (*)()>("mpsshim_testdriver_live_objects")();
 }
 unsigned long long instantiations() {
   return driver_hook<unsigned long long (*)()>("mpsshim_testdriver_graph_instantiations")();

@@ -41,25 +41,6 @@ constexpr int kFirstIterations = 5;  // by each client before anything ends, and
                                      // clients end
 constexpr char kModuleText[] = "// threaded server test\n.version 8.0\n.target sm_90\n";
 
-const DriverTable& test_driver() {
-  static const DriverTable table = [] {
-    const char* path = std::getenv("MPSSHIM_TESTDRIVER_LIB");
-    if (path == nullptr) throw std::runtime_error("MPSSHIM_TESTDRIVER_LIB is not set");
-    auto loaded = load_driver(path);
-    if (!loaded) throw std::runtime_error(loaded.error().message);
-    return *loaded;
-  }();
-  return table;
-}
-
-int live_driver_objects() {
-  void* lib = ::dlopen(std::getenv("MPSSHIM_TESTDRIVER_LIB"), RTLD_NOW | RTLD_NOLOAD);
-  if (lib == nullptr) throw std::runtime_error("the test driver is not loaded");
-  auto count = reinterpret_cast<int (*)()>(::dlsym(lib, "mpsshim_testdriver_live_objects"));
-  if (count == nullptr) throw std::runtime_error("mpsshim_testdriver_live_objects is missing");
-  return count();
-}
-
 ServerSettings threaded_settings() {
   ServerSettings settings;
   settings.workers = kWorkers;
