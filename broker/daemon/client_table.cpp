@@ -157,6 +157,24 @@ std::string json_number_field(const Fields& fields, std::string_view key) {
   return json_number(it == fields.end() ? std::nullopt : parse_number(it->second));
 }
 
+// Calls `client(gpu, fields)` for every client line of the servers' answers and `note(gpu, line)`
+// for every other non-blank line (a line without pid=).
+template <typename OnClient, typename OnNote>
+void for_each_line(const std::vector<ServerClients>& servers, OnClient client, OnNote note) {
+  for (const ServerClients& server : servers) {
+    std::istringstream lines(server.text);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      Fields fields = parse_fields(line);
+      if (fields.contains("pid")) {
+        client(server.gpu, fields);
+      } else {
+        note(server.gpu, line);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 std::string format_client_table(const std::vector<ServerClients>& servers) {
@@ -164,21 +182,15 @@ std::string format_client_table(const std::vector<ServerClients>& servers) {
   std::string table = fmt::format(kRow, "PID", "USER", "GPU", "SMS", "MEMORY", "LIMIT", "LAUNCHES",
                                   "STATE", "PROGRAM");
   std::string notes;
-  for (const ServerClients& server : servers) {
-    std::istringstream lines(server.text);
-    for (std::string line; std::getline(lines, line);) {
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      Fields fields = parse_fields(line);
-      if (!fields.contains("pid")) {
-        notes += fmt::format("GPU {}: {}\n", server.gpu, line);
-        continue;
-      }
-      table += fmt::format(kRow, field(fields, "pid"), user_name(field(fields, "uid")), server.gpu,
-                           field(fields, "sms"), bytes_field(fields, "mem_used", false),
-                           bytes_field(fields, "mem_limit", true), field(fields, "launches"),
-                           field(fields, "state"), field(fields, "program"));
-    }
-  }
+  for_each_line(
+      servers,
+      [&](int gpu, const Fields& fields) {
+        table += fmt::format(kRow, field(fields, "pid"), user_name(field(fields, "uid")), gpu,
+                             field(fields, "sms"), bytes_field(fields, "mem_used", false),
+                             bytes_field(fields, "mem_limit", true), field(fields, "launches"),
+                             field(fields, "state"), field(fields, "program"));
+      },
+      [&](int gpu, const std::string& line) { notes += fmt::format("GPU {}: {}\n", gpu, line); });
   return table + notes;
 }
 
@@ -187,60 +199,48 @@ std::string format_stats_table(const std::vector<ServerClients>& servers) {
   std::string table = fmt::format(kRow, "PID", "USER", "GPU", "RECORDS", "SERVER", "DELAY_P50",
                                   "DELAY_P99", "DELAY_MAX", "PROGRAM", "TOP");
   std::string notes;
-  for (const ServerClients& server : servers) {
-    std::istringstream lines(server.text);
-    for (std::string line; std::getline(lines, line);) {
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      Fields fields = parse_fields(line);
-      if (!fields.contains("pid")) {
-        notes += fmt::format("GPU {}: {}\n", server.gpu, line);
-        continue;
-      }
-      table += fmt::format(
-          kRow, field(fields, "pid"), user_name(field(fields, "uid")), server.gpu,
-          field(fields, "records"), duration_field(fields, "server_us"),
-          duration_field(fields, "delay_p50_us"), duration_field(fields, "delay_p99_us"),
-          duration_field(fields, "delay_max_us"), field(fields, "program"), top_field(fields));
-    }
-  }
+  for_each_line(
+      servers,
+      [&](int gpu, const Fields& fields) {
+        table += fmt::format(
+            kRow, field(fields, "pid"), user_name(field(fields, "uid")), gpu,
+            field(fields, "records"), duration_field(fields, "server_us"),
+            duration_field(fields, "delay_p50_us"), duration_field(fields, "delay_p99_us"),
+            duration_field(fields, "delay_max_us"), field(fields, "program"), top_field(fields));
+      },
+      [&](int gpu, const std::string& line) { notes += fmt::format("GPU {}: {}\n", gpu, line); });
   return table + notes;
 }
 
 std::string format_stats_json(const std::vector<ServerClients>& servers, const std::string& notes) {
   std::vector<std::string> clients;
   std::vector<std::string> other_lines;
-  for (const ServerClients& server : servers) {
-    std::istringstream lines(server.text);
-    for (std::string line; std::getline(lines, line);) {
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      Fields fields = parse_fields(line);
-      if (!fields.contains("pid")) {
-        other_lines.push_back(fmt::format("GPU {}: {}", server.gpu, line));
-        continue;
-      }
-      std::vector<std::string> top;
-      auto it = fields.find("top");
-      for (const TopEntry& entry : parse_top(it == fields.end() ? "-" : it->second)) {
-        top.push_back(fmt::format(R"({{"op": {}, "count": {}, "server_us": {}}})",
-                                  json_string(entry.op), json_number(entry.count),
-                                  json_number(entry.server_us)));
-      }
-      std::string uid = field(fields, "uid");
-      clients.push_back(fmt::format(
-          R"({{"gpu": {}, "client": {}, "pid": {}, "uid": {}, "user": {}, "program": {}, )"
-          R"("records": {}, "server_us": {}, "delay_samples": {}, "delay_p50_us": {}, )"
-          R"("delay_p99_us": {}, "delay_max_us": {}, "worker": {}, "batches": {}, "batched": {}, )"
-          R"("top": [{}]}})",
-          server.gpu, json_number_field(fields, "client"), json_number_field(fields, "pid"),
-          json_number_field(fields, "uid"), json_string(user_name(uid)),
-          json_string(field(fields, "program")), json_number_field(fields, "records"),
-          json_number_field(fields, "server_us"), json_number_field(fields, "delay_samples"),
-          json_number_field(fields, "delay_p50_us"), json_number_field(fields, "delay_p99_us"),
-          json_number_field(fields, "delay_max_us"), json_number_field(fields, "worker"),
-          json_number_field(fields, "batches"), json_number_field(fields, "batched"),
-          fmt::join(top, ", ")));
+  auto client = [&](int gpu, const Fields& fields) {
+    std::vector<std::string> top;
+    auto it = fields.find("top");
+    for (const TopEntry& entry : parse_top(it == fields.end() ? "-" : it->second)) {
+      top.push_back(fmt::format(R"({{"op": {}, "count": {}, "server_us": {}}})",
+                                json_string(entry.op), json_number(entry.count),
+                                json_number(entry.server_us)));
     }
-  }
+    std::string uid = field(fields, "uid");
+    clients.push_back(fmt::format(
+        R"({{"gpu": {}, "client": {}, "pid": {}, "uid": {}, "user": {}, "program": {}, )"
+        R"("records": {}, "server_us": {}, "delay_samples": {}, "delay_p50_us": {}, )"
+        R"("delay_p99_us": {}, "delay_max_us": {}, "worker": {}, "batches": {}, "batched": {}, )"
+        R"("top": [{}]}})",
+        gpu, json_number_field(fields, "client"), json_number_field(fields, "pid"),
+        json_number_field(fields, "uid"), json_string(user_name(uid)),
+        json_string(field(fields, "program")), json_number_field(fields, "records"),
+        json_number_field(fields, "server_us"), json_number_field(fields, "delay_samples"),
+        json_number_field(fields, "delay_p50_us"), json_number_field(fields, "delay_p99_us"),
+        json_number_field(fields, "delay_max_us"), json_number_field(fields, "worker"),
+        json_number_field(fields, "batches"), json_number_field(fields, "batched"),
+        fmt::join(top, ", ")));
+  };
+  for_each_line(servers, client, [&](int gpu, const std::string& line) {
+    other_lines.push_back(fmt::format("GPU {}: {}", gpu, line));
+  });
   for (const std::string& line : split(notes, '\n')) {
     if (!line.empty()) other_lines.push_back(line);
   }
