@@ -65,8 +65,17 @@ import time
 from collections import defaultdict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODE_LABEL = {"native": "native (time-slicing)", "mps": "NVIDIA MPS", "shim": "mpsshim"}
-ALL_MODES = ["native", "mps", "shim"]
+MODE_LABEL = {"native": "native (time-slicing)", "mps": "NVIDIA MPS", "shim": "mpsshim",
+              "shim-batch": "mpsshim, launch batching"}
+ALL_MODES = ["native", "mps", "shim", "shim-batch"]
+# The mpsshim modes and what each adds to mpsshimd's command line (after --daemon-arg):
+# "shim-batch" measures launch batching side by side with the daemon's defaults
+# (docs/launch-batching.md).
+SHIM_MODES = {"shim": [], "shim-batch": ["--server-launch-batch=64"]}
+
+
+def is_shim(mode: str) -> bool:
+    return mode in SHIM_MODES
 ALL_WORKLOADS = ["launch", "bandwidth", "concurrency", "mixed", "memory", "resnet", "scaling"]
 MIB = 1 << 20
 
@@ -305,7 +314,7 @@ class Harness:
         self.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
         for m in self.modes:
             if m not in ALL_MODES:
-                sys.exit(f"harness: unknown mode {m} (native, mps, shim)")
+                sys.exit(f"harness: unknown mode {m} ({', '.join(ALL_MODES)})")
         for w in self.workloads:
             if w not in ALL_WORKLOADS:
                 sys.exit(f"harness: unknown workload {w} ({', '.join(ALL_WORKLOADS)})")
@@ -334,7 +343,7 @@ class Harness:
         # small_kernels barrier: seconds per process to wait before the common start. Context
         # creation is serialised: ~0.1 s per process natively and under NVIDIA MPS on the H200
         # machine (gVisor), a few ms under mpsshim. Raised when a copy arrives late.
-        self.start_delay = {"native": 0.11, "mps": 0.11, "shim": 0.03}
+        self.start_delay = {"native": 0.11, "mps": 0.11, "shim": 0.03, "shim-batch": 0.03}
         self.shim_dir = ""
         self.shim_proc = None
         self.mps_dirs = None
@@ -361,7 +370,7 @@ class Harness:
                         ("scaling", "idle_client")]:
             if w in self.workloads:
                 needed[prog] = os.path.join(self.bench_bin, prog)
-        if "shim" in self.modes:
+        if any(is_shim(m) for m in self.modes):
             needed.update({"libmpsshim.so": self.shim_lib, "mpsshimd": self.daemon,
                            "mpsshimctl": self.ctl, "mpsshim-server": self.server})
         missing = [f"{k} ({v or 'not found'})" for k, v in needed.items()
@@ -381,7 +390,7 @@ class Harness:
         if mode == "mps":
             env["CUDA_MPS_PIPE_DIRECTORY"] = self.mps_dirs[0]
             env["CUDA_MPS_LOG_DIRECTORY"] = self.mps_dirs[1]
-        elif mode == "shim":
+        elif is_shim(mode):
             env["CUDA_MPS_PIPE_DIRECTORY"] = self.shim_dir
             env["LD_PRELOAD"] = self.shim_lib
         env.setdefault("PYTHONUNBUFFERED", "1")
@@ -422,14 +431,14 @@ class Harness:
         """Starts the mode's daemon; returns "" or why it did not start."""
         if mode == "mps":
             return self.mps_start(rep)
-        if mode == "shim":
-            return self.shim_start(rep)
+        if is_shim(mode):
+            return self.shim_start(rep, SHIM_MODES[mode])
         return ""
 
     def stop_mode(self, mode: str) -> None:
         if mode == "mps":
             self.mps_stop()
-        elif mode == "shim":
+        elif is_shim(mode):
             self.shim_stop()
         self.wait_gpu_idle()
 
@@ -503,14 +512,14 @@ class Harness:
         text = (r.stdout + r.stderr).strip()
         return r.returncode == 0 and "running" in text.split(), text
 
-    def shim_start(self, rep: int) -> str:
+    def shim_start(self, rep: int, mode_args: list[str]) -> str:
         self.shim_dir = os.path.join(self.work, f"shim.{rep}")
         os.makedirs(self.shim_dir, exist_ok=True)
         log_path = os.path.join(self.logs, f"mpsshimd.{rep}.log")
         self.shim_log = open(log_path, "wb")
         self.shim_proc = subprocess.Popen(
             [self.daemon, "--runtime-dir", self.shim_dir, "--server", self.server]
-            + self.args.daemon_arg,
+            + self.args.daemon_arg + mode_args,
             env=self.env("native"), stdout=self.shim_log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
@@ -754,7 +763,7 @@ class Harness:
         env = self.env(mode)
         if mode != "native":
             idle = self.mem_used_mib()
-            if mode == "shim":
+            if is_shim(mode):
                 # mpsshim's server releases its primary context --context-idle-timeout (10 s by
                 # default) after the last client left: at rest is after that.
                 t0 = time.monotonic()
@@ -798,7 +807,8 @@ class Harness:
             self.add("memory", "mem_marginal_mib", mode, rep,
                      (used_by_n[hi] - used_by_n[lo]) / (hi - lo), n=f"{lo}->{hi}")
 
-    BROKER_COMMS = {"shim": ("mpsshimd", "mpsshim-server"), "mps": ("nvidia-cuda-mps",)}
+    BROKER_COMMS = {"shim": ("mpsshimd", "mpsshim-server"), "shim-batch": ("mpsshimd", "mpsshim-server"),
+                    "mps": ("nvidia-cuda-mps",)}
 
     def broker_cpu_pct(self, mode, seconds=5.0):
         """CPU the broker's processes (all threads) used over `seconds`, in % of one core."""
@@ -992,7 +1002,7 @@ class Harness:
                         if self.elapsed() + self.estimate(w, mode) + reserve > budget:
                             self.skip_for_budget(w, mode, rep)
                             continue
-                        if mode == "shim" and not self.shim_wait_ready():
+                        if is_shim(mode) and not self.shim_wait_ready():
                             self.notes.append(f"rep {rep}: mpsshim server not running before {w}")
                         t = time.monotonic()
                         try:
@@ -1167,13 +1177,14 @@ def index(summary):
 
 def table_rows(summary, modes, keys, idx, label_fn):
     cols = [MODE_LABEL[m] for m in modes]
-    has_ratio = "shim" in modes and ("mps" in modes or "native" in modes)
+    shims = [m for m in modes if is_shim(m)]
+    others = [(o, name) for o, name in (("mps", "MPS"), ("native", "native")) if o in modes]
+    has_ratio = bool(shims) and bool(others)
     head = ["figure", "unit"] + cols
     if has_ratio:
-        if "mps" in modes:
-            head.append("mpsshim/MPS")
-        if "native" in modes:
-            head.append("mpsshim/native")
+        for shim_mode in shims:
+            tag = "mpsshim" if shim_mode == "shim" else shim_mode
+            head += [f"{tag}/{name}" for _, name in others]
         head.append("mpsshim is")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     behind = []
@@ -1184,14 +1195,15 @@ def table_rows(summary, modes, keys, idx, label_fn):
         row = [label_fn(key, label), unit] + [cell(entries[mode]) for mode in modes]
         if has_ratio:
             words = []
-            for other, name in (("mps", "MPS"), ("native", "native")):
-                if other in modes:
-                    r = ratio(entries.get("shim"), entries.get(other))
+            for shim_mode in shims:
+                for other, name in others:
+                    r = ratio(entries.get(shim_mode), entries.get(other))
                     row.append(f"{r:.2f}" if r is not None else "-")
-                    v = verdict(r, better, name)
+                    # The verdict speaks of the first mpsshim mode (the daemon's defaults).
+                    v = verdict(r, better, name) if shim_mode == shims[0] else ""
                     if v:
                         words.append(v)
-            shim = entries.get("shim")
+            shim = entries.get(shims[0])
             if shim is not None and shim["median"] is None:
                 words = ["not run" if is_skip(shim["error"]) else "**failed**"]
             row.append("; ".join(words))
@@ -1393,7 +1405,7 @@ def render_report(summary, meta, modes) -> str:
 
 
 # ---- plots -----------------------------------------------------------------------------------
-COLORS = {"native": "#7f7f7f", "mps": "#76b900", "shim": "#1f77b4"}
+COLORS = {"native": "#7f7f7f", "mps": "#76b900", "shim": "#1f77b4", "shim-batch": "#d62728"}
 
 
 def series(summary, workload, metric, mode, by="n"):

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "broker/server/driver.hpp"
 #include "broker/server/log.hpp"
@@ -18,28 +19,6 @@ constexpr std::uint32_t kMaxBlockXY = 1024u;
 constexpr std::uint32_t kMaxBlockZ = 64u;
 
 constexpr std::size_t kArgsAlign = 16;  // a kernel's parameter block may hold 16-byte members
-
-// The node parameters of a launch. `extra` must outlive the call that reads them.
-CUDA_KERNEL_NODE_PARAMS node_params(const Session& session, const BatchedLaunch& l, void** extra) {
-  CUDA_KERNEL_NODE_PARAMS p{};
-  if (l.kernel) {
-    // A CUkernel runs in the node's context: the client's green context, as for the client's
-    // own hand-built kernel nodes (ops_graph.cpp).
-    p.kern = reinterpret_cast<CUkernel>(l.function);
-    p.ctx = session.green.context;
-  } else {
-    p.func = l.function;
-  }
-  p.gridDimX = l.grid[0];
-  p.gridDimY = l.grid[1];
-  p.gridDimZ = l.grid[2];
-  p.blockDimX = l.block[0];
-  p.blockDimY = l.block[1];
-  p.blockDimZ = l.block[2];
-  p.sharedMemBytes = l.shared_bytes;
-  p.extra = l.args_bytes != 0 ? extra : nullptr;
-  return p;
-}
 
 // Whether the client's green context has fewer SMs than the device: an SM quota.
 bool has_sm_quota(const Session& session) {
@@ -73,10 +52,54 @@ const LaunchBatcher::Limits& LaunchBatcher::limits_of(Session& session,
                   CUDA_SUCCESS &&
               get(CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH, &cluster_width) == CUDA_SUCCESS &&
               get(CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET, &cluster_must_be_set) == CUDA_SUCCESS;
+  // The parameter layout, for the nodes' kernelParams. cuFuncGetParamInfo on a CUkernel is
+  // INVALID_HANDLE on the real driver (measured); past the last parameter both answer
+  // INVALID_VALUE.
+  for (std::size_t i = 0; read; ++i) {
+    std::size_t offset = 0, size = 0;
+    const CUresult r =
+        launch.kernel ? cu.cuKernelGetParamInfo(reinterpret_cast<CUkernel>(launch.function), i,
+                                                &offset, &size)
+                      : cu.cuFuncGetParamInfo(launch.function, i, &offset, &size);
+    if (r == CUDA_ERROR_INVALID_VALUE) break;
+    read = r == CUDA_SUCCESS && offset + size <= proto::kMaxArgsBytes;
+    if (!read) break;
+    limits.param_offsets.push_back(static_cast<std::uint32_t>(offset));
+    limits.args_end = std::max(limits.args_end, static_cast<std::uint32_t>(offset + size));
+  }
   // A function compiled for clusters launches with a cluster shape whose rules the eager path
   // leaves to the driver: it always goes eagerly.
   limits.eager_only = !read || cluster_width != 0 || cluster_must_be_set != 0;
   return limits_.emplace(launch.function, limits).first->second;
+}
+
+CUDA_KERNEL_NODE_PARAMS LaunchBatcher::node_params(const Session& session, std::size_t i) {
+  const BatchedLaunch& l = pending_[i];
+  CUDA_KERNEL_NODE_PARAMS p{};
+  if (l.kernel) {
+    // A CUkernel runs in the node's context: the client's green context, as for the client's
+    // own hand-built kernel nodes (ops_graph.cpp).
+    p.kern = reinterpret_cast<CUkernel>(l.function);
+    p.ctx = session.green.context;
+  } else {
+    p.func = l.function;
+  }
+  p.gridDimX = l.grid[0];
+  p.gridDimY = l.grid[1];
+  p.gridDimZ = l.grid[2];
+  p.blockDimX = l.block[0];
+  p.blockDimY = l.block[1];
+  p.blockDimZ = l.block[2];
+  p.sharedMemBytes = l.shared_bytes;
+  // One pointer per parameter into the launch's copy of its argument block (accepts() saw that
+  // the block covers every parameter); the driver copies the values.
+  const Limits& limits = limits_.at(l.function);
+  params_.resize(limits.param_offsets.size());
+  for (std::size_t k = 0; k < params_.size(); ++k) {
+    params_[k] = const_cast<std::byte*>(args_of(i) + limits.param_offsets[k]);
+  }
+  p.kernelParams = params_.empty() ? nullptr : params_.data();
+  return p;
 }
 
 bool LaunchBatcher::accepts(Session& session, const BatchedLaunch& l) {
@@ -96,6 +119,7 @@ bool LaunchBatcher::accepts(Session& session, const BatchedLaunch& l) {
   }
   const Limits& limits = limits_of(session, l);
   if (limits.eager_only) return false;
+  if (l.args_bytes < limits.args_end) return false;
   const std::uint64_t threads = std::uint64_t{l.block[0]} * l.block[1] * l.block[2];
   return threads <= static_cast<std::uint64_t>(std::max(limits.max_threads, 0)) &&
          l.shared_bytes <= static_cast<std::uint64_t>(std::max(limits.max_dynamic_shared, 0));
@@ -196,17 +220,20 @@ bool LaunchBatcher::launch_graph(Session& session, CUstream stream, Run run) {
   }
   entry->last_used = ++clock_;
   // Every node gets this run's shapes and arguments; the driver copies them, and a launch of the
-  // graph already queued keeps the values it was launched with.
+  // graph already queued keeps the values it was launched with. With the client's green context
+  // current, as when the graph was made: a CUfunction's node belongs to the context current
+  // when it is set, and an update may not move it to another.
   CUresult r = CUDA_SUCCESS;
-  for (std::size_t k = 0; k < run.count && r == CUDA_SUCCESS; ++k) {
-    const std::size_t i = run.first + k;
-    std::size_t args_size = pending_[i].args_bytes;
-    void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, const_cast<std::byte*>(args_of(i)),
-                     CU_LAUNCH_PARAM_BUFFER_SIZE, &args_size, CU_LAUNCH_PARAM_END};
-    CUDA_KERNEL_NODE_PARAMS params = node_params(session, pending_[i], extra);
-    r = cu.cuGraphExecKernelNodeSetParams_v2(entry->exec, entry->nodes[k], &params);
+  std::size_t failed_node = run.count;  // which step failed: a node's update, else the launch
+  {
+    GreenCurrent green(session);
+    for (std::size_t k = 0; k < run.count && r == CUDA_SUCCESS; ++k) {
+      CUDA_KERNEL_NODE_PARAMS params = node_params(session, run.first + k);
+      r = cu.cuGraphExecKernelNodeSetParams_v2(entry->exec, entry->nodes[k], &params);
+      if (r != CUDA_SUCCESS) failed_node = k;
+    }
+    if (r == CUDA_SUCCESS) r = cu.cuGraphLaunch(entry->exec, stream);
   }
-  if (r == CUDA_SUCCESS) r = cu.cuGraphLaunch(entry->exec, stream);
   if (r == CUDA_SUCCESS) {
     session.launches += run.count;
     ++session.stats.batches;
@@ -218,13 +245,15 @@ bool LaunchBatcher::launch_graph(Session& session, CUstream stream, Run run) {
   // trusted again.
   // The first fallback of a session is worth an operator's eye: it says which driver answer
   // keeps batching from working (docs/launch-batching.md).
+  const std::string step = failed_node < run.count
+                               ? fmt::format("updating node {} of {}", failed_node, run.count)
+                               : std::string("cuGraphLaunch");
   if (session.stats.batch_fallbacks == 0) {
-    log_warn(
-        "{}: a batch of {} launches went out eagerly: a graph node update or launch failed: {}",
-        session.who(), run.count, describe(cu, r));
+    log_warn("{}: a batch of {} launches went out eagerly: {} failed: {}", session.who(),
+             run.count, step, describe(cu, r));
   } else {
-    log_debug("{}: a batch of {} launches went out eagerly: {}", session.who(), run.count,
-              describe(cu, r));
+    log_debug("{}: a batch of {} launches went out eagerly: {} failed: {}", session.who(),
+              run.count, step, describe(cu, r));
   }
   ++session.stats.batch_fallbacks;
   refused_[refused_next_++ % refused_.size()] = hash;
@@ -288,11 +317,7 @@ LaunchBatcher::Cached* LaunchBatcher::build(Session& session, std::uint64_t hash
     // A chain: node k depends on node k - 1, as launches on one stream are ordered. The
     // parameters are this run's; every launch of the graph sets them again.
     for (std::size_t k = 0; k < run.count && r == CUDA_SUCCESS; ++k) {
-      const std::size_t i = run.first + k;
-      std::size_t args_size = pending_[i].args_bytes;
-      void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, const_cast<std::byte*>(args_of(i)),
-                       CU_LAUNCH_PARAM_BUFFER_SIZE, &args_size, CU_LAUNCH_PARAM_END};
-      CUDA_KERNEL_NODE_PARAMS params = node_params(session, pending_[i], extra);
+      CUDA_KERNEL_NODE_PARAMS params = node_params(session, run.first + k);
       CUgraphNode node = nullptr;
       r = cu.cuGraphAddKernelNode_v2(&node, entry.graph,
                                      entry.nodes.empty() ? nullptr : &entry.nodes.back(),
@@ -302,8 +327,14 @@ LaunchBatcher::Cached* LaunchBatcher::build(Session& session, std::uint64_t hash
     if (r == CUDA_SUCCESS) r = cu.cuGraphInstantiateWithFlags(&entry.exec, entry.graph, 0);
   }
   if (r != CUDA_SUCCESS) {
-    log_debug("{}: no graph for a batch of {} launches: {}", session.who(), run.count,
-              describe(cu, r));
+    // The first failure of a session is worth an operator's eye (docs/launch-batching.md).
+    if (session.stats.batch_fallbacks == 0) {
+      log_warn("{}: no graph for a batch of {} launches, it goes out eagerly: {}", session.who(),
+               run.count, describe(cu, r));
+    } else {
+      log_debug("{}: no graph for a batch of {} launches: {}", session.who(), run.count,
+                describe(cu, r));
+    }
     destroy(cu, entry);
     refused_[refused_next_++ % refused_.size()] = hash;
     return nullptr;

@@ -66,7 +66,7 @@ struct BatchedLaunch {
   std::uint32_t grid[3] = {};
   std::uint32_t block[3] = {};
   std::uint32_t shared_bytes = 0;
-  std::uint32_t args_bytes = 0;
+  std::uint32_t args_bytes = 0;  // the packed argument block's length
 };
 
 class LaunchBatcher {
@@ -82,7 +82,8 @@ class LaunchBatcher {
 
   // Whether a launch of `function` with this shape may wait in a batch: batching is on, the
   // function's own limits allow the shape (checked here so that a launch the driver would refuse
-  // goes out eagerly and fails exactly as it does without batching) and it needs no cluster.
+  // goes out eagerly and fails exactly as it does without batching), it needs no cluster and its
+  // argument block covers every parameter.
   // A launch with attributes, a reply slot or during a capture never asks (op_launch_kernel).
   bool accepts(Session& session, const BatchedLaunch& launch);
 
@@ -114,7 +115,13 @@ class LaunchBatcher {
   struct Limits {
     int max_threads = 0;         // CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
     int max_dynamic_shared = 0;  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    bool eager_only = false;     // needs a cluster, or its limits could not be read
+    bool eager_only = false;     // needs a cluster, or its limits or parameters could not be read
+    // Where each parameter starts in the packed argument block (cu*GetParamInfo), and where the
+    // last one ends. A graph node takes its arguments as kernelParams, one pointer per
+    // parameter: the real driver refuses `extra` in kernel node updates (measured, H100, driver
+    // 580: tools/probes/graph_node_args.cpp).
+    std::vector<std::uint32_t> param_offsets;
+    std::uint32_t args_end = 0;
   };
   // An executable graph whose kernel nodes form a chain; node i runs functions[i].
   struct Cached {
@@ -148,6 +155,9 @@ class LaunchBatcher {
   bool launch_graph(Session& session, CUstream stream, Run run);
   CUresult issue_eagerly(Session& session, CUstream stream, Run run);
   const std::byte* args_of(std::size_t i) const { return args_.data() + offsets_[i]; }
+  // The node parameters of pending_[i], its kernelParams pointing into args_ through
+  // params_ (valid until the next call).
+  CUDA_KERNEL_NODE_PARAMS node_params(const Session& session, std::size_t i);
 
   LaunchBatchSettings settings_;
   // The batch.
@@ -160,6 +170,7 @@ class LaunchBatcher {
   std::size_t cached_nodes_ = 0;
   std::uint64_t clock_ = 0;
   std::unordered_map<CUfunction, Limits> limits_;
+  std::vector<void*> params_;  // one node's kernelParams
   // Recent sequences seen without a graph, and sequences whose graph could not be built or
   // updated (never tried again until forget()): hashes, oldest overwritten.
   std::array<std::uint64_t, 64> seen_{};

@@ -77,6 +77,7 @@ OpResult op_launch_kernel(Call& call) {
     std::memcpy(launch.grid, req.grid, sizeof launch.grid);
     std::memcpy(launch.block, req.block, sizeof launch.block);
     launch.shared_bytes = req.shared_bytes;
+    launch.args_bytes = req.args_bytes;
     if (session.objects.get<StreamObj>(req.stream) == nullptr || !batch.accepts(session, launch)) {
       // Goes out eagerly below, after the batch.
       if (CUresult f = flush_first(); f != CUDA_SUCCESS) return call.done(f);

@@ -3,6 +3,7 @@
 #include "tests/server/fake_async.hpp"
 
 #include <cstring>
+#include <optional>
 
 namespace mpsshim::server::test {
 namespace {
@@ -66,12 +67,25 @@ int launch_limit(CUfunction_attribute attribute, int other) {
   }
 }
 
-// The packed arguments of a kernel node (CU_LAUNCH_PARAM_BUFFER_POINTER in `extra`).
-std::vector<std::byte> node_args(const CUDA_KERNEL_NODE_PARAMS* p) {
-  if (p->extra == nullptr) return {};
-  auto* buffer = static_cast<const std::byte*>(p->extra[1]);
-  std::size_t size = *static_cast<std::size_t*>(p->extra[3]);
-  return std::vector<std::byte>(buffer, buffer + size);
+// The fakes' parameter layouts (cuKernelGetParamInfo, cuFuncGetParamInfo below): a CUkernel
+// takes a pointer at 0 and an int at 8, a CUfunction three 8-byte values at 0, 8 and 16.
+constexpr std::size_t kKernelParams = 2, kFunctionParams = 3;
+std::size_t param_offset(std::size_t i) { return i * 8; }
+std::size_t param_size(bool kernel, std::size_t i) { return kernel && i == 1 ? 4 : 8; }
+
+// The packed arguments of a kernel node, gathered from its kernelParams by the layout. As on
+// the real driver (tools/probes/graph_node_args.cpp), a node whose arguments come as `extra` is
+// refused: nullopt.
+std::optional<std::vector<std::byte>> node_args(const CUDA_KERNEL_NODE_PARAMS* p) {
+  if (p->extra != nullptr) return std::nullopt;
+  if (p->kernelParams == nullptr) return std::vector<std::byte>{};
+  const bool kernel = p->kern != nullptr;
+  const std::size_t count = kernel ? kKernelParams : kFunctionParams;
+  std::vector<std::byte> block(param_offset(count - 1) + param_size(kernel, count - 1));
+  for (std::size_t i = 0; i < count; ++i) {
+    std::memcpy(block.data() + param_offset(i), p->kernelParams[i], param_size(kernel, i));
+  }
+  return block;
 }
 
 // Graphs as launch batching uses them: kernel nodes only, launched as one launch per node.
@@ -94,9 +108,11 @@ void add_graph_fakes(DriverTable& t) {
     FakeGpu& gpu = fake_gpu();
     auto it = gpu.graphs.find(g);
     if (it == gpu.graphs.end() || it->second.executable) return CUDA_ERROR_INVALID_HANDLE;
+    auto args = node_args(p);
+    if (!args) return CUDA_ERROR_INVALID_VALUE;
     *node = new_handle<CUgraphNode>();
     gpu.graph_nodes[*node] = {g, it->second.node_args.size()};
-    it->second.node_args.push_back(node_args(p));
+    it->second.node_args.push_back(std::move(*args));
     return CUDA_SUCCESS;
   };
   t.cuGraphInstantiateWithFlags = [](CUgraphExec* exec, CUgraph g, unsigned long long) {
@@ -127,7 +143,9 @@ void add_graph_fakes(DriverTable& t) {
       return CUDA_ERROR_INVALID_HANDLE;
     }
     if (gpu.graph_node_update_result != CUDA_SUCCESS) return gpu.graph_node_update_result;
-    e->second.node_args.at(n->second.second) = node_args(p);
+    auto args = node_args(p);
+    if (!args) return CUDA_ERROR_INVALID_VALUE;
+    e->second.node_args.at(n->second.second) = std::move(*args);
     ++gpu.graph_node_updates;
     return CUDA_SUCCESS;
   };
@@ -406,15 +424,15 @@ DriverTable fake_driver_table() {
   };
   // Two parameters: a pointer at 0 and an int at 8.
   t.cuKernelGetParamInfo = [](CUkernel, std::size_t i, std::size_t* offset, std::size_t* size) {
-    if (i >= 2) return CUDA_ERROR_INVALID_VALUE;
-    *offset = i * 8;
-    *size = i == 0 ? 8 : 4;
+    if (i >= kKernelParams) return CUDA_ERROR_INVALID_VALUE;
+    *offset = param_offset(i);
+    *size = param_size(true, i);
     return CUDA_SUCCESS;
   };
   t.cuFuncGetParamInfo = [](CUfunction, std::size_t i, std::size_t* offset, std::size_t* size) {
-    if (i >= 3) return CUDA_ERROR_INVALID_VALUE;
-    *offset = i * 8;
-    *size = 8;
+    if (i >= kFunctionParams) return CUDA_ERROR_INVALID_VALUE;
+    *offset = param_offset(i);
+    *size = param_size(false, i);
     return CUDA_SUCCESS;
   };
   t.cuFuncGetAttribute = [](int* v, CUfunction_attribute attribute, CUfunction) {
