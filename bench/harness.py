@@ -6,7 +6,7 @@ usage (on a machine with an NVIDIA GPU, as root for NVIDIA MPS):
 
     python3 bench/harness.py --build-dir build --out bench-results --quick   # < 5 minutes
     python3 bench/harness.py --build-dir build --out bench-results --full    # <= 9 minutes
-      [--modes native,mps,shim] [--workloads launch,bandwidth,concurrency,mixed,memory,resnet,scaling]
+      [--modes native,mps,shim,shim-eager] [--workloads launch,bandwidth,concurrency,mixed,memory,resnet,scaling]
       [--reps R] [--budget-s S] [--python PYTHON] [--daemon-arg=--log-level=debug ...]
     python3 bench/harness.py --render RESULTS_DIR --out DIR   # re-render from results.csv/json
 
@@ -25,6 +25,8 @@ Modes:
   shim    mpsshim: mpsshimd --runtime-dir DIR --server BUILD/.../mpsshim-server; clients get
           CUDA_MPS_PIPE_DIRECTORY=DIR LD_PRELOAD=BUILD/libshim/libmpsshim.so; stopped with
           "mpsshimctl --runtime-dir DIR quit"
+  shim-eager  mpsshim as above with mpsshimd --launch-batching=off: every kernel launch goes
+          out on its own (docs/launch-batching.md), to measure what batching gives
 Only one daemon runs at a time. Each repetition runs the modes in a rotated order (native, mps,
 shim; then mps, shim, native; ...) so that drift hits every mode alike.
 
@@ -66,12 +68,12 @@ from collections import defaultdict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODE_LABEL = {"native": "native (time-slicing)", "mps": "NVIDIA MPS", "shim": "mpsshim",
-              "shim-batch": "mpsshim, launch batching"}
-ALL_MODES = ["native", "mps", "shim", "shim-batch"]
+              "shim-eager": "mpsshim, launch batching off"}
+ALL_MODES = ["native", "mps", "shim", "shim-eager"]
 # The mpsshim modes and what each adds to mpsshimd's command line (after --daemon-arg):
-# "shim-batch" measures launch batching side by side with the daemon's defaults
+# "shim-eager" measures the daemon's defaults without launch batching, side by side
 # (docs/launch-batching.md).
-SHIM_MODES = {"shim": [], "shim-batch": ["--server-launch-batch=64"]}
+SHIM_MODES = {"shim": [], "shim-eager": ["--launch-batching=off"]}
 
 
 def is_shim(mode: str) -> bool:
@@ -343,7 +345,7 @@ class Harness:
         # small_kernels barrier: seconds per process to wait before the common start. Context
         # creation is serialised: ~0.1 s per process natively and under NVIDIA MPS on the H200
         # machine (gVisor), a few ms under mpsshim. Raised when a copy arrives late.
-        self.start_delay = {"native": 0.11, "mps": 0.11, "shim": 0.03, "shim-batch": 0.03}
+        self.start_delay = {"native": 0.11, "mps": 0.11, "shim": 0.03, "shim-eager": 0.03}
         self.shim_dir = ""
         self.shim_proc = None
         self.mps_dirs = None
@@ -807,7 +809,7 @@ class Harness:
             self.add("memory", "mem_marginal_mib", mode, rep,
                      (used_by_n[hi] - used_by_n[lo]) / (hi - lo), n=f"{lo}->{hi}")
 
-    BROKER_COMMS = {"shim": ("mpsshimd", "mpsshim-server"), "shim-batch": ("mpsshimd", "mpsshim-server"),
+    BROKER_COMMS = {"shim": ("mpsshimd", "mpsshim-server"), "shim-eager": ("mpsshimd", "mpsshim-server"),
                     "mps": ("nvidia-cuda-mps",)}
 
     def broker_cpu_pct(self, mode, seconds=5.0):
@@ -1405,7 +1407,7 @@ def render_report(summary, meta, modes) -> str:
 
 
 # ---- plots -----------------------------------------------------------------------------------
-COLORS = {"native": "#7f7f7f", "mps": "#76b900", "shim": "#1f77b4", "shim-batch": "#d62728"}
+COLORS = {"native": "#7f7f7f", "mps": "#76b900", "shim": "#1f77b4", "shim-eager": "#d62728"}
 
 
 def series(summary, workload, metric, mode, by="n"):

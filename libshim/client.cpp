@@ -46,7 +46,8 @@ proto::ClientHello make_hello(proto::MessageKind kind, int device, const ClientC
   } else {
     hello.device_memory_limit = config.memory_limit_all;
   }
-  hello.flags = config.ignore_sm_coscheduling ? proto::kHelloIgnoreSmCoscheduling : 0;
+  hello.flags = (config.ignore_sm_coscheduling ? proto::kHelloIgnoreSmCoscheduling : 0) |
+                (config.launch_batching ? 0 : proto::kHelloNoLaunchBatching);
   std::strncpy(hello.visible_devices, config.visible_devices.c_str(),
                sizeof hello.visible_devices - 1);
   std::strncpy(hello.program, config.program.c_str(), sizeof hello.program - 1);

@@ -33,6 +33,7 @@ struct ClientConfig {
   std::uint64_t memory_limit_all = 0;         // CUDA_MPS_PINNED_DEVICE_MEM_LIMIT without ordinal
   std::map<int, std::uint64_t> memory_limit;  // per visible ordinal
   bool ignore_sm_coscheduling = false;        // MPSSHIM_SM_GRANULARITY=2
+  bool launch_batching = true;                // MPSSHIM_LAUNCH_BATCHING=off: false
   std::string visible_devices;
   std::string program;
 };

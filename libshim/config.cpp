@@ -127,6 +127,15 @@ ClientConfig read_client_config() {
   }
   parse_memory_limits(env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), config);
   config.ignore_sm_coscheduling = env("MPSSHIM_SM_GRANULARITY") == "2";
+  // For debugging: the server issues this process's launches one by one instead of batching
+  // the ones waiting in its ring into graph launches (docs/launch-batching.md).
+  if (std::string batching = env("MPSSHIM_LAUNCH_BATCHING"); !batching.empty()) {
+    if (batching == "off" || batching == "0") {
+      config.launch_batching = false;
+    } else if (batching != "on" && batching != "1") {
+      log(Level::warn, "ignoring MPSSHIM_LAUNCH_BATCHING='{}': expected off or on", batching);
+    }
+  }
   config.visible_devices = env("CUDA_VISIBLE_DEVICES");
   config.program = program_invocation_short_name;
   return config;

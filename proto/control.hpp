@@ -28,7 +28,7 @@ struct ClientHello {
   std::int32_t active_thread_percentage;  // CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, kUnset if absent
   std::int32_t priority;                  // CUDA_MPS_CLIENT_PRIORITY, kUnset if absent
   std::uint64_t device_memory_limit;      // bytes for this device, 0 = no limit asked
-  std::uint32_t flags;                    // kHelloIgnoreSmCoscheduling, ...
+  std::uint32_t flags;                    // kHelloIgnoreSmCoscheduling | kHelloNoLaunchBatching
   std::uint32_t reserved;
   char visible_devices[256];  // CUDA_VISIBLE_DEVICES as given ("" if unset)
   char program[64];           // the client's program name, for logs and mpsshimctl ps
@@ -37,6 +37,8 @@ static_assert(kWireSafe<ClientHello>);
 static_assert(sizeof(ClientHello) == 368);
 static_assert(offsetof(ClientHello, visible_devices) == 48);
 inline constexpr std::uint32_t kHelloIgnoreSmCoscheduling = 1u << 0;
+// MPSSHIM_LAUNCH_BATCHING=off: the server issues this client's launches one by one.
+inline constexpr std::uint32_t kHelloNoLaunchBatching = 1u << 1;
 
 struct Refused {
   HelloHeader header;  // kRefused

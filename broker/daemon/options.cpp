@@ -31,6 +31,7 @@ enum LongOnly : int {
   kDefaultMemory,
   kServerWorkers,
   kServerLaunchBatch,
+  kLaunchBatching,
   kContextIdleTimeout,
   kVersion,
 };
@@ -85,8 +86,10 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
   --default-memory-limit SIZE  default device memory limit of new clients on every GPU (e.g. 4G)
   --server-workers N   worker threads of every GPU's server (default: one per CPU the server
                        may run on; see mpsshim-server --workers)
+  --launch-batching on|off  whether every GPU's server issues a client's waiting kernel
+                       launches as graph launches (default on; see docs/launch-batching.md)
   --server-launch-batch N  most kernel launches of a client every GPU's server issues as one
-                       graph launch (default 0 = off; 64 to try; see docs/launch-batching.md)
+                       graph launch (default 64; 0 = off, as --launch-batching off)
   --context-idle-timeout SECS  a GPU's server releases its primary context (~500 MiB of GPU
                        memory) after SECS without a client and creates it again for the next
                        one (default 10; 0 = as soon as the last client leaves; -1 = never)
@@ -110,6 +113,7 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
       {"default-memory-limit", required_argument, nullptr, kDefaultMemory},
       {"server-workers", required_argument, nullptr, kServerWorkers},
       {"server-launch-batch", required_argument, nullptr, kServerLaunchBatch},
+      {"launch-batching", required_argument, nullptr, kLaunchBatching},
       {"context-idle-timeout", required_argument, nullptr, kContextIdleTimeout},
       {"help", no_argument, nullptr, 'h'},
       {"version", no_argument, nullptr, kVersion},
@@ -185,6 +189,18 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
         auto n = number<int>("--server-launch-batch", arg, 0, 256);
         if (!n) return tl::unexpected(n.error());
         options.server_launch_batch = *n;
+        break;
+      }
+      case kLaunchBatching: {
+        const std::string_view value = arg;
+        if (value == "off") {
+          options.server_launch_batch = 0;
+        } else if (value == "on") {
+          // The server's default size, unless --server-launch-batch chose one.
+          if (options.server_launch_batch == 0) options.server_launch_batch.reset();
+        } else {
+          return tl::unexpected(fmt::format("--launch-batching {}: expected on or off", value));
+        }
         break;
       }
       case kContextIdleTimeout: {

@@ -25,7 +25,8 @@ struct DaemonOptions {
   std::optional<int> default_sm_percentage;
   std::optional<std::uint64_t> default_memory_limit;
   std::optional<int> server_workers;  // --workers of every server; unset: the server decides
-  // --launch-batch of every server; unset: the server's default.
+  // --launch-batch of every server (--server-launch-batch N; --launch-batching off: 0); unset:
+  // the server's default.
   std::optional<int> server_launch_batch;
   std::optional<int> context_idle_timeout_s;  // passed on to every server; unset: its default
   bool help = false;

@@ -83,6 +83,7 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
              percentage, std::clamp(percentage, 1, 100));
   }
   const bool ignore_coscheduling = (hello.flags & proto::kHelloIgnoreSmCoscheduling) != 0;
+  s.launch_batching = (hello.flags & proto::kHelloNoLaunchBatching) == 0;
   const proto::DeviceSnapshot& snap = gpu_.snapshot;
   SmQuota quota = plan_sm_quota(
       snap.sm_count,

@@ -33,16 +33,16 @@ struct LaunchBatchSettings {
   // Batches shorter than this go out eagerly (one cuLaunchKernelEx each).
   std::size_t min_launches = 2;
   // A batch that reaches this many launches goes out at once. 0 or 1: batching off
-  // (mpsshim-server --launch-batch N). Off by default: measured on an H100 (2026-11-24,
-  // docs/benchmarks.md), 64 made 8 and 32 clients of small kernels ~2x slower than eager
-  // launches; 64 is the size to try.
-  std::size_t max_launches = 0;
+  // (mpsshim-server --launch-batch N, mpsshimd --launch-batching off, and per client
+  // MPSSHIM_LAUNCH_BATCHING=off). Measured on an H100 (docs/benchmarks.md): 8 and 32 clients of
+  // small kernels (a synchronize every 64 launches) went from 455 k / 503 k kernels/s eager to
+  // 576 k / 1,369 k with 64.
+  std::size_t max_launches = 64;
   // A batch goes out in runs of power-of-two lengths, longest first (42: 32 + 8 + 2), each one
   // graph launch (a last single launch eagerly). Batch lengths depend on timing and rarely
   // repeat, and node counts are part of the cache key: this way one sequence of functions needs
   // at most log2(max) graphs instead of one per length, and the cache warms within a few
-  // batches. False: one run of the batch's exact length (measured ~2x slower than eager launches
-  // on an H100, see max_launches).
+  // batches. False: one run of the batch's exact length.
   bool power_of_two_runs = true;
   // The cache of executable graphs, per session: at most this many graphs, and this many kernel
   // nodes in all of them; the least recently used graph goes first. With exact lengths, one

@@ -194,6 +194,9 @@ class Session {
   // Consecutive launches waiting to go out as one graph launch, and the session's cache of
   // executable graphs (launch_batch.hpp). Empty between drain passes.
   LaunchBatcher launch_batch;
+  // False when the client asked for its launches to go out one by one (MPSSHIM_LAUNCH_BATCHING=off
+  // in its environment: kHelloNoLaunchBatching).
+  bool launch_batching = true;
 
  private:
   const Gpu* gpu_;

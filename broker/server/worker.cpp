@@ -162,7 +162,9 @@ std::size_t Worker::drain_ring(Session& session) {
   // Consecutive launches collect in the session's launch batch (launch_batch.hpp) while this
   // pass finds them in the ring; the batch goes out when something else comes, when it is full,
   // and at the latest when the pass ends. It never waits for records that are not there yet.
-  session.launch_batch.configure(server_.settings().launch_batch);
+  LaunchBatchSettings batching = server_.settings().launch_batch;
+  if (!session.launch_batching) batching.max_launches = 0;  // MPSSHIM_LAUNCH_BATCHING=off
+  session.launch_batch.configure(batching);
   std::size_t done = 0;
   DispatchOutcome outcome;
   for (;;) {

@@ -111,3 +111,26 @@ TEST_CASE("--server-launch-batch takes what a server's --launch-batch takes", "[
   CHECK_FALSE(parse({"--server-launch-batch", "x"}));
   CHECK(daemon_usage().find("--server-launch-batch N") != std::string::npos);
 }
+
+TEST_CASE("--launch-batching off passes --launch-batch 0 on; on keeps a size chosen", "[options]") {
+  auto parse = [](std::vector<const char*> args) {
+    args.insert(args.begin(), "mpsshimd");
+    return parse_daemon_options(static_cast<int>(args.size()), const_cast<char**>(args.data()));
+  };
+  auto off = parse({"--launch-batching", "off"});
+  REQUIRE(off);
+  CHECK(off->server_launch_batch == 0);
+  auto on = parse({"--launch-batching", "on"});
+  REQUIRE(on);
+  CHECK_FALSE(on->server_launch_batch);  // the server's default
+  auto off_then_on = parse({"--launch-batching=off", "--launch-batching=on"});
+  REQUIRE(off_then_on);
+  CHECK_FALSE(off_then_on->server_launch_batch);
+  auto sized = parse({"--server-launch-batch", "16", "--launch-batching", "on"});
+  REQUIRE(sized);
+  CHECK(sized->server_launch_batch == 16);
+  auto bad = parse({"--launch-batching", "maybe"});
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().find("--launch-batching maybe") != std::string::npos);
+  CHECK(daemon_usage().find("--launch-batching on|off") != std::string::npos);
+}

@@ -36,12 +36,12 @@ TEST_CASE("defaults and bad arguments", "[server][options]") {
   CHECK_FALSE(parse({"--device", "0", "--control-fd"}));
 }
 
-TEST_CASE("--launch-batch sets the most launches per graph launch; 0 (the default) and 1 turn it off",
+TEST_CASE("--launch-batch sets the most launches per graph launch (64 by default); 0 and 1 turn it off",
           "[server][options]") {
   auto defaults = parse({"--device", "0", "--control-fd", "3"});
   REQUIRE(defaults);
-  CHECK(defaults->launch_batch == 0);  // off by default: measured slower (launch_batch.hpp)
-  CHECK_FALSE(LaunchBatchSettings{}.enabled());
+  CHECK(defaults->launch_batch == 64);  // on by default: measured faster (launch_batch.hpp)
+  CHECK(LaunchBatchSettings{}.enabled());
   for (const char* n : {"0", "1"}) {
     auto off = parse({"--device", "0", "--control-fd", "3", "--launch-batch", n});
     REQUIRE(off);
