@@ -52,21 +52,9 @@ const LaunchBatcher::Limits& LaunchBatcher::limits_of(Session& session,
                   CUDA_SUCCESS &&
               get(CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH, &cluster_width) == CUDA_SUCCESS &&
               get(CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET, &cluster_must_be_set) == CUDA_SUCCESS;
-  // The parameter layout, for the nodes' kernelParams. cuFuncGetParamInfo on a CUkernel is
-  // INVALID_HANDLE on the real driver (measured); past the last parameter both answer
-  // INVALID_VALUE.
-  for (std::size_t i = 0; read; ++i) {
-    std::size_t offset = 0, size = 0;
-    const CUresult r =
-        launch.kernel ? cu.cuKernelGetParamInfo(reinterpret_cast<CUkernel>(launch.function), i,
-                                                &offset, &size)
-                      : cu.cuFuncGetParamInfo(launch.function, i, &offset, &size);
-    if (r == CUDA_ERROR_INVALID_VALUE) break;
-    read = r == CUDA_SUCCESS && offset + size <= proto::kMaxArgsBytes;
-    if (!read) break;
-    limits.param_offsets.push_back(static_cast<std::uint32_t>(offset));
-    limits.args_end = std::max(limits.args_end, static_cast<std::uint32_t>(offset + size));
-  }
+  // The parameter layout, for the nodes' kernelParams.
+  read =
+      read && read_param_layout(cu, launch.function, launch.kernel, limits.layout) == CUDA_SUCCESS;
   // A function compiled for clusters launches with a cluster shape whose rules the eager path
   // leaves to the driver: it always goes eagerly.
   limits.eager_only = !read || cluster_width != 0 || cluster_must_be_set != 0;
@@ -93,12 +81,8 @@ CUDA_KERNEL_NODE_PARAMS LaunchBatcher::node_params(const Session& session, std::
   p.sharedMemBytes = l.shared_bytes;
   // One pointer per parameter into the launch's copy of its argument block (accepts() saw that
   // the block covers every parameter); the driver copies the values.
-  const Limits& limits = limits_.at(l.function);
-  params_.resize(limits.param_offsets.size());
-  for (std::size_t k = 0; k < params_.size(); ++k) {
-    params_[k] = const_cast<std::byte*>(args_of(i) + limits.param_offsets[k]);
-  }
-  p.kernelParams = params_.empty() ? nullptr : params_.data();
+  p.kernelParams =
+      point_at_params(limits_.at(l.function).layout, const_cast<std::byte*>(args_of(i)), params_);
   return p;
 }
 
@@ -119,7 +103,7 @@ bool LaunchBatcher::accepts(Session& session, const BatchedLaunch& l) {
   }
   const Limits& limits = limits_of(session, l);
   if (limits.eager_only) return false;
-  if (l.args_bytes < limits.args_end) return false;
+  if (l.args_bytes < limits.layout.bytes) return false;
   const std::uint64_t threads = std::uint64_t{l.block[0]} * l.block[1] * l.block[2];
   return threads <= static_cast<std::uint64_t>(std::max(limits.max_threads, 0)) &&
          l.shared_bytes <= static_cast<std::uint64_t>(std::max(limits.max_dynamic_shared, 0));
@@ -241,28 +225,35 @@ bool LaunchBatcher::launch_graph(Session& session, CUstream stream, Run run) {
     return true;
   }
   // Nothing of this run ran (a failed update or launch queues nothing): it goes out eagerly,
-  // where each launch fails or succeeds as it would have without batching. The graph is not
-  // trusted again.
+  // where each launch fails or succeeds as it would have without batching. A node that would
+  // not take a function (a node update may change the function only within limits: the same
+  // context, no dynamic parallelism, ...) keeps that function out of batches from now on; a
+  // graph that would not launch is not trusted again.
   // The first fallback of a session is worth an operator's eye: it says which driver answer
   // keeps batching from working (docs/launch-batching.md).
   const std::string step = failed_node < run.count
                                ? fmt::format("updating node {} of {}", failed_node, run.count)
                                : std::string("cuGraphLaunch");
   if (session.stats.batch_fallbacks == 0) {
-    log_warn("{}: a batch of {} launches went out eagerly: {} failed: {}", session.who(),
-             run.count, step, describe(cu, r));
+    log_warn("{}: a batch of {} launches went out eagerly: {} failed: {}", session.who(), run.count,
+             step, describe(cu, r));
   } else {
     log_debug("{}: a batch of {} launches went out eagerly: {} failed: {}", session.who(),
               run.count, step, describe(cu, r));
   }
   ++session.stats.batch_fallbacks;
-  refused_[refused_next_++ % refused_.size()] = hash;
-  drop(cu, static_cast<std::size_t>(entry - cache_.data()));
+  if (failed_node < run.count) {
+    limits_.at(pending_[run.first + failed_node].function).eager_only = true;
+  } else {
+    refused_[refused_next_++ % refused_.size()] = hash;
+    drop(cu, static_cast<std::size_t>(entry - cache_.data()));
+  }
   return false;
 }
 
 std::uint64_t LaunchBatcher::key_hash(Run run) const {
-  // FNV-1a over the node count and each node's function and kind.
+  // FNV-1a over the node count and each node's kind (CUkernel or CUfunction). Not the
+  // functions: every update sets each node's function too.
   std::uint64_t h = 0xcbf29ce484222325ull;
   auto mix = [&](std::uint64_t v) {
     for (int b = 0; b < 8; ++b) {
@@ -271,20 +262,16 @@ std::uint64_t LaunchBatcher::key_hash(Run run) const {
     }
   };
   mix(run.count);
-  for (std::size_t i = run.first; i < run.first + run.count; ++i) {
-    mix(reinterpret_cast<std::uintptr_t>(pending_[i].function));
-    mix(pending_[i].kernel ? 1 : 0);
-  }
+  for (std::size_t i = run.first; i < run.first + run.count; ++i) mix(pending_[i].kernel ? 1 : 0);
   return h;
 }
 
 LaunchBatcher::Cached* LaunchBatcher::find(std::uint64_t hash, Run run) {
   for (Cached& c : cache_) {
-    if (c.hash != hash || c.functions.size() != run.count) continue;
+    if (c.hash != hash || c.kernels.size() != run.count) continue;
     bool same = true;
     for (std::size_t k = 0; k < run.count && same; ++k) {
-      const BatchedLaunch& l = pending_[run.first + k];
-      same = c.functions[k] == l.function && c.kernels[k] == l.kernel;
+      same = c.kernels[k] == pending_[run.first + k].kernel;
     }
     if (same) return &c;
   }
@@ -340,7 +327,6 @@ LaunchBatcher::Cached* LaunchBatcher::build(Session& session, std::uint64_t hash
     return nullptr;
   }
   for (std::size_t k = 0; k < run.count; ++k) {
-    entry.functions.push_back(pending_[run.first + k].function);
     entry.kernels.push_back(pending_[run.first + k].kernel);
   }
   cu_ = &cu;

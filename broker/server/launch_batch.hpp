@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "broker/server/driver_table.hpp"
+#include "broker/server/kernel_params.hpp"
 #include "proto/ops.hpp"
 
 namespace mpsshim::server {
@@ -40,20 +41,21 @@ struct LaunchBatchSettings {
   std::size_t max_launches = 64;
   // A batch goes out in runs of power-of-two lengths, longest first (42: 32 + 8 + 2), each one
   // graph launch (a last single launch eagerly). Batch lengths depend on timing and rarely
-  // repeat, and node counts are part of the cache key: this way one sequence of functions needs
-  // at most log2(max) graphs instead of one per length, and the cache warms within a few
-  // batches. False: one run of the batch's exact length.
+  // repeat, and node counts are part of the cache key: this way a session needs at most
+  // log2(max) graphs (per mix of CUkernels and CUfunctions) instead of one per length, and the
+  // cache warms within a few batches. False: one run of the batch's exact length.
   bool power_of_two_runs = true;
   // The cache of executable graphs, per session: at most this many graphs, and this many kernel
-  // nodes in all of them; the least recently used graph goes first. With exact lengths, one
-  // function launched in batches of every length up to 64 needs 64 graphs (2080 nodes): these
-  // fit it.
+  // nodes in all of them; the least recently used graph goes first. The key is a run's length
+  // and which of its nodes are CUkernels, not its functions (every launch of a graph sets each
+  // node's function): with exact lengths, batches of every length up to 64 need 64 graphs (2080
+  // nodes), which these bounds hold.
   std::size_t cache_graphs = 64;
   std::size_t cache_nodes = 4096;
-  // A sequence of functions is issued eagerly the first `eager_sightings` times it is seen; a
-  // graph is built for it only at the next. Instantiating a graph costs many eager launches, so
-  // a sequence that never comes back (batch boundaries fall wherever the ring happened to end)
-  // should not pay for one. 0: build at the first sight.
+  // A run of a key not cached goes out eagerly the first `eager_sightings` times its key is
+  // seen; a graph is built for it only at the next. Instantiating a graph costs many eager
+  // launches, so a shape that never comes back should not pay for one. 0: build at the first
+  // sight.
   std::size_t eager_sightings = 1;
 
   bool enabled() const { return max_launches >= 2 && min_launches <= max_launches; }
@@ -116,17 +118,14 @@ class LaunchBatcher {
     int max_threads = 0;         // CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
     int max_dynamic_shared = 0;  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     bool eager_only = false;     // needs a cluster, or its limits or parameters could not be read
-    // Where each parameter starts in the packed argument block (cu*GetParamInfo), and where the
-    // last one ends. A graph node takes its arguments as kernelParams, one pointer per
-    // parameter: the real driver refuses `extra` in kernel node updates (measured, H100, driver
-    // 580: tools/probes/graph_node_args.cpp).
-    std::vector<std::uint32_t> param_offsets;
-    std::uint32_t args_end = 0;
+    // A node takes its arguments as kernelParams, pointers into the launch's argument block
+    // (kernel_params.hpp).
+    ParamLayout layout;
   };
-  // An executable graph whose kernel nodes form a chain; node i runs functions[i].
+  // An executable graph whose kernel nodes form a chain; node i is a CUkernel's when kernels[i].
+  // Every launch sets each node's function, shape and arguments.
   struct Cached {
     std::uint64_t hash = 0;
-    std::vector<CUfunction> functions;
     std::vector<bool> kernels;
     CUgraph graph = nullptr;
     CUgraphExec exec = nullptr;

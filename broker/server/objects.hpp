@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "broker/server/handle_table.hpp"
+#include "broker/server/kernel_params.hpp"
 
 namespace mpsshim::server {
 
@@ -54,12 +55,14 @@ struct LibraryObj {
 struct FunctionObj {
   CUfunction function = nullptr;
   std::uint64_t owner = 0;  // the module or kernel it came from
+  ParamLayout layout;       // for graph kernel nodes' kernelParams (kernel_params.hpp)
 };
 
 struct KernelObj {
   CUkernel kernel = nullptr;
   std::uint64_t library = 0;
   CUfunction function = nullptr;  // cuKernelGetFunction, fetched on first need
+  ParamLayout layout;
 };
 
 // A memfd of the client's, mapped here and registered with the driver.

@@ -349,22 +349,29 @@ OpResult op_graph_add_kernel_node(Call& call) {
   const std::vector<CUgraphNode>& deps = target->deps;
   GraphObj* graph = target->graph;
   CUDA_KERNEL_NODE_PARAMS params{};
+  const ParamLayout* layout = nullptr;
   if (const FunctionObj* f = session.objects.get<FunctionObj>(req.function)) {
     params.func = f->function;
+    layout = &f->layout;
   } else if (const KernelObj* k = session.objects.get<KernelObj>(req.function)) {
     // A CUkernel runs in the node's context: the client's green context.
     params.kern = k->kernel;
     params.ctx = session.green.context;
+    layout = &k->layout;
   } else {
     return call.done(CUDA_ERROR_INVALID_HANDLE);
   }
+  // The shim packs every parameter by the layout it was given; a shorter block is a client
+  // that did not, and would have the driver read past it.
+  if (req.args_bytes < layout->bytes) return call.done(CUDA_ERROR_INVALID_VALUE);
   alignas(16) std::byte args[proto::kMaxArgsBytes];
-  std::size_t args_size = req.args_bytes;
-  if (args_size != 0) {
-    std::memcpy(args, call.trailing(sizeof req + deps.size() * 8, args_size).data(), args_size);
+  if (req.args_bytes != 0) {
+    std::memcpy(args, call.trailing(sizeof req + deps.size() * 8, req.args_bytes).data(),
+                req.args_bytes);
   }
-  void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, args, CU_LAUNCH_PARAM_BUFFER_SIZE, &args_size,
-                   CU_LAUNCH_PARAM_END};
+  // The driver takes a node's arguments as kernelParams only (kernel_params.hpp).
+  std::vector<void*> pointers;
+  params.kernelParams = point_at_params(*layout, args, pointers);
   params.gridDimX = req.grid[0];
   params.gridDimY = req.grid[1];
   params.gridDimZ = req.grid[2];
@@ -372,7 +379,6 @@ OpResult op_graph_add_kernel_node(Call& call) {
   params.blockDimY = req.block[1];
   params.blockDimZ = req.block[2];
   params.sharedMemBytes = req.shared_bytes;
-  params.extra = args_size != 0 ? extra : nullptr;
   CUgraphNode node = nullptr;
   GreenCurrent green(session);
   CUresult r =

@@ -55,23 +55,25 @@ class PrivateImage {
   std::uint64_t bytes_ = 0;
 };
 
+// A function's parameter layout, or the error its lookup answers: the driver's, or
+// NOT_SUPPORTED for more parameters than a FunctionRep carries.
+CUresult layout_of(Call& call, CUfunction function, bool kernel, ParamLayout& layout) {
+  if (CUresult r = read_param_layout(call.cu, function, kernel, layout); r != CUDA_SUCCESS) {
+    return r;
+  }
+  constexpr std::size_t kMaxParams = std::size(proto::FunctionRep{}.params);
+  return layout.params.size() > kMaxParams ? CUDA_ERROR_NOT_SUPPORTED : CUDA_SUCCESS;
+}
+
 // The parameter layout, as the launch path of the shim needs it.
-template <typename Query>
-OpResult reply_function(Call& call, std::uint64_t id, Query&& query) {
+OpResult reply_function(Call& call, std::uint64_t id, const ParamLayout& layout) {
   proto::FunctionRep rep{};
   rep.function = id;
-  constexpr std::size_t kMaxParams = std::size(proto::FunctionRep{}.params);
-  for (std::size_t i = 0;; ++i) {
-    std::size_t offset = 0, size = 0;
-    CUresult r = query(i, &offset, &size);
-    if (r == CUDA_ERROR_INVALID_VALUE) break;  // past the last parameter
-    if (r != CUDA_SUCCESS) return call.done(r);
-    if (i >= kMaxParams) return call.done(CUDA_ERROR_NOT_SUPPORTED);
-    rep.params[i] =
-        proto::ParamSlot{static_cast<std::uint32_t>(offset), static_cast<std::uint32_t>(size)};
-    rep.param_count = static_cast<std::uint32_t>(i + 1);
-    rep.args_bytes = std::max(rep.args_bytes, static_cast<std::uint32_t>(offset + size));
+  for (std::size_t i = 0; i < layout.params.size(); ++i) {
+    rep.params[i] = proto::ParamSlot{layout.params[i].offset, layout.params[i].size};
   }
+  rep.param_count = static_cast<std::uint32_t>(layout.params.size());
+  rep.args_bytes = layout.bytes;
   return call.reply(rep, offsetof(proto::FunctionRep, params) +
                              std::size_t{rep.param_count} * sizeof(proto::ParamSlot));
 }
@@ -200,11 +202,13 @@ OpResult op_module_get_function(Call& call) {
       r != CUDA_SUCCESS) {
     return call.done(r);
   }
-  std::uint64_t id = remember(session, function, FunctionObj{function, req.handle});
+  ParamLayout layout;
+  if (CUresult r = layout_of(call, function, false, layout); r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  std::uint64_t id = remember(session, function, FunctionObj{function, req.handle, layout});
   if (id == 0) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
-  return reply_function(call, id, [&](std::size_t i, std::size_t* offset, std::size_t* size) {
-    return call.cu.cuFuncGetParamInfo(function, i, offset, size);
-  });
+  return reply_function(call, id, layout);
 }
 
 OpResult op_module_get_global(Call& call) {
@@ -248,12 +252,14 @@ OpResult op_library_get_kernel(Call& call) {
       r != CUDA_SUCCESS) {
     return call.done(r);
   }
-  std::uint64_t id = remember(session, kernel, KernelObj{kernel, req.handle, nullptr});
+  ParamLayout layout;
+  if (CUresult r = layout_of(call, reinterpret_cast<CUfunction>(kernel), true, layout);
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  std::uint64_t id = remember(session, kernel, KernelObj{kernel, req.handle, nullptr, layout});
   if (id == 0) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
-  // cuFuncGetParamInfo on a CUkernel is INVALID_HANDLE on the real driver (measured).
-  return reply_function(call, id, [&](std::size_t i, std::size_t* offset, std::size_t* size) {
-    return call.cu.cuKernelGetParamInfo(kernel, i, offset, size);
-  });
+  return reply_function(call, id, layout);
 }
 
 OpResult op_library_get_module(Call& call) {
@@ -297,11 +303,13 @@ OpResult op_kernel_get_function(Call& call) {
     return call.done(r);
   }
   kernel->function = function;
-  std::uint64_t id = remember(session, function, FunctionObj{function, req.handle});
+  ParamLayout layout;
+  if (CUresult r = layout_of(call, function, false, layout); r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  std::uint64_t id = remember(session, function, FunctionObj{function, req.handle, layout});
   if (id == 0) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
-  return reply_function(call, id, [&](std::size_t i, std::size_t* offset, std::size_t* size) {
-    return call.cu.cuFuncGetParamInfo(function, i, offset, size);
-  });
+  return reply_function(call, id, layout);
 }
 
 }  // namespace mpsshim::server

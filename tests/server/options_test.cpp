@@ -36,8 +36,9 @@ TEST_CASE("defaults and bad arguments", "[server][options]") {
   CHECK_FALSE(parse({"--device", "0", "--control-fd"}));
 }
 
-TEST_CASE("--launch-batch sets the most launches per graph launch (64 by default); 0 and 1 turn it off",
-          "[server][options]") {
+TEST_CASE(
+    "--launch-batch sets the most launches per graph launch (64 by default); 0 and 1 turn it off",
+    "[server][options]") {
   auto defaults = parse({"--device", "0", "--control-fd", "3"});
   REQUIRE(defaults);
   CHECK(defaults->launch_batch == 64);  // on by default: measured faster (launch_batch.hpp)
