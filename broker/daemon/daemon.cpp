@@ -34,6 +34,7 @@ SupervisorConfig supervisor_config(const DaemonOptions& options) {
 // What the supervisor passes to every server beyond supervisor_config's list.
 SupervisorConfig with_server_tuning(SupervisorConfig config, const DaemonOptions& options) {
   config.server_launch_batch = options.server_launch_batch;
+  config.server_launch_batch_min = options.server_launch_batch_min;
   return config;
 }
 

@@ -32,6 +32,7 @@ enum LongOnly : int {
   kServerWorkers,
   kServerLaunchBatch,
   kLaunchBatching,
+  kServerLaunchBatchMin,
   kContextIdleTimeout,
   kVersion,
 };
@@ -90,6 +91,8 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
                        launches as graph launches (default on; see docs/launch-batching.md)
   --server-launch-batch N  most kernel launches of a client every GPU's server issues as one
                        graph launch (default 64; 0 = off, as --launch-batching off)
+  --server-launch-batch-min N  fewest waiting launches that go out as one graph launch;
+                       fewer go out one by one (default 8)
   --context-idle-timeout SECS  a GPU's server releases its primary context (~500 MiB of GPU
                        memory) after SECS without a client and creates it again for the next
                        one (default 10; 0 = as soon as the last client leaves; -1 = never)
@@ -114,6 +117,7 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
       {"server-workers", required_argument, nullptr, kServerWorkers},
       {"server-launch-batch", required_argument, nullptr, kServerLaunchBatch},
       {"launch-batching", required_argument, nullptr, kLaunchBatching},
+      {"server-launch-batch-min", required_argument, nullptr, kServerLaunchBatchMin},
       {"context-idle-timeout", required_argument, nullptr, kContextIdleTimeout},
       {"help", no_argument, nullptr, 'h'},
       {"version", no_argument, nullptr, kVersion},
@@ -189,6 +193,12 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
         auto n = number<int>("--server-launch-batch", arg, 0, 256);
         if (!n) return tl::unexpected(n.error());
         options.server_launch_batch = *n;
+        break;
+      }
+      case kServerLaunchBatchMin: {
+        auto n = number<int>("--server-launch-batch-min", arg, 2, 256);
+        if (!n) return tl::unexpected(n.error());
+        options.server_launch_batch_min = *n;
         break;
       }
       case kLaunchBatching: {

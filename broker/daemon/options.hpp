@@ -28,6 +28,7 @@ struct DaemonOptions {
   // --launch-batch of every server (--server-launch-batch N; --launch-batching off: 0); unset:
   // the server's default.
   std::optional<int> server_launch_batch;
+  std::optional<int> server_launch_batch_min;  // --launch-batch-min of every server
   std::optional<int> context_idle_timeout_s;  // passed on to every server; unset: its default
   bool help = false;
   bool version = false;

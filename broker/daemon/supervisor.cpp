@@ -82,6 +82,10 @@ std::vector<std::string> Supervisor::server_arguments(int ordinal) const {
   if (config_.server_launch_batch) {
     args.insert(args.end(), {"--launch-batch", std::to_string(*config_.server_launch_batch)});
   }
+  if (config_.server_launch_batch_min) {
+    args.insert(args.end(),
+                {"--launch-batch-min", std::to_string(*config_.server_launch_batch_min)});
+  }
   if (defaults_.sm_percentage) {
     args.insert(args.end(), {"--default-sm-percentage", std::to_string(*defaults_.sm_percentage)});
   }

@@ -58,6 +58,7 @@ struct SupervisorConfig {
   // Passed as --launch-batch; unset: the server's default. Last, with an initializer:
   // supervisor_config's aggregate lists the fields before it.
   std::optional<int> server_launch_batch{};
+  std::optional<int> server_launch_batch_min{};  // passed as --launch-batch-min
 };
 
 // What the rest of the daemon may know about one GPU's server.

@@ -31,8 +31,11 @@ namespace mpsshim::server {
 class Session;
 
 struct LaunchBatchSettings {
-  // Batches shorter than this go out eagerly (one cuLaunchKernelEx each).
-  std::size_t min_launches = 2;
+  // Runs shorter than this go out eagerly (one cuLaunchKernelEx each): a graph launch of a
+  // few nodes costs more than their eager launches. Measured on an H100 with PyTorch ResNet-50
+  // b1, whose batches were mostly 2 launches long: 3.23 ms per iteration with 2, 2.65 ms with
+  // batching off (mpsshim-server --launch-batch-min N).
+  std::size_t min_launches = 8;
   // A batch that reaches this many launches goes out at once. 0 or 1: batching off
   // (mpsshim-server --launch-batch N, mpsshimd --launch-batching off, and per client
   // MPSSHIM_LAUNCH_BATCHING=off). Measured on an H100 (docs/benchmarks.md): 8 and 32 clients of

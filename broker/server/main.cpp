@@ -94,6 +94,7 @@ int main(int argc, char** argv) {
   settings.default_sm_percentage = options->default_sm_percentage;
   settings.default_memory_limit = options->default_memory_limit;
   settings.launch_batch.max_launches = options->launch_batch;
+  settings.launch_batch.min_launches = options->launch_batch_min;
   settings.workers = options->workers != 0 ? options->workers : default_worker_count();
   settings.context_idle_timeout = std::chrono::seconds(options->context_idle_timeout_s);
   const int control_fd = control.get();

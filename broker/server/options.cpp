@@ -57,6 +57,12 @@ tl::expected<Options, std::string> parse_options(std::span<const char* const> ar
             "--launch-batch {}: expected 0 or 1 (off) or the most launches per batch, up to {}",
             value, kMaxLaunchBatch));
       }
+    } else if (flag == "--launch-batch-min") {
+      if (!parse_number(value, options.launch_batch_min) || options.launch_batch_min < 2 ||
+          options.launch_batch_min > kMaxLaunchBatch) {
+        return tl::unexpected(fmt::format("--launch-batch-min {}: expected 2 to {} launches", value,
+                                          kMaxLaunchBatch));
+      }
     } else if (flag == "--workers") {
       if (!parse_number(value, options.workers) || options.workers > kMaxWorkers) {
         return tl::unexpected(fmt::format("--workers {}: expected 0 (one per available CPU) to {}",

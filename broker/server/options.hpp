@@ -1,7 +1,7 @@
 // mpsshim-server's command line, as the daemon starts it:
 //   mpsshim-server --device N --control-fd FD [--driver PATH] [--log-level LEVEL]
 //                  [--default-sm-percentage P] [--default-memory-limit BYTES] [--workers N]
-//                  [--launch-batch N]
+//                  [--launch-batch N] [--launch-batch-min N]
 //                  [--context-idle-timeout SECS]
 #pragma once
 
@@ -31,6 +31,8 @@ struct Options {
   int context_idle_timeout_s = kDefaultContextIdleTimeoutS;
   // Most kernel launches issued as one graph launch (launch_batch.hpp); 0 or 1: off.
   std::size_t launch_batch = LaunchBatchSettings{}.max_launches;
+  // Fewest launches that go out as a graph launch; shorter runs go out eagerly.
+  std::size_t launch_batch_min = LaunchBatchSettings{}.min_launches;
 };
 
 inline constexpr std::size_t kMaxWorkers = 256;
@@ -42,6 +44,6 @@ tl::expected<Options, std::string> parse_options(std::span<const char* const> ar
 inline constexpr const char* kUsage =
     "usage: mpsshim-server --device N --control-fd FD [--driver PATH] "
     "[--log-level error|warn|info|debug] [--default-sm-percentage P] [--launch-batch N] "
-    "[--default-memory-limit BYTES] [--workers N] [--context-idle-timeout SECS]";
+    "[--launch-batch-min N] [--default-memory-limit BYTES] [--workers N] [--context-idle-timeout SECS]";
 
 }  // namespace mpsshim::server

@@ -134,3 +134,20 @@ TEST_CASE("--launch-batching off passes --launch-batch 0 on; on keeps a size cho
   CHECK(bad.error().find("--launch-batching maybe") != std::string::npos);
   CHECK(daemon_usage().find("--launch-batching on|off") != std::string::npos);
 }
+
+TEST_CASE("--server-launch-batch-min is passed on as every server's --launch-batch-min",
+          "[options]") {
+  auto parse = [](std::vector<const char*> args) {
+    args.insert(args.begin(), "mpsshimd");
+    return parse_daemon_options(static_cast<int>(args.size()), const_cast<char**>(args.data()));
+  };
+  auto unset = parse({});
+  REQUIRE(unset);
+  CHECK_FALSE(unset->server_launch_batch_min);
+  auto sixteen = parse({"--server-launch-batch-min", "16"});
+  REQUIRE(sixteen);
+  CHECK(sixteen->server_launch_batch_min == 16);
+  CHECK_FALSE(parse({"--server-launch-batch-min", "1"}));
+  CHECK_FALSE(parse({"--server-launch-batch-min", "257"}));
+  CHECK(daemon_usage().find("--server-launch-batch-min N") != std::string::npos);
+}

@@ -58,5 +58,21 @@ TEST_CASE(
   CHECK(std::string(kUsage).find("--launch-batch N") != std::string::npos);
 }
 
+TEST_CASE("--launch-batch-min sets the shortest run that goes out as a graph launch",
+          "[server][options]") {
+  auto defaults = parse({"--device", "0", "--control-fd", "3"});
+  REQUIRE(defaults);
+  CHECK(defaults->launch_batch_min == LaunchBatchSettings{}.min_launches);
+  auto four = parse({"--device", "0", "--control-fd", "3", "--launch-batch-min", "4"});
+  REQUIRE(four);
+  CHECK(four->launch_batch_min == 4);
+  for (const char* bad : {"1", "0", "257", "x"}) {
+    auto refused = parse({"--device", "0", "--control-fd", "3", "--launch-batch-min", bad});
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().find("--launch-batch-min") != std::string::npos);
+  }
+  CHECK(std::string(kUsage).find("--launch-batch-min N") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace mpsshim::server
