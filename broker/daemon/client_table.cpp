@@ -194,19 +194,31 @@ std::string format_client_table(const std::vector<ServerClients>& servers) {
   return table + notes;
 }
 
+// Launches that went out in graph launches, and their mean number per graph launch:
+// "19200/64.0"; "0" when none did; "-" from a server that does not say.
+std::string batched_field(const Fields& fields) {
+  auto batched = parse_number(field(fields, "batched"));
+  auto batches = parse_number(field(fields, "batches"));
+  if (!batched || !batches) return "-";
+  if (*batches == 0) return "0";
+  return fmt::format("{}/{:.1f}", *batched, *batched / *batches);
+}
+
 std::string format_stats_table(const std::vector<ServerClients>& servers) {
-  constexpr std::string_view kRow = "{:<9}{:<12}{:<5}{:<11}{:<10}{:<11}{:<11}{:<11}{:<17}{}\n";
+  constexpr std::string_view kRow =
+      "{:<9}{:<12}{:<5}{:<11}{:<10}{:<11}{:<11}{:<11}{:<14}{:<17}{}\n";
   std::string table = fmt::format(kRow, "PID", "USER", "GPU", "RECORDS", "SERVER", "DELAY_P50",
-                                  "DELAY_P99", "DELAY_MAX", "PROGRAM", "TOP");
+                                  "DELAY_P99", "DELAY_MAX", "BATCHED", "PROGRAM", "TOP");
   std::string notes;
   for_each_line(
       servers,
       [&](int gpu, const Fields& fields) {
-        table += fmt::format(
-            kRow, field(fields, "pid"), user_name(field(fields, "uid")), gpu,
-            field(fields, "records"), duration_field(fields, "server_us"),
-            duration_field(fields, "delay_p50_us"), duration_field(fields, "delay_p99_us"),
-            duration_field(fields, "delay_max_us"), field(fields, "program"), top_field(fields));
+        table += fmt::format(kRow, field(fields, "pid"), user_name(field(fields, "uid")), gpu,
+                             field(fields, "records"), duration_field(fields, "server_us"),
+                             duration_field(fields, "delay_p50_us"),
+                             duration_field(fields, "delay_p99_us"),
+                             duration_field(fields, "delay_max_us"), batched_field(fields),
+                             field(fields, "program"), top_field(fields));
       },
       [&](int gpu, const std::string& line) { notes += fmt::format("GPU {}: {}\n", gpu, line); });
   return table + notes;

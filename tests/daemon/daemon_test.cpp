@@ -234,11 +234,11 @@ TEST_CASE("stats shows every server's per-client figures", "[stats]") {
   CHECK(stats.exit_code == 0);
   CHECK(contains(stats.out,
                  "PID      USER        GPU  RECORDS    SERVER    DELAY_P50  DELAY_P99  DELAY_MAX  "
-                 "PROGRAM          TOP\n"));
+                 "BATCHED       PROGRAM          TOP\n"));
   CHECK(contains(stats.out, "\n4242     "));
   CHECK(contains(stats.out,
-                 "1    20512      55.1ms    0.4us      3.1us      8.2us      fake-client-gpu1 "
-                 "LaunchKernel:20000:51.2ms,StreamSynchronize:12:3.1ms\n"));
+                 "1    20512      55.1ms    0.4us      3.1us      8.2us      19200/64.0    "
+                 "fake-client-gpu1 LaunchKernel:20000:51.2ms,StreamSynchronize:12:3.1ms\n"));
   CHECK(contains(stats.out, "fake-client-gpu0"));
   CHECK(contains(stats.out, "GPU 0: not a client line\n"));
 }
