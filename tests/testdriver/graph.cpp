@@ -146,6 +146,14 @@ void end_capture_of_streams(Capture& capture) {
 
 }  // namespace
 
+// A launch on a capturing stream comes here with its arguments already packed (launch.cpp), from
+// kernelParams or from `extra`: capture keeps accepting `extra`, unlike cuGraphAddKernelNode and
+// cuGraphExecKernelNodeSetParams. The server issues every eager launch with `extra`
+// (CU_LAUNCH_PARAM_BUFFER_POINTER: ops_launch.cpp, and launch_batch.cpp's eager fallback),
+// including a client's launches while it captures a stream, and the real driver captures them
+// (under the shim on the GPU: tests/gpu rt_graph, and bench's captured graph of 10 kernels in
+// docs/benchmarks.md); refusing them here would fail every captured kernel of the server tests
+// and the cudart suite.
 void capture_node(State& s, Stream& stream, CUgraphNodeType type, std::function<void()> work) {
   Capture& capture = *stream.capture;
   if (capture.invalidated) return;
@@ -443,6 +451,9 @@ cuGraphAddKernelNode_v2(CUgraphNode* out, CUgraph hgraph, const CUgraphNode* dep
     Graph* g = s.graphs.get(hgraph);
     if (g == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    // As the real driver (H100, driver 580, tools/probes/graph_node_args.cpp): a kernel node
+    // takes its arguments as kernelParams only; `extra` is refused.
+    if (p->extra != nullptr) return CUDA_ERROR_INVALID_VALUE;
     CUfunction handle = p->func != nullptr ? p->func : reinterpret_cast<CUfunction>(p->kern);
     Function* fn = nullptr;
     if (CUresult r = resolve_function(s, handle, g->device, fn); r != CUDA_SUCCESS) return r;
@@ -477,16 +488,21 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphExecKernelNodeSetParams_v2(
     if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
     auto slot = exec->kernels.find(hnode);
     if (slot == exec->kernels.end()) return CUDA_ERROR_INVALID_VALUE;
+    // kernelParams only, as when the node is added.
+    if (p->extra != nullptr) return CUDA_ERROR_INVALID_VALUE;
     CUfunction handle = p->func != nullptr ? p->func : reinterpret_cast<CUfunction>(p->kern);
     Function* fn = nullptr;
     if (CUresult r = resolve_function(s, handle, exec->device, fn); r != CUDA_SUCCESS) return r;
     if (p->gridDimX == 0 || p->gridDimY == 0 || p->gridDimZ == 0 || p->blockDimX == 0 ||
         p->blockDimY == 0 || p->blockDimZ == 0)
       return CUDA_ERROR_INVALID_VALUE;
-    // A CUfunction keeps the node's context (its owning one, which a function cannot leave); a
-    // CUkernel names its context, which must be the node's.
-    if (p->func == nullptr && kernel_context(s, *p) != slot->second.context)
-      return CUDA_ERROR_INVALID_VALUE;
+    // The node stays in its context. A CUkernel names its context (p->ctx, NULL: the current
+    // one), which must be the node's, whatever is current. A CUfunction names none: the real
+    // driver takes the context current at the update as the node's new one, and refuses it
+    // unless it is the one current when the node was added (H100, driver 580,
+    // tools/probes/graph_node_args.cpp: "CUfunction, built green, upd primary" is
+    // CUDA_ERROR_INVALID_VALUE).
+    if (kernel_context(s, *p) != slot->second.context) return CUDA_ERROR_INVALID_VALUE;
     auto args = std::make_shared<std::vector<std::byte>>();
     if (CUresult r = pack_arguments(*fn->def, p->kernelParams, p->extra, *args); r != CUDA_SUCCESS)
       return r;

@@ -234,5 +234,155 @@ TEST_CASE("explicitly built graphs run their nodes in dependency order", "[graph
   REQUIRE_CU(s.sut.cuGraphDestroy(graph));
 }
 
+// fill_u32(p, value, n) as a kernel node: `kernel` a CUkernel (node context `ctx`), else a
+// CUfunction; the arguments as kernelParams.
+CUDA_KERNEL_NODE_PARAMS fill_node(CUfunction f, bool kernel, CUcontext ctx, void** args) {
+  CUDA_KERNEL_NODE_PARAMS kp{};
+  if (kernel) {
+    kp.kern = reinterpret_cast<CUkernel>(f);
+    kp.ctx = ctx;
+  } else {
+    kp.func = f;
+  }
+  kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1;
+  kp.blockDimX = 32;
+  kp.blockDimY = kp.blockDimZ = 1;
+  kp.kernelParams = args;
+  return kp;
+}
+
+TEST_CASE("a kernel node takes kernelParams only: `extra` is refused when added and when updated",
+          "[graph]") {
+  // As the real driver (H100, driver 580, tools/probes/graph_node_args.cpp).
+  Session s;
+  const CUdeviceptr p = s.alloc(kElements * sizeof(unsigned));
+  s.upload(p, std::vector<unsigned>(kElements, 0));
+  const CUfunction fill = s.function("fill_u32");
+  CUdeviceptr dst = p;
+  unsigned value = 1;
+  int n = kElements;
+  void* args[] = {&dst, &value, &n};
+  struct {
+    CUdeviceptr p;
+    unsigned value;
+    int n;
+  } packed{p, 5, kElements};  // fill_u32's layout: 0 (8 bytes), 8 (4), 12 (4)
+  std::size_t size = sizeof packed;
+  void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &packed, CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
+                   CU_LAUNCH_PARAM_END};
+  CUgraph graph = nullptr;
+  REQUIRE_CU(s.sut.cuGraphCreate(&graph, 0));
+
+  CUDA_KERNEL_NODE_PARAMS kp = fill_node(fill, false, nullptr, nullptr);
+  kp.extra = extra;
+  CUgraphNode node = nullptr;
+  CHECK_CU(s.sut.cuGraphAddKernelNode_v2(&node, graph, nullptr, 0, &kp), CUDA_ERROR_INVALID_VALUE);
+  CHECK(node_count(s, graph) == 0);
+  kp = fill_node(fill, false, nullptr, args);
+  REQUIRE_CU(s.sut.cuGraphAddKernelNode_v2(&node, graph, nullptr, 0, &kp));
+  CUgraphExec exec = nullptr;
+  REQUIRE_CU(s.sut.cuGraphInstantiateWithFlags(&exec, graph, 0));
+
+  // A refused update leaves the node as it was.
+  kp = fill_node(fill, false, nullptr, nullptr);
+  kp.extra = extra;
+  CHECK_CU(s.sut.cuGraphExecKernelNodeSetParams_v2(exec, node, &kp), CUDA_ERROR_INVALID_VALUE);
+  REQUIRE_CU(s.sut.cuGraphLaunch(exec, s.stream));
+  s.sync();
+  CHECK(s.download<unsigned>(p, kElements) == std::vector<unsigned>(kElements, 1));
+  value = 9;
+  kp = fill_node(fill, false, nullptr, args);
+  REQUIRE_CU(s.sut.cuGraphExecKernelNodeSetParams_v2(exec, node, &kp));
+  REQUIRE_CU(s.sut.cuGraphLaunch(exec, s.stream));
+  s.sync();
+  CHECK(s.download<unsigned>(p, kElements) == std::vector<unsigned>(kElements, 9));
+
+  // A launch with `extra` on a capturing stream is still captured (the server launches that way).
+  CUgraph captured = nullptr;
+  REQUIRE_CU(s.sut.cuStreamBeginCapture_v2(s.stream, CU_STREAM_CAPTURE_MODE_RELAXED));
+  REQUIRE_CU(s.sut.cuLaunchKernel(fill, 1, 1, 1, 32, 1, 1, 0, s.stream, nullptr, extra));
+  REQUIRE_CU(s.sut.cuStreamEndCapture(s.stream, &captured));
+  CHECK(node_count(s, captured) == 1);
+  CUgraphExec captured_exec = nullptr;
+  REQUIRE_CU(s.sut.cuGraphInstantiateWithFlags(&captured_exec, captured, 0));
+  REQUIRE_CU(s.sut.cuGraphLaunch(captured_exec, s.stream));
+  s.sync();
+  CHECK(s.download<unsigned>(p, kElements) == std::vector<unsigned>(kElements, 5));
+
+  REQUIRE_CU(s.sut.cuGraphExecDestroy(captured_exec));
+  REQUIRE_CU(s.sut.cuGraphDestroy(captured));
+  REQUIRE_CU(s.sut.cuGraphExecDestroy(exec));
+  REQUIRE_CU(s.sut.cuGraphDestroy(graph));
+}
+
+TEST_CASE("a CUfunction's node is updated only with the context current that it was added with",
+          "[graph]") {
+  // As the real driver (H100, driver 580, tools/probes/graph_node_args.cpp): a CUfunction's node
+  // belongs to the context current when it was added, and an update with another one current
+  // would move it. A CUkernel's node names its context, so any context may be current.
+  Session s;
+  const CUdeviceptr p = s.alloc(kElements * sizeof(unsigned));
+  const CUdeviceptr q = s.alloc(kElements * sizeof(unsigned));
+  s.upload(p, std::vector<unsigned>(kElements, 0));
+  s.upload(q, std::vector<unsigned>(kElements, 0));
+  static constexpr char kImage[] = "any bytes: the test driver finds kernels by name";
+  CUlibrary lib = nullptr;
+  REQUIRE_CU(s.sut.cuLibraryLoadData(&lib, kImage, nullptr, nullptr, 0, nullptr, nullptr, 0));
+  CUkernel kernel = nullptr;
+  REQUIRE_CU(s.sut.cuLibraryGetKernel(&kernel, lib, "fill_u32"));
+  const CUfunction fill = s.function("fill_u32");
+  const auto k = reinterpret_cast<CUfunction>(kernel);
+  CUdeviceptr pf = p, pk = q;
+  unsigned vf = 1, vk = 1;
+  int n = kElements;
+  void* fargs[] = {&pf, &vf, &n};
+  void* kargs[] = {&pk, &vk, &n};
+
+  // Built with the green context current, as the server builds a batch's graph.
+  REQUIRE_CU(s.sut.cuCtxSetCurrent(s.green_ctx));
+  CUgraph graph = nullptr;
+  REQUIRE_CU(s.sut.cuGraphCreate(&graph, 0));
+  CUgraphNode fnode = nullptr, knode = nullptr;
+  CUDA_KERNEL_NODE_PARAMS kp = fill_node(fill, false, nullptr, fargs);
+  REQUIRE_CU(s.sut.cuGraphAddKernelNode_v2(&fnode, graph, nullptr, 0, &kp));
+  kp = fill_node(k, true, s.green_ctx, kargs);
+  REQUIRE_CU(s.sut.cuGraphAddKernelNode_v2(&knode, graph, &fnode, 1, &kp));
+  CUgraphExec exec = nullptr;
+  REQUIRE_CU(s.sut.cuGraphInstantiateWithFlags(&exec, graph, 0));
+
+  // The primary context current (a server worker's usual one).
+  REQUIRE_CU(s.sut.cuCtxSetCurrent(s.ctx));
+  vf = 2;
+  kp = fill_node(fill, false, nullptr, fargs);
+  CHECK_CU(s.sut.cuGraphExecKernelNodeSetParams_v2(exec, fnode, &kp), CUDA_ERROR_INVALID_VALUE);
+  vk = 3;
+  kp = fill_node(k, true, s.green_ctx, kargs);
+  CHECK_CU(s.sut.cuGraphExecKernelNodeSetParams_v2(exec, knode, &kp), CUDA_SUCCESS);
+  vk = 30;
+  kp = fill_node(k, true, s.ctx, kargs);  // the CUkernel's node moved to another context
+  CHECK_CU(s.sut.cuGraphExecKernelNodeSetParams_v2(exec, knode, &kp), CUDA_ERROR_INVALID_VALUE);
+  kp = fill_node(k, true, nullptr, kargs);  // NULL: the current one, the primary context
+  CHECK_CU(s.sut.cuGraphExecKernelNodeSetParams_v2(exec, knode, &kp), CUDA_ERROR_INVALID_VALUE);
+  REQUIRE_CU(s.sut.cuGraphLaunch(exec, s.stream));
+  s.sync();
+  CHECK(s.download<unsigned>(p, kElements) == std::vector<unsigned>(kElements, 1));
+  CHECK(s.download<unsigned>(q, kElements) == std::vector<unsigned>(kElements, 3));
+
+  // With the green context current again, the CUfunction's node takes the update.
+  REQUIRE_CU(s.sut.cuCtxSetCurrent(s.green_ctx));
+  vf = 4;
+  kp = fill_node(fill, false, nullptr, fargs);
+  const CUresult again = s.sut.cuGraphExecKernelNodeSetParams_v2(exec, fnode, &kp);
+  REQUIRE_CU(s.sut.cuCtxSetCurrent(s.ctx));
+  CHECK_CU(again, CUDA_SUCCESS);
+  REQUIRE_CU(s.sut.cuGraphLaunch(exec, s.stream));
+  s.sync();
+  CHECK(s.download<unsigned>(p, kElements) == std::vector<unsigned>(kElements, 4));
+
+  REQUIRE_CU(s.sut.cuGraphExecDestroy(exec));
+  REQUIRE_CU(s.sut.cuGraphDestroy(graph));
+  REQUIRE_CU(s.sut.cuLibraryUnload(lib));
+}
+
 }  // namespace
 }  // namespace mpsshim::testdriver::test
