@@ -151,11 +151,17 @@ const OpSpec* find_spec(std::uint16_t opcode) {
 // may no longer hold: a function's attributes (its shared memory limit, cache configuration), an
 // unloaded module or library (whose CUfunction handles the driver may hand out again for other
 // code), a destroyed context, a context limit (stack size). All rare.
+// A function's attribute may change the limits a batched launch is checked against; the cached
+// graphs do not depend on it (every launch of one sets each node's function).
+bool invalidates_launch_limits(Op op) {
+  return op == Op::kFuncSetAttribute || op == Op::kFuncSetCacheConfig ||
+         op == Op::kKernelSetAttribute;
+}
+
+// The driver may hand out an unloaded module's handles again for other code; the graphs' nodes
+// may name its functions, and a context limit applies to what the graphs were made for.
 bool invalidates_launch_cache(Op op) {
   switch (op) {
-    case Op::kFuncSetAttribute:
-    case Op::kFuncSetCacheConfig:
-    case Op::kKernelSetAttribute:
     case Op::kModuleUnload:
     case Op::kLibraryUnload:
     case Op::kCtxDestroy:
@@ -230,7 +236,11 @@ DispatchOutcome dispatch_record(Session& session, std::span<const std::byte> rec
       outcome.reply_slot = header.reply_slot;  // this record never ran: answered with the fault
       return outcome;
     }
-    if (invalidates_launch_cache(op)) session.launch_batch.forget(session.cu());
+    if (invalidates_launch_cache(op)) {
+      session.launch_batch.forget(session.cu());
+    } else if (invalidates_launch_limits(op)) {
+      session.launch_batch.forget_limits();
+    }
   }
 
   Call call(session, header, payload);

@@ -109,6 +109,9 @@ class LaunchBatcher {
   // attribute, an unloaded module or library, a destroyed context, a context limit): every
   // cached graph and limit is dropped. Nothing may be pending.
   void forget(const DriverTable& cu);
+  // A function's attribute changed (cuFuncSetAttribute, ...): its limits are read again at its
+  // next launch, the cached graphs stay. Nothing may be pending.
+  void forget_limits() { limits_.clear(); }
 
   // Session end: destroys every cached graph (the session's streams are idle) and logs what
   // batching did for the session.

@@ -583,4 +583,53 @@ TEST_CASE("a batch never grows past its maximum", "[server][launch_batch]") {
   CHECK(f.h.server->stats_text(true).find(" batches=3 batched=10 ") != std::string::npos);
 }
 
+TEST_CASE(
+    "an attribute change reads the function's limits again and keeps the graphs; an unload "
+    "drops them",
+    "[server][launch_batch]") {
+  Fixture f(test_driver(), batching(64, 0));
+  const int objects_before = graph_objects();
+  const unsigned long long instantiated_before = instantiations();
+  const auto fill = f.function("fill_u32");
+  const std::uint64_t s = f.stream();
+  const std::uint64_t out = f.buffer(4 * kWords);
+  // kWords launches writing base + i; `expect` is the base the words must hold afterwards.
+  auto burst = [&](std::uint32_t base, std::uint32_t shared, std::uint32_t expect) {
+    for (int i = 0; i < kWords; ++i) {
+      f.launch_shaped(fill, s, {1, 1, 1}, {32, 1, 1}, shared, out + 4u * i,
+                      base + static_cast<std::uint32_t>(i), 1);
+    }
+    REQUIRE(f.synchronize(s) == CUDA_SUCCESS);
+    std::vector<std::uint32_t> expected;
+    for (int i = 0; i < kWords; ++i) expected.push_back(expect + static_cast<std::uint32_t>(i));
+    CHECK(f.read(out, kWords) == expected);
+  };
+  constexpr std::uint32_t kBigShared = 64 * 1024;  // over the default 48 KiB limit
+  burst(100, 0, 100);
+  CHECK(figures(f.h).batches == 1);
+  CHECK(instantiations() - instantiated_before == 1);
+  // Over the function's limit: each goes out eagerly and the driver refuses it, as without
+  // batching.
+  burst(200, kBigShared, 100);
+  CHECK(figures(f.h).batches == 1);
+  CHECK(f.async_error() == CUDA_ERROR_INVALID_VALUE);
+
+  auto set =
+      f.sut.call(Op::kFuncSetAttribute,
+                 proto::AttributeReq{fill.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                     static_cast<std::int32_t>(kBigShared), 0, 0});
+  REQUIRE(set.result == CUDA_SUCCESS);
+  // The new limit counts at once, and the graph made before serves the batch.
+  burst(300, kBigShared, 300);
+  CHECK(figures(f.h).batches == 2);
+  CHECK(instantiations() - instantiated_before == 1);
+  CHECK(graph_objects() > objects_before);
+
+  // A module unload drops every graph of the session.
+  auto unload = f.sut.call(Op::kModuleUnload, proto::HandleReq{f.module});
+  REQUIRE(unload.result == CUDA_SUCCESS);
+  CHECK(graph_objects() == objects_before);
+  CHECK(f.async_error() == CUDA_SUCCESS);
+}
+
 }  // namespace mpsshim::server::test
