@@ -632,4 +632,30 @@ TEST_CASE(
   CHECK(f.async_error() == CUDA_SUCCESS);
 }
 
+TEST_CASE("a client that asks for no batching (MPSSHIM_LAUNCH_BATCHING=off) gets eager launches",
+          "[server][launch_batch]") {
+  auto run = [](bool batching_off) {
+    proto::ClientHello hello = default_hello();
+    if (batching_off) hello.flags |= proto::kHelloNoLaunchBatching;
+    Fixture f(test_driver(), batching(64, 0), hello);
+    const auto fill = f.function("fill_u32");
+    const std::uint64_t s = f.stream();
+    const std::uint64_t out = f.buffer(4 * kWords);
+    for (int i = 0; i < kWords; ++i) {
+      f.launch(fill, s, 1, 32, out + 4u * i, 7u + static_cast<std::uint32_t>(i), 1);
+    }
+    REQUIRE(f.synchronize(s) == CUDA_SUCCESS);
+    std::vector<std::uint32_t> expected;
+    for (int i = 0; i < kWords; ++i) expected.push_back(7u + static_cast<std::uint32_t>(i));
+    CHECK(f.read(out, kWords) == expected);
+    return figures(f.h);
+  };
+  const Figures off = run(true);
+  CHECK(off.batches == 0);
+  CHECK(off.launches == kWords);
+  const Figures on = run(false);  // the same client without the flag: batched
+  CHECK(on.batches == 1);
+  CHECK(on.batched == kWords);
+}
+
 }  // namespace mpsshim::server::test
