@@ -19,7 +19,7 @@ namespace mpsshim::daemon {
 
 namespace {
 
-using Fields = std::map<std::string, std::string, std::less<>>;
+using Fields = ClientFields;
 
 Fields parse_fields(const std::string& line) {
   Fields fields;
@@ -176,6 +176,15 @@ void for_each_line(const std::vector<ServerClients>& servers, OnClient client, O
 }
 
 }  // namespace
+
+void for_each_client(const std::vector<ServerClients>& servers,
+                     const std::function<void(int gpu, const ClientFields& fields)>& client) {
+  for_each_line(servers, client, [](int, const std::string&) {});
+}
+
+std::string user_name_of(const std::string& uid_text) {
+  return user_name(uid_text);
+}
 
 std::string format_client_table(const std::vector<ServerClients>& servers) {
   constexpr std::string_view kRow = "{:<9}{:<12}{:<5}{:<6}{:<12}{:<12}{:<10}{:<10}{}\n";

@@ -8,6 +8,8 @@
 // "truncated: ...") is shown as it is.
 #pragma once
 
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -33,5 +35,13 @@ std::string format_stats_table(const std::vector<ServerClients>& servers);
 // "LaunchKernel", "count": 20000, "server_us": 51234}, ...]}, ...], "notes": ["...", ...]}.
 // Times in microseconds; a figure the server did not give is null. `notes` adds lines to "notes".
 std::string format_stats_json(const std::vector<ServerClients>& servers, const std::string& notes);
+
+// One client line's key=value fields, as the tables above read them.
+using ClientFields = std::map<std::string, std::string, std::less<>>;
+// Calls `client(gpu, fields)` for every client line (a line with pid=) of the servers' answers.
+void for_each_client(const std::vector<ServerClients>& servers,
+                     const std::function<void(int gpu, const ClientFields& fields)>& client);
+// The user name of a uid given as text (the uid itself when it has no name).
+std::string user_name_of(const std::string& uid_text);
 
 }  // namespace mpsshim::daemon

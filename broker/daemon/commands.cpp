@@ -195,6 +195,27 @@ void Commands::ps(const Args&, ReplyHandler reply) {
   });
 }
 
+void Commands::client_reports(std::function<void(ClientReports)> done) {
+  struct Gathering {
+    ClientReports reports;
+    int remaining = 2;
+    std::function<void(ClientReports)> done;
+  };
+  auto gathering = std::make_shared<Gathering>();
+  gathering->done = std::move(done);
+  auto finish_one = [gathering] {
+    if (--gathering->remaining == 0) gathering->done(std::move(gathering->reports));
+  };
+  query_clients("", [gathering, finish_one](auto clients, auto, auto) {
+    gathering->reports.ps = std::move(clients);
+    finish_one();
+  });
+  query_clients("stats", [gathering, finish_one](auto clients, auto, auto) {
+    gathering->reports.stats = std::move(clients);
+    finish_one();
+  });
+}
+
 void Commands::stats(const Args& args, ReplyHandler reply) {
   const bool json = !args.empty();
   if (json && args[0] != "--json") {

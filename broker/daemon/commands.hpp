@@ -29,6 +29,16 @@ class Commands {
   // `reply` runs exactly once.
   void execute(std::string_view line, ReplyHandler reply);
 
+  // The metrics endpoint's source: every running server's answers to the `ps` query and to the
+  // `stats` query, asked at once and gathered as `ps` and `stats` gather them (each server has
+  // kServerTimeout to answer; a server that did not answer is missing from the list). `done`
+  // runs exactly once, possibly before client_reports() returns.
+  struct ClientReports {
+    std::vector<ServerClients> ps;
+    std::vector<ServerClients> stats;
+  };
+  void client_reports(std::function<void(ClientReports)> done);
+
  private:
   using Args = std::vector<std::string>;
   struct Command {

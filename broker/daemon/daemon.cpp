@@ -6,9 +6,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <system_error>
 
 #include "broker/daemon/log.hpp"
+#include "broker/daemon/metrics.hpp"
+#include "proto/abi.hpp"
 
 namespace mpsshim::daemon {
 
@@ -51,7 +54,11 @@ Daemon::Daemon(DaemonSetup setup)
       supervisor_(loop_, with_server_tuning(supervisor_config(setup_.options), setup_.options),
                   Supervisor::Events{[this] { on_settled(); }, [this] { on_changed(); }}),
       commands_(supervisor_, [this] { loop_.after({}, [this] { shutdown("mpsshimctl quit"); }); }),
-      gate_(loop_, supervisor_, commands_, AccessPolicy{::geteuid(), setup_.multiuser}) {
+      gate_(loop_, supervisor_, commands_, AccessPolicy{::geteuid(), setup_.multiuser}),
+      metrics_(loop_, [this](auto done) { collect_metrics(std::move(done)); }),
+      start_time_seconds_(
+          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+              .count()) {
   sigset_t set = handled_signals();
   signals_.reset(::signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC));
   if (!signals_) throw std::system_error(errno, std::generic_category(), "signalfd");
@@ -64,8 +71,10 @@ Daemon::Daemon(DaemonSetup setup)
 
 void Daemon::run() {
   gate_.listen(std::move(setup_.listener));
+  if (setup_.metrics_listener) metrics_.listen(std::move(setup_.metrics_listener));
   supervisor_.start();
   loop_.run();
+  metrics_.close();
   gate_.close();
 }
 
@@ -88,6 +97,17 @@ void Daemon::on_signal() {
         break;
     }
   }
+}
+
+void Daemon::collect_metrics(std::function<void(std::string)> done) {
+  commands_.client_reports([this, done = std::move(done)](Commands::ClientReports reports) {
+    MetricsInput input{start_time_seconds_, setup_.version, proto::kAbiMajor, proto::kAbiMinor, {},
+                       std::move(reports)};
+    for (int i = 0; i < supervisor_.gpu_count(); ++i) {
+      input.servers.push_back(supervisor_.status(i));
+    }
+    done(format_metrics(input));
+  });
 }
 
 std::string Daemon::status_line() const {
@@ -123,6 +143,7 @@ void Daemon::shutdown(std::string_view reason) {
   log_info("stopping ({}): no new connections; ending the servers", reason);
   setup_.notifier.send("STOPPING=1\nSTATUS=stopping");
   gate_.close();
+  metrics_.close();
   ::unlink(setup_.socket_path.c_str());
   supervisor_.stop(setup_.options.stop_timeout, [this] { loop_.stop(); });
 }

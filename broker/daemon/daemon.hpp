@@ -9,6 +9,7 @@
 #include "broker/daemon/client_gate.hpp"
 #include "broker/daemon/commands.hpp"
 #include "broker/daemon/event_loop.hpp"
+#include "broker/daemon/metrics_server.hpp"
 #include "broker/daemon/options.hpp"
 #include "broker/daemon/sd_notify.hpp"
 #include "broker/daemon/supervisor.hpp"
@@ -22,7 +23,9 @@ struct DaemonSetup {
   std::string socket_path;
   proto::UniqueFd listener;  // listening, non-blocking
   Notifier notifier;
-  std::function<void()> on_ready;  // -d: release the waiting parent
+  std::function<void()> on_ready;      // -d: release the waiting parent
+  proto::UniqueFd metrics_listener{};  // --metrics-listen: listening TCP socket; else none
+  std::string version{};               // for mpsshim_build_info
 };
 
 class Daemon {
@@ -39,6 +42,7 @@ class Daemon {
   void on_settled();
   void on_changed();
   void shutdown(std::string_view reason);
+  void collect_metrics(std::function<void(std::string)> done);
   std::string status_line() const;
 
   DaemonSetup setup_;
@@ -46,6 +50,8 @@ class Daemon {
   Supervisor supervisor_;
   Commands commands_;
   ClientGate gate_;
+  MetricsServer metrics_;
+  double start_time_seconds_ = 0;  // unix time
   proto::UniqueFd signals_;
   bool ready_ = false;
   bool stopping_ = false;

@@ -13,6 +13,7 @@
 #include "broker/daemon/background.hpp"
 #include "broker/daemon/daemon.hpp"
 #include "broker/daemon/log.hpp"
+#include "broker/daemon/metrics.hpp"
 #include "broker/daemon/options.hpp"
 #include "broker/daemon/paths.hpp"
 #include "broker/daemon/pid_file.hpp"
@@ -80,6 +81,14 @@ int run(DaemonOptions options) {
                     "give this one another --runtime-dir",
                     socket_path));
   }
+  // Before the control socket, so a metrics address that cannot be bound leaves nothing behind.
+  std::optional<MetricsListener> metrics;
+  if (options.metrics_listen) {
+    auto listening = listen_metrics(*options.metrics_listen);
+    if (!listening) return startup_failure(listening.error());
+    metrics = std::move(*listening);
+  }
+
   int listener = proto::listen_seqpacket(socket_path);
   if (listener < 0) {
     return startup_failure(
@@ -108,6 +117,12 @@ int run(DaemonOptions options) {
     DaemonSetup setup{options, multiuser, socket_path, std::move(listener_fd), std::move(notifier),
                       nullptr};
     if (background) setup.on_ready = [&background] { background->ready(); };
+    setup.version = MPSSHIM_VERSION;
+    if (metrics) {
+      log_info("metrics: listening on {} (http://{}/metrics)",
+               format_metrics_address(metrics->actual), format_metrics_address(metrics->actual));
+      setup.metrics_listener = std::move(metrics->fd);
+    }
     Daemon daemon(std::move(setup));
     daemon.run();
     log_info("stopped");

@@ -34,6 +34,7 @@ enum LongOnly : int {
   kLaunchBatching,
   kServerLaunchBatchMin,
   kContextIdleTimeout,
+  kMetricsListen,
   kVersion,
 };
 
@@ -96,6 +97,10 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
   --context-idle-timeout SECS  a GPU's server releases its primary context (~500 MiB of GPU
                        memory) after SECS without a client and creates it again for the next
                        one (default 10; 0 = as soon as the last client leaves; -1 = never)
+  --metrics-listen [ADDR:]PORT  serve Prometheus metrics at http://ADDR:PORT/metrics (off by
+                       default; a bare PORT is 127.0.0.1:PORT; [::1]:PORT and 0.0.0.0:PORT
+                       work too; port 0 picks a free one, named in the log; see
+                       docs/metrics.md)
   -h, --help           this text
   --version            the version and the ABI it speaks
 )";
@@ -119,6 +124,7 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
       {"launch-batching", required_argument, nullptr, kLaunchBatching},
       {"server-launch-batch-min", required_argument, nullptr, kServerLaunchBatchMin},
       {"context-idle-timeout", required_argument, nullptr, kContextIdleTimeout},
+      {"metrics-listen", required_argument, nullptr, kMetricsListen},
       {"help", no_argument, nullptr, 'h'},
       {"version", no_argument, nullptr, kVersion},
       {nullptr, 0, nullptr, 0},
@@ -217,6 +223,12 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
         auto n = number<int>("--context-idle-timeout", arg, -1, 86400);
         if (!n) return tl::unexpected(n.error());
         options.context_idle_timeout_s = *n;
+        break;
+      }
+      case kMetricsListen: {
+        auto address = parse_metrics_address(arg);
+        if (!address) return tl::unexpected(address.error());
+        options.metrics_listen = std::move(*address);
         break;
       }
       case 'h':

@@ -9,6 +9,7 @@
 #include <tl/expected.hpp>
 
 #include "broker/daemon/log.hpp"
+#include "broker/daemon/metrics.hpp"
 
 namespace mpsshim::daemon {
 
@@ -28,8 +29,9 @@ struct DaemonOptions {
   // --launch-batch of every server (--server-launch-batch N; --launch-batching off: 0); unset:
   // the server's default.
   std::optional<int> server_launch_batch;
-  std::optional<int> server_launch_batch_min;  // --launch-batch-min of every server
-  std::optional<int> context_idle_timeout_s;  // passed on to every server; unset: its default
+  std::optional<int> server_launch_batch_min;    // --launch-batch-min of every server
+  std::optional<int> context_idle_timeout_s;     // passed on to every server; unset: its default
+  std::optional<MetricsAddress> metrics_listen;  // --metrics-listen; unset: no metrics endpoint
   bool help = false;
   bool version = false;
 };

@@ -21,6 +21,9 @@ namespace {
 using namespace std::chrono_literals;
 using proto::MessageKind;
 
+// The server's exit status after a sticky GPU fault (EX_SOFTWARE; see describe_wait_status).
+constexpr int kExitGpuFault = 70;
+
 std::string seconds_text(Clock::duration d) {
   return fmt::format("{:.1f} s", std::chrono::duration<double>(d).count());
 }
@@ -312,6 +315,9 @@ void Supervisor::on_exit(Server& server, int wait_status) {
   std::string what =
       wait_status == -1 ? "ended (exit status unknown)" : describe_wait_status(wait_status);
   std::string who = name(server);
+  if (wait_status != -1 && WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == kExitGpuFault) {
+    server.status.gpu_faults += 1;
+  }
   ChildProcess gone = std::exchange(server.process, ChildProcess{});  // nothing left to signal
   if (gone.pidfd) loop_.unwatch(gone.pidfd.get());
   // What it said before dying (typically a failed ServerReady and why) may still be queued.

@@ -67,6 +67,7 @@ struct ServerStatus {
   ServerState state = ServerState::kStarting;
   pid_t pid = 0;  // the running process; 0 while none runs
   int restarts = 0;
+  int gpu_faults = 0;  // exits with status 70 (the server's sticky-GPU-fault exit)
   std::optional<proto::DeviceSnapshot> snapshot;  // from its last successful ServerReady
   std::string problem;  // why it is not ready, in words ("exited with status 70 (GPU fault)")
 };

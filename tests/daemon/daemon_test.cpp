@@ -1,6 +1,9 @@
 // mpsshimd as a whole: a real daemon process, fake per-GPU servers, real sockets, mpsshimctl.
+#include <arpa/inet.h>
 #include <cuda.h>
 #include <fmt/format.h>
+#include <netinet/in.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -8,6 +11,7 @@
 #include <unistd.h>
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -444,4 +448,247 @@ TEST_CASE("-d returns once the daemon is ready and leaves it running", "[lifecyc
   CHECK(run_program({artefact("MPSSHIMCTL"), "--runtime-dir", dir, "quit"}).exit_code == 0);
   CHECK(wait_until([&] { return process_gone(pid); }));
   CHECK_FALSE(exists(dir + "/control"));
+}
+
+// --metrics-listen: a real TCP connection to the daemon's /metrics.
+namespace {
+
+struct HttpReply {
+  int status = 0;  // 0: no answer
+  std::string head;
+  std::string body;
+};
+
+// A TCP connection to 127.0.0.1:`port` whose reads and writes give up after `timeout`.
+proto::UniqueFd connect_tcp(int port, std::chrono::seconds timeout = 10s) {
+  proto::UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  timeval limit{static_cast<time_t>(timeout.count()), 0};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<std::uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) return {};
+  return fd;
+}
+
+// Everything the peer sends until it closes (or the read times out).
+std::string read_all(int fd) {
+  std::string text;
+  char buffer[4096];
+  for (ssize_t n; (n = ::recv(fd, buffer, sizeof buffer, 0)) > 0;) {
+    text.append(buffer, static_cast<std::size_t>(n));
+  }
+  return text;
+}
+
+HttpReply http(int port, const std::string& request) {
+  proto::UniqueFd fd = connect_tcp(port);
+  if (!fd) return {};
+  if (::send(fd.get(), request.data(), request.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(request.size())) {
+    return {};
+  }
+  std::string text = read_all(fd.get());
+  HttpReply reply;
+  std::size_t end = text.find("\r\n\r\n");
+  if (end == std::string::npos || !text.starts_with("HTTP/1.1 ")) return reply;
+  reply.status = std::atoi(text.c_str() + 9);
+  reply.head = text.substr(0, end + 2);
+  reply.body = text.substr(end + 4);
+  return reply;
+}
+
+HttpReply get(int port, const std::string& path) {
+  return http(port, "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nUser-Agent: test\r\n\r\n");
+}
+
+// The port the daemon bound for --metrics-listen 127.0.0.1:0, from its log line.
+int metrics_port(const DaemonUnderTest& sut) {
+  const std::string marker = "metrics: listening on 127.0.0.1:";
+  int port = 0;
+  wait_until([&] {
+    std::string log = sut.log();
+    std::size_t at = log.find(marker);
+    if (at == std::string::npos) return false;
+    port = std::atoi(log.c_str() + at + marker.size());
+    return port > 0;
+  });
+  return port;
+}
+
+DaemonConfig with_metrics(DaemonConfig config) {
+  config.args.insert(config.args.end(), {"--metrics-listen", "127.0.0.1:0"});
+  return config;
+}
+
+std::string own_user() {
+  passwd* entry = ::getpwuid(::getuid());
+  return entry != nullptr ? entry->pw_name : std::to_string(::getuid());
+}
+
+// promtool from the PATH or /usr/bin; empty when Prometheus is not installed.
+std::string find_promtool() {
+  std::string path = std::getenv("PATH") != nullptr ? std::getenv("PATH") : "";
+  path += ":/usr/bin:/usr/local/bin";
+  std::size_t start = 0;
+  while (start <= path.size()) {
+    std::size_t end = path.find(':', start);
+    if (end == std::string::npos) end = path.size();
+    std::string candidate = path.substr(start, end - start) + "/promtool";
+    if (end > start && ::access(candidate.c_str(), X_OK) == 0) return candidate;
+    start = end + 1;
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("GET /metrics reports every GPU's server and every client's figures", "[metrics]") {
+  DaemonUnderTest sut(with_metrics({.gpus = 2}));
+  int port = metrics_port(sut);
+  REQUIRE(port > 0);
+
+  HttpReply reply = get(port, "/metrics");
+
+  REQUIRE(reply.status == 200);
+  CHECK(contains(reply.head, "\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"));
+  CHECK(contains(reply.head, "\r\nConnection: close\r\n"));
+  CHECK(contains(reply.head, fmt::format("\r\nContent-Length: {}\r\n", reply.body.size())));
+  const std::string& m = reply.body;
+  for (const char* family : {"mpsshim_server_up", "mpsshim_server_restarts_total",
+                             "mpsshim_client_launches_total", "mpsshim_client_records_total"}) {
+    INFO(family);
+    CHECK(contains(m, fmt::format("# HELP {} ", family)));
+    CHECK(contains(m, fmt::format("# TYPE {} ", family)));
+  }
+  CHECK(contains(m, "# TYPE mpsshim_client_launches_total counter\n"));
+  CHECK(contains(m, "mpsshim_server_up{gpu=\"0\"} 1\nmpsshim_server_up{gpu=\"1\"} 1\n"));
+  CHECK(contains(m, "mpsshim_server_restarts_total{gpu=\"1\"} 0\n"));
+  CHECK(contains(m, "mpsshim_server_clients{gpu=\"1\"} 1\n"));
+  CHECK(contains(m, "mpsshim_gpu_sms{gpu=\"1\"} 132\n"));
+  CHECK(contains(m, "mpsshim_gpu_memory_bytes{gpu=\"1\"} 85899345920\n"));
+  CHECK(
+      contains(m,
+               "mpsshim_gpu_info{gpu=\"1\",name=\"Fake GPU 1\","
+               "uuid=\"GPU-ab222222-2222-2222-2222-222222222222\",driver_version=\"13000\"} 1\n"));
+  CHECK(contains(m, "mpsshim_build_info{version=\""));
+  CHECK(contains(m, "mpsshim_daemon_start_time_seconds 1"));
+  // What the fake server of GPU 1 reports for its client (fake_server.cpp), from `ps` ...
+  const std::string client = fmt::format(
+      "{{gpu=\"1\",client=\"1\",pid=\"4242\",user=\"{}\",program=\"fake-client-gpu1\"}}",
+      own_user());
+  CHECK(contains(m, "mpsshim_client_launches_total" + client + " 7\n"));
+  CHECK(contains(m, "mpsshim_client_memory_used_bytes" + client + " 1048576\n"));
+  CHECK(contains(m, "mpsshim_client_sms" + client + " 66\n"));
+  CHECK_FALSE(contains(m, "mpsshim_client_memory_limit_bytes{"));  // mem_limit=0: unlimited
+  // ... and from `stats`.
+  CHECK(contains(m, "mpsshim_client_records_total" + client + " 20512\n"));
+  CHECK(contains(m, "mpsshim_client_server_seconds_total" + client + " 0.055123\n"));
+  CHECK(contains(m, "mpsshim_client_launches_batched_total" + client + " 19200\n"));
+  CHECK(contains(m, "mpsshim_client_graph_launches_total" + client + " 300\n"));
+  CHECK(contains(m, "program=\"fake-client-gpu0\""));
+
+  HttpReply other = get(port, "/");
+  CHECK(other.status == 404);
+  CHECK(get(port, "/metrics/x").status == 404);
+  CHECK(http(port, "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n").status == 405);
+  CHECK(http(port, "nonsense\r\n\r\n").status == 400);
+  HttpReply head = http(port, "HEAD /metrics HTTP/1.1\r\n\r\n");
+  CHECK(head.status == 200);
+  CHECK(head.body.empty());
+  // The daemon still serves its control socket.
+  CHECK(sut.ctl({"ps"}).exit_code == 0);
+}
+
+TEST_CASE("promtool check metrics accepts the scrape", "[metrics]") {
+  DaemonUnderTest sut(with_metrics({.gpus = 2, .env = {{"FAKE_SERVER_CLIENTS", "20"}}}));
+  int port = metrics_port(sut);
+  REQUIRE(port > 0);
+  HttpReply reply = get(port, "/metrics");
+  REQUIRE(reply.status == 200);
+  CHECK(contains(reply.body, "program=\"many-19\""));
+
+  std::string promtool = find_promtool();
+  if (promtool.empty()) {
+    WARN(
+        "SKIPPED: promtool not found (install the `prometheus` package); the scrape was not "
+        "validated by it");
+    return;
+  }
+  Outcome check = run_program({promtool, "check", "metrics"}, {}, reply.body);
+  INFO("promtool stdout: " << check.out << "\nstderr: " << check.err);
+  CHECK(check.exit_code == 0);
+}
+
+TEST_CASE("a scraper that sends nothing holds up no other scrape and is closed", "[metrics]") {
+  DaemonUnderTest sut(with_metrics({.gpus = 1}));
+  int port = metrics_port(sut);
+  REQUIRE(port > 0);
+
+  proto::UniqueFd silent = connect_tcp(port, 20s);
+  REQUIRE(silent);
+  proto::UniqueFd partial = connect_tcp(port, 20s);
+  REQUIRE(partial);
+  ::send(partial.get(), "GET /metr", 9, MSG_NOSIGNAL);
+
+  auto start = Clock::now();
+  HttpReply reply = get(port, "/metrics");
+  CHECK(reply.status == 200);
+  CHECK(Clock::now() - start < 3s);
+  CHECK(sut.ctl({"server_list"}).exit_code == 0);
+
+  // The silent ones are closed after the daemon's request timeout (5 s), without an answer.
+  start = Clock::now();
+  CHECK(read_all(silent.get()).empty());
+  CHECK(read_all(partial.get()).empty());
+  CHECK(Clock::now() - start < 15s);
+}
+
+TEST_CASE("a server that does not answer leaves its clients out of the scrape", "[metrics]") {
+  DaemonUnderTest sut(with_metrics({.gpus = 2, .env = {{"FAKE_SERVER_SILENT_DEVICE", "1"}}}));
+  int port = metrics_port(sut);
+  REQUIRE(port > 0);
+
+  HttpReply reply = get(port, "/metrics");
+
+  REQUIRE(reply.status == 200);
+  CHECK(contains(reply.body, "mpsshim_server_scrape_answered{gpu=\"0\"} 1\n"));
+  CHECK(contains(reply.body, "mpsshim_server_scrape_answered{gpu=\"1\"} 0\n"));
+  CHECK(contains(reply.body, "program=\"fake-client-gpu0\"} 7\n"));
+  CHECK_FALSE(contains(reply.body, "fake-client-gpu1"));
+}
+
+TEST_CASE("a GPU fault counts in mpsshim_server_gpu_faults_total", "[metrics]") {
+  DaemonUnderTest sut(with_metrics({.gpus = 1}));
+  int port = metrics_port(sut);
+  REQUIRE(port > 0);
+  CHECK(contains(get(port, "/metrics").body, "mpsshim_server_gpu_faults_total{gpu=\"0\"} 0\n"));
+
+  sut.ctl({"server_command", "0", "crash"});
+  REQUIRE(wait_until([&] {
+    auto servers = sut.servers();
+    return servers[0].restarts == 1 && servers[0].state == "running";
+  }));
+
+  std::string body = get(port, "/metrics").body;
+  CHECK(contains(body, "mpsshim_server_gpu_faults_total{gpu=\"0\"} 1\n"));
+  CHECK(contains(body, "mpsshim_server_restarts_total{gpu=\"0\"} 1\n"));
+  CHECK(contains(body, "mpsshim_server_up{gpu=\"0\"} 1\n"));
+}
+
+TEST_CASE("--metrics-listen on a port in use is a startup failure", "[metrics]") {
+  DaemonUnderTest first(with_metrics({.gpus = 1}));
+  int port = metrics_port(first);
+  REQUIRE(port > 0);
+  TempDir tmp;
+  Outcome second =
+      run_program({artefact("MPSSHIMD"), "--runtime-dir", tmp.path() + "/run", "--server",
+                   artefact("FAKE_SERVER"), "--metrics-listen", std::to_string(port)});
+  CHECK(second.exit_code == 1);
+  CHECK(contains(second.err, fmt::format("cannot listen for metrics on 127.0.0.1:{}", port)));
+  Outcome bad = run_program({artefact("MPSSHIMD"), "--metrics-listen", "localhost:9400"});
+  CHECK(bad.exit_code == 2);
+  CHECK(contains(bad.err, "--metrics-listen `localhost:9400`"));
 }

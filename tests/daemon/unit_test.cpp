@@ -5,6 +5,7 @@
 #include <optional>
 #include <vector>
 
+#include "broker/daemon/metrics.hpp"
 #include "broker/daemon/options.hpp"
 #include "broker/daemon/sizes.hpp"
 #include "broker/daemon/visible_devices.hpp"
@@ -150,4 +151,107 @@ TEST_CASE("--server-launch-batch-min is passed on as every server's --launch-bat
   CHECK_FALSE(parse({"--server-launch-batch-min", "1"}));
   CHECK_FALSE(parse({"--server-launch-batch-min", "257"}));
   CHECK(daemon_usage().find("--server-launch-batch-min N") != std::string::npos);
+}
+
+TEST_CASE("--metrics-listen takes a port, IPv4:port or [IPv6]:port", "[options][metrics]") {
+  auto parse = [](std::vector<const char*> args) {
+    args.insert(args.begin(), "mpsshimd");
+    return parse_daemon_options(static_cast<int>(args.size()), const_cast<char**>(args.data()));
+  };
+  auto unset = parse({});
+  REQUIRE(unset);
+  CHECK_FALSE(unset->metrics_listen);
+
+  auto bare = parse({"--metrics-listen", "9400"});
+  REQUIRE(bare);
+  REQUIRE(bare->metrics_listen);
+  CHECK(bare->metrics_listen->host == "127.0.0.1");
+  CHECK_FALSE(bare->metrics_listen->ipv6);
+  CHECK(bare->metrics_listen->port == 9400);
+
+  auto any = parse({"--metrics-listen=0.0.0.0:9400"});
+  REQUIRE(any);
+  CHECK(format_metrics_address(*any->metrics_listen) == "0.0.0.0:9400");
+
+  auto v6 = parse({"--metrics-listen", "[::1]:9401"});
+  REQUIRE(v6);
+  CHECK(v6->metrics_listen->ipv6);
+  CHECK(v6->metrics_listen->host == "::1");
+  CHECK(format_metrics_address(*v6->metrics_listen) == "[::1]:9401");
+
+  auto ephemeral = parse({"--metrics-listen", "127.0.0.1:0"});
+  REQUIRE(ephemeral);
+  CHECK(ephemeral->metrics_listen->port == 0);
+
+  for (const char* bad :
+       {"", "x", "65536", "-1", "9400x", "localhost:9400", "1.2.3:9400", "127.0.0.1:", "::1:9400",
+        "[::1]", "[::1]9400", "[1.2.3.4]:9400", "[::1]:70000"}) {
+    INFO("--metrics-listen " << bad);
+    auto parsed = parse({"--metrics-listen", bad});
+    REQUIRE_FALSE(parsed);
+    CHECK(parsed.error().find("--metrics-listen") != std::string::npos);
+    CHECK(parsed.error().find("e.g. 9400, 127.0.0.1:9400") != std::string::npos);
+  }
+  CHECK(daemon_usage().find("--metrics-listen [ADDR:]PORT") != std::string::npos);
+}
+
+TEST_CASE("label values are escaped as the exposition format wants", "[metrics]") {
+  CHECK(escape_label_value("python3") == "python3");
+  CHECK(escape_label_value(R"(a\b"c)") == R"(a\\b\"c)");
+  CHECK(escape_label_value("two\nlines") == R"(two\nlines)");
+  CHECK(escape_label_value("caf\xc3\xa9 \xe2\x82\xac") ==
+        "caf\xc3\xa9 \xe2\x82\xac");                                          // UTF-8 kept
+  CHECK(escape_label_value("bad\xff\xc3") == "bad\xef\xbf\xbd\xef\xbf\xbd");  // not UTF-8
+  CHECK(escape_label_value("\xed\xa0\x80") == "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");  // surrogate
+}
+
+TEST_CASE("a scrape lists every family with HELP and TYPE and leaves unlimited memory out",
+          "[metrics]") {
+  MetricsInput input;
+  input.start_time_seconds = 1700000000.5;
+  input.version = "0.1.0";
+  input.abi_major = 1;
+  input.abi_minor = 2;
+  ServerStatus running;
+  running.state = ServerState::kRunning;
+  running.restarts = 2;
+  running.gpu_faults = 1;
+  ServerStatus failed;
+  failed.ordinal = 1;
+  failed.state = ServerState::kFailed;
+  input.servers = {running, failed};
+  input.reports.ps = {{0,
+                       "client=3 pid=7 uid=no-such-user program=a\"b\\c sms=8 mem_used=10 "
+                       "mem_limit=0 launches=5 state=active\n"
+                       "client=4 pid=8 uid=x program=p mem_limit=4096 launches=1\nnote\n"}};
+  input.reports.stats = {{0, "client=3 pid=7 uid=no-such-user program=p server_us=1500000\n"}};
+
+  std::string text = format_metrics(input);
+
+  for (const char* family :
+       {"mpsshim_daemon_start_time_seconds gauge", "mpsshim_build_info gauge",
+        "mpsshim_server_up gauge", "mpsshim_server_restarts_total counter",
+        "mpsshim_server_gpu_faults_total counter", "mpsshim_server_clients gauge",
+        "mpsshim_client_launches_total counter", "mpsshim_client_memory_limit_bytes gauge",
+        "mpsshim_client_server_seconds_total counter"}) {
+    INFO(family);
+    CHECK(text.find(std::string("# TYPE ") + family + "\n") != std::string::npos);
+  }
+  CHECK(text.find("mpsshim_daemon_start_time_seconds 1700000000.5\n") != std::string::npos);
+  CHECK(text.find("mpsshim_build_info{version=\"0.1.0\",abi=\"1.2\"} 1\n") != std::string::npos);
+  CHECK(text.find("mpsshim_server_up{gpu=\"0\"} 1\nmpsshim_server_up{gpu=\"1\"} 0\n") !=
+        std::string::npos);
+  CHECK(text.find("mpsshim_server_restarts_total{gpu=\"0\"} 2\n") != std::string::npos);
+  CHECK(text.find("mpsshim_server_gpu_faults_total{gpu=\"0\"} 1\n") != std::string::npos);
+  CHECK(text.find("mpsshim_server_clients{gpu=\"0\"} 2\n") != std::string::npos);
+  CHECK(text.find("mpsshim_server_clients{gpu=\"1\"}") == std::string::npos);  // no answer
+  CHECK(text.find("mpsshim_server_scrape_answered{gpu=\"1\"} 0\n") != std::string::npos);
+  CHECK(text.find("mpsshim_client_launches_total{gpu=\"0\",client=\"3\",pid=\"7\","
+                  "user=\"no-such-user\",program=\"a\\\"b\\\\c\"} 5\n") != std::string::npos);
+  // 0 means no limit: no sample for client 3; client 4 has one.
+  CHECK(text.find("mpsshim_client_memory_limit_bytes{gpu=\"0\",client=\"3\"") == std::string::npos);
+  CHECK(text.find("mpsshim_client_memory_limit_bytes{gpu=\"0\",client=\"4\",pid=\"8\",user=\"x\","
+                  "program=\"p\"} 4096\n") != std::string::npos);
+  CHECK(text.find("mpsshim_client_server_seconds_total{gpu=\"0\",client=\"3\",pid=\"7\","
+                  "user=\"no-such-user\",program=\"p\"} 1.5\n") != std::string::npos);
 }
