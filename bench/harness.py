@@ -35,7 +35,9 @@ Workloads:
                trips, cuMemAlloc+cuMemFree
   bandwidth    bench/bandwidth: H2D/D2H, pageable and pinned, 4 KiB .. 256 MiB
   concurrency  N copies of examples/small_kernels (2 blocks x 32 threads, ~10 us kernels, sync
-               every 64) started together (--start-at-ns): per-process seconds, aggregate kernels/s
+               every 64) started together (--start-at-ns): per-process seconds, aggregate kernels/s,
+               and the broker's CPU per kernel (its processes' utime + stime from /proc over the
+               group, clients' setup included; MPS and mpsshim modes)
   mixed        bench/kernel_latency: a few clients with large kernels (many blocks, 2 ms) and many
                with small ones (10 us, sync after each): small kernels' p50/p99 latency and the
                aggregate throughput of both
@@ -139,6 +141,8 @@ METRICS = {
     ("concurrency", "per_proc_s"): ("small kernels, per-process loop", "s", "lower"),
     ("concurrency", "slowest_proc_s"): ("small kernels, slowest process", "s", "lower"),
     ("concurrency", "late_ms"): ("small kernels, latest start after the barrier", "ms", None),
+    ("concurrency", "broker_cpu_us_per_kernel"): ("small kernels, broker CPU per kernel (/proc)", "us",
+                                                  "lower"),
     ("mixed", "small_p50_us"): ("small-kernel latency p50 (launch+sync)", "us", "lower"),
     ("mixed", "small_p99_us"): ("small-kernel latency p99 (launch+sync)", "us", "lower"),
     ("mixed", "small_agg_kernels_per_s"): ("small kernels, aggregate", "kernels/s", "higher"),
@@ -674,8 +678,10 @@ class Harness:
             delay = 0.6 + self.start_delay[mode] * n
             start_at = time.time_ns() + int(delay * 1e9)
             argv = [self.small_kernels, "--kernels", str(kernels), "--start-at-ns", str(start_at)]
+            ticks_before = self.broker_ticks(mode)
             procs = self.run_group(mode, [argv] * n, f"concurrency.{mode}.{rep}.n{n}",
                                    timeout_s=delay + 60 + 0.5 * n)
+            ticks_after = self.broker_ticks(mode)
             err = self.group_error(procs, "small_kernels")
             results = [parse_result_line(p.stdout(), "small_kernels")[0] for p in procs]
             results = [r for r in results if "start_ns" in r]
@@ -694,6 +700,12 @@ class Harness:
                 self.add("concurrency", "per_proc_s", mode, rep, s, n=n)
             self.add("concurrency", "slowest_proc_s", mode, rep, max(seconds), n=n)
             self.add("concurrency", "late_ms", mode, rep, late, n=n)
+            if ticks_before is not None and ticks_after is not None:
+                # The broker's CPU (every thread of the daemon and the server, or of NVIDIA MPS's
+                # processes) over the whole group, clients' setup included, per kernel launched.
+                hz = os.sysconf("SC_CLK_TCK")
+                self.add("concurrency", "broker_cpu_us_per_kernel", mode, rep,
+                         1e6 * (ticks_after - ticks_before) / hz / (n * kernels), n=n)
             if late > 0:
                 # Some copy was still initialising at the barrier: give the next run more room.
                 self.start_delay[mode] = min(1.0, max(self.start_delay[mode] * 1.5,
@@ -812,35 +824,38 @@ class Harness:
     BROKER_COMMS = {"shim": ("mpsshimd", "mpsshim-server"), "shim-eager": ("mpsshimd", "mpsshim-server"),
                     "mps": ("nvidia-cuda-mps",)}
 
-    def broker_cpu_pct(self, mode, seconds=5.0):
-        """CPU the broker's processes (all threads) used over `seconds`, in % of one core."""
+    def broker_ticks(self, mode):
+        """CPU clock ticks (user + system) of the broker's processes, all threads, so far; None
+        when the mode has no broker or none of its processes runs."""
         prefixes = self.BROKER_COMMS.get(mode)
         if not prefixes:
             return None
+        total, matched = 0, 0
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    if not f.read().strip().startswith(prefixes):
+                        continue
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])  # utime, stime
+                matched += 1
+            except (OSError, IndexError, ValueError):
+                continue
+        return total if matched else None
 
-        def ticks():
-            total, matched = 0, 0
-            for pid in os.listdir("/proc"):
-                if not pid.isdigit():
-                    continue
-                try:
-                    with open(f"/proc/{pid}/comm") as f:
-                        if not f.read().strip().startswith(prefixes):
-                            continue
-                    with open(f"/proc/{pid}/stat") as f:
-                        fields = f.read().rsplit(")", 1)[1].split()
-                    total += int(fields[11]) + int(fields[12])  # utime, stime
-                    matched += 1
-                except (OSError, IndexError, ValueError):
-                    continue
-            return total, matched
-
+    def broker_cpu_pct(self, mode, seconds=5.0):
+        """CPU the broker's processes (all threads) used over `seconds`, in % of one core."""
+        if not self.BROKER_COMMS.get(mode):
+            return None
         hz = os.sysconf("SC_CLK_TCK")
-        t0, (c0, n0) = time.monotonic(), ticks()
+        t0, c0 = time.monotonic(), self.broker_ticks(mode)
         time.sleep(seconds)
-        t1, (c1, n1) = time.monotonic(), ticks()
-        if n0 == 0 or n1 == 0:
-            log(f"  broker CPU: no process named {'/'.join(prefixes)} found")
+        t1, c1 = time.monotonic(), self.broker_ticks(mode)
+        if c0 is None or c1 is None:
+            log(f"  broker CPU: no process named {'/'.join(self.BROKER_COMMS[mode])} found")
             return None
         return 100.0 * (c1 - c0) / hz / (t1 - t0)
 
