@@ -91,7 +91,10 @@ std::uint64_t parse_memory_size(const std::string& text) {
     std::string_view tail = std::string_view(unit).substr(1);
     if (!(tail.empty() || tail == "B" || tail == "iB" || tail == "b")) return 0;
   }
-  return static_cast<std::uint64_t>(value * scale);
+  // Too big for 64 bits (or infinite, or NaN): no size. Converting it would be undefined.
+  const double bytes = value * scale;
+  if (!(bytes < 18446744073709551616.0)) return 0;
+  return static_cast<std::uint64_t>(bytes);
 }
 
 ClientConfig read_client_config() {

@@ -100,7 +100,10 @@ std::optional<std::vector<std::span<const std::byte>>> split_containers(
     if (containers.size() == count) return std::nullopt;  // bytes beyond the stated count
     auto rest = image.subspan(at);
     auto extent = image_extent(rest);
-    if (!extent || extent->format != ImageFormat::kFatbin || extent->bytes > rest.size()) {
+    // An empty container (header_size and fat_size 0) would not advance: the client's count,
+    // up to 2^32, of empty spans.
+    if (!extent || extent->format != ImageFormat::kFatbin || extent->bytes == 0 ||
+        extent->bytes > rest.size()) {
       return std::nullopt;
     }
     containers.push_back(rest.first(extent->bytes));

@@ -134,5 +134,19 @@ TEST_CASE("a device-linked image must be exactly the containers it claims", "[se
   CHECK_FALSE(split_containers(with_text, 3));  // only fat-binary containers belong
 }
 
+// Found by tests/fuzz/fuzz_ring_records: a container whose header_size and fat_size are both 0
+// is 0 bytes long, so the split never advanced and collected empty containers until it had the
+// count the client stated (ImageLoadReq::containers, up to 2^32 - 1): tens of GiB and minutes
+// of the server's time for one record.
+TEST_CASE("an empty container is refused, whatever the count claimed", "[server][image]") {
+  auto empty = fatbin(0, 16);
+  put<std::uint16_t>(empty, 6, 0);  // header_size 0
+
+  CHECK_FALSE(split_containers(empty, 0xFFFFFFFFu));
+  auto image = fatbin(32, 48);
+  image.insert(image.end(), empty.begin(), empty.end());
+  CHECK_FALSE(split_containers(image, 0xFFFFFFFFu));
+}
+
 }  // namespace
 }  // namespace mpsshim::server

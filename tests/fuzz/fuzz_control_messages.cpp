@@ -1,0 +1,120 @@
+// libFuzzer target: the first message a peer sends on the control socket, as the daemon reads
+// it (proto/unix_socket's codec, broker/daemon/wire.hpp's header and struct decoding, the
+// ClientHello checks of the client gate: CUDA_VISIBLE_DEVICES resolution, the attach ordinal,
+// an mpsshimctl request's text), then the same hello in a kServerAdmit to a server on the fake
+// driver (broker/server/admit.cpp), which must admit or refuse it; an admitted session must be
+// freed when its client hangs up (docs/testing.md, "Fuzzing").
+//
+// Every input gets a fresh server (tests/server/harness.hpp), so a crash reproduces from its
+// input alone.
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "broker/daemon/visible_devices.hpp"
+#include "broker/daemon/wire.hpp"
+#include "broker/server/log.hpp"
+#include "proto/unix_socket.hpp"
+#include "tests/server/harness.hpp"
+
+namespace {
+
+using namespace mpsshim;
+
+void fail(const char* what) {
+  std::fprintf(stderr, "fuzz_control_messages: %s\n", what);
+  std::abort();
+}
+
+// Three GPUs, the last one's UUID not known yet, as the daemon may see them.
+std::vector<std::optional<daemon::GpuUuid>> gpus() {
+  std::vector<std::optional<daemon::GpuUuid>> uuids;
+  for (std::uint8_t g = 0; g < 2; ++g) {
+    daemon::GpuUuid uuid{};
+    for (std::size_t i = 0; i < uuid.size(); ++i) uuid[i] = static_cast<std::uint8_t>(g * 16 + i);
+    uuids.emplace_back(uuid);
+  }
+  uuids.emplace_back(std::nullopt);
+  return uuids;
+}
+
+// What the daemon does with a first message (client_gate.cpp, device_directory.cpp).
+std::optional<proto::ClientHello> daemon_reads(const proto::Received& message) {
+  auto header = daemon::header_of(message);
+  if (!header) return std::nullopt;
+  auto kind = static_cast<proto::MessageKind>(header->kind);
+  if (kind == proto::MessageKind::kCtlRequest) {
+    if (auto request = daemon::decode<proto::TextMessage>(message)) {
+      std::string line = daemon::text_of(*request);
+      if (line.size() > sizeof request->text) fail("text_of is longer than the message");
+    }
+    return std::nullopt;
+  }
+  if (kind != proto::MessageKind::kClientQuery && kind != proto::MessageKind::kClientAttach) {
+    return std::nullopt;
+  }
+  auto hello = daemon::decode<proto::ClientHello>(message);
+  if (!hello) return std::nullopt;
+  hello->visible_devices[sizeof hello->visible_devices - 1] = '\0';
+  hello->program[sizeof hello->program - 1] = '\0';
+  static const auto uuids = gpus();
+  std::vector<int> visible =
+      daemon::resolve_visible_devices(daemon::bounded_string(hello->visible_devices), uuids);
+  for (std::size_t i = 0; i < visible.size(); ++i) {
+    if (visible[i] < 0 || static_cast<std::size_t>(visible[i]) >= uuids.size()) {
+      fail("resolve_visible_devices named a GPU that does not exist");
+    }
+    for (std::size_t j = 0; j < i; ++j) {
+      if (visible[i] == visible[j]) fail("resolve_visible_devices named a GPU twice");
+    }
+  }
+  (void)daemon::format_gpu_uuid(hello->program[0] == 0 ? *uuids[0] : *uuids[1]);
+  return hello;
+}
+
+void server_admits(const proto::ClientHello& hello) {
+  server::test::Harness h;
+  server::set_log_sink([](server::LogLevel, std::string_view) {});
+  proto::UniqueFd client, server_end;
+  if (!proto::seqpacket_pair(client, server_end)) fail("socketpair");
+  proto::ServerAdmit admit{};
+  admit.header = proto::make_header(proto::MessageKind::kServerAdmit, sizeof admit);
+  admit.peer_pid = hello.pid;
+  admit.peer_uid = 1000;
+  admit.peer_gid = 1000;
+  admit.hello = hello;
+  h.server->admit(admit, std::move(server_end));
+  h.pump(2);
+  client.reset();  // admitted or not, the client goes away
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (h.fatal_code == -1 && h.server->session_count() != 0) {
+    if (std::chrono::steady_clock::now() > deadline) fail("the session was not freed");
+    if (h.server->do_work() == 0) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  // Through a real SOCK_SEQPACKET pair, as the daemon receives it.
+  static proto::UniqueFd sender, receiver;
+  if (!sender && !proto::seqpacket_pair(sender, receiver)) fail("socketpair");
+  if (size == 0 || size > 16 * 1024)
+    return 0;  // bigger than any first message; the kernel may refuse it
+  proto::Received message;
+  if (proto::send_message(sender.get(), std::as_bytes(std::span(data, size))) != 0) return 0;
+  if (proto::receive_message(receiver.get(), message) != 0) fail("receive_message failed");
+  if (message.bytes.size() != size) fail("receive_message changed the message's length");
+
+  if (auto hello = daemon_reads(message)) {
+    // The server gets the hello as the daemon forwards it: ABI checked, strings terminated.
+    if (hello->header.abi_major == proto::kAbiMajor) server_admits(*hello);
+  }
+  return 0;
+}
