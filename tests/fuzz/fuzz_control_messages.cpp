@@ -83,13 +83,7 @@ void server_admits(const proto::ClientHello& hello) {
   server::set_log_sink([](server::LogLevel, std::string_view) {});
   proto::UniqueFd client, server_end;
   if (!proto::seqpacket_pair(client, server_end)) fail("socketpair");
-  proto::ServerAdmit admit{};
-  admit.header = proto::make_header(proto::MessageKind::kServerAdmit, sizeof admit);
-  admit.peer_pid = hello.pid;
-  admit.peer_uid = 1000;
-  admit.peer_gid = 1000;
-  admit.hello = hello;
-  h.server->admit(admit, std::move(server_end));
+  h.server->admit(server::test::admission_of(hello), std::move(server_end));
   h.pump(2);
   client.reset();  // admitted or not, the client goes away
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);

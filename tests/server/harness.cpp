@@ -173,15 +173,20 @@ proto::ClientHello default_hello(int pid, const char* program) {
   return hello;
 }
 
-TestClient::TestClient(Harness& harness, const proto::ClientHello& hello) : harness_(harness) {
-  proto::UniqueFd server_end;
-  if (!proto::seqpacket_pair(socket_, server_end)) throw std::runtime_error("socketpair");
+proto::ServerAdmit admission_of(const proto::ClientHello& hello) {
   proto::ServerAdmit admit{};
   admit.header = proto::make_header(proto::MessageKind::kServerAdmit, sizeof admit);
   admit.peer_pid = hello.pid;
   admit.peer_uid = 1000;
   admit.peer_gid = 1000;
   admit.hello = hello;
+  return admit;
+}
+
+TestClient::TestClient(Harness& harness, const proto::ClientHello& hello) : harness_(harness) {
+  proto::UniqueFd server_end;
+  if (!proto::seqpacket_pair(socket_, server_end)) throw std::runtime_error("socketpair");
+  proto::ServerAdmit admit = admission_of(hello);
   if (harness.threaded()) {
     // As the daemon does: the admission and the client's socket on the control socket.
     const int fds[1] = {server_end.get()};

@@ -84,6 +84,8 @@ const DriverTable& test_driver();
 int live_driver_objects();
 
 proto::ClientHello default_hello(int pid = 4123, const char* program = "vector_add");
+// What the daemon sends the server for a client with this hello (uid and gid 1000).
+proto::ServerAdmit admission_of(const proto::ClientHello& hello);
 
 struct Reply {
   CUresult result = CUDA_SUCCESS;
