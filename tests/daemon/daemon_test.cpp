@@ -339,7 +339,12 @@ TEST_CASE("default quotas reach running servers and restarted ones", "[ctl]") {
     pid_t now = sut.server_pids()[1];
     return now > 0 && now != before;
   }));
-  std::string restarted = sut.ctl({"server_command", "1", "show_state"}).out;
+  // The new server answers once it has started: ask until it does (a loaded machine is slow).
+  std::string restarted;
+  CHECK(wait_until([&] {
+    restarted = sut.ctl({"server_command", "1", "show_state"}).out;
+    return contains(restarted, "--default-sm-percentage");
+  }));
   CHECK(contains(restarted, "--default-sm-percentage 25"));
   CHECK(contains(restarted, "--default-memory-limit 4294967296"));
   CHECK_FALSE(contains(sut.ctl({"server_command", "0", "show_state"}).out, "--default-memory"));
