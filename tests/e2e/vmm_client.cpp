@@ -237,19 +237,34 @@ int grow(int chunks) {
   return finish("grow");
 }
 
-// cuMemCreate over the client's limit is refused; under it, allowed.
-int limit(std::size_t megabytes) {
+// The client's limit (`limit_mib`, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT) bounds what it holds in
+// physical allocations at once; memory counts until it is released *and* unmapped.
+int limit(std::size_t limit_mib) {
   setup();
   const CUmemAllocationProp prop = device_prop(0);
-  const std::size_t g = granularity(prop);
+  const std::size_t half = (limit_mib / 2) << 20;
+  const std::size_t three_quarters = (limit_mib * 3 / 4) << 20;
   CUmemGenericAllocationHandle h{};
-  CUresult over = cuMemCreate(&h, megabytes << 20, &prop, 0);
-  expect(over, CUDA_ERROR_OUT_OF_MEMORY, "cuMemCreate over the limit");
-  CUmemGenericAllocationHandle small{};
-  CHECK(cuMemCreate(&small, g, &prop, 0));
-  CHECK(cuMemRelease(small));
+  expect(cuMemCreate(&h, (2 * limit_mib) << 20, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY,
+         "one allocation over the limit");
+  CUmemGenericAllocationHandle first{};
+  CHECK(cuMemCreate(&first, half, &prop, 0));
+  expect(cuMemCreate(&h, three_quarters, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY,
+         "the sum over the limit");
+  // Released but still mapped: still held.
+  CUdeviceptr va{};
+  CHECK(cuMemAddressReserve(&va, half, 0, 0, 0));
+  CHECK(cuMemMap(va, half, 0, first, 0));
+  CHECK(cuMemRelease(first));
+  expect(cuMemCreate(&h, three_quarters, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY,
+         "released but mapped memory still counts");
+  CHECK(cuMemUnmap(va, half));
+  CHECK(cuMemAddressFree(va, half));
+  CHECK(cuMemCreate(&h, three_quarters, &prop, 0));  // credited back
+  CHECK(cuMemRelease(h));
   size_t free_bytes = 0, total = 0;
   CHECK(cuMemGetInfo(&free_bytes, &total));
+  expect_true(free_bytes == total, "nothing held at the end");
   std::printf("total=%zu\n", total);
   return finish("limit");
 }
