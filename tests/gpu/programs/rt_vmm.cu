@@ -15,17 +15,17 @@ static const char* const kProgram = "rt_vmm";
 
 namespace {
 
-#define DRIVER_FUNCTIONS(X)                 \
-  X(cuMemGetAllocationGranularity)          \
-  X(cuMemCreate)                            \
-  X(cuMemRelease)                           \
-  X(cuMemAddressReserve)                    \
-  X(cuMemAddressFree)                       \
-  X(cuMemMap)                               \
-  X(cuMemUnmap)                             \
-  X(cuMemSetAccess)                         \
-  X(cuMemGetAccess)                         \
-  X(cuMemRetainAllocationHandle)            \
+#define DRIVER_FUNCTIONS(X)        \
+  X(cuMemGetAllocationGranularity) \
+  X(cuMemCreate)                   \
+  X(cuMemRelease)                  \
+  X(cuMemAddressReserve)           \
+  X(cuMemAddressFree)              \
+  X(cuMemMap)                      \
+  X(cuMemUnmap)                    \
+  X(cuMemSetAccess)                \
+  X(cuMemGetAccess)                \
+  X(cuMemRetainAllocationHandle)   \
   X(cuMemGetAllocationPropertiesFromHandle)
 
 struct Driver {
@@ -34,26 +34,26 @@ struct Driver {
 #undef MEMBER
 };
 
-#define CU_CHECK(call)                                                                           \
-  do {                                                                                           \
-    CUresult rc_ = (call);                                                                       \
-    if (rc_ != CUDA_SUCCESS) {                                                                   \
-      std::printf("%s: %s failed at line %d: CUresult %d FAIL\n", kProgram, #call, __LINE__,     \
-                  static_cast<int>(rc_));                                                        \
-      std::fflush(stdout);                                                                       \
-      std::exit(1);                                                                              \
-    }                                                                                            \
+#define CU_CHECK(call)                                                                       \
+  do {                                                                                       \
+    CUresult rc_ = (call);                                                                   \
+    if (rc_ != CUDA_SUCCESS) {                                                               \
+      std::printf("%s: %s failed at line %d: CUresult %d FAIL\n", kProgram, #call, __LINE__, \
+                  static_cast<int>(rc_));                                                    \
+      std::fflush(stdout);                                                                   \
+      std::exit(1);                                                                          \
+    }                                                                                        \
   } while (0)
 
 Driver load_driver() {
   Driver d;
   cudaDriverEntryPointQueryResult status;
-#define LOAD(name)                                                                          \
+#define LOAD(name)                                                                           \
   RT_CHECK(cudaGetDriverEntryPointByVersion(#name, reinterpret_cast<void**>(&d.name), 12000, \
-                                            cudaEnableDefault, &status));                   \
-  if (status != cudaDriverEntryPointSuccess || d.name == nullptr) {                         \
-    std::printf("%s: driver entry point %s not found FAIL\n", kProgram, #name);             \
-    std::exit(1);                                                                           \
+                                            cudaEnableDefault, &status));                    \
+  if (status != cudaDriverEntryPointSuccess || d.name == nullptr) {                          \
+    std::printf("%s: driver entry point %s not found FAIL\n", kProgram, #name);              \
+    std::exit(1);                                                                            \
   }
   DRIVER_FUNCTIONS(LOAD)
 #undef LOAD
@@ -70,8 +70,7 @@ extern "C" __global__ void fill_u32(unsigned* p, unsigned value, int n) {
 }
 
 extern "C" __global__ void increment_i32(int* p, int n) {
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-    p[i] += 1;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) p[i] += 1;
 }
 
 int main(int argc, char** argv) {
@@ -91,8 +90,8 @@ int main(int argc, char** argv) {
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = 0;
   std::size_t granularity = 0;
-  CU_CHECK(cu.cuMemGetAllocationGranularity(&granularity, &prop,
-                                            CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+  CU_CHECK(
+      cu.cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
   const std::size_t reserved = 64 * granularity;
   CUdeviceptr va = 0;
   CU_CHECK(cu.cuMemAddressReserve(&va, reserved, 0, 0, 0));
@@ -126,8 +125,7 @@ int main(int argc, char** argv) {
       RT_CHECK_LAUNCH();
     }
     host.assign(n, 0);
-    RT_CHECK(cudaMemcpyAsync(host.data(), p, n * sizeof(unsigned), cudaMemcpyDeviceToHost,
-                             stream));
+    RT_CHECK(cudaMemcpyAsync(host.data(), p, n * sizeof(unsigned), cudaMemcpyDeviceToHost, stream));
     RT_CHECK(cudaStreamSynchronize(stream));
     for (int i = 0; i < n; ++i)
       wrong += host[i] != seed + (chunk > 0 && i >= n - 2 * tail ? 1u : 0u);
@@ -155,7 +153,8 @@ int main(int argc, char** argv) {
 
   // The handle behind an address, the access of a mapping, the properties of a handle.
   CUmemGenericAllocationHandle retained;
-  CU_CHECK(cu.cuMemRetainAllocationHandle(&retained, reinterpret_cast<void*>(va + granularity + 64)));
+  CU_CHECK(
+      cu.cuMemRetainAllocationHandle(&retained, reinterpret_cast<void*>(va + granularity + 64)));
   const int retain_same = retained == handles[1];
   CU_CHECK(cu.cuMemRelease(retained));
   unsigned long long flags = 0;
