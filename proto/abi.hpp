@@ -18,7 +18,8 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // texture objects (ops 47..77), host-callback cells in the segment.
 // Minor 2: RecordHeader::send_stamp (was reserved, 0): when the client committed the record,
 // for the server's per-client delay figures (mpsshimctl stats). A 0 stamp is not measured.
-inline constexpr std::uint16_t kAbiMinor = 2;
+// Minor 3: virtual memory management (ops 78..88, proto/ops_vmm.hpp).
+inline constexpr std::uint16_t kAbiMinor = 3;
 
 // FROZEN FOREVER. Every message on every mpsshim socket starts with this header, so that any two
 // versions of mpsshim can at least tell each other which versions they are. Never change it.

@@ -8,6 +8,7 @@
 
 #include "broker/server/handle_table.hpp"
 #include "broker/server/kernel_params.hpp"
+#include "proto/ops_vmm.hpp"
 
 namespace mpsshim::server {
 
@@ -113,8 +114,20 @@ struct PoolObj {
   bool is_default = false;
 };
 
-using ObjectTable =
-    HandleTable<ContextObj, StreamObj, EventObj, ModuleObj, LibraryObj, FunctionObj, KernelObj,
-                HostRegionObj, ArrayObj, TexObj, GraphObj, GraphExecObj, GraphNodeObj, PoolObj>;
+// A physical allocation of the client's (cuMemCreate; ops_vmm.cpp). It lives while the client
+// holds a handle to it (cuMemCreate and each cuMemRetainAllocationHandle add one, cuMemRelease
+// takes one) or while it is mapped; until then its bytes count against the client's limit.
+// The server keeps the driver's handle until both counts are 0, then releases it.
+struct PhysicalAllocObj {
+  CUmemGenericAllocationHandle handle = 0;
+  std::uint64_t bytes = 0;
+  proto::VmmProp prop{};
+  std::uint32_t client_refs = 1;
+  std::uint32_t mappings = 0;
+};
+
+using ObjectTable = HandleTable<ContextObj, StreamObj, EventObj, ModuleObj, LibraryObj, FunctionObj,
+                                KernelObj, HostRegionObj, ArrayObj, TexObj, GraphObj, GraphExecObj,
+                                GraphNodeObj, PoolObj, PhysicalAllocObj>;
 
 }  // namespace mpsshim::server

@@ -215,6 +215,7 @@ FreedTally free_everything(Session& session) {
   }
   tally.graphs += forget_graphs(session);
   free_retired(session, rest, &tally);
+  free_virtual_memory(session, tally);
   session.memory_used = 0;
   destroy_pools(session);  // after their allocations (pool memory is freed with cuMemFree)
   if (session.callbacks) {

@@ -21,6 +21,7 @@
 #include "broker/server/objects.hpp"
 #include "broker/server/session_stats.hpp"
 #include "broker/server/shared_segment.hpp"
+#include "broker/server/virtual_memory.hpp"
 #include "proto/control.hpp"
 #include "proto/ops.hpp"
 #include "proto/ring.hpp"
@@ -97,6 +98,10 @@ struct FreedTally {
   std::size_t arrays = 0;
   std::size_t textures = 0;
   std::size_t graphs = 0;
+  std::size_t physical_allocations = 0;  // cuMemCreate'd, released at the end
+  std::uint64_t physical_bytes = 0;
+  std::size_t mappings = 0;
+  std::size_t reservations = 0;
 };
 
 class Session {
@@ -175,6 +180,7 @@ class Session {
 
   ObjectTable objects;
   AllocationMap memory;
+  VirtualMemory vmm;  // address reservations and mappings (virtual_memory.hpp)
   // The driver hands out the same CUfunction/CUkernel/CUmodule again for the same name: one id.
   std::unordered_map<void*, std::uint64_t> ids_by_driver_handle;
   std::map<std::uint32_t, StashedFd> stash;

@@ -11,6 +11,7 @@
 #include "proto/device_snapshot.hpp"
 #include "proto/ops.hpp"
 #include "proto/ops_copies.hpp"
+#include "proto/ops_vmm.hpp"
 #include "proto/ring.hpp"
 #include "proto/segment.hpp"
 
@@ -270,6 +271,41 @@ std::uint64_t layout_fingerprint() {
   FIELD(MemAllocAsyncReq, bytes);
   SIZE(MemFreeAsyncReq);
   FIELD(MemFreeAsyncReq, stream);
+  SIZE(VmmProp);
+  FIELD(VmmProp, handle_types);
+  FIELD(VmmProp, location_type);
+  FIELD(VmmProp, compression);
+  FIELD(VmmProp, rdma_capable);
+  FIELD(VmmProp, usage);
+  SIZE(VmmGranularityReq);
+  FIELD(VmmGranularityReq, option);
+  SIZE(VmmGranularityRep);
+  SIZE(VmmCreateReq);
+  FIELD(VmmCreateReq, bytes);
+  FIELD(VmmCreateReq, flags);
+  SIZE(VmmHandleRep);
+  SIZE(VmmReserveReq);
+  FIELD(VmmReserveReq, alignment);
+  FIELD(VmmReserveReq, address);
+  FIELD(VmmReserveReq, flags);
+  SIZE(VmmAddressRep);
+  SIZE(VmmRangeReq);
+  FIELD(VmmRangeReq, bytes);
+  SIZE(VmmMapReq);
+  FIELD(VmmMapReq, bytes);
+  FIELD(VmmMapReq, offset);
+  FIELD(VmmMapReq, handle);
+  FIELD(VmmMapReq, flags);
+  SIZE(VmmAccessDesc);
+  FIELD(VmmAccessDesc, flags);
+  SIZE(VmmSetAccessReq);
+  FIELD(VmmSetAccessReq, bytes);
+  FIELD(VmmSetAccessReq, count);
+  SIZE(VmmGetAccessReq);
+  FIELD(VmmGetAccessReq, location_type);
+  SIZE(VmmGetAccessRep);
+  SIZE(VmmRetainReq);
+  f.add(kMaxVmmAccessDescs);
   f.add(static_cast<std::uint64_t>(Op::kCount));
   f.add(static_cast<std::uint64_t>(MessageKind::kServerTerminateClient));
   f.add(kSlotBytes);
@@ -286,6 +322,7 @@ constexpr Pinned kPinned[] = {
     {1, 0, 0x4ba4610596c1d0e0},
     {1, 1, 0x9d5d8b4305593426},
     {1, 2, 0x6e7139ba53bf4a0a},
+    {1, 3, 0xbba53bc6836c29be},
 };
 
 }  // namespace
