@@ -2,6 +2,7 @@
 // that has the client run its callback (host_callbacks.hpp).
 #include <memory>
 
+#include "broker/server/busy_time.hpp"
 #include "broker/server/host_callbacks.hpp"
 #include "broker/server/ops.hpp"
 
@@ -20,6 +21,7 @@ OpResult op_host_func(Call& call) {
   CUresult error = CUDA_SUCCESS;
   StreamObj* stream = use_stream(call, req.stream, true, &error);
   if (stream == nullptr) return call.done(error);
+  close_busy_span(session, stream->stream);  // the stream waits for the client: not busy time
   // Captured into a graph, the driver runs it at every replay: the call must stay.
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
   if (call.cu.cuStreamIsCapturing(stream->stream, &capture) != CUDA_SUCCESS) {
