@@ -425,7 +425,7 @@ TEST_CASE("operator commands answer, and mpsshimctl's exit status says how it we
   CHECK(terminate.exit_code == 0);
   CHECK(terminate.out == "fake server 1 terminated client 4242\n");
   CHECK(sut.ctl({"terminate_client", "7", "4242"}).exit_code == 1);
-  CHECK(sut.ctl({"terminate_client", "0"}).err == "usage: terminate_client <gpu> <pid>\n");
+  CHECK(sut.ctl({"terminate_client", "0"}).err == "usage: terminate_client <gpu> <pid> [--json]\n");
 
   Outcome query_text = sut.ctl({"device_query"});
   CHECK(query_text.exit_code == 0);
