@@ -160,6 +160,45 @@ TEST_CASE("ps accounts a real client's work: launches, bytes, memory, GPU time",
   require_pass(account.wait(60s), daemon);
 }
 
+TEST_CASE("quotas changed live through mpsshimctl keep a busy client's results right",
+          "[e2e][quota]") {
+  Daemon daemon;
+  // stress: allocations, copies both ways, vector_add on its own stream, every element checked,
+  // until stdin closes.
+  Child busy({client(), "stress", "0"}, daemon.client_env(), true);
+  {
+    INFO("stdout: " << busy.out() << "\ndaemon log:\n" << daemon.log());
+    REQUIRE(busy.wait_for_output("READY", 60s));
+  }
+  const std::string pid = std::to_string(busy.pid());
+  auto sms = [&] {
+    return nlohmann::json::parse(daemon.ctl({"ps", "--json"}).out)["clients"][0]["sms"];
+  };
+  const auto all_sms = sms();
+
+  for (const char* percentage : {"25", "50", "10", "100"}) {
+    Outcome changed = daemon.ctl({"set_active_thread_percentage", "0", pid, percentage});
+    INFO("set_active_thread_percentage " << percentage << ": " << changed.out << changed.err);
+    CHECK(changed.exit_code == 0);
+    CHECK(changed.out.find(std::string(percentage) + "% of the SMs") != std::string::npos);
+    std::this_thread::sleep_for(50ms);  // let it work a while at this size
+  }
+  CHECK(sms() == all_sms);
+  Outcome limited = daemon.ctl({"set_device_pinned_mem_limit", "0", pid, "1G", "--json"});
+  CHECK(limited.exit_code == 0);
+  CHECK(nlohmann::json::parse(limited.out)["ok"] == true);
+  CHECK(nlohmann::json::parse(
+            daemon.ctl({"ps", "--json"}).out)["clients"][0]["memory_limit_bytes"] == 1 << 30);
+  Outcome nobody = daemon.ctl({"set_active_thread_percentage", "0", "1", "50"});
+  CHECK(nobody.exit_code == 1);
+  CHECK(nobody.err.find("no client with pid 1 on GPU 0") != std::string::npos);
+
+  busy.close_stdin();
+  Outcome o = busy.wait(60s);
+  require_pass(o, daemon);
+  CHECK(daemon.log().find("SM quota changed by the operator to 10%") != std::string::npos);
+}
+
 TEST_CASE("managed memory is refused and registered host memory is staged", "[e2e][hostmem]") {
   Daemon daemon;
   // Bigger than one staging chunk, and an odd count, so copies take several pieces.

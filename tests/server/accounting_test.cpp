@@ -117,17 +117,21 @@ TEST_CASE("two streams' busy time adds up; a stream that waits is not busy",
   const std::uint64_t second = f.stream();
   const std::uint64_t event = f.event();
 
-  // `second` waits for `first`'s kernel before running its own: the wait is not its work.
-  f.launch(sleeper, first, 1, 1, kSleepUs);
+  // `second` runs a short kernel, then waits for `first`'s kernel before running its own: the
+  // wait is not its work, though its span was open when the wait came.
+  constexpr int kLongSleepUs = 50'000;  // counted with the wait it would be 3 of them, not 2
+  constexpr int kShortSleepUs = 1'000;
+  f.launch(sleeper, second, 1, 1, kShortSleepUs);
+  f.launch(sleeper, first, 1, 1, kLongSleepUs);
   f.sut.send(Op::kEventRecord, proto::EventRecordReq{event, first, 0, 0});
   f.sut.send(Op::kStreamWaitEvent, proto::StreamWaitEventReq{second, event, 0, 0});
-  f.launch(sleeper, second, 1, 1, kSleepUs);
+  f.launch(sleeper, second, 1, 1, kLongSleepUs);
   REQUIRE(f.synchronize(second) == CUDA_SUCCESS);
   REQUIRE(f.synchronize(first) == CUDA_SUCCESS);
 
   const std::uint64_t busy_us = ps_field(f.h, "busy_us");
-  CHECK(busy_us >= 2 * kSleepUs);
-  CHECK(busy_us < 3 * kSleepUs);  // with the wait counted it would be about 3 sleeps
+  CHECK(busy_us >= 2 * kLongSleepUs + kShortSleepUs);
+  CHECK(busy_us < 5 * kLongSleepUs / 2);
 }
 
 }  // namespace
