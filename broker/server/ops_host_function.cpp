@@ -27,16 +27,19 @@ OpResult op_host_func(Call& call) {
   if (call.cu.cuStreamIsCapturing(stream->stream, &capture) != CUDA_SUCCESS) {
     capture = CU_STREAM_CAPTURE_STATUS_NONE;
   }
+  // Read before the launch: once the driver has it, a one-shot call may run and free itself
+  // on the driver's thread before cuLaunchHostFunc returns.
+  const bool one_shot = capture == CU_STREAM_CAPTURE_STATUS_NONE;
   auto host_call = std::make_unique<HostCallbackChannel::Call>();
   host_call->channel = session.callbacks;
   host_call->callback_id = req.callback_id;
-  host_call->one_shot = capture == CU_STREAM_CAPTURE_STATUS_NONE;
+  host_call->one_shot = one_shot;
   CUresult r =
       req.kind == proto::HostFuncKind::kLaunchHostFunc
           ? call.cu.cuLaunchHostFunc(stream->stream, run_host_function, host_call.get())
           : call.cu.cuStreamAddCallback(stream->stream, run_stream_callback, host_call.get(), 0);
   if (r == CUDA_SUCCESS) {
-    if (host_call->one_shot) {
+    if (one_shot) {
       host_call.release();  // the driver's callback owns it now and frees it after running it
     } else {
       session.callbacks->keep(std::move(host_call));
