@@ -95,6 +95,8 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
                                            quota.target, describe(*gpu_.cu, green.error())));
   }
   s.green = *green;
+  s.sm_percentage = std::clamp(percentage, 1, 100);
+  s.ignore_sm_coscheduling = ignore_coscheduling;
 
   s.limit_from_client = hello.device_memory_limit != 0;
   s.memory_limit = s.limit_from_client ? hello.device_memory_limit : settings_.default_memory_limit;

@@ -24,6 +24,7 @@ struct ContextObj {
 struct StreamObj {
   CUstream stream = nullptr;  // always a cuGreenCtxStreamCreate stream of the client's
   std::uint64_t ctx = 0;
+  int priority = 0;  // as created (effective_priority): a live SM quota change recreates it
   bool is_default = false;
   bool blocking = false;           // created without CU_STREAM_NON_BLOCKING
   bool work_since_join = false;    // blocking: work the default stream has not waited for yet
@@ -40,6 +41,11 @@ struct StreamObj {
 struct EventObj {
   CUevent event = nullptr;
   std::uint64_t ctx = 0;
+  unsigned flags = 0;
+  // Session::green_generation when it was made: an event records only on streams of its own
+  // green context, so after a live SM quota change its next record gets a fresh one
+  // (sm_quota_change.hpp).
+  std::uint32_t green_generation = 0;
 };
 
 struct ModuleObj {

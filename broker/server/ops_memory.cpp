@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "broker/server/busy_time.hpp"
 #include "broker/server/log.hpp"
 #include "broker/server/ops.hpp"
 #include "broker/server/retire.hpp"
@@ -10,7 +11,7 @@ namespace {
 
 bool add_allocation(Session& session, CUdeviceptr base, std::uint64_t bytes, std::uint64_t ctx) {
   if (!session.memory.add(DeviceRange{base, bytes, RangeKind::kAllocation, ctx})) return false;
-  session.memory_used += bytes;
+  session.charge_memory(bytes);
   return true;
 }
 
@@ -79,7 +80,7 @@ OpResult op_mem_free(Call& call) {
   }
   Retired bundle;
   bundle.allocations.push_back(*session.memory.remove(req.dptr));
-  session.memory_used -= std::min(session.memory_used, bundle.allocations.back().bytes);
+  session.discharge_memory(bundle.allocations.back().bytes);
   return call.done(retire(session, std::move(bundle)));
 }
 
@@ -121,6 +122,7 @@ OpResult op_memset(Call& call) {
   CUresult error = CUDA_SUCCESS;
   StreamObj* stream = use_stream(call, req.stream, true, &error);
   if (stream == nullptr) return call.done(error);
+  open_busy_span(session, stream->stream);
   const DriverTable& cu = call.cu;
   CUresult r = CUDA_SUCCESS;
   if (!two_d) {
@@ -166,8 +168,10 @@ OpResult op_copy_dtod(Call& call) {
   CUresult error = CUDA_SUCCESS;
   StreamObj* stream = use_stream(call, req.stream, true, &error);
   if (stream == nullptr) return call.done(error);
-  return finish_on_stream(
-      call, *stream, call.cu.cuMemcpyDtoDAsync_v2(req.dst, req.src, req.bytes, stream->stream));
+  open_busy_span(session, stream->stream);
+  CUresult r = call.cu.cuMemcpyDtoDAsync_v2(req.dst, req.src, req.bytes, stream->stream);
+  if (r == CUDA_SUCCESS) session.usage.bytes_d2d += req.bytes;
+  return finish_on_stream(call, *stream, r);
 }
 
 }  // namespace mpsshim::server

@@ -202,7 +202,7 @@ OpResult op_mem_alloc_async(Call& call) {
     call.cu.cuMemFreeAsync(dptr, stream->stream);
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
-  session.memory_used += req.bytes;
+  session.charge_memory(req.bytes);
   return call.reply(proto::MemAllocRep{dptr});
 }
 
@@ -220,14 +220,14 @@ OpResult op_mem_free_async(Call& call) {
     // cuMemAlloc'ed memory: freed once every stream of the client passed this point.
     Retired bundle;
     bundle.allocations.push_back(*session.memory.remove(req.dptr));
-    session.memory_used -= std::min(session.memory_used, bundle.allocations.back().bytes);
+    session.discharge_memory(bundle.allocations.back().bytes);
     return call.done(retire(session, std::move(bundle)));
   }
   const std::uint64_t bytes = range->bytes;
   CUresult r = call.cu.cuMemFreeAsync(req.dptr, stream->stream);
   if (r == CUDA_SUCCESS) {
     session.memory.remove(req.dptr);
-    session.memory_used -= std::min(session.memory_used, bytes);
+    session.discharge_memory(bytes);
   }
   return finish_on_stream(call, *stream, r);
 }

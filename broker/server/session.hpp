@@ -5,6 +5,7 @@
 #include <cuda.h>
 #include <sys/types.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "broker/server/allocation_map.hpp"
+#include "broker/server/client_usage.hpp"
 #include "broker/server/gpu.hpp"
 #include "broker/server/green_context.hpp"
 #include "broker/server/launch_batch.hpp"
@@ -133,6 +135,9 @@ class Session {
   // A timing-free server event from the pool.
   tl::expected<CUevent, CUresult> acquire_event();
   void release_event(CUevent event);
+  // An event of a green context the client had before a live SM quota change
+  // (sm_quota_change.hpp) is destroyed, not pooled: true when `event` was one.
+  bool destroy_if_stale(CUevent event);
 
   // ---- completions ---------------------------------------------------------------------
   // Records a pool event on `stream` and queues `completion` to fire when it completes.
@@ -142,7 +147,9 @@ class Session {
   void complete_queued(Completion completion);
   // Events recorded now on every live stream of the client.
   tl::expected<std::vector<CUevent>, CUresult> fence_all_streams();
-  std::size_t pending_gpu_work() const { return pending.size() + retiring.size(); }
+  std::size_t pending_gpu_work() const {
+    return pending.size() + retiring.size() + busy_closed.size();
+  }
 
   // The client destroyed one of its events: destroyed now, or when the completion that still
   // waits on it fires.
@@ -152,6 +159,12 @@ class Session {
   bool over_limit(std::uint64_t more) const {
     return memory_limit != 0 && (more > memory_limit || memory_used > memory_limit - more);
   }
+  // Device memory the client now holds more or less of (memory_used, and its peak).
+  void charge_memory(std::uint64_t bytes) {
+    memory_used += bytes;
+    usage.memory_peak = std::max(usage.memory_peak, memory_used);
+  }
+  void discharge_memory(std::uint64_t bytes) { memory_used -= std::min(memory_used, bytes); }
 
   // ---- identity and settings ---------------------------------------------------------------
   ClientInfo client;
@@ -169,14 +182,25 @@ class Session {
   SharedSegment segment;
   proto::RingConsumer ring;
   GreenContext green;
+  // Live SM quota changes (sm_quota_change.hpp): bumped at each; the green contexts the client
+  // had before, kept until the session ends (graphs instantiated then, and events recorded
+  // then, still name them); events of an earlier green context that are still in use, destroyed
+  // instead of pooled when they come back; a change waiting for the client's captures to end.
+  std::uint32_t green_generation = 0;
+  std::vector<GreenContext> earlier_greens;
+  std::vector<CUevent> stale_events;
+  int pending_sm_percentage = 0;  // 0: none
   bool staging_registered = false;
   // Host functions run in the client (host_callbacks.hpp); shared with queued host functions.
   std::shared_ptr<HostCallbackChannel> callbacks;
 
-  std::uint64_t memory_limit = 0;  // 0: the whole device
-  bool limit_from_client = false;  // CUDA_MPS_PINNED_DEVICE_MEM_LIMIT rather than the default
+  std::uint64_t memory_limit = 0;    // 0: the whole device
+  bool limit_from_client = false;    // CUDA_MPS_PINNED_DEVICE_MEM_LIMIT rather than the default
+  bool limit_from_operator = false;  // set live: mpsshimctl set_device_pinned_mem_limit
   std::uint64_t memory_used = 0;
-  int priority_bias = 0;  // added to every stream priority the client asks for
+  int priority_bias = 0;    // added to every stream priority the client asks for
+  int sm_percentage = 100;  // the SM share it was granted, in percent (the green context rounds up)
+  bool ignore_sm_coscheduling = false;  // MPSSHIM_SM_GRANULARITY=2 (kHelloIgnoreSmCoscheduling)
 
   ObjectTable objects;
   AllocationMap memory;
@@ -196,6 +220,17 @@ class Session {
 
   std::uint64_t launches = 0;
   std::uint64_t records = 0;
+  ClientUsage usage;  // busy time, bytes copied, memory peak, pinned memory (mpsshimctl ps)
+  // GPU busy time (busy_time.hpp): spans whose end is not recorded yet (end == nullptr), one per
+  // stream at most; spans waiting for their end to complete; timing events to reuse.
+  struct BusySpan {
+    CUstream stream;
+    CUevent begin;
+    CUevent end;
+  };
+  std::vector<BusySpan> busy_open;
+  std::vector<BusySpan> busy_closed;
+  std::vector<CUevent> timing_pool;
   SessionStats stats;  // server time per opcode, ring delays (mpsshimctl stats)
   // Consecutive launches waiting to go out as one graph launch, and the session's cache of
   // executable graphs (launch_batch.hpp). Empty between drain passes.
