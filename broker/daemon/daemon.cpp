@@ -38,6 +38,7 @@ SupervisorConfig supervisor_config(const DaemonOptions& options) {
 SupervisorConfig with_server_tuning(SupervisorConfig config, const DaemonOptions& options) {
   config.server_launch_batch = options.server_launch_batch;
   config.server_launch_batch_min = options.server_launch_batch_min;
+  config.server_busy_time = options.server_busy_time;
   return config;
 }
 

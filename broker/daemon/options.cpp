@@ -33,6 +33,7 @@ enum LongOnly : int {
   kServerLaunchBatch,
   kLaunchBatching,
   kServerLaunchBatchMin,
+  kBusyTime,
   kContextIdleTimeout,
   kMetricsListen,
   kVersion,
@@ -94,6 +95,8 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
                        graph launch (default 64; 0 = off, as --launch-batching off)
   --server-launch-batch-min N  fewest waiting launches that go out as one graph launch;
                        fewer go out one by one (default 8)
+  --busy-time on|off   whether every GPU's server measures each client's GPU busy time with
+                       timing events (default off: it costs the launch path; docs/daemon.md)
   --context-idle-timeout SECS  a GPU's server releases its primary context (~500 MiB of GPU
                        memory) after SECS without a client and creates it again for the next
                        one (default 10; 0 = as soon as the last client leaves; -1 = never)
@@ -123,6 +126,7 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
       {"server-launch-batch", required_argument, nullptr, kServerLaunchBatch},
       {"launch-batching", required_argument, nullptr, kLaunchBatching},
       {"server-launch-batch-min", required_argument, nullptr, kServerLaunchBatchMin},
+      {"busy-time", required_argument, nullptr, kBusyTime},
       {"context-idle-timeout", required_argument, nullptr, kContextIdleTimeout},
       {"metrics-listen", required_argument, nullptr, kMetricsListen},
       {"help", no_argument, nullptr, 'h'},
@@ -205,6 +209,14 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
         auto n = number<int>("--server-launch-batch-min", arg, 2, 256);
         if (!n) return tl::unexpected(n.error());
         options.server_launch_batch_min = *n;
+        break;
+      }
+      case kBusyTime: {
+        const std::string_view value = arg;
+        if (value != "on" && value != "off") {
+          return tl::unexpected(fmt::format("--busy-time {}: expected on or off", value));
+        }
+        options.server_busy_time = value == "on";
         break;
       }
       case kLaunchBatching: {

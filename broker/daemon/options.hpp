@@ -30,6 +30,7 @@ struct DaemonOptions {
   // the server's default.
   std::optional<int> server_launch_batch;
   std::optional<int> server_launch_batch_min;    // --launch-batch-min of every server
+  bool server_busy_time = false;                 // --busy-time on: every server measures it
   std::optional<int> context_idle_timeout_s;     // passed on to every server; unset: its default
   std::optional<MetricsAddress> metrics_listen;  // --metrics-listen; unset: no metrics endpoint
   bool help = false;

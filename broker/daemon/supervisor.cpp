@@ -85,6 +85,7 @@ std::vector<std::string> Supervisor::server_arguments(int ordinal) const {
   if (config_.server_launch_batch) {
     args.insert(args.end(), {"--launch-batch", std::to_string(*config_.server_launch_batch)});
   }
+  if (config_.server_busy_time) args.insert(args.end(), {"--busy-time", "on"});
   if (config_.server_launch_batch_min) {
     args.insert(args.end(),
                 {"--launch-batch-min", std::to_string(*config_.server_launch_batch_min)});

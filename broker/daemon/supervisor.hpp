@@ -59,6 +59,7 @@ struct SupervisorConfig {
   // supervisor_config's aggregate lists the fields before it.
   std::optional<int> server_launch_batch{};
   std::optional<int> server_launch_batch_min{};  // passed as --launch-batch-min
+  bool server_busy_time = false;                 // passed as --busy-time on
 };
 
 // What the rest of the daemon may know about one GPU's server.

@@ -57,6 +57,8 @@ void end_span(Session& session, Session::BusySpan span) {
 }  // namespace
 
 void open_busy_span(Session& session, CUstream stream) {
+  // Off (the server's default): no span ever opens, so nothing else here does any work.
+  if (!session.measure_busy) return;
   if (open_span_of(session, stream) != nullptr || stream_captures(session, stream)) return;
   auto begin = acquire_timing_event(session);
   if (!begin) return;  // not measured; the work itself goes ahead

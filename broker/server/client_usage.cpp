@@ -30,7 +30,8 @@ std::string format_client_usage(const Session& s) {
       "priority={} state={} start_time={}.{:03}\n",
       s.client.id, s.client.pid, s.client.uid, one_word(s.client.program), s.green.sm_count,
       s.sm_percentage, s.memory_used, u.memory_peak, s.memory_limit, u.pinned_bytes, s.launches,
-      u.busy_ns / 1000, u.bytes_h2d, u.bytes_d2h, u.bytes_d2d, s.priority_bias,
+      s.measure_busy ? fmt::format("{}", u.busy_ns / 1000) : std::string("-"), u.bytes_h2d,
+      u.bytes_d2h, u.bytes_d2d, s.priority_bias,
       s.state == SessionState::kActive ? "active" : "draining", started_ms / 1000,
       started_ms % 1000);
 }

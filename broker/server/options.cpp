@@ -63,6 +63,11 @@ tl::expected<Options, std::string> parse_options(std::span<const char* const> ar
         return tl::unexpected(fmt::format("--launch-batch-min {}: expected 2 to {} launches", value,
                                           kMaxLaunchBatch));
       }
+    } else if (flag == "--busy-time") {
+      if (value != "on" && value != "off") {
+        return tl::unexpected(fmt::format("--busy-time {}: expected on or off", value));
+      }
+      options.busy_time = value == "on";
     } else if (flag == "--workers") {
       if (!parse_number(value, options.workers) || options.workers > kMaxWorkers) {
         return tl::unexpected(fmt::format("--workers {}: expected 0 (one per available CPU) to {}",

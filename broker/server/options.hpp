@@ -33,6 +33,7 @@ struct Options {
   std::size_t launch_batch = LaunchBatchSettings{}.max_launches;
   // Fewest launches that go out as a graph launch; shorter runs go out eagerly.
   std::size_t launch_batch_min = LaunchBatchSettings{}.min_launches;
+  bool busy_time = false;  // --busy-time on: GPU busy time per client (busy_time.hpp)
 };
 
 inline constexpr std::size_t kMaxWorkers = 256;
@@ -44,6 +45,7 @@ tl::expected<Options, std::string> parse_options(std::span<const char* const> ar
 inline constexpr const char* kUsage =
     "usage: mpsshim-server --device N --control-fd FD [--driver PATH] "
     "[--log-level error|warn|info|debug] [--default-sm-percentage P] [--launch-batch N] "
-    "[--launch-batch-min N] [--default-memory-limit BYTES] [--workers N] [--context-idle-timeout SECS]";
+    "[--launch-batch-min N] [--busy-time on|off] [--default-memory-limit BYTES] [--workers N] "
+    "[--context-idle-timeout SECS]";
 
 }  // namespace mpsshim::server

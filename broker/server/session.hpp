@@ -238,6 +238,8 @@ class Session {
   // False when the client asked for its launches to go out one by one (MPSSHIM_LAUNCH_BATCHING=off
   // in its environment: kHelloNoLaunchBatching).
   bool launch_batching = true;
+  // GPU busy time is measured for this session (ServerSettings::busy_time; busy_time.hpp).
+  bool measure_busy = false;
 
  private:
   const Gpu* gpu_;

@@ -113,7 +113,7 @@ TEST_CASE("the examples give correct results through the broker", "[e2e]") {
 
 TEST_CASE("ps accounts a real client's work: launches, bytes, memory, GPU time",
           "[e2e][accounting]") {
-  Daemon daemon;
+  Daemon daemon({"--busy-time", "on"});
   constexpr int kLaunches = 6;
   constexpr std::uint64_t kSleepUs = 10'000;  // account mode's sleep_kernel duration
   Child account({client(), "account", std::to_string(kLaunches)}, daemon.client_env(), true);

@@ -80,9 +80,27 @@ TEST_CASE("ps counts launches and bytes copied each way exactly", "[server][acco
   CHECK(ps_field(f.h, "priority") == 0);
 }
 
+// GPU busy time costs the launch path, so servers measure it only with --busy-time on.
+ServerSettings busy_time_on() {
+  ServerSettings settings;
+  settings.busy_time = true;
+  return settings;
+}
+
+TEST_CASE("without --busy-time on, busy time is not measured and says so", "[server][accounting]") {
+  Fixture f(test_driver());
+  auto sleeper = f.function("sleep_kernel");
+  const std::uint64_t stream = f.stream();
+  f.launch(sleeper, stream, 1, 1, kSleepUs);
+  REQUIRE(f.synchronize(stream) == CUDA_SUCCESS);
+  const std::string line = f.h.server->stats_text(false);
+  CHECK(line.find("busy_us=-") != std::string::npos);
+  CHECK(line.find("launches=1 ") != std::string::npos);
+}
+
 TEST_CASE("busy time is the GPU time of the client's kernels, measured by events",
           "[server][accounting]") {
-  Fixture f(test_driver());
+  Fixture f(test_driver(), busy_time_on());
   auto sleeper = f.function("sleep_kernel");
   const std::uint64_t stream = f.stream();
   CHECK(ps_field(f.h, "busy_us") == 0);
@@ -111,7 +129,7 @@ TEST_CASE("busy time is the GPU time of the client's kernels, measured by events
 
 TEST_CASE("two streams' busy time adds up; a stream that waits is not busy",
           "[server][accounting]") {
-  Fixture f(test_driver());
+  Fixture f(test_driver(), busy_time_on());
   auto sleeper = f.function("sleep_kernel");
   const std::uint64_t first = f.stream();
   const std::uint64_t second = f.stream();

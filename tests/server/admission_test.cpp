@@ -136,7 +136,7 @@ TEST_CASE("stats list one line per client", "[server][control]") {
   REQUIRE(at != std::string::npos);
   CHECK(line.substr(0, at) ==
         "client=1 pid=4123 uid=1000 program=vector_add sms=132 sm_percentage=100 mem_used=1048576 "
-        "mem_peak=1048576 mem_limit=0 pinned=0 launches=0 busy_us=0 h2d_bytes=0 d2h_bytes=0 "
+        "mem_peak=1048576 mem_limit=0 pinned=0 launches=0 busy_us=- h2d_bytes=0 d2h_bytes=0 "
         "d2d_bytes=0 priority=0 state=active");
   // start_time: unix seconds with milliseconds, now or a moment ago; then the worker.
   const double start_time = std::stod(line.substr(at + started.size()));
