@@ -186,10 +186,17 @@ std::string user_name_of(const std::string& uid_text) {
   return user_name(uid_text);
 }
 
-std::string format_client_table(const std::vector<ServerClients>& servers) {
-  constexpr std::string_view kRow = "{:<9}{:<12}{:<5}{:<6}{:<12}{:<12}{:<10}{:<10}{}\n";
+std::string format_client_table(
+    const std::vector<ServerClients>& servers,
+    const std::function<std::string(const std::string&)>& allocation_name) {
+  constexpr std::string_view kRow = "{:<9}{:<12}{:<5}{:<6}{:<12}{:<12}{:<10}{:<10}{:<17}{}\n";
   std::string table = fmt::format(kRow, "PID", "USER", "GPU", "SMS", "MEMORY", "LIMIT", "LAUNCHES",
-                                  "STATE", "PROGRAM");
+                                  "STATE", "PROGRAM", "ALLOCATION");
+  auto allocation = [&](const Fields& fields) -> std::string {
+    std::string id = field(fields, "allocation");
+    if (id == "-" || id == "0") return "-";
+    return allocation_name ? allocation_name(id) : id;
+  };
   std::string notes;
   for_each_line(
       servers,
@@ -197,7 +204,7 @@ std::string format_client_table(const std::vector<ServerClients>& servers) {
         table += fmt::format(kRow, field(fields, "pid"), user_name(field(fields, "uid")), gpu,
                              field(fields, "sms"), bytes_field(fields, "mem_used", false),
                              bytes_field(fields, "mem_limit", true), field(fields, "launches"),
-                             field(fields, "state"), field(fields, "program"));
+                             field(fields, "state"), field(fields, "program"), allocation(fields));
       },
       [&](int gpu, const std::string& line) { notes += fmt::format("GPU {}: {}\n", gpu, line); });
   return table + notes;

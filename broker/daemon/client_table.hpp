@@ -21,7 +21,11 @@ struct ServerClients {
 };
 
 // PID USER GPU SMS MEMORY LIMIT LAUNCHES STATE PROGRAM, then the lines that are not clients.
-std::string format_client_table(const std::vector<ServerClients>& servers);
+// `allocation_name` turns a line's `allocation=` id into what the ALLOCATION column shows
+// ("7 ns/pod"); ids 0 and lines without the key show "-".
+std::string format_client_table(
+    const std::vector<ServerClients>& servers,
+    const std::function<std::string(const std::string&)>& allocation_name = {});
 
 // `mpsshimctl stats`: the servers' answers to the query text "stats", one line per client:
 //   client=3 pid=4123 uid=1000 program=python3 records=20512 server_us=55123

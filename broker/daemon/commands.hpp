@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "broker/daemon/allocations.hpp"
 #include "broker/daemon/client_table.hpp"
 #include "broker/daemon/supervisor.hpp"
 
@@ -24,7 +25,8 @@ class Commands {
  public:
   static constexpr auto kServerTimeout = std::chrono::milliseconds(2000);
 
-  Commands(Supervisor& supervisor, std::function<void()> request_shutdown);
+  Commands(Supervisor& supervisor, AllocationRegistry& allocations,
+           std::function<void()> request_shutdown);
 
   // `reply` runs exactly once.
   void execute(std::string_view line, ReplyHandler reply);
@@ -54,6 +56,7 @@ class Commands {
   void help(const Args&, ReplyHandler reply);
   void server_list(const Args&, ReplyHandler reply);
   void device_query(const Args&, ReplyHandler reply);
+  void gpu_states(const Args&, ReplyHandler reply);
   void ps(const Args&, ReplyHandler reply);
   void stats(const Args&, ReplyHandler reply);
   void terminate_client(const Args&, ReplyHandler reply);
@@ -63,6 +66,10 @@ class Commands {
   void get_default_memory_limit(const Args&, ReplyHandler reply);
   void server_command(const Args&, ReplyHandler reply);
   void quit(const Args&, ReplyHandler reply);
+  void register_allocation(const Args&, ReplyHandler reply);
+  void revoke_allocation(const Args&, ReplyHandler reply);
+  void label_allocation(const Args&, ReplyHandler reply);
+  void list_allocations(const Args&, ReplyHandler reply);
 
   // The GPU an argument names, or an error reply.
   tl::expected<int, std::string> gpu_argument(const std::string& text) const;
@@ -78,6 +85,7 @@ class Commands {
                     std::function<void(std::string, bool)> done);
 
   Supervisor& supervisor_;
+  AllocationRegistry& allocations_;
   std::function<void()> request_shutdown_;
 };
 

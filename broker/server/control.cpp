@@ -146,10 +146,11 @@ std::string Server::stats_text(bool accounting) {
           }
           lines += fmt::format(
               "client={} pid={} uid={} program={} sms={} mem_used={} mem_limit={} launches={} "
-              "state={} worker={}\n",
+              "state={} worker={} allocation={}\n",
               s->client.id, s->client.pid, s->client.uid, one_word(s->client.program),
               s->green.sm_count, s->memory_used, s->memory_limit, s->launches,
-              s->state == SessionState::kActive ? "active" : "draining", worker.index());
+              s->state == SessionState::kActive ? "active" : "draining", worker.index(),
+              s->allocation ? s->allocation->id() : 0);
         }
         return lines;
       },

@@ -13,6 +13,25 @@ Session::Session(const Gpu& gpu, ClientInfo info)
     // Salting the ids with the client id keeps one client's ids from naming another's objects.
     : client(std::move(info)), objects(client.id * 0x9E3779B1u), gpu_(&gpu) {}
 
+MemoryReservation::~MemoryReservation() {
+  if (session_ != nullptr) session_->release_memory(bytes_);
+}
+
+tl::expected<MemoryReservation, MemoryLimitHit> Session::reserve_memory(std::uint64_t bytes) {
+  if (over_limit(bytes)) return tl::unexpected(MemoryLimitHit::kClient);
+  if (allocation && !allocation->try_charge(bytes)) {
+    return tl::unexpected(MemoryLimitHit::kAllocation);
+  }
+  memory_used += bytes;
+  return MemoryReservation(*this, bytes);
+}
+
+void Session::release_memory(std::uint64_t bytes) {
+  const std::uint64_t released = std::min(memory_used, bytes);
+  memory_used -= released;
+  if (allocation) allocation->release(released);
+}
+
 std::string Session::who() const {
   return fmt::format("client {} (pid {}, {})", client.id, client.pid, client.program);
 }

@@ -12,8 +12,12 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
+#include <tl/expected.hpp>
+
+#include "broker/server/allocation_account.hpp"
 #include "broker/server/allocation_map.hpp"
 #include "broker/server/gpu.hpp"
 #include "broker/server/green_context.hpp"
@@ -39,6 +43,31 @@ struct ClientInfo {
 };
 
 enum class SessionState { kActive, kDraining };
+
+// Which limit refused a charge of device memory.
+enum class MemoryLimitHit {
+  kClient,      // the session's own (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT or the server's default)
+  kAllocation,  // the limit every client of the session's allocation shares
+};
+
+class Session;
+
+// Device memory charged to a session (and its allocation) before the driver is asked for it, so
+// that two clients of one allocation on different workers cannot both pass the check. Given
+// back when destroyed unless kept (the driver call succeeded).
+class MemoryReservation {
+ public:
+  MemoryReservation(Session& session, std::uint64_t bytes) : session_(&session), bytes_(bytes) {}
+  MemoryReservation(MemoryReservation&& other) noexcept
+      : session_(std::exchange(other.session_, nullptr)), bytes_(other.bytes_) {}
+  MemoryReservation& operator=(MemoryReservation&&) = delete;
+  ~MemoryReservation();
+  void keep() { session_ = nullptr; }
+
+ private:
+  Session* session_;
+  std::uint64_t bytes_;
+};
 
 // GPU work a reply, a staging chunk or a deferred free waits for. Done when every event has
 // completed; the first error is the result.
@@ -147,6 +176,10 @@ class Session {
   bool over_limit(std::uint64_t more) const {
     return memory_limit != 0 && (more > memory_limit || memory_used > memory_limit - more);
   }
+  // Charges `bytes` to the session and its allocation, or names the limit it would pass.
+  tl::expected<MemoryReservation, MemoryLimitHit> reserve_memory(std::uint64_t bytes);
+  // Gives back device memory the client freed (at most what is charged).
+  void release_memory(std::uint64_t bytes);
 
   // ---- identity and settings ---------------------------------------------------------------
   ClientInfo client;
@@ -171,6 +204,9 @@ class Session {
   std::uint64_t memory_limit = 0;  // 0: the whole device
   bool limit_from_client = false;  // CUDA_MPS_PINNED_DEVICE_MEM_LIMIT rather than the default
   std::uint64_t memory_used = 0;
+  // The allocation (Kubernetes pod) this client belongs to, shared with its other clients on
+  // this GPU; null for a client without an allocation token.
+  std::shared_ptr<AllocationAccount> allocation;
   int priority_bias = 0;  // added to every stream priority the client asks for
 
   ObjectTable objects;

@@ -49,6 +49,7 @@ std::uint64_t layout_fingerprint() {
   FIELD(ClientHello, flags);
   FIELD(ClientHello, visible_devices);
   FIELD(ClientHello, program);
+  FIELD(ClientHello, allocation_token);
   SIZE(Refused);
   FIELD(Refused, cuda_error);
   FIELD(Refused, message);
@@ -69,7 +70,9 @@ std::uint64_t layout_fingerprint() {
   FIELD(ServerReady, snapshot);
   SIZE(ServerAdmit);
   FIELD(ServerAdmit, peer_pid);
+  FIELD(ServerAdmit, allocation_id);
   FIELD(ServerAdmit, hello);
+  FIELD(ServerAdmit, allocation_memory_limit);
   SIZE(FdTransfer);
   FIELD(FdTransfer, token);
   FIELD(FdTransfer, bytes);
@@ -286,6 +289,7 @@ constexpr Pinned kPinned[] = {
     {1, 0, 0x4ba4610596c1d0e0},
     {1, 1, 0x9d5d8b4305593426},
     {1, 2, 0x6e7139ba53bf4a0a},
+    {1, 3, 0xf3d95dfd7cb5aaf6},
 };
 
 }  // namespace
