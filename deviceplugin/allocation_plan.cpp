@@ -51,6 +51,17 @@ tl::expected<AllocationPlan, std::string> plan_allocation(const PluginConfig& co
   }
   plan.sm_percentage = most;
   plan.memory_limit = memory;
+  // The slot: the lowest replica number held on the first GPU, of that GPU's replicas.
+  const GpuState& first = *std::find_if(
+      gpus.begin(), gpus.end(), [&](const GpuState& g) { return g.index == plan.gpus.front(); });
+  plan.slots = share_for(config, first.name, first.memory).replicas;
+  plan.slot = plan.slots;
+  for (const std::string& id : devices) {
+    if (const GpuState* gpu = gpu_of_device(gpus, id);
+        gpu != nullptr && gpu->index == first.index) {
+      plan.slot = std::min(plan.slot, replica_number(id).value_or(0) % plan.slots);
+    }
+  }
   return plan;
 }
 
@@ -58,6 +69,7 @@ std::string registration_command(const AllocationPlan& plan, const std::string& 
   std::string line = fmt::format("register_allocation sm={} gpus={} devices={}", plan.sm_percentage,
                                  fmt::join(plan.gpus, ","), fmt::join(plan.devices, ","));
   if (plan.memory_limit != 0) line += fmt::format(" memory={}", plan.memory_limit);
+  if (plan.slots > 1) line += fmt::format(" slot={}/{}", plan.slot, plan.slots);
   if (!token.empty()) line += " token=" + token;
   return line;
 }

@@ -21,6 +21,10 @@ struct AllocationPlan {
   std::vector<std::string> uuids;    // the same GPUs, for CUDA_VISIBLE_DEVICES
   int sm_percentage = 100;           // on each of its GPUs
   std::uint64_t memory_limit = 0;    // on each of its GPUs, shared by all its processes
+  // Its SMs: part `slot` of `slots` of the GPU (the lowest replica it holds of the GPU's
+  // replicas), so that containers of different replicas run on different SMs.
+  int slot = 0;
+  int slots = 0;
 };
 
 // Fails for a device ID that names no GPU mpsshimd reports.

@@ -63,6 +63,12 @@ std::vector<Replica> replicas_of(const PluginConfig& config, const std::vector<G
   return replicas;
 }
 
+std::optional<int> replica_number(const std::string& device_id) {
+  std::size_t separator = device_id.rfind(kReplicaSeparator);
+  if (separator == std::string::npos) return std::nullopt;
+  return number<int>(std::string_view(device_id).substr(separator + kReplicaSeparator.size()));
+}
+
 const GpuState* gpu_of_device(const std::vector<GpuState>& gpus, const std::string& device_id) {
   std::size_t separator = device_id.rfind(kReplicaSeparator);
   if (separator == std::string::npos) return nullptr;

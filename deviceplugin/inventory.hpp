@@ -35,6 +35,9 @@ struct Replica {
 // Every replica of every GPU that has a UUID (a GPU never reported cannot be named).
 std::vector<Replica> replicas_of(const PluginConfig& config, const std::vector<GpuState>& gpus);
 
+// The replica number of a device ID (`<uuid>::<n>` -> n).
+std::optional<int> replica_number(const std::string& device_id);
+
 // The GPU a device ID names, if it is one of `gpus`.
 const GpuState* gpu_of_device(const std::vector<GpuState>& gpus, const std::string& device_id);
 

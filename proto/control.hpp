@@ -102,9 +102,14 @@ struct ServerAdmit {
   std::uint32_t allocation_id;
   ClientHello hello;
   std::uint64_t allocation_memory_limit;
+  // Where the allocation's SMs lie: slot allocation_sm_slot of allocation_sm_slots equal parts
+  // of the device (its replica), so different allocations get different SMs; slots 0 = no
+  // placement (the device's first SMs, as for every client without one).
+  std::uint32_t allocation_sm_slot;
+  std::uint32_t allocation_sm_slots;
 };
 static_assert(kWireSafe<ServerAdmit>);
-static_assert(sizeof(ServerAdmit) == 472);
+static_assert(sizeof(ServerAdmit) == 480);
 
 // Sent by a client during a session, with one memfd; the ring record that uses it names the
 // same token.

@@ -50,6 +50,8 @@ void clamp_to_allocation(AdmissionQuota& quota, const Allocation& allocation) {
   }
   quota.allocation_id = allocation.id;
   quota.allocation_memory_limit = allocation.memory_limit;
+  quota.sm_slot = allocation.sm_slot;
+  quota.sm_slots = allocation.sm_slots;
 }
 
 // --require-allocation-token: a client without a token gets at most the node's defaults.

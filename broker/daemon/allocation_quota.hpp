@@ -20,8 +20,10 @@ struct AdmissionQuota {
   proto::ClientHello hello;  // the client's, with the quota fields as decided
   std::uint32_t allocation_id = 0;
   std::uint64_t allocation_memory_limit = 0;  // shared by the allocation's clients on one GPU
-  std::string pod;                            // "ns/name" or "-", for the log
-  std::vector<std::string> clamps;            // one sentence per request that was lowered
+  unsigned sm_slot = 0;                       // where its SMs lie (Allocation::sm_slot)
+  unsigned sm_slots = 0;
+  std::string pod;                  // "ns/name" or "-", for the log
+  std::vector<std::string> clamps;  // one sentence per request that was lowered
 };
 
 // `gpu`: the physical ordinal an attach resolved to; -1 for a device query. An unknown token,

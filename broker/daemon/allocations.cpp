@@ -137,6 +137,16 @@ tl::expected<const Allocation*, std::string> AllocationRegistry::add(
     } else if (key == "namespace" || key == "pod") {
       if (!is_kubernetes_name(value)) return tl::unexpected(fmt::format("{}=`{}`", key, value));
       (key == "pod" ? spec.pod_name : spec.pod_namespace) = std::string(value);
+    } else if (key == "slot") {
+      std::size_t slash = value.find('/');
+      auto slot = parse_int(value.substr(0, slash));
+      auto slots =
+          slash == std::string_view::npos ? std::nullopt : parse_int(value.substr(slash + 1));
+      if (!slot || !slots || *slots < 1 || *slots > 1024 || *slot < 0 || *slot >= *slots) {
+        return tl::unexpected(fmt::format("slot={}: expected N/M with 0 <= N < M <= 1024", value));
+      }
+      spec.sm_slot = static_cast<unsigned>(*slot);
+      spec.sm_slots = static_cast<unsigned>(*slots);
     } else if (key == "token") {
       if (!is_token(value)) {
         return tl::unexpected(
@@ -144,8 +154,8 @@ tl::expected<const Allocation*, std::string> AllocationRegistry::add(
       }
       spec.token = std::string(value);
     } else {
-      return tl::unexpected(
-          fmt::format("unknown key `{}` (sm, memory, gpus, devices, namespace, pod, token)", key));
+      return tl::unexpected(fmt::format(
+          "unknown key `{}` (sm, memory, gpus, devices, namespace, pod, slot, token)", key));
     }
   }
   if (by_id_.size() >= kMaxAllocations) {

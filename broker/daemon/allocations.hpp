@@ -21,10 +21,14 @@ namespace mpsshim::daemon {
 
 struct Allocation {
   std::uint32_t id = 0;
-  std::string token;                 // kTokenHexDigits hex digits, from getrandom()
-  int sm_percentage = 0;             // 1-100; 0 = no cap
-  std::uint64_t memory_limit = 0;    // per GPU, shared by every client of the allocation; 0 = none
-  std::vector<int> gpus;             // physical ordinals its clients may use; empty = any
+  std::string token;               // kTokenHexDigits hex digits, from getrandom()
+  int sm_percentage = 0;           // 1-100; 0 = no cap
+  std::uint64_t memory_limit = 0;  // per GPU, shared by every client of the allocation; 0 = none
+  std::vector<int> gpus;           // physical ordinals its clients may use; empty = any
+  // Where its SMs lie: slot sm_slot of sm_slots equal parts of the GPU (the plugin passes the
+  // replica); sm_slots 0 = no placement.
+  unsigned sm_slot = 0;
+  unsigned sm_slots = 0;
   std::vector<std::string> devices;  // the kubelet's device IDs (replicas) it holds
   std::string pod_namespace;         // for ps and the metrics, when the plugin knows them
   std::string pod_name;
@@ -36,9 +40,10 @@ class AllocationRegistry {
   static constexpr std::size_t kMaxAllocations = 65536;
 
   // Parses `key=value` words: sm=P memory=SIZE gpus=0,1 devices=a,b namespace=NS pod=NAME
-  // token=HEX (to register again, after a daemon restart, a token the pod already holds).
-  // Registering replaces every allocation that holds one of the same devices: the kubelet gives
-  // a device to one container at a time, so an older holder has gone.
+  // slot=N/M (SMs in part N of M of the GPU) token=HEX (to register again, after a daemon restart,
+  // a token the pod already holds). Registering replaces every allocation that holds one of the
+  // same devices: the kubelet gives a device to one container at a time, so an older holder has
+  // gone.
   tl::expected<const Allocation*, std::string> add(const std::vector<std::string>& words);
   bool revoke(std::uint32_t id);
   // Sets namespace and pod of allocation `id`; false if there is none.

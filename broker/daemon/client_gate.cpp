@@ -221,7 +221,8 @@ void ClientGate::on_client(Waiting connection, MessageKind kind, const proto::Cl
   for (const std::string& clamp : quota->clamps) log_warn("{} {}", who, clamp);
   // The server gets its own copy of the fd and answers the client directly; ours closes here.
   auto server = supervisor_.admit(*gpu, connection.fd.get(), connection.peer, quota->hello,
-                                  quota->allocation_id, quota->allocation_memory_limit);
+                                  quota->allocation_id, quota->allocation_memory_limit,
+                                  quota->sm_slot, quota->sm_slots);
   if (!server) {
     log_warn("{} refused: {}", who, server.error());
     refuse(connection, CUDA_ERROR_MPS_SERVER_NOT_READY, server.error());

@@ -114,7 +114,8 @@ class Supervisor {
                                          const proto::PeerCredentials& peer,
                                          const proto::ClientHello& hello,
                                          std::uint32_t allocation_id = 0,
-                                         std::uint64_t allocation_memory_limit = 0);
+                                         std::uint64_t allocation_memory_limit = 0,
+                                         std::uint32_t sm_slot = 0, std::uint32_t sm_slots = 0);
 
   // Sends a TextMessage of `kind` to GPU `ordinal`'s server; `handler` runs exactly once, with
   // the answer or with why there is none (possibly before request() returns).

@@ -98,7 +98,12 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
       snap.sm_count,
       sm_granularity(snap.sm_min_partition, snap.sm_coscheduled_alignment, ignore_coscheduling),
       percentage, ignore_coscheduling);
-  auto green = make_green_context(*gpu_.cu, gpu_.device, gpu_.sm_resource, quota);
+  // An allocation's SMs lie in its slot (its replica) of the device, see green_context.hpp.
+  const unsigned granularity =
+      sm_granularity(snap.sm_min_partition, snap.sm_coscheduled_alignment, ignore_coscheduling);
+  const SmPlacement placement{admit.allocation_sm_slot, admit.allocation_sm_slots};
+  auto green =
+      make_green_context(*gpu_.cu, gpu_.device, gpu_.sm_resource, quota, granularity, placement);
   if (!green) {
     return fail(green.error(), fmt::format("creating its green context of {} SMs failed: {}",
                                            quota.target, describe(*gpu_.cu, green.error())));

@@ -197,7 +197,7 @@ TEST_CASE("ps shows every server's clients", "[ps]") {
   CHECK(contains(ps.out, "PID      USER        GPU  SMS   MEMORY      LIMIT       LAUNCHES"));
   CHECK(contains(ps.out, "\n4242     "));
   CHECK(contains(ps.out,
-                 "0    66    1.0 MiB     none        7         active    fake-client-gpu0\n"));
+                 "0    66    1.0 MiB     none        7         active    fake-client-gpu0 -\n"));
   CHECK(contains(ps.out, "fake-client-gpu1"));
   CHECK(contains(ps.out, "GPU 1: not a client line\n"));
 }

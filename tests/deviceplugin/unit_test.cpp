@@ -76,7 +76,12 @@ TEST_CASE("a plan's quota is a replica's share times the replicas on its GPU", "
   CHECK(two->sm_percentage == 50);
   CHECK(two->memory_limit == 40 * kGiB);
   CHECK(registration_command(*two) ==
-        "register_allocation sm=50 gpus=0 devices=GPU-aaaa::0,GPU-aaaa::3 memory=42949672960");
+        "register_allocation sm=50 gpus=0 devices=GPU-aaaa::0,GPU-aaaa::3 memory=42949672960 "
+        "slot=0/4");
+  auto third = plan_allocation(config, *gpus, {"GPU-aaaa::2"});
+  REQUIRE(third);
+  CHECK(third->slot == 2);
+  CHECK(third->slots == 4);
 
   v1beta1::ContainerAllocateResponse response;
   fill_response(config, *two, "0123", response);

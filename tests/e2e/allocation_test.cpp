@@ -177,3 +177,26 @@ TEST_CASE("a token bound to another GPU is refused", "[e2e][allocation]") {
   CHECK(o.exit_code != 0);
   CHECK(contains(daemon.log(), "holds GPU 1, not GPU 0"));
 }
+
+TEST_CASE(
+    "allocations of different slots run on different SMs, one allocation's clients on one set",
+    "[e2e][allocation]") {
+  Daemon daemon;
+  Registration first = register_allocation(daemon, {"sm=25", "slot=0/4"});
+  Registration third = register_allocation(daemon, {"sm=25", "slot=2/4"});
+
+  Outcome a = run_client(daemon, {client(), "quota"}, {{"MPSSHIM_ALLOCATION_TOKEN", first.token}});
+  Outcome b = run_client(daemon, {client(), "quota"}, {{"MPSSHIM_ALLOCATION_TOKEN", third.token}});
+  Outcome b_again =
+      run_client(daemon, {client(), "quota"}, {{"MPSSHIM_ALLOCATION_TOKEN", third.token}});
+
+  INFO("a: " << a.out << a.err << "\nb: " << b.out << b.err << "\ndaemon log:\n" << daemon.log());
+  REQUIRE(a.exit_code == 0);
+  REQUIRE(b.exit_code == 0);
+  CHECK(field(a.out, "sms") == kSmsOf25Percent);
+  CHECK(field(b.out, "sms") == kSmsOf25Percent);
+  CHECK(field(a.out, "lowest") == 0);
+  // Slot 2 of 4 starts half way: its SMs do not overlap slot 0's first 40.
+  CHECK(field(b.out, "lowest") >= kSmsOf25Percent);
+  CHECK(field(b_again.out, "lowest") == field(b.out, "lowest"));
+}

@@ -73,6 +73,8 @@ std::uint64_t layout_fingerprint() {
   FIELD(ServerAdmit, allocation_id);
   FIELD(ServerAdmit, hello);
   FIELD(ServerAdmit, allocation_memory_limit);
+  FIELD(ServerAdmit, allocation_sm_slot);
+  FIELD(ServerAdmit, allocation_sm_slots);
   SIZE(FdTransfer);
   FIELD(FdTransfer, token);
   FIELD(FdTransfer, bytes);
@@ -289,7 +291,7 @@ constexpr Pinned kPinned[] = {
     {1, 0, 0x4ba4610596c1d0e0},
     {1, 1, 0x9d5d8b4305593426},
     {1, 2, 0x6e7139ba53bf4a0a},
-    {1, 3, 0xf3d95dfd7cb5aaf6},
+    {1, 3, 0x534ab5c839d282a2},
 };
 
 }  // namespace
