@@ -86,7 +86,8 @@ tl::expected<PluginConfig, std::string> parse_config(const std::string& toml_tex
                                                 "container_runtime_dir",
                                                 "container_shim_library",
                                                 "health_interval_ms",
-                                                "preload_libraries"};
+                                                "preload_libraries",
+                                                "pod_resources_socket"};
   for (const auto& [key, value] : table) {
     if (std::find(std::begin(kKnown), std::end(kKnown), key.str()) == std::end(kKnown)) {
       return tl::unexpected(fmt::format("unknown key `{}`", key.str()));
@@ -100,7 +101,8 @@ tl::expected<PluginConfig, std::string> parse_config(const std::string& toml_tex
         {"runtime_dir", &config.runtime_dir},
         {"container_runtime_dir", &config.container_runtime_dir},
         {"shim_library", &config.shim_library},
-        {"container_shim_library", &config.container_shim_library}}) {
+        {"container_shim_library", &config.container_shim_library},
+        {"pod_resources_socket", &config.pod_resources_socket}}) {
     if (auto read = read_string(table, key, *field); !read) return tl::unexpected(read.error());
   }
   if (config.resource_name.find('/') == std::string::npos) {

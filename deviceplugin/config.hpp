@@ -48,6 +48,9 @@ struct PluginConfig {
   // image may lack (libfmt.so.9 with Debian 12's build).
   std::vector<std::string> preload_libraries;
   std::chrono::milliseconds health_interval{1000};
+  // The kubelet's pod-resources API: which pod holds which device, for ps and the metrics.
+  // Not there (or empty): allocations are not named.
+  std::string pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
 };
 
 // What a GPU's replicas get, from the rule for its name.

@@ -2,9 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "broker/daemon/ctl_client.hpp"
 #include "broker/daemon/log.hpp"
@@ -13,6 +16,7 @@ namespace mpsshim::deviceplugin {
 
 namespace {
 
+using daemon::log_debug;
 using daemon::log_error;
 using daemon::log_info;
 using daemon::log_warn;
@@ -105,7 +109,66 @@ bool DevicePlugin::poll_daemon() {
       listed && listed->status == 0) {
     reregister_lost(listed->text);
   }
+  name_pods();
   return true;
+}
+
+void DevicePlugin::name_pods() {
+  {
+    std::lock_guard lock(mutex_);
+    const bool unnamed = std::any_of(by_token_.begin(), by_token_.end(),
+                                     [](const auto& entry) { return entry.second.pod.empty(); });
+    if (!unnamed) return;
+  }
+  struct stat st {};
+  if (::stat(config_.pod_resources_socket.c_str(), &st) != 0) return;
+  auto stub = v1::PodResourcesLister::NewStub(grpc::CreateChannel(
+      "unix:" + config_.pod_resources_socket, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  v1::ListPodResourcesResponse pods;
+  if (grpc::Status status = stub->List(&context, v1::ListPodResourcesRequest(), &pods);
+      !status.ok()) {
+    log_debug("the kubelet's pod-resources API at {} did not answer: {}",
+              config_.pod_resources_socket, status.error_message());
+    return;
+  }
+  std::map<std::string, std::pair<std::string, std::string>> holder;  // device -> ns, pod
+  for (const auto& pod : pods.pod_resources()) {
+    for (const auto& container : pod.containers()) {
+      for (const auto& devices : container.devices()) {
+        if (devices.resource_name() != config_.resource_name) continue;
+        for (const std::string& id : devices.device_ids()) {
+          holder[id] = {pod.namespace_(), pod.name()};
+        }
+      }
+    }
+  }
+  std::vector<std::tuple<std::uint32_t, std::string, std::string>> to_label;
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& [token, registered] : by_token_) {
+      if (!registered.pod.empty() || registered.plan.devices.empty()) continue;
+      auto found = holder.find(registered.plan.devices.front());
+      if (found == holder.end()) continue;
+      to_label.emplace_back(registered.id, found->second.first, found->second.second);
+    }
+  }
+  for (const auto& [id, pod_namespace, pod_name] : to_label) {
+    auto answer = daemon::ask_daemon(
+        socket_path(), fmt::format("label_allocation {} {} {}", id, pod_namespace, pod_name),
+        kDaemonTimeout);
+    if (!answer || answer->status != 0) {
+      log_warn("could not name the pod of allocation {}: {}", id,
+               answer ? answer->text : answer.error());
+      continue;
+    }
+    log_info("allocation {} is pod {}/{}", id, pod_namespace, pod_name);
+    std::lock_guard lock(mutex_);
+    for (auto& [token, registered] : by_token_) {
+      if (registered.id == id) registered.pod = pod_namespace + "/" + pod_name;
+    }
+  }
 }
 
 void DevicePlugin::reregister_lost(const std::string& listed) {
@@ -235,7 +298,7 @@ tl::expected<DevicePlugin::Registered, std::string> DevicePlugin::register_plan(
     return tl::unexpected(fmt::format("unexpected answer from mpsshimd: {}", answer->text));
   }
   token = registration->second;
-  Registered registered{registration->first, plan};
+  Registered registered{registration->first, plan, ""};
   std::lock_guard lock(mutex_);
   // The daemon replaced every allocation that held one of these devices; so does the plugin.
   std::erase_if(by_token_, [&](const auto& entry) {

@@ -20,6 +20,7 @@
 #include "deviceplugin/config.hpp"
 #include "deviceplugin/deviceplugin_v1beta1.grpc.pb.h"
 #include "deviceplugin/inventory.hpp"
+#include "deviceplugin/podresources_v1.grpc.pb.h"
 
 namespace mpsshim::deviceplugin {
 
@@ -54,6 +55,7 @@ class DevicePlugin final : public v1beta1::DevicePlugin::Service {
   struct Registered {
     std::uint32_t id = 0;  // mpsshimd's allocation id
     AllocationPlan plan;
+    std::string pod;  // "namespace/name" once the kubelet said (label_allocation sent)
   };
 
   std::string socket_path() const;
@@ -62,6 +64,9 @@ class DevicePlugin final : public v1beta1::DevicePlugin::Service {
   tl::expected<Registered, std::string> register_plan(const AllocationPlan& plan,
                                                       std::string& token);
   void reregister_lost(const std::string& listed);
+  // Asks the kubelet's pod-resources API which pods hold this plugin's devices and names the
+  // allocations' pods in mpsshimd (label_allocation).
+  void name_pods();
 
   const PluginConfig config_;
   mutable std::mutex mutex_;

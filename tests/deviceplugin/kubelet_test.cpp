@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "deviceplugin/deviceplugin_v1beta1.grpc.pb.h"
+#include "deviceplugin/podresources_v1.grpc.pb.h"
 #include "tests/e2e/harness.hpp"
 
 using namespace mpsshim::e2e;
@@ -45,6 +46,37 @@ class FakeKubelet final : public v1beta1::Registration::Service {
   std::mutex mutex_;
   std::condition_variable arrived_;
   std::vector<v1beta1::RegisterRequest> requests_;
+};
+
+// The kubelet's pod-resources API: one pod holding the devices the test gives it.
+class FakePodResources final : public v1::PodResourcesLister::Service {
+ public:
+  grpc::Status List(grpc::ServerContext*, const v1::ListPodResourcesRequest*,
+                    v1::ListPodResourcesResponse* response) override {
+    std::lock_guard lock(mutex_);
+    if (devices_.empty()) return grpc::Status::OK;
+    auto* pod = response->add_pod_resources();
+    pod->set_name("trainer-0");
+    pod->set_namespace_("team-a");
+    auto* container = pod->add_containers();
+    container->set_name("main");
+    auto* held = container->add_devices();
+    held->set_resource_name("mpsshim.io/gpu");
+    for (const auto& id : devices_) held->add_device_ids(id);
+    // Another plugin's devices are not ours to name.
+    auto* other = container->add_devices();
+    other->set_resource_name("example.com/fpga");
+    other->add_device_ids("fpga-0");
+    return grpc::Status::OK;
+  }
+  void hold(std::vector<std::string> devices) {
+    std::lock_guard lock(mutex_);
+    devices_ = std::move(devices);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::string> devices_;
 };
 
 struct TempDir {
@@ -92,12 +124,17 @@ TEST_CASE(
   builder.AddListeningPort("unix:" + plugin_dir.path + "/kubelet.sock",
                            grpc::InsecureServerCredentials());
   builder.RegisterService(&kubelet);
+  FakePodResources pod_resources;
+  builder.AddListeningPort("unix:" + plugin_dir.path + "/pod-resources.sock",
+                           grpc::InsecureServerCredentials());
+  builder.RegisterService(&pod_resources);
   std::unique_ptr<grpc::Server> kubelet_server = builder.BuildAndStart();
   REQUIRE(kubelet_server);
   {
     std::ofstream config(plugin_dir.path + "/sharing.toml");
     config << "replicas = " << kReplicas << "\n"
            << "health_interval_ms = 100\n"
+           << "pod_resources_socket = \"" << plugin_dir.path << "/pod-resources.sock\"\n"
            << "shim_library = \"" << artefact("LIBMPSSHIM")
            << "\"\n"
            // The test runs the client on this machine, so "in the container" is here too.
@@ -172,6 +209,16 @@ TEST_CASE(
   const std::string shim = artefact("LIBMPSSHIM");
   CHECK(container.mounts(1).host_path() == shim.substr(0, shim.rfind('/')));
   CHECK(contains(daemon.ctl({"list_allocations"}).out, ids[1]));
+
+  // Once the kubelet's pod-resources API shows the pod holding the replica, the plugin names
+  // the allocation's pod in mpsshimd.
+  pod_resources.hold({ids[1]});
+  bool named = false;
+  for (int i = 0; i < 200 && !named; ++i) {
+    named = contains(daemon.ctl({"list_allocations"}).out, "team-a/trainer-0");
+    if (!named) std::this_thread::sleep_for(50ms);
+  }
+  CHECK(named);
 
   // A client run with that environment (the runtime dir where this test can reach it) gets the
   // quota even when it asks for the whole GPU.

@@ -66,8 +66,9 @@ if daemonset:
     check(any(a.startswith("--metrics-listen=") for a in args), "mpsshimd: --metrics-listen")
     plugin = containers.get("device-plugin", {})
     mounts = {m["mountPath"] for m in plugin.get("volumeMounts", [])}
-    check({"/var/lib/kubelet/device-plugins", "/run/mpsshim", "/etc/mpsshim"} <= mounts,
-          "device-plugin: mounts the kubelet dir, the runtime dir and the config")
+    check({"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources", "/run/mpsshim",
+           "/etc/mpsshim"} <= mounts,
+          "device-plugin: mounts the kubelet's dirs, the runtime dir and the config")
     check(plugin.get("args", [])[-1:] == ["/etc/mpsshim/sharing.toml"],
           "device-plugin: --config /etc/mpsshim/sharing.toml")
 

@@ -130,7 +130,7 @@ TEST_CASE("stats list one line per client", "[server][control]") {
   CHECK(reply.header.kind == static_cast<std::uint32_t>(proto::MessageKind::kServerStats));
   CHECK(text_of(reply) ==
         "client=1 pid=4123 uid=1000 program=vector_add sms=132 mem_used=1048576 mem_limit=0 "
-        "launches=0 state=active worker=0\n");
+        "launches=0 state=active worker=0 allocation=0\n");
 }
 
 TEST_CASE("terminate_client ends that client's session and tells it", "[server][control]") {
