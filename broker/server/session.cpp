@@ -18,9 +18,14 @@ MemoryReservation::~MemoryReservation() {
 }
 
 tl::expected<MemoryReservation, MemoryLimitHit> Session::reserve_memory(std::uint64_t bytes) {
-  if (over_limit(bytes)) return tl::unexpected(MemoryLimitHit::kClient);
+  // The allocation's limit first: a client of one is usually given that same limit as its own,
+  // and the refusal should name the shared one.
   if (allocation && !allocation->try_charge(bytes)) {
     return tl::unexpected(MemoryLimitHit::kAllocation);
+  }
+  if (over_limit(bytes)) {
+    if (allocation) allocation->release(bytes);
+    return tl::unexpected(MemoryLimitHit::kClient);
   }
   memory_used += bytes;
   return MemoryReservation(*this, bytes);

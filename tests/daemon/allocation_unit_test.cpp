@@ -8,6 +8,7 @@
 
 #include "broker/daemon/allocation_quota.hpp"
 #include "broker/daemon/allocations.hpp"
+#include "broker/daemon/metrics.hpp"
 
 using namespace mpsshim;
 using namespace mpsshim::daemon;
@@ -128,4 +129,24 @@ TEST_CASE("ps lines of an allocation's clients get its pod, for the metrics", "[
   CHECK(sut == fmt::format("client=1 pid=10 allocation={} namespace=team pod=trainer\n"
                            "client=2 pid=11 allocation=0\nclient=3 pid=12\n",
                            (*a)->id));
+}
+
+TEST_CASE("the metrics of an allocation's client carry its allocation, namespace and pod",
+          "[allocation][metrics]") {
+  MetricsInput input;
+  ServerStatus running;
+  running.state = ServerState::kRunning;
+  input.servers = {running};
+  input.reports.ps = {{0,
+                       "client=3 pid=7 uid=x program=p mem_used=10 launches=1 allocation=5 "
+                       "namespace=team pod=trainer\n"
+                       "client=4 pid=8 uid=x program=q mem_used=20 launches=2 allocation=0\n"}};
+
+  std::string sut = format_metrics(input);
+
+  CHECK(sut.find("mpsshim_client_memory_used_bytes{gpu=\"0\",client=\"3\",pid=\"7\",user=\"x\","
+                 "program=\"p\",allocation=\"5\",namespace=\"team\",pod=\"trainer\"} 10\n") !=
+        std::string::npos);
+  CHECK(sut.find("mpsshim_client_memory_used_bytes{gpu=\"0\",client=\"4\",pid=\"8\",user=\"x\","
+                 "program=\"q\"} 20\n") != std::string::npos);
 }
