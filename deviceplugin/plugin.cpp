@@ -64,6 +64,12 @@ std::string DevicePlugin::socket_path() const {
   return config_.runtime_dir + "/control";
 }
 
+std::string DevicePlugin::daemon_instance() const {
+  struct stat st {};
+  if (::stat(socket_path().c_str(), &st) != 0) return "";
+  return fmt::format("{}:{}.{}", st.st_ino, st.st_ctim.tv_sec, st.st_ctim.tv_nsec);
+}
+
 bool DevicePlugin::poll_daemon() {
   auto answer = daemon::ask_daemon(socket_path(), "gpu_states", kDaemonTimeout);
   tl::expected<std::vector<GpuState>, std::string> gpus = !answer ? tl::unexpected(answer.error())
@@ -173,9 +179,17 @@ void DevicePlugin::name_pods() {
 
 void DevicePlugin::reregister_lost(const std::string& listed) {
   const std::set<std::uint32_t> known = listed_ids(listed);
+  const std::string instance = daemon_instance();
   std::vector<std::pair<std::string, AllocationPlan>> lost;
   {
     std::lock_guard lock(mutex_);
+    std::erase_if(by_token_, [&](const auto& entry) {
+      const Registered& registered = entry.second;
+      if (known.contains(registered.id) || registered.daemon != instance) return false;
+      log_info("allocation {} of {} was revoked in mpsshimd; not registering it again",
+               registered.id, fmt::join(registered.plan.devices, ","));
+      return true;
+    });
     for (const auto& [token, registered] : by_token_) {
       if (!known.contains(registered.id)) lost.emplace_back(token, registered.plan);
     }
@@ -298,7 +312,7 @@ tl::expected<DevicePlugin::Registered, std::string> DevicePlugin::register_plan(
     return tl::unexpected(fmt::format("unexpected answer from mpsshimd: {}", answer->text));
   }
   token = registration->second;
-  Registered registered{registration->first, plan, ""};
+  Registered registered{registration->first, plan, "", daemon_instance()};
   std::lock_guard lock(mutex_);
   // The daemon replaced every allocation that held one of these devices; so does the plugin.
   std::erase_if(by_token_, [&](const auto& entry) {

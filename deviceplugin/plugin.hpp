@@ -55,10 +55,15 @@ class DevicePlugin final : public v1beta1::DevicePlugin::Service {
   struct Registered {
     std::uint32_t id = 0;  // mpsshimd's allocation id
     AllocationPlan plan;
-    std::string pod;  // "namespace/name" once the kubelet said (label_allocation sent)
+    std::string pod;     // "namespace/name" once the kubelet said (label_allocation sent)
+    std::string daemon;  // daemon_instance() when registered
   };
 
   std::string socket_path() const;
+  // Which mpsshimd answers: its control socket's inode and change time. A daemon that
+  // restarted has made a new socket (and forgotten every allocation); one that did not, but
+  // lists an allocation no more, had it revoked by an operator.
+  std::string daemon_instance() const;
   v1beta1::ListAndWatchResponse device_list_locked() const;
   // Registers `plan` (again, with `token` when the pod already holds one); the token.
   tl::expected<Registered, std::string> register_plan(const AllocationPlan& plan,

@@ -281,3 +281,102 @@ TEST_CASE("a bad config is refused with the line and key named", "[deviceplugin]
   CHECK(o.exit_code == 1);
   CHECK(contains(o.err, "replicas: expected a whole number from 1 to 256"));
 }
+
+namespace {
+
+// mpsshimd -d on a directory of the test's, so that it can be stopped and started again there.
+Outcome start_daemon(const std::string& runtime_dir) {
+  Child daemon({artefact("MPSSHIMD"), "-d", "--runtime-dir", runtime_dir, "--server",
+                artefact("MPSSHIM_SERVER"), "--driver", artefact("MPSSHIM_TESTDRIVER"),
+                "--log-file", runtime_dir + ".log"},
+               {});
+  return daemon.wait(60s);
+}
+
+Outcome ctl(const std::string& runtime_dir, const std::vector<std::string>& command) {
+  std::vector<std::string> argv{artefact("MPSSHIMCTL"), "--runtime-dir", runtime_dir};
+  argv.insert(argv.end(), command.begin(), command.end());
+  return Child(argv, {}).wait(30s);
+}
+
+template <typename Pred>
+bool eventually(Pred done) {
+  for (int i = 0; i < 200; ++i) {
+    if (done()) return true;
+    std::this_thread::sleep_for(50ms);
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "after mpsshimd restarts the plugin registers its allocations again; one an operator "
+    "revoked stays revoked",
+    "[deviceplugin]") {
+  TempDir dir;
+  const std::string runtime = dir.path + "/run";
+  REQUIRE(start_daemon(runtime).exit_code == 0);
+  FakeKubelet kubelet;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + dir.path + "/kubelet.sock", grpc::InsecureServerCredentials());
+  builder.RegisterService(&kubelet);
+  auto kubelet_server = builder.BuildAndStart();
+  REQUIRE(kubelet_server);
+  {
+    std::ofstream config(dir.path + "/sharing.toml");
+    config << "health_interval_ms = 100\n";
+  }
+  Child plugin({artefact("MPSSHIM_DEVICE_PLUGIN"), "--config", dir.path + "/sharing.toml",
+                "--plugin-dir", dir.path, "--runtime-dir", runtime},
+               {});
+  REQUIRE(kubelet.wait_for_registration(30s));
+  auto sut = v1beta1::DevicePlugin::NewStub(grpc::CreateChannel(
+      "unix:" + dir.path + "/mpsshim.sock", grpc::InsecureChannelCredentials()));
+  std::string device;
+  REQUIRE(eventually([&] {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + 2s);
+    auto stream = sut->ListAndWatch(&context, v1beta1::Empty());
+    v1beta1::ListAndWatchResponse list;
+    if (!stream->Read(&list) || list.devices_size() == 0) return false;
+    device = list.devices(0).id();
+    context.TryCancel();
+    return true;
+  }));
+  grpc::ClientContext context;
+  v1beta1::AllocateRequest request;
+  request.add_container_requests()->add_devices_ids(device);
+  v1beta1::AllocateResponse response;
+  REQUIRE(sut->Allocate(&context, request, &response).ok());
+  auto envs = envs_of(response.container_responses(0));
+  envs["CUDA_MPS_PIPE_DIRECTORY"] = runtime;
+  envs["LD_PRELOAD"] = artefact("LIBMPSSHIM");
+  auto run_client = [&] { return Child({artefact("E2E_CLIENT"), "basic", "16"}, envs).wait(60s); };
+  REQUIRE(run_client().exit_code == 0);
+
+  // A restart forgets every allocation; the plugin notices the new daemon and registers the
+  // pod's token again, so the pod's next process is served.
+  REQUIRE(ctl(runtime, {"quit"}).exit_code == 0);
+  REQUIRE(eventually([&] { return ctl(runtime, {"server_list"}).exit_code == 2; }));
+  REQUIRE(start_daemon(runtime).exit_code == 0);
+  CHECK(eventually([&] { return contains(ctl(runtime, {"list_allocations"}).out, device); }));
+  Outcome after_restart = run_client();
+  INFO("client: " << after_restart.out << after_restart.err);
+  CHECK(after_restart.exit_code == 0);
+
+  // An operator's revocation is not undone.
+  std::smatch m;
+  std::string listed = ctl(runtime, {"list_allocations"}).out;
+  REQUIRE(std::regex_search(listed, m, std::regex("\n([0-9]+) ")));
+  REQUIRE(ctl(runtime, {"revoke_allocation", m[1]}).exit_code == 0);
+  std::this_thread::sleep_for(500ms);  // five polls of the plugin
+  CHECK_FALSE(contains(ctl(runtime, {"list_allocations"}).out, device));
+  CHECK(run_client().exit_code != 0);
+
+  plugin.kill(SIGTERM);
+  Outcome stopped = plugin.wait(30s);
+  CHECK(contains(stopped.err, "mpsshimd had lost the allocation of " + device));
+  CHECK(contains(stopped.err, "was revoked in mpsshimd; not registering it again"));
+  ctl(runtime, {"quit"});
+}
