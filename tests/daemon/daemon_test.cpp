@@ -53,6 +53,24 @@ TEST_CASE("a query without CUDA_VISIBLE_DEVICES lists every GPU in order", "[que
   CHECK(devices.ordinals == std::vector{0, 1, 2});
 }
 
+TEST_CASE("an ABI 1.2 hello, shorter by the allocation token, is served as one without a token",
+          "[query]") {
+  DaemonUnderTest sut({.gpus = 2});
+  proto::ClientHello hello = make_hello(proto::MessageKind::kClientQuery);
+  hello.header.abi_minor = 2;
+  hello.header.size = proto::kClientHelloSizeBeforeTokens;
+
+  proto::Received answer = exchange(sut.socket_path(), &hello, proto::kClientHelloSizeBeforeTokens);
+
+  auto header = daemon::header_of(answer);
+  REQUIRE(header);
+  CHECK(header->kind == static_cast<std::uint32_t>(proto::MessageKind::kDaemonDevices));
+  // One byte shorter is not a hello: closed without an answer.
+  proto::Received truncated =
+      exchange(sut.socket_path(), &hello, proto::kClientHelloSizeBeforeTokens - 1);
+  CHECK(truncated.bytes.empty());
+}
+
 TEST_CASE("a query applies CUDA_VISIBLE_DEVICES as CUDA does", "[query]") {
   DaemonUnderTest sut({.gpus = 3});
 
