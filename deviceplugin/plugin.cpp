@@ -72,10 +72,10 @@ std::string DevicePlugin::daemon_instance() const {
 
 bool DevicePlugin::poll_daemon() {
   auto answer = daemon::ask_daemon(socket_path(), "gpu_states", kDaemonTimeout);
-  tl::expected<std::vector<GpuState>, std::string> gpus = !answer ? tl::unexpected(answer.error())
-                                                          : answer->status != 0
-                                                              ? tl::unexpected(answer->text)
-                                                              : parse_gpu_states(answer->text);
+  tl::expected<std::vector<GpuState>, std::string> gpus =
+      !answer               ? tl::unexpected(answer.error().message)
+      : answer->status != 0 ? tl::unexpected(answer->text)
+                            : parse_gpu_states(answer->text);
   {
     std::lock_guard lock(mutex_);
     const bool was_answering = daemon_answered_;
@@ -166,7 +166,7 @@ void DevicePlugin::name_pods() {
         kDaemonTimeout);
     if (!answer || answer->status != 0) {
       log_warn("could not name the pod of allocation {}: {}", id,
-               answer ? answer->text : answer.error());
+               answer ? answer->text : answer.error().message);
       continue;
     }
     log_info("allocation {} is pod {}/{}", id, pod_namespace, pod_name);
@@ -305,7 +305,7 @@ tl::expected<DevicePlugin::Registered, std::string> DevicePlugin::register_plan(
     const AllocationPlan& plan, std::string& token) {
   auto answer =
       daemon::ask_daemon(socket_path(), registration_command(plan, token), kDaemonTimeout);
-  if (!answer) return tl::unexpected(answer.error());
+  if (!answer) return tl::unexpected(answer.error().message);
   if (answer->status != 0) return tl::unexpected(answer->text);
   auto registration = parse_registration(answer->text);
   if (!registration) {
