@@ -2,12 +2,20 @@
 // resident ~20 us, so the grid spreads over every SM it may use) and counts the distinct %smid
 // values. The device attribute MULTIPROCESSOR_COUNT is this client's SM quota under MPS and
 // under the shim (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); the work must stay within it.
+//
+// --rounds R (default 1): before each round after the first it prints "WAITING round=K pid=P"
+// and waits for a line on stdin, so an operator can change the running client's quota
+// (mpsshimctl set_active_thread_percentage) in between; round K's distinct SMs are reported as
+// distinct_sms_rK (tests/gpu/live_quota_check.sh).
 #include <cuda.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "examples/common/check.hpp"
@@ -28,10 +36,12 @@ constexpr long long kMinimumBlocks = 1024;
 int main(int argc, char** argv) {
   ex::Report report("smid_quota");
   ex::Cli cli(argc, argv,
-              "[--blocks B (max(8 x reported SMs, 1024))] [--threads T (64)] [--device ORDINAL]");
+              "[--blocks B (max(8 x reported SMs, 1024))] [--threads T (64)] [--device ORDINAL] "
+              "[--rounds R (1)]");
   const auto requested_blocks = cli.integer("--blocks", 0, 0, 1 << 20);
   const auto threads = static_cast<unsigned>(cli.integer("--threads", 64, 1, 1024));
   const auto ordinal = static_cast<int>(cli.integer("--device", 0, 0, 1023));
+  const auto rounds = cli.integer("--rounds", 1, 1, 16);
   cli.finish();
 
   const ex::Device device = ex::open_device(ordinal);
@@ -43,18 +53,31 @@ int main(int argc, char** argv) {
   CUfunction record_smid = ex::get_function(module, "record_smid");
   CUdeviceptr out = 0;
   CU_CHECK(cuMemAlloc(&out, sizeof(unsigned) * blocks));
-  CU_CHECK(cuMemsetD32(out, kUnwritten, blocks));
-  CU_CHECK(ex::launch_kernel(record_smid, {blocks}, {threads}, nullptr, out));
-  std::vector<unsigned> sm_of_block(blocks);
-  CU_CHECK(cuMemcpyDtoH(sm_of_block.data(), out, sizeof(unsigned) * blocks));
-
   std::set<unsigned> distinct;
   long long unwritten = 0;
-  for (unsigned sm : sm_of_block) {
-    if (sm == kUnwritten) {
-      ++unwritten;
+  for (long long round = 1; round <= rounds; ++round) {
+    if (round > 1) {
+      std::printf("WAITING round=%lld pid=%d\n", round, static_cast<int>(::getpid()));
+      std::fflush(stdout);
+      std::string line;
+      std::getline(std::cin, line);
+    }
+    CU_CHECK(cuMemsetD32(out, kUnwritten, blocks));
+    CU_CHECK(ex::launch_kernel(record_smid, {blocks}, {threads}, nullptr, out));
+    std::vector<unsigned> sm_of_block(blocks);
+    CU_CHECK(cuMemcpyDtoH(sm_of_block.data(), out, sizeof(unsigned) * blocks));
+    std::set<unsigned> seen;
+    for (unsigned sm : sm_of_block) {
+      if (sm == kUnwritten) {
+        ++unwritten;
+      } else {
+        seen.insert(sm);
+      }
+    }
+    if (round == 1) {
+      distinct = seen;
     } else {
-      distinct.insert(sm);
+      report.add("distinct_sms_r" + std::to_string(round), seen.size());
     }
   }
   const char* quota_env = std::getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");

@@ -206,10 +206,14 @@ CUresult resolve_stream(CUstream handle, DefaultStream mode, Context*& ctx,
                         Stream*& stream) noexcept;
 
 // Device pointers the client owns, for cuMemcpy's unified addressing and cuPointerGetAttribute.
+// A VMM mapping (vmm.cpp) is one too, but not memory cuMemFree takes; its ctx is the context
+// current at its reservation (nullptr when there was none).
 struct DeviceRange {
   std::uint64_t base;
   std::uint64_t bytes;
   Context* ctx;
+  bool vmm = false;
+  int device = 0;  // VMM mappings: the GPU whose server holds it
 };
 struct PinnedRange {
   std::byte* base;

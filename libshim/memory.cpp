@@ -58,8 +58,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   if (dptr == 0) return CUDA_SUCCESS;
   DeviceRange range{};
-  if (!address_book().find_device(dptr, &range) || range.base != dptr) {
-    return CUDA_ERROR_INVALID_VALUE;
+  if (!address_book().find_device(dptr, &range) || range.base != dptr || range.vmm) {
+    return CUDA_ERROR_INVALID_VALUE;  // a VMM mapping is freed with cuMemUnmap
   }
   proto::MemFreeReq request{dptr};
   CUresult rc = range.ctx->session->call(proto::Op::kMemFree, request, static_cast<int*>(nullptr));
@@ -224,7 +224,9 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdevicept
       !is_device && (address_book().find_pinned(reinterpret_cast<void*>(ptr), &pinned) ||
                      address_book().find_pinned_by_device(ptr, &pinned));
   if (!is_device && !is_pinned) return registered_attribute(data, attribute, ptr);
+  // A VMM mapping reserved with no current context belongs to none (ctx nullptr).
   Context* ctx = is_device ? device.ctx : pinned.ctx;
+  const int ordinal = is_device && device.vmm ? device.device : ctx->device;
   std::uint64_t offset =
       is_device ? ptr - device.base
                 : (ptr >= pinned.device_pointer && ptr - pinned.device_pointer < pinned.bytes
@@ -248,7 +250,7 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdevicept
       *static_cast<int*>(data) = 0;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
-      *static_cast<int*>(data) = ctx->device;
+      *static_cast<int*>(data) = ordinal;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
       *static_cast<CUdeviceptr*>(data) =

@@ -100,7 +100,7 @@ CUresult free_async(CUdeviceptr dptr, CUstream handle, DefaultStream mode) {
   if (CUresult rc = resolve_stream(handle, mode, ctx, stream); rc != CUDA_SUCCESS) return rc;
   if (dptr == 0) return CUDA_SUCCESS;
   DeviceRange range{};
-  if (!address_book().find_device(dptr, &range) || range.base != dptr ||
+  if (!address_book().find_device(dptr, &range) || range.base != dptr || range.vmm ||
       range.ctx->session != ctx->session) {
     return CUDA_ERROR_INVALID_VALUE;
   }

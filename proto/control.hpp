@@ -32,7 +32,7 @@ struct ClientHello {
   std::uint32_t reserved;
   char visible_devices[256];  // CUDA_VISIBLE_DEVICES as given ("" if unset)
   char program[64];           // the client's program name, for logs and mpsshimctl ps
-  // ABI 1.3: MPSSHIM_ALLOCATION_TOKEN, the token mpsshimd gave the Kubernetes device plugin for
+  // ABI 1.4: MPSSHIM_ALLOCATION_TOKEN, the token mpsshimd gave the Kubernetes device plugin for
   // this pod's allocation ("" if none; docs/kubernetes.md). The daemon holds the quota it names.
   char allocation_token[64];
 };
@@ -40,7 +40,7 @@ static_assert(kWireSafe<ClientHello>);
 static_assert(sizeof(ClientHello) == 432);
 static_assert(offsetof(ClientHello, visible_devices) == 48);
 static_assert(offsetof(ClientHello, allocation_token) == 368);
-// A 1.0-1.2 client's hello ends before allocation_token; the daemon reads it as "no token".
+// A 1.0-1.3 client's hello ends before allocation_token; the daemon reads it as "no token".
 inline constexpr std::size_t kClientHelloSizeBeforeTokens = 368;
 inline constexpr std::uint32_t kHelloIgnoreSmCoscheduling = 1u << 0;
 // MPSSHIM_LAUNCH_BATCHING=off: the server issues this client's launches one by one.
@@ -97,7 +97,7 @@ struct ServerAdmit {
   std::int32_t peer_pid;  // from SO_PEERCRED, not from the hello
   std::uint32_t peer_uid;
   std::uint32_t peer_gid;
-  // ABI 1.3: the allocation (Kubernetes pod) the client belongs to, 0 = none. Every session of
+  // ABI 1.4: the allocation (Kubernetes pod) the client belongs to, 0 = none. Every session of
   // one allocation on this GPU shares allocation_memory_limit (0 = no shared limit).
   std::uint32_t allocation_id;
   ClientHello hello;

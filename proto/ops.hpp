@@ -103,6 +103,19 @@ enum class Op : std::uint16_t {
   kMemPoolTrimTo = 75,
   kMemAllocAsync = 76,
   kMemFreeAsync = 77,
+  // Virtual memory management: physical allocations, address reservations, mappings
+  // (proto/ops_vmm.hpp, broker/server/ops_vmm.cpp, libshim/vmm.cpp).
+  kVmmGranularity = 78,
+  kVmmCreate = 79,
+  kVmmRelease = 80,
+  kVmmReserve = 81,
+  kVmmAddressFree = 82,
+  kVmmMap = 83,
+  kVmmUnmap = 84,
+  kVmmSetAccess = 85,
+  kVmmGetAccess = 86,
+  kVmmGetProperties = 87,
+  kVmmRetain = 88,
   kCount
 };
 

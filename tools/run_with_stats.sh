@@ -25,6 +25,12 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/mpsshim-stats.XXXX")
 daemon=$!
 trap '"$build/broker/daemon/mpsshimctl" --runtime-dir "$work/rt" quit >/dev/null 2>&1 || true; wait $daemon 2>/dev/null || true' EXIT
 for _ in $(seq 100); do [ -S "$work/rt/control" ] && break; sleep 0.1; done
+# The daemon refuses clients while its servers start.
+for _ in $(seq 100); do
+  "$build/broker/daemon/mpsshimctl" --runtime-dir "$work/rt" server_list 2>/dev/null |
+    grep -q running && break
+  sleep 0.1
+done
 CUDA_MPS_PIPE_DIRECTORY="$work/rt" LD_PRELOAD="$build/libshim/libmpsshim.so" "$@" &
 program=$!
 while kill -0 $program 2>/dev/null; do

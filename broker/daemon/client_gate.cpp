@@ -150,7 +150,7 @@ void ClientGate::on_first_message(Waiting connection, const proto::Received& mes
   switch (kind) {
     case MessageKind::kClientQuery:
     case MessageKind::kClientAttach:
-      // A 1.0-1.2 client's hello is shorter: what it did not send reads as zero (no token).
+      // A 1.0-1.3 client's hello is shorter: what it did not send reads as zero (no token).
       if (message.bytes.size() >= proto::kClientHelloSizeBeforeTokens) {
         proto::ClientHello hello{};
         std::memcpy(&hello, message.bytes.data(), std::min(message.bytes.size(), sizeof hello));

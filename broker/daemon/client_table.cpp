@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <ctime>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -127,34 +128,48 @@ std::string top_field(const Fields& fields) {
   return out;
 }
 
-std::string json_string(std::string_view text) {
-  std::string out = "\"";
-  for (char c : text) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
-
-std::string json_number(std::optional<double> value) {
-  return value ? fmt::format("{}", *value) : "null";
-}
-
-std::string json_number_field(const Fields& fields, std::string_view key) {
+// A figure as JSON: an integer when it is one, else a number, else null (missing or not a
+// number).
+nlohmann::json json_number(const Fields& fields, std::string_view key) {
   auto it = fields.find(key);
-  return json_number(it == fields.end() ? std::nullopt : parse_number(it->second));
+  if (it == fields.end()) return nullptr;
+  const std::string& text = it->second;
+  std::uint64_t whole = 0;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), whole);
+  if (!text.empty() && error == std::errc{} && end == text.data() + text.size()) return whole;
+  if (auto value = parse_number(text)) return *value;
+  return nullptr;
+}
+
+// A word as JSON: the text, or null when the server (or the daemon) did not give it.
+nlohmann::json json_string(const Fields& fields, std::string_view key) {
+  auto it = fields.find(key);
+  if (it == fields.end() || it->second.empty()) return nullptr;
+  return it->second;
+}
+
+nlohmann::json json_optional(std::optional<double> value) {
+  return value ? nlohmann::json(*value) : nlohmann::json(nullptr);
+}
+
+// The lines that are not clients, then the notes, as a JSON array.
+nlohmann::json notes_json(std::vector<std::string> other_lines, const std::string& notes) {
+  for (const std::string& line : split(notes, '\n')) {
+    if (!line.empty()) other_lines.push_back(line);
+  }
+  return other_lines;
+}
+
+// Unix seconds for people: "2026-11-21T10:20:49" in local time.
+std::string start_time_field(const Fields& fields) {
+  auto seconds = parse_number(field(fields, "start_time"));
+  if (!seconds) return "-";
+  std::time_t t = static_cast<std::time_t>(*seconds);
+  std::tm local{};
+  if (::localtime_r(&t, &local) == nullptr) return "-";
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%S", &local);
+  return text;
 }
 
 // Calls `client(gpu, fields)` for every client line of the servers' answers and `note(gpu, line)`
@@ -189,9 +204,12 @@ std::string user_name_of(const std::string& uid_text) {
 std::string format_client_table(
     const std::vector<ServerClients>& servers,
     const std::function<std::string(const std::string&)>& allocation_name) {
-  constexpr std::string_view kRow = "{:<9}{:<12}{:<5}{:<6}{:<12}{:<12}{:<10}{:<10}{:<17}{}\n";
-  std::string table = fmt::format(kRow, "PID", "USER", "GPU", "SMS", "MEMORY", "LIMIT", "LAUNCHES",
-                                  "STATE", "PROGRAM", "ALLOCATION");
+  constexpr std::string_view kRow =
+      "{:<9}{:<12}{:<5}{:<6}{:<12}{:<12}{:<12}{:<12}{:<10}{:<10}{:<12}{:<12}{:<12}{:<6}{:<10}"
+      "{:<21}{:<17}{}\n";
+  std::string table = fmt::format(kRow, "PID", "USER", "GPU", "SMS", "MEMORY", "PEAK", "LIMIT",
+                                  "PINNED", "LAUNCHES", "BUSY", "H2D", "D2H", "D2D", "PRIO",
+                                  "STATE", "STARTED", "PROGRAM", "ALLOCATION");
   auto allocation = [&](const Fields& fields) -> std::string {
     std::string id = field(fields, "allocation");
     if (id == "-" || id == "0") return "-";
@@ -201,13 +219,63 @@ std::string format_client_table(
   for_each_line(
       servers,
       [&](int gpu, const Fields& fields) {
-        table += fmt::format(kRow, field(fields, "pid"), user_name(field(fields, "uid")), gpu,
-                             field(fields, "sms"), bytes_field(fields, "mem_used", false),
-                             bytes_field(fields, "mem_limit", true), field(fields, "launches"),
-                             field(fields, "state"), field(fields, "program"), allocation(fields));
+        table += fmt::format(
+            kRow, field(fields, "pid"), user_name(field(fields, "uid")), gpu, field(fields, "sms"),
+            bytes_field(fields, "mem_used", false), bytes_field(fields, "mem_peak", false),
+            bytes_field(fields, "mem_limit", true), bytes_field(fields, "pinned", false),
+            field(fields, "launches"), duration_field(fields, "busy_us"),
+            bytes_field(fields, "h2d_bytes", false), bytes_field(fields, "d2h_bytes", false),
+            bytes_field(fields, "d2d_bytes", false), field(fields, "priority"),
+            field(fields, "state"), start_time_field(fields), field(fields, "program"),
+            allocation(fields));
       },
       [&](int gpu, const std::string& line) { notes += fmt::format("GPU {}: {}\n", gpu, line); });
   return table + notes;
+}
+
+nlohmann::json client_table_json(const std::vector<ServerClients>& servers,
+                                 const std::string& notes) {
+  nlohmann::json clients = nlohmann::json::array();
+  std::vector<std::string> other_lines;
+  for_each_line(
+      servers,
+      [&](int gpu, const Fields& fields) {
+        nlohmann::json limit = json_number(fields, "mem_limit");
+        if (limit == 0) limit = nullptr;  // no limit
+        nlohmann::json allocation = json_number(fields, "allocation");
+        if (allocation == 0) allocation = nullptr;  // not a pod's client
+        clients.push_back({
+            {"gpu", gpu},
+            {"client", json_number(fields, "client")},
+            {"pid", json_number(fields, "pid")},
+            {"uid", json_number(fields, "uid")},
+            {"user", user_name(field(fields, "uid"))},
+            {"program", field(fields, "program")},
+            {"state", field(fields, "state")},
+            {"start_time", json_number(fields, "start_time")},
+            {"sms", json_number(fields, "sms")},
+            {"sm_percentage", json_number(fields, "sm_percentage")},
+            {"priority", json_number(fields, "priority")},
+            {"memory_used_bytes", json_number(fields, "mem_used")},
+            {"memory_peak_bytes", json_number(fields, "mem_peak")},
+            {"memory_limit_bytes", limit},
+            {"pinned_host_bytes", json_number(fields, "pinned")},
+            {"launches", json_number(fields, "launches")},
+            {"busy_us", json_number(fields, "busy_us")},
+            {"copied_bytes",
+             {{"h2d", json_number(fields, "h2d_bytes")},
+              {"d2h", json_number(fields, "d2h_bytes")},
+              {"d2d", json_number(fields, "d2d_bytes")}}},
+            {"worker", json_number(fields, "worker")},
+            {"allocation", allocation},
+            {"namespace", json_string(fields, "namespace")},
+            {"pod", json_string(fields, "pod")},
+        });
+      },
+      [&](int gpu, const std::string& line) {
+        other_lines.push_back(fmt::format("GPU {}: {}", gpu, line));
+      });
+  return {{"clients", std::move(clients)}, {"notes", notes_json(std::move(other_lines), notes)}};
 }
 
 // Launches that went out in graph launches, and their mean number per graph launch:
@@ -240,42 +308,40 @@ std::string format_stats_table(const std::vector<ServerClients>& servers) {
   return table + notes;
 }
 
-std::string format_stats_json(const std::vector<ServerClients>& servers, const std::string& notes) {
-  std::vector<std::string> clients;
+nlohmann::json stats_json(const std::vector<ServerClients>& servers, const std::string& notes) {
+  nlohmann::json clients = nlohmann::json::array();
   std::vector<std::string> other_lines;
   auto client = [&](int gpu, const Fields& fields) {
-    std::vector<std::string> top;
+    nlohmann::json top = nlohmann::json::array();
     auto it = fields.find("top");
     for (const TopEntry& entry : parse_top(it == fields.end() ? "-" : it->second)) {
-      top.push_back(fmt::format(R"({{"op": {}, "count": {}, "server_us": {}}})",
-                                json_string(entry.op), json_number(entry.count),
-                                json_number(entry.server_us)));
+      top.push_back({{"op", entry.op},
+                     {"count", json_optional(entry.count)},
+                     {"server_us", json_optional(entry.server_us)}});
     }
-    std::string uid = field(fields, "uid");
-    clients.push_back(fmt::format(
-        R"({{"gpu": {}, "client": {}, "pid": {}, "uid": {}, "user": {}, "program": {}, )"
-        R"("records": {}, "server_us": {}, "delay_samples": {}, "delay_p50_us": {}, )"
-        R"("delay_p99_us": {}, "delay_max_us": {}, "worker": {}, "batches": {}, "batched": {}, )"
-        R"("top": [{}]}})",
-        gpu, json_number_field(fields, "client"), json_number_field(fields, "pid"),
-        json_number_field(fields, "uid"), json_string(user_name(uid)),
-        json_string(field(fields, "program")), json_number_field(fields, "records"),
-        json_number_field(fields, "server_us"), json_number_field(fields, "delay_samples"),
-        json_number_field(fields, "delay_p50_us"), json_number_field(fields, "delay_p99_us"),
-        json_number_field(fields, "delay_max_us"), json_number_field(fields, "worker"),
-        json_number_field(fields, "batches"), json_number_field(fields, "batched"),
-        fmt::join(top, ", ")));
+    clients.push_back({
+        {"gpu", gpu},
+        {"client", json_number(fields, "client")},
+        {"pid", json_number(fields, "pid")},
+        {"uid", json_number(fields, "uid")},
+        {"user", user_name(field(fields, "uid"))},
+        {"program", field(fields, "program")},
+        {"records", json_number(fields, "records")},
+        {"server_us", json_number(fields, "server_us")},
+        {"delay_samples", json_number(fields, "delay_samples")},
+        {"delay_p50_us", json_number(fields, "delay_p50_us")},
+        {"delay_p99_us", json_number(fields, "delay_p99_us")},
+        {"delay_max_us", json_number(fields, "delay_max_us")},
+        {"worker", json_number(fields, "worker")},
+        {"batches", json_number(fields, "batches")},
+        {"batched", json_number(fields, "batched")},
+        {"top", std::move(top)},
+    });
   };
   for_each_line(servers, client, [&](int gpu, const std::string& line) {
     other_lines.push_back(fmt::format("GPU {}: {}", gpu, line));
   });
-  for (const std::string& line : split(notes, '\n')) {
-    if (!line.empty()) other_lines.push_back(line);
-  }
-  std::vector<std::string> quoted;
-  for (const std::string& line : other_lines) quoted.push_back(json_string(line));
-  return fmt::format("{{\"clients\": [{}], \"notes\": [{}]}}\n", fmt::join(clients, ",\n  "),
-                     fmt::join(quoted, ", "));
+  return {{"clients", std::move(clients)}, {"notes", notes_json(std::move(other_lines), notes)}};
 }
 
 }  // namespace mpsshim::daemon

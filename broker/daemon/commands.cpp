@@ -37,6 +37,12 @@ CtlReply error_reply(std::string text) {
   return CtlReply{1, std::move(text)};
 }
 
+// A `--json` answer with figures: the object, with "ok" added.
+CtlReply json_reply(int status, nlohmann::json object) {
+  object["ok"] = status == 0;
+  return CtlReply{status, object.dump(2), true};
+}
+
 // Runs `done` with every GPU's answer once the last one has arrived or failed.
 class AnswerCollector {
  public:
@@ -90,12 +96,15 @@ const std::vector<Commands::Command>& Commands::table() {
       {"gpu_states", "gpu_states",
        "each GPU as key=value fields for programs: gpu, state, restarts, uuid, memory, sms, name",
        0, 0, &Commands::gpu_states},
-      {"ps", "ps", "every client of every GPU: pid, user, SMs, memory, kernels launched, state", 0,
-       0, &Commands::ps},
-      {"stats", "stats [--json]",
+      {"ps", "ps",
+       "every client of every GPU: pid, user, SMs, memory (in use, peak, limit), pinned host "
+       "memory, kernels launched, GPU busy time, bytes copied each way, priority, state, start, "
+       "allocation (pod)",
+       0, 0, &Commands::ps},
+      {"stats", "stats",
        "every client of every GPU: records, server time, delay from the client's send to the "
        "server's start (p50, p99, max), the operations that took the most server time",
-       0, 1, &Commands::stats},
+       0, 0, &Commands::stats},
       {"terminate_client", "terminate_client <gpu> <pid>",
        "end client <pid> on GPU <gpu>; its CUDA calls fail from then on", 2, 2,
        &Commands::terminate_client},
@@ -111,6 +120,14 @@ const std::vector<Commands::Command>& Commands::table() {
       {"get_default_device_pinned_mem_limit", "get_default_device_pinned_mem_limit <gpu>",
        "the default device memory limit of <gpu> (0 = none)", 1, 1,
        &Commands::get_default_memory_limit},
+      {"set_active_thread_percentage", "set_active_thread_percentage <gpu> <pid> <1-100>",
+       "move the running client <pid> of GPU <gpu> to a share of the SMs: its later work runs "
+       "in a green context of the new size, work already queued finishes where it is",
+       3, 3, &Commands::set_client_percentage},
+      {"set_device_pinned_mem_limit", "set_device_pinned_mem_limit <gpu> <pid> <size>",
+       "change the device memory limit of the running client <pid> of GPU <gpu> (e.g. 4G; 0 = "
+       "no limit); below what it uses, its allocations are refused until it uses less",
+       3, 3, &Commands::set_client_memory_limit},
       {"server_command", "server_command <gpu> <text...>",
        "pass a command the daemon does not know to GPU <gpu>'s server and show its answer", 2,
        SIZE_MAX, &Commands::server_command},
@@ -135,6 +152,19 @@ const std::vector<Commands::Command>& Commands::table() {
 
 void Commands::execute(std::string_view line, ReplyHandler reply) {
   Args words = split_words(line);
+  const bool json = std::erase(words, std::string("--json")) != 0;
+  if (json) {
+    // Commands without figures of their own answer {"ok": ..., "message": ...}.
+    reply = [reply = std::move(reply)](CtlReply answer) {
+      if (!answer.json) {
+        std::string message = answer.text;
+        while (!message.empty() && message.back() == '\n') message.pop_back();
+        answer.text = nlohmann::json{{"ok", answer.status == 0}, {"message", message}}.dump(2);
+      }
+      answer.text += '\n';
+      reply(std::move(answer));
+    };
+  }
   if (words.empty()) {
     reply(error_reply("empty command; `help` lists the commands"));
     return;
@@ -143,32 +173,43 @@ void Commands::execute(std::string_view line, ReplyHandler reply) {
     if (command.name != words.front()) continue;
     Args args(words.begin() + 1, words.end());
     if (args.size() < command.min_args || args.size() > command.max_args) {
-      reply(error_reply(fmt::format("usage: {}", command.usage)));
+      reply(error_reply(fmt::format("usage: {} [--json]", command.usage)));
       return;
     }
-    (this->*command.run)(args, std::move(reply));
+    (this->*command.run)(args, json, std::move(reply));
     return;
   }
   reply(error_reply(fmt::format("unknown command `{}`; `help` lists the commands", words.front())));
 }
 
-void Commands::help(const Args&, ReplyHandler reply) {
-  std::string text = "commands:\n";
+void Commands::help(const Args&, bool json, ReplyHandler reply) {
+  if (json) {
+    nlohmann::json commands = nlohmann::json::array();
+    for (const Command& command : table()) {
+      commands.push_back(
+          {{"name", command.name}, {"usage", command.usage}, {"help", command.help}});
+    }
+    return reply(json_reply(0, {{"commands", std::move(commands)}}));
+  }
+  std::string text = "commands (each takes --json: the answer as one JSON object):\n";
   for (const Command& command : table()) {
     text += fmt::format("  {}\n      {}\n", command.usage, command.help);
   }
   reply(CtlReply{0, text});
 }
 
-void Commands::server_list(const Args&, ReplyHandler reply) {
+void Commands::server_list(const Args&, bool json, ReplyHandler reply) {
+  if (json) return reply(json_reply(0, {{"servers", server_list_json(supervisor_)}}));
   reply(CtlReply{0, format_server_list(supervisor_)});
 }
 
-void Commands::gpu_states(const Args&, ReplyHandler reply) {
+void Commands::gpu_states(const Args&, bool json, ReplyHandler reply) {
+  if (json) return reply(json_reply(0, {{"gpus", gpu_states_json(supervisor_)}}));
   reply(CtlReply{0, format_gpu_states(supervisor_)});
 }
 
-void Commands::device_query(const Args&, ReplyHandler reply) {
+void Commands::device_query(const Args&, bool json, ReplyHandler reply) {
+  if (json) return reply(json_reply(0, {{"gpus", device_query_json(supervisor_)}}));
   reply(CtlReply{0, format_device_query(supervisor_)});
 }
 
@@ -214,8 +255,16 @@ void Commands::query_clients(const std::string& text, ClientsHandler done) {
                        });
 }
 
-void Commands::ps(const Args&, ReplyHandler reply) {
-  query_clients("", [this, reply = std::move(reply)](auto clients, auto notes, auto problems) {
+void Commands::ps(const Args&, bool json, ReplyHandler reply) {
+  query_clients("", [this, reply = std::move(reply), json](auto clients, auto notes,
+                                                           auto problems) {
+    const int status = problems.empty() ? 0 : 1;
+    if (json) {
+      for (ServerClients& server : clients) {
+        server.text = with_pod_fields(allocations_, server.text);
+      }
+      return reply(json_reply(status, client_table_json(clients, notes + problems)));
+    }
     auto allocation_name = [this](const std::string& id) {
       auto number = parse_integer(id);
       const Allocation* allocation =
@@ -223,8 +272,7 @@ void Commands::ps(const Args&, ReplyHandler reply) {
       // An allocation revoked while its clients run keeps its id in ps.
       return allocation == nullptr ? id + " (revoked)" : id + " " + pod_of(*allocation);
     };
-    reply(CtlReply{problems.empty() ? 0 : 1,
-                   format_client_table(clients, allocation_name) + notes + problems});
+    reply(CtlReply{status, format_client_table(clients, allocation_name) + notes + problems});
   });
 }
 
@@ -249,20 +297,15 @@ void Commands::client_reports(std::function<void(ClientReports)> done) {
   });
 }
 
-void Commands::stats(const Args& args, ReplyHandler reply) {
-  const bool json = !args.empty();
-  if (json && args[0] != "--json") {
-    return reply(
-        error_reply(fmt::format("usage: stats [--json] (`{}` is not an option)", args[0])));
-  }
+void Commands::stats(const Args&, bool json, ReplyHandler reply) {
   query_clients("stats", [reply = std::move(reply), json](auto clients, auto notes, auto problems) {
     const int status = problems.empty() ? 0 : 1;
-    if (json) return reply(CtlReply{status, format_stats_json(clients, notes + problems)});
+    if (json) return reply(json_reply(status, stats_json(clients, notes + problems)));
     reply(CtlReply{status, format_stats_table(clients) + notes + problems});
   });
 }
 
-void Commands::terminate_client(const Args& args, ReplyHandler reply) {
+void Commands::terminate_client(const Args& args, bool, ReplyHandler reply) {
   auto gpu = gpu_argument(args[0]);
   if (!gpu) return reply(error_reply(gpu.error()));
   auto pid = parse_integer(args[1]);
@@ -299,7 +342,7 @@ void Commands::tell_servers(const std::vector<int>& gpus, const std::string& tex
                        });
 }
 
-void Commands::set_default_percentage(const Args& args, ReplyHandler reply) {
+void Commands::set_default_percentage(const Args& args, bool, ReplyHandler reply) {
   auto percentage = parse_integer(args[0]);
   if (!percentage || *percentage < 1 || *percentage > 100) {
     return reply(error_reply(
@@ -318,11 +361,13 @@ void Commands::set_default_percentage(const Args& args, ReplyHandler reply) {
       });
 }
 
-void Commands::get_default_percentage(const Args&, ReplyHandler reply) {
-  reply(CtlReply{0, fmt::format("{}\n", supervisor_.defaults().sm_percentage.value_or(100))});
+void Commands::get_default_percentage(const Args&, bool json, ReplyHandler reply) {
+  const int value = supervisor_.defaults().sm_percentage.value_or(100);
+  if (json) return reply(json_reply(0, {{"value", value}}));
+  reply(CtlReply{0, fmt::format("{}\n", value)});
 }
 
-void Commands::set_default_memory_limit(const Args& args, ReplyHandler reply) {
+void Commands::set_default_memory_limit(const Args& args, bool, ReplyHandler reply) {
   auto gpu = gpu_argument(args[0]);
   if (!gpu) return reply(error_reply(gpu.error()));
   auto bytes = parse_size(args[1]);
@@ -342,31 +387,63 @@ void Commands::set_default_memory_limit(const Args& args, ReplyHandler reply) {
       });
 }
 
-void Commands::get_default_memory_limit(const Args& args, ReplyHandler reply) {
+void Commands::get_default_memory_limit(const Args& args, bool json, ReplyHandler reply) {
   auto gpu = gpu_argument(args[0]);
   if (!gpu) return reply(error_reply(gpu.error()));
-  reply(
-      CtlReply{0, fmt::format("{}\n", format_size(supervisor_.defaults().memory_limit_of(*gpu)))});
+  const std::uint64_t bytes = supervisor_.defaults().memory_limit_of(*gpu);
+  if (json) return reply(json_reply(0, {{"gpu", *gpu}, {"bytes", bytes}}));
+  reply(CtlReply{0, fmt::format("{}\n", format_size(bytes))});
 }
 
-void Commands::server_command(const Args& args, ReplyHandler reply) {
-  auto gpu = gpu_argument(args[0]);
-  if (!gpu) return reply(error_reply(gpu.error()));
-  std::string text = fmt::format("{}", fmt::join(args.begin() + 1, args.end(), " "));
-  supervisor_.request(*gpu, MessageKind::kCtlRequest, text, kServerTimeout,
+void Commands::ask_server(int gpu, const std::string& text, ReplyHandler reply) {
+  supervisor_.request(gpu, MessageKind::kCtlRequest, text, kServerTimeout,
                       [reply = std::move(reply)](auto answer) {
                         if (!answer) return reply(error_reply(answer.error()));
                         reply(CtlReply{answer->status == 0 ? 0 : 1, answer->text});
                       });
 }
 
-void Commands::quit(const Args&, ReplyHandler reply) {
+void Commands::set_client_percentage(const Args& args, bool, ReplyHandler reply) {
+  auto gpu = gpu_argument(args[0]);
+  if (!gpu) return reply(error_reply(gpu.error()));
+  auto pid = parse_integer(args[1]);
+  if (!pid || *pid <= 0) return reply(error_reply(fmt::format("`{}` is not a pid", args[1])));
+  auto percentage = parse_integer(args[2]);
+  if (!percentage || *percentage < 1 || *percentage > 100) {
+    return reply(error_reply(
+        fmt::format("`{}` is not a percentage: give a whole number from 1 to 100", args[2])));
+  }
+  ask_server(*gpu, fmt::format("set_client_active_thread_percentage {} {}", *pid, *percentage),
+             std::move(reply));
+}
+
+void Commands::set_client_memory_limit(const Args& args, bool, ReplyHandler reply) {
+  auto gpu = gpu_argument(args[0]);
+  if (!gpu) return reply(error_reply(gpu.error()));
+  auto pid = parse_integer(args[1]);
+  if (!pid || *pid <= 0) return reply(error_reply(fmt::format("`{}` is not a pid", args[1])));
+  auto bytes = parse_size(args[2]);
+  if (!bytes) {
+    return reply(error_reply(fmt::format(
+        "`{}` is not a size: give a number with an optional K, M, G or T (e.g. 4G)", args[2])));
+  }
+  ask_server(*gpu, fmt::format("set_client_memory_limit {} {}", *pid, *bytes), std::move(reply));
+}
+
+void Commands::server_command(const Args& args, bool, ReplyHandler reply) {
+  auto gpu = gpu_argument(args[0]);
+  if (!gpu) return reply(error_reply(gpu.error()));
+  ask_server(*gpu, fmt::format("{}", fmt::join(args.begin() + 1, args.end(), " ")),
+             std::move(reply));
+}
+
+void Commands::quit(const Args&, bool, ReplyHandler reply) {
   reply(CtlReply{
       0, fmt::format("mpsshimd (pid {}) is stopping its servers and exiting\n", ::getpid())});
   request_shutdown_();
 }
 
-void Commands::register_allocation(const Args& args, ReplyHandler reply) {
+void Commands::register_allocation(const Args& args, bool json, ReplyHandler reply) {
   auto allocation = allocations_.add(args);
   if (!allocation) {
     return reply(error_reply(fmt::format("register_allocation: {}", allocation.error())));
@@ -377,10 +454,11 @@ void Commands::register_allocation(const Args& args, ReplyHandler reply) {
            a.sm_percentage == 0 ? 100 : a.sm_percentage,
            a.memory_limit == 0 ? "unlimited" : format_size(a.memory_limit),
            a.devices.empty() ? "-" : fmt::format("{}", fmt::join(a.devices, ",")));
+  if (json) return reply(json_reply(0, {{"allocation", a.id}, {"token", a.token}}));
   reply(CtlReply{0, fmt::format("allocation={} token={}\n", a.id, a.token)});
 }
 
-void Commands::revoke_allocation(const Args& args, ReplyHandler reply) {
+void Commands::revoke_allocation(const Args& args, bool, ReplyHandler reply) {
   auto id = parse_integer(args[0]);
   if (!id || *id <= 0 || !allocations_.revoke(static_cast<std::uint32_t>(*id))) {
     return reply(error_reply(fmt::format("there is no allocation `{}`", args[0])));
@@ -389,7 +467,7 @@ void Commands::revoke_allocation(const Args& args, ReplyHandler reply) {
   reply(CtlReply{0, fmt::format("allocation {} revoked\n", *id)});
 }
 
-void Commands::label_allocation(const Args& args, ReplyHandler reply) {
+void Commands::label_allocation(const Args& args, bool, ReplyHandler reply) {
   auto id = parse_integer(args[0]);
   if (!id || *id <= 0 || allocations_.find(static_cast<std::uint32_t>(*id)) == nullptr) {
     return reply(error_reply(fmt::format("there is no allocation `{}`", args[0])));
@@ -401,7 +479,28 @@ void Commands::label_allocation(const Args& args, ReplyHandler reply) {
   reply(CtlReply{0, fmt::format("allocation {} is pod {}/{}\n", *id, args[1], args[2])});
 }
 
-void Commands::list_allocations(const Args&, ReplyHandler reply) {
+void Commands::list_allocations(const Args&, bool json, ReplyHandler reply) {
+  if (json) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& [id, a] : allocations_.all()) {
+      auto text_or_null = [](const std::string& text) {
+        return text.empty() ? nlohmann::json(nullptr) : nlohmann::json(text);
+      };
+      list.push_back(
+          {{"allocation", id},
+           {"gpus", a.gpus},  // empty: any
+           {"sm_percentage", a.sm_percentage == 0 ? 100 : a.sm_percentage},
+           {"memory_limit_bytes",
+            a.memory_limit == 0 ? nlohmann::json(nullptr) : nlohmann::json(a.memory_limit)},
+           {"sm_slot", a.sm_slots == 0 ? nlohmann::json(nullptr) : nlohmann::json(a.sm_slot)},
+           {"sm_slots", a.sm_slots == 0 ? nlohmann::json(nullptr) : nlohmann::json(a.sm_slots)},
+           {"namespace", text_or_null(a.pod_namespace)},
+           {"pod", text_or_null(a.pod_name)},
+           {"devices", a.devices}});
+    }
+    return reply(json_reply(
+        0, {{"allocations", std::move(list)}, {"tokens_required", allocations_.tokens_required}}));
+  }
   constexpr std::string_view kRow = "{:<7}{:<8}{:<5}{:<10}{:<32}{}\n";
   std::string text = fmt::format(kRow, "ID", "GPUS", "SM%", "MEMORY", "POD", "DEVICES");
   for (const auto& [id, a] : allocations_.all()) {

@@ -18,6 +18,7 @@ namespace mpsshim::daemon {
 struct CtlReply {
   int status = 0;  // 0 = ok; mpsshimctl exits 1 otherwise
   std::string text;
+  bool json = false;  // text is already the JSON object `--json` asked for
 };
 using ReplyHandler = std::function<void(CtlReply)>;
 
@@ -28,7 +29,9 @@ class Commands {
   Commands(Supervisor& supervisor, AllocationRegistry& allocations,
            std::function<void()> request_shutdown);
 
-  // `reply` runs exactly once.
+  // `reply` runs exactly once. A word `--json` anywhere after the command asks for the answer
+  // as one JSON object: the command's figures where it has some, else {"ok": ..., "message":
+  // ...} (docs/daemon.md).
   void execute(std::string_view line, ReplyHandler reply);
 
   // The metrics endpoint's source: every running server's answers to the `ps` query and to the
@@ -49,28 +52,32 @@ class Commands {
     std::string_view help;
     std::size_t min_args;
     std::size_t max_args;  // SIZE_MAX: the rest of the line
-    void (Commands::*run)(const Args&, ReplyHandler);
+    void (Commands::*run)(const Args&, bool json, ReplyHandler);
   };
   static const std::vector<Command>& table();
 
-  void help(const Args&, ReplyHandler reply);
-  void server_list(const Args&, ReplyHandler reply);
-  void device_query(const Args&, ReplyHandler reply);
-  void gpu_states(const Args&, ReplyHandler reply);
-  void ps(const Args&, ReplyHandler reply);
-  void stats(const Args&, ReplyHandler reply);
-  void terminate_client(const Args&, ReplyHandler reply);
-  void set_default_percentage(const Args&, ReplyHandler reply);
-  void get_default_percentage(const Args&, ReplyHandler reply);
-  void set_default_memory_limit(const Args&, ReplyHandler reply);
-  void get_default_memory_limit(const Args&, ReplyHandler reply);
-  void server_command(const Args&, ReplyHandler reply);
-  void quit(const Args&, ReplyHandler reply);
-  void register_allocation(const Args&, ReplyHandler reply);
-  void revoke_allocation(const Args&, ReplyHandler reply);
-  void label_allocation(const Args&, ReplyHandler reply);
-  void list_allocations(const Args&, ReplyHandler reply);
+  void help(const Args&, bool json, ReplyHandler reply);
+  void server_list(const Args&, bool json, ReplyHandler reply);
+  void device_query(const Args&, bool json, ReplyHandler reply);
+  void gpu_states(const Args&, bool json, ReplyHandler reply);
+  void ps(const Args&, bool json, ReplyHandler reply);
+  void stats(const Args&, bool json, ReplyHandler reply);
+  void terminate_client(const Args&, bool json, ReplyHandler reply);
+  void set_default_percentage(const Args&, bool json, ReplyHandler reply);
+  void get_default_percentage(const Args&, bool json, ReplyHandler reply);
+  void set_default_memory_limit(const Args&, bool json, ReplyHandler reply);
+  void get_default_memory_limit(const Args&, bool json, ReplyHandler reply);
+  void set_client_percentage(const Args&, bool json, ReplyHandler reply);
+  void set_client_memory_limit(const Args&, bool json, ReplyHandler reply);
+  void server_command(const Args&, bool json, ReplyHandler reply);
+  void quit(const Args&, bool json, ReplyHandler reply);
+  void register_allocation(const Args&, bool json, ReplyHandler reply);
+  void revoke_allocation(const Args&, bool json, ReplyHandler reply);
+  void label_allocation(const Args&, bool json, ReplyHandler reply);
+  void list_allocations(const Args&, bool json, ReplyHandler reply);
 
+  // Sends `text` to GPU `gpu`'s server as a kCtlRequest and replies with its answer.
+  void ask_server(int gpu, const std::string& text, ReplyHandler reply);
   // The GPU an argument names, or an error reply.
   tl::expected<int, std::string> gpu_argument(const std::string& text) const;
   // Sends kServerStatsQuery `text` to every running server; `done` gets their answers, a line

@@ -1,7 +1,8 @@
 // mpsshimctl: sends operator commands to mpsshimd and prints the answers. See docs/daemon.md.
 //
 //   mpsshimctl server_list            one command
-//   mpsshimctl stats --json           one command with an argument
+//   mpsshimctl ps --json              one command, its answer as JSON (any command takes it)
+//   mpsshimctl --json ps              the same
 //   echo quit | mpsshimctl            commands from stdin, one per line
 //
 // Exit status: 0 all answered ok, 1 the daemon answered with an error (or refused us), 2 the
@@ -35,10 +36,12 @@ constexpr const char* kUsage = R"(usage: mpsshimctl [--runtime-dir DIR] [command
 
 Sends one command to mpsshimd and prints its answer; without a command, reads commands from
 stdin, one per line (echo quit | mpsshimctl). `mpsshimctl help` lists the commands, e.g.
-`ps` (who runs where) and `stats [--json]` (server time and delays per client).
+`ps` (who runs where, what each client used) and `stats` (server time and delays per client).
+Every command takes `--json`: its answer as one JSON object, on stdout even when it failed.
 
   --runtime-dir DIR  the daemon's runtime directory (default: $CUDA_MPS_PIPE_DIRECTORY, else
                      /run/mpsshim for root, else /tmp/mpsshim-$UID)
+  --json             add --json to every command
   -h, --help         this text
 
 Exit status: 0 ok, 1 the daemon answered with an error, 2 the daemon could not be reached.
@@ -65,7 +68,9 @@ int send_command(const RuntimeDir& dir, const std::string& line) {
         return kDaemonError;
     }
   }
-  std::fputs(answer->text.c_str(), answer->status == 0 ? stdout : stderr);
+  // A --json answer is for a script: stdout, ok or not (its "ok" says which).
+  const bool json = (" " + line + " ").find(" --json ") != std::string::npos;
+  std::fputs(answer->text.c_str(), answer->status == 0 || json ? stdout : stderr);
   std::fflush(nullptr);
   return answer->status == 0 ? kOk : kDaemonError;
 }
@@ -76,9 +81,11 @@ int main(int argc, char** argv) {
   static const option kLong[] = {
       {"runtime-dir", required_argument, nullptr, 'r'},
       {"help", no_argument, nullptr, 'h'},
+      {"json", no_argument, nullptr, 'j'},
       {nullptr, 0, nullptr, 0},
   };
   std::optional<std::string> runtime_dir;
+  bool json = false;
   ::opterr = 0;
   // '+': options end at the command, so its own arguments are never taken for ours.
   for (int c; (c = ::getopt_long(argc, argv, "+:h", kLong, nullptr)) != -1;) {
@@ -89,6 +96,9 @@ int main(int argc, char** argv) {
       case 'h':
         std::fputs(kUsage, stdout);
         return kOk;
+      case 'j':
+        json = true;
+        break;
       default:
         fmt::print(stderr, "mpsshimctl: bad option {}\n{}", argv[::optind - 1], kUsage);
         return kUnreachable;
@@ -98,12 +108,12 @@ int main(int argc, char** argv) {
   if (::optind < argc) {
     std::string line;
     for (int i = ::optind; i < argc; ++i) line += (i > ::optind ? " " : "") + std::string(argv[i]);
-    return send_command(dir, line);
+    return send_command(dir, json ? line + " --json" : line);
   }
   int worst = kOk;
   for (std::string line; std::getline(std::cin, line);) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    int status = send_command(dir, line);
+    int status = send_command(dir, json ? line + " --json" : line);
     if (status == kUnreachable) return status;
     worst = std::max(worst, status);
   }

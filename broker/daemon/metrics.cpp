@@ -273,6 +273,17 @@ std::string format_metrics(const MetricsInput& input) {
                "The client's device memory limit, in bytes; no sample when it has none."};
   Family client_sms{"mpsshim_client_sms", "gauge",
                     "Streaming multiprocessors granted to the client (its SM quota)."};
+  Family peak{"mpsshim_client_memory_peak_bytes", "gauge",
+              "The most device memory the client has held since it connected, in bytes."};
+  Family pinned{"mpsshim_client_pinned_host_memory_bytes", "gauge",
+                "Pinned host memory the client holds (cuMemAllocHost, registered), in bytes."};
+  Family busy{"mpsshim_client_busy_seconds_total", "counter",
+              "GPU time of the client's work, measured on the GPU with events around it and "
+              "summed over its streams, in seconds."};
+  Family copied{"mpsshim_client_copied_bytes_total", "counter",
+                "Bytes the client copied; label direction: h2d, d2h or d2d."};
+  Family client_start{"mpsshim_client_start_time_seconds", "gauge",
+                      "When the client connected, since the unix epoch, in seconds."};
   Family records{"mpsshim_client_records_total", "counter",
                  "Ring records (driver calls) the server executed for the client."};
   Family server_seconds{"mpsshim_client_server_seconds_total", "counter",
@@ -302,6 +313,18 @@ std::string format_metrics(const MetricsInput& input) {
     if (auto v = number_of(fields, "mem_used")) used.add(labels, *v);
     if (auto v = number_of(fields, "mem_limit"); v && *v > 0) limit.add(labels, *v);
     if (auto v = number_of(fields, "sms")) client_sms.add(labels, *v);
+    if (auto v = number_of(fields, "mem_peak")) peak.add(labels, *v);
+    if (auto v = number_of(fields, "pinned")) pinned.add(labels, *v);
+    if (auto v = number_of(fields, "busy_us")) busy.add(labels, *v / 1e6);
+    if (auto v = number_of(fields, "start_time")) client_start.add(labels, *v);
+    for (std::string_view direction : {"h2d", "d2h", "d2d"}) {
+      if (auto v = number_of(fields, fmt::format("{}_bytes", direction))) {
+        // The direction label goes inside the client's braces.
+        copied.add(
+            fmt::format("{},direction=\"{}\"}}", labels.substr(0, labels.size() - 1), direction),
+            *v);
+      }
+    }
   });
   for_each_client(input.reports.stats, [&](int gpu, const ClientFields& fields) {
     std::string labels = client_labels(gpu, fields);
@@ -334,8 +357,9 @@ std::string format_metrics(const MetricsInput& input) {
 
   std::string text;
   for (const Family* family :
-       {&start, &build, &up, &restarts, &faults, &answered, &clients, &info, &sms, &memory,
-        &launches, &used, &limit, &client_sms, &records, &server_seconds, &batched, &graphs}) {
+       {&start, &build,  &up,           &restarts, &faults,         &answered,   &clients, &info,
+        &sms,   &memory, &launches,     &used,     &limit,          &client_sms, &peak,    &pinned,
+        &busy,  &copied, &client_start, &records,  &server_seconds, &batched,    &graphs}) {
     text += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}", family->name, family->help, family->name,
                         family->type, family->samples);
   }

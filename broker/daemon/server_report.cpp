@@ -6,6 +6,7 @@
 
 #include "broker/daemon/sizes.hpp"
 #include "broker/daemon/visible_devices.hpp"
+#include "broker/daemon/wire.hpp"
 
 namespace mpsshim::daemon {
 
@@ -34,6 +35,63 @@ std::string format_server_list(const Supervisor& supervisor) {
         fmt::format("{:<5}{:<9}{:<12}{:<10}{}\n", i, pid, state_name(s.state), s.restarts, details);
   }
   return text + discovery_note(supervisor);
+}
+
+nlohmann::json server_list_json(const Supervisor& supervisor) {
+  nlohmann::json servers = nlohmann::json::array();
+  for (int i = 0; i < supervisor.gpu_count(); ++i) {
+    const ServerStatus& s = supervisor.status(i);
+    std::string details = s.problem;
+    if (s.state == ServerState::kRunning && s.snapshot) details = s.snapshot->name;
+    servers.push_back({{"gpu", i},
+                       {"pid", s.pid > 0 ? nlohmann::json(s.pid) : nlohmann::json(nullptr)},
+                       {"state", state_name(s.state)},
+                       {"restarts", s.restarts},
+                       {"details", details}});
+  }
+  return servers;
+}
+
+nlohmann::json device_query_json(const Supervisor& supervisor) {
+  nlohmann::json gpus = nlohmann::json::array();
+  for (int i = 0; i < supervisor.gpu_count(); ++i) {
+    const ServerStatus& s = supervisor.status(i);
+    nlohmann::json gpu = {
+        {"gpu", i},
+        {"server_state", state_name(s.state)},
+        {"server_pid", s.pid > 0 ? nlohmann::json(s.pid) : nlohmann::json(nullptr)},
+        {"name", nullptr},
+        {"uuid", nullptr},
+        {"memory_bytes", nullptr},
+        {"sms", nullptr},
+        {"driver_version", nullptr}};
+    if (s.snapshot) {
+      const proto::DeviceSnapshot& d = *s.snapshot;
+      gpu["name"] = bounded_string(d.name);
+      gpu["uuid"] = format_gpu_uuid(d.uuid);
+      gpu["memory_bytes"] = d.total_memory;
+      gpu["sms"] = d.sm_count;
+      gpu["driver_version"] = d.driver_version;
+    }
+    gpus.push_back(std::move(gpu));
+  }
+  return gpus;
+}
+
+nlohmann::json gpu_states_json(const Supervisor& supervisor) {
+  nlohmann::json gpus = nlohmann::json::array();
+  for (int i = 0; i < supervisor.gpu_count(); ++i) {
+    const ServerStatus& s = supervisor.status(i);
+    const proto::DeviceSnapshot* d = s.snapshot ? &*s.snapshot : nullptr;
+    gpus.push_back({{"gpu", i},
+                    {"state", state_name(s.state)},
+                    {"restarts", s.restarts},
+                    {"uuid", d ? nlohmann::json(format_gpu_uuid(d->uuid)) : nullptr},
+                    {"memory_bytes", d ? nlohmann::json(d->total_memory) : nullptr},
+                    {"sms", d ? nlohmann::json(d->sm_count) : nullptr},
+                    {"name", d ? nlohmann::json(bounded_string(d->name)) : nullptr}});
+  }
+  return gpus;
 }
 
 std::string format_device_query(const Supervisor& supervisor) {

@@ -109,6 +109,9 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
                                            quota.target, describe(*gpu_.cu, green.error())));
   }
   s.green = *green;
+  s.sm_percentage = std::clamp(percentage, 1, 100);
+  s.ignore_sm_coscheduling = ignore_coscheduling;
+  s.sm_placement = placement;
 
   if (admit.allocation_id != 0) {
     s.allocation = allocation_account(admit.allocation_id, admit.allocation_memory_limit);

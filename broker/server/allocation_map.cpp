@@ -14,9 +14,20 @@ bool AllocationMap::contains(std::uint64_t p, std::uint64_t n) const {
   if (n > std::numeric_limits<std::uint64_t>::max() - p) return false;
   auto after = ranges_.upper_bound(p);
   if (after == ranges_.begin()) return false;
-  const DeviceRange& range = std::prev(after)->second;
-  std::uint64_t offset = p - range.base;
-  return offset < range.bytes && n <= range.bytes - offset;
+  const DeviceRange* range = &std::prev(after)->second;
+  std::uint64_t offset = p - range->base;
+  if (offset >= range->bytes) return false;
+  // Walk on through mappings that continue exactly where the last one ended.
+  while (n > range->bytes - offset) {
+    if (range->kind != RangeKind::kMapped || after == ranges_.end()) return false;
+    const DeviceRange& next = after->second;
+    if (next.kind != RangeKind::kMapped || next.base != range->base + range->bytes) return false;
+    n -= range->bytes - offset;
+    offset = 0;
+    range = &next;
+    ++after;
+  }
+  return true;
 }
 
 const DeviceRange* AllocationMap::find(std::uint64_t base) const {

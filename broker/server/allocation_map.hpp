@@ -1,6 +1,7 @@
 // The device memory one client may name: its own allocations, the module and library globals
-// it looked up, and the device side of its pinned host regions. A pointer range a client sends
-// is used only if it lies inside one of these.
+// it looked up, the device side of its pinned host regions, and its virtual-memory mappings
+// that it made read-write accessible. A pointer range a client sends is used only if it lies
+// inside one of these.
 #pragma once
 
 #include <cstdint>
@@ -11,13 +12,18 @@
 
 namespace mpsshim::server {
 
-enum class RangeKind : std::uint8_t { kAllocation, kGlobal, kPinned };
+// kMapped: a cuMemMap'ed range with read-write access (ops_vmm.cpp). Consecutive mapped ranges
+// are one contiguous span of device addresses, as for the driver: a pointer range may cross
+// from one into the next (an expandable allocator grows a buffer a mapping at a time).
+enum class RangeKind : std::uint8_t { kAllocation, kGlobal, kPinned, kMapped };
 
 struct DeviceRange {
   std::uint64_t base = 0;
   std::uint64_t bytes = 0;
   RangeKind kind = RangeKind::kAllocation;
-  std::uint64_t owner = 0;  // allocation: context id; global: module/library id; pinned: region id
+  // allocation: context id (pool id for pool memory); global: module/library id; pinned: region
+  // id; mapped: the physical allocation's id
+  std::uint64_t owner = 0;
 };
 
 class AllocationMap {
@@ -26,7 +32,8 @@ class AllocationMap {
   // is remembered once).
   bool add(const DeviceRange& range);
 
-  // [p, p + n) lies inside one known range. Zero bytes touch nothing and are always fine.
+  // [p, p + n) lies inside one known range, or a run of back-to-back mapped ranges. Zero bytes
+  // touch nothing and are always fine.
   bool contains(std::uint64_t p, std::uint64_t n) const;
 
   const DeviceRange* find(std::uint64_t base) const;

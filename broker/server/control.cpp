@@ -9,8 +9,11 @@
 #include <cstring>
 #include <sstream>
 
+#include "broker/server/busy_time.hpp"
+#include "broker/server/client_usage.hpp"
 #include "broker/server/log.hpp"
 #include "broker/server/server.hpp"
+#include "broker/server/sm_quota_change.hpp"
 #include "proto/text_parts.hpp"
 
 namespace mpsshim::server {
@@ -29,12 +32,23 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
-// Program names go into space-separated key=value lines.
-std::string one_word(const std::string& name) {
-  std::string out = name;
-  std::replace_if(
-      out.begin(), out.end(), [](unsigned char c) { return std::isspace(c) != 0; }, '_');
-  return out;
+// On the session's worker: a device memory limit set live. Below what the client uses, its
+// allocations are refused until it uses less (Session::over_limit).
+std::string set_memory_limit(Session& s, std::uint64_t bytes) {
+  s.memory_limit = bytes;
+  s.limit_from_client = false;
+  s.limit_from_operator = true;
+  log_info("{}: device memory limit set by the operator to {}", s.who(),
+           bytes == 0 ? std::string("none") : format_bytes(bytes));
+  if (bytes == 0) return fmt::format("{}: no device memory limit", s.who());
+  if (s.memory_used > bytes) {
+    return fmt::format(
+        "{}: device memory limit {}; it uses {}, so its allocations are refused until it uses "
+        "less",
+        s.who(), format_bytes(bytes), format_bytes(s.memory_used));
+  }
+  return fmt::format("{}: device memory limit {} (it uses {})", s.who(), format_bytes(bytes),
+                     format_bytes(s.memory_used));
 }
 
 // Operator requests wait this long for each worker's answer.
@@ -138,19 +152,12 @@ std::string Server::stats_text(bool accounting) {
       [accounting](Worker& worker) {
         std::string lines;
         for (const auto& s : worker.sessions()) {
-          if (accounting) {
-            std::string line = format_session_stats(*s);
-            line.insert(line.size() - 1, fmt::format(" worker={}", worker.index()));
-            lines += line;
-            continue;
-          }
-          lines += fmt::format(
-              "client={} pid={} uid={} program={} sms={} mem_used={} mem_limit={} launches={} "
-              "state={} worker={} allocation={}\n",
-              s->client.id, s->client.pid, s->client.uid, one_word(s->client.program),
-              s->green.sm_count, s->memory_used, s->memory_limit, s->launches,
-              s->state == SessionState::kActive ? "active" : "draining", worker.index(),
-              s->allocation ? s->allocation->id() : 0);
+          // Busy spans that ended since the last pass count now: a client that synchronized
+          // sees all its work counted (the span's end precedes its answer).
+          poll_busy(*s);
+          std::string line = accounting ? format_session_stats(*s) : format_client_usage(*s);
+          line.insert(line.size() - 1, fmt::format(" worker={}", worker.index()));
+          lines += line;
         }
         return lines;
       },
@@ -189,6 +196,52 @@ std::string Server::terminate_client(const std::string& text, int& status) {
   return fmt::format("terminated {}", fmt::join(ended, ", "));
 }
 
+std::string Server::client_quota_command(const std::string& command, const std::string& pid_text,
+                                         std::istream& rest, int& status) {
+  int pid = 0;
+  std::string value;
+  rest >> value;
+  const bool sms = command == "set_client_active_thread_percentage";
+  int percentage = 0;
+  std::uint64_t bytes = 0;
+  if (!parse_number(std::string_view(pid_text), pid) || pid <= 0 ||
+      (sms ? !parse_number(std::string_view(value), percentage) || percentage < 1 ||
+                 percentage > 100
+           : !parse_number(std::string_view(value), bytes))) {
+    status = 1;
+    return fmt::format("{}: expected a pid and {}, got \"{} {}\"", command,
+                       sms ? "a percentage from 1 to 100" : "a number of bytes (0 = no limit)",
+                       pid_text, value);
+  }
+  // Mail to every worker: the session's own worker applies it between two passes.
+  std::vector<std::string> parts = on_each_worker(
+      // By value: a worker that answers after the timeout must not reach this stack frame.
+      [pid, sms, percentage, bytes](Worker& worker) {
+        std::string lines;
+        for (const auto& s : worker.sessions()) {
+          if (s->client.pid != pid || s->state != SessionState::kActive) continue;
+          if (sms) {
+            auto changed = change_sm_quota(*s, percentage);
+            lines += changed ? *changed + "\n"
+                             : fmt::format("{}: not changed: {}\n", s->who(), changed.error());
+            continue;
+          }
+          lines += set_memory_limit(*s, bytes) + "\n";
+        }
+        return lines;
+      },
+      kOperatorTimeout);
+  std::string answer;
+  for (const std::string& part : parts) answer += part;
+  if (answer.empty()) {
+    status = 1;
+    return fmt::format("no client with pid {} on GPU {}", pid, gpu_.ordinal);
+  }
+  if (answer.find(": not changed: ") != std::string::npos) status = 1;
+  answer.pop_back();
+  return answer;
+}
+
 std::string Server::control_command(const std::string& text, int& status) {
   std::istringstream in{std::string(trim(text))};
   std::string command, value;
@@ -214,6 +267,9 @@ std::string Server::control_command(const std::string& text, int& status) {
     log_info("default memory limit for new clients is now {}",
              bytes == 0 ? std::string("none") : format_bytes(bytes));
     return "ok";
+  }
+  if (command == "set_client_active_thread_percentage" || command == "set_client_memory_limit") {
+    return client_quota_command(command, value, in, status);
   }
   status = 1;
   return fmt::format("the server does not know the command \"{}\"", command);

@@ -10,6 +10,7 @@
 #include "broker/server/launch_batch.hpp"
 #include "broker/server/ops.hpp"
 #include "proto/ops_copies.hpp"
+#include "proto/ops_vmm.hpp"
 
 namespace mpsshim::server {
 namespace {
@@ -133,6 +134,18 @@ std::array<OpSpec, kOpCount> make_specs() {
   set(Op::kMemPoolTrimTo, "MemPoolTrimTo", op_mem_pool_trim_to, sizeof(MemPoolTrimReq), false);
   set(Op::kMemAllocAsync, "MemAllocAsync", op_mem_alloc_async, sizeof(MemAllocAsyncReq), true);
   set(Op::kMemFreeAsync, "MemFreeAsync", op_mem_free_async, sizeof(MemFreeAsyncReq), false);
+  // Every VMM call answers: the client needs its result before it uses the memory.
+  set(Op::kVmmGranularity, "VmmGranularity", op_vmm_granularity, sizeof(VmmGranularityReq), true);
+  set(Op::kVmmCreate, "VmmCreate", op_vmm_create, sizeof(VmmCreateReq), true);
+  set(Op::kVmmRelease, "VmmRelease", op_vmm_release, sizeof(HandleReq), true);
+  set(Op::kVmmReserve, "VmmReserve", op_vmm_reserve, sizeof(VmmReserveReq), true);
+  set(Op::kVmmAddressFree, "VmmAddressFree", op_vmm_address_free, sizeof(VmmRangeReq), true);
+  set(Op::kVmmMap, "VmmMap", op_vmm_map, sizeof(VmmMapReq), true);
+  set(Op::kVmmUnmap, "VmmUnmap", op_vmm_unmap, sizeof(VmmRangeReq), true);
+  set(Op::kVmmSetAccess, "VmmSetAccess", op_vmm_set_access, sizeof(VmmSetAccessReq), true);
+  set(Op::kVmmGetAccess, "VmmGetAccess", op_vmm_get_access, sizeof(VmmGetAccessReq), true);
+  set(Op::kVmmGetProperties, "VmmGetProperties", op_vmm_get_properties, sizeof(HandleReq), true);
+  set(Op::kVmmRetain, "VmmRetain", op_vmm_retain, sizeof(VmmRetainReq), true);
   return s;
 }
 

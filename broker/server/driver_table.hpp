@@ -130,7 +130,19 @@
   X(cuMemPoolGetAttribute, CUresult, (CUmemoryPool, CUmemPool_attribute, void*))                   \
   X(cuMemPoolTrimTo, CUresult, (CUmemoryPool, size_t))                                             \
   X(cuMemAllocFromPoolAsync, CUresult, (CUdeviceptr*, size_t, CUmemoryPool, CUstream))             \
-  X(cuMemFreeAsync, CUresult, (CUdeviceptr, CUstream))
+  X(cuMemFreeAsync, CUresult, (CUdeviceptr, CUstream))                                             \
+  X(cuMemGetAllocationGranularity, CUresult,                                                       \
+    (size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags))                       \
+  X(cuMemCreate, CUresult,                                                                         \
+    (CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long))       \
+  X(cuMemRelease, CUresult, (CUmemGenericAllocationHandle))                                        \
+  X(cuMemAddressReserve, CUresult,                                                                 \
+    (CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long))                               \
+  X(cuMemAddressFree, CUresult, (CUdeviceptr, size_t))                                             \
+  X(cuMemMap, CUresult,                                                                            \
+    (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))               \
+  X(cuMemUnmap, CUresult, (CUdeviceptr, size_t))                                                   \
+  X(cuMemSetAccess, CUresult, (CUdeviceptr, size_t, const CUmemAccessDesc*, size_t))
 
 namespace mpsshim::server {
 

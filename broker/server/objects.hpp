@@ -8,6 +8,7 @@
 
 #include "broker/server/handle_table.hpp"
 #include "broker/server/kernel_params.hpp"
+#include "proto/ops_vmm.hpp"
 
 namespace mpsshim::server {
 
@@ -23,6 +24,7 @@ struct ContextObj {
 struct StreamObj {
   CUstream stream = nullptr;  // always a cuGreenCtxStreamCreate stream of the client's
   std::uint64_t ctx = 0;
+  int priority = 0;  // as created (effective_priority): a live SM quota change recreates it
   bool is_default = false;
   bool blocking = false;           // created without CU_STREAM_NON_BLOCKING
   bool work_since_join = false;    // blocking: work the default stream has not waited for yet
@@ -39,6 +41,11 @@ struct StreamObj {
 struct EventObj {
   CUevent event = nullptr;
   std::uint64_t ctx = 0;
+  unsigned flags = 0;
+  // Session::green_generation when it was made: an event records only on streams of its own
+  // green context, so after a live SM quota change its next record gets a fresh one
+  // (sm_quota_change.hpp).
+  std::uint32_t green_generation = 0;
 };
 
 struct ModuleObj {
@@ -113,8 +120,20 @@ struct PoolObj {
   bool is_default = false;
 };
 
-using ObjectTable =
-    HandleTable<ContextObj, StreamObj, EventObj, ModuleObj, LibraryObj, FunctionObj, KernelObj,
-                HostRegionObj, ArrayObj, TexObj, GraphObj, GraphExecObj, GraphNodeObj, PoolObj>;
+// A physical allocation of the client's (cuMemCreate; ops_vmm.cpp). It lives while the client
+// holds a handle to it (cuMemCreate and each cuMemRetainAllocationHandle add one, cuMemRelease
+// takes one) or while it is mapped; until then its bytes count against the client's limit.
+// The server keeps the driver's handle until both counts are 0, then releases it.
+struct PhysicalAllocObj {
+  CUmemGenericAllocationHandle handle = 0;
+  std::uint64_t bytes = 0;
+  proto::VmmProp prop{};
+  std::uint32_t client_refs = 1;
+  std::uint32_t mappings = 0;
+};
+
+using ObjectTable = HandleTable<ContextObj, StreamObj, EventObj, ModuleObj, LibraryObj, FunctionObj,
+                                KernelObj, HostRegionObj, ArrayObj, TexObj, GraphObj, GraphExecObj,
+                                GraphNodeObj, PoolObj, PhysicalAllocObj>;
 
 }  // namespace mpsshim::server

@@ -102,4 +102,17 @@ OpResult op_mem_pool_trim_to(Call& call);
 OpResult op_mem_alloc_async(Call& call);
 OpResult op_mem_free_async(Call& call);
 
+// ops_vmm.cpp
+OpResult op_vmm_granularity(Call& call);
+OpResult op_vmm_create(Call& call);
+OpResult op_vmm_release(Call& call);
+OpResult op_vmm_reserve(Call& call);
+OpResult op_vmm_address_free(Call& call);
+OpResult op_vmm_map(Call& call);
+OpResult op_vmm_unmap(Call& call);
+OpResult op_vmm_set_access(Call& call);
+OpResult op_vmm_get_access(Call& call);
+OpResult op_vmm_get_properties(Call& call);
+OpResult op_vmm_retain(Call& call);
+
 }  // namespace mpsshim::server

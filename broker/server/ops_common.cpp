@@ -1,5 +1,6 @@
 #include <algorithm>
 
+#include "broker/server/busy_time.hpp"
 #include "broker/server/call.hpp"
 #include "broker/server/capture.hpp"
 #include "broker/server/log.hpp"
@@ -25,6 +26,9 @@ StreamObj* use_stream(Call& call, proto::WireHandle id, bool queues_work, CUresu
       return nullptr;
     }
   }
+  // A look at the stream (query, synchronize, capture): what the client then sees must not
+  // wait for an end event recorded later (busy_time.hpp).
+  if (!queues_work) close_busy_span(call.session, stream->stream);
   if (CUresult r = order_before(call.session, *stream); r != CUDA_SUCCESS) {
     *error = r;
     return nullptr;
@@ -90,12 +94,17 @@ OpResult refuse_over_limit(Call& call, std::uint64_t asked, std::string_view wha
         format_bytes(shared.used()));
     return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   }
+  const char* source =
+      s.limit_from_operator
+          ? "set by the operator with mpsshimctl set_device_pinned_mem_limit; raise it the same "
+            "way"
+      : s.limit_from_client
+          ? "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; raise it in the client's environment"
+          : "the server's default; the operator changes it with mpsshimctl "
+            "set_default_device_pinned_mem_limit, or for this client with mpsshimctl "
+            "set_device_pinned_mem_limit";
   log_warn("{} asked for {} of {}; its limit is {} ({}) and it already uses {}", s.who(),
-           format_bytes(asked), what, format_bytes(s.memory_limit),
-           s.limit_from_client
-               ? "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; raise it in the client's environment"
-               : "the server's default; the operator changes it with mpsshimctl "
-                 "set_default_memory_limit",
+           format_bytes(asked), what, format_bytes(s.memory_limit), source,
            format_bytes(s.memory_used));
   return call.done(CUDA_ERROR_OUT_OF_MEMORY);
 }

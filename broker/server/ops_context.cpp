@@ -1,5 +1,6 @@
 #include <algorithm>
 
+#include "broker/server/busy_time.hpp"
 #include "broker/server/capture.hpp"
 #include "broker/server/ops.hpp"
 #include "broker/server/retire.hpp"
@@ -33,6 +34,7 @@ OpResult op_ctx_create(Call& call) {
   default_stream.stream = stream;
   default_stream.ctx = ctx_id;
   default_stream.is_default = true;
+  default_stream.priority = effective_priority(session, 0);
   std::uint64_t stream_id = ctx_id == 0 ? 0 : session.objects.insert(default_stream);
   if (stream_id == 0) {
     call.cu.cuStreamDestroy_v2(stream);
@@ -67,6 +69,7 @@ OpResult op_ctx_synchronize(Call& call) {
     }
     if (refused != CUDA_SUCCESS) return call.done(refused);
   }
+  close_busy_spans(session);  // the answer comes after the spans' ends (busy_time.hpp)
   Completion completion;
   completion.slot = call.header.reply_slot;
   completion.op = call.op();

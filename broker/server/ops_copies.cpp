@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "broker/server/busy_time.hpp"
 #include "broker/server/log.hpp"
 #include "broker/server/ops.hpp"
 #include "broker/server/retire.hpp"
@@ -24,6 +25,24 @@ struct Side {
   CUarray array = nullptr;
   bool chunk = false;
 };
+
+// A 3D copy's bytes by direction (mpsshimctl ps): staging chunks and pinned regions are host
+// memory, device pointers and CUDA arrays device memory.
+void count_copy_3d(ClientUsage& usage, const proto::Copy3DReq& req) {
+  auto host = [](const proto::CopySide& s) {
+    return s.kind == proto::CopySideKind::kStagingChunk ||
+           s.kind == proto::CopySideKind::kPinnedRegion;
+  };
+  const u128 bytes = u128{req.width_bytes} * req.height * req.depth;
+  const auto counted = static_cast<std::uint64_t>(bytes > kMax64 ? kMax64 : bytes);
+  if (host(req.src) && !host(req.dst)) {
+    usage.bytes_h2d += counted;
+  } else if (!host(req.src) && host(req.dst)) {
+    usage.bytes_d2h += counted;
+  } else if (!host(req.src) && !host(req.dst)) {
+    usage.bytes_d2d += counted;
+  }
+}
 
 // Offsets of the first and one past the last byte the box touches in linear memory laid out
 // with `pitch` and `height` (rows per slice), as the driver addresses it. False on overflow.
@@ -206,6 +225,7 @@ OpResult op_copy_3d(Call& call) {
   CUresult error = CUDA_SUCCESS;
   StreamObj* stream = use_stream(call, req.stream, true, &error);
   if (stream == nullptr) return fail(error);
+  open_busy_span(session, stream->stream);
 
   CUDA_MEMCPY3D copy{};
   fill(req.src, src, copy.srcMemoryType, copy.srcXInBytes, copy.srcY, copy.srcZ, &copy.srcHost,
@@ -219,6 +239,7 @@ OpResult op_copy_3d(Call& call) {
   copy.Depth = req.depth;
   CUresult r = call.cu.cuMemcpy3DAsync_v2(&copy, stream->stream);
   if (r != CUDA_SUCCESS) return fail(r);
+  count_copy_3d(session.usage, req);
   if (!names_chunk) return finish_on_stream(call, *stream, r);
 
   Completion completion;

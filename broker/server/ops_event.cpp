@@ -1,3 +1,4 @@
+#include "broker/server/busy_time.hpp"
 #include "broker/server/ops.hpp"
 
 namespace mpsshim::server {
@@ -12,7 +13,8 @@ OpResult op_event_create(Call& call) {
   if ((req.flags & CU_EVENT_INTERPROCESS) != 0) return call.done(CUDA_ERROR_NOT_SUPPORTED);
   auto event = session.create_event(req.flags);
   if (!event) return call.done(event.error());
-  std::uint64_t id = session.objects.insert(EventObj{*event, req.ctx});
+  std::uint64_t id =
+      session.objects.insert(EventObj{*event, req.ctx, req.flags, session.green_generation});
   if (id == 0) {
     call.cu.cuEventDestroy_v2(*event);
     return call.done(CUDA_ERROR_OUT_OF_MEMORY);
@@ -30,12 +32,24 @@ OpResult op_event_destroy(Call& call) {
 
 OpResult op_event_record(Call& call) {
   auto req = call.request<proto::EventRecordReq>();
-  const EventObj* event = call.session.objects.get<EventObj>(req.event);
+  EventObj* event = call.session.objects.get<EventObj>(req.event);
   if (event == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  if (event->green_generation != call.session.green_generation) {
+    // Made before a live SM quota change: an event records only on streams of its own green
+    // context, so it gets a fresh one; waits on its earlier record keep the old one
+    // (sm_quota_change.hpp).
+    auto fresh = call.session.create_event(event->flags);
+    if (!fresh) return call.done(fresh.error());
+    call.session.destroy_client_event(event->event);
+    event->event = *fresh;
+    event->green_generation = call.session.green_generation;
+  }
   CUevent driver_event = event->event;
   CUresult error = CUDA_SUCCESS;
   StreamObj* stream = use_stream(call, req.stream, true, &error);
   if (stream == nullptr) return call.done(error);
+  // The client may wait for its event: the span's end goes before it (busy_time.hpp).
+  close_busy_span(call.session, stream->stream);
   return finish_on_stream(call, *stream,
                           call.cu.cuEventRecordWithFlags(driver_event, stream->stream, req.flags));
 }

@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "broker/server/busy_time.hpp"
 #include "broker/server/capture.hpp"
 #include "broker/server/ops.hpp"
 #include "broker/server/retire.hpp"
@@ -115,6 +116,7 @@ OpResult op_stream_begin_capture(Call& call) {
   // The legacy default stream synchronizes with every blocking stream: it cannot capture.
   if (stream->is_default) return call.done(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   if (capturing(session, *stream)) return call.done(CUDA_ERROR_ILLEGAL_STATE);
+  close_busy_span(session, stream->stream);  // what follows is captured, not run
   if (CUresult r = mark_capture_fence(session, *stream); r != CUDA_SUCCESS) return call.done(r);
   // Relaxed on the driver whatever the client asked: this thread serves every client, and a
   // global-mode capture would forbid the calls it makes for the others.
@@ -289,6 +291,7 @@ OpResult op_graph_launch(Call& call) {
   CUresult error = CUDA_SUCCESS;
   StreamObj* stream = use_stream(call, req.stream, true, &error);
   if (stream == nullptr) return call.done(error);
+  if (call.op() == proto::Op::kGraphLaunch) open_busy_span(call.session, stream->stream);
   CUresult r = call.op() == proto::Op::kGraphUpload
                    ? call.cu.cuGraphUpload(driver_exec, stream->stream)
                    : call.cu.cuGraphLaunch(driver_exec, stream->stream);

@@ -4,6 +4,7 @@
 
 #include <limits>
 
+#include "broker/server/busy_time.hpp"
 #include "broker/server/capture.hpp"
 #include "broker/server/client_socket.hpp"
 #include "broker/server/log.hpp"
@@ -89,11 +90,13 @@ OpResult copy_host(Call& call, bool to_device) {
   // A graph must never hold a staging chunk's address: the chunk is reused by the next copy.
   // The real driver refuses pageable copies in a capture the same way.
   if (host.chunk && capturing(session, *stream)) return fail(refuse_in_capture(session, *stream));
+  open_busy_span(session, stream->stream);
   const DriverTable& cu = call.cu;
   CUresult r = to_device
                    ? cu.cuMemcpyHtoDAsync_v2(req.device, host.pointer, req.bytes, stream->stream)
                    : cu.cuMemcpyDtoHAsync_v2(host.pointer, req.device, req.bytes, stream->stream);
   if (r != CUDA_SUCCESS) return fail(r);
+  (to_device ? session.usage.bytes_h2d : session.usage.bytes_d2h) += req.bytes;
   if (!host.chunk) return finish_on_stream(call, *stream, r);
 
   Completion completion;
@@ -143,6 +146,7 @@ OpResult op_host_register(Call& call) {
     ::munmap(address, mapped);
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
+  session.usage.pinned_bytes += req.bytes;
   log_debug("{} registered {} of pinned host memory{}", session.who(), format_bytes(req.bytes),
             reinterpret_cast<std::uint64_t>(address) == req.client_address
                 ? ""
@@ -156,6 +160,7 @@ OpResult op_host_unregister(Call& call) {
   auto region = session.objects.take<HostRegionObj>(req.region);
   if (!region) return call.done(CUDA_ERROR_INVALID_VALUE);
   session.memory.remove(region->device);
+  session.usage.pinned_bytes -= std::min(session.usage.pinned_bytes, region->bytes);
   Retired bundle;
   bundle.regions.push_back(*region);
   return call.done(retire(session, std::move(bundle)));

@@ -2,6 +2,7 @@
 // that has the client run its callback (host_callbacks.hpp).
 #include <memory>
 
+#include "broker/server/busy_time.hpp"
 #include "broker/server/host_callbacks.hpp"
 #include "broker/server/ops.hpp"
 
@@ -20,21 +21,25 @@ OpResult op_host_func(Call& call) {
   CUresult error = CUDA_SUCCESS;
   StreamObj* stream = use_stream(call, req.stream, true, &error);
   if (stream == nullptr) return call.done(error);
+  close_busy_span(session, stream->stream);  // the stream waits for the client: not busy time
   // Captured into a graph, the driver runs it at every replay: the call must stay.
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
   if (call.cu.cuStreamIsCapturing(stream->stream, &capture) != CUDA_SUCCESS) {
     capture = CU_STREAM_CAPTURE_STATUS_NONE;
   }
+  // Read before the launch: once the driver has it, a one-shot call may run and free itself
+  // on the driver's thread before cuLaunchHostFunc returns.
+  const bool one_shot = capture == CU_STREAM_CAPTURE_STATUS_NONE;
   auto host_call = std::make_unique<HostCallbackChannel::Call>();
   host_call->channel = session.callbacks;
   host_call->callback_id = req.callback_id;
-  host_call->one_shot = capture == CU_STREAM_CAPTURE_STATUS_NONE;
+  host_call->one_shot = one_shot;
   CUresult r =
       req.kind == proto::HostFuncKind::kLaunchHostFunc
           ? call.cu.cuLaunchHostFunc(stream->stream, run_host_function, host_call.get())
           : call.cu.cuStreamAddCallback(stream->stream, run_stream_callback, host_call.get(), 0);
   if (r == CUDA_SUCCESS) {
-    if (host_call->one_shot) {
+    if (one_shot) {
       host_call.release();  // the driver's callback owns it now and frees it after running it
     } else {
       session.callbacks->keep(std::move(host_call));

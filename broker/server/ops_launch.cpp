@@ -1,5 +1,6 @@
 #include <cstring>
 
+#include "broker/server/busy_time.hpp"
 #include "broker/server/launch_attributes.hpp"
 #include "broker/server/launch_batch.hpp"
 #include "broker/server/ops.hpp"
@@ -90,6 +91,7 @@ OpResult op_launch_kernel(Call& call) {
         if (CUresult f = flush_first(); f != CUDA_SUCCESS) return call.done(f);
         return call.done(error);
       }
+      open_busy_span(session, stream->stream);
       // Counted in session.launches once it went out; errors reported by flush as the eager
       // launch reports them.
       if (batch.add(req.stream, launch, wire_args)) return call.done(batch.flush(session));
@@ -100,6 +102,7 @@ OpResult op_launch_kernel(Call& call) {
   CUresult error = CUDA_SUCCESS;
   StreamObj* stream = use_stream(call, req.stream, true, &error);
   if (stream == nullptr) return call.done(error);
+  open_busy_span(session, stream->stream);
 
   // The arguments sit after the attributes at an 8-byte boundary; the driver reads them as
   // the kernel's parameter block, whose members may need 16-byte alignment.

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "broker/server/busy_time.hpp"
 #include "broker/server/log.hpp"
 #include "broker/server/ops.hpp"
 #include "broker/server/retire.hpp"
@@ -133,6 +134,7 @@ OpResult op_memset(Call& call) {
   CUresult error = CUDA_SUCCESS;
   StreamObj* stream = use_stream(call, req.stream, true, &error);
   if (stream == nullptr) return call.done(error);
+  open_busy_span(session, stream->stream);
   const DriverTable& cu = call.cu;
   CUresult r = CUDA_SUCCESS;
   if (!two_d) {
@@ -178,8 +180,10 @@ OpResult op_copy_dtod(Call& call) {
   CUresult error = CUDA_SUCCESS;
   StreamObj* stream = use_stream(call, req.stream, true, &error);
   if (stream == nullptr) return call.done(error);
-  return finish_on_stream(
-      call, *stream, call.cu.cuMemcpyDtoDAsync_v2(req.dst, req.src, req.bytes, stream->stream));
+  open_busy_span(session, stream->stream);
+  CUresult r = call.cu.cuMemcpyDtoDAsync_v2(req.dst, req.src, req.bytes, stream->stream);
+  if (r == CUDA_SUCCESS) session.usage.bytes_d2d += req.bytes;
+  return finish_on_stream(call, *stream, r);
 }
 
 }  // namespace mpsshim::server

@@ -1,3 +1,4 @@
+#include "broker/server/busy_time.hpp"
 #include "broker/server/capture.hpp"
 #include "broker/server/ops.hpp"
 #include "broker/server/retire.hpp"
@@ -16,15 +17,16 @@ OpResult op_stream_create(Call& call) {
   // Every real stream is non-blocking: the legacy ordering of blocking streams is emulated
   // among the client's own streams (streams.hpp), never through the real NULL stream.
   CUstream stream = nullptr;
-  if (CUresult r =
-          call.cu.cuGreenCtxStreamCreate(&stream, session.green.green, CU_STREAM_NON_BLOCKING,
-                                         effective_priority(session, req.priority));
+  const int priority = effective_priority(session, req.priority);
+  if (CUresult r = call.cu.cuGreenCtxStreamCreate(&stream, session.green.green,
+                                                  CU_STREAM_NON_BLOCKING, priority);
       r != CUDA_SUCCESS) {
     return call.done(r);
   }
   StreamObj object;
   object.stream = stream;
   object.ctx = req.ctx;
+  object.priority = priority;
   object.blocking = (req.flags & CU_STREAM_NON_BLOCKING) == 0;
   std::uint64_t id = session.objects.insert(object);
   if (id == 0) {
@@ -82,6 +84,7 @@ OpResult op_stream_wait_event(Call& call) {
   CUresult error = CUDA_SUCCESS;
   StreamObj* stream = use_stream(call, req.stream, true, &error);
   if (stream == nullptr) return call.done(error);
+  close_busy_span(call.session, stream->stream);  // waiting is not busy time
   // The wait may make the stream join a capture: fences then stand in with the work before it.
   const bool may_join = call.session.active_captures != 0 && !capturing(call.session, *stream);
   if (may_join) {

@@ -1,4 +1,5 @@
 #include "broker/server/retire.hpp"
+#include "broker/server/busy_time.hpp"
 
 #include <sys/mman.h>
 
@@ -146,6 +147,7 @@ void destroy_stream(Session& session, std::uint64_t stream_id) {
     std::erase(ctx->blocking_streams, stream_id);
   }
   const DriverTable& cu = session.cu();
+  close_busy_span(session, stream->stream);
   if (stream->capture_origin) --session.active_captures;
   if (stream->capture_fence != nullptr) session.release_event(stream->capture_fence);
   if (stream->join_event != nullptr) session.destroy_client_event(stream->join_event);
@@ -190,6 +192,7 @@ FreedTally free_everything(Session& session) {
   FreedTally tally;
   const DriverTable& cu = session.cu();
   drop_completions(session);
+  drop_busy(session);
   // The cached launch graphs first: their nodes name the modules and the green context freed
   // below.
   session.launch_batch.release(session);
@@ -215,7 +218,9 @@ FreedTally free_everything(Session& session) {
   }
   tally.graphs += forget_graphs(session);
   free_retired(session, rest, &tally);
+  free_virtual_memory(session, tally);
   session.release_memory(session.memory_used);
+  session.usage.pinned_bytes = 0;
   destroy_pools(session);  // after their allocations (pool memory is freed with cuMemFree)
   if (session.callbacks) {
     session.callbacks->end();
@@ -252,6 +257,11 @@ FreedTally free_everything(Session& session) {
     warn_if_failed(session, cu.cuGreenCtxDestroy(session.green.green), "cuGreenCtxDestroy");
     session.green = GreenContext{};
   }
+  for (const GreenContext& earlier : session.earlier_greens) {
+    warn_if_failed(session, cu.cuGreenCtxDestroy(earlier.green), "cuGreenCtxDestroy");
+  }
+  session.earlier_greens.clear();
+  session.stale_events.clear();  // each was destroyed by whoever held it
   session.stash.clear();
   return tally;
 }

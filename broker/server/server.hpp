@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <iosfwd>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -98,6 +99,12 @@ class Server final {
   void wake();
   std::size_t clients_on_gpu() const { return session_count(); }
 
+  // A kCtlRequest from the daemon (control.cpp): the defaults for new clients, and a running
+  // client's quotas changed live (set_client_active_thread_percentage PID P,
+  // set_client_memory_limit PID BYTES), applied by the worker that owns the client. The answer;
+  // `status` 1 when it failed. Tests call it directly in inline mode.
+  std::string control_command(const std::string& text, int& status);
+
  private:
   // Runs `task` on every worker and returns what each returned, in worker order: posted and
   // waited for (at most `timeout` per worker) when threaded, called directly when inline.
@@ -112,7 +119,8 @@ class Server final {
   void on_control_message(proto::Received& message);
   void reply_text(proto::MessageKind kind, int status, const std::string& text);
   std::string terminate_client(const std::string& text, int& status);
-  std::string control_command(const std::string& text, int& status);
+  std::string client_quota_command(const std::string& command, const std::string& pid_text,
+                                   std::istream& rest, int& status);
 
   // admit.cpp
   void refuse(int client_fd, CUresult error, const std::string& message);

@@ -1,4 +1,5 @@
 #include "broker/server/session.hpp"
+#include "broker/server/busy_time.hpp"
 
 #include <fmt/format.h>
 
@@ -15,6 +16,13 @@ Session::Session(const Gpu& gpu, ClientInfo info)
 
 MemoryReservation::~MemoryReservation() {
   if (session_ != nullptr) session_->release_memory(bytes_);
+}
+
+void MemoryReservation::keep() {
+  if (session_ == nullptr) return;
+  // The peak is what the client held, not what it asked for and the driver refused.
+  session_->usage.memory_peak = std::max(session_->usage.memory_peak, session_->memory_used);
+  session_ = nullptr;
 }
 
 tl::expected<MemoryReservation, MemoryLimitHit> Session::reserve_memory(std::uint64_t bytes) {
@@ -102,10 +110,18 @@ tl::expected<CUevent, CUresult> Session::acquire_event() {
 }
 
 void Session::release_event(CUevent event) {
-  event_pool.push_back(event);
+  if (!destroy_if_stale(event)) event_pool.push_back(event);
+}
+
+bool Session::destroy_if_stale(CUevent event) {
+  if (stale_events.empty() || std::erase(stale_events, event) == 0) return false;
+  cu().cuEventDestroy_v2(event);
+  return true;
 }
 
 CUresult Session::complete_after(CUstream stream, Completion completion) {
+  // The client's answer comes after the span's end, never before it (busy_time.hpp).
+  close_busy_span(*this, stream);
   auto event = acquire_event();
   if (!event) return event.error();
   if (CUresult r = cu().cuEventRecordWithFlags(*event, stream, 0); r != CUDA_SUCCESS) {

@@ -5,6 +5,7 @@
 #include <cuda.h>
 #include <sys/types.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -19,12 +20,14 @@
 
 #include "broker/server/allocation_account.hpp"
 #include "broker/server/allocation_map.hpp"
+#include "broker/server/client_usage.hpp"
 #include "broker/server/gpu.hpp"
 #include "broker/server/green_context.hpp"
 #include "broker/server/launch_batch.hpp"
 #include "broker/server/objects.hpp"
 #include "broker/server/session_stats.hpp"
 #include "broker/server/shared_segment.hpp"
+#include "broker/server/virtual_memory.hpp"
 #include "proto/control.hpp"
 #include "proto/ops.hpp"
 #include "proto/ring.hpp"
@@ -62,7 +65,8 @@ class MemoryReservation {
       : session_(std::exchange(other.session_, nullptr)), bytes_(other.bytes_) {}
   MemoryReservation& operator=(MemoryReservation&&) = delete;
   ~MemoryReservation();
-  void keep() { session_ = nullptr; }
+  // The driver call succeeded: the session holds the memory until it frees it.
+  void keep();
 
  private:
   Session* session_;
@@ -126,6 +130,10 @@ struct FreedTally {
   std::size_t arrays = 0;
   std::size_t textures = 0;
   std::size_t graphs = 0;
+  std::size_t physical_allocations = 0;  // cuMemCreate'd, released at the end
+  std::uint64_t physical_bytes = 0;
+  std::size_t mappings = 0;
+  std::size_t reservations = 0;
 };
 
 class Session {
@@ -157,6 +165,9 @@ class Session {
   // A timing-free server event from the pool.
   tl::expected<CUevent, CUresult> acquire_event();
   void release_event(CUevent event);
+  // An event of a green context the client had before a live SM quota change
+  // (sm_quota_change.hpp) is destroyed, not pooled: true when `event` was one.
+  bool destroy_if_stale(CUevent event);
 
   // ---- completions ---------------------------------------------------------------------
   // Records a pool event on `stream` and queues `completion` to fire when it completes.
@@ -166,7 +177,9 @@ class Session {
   void complete_queued(Completion completion);
   // Events recorded now on every live stream of the client.
   tl::expected<std::vector<CUevent>, CUresult> fence_all_streams();
-  std::size_t pending_gpu_work() const { return pending.size() + retiring.size(); }
+  std::size_t pending_gpu_work() const {
+    return pending.size() + retiring.size() + busy_closed.size();
+  }
 
   // The client destroyed one of its events: destroyed now, or when the completion that still
   // waits on it fires.
@@ -177,6 +190,7 @@ class Session {
     return memory_limit != 0 && (more > memory_limit || memory_used > memory_limit - more);
   }
   // Charges `bytes` to the session and its allocation, or names the limit it would pass.
+  // The peak (usage.memory_peak) counts what a kept reservation holds.
   tl::expected<MemoryReservation, MemoryLimitHit> reserve_memory(std::uint64_t bytes);
   // Gives back device memory the client freed (at most what is charged).
   void release_memory(std::uint64_t bytes);
@@ -197,20 +211,33 @@ class Session {
   SharedSegment segment;
   proto::RingConsumer ring;
   GreenContext green;
+  // Live SM quota changes (sm_quota_change.hpp): bumped at each; the green contexts the client
+  // had before, kept until the session ends (graphs instantiated then, and events recorded
+  // then, still name them); events of an earlier green context that are still in use, destroyed
+  // instead of pooled when they come back; a change waiting for the client's captures to end.
+  std::uint32_t green_generation = 0;
+  std::vector<GreenContext> earlier_greens;
+  std::vector<CUevent> stale_events;
+  int pending_sm_percentage = 0;  // 0: none
   bool staging_registered = false;
   // Host functions run in the client (host_callbacks.hpp); shared with queued host functions.
   std::shared_ptr<HostCallbackChannel> callbacks;
 
-  std::uint64_t memory_limit = 0;  // 0: the whole device
-  bool limit_from_client = false;  // CUDA_MPS_PINNED_DEVICE_MEM_LIMIT rather than the default
+  std::uint64_t memory_limit = 0;    // 0: the whole device
+  bool limit_from_client = false;    // CUDA_MPS_PINNED_DEVICE_MEM_LIMIT rather than the default
+  bool limit_from_operator = false;  // set live: mpsshimctl set_device_pinned_mem_limit
   std::uint64_t memory_used = 0;
   // The allocation (Kubernetes pod) this client belongs to, shared with its other clients on
   // this GPU; null for a client without an allocation token.
   std::shared_ptr<AllocationAccount> allocation;
-  int priority_bias = 0;  // added to every stream priority the client asks for
+  int priority_bias = 0;    // added to every stream priority the client asks for
+  int sm_percentage = 100;  // the SM share it was granted, in percent (the green context rounds up)
+  bool ignore_sm_coscheduling = false;  // MPSSHIM_SM_GRANULARITY=2 (kHelloIgnoreSmCoscheduling)
+  SmPlacement sm_placement;  // its allocation's slot of the device (green_context.hpp); kept live
 
   ObjectTable objects;
   AllocationMap memory;
+  VirtualMemory vmm;  // address reservations and mappings (virtual_memory.hpp)
   // The driver hands out the same CUfunction/CUkernel/CUmodule again for the same name: one id.
   std::unordered_map<void*, std::uint64_t> ids_by_driver_handle;
   std::map<std::uint32_t, StashedFd> stash;
@@ -226,6 +253,17 @@ class Session {
 
   std::uint64_t launches = 0;
   std::uint64_t records = 0;
+  ClientUsage usage;  // busy time, bytes copied, memory peak, pinned memory (mpsshimctl ps)
+  // GPU busy time (busy_time.hpp): spans whose end is not recorded yet (end == nullptr), one per
+  // stream at most; spans waiting for their end to complete; timing events to reuse.
+  struct BusySpan {
+    CUstream stream;
+    CUevent begin;
+    CUevent end;
+  };
+  std::vector<BusySpan> busy_open;
+  std::vector<BusySpan> busy_closed;
+  std::vector<CUevent> timing_pool;
   SessionStats stats;  // server time per opcode, ring delays (mpsshimctl stats)
   // Consecutive launches waiting to go out as one graph launch, and the session's cache of
   // executable graphs (launch_batch.hpp). Empty between drain passes.

@@ -22,6 +22,15 @@ std::string freed_summary(const FreedTally& t) {
     parts.push_back(fmt::format("{} ({})", count(t.allocations, "allocation", "allocations"),
                                 format_bytes(t.allocation_bytes)));
   }
+  if (t.physical_allocations != 0) {
+    parts.push_back(fmt::format(
+        "{} ({})", count(t.physical_allocations, "physical allocation", "physical allocations"),
+        format_bytes(t.physical_bytes)));
+  }
+  if (t.mappings != 0) parts.push_back(count(t.mappings, "mapping", "mappings"));
+  if (t.reservations != 0) {
+    parts.push_back(count(t.reservations, "address reservation", "address reservations"));
+  }
   if (t.modules != 0) parts.push_back(count(t.modules, "module", "modules"));
   if (t.libraries != 0) parts.push_back(count(t.libraries, "library", "libraries"));
   if (t.streams != 0) parts.push_back(count(t.streams, "stream", "streams"));

@@ -1,5 +1,7 @@
 #include "broker/server/streams.hpp"
 
+#include "broker/server/busy_time.hpp"
+
 namespace mpsshim::server {
 
 CUresult join_streams(Session& session, StreamObj& from, StreamObj& to) {
@@ -12,6 +14,7 @@ CUresult join_streams(Session& session, StreamObj& from, StreamObj& to) {
   if (CUresult r = cu.cuEventRecordWithFlags(from.join_event, from.stream, 0); r != CUDA_SUCCESS) {
     return r;
   }
+  close_busy_span(session, to.stream);  // waiting is not busy time
   return cu.cuStreamWaitEvent(to.stream, from.join_event, 0);
 }
 

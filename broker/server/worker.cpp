@@ -1,4 +1,5 @@
 #include "broker/server/worker.hpp"
+#include "broker/server/busy_time.hpp"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -16,6 +17,7 @@
 #include "broker/server/driver.hpp"
 #include "broker/server/log.hpp"
 #include "broker/server/server.hpp"
+#include "broker/server/sm_quota_change.hpp"
 
 namespace mpsshim::server {
 namespace {
@@ -194,6 +196,15 @@ std::size_t Worker::drain_ring(Session& session) {
       outcome.op = proto::Op::kLaunchKernel;
     }
   }
+  // The pass's work on each stream ends its busy span (busy_time.hpp).
+  if (outcome.kind != DispatchOutcome::Kind::kSticky) {
+    close_busy_spans(session);
+    // A live SM quota change that waited for the client's captures to end (its last end may
+    // have come in this pass).
+    if (session.pending_sm_percentage != 0 && outcome.kind == DispatchOutcome::Kind::kOk) {
+      apply_pending_sm_quota(session);
+    }
+  }
   if (outcome.kind == DispatchOutcome::Kind::kSticky) {
     sticky_fault(session, outcome.sticky, outcome.op, outcome.reply_slot);
   } else if (outcome.kind == DispatchOutcome::Kind::kEndSession) {
@@ -206,6 +217,7 @@ std::size_t Worker::poll_gpu() {
   std::size_t work = 0;
   for (std::size_t i = 0; i < sessions_.size() && !failed_;) {
     Session& session = *sessions_[i];
+    work += poll_busy(session);
     for (PollOutcome outcome : {poll_completions(session), poll_retired(session)}) {
       work += outcome.fired;
       if (outcome.sticky != CUDA_SUCCESS && !failed_) {

@@ -20,9 +20,9 @@ using namespace std::chrono_literals;
 
 namespace {
 
-constexpr const char* kPrograms[] = {"CUDART_VECADD",     "CUDART_STREAMS", "CUDART_RDC",
-                                     "CUDART_PER_THREAD", "CUDART_COPIES",  "CUDART_GRAPH",
-                                     "CUDART_ASYNC_ALLOC"};
+constexpr const char* kPrograms[] = {"CUDART_VECADD",      "CUDART_STREAMS", "CUDART_RDC",
+                                     "CUDART_PER_THREAD",  "CUDART_COPIES",  "CUDART_GRAPH",
+                                     "CUDART_ASYNC_ALLOC", "CUDART_VMM"};
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -110,6 +110,15 @@ TEST_CASE("a cudart vector add runs under the shim", "[cudart]") {
   run_and_check(daemon, "CUDART_VECADD");
   run_and_check(daemon, "CUDART_VECADD", {"1"});
   run_and_check(daemon, "CUDART_VECADD", {"1000003"});
+}
+
+TEST_CASE("an expandable allocator's VMM calls reach the server through cuGetProcAddress",
+          "[cudart][vmm]") {
+  Daemon daemon;
+  Outcome o = run_and_check(daemon, "CUDART_VMM");
+  CHECK(o.out.find("chunks=8 granularity=2097152 wrong=0 copy_wrong=0 retain_same=1 access=3 "
+                   "prop_ok=1") != std::string::npos);
+  run_and_check(daemon, "CUDART_VMM", {"5"});
 }
 
 TEST_CASE("a device-linked (-rdc) program runs under the shim, also after cudaDeviceReset",

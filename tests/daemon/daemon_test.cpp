@@ -16,6 +16,9 @@
 #include <fstream>
 #include <string>
 
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
 #include "broker/daemon/wire.hpp"
 #include "tests/daemon/harness.hpp"
 
@@ -37,6 +40,11 @@ std::string bounded(const proto::Refused& refused) {
   return daemon::bounded_string(refused.message);
 }
 
+std::string own_user() {
+  passwd* entry = ::getpwuid(::getuid());
+  return entry != nullptr ? entry->pw_name : std::to_string(::getuid());
+}
+
 bool exists(const std::string& path) {
   struct stat st {};
   return ::lstat(path.c_str(), &st) == 0;
@@ -53,11 +61,15 @@ TEST_CASE("a query without CUDA_VISIBLE_DEVICES lists every GPU in order", "[que
   CHECK(devices.ordinals == std::vector{0, 1, 2});
 }
 
-TEST_CASE("an ABI 1.2 hello, shorter by the allocation token, is served as one without a token",
-          "[query]") {
+TEST_CASE(
+    "an ABI 1.2 or 1.3 hello, shorter by the allocation token, is served as one without a "
+    "token",
+    "[query]") {
   DaemonUnderTest sut({.gpus = 2});
+  const std::uint16_t minor = GENERATE(2, 3);
+  INFO("ABI 1." << minor);
   proto::ClientHello hello = make_hello(proto::MessageKind::kClientQuery);
-  hello.header.abi_minor = 2;
+  hello.header.abi_minor = minor;
   hello.header.size = proto::kClientHelloSizeBeforeTokens;
 
   proto::Received answer = exchange(sut.socket_path(), &hello, proto::kClientHelloSizeBeforeTokens);
@@ -212,12 +224,134 @@ TEST_CASE("ps shows every server's clients", "[ps]") {
   Outcome ps = sut.ctl({"ps"});
 
   CHECK(ps.exit_code == 0);
-  CHECK(contains(ps.out, "PID      USER        GPU  SMS   MEMORY      LIMIT       LAUNCHES"));
+  CHECK(
+      contains(ps.out,
+               "PID      USER        GPU  SMS   MEMORY      PEAK        LIMIT       PINNED      "
+               "LAUNCHES  BUSY      H2D         D2H         D2D         PRIO  STATE     STARTED"));
+  CHECK(contains(ps.out, "STARTED              PROGRAM          ALLOCATION\n"));
   CHECK(contains(ps.out, "\n4242     "));
+  // What fake_server.cpp reports, for people.
   CHECK(contains(ps.out,
-                 "0    66    1.0 MiB     none        7         active    fake-client-gpu0 -\n"));
+                 "0    66    1.0 MiB     3.0 MiB     none        64.0 KiB    7         1.25s     "
+                 "4.0 KiB     2.0 KiB     1.0 KiB     1     active    "));
+  // PROGRAM, then ALLOCATION: "-" for a client that does not belong to a pod's allocation.
+  CHECK(contains(ps.out, "fake-client-gpu0 -\n"));
   CHECK(contains(ps.out, "fake-client-gpu1"));
   CHECK(contains(ps.out, "GPU 1: not a client line\n"));
+}
+
+TEST_CASE("ps --json gives every figure as a number", "[ps][json]") {
+  DaemonUnderTest sut({.gpus = 2});
+
+  Outcome ps = sut.ctl({"ps", "--json"});
+
+  CHECK(ps.exit_code == 0);
+  const nlohmann::json answer = nlohmann::json::parse(ps.out);
+  CHECK(answer["ok"] == true);
+  REQUIRE(answer["clients"].size() == 2);
+  const nlohmann::json& c = answer["clients"][1];
+  CHECK(c["gpu"] == 1);
+  CHECK(c["client"] == 1);
+  CHECK(c["pid"] == 4242);
+  CHECK(c["uid"] == ::getuid());
+  CHECK(c["user"] == own_user());
+  CHECK(c["program"] == "fake-client-gpu1");
+  CHECK(c["state"] == "active");
+  CHECK(c["start_time"] == 1795568665.25);
+  CHECK(c["sms"] == 66);
+  CHECK(c["sm_percentage"] == 50);
+  CHECK(c["priority"] == 1);
+  CHECK(c["memory_used_bytes"] == 1048576);
+  CHECK(c["memory_peak_bytes"] == 3145728);
+  CHECK(c["memory_limit_bytes"].is_null());  // mem_limit=0: none
+  CHECK(c["pinned_host_bytes"] == 65536);
+  CHECK(c["launches"] == 7);
+  CHECK(c["busy_us"] == 1250000);
+  CHECK(c["copied_bytes"] == nlohmann::json{{"h2d", 4096}, {"d2h", 2048}, {"d2d", 1024}});
+  CHECK(c["worker"] == 0);
+  CHECK(answer["notes"] == nlohmann::json{"GPU 0: not a client line", "GPU 1: not a client line"});
+}
+
+TEST_CASE("every mpsshimctl command answers --json with one JSON object", "[ctl][json]") {
+  DaemonUnderTest sut({.gpus = 2});
+
+  // command, whether it succeeds; the keys its object must have besides "ok".
+  struct Case {
+    std::vector<std::string> command;
+    bool ok;
+    std::vector<std::string> keys;
+  };
+  const std::vector<Case> cases{
+      {{"help"}, true, {"commands"}},
+      {{"server_list"}, true, {"servers"}},
+      {{"device_query"}, true, {"gpus"}},
+      {{"ps"}, true, {"clients", "notes"}},
+      {{"stats"}, true, {"clients", "notes"}},
+      {{"terminate_client", "1", "4242"}, true, {"message"}},
+      {{"set_default_active_thread_percentage", "40"}, true, {"message"}},
+      {{"get_default_active_thread_percentage"}, true, {"value"}},
+      {{"set_default_device_pinned_mem_limit", "0", "4G"}, true, {"message"}},
+      {{"get_default_device_pinned_mem_limit", "0"}, true, {"gpu", "bytes"}},
+      {{"set_active_thread_percentage", "0", "4242", "50"}, true, {"message"}},
+      {{"set_device_pinned_mem_limit", "0", "4242", "1G"}, true, {"message"}},
+      {{"server_command", "1", "hello"}, true, {"message"}},
+      {{"gpu_states"}, true, {"gpus"}},
+      {{"register_allocation", "sm=25", "memory=1G", "namespace=ns", "pod=p"},
+       true,
+       {"allocation", "token"}},
+      {{"label_allocation", "1", "ns2", "p2"}, true, {"message"}},
+      {{"list_allocations"}, true, {"allocations", "tokens_required"}},
+      {{"revoke_allocation", "1"}, true, {"message"}},
+      {{"revoke_allocation", "1"}, false, {"message"}},  // no longer there
+      {{"set_active_thread_percentage", "0", "4242", "101"}, false, {"message"}},
+      {{"frobnicate"}, false, {"message"}},
+      {{"quit"}, true, {"message"}},  // last: it stops the daemon
+  };
+  // Every command `help` lists is among the cases.
+  Outcome help = sut.ctl({"--json", "help"});
+  INFO("help --json: " << help.out);
+  const nlohmann::json listed = nlohmann::json::parse(help.out);
+  for (const nlohmann::json& command : listed["commands"]) {
+    const std::string name = command["name"].get<std::string>();
+    INFO(name);
+    CHECK(std::any_of(cases.begin(), cases.end(),
+                      [&](const Case& c) { return c.command.front() == name; }));
+  }
+  for (const Case& c : cases) {
+    std::vector<std::string> command = c.command;
+    command.push_back("--json");
+    Outcome o = sut.ctl(command);
+    INFO(fmt::format("{}\nstdout: {}\nstderr: {}", fmt::join(command, " "), o.out, o.err));
+    CHECK(o.exit_code == (c.ok ? 0 : 1));
+    nlohmann::json answer;
+    REQUIRE_NOTHROW(answer = nlohmann::json::parse(o.out));
+    REQUIRE(answer.is_object());
+    CHECK(answer["ok"] == c.ok);
+    for (const std::string& key : c.keys) CHECK(answer.contains(key));
+  }
+}
+
+TEST_CASE("--json answers carry the figures of the text answers", "[ctl][json]") {
+  DaemonUnderTest sut({.gpus = 2});
+
+  const nlohmann::json servers = nlohmann::json::parse(sut.ctl({"server_list", "--json"}).out);
+  const nlohmann::json gpus = nlohmann::json::parse(sut.ctl({"device_query", "--json"}).out);
+  const nlohmann::json limit =
+      nlohmann::json::parse(sut.ctl({"get_default_device_pinned_mem_limit", "1", "--json"}).out);
+
+  REQUIRE(servers["servers"].size() == 2);
+  CHECK(servers["servers"][1]["gpu"] == 1);
+  CHECK(servers["servers"][1]["state"] == "running");
+  CHECK(servers["servers"][1]["pid"].is_number_integer());
+  CHECK(servers["servers"][1]["restarts"] == 0);
+  CHECK(servers["servers"][1]["details"] == "Fake GPU 1");
+  REQUIRE(gpus["gpus"].size() == 2);
+  CHECK(gpus["gpus"][1]["name"] == "Fake GPU 1");
+  CHECK(gpus["gpus"][1]["uuid"] == "GPU-ab222222-2222-2222-2222-222222222222");
+  CHECK(gpus["gpus"][1]["memory_bytes"] == 85899345920ull);
+  CHECK(gpus["gpus"][1]["sms"] == 132);
+  CHECK(gpus["gpus"][1]["driver_version"] == 13000);
+  CHECK(limit == nlohmann::json{{"ok", true}, {"gpu", 1}, {"bytes", 0}});
 }
 
 TEST_CASE("ps lists 300 clients whole: long answers travel in parts on both hops", "[ps]") {
@@ -265,21 +399,38 @@ TEST_CASE("stats shows every server's per-client figures", "[stats]") {
   CHECK(contains(stats.out, "GPU 0: not a client line\n"));
 }
 
-TEST_CASE("stats --json gives the same figures as numbers", "[stats]") {
+TEST_CASE("stats --json gives the same figures as numbers", "[stats][json]") {
   DaemonUnderTest sut({.gpus = 1});
 
   Outcome json = sut.ctl({"stats", "--json"});
   Outcome wrong = sut.ctl({"stats", "--xml"});
 
   CHECK(json.exit_code == 0);
-  CHECK(contains(json.out, R"({"clients": [{"gpu": 0, "client": 1, "pid": 4242, )"));
-  CHECK(contains(json.out, R"("program": "fake-client-gpu0", "records": 20512, )"
-                           R"("server_us": 55123, "delay_samples": 20512, "delay_p50_us": 0.4, )"
-                           R"("delay_p99_us": 3.1, "delay_max_us": 8.2, "worker": 0, )"
-                           R"("batches": 300, "batched": 19200, )"
-                           R"("top": [{"op": "LaunchKernel", "count": 20000, "server_us": 51234}, )"
-                           R"({"op": "StreamSynchronize", "count": 12, "server_us": 3100}]}])"));
-  CHECK(contains(json.out, R"("notes": ["GPU 0: not a client line"]})"));
+  const nlohmann::json answer = nlohmann::json::parse(json.out);
+  REQUIRE(answer["clients"].size() == 1);
+  const nlohmann::json expected = {
+      {"gpu", 0},
+      {"client", 1},
+      {"pid", 4242},
+      {"uid", ::getuid()},
+      {"user", own_user()},
+      {"program", "fake-client-gpu0"},
+      {"records", 20512},
+      {"server_us", 55123},
+      {"delay_samples", 20512},
+      {"delay_p50_us", 0.4},
+      {"delay_p99_us", 3.1},
+      {"delay_max_us", 8.2},
+      {"worker", 0},
+      {"batches", 300},
+      {"batched", 19200},
+      {"top",
+       {{{"op", "LaunchKernel"}, {"count", 20000}, {"server_us", 51234}},
+        {{"op", "StreamSynchronize"}, {"count", 12}, {"server_us", 3100}}}},
+  };
+  CHECK(answer["clients"][0] == expected);
+  CHECK(answer["notes"] == nlohmann::json{"GPU 0: not a client line"});
+  CHECK(answer["ok"] == true);
   CHECK(wrong.exit_code == 1);
   CHECK(contains(wrong.err, "usage: stats [--json]"));
 }
@@ -309,7 +460,7 @@ TEST_CASE("operator commands answer, and mpsshimctl's exit status says how it we
   CHECK(terminate.exit_code == 0);
   CHECK(terminate.out == "fake server 1 terminated client 4242\n");
   CHECK(sut.ctl({"terminate_client", "7", "4242"}).exit_code == 1);
-  CHECK(sut.ctl({"terminate_client", "0"}).err == "usage: terminate_client <gpu> <pid>\n");
+  CHECK(sut.ctl({"terminate_client", "0"}).err == "usage: terminate_client <gpu> <pid> [--json]\n");
 
   Outcome query_text = sut.ctl({"device_query"});
   CHECK(query_text.exit_code == 0);
@@ -357,7 +508,12 @@ TEST_CASE("default quotas reach running servers and restarted ones", "[ctl]") {
     pid_t now = sut.server_pids()[1];
     return now > 0 && now != before;
   }));
-  std::string restarted = sut.ctl({"server_command", "1", "show_state"}).out;
+  // The new server answers once it has started: ask until it does (a loaded machine is slow).
+  std::string restarted;
+  CHECK(wait_until([&] {
+    restarted = sut.ctl({"server_command", "1", "show_state"}).out;
+    return contains(restarted, "--default-sm-percentage");
+  }));
   CHECK(contains(restarted, "--default-sm-percentage 25"));
   CHECK(contains(restarted, "--default-memory-limit 4294967296"));
   CHECK_FALSE(contains(sut.ctl({"server_command", "0", "show_state"}).out, "--default-memory"));
@@ -541,11 +697,6 @@ DaemonConfig with_metrics(DaemonConfig config) {
   return config;
 }
 
-std::string own_user() {
-  passwd* entry = ::getpwuid(::getuid());
-  return entry != nullptr ? entry->pw_name : std::to_string(::getuid());
-}
-
 // promtool from the PATH or /usr/bin; empty when Prometheus is not installed.
 std::string find_promtool() {
   std::string path = std::getenv("PATH") != nullptr ? std::getenv("PATH") : "";
@@ -600,6 +751,14 @@ TEST_CASE("GET /metrics reports every GPU's server and every client's figures", 
   CHECK(contains(m, "mpsshim_client_launches_total" + client + " 7\n"));
   CHECK(contains(m, "mpsshim_client_memory_used_bytes" + client + " 1048576\n"));
   CHECK(contains(m, "mpsshim_client_sms" + client + " 66\n"));
+  CHECK(contains(m, "mpsshim_client_memory_peak_bytes" + client + " 3145728\n"));
+  CHECK(contains(m, "mpsshim_client_pinned_host_memory_bytes" + client + " 65536\n"));
+  CHECK(contains(m, "mpsshim_client_busy_seconds_total" + client + " 1.25\n"));
+  CHECK(contains(m, "mpsshim_client_start_time_seconds" + client + " 1795568665.25\n"));
+  const std::string copied = client.substr(0, client.size() - 1);
+  CHECK(contains(m, "mpsshim_client_copied_bytes_total" + copied + ",direction=\"h2d\"} 4096\n"));
+  CHECK(contains(m, "mpsshim_client_copied_bytes_total" + copied + ",direction=\"d2h\"} 2048\n"));
+  CHECK(contains(m, "mpsshim_client_copied_bytes_total" + copied + ",direction=\"d2d\"} 1024\n"));
   CHECK_FALSE(contains(m, "mpsshim_client_memory_limit_bytes{"));  // mem_limit=0: unlimited
   // ... and from `stats`.
   CHECK(contains(m, "mpsshim_client_records_total" + client + " 20512\n"));

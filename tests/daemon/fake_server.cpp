@@ -130,9 +130,10 @@ int main(int argc, char** argv) {
       std::string lines;
       for (int i = 0; i < many_clients; ++i) {
         lines += fmt::format(
-            "client={} pid={} uid={} program=many-{} sms=8 mem_used=0 mem_limit=0 launches={} "
-            "state=active\n",
-            i + 1, 5000 + i, ::getuid(), i, i);
+            "client={} pid={} uid={} program=many-{} sms=8 sm_percentage=7 mem_used=0 "
+            "mem_peak={} mem_limit=0 pinned=0 launches={} busy_us={} h2d_bytes={} d2h_bytes=0 "
+            "d2d_bytes=0 priority=0 state=active start_time=1795568665.{:03}\n",
+            i + 1, 5000 + i, ::getuid(), i, 4096 * i, i, 1000 * i, 512 * i, i);
       }
       for (const auto& part : proto::text_messages(MessageKind::kServerStats, 0, lines)) {
         proto::send_struct(control, part);
@@ -142,8 +143,12 @@ int main(int argc, char** argv) {
       proto::send_struct(control,
                          make_text(MessageKind::kServerStats, 0,
                                    fmt::format("client=1 pid=4242 uid={} program=fake-client-gpu{} "
-                                               "sms=66 mem_used=1048576 mem_limit=0 launches=7 "
-                                               "state=active\nnot a client line\n",
+                                               "sms=66 sm_percentage=50 mem_used=1048576 "
+                                               "mem_peak=3145728 mem_limit=0 pinned=65536 "
+                                               "launches=7 busy_us=1250000 h2d_bytes=4096 "
+                                               "d2h_bytes=2048 d2d_bytes=1024 priority=1 "
+                                               "state=active start_time=1795568665.250 worker=0"
+                                               "\nnot a client line\n",
                                                ::getuid(), gpu)));
     } else if (kind == MessageKind::kServerTerminateClient) {
       proto::send_struct(control,

@@ -116,6 +116,19 @@ int main() {
       check(ctl.kind == static_cast<std::uint32_t>(MessageKind::kRefused) &&
                 ctl.message.find("operator commands are taken from uid 0") != std::string::npos,
             "multi-user: operator commands from another uid are refused");
+      // Live quota changes are operator commands like the others: refused, never passed on.
+      for (const char* line :
+           {"set_active_thread_percentage 0 4242 10", "set_device_pinned_mem_limit 0 4242 1M"}) {
+        proto::TextMessage live = daemon::make_text(MessageKind::kCtlRequest, 0, line);
+        Answer refused = as_other_user(sut.socket_path(), &live, sizeof live);
+        check(
+            refused.kind == static_cast<std::uint32_t>(MessageKind::kRefused) &&
+                refused.message.find("operator commands are taken from uid 0") != std::string::npos,
+            fmt::format("multi-user: `{}` from another uid is refused", line));
+      }
+      Outcome state = sut.ctl({"server_command", "0", "show_state"});
+      check(state.exit_code == 0 && state.out.find("set_client") == std::string::npos,
+            "multi-user: the server never got a refused live quota change");
     }
   } catch (const std::exception& e) {
     std::printf("FAILED: %s\n", e.what());

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -133,6 +134,15 @@ TEST_CASE("two processes with one token share its memory limit", "[e2e][allocati
   Outcome ps = daemon.ctl({"ps"});
   CHECK(contains(ps.out, "ALLOCATION"));
   CHECK(contains(ps.out, std::to_string(sut.id) + " ns/p"));
+  // ps --json carries the allocation and its pod for scripts.
+  const nlohmann::json listed = nlohmann::json::parse(daemon.ctl({"ps", "--json"}).out);
+  INFO("ps --json: " << listed.dump());
+  REQUIRE(!listed["clients"].empty());
+  const nlohmann::json& entry = listed["clients"][0];
+  CHECK(entry["allocation"] == sut.id);
+  CHECK(entry["namespace"] == "ns");
+  CHECK(entry["pod"] == "p");
+  CHECK(entry["memory_used_bytes"] == 40 << 20);
 
   holder.kill(SIGKILL);
   holder.wait();

@@ -189,6 +189,46 @@ int hog(std::size_t megabytes) {
   }
 }
 
+// Known work for the accounting test (e2e_test.cpp, "ps accounts"): 3 MiB and 1 MiB allocated
+// and the 1 MiB freed again, 1 000 003 bytes copied in from pageable memory (staged), 500 000 bytes
+// device to device, 250 001 bytes back, 64 KiB of pinned host memory held, `launches` sleep_kernel
+// launches of 10 ms each and a synchronize. Then READY, and it holds everything until stdin closes,
+// so that `ps` sees it alive.
+int account(int launches) {
+  constexpr std::size_t kIn = 1'000'003, kAcross = 500'000, kBack = 250'001;
+  constexpr int kSleepUs = 10'000;
+  Setup s = setup();
+  CUfunction sleeper{};
+  CHECK(cuModuleGetFunction(&sleeper, s.module, "sleep_kernel"));
+  CUdeviceptr big, small;
+  CHECK(cuMemAlloc(&big, 3 << 20));
+  CHECK(cuMemAlloc(&small, 1 << 20));
+  CHECK(cuMemFree(small));
+  std::vector<unsigned char> host(kIn, 0x42);
+  CHECK(cuMemcpyHtoD(big, host.data(), kIn));
+  CHECK(cuMemcpyDtoD(big + (2 << 20), big, kAcross));
+  std::vector<unsigned char> back(kBack, 0);
+  CHECK(cuMemcpyDtoH(back.data(), big + (2 << 20), kBack));
+  if (back[0] != 0x42 || back[kBack - 1] != 0x42) {
+    std::printf("FAIL the bytes copied back are not the bytes copied in\n");
+    return 1;
+  }
+  void* pinned = nullptr;
+  CHECK(cuMemAllocHost(&pinned, 64 << 10));
+  int us = kSleepUs;
+  void* args[] = {&us};
+  for (int i = 0; i < launches; ++i) {
+    CHECK(cuLaunchKernel(sleeper, 1, 1, 1, 1, 1, 1, 0, nullptr, args, nullptr));
+  }
+  CHECK(cuCtxSynchronize());
+  std::printf("READY\n");
+  std::fflush(stdout);
+  stdin_closed(true);
+  CHECK(cuMemFreeHost(pinned));
+  std::printf("PASS account\n");
+  return 0;
+}
+
 int meminfo() {
   setup();
   size_t free_bytes = 0, total = 0;
@@ -387,6 +427,7 @@ int main(int argc, char** argv) {
   if (mode == "basic") return basic(arg ? static_cast<int>(arg) : 1 << 20);
   if (mode == "hog") return hog(arg ? arg : 256);
   if (mode == "meminfo") return meminfo();
+  if (mode == "account") return account(arg ? static_cast<int>(arg) : 8);
   if (mode == "forge") return forge(arg);
   if (mode == "pointer") return pointer();
   if (mode == "overlimit") return overlimit(arg);

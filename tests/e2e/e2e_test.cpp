@@ -12,6 +12,8 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "harness.hpp"
 
 using namespace mpsshim::e2e;
@@ -107,6 +109,94 @@ TEST_CASE("the examples give correct results through the broker", "[e2e]") {
       require_pass(run_client(daemon, argv), daemon);
     }
   }
+}
+
+TEST_CASE("ps accounts a real client's work: launches, bytes, memory, GPU time",
+          "[e2e][accounting]") {
+  Daemon daemon;
+  constexpr int kLaunches = 6;
+  constexpr std::uint64_t kSleepUs = 10'000;  // account mode's sleep_kernel duration
+  Child account({client(), "account", std::to_string(kLaunches)}, daemon.client_env(), true);
+  {
+    INFO("stdout: " << account.out() << "\ndaemon log:\n" << daemon.log());
+    REQUIRE(account.wait_for_output("READY", 60s));
+  }
+
+  Outcome ps = daemon.ctl({"ps", "--json"});
+  Outcome text = daemon.ctl({"--json", "ps"});  // the global flag gives the same
+
+  INFO("ps --json:\n" << ps.out);
+  REQUIRE(ps.exit_code == 0);
+  const nlohmann::json answer = nlohmann::json::parse(ps.out);
+  CHECK(nlohmann::json::parse(text.out)["clients"].size() == answer["clients"].size());
+  REQUIRE(answer["clients"].size() == 1);
+  const nlohmann::json& c = answer["clients"][0];
+  CHECK(c["pid"] == account.pid());
+  CHECK(c["program"] == "e2e_client");
+  CHECK(c["state"] == "active");
+  CHECK(c["launches"] == kLaunches);
+  CHECK(c["copied_bytes"] ==
+        nlohmann::json{{"h2d", 1'000'003}, {"d2h", 250'001}, {"d2d", 500'000}});
+  CHECK(c["memory_used_bytes"] == 3 << 20);
+  CHECK(c["memory_peak_bytes"] == 4 << 20);
+  CHECK(c["pinned_host_bytes"] == 64 << 10);
+  CHECK(c["sm_percentage"] == 100);
+  CHECK(c["memory_limit_bytes"].is_null());
+  // Measured by the test driver's events around the sleeping kernels: at least their sleep,
+  // at most the client's life so far.
+  const auto busy_us = c["busy_us"].get<std::uint64_t>();
+  CHECK(busy_us >= kLaunches * kSleepUs);
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const double started = c["start_time"].get<double>();
+  CHECK(started <= now);
+  CHECK(started > now - 60);
+  CHECK(static_cast<double>(busy_us) / 1e6 <= now - started);
+
+  Outcome table = daemon.ctl({"ps"});
+  CHECK(table.out.find(std::to_string(account.pid())) != std::string::npos);
+  CHECK(table.out.find("e2e_client") != std::string::npos);
+  account.close_stdin();
+  require_pass(account.wait(60s), daemon);
+}
+
+TEST_CASE("quotas changed live through mpsshimctl keep a busy client's results right",
+          "[e2e][quota]") {
+  Daemon daemon;
+  // stress: allocations, copies both ways, vector_add on its own stream, every element checked,
+  // until stdin closes.
+  Child busy({client(), "stress", "0"}, daemon.client_env(), true);
+  {
+    INFO("stdout: " << busy.out() << "\ndaemon log:\n" << daemon.log());
+    REQUIRE(busy.wait_for_output("READY", 60s));
+  }
+  const std::string pid = std::to_string(busy.pid());
+  auto sms = [&] {
+    return nlohmann::json::parse(daemon.ctl({"ps", "--json"}).out)["clients"][0]["sms"];
+  };
+  const auto all_sms = sms();
+
+  for (const char* percentage : {"25", "50", "10", "100"}) {
+    Outcome changed = daemon.ctl({"set_active_thread_percentage", "0", pid, percentage});
+    INFO("set_active_thread_percentage " << percentage << ": " << changed.out << changed.err);
+    CHECK(changed.exit_code == 0);
+    CHECK(changed.out.find(std::string(percentage) + "% of the SMs") != std::string::npos);
+    std::this_thread::sleep_for(50ms);  // let it work a while at this size
+  }
+  CHECK(sms() == all_sms);
+  Outcome limited = daemon.ctl({"set_device_pinned_mem_limit", "0", pid, "1G", "--json"});
+  CHECK(limited.exit_code == 0);
+  CHECK(nlohmann::json::parse(limited.out)["ok"] == true);
+  CHECK(nlohmann::json::parse(
+            daemon.ctl({"ps", "--json"}).out)["clients"][0]["memory_limit_bytes"] == 1 << 30);
+  Outcome nobody = daemon.ctl({"set_active_thread_percentage", "0", "1", "50"});
+  CHECK(nobody.exit_code == 1);
+  CHECK(nobody.err.find("no client with pid 1 on GPU 0") != std::string::npos);
+
+  busy.close_stdin();
+  Outcome o = busy.wait(60s);
+  require_pass(o, daemon);
+  CHECK(daemon.log().find("SM quota changed by the operator to 10%") != std::string::npos);
 }
 
 TEST_CASE("managed memory is refused and registered host memory is staged", "[e2e][hostmem]") {
@@ -256,17 +346,15 @@ TEST_CASE("32 clients at once on a server of 4 workers all get their own correct
   {
     INFO("stats --json:\n" << stats.out);
     CHECK(stats.exit_code == 0);
-    // One object a line (32 of them: an answer longer than one message, in parts).
-    const std::regex entry("\"pid\": ([0-9]+), .*\"worker\": ([0-9]+)");
-    std::istringstream lines(stats.out);
+    // 32 clients: an answer longer than one message, in parts.
+    const nlohmann::json answer = nlohmann::json::parse(stats.out);
     std::set<int> listed;
-    for (std::string line; std::getline(lines, line);) {
-      std::smatch m;
-      if (!std::regex_search(line, m, entry)) continue;
-      listed.insert(std::stoi(m[1]));
-      INFO("pid " << m[1]);
-      CHECK(placed.count(std::stoi(m[1])) == 1);
-      CHECK(placed[std::stoi(m[1])] == std::stoi(m[2]));
+    for (const nlohmann::json& c : answer["clients"]) {
+      const int pid = c["pid"].get<int>();
+      listed.insert(pid);
+      INFO("pid " << pid);
+      CHECK(placed.count(pid) == 1);
+      CHECK(placed[pid] == c["worker"].get<int>());
     }
     CHECK(listed == pids);
   }

@@ -63,7 +63,7 @@ std::optional<proto::ClientHello> daemon_reads(const proto::Received& message) {
   if (kind != proto::MessageKind::kClientQuery && kind != proto::MessageKind::kClientAttach) {
     return std::nullopt;
   }
-  // A 1.0-1.2 hello is shorter; what it did not send reads as zero (client_gate.cpp).
+  // A 1.0-1.3 hello is shorter; what it did not send reads as zero (client_gate.cpp).
   if (message.bytes.size() < proto::kClientHelloSizeBeforeTokens) return std::nullopt;
   std::optional<proto::ClientHello> hello = proto::ClientHello{};
   std::memcpy(&*hello, message.bytes.data(), std::min(message.bytes.size(), sizeof *hello));

@@ -12,6 +12,8 @@ PING, GOODBYE, CTX_CREATE, CTX_DESTROY, CTX_SYNC = 2, 1, 3, 4, 5
 MEM_ALLOC, MEM_FREE, MEM_GET_INFO, COPY_HTOD, COPY_DTOD, MEMSET = 8, 10, 11, 14, 16, 17
 IMAGE_LOAD, MODULE_GET_FUNCTION, LAUNCH = 18, 20, 32
 STREAM_CREATE, STREAM_SYNC, EVENT_CREATE, EVENT_RECORD, EVENT_QUERY = 33, 36, 38, 40, 41
+VMM_CREATE, VMM_RELEASE, VMM_RESERVE, VMM_ADDRESS_FREE, VMM_MAP, VMM_UNMAP = 79, 80, 81, 82, 83, 84
+VMM_SET_ACCESS, VMM_GET_ACCESS, VMM_RETAIN = 85, 86, 88
 MODULE_IMAGE = 9  # proto::MessageKind::kModuleImage
 
 
@@ -62,6 +64,7 @@ def handle(index):
 
 CTX = handle(1)  # the first handle a fresh session's server issues
 DPTR = 0x621000000100  # the fake driver's first allocation (a host address; may differ)
+VA = 0x7E0000000000  # the fake driver's first VMM reservation (fake_vmm.cpp)
 ctx_create = record(CTX_CREATE, struct.pack("<II", 0, 0), slot=0)
 
 RING = {
@@ -86,6 +89,17 @@ RING = {
     + record(IMAGE_LOAD, struct.pack("<QQIIII", CTX, 80, 9, 1, 0, 0), slot=1)
     + record(MODULE_GET_FUNCTION, struct.pack("<QII", handle(3), 4, 0) + b"kern", slot=2)
     + record(LAUNCH, struct.pack("<QQ3I3IIIII", handle(4), 0, 1, 1, 1, 32, 1, 1, 0, 8, 0, 0) + bytes(8)),
+    # proto/ops_vmm.hpp: VmmProp is <IIIBBH (pinned, no handle types, device).
+    "vmm": record(VMM_CREATE, struct.pack("<IIIBBHIQQ", 1, 0, 1, 0, 0, 0, 0, 2 << 20, 0), slot=0)
+    + record(VMM_RESERVE, struct.pack("<QQQQ", 4 << 20, 0, 0, 0), slot=1)
+    + record(VMM_MAP, struct.pack("<QQQQQ", VA, 2 << 20, 0, handle(1), 0), slot=2)
+    + record(VMM_SET_ACCESS, struct.pack("<QQII", VA, 2 << 20, 1, 0) + struct.pack("<II", 1, 3),
+             slot=3)
+    + record(VMM_GET_ACCESS, struct.pack("<QII", VA + 64, 1, 0), slot=4)
+    + record(VMM_RETAIN, struct.pack("<Q", VA), slot=5)
+    + record(VMM_UNMAP, struct.pack("<QQ", VA, 2 << 20), slot=6)
+    + record(VMM_RELEASE, struct.pack("<Q", handle(1)), slot=7)
+    + record(VMM_ADDRESS_FREE, struct.pack("<QQ", VA, 4 << 20), slot=8),
     "short_record": record(COPY_HTOD, bytes(24)),
     "bad_size": record(PING, slot=0, size=12),
     "corrupt_head": ctx_create + bytes([0xFE]) + struct.pack("<h", 4096),

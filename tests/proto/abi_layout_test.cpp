@@ -11,6 +11,7 @@
 #include "proto/device_snapshot.hpp"
 #include "proto/ops.hpp"
 #include "proto/ops_copies.hpp"
+#include "proto/ops_vmm.hpp"
 #include "proto/ring.hpp"
 #include "proto/segment.hpp"
 
@@ -275,6 +276,41 @@ std::uint64_t layout_fingerprint() {
   FIELD(MemAllocAsyncReq, bytes);
   SIZE(MemFreeAsyncReq);
   FIELD(MemFreeAsyncReq, stream);
+  SIZE(VmmProp);
+  FIELD(VmmProp, handle_types);
+  FIELD(VmmProp, location_type);
+  FIELD(VmmProp, compression);
+  FIELD(VmmProp, rdma_capable);
+  FIELD(VmmProp, usage);
+  SIZE(VmmGranularityReq);
+  FIELD(VmmGranularityReq, option);
+  SIZE(VmmGranularityRep);
+  SIZE(VmmCreateReq);
+  FIELD(VmmCreateReq, bytes);
+  FIELD(VmmCreateReq, flags);
+  SIZE(VmmHandleRep);
+  SIZE(VmmReserveReq);
+  FIELD(VmmReserveReq, alignment);
+  FIELD(VmmReserveReq, address);
+  FIELD(VmmReserveReq, flags);
+  SIZE(VmmAddressRep);
+  SIZE(VmmRangeReq);
+  FIELD(VmmRangeReq, bytes);
+  SIZE(VmmMapReq);
+  FIELD(VmmMapReq, bytes);
+  FIELD(VmmMapReq, offset);
+  FIELD(VmmMapReq, handle);
+  FIELD(VmmMapReq, flags);
+  SIZE(VmmAccessDesc);
+  FIELD(VmmAccessDesc, flags);
+  SIZE(VmmSetAccessReq);
+  FIELD(VmmSetAccessReq, bytes);
+  FIELD(VmmSetAccessReq, count);
+  SIZE(VmmGetAccessReq);
+  FIELD(VmmGetAccessReq, location_type);
+  SIZE(VmmGetAccessRep);
+  SIZE(VmmRetainReq);
+  f.add(kMaxVmmAccessDescs);
   f.add(static_cast<std::uint64_t>(Op::kCount));
   f.add(static_cast<std::uint64_t>(MessageKind::kServerTerminateClient));
   f.add(kSlotBytes);
@@ -288,10 +324,11 @@ struct Pinned {
   std::uint64_t fingerprint;
 };
 constexpr Pinned kPinned[] = {
-    {1, 0, 0x4ba4610596c1d0e0},
-    {1, 1, 0x9d5d8b4305593426},
-    {1, 2, 0x6e7139ba53bf4a0a},
-    {1, 3, 0x534ab5c839d282a2},
+    {1, 0, 0x4ba4610596c1d0e0},  // the first release
+    {1, 1, 0x9d5d8b4305593426},  // graphs, pools, 2D/3D copies, arrays and textures
+    {1, 2, 0x6e7139ba53bf4a0a},  // RecordHeader::send_stamp
+    {1, 3, 0xbba53bc6836c29be},  // virtual memory management
+    {1, 4, 0x2f5f5e6d8e27a8c6},  // allocation token in the hello, allocation fields in ServerAdmit
 };
 
 }  // namespace

@@ -3,6 +3,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <chrono>
+
 #include "tests/server/harness.hpp"
 
 namespace mpsshim::server::test {
@@ -128,9 +130,22 @@ TEST_CASE("stats list one line per client", "[server][control]") {
   auto reply = ask_daemon(h, proto::MessageKind::kServerStatsQuery, "");
 
   CHECK(reply.header.kind == static_cast<std::uint32_t>(proto::MessageKind::kServerStats));
-  CHECK(text_of(reply) ==
-        "client=1 pid=4123 uid=1000 program=vector_add sms=132 mem_used=1048576 mem_limit=0 "
-        "launches=0 state=active worker=0 allocation=0\n");
+  const std::string line = text_of(reply);
+  const std::string started = " start_time=";
+  const std::size_t at = line.find(started);
+  REQUIRE(at != std::string::npos);
+  CHECK(line.substr(0, at) ==
+        "client=1 pid=4123 uid=1000 program=vector_add sms=132 sm_percentage=100 mem_used=1048576 "
+        "mem_peak=1048576 mem_limit=0 pinned=0 launches=0 busy_us=0 h2d_bytes=0 d2h_bytes=0 "
+        "d2d_bytes=0 priority=0 state=active");
+  // start_time: unix seconds with milliseconds, now or a moment ago; then the allocation (none)
+  // and the worker.
+  const double start_time = std::stod(line.substr(at + started.size()));
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  CHECK(start_time <= now);
+  CHECK(start_time > now - 60);
+  CHECK(line.ends_with(" allocation=0 worker=0\n"));
 }
 
 TEST_CASE("terminate_client ends that client's session and tells it", "[server][control]") {

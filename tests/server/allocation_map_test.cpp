@@ -41,6 +41,22 @@ TEST_CASE("a range spanning two adjacent allocations is refused", "[server][allo
   CHECK_FALSE(sut.contains(kBase + kBytes - 8, 16));
 }
 
+TEST_CASE("a range may run on through back-to-back VMM mappings, and only through them",
+          "[server][allocation_map][vmm]") {
+  AllocationMap sut;
+  for (std::uint64_t i = 0; i < 3; ++i) {
+    sut.add(DeviceRange{kBase + i * kBytes, kBytes, RangeKind::kMapped, 10 + i});
+  }
+  CHECK(sut.contains(kBase + kBytes - 8, 16));       // one boundary
+  CHECK(sut.contains(kBase + 1, 3 * kBytes - 1));    // two boundaries, to the end
+  CHECK_FALSE(sut.contains(kBase + 1, 3 * kBytes));  // one byte past the last mapping
+  sut.add(DeviceRange{kBase + 3 * kBytes, kBytes, RangeKind::kAllocation, 1});
+  CHECK_FALSE(sut.contains(kBase + 3 * kBytes - 8, 16));  // into cuMemAlloc memory
+  sut.add(DeviceRange{kBase + 5 * kBytes, kBytes, RangeKind::kMapped, 20});
+  sut.add(DeviceRange{kBase + 6 * kBytes + 4096, kBytes, RangeKind::kMapped, 21});
+  CHECK_FALSE(sut.contains(kBase + 6 * kBytes - 8, 16));  // a gap between mappings
+}
+
 TEST_CASE("zero bytes touch nothing and are always fine", "[server][allocation_map]") {
   AllocationMap sut = one_allocation();
   CHECK(sut.contains(kBase, 0));

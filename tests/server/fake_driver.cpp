@@ -70,8 +70,12 @@ int launch_limit(CUfunction_attribute attribute, int other) {
 // The fakes' parameter layouts (cuKernelGetParamInfo, cuFuncGetParamInfo below): a CUkernel
 // takes a pointer at 0 and an int at 8, a CUfunction three 8-byte values at 0, 8 and 16.
 constexpr std::size_t kKernelParams = 2, kFunctionParams = 3;
-std::size_t param_offset(std::size_t i) { return i * 8; }
-std::size_t param_size(bool kernel, std::size_t i) { return kernel && i == 1 ? 4 : 8; }
+std::size_t param_offset(std::size_t i) {
+  return i * 8;
+}
+std::size_t param_size(bool kernel, std::size_t i) {
+  return kernel && i == 1 ? 4 : 8;
+}
 
 // The packed arguments of a kernel node, gathered from its kernelParams by the layout. As on
 // the real driver (tools/probes/graph_node_args.cpp), a node whose arguments come as `extra` is
@@ -497,6 +501,7 @@ DriverTable fake_driver_table() {
   };
   add_copy_fakes(t);
   add_async_fakes(t);
+  add_vmm_fakes(t);
   add_graph_fakes(t);
   return t;
 }

@@ -76,11 +76,21 @@ struct FakeGpu {
   CUresult graph_node_update_result = CUDA_SUCCESS;
   CUresult graph_launch_result = CUDA_SUCCESS;
 
+  // Virtual memory management (fake_vmm.cpp): what is live, and the calls that give it back in
+  // the order they came ("unmap", "release", "free").
+  std::map<CUmemGenericAllocationHandle, std::size_t> vmm_handles;
+  std::map<CUdeviceptr, std::size_t> vmm_reservations;
+  std::map<CUdeviceptr, std::size_t> vmm_mappings;
+  std::vector<std::string> vmm_teardown;
+  CUmemGenericAllocationHandle next_vmm_handle = 1;
+  CUdeviceptr next_reservation = 0x7e0000000000;
+
   void reset() { *this = FakeGpu{}; }
 };
 
 FakeGpu& fake_gpu();
 DriverTable fake_driver_table();
 void add_copy_fakes(DriverTable& t);
+void add_vmm_fakes(DriverTable& t);
 
 }  // namespace mpsshim::server::test

@@ -1,6 +1,7 @@
 // Malformed records end the session that sent them — never the server, never another client.
 #include <catch2/catch.hpp>
 
+#include "proto/ops_vmm.hpp"
 #include "tests/server/harness.hpp"
 
 namespace mpsshim::server::test {
@@ -45,6 +46,22 @@ TEST_CASE("a name length that does not match the record ends the session", "[ser
 
   CHECK(session_ended(h, sut));
   CHECK(h.logged("names 100 bytes of name"));
+}
+
+TEST_CASE("access descriptors that do not match a cuMemSetAccess record end the session",
+          "[server][records][vmm]") {
+  Harness h;
+  TestClient sut(h);
+  proto::VmmSetAccessReq req{0x7f0000000000, 2 << 20, 3, 0};  // says 3, sends 1
+  proto::VmmAccessDesc one{CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  std::vector<std::byte> trailing(sizeof one);
+  std::memcpy(trailing.data(), &one, sizeof one);
+
+  sut.send(Op::kVmmSetAccess, req, 0, trailing);
+
+  CHECK(session_ended(h, sut));
+  CHECK(h.logged("cuMemSetAccess record whose 3 access descriptors do not match its size"));
+  CHECK(h.fatal_code == -1);
 }
 
 TEST_CASE("launch argument and attribute counts must match the record", "[server][records]") {

@@ -1,4 +1,5 @@
 // Device allocations and registered (page-locked) host memory.
+#include <algorithm>
 #include <cstring>
 
 #include "tests/testdriver/state.hpp"
@@ -81,7 +82,9 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemGetInfo_v2(size_t* free, size_t*
     if (dev == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
     if (free == nullptr || total == nullptr) return CUDA_ERROR_INVALID_VALUE;
     *total = dev->memory.size();
-    *free = dev->memory.size() - dev->memory.used();
+    const std::size_t used =
+        dev->memory.used() + s.vmm.physical_bytes[static_cast<std::size_t>(dev->ordinal)];
+    *free = dev->memory.size() - std::min(dev->memory.size(), used);
     return CUDA_SUCCESS;
   });
 }

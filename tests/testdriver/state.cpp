@@ -43,6 +43,7 @@ int State::live_objects() {
                   graph_execs.size();
   for (const auto& [base, a] : allocations) n += a.user ? 1 : 0;
   n += static_cast<std::size_t>(live_pools(*this));
+  n += static_cast<std::size_t>(live_vmm_objects(*this));
   for (const auto& [handle, m] : modules) n += m->library == nullptr ? 1 : 0;
   return static_cast<int>(n);
 }
@@ -82,6 +83,7 @@ std::byte* resolve_range_locked(State& s, std::uintptr_t addr, std::size_t bytes
       return s.devices[static_cast<std::size_t>(alloc->second.device)]->memory.host_view(addr);
     }
   }
+  if (std::byte* mapped = resolve_mapped_locked(s, addr, bytes)) return mapped;
   // Registered host memory is device-accessible at its own address (UVA).
   auto reg = s.registrations.upper_bound(addr);
   if (reg != s.registrations.begin()) {

@@ -23,6 +23,7 @@
 #include "tests/testdriver/graph.hpp"
 #include "tests/testdriver/kernels.hpp"
 #include "tests/testdriver/sm_set.hpp"
+#include "tests/testdriver/virtual_memory.hpp"
 #include "tests/testdriver/work_queue.hpp"
 
 // Definitions of exported entry points: C linkage, visible although the library hides the rest.
@@ -217,6 +218,7 @@ class State {
   std::unordered_map<const Event*, CapturedRecord> captured_events;
   std::uint64_t next_capture_id = 1;
   std::uint64_t next_split = 1;
+  VirtualMemory vmm;  // cuMemCreate / cuMemAddressReserve / cuMemMap (virtual_memory.cpp)
 
   // Why an entry point may not run at all: not initialized, a forked child, a sticky fault.
   CUresult admission() const;
@@ -274,6 +276,10 @@ std::byte* resolve_range(std::uintptr_t addr, std::size_t bytes);  // takes the 
 // Device memory in a context (locked); user allocations count as live objects.
 CUresult allocate(State& s, Device& dev, std::size_t bytes, bool user, CUdeviceptr* out);
 void release_allocation(State& s, std::uintptr_t base);  // locked, memory_use held exclusively
+// Virtual memory (virtual_memory.cpp), locked: the host view of a range inside read-write
+// mappings (nullptr otherwise); live physical allocations and reservations.
+std::byte* resolve_mapped_locked(State& s, std::uintptr_t addr, std::size_t bytes);
+int live_vmm_objects(const State& s);
 // Memory pools (memory_pool.cpp), locked: a pool allocation being released; live pools.
 void forget_pool_allocation(State& s, std::uintptr_t base);
 int live_pools(const State& s);

@@ -26,13 +26,13 @@ const char* name(CUresult r) {
   return s;
 }
 
-#define MUST(x)                                                               \
-  do {                                                                        \
-    CUresult r_ = (x);                                                        \
-    if (r_ != CUDA_SUCCESS) {                                                 \
+#define MUST(x)                                                                  \
+  do {                                                                           \
+    CUresult r_ = (x);                                                           \
+    if (r_ != CUDA_SUCCESS) {                                                    \
       std::printf("setup failed: %s -> %s (line %d)\n", #x, name(r_), __LINE__); \
-      return 1;                                                               \
-    }                                                                         \
+      return 1;                                                                  \
+    }                                                                            \
   } while (0)
 
 struct Args {  // store_value(int* out, int value): 8 + 4 bytes, padded to 16
@@ -90,9 +90,9 @@ void probe(const char* label, CUfunction f, bool kernel, CUcontext ctx, CUcontex
   CUresult sync = cuStreamSynchronize(stream);
   int value = -1;
   cuMemcpyDtoH(&value, out, sizeof value);
-  std::printf("%-44s %-12s add=%s instantiate=%s set_params=%s launch=%s sync=%s wrote=%d\n",
-              label, use_extra ? "extra" : "kernelParams", name(add), name(inst), name(set),
-              name(launch), name(sync), value);
+  std::printf("%-44s %-12s add=%s instantiate=%s set_params=%s launch=%s sync=%s wrote=%d\n", label,
+              use_extra ? "extra" : "kernelParams", name(add), name(inst), name(set), name(launch),
+              name(sync), value);
   if (e != nullptr) cuGraphExecDestroy(e);
   if (g != nullptr) cuGraphDestroy(g);
 }
@@ -142,8 +142,7 @@ int main(int argc, char** argv) {
   for (bool use_extra : {true, false}) {
     probe("CUkernel ctx=primary, primary", k, true, primary, primary, primary, stream, out,
           use_extra);
-    probe("CUkernel ctx=NULL, primary", k, true, nullptr, primary, primary, stream, out,
-          use_extra);
+    probe("CUkernel ctx=NULL, primary", k, true, nullptr, primary, primary, stream, out, use_extra);
     probe("CUfunction, primary", function, false, nullptr, primary, primary, stream, out,
           use_extra);
     probe("CUkernel ctx=green, green", k, true, green_ctx, green_ctx, green_ctx, green_stream, out,

@@ -1,0 +1,39 @@
+// A client's virtual address space on the server (ops_vmm.cpp): the ranges it reserved with
+// cuMemAddressReserve and the mappings of its physical allocations (PhysicalAllocObj) into
+// them. Owned by the session's worker, like everything in a session. A mapping enters the
+// session's AllocationMap (RangeKind::kMapped) only while it is read-write accessible, so copies,
+// memsets and pointer checks reach exactly what the GPU would let the client write.
+#pragma once
+
+#include <cstdint>
+#include <map>
+
+namespace mpsshim::server {
+
+class Session;
+struct FreedTally;
+
+struct VmmReservation {
+  std::uint64_t bytes = 0;
+};
+
+struct VmmMapping {
+  std::uint64_t bytes = 0;
+  std::uint64_t allocation = 0;  // the PhysicalAllocObj's id
+  std::uint64_t offset = 0;      // into the allocation
+  std::uint32_t access = 0;      // CUmemAccess_flags for the server's device
+};
+
+struct VirtualMemory {
+  std::map<std::uint64_t, VmmReservation> reservations;  // by base address
+  std::map<std::uint64_t, VmmMapping> mappings;          // by base address
+};
+
+// What one client may hold at once, so a client cannot make the server remember without bound.
+inline constexpr std::size_t kMaxVmmRanges = std::size_t{1} << 20;
+
+// Session end, with the client's streams idle: unmaps every mapping, releases every physical
+// allocation, frees every reservation, in that order (the driver's own order of teardown).
+void free_virtual_memory(Session& session, FreedTally& tally);
+
+}  // namespace mpsshim::server

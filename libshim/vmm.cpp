@@ -1,0 +1,355 @@
+// Virtual memory management (cuMemCreate, cuMemAddressReserve, cuMemMap, ...): the physical
+// allocations, reservations and mappings live on the server of a GPU, which checks every
+// request against the client's own (docs/vmm.md). The client remembers which server each of
+// its reservations belongs to, and which address ranges are mapped (for unified-addressing
+// copies and pointer attributes).
+//
+// A CUmemGenericAllocationHandle the application sees is the server's id of the allocation in
+// this client's session, with the device ordinal (+1) in bits 24..31: a server id's index half
+// never reaches there (handle_table.hpp bounds it at 2^22 entries).
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "libshim/api.hpp"
+#include "libshim/client.hpp"
+#include "libshim/client_view.hpp"
+#include "libshim/log.hpp"
+#include "proto/ops_vmm.hpp"
+
+using namespace mpsshim::shim;
+namespace proto = mpsshim::proto;
+
+namespace {
+
+constexpr int kDeviceShift = 24;
+constexpr std::uint64_t kDeviceMask = std::uint64_t{0xff} << kDeviceShift;
+static_assert(kMaxDevices < 0xff);
+
+CUmemGenericAllocationHandle to_client(int device, proto::WireHandle wire) {
+  return wire | (std::uint64_t(device + 1) << kDeviceShift);
+}
+
+// The session and wire id a handle names, or INVALID_VALUE for one this process never had.
+CUresult from_client(CUmemGenericAllocationHandle handle, Session*& session,
+                     proto::WireHandle& wire) {
+  const int device = static_cast<int>((handle & kDeviceMask) >> kDeviceShift) - 1;
+  if (device < 0 || device >= visible_device_count()) return CUDA_ERROR_INVALID_VALUE;
+  wire = handle & ~kDeviceMask;
+  return session_for(device, session) == CUDA_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+// A reservation: which GPU's server made it, and the context that was current then (pointer
+// attributes name it).
+struct Reservation {
+  std::uint64_t bytes = 0;
+  int device = 0;
+  Context* ctx = nullptr;
+};
+
+struct Reservations {
+  std::mutex mutex;
+  std::map<std::uint64_t, Reservation> by_base;
+
+  // The reservation holding `address`; false when none does.
+  bool find(std::uint64_t address, std::uint64_t* base, Reservation* out) {
+    std::lock_guard lock(mutex);
+    auto after = by_base.upper_bound(address);
+    if (after == by_base.begin()) return false;
+    auto it = std::prev(after);
+    if (address - it->first >= it->second.bytes) return false;
+    if (base) *base = it->first;
+    *out = it->second;
+    return true;
+  }
+};
+
+Reservations& reservations() {
+  static Reservations* r = new Reservations();
+  return *r;
+}
+
+CUresult not_supported(const std::string& key, const char* what) {
+  log_once("vmm." + key, Level::warn, "{} is not supported by mpsshim (docs/vmm.md)", what);
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+// The device a location names, as the servers serve it: device memory of a visible GPU.
+CUresult device_of(const CUmemLocation& location, int& device) {
+  if (location.type == CU_MEM_LOCATION_TYPE_HOST ||
+      location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
+      location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT) {
+    return not_supported("host",
+                         "VMM memory on or accessed from the host (CU_MEM_LOCATION_TYPE_HOST*)");
+  }
+  if (location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+  if (location.id < 0 || location.id >= visible_device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  device = location.id;
+  return CUDA_SUCCESS;
+}
+
+CUresult wire_prop(const CUmemAllocationProp* prop, int& device, proto::VmmProp& out) {
+  if (prop == nullptr || prop->win32HandleMetaData != nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (prop->type == CU_MEM_ALLOCATION_TYPE_MANAGED) {
+    return not_supported("managed", "managed VMM memory (CU_MEM_ALLOCATION_TYPE_MANAGED)");
+  }
+  if ((prop->requestedHandleTypes & ~CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0) {
+    return not_supported("handle_type", "a fabric or Win32 shareable VMM handle type");
+  }
+  if (CUresult rc = device_of(prop->location, device); rc != CUDA_SUCCESS) return rc;
+  out = proto::VmmProp{};
+  out.type = prop->type;
+  out.handle_types = prop->requestedHandleTypes;
+  out.location_type = prop->location.type;
+  out.compression = prop->allocFlags.compressionType;
+  out.rdma_capable = prop->allocFlags.gpuDirectRDMACapable;
+  out.usage = prop->allocFlags.usage;
+  return CUDA_SUCCESS;
+}
+
+// Forgets the mapped ranges in [address, address + bytes) (cuMemUnmap succeeded).
+void forget_mapped(std::uint64_t address, std::uint64_t bytes) {
+  for (std::uint64_t at = address; at < address + bytes;) {
+    DeviceRange range{};
+    if (!address_book().remove_device(at, &range)) break;
+    at += range.bytes;
+  }
+}
+
+}  // namespace
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemGetAllocationGranularity(
+    size_t* granularity, const CUmemAllocationProp* prop, CUmemAllocationGranularity_flags option) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (granularity == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  int device = 0;
+  proto::VmmGranularityReq request{};
+  if (CUresult rc = wire_prop(prop, device, request.prop); rc != CUDA_SUCCESS) return rc;
+  request.option = option;
+  Session* session = nullptr;
+  if (CUresult rc = session_for(device, session); rc != CUDA_SUCCESS) return rc;
+  proto::VmmGranularityRep reply{};
+  if (CUresult rc = session->call(proto::Op::kVmmGranularity, request, &reply);
+      rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  *granularity = reply.bytes;
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
+                                            const CUmemAllocationProp* prop,
+                                            unsigned long long flags) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  int device = 0;
+  proto::VmmCreateReq request{};
+  if (CUresult rc = wire_prop(prop, device, request.prop); rc != CUDA_SUCCESS) return rc;
+  request.bytes = size;
+  request.flags = flags;
+  Session* session = nullptr;
+  if (CUresult rc = session_for(device, session); rc != CUDA_SUCCESS) return rc;
+  proto::VmmHandleRep reply{};
+  if (CUresult rc = session->call(proto::Op::kVmmCreate, request, &reply); rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  *handle = to_client(device, reply.handle);
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Session* session = nullptr;
+  proto::WireHandle wire = 0;
+  if (CUresult rc = from_client(handle, session, wire); rc != CUDA_SUCCESS) return rc;
+  return session->call(proto::Op::kVmmRelease, proto::HandleReq{wire}, static_cast<int*>(nullptr));
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(
+    CUmemAllocationProp* prop, CUmemGenericAllocationHandle handle) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Session* session = nullptr;
+  proto::WireHandle wire = 0;
+  if (CUresult rc = from_client(handle, session, wire); rc != CUDA_SUCCESS) return rc;
+  proto::VmmProp reply{};
+  if (CUresult rc = session->call(proto::Op::kVmmGetProperties, proto::HandleReq{wire}, &reply);
+      rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  *prop = CUmemAllocationProp{};
+  prop->type = static_cast<CUmemAllocationType>(reply.type);
+  prop->requestedHandleTypes = static_cast<CUmemAllocationHandleType>(reply.handle_types);
+  prop->location.type = static_cast<CUmemLocationType>(reply.location_type);
+  prop->location.id = static_cast<int>((handle & kDeviceMask) >> kDeviceShift) - 1;
+  prop->allocFlags.compressionType = reply.compression;
+  prop->allocFlags.gpuDirectRDMACapable = reply.rdma_capable;
+  prop->allocFlags.usage = reply.usage;
+  return CUDA_SUCCESS;
+}
+
+// A reservation belongs to the server of the current context's GPU (the first GPU without a
+// current context): every GPU has its own server and address space under mpsshim.
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment,
+                                                    CUdeviceptr addr, unsigned long long flags) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (ptr == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  Context* ctx = nullptr;
+  if (current(ctx) != CUDA_SUCCESS) ctx = nullptr;
+  const int device = ctx != nullptr ? ctx->device : 0;
+  Session* session = nullptr;
+  if (CUresult rc = session_for(device, session); rc != CUDA_SUCCESS) return rc;
+  proto::VmmReserveReq request{size, alignment, addr, flags};
+  proto::VmmAddressRep reply{};
+  if (CUresult rc = session->call(proto::Op::kVmmReserve, request, &reply); rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  {
+    std::lock_guard lock(reservations().mutex);
+    reservations().by_base[reply.address] = Reservation{size, device, ctx};
+  }
+  *ptr = reply.address;
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  std::uint64_t base = 0;
+  Reservation reservation{};
+  if (!reservations().find(ptr, &base, &reservation) || base != ptr) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  Session* session = nullptr;
+  if (CUresult rc = session_for(reservation.device, session); rc != CUDA_SUCCESS) return rc;
+  CUresult rc = session->call(proto::Op::kVmmAddressFree, proto::VmmRangeReq{ptr, size},
+                              static_cast<int*>(nullptr));
+  if (rc == CUDA_SUCCESS) {
+    std::lock_guard lock(reservations().mutex);
+    reservations().by_base.erase(ptr);
+  }
+  return rc;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                                         CUmemGenericAllocationHandle handle,
+                                         unsigned long long flags) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Reservation reservation{};
+  if (!reservations().find(ptr, nullptr, &reservation)) return CUDA_ERROR_INVALID_VALUE;
+  Session* session = nullptr;
+  proto::WireHandle wire = 0;
+  if (CUresult rc = from_client(handle, session, wire); rc != CUDA_SUCCESS) return rc;
+  const int handle_device = static_cast<int>((handle & kDeviceMask) >> kDeviceShift) - 1;
+  if (handle_device != reservation.device) {
+    return not_supported("cross_gpu", "mapping one GPU's memory into another GPU's reservation");
+  }
+  proto::VmmMapReq request{ptr, size, offset, wire, flags};
+  CUresult rc = session->call(proto::Op::kVmmMap, request, static_cast<int*>(nullptr));
+  if (rc == CUDA_SUCCESS) {
+    address_book().add_device({ptr, size, reservation.ctx, true, reservation.device});
+  }
+  return rc;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Reservation reservation{};
+  if (!reservations().find(ptr, nullptr, &reservation)) return CUDA_ERROR_INVALID_VALUE;
+  Session* session = nullptr;
+  if (CUresult rc = session_for(reservation.device, session); rc != CUDA_SUCCESS) return rc;
+  CUresult rc = session->call(proto::Op::kVmmUnmap, proto::VmmRangeReq{ptr, size},
+                              static_cast<int*>(nullptr));
+  if (rc == CUDA_SUCCESS) forget_mapped(ptr, size);
+  return rc;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size,
+                                               const CUmemAccessDesc* desc, size_t count) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (desc == nullptr || count == 0 || count > proto::kMaxVmmAccessDescs) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  Reservation reservation{};
+  if (!reservations().find(ptr, nullptr, &reservation)) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<proto::VmmAccessDesc> wire(count);
+  for (size_t i = 0; i < count; ++i) {
+    int device = 0;
+    if (CUresult rc = device_of(desc[i].location, device); rc != CUDA_SUCCESS) return rc;
+    if (device != reservation.device) {
+      return not_supported("peer", "access to VMM memory from another GPU (peer access)");
+    }
+    wire[i] =
+        proto::VmmAccessDesc{desc[i].location.type, static_cast<std::uint32_t>(desc[i].flags)};
+  }
+  Session* session = nullptr;
+  if (CUresult rc = session_for(reservation.device, session); rc != CUDA_SUCCESS) return rc;
+  proto::VmmSetAccessReq request{ptr, size, static_cast<std::uint32_t>(count), 0};
+  return session->call(proto::Op::kVmmSetAccess, &request, sizeof request,
+                       std::as_bytes(std::span(wire)), nullptr, 0);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemGetAccess(unsigned long long* flags,
+                                               const CUmemLocation* location, CUdeviceptr ptr) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (flags == nullptr || location == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  int device = 0;
+  if (CUresult rc = device_of(*location, device); rc != CUDA_SUCCESS) return rc;
+  Reservation reservation{};
+  if (!reservations().find(ptr, nullptr, &reservation)) return CUDA_ERROR_INVALID_VALUE;
+  if (device != reservation.device) {  // another GPU never has access through mpsshim
+    *flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    return CUDA_SUCCESS;
+  }
+  Session* session = nullptr;
+  if (CUresult rc = session_for(reservation.device, session); rc != CUDA_SUCCESS) return rc;
+  proto::VmmGetAccessReq request{ptr, location->type, 0};
+  proto::VmmGetAccessRep reply{};
+  if (CUresult rc = session->call(proto::Op::kVmmGetAccess, request, &reply); rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  *flags = reply.flags;
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle,
+                                                            void* addr) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const auto ptr = reinterpret_cast<std::uint64_t>(addr);
+  Reservation reservation{};
+  if (!reservations().find(ptr, nullptr, &reservation)) return CUDA_ERROR_INVALID_VALUE;
+  Session* session = nullptr;
+  if (CUresult rc = session_for(reservation.device, session); rc != CUDA_SUCCESS) return rc;
+  proto::VmmHandleRep reply{};
+  if (CUresult rc = session->call(proto::Op::kVmmRetain, proto::VmmRetainReq{ptr}, &reply);
+      rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  *handle = to_client(reservation.device, reply.handle);
+  return CUDA_SUCCESS;
+}
+
+// Sharing physical memory between processes is refused: the memory belongs to the server,
+// and a handle is an id of one client's session (docs/vmm.md, "Export and import").
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemExportToShareableHandle(void* shareable,
+                                                             CUmemGenericAllocationHandle handle,
+                                                             CUmemAllocationHandleType type,
+                                                             unsigned long long flags) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  (void)shareable, (void)handle, (void)type, (void)flags;
+  log_once("vmm.export", Level::warn,
+           "cuMemExportToShareableHandle: refused: mpsshim does not share VMM memory between "
+           "processes (docs/vmm.md)");
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle,
+                                                               void* os_handle,
+                                                               CUmemAllocationHandleType type) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  (void)handle, (void)os_handle, (void)type;
+  log_once("vmm.import", Level::warn,
+           "cuMemImportFromShareableHandle: refused: mpsshim does not share VMM memory between "
+           "processes (docs/vmm.md)");
+  return CUDA_ERROR_NOT_SUPPORTED;
+}

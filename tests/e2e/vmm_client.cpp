@@ -1,0 +1,349 @@
+// A virtual-memory-management client for the CPU end-to-end tests (vmm_test.cpp): run under
+// LD_PRELOAD=libmpsshim.so against mpsshimd and the host-memory test driver. Each mode prints
+// one result line ("PASS ..." or "FAIL ...") and exits 0 only when everything it checked held;
+// the modes that hold memory for the test print READY and wait.
+#include <cuda.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr char kModuleImage[] = "// mpsshim e2e vmm module\n.version 8.0\n.target sm_90\n";
+
+#define CHECK(call)                                                                              \
+  do {                                                                                           \
+    CUresult rc_ = (call);                                                                       \
+    if (rc_ != CUDA_SUCCESS) {                                                                   \
+      const char* name_ = nullptr;                                                               \
+      cuGetErrorName(rc_, &name_);                                                               \
+      std::printf("FAIL %s -> %s (%d) at line %d\n", #call, name_ ? name_ : "?", rc_, __LINE__); \
+      std::fflush(stdout);                                                                       \
+      std::exit(1);                                                                              \
+    }                                                                                            \
+  } while (0)
+
+// A check that an expected result came back; counts what did not.
+int g_failures = 0;
+void expect(CUresult got, CUresult want, const char* what) {
+  if (got == want) return;
+  std::printf("mismatch: %s gave %d, expected %d\n", what, got, want);
+  ++g_failures;
+}
+void expect_true(bool ok, const char* what) {
+  if (ok) return;
+  std::printf("mismatch: %s\n", what);
+  ++g_failures;
+}
+
+struct Setup {
+  CUcontext ctx{};
+  CUmodule module{};
+  CUfunction add{};
+  CUdevice device{};
+};
+
+Setup setup() {
+  Setup s;
+  CHECK(cuInit(0));
+  CHECK(cuDeviceGet(&s.device, 0));
+  CHECK(cuDevicePrimaryCtxRetain(&s.ctx, s.device));
+  CHECK(cuCtxSetCurrent(s.ctx));
+  CHECK(cuModuleLoadData(&s.module, kModuleImage));
+  CHECK(cuModuleGetFunction(&s.add, s.module, "vector_add"));
+  return s;
+}
+
+CUmemAllocationProp device_prop(int device) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  // As PyTorch's expandable segments ask: exportable as a POSIX fd (never exported here).
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return prop;
+}
+
+std::size_t granularity(const CUmemAllocationProp& prop) {
+  std::size_t g = 0;
+  CHECK(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+  return g;
+}
+
+void set_read_write(CUdeviceptr p, std::size_t bytes, int device) {
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CHECK(cuMemSetAccess(p, bytes, &access, 1));
+}
+
+std::size_t free_memory() {
+  size_t free_bytes = 0, total = 0;
+  CHECK(cuMemGetInfo(&free_bytes, &total));
+  return free_bytes;
+}
+
+// c = a + b over n floats with the test kernel, all three pointers given by the caller.
+void vector_add(const Setup& s, CUdeviceptr a, CUdeviceptr b, CUdeviceptr c, int n) {
+  void* args[] = {&a, &b, &c, &n};
+  CHECK(cuLaunchKernel(s.add, (n + 255) / 256, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr));
+}
+
+int finish(const char* mode) {
+  std::printf("%s %s failures=%d\n", g_failures == 0 ? "PASS" : "FAIL", mode, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
+
+// Reserve, create, map, set access, write, read back, unmap, release, free; and the driver's
+// refusals of bad arguments.
+int lifecycle() {
+  setup();
+  const CUmemAllocationProp prop = device_prop(0);
+  const std::size_t g = granularity(prop);
+  expect_true(g != 0 && (g & (g - 1)) == 0, "granularity is a power of two");
+  const std::size_t free_before = free_memory();
+
+  CUmemGenericAllocationHandle handle{};
+  expect(cuMemCreate(&handle, g + 4096, &prop, 0), CUDA_ERROR_INVALID_VALUE, "unaligned create");
+  CHECK(cuMemCreate(&handle, 2 * g, &prop, 0));
+  expect_true(free_memory() + 2 * g <= free_before, "cuMemGetInfo counts the physical memory");
+
+  CUmemAllocationProp back{};
+  CHECK(cuMemGetAllocationPropertiesFromHandle(&back, handle));
+  expect_true(back.type == CU_MEM_ALLOCATION_TYPE_PINNED &&
+                  back.location.type == CU_MEM_LOCATION_TYPE_DEVICE && back.location.id == 0 &&
+                  back.requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+              "properties from the handle");
+
+  CUdeviceptr va{};
+  CHECK(cuMemAddressReserve(&va, 4 * g, 0, 0, 0));
+  expect_true(va % g == 0, "reservation aligned to the granularity");
+  expect(cuMemMap(va + 4096, 2 * g, 0, handle, 0), CUDA_ERROR_INVALID_VALUE, "unaligned map");
+  expect(cuMemMap(va + 3 * g, 2 * g, 0, handle, 0), CUDA_ERROR_INVALID_VALUE,
+         "map past the reservation's end");
+  CHECK(cuMemMap(va, 2 * g, 0, handle, 0));
+  expect(cuMemMap(va + g, g, 0, handle, 0), CUDA_ERROR_INVALID_VALUE, "map over a mapping");
+
+  // Mapped but not yet accessible: the server refuses to copy there.
+  std::vector<unsigned> host(2 * g / sizeof(unsigned));
+  CUresult early = cuMemcpyHtoD(va, host.data(), 4096);
+  CUresult early_sync = cuCtxSynchronize();
+  expect_true(early != CUDA_SUCCESS || early_sync != CUDA_SUCCESS, "copy before access refused");
+
+  CUmemLocation here{CU_MEM_LOCATION_TYPE_DEVICE, 0};
+  unsigned long long flags = 99;
+  CHECK(cuMemGetAccess(&flags, &here, va));
+  expect_true(flags == CU_MEM_ACCESS_FLAGS_PROT_NONE, "no access before cuMemSetAccess");
+  set_read_write(va, 2 * g, 0);
+  CHECK(cuMemGetAccess(&flags, &here, va + g));
+  expect_true(flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE, "read-write after cuMemSetAccess");
+
+  for (std::size_t i = 0; i < host.size(); ++i) host[i] = static_cast<unsigned>(i * 2654435761u);
+  CHECK(cuMemcpyHtoD(va, host.data(), 2 * g));
+  CHECK(cuMemsetD32(va + g, 0x5a5a5a5au, 16));
+  std::vector<unsigned> out(host.size());
+  CHECK(cuMemcpyDtoH(out.data(), va, 2 * g));
+  for (std::size_t i = 0; i < 16; ++i) host[g / sizeof(unsigned) + i] = 0x5a5a5a5au;
+  expect_true(out == host, "bytes written through the mapping read back");
+
+  CUdeviceptr base{};
+  size_t range_size = 0;
+  CHECK(cuMemGetAddressRange(&base, &range_size, va + 100));
+  expect_true(base == va && range_size == 2 * g, "cuMemGetAddressRange of the mapping");
+  expect(cuMemFree(va), CUDA_ERROR_INVALID_VALUE, "cuMemFree of a mapping");
+
+  CUmemGenericAllocationHandle retained{};
+  CHECK(cuMemRetainAllocationHandle(&retained, reinterpret_cast<void*>(va + 64)));
+  expect_true(retained == handle, "retained handle is the mapped one");
+  CHECK(cuMemRelease(retained));
+
+  expect(cuMemAddressFree(va, 4 * g), CUDA_ERROR_INVALID_VALUE, "free a reservation still mapped");
+  expect(cuMemUnmap(va, g), CUDA_ERROR_INVALID_VALUE, "unmap part of a mapping");
+  // Released while mapped: the memory stays until it is unmapped.
+  CHECK(cuMemRelease(handle));
+  expect(cuMemRelease(handle), CUDA_ERROR_INVALID_VALUE, "release twice");
+  CHECK(cuMemcpyDtoH(out.data(), va, 4096));
+  expect_true(std::memcmp(out.data(), host.data(), 4096) == 0, "readable after release");
+  CHECK(cuMemUnmap(va, 2 * g));
+  expect(cuMemMap(va, 2 * g, 0, handle, 0), CUDA_ERROR_INVALID_VALUE, "map a released handle");
+  CUresult late = cuMemcpyDtoH(out.data(), va, 4096);
+  CUresult late_sync = cuCtxSynchronize();
+  expect_true(late != CUDA_SUCCESS || late_sync != CUDA_SUCCESS, "copy after unmap refused");
+  CHECK(cuMemAddressFree(va, 4 * g));
+  expect_true(free_memory() == free_before, "all memory back after unmap and release");
+  return finish("lifecycle");
+}
+
+// An expandable allocator: one big reservation, chunks mapped as it grows; copies, a memset and
+// a kernel across the boundaries between chunks.
+int grow(int chunks) {
+  Setup s = setup();
+  const CUmemAllocationProp prop = device_prop(0);
+  const std::size_t g = granularity(prop);
+  const std::size_t reserved = 64 * g;
+  CUdeviceptr va{};
+  CHECK(cuMemAddressReserve(&va, reserved, 0, 0, 0));
+  std::vector<CUmemGenericAllocationHandle> handles;
+  for (int c = 0; c < chunks; ++c) {
+    CUmemGenericAllocationHandle h{};
+    CHECK(cuMemCreate(&h, g, &prop, 0));
+    CHECK(cuMemMap(va + c * g, g, 0, h, 0));
+    set_read_write(va + c * g, g, 0);
+    handles.push_back(h);
+  }
+  const std::size_t mapped = chunks * g;
+  // Floats a, b and c, each straddling a boundary between chunks.
+  const int n = static_cast<int>(g / sizeof(float) / 2);
+  std::vector<float> a(n), b(n);
+  for (int i = 0; i < n; ++i) {
+    a[i] = static_cast<float>(i);
+    b[i] = 0.5f * static_cast<float>(i);
+  }
+  const std::size_t bytes = sizeof(float) * static_cast<std::size_t>(n);
+  const CUdeviceptr da = va + g - bytes / 2;  // chunk 0 into chunk 1
+  const CUdeviceptr db = va + 2 * g - bytes / 2;
+  const CUdeviceptr dc = va + 3 * g - bytes / 2;
+  CHECK(cuMemcpyHtoD(da, a.data(), bytes));
+  CHECK(cuMemcpyHtoD(db, b.data(), bytes));
+  CHECK(cuMemsetD32(dc, 0xffffffffu, static_cast<std::size_t>(n)));
+  vector_add(s, da, db, dc, n);
+  std::vector<float> c(n);
+  CHECK(cuMemcpyDtoH(c.data(), dc, bytes));
+  int wrong = 0;
+  for (int i = 0; i < n; ++i) wrong += c[i] != 1.5f * static_cast<float>(i);
+  expect_true(wrong == 0, "kernel result across chunk boundaries");
+  // A device-to-device copy of two chunks' worth, each side crossing two boundaries.
+  std::vector<unsigned char> source(2 * g), copied(2 * g);
+  CHECK(cuMemcpyDtoH(source.data(), va + g / 2, 2 * g));
+  CHECK(cuMemcpyDtoD(va + g / 2 + 2 * g, va + g / 2, 2 * g));
+  CHECK(cuMemcpyDtoH(copied.data(), va + g / 2 + 2 * g, 2 * g));
+  expect_true(copied == source, "device-to-device copy across chunks");
+  // Past the mapped end is not the client's memory.
+  CUresult past = cuMemcpyHtoD(va + mapped - 64, a.data(), 128);
+  CUresult past_sync = cuCtxSynchronize();
+  expect_true(past != CUDA_SUCCESS || past_sync != CUDA_SUCCESS, "copy past the mapped end");
+  // Shrinks chunk by chunk, as the allocator gives memory back.
+  for (int c = chunks - 1; c >= 0; --c) {
+    CHECK(cuMemUnmap(va + c * g, g));
+    CHECK(cuMemRelease(handles[static_cast<std::size_t>(c)]));
+  }
+  CHECK(cuMemAddressFree(va, reserved));
+  return finish("grow");
+}
+
+// The client's limit (`limit_mib`, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT) bounds what it holds in
+// physical allocations at once; memory counts until it is released *and* unmapped.
+int limit(std::size_t limit_mib) {
+  setup();
+  const CUmemAllocationProp prop = device_prop(0);
+  const std::size_t half = (limit_mib / 2) << 20;
+  const std::size_t three_quarters = (limit_mib * 3 / 4) << 20;
+  CUmemGenericAllocationHandle h{};
+  expect(cuMemCreate(&h, (2 * limit_mib) << 20, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY,
+         "one allocation over the limit");
+  CUmemGenericAllocationHandle first{};
+  CHECK(cuMemCreate(&first, half, &prop, 0));
+  expect(cuMemCreate(&h, three_quarters, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY,
+         "the sum over the limit");
+  // Released but still mapped: still held.
+  CUdeviceptr va{};
+  CHECK(cuMemAddressReserve(&va, half, 0, 0, 0));
+  CHECK(cuMemMap(va, half, 0, first, 0));
+  CHECK(cuMemRelease(first));
+  expect(cuMemCreate(&h, three_quarters, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY,
+         "released but mapped memory still counts");
+  CHECK(cuMemUnmap(va, half));
+  CHECK(cuMemAddressFree(va, half));
+  CHECK(cuMemCreate(&h, three_quarters, &prop, 0));  // credited back
+  CHECK(cuMemRelease(h));
+  size_t free_bytes = 0, total = 0;
+  CHECK(cuMemGetInfo(&free_bytes, &total));
+  expect_true(free_bytes == total, "nothing held at the end");
+  std::printf("total=%zu\n", total);
+  return finish("limit");
+}
+
+// Holds `megabytes` of mapped memory, prints READY with the handle and address, and waits:
+// until killed, or (`exit`) exits at once without giving anything back.
+int hold(std::size_t megabytes, bool exit_at_once) {
+  setup();
+  const CUmemAllocationProp prop = device_prop(0);
+  const std::size_t g = granularity(prop);
+  const std::size_t bytes = (megabytes << 20) / g * g;
+  CUdeviceptr va{};
+  CHECK(cuMemAddressReserve(&va, 2 * bytes, 0, 0, 0));
+  CUmemGenericAllocationHandle h{};
+  CHECK(cuMemCreate(&h, bytes, &prop, 0));
+  CHECK(cuMemMap(va, bytes, 0, h, 0));
+  set_read_write(va, bytes, 0);
+  CHECK(cuMemsetD8(va, 7, bytes));
+  CHECK(cuCtxSynchronize());
+  std::printf("READY handle=%llu address=%llu free=%zu\n", static_cast<unsigned long long>(h),
+              static_cast<unsigned long long>(va), free_memory());
+  std::fflush(stdout);
+  if (exit_at_once) std::_Exit(0);  // no cuMemUnmap, no cuMemRelease, no atexit
+  for (;;) pause();
+}
+
+// Another client's handle and address name nothing of this client's; exporting and importing
+// are refused by policy.
+int steal(unsigned long long handle, unsigned long long address) {
+  setup();
+  const CUmemAllocationProp prop = device_prop(0);
+  const std::size_t g = granularity(prop);
+  CUdeviceptr va{};
+  CHECK(cuMemAddressReserve(&va, g, 0, 0, 0));
+  expect(cuMemMap(va, g, 0, handle, 0), CUDA_ERROR_INVALID_VALUE, "map another client's handle");
+  CUmemAllocationProp props{};
+  expect(cuMemGetAllocationPropertiesFromHandle(&props, handle), CUDA_ERROR_INVALID_VALUE,
+         "properties of another client's handle");
+  expect(cuMemRelease(handle), CUDA_ERROR_INVALID_VALUE, "release another client's handle");
+  CUmemGenericAllocationHandle retained{};
+  expect(cuMemRetainAllocationHandle(&retained, reinterpret_cast<void*>(address)),
+         CUDA_ERROR_INVALID_VALUE, "retain at another client's address");
+  std::vector<char> bytes(4096);
+  CUresult read = cuMemcpyDtoH(bytes.data(), address, bytes.size());
+  CUresult read_sync = cuCtxSynchronize();
+  expect_true(read != CUDA_SUCCESS || read_sync != CUDA_SUCCESS, "read another client's mapping");
+
+  CUmemGenericAllocationHandle own{};
+  CHECK(cuMemCreate(&own, g, &prop, 0));
+  int fd = -1;
+  expect(cuMemExportToShareableHandle(&fd, own, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+         CUDA_ERROR_NOT_SUPPORTED, "export refused");
+  CUmemGenericAllocationHandle imported{};
+  expect(cuMemImportFromShareableHandle(&imported, reinterpret_cast<void*>(std::intptr_t{0}),
+                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+         CUDA_ERROR_NOT_SUPPORTED, "import refused");
+  // Its own memory still works.
+  CHECK(cuMemMap(va, g, 0, own, 0));
+  set_read_write(va, g, 0);
+  CHECK(cuMemsetD8(va, 3, g));
+  CHECK(cuMemcpyDtoH(bytes.data(), va, bytes.size()));
+  expect_true(bytes[0] == 3 && bytes[4095] == 3, "own mapping works");
+  CHECK(cuMemUnmap(va, g));
+  CHECK(cuMemRelease(own));
+  CHECK(cuMemAddressFree(va, g));
+  return finish("steal");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string mode = argc > 1 ? argv[1] : "lifecycle";
+  auto arg = [&](int i) { return argc > i ? std::strtoull(argv[i], nullptr, 0) : 0ull; };
+  if (mode == "lifecycle") return lifecycle();
+  if (mode == "grow") return grow(arg(2) ? static_cast<int>(arg(2)) : 5);
+  if (mode == "limit") return limit(arg(2));
+  if (mode == "hold") return hold(arg(2) ? arg(2) : 64, false);
+  if (mode == "hold-exit") return hold(arg(2) ? arg(2) : 64, true);
+  if (mode == "steal") return steal(arg(2), arg(3));
+  std::printf("FAIL unknown mode %s\n", mode.c_str());
+  return 2;
+}

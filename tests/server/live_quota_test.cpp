@@ -1,0 +1,184 @@
+// Quotas changed while the client runs (broker/server/sm_quota_change.hpp, control.cpp), on the
+// test driver, whose kernels run on the SMs of their stream's green context (record_smid) and
+// whose streams run in order: the SM quota moves the client's later work to a green context of
+// the new size while its earlier work is still running, its results stay right; a memory limit
+// lowered below what it uses refuses its next allocation, naming the command that set it.
+#include <catch2/catch.hpp>
+
+#include <set>
+
+#include "tests/server/launch_batch_fixture.hpp"
+
+namespace mpsshim::server::test {
+namespace {
+
+using batch::bits;
+using batch::field;
+using batch::Fixture;
+using proto::Op;
+
+constexpr int kPid = 4123;  // default_hello's
+constexpr int kWords = 4096;
+
+std::string operator_says(Harness& h, const std::string& command, int& status) {
+  status = 0;
+  return h.server->control_command(command, status);
+}
+
+std::set<unsigned> distinct(const std::vector<unsigned>& ids) {
+  return {ids.begin(), ids.end()};
+}
+
+TEST_CASE("an SM quota changed mid-stream moves later work and keeps the stream's order",
+          "[server][quota][live]") {
+  Fixture f(test_driver());
+  auto sleeper = f.function("sleep_kernel");
+  auto fill = f.function("fill_u32");
+  auto scale_add = f.function("scale_add");
+  auto smid = f.function("record_smid");
+  const std::uint64_t stream = f.stream();
+  const std::uint64_t event = f.event();
+  const unsigned all_sms = f.h.gpu.snapshot.sm_count;
+  const std::uint64_t y = f.buffer(kWords * 4);
+  const std::uint64_t x = f.buffer(kWords * 4);
+  const std::uint64_t before_ids = f.buffer(all_sms * 4);
+  const std::uint64_t after_ids = f.buffer(all_sms * 4);
+  f.launch(fill, f.ctx.default_stream, 8, 256, x, bits(3.0f), kWords);
+  f.launch(smid, stream, all_sms, 1, before_ids);
+  REQUIRE(f.synchronize(f.ctx.default_stream) == CUDA_SUCCESS);
+  REQUIRE(f.synchronize(stream) == CUDA_SUCCESS);
+
+  // Work queued and still running when the quota changes: y = 1 after a 200 ms kernel.
+  f.launch(sleeper, stream, 1, 1, 200'000);
+  f.launch(fill, stream, 8, 256, y, bits(1.0f), kWords);
+  f.sut.send(Op::kEventRecord, proto::EventRecordReq{event, stream, 0, 0});
+  f.h.pump(4);
+  int status = -1;
+  const std::string answer =
+      operator_says(f.h, fmt::format("set_client_active_thread_percentage {} 25", kPid), status);
+  INFO(answer);
+  CHECK(status == 0);
+  CHECK(answer.find("25% of the SMs") != std::string::npos);
+
+  // Later work on the same stream: runs after the fill (y = 2 * 3 + 1), on the new SMs.
+  f.launch(scale_add, stream, 8, 256, y, x, 2.0f, kWords);
+  f.launch(smid, stream, all_sms, 1, after_ids);
+  // An event made before the change still records (it gets an event of the new context), and
+  // a wait on its earlier record still works.
+  const std::uint64_t other = f.stream();
+  f.sut.send(Op::kStreamWaitEvent, proto::StreamWaitEventReq{other, event, 0, 0});
+  f.sut.send(Op::kEventRecord, proto::EventRecordReq{event, stream, 0, 0});
+  REQUIRE(f.sut.call(Op::kEventSynchronize, proto::HandleReq{event}).result == CUDA_SUCCESS);
+  REQUIRE(f.synchronize(stream) == CUDA_SUCCESS);
+  REQUIRE(f.synchronize(other) == CUDA_SUCCESS);
+  CHECK(f.async_error() == CUDA_SUCCESS);
+
+  for (float value : f.read<float>(y, kWords)) REQUIRE(value == 7.0f);
+  const std::uint64_t granted = field(f.h.server->stats_text(false), "sms");
+  CHECK(granted < all_sms);
+  CHECK(field(f.h.server->stats_text(false), "sm_percentage") == 25);
+  CHECK(distinct(f.read<unsigned>(before_ids, all_sms)).size() == all_sms);
+  CHECK(distinct(f.read<unsigned>(after_ids, all_sms)).size() == granted);
+  CHECK(f.h.logged("SM quota changed by the operator to 25%"));
+
+  // And back to the whole device: the streams move again.
+  CHECK(operator_says(f.h, fmt::format("set_client_active_thread_percentage {} 100", kPid), status)
+            .find("100% of the SMs") != std::string::npos);
+  f.launch(smid, stream, all_sms, 1, after_ids);
+  REQUIRE(f.synchronize(stream) == CUDA_SUCCESS);
+  CHECK(distinct(f.read<unsigned>(after_ids, all_sms)).size() == all_sms);
+}
+
+TEST_CASE("an SM quota changed live keeps an allocation's client in its slot of the device",
+          "[server][quota][live][allocation]") {
+  proto::ServerAdmit admit = admission_of(default_hello());
+  admit.allocation_id = 3;
+  admit.allocation_sm_slot = 2;  // the third of four parts: it starts half way
+  admit.allocation_sm_slots = 4;
+  Fixture f(test_driver(), {}, admit);
+  auto smid = f.function("record_smid");
+  const std::uint64_t stream = f.stream();
+  const unsigned all_sms = f.h.gpu.snapshot.sm_count;
+  const std::uint64_t ids = f.buffer(all_sms * 4);
+
+  int status = -1;
+  const std::string answer =
+      operator_says(f.h, fmt::format("set_client_active_thread_percentage {} 25", kPid), status);
+  INFO(answer);
+  REQUIRE(status == 0);
+  f.launch(smid, stream, all_sms, 1, ids);
+  REQUIRE(f.synchronize(stream) == CUDA_SUCCESS);
+
+  const std::uint64_t granted = field(f.h.server->stats_text(false), "sms");
+  const std::set<unsigned> used = distinct(f.read<unsigned>(ids, all_sms));
+  CHECK(used.size() == granted);
+  // Without its slot the split would take the device's first `granted` SMs.
+  CHECK(*used.begin() >= granted);
+}
+
+TEST_CASE("an SM quota change waits for the client's capture to end", "[server][quota][live]") {
+  Fixture f(test_driver());
+  auto fill = f.function("fill_u32");
+  auto smid = f.function("record_smid");
+  const std::uint64_t stream = f.stream();
+  const unsigned all_sms = f.h.gpu.snapshot.sm_count;
+  const std::uint64_t y = f.buffer(kWords * 4);
+  const std::uint64_t ids = f.buffer(all_sms * 4);
+  REQUIRE(f.sut.call(Op::kStreamBeginCapture, proto::BeginCaptureReq{stream, 0, 0}).result ==
+          CUDA_SUCCESS);
+
+  int status = -1;
+  const std::string answer =
+      operator_says(f.h, fmt::format("set_client_active_thread_percentage {} 25", kPid), status);
+
+  CHECK(status == 0);
+  CHECK(answer.find("once its stream capture ends") != std::string::npos);
+  f.launch(fill, stream, 8, 256, y, 5u, kWords);
+  auto end = f.sut.call(Op::kStreamEndCapture, proto::HandleReq{stream});
+  REQUIRE(end.result == CUDA_SUCCESS);
+  f.h.pump(4);
+  CHECK(field(f.h.server->stats_text(false), "sm_percentage") == 25);
+  f.launch(smid, stream, all_sms, 1, ids);
+  REQUIRE(f.synchronize(stream) == CUDA_SUCCESS);
+  CHECK(distinct(f.read<unsigned>(ids, all_sms)).size() ==
+        field(f.h.server->stats_text(false), "sms"));
+}
+
+TEST_CASE("a memory limit lowered below use refuses allocations until use falls under it",
+          "[server][quota][live]") {
+  Fixture f(test_driver());
+  const std::uint64_t big = f.buffer(2 << 20);
+
+  int status = -1;
+  const std::string answer =
+      operator_says(f.h, fmt::format("set_client_memory_limit {} {}", kPid, 1 << 20), status);
+
+  CHECK(status == 0);
+  CHECK(answer.find("refused until it uses less") != std::string::npos);
+  CUresult refused = CUDA_SUCCESS;
+  f.sut.alloc(f.ctx.ctx, 4096, &refused);
+  CHECK(refused == CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK(f.h.logged("set by the operator with mpsshimctl set_device_pinned_mem_limit"));
+  CHECK(field(f.h.server->stats_text(false), "mem_limit") == 1 << 20);
+
+  REQUIRE(f.sut.call(Op::kMemFree, proto::MemFreeReq{big}).result == CUDA_SUCCESS);
+  CUresult allowed = CUDA_ERROR_UNKNOWN;
+  f.sut.alloc(f.ctx.ctx, 4096, &allowed);
+  CHECK(allowed == CUDA_SUCCESS);
+}
+
+TEST_CASE("a live quota for a pid without a client, or a bad value, is refused",
+          "[server][quota][live]") {
+  Fixture f(test_driver());
+  int status = 0;
+  CHECK(operator_says(f.h, "set_client_active_thread_percentage 999 50", status) ==
+        "no client with pid 999 on GPU 0");
+  CHECK(status == 1);
+  operator_says(f.h, fmt::format("set_client_active_thread_percentage {} 0", kPid), status);
+  CHECK(status == 1);
+  operator_says(f.h, fmt::format("set_client_memory_limit {} lots", kPid), status);
+  CHECK(status == 1);
+}
+
+}  // namespace
+}  // namespace mpsshim::server::test
