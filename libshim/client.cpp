@@ -51,6 +51,8 @@ proto::ClientHello make_hello(proto::MessageKind kind, int device, const ClientC
   std::strncpy(hello.visible_devices, config.visible_devices.c_str(),
                sizeof hello.visible_devices - 1);
   std::strncpy(hello.program, config.program.c_str(), sizeof hello.program - 1);
+  std::strncpy(hello.allocation_token, config.allocation_token.c_str(),
+               sizeof hello.allocation_token - 1);
   return hello;
 }
 

@@ -34,6 +34,9 @@ struct ClientConfig {
   std::map<int, std::uint64_t> memory_limit;  // per visible ordinal
   bool ignore_sm_coscheduling = false;        // MPSSHIM_SM_GRANULARITY=2
   bool launch_batching = true;                // MPSSHIM_LAUNCH_BATCHING=off: false
+  // MPSSHIM_ALLOCATION_TOKEN, else the first line of MPSSHIM_ALLOCATION_TOKEN_FILE: what the
+  // Kubernetes device plugin handed this pod (docs/kubernetes.md). "" when none.
+  std::string allocation_token;
   std::string visible_devices;
   std::string program;
 };

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <fstream>
 #include <string_view>
 
 #include "libshim/client.hpp"
@@ -52,6 +53,22 @@ void parse_memory_limits(const std::string& text, ClientConfig& config) {
     }
     config.memory_limit[static_cast<int>(ordinal)] = bytes;
   }
+}
+
+// The daemon checks the token; here it is only carried. A token that does not fit the hello is
+// sent cut short, which the daemon refuses as unknown (and says so).
+std::string read_allocation_token() {
+  if (std::string token = trim(env("MPSSHIM_ALLOCATION_TOKEN")); !token.empty()) return token;
+  std::string path = env("MPSSHIM_ALLOCATION_TOKEN_FILE");
+  if (path.empty()) return {};
+  std::ifstream file(path);
+  std::string line;
+  if (!file || !std::getline(file, line)) {
+    log(Level::warn, "cannot read MPSSHIM_ALLOCATION_TOKEN_FILE={}; connecting without a token",
+        path);
+    return {};
+  }
+  return trim(line);
 }
 
 }  // namespace
@@ -139,6 +156,7 @@ ClientConfig read_client_config() {
       log(Level::warn, "ignoring MPSSHIM_LAUNCH_BATCHING='{}': expected off or on", batching);
     }
   }
+  config.allocation_token = read_allocation_token();
   config.visible_devices = env("CUDA_VISIBLE_DEVICES");
   config.program = program_invocation_short_name;
   return config;

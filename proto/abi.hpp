@@ -19,7 +19,10 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // Minor 2: RecordHeader::send_stamp (was reserved, 0): when the client committed the record,
 // for the server's per-client delay figures (mpsshimctl stats). A 0 stamp is not measured.
 // Minor 3: virtual memory management (ops 78..88, proto/ops_vmm.hpp).
-inline constexpr std::uint16_t kAbiMinor = 3;
+// Minor 4: ClientHello::allocation_token (appended; a shorter 1.2/1.3 hello means no token) and
+// ServerAdmit::allocation_id / allocation_memory_limit / allocation_sm_slot(s) (per-pod quotas,
+// docs/kubernetes.md).
+inline constexpr std::uint16_t kAbiMinor = 4;
 
 // FROZEN FOREVER. Every message on every mpsshim socket starts with this header, so that any two
 // versions of mpsshim can at least tell each other which versions they are. Never change it.

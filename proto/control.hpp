@@ -32,10 +32,16 @@ struct ClientHello {
   std::uint32_t reserved;
   char visible_devices[256];  // CUDA_VISIBLE_DEVICES as given ("" if unset)
   char program[64];           // the client's program name, for logs and mpsshimctl ps
+  // ABI 1.4: MPSSHIM_ALLOCATION_TOKEN, the token mpsshimd gave the Kubernetes device plugin for
+  // this pod's allocation ("" if none; docs/kubernetes.md). The daemon holds the quota it names.
+  char allocation_token[64];
 };
 static_assert(kWireSafe<ClientHello>);
-static_assert(sizeof(ClientHello) == 368);
+static_assert(sizeof(ClientHello) == 432);
 static_assert(offsetof(ClientHello, visible_devices) == 48);
+static_assert(offsetof(ClientHello, allocation_token) == 368);
+// A 1.0-1.3 client's hello ends before allocation_token; the daemon reads it as "no token".
+inline constexpr std::size_t kClientHelloSizeBeforeTokens = 368;
 inline constexpr std::uint32_t kHelloIgnoreSmCoscheduling = 1u << 0;
 // MPSSHIM_LAUNCH_BATCHING=off: the server issues this client's launches one by one.
 inline constexpr std::uint32_t kHelloNoLaunchBatching = 1u << 1;
@@ -84,17 +90,26 @@ struct ServerReady {
 static_assert(kWireSafe<ServerReady>);
 static_assert(offsetof(ServerReady, snapshot) == 288);
 
-// Sent with one fd: the client's connection.
+// Sent with one fd: the client's connection. The hello's quota fields are what the daemon
+// decided (a client with an allocation token gets at most the token's quota).
 struct ServerAdmit {
   HelloHeader header;     // kServerAdmit
   std::int32_t peer_pid;  // from SO_PEERCRED, not from the hello
   std::uint32_t peer_uid;
   std::uint32_t peer_gid;
-  std::uint32_t reserved;
+  // ABI 1.4: the allocation (Kubernetes pod) the client belongs to, 0 = none. Every session of
+  // one allocation on this GPU shares allocation_memory_limit (0 = no shared limit).
+  std::uint32_t allocation_id;
   ClientHello hello;
+  std::uint64_t allocation_memory_limit;
+  // Where the allocation's SMs lie: slot allocation_sm_slot of allocation_sm_slots equal parts
+  // of the device (its replica), so different allocations get different SMs; slots 0 = no
+  // placement (the device's first SMs, as for every client without one).
+  std::uint32_t allocation_sm_slot;
+  std::uint32_t allocation_sm_slots;
 };
 static_assert(kWireSafe<ServerAdmit>);
-static_assert(sizeof(ServerAdmit) == 400);
+static_assert(sizeof(ServerAdmit) == 480);
 
 // Sent by a client during a session, with one memfd; the ring record that uses it names the
 // same token.

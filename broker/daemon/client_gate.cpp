@@ -4,9 +4,11 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
+#include "broker/daemon/allocation_quota.hpp"
 #include "broker/daemon/child_process.hpp"
 #include "broker/daemon/device_directory.hpp"
 #include "broker/daemon/log.hpp"
@@ -28,11 +30,25 @@ std::string describe_peer(const proto::PeerCredentials& peer) {
   return fmt::format("pid {} ({}, uid {})", peer.pid, process_name(peer.pid), peer.uid);
 }
 
+// register_allocation may carry a pod's token (token=HEX): the log is no place for it.
+std::string without_tokens(std::string line) {
+  for (std::size_t at = line.find("token="); at != std::string::npos;
+       at = line.find("token=", at + 1)) {
+    std::size_t end = line.find(' ', at);
+    line.replace(at + 6, (end == std::string::npos ? line.size() : end) - (at + 6), "(hidden)");
+  }
+  return line;
+}
+
 }  // namespace
 
 ClientGate::ClientGate(EventLoop& loop, Supervisor& supervisor, Commands& commands,
-                       AccessPolicy policy)
-    : loop_(loop), supervisor_(supervisor), commands_(commands), policy_(policy) {}
+                       const AllocationRegistry& allocations, AccessPolicy policy)
+    : loop_(loop),
+      supervisor_(supervisor),
+      commands_(commands),
+      allocations_(allocations),
+      policy_(policy) {}
 
 ClientGate::~ClientGate() {
   close();
@@ -134,8 +150,11 @@ void ClientGate::on_first_message(Waiting connection, const proto::Received& mes
   switch (kind) {
     case MessageKind::kClientQuery:
     case MessageKind::kClientAttach:
-      if (auto hello = decode<proto::ClientHello>(message)) {
-        return on_client(std::move(connection), kind, *hello);
+      // A 1.0-1.3 client's hello is shorter: what it did not send reads as zero (no token).
+      if (message.bytes.size() >= proto::kClientHelloSizeBeforeTokens) {
+        proto::ClientHello hello{};
+        std::memcpy(&hello, message.bytes.data(), std::min(message.bytes.size(), sizeof hello));
+        return on_client(std::move(connection), kind, hello);
       }
       break;
     case MessageKind::kCtlRequest:
@@ -161,6 +180,7 @@ void ClientGate::on_client(Waiting connection, MessageKind kind, const proto::Cl
   proto::ClientHello hello = sent;
   hello.visible_devices[sizeof hello.visible_devices - 1] = '\0';
   hello.program[sizeof hello.program - 1] = '\0';
+  hello.allocation_token[sizeof hello.allocation_token - 1] = '\0';
   std::string who = describe_client(connection.peer, hello.program);
   if (auto why = policy_.refusal(connection.peer, PeerRole::kClient)) {
     log_warn("{} refused: {}", who, *why);
@@ -168,6 +188,12 @@ void ClientGate::on_client(Waiting connection, MessageKind kind, const proto::Cl
     return;
   }
   if (kind == MessageKind::kClientQuery) {
+    // An unknown token fails cuInit already, where the client's error is easiest to read.
+    if (auto quota = decide_quota(allocations_, supervisor_.defaults(), hello, -1); !quota) {
+      log_warn("{} refused: {}", who, quota.error());
+      refuse(connection, CUDA_ERROR_MPS_CONNECTION_FAILED, quota.error());
+      return;
+    }
     auto answer = answer_query(supervisor_, hello);
     if (!answer) {
       log_warn("{} asked for its devices; refused: {}", who, answer.error().message);
@@ -186,14 +212,28 @@ void ClientGate::on_client(Waiting connection, MessageKind kind, const proto::Cl
     refuse(connection, gpu.error().cuda_error, gpu.error().message);
     return;
   }
+  auto quota = decide_quota(allocations_, supervisor_.defaults(), hello, *gpu);
+  if (!quota) {
+    log_warn("{} refused: {}", who, quota.error());
+    refuse(connection, CUDA_ERROR_MPS_CONNECTION_FAILED, quota.error());
+    return;
+  }
+  for (const std::string& clamp : quota->clamps) log_warn("{} {}", who, clamp);
   // The server gets its own copy of the fd and answers the client directly; ours closes here.
-  auto server = supervisor_.admit(*gpu, connection.fd.get(), connection.peer, hello);
+  auto server = supervisor_.admit(*gpu, connection.fd.get(), connection.peer, quota->hello,
+                                  quota->allocation_id, quota->allocation_memory_limit,
+                                  quota->sm_slot, quota->sm_slots);
   if (!server) {
     log_warn("{} refused: {}", who, server.error());
     refuse(connection, CUDA_ERROR_MPS_SERVER_NOT_READY, server.error());
     return;
   }
-  log_info("{} attached to GPU {} (server pid {})", who, *gpu, *server);
+  if (quota->allocation_id != 0) {
+    log_info("{} attached to GPU {} (server pid {}) in allocation {} (pod {})", who, *gpu, *server,
+             quota->allocation_id, quota->pod);
+  } else {
+    log_info("{} attached to GPU {} (server pid {})", who, *gpu, *server);
+  }
 }
 
 void ClientGate::on_command(Waiting connection, const proto::TextMessage& request) {
@@ -203,8 +243,10 @@ void ClientGate::on_command(Waiting connection, const proto::TextMessage& reques
     refuse(connection, CUDA_ERROR_MPS_CONNECTION_FAILED, *why);
     return;
   }
-  log_info("operator command from pid {} (uid {}): {}", connection.peer.pid, connection.peer.uid,
-           line);
+  // The device plugin asks these every second: an info line each would drown the log.
+  const bool polling = line == "gpu_states" || line == "list_allocations";
+  log(polling ? LogLevel::kDebug : LogLevel::kInfo, "operator command from pid {} (uid {}): {}",
+      connection.peer.pid, connection.peer.uid, without_tokens(line));
   int fd = connection.fd.get();
   answering_.emplace(fd, std::move(connection.fd));
   commands_.execute(line, [this, fd](CtlReply reply) {

@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "broker/daemon/access_policy.hpp"
+#include "broker/daemon/allocations.hpp"
 #include "broker/daemon/commands.hpp"
 #include "broker/daemon/event_loop.hpp"
 #include "broker/daemon/supervisor.hpp"
@@ -22,7 +23,8 @@ class ClientGate {
   static constexpr auto kFirstMessageTimeout = std::chrono::seconds(5);
   static constexpr std::size_t kMaxWaiting = 256;
 
-  ClientGate(EventLoop& loop, Supervisor& supervisor, Commands& commands, AccessPolicy policy);
+  ClientGate(EventLoop& loop, Supervisor& supervisor, Commands& commands,
+             const AllocationRegistry& allocations, AccessPolicy policy);
   ~ClientGate();
 
   void listen(proto::UniqueFd listener);  // a listening SOCK_SEQPACKET socket
@@ -48,6 +50,7 @@ class ClientGate {
   EventLoop& loop_;
   Supervisor& supervisor_;
   Commands& commands_;
+  const AllocationRegistry& allocations_;
   AccessPolicy policy_;
   proto::UniqueFd listener_;
   std::unordered_map<int, Waiting> waiting_;            // by fd: no first message yet

@@ -141,6 +141,13 @@ nlohmann::json json_number(const Fields& fields, std::string_view key) {
   return nullptr;
 }
 
+// A word as JSON: the text, or null when the server (or the daemon) did not give it.
+nlohmann::json json_string(const Fields& fields, std::string_view key) {
+  auto it = fields.find(key);
+  if (it == fields.end() || it->second.empty()) return nullptr;
+  return it->second;
+}
+
 nlohmann::json json_optional(std::optional<double> value) {
   return value ? nlohmann::json(*value) : nlohmann::json(nullptr);
 }
@@ -194,13 +201,20 @@ std::string user_name_of(const std::string& uid_text) {
   return user_name(uid_text);
 }
 
-std::string format_client_table(const std::vector<ServerClients>& servers) {
+std::string format_client_table(
+    const std::vector<ServerClients>& servers,
+    const std::function<std::string(const std::string&)>& allocation_name) {
   constexpr std::string_view kRow =
       "{:<9}{:<12}{:<5}{:<6}{:<12}{:<12}{:<12}{:<12}{:<10}{:<10}{:<12}{:<12}{:<12}{:<6}{:<10}"
-      "{:<21}{}\n";
-  std::string table =
-      fmt::format(kRow, "PID", "USER", "GPU", "SMS", "MEMORY", "PEAK", "LIMIT", "PINNED",
-                  "LAUNCHES", "BUSY", "H2D", "D2H", "D2D", "PRIO", "STATE", "STARTED", "PROGRAM");
+      "{:<21}{:<17}{}\n";
+  std::string table = fmt::format(kRow, "PID", "USER", "GPU", "SMS", "MEMORY", "PEAK", "LIMIT",
+                                  "PINNED", "LAUNCHES", "BUSY", "H2D", "D2H", "D2D", "PRIO",
+                                  "STATE", "STARTED", "PROGRAM", "ALLOCATION");
+  auto allocation = [&](const Fields& fields) -> std::string {
+    std::string id = field(fields, "allocation");
+    if (id == "-" || id == "0") return "-";
+    return allocation_name ? allocation_name(id) : id;
+  };
   std::string notes;
   for_each_line(
       servers,
@@ -212,7 +226,8 @@ std::string format_client_table(const std::vector<ServerClients>& servers) {
             field(fields, "launches"), duration_field(fields, "busy_us"),
             bytes_field(fields, "h2d_bytes", false), bytes_field(fields, "d2h_bytes", false),
             bytes_field(fields, "d2d_bytes", false), field(fields, "priority"),
-            field(fields, "state"), start_time_field(fields), field(fields, "program"));
+            field(fields, "state"), start_time_field(fields), field(fields, "program"),
+            allocation(fields));
       },
       [&](int gpu, const std::string& line) { notes += fmt::format("GPU {}: {}\n", gpu, line); });
   return table + notes;
@@ -227,6 +242,8 @@ nlohmann::json client_table_json(const std::vector<ServerClients>& servers,
       [&](int gpu, const Fields& fields) {
         nlohmann::json limit = json_number(fields, "mem_limit");
         if (limit == 0) limit = nullptr;  // no limit
+        nlohmann::json allocation = json_number(fields, "allocation");
+        if (allocation == 0) allocation = nullptr;  // not a pod's client
         clients.push_back({
             {"gpu", gpu},
             {"client", json_number(fields, "client")},
@@ -250,6 +267,9 @@ nlohmann::json client_table_json(const std::vector<ServerClients>& servers,
               {"d2h", json_number(fields, "d2h_bytes")},
               {"d2d", json_number(fields, "d2d_bytes")}}},
             {"worker", json_number(fields, "worker")},
+            {"allocation", allocation},
+            {"namespace", json_string(fields, "namespace")},
+            {"pod", json_string(fields, "pod")},
         });
       },
       [&](int gpu, const std::string& line) {

@@ -4,7 +4,9 @@
 // fields, values without blanks (broker/server/client_usage.hpp):
 //   client=3 pid=4123 uid=1000 program=python3 sms=32 sm_percentage=25 mem_used=1048576
 //   mem_peak=2097152 mem_limit=0 pinned=0 launches=1234 busy_us=51234 h2d_bytes=4096
-//   d2h_bytes=4096 d2d_bytes=0 priority=0 state=active start_time=1732182049.123 worker=0
+//   d2h_bytes=4096 d2d_bytes=0 priority=0 state=active start_time=1732182049.123 allocation=7
+//   worker=0
+// (the daemon appends namespace= and pod= of a registered allocation, with_pod_fields).
 // Unknown keys are ignored and missing ones shown as "-"; a line without pid= (a note such as
 // "truncated: ...") is shown as it is.
 #pragma once
@@ -24,12 +26,18 @@ struct ServerClients {
 };
 
 // PID USER GPU SMS MEMORY PEAK LIMIT PINNED LAUNCHES BUSY H2D D2H D2D PRIO STATE STARTED
-// PROGRAM, then the lines that are not clients.
-std::string format_client_table(const std::vector<ServerClients>& servers);
+// PROGRAM ALLOCATION, then the lines that are not clients. `allocation_name` turns a line's
+// `allocation=` id into what the ALLOCATION column shows ("7 ns/pod"); ids 0 and lines without
+// the key show "-".
+std::string format_client_table(
+    const std::vector<ServerClients>& servers,
+    const std::function<std::string(const std::string&)>& allocation_name = {});
 // The same as one JSON object: {"clients": [{"gpu": 0, "client": 3, "pid": 4123, "uid": 1000,
 // "user": "alice", "program": "python3", "sms": 32, ..., "copied_bytes": {"h2d": 4096, "d2h":
-// 4096, "d2d": 0}, ...}], "notes": [...]} (docs/daemon.md). A figure the server did not give is
-// null. `notes` adds lines to "notes".
+// 4096, "d2d": 0}, ..., "allocation": 7, "namespace": "ns", "pod": "pod"}], "notes": [...]}
+// (docs/daemon.md). A figure the server did not give is null; so are allocation, namespace and
+// pod of a client outside any allocation (namespace= and pod= come from with_pod_fields). `notes`
+// adds lines to "notes".
 nlohmann::json client_table_json(const std::vector<ServerClients>& servers,
                                  const std::string& notes);
 

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "broker/daemon/client_table.hpp"
+#include "broker/daemon/log.hpp"
 #include "broker/daemon/server_report.hpp"
 #include "broker/daemon/sizes.hpp"
 
@@ -79,8 +80,11 @@ class AnswerCollector {
 
 }  // namespace
 
-Commands::Commands(Supervisor& supervisor, std::function<void()> request_shutdown)
-    : supervisor_(supervisor), request_shutdown_(std::move(request_shutdown)) {}
+Commands::Commands(Supervisor& supervisor, AllocationRegistry& allocations,
+                   std::function<void()> request_shutdown)
+    : supervisor_(supervisor),
+      allocations_(allocations),
+      request_shutdown_(std::move(request_shutdown)) {}
 
 const std::vector<Commands::Command>& Commands::table() {
   static const std::vector<Command> commands{
@@ -89,9 +93,13 @@ const std::vector<Commands::Command>& Commands::table() {
        &Commands::server_list},
       {"device_query", "device_query", "each GPU: name, UUID, memory, SMs, driver version", 0, 0,
        &Commands::device_query},
+      {"gpu_states", "gpu_states",
+       "each GPU as key=value fields for programs: gpu, state, restarts, uuid, memory, sms, name",
+       0, 0, &Commands::gpu_states},
       {"ps", "ps",
        "every client of every GPU: pid, user, SMs, memory (in use, peak, limit), pinned host "
-       "memory, kernels launched, GPU busy time, bytes copied each way, priority, state, start",
+       "memory, kernels launched, GPU busy time, bytes copied each way, priority, state, start, "
+       "allocation (pod)",
        0, 0, &Commands::ps},
       {"stats", "stats",
        "every client of every GPU: records, server time, delay from the client's send to the "
@@ -123,6 +131,20 @@ const std::vector<Commands::Command>& Commands::table() {
       {"server_command", "server_command <gpu> <text...>",
        "pass a command the daemon does not know to GPU <gpu>'s server and show its answer", 2,
        SIZE_MAX, &Commands::server_command},
+      {"register_allocation",
+       "register_allocation [sm=P] [memory=SIZE] [gpus=N,..] [devices=ID,..] [namespace=NS] "
+       "[pod=NAME] [token=HEX]",
+       "a pod's allocation (the device plugin's): its clients get at most sm% of the SMs and "
+       "share one memory limit per GPU; answers `allocation=ID token=HEX` (docs/kubernetes.md)",
+       0, 7, &Commands::register_allocation},
+      {"revoke_allocation", "revoke_allocation <id>",
+       "forget an allocation: its token is refused from now on (running clients keep going)", 1, 1,
+       &Commands::revoke_allocation},
+      {"label_allocation", "label_allocation <id> <namespace> <pod>",
+       "name the pod an allocation belongs to, for ps and the metrics", 3, 3,
+       &Commands::label_allocation},
+      {"list_allocations", "list_allocations", "every registered allocation (not its token)", 0, 0,
+       &Commands::list_allocations},
       {"quit", "quit", "stop every server and the daemon", 0, 0, &Commands::quit},
   };
   return commands;
@@ -181,6 +203,11 @@ void Commands::server_list(const Args&, bool json, ReplyHandler reply) {
   reply(CtlReply{0, format_server_list(supervisor_)});
 }
 
+void Commands::gpu_states(const Args&, bool json, ReplyHandler reply) {
+  if (json) return reply(json_reply(0, {{"gpus", gpu_states_json(supervisor_)}}));
+  reply(CtlReply{0, format_gpu_states(supervisor_)});
+}
+
 void Commands::device_query(const Args&, bool json, ReplyHandler reply) {
   if (json) return reply(json_reply(0, {{"gpus", device_query_json(supervisor_)}}));
   reply(CtlReply{0, format_device_query(supervisor_)});
@@ -229,10 +256,23 @@ void Commands::query_clients(const std::string& text, ClientsHandler done) {
 }
 
 void Commands::ps(const Args&, bool json, ReplyHandler reply) {
-  query_clients("", [reply = std::move(reply), json](auto clients, auto notes, auto problems) {
+  query_clients("", [this, reply = std::move(reply), json](auto clients, auto notes,
+                                                           auto problems) {
     const int status = problems.empty() ? 0 : 1;
-    if (json) return reply(json_reply(status, client_table_json(clients, notes + problems)));
-    reply(CtlReply{status, format_client_table(clients) + notes + problems});
+    if (json) {
+      for (ServerClients& server : clients) {
+        server.text = with_pod_fields(allocations_, server.text);
+      }
+      return reply(json_reply(status, client_table_json(clients, notes + problems)));
+    }
+    auto allocation_name = [this](const std::string& id) {
+      auto number = parse_integer(id);
+      const Allocation* allocation =
+          number && *number > 0 ? allocations_.find(static_cast<std::uint32_t>(*number)) : nullptr;
+      // An allocation revoked while its clients run keeps its id in ps.
+      return allocation == nullptr ? id + " (revoked)" : id + " " + pod_of(*allocation);
+    };
+    reply(CtlReply{status, format_client_table(clients, allocation_name) + notes + problems});
   });
 }
 
@@ -401,6 +441,79 @@ void Commands::quit(const Args&, bool, ReplyHandler reply) {
   reply(CtlReply{
       0, fmt::format("mpsshimd (pid {}) is stopping its servers and exiting\n", ::getpid())});
   request_shutdown_();
+}
+
+void Commands::register_allocation(const Args& args, bool json, ReplyHandler reply) {
+  auto allocation = allocations_.add(args);
+  if (!allocation) {
+    return reply(error_reply(fmt::format("register_allocation: {}", allocation.error())));
+  }
+  const Allocation& a = **allocation;
+  log_info("allocation {} registered: pod {}, GPUs {}, {}% of the SMs, memory {}, devices {}", a.id,
+           pod_of(a), a.gpus.empty() ? "any" : fmt::format("{}", fmt::join(a.gpus, ",")),
+           a.sm_percentage == 0 ? 100 : a.sm_percentage,
+           a.memory_limit == 0 ? "unlimited" : format_size(a.memory_limit),
+           a.devices.empty() ? "-" : fmt::format("{}", fmt::join(a.devices, ",")));
+  if (json) return reply(json_reply(0, {{"allocation", a.id}, {"token", a.token}}));
+  reply(CtlReply{0, fmt::format("allocation={} token={}\n", a.id, a.token)});
+}
+
+void Commands::revoke_allocation(const Args& args, bool, ReplyHandler reply) {
+  auto id = parse_integer(args[0]);
+  if (!id || *id <= 0 || !allocations_.revoke(static_cast<std::uint32_t>(*id))) {
+    return reply(error_reply(fmt::format("there is no allocation `{}`", args[0])));
+  }
+  log_info("allocation {} revoked", *id);
+  reply(CtlReply{0, fmt::format("allocation {} revoked\n", *id)});
+}
+
+void Commands::label_allocation(const Args& args, bool, ReplyHandler reply) {
+  auto id = parse_integer(args[0]);
+  if (!id || *id <= 0 || allocations_.find(static_cast<std::uint32_t>(*id)) == nullptr) {
+    return reply(error_reply(fmt::format("there is no allocation `{}`", args[0])));
+  }
+  if (!is_kubernetes_name(args[1]) || !is_kubernetes_name(args[2])) {
+    return reply(error_reply("label_allocation: namespace and pod are Kubernetes names"));
+  }
+  allocations_.label(static_cast<std::uint32_t>(*id), args[1], args[2]);
+  reply(CtlReply{0, fmt::format("allocation {} is pod {}/{}\n", *id, args[1], args[2])});
+}
+
+void Commands::list_allocations(const Args&, bool json, ReplyHandler reply) {
+  if (json) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& [id, a] : allocations_.all()) {
+      auto text_or_null = [](const std::string& text) {
+        return text.empty() ? nlohmann::json(nullptr) : nlohmann::json(text);
+      };
+      list.push_back(
+          {{"allocation", id},
+           {"gpus", a.gpus},  // empty: any
+           {"sm_percentage", a.sm_percentage == 0 ? 100 : a.sm_percentage},
+           {"memory_limit_bytes",
+            a.memory_limit == 0 ? nlohmann::json(nullptr) : nlohmann::json(a.memory_limit)},
+           {"sm_slot", a.sm_slots == 0 ? nlohmann::json(nullptr) : nlohmann::json(a.sm_slot)},
+           {"sm_slots", a.sm_slots == 0 ? nlohmann::json(nullptr) : nlohmann::json(a.sm_slots)},
+           {"namespace", text_or_null(a.pod_namespace)},
+           {"pod", text_or_null(a.pod_name)},
+           {"devices", a.devices}});
+    }
+    return reply(json_reply(
+        0, {{"allocations", std::move(list)}, {"tokens_required", allocations_.tokens_required}}));
+  }
+  constexpr std::string_view kRow = "{:<7}{:<8}{:<5}{:<10}{:<32}{}\n";
+  std::string text = fmt::format(kRow, "ID", "GPUS", "SM%", "MEMORY", "POD", "DEVICES");
+  for (const auto& [id, a] : allocations_.all()) {
+    text +=
+        fmt::format(kRow, id, a.gpus.empty() ? "any" : fmt::format("{}", fmt::join(a.gpus, ",")),
+                    a.sm_percentage == 0 ? 100 : a.sm_percentage,
+                    a.memory_limit == 0 ? "-" : format_size(a.memory_limit), pod_of(a),
+                    a.devices.empty() ? "-" : fmt::format("{}", fmt::join(a.devices, ",")));
+  }
+  if (allocations_.tokens_required) {
+    text += "clients without a token get the defaults (--require-allocation-token)\n";
+  }
+  reply(CtlReply{0, text});
 }
 
 }  // namespace mpsshim::daemon

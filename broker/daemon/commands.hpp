@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "broker/daemon/allocations.hpp"
 #include "broker/daemon/client_table.hpp"
 #include "broker/daemon/supervisor.hpp"
 
@@ -25,7 +26,8 @@ class Commands {
  public:
   static constexpr auto kServerTimeout = std::chrono::milliseconds(2000);
 
-  Commands(Supervisor& supervisor, std::function<void()> request_shutdown);
+  Commands(Supervisor& supervisor, AllocationRegistry& allocations,
+           std::function<void()> request_shutdown);
 
   // `reply` runs exactly once. A word `--json` anywhere after the command asks for the answer
   // as one JSON object: the command's figures where it has some, else {"ok": ..., "message":
@@ -57,6 +59,7 @@ class Commands {
   void help(const Args&, bool json, ReplyHandler reply);
   void server_list(const Args&, bool json, ReplyHandler reply);
   void device_query(const Args&, bool json, ReplyHandler reply);
+  void gpu_states(const Args&, bool json, ReplyHandler reply);
   void ps(const Args&, bool json, ReplyHandler reply);
   void stats(const Args&, bool json, ReplyHandler reply);
   void terminate_client(const Args&, bool json, ReplyHandler reply);
@@ -68,6 +71,10 @@ class Commands {
   void set_client_memory_limit(const Args&, bool json, ReplyHandler reply);
   void server_command(const Args&, bool json, ReplyHandler reply);
   void quit(const Args&, bool json, ReplyHandler reply);
+  void register_allocation(const Args&, bool json, ReplyHandler reply);
+  void revoke_allocation(const Args&, bool json, ReplyHandler reply);
+  void label_allocation(const Args&, bool json, ReplyHandler reply);
+  void list_allocations(const Args&, bool json, ReplyHandler reply);
 
   // Sends `text` to GPU `gpu`'s server as a kCtlRequest and replies with its answer.
   void ask_server(int gpu, const std::string& text, ReplyHandler reply);
@@ -85,6 +92,7 @@ class Commands {
                     std::function<void(std::string, bool)> done);
 
   Supervisor& supervisor_;
+  AllocationRegistry& allocations_;
   std::function<void()> request_shutdown_;
 };
 

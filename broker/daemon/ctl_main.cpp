@@ -9,28 +9,22 @@
 // daemon could not be reached.
 #include <fmt/format.h>
 #include <getopt.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <optional>
 #include <string>
 
+#include "broker/daemon/ctl_client.hpp"
 #include "broker/daemon/paths.hpp"
 #include "broker/daemon/runtime_dir.hpp"
-#include "broker/daemon/wire.hpp"
-#include "proto/control.hpp"
-#include "proto/text_parts.hpp"
-#include "proto/unix_socket.hpp"
 
 namespace {
 
 using namespace mpsshim::daemon;
-namespace proto = mpsshim::proto;
 
 constexpr int kOk = 0;
 constexpr int kDaemonError = 1;
@@ -54,61 +48,31 @@ Exit status: 0 ok, 1 the daemon answered with an error, 2 the daemon could not b
 )";
 
 int send_command(const RuntimeDir& dir, const std::string& line) {
-  std::string path = control_socket_path(dir.path);
-  int fd = proto::connect_seqpacket(path);
-  if (fd < 0) {
-    fmt::print(stderr,
-               "mpsshimctl: cannot reach mpsshimd at {} (chosen by {}): {}\n"
-               "Is it running? Start it with `mpsshimd -d` or `systemctl start mpsshimd`, or name "
-               "its directory with --runtime-dir or CUDA_MPS_PIPE_DIRECTORY.\n",
-               path, dir.reason, std::strerror(-fd));
-    return kUnreachable;
-  }
-  proto::UniqueFd socket(fd);
-  timeval timeout{kAnswerTimeoutSeconds, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
-  if (int error = proto::send_struct(fd, make_text(proto::MessageKind::kCtlRequest, 0, line));
-      error != 0) {
-    fmt::print(stderr, "mpsshimctl: cannot send to mpsshimd at {}: {}\n", path,
-               std::strerror(error));
-    return kUnreachable;
-  }
-  // A long answer comes in parts (proto/text_parts.hpp).
-  proto::TextAssembly assembly;
-  for (;;) {
-    proto::Received answer;
-    int error = proto::receive_message(fd, answer);
-    if (error == EAGAIN || error == EWOULDBLOCK) {
-      fmt::print(stderr, "mpsshimctl: mpsshimd at {} did not answer `{}` within {} s\n", path, line,
-                 kAnswerTimeoutSeconds);
-      return kUnreachable;
+  const std::string path = control_socket_path(dir.path);
+  auto answer = ask_daemon(path, line, std::chrono::seconds(kAnswerTimeoutSeconds));
+  if (!answer) {
+    const CtlFailure& failure = answer.error();
+    switch (failure.kind) {
+      case CtlFailure::Kind::kCannotConnect:
+        fmt::print(stderr,
+                   "mpsshimctl: cannot reach mpsshimd at {} (chosen by {}): {}\n"
+                   "Is it running? Start it with `mpsshimd -d` or `systemctl start mpsshimd`, or "
+                   "name its directory with --runtime-dir or CUDA_MPS_PIPE_DIRECTORY.\n",
+                   path, dir.reason, std::strerror(failure.error));
+        return kUnreachable;
+      case CtlFailure::Kind::kNoAnswer:
+        fmt::print(stderr, "mpsshimctl: {}\n", failure.message);
+        return kUnreachable;
+      case CtlFailure::Kind::kBadAnswer:
+        fmt::print(stderr, "mpsshimctl: {}\n", failure.message);
+        return kDaemonError;
     }
-    auto header = error == 0 ? header_of(answer) : std::nullopt;
-    if (!header || header->magic != proto::kHelloMagic) {
-      fmt::print(stderr, "mpsshimctl: mpsshimd at {} closed the connection without answering{}\n",
-                 path, error != 0 ? fmt::format(" ({})", std::strerror(error)) : "");
-      return kDaemonError;
-    }
-    auto kind = static_cast<proto::MessageKind>(header->kind);
-    if (kind == proto::MessageKind::kRefused) {
-      auto refused = decode<proto::Refused>(answer);
-      fmt::print(stderr, "mpsshimctl: mpsshimd refused: {}\n",
-                 refused ? bounded_string(refused->message) : "(no reason given)");
-      return kDaemonError;
-    }
-    auto reply = decode<proto::TextMessage>(answer);
-    if (kind != proto::MessageKind::kCtlReply || !reply) {
-      fmt::print(stderr, "mpsshimctl: mpsshimd answered with message kind {}, not a reply\n",
-                 header->kind);
-      return kDaemonError;
-    }
-    if (assembly.add(*reply)) break;
   }
   // A --json answer is for a script: stdout, ok or not (its "ok" says which).
   const bool json = (" " + line + " ").find(" --json ") != std::string::npos;
-  std::fputs(assembly.text().c_str(), assembly.status() == 0 || json ? stdout : stderr);
+  std::fputs(answer->text.c_str(), answer->status == 0 || json ? stdout : stderr);
   std::fflush(nullptr);
-  return assembly.status() == 0 ? kOk : kDaemonError;
+  return answer->status == 0 ? kOk : kDaemonError;
 }
 
 }  // namespace

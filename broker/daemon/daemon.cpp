@@ -54,8 +54,10 @@ Daemon::Daemon(DaemonSetup setup)
     : setup_(std::move(setup)),
       supervisor_(loop_, with_server_tuning(supervisor_config(setup_.options), setup_.options),
                   Supervisor::Events{[this] { on_settled(); }, [this] { on_changed(); }}),
-      commands_(supervisor_, [this] { loop_.after({}, [this] { shutdown("mpsshimctl quit"); }); }),
-      gate_(loop_, supervisor_, commands_, AccessPolicy{::geteuid(), setup_.multiuser}),
+      commands_(supervisor_, allocations_,
+                [this] { loop_.after({}, [this] { shutdown("mpsshimctl quit"); }); }),
+      gate_(loop_, supervisor_, commands_, allocations_,
+            AccessPolicy{::geteuid(), setup_.multiuser}),
       metrics_(loop_, [this](auto done) { collect_metrics(std::move(done)); }),
       start_time_seconds_(
           std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
@@ -68,6 +70,7 @@ Daemon::Daemon(DaemonSetup setup)
   ServerDefaults& defaults = supervisor_.defaults();
   defaults.sm_percentage = setup_.options.default_sm_percentage;
   defaults.memory_limit = setup_.options.default_memory_limit.value_or(0);
+  allocations_.tokens_required = setup_.options.require_allocation_token;
 }
 
 void Daemon::run() {
@@ -102,6 +105,9 @@ void Daemon::on_signal() {
 
 void Daemon::collect_metrics(std::function<void(std::string)> done) {
   commands_.client_reports([this, done = std::move(done)](Commands::ClientReports reports) {
+    for (ServerClients& server : reports.ps) {
+      server.text = with_pod_fields(allocations_, server.text);
+    }
     MetricsInput input{start_time_seconds_, setup_.version, proto::kAbiMajor, proto::kAbiMinor, {},
                        std::move(reports)};
     for (int i = 0; i < supervisor_.gpu_count(); ++i) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <string_view>
 
+#include "broker/daemon/allocations.hpp"
 #include "broker/daemon/client_gate.hpp"
 #include "broker/daemon/commands.hpp"
 #include "broker/daemon/event_loop.hpp"
@@ -48,6 +49,7 @@ class Daemon {
   DaemonSetup setup_;
   EventLoop loop_;
   Supervisor supervisor_;
+  AllocationRegistry allocations_;  // the event loop's; commands change it, the gate reads it
   Commands commands_;
   ClientGate gate_;
   MetricsServer metrics_;

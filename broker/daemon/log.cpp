@@ -23,6 +23,7 @@ int open_append(const std::string& path) {
   return ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
 }
 
+std::string_view g_program = "mpsshimd";  // a literal: set_log_program takes static names
 }  // namespace
 
 std::optional<LogLevel> parse_log_level(std::string_view name) {
@@ -35,6 +36,10 @@ std::optional<LogLevel> parse_log_level(std::string_view name) {
 
 std::string_view log_level_name(LogLevel level) {
   return kLevelNames[static_cast<std::size_t>(level)];
+}
+
+void set_log_program(std::string_view name) {
+  g_program = name;
 }
 
 void set_log_level(LogLevel level) {
@@ -80,7 +85,7 @@ void write_log_line(LogLevel level, std::string_view text) {
   char stamp[32];
   std::strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S", &local);
   // One write() per line: with O_APPEND, lines from the daemon and its servers never interleave.
-  std::string line = fmt::format("{}.{:03} mpsshimd[{}] {}: {}\n", stamp, millis, ::getpid(),
+  std::string line = fmt::format("{}.{:03} {}[{}] {}: {}\n", stamp, millis, g_program, ::getpid(),
                                  log_level_name(level), text);
   std::string_view rest = line;
   while (!rest.empty()) {

@@ -19,6 +19,8 @@ std::optional<LogLevel> parse_log_level(std::string_view name);
 std::string_view log_level_name(LogLevel level);
 
 void set_log_level(LogLevel level);
+// The program name each line carries (default "mpsshimd"); `name` must outlive the logging.
+void set_log_program(std::string_view name);
 bool log_enabled(LogLevel level);
 
 // Lines go to stderr (journald under systemd) until a file is opened.

@@ -114,7 +114,8 @@ std::string gpu_label(int gpu) {
   return label_text({{"gpu", std::to_string(gpu)}});
 }
 
-// gpu, client (when the server gives it), pid, user, program.
+// gpu, client (when the server gives it), pid, user, program; allocation, namespace and pod
+// for a client of a Kubernetes allocation (docs/kubernetes.md).
 std::string client_labels(int gpu, const ClientFields& fields) {
   auto text = [&](std::string_view key) -> std::string {
     auto it = fields.find(key);
@@ -126,6 +127,13 @@ std::string client_labels(int gpu, const ClientFields& fields) {
   std::string uid = text("uid");
   labels.emplace_back("user", uid.empty() ? "" : user_name_of(uid));
   labels.emplace_back("program", text("program"));
+  if (std::string allocation = text("allocation"); !allocation.empty() && allocation != "0") {
+    labels.emplace_back("allocation", allocation);
+    if (std::string pod = text("pod"); !pod.empty()) {
+      labels.emplace_back("namespace", text("namespace"));
+      labels.emplace_back("pod", pod);
+    }
+  }
   return label_text(labels);
 }
 

@@ -36,6 +36,7 @@ enum LongOnly : int {
   kBusyTime,
   kContextIdleTimeout,
   kMetricsListen,
+  kRequireAllocationToken,
   kVersion,
 };
 
@@ -104,6 +105,9 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
                        default; a bare PORT is 127.0.0.1:PORT; [::1]:PORT and 0.0.0.0:PORT
                        work too; port 0 picks a free one, named in the log; see
                        docs/metrics.md)
+  --require-allocation-token  clients without an allocation token (from the Kubernetes
+                       device plugin) get the default SM share and memory limit, whatever they
+                       ask for (see docs/kubernetes.md)
   -h, --help           this text
   --version            the version and the ABI it speaks
 )";
@@ -129,6 +133,7 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
       {"busy-time", required_argument, nullptr, kBusyTime},
       {"context-idle-timeout", required_argument, nullptr, kContextIdleTimeout},
       {"metrics-listen", required_argument, nullptr, kMetricsListen},
+      {"require-allocation-token", no_argument, nullptr, kRequireAllocationToken},
       {"help", no_argument, nullptr, 'h'},
       {"version", no_argument, nullptr, kVersion},
       {nullptr, 0, nullptr, 0},
@@ -151,6 +156,9 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
         break;
       case kMultiuser:
         options.multiuser = true;
+        break;
+      case kRequireAllocationToken:
+        options.require_allocation_token = true;
         break;
       case kLogLevel:
         if (auto level = parse_log_level(arg)) {

@@ -18,6 +18,7 @@ struct DaemonOptions {
   std::string server_path;  // resolved: --server, else beside mpsshimd, else libexec
   std::optional<std::string> driver_path;
   bool multiuser = false;
+  bool require_allocation_token = false;  // token-less clients get the defaults (kubernetes.md)
   LogLevel log_level = LogLevel::kInfo;
   std::optional<std::string> log_file;
   bool daemonize = false;

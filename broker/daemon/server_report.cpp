@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
+
 #include "broker/daemon/sizes.hpp"
 #include "broker/daemon/visible_devices.hpp"
 #include "broker/daemon/wire.hpp"
@@ -76,6 +78,22 @@ nlohmann::json device_query_json(const Supervisor& supervisor) {
   return gpus;
 }
 
+nlohmann::json gpu_states_json(const Supervisor& supervisor) {
+  nlohmann::json gpus = nlohmann::json::array();
+  for (int i = 0; i < supervisor.gpu_count(); ++i) {
+    const ServerStatus& s = supervisor.status(i);
+    const proto::DeviceSnapshot* d = s.snapshot ? &*s.snapshot : nullptr;
+    gpus.push_back({{"gpu", i},
+                    {"state", state_name(s.state)},
+                    {"restarts", s.restarts},
+                    {"uuid", d ? nlohmann::json(format_gpu_uuid(d->uuid)) : nullptr},
+                    {"memory_bytes", d ? nlohmann::json(d->total_memory) : nullptr},
+                    {"sms", d ? nlohmann::json(d->sm_count) : nullptr},
+                    {"name", d ? nlohmann::json(bounded_string(d->name)) : nullptr}});
+  }
+  return gpus;
+}
+
 std::string format_device_query(const Supervisor& supervisor) {
   std::string text;
   for (int i = 0; i < supervisor.gpu_count(); ++i) {
@@ -94,6 +112,20 @@ std::string format_device_query(const Supervisor& supervisor) {
         d.sm_count, format_driver_version(d.driver_version), d.driver_version, server);
   }
   return text + discovery_note(supervisor);
+}
+
+std::string format_gpu_states(const Supervisor& supervisor) {
+  std::string text;
+  for (int i = 0; i < supervisor.gpu_count(); ++i) {
+    const ServerStatus& s = supervisor.status(i);
+    const proto::DeviceSnapshot* d = s.snapshot ? &*s.snapshot : nullptr;
+    text += fmt::format("gpu={} state={} restarts={} uuid={} memory={} sms={} name={}\n", i,
+                        state_name(s.state), s.restarts, d ? format_gpu_uuid(d->uuid) : "-",
+                        d ? std::to_string(d->total_memory) : "-",
+                        d ? std::to_string(d->sm_count) : "-",
+                        d ? std::string(d->name, ::strnlen(d->name, sizeof d->name)) : "-");
+  }
+  return text;
 }
 
 }  // namespace mpsshim::daemon

@@ -1,4 +1,4 @@
-// The text of `server_list` and `device_query`.
+// The text of `server_list`, `device_query` and `gpu_states`.
 #pragma once
 
 #include <string>
@@ -23,5 +23,14 @@ std::string format_driver_version(int version);
 
 // Per GPU: name, UUID, memory, SMs, driver version, server state.
 std::string format_device_query(const Supervisor& supervisor);
+
+// For programs (the Kubernetes device plugin): one line per GPU of blank-separated key=value
+// fields, the device name last and taking the rest of the line:
+// `gpu=0 state=running restarts=0 uuid=GPU-… memory=85520809984 sms=132 name=NVIDIA H100 …`
+// (uuid, memory, sms and name are `-` before the GPU's server first reported).
+std::string format_gpu_states(const Supervisor& supervisor);
+// The same as a JSON array (`gpu_states --json`): [{"gpu": 0, "state": "running", "restarts": 0,
+// "uuid": "GPU-…", "memory_bytes": …, "sms": 132, "name": "…"}] (null before the snapshot).
+nlohmann::json gpu_states_json(const Supervisor& supervisor);
 
 }  // namespace mpsshim::daemon

@@ -388,7 +388,10 @@ std::optional<std::string> Supervisor::unavailable(const Server& server) const {
 
 tl::expected<pid_t, std::string> Supervisor::admit(int ordinal, int client_fd,
                                                    const proto::PeerCredentials& peer,
-                                                   const proto::ClientHello& hello) {
+                                                   const proto::ClientHello& hello,
+                                                   std::uint32_t allocation_id,
+                                                   std::uint64_t allocation_memory_limit,
+                                                   std::uint32_t sm_slot, std::uint32_t sm_slots) {
   Server& server = *servers_.at(ordinal);
   if (auto why = unavailable(server)) {
     return tl::unexpected(*why + "; see `mpsshimctl server_list`");
@@ -399,6 +402,10 @@ tl::expected<pid_t, std::string> Supervisor::admit(int ordinal, int client_fd,
   admit.peer_uid = peer.uid;
   admit.peer_gid = peer.gid;
   admit.hello = hello;
+  admit.allocation_id = allocation_id;
+  admit.allocation_memory_limit = allocation_memory_limit;
+  admit.allocation_sm_slot = sm_slot;
+  admit.allocation_sm_slots = sm_slots;
   int error = proto::send_struct(server.control.get(), admit, std::span<const int>(&client_fd, 1));
   if (error == EAGAIN || error == EWOULDBLOCK) {
     return tl::unexpected(

@@ -110,9 +110,13 @@ class Supervisor {
   // Hands a client connection to the server of GPU `ordinal` (kServerAdmit + a copy of the fd;
   // the caller closes its own). Returns the server's pid, or why the client cannot have this
   // GPU now.
+  // `allocation_id` (0 = none) and its shared memory limit go with it (docs/kubernetes.md).
   tl::expected<pid_t, std::string> admit(int ordinal, int client_fd,
                                          const proto::PeerCredentials& peer,
-                                         const proto::ClientHello& hello);
+                                         const proto::ClientHello& hello,
+                                         std::uint32_t allocation_id = 0,
+                                         std::uint64_t allocation_memory_limit = 0,
+                                         std::uint32_t sm_slot = 0, std::uint32_t sm_slots = 0);
 
   // Sends a TextMessage of `kind` to GPU `ordinal`'s server; `handler` runs exactly once, with
   // the answer or with why there is none (possibly before request() returns).

@@ -34,6 +34,15 @@ void Server::refuse(int client_fd, CUresult error, const std::string& message) {
   proto::send_struct(client_fd, refused);
 }
 
+std::shared_ptr<AllocationAccount> Server::allocation_account(std::uint32_t id,
+                                                              std::uint64_t limit) {
+  std::erase_if(allocations_, [](const auto& entry) { return entry.second.expired(); });
+  if (auto known = allocations_[id].lock()) return known;
+  auto account = std::make_shared<AllocationAccount>(id, limit);
+  allocations_[id] = account;
+  return account;
+}
+
 void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
   const proto::ClientHello& hello = admit.hello;
   ClientInfo info;
@@ -90,7 +99,12 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
       snap.sm_count,
       sm_granularity(snap.sm_min_partition, snap.sm_coscheduled_alignment, ignore_coscheduling),
       percentage, ignore_coscheduling);
-  auto green = make_green_context(*gpu_.cu, gpu_.device, gpu_.sm_resource, quota);
+  // An allocation's SMs lie in its slot (its replica) of the device, see green_context.hpp.
+  const unsigned granularity =
+      sm_granularity(snap.sm_min_partition, snap.sm_coscheduled_alignment, ignore_coscheduling);
+  const SmPlacement placement{admit.allocation_sm_slot, admit.allocation_sm_slots};
+  auto green =
+      make_green_context(*gpu_.cu, gpu_.device, gpu_.sm_resource, quota, granularity, placement);
   if (!green) {
     return fail(green.error(), fmt::format("creating its green context of {} SMs failed: {}",
                                            quota.target, describe(*gpu_.cu, green.error())));
@@ -98,7 +112,11 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
   s.green = *green;
   s.sm_percentage = std::clamp(percentage, 1, 100);
   s.ignore_sm_coscheduling = ignore_coscheduling;
+  s.sm_placement = placement;
 
+  if (admit.allocation_id != 0) {
+    s.allocation = allocation_account(admit.allocation_id, admit.allocation_memory_limit);
+  }
   s.limit_from_client = hello.device_memory_limit != 0;
   s.memory_limit = s.limit_from_client ? hello.device_memory_limit : settings_.default_memory_limit;
   const int priority_span = std::abs(snap.stream_priority_least - snap.stream_priority_greatest);
@@ -147,9 +165,13 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
   s.socket = std::move(client);
 
   Worker& worker = least_loaded();
-  log_info("client {} (pid {}, {}, uid {}) connected: {} of {} SMs, {}; served by worker {}",
+  log_info("client {} (pid {}, {}, uid {}) connected: {} of {} SMs, {}{}; served by worker {}",
            info.id, info.pid, info.program, info.uid, s.green.sm_count, snap.sm_count,
-           describe_limit(s.memory_limit), worker.index());
+           describe_limit(s.memory_limit),
+           s.allocation ? fmt::format(" in allocation {} (shared {})", s.allocation->id(),
+                                      describe_limit(s.allocation->limit()))
+                        : "",
+           worker.index());
   // From here on the session belongs to the worker's thread.
   worker.adopt(std::move(session));
 }

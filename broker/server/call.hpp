@@ -136,6 +136,7 @@ int effective_priority(const Session& session, int asked);
 // Refuses `asked` bytes of device memory (`what`: "device memory", "a CUDA array", ...) that
 // would take the client past its memory limit: OUT_OF_MEMORY, and a log line that names the
 // limit and how to change it.
-OpResult refuse_over_limit(Call& call, std::uint64_t asked, std::string_view what);
+OpResult refuse_over_limit(Call& call, std::uint64_t asked, std::string_view what,
+                           MemoryLimitHit hit = MemoryLimitHit::kClient);
 
 }  // namespace mpsshim::server

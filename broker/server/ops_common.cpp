@@ -81,8 +81,19 @@ int effective_priority(const Session& session, int asked) {
   return static_cast<int>(std::clamp<long>(biased, greatest, least));
 }
 
-OpResult refuse_over_limit(Call& call, std::uint64_t asked, std::string_view what) {
+OpResult refuse_over_limit(Call& call, std::uint64_t asked, std::string_view what,
+                           MemoryLimitHit hit) {
   const Session& s = call.session;
+  if (hit == MemoryLimitHit::kAllocation) {
+    const AllocationAccount& shared = *s.allocation;
+    log_warn(
+        "{} asked for {} of {}; its allocation {} shares a limit of {} among all its clients on "
+        "this GPU, which already use {} (set by the Kubernetes device plugin's sharing config; "
+        "mpsshimctl list_allocations)",
+        s.who(), format_bytes(asked), what, shared.id(), format_bytes(shared.limit()),
+        format_bytes(shared.used()));
+    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+  }
   const char* source =
       s.limit_from_operator
           ? "set by the operator with mpsshimctl set_device_pinned_mem_limit; raise it the same "

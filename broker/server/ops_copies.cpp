@@ -277,7 +277,8 @@ OpResult op_array_create(Call& call) {
                      std::max<std::uint64_t>(d.depth, 1) * element;
   if (bytes > kMax64) return call.done(CUDA_ERROR_INVALID_VALUE);
   const auto charged = static_cast<std::uint64_t>(bytes);
-  if (session.over_limit(charged)) return refuse_over_limit(call, charged, "a CUDA array");
+  auto held = session.reserve_memory(charged);
+  if (!held) return refuse_over_limit(call, charged, "a CUDA array", held.error());
 
   CUDA_ARRAY3D_DESCRIPTOR desc{};
   desc.Width = d.width;
@@ -295,7 +296,7 @@ OpResult op_array_create(Call& call) {
     call.cu.cuArrayDestroy(array);
     return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   }
-  session.charge_memory(charged);
+  held->keep();
   return call.reply(proto::ArrayCreateRep{id, charged});
 }
 
@@ -304,7 +305,7 @@ OpResult op_array_destroy(Call& call) {
   Session& session = call.session;
   auto array = session.objects.take<ArrayObj>(req.handle);
   if (!array) return call.done(CUDA_ERROR_INVALID_HANDLE);
-  session.discharge_memory(array->charged);
+  session.release_memory(array->charged);
   Retired bundle;
   bundle.arrays.push_back(array->array);
   return call.done(retire(session, std::move(bundle)));

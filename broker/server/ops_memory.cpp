@@ -9,9 +9,11 @@
 namespace mpsshim::server {
 namespace {
 
-bool add_allocation(Session& session, CUdeviceptr base, std::uint64_t bytes, std::uint64_t ctx) {
+// `held` is the memory charged for it, kept once the range is recorded.
+bool add_allocation(Session& session, CUdeviceptr base, std::uint64_t bytes, std::uint64_t ctx,
+                    MemoryReservation& held) {
   if (!session.memory.add(DeviceRange{base, bytes, RangeKind::kAllocation, ctx})) return false;
-  session.charge_memory(bytes);
+  held.keep();
   return true;
 }
 
@@ -24,13 +26,14 @@ OpResult op_mem_alloc(Call& call) {
     return call.done(CUDA_ERROR_INVALID_CONTEXT);
   }
   if (req.bytes == 0) return call.done(CUDA_ERROR_INVALID_VALUE);
-  if (session.over_limit(req.bytes)) return refuse_over_limit(call, req.bytes, "device memory");
+  auto held = session.reserve_memory(req.bytes);
+  if (!held) return refuse_over_limit(call, req.bytes, "device memory", held.error());
   CUdeviceptr dptr = 0;
   if (CUresult r = call.cu.cuMemAlloc_v2(&dptr, static_cast<std::size_t>(req.bytes));
       r != CUDA_SUCCESS) {
     return call.done(r);
   }
-  if (!add_allocation(session, dptr, req.bytes, req.ctx)) {
+  if (!add_allocation(session, dptr, req.bytes, req.ctx, *held)) {
     call.cu.cuMemFree_v2(dptr);
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
@@ -47,9 +50,9 @@ OpResult op_mem_alloc_pitch(Call& call) {
       req.width_bytes > std::numeric_limits<std::uint64_t>::max() / req.height) {
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
-  if (session.over_limit(req.width_bytes * req.height)) {
-    return refuse_over_limit(call, req.width_bytes * req.height, "device memory");
-  }
+  const std::uint64_t asked = req.width_bytes * req.height;
+  auto held = session.reserve_memory(asked);
+  if (!held) return refuse_over_limit(call, asked, "device memory", held.error());
   CUdeviceptr dptr = 0;
   std::size_t pitch = 0;
   if (CUresult r =
@@ -59,14 +62,16 @@ OpResult op_mem_alloc_pitch(Call& call) {
   }
   std::uint64_t bytes = std::uint64_t{pitch} * req.height;
   // The padding of each row counts: it is device memory the client holds.
-  if (session.over_limit(bytes)) {
+  auto padding = session.reserve_memory(bytes - std::min(bytes, asked));
+  if (!padding) {
     call.cu.cuMemFree_v2(dptr);
-    return refuse_over_limit(call, bytes, "device memory");
+    return refuse_over_limit(call, bytes, "device memory", padding.error());
   }
-  if (!add_allocation(session, dptr, bytes, req.ctx)) {
+  if (!add_allocation(session, dptr, bytes, req.ctx, *held)) {
     call.cu.cuMemFree_v2(dptr);
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
+  padding->keep();
   return call.reply(proto::MemAllocPitchRep{dptr, pitch});
 }
 
@@ -80,7 +85,7 @@ OpResult op_mem_free(Call& call) {
   }
   Retired bundle;
   bundle.allocations.push_back(*session.memory.remove(req.dptr));
-  session.discharge_memory(bundle.allocations.back().bytes);
+  session.release_memory(bundle.allocations.back().bytes);
   return call.done(retire(session, std::move(bundle)));
 }
 
@@ -95,6 +100,13 @@ OpResult op_mem_get_info(Call& call) {
     std::uint64_t left = session.memory_limit - std::min(session.memory_limit, session.memory_used);
     rep.total_bytes = std::min<std::uint64_t>(total_bytes, session.memory_limit);
     rep.free_bytes = std::min<std::uint64_t>(free_bytes, left);
+  }
+  // What the allocation's other clients use is not free for this one either.
+  if (session.allocation && session.allocation->limit() != 0) {
+    const AllocationAccount& shared = *session.allocation;
+    rep.total_bytes = std::min<std::uint64_t>(rep.total_bytes, shared.limit());
+    rep.free_bytes = std::min<std::uint64_t>(
+        rep.free_bytes, shared.limit() - std::min(shared.limit(), shared.used()));
   }
   return call.reply(rep);
 }

@@ -187,8 +187,9 @@ OpResult op_mem_alloc_async(Call& call) {
   CUresult error = CUDA_SUCCESS;
   PoolObj* pool = find_pool(session, req.pool, &pool_id, &error);
   if (pool == nullptr) return call.done(error);
-  if (session.over_limit(req.bytes)) {
-    return refuse_over_limit(call, req.bytes, "device memory (cudaMallocAsync)");
+  auto held = session.reserve_memory(req.bytes);
+  if (!held) {
+    return refuse_over_limit(call, req.bytes, "device memory (cudaMallocAsync)", held.error());
   }
   StreamObj* stream = use_stream(call, req.stream, true, &error);
   if (stream == nullptr) return call.done(error);
@@ -202,7 +203,7 @@ OpResult op_mem_alloc_async(Call& call) {
     call.cu.cuMemFreeAsync(dptr, stream->stream);
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
-  session.charge_memory(req.bytes);
+  held->keep();
   return call.reply(proto::MemAllocRep{dptr});
 }
 
@@ -220,14 +221,14 @@ OpResult op_mem_free_async(Call& call) {
     // cuMemAlloc'ed memory: freed once every stream of the client passed this point.
     Retired bundle;
     bundle.allocations.push_back(*session.memory.remove(req.dptr));
-    session.discharge_memory(bundle.allocations.back().bytes);
+    session.release_memory(bundle.allocations.back().bytes);
     return call.done(retire(session, std::move(bundle)));
   }
   const std::uint64_t bytes = range->bytes;
   CUresult r = call.cu.cuMemFreeAsync(req.dptr, stream->stream);
   if (r == CUDA_SUCCESS) {
     session.memory.remove(req.dptr);
-    session.discharge_memory(bytes);
+    session.release_memory(bytes);
   }
   return finish_on_stream(call, *stream, r);
 }

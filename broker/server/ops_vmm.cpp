@@ -114,7 +114,7 @@ void release_if_unused(Session& session, std::uint64_t id) {
   if (CUresult r = session.cu().cuMemRelease(allocation->handle); r != CUDA_SUCCESS) {
     log_warn("{}: cuMemRelease failed: {}", session.who(), describe(session.cu(), r));
   }
-  session.memory_used -= std::min(session.memory_used, allocation->bytes);
+  session.release_memory(allocation->bytes);
   session.objects.take<PhysicalAllocObj>(id);
 }
 
@@ -159,9 +159,10 @@ OpResult op_vmm_create(Call& call) {
   if (req.bytes == 0 || req.flags != 0) return call.done(CUDA_ERROR_INVALID_VALUE);
   CUmemAllocationProp prop;
   if (CUresult r = driver_prop(session, req.prop, &prop); r != CUDA_SUCCESS) return call.done(r);
-  if (session.over_limit(req.bytes)) {
-    return refuse_over_limit(call, req.bytes, "device memory (cuMemCreate)");
-  }
+  // Charged before the driver is asked, to the client and to its allocation (the limit a pod's
+  // clients share, docs/kubernetes.md); given back if the driver or the table refuses.
+  auto held = session.reserve_memory(req.bytes);
+  if (!held) return refuse_over_limit(call, req.bytes, "device memory (cuMemCreate)", held.error());
   CUmemGenericAllocationHandle handle = 0;
   if (CUresult r = call.cu.cuMemCreate(&handle, static_cast<std::size_t>(req.bytes), &prop, 0);
       r != CUDA_SUCCESS) {
@@ -176,7 +177,7 @@ OpResult op_vmm_create(Call& call) {
     call.cu.cuMemRelease(handle);
     return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   }
-  session.memory_used += req.bytes;
+  held->keep();
   return call.reply(proto::VmmHandleRep{id});
 }
 

@@ -47,7 +47,7 @@ void take_arrays_and_textures(Session& session, Retired& bundle, Pred pred) {
   for (std::uint64_t id :
        session.objects.ids_where<ArrayObj>([&](const ArrayObj& a) { return pred(a.ctx); })) {
     auto array = session.objects.take<ArrayObj>(id);
-    session.discharge_memory(array->charged);
+    session.release_memory(array->charged);
     bundle.arrays.push_back(array->array);
   }
 }
@@ -169,7 +169,7 @@ CUresult retire_context(Session& session, std::uint64_t ctx_id) {
   for (const DeviceRange& a : session.memory.remove_if([&](const DeviceRange& r) {
          return r.kind == RangeKind::kAllocation && r.owner == ctx_id;
        })) {
-    session.discharge_memory(a.bytes);
+    session.release_memory(a.bytes);
     bundle.allocations.push_back(a);
   }
   take_arrays_and_textures(session, bundle,
@@ -219,7 +219,7 @@ FreedTally free_everything(Session& session) {
   tally.graphs += forget_graphs(session);
   free_retired(session, rest, &tally);
   free_virtual_memory(session, tally);
-  session.memory_used = 0;
+  session.release_memory(session.memory_used);
   session.usage.pinned_bytes = 0;
   destroy_pools(session);  // after their allocations (pool memory is freed with cuMemFree)
   if (session.callbacks) {

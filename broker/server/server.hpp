@@ -15,6 +15,7 @@
 #include <iosfwd>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "broker/server/context_lease.hpp"
@@ -127,6 +128,8 @@ class Server final {
 
   // admit.cpp
   void refuse(int client_fd, CUresult error, const std::string& message);
+  // The shared memory account of allocation `id` (made on its first client).
+  std::shared_ptr<AllocationAccount> allocation_account(std::uint32_t id, std::uint64_t limit);
 
   Gpu gpu_;
   ServerSettings settings_;
@@ -136,6 +139,8 @@ class Server final {
   proto::UniqueFd wake_;  // eventfd: a worker wants the coordinator to look (fault, drained)
   std::vector<std::unique_ptr<Worker>> workers_;
   std::uint32_t next_client_id_ = 1;
+  // Allocations with a client here, by id; the sessions hold them, this only finds them.
+  std::unordered_map<std::uint32_t, std::weak_ptr<AllocationAccount>> allocations_;
   std::chrono::steady_clock::time_point next_io_poll_{};
   bool stopping_ = false;
   std::atomic<CUresult> fault_{CUDA_SUCCESS};

@@ -14,6 +14,37 @@ Session::Session(const Gpu& gpu, ClientInfo info)
     // Salting the ids with the client id keeps one client's ids from naming another's objects.
     : client(std::move(info)), objects(client.id * 0x9E3779B1u), gpu_(&gpu) {}
 
+MemoryReservation::~MemoryReservation() {
+  if (session_ != nullptr) session_->release_memory(bytes_);
+}
+
+void MemoryReservation::keep() {
+  if (session_ == nullptr) return;
+  // The peak is what the client held, not what it asked for and the driver refused.
+  session_->usage.memory_peak = std::max(session_->usage.memory_peak, session_->memory_used);
+  session_ = nullptr;
+}
+
+tl::expected<MemoryReservation, MemoryLimitHit> Session::reserve_memory(std::uint64_t bytes) {
+  // The allocation's limit first: a client of one is usually given that same limit as its own,
+  // and the refusal should name the shared one.
+  if (allocation && !allocation->try_charge(bytes)) {
+    return tl::unexpected(MemoryLimitHit::kAllocation);
+  }
+  if (over_limit(bytes)) {
+    if (allocation) allocation->release(bytes);
+    return tl::unexpected(MemoryLimitHit::kClient);
+  }
+  memory_used += bytes;
+  return MemoryReservation(*this, bytes);
+}
+
+void Session::release_memory(std::uint64_t bytes) {
+  const std::uint64_t released = std::min(memory_used, bytes);
+  memory_used -= released;
+  if (allocation) allocation->release(released);
+}
+
 std::string Session::who() const {
   return fmt::format("client {} (pid {}, {})", client.id, client.pid, client.program);
 }

@@ -13,8 +13,12 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
+#include <tl/expected.hpp>
+
+#include "broker/server/allocation_account.hpp"
 #include "broker/server/allocation_map.hpp"
 #include "broker/server/client_usage.hpp"
 #include "broker/server/gpu.hpp"
@@ -42,6 +46,32 @@ struct ClientInfo {
 };
 
 enum class SessionState { kActive, kDraining };
+
+// Which limit refused a charge of device memory.
+enum class MemoryLimitHit {
+  kClient,      // the session's own (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT or the server's default)
+  kAllocation,  // the limit every client of the session's allocation shares
+};
+
+class Session;
+
+// Device memory charged to a session (and its allocation) before the driver is asked for it, so
+// that two clients of one allocation on different workers cannot both pass the check. Given
+// back when destroyed unless kept (the driver call succeeded).
+class MemoryReservation {
+ public:
+  MemoryReservation(Session& session, std::uint64_t bytes) : session_(&session), bytes_(bytes) {}
+  MemoryReservation(MemoryReservation&& other) noexcept
+      : session_(std::exchange(other.session_, nullptr)), bytes_(other.bytes_) {}
+  MemoryReservation& operator=(MemoryReservation&&) = delete;
+  ~MemoryReservation();
+  // The driver call succeeded: the session holds the memory until it frees it.
+  void keep();
+
+ private:
+  Session* session_;
+  std::uint64_t bytes_;
+};
 
 // GPU work a reply, a staging chunk or a deferred free waits for. Done when every event has
 // completed; the first error is the result.
@@ -159,12 +189,11 @@ class Session {
   bool over_limit(std::uint64_t more) const {
     return memory_limit != 0 && (more > memory_limit || memory_used > memory_limit - more);
   }
-  // Device memory the client now holds more or less of (memory_used, and its peak).
-  void charge_memory(std::uint64_t bytes) {
-    memory_used += bytes;
-    usage.memory_peak = std::max(usage.memory_peak, memory_used);
-  }
-  void discharge_memory(std::uint64_t bytes) { memory_used -= std::min(memory_used, bytes); }
+  // Charges `bytes` to the session and its allocation, or names the limit it would pass.
+  // The peak (usage.memory_peak) counts what a kept reservation holds.
+  tl::expected<MemoryReservation, MemoryLimitHit> reserve_memory(std::uint64_t bytes);
+  // Gives back device memory the client freed (at most what is charged).
+  void release_memory(std::uint64_t bytes);
 
   // ---- identity and settings ---------------------------------------------------------------
   ClientInfo client;
@@ -198,9 +227,13 @@ class Session {
   bool limit_from_client = false;    // CUDA_MPS_PINNED_DEVICE_MEM_LIMIT rather than the default
   bool limit_from_operator = false;  // set live: mpsshimctl set_device_pinned_mem_limit
   std::uint64_t memory_used = 0;
+  // The allocation (Kubernetes pod) this client belongs to, shared with its other clients on
+  // this GPU; null for a client without an allocation token.
+  std::shared_ptr<AllocationAccount> allocation;
   int priority_bias = 0;    // added to every stream priority the client asks for
   int sm_percentage = 100;  // the SM share it was granted, in percent (the green context rounds up)
   bool ignore_sm_coscheduling = false;  // MPSSHIM_SM_GRANULARITY=2 (kHelloIgnoreSmCoscheduling)
+  SmPlacement sm_placement;  // its allocation's slot of the device (green_context.hpp); kept live
 
   ObjectTable objects;
   AllocationMap memory;

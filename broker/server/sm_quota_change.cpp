@@ -45,12 +45,13 @@ tl::expected<std::string, std::string> apply(Session& s, int percentage) {
   const Gpu& gpu = s.gpu();
   const DriverTable& cu = s.cu();
   const proto::DeviceSnapshot& snap = gpu.snapshot;
+  const unsigned granularity = sm_granularity(snap.sm_min_partition, snap.sm_coscheduled_alignment,
+                                              s.ignore_sm_coscheduling);
   const SmQuota quota =
-      plan_sm_quota(snap.sm_count,
-                    sm_granularity(snap.sm_min_partition, snap.sm_coscheduled_alignment,
-                                   s.ignore_sm_coscheduling),
-                    percentage, s.ignore_sm_coscheduling);
-  auto green = make_green_context(cu, gpu.device, gpu.sm_resource, quota);
+      plan_sm_quota(snap.sm_count, granularity, percentage, s.ignore_sm_coscheduling);
+  // A client of a Kubernetes allocation stays in its slot of the device (admit.cpp).
+  auto green =
+      make_green_context(cu, gpu.device, gpu.sm_resource, quota, granularity, s.sm_placement);
   if (!green) {
     return tl::unexpected(fmt::format("creating a green context of {} SMs failed: {}", quota.target,
                                       describe(cu, green.error())));

@@ -61,6 +61,28 @@ TEST_CASE("a query without CUDA_VISIBLE_DEVICES lists every GPU in order", "[que
   CHECK(devices.ordinals == std::vector{0, 1, 2});
 }
 
+TEST_CASE(
+    "an ABI 1.2 or 1.3 hello, shorter by the allocation token, is served as one without a "
+    "token",
+    "[query]") {
+  DaemonUnderTest sut({.gpus = 2});
+  const std::uint16_t minor = GENERATE(2, 3);
+  INFO("ABI 1." << minor);
+  proto::ClientHello hello = make_hello(proto::MessageKind::kClientQuery);
+  hello.header.abi_minor = minor;
+  hello.header.size = proto::kClientHelloSizeBeforeTokens;
+
+  proto::Received answer = exchange(sut.socket_path(), &hello, proto::kClientHelloSizeBeforeTokens);
+
+  auto header = daemon::header_of(answer);
+  REQUIRE(header);
+  CHECK(header->kind == static_cast<std::uint32_t>(proto::MessageKind::kDaemonDevices));
+  // One byte shorter is not a hello: closed without an answer.
+  proto::Received truncated =
+      exchange(sut.socket_path(), &hello, proto::kClientHelloSizeBeforeTokens - 1);
+  CHECK(truncated.bytes.empty());
+}
+
 TEST_CASE("a query applies CUDA_VISIBLE_DEVICES as CUDA does", "[query]") {
   DaemonUnderTest sut({.gpus = 3});
 
@@ -206,11 +228,14 @@ TEST_CASE("ps shows every server's clients", "[ps]") {
       contains(ps.out,
                "PID      USER        GPU  SMS   MEMORY      PEAK        LIMIT       PINNED      "
                "LAUNCHES  BUSY      H2D         D2H         D2D         PRIO  STATE     STARTED"));
+  CHECK(contains(ps.out, "STARTED              PROGRAM          ALLOCATION\n"));
   CHECK(contains(ps.out, "\n4242     "));
   // What fake_server.cpp reports, for people.
   CHECK(contains(ps.out,
                  "0    66    1.0 MiB     3.0 MiB     none        64.0 KiB    7         1.25s     "
                  "4.0 KiB     2.0 KiB     1.0 KiB     1     active    "));
+  // PROGRAM, then ALLOCATION: "-" for a client that does not belong to a pod's allocation.
+  CHECK(contains(ps.out, "fake-client-gpu0 -\n"));
   CHECK(contains(ps.out, "fake-client-gpu1"));
   CHECK(contains(ps.out, "GPU 1: not a client line\n"));
 }
@@ -270,6 +295,14 @@ TEST_CASE("every mpsshimctl command answers --json with one JSON object", "[ctl]
       {{"set_active_thread_percentage", "0", "4242", "50"}, true, {"message"}},
       {{"set_device_pinned_mem_limit", "0", "4242", "1G"}, true, {"message"}},
       {{"server_command", "1", "hello"}, true, {"message"}},
+      {{"gpu_states"}, true, {"gpus"}},
+      {{"register_allocation", "sm=25", "memory=1G", "namespace=ns", "pod=p"},
+       true,
+       {"allocation", "token"}},
+      {{"label_allocation", "1", "ns2", "p2"}, true, {"message"}},
+      {{"list_allocations"}, true, {"allocations", "tokens_required"}},
+      {{"revoke_allocation", "1"}, true, {"message"}},
+      {{"revoke_allocation", "1"}, false, {"message"}},  // no longer there
       {{"set_active_thread_percentage", "0", "4242", "101"}, false, {"message"}},
       {{"frobnicate"}, false, {"message"}},
       {{"quit"}, true, {"message"}},  // last: it stops the daemon
@@ -332,7 +365,7 @@ TEST_CASE("ps lists 300 clients whole: long answers travel in parts on both hops
     INFO("client " << i);
     REQUIRE(contains(ps.out, fmt::format("\n{}     ", 5000 + i)));
   }
-  CHECK(contains(ps.out, "many-299\n"));
+  CHECK(contains(ps.out, fmt::format("{:<17}-\n", "many-299")));  // last column: ALLOCATION
   CHECK_FALSE(contains(ps.out, "cut"));
 }
 

@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -299,13 +300,15 @@ int quota() {
   CHECK(cuMemcpyDtoH(ids.data(), out, sizeof(unsigned) * blocks));
   std::vector<bool> seen(1024);
   int distinct = 0;
+  unsigned lowest = ~0u;
   for (unsigned id : ids) {
     if (id < seen.size() && !seen[id]) {
       seen[id] = true;
       ++distinct;
+      lowest = std::min(lowest, id);
     }
   }
-  std::printf("PASS sms=%d distinct=%d\n", sms, distinct);
+  std::printf("PASS sms=%d distinct=%d lowest=%u\n", sms, distinct, lowest);
   return 0;
 }
 

@@ -1,22 +1,26 @@
 // libFuzzer target: the first message a peer sends on the control socket, as the daemon reads
 // it (proto/unix_socket's codec, broker/daemon/wire.hpp's header and struct decoding, the
 // ClientHello checks of the client gate: CUDA_VISIBLE_DEVICES resolution, the attach ordinal,
-// an mpsshimctl request's text), then the same hello in a kServerAdmit to a server on the fake
-// driver (broker/server/admit.cpp), which must admit or refuse it; an admitted session must be
+// an mpsshimctl request's text; the quota decided from its allocation token, which must never
+// pass the allocation's or the node's caps), then the hello in a kServerAdmit to a server on the
+// fake driver (broker/server/admit.cpp), which must admit or refuse it; an admitted session must be
 // freed when its client hangs up (docs/testing.md, "Fuzzing").
 //
 // Every input gets a fresh server (tests/server/harness.hpp), so a crash reproduces from its
 // input alone.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "broker/daemon/allocation_quota.hpp"
 #include "broker/daemon/visible_devices.hpp"
 #include "broker/daemon/wire.hpp"
 #include "broker/server/log.hpp"
@@ -59,10 +63,13 @@ std::optional<proto::ClientHello> daemon_reads(const proto::Received& message) {
   if (kind != proto::MessageKind::kClientQuery && kind != proto::MessageKind::kClientAttach) {
     return std::nullopt;
   }
-  auto hello = daemon::decode<proto::ClientHello>(message);
-  if (!hello) return std::nullopt;
+  // A 1.0-1.3 hello is shorter; what it did not send reads as zero (client_gate.cpp).
+  if (message.bytes.size() < proto::kClientHelloSizeBeforeTokens) return std::nullopt;
+  std::optional<proto::ClientHello> hello = proto::ClientHello{};
+  std::memcpy(&*hello, message.bytes.data(), std::min(message.bytes.size(), sizeof *hello));
   hello->visible_devices[sizeof hello->visible_devices - 1] = '\0';
   hello->program[sizeof hello->program - 1] = '\0';
+  hello->allocation_token[sizeof hello->allocation_token - 1] = '\0';
   static const auto uuids = gpus();
   std::vector<int> visible =
       daemon::resolve_visible_devices(daemon::bounded_string(hello->visible_devices), uuids);
@@ -78,12 +85,45 @@ std::optional<proto::ClientHello> daemon_reads(const proto::Received& message) {
   return hello;
 }
 
-void server_admits(const proto::ClientHello& hello) {
+// The quota the daemon decides (allocation_quota.cpp), against one known allocation and a node
+// that requires tokens; what it decides must never be more than the allocation allows.
+std::optional<daemon::AdmissionQuota> daemon_decides(const proto::ClientHello& hello) {
+  static daemon::AllocationRegistry registry = [] {
+    daemon::AllocationRegistry r;
+    r.tokens_required = true;
+    if (!r.add({"sm=25", "memory=64M", "gpus=0", "slot=1/4",
+                "token=0123456789abcdef0123456789abcdef"})) {
+      fail("register_allocation");
+    }
+    return r;
+  }();
+  daemon::ServerDefaults defaults;
+  defaults.sm_percentage = 50;
+  defaults.memory_limit = 128 << 20;
+  auto quota = daemon::decide_quota(registry, defaults, hello, 0);
+  if (!quota) return std::nullopt;
+  const int percentage = quota->hello.active_thread_percentage;
+  const int cap = quota->allocation_id != 0 ? 25 : 50;
+  if (percentage != proto::kUnset && percentage > cap) fail("a quota above its cap");
+  const std::uint64_t memory_cap = quota->allocation_id != 0 ? (64 << 20) : (128 << 20);
+  if (quota->hello.device_memory_limit > memory_cap) fail("a memory limit above its cap");
+  return *quota;
+}
+
+void server_admits(const proto::ClientHello& hello,
+                   const std::optional<daemon::AdmissionQuota>& quota) {
   server::test::Harness h;
   server::set_log_sink([](server::LogLevel, std::string_view) {});
   proto::UniqueFd client, server_end;
   if (!proto::seqpacket_pair(client, server_end)) fail("socketpair");
-  h.server->admit(server::test::admission_of(hello), std::move(server_end));
+  proto::ServerAdmit admit = server::test::admission_of(hello);
+  if (quota) {
+    admit.allocation_id = quota->allocation_id;
+    admit.allocation_memory_limit = quota->allocation_memory_limit;
+    admit.allocation_sm_slot = quota->sm_slot;
+    admit.allocation_sm_slots = quota->sm_slots;
+  }
+  h.server->admit(admit, std::move(server_end));
   h.pump(2);
   client.reset();  // admitted or not, the client goes away
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -108,7 +148,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   if (auto hello = daemon_reads(message)) {
     // The server gets the hello as the daemon forwards it: ABI checked, strings terminated.
-    if (hello->header.abi_major == proto::kAbiMajor) server_admits(*hello);
+    if (hello->header.abi_major == proto::kAbiMajor) {
+      auto quota = daemon_decides(*hello);
+      server_admits(quota ? quota->hello : *hello, quota);
+    }
   }
   return 0;
 }

@@ -50,6 +50,7 @@ std::uint64_t layout_fingerprint() {
   FIELD(ClientHello, flags);
   FIELD(ClientHello, visible_devices);
   FIELD(ClientHello, program);
+  FIELD(ClientHello, allocation_token);
   SIZE(Refused);
   FIELD(Refused, cuda_error);
   FIELD(Refused, message);
@@ -70,7 +71,11 @@ std::uint64_t layout_fingerprint() {
   FIELD(ServerReady, snapshot);
   SIZE(ServerAdmit);
   FIELD(ServerAdmit, peer_pid);
+  FIELD(ServerAdmit, allocation_id);
   FIELD(ServerAdmit, hello);
+  FIELD(ServerAdmit, allocation_memory_limit);
+  FIELD(ServerAdmit, allocation_sm_slot);
+  FIELD(ServerAdmit, allocation_sm_slots);
   SIZE(FdTransfer);
   FIELD(FdTransfer, token);
   FIELD(FdTransfer, bytes);
@@ -319,10 +324,11 @@ struct Pinned {
   std::uint64_t fingerprint;
 };
 constexpr Pinned kPinned[] = {
-    {1, 0, 0x4ba4610596c1d0e0},
-    {1, 1, 0x9d5d8b4305593426},
-    {1, 2, 0x6e7139ba53bf4a0a},
-    {1, 3, 0xbba53bc6836c29be},
+    {1, 0, 0x4ba4610596c1d0e0},  // the first release
+    {1, 1, 0x9d5d8b4305593426},  // graphs, pools, 2D/3D copies, arrays and textures
+    {1, 2, 0x6e7139ba53bf4a0a},  // RecordHeader::send_stamp
+    {1, 3, 0xbba53bc6836c29be},  // virtual memory management
+    {1, 4, 0x2f5f5e6d8e27a8c6},  // allocation token in the hello, allocation fields in ServerAdmit
 };
 
 }  // namespace

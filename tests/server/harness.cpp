@@ -183,10 +183,12 @@ proto::ServerAdmit admission_of(const proto::ClientHello& hello) {
   return admit;
 }
 
-TestClient::TestClient(Harness& harness, const proto::ClientHello& hello) : harness_(harness) {
+TestClient::TestClient(Harness& harness, const proto::ClientHello& hello)
+    : TestClient(harness, admission_of(hello)) {}
+
+TestClient::TestClient(Harness& harness, const proto::ServerAdmit& admit) : harness_(harness) {
   proto::UniqueFd server_end;
   if (!proto::seqpacket_pair(socket_, server_end)) throw std::runtime_error("socketpair");
-  proto::ServerAdmit admit = admission_of(hello);
   if (harness.threaded()) {
     // As the daemon does: the admission and the client's socket on the control socket.
     const int fds[1] = {server_end.get()};

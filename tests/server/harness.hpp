@@ -104,6 +104,8 @@ class TestClient {
   // Inline mode: admitted by a direct call. Threaded mode: through the control socket, as
   // the daemon admits clients (any thread; waits for the welcome).
   explicit TestClient(Harness& harness, const proto::ClientHello& hello = default_hello());
+  // With the daemon's admission as given (an allocation's fields, say).
+  TestClient(Harness& harness, const proto::ServerAdmit& admit);
   ~TestClient();
 
   bool connected() const { return base_ != nullptr; }

@@ -82,6 +82,11 @@ struct Fixture {
       : owned_(std::make_unique<Harness>(driver, settings)), h(*owned_), sut(h, hello) {
     admitted();
   }
+  // A client admitted as given (a Kubernetes allocation's fields, say).
+  Fixture(const DriverTable& driver, ServerSettings settings, const proto::ServerAdmit& admit)
+      : owned_(std::make_unique<Harness>(driver, settings)), h(*owned_), sut(h, admit) {
+    admitted();
+  }
   // A client of the server of an existing harness, which has no other client: the destructor
   // waits until the server holds no session.
   explicit Fixture(Harness& harness, proto::ClientHello hello = default_hello())

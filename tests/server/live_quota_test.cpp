@@ -89,6 +89,33 @@ TEST_CASE("an SM quota changed mid-stream moves later work and keeps the stream'
   CHECK(distinct(f.read<unsigned>(after_ids, all_sms)).size() == all_sms);
 }
 
+TEST_CASE("an SM quota changed live keeps an allocation's client in its slot of the device",
+          "[server][quota][live][allocation]") {
+  proto::ServerAdmit admit = admission_of(default_hello());
+  admit.allocation_id = 3;
+  admit.allocation_sm_slot = 2;  // the third of four parts: it starts half way
+  admit.allocation_sm_slots = 4;
+  Fixture f(test_driver(), {}, admit);
+  auto smid = f.function("record_smid");
+  const std::uint64_t stream = f.stream();
+  const unsigned all_sms = f.h.gpu.snapshot.sm_count;
+  const std::uint64_t ids = f.buffer(all_sms * 4);
+
+  int status = -1;
+  const std::string answer =
+      operator_says(f.h, fmt::format("set_client_active_thread_percentage {} 25", kPid), status);
+  INFO(answer);
+  REQUIRE(status == 0);
+  f.launch(smid, stream, all_sms, 1, ids);
+  REQUIRE(f.synchronize(stream) == CUDA_SUCCESS);
+
+  const std::uint64_t granted = field(f.h.server->stats_text(false), "sms");
+  const std::set<unsigned> used = distinct(f.read<unsigned>(ids, all_sms));
+  CHECK(used.size() == granted);
+  // Without its slot the split would take the device's first `granted` SMs.
+  CHECK(*used.begin() >= granted);
+}
+
 TEST_CASE("an SM quota change waits for the client's capture to end", "[server][quota][live]") {
   Fixture f(test_driver());
   auto fill = f.function("fill_u32");

@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "broker/server/green_context.hpp"
+
 namespace mpsshim::server {
 namespace {
 
@@ -61,3 +63,15 @@ TEST_CASE("out-of-range percentages are clamped", "[server][quota]") {
 
 }  // namespace
 }  // namespace mpsshim::server
+
+TEST_CASE("a slot's SM groups start at its part of the device and fit on it", "[server][quota]") {
+  constexpr unsigned kGroups = 16;  // 132 SMs in groups of 8
+  constexpr unsigned kNeeded = 5;   // 25% -> 40 SMs
+  CHECK(mpsshim::server::first_group_of_slot(0, 4, kGroups, kNeeded) == 0);
+  CHECK(mpsshim::server::first_group_of_slot(1, 4, kGroups, kNeeded) == 4);
+  CHECK(mpsshim::server::first_group_of_slot(2, 4, kGroups, kNeeded) == 8);
+  // The last slot's run would pass the end: it is moved back to fit.
+  CHECK(mpsshim::server::first_group_of_slot(3, 4, kGroups, kNeeded) == kGroups - kNeeded);
+  CHECK(mpsshim::server::first_group_of_slot(0, 0, kGroups, kNeeded) == 0);  // no placement
+  CHECK(mpsshim::server::first_group_of_slot(3, 4, kGroups, kGroups) == 0);  // the whole device
+}

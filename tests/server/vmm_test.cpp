@@ -74,6 +74,31 @@ TEST_CASE("VMM memory counts against the limit until released and unmapped", "[s
   CHECK(fake_gpu().vmm_handles.empty());
 }
 
+TEST_CASE("VMM memory counts against the limit an allocation's clients share",
+          "[server][vmm][allocation]") {
+  constexpr std::uint32_t kAllocation = 7;
+  Harness h;
+  auto admission = [](int pid) {
+    proto::ServerAdmit admit = admission_of(default_hello(pid, "pod-process"));
+    admit.allocation_id = kAllocation;
+    admit.allocation_memory_limit = 8 * kMiB;
+    return admit;
+  };
+  TestClient launcher(h, admission(1));
+  TestClient worker(h, admission(2));
+
+  Reply held = create(launcher, 6 * kMiB);
+  REQUIRE(held.result == CUDA_SUCCESS);
+  // The worker alone would fit (4 < 8), not with the launcher's 6.
+  CHECK(create(worker, 4 * kMiB).result == CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK(h.logged("its allocation 7 shares a limit of 8 MiB"));
+  CHECK(memory_used(h, worker) == 0);
+  REQUIRE(launcher.call(Op::kVmmRelease, proto::HandleReq{held.as<proto::VmmHandleRep>().handle})
+              .result == CUDA_SUCCESS);
+  CHECK(create(worker, 4 * kMiB).result == CUDA_SUCCESS);
+  CHECK(memory_used(h, worker) == 4 * kMiB);
+}
+
 TEST_CASE("only read-write mappings are memory a copy may name", "[server][vmm]") {
   Harness h;
   TestClient sut(h);
