@@ -37,8 +37,8 @@ struct ServerSettings {
   std::size_t workers = 1;            // worker threads; sessions are sharded over them
   LaunchBatchSettings launch_batch;   // launch_batch.hpp (mpsshim-server --launch-batch)
   // GPU busy time per client (busy_time.hpp, mpsshim-server --busy-time on). Off by default:
-  // its timing events cost the launch path (ResNet-50 b1 x 8 on an H100: 1,092 iters/s with
-  // it, 1,539 before it; docs/benchmarks.md).
+  // its timing events cost the launch path (ResNet-50 b1 x 8 on an H100, one lease: 640-846
+  // iters/s with it, 1,143-1,192 without; docs/benchmarks.md).
   bool busy_time = false;
   // The primary context is released after this long without a client (context_lease.hpp);
   // negative: kept for the server's life.

@@ -22,19 +22,24 @@ done
 fail=0
 coproc PROBE { exec env LD_PRELOAD="$SHIM" CUDA_MPS_PIPE_DIRECTORY="$RT" \
   "$B/examples/smid_quota" --rounds 2 2>&1; }
-read -r -t 120 line <&"${PROBE[0]}"
+# Copies of the coprocess's pipes: bash unsets PROBE as soon as the program exits, which may be
+# before its last lines are read.
+probe_pid=$PROBE_PID
+exec {probe_out}<&"${PROBE[0]}" {probe_in}>&"${PROBE[1]}"
+read -r -t 120 line <&"$probe_out"
 while [ -n "${line:-}" ] && [[ "$line" != WAITING* ]]; do
   echo "$line" >>"$OUT/probe.out"
-  read -r -t 120 line <&"${PROBE[0]}" || break
+  read -r -t 120 line <&"$probe_out" || break
 done
 echo "$line" >>"$OUT/probe.out"
 pid=$(sed -n 's/.*pid=\([0-9]*\).*/\1/p' <<<"$line")
 if [ -z "$pid" ]; then echo "FAIL: smid_quota did not reach its second round"; fail=1; fi
 "$CTL" --runtime-dir "$RT" set_active_thread_percentage 0 "$pid" 25 | tee "$OUT/change.out"
 "$CTL" --runtime-dir "$RT" ps --json >"$OUT/ps.json"
-echo >&"${PROBE[1]}"
-while read -r -t 120 line <&"${PROBE[0]}"; do echo "$line" >>"$OUT/probe.out"; done
-wait "$PROBE_PID" 2>/dev/null
+echo >&"$probe_in"
+exec {probe_in}>&-
+while read -r -t 120 line <&"$probe_out"; do echo "$line" >>"$OUT/probe.out"; done
+wait "$probe_pid" 2>/dev/null
 result=$(grep 'smid_quota' "$OUT/probe.out" | tail -1)
 echo "$result"
 granted=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["clients"][0]["sms"])' \
