@@ -141,6 +141,16 @@ nlohmann::json json_number(const Fields& fields, std::string_view key) {
   return nullptr;
 }
 
+// Who a server's line is about: the keys `ps --json` and `stats --json` share.
+nlohmann::json client_identity(int gpu, const Fields& fields) {
+  return {{"gpu", gpu},
+          {"client", json_number(fields, "client")},
+          {"pid", json_number(fields, "pid")},
+          {"uid", json_number(fields, "uid")},
+          {"user", user_name(field(fields, "uid"))},
+          {"program", field(fields, "program")}};
+}
+
 // A word as JSON: the text, or null when the server (or the daemon) did not give it.
 nlohmann::json json_string(const Fields& fields, std::string_view key) {
   auto it = fields.find(key);
@@ -244,13 +254,8 @@ nlohmann::json client_table_json(const std::vector<ServerClients>& servers,
         if (limit == 0) limit = nullptr;  // no limit
         nlohmann::json allocation = json_number(fields, "allocation");
         if (allocation == 0) allocation = nullptr;  // not a pod's client
-        clients.push_back({
-            {"gpu", gpu},
-            {"client", json_number(fields, "client")},
-            {"pid", json_number(fields, "pid")},
-            {"uid", json_number(fields, "uid")},
-            {"user", user_name(field(fields, "uid"))},
-            {"program", field(fields, "program")},
+        nlohmann::json entry = client_identity(gpu, fields);
+        entry.update({
             {"state", field(fields, "state")},
             {"start_time", json_number(fields, "start_time")},
             {"sms", json_number(fields, "sms")},
@@ -271,6 +276,7 @@ nlohmann::json client_table_json(const std::vector<ServerClients>& servers,
             {"namespace", json_string(fields, "namespace")},
             {"pod", json_string(fields, "pod")},
         });
+        clients.push_back(std::move(entry));
       },
       [&](int gpu, const std::string& line) {
         other_lines.push_back(fmt::format("GPU {}: {}", gpu, line));
@@ -319,13 +325,8 @@ nlohmann::json stats_json(const std::vector<ServerClients>& servers, const std::
                      {"count", json_optional(entry.count)},
                      {"server_us", json_optional(entry.server_us)}});
     }
-    clients.push_back({
-        {"gpu", gpu},
-        {"client", json_number(fields, "client")},
-        {"pid", json_number(fields, "pid")},
-        {"uid", json_number(fields, "uid")},
-        {"user", user_name(field(fields, "uid"))},
-        {"program", field(fields, "program")},
+    nlohmann::json entry = client_identity(gpu, fields);
+    entry.update({
         {"records", json_number(fields, "records")},
         {"server_us", json_number(fields, "server_us")},
         {"delay_samples", json_number(fields, "delay_samples")},
@@ -337,6 +338,7 @@ nlohmann::json stats_json(const std::vector<ServerClients>& servers, const std::
         {"batched", json_number(fields, "batched")},
         {"top", std::move(top)},
     });
+    clients.push_back(std::move(entry));
   };
   for_each_line(servers, client, [&](int gpu, const std::string& line) {
     other_lines.push_back(fmt::format("GPU {}: {}", gpu, line));
