@@ -98,7 +98,8 @@ const std::vector<Commands::Command>& Commands::table() {
        0, 0, &Commands::gpu_states},
       {"ps", "ps",
        "every client of every GPU: pid, user, SMs, memory (in use, peak, limit), pinned host "
-       "memory, kernels launched, GPU busy time, bytes copied each way, priority, state, start, "
+       "memory, kernels launched, GPU busy time (mpsshimd --busy-time on), bytes copied each way, "
+       "priority, state, start, "
        "allocation (pod)",
        0, 0, &Commands::ps},
       {"stats", "stats",

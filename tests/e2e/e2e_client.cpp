@@ -13,22 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "client_check.hpp"
+
 namespace {
 
 // The test driver resolves kernels by name from any image; this PTX-like text is one.
 constexpr char kModuleImage[] = "// mpsshim e2e test module\n.version 8.0\n.target sm_90\n";
-
-#define CHECK(call)                                                                              \
-  do {                                                                                           \
-    CUresult rc_ = (call);                                                                       \
-    if (rc_ != CUDA_SUCCESS) {                                                                   \
-      const char* name_ = nullptr;                                                               \
-      cuGetErrorName(rc_, &name_);                                                               \
-      std::printf("FAIL %s -> %s (%d) at line %d\n", #call, name_ ? name_ : "?", rc_, __LINE__); \
-      std::fflush(stdout);                                                                       \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
 
 struct Setup {
   CUcontext ctx{};

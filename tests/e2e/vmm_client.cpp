@@ -12,21 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "client_check.hpp"
+
 namespace {
 
 constexpr char kModuleImage[] = "// mpsshim e2e vmm module\n.version 8.0\n.target sm_90\n";
-
-#define CHECK(call)                                                                              \
-  do {                                                                                           \
-    CUresult rc_ = (call);                                                                       \
-    if (rc_ != CUDA_SUCCESS) {                                                                   \
-      const char* name_ = nullptr;                                                               \
-      cuGetErrorName(rc_, &name_);                                                               \
-      std::printf("FAIL %s -> %s (%d) at line %d\n", #call, name_ ? name_ : "?", rc_, __LINE__); \
-      std::fflush(stdout);                                                                       \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
 
 // A check that an expected result came back; counts what did not.
 int g_failures = 0;
