@@ -84,6 +84,10 @@ struct Module {
   proto::WireHandle wire = 0;
   std::mutex mutex;
   std::unordered_map<std::string, Function*> functions;  // cuModuleGetFunction cache
+  // The names of all its functions in the driver's order, once asked (cuModuleGetFunctionCount,
+  // cuModuleEnumerateFunctions); a loaded module's functions never change. Under `mutex`.
+  std::vector<std::string> function_names;
+  bool function_names_known = false;
   bool owned_by_library = false;
 };
 

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <span>
 #include <string_view>
@@ -248,6 +249,72 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuModuleGetFunction(CUfunction* hfunc, CUmodule 
   f->module = module;
   module->functions.emplace(name, f);
   *hfunc = reinterpret_cast<CUfunction>(f);
+  return CUDA_SUCCESS;
+}
+
+namespace {
+
+// Fills module->function_names from the server, a reply at a time (the caller holds
+// module->mutex).
+CUresult fetch_function_names(Module* module) {
+  if (module->function_names_known) return CUDA_SUCCESS;
+  std::vector<std::string> names;
+  for (;;) {
+    proto::ModuleFunctionsReq request{module->wire, static_cast<std::uint32_t>(names.size()), 0};
+    proto::ModuleFunctionsRep reply{};
+    if (CUresult rc = module->ctx->session->call(proto::Op::kModuleFunctionNames, request, &reply);
+        rc != CUDA_SUCCESS) {
+      return rc;
+    }
+    std::string_view text(reply.names, std::min<std::size_t>(reply.bytes, sizeof reply.names));
+    for (std::uint32_t i = 0; i < reply.count; ++i) {
+      std::size_t end = text.find('\0');
+      if (end == std::string_view::npos) return CUDA_ERROR_UNKNOWN;  // a malformed reply
+      names.emplace_back(text.substr(0, end));
+      text.remove_prefix(end + 1);
+    }
+    if (names.size() >= reply.total) break;
+    if (reply.count == 0) return CUDA_ERROR_UNKNOWN;  // no progress: never loop forever
+  }
+  module->function_names = std::move(names);
+  module->function_names_known = true;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuModuleGetFunctionCount(unsigned int* count, CUmodule handle) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Module* module = object_of<Module>(handle);
+  if (module == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(module->mutex);
+  if (CUresult rc = fetch_function_names(module); rc != CUDA_SUCCESS) return rc;
+  *count = static_cast<unsigned int>(module->function_names.size());
+  return CUDA_SUCCESS;
+}
+
+// The handles are cuModuleGetFunction's for each name, so that a function found either way is
+// the same handle, as with the real driver.
+MPSSHIM_EXPORT CUresult CUDAAPI cuModuleEnumerateFunctions(CUfunction* functions,
+                                                           unsigned int count, CUmodule handle) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Module* module = object_of<Module>(handle);
+  if (module == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (functions == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<std::string> names;
+  {
+    std::lock_guard lock(module->mutex);
+    if (CUresult rc = fetch_function_names(module); rc != CUDA_SUCCESS) return rc;
+    names = module->function_names;
+  }
+  const std::size_t n = std::min<std::size_t>(count, names.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    if (CUresult rc = cuModuleGetFunction(&functions[i], handle, names[i].c_str());
+        rc != CUDA_SUCCESS) {
+      return rc;
+    }
+  }
   return CUDA_SUCCESS;
 }
 

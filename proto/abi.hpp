@@ -22,7 +22,9 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // Minor 4: ClientHello::allocation_token (appended; a shorter 1.2/1.3 hello means no token) and
 // ServerAdmit::allocation_id / allocation_memory_limit / allocation_sm_slot(s) (per-pod quotas,
 // docs/kubernetes.md).
-inline constexpr std::uint16_t kAbiMinor = 4;
+// Minor 5: ModuleFunctionNames (op 89): the names of a module's functions, for
+// cuModuleEnumerateFunctions and the ToolsModule private table cuFFT needs.
+inline constexpr std::uint16_t kAbiMinor = 5;
 
 // FROZEN FOREVER. Every message on every mpsshim socket starts with this header, so that any two
 // versions of mpsshim can at least tell each other which versions they are. Never change it.

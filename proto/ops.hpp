@@ -116,6 +116,8 @@ enum class Op : std::uint16_t {
   kVmmGetAccess = 86,
   kVmmGetProperties = 87,
   kVmmRetain = 88,
+  // The names of a module's functions (cuModuleEnumerateFunctions, the ToolsModule table).
+  kModuleFunctionNames = 89,
   kCount
 };
 
@@ -253,6 +255,20 @@ struct FunctionRep {
   std::uint32_t param_count;
   std::uint32_t args_bytes;  // end of the last parameter
   ParamSlot params[(kSlotPayloadBytes - 16) / sizeof(ParamSlot)];
+};
+// ModuleFunctionNames: the names of the module's functions from index `first` on, in the
+// driver's order (cuModuleEnumerateFunctions), as many as fit in one reply.
+struct ModuleFunctionsReq {
+  WireHandle module;
+  std::uint32_t first;
+  std::uint32_t reserved;
+};
+struct ModuleFunctionsRep {
+  std::uint32_t total;  // functions in the module
+  std::uint32_t count;  // names in `names`, from `first` on
+  std::uint32_t bytes;  // of `names` used: each name ends with a NUL
+  std::uint32_t reserved;
+  char names[kSlotPayloadBytes - 16];
 };
 struct GlobalRep {
   std::uint64_t dptr;
@@ -511,6 +527,8 @@ MPSSHIM_WIRE_CHECK(MemsetReq)
 MPSSHIM_WIRE_CHECK(ImageLoadReq)
 MPSSHIM_WIRE_CHECK(NamedLookupReq)
 MPSSHIM_WIRE_CHECK(FunctionRep)
+MPSSHIM_WIRE_CHECK(ModuleFunctionsReq)
+MPSSHIM_WIRE_CHECK(ModuleFunctionsRep)
 MPSSHIM_WIRE_CHECK(AttributeReq)
 MPSSHIM_WIRE_CHECK(WireLaunchAttribute)
 MPSSHIM_WIRE_CHECK(LaunchReq)

@@ -7,6 +7,8 @@
 #   export LD_LIBRARY_PATH=$PWD/OUT/lib
 #   bash tests/gpu/gpu_suite.sh --build-dir OUT
 #   python3 bench/harness.py --build-dir OUT --out /tmp/bench --quick
+#   LD_LIBRARY_PATH=$PWD/OUT/lib:$PWD/OUT/k8s-lib bash tests/gpu/k8s_allocation.sh  # with the
+#     variables it names set to OUT's programs (docs/kubernetes.md)
 #
 # usage: tools/gpu_pack.sh BUILD OUT   (OUT is replaced)
 set -euo pipefail
@@ -31,4 +33,19 @@ for dir in examples bench tests/gpu/programs; do
     < <(find "$build/$dir" -maxdepth 1 -type f -perm -u+x)
 done
 cp -L "$(ldconfig -p | awk '/libfmt\.so\.9 /{print $NF; exit}')" "$out/lib/"
+
+# The Kubernetes device plugin and the test's kubelet stand-in, where they were built
+# (tests/gpu/k8s_allocation.sh), with Debian's gRPC, protobuf, abseil, toml++ and their own
+# dependencies in OUT/k8s-lib: a separate directory, so that only a command that asks for it
+# (LD_LIBRARY_PATH=OUT/lib:OUT/k8s-lib) sees Debian's libssl, libcrypto and libz instead of the
+# GPU machine's.
+if [ -x "$build/deviceplugin/mpsshim-device-plugin" ] && [ -x "$build/tests/deviceplugin/kubelet_cli" ]; then
+  copy deviceplugin/mpsshim-device-plugin
+  copy tests/deviceplugin/kubelet_cli
+  mkdir -p "$out/k8s-lib"
+  ldd "$build/deviceplugin/mpsshim-device-plugin" "$build/tests/deviceplugin/kubelet_cli" |
+    awk '/=> \//{print $3}' | sort -u |
+    grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|ld-linux[^/]*|libpthread|libdl|librt|libfmt)\.so' |
+    while IFS= read -r library; do cp -L "$library" "$out/k8s-lib/"; done
+fi
 du -sh "$out"

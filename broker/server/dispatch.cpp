@@ -54,6 +54,8 @@ std::array<OpSpec, kOpCount> make_specs() {
   set(Op::kModuleGetFunction, "ModuleGetFunction", op_module_get_function, sizeof(NamedLookupReq),
       true);
   set(Op::kModuleGetGlobal, "ModuleGetGlobal", op_module_get_global, sizeof(NamedLookupReq), true);
+  set(Op::kModuleFunctionNames, "ModuleFunctionNames", op_module_function_names,
+      sizeof(ModuleFunctionsReq), true);
   set(Op::kLibraryUnload, "LibraryUnload", op_library_unload, sizeof(HandleReq), false);
   set(Op::kLibraryGetKernel, "LibraryGetKernel", op_library_get_kernel, sizeof(NamedLookupReq),
       true);

@@ -54,6 +54,9 @@
   X(cuModuleLoadData, CUresult, (CUmodule*, const void*))                                          \
   X(cuModuleUnload, CUresult, (CUmodule))                                                          \
   X(cuModuleGetFunction, CUresult, (CUfunction*, CUmodule, const char*))                           \
+  X(cuModuleGetFunctionCount, CUresult, (unsigned int*, CUmodule))                                 \
+  X(cuModuleEnumerateFunctions, CUresult, (CUfunction*, unsigned int, CUmodule))                   \
+  X(cuFuncGetName, CUresult, (const char**, CUfunction))                                           \
   X(cuModuleGetGlobal_v2, CUresult, (CUdeviceptr*, size_t*, CUmodule, const char*))                \
   X(cuLibraryLoadData, CUresult,                                                                   \
     (CUlibrary*, const void*, CUjit_option*, void**, unsigned int, CUlibraryOption*, void**,       \

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstddef>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "broker/server/client_socket.hpp"
 #include "broker/server/image.hpp"
@@ -209,6 +211,49 @@ OpResult op_module_get_function(Call& call) {
   std::uint64_t id = remember(session, function, FunctionObj{function, req.handle, layout});
   if (id == 0) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   return reply_function(call, id, layout);
+}
+
+// The names of a module's functions, in the driver's order, from req.first on: as many as fit
+// in one reply (the client asks again from where a reply stopped). The shim builds
+// cuModuleEnumerateFunctions and the ToolsModule table cuFFT walks modules with on it.
+OpResult op_module_function_names(Call& call) {
+  auto req = call.request<proto::ModuleFunctionsReq>();
+  const ModuleObj* module = call.session.objects.get<ModuleObj>(req.module);
+  if (module == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  unsigned int total = 0;
+  if (CUresult r = call.cu.cuModuleGetFunctionCount(&total, module->module); r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  if (req.first > total) return call.done(CUDA_ERROR_INVALID_VALUE);
+  std::vector<CUfunction> functions(total);
+  if (total > 0) {
+    if (CUresult r = call.cu.cuModuleEnumerateFunctions(functions.data(), total, module->module);
+        r != CUDA_SUCCESS) {
+      return call.done(r);
+    }
+  }
+  proto::ModuleFunctionsRep rep{};
+  rep.total = total;
+  for (std::uint32_t i = req.first; i < total; ++i) {
+    const char* name = nullptr;
+    if (CUresult r = call.cu.cuFuncGetName(&name, functions[i]); r != CUDA_SUCCESS) {
+      return call.done(r);
+    }
+    const std::size_t length = std::strlen(name) + 1;
+    if (rep.bytes + length > sizeof rep.names) {
+      if (rep.count > 0) break;
+      // One name longer than a reply: no cubin symbol gets near 4 KiB, but say so if one does.
+      log_warn(
+          "{}: a function name of {} bytes does not fit in one reply; its module's "
+          "functions cannot be listed (CUDA_ERROR_NOT_SUPPORTED)",
+          call.session.who(), length);
+      return call.done(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    std::memcpy(rep.names + rep.bytes, name, length);
+    rep.bytes += static_cast<std::uint32_t>(length);
+    ++rep.count;
+  }
+  return call.reply(rep, offsetof(proto::ModuleFunctionsRep, names) + rep.bytes);
 }
 
 OpResult op_module_get_global(Call& call) {

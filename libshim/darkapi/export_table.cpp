@@ -21,7 +21,7 @@ struct Served {
   Uuid id;
   const void* (*table)() noexcept;
 };
-constexpr std::array<Served, 7> kServed{{
+constexpr std::array<Served, 8> kServed{{
     {kCudartInterfaceId, &cudart_interface_table},
     {kCallbackHooksId, &callback_hooks_table},
     {kToolsTlsId, &tools_tls_table},
@@ -29,6 +29,7 @@ constexpr std::array<Served, 7> kServed{{
     {kContextChecksId, &context_checks_table},
     {kIntegrityCheckId, &integrity_check_table},
     {kToolsContextId, &tools_context_table},
+    {kToolsModuleId, &tools_module_table},
 }};
 
 struct Refused {
@@ -49,6 +50,7 @@ const void* find_table(const CUuuid& id) noexcept {
   for (const Served& s : kServed) {
     if (same(s.id, id)) return s.table();
   }
+  if (same(kCublasLtKernelsId, id)) return host_driver_table(id);
   return nullptr;
 }
 

@@ -4,6 +4,8 @@
 // before cuInit, and the integrity check hashes their addresses.
 #pragma once
 
+#include <cuda.h>
+
 namespace mpsshim::shim::darkapi {
 
 const void* cudart_interface_table() noexcept;       // 6bd5fb6c…
@@ -13,5 +15,10 @@ const void* context_local_storage_table() noexcept;  // c693336e…
 const void* context_checks_table() noexcept;         // 263e8860…
 const void* integrity_check_table() noexcept;        // d4082055…
 const void* tools_context_table() noexcept;          // 21318c60…
+const void* tools_module_table() noexcept;           // 6e163fbe…
+
+// The real driver's own table for `id`, from a libcuda.so.1 opened beside the shim
+// (host_driver_tables.cpp), or null. Only for tables that compute on host memory alone.
+const void* host_driver_table(const CUuuid& id) noexcept;
 
 }  // namespace mpsshim::shim::darkapi

@@ -25,6 +25,7 @@ enum class TableId {
   kContextChecks,
   kIntegrityCheck,
   kToolsContext,
+  kToolsModule,
 };
 
 constexpr const char* table_name(TableId id) noexcept {
@@ -41,6 +42,8 @@ constexpr const char* table_name(TableId id) noexcept {
       return "INTEGRITY_CHECK (d4082055)";
     case TableId::kToolsContext:
       return "TOOLS_CONTEXT (21318c60)";
+    case TableId::kToolsModule:
+      return "TOOLS_MODULE (6e163fbe)";
   }
   return "?";
 }

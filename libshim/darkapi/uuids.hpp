@@ -32,6 +32,11 @@ inline constexpr Uuid kContextLocalStorageId = uuid("c693336e1121df11a8c368f355d
 inline constexpr Uuid kContextChecksId = uuid("263e88607cd2614392f6bbd5006dfa7e");
 inline constexpr Uuid kIntegrityCheckId = uuid("d4082055bde6704b8d34ba123c66e1f2");
 inline constexpr Uuid kToolsContextId = uuid("21318c60971432488ca641ff7324c8f2");
+inline constexpr Uuid kToolsModuleId = uuid("6e163fbeb958444d835ce182aff1991e");
+
+// Served by the host's real driver (host_driver_tables.cpp): cuBLASLt's table for its nvjet
+// kernels, whose slots compute on host memory only.
+inline constexpr Uuid kCublasLtKernelsId = uuid("1734dc26800d47458726c0f1e7dd8bca");
 
 // Known and refused on purpose (§2.7, §2.9, §2.10): success with F8 would make cudart skip its
 // normal bootstrap; NVML and NVRTC work without their driver hooks.

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstring>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -29,13 +30,14 @@ CUresult ask(std::string_view hex, const void** out) {
 }  // namespace
 
 TEST_CASE("export tables: same address every call, real size words", "[export]") {
-  const std::array<std::pair<std::string_view, std::uintptr_t>, 6> sized{{
+  const std::array<std::pair<std::string_view, std::uintptr_t>, 7> sized{{
       {kCudartInterface, 104},
       {kCallbackHooks, 56},
       {kToolsTls, 24},
       {kContextChecks, 120},
       {kIntegrityCheck, 24},
       {kToolsContext, 744},
+      {kToolsModule, 792},
   }};
   for (const auto& [hex, size] : sized) {
     INFO(hex);
@@ -43,8 +45,9 @@ TEST_CASE("export tables: same address every call, real size words", "[export]")
     CHECK(first[0] == size);
     CHECK(export_table(hex) == first);
     for (std::size_t slot = 1; slot < size / 8; ++slot) {
-      const bool null_in_real_driver =
-          (hex == kCudartInterface && slot == 10) || (hex == kToolsContext && slot == 91);
+      const bool null_in_real_driver = (hex == kCudartInterface && slot == 10) ||
+                                       (hex == kToolsContext && slot == 91) ||
+                                       (hex == kToolsModule && slot == 93);
       INFO("slot " << slot);
       CHECK((first[slot] == 0) == null_in_real_driver);
     }
@@ -266,6 +269,38 @@ TEST_CASE("TOOLS_CONTEXT slots 3 and 4: device ordinal and unique id", "[export]
   id = 99;
   CHECK(get_id(fake_context(3), &id) == CUDA_ERROR_INVALID_HANDLE);
   CHECK(id == 99);
+}
+
+TEST_CASE("TOOLS_MODULE slot 7: walks a module's functions in order", "[export]") {
+  FakeCore& core = reset_fake_core();
+  const auto f = [](std::uintptr_t n) { return reinterpret_cast<CUfunction>(n << 4); };
+  core.module_functions = {
+      {f(1), "_Z10vector_fftILj4096E"}, {f(2), "store_value"}, {f(3), "empty"}};
+  struct Seen {
+    std::vector<CUfunction> functions;
+    std::vector<std::string> names;
+  } seen;
+  using Visit = void (*)(void*, CUfunction, const char*);
+  const auto walk =
+      slot_fn<std::size_t (*)(CUcontext, CUmodule, Visit, void*)>(export_table(kToolsModule), 7);
+  const Visit visit = [](void* user, CUfunction function, const char* name) {
+    auto* s = static_cast<Seen*>(user);
+    s->functions.push_back(function);
+    s->names.emplace_back(name);
+  };
+  // The context is not used: the real slot walks the same with NULL or another context.
+  CHECK(walk(nullptr, fake_module(), visit, &seen) == 3);
+  CHECK(seen.functions == std::vector<CUfunction>{f(1), f(2), f(3)});
+  CHECK(seen.names == std::vector<std::string>{"_Z10vector_fftILj4096E", "store_value", "empty"});
+  // A module the driver does not know walks nothing.
+  seen = {};
+  CHECK(walk(fake_context(1), reinterpret_cast<CUmodule>(std::uintptr_t{0x3000}), visit, &seen) ==
+        0);
+  CHECK(seen.functions.empty());
+  // Other slots stay traps.
+  using TrapFn = CUresult (*)();
+  CHECK(slot_fn<TrapFn>(export_table(kToolsModule), 6)() == CUDA_ERROR_NOT_SUPPORTED);
+  CHECK(slot_fn<TrapFn>(export_table(kToolsModule), 98)() == CUDA_ERROR_NOT_SUPPORTED);
 }
 
 TEST_CASE("INTEGRITY_CHECK slot 1 hashes what the application sees", "[export]") {

@@ -71,6 +71,30 @@ CUresult CUDAAPI cuModuleLoadData(CUmodule* module, const void* image) {
   return mpsshim::test::core.module_result;
 }
 
+CUresult CUDAAPI cuModuleGetFunctionCount(unsigned int* count, CUmodule module) {
+  if (module != mpsshim::test::fake_module()) return CUDA_ERROR_INVALID_HANDLE;
+  *count = static_cast<unsigned int>(mpsshim::test::core.module_functions.size());
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuModuleEnumerateFunctions(CUfunction* functions, unsigned int count,
+                                            CUmodule module) {
+  if (module != mpsshim::test::fake_module()) return CUDA_ERROR_INVALID_HANDLE;
+  const auto& all = mpsshim::test::core.module_functions;
+  for (std::size_t i = 0; i < count && i < all.size(); ++i) functions[i] = all[i].first;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuFuncGetName(const char** name, CUfunction function) {
+  for (const auto& [f, n] : mpsshim::test::core.module_functions) {
+    if (f == function) {
+      *name = n;
+      return CUDA_SUCCESS;
+    }
+  }
+  return CUDA_ERROR_INVALID_HANDLE;
+}
+
 CUresult CUDAAPI cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_option*, void**,
                                    unsigned int, CUlibraryOption*, void**, unsigned int) {
   mpsshim::test::core.library_code = code;

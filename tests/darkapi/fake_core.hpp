@@ -26,6 +26,8 @@ struct FakeCore {
   CUlibrary library_of_module = nullptr;  // last cuLibraryGetModule library
   int library_unloads = 0;
   CUresult module_result = CUDA_SUCCESS;
+  // The functions of fake_module(), in order, for cuModuleEnumerateFunctions / cuFuncGetName.
+  std::vector<std::pair<CUfunction, const char*>> module_functions;
   CUresult library_result = CUDA_SUCCESS;
 };
 

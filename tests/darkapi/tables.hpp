@@ -38,6 +38,7 @@ inline constexpr std::string_view kCudartInterface = "6bd5fb6c5bf4e74a8987d93912
 inline constexpr std::string_view kCallbackHooks = "a094798c2e742e7493f20800200c0a66";
 inline constexpr std::string_view kToolsTls = "42d85a8123f6cb478298f6e78a3aecdc";
 inline constexpr std::string_view kContextLocalStorage = "c693336e1121df11a8c368f355d89593";
+inline constexpr std::string_view kToolsModule = "6e163fbeb958444d835ce182aff1991e";
 inline constexpr std::string_view kContextChecks = "263e88607cd2614392f6bbd5006dfa7e";
 inline constexpr std::string_view kIntegrityCheck = "d4082055bde6704b8d34ba123c66e1f2";
 inline constexpr std::string_view kToolsContext = "21318c60971432488ca641ff7324c8f2";

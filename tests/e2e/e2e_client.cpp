@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -34,6 +35,79 @@ Setup setup() {
   CHECK(cuCtxSetCurrent(s.ctx));
   CHECK(cuModuleLoadData(&s.module, kModuleImage));
   return s;
+}
+
+// cuModuleGetFunctionCount / cuModuleEnumerateFunctions and the ToolsModule private table's
+// walk (slot 7, what cuFFT uses): the same functions in the same order, the handles
+// cuModuleGetFunction gives, and a launch through an enumerated handle computes.
+int functions() {
+  Setup s = setup();
+  unsigned int count = 0;
+  CHECK(cuModuleGetFunctionCount(&count, s.module));
+  std::vector<CUfunction> listed(count);
+  CHECK(cuModuleEnumerateFunctions(listed.data(), count, s.module));
+  std::vector<std::string> names;
+  CUfunction add = nullptr;
+  for (CUfunction f : listed) {
+    const char* name = nullptr;
+    CHECK(cuFuncGetName(&name, f));
+    CUfunction by_name = nullptr;
+    CHECK(cuModuleGetFunction(&by_name, s.module, name));
+    if (by_name != f) {
+      std::printf("FAIL %s: enumerated %p, cuModuleGetFunction %p\n", name, static_cast<void*>(f),
+                  static_cast<void*>(by_name));
+      return 1;
+    }
+    if (std::strcmp(name, "vector_add") == 0) add = f;
+    names.emplace_back(name);
+  }
+  if (count < 2 || add == nullptr) {
+    std::printf("FAIL %u functions, vector_add %s\n", count, add ? "found" : "missing");
+    return 1;
+  }
+  const CUuuid tools_module{
+      {0x6e, 0x16, 0x3f, static_cast<char>(0xbe), static_cast<char>(0xb9), 0x58, 0x44, 0x4d,
+       static_cast<char>(0x83), 0x5c, static_cast<char>(0xe1), static_cast<char>(0x82),
+       static_cast<char>(0xaf), static_cast<char>(0xf1), static_cast<char>(0x99), 0x1e}};
+  const void* table = nullptr;
+  CHECK(cuGetExportTable(&table, &tools_module));
+  struct Walked {
+    std::vector<CUfunction> functions;
+    std::vector<std::string> names;
+  } walked;
+  using Visit = void (*)(void*, CUfunction, const char*);
+  using Walk = std::size_t (*)(CUcontext, CUmodule, Visit, void*);
+  const Visit visit = [](void* user, CUfunction f, const char* name) {
+    auto* w = static_cast<Walked*>(user);
+    w->functions.push_back(f);
+    w->names.emplace_back(name);
+  };
+  const auto walk = reinterpret_cast<Walk>(static_cast<const std::uintptr_t*>(table)[7]);
+  const std::size_t walked_count = walk(nullptr, s.module, visit, &walked);
+  if (walked_count != count || walked.functions != listed || walked.names != names) {
+    std::printf("FAIL the walk gave %zu functions, the public API %u\n", walked_count, count);
+    return 1;
+  }
+  int n = 1000;
+  std::vector<float> a(n, 1.0f), b(n, 2.0f), c(n, 0.0f);
+  const size_t bytes = sizeof(float) * static_cast<size_t>(n);
+  CUdeviceptr da, db, dc;
+  CHECK(cuMemAlloc(&da, bytes));
+  CHECK(cuMemAlloc(&db, bytes));
+  CHECK(cuMemAlloc(&dc, bytes));
+  CHECK(cuMemcpyHtoD(da, a.data(), bytes));
+  CHECK(cuMemcpyHtoD(db, b.data(), bytes));
+  void* args[] = {&da, &db, &dc, &n};
+  CHECK(cuLaunchKernel(walked.functions[static_cast<std::size_t>(
+                           std::find(names.begin(), names.end(), "vector_add") - names.begin())],
+                       (n + 255) / 256, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr));
+  CHECK(cuMemcpyDtoH(c.data(), dc, bytes));
+  if (std::any_of(c.begin(), c.end(), [](float v) { return v != 3.0f; })) {
+    std::printf("FAIL vector_add through an enumerated handle\n");
+    return 1;
+  }
+  std::printf("PASS functions %u\n", count);
+  return 0;
 }
 
 int basic(int n) {
@@ -415,6 +489,7 @@ int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "basic";
   unsigned long long arg = argc > 2 ? std::strtoull(argv[2], nullptr, 0) : 0;
   if (mode == "basic") return basic(arg ? static_cast<int>(arg) : 1 << 20);
+  if (mode == "functions") return functions();
   if (mode == "hog") return hog(arg ? arg : 256);
   if (mode == "meminfo") return meminfo();
   if (mode == "account") return account(arg ? static_cast<int>(arg) : 8);

@@ -96,6 +96,11 @@ TEST_CASE("a driver-API client runs through the daemon and the test driver", "[e
   require_pass(o, daemon);
 }
 
+TEST_CASE("a module's functions are listed and walked as the real driver does", "[e2e]") {
+  Daemon daemon;
+  require_pass(run_client(daemon, {client(), "functions"}), daemon);
+}
+
 TEST_CASE("the examples give correct results through the broker", "[e2e]") {
   Daemon daemon;
   for (const char* name : {"EXAMPLE_VECTOR_ADD", "EXAMPLE_MATMUL_TILED", "EXAMPLE_STREAMS_EVENTS",

@@ -16,7 +16,9 @@ set -u
 skip() { echo "SKIP: $1"; exit 77; }
 [ "$(id -u)" -eq 0 ] || skip "needs root for the bind mounts"
 { [ -e /dev/nvidiactl ] && nvidia-smi -L 2>/dev/null | grep -q GPU; } || skip "no NVIDIA GPU"
-PYTHON=${PYTHON:-python3}
+# An absolute path: the "container" below runs with PATH=/usr/local/bin:/usr/bin:/bin, where
+# "python3" may be another interpreter than the one with torch (a venv's, say).
+PYTHON=$(command -v "${PYTHON:-python3}") || skip "no python (set PYTHON)"
 POD_UID=${POD_UID:-65534}
 as_pod=(setpriv --reuid="$POD_UID" --regid="$POD_UID" --clear-groups)
 "${as_pod[@]}" "$PYTHON" -c "import torch" 2>/dev/null ||

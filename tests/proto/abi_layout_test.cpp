@@ -157,6 +157,10 @@ std::uint64_t layout_fingerprint() {
   SIZE(ParamSlot);
   SIZE(FunctionRep);
   FIELD(FunctionRep, params);
+  SIZE(ModuleFunctionsReq);
+  FIELD(ModuleFunctionsReq, first);
+  SIZE(ModuleFunctionsRep);
+  FIELD(ModuleFunctionsRep, names);
   SIZE(GlobalRep);
   SIZE(AttributeReq);
   SIZE(AttributeRep);
@@ -329,6 +333,7 @@ constexpr Pinned kPinned[] = {
     {1, 2, 0x6e7139ba53bf4a0a},  // RecordHeader::send_stamp
     {1, 3, 0xbba53bc6836c29be},  // virtual memory management
     {1, 4, 0x2f5f5e6d8e27a8c6},  // allocation token in the hello, allocation fields in ServerAdmit
+    {1, 5, 0x818acb60df98e984},  // ModuleFunctionNames (op 89)
 };
 
 }  // namespace

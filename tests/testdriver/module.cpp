@@ -232,6 +232,47 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuModuleGetFunction(CUfunction* hfunc
   });
 }
 
+// A module holds every kernel of the host kernel table, in the table's order.
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuModuleGetFunctionCount(unsigned int* count,
+                                                                    CUmodule hmod) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (s.modules.get(hmod) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    *count = static_cast<unsigned int>(kernel_table().size());
+    return CUDA_SUCCESS;
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuModuleEnumerateFunctions(CUfunction* functions,
+                                                                      unsigned int count,
+                                                                      CUmodule hmod) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    if (functions == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Module* m = s.modules.get(hmod);
+    if (m == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    auto table = kernel_table();
+    if (count < table.size()) return CUDA_ERROR_INVALID_VALUE;
+    for (std::size_t i = 0; i < table.size(); ++i) {
+      functions[i] = reinterpret_cast<CUfunction>(module_function(s, *m, &table[i]));
+    }
+    return CUDA_SUCCESS;
+  });
+}
+
+// The table's names are string literals, so data() ends with a NUL.
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuFuncGetName(const char** name, CUfunction hfunc) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Function* fn = s.functions.get(hfunc);
+    if (fn == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    *name = fn->def->name.data();
+    return CUDA_SUCCESS;
+  });
+}
+
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes,
                                                                 CUmodule hmod, const char* name) {
   return entry([&](State& s) {
