@@ -26,6 +26,8 @@ for program in broker/daemon/mpsshimd broker/daemon/mpsshimctl broker/server/mps
   tests/gpu/integrity_vs_driver; do
   copy "$program"
 done
+# The private-table tracer for the real driver (tools/probes/darktrace/README.md).
+copy tools/probes/darktrace/libdarktrace.so
 for dir in examples bench tests/gpu/programs; do
   while IFS= read -r file; do copy "${file#"$build"/}"; done \
     < <(find "$build/$dir" -maxdepth 1 -type f -perm -u+x)
