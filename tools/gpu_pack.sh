@@ -7,6 +7,10 @@
 #   export LD_LIBRARY_PATH=$PWD/OUT/lib
 #   bash tests/gpu/gpu_suite.sh --build-dir OUT
 #   python3 bench/harness.py --build-dir OUT --out /tmp/bench --quick
+#   bash tests/gpu/libraries.sh --build-dir OUT   # the CUDA libraries alone
+#
+# The library programs (tests/gpu/libraries) find cuFFT, cuBLASLt, ... through their RUNPATH to
+# the build machine's CUDA lib64 (/usr/local/cuda/lib64); LD_LIBRARY_PATH overrides it.
 #
 # usage: tools/gpu_pack.sh BUILD OUT   (OUT is replaced)
 set -euo pipefail
@@ -28,7 +32,7 @@ for program in broker/daemon/mpsshimd broker/daemon/mpsshimctl broker/server/mps
 done
 # The private-table tracer for the real driver (tools/probes/darktrace/README.md).
 copy tools/probes/darktrace/libdarktrace.so
-for dir in examples bench tests/gpu/programs; do
+for dir in examples bench tests/gpu/programs tests/gpu/libraries; do
   while IFS= read -r file; do copy "${file#"$build"/}"; done \
     < <(find "$build/$dir" -maxdepth 1 -type f -perm -u+x)
 done
