@@ -9,6 +9,10 @@
 #   python3 bench/harness.py --build-dir OUT --out /tmp/bench --quick
 #   LD_LIBRARY_PATH=$PWD/OUT/lib:$PWD/OUT/k8s-lib bash tests/gpu/k8s_allocation.sh  # with the
 #     variables it names set to OUT's programs (docs/kubernetes.md)
+#   bash tests/gpu/libraries.sh --build-dir OUT   # the CUDA libraries alone
+#
+# The library programs (tests/gpu/libraries) find cuFFT, cuBLASLt, ... through their RUNPATH to
+# the build machine's CUDA lib64 (/usr/local/cuda/lib64); LD_LIBRARY_PATH overrides it.
 #
 # usage: tools/gpu_pack.sh BUILD OUT   (OUT is replaced)
 set -euo pipefail
@@ -28,7 +32,9 @@ for program in broker/daemon/mpsshimd broker/daemon/mpsshimctl broker/server/mps
   tests/gpu/integrity_vs_driver; do
   copy "$program"
 done
-for dir in examples bench tests/gpu/programs; do
+# The private-table tracer for the real driver (tools/probes/darktrace/README.md).
+copy tools/probes/darktrace/libdarktrace.so
+for dir in examples bench tests/gpu/programs tests/gpu/libraries; do
   while IFS= read -r file; do copy "${file#"$build"/}"; done \
     < <(find "$build/$dir" -maxdepth 1 -type f -perm -u+x)
 done

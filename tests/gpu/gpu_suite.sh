@@ -2,12 +2,14 @@
 # The GPU suite: every example and every CUDA-runtime program (tests/gpu/programs) natively and
 # under the shim, the integrity check against the real driver, concurrency of small kernels, SM
 # quotas and crash containment, on the real driver. Exits 77 (skipped) without an NVIDIA GPU,
-# 0 when every check passed, 1 otherwise. Prints a summary table at the end.
+# 0 when every check passed, 1 otherwise. Prints a summary table at the end. The CUDA libraries
+# (cuFFT, cuBLASLt, ..., JAX, PyTorch: libraries.sh) run inside it against the same daemon.
 #
 # usage: gpu_suite.sh --build-dir BUILD
 #        gpu_suite.sh --shim libmpsshim.so --daemon mpsshimd --ctl mpsshimctl
 #                     [--server mpsshim-server] --examples-dir DIR
 #                     [--programs-dir DIR] [--integrity integrity_vs_driver]
+#                     [--libraries-dir DIR (tests/gpu/libraries' programs)]
 #        [--work-dir DIR (kept; default a temporary one, removed on success)]
 # Environment: PROGRAM_TIMEOUT (seconds per example run, 300), RT_TIMEOUT (seconds per
 # CUDA-runtime program run, 180).
@@ -68,7 +70,7 @@ print_summary() {
     "$LOGS"/*.err 2>/dev/null | sort | uniq -c | sort -rn)
   echo "not implemented, reached by the programs under the shim: ${missing:+$'\n'}${missing:-none}"
   echo "logs: $LOGS"
-  if [ "$FAILURES" -eq 0 ]; then echo "gpu_suite: ${#ROWS[@]} checks PASS"; else
+  if [ "$FAILURES" -eq 0 ]; then echo "gpu_suite: ${#ROWS[@]} checks PASS or SKIP"; else
     echo "gpu_suite: $FAILURES of ${#ROWS[@]} checks FAIL"; fi
 }
 
@@ -214,6 +216,25 @@ else
         [ -n "$line" ] || why_no_line "$LOGS/integrity" "$status")"
   fi
 fi
+
+# ---- 1d. the CUDA libraries (tests/gpu/libraries.sh): cuFFT, cuBLASLt, cuSPARSE, cuRAND, cuDNN,
+# JAX, PyTorch, CuPy, numba, natively and under this daemon; their logs join ours, so the
+# "not implemented" summary covers them. SKIP rows (a Python module not installed) do not fail.
+library_rows=$WORK_DIR/library_rows.tsv
+: >"$library_rows"
+bash "$(dirname "${BASH_SOURCE[0]}")/libraries.sh" --shim "$SHIM" --ctl "$CTL" \
+  ${LIBRARIES_DIR:+--libraries-dir "$LIBRARIES_DIR"} --runtime-dir "$SHIM_RUNTIME_DIR" \
+  --logs-dir "$LOGS" --rows "$library_rows" 2>>"$LOGS/libraries.log"
+while IFS=$'\t' read -r check native shim result detail; do
+  if [ "$result" = SKIP ]; then
+    ROWS+=("$(printf '%-26s %-8s %-8s %-5s %s' "$check" "$native" "$shim" SKIP "$detail")")
+    log "SKIP  $check: $detail"
+  else
+    add_row "$check" "$native" "$shim" "$result" "$detail"
+  fi
+done <"$library_rows"
+[ -s "$library_rows" ] || add_row "cuda libraries" - - FAIL \
+  "libraries.sh gave no rows; see $LOGS/libraries.log"
 
 # ---- 2. 8 concurrent copies of small_kernels: the shim must overlap them ---------------------
 COPIES=8

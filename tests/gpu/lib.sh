@@ -28,7 +28,7 @@ have_gpu() {
 }
 
 # Parses the options both scripts take; sets SHIM DAEMON CTL SERVER EXAMPLES_DIR BENCH_DIR
-# PROGRAMS_DIR INTEGRITY (absolute paths; SERVER may stay empty: mpsshimd then uses its default).
+# PROGRAMS_DIR INTEGRITY LIBRARIES_DIR (absolute paths; SERVER may stay empty: mpsshimd then uses its default).
 # Unknown options are left in REST_ARGS for the caller.
 parse_paths() {
   local build_dir=""
@@ -44,6 +44,7 @@ parse_paths() {
       --bench-dir) BENCH_DIR=$2; shift 2 ;;
       --programs-dir) PROGRAMS_DIR=$2; shift 2 ;;
       --integrity) INTEGRITY=$2; shift 2 ;;
+      --libraries-dir) LIBRARIES_DIR=$2; shift 2 ;;
       *) REST_ARGS+=("$1"); shift ;;
     esac
   done
@@ -57,9 +58,10 @@ parse_paths() {
     : "${BENCH_DIR:=$build_dir/bench}"
     : "${PROGRAMS_DIR:=$build_dir/tests/gpu/programs}"
     : "${INTEGRITY:=$build_dir/tests/gpu/integrity_vs_driver}"
+    : "${LIBRARIES_DIR:=$build_dir/tests/gpu/libraries}"
   fi
   local var
-  for var in SHIM DAEMON CTL SERVER EXAMPLES_DIR BENCH_DIR PROGRAMS_DIR INTEGRITY; do
+  for var in SHIM DAEMON CTL SERVER EXAMPLES_DIR BENCH_DIR PROGRAMS_DIR INTEGRITY LIBRARIES_DIR; do
     [ -n "${!var:-}" ] && printf -v "$var" '%s' "$(realpath -m "${!var}")"
   done
   return 0
