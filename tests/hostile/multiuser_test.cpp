@@ -107,6 +107,7 @@ TEST_CASE("clients of two users share a server and cannot reach each other", "[m
     REQUIRE(a.wait_for_output("READY", 60s));
     REQUIRE(b.wait_for_output("READY", 60s));
     auto ps = nlohmann::json::parse(daemon.ctl({"ps", "--json"}).out);
+    INFO("ps: " << ps.dump() << " alice's client " << a.pid() << ", bob's " << b.pid());
     std::map<int, unsigned> uid_of_pid;
     for (const auto& c : ps["clients"]) uid_of_pid[c["pid"].get<int>()] = c["uid"].get<unsigned>();
     // setpriv execs the client: the pid is the client's.
