@@ -122,6 +122,7 @@ void ClientGate::on_readable(int fd) {
     return;
   }
   on_first_message(std::move(connection), scratch_);
+  scratch_.fds.clear();  // a first message carries none: whatever came is closed now
 }
 
 void ClientGate::refuse(const Waiting& connection, int cuda_error, const std::string& message) {
@@ -137,6 +138,15 @@ void ClientGate::on_first_message(Waiting connection, const proto::Received& mes
     return;
   }
   auto kind = static_cast<MessageKind>(header->kind);
+  if (!message.fds.empty()) {
+    std::string text = fmt::format(
+        "sent {} file descriptor(s) with its first message; a hello or an mpsshimctl command "
+        "carries none",
+        message.fds.size());
+    log_warn("{} refused: {}", describe_peer(connection.peer), text);
+    refuse(connection, CUDA_ERROR_MPS_CONNECTION_FAILED, text);
+    return;
+  }
   if (header->abi_major != proto::kAbiMajor) {
     bool operator_tool = kind == MessageKind::kCtlRequest;
     std::string text = fmt::format(
@@ -152,6 +162,17 @@ void ClientGate::on_first_message(Waiting connection, const proto::Received& mes
     case MessageKind::kClientAttach:
       // A 1.0-1.3 client's hello is shorter: what it did not send reads as zero (no token).
       if (message.bytes.size() >= proto::kClientHelloSizeBeforeTokens) {
+        // A later minor version may append fields, within kMaxHelloBytes; the header's size
+        // must say what arrived.
+        if (message.bytes.size() > kMaxHelloBytes || header->size != message.bytes.size()) {
+          std::string text = fmt::format(
+              "sent a {}-byte hello whose header says {} bytes; a hello is at most {} bytes and "
+              "its header gives its size",
+              message.bytes.size(), header->size, kMaxHelloBytes);
+          log_warn("{} refused: {}", describe_peer(connection.peer), text);
+          refuse(connection, CUDA_ERROR_MPS_CONNECTION_FAILED, text);
+          return;
+        }
         proto::ClientHello hello{};
         std::memcpy(&hello, message.bytes.data(), std::min(message.bytes.size(), sizeof hello));
         return on_client(std::move(connection), kind, hello);

@@ -22,6 +22,9 @@ class ClientGate {
   // costs one fd for this long, never the daemon's attention.
   static constexpr auto kFirstMessageTimeout = std::chrono::seconds(5);
   static constexpr std::size_t kMaxWaiting = 256;
+  // Room for later minor versions to append to the 432-byte ClientHello; anything longer is
+  // not a hello.
+  static constexpr std::size_t kMaxHelloBytes = 4096;
 
   ClientGate(EventLoop& loop, Supervisor& supervisor, Commands& commands,
              const AllocationRegistry& allocations, AccessPolicy policy);

@@ -39,6 +39,7 @@ SupervisorConfig with_server_tuning(SupervisorConfig config, const DaemonOptions
   config.server_launch_batch = options.server_launch_batch;
   config.server_launch_batch_min = options.server_launch_batch_min;
   config.server_busy_time = options.server_busy_time;
+  config.client_limits = options.client_limits;
   return config;
 }
 

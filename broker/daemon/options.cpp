@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "broker/daemon/sizes.hpp"
+#include "broker/server/client_limits.hpp"
 
 #ifndef MPSSHIM_LIBEXECDIR
 #error "meson defines MPSSHIM_LIBEXECDIR (the installed server's directory)"
@@ -37,6 +38,7 @@ enum LongOnly : int {
   kContextIdleTimeout,
   kMetricsListen,
   kRequireAllocationToken,
+  kClientLimit,
   kVersion,
 };
 
@@ -65,6 +67,31 @@ tl::expected<T, std::string> number(std::string_view option, std::string_view te
         fmt::format("{} takes a whole number from {} to {}, not `{}`", option, low, high, text));
   }
   return value;
+}
+
+// "pinned=4G" -> "pinned=4294967296": checked here, so a typo stops mpsshimd at once instead
+// of every server at its start.
+tl::expected<std::string, std::string> client_limit_argument(std::string_view text) {
+  const std::size_t equals = text.find('=');
+  const std::string_view name = text.substr(0, equals);
+  auto limit = equals == std::string_view::npos ? std::nullopt : server::find_client_limit(name);
+  if (!limit) {
+    return tl::unexpected(fmt::format("--client-limit takes NAME=VALUE, NAME one of {}; not `{}`",
+                                      server::client_limit_names(), text));
+  }
+  const std::string_view value = text.substr(equals + 1);
+  const bool bytes = server::spec_of(*limit).bytes;
+  std::optional<std::uint64_t> number = parse_size(value);
+  if (!bytes && number) {
+    std::uint64_t plain = 0;
+    auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), plain);
+    if (error != std::errc{} || end != value.data() + value.size()) number.reset();
+  }
+  if (!number) {
+    return tl::unexpected(fmt::format("--client-limit {}: expected {} (0: no limit)", text,
+                                      bytes ? "a size such as 4G or 512M" : "a whole number"));
+  }
+  return fmt::format("{}={}", name, *number);
 }
 
 }  // namespace
@@ -105,6 +132,9 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
                        default; a bare PORT is 127.0.0.1:PORT; [::1]:PORT and 0.0.0.0:PORT
                        work too; port 0 picks a free one, named in the log; see
                        docs/metrics.md)
+  --client-limit NAME=VALUE  a per-client cap of every GPU's server (repeatable): streams,
+                       events, modules, graphs, memory-pools, allocations, pinned (a size),
+                       host-functions, in-flight; 0 = none. Defaults in docs/daemon.md
   --require-allocation-token  clients without an allocation token (from the Kubernetes
                        device plugin) get the default SM share and memory limit, whatever they
                        ask for (see docs/kubernetes.md)
@@ -134,6 +164,7 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
       {"context-idle-timeout", required_argument, nullptr, kContextIdleTimeout},
       {"metrics-listen", required_argument, nullptr, kMetricsListen},
       {"require-allocation-token", no_argument, nullptr, kRequireAllocationToken},
+      {"client-limit", required_argument, nullptr, kClientLimit},
       {"help", no_argument, nullptr, 'h'},
       {"version", no_argument, nullptr, kVersion},
       {nullptr, 0, nullptr, 0},
@@ -249,6 +280,12 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
         auto address = parse_metrics_address(arg);
         if (!address) return tl::unexpected(address.error());
         options.metrics_listen = std::move(*address);
+        break;
+      }
+      case kClientLimit: {
+        auto limit = client_limit_argument(arg);
+        if (!limit) return tl::unexpected(limit.error());
+        options.client_limits.push_back(std::move(*limit));
         break;
       }
       case 'h':

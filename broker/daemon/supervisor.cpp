@@ -86,6 +86,9 @@ std::vector<std::string> Supervisor::server_arguments(int ordinal) const {
     args.insert(args.end(), {"--launch-batch", std::to_string(*config_.server_launch_batch)});
   }
   if (config_.server_busy_time) args.insert(args.end(), {"--busy-time", "on"});
+  for (const std::string& limit : config_.client_limits) {
+    args.insert(args.end(), {"--client-limit", limit});
+  }
   if (config_.server_launch_batch_min) {
     args.insert(args.end(),
                 {"--launch-batch-min", std::to_string(*config_.server_launch_batch_min)});

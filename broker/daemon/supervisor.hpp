@@ -60,6 +60,8 @@ struct SupervisorConfig {
   std::optional<int> server_launch_batch{};
   std::optional<int> server_launch_batch_min{};  // passed as --launch-batch-min
   bool server_busy_time = false;                 // passed as --busy-time on
+  // Per-client caps, "NAME=N" each (N in bytes for sizes), passed as --client-limit NAME=N.
+  std::vector<std::string> client_limits{};
 };
 
 // What the rest of the daemon may know about one GPU's server.

@@ -94,6 +94,7 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
   const bool ignore_coscheduling = (hello.flags & proto::kHelloIgnoreSmCoscheduling) != 0;
   s.launch_batching = (hello.flags & proto::kHelloNoLaunchBatching) == 0;
   s.measure_busy = settings_.busy_time;
+  s.limits = settings_.client_limits;
   const proto::DeviceSnapshot& snap = gpu_.snapshot;
   SmQuota quota = plan_sm_quota(
       snap.sm_count,

@@ -6,7 +6,9 @@ namespace mpsshim::server {
 
 bool AllocationMap::add(const DeviceRange& range) {
   if (range.bytes > std::numeric_limits<std::uint64_t>::max() - range.base) return false;
-  return ranges_.emplace(range.base, range).second;
+  if (!ranges_.emplace(range.base, range).second) return false;
+  ++by_kind_[static_cast<std::size_t>(range.kind)];
+  return true;
 }
 
 bool AllocationMap::contains(std::uint64_t p, std::uint64_t n) const {
@@ -39,6 +41,7 @@ std::optional<DeviceRange> AllocationMap::remove(std::uint64_t base) {
   auto it = ranges_.find(base);
   if (it == ranges_.end()) return std::nullopt;
   DeviceRange out = it->second;
+  --by_kind_[static_cast<std::size_t>(out.kind)];
   ranges_.erase(it);
   return out;
 }
@@ -49,6 +52,7 @@ std::vector<DeviceRange> AllocationMap::remove_if(
   for (auto it = ranges_.begin(); it != ranges_.end();) {
     if (pred(it->second)) {
       removed.push_back(it->second);
+      --by_kind_[static_cast<std::size_t>(it->second.kind)];
       it = ranges_.erase(it);
     } else {
       ++it;

@@ -4,6 +4,7 @@
 // inside one of these.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -41,9 +42,12 @@ class AllocationMap {
   std::vector<DeviceRange> remove_if(const std::function<bool(const DeviceRange&)>& pred);
 
   std::size_t size() const { return ranges_.size(); }
+  // Ranges of one kind: the per-client allocation cap counts kAllocation (client_limits.hpp).
+  std::size_t count(RangeKind kind) const { return by_kind_[static_cast<std::size_t>(kind)]; }
 
  private:
   std::map<std::uint64_t, DeviceRange> ranges_;  // by base
+  std::array<std::size_t, 4> by_kind_{};         // ranges_ counted by RangeKind
 };
 
 }  // namespace mpsshim::server

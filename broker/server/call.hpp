@@ -113,6 +113,14 @@ StreamObj* use_stream(Call& call, proto::WireHandle id, bool queues_work, CUresu
 // answered when the stream reaches this point; otherwise answered now.
 OpResult finish_on_stream(Call& call, StreamObj& stream, CUresult issued);
 
+// The client named something that is not its own (a handle or device memory of another client,
+// a stale one, or a made-up one): the request is refused, and the first time per session the
+// log says so at warn level (`what`: "stream 0x1234", "device memory 0x7e00..+4096").
+void note_not_owned(Call& call, std::string_view what);
+
+// [p, p + n) lies in the client's own device memory (allocation_map.hpp); otherwise noted.
+bool owns_memory(Call& call, std::uint64_t p, std::uint64_t n);
+
 // A function or kernel handle as something cuLaunchKernelEx and the occupancy calls take.
 // Kernels are context-independent: the driver takes a CUkernel where a CUfunction goes.
 // for_occupancy: use cuKernelGetFunction's function, which the occupancy calls need.

@@ -7,10 +7,12 @@
 // generation and index). Every lookup checks kind and generation.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -39,6 +41,7 @@ class HandleTable {
     Slot& slot = slots_[index];
     slot.value = std::move(value);
     ++live_;
+    ++live_by_kind_[slot.value.index()];
     return (std::uint64_t{slot.generation} << 32) | (std::uint64_t{index} + 1);
   }
 
@@ -78,12 +81,27 @@ class HandleTable {
   }
 
   std::size_t size() const { return live_; }
+  // Live objects of kind T: what the per-client caps count (client_limits.hpp).
+  template <typename T>
+  std::size_t count() const {
+    return live_by_kind_[kind_index<T>()];
+  }
 
  private:
   struct Slot {
     std::uint32_t generation;
     std::variant<std::monostate, Kinds...> value;
   };
+
+  // T's index in the slots' variant (0 is the empty slot).
+  template <typename T>
+  static constexpr std::size_t kind_index() {
+    constexpr bool matches[] = {std::is_same_v<T, Kinds>...};
+    for (std::size_t i = 0; i < sizeof...(Kinds); ++i) {
+      if (matches[i]) return i + 1;
+    }
+    return 0;
+  }
 
   static std::uint32_t index_of(std::uint64_t id) {
     return static_cast<std::uint32_t>(id & 0xffffffffu) - 1;
@@ -100,6 +118,7 @@ class HandleTable {
 
   void release(std::uint32_t index) {
     Slot& slot = slots_[index];
+    --live_by_kind_[slot.value.index()];
     slot.value = std::monostate{};
     slot.generation = slot.generation + 1 == 0 ? 1 : slot.generation + 1;
     free_.push_back(index);
@@ -111,6 +130,7 @@ class HandleTable {
   std::deque<Slot> slots_;  // a deque: growing it never moves a live object
   std::vector<std::uint32_t> free_;
   std::size_t live_ = 0;
+  std::array<std::size_t, sizeof...(Kinds) + 1> live_by_kind_{};
 };
 
 }  // namespace mpsshim::server

@@ -134,6 +134,11 @@ void HostCallbackChannel::drop_kept() {
   // Each kept call holds the channel: dropping them outside the lock may free it.
 }
 
+std::size_t HostCallbackChannel::held() const {
+  std::lock_guard lock(mutex_);
+  return one_shot_held_.load(std::memory_order_relaxed) + kept_.size();
+}
+
 std::size_t HostCallbackChannel::waiting() const {
   std::lock_guard lock(mutex_);
   std::size_t n = 0;
@@ -147,7 +152,10 @@ void run_call(void* user_data, CUresult status) {
   auto* call = static_cast<HostCallbackChannel::Call*>(user_data);
   if (call == nullptr) return;
   call->channel->run(call->callback_id, status, call->one_shot ? 0 : proto::kCallbackKeep);
-  if (call->one_shot) delete call;
+  if (call->one_shot) {
+    call->channel->ran_one_shot();
+    delete call;
+  }
 }
 
 }  // namespace

@@ -49,6 +49,14 @@ class HostCallbackChannel {
 
   std::size_t waiting() const;  // host functions waiting for the client right now (tests)
 
+  // Host functions the driver holds for the session: queued one-shot calls not yet run, and
+  // the calls its graphs keep (the per-client cap `host-functions`, client_limits.hpp).
+  // queued() is called by the session's worker before it hands the driver a one-shot call;
+  // the driver's callback thread counts it off once the call ran.
+  void queued() { one_shot_held_.fetch_add(1, std::memory_order_relaxed); }
+  void ran_one_shot() { one_shot_held_.fetch_sub(1, std::memory_order_relaxed); }
+  std::size_t held() const;
+
  private:
   HostCallbackChannel() = default;
   std::uint32_t acquire_cell();  // kNoCell once ended
@@ -69,6 +77,7 @@ class HostCallbackChannel {
   std::uint32_t next_ticket_ = 0;
   std::vector<std::unique_ptr<Call>> kept_;
   std::atomic<bool> ended_{false};
+  std::atomic<std::size_t> one_shot_held_{0};
 };
 
 // The user data of one server host function on the real driver.

@@ -3,14 +3,31 @@
 #include "broker/server/busy_time.hpp"
 #include "broker/server/call.hpp"
 #include "broker/server/capture.hpp"
+#include "broker/server/dispatch.hpp"
 #include "broker/server/log.hpp"
 #include "broker/server/streams.hpp"
 
 namespace mpsshim::server {
 
+void note_not_owned(Call& call, std::string_view what) {
+  Session& session = call.session;
+  const bool first = !session.not_owned_logged;
+  session.not_owned_logged = true;
+  log_at(first ? LogLevel::kWarn : LogLevel::kDebug,
+         "{} named {} in a {} record, which is not one of its own; refused{}", session.who(), what,
+         op_name(call.op()), first ? " (later ones are logged at debug level)" : "");
+}
+
+bool owns_memory(Call& call, std::uint64_t p, std::uint64_t n) {
+  if (call.session.memory.contains(p, n)) return true;
+  note_not_owned(call, fmt::format("device memory {:#x}+{}", p, n));
+  return false;
+}
+
 StreamObj* use_stream(Call& call, proto::WireHandle id, bool queues_work, CUresult* error) {
   StreamObj* stream = call.session.objects.get<StreamObj>(id);
   if (stream == nullptr) {
+    note_not_owned(call, fmt::format("stream {:#x}", id));
     *error = CUDA_ERROR_INVALID_HANDLE;
     return nullptr;
   }

@@ -2,6 +2,7 @@
 
 #include "broker/server/busy_time.hpp"
 #include "broker/server/capture.hpp"
+#include "broker/server/limit_check.hpp"
 #include "broker/server/ops.hpp"
 #include "broker/server/retire.hpp"
 
@@ -21,6 +22,8 @@ OpResult op_ping(Call& call) {
 OpResult op_ctx_create(Call& call) {
   auto req = call.request<proto::CtxCreateReq>();
   Session& session = call.session;
+  if (!within_client_limit(session, ClientLimit::kStreams))
+    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   CUstream stream = nullptr;
   // Nothing runs on the real NULL stream: the context's default stream is a stream of the
   // client's green context like any other.

@@ -1,4 +1,5 @@
 #include "broker/server/busy_time.hpp"
+#include "broker/server/limit_check.hpp"
 #include "broker/server/ops.hpp"
 
 namespace mpsshim::server {
@@ -11,6 +12,8 @@ OpResult op_event_create(Call& call) {
   }
   // An interprocess event would hand the client a handle into the server's process.
   if ((req.flags & CU_EVENT_INTERPROCESS) != 0) return call.done(CUDA_ERROR_NOT_SUPPORTED);
+  if (!within_client_limit(session, ClientLimit::kEvents))
+    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   auto event = session.create_event(req.flags);
   if (!event) return call.done(event.error());
   std::uint64_t id =

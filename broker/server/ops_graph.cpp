@@ -8,6 +8,7 @@
 
 #include "broker/server/busy_time.hpp"
 #include "broker/server/capture.hpp"
+#include "broker/server/limit_check.hpp"
 #include "broker/server/ops.hpp"
 #include "broker/server/retire.hpp"
 
@@ -116,6 +117,8 @@ OpResult op_stream_begin_capture(Call& call) {
   // The legacy default stream synchronizes with every blocking stream: it cannot capture.
   if (stream->is_default) return call.done(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   if (capturing(session, *stream)) return call.done(CUDA_ERROR_ILLEGAL_STATE);
+  if (!within_client_limit(session, ClientLimit::kGraphs))
+    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   close_busy_span(session, stream->stream);  // what follows is captured, not run
   if (CUresult r = mark_capture_fence(session, *stream); r != CUDA_SUCCESS) return call.done(r);
   // Relaxed on the driver whatever the client asked: this thread serves every client, and a
@@ -210,6 +213,8 @@ OpResult op_graph_create(Call& call) {
   if (session.objects.get<ContextObj>(req.ctx) == nullptr) {
     return call.done(CUDA_ERROR_INVALID_CONTEXT);
   }
+  if (!within_client_limit(session, ClientLimit::kGraphs))
+    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   if (req.flags != 0) return call.done(CUDA_ERROR_INVALID_VALUE);
   CUgraph graph = nullptr;
   {
@@ -245,6 +250,8 @@ OpResult op_graph_instantiate(Call& call) {
                                      CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY |
                                      CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD;
   if ((req.flags & ~kAllowed) != 0) return call.done(CUDA_ERROR_NOT_SUPPORTED);
+  if (!within_client_limit(session, ClientLimit::kGraphs))
+    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   StreamObj* upload = nullptr;
   if ((req.flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) != 0) {
     CUresult error = CUDA_SUCCESS;
@@ -404,7 +411,7 @@ OpResult op_graph_add_memset_node(Call& call) {
   const std::uint64_t row = req.width * element;
   const std::uint64_t pitch = req.height > 1 ? req.pitch : row;
   if (pitch < row || req.height - 1 > (std::numeric_limits<std::uint64_t>::max() - row) / pitch ||
-      !session.memory.contains(req.dst, (req.height - 1) * pitch + row)) {
+      !owns_memory(call, req.dst, (req.height - 1) * pitch + row)) {
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
   CUDA_MEMSET_NODE_PARAMS params{};
@@ -428,8 +435,7 @@ OpResult op_graph_add_copy_node(Call& call) {
   if (!target) return target.error();
   const std::vector<CUgraphNode>& deps = target->deps;
   GraphObj* graph = target->graph;
-  if (!session.memory.contains(req.dst, req.bytes) ||
-      !session.memory.contains(req.src, req.bytes)) {
+  if (!owns_memory(call, req.dst, req.bytes) || !owns_memory(call, req.src, req.bytes)) {
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
   CUDA_MEMCPY3D params{};

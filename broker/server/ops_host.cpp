@@ -7,6 +7,7 @@
 #include "broker/server/busy_time.hpp"
 #include "broker/server/capture.hpp"
 #include "broker/server/client_socket.hpp"
+#include "broker/server/limit_check.hpp"
 #include "broker/server/log.hpp"
 #include "broker/server/ops.hpp"
 #include "broker/server/retire.hpp"
@@ -81,7 +82,7 @@ OpResult copy_host(Call& call, bool to_device) {
   };
   HostBytes host;
   if (!resolve_host(session, req.host, req.bytes, host) ||
-      !session.memory.contains(req.device, req.bytes)) {
+      !owns_memory(call, req.device, req.bytes)) {
     return fail(CUDA_ERROR_INVALID_VALUE);
   }
   CUresult error = CUDA_SUCCESS;
@@ -118,6 +119,10 @@ OpResult op_host_register(Call& call) {
   Session& session = call.session;
   auto stashed = take_stashed_fd(session, req.token, proto::MessageKind::kHostMemory);
   if (!stashed) return call.done(stashed.error());
+  if (!within_client_limit(session, ClientLimit::kPinnedBytes,
+                           held_of(session, ClientLimit::kPinnedBytes), req.bytes)) {
+    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+  }
   struct stat st {};
   if (req.bytes == 0 || ::fstat(stashed->fd.get(), &st) != 0 ||
       static_cast<std::uint64_t>(st.st_size) < req.bytes) {

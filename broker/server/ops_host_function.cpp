@@ -4,6 +4,7 @@
 
 #include "broker/server/busy_time.hpp"
 #include "broker/server/host_callbacks.hpp"
+#include "broker/server/limit_check.hpp"
 #include "broker/server/ops.hpp"
 
 namespace mpsshim::server {
@@ -18,6 +19,10 @@ OpResult op_host_func(Call& call) {
                                       static_cast<std::uint32_t>(req.kind)));
   }
   if (!session.callbacks) return call.done(CUDA_ERROR_NOT_SUPPORTED);
+  if (!within_client_limit(session, ClientLimit::kHostFunctions,
+                           held_of(session, ClientLimit::kHostFunctions))) {
+    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+  }
   CUresult error = CUDA_SUCCESS;
   StreamObj* stream = use_stream(call, req.stream, true, &error);
   if (stream == nullptr) return call.done(error);
@@ -34,6 +39,8 @@ OpResult op_host_func(Call& call) {
   host_call->channel = session.callbacks;
   host_call->callback_id = req.callback_id;
   host_call->one_shot = one_shot;
+  // Counted before the driver has it: its callback thread may run it and count it off at once.
+  if (one_shot) session.callbacks->queued();
   CUresult r =
       req.kind == proto::HostFuncKind::kLaunchHostFunc
           ? call.cu.cuLaunchHostFunc(stream->stream, run_host_function, host_call.get())
@@ -44,6 +51,8 @@ OpResult op_host_func(Call& call) {
     } else {
       session.callbacks->keep(std::move(host_call));
     }
+  } else if (one_shot) {
+    session.callbacks->ran_one_shot();  // never queued
   }
   return finish_on_stream(call, *stream, r);
 }

@@ -2,6 +2,7 @@
 #include <limits>
 
 #include "broker/server/busy_time.hpp"
+#include "broker/server/limit_check.hpp"
 #include "broker/server/log.hpp"
 #include "broker/server/ops.hpp"
 #include "broker/server/retire.hpp"
@@ -25,6 +26,8 @@ OpResult op_mem_alloc(Call& call) {
   if (session.objects.get<ContextObj>(req.ctx) == nullptr) {
     return call.done(CUDA_ERROR_INVALID_CONTEXT);
   }
+  if (!within_client_limit(session, ClientLimit::kAllocations))
+    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   if (req.bytes == 0) return call.done(CUDA_ERROR_INVALID_VALUE);
   auto held = session.reserve_memory(req.bytes);
   if (!held) return refuse_over_limit(call, req.bytes, "device memory", held.error());
@@ -50,6 +53,8 @@ OpResult op_mem_alloc_pitch(Call& call) {
       req.width_bytes > std::numeric_limits<std::uint64_t>::max() / req.height) {
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
+  if (!within_client_limit(session, ClientLimit::kAllocations))
+    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   const std::uint64_t asked = req.width_bytes * req.height;
   auto held = session.reserve_memory(asked);
   if (!held) return refuse_over_limit(call, asked, "device memory", held.error());
@@ -81,6 +86,7 @@ OpResult op_mem_free(Call& call) {
   if (req.dptr == 0) return call.done();  // cuMemFree(0), like free(NULL)
   const DeviceRange* range = session.memory.find(req.dptr);
   if (range == nullptr || range->kind != RangeKind::kAllocation) {
+    note_not_owned(call, fmt::format("allocation {:#x}", req.dptr));
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
   Retired bundle;
@@ -130,7 +136,7 @@ OpResult op_memset(Call& call) {
     }
     extent = (req.height - 1) * req.pitch + row_bytes;
   }
-  if (!session.memory.contains(req.dst, extent)) return call.done(CUDA_ERROR_INVALID_VALUE);
+  if (!owns_memory(call, req.dst, extent)) return call.done(CUDA_ERROR_INVALID_VALUE);
   CUresult error = CUDA_SUCCESS;
   StreamObj* stream = use_stream(call, req.stream, true, &error);
   if (stream == nullptr) return call.done(error);
@@ -173,8 +179,7 @@ OpResult op_memset(Call& call) {
 OpResult op_copy_dtod(Call& call) {
   auto req = call.request<proto::CopyDtoDReq>();
   Session& session = call.session;
-  if (!session.memory.contains(req.dst, req.bytes) ||
-      !session.memory.contains(req.src, req.bytes)) {
+  if (!owns_memory(call, req.dst, req.bytes) || !owns_memory(call, req.src, req.bytes)) {
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
   CUresult error = CUDA_SUCCESS;

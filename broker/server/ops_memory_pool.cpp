@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "broker/server/driver.hpp"
+#include "broker/server/limit_check.hpp"
 #include "broker/server/log.hpp"
 #include "broker/server/ops.hpp"
 #include "broker/server/pools.hpp"
@@ -106,6 +107,8 @@ void destroy_pools(Session& session) {
 OpResult op_mem_pool_create(Call& call) {
   auto req = call.request<proto::MemPoolCreateReq>();
   if (req.usage > 0xffff) return call.done(CUDA_ERROR_INVALID_VALUE);
+  if (!within_client_limit(call.session, ClientLimit::kMemoryPools))
+    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   std::uint64_t id = 0;
   if (CUresult r = create_pool(call.session, req.max_bytes, static_cast<unsigned short>(req.usage),
                                false, &id);
@@ -182,6 +185,8 @@ OpResult op_mem_pool_trim_to(Call& call) {
 OpResult op_mem_alloc_async(Call& call) {
   auto req = call.request<proto::MemAllocAsyncReq>();
   Session& session = call.session;
+  if (!within_client_limit(session, ClientLimit::kAllocations))
+    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   if (req.bytes == 0) return call.done(CUDA_ERROR_INVALID_VALUE);
   std::uint64_t pool_id = 0;
   CUresult error = CUDA_SUCCESS;

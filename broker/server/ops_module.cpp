@@ -11,6 +11,7 @@
 
 #include "broker/server/client_socket.hpp"
 #include "broker/server/image.hpp"
+#include "broker/server/limit_check.hpp"
 #include "broker/server/log.hpp"
 #include "broker/server/ops.hpp"
 #include "broker/server/retire.hpp"
@@ -111,6 +112,8 @@ OpResult op_image_load(Call& call) {
   if (req.kind != proto::ImageKind::kModule && req.kind != proto::ImageKind::kLibrary) {
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
+  if (!within_client_limit(session, ClientLimit::kModules))
+    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   if (req.containers > 1 && req.kind != proto::ImageKind::kLibrary) {
     // Only cuLibraryLoadData takes a device-linked wrapper; the shim never sends one otherwise.
     return call.malformed(fmt::format("a module image of {} linked containers", req.containers));

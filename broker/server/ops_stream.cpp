@@ -1,5 +1,6 @@
 #include "broker/server/busy_time.hpp"
 #include "broker/server/capture.hpp"
+#include "broker/server/limit_check.hpp"
 #include "broker/server/ops.hpp"
 #include "broker/server/retire.hpp"
 #include "broker/server/streams.hpp"
@@ -14,6 +15,8 @@ OpResult op_stream_create(Call& call) {
   if ((req.flags & ~static_cast<std::uint32_t>(CU_STREAM_NON_BLOCKING)) != 0) {
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
+  if (!within_client_limit(session, ClientLimit::kStreams))
+    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   // Every real stream is non-blocking: the legacy ordering of blocking streams is emulated
   // among the client's own streams (streams.hpp), never through the real NULL stream.
   CUstream stream = nullptr;

@@ -80,6 +80,10 @@ tl::expected<Options, std::string> parse_options(std::span<const char* const> ar
             "--context-idle-timeout {}: expected seconds from 0 to 86400, or -1 (never)", value));
       }
       options.context_idle_timeout_s = s;
+    } else if (flag == "--client-limit") {
+      if (auto error = parse_client_limit(value, options.client_limits)) {
+        return tl::unexpected(*error);
+      }
     } else {
       return tl::unexpected(fmt::format("unknown argument {}", flag));
     }

@@ -2,7 +2,7 @@
 //   mpsshim-server --device N --control-fd FD [--driver PATH] [--log-level LEVEL]
 //                  [--default-sm-percentage P] [--default-memory-limit BYTES] [--workers N]
 //                  [--launch-batch N] [--launch-batch-min N]
-//                  [--context-idle-timeout SECS]
+//                  [--context-idle-timeout SECS] [--client-limit NAME=N]...
 #pragma once
 
 #include <cstddef>
@@ -11,6 +11,7 @@
 #include <string>
 #include <tl/expected.hpp>
 
+#include "broker/server/client_limits.hpp"
 #include "broker/server/launch_batch.hpp"
 #include "broker/server/log.hpp"
 
@@ -33,7 +34,8 @@ struct Options {
   std::size_t launch_batch = LaunchBatchSettings{}.max_launches;
   // Fewest launches that go out as a graph launch; shorter runs go out eagerly.
   std::size_t launch_batch_min = LaunchBatchSettings{}.min_launches;
-  bool busy_time = false;  // --busy-time on: GPU busy time per client (busy_time.hpp)
+  bool busy_time = false;      // --busy-time on: GPU busy time per client (busy_time.hpp)
+  ClientLimits client_limits;  // --client-limit NAME=N, repeatable (client_limits.hpp)
 };
 
 inline constexpr std::size_t kMaxWorkers = 256;
@@ -46,6 +48,6 @@ inline constexpr const char* kUsage =
     "usage: mpsshim-server --device N --control-fd FD [--driver PATH] "
     "[--log-level error|warn|info|debug] [--default-sm-percentage P] [--launch-batch N] "
     "[--launch-batch-min N] [--busy-time on|off] [--default-memory-limit BYTES] [--workers N] "
-    "[--context-idle-timeout SECS]";
+    "[--context-idle-timeout SECS] [--client-limit NAME=N]...";
 
 }  // namespace mpsshim::server

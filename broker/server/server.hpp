@@ -40,6 +40,9 @@ struct ServerSettings {
   // its timing events cost the launch path (ResNet-50 b1 x 8 on an H100, one lease: 640-846
   // iters/s with it, 1,143-1,192 without; docs/benchmarks.md).
   bool busy_time = false;
+  // Per-client caps on streams, events, modules, pinned memory... (client_limits.hpp,
+  // mpsshim-server --client-limit NAME=N).
+  ClientLimits client_limits;
   // The primary context is released after this long without a client (context_lease.hpp);
   // negative: kept for the server's life.
   std::chrono::milliseconds context_idle_timeout{-1};

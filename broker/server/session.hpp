@@ -20,6 +20,7 @@
 
 #include "broker/server/allocation_account.hpp"
 #include "broker/server/allocation_map.hpp"
+#include "broker/server/client_limits.hpp"
 #include "broker/server/client_usage.hpp"
 #include "broker/server/gpu.hpp"
 #include "broker/server/green_context.hpp"
@@ -273,6 +274,11 @@ class Session {
   bool launch_batching = true;
   // GPU busy time is measured for this session (ServerSettings::busy_time; busy_time.hpp).
   bool measure_busy = false;
+  // Its per-client caps (ServerSettings::client_limits, copied at admission), and the kinds
+  // whose refusal has been logged already (bit per ClientLimit; limit_check.hpp).
+  ClientLimits limits;
+  std::uint32_t limits_logged = 0;
+  bool not_owned_logged = false;  // it named another's handle or memory (note_not_owned)
 
  private:
   const Gpu* gpu_;

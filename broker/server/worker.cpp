@@ -15,6 +15,7 @@
 #include "broker/server/completions.hpp"
 #include "broker/server/dispatch.hpp"
 #include "broker/server/driver.hpp"
+#include "broker/server/limit_check.hpp"
 #include "broker/server/log.hpp"
 #include "broker/server/server.hpp"
 #include "broker/server/sm_quota_change.hpp"
@@ -181,6 +182,8 @@ std::size_t Worker::drain_ring(Session& session) {
     // the batch's maximum, as the batch goes out when full. (The opcode is read from shared
     // memory here; a client that rewrites it only changes where its own pass ends.)
     if (done >= batch && !continues_launch_batch(session, peeked.record)) break;
+    // Backpressure, not an error: the client's calls wait as they would on a full driver queue.
+    if (in_flight_full(session)) break;
     outcome = dispatch_record(session, peeked.record);
     if (session.ring.release()) session.ring.wake_producer();
     ++done;
@@ -331,7 +334,7 @@ void Worker::park(std::chrono::nanoseconds timeout) {
   // or the re-check below sees its record.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   for (auto& s : sessions_) {
-    if (s->state != SessionState::kActive) continue;
+    if (s->state != SessionState::kActive || in_flight_at_cap(*s)) continue;
     if (s->ring.peek().status != proto::PeekStatus::kEmpty) ready = true;
   }
   if (!ready) {

@@ -255,3 +255,19 @@ TEST_CASE("a scrape lists every family with HELP and TYPE and leaves unlimited m
   CHECK(text.find("mpsshim_client_server_seconds_total{gpu=\"0\",client=\"3\",pid=\"7\","
                   "user=\"no-such-user\",program=\"p\"} 1.5\n") != std::string::npos);
 }
+
+TEST_CASE("--client-limit checks the name and passes sizes on in bytes", "[options]") {
+  auto parse = [](std::vector<const char*> args) {
+    args.insert(args.begin(), "mpsshimd");
+    return parse_daemon_options(static_cast<int>(args.size()), const_cast<char**>(args.data()));
+  };
+  auto sut = parse({"--client-limit", "streams=64", "--client-limit", "pinned=4G"});
+  REQUIRE(sut);
+  CHECK(sut->client_limits == std::vector<std::string>{"streams=64", "pinned=4294967296"});
+  auto unknown = parse({"--client-limit", "fridges=3"});
+  REQUIRE_FALSE(unknown);
+  CHECK(unknown.error().find("streams, events") != std::string::npos);
+  CHECK_FALSE(parse({"--client-limit", "streams"}));
+  CHECK_FALSE(parse({"--client-limit", "streams=4K"}));  // a count, not a size
+  CHECK_FALSE(parse({"--client-limit", "pinned=lots"}));
+}

@@ -2,6 +2,7 @@
 // mpsshimd and the host-memory test driver. Each mode prints one result line and exits 0 only
 // when what it checked held.
 #include <cuda.h>
+#include <sys/mman.h>
 
 #include <poll.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -328,6 +330,44 @@ int forge(unsigned long long foreign) {
   return ok ? 0 : 1;
 }
 
+// Another client's pointer through every API that could name or reveal it: cuPointerGetAttribute,
+// cuMemGetAddressRange, an IPC handle forged from it (and the IPC export of one's own memory),
+// VMM export and import. All must fail.
+int foreign(unsigned long long p) {
+  setup();
+  std::map<std::string, CUresult> results;
+  CUcontext ctx = nullptr;
+  results["cuPointerGetAttribute"] = cuPointerGetAttribute(&ctx, CU_POINTER_ATTRIBUTE_CONTEXT, p);
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  results["cuMemGetAddressRange"] = cuMemGetAddressRange(&base, &size, p);
+  CUipcMemHandle handle{};
+  std::memcpy(handle.reserved, &p, sizeof p);
+  CUdeviceptr opened = 0;
+  results["cuIpcOpenMemHandle"] =
+      cuIpcOpenMemHandle(&opened, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  CUdeviceptr mine;
+  CHECK(cuMemAlloc(&mine, 4096));
+  results["cuIpcGetMemHandle(own)"] = cuIpcGetMemHandle(&handle, mine);
+  int shared_fd = -1;
+  results["cuMemExportToShareableHandle"] =
+      cuMemExportToShareableHandle(&shared_fd, static_cast<CUmemGenericAllocationHandle>(p),
+                                   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  CUmemGenericAllocationHandle imported = 0;
+  int own_fd = ::memfd_create("forged", 0);
+  results["cuMemImportFromShareableHandle"] = cuMemImportFromShareableHandle(
+      &imported, reinterpret_cast<void*>(static_cast<std::intptr_t>(own_fd)),
+      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  bool ok = true;
+  for (const auto& [api, r] : results) {
+    std::printf("RESULT %s=%d\n", api.c_str(), r);
+    ok &= r != CUDA_SUCCESS;
+  }
+  CHECK(cuMemFree(mine));
+  std::printf("%s foreign\n", ok ? "PASS" : "FAIL");
+  return ok ? 0 : 1;
+}
+
 int pointer() {
   setup();
   CUdeviceptr p;
@@ -495,6 +535,7 @@ int main(int argc, char** argv) {
   if (mode == "account") return account(arg ? static_cast<int>(arg) : 8);
   if (mode == "forge") return forge(arg);
   if (mode == "pointer") return pointer();
+  if (mode == "foreign") return foreign(arg);
   if (mode == "overlimit") return overlimit(arg);
   if (mode == "quota") return quota();
   if (mode == "hostmem") return hostmem(arg ? static_cast<int>(arg) : 100000);

@@ -136,7 +136,7 @@ Outcome Child::wait(std::chrono::seconds timeout) {
   return outcome_;
 }
 
-Daemon::Daemon(std::vector<std::string> extra_args) {
+Daemon::Daemon(std::vector<std::string> extra_args, std::map<std::string, std::string> env) {
   char pattern[] = "/tmp/mpsshim-e2e-XXXXXX";
   if (mkdtemp(pattern) == nullptr) throw std::runtime_error("mkdtemp");
   dir_ = pattern;
@@ -156,7 +156,7 @@ Daemon::Daemon(std::vector<std::string> extra_args) {
   std::vector<std::string> shell = {"/bin/sh", "-c", "exec \"$@\" >>\"$0\" 2>&1",
                                     dir_ + "/stderr.log"};
   shell.insert(shell.end(), argv.begin(), argv.end());
-  process_ = std::make_unique<Child>(shell, std::map<std::string, std::string>{});
+  process_ = std::make_unique<Child>(shell, env);
   // Ready when mpsshimctl gets an answer listing a running server.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (std::chrono::steady_clock::now() < deadline) {

@@ -54,7 +54,9 @@ class Child {
 
 class Daemon {
  public:
-  explicit Daemon(std::vector<std::string> extra_args = {});
+  // `env`: added to the daemon's environment (its servers and their driver inherit it).
+  explicit Daemon(std::vector<std::string> extra_args = {},
+                  std::map<std::string, std::string> env = {});
   ~Daemon();
   const std::string& dir() const { return dir_; }
   // The environment a client of this daemon runs with.

@@ -74,5 +74,19 @@ TEST_CASE("--launch-batch-min sets the shortest run that goes out as a graph lau
   CHECK(std::string(kUsage).find("--launch-batch-min N") != std::string::npos);
 }
 
+TEST_CASE("--client-limit sets one cap and keeps the other defaults", "[server][options]") {
+  auto sut = parse({"--device", "0", "--control-fd", "3", "--client-limit", "streams=8",
+                    "--client-limit", "in-flight=0"});
+  REQUIRE(sut);
+  CHECK(sut->client_limits[ClientLimit::kStreams] == 8);
+  CHECK(sut->client_limits[ClientLimit::kInFlight] == 0);  // no cap
+  CHECK(sut->client_limits[ClientLimit::kEvents] == 65536);
+  CHECK(sut->client_limits[ClientLimit::kPinnedBytes] > 0);  // half of the host's memory
+  auto bad = parse({"--device", "0", "--control-fd", "3", "--client-limit", "streams=-1"});
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().find("--client-limit streams=-1") != std::string::npos);
+  CHECK_FALSE(parse({"--device", "0", "--control-fd", "3", "--client-limit", "nonsense=1"}));
+}
+
 }  // namespace
 }  // namespace mpsshim::server

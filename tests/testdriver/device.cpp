@@ -166,6 +166,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuInit(unsigned int flags) {
       s.devices.push_back(std::move(dev));
     }
     s.initialized.store(true);
+    start_stats_file(s);
     return CUDA_SUCCESS;
   } catch (...) {
     s.devices.clear();

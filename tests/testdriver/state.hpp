@@ -180,6 +180,10 @@ class HandleTable {
   std::unordered_map<Handle, std::shared_ptr<T>> map_;
 };
 
+class State;
+// MPSSHIM_TESTDRIVER_STATS_FILE (stats_file.cpp): called once by cuInit.
+void start_stats_file(State& s);
+
 class State {
  public:
   State();
