@@ -201,6 +201,13 @@ int client_sm_count(int device) noexcept;
 // The calling thread's current context, activated (it has a session and a server context).
 CUresult current(Context*& out) noexcept;
 CUresult activate(Context* ctx) noexcept;
+// The context a context-independent object (a library loaded with no current context) is
+// shipped into: the current one, else, on a thread with none, the first retained primary
+// context. The real driver hands out a library's kernels with no context current (cuBLASLt does
+// so on PyTorch's autograd thread, which never called cudaSetDevice for device 0); the shim must
+// ship the image somewhere to answer, and the server keeps a library for the whole session
+// whatever context shipped it.
+CUresult context_for_library(Context*& out) noexcept;
 
 // Which stream a CUstream argument means: NULL -> the context's legacy stream, or the calling
 // thread's per-thread stream for a _ptsz/_ptds entry point; CU_STREAM_LEGACY / PER_THREAD as

@@ -116,6 +116,18 @@ CUresult current(Context*& out) noexcept {
   return CUDA_SUCCESS;
 }
 
+CUresult context_for_library(Context*& out) noexcept {
+  CUresult rc = current(out);
+  if (rc != CUDA_ERROR_INVALID_CONTEXT) return rc;
+  for (Context& primary : primaries()) {
+    if (primary.primary_refs.load(std::memory_order_relaxed) <= 0) continue;
+    if (activate(&primary) != CUDA_SUCCESS) continue;
+    out = &primary;
+    return CUDA_SUCCESS;
+  }
+  return rc;
+}
+
 CUresult resolve_stream(CUstream handle, DefaultStream mode, Context*& ctx,
                         Stream*& stream) noexcept {
   if (handle == CU_STREAM_LEGACY || (handle == nullptr && mode == DefaultStream::kLegacy)) {

@@ -145,12 +145,13 @@ CUresult load_library(CUlibrary* library, const void* code, bool preserved) {
   return CUDA_SUCCESS;
 }
 
-// Ships a library loaded with no current context into the calling thread's current context,
-// on the library's first use. The caller holds library->mutex.
+// Ships a library loaded with no current context into the calling thread's current context (on a
+// thread with none, a retained primary context: context_for_library), on the library's first
+// use. The caller holds library->mutex.
 CUresult bind_library(Library* library) {
   if (library->ctx != nullptr) return CUDA_SUCCESS;
   Context* ctx = nullptr;
-  if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+  if (CUresult rc = context_for_library(ctx); rc != CUDA_SUCCESS) return rc;
   proto::WireHandle wire = 0;
   if (CUresult rc = ship_image(ctx, library->unbound_pieces, proto::ImageKind::kLibrary, wire);
       rc != CUDA_SUCCESS) {

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client_check.hpp"
@@ -106,6 +107,21 @@ int functions() {
   CHECK(cuMemcpyDtoH(c.data(), dc, bytes));
   if (std::any_of(c.begin(), c.end(), [](float v) { return v != 3.0f; })) {
     std::printf("FAIL vector_add through an enumerated handle\n");
+    return 1;
+  }
+  // A thread with no current context loads a library and gets a kernel from it, as cuBLASLt
+  // does on PyTorch's autograd thread: the real driver answers without a context.
+  CUresult on_thread = CUDA_ERROR_UNKNOWN;
+  std::thread([&] {
+    CUcontext none = nullptr;
+    if (cuCtxGetCurrent(&none) != CUDA_SUCCESS || none != nullptr) return;
+    CUlibrary library = nullptr;
+    CUkernel kernel = nullptr;
+    on_thread = cuLibraryLoadData(&library, kModuleImage, nullptr, nullptr, 0, nullptr, nullptr, 0);
+    if (on_thread == CUDA_SUCCESS) on_thread = cuLibraryGetKernel(&kernel, library, "vector_add");
+  }).join();
+  if (on_thread != CUDA_SUCCESS) {
+    std::printf("FAIL cuLibraryGetKernel with no current context: %d\n", on_thread);
     return 1;
   }
   std::printf("PASS functions %u\n", count);
