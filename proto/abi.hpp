@@ -22,7 +22,10 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // Minor 4: ClientHello::allocation_token (appended; a shorter 1.2/1.3 hello means no token) and
 // ServerAdmit::allocation_id / allocation_memory_limit / allocation_sm_slot(s) (per-pod quotas,
 // docs/kubernetes.md).
-inline constexpr std::uint16_t kAbiMinor = 4;
+// Minor 5: ClientHello::sm_partition (was reserved, 0: no partition) and
+// ServerAdmit::sm_partition / partition_first_group / partition_groups (static SM partitions,
+// mpsshimctl sm_partition; docs/daemon.md).
+inline constexpr std::uint16_t kAbiMinor = 5;
 
 // FROZEN FOREVER. Every message on every mpsshim socket starts with this header, so that any two
 // versions of mpsshim can at least tell each other which versions they are. Never change it.

@@ -86,6 +86,13 @@ std::vector<std::string> Supervisor::server_arguments(int ordinal) const {
     args.insert(args.end(), {"--launch-batch", std::to_string(*config_.server_launch_batch)});
   }
   if (config_.server_busy_time) args.insert(args.end(), {"--busy-time", "on"});
+  if (!config_.server_priority_scheduling) {
+    args.insert(args.end(), {"--priority-scheduling", "off"});
+  }
+  if (config_.server_priority_max_hold_us) {
+    args.insert(args.end(),
+                {"--priority-max-hold-us", std::to_string(*config_.server_priority_max_hold_us)});
+  }
   if (config_.server_launch_batch_min) {
     args.insert(args.end(),
                 {"--launch-batch-min", std::to_string(*config_.server_launch_batch_min)});
@@ -386,12 +393,10 @@ std::optional<std::string> Supervisor::unavailable(const Server& server) const {
                      server.status.problem);
 }
 
-tl::expected<pid_t, std::string> Supervisor::admit(int ordinal, int client_fd,
-                                                   const proto::PeerCredentials& peer,
-                                                   const proto::ClientHello& hello,
-                                                   std::uint32_t allocation_id,
-                                                   std::uint64_t allocation_memory_limit,
-                                                   std::uint32_t sm_slot, std::uint32_t sm_slots) {
+tl::expected<pid_t, std::string> Supervisor::admit(
+    int ordinal, int client_fd, const proto::PeerCredentials& peer, const proto::ClientHello& hello,
+    std::uint32_t allocation_id, std::uint64_t allocation_memory_limit, std::uint32_t sm_slot,
+    std::uint32_t sm_slots, const SmPartition* partition) {
   Server& server = *servers_.at(ordinal);
   if (auto why = unavailable(server)) {
     return tl::unexpected(*why + "; see `mpsshimctl server_list`");
@@ -406,6 +411,11 @@ tl::expected<pid_t, std::string> Supervisor::admit(int ordinal, int client_fd,
   admit.allocation_memory_limit = allocation_memory_limit;
   admit.allocation_sm_slot = sm_slot;
   admit.allocation_sm_slots = sm_slots;
+  if (partition != nullptr) {
+    admit.sm_partition = partition->id;
+    admit.partition_first_group = partition->first_group;
+    admit.partition_groups = partition->groups;
+  }
   int error = proto::send_struct(server.control.get(), admit, std::span<const int>(&client_fd, 1));
   if (error == EAGAIN || error == EWOULDBLOCK) {
     return tl::unexpected(
