@@ -8,6 +8,9 @@
 // copies 0; held, B is issued only after A's work finished and copies 1.
 #include <catch2/catch.hpp>
 
+#include <thread>
+#include <vector>
+
 #include "broker/server/ops.hpp"
 #include "tests/server/launch_batch_fixture.hpp"
 
@@ -151,6 +154,56 @@ TEST_CASE("a normal client's streams outrank a below-normal client's", "[server]
     CHECK(effective_priority(*low, 0) == least);
     CHECK(effective_priority(*normal, 0) == (enabled ? least - 1 : least));
   }
+}
+
+TEST_CASE("on worker threads, held-back clients still finish and every result is right",
+          "[server][priority][threaded]") {
+  constexpr int kNormalRounds = 200;
+  constexpr int kLowRounds = 50;
+  constexpr int kLowLaunches = 8;
+  constexpr int kWords = 1024;
+  ServerSettings settings = gate_settings(true, std::chrono::milliseconds(2));
+  settings.workers = 2;
+  Harness h(test_driver(), settings);
+  h.start_threaded();
+  std::vector<int> counts;
+  {
+    // One normal client launching and synchronizing in a loop (it keeps the gate closed), two
+    // below-normal ones launching bursts; each counts its kernels in its own buffer.
+    Fixture normal(h, default_hello(kNormalPid, "latency_service"));
+    Fixture low_a(h, below_normal_hello());
+    Fixture low_b(h, below_normal_hello());
+    auto work = [&](Fixture& f, int rounds, int launches) {
+      auto increment = f.function("increment_i32");
+      const std::uint64_t stream = f.stream();
+      const std::uint64_t buffer = f.buffer(kWords * 4);
+      f.memset(stream, buffer, 0, kWords);
+      for (int r = 0; r < rounds; ++r) {
+        for (int l = 0; l < launches; ++l) f.launch(increment, stream, 4, 256, buffer, kWords);
+        if (f.synchronize(stream) != CUDA_SUCCESS) return -1;
+      }
+      auto words = f.read<int>(buffer, kWords);
+      for (int w : words) {
+        if (w != rounds * launches) return w;
+      }
+      return rounds * launches;
+    };
+    int normal_count = 0, a_count = 0, b_count = 0;
+    std::thread ta([&] { a_count = work(low_a, kLowRounds, kLowLaunches); });
+    std::thread tb([&] { b_count = work(low_b, kLowRounds, kLowLaunches); });
+    normal_count = work(normal, kNormalRounds, 1);
+    ta.join();
+    tb.join();
+    counts = {normal_count, a_count, b_count};
+    normal.sut.hang_up();
+    low_a.sut.hang_up();
+    low_b.sut.hang_up();
+  }
+  CHECK(counts ==
+        std::vector<int>{kNormalRounds, kLowRounds * kLowLaunches, kLowRounds * kLowLaunches});
+  CHECK(h.stop_threaded() == 0);
+  CHECK(h.server->priority_board().busy_normal() == 0);
+  CHECK(h.server->priority_board().below_normal_sessions() == 0);
 }
 
 }  // namespace
