@@ -38,14 +38,14 @@ def run(h, mode, rep):
         key = ("concurrency", mode, n)
         if key in h.failed_once:
             h.fail("concurrency", metrics, mode, rep, "not run: failed in an earlier "
-                      "repetition: " + h.failed_once[key], n=n, status="skipped")
+                   "repetition: " + h.failed_once[key], n=n, status="skipped")
             continue
         delay = 0.6 + h.start_delay[mode] * n
         start_at = time.time_ns() + int(delay * 1e9)
         argv = [h.small_kernels, "--kernels", str(kernels), "--start-at-ns", str(start_at)]
         ticks_before = h.broker_ticks(mode)
         procs = h.run_group(mode, [argv] * n, f"concurrency.{mode}.{rep}.n{n}",
-                               timeout_s=delay + 60 + 0.5 * n)
+                            timeout_s=delay + 60 + 0.5 * n)
         ticks_after = h.broker_ticks(mode)
         err = h.group_error(procs, "small_kernels")
         results = [parse_result_line(p.stdout(), "small_kernels")[0] for p in procs]
@@ -70,10 +70,10 @@ def run(h, mode, rep):
             # processes) over the whole group, clients' setup included, per kernel launched.
             hz = os.sysconf("SC_CLK_TCK")
             h.add("concurrency", "broker_cpu_us_per_kernel", mode, rep,
-                     1e6 * (ticks_after - ticks_before) / hz / (n * kernels), n=n)
+                  1e6 * (ticks_after - ticks_before) / hz / (n * kernels), n=n)
         if late > 0:
             # Some copy was still initialising at the barrier: give the next run more room.
             h.start_delay[mode] = min(1.0, max(h.start_delay[mode] * 1.5,
-                                                  1.25 * (delay + late / 1000) / n))
+                                               1.25 * (delay + late / 1000) / n))
         log(f"  concurrency {mode} n={n}: {n * kernels / span:,.0f} kernels/s, "
             f"per-process {statistics.median(seconds):.3f} s, late {late:.0f} ms")

@@ -52,7 +52,7 @@ def run(h, mode, rep):
             h.add("memory", "mem_daemon_idle_mib", mode, rep, idle, n=0)
     for n in h.cfg["memory_n"]:
         procs = h.start_idle_clients(mode, n, 256 * MIB, f"memory.{mode}.{rep}.n{n}",
-                                        run_dir, env)
+                                     run_dir, env)
         try:
             ready = [p for p in procs if p.popen.poll() is None and p.is_ready()]
             if len(ready) == n:
@@ -77,9 +77,9 @@ def run(h, mode, rep):
         h.add("memory", "mem_used_mib", mode, rep, used, n=n)
         if h.gpu_idle_mib is not None:
             h.add("memory", "mem_per_client_mib", mode, rep,
-                     (used - h.gpu_idle_mib) / n, n=n)
+                  (used - h.gpu_idle_mib) / n, n=n)
         log(f"  memory {mode} n={n}: {used:.0f} MiB in use")
     if len(used_by_n) >= 2:
         lo, hi = min(used_by_n), max(used_by_n)
         h.add("memory", "mem_marginal_mib", mode, rep,
-                 (used_by_n[hi] - used_by_n[lo]) / (hi - lo), n=f"{lo}->{hi}")
+              (used_by_n[hi] - used_by_n[lo]) / (hi - lo), n=f"{lo}->{hi}")

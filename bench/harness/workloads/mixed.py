@@ -38,8 +38,8 @@ def run(h, mode, rep):
     n_large, n_small = c["mixed_large"], c["mixed_small"]
     n = f"{n_large}L+{n_small}S"
     procs = h.run_group(mode, [large] * n_large + [small] * n_small,
-                           f"mixed.{mode}.{rep}", timeout_s=c["mixed_duration_ms"] / 1000 + 60,
-                           wait_go=True, ready_timeout_s=60)
+                        f"mixed.{mode}.{rep}", timeout_s=c["mixed_duration_ms"] / 1000 + 60,
+                        wait_go=True, ready_timeout_s=60)
     err = h.group_error(procs, "kernel_latency")
     if err:
         h.fail("mixed", metrics, mode, rep, err, n=n)

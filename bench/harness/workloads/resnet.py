@@ -36,14 +36,14 @@ def run(h, mode, rep):
         key = ("resnet", mode)
         if key in h.failed_once:
             h.fail("resnet", metrics, mode, rep, "not run: " + h.failed_once[key], n=n,
-                      status="skipped")
+                   status="skipped")
             continue
         ready_s = h.cfg["resnet_ready_s"]
         procs = h.run_group(mode, [argv] * n, f"resnet.{mode}.{rep}.n{n}",
-                               timeout_s=60 + iters * 0.05 * n, wait_go=True,
-                               ready_timeout_s=ready_s, go_delay_s=0.5,
-                               extra_env={"NCCL_NVLS_ENABLE": "0",
-                                          "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"})
+                            timeout_s=60 + iters * 0.05 * n, wait_go=True,
+                            ready_timeout_s=ready_s, go_delay_s=0.5,
+                            extra_env={"NCCL_NVLS_ENABLE": "0",
+                                       "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"})
         err = h.group_error(procs, "resnet_client")
         if err:
             h.failed_once[key] = f"N={n} failed: {err}"

@@ -43,7 +43,7 @@ def run(h, mode, rep):
         while len(held) < cap and not refusal:
             count = min(batch, cap - len(held))
             procs = h.start_idle_clients(mode, count, MIB, f"scaling.{mode}.{len(held)}",
-                                            run_dir, env, ready_timeout_s=45)
+                                         run_dir, env, ready_timeout_s=45)
             for p in procs:
                 if p.popen.poll() is None and p.is_ready():
                     held.append(p)
