@@ -8,6 +8,7 @@
 // copies 0; held, B is issued only after A's work finished and copies 1.
 #include <catch2/catch.hpp>
 
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -173,27 +174,51 @@ TEST_CASE("on worker threads, held-back clients still finish and every result is
     Fixture normal(h, default_hello(kNormalPid, "latency_service"));
     Fixture low_a(h, below_normal_hello());
     Fixture low_b(h, below_normal_hello());
-    auto work = [&](Fixture& f, int rounds, int launches) {
-      auto increment = f.function("increment_i32");
-      const std::uint64_t stream = f.stream();
-      const std::uint64_t buffer = f.buffer(kWords * 4);
-      f.memset(stream, buffer, 0, kWords);
-      for (int r = 0; r < rounds; ++r) {
-        for (int l = 0; l < launches; ++l) f.launch(increment, stream, 4, 256, buffer, kWords);
-        if (f.synchronize(stream) != CUDA_SUCCESS) return -1;
-      }
-      auto words = f.read<int>(buffer, kWords);
-      for (int w : words) {
-        if (w != rounds * launches) return w;
-      }
-      return rounds * launches;
+    // Catch2's assertions are not thread-safe: everything that asserts (setup, launch records,
+    // reads) runs on this thread or under `asserting`; the threads only send and synchronize.
+    struct Job {
+      Fixture& f;
+      int rounds;
+      int launches;
+      proto::FunctionRep increment;
+      std::uint64_t stream;
+      std::uint64_t buffer;
     };
-    int normal_count = 0, a_count = 0, b_count = 0;
-    std::thread ta([&] { a_count = work(low_a, kLowRounds, kLowLaunches); });
-    std::thread tb([&] { b_count = work(low_b, kLowRounds, kLowLaunches); });
-    normal_count = work(normal, kNormalRounds, 1);
+    auto prepare = [&](Fixture& f, int rounds, int launches) {
+      Job job{f, rounds, launches, f.function("increment_i32"), f.stream(), f.buffer(kWords * 4)};
+      f.memset(job.stream, job.buffer, 0, kWords);
+      return job;
+    };
+    std::mutex asserting;
+    auto work = [&](Job& job) {
+      for (int r = 0; r < job.rounds; ++r) {
+        for (int l = 0; l < job.launches; ++l) {
+          std::lock_guard lock(asserting);
+          job.f.launch(job.increment, job.stream, 4, 256, job.buffer, kWords);
+        }
+        if (job.f.synchronize(job.stream) != CUDA_SUCCESS) return false;
+      }
+      return true;
+    };
+    auto count = [&](Job& job) {
+      for (int w : job.f.read<int>(job.buffer, kWords)) {
+        if (w != job.rounds * job.launches) return w;
+      }
+      return job.rounds * job.launches;
+    };
+    Job normal_job = prepare(normal, kNormalRounds, 1);
+    Job a_job = prepare(low_a, kLowRounds, kLowLaunches);
+    Job b_job = prepare(low_b, kLowRounds, kLowLaunches);
+    bool a_ok = false, b_ok = false;
+    std::thread ta([&] { a_ok = work(a_job); });
+    std::thread tb([&] { b_ok = work(b_job); });
+    const bool normal_ok = work(normal_job);
     ta.join();
     tb.join();
+    CHECK(normal_ok);
+    CHECK(a_ok);
+    CHECK(b_ok);
+    const int normal_count = count(normal_job), a_count = count(a_job), b_count = count(b_job);
     counts = {normal_count, a_count, b_count};
     normal.sut.hang_up();
     low_a.sut.hang_up();
