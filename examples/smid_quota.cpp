@@ -6,7 +6,7 @@
 // --rounds R (default 1): before each round after the first it prints "WAITING round=K pid=P"
 // and waits for a line on stdin, so an operator can change the running client's quota
 // (mpsshimctl set_active_thread_percentage) in between; round K's distinct SMs are reported as
-// distinct_sms_rK (tests/gpu/live_quota_check.sh).
+// distinct_sms_rK (tests/gpu/live_quota_check.sh). sm_ids lists the first round's SMs.
 #include <cuda.h>
 #include <unistd.h>
 
@@ -88,6 +88,12 @@ int main(int argc, char** argv) {
   report.add("reported_sms", reported_sms);
   report.add("max_smid", distinct.empty() ? -1 : static_cast<long long>(*distinct.rbegin()));
   report.add("quota_percent", quota_env != nullptr && *quota_env != '\0' ? quota_env : "none");
+  // The SM ids themselves, for checks that two clients never share one
+  // (tests/gpu/partition_check.sh: static SM partitions).
+  std::string ids;
+  for (unsigned sm : distinct) ids += (ids.empty() ? "" : ",") + std::to_string(sm);
+  if (ids.empty()) ids = "none";
+  report.add("sm_ids", std::string_view(ids));
   report.expect(unwritten == 0, "unwritten_blocks");
   report.expect(reported_sms > 0, "reported_sms");
   report.expect(distinct.size() <= static_cast<std::size_t>(reported_sms), "distinct_sms");

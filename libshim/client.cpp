@@ -41,6 +41,7 @@ proto::ClientHello make_hello(proto::MessageKind kind, int device, const ClientC
   hello.device = device;
   hello.active_thread_percentage = config.active_thread_percentage;
   hello.priority = config.priority;
+  hello.sm_partition = config.sm_partition;
   if (auto it = config.memory_limit.find(device); it != config.memory_limit.end()) {
     hello.device_memory_limit = it->second;
   } else {

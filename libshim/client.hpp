@@ -37,6 +37,9 @@ struct ClientConfig {
   // MPSSHIM_ALLOCATION_TOKEN, else the first line of MPSSHIM_ALLOCATION_TOKEN_FILE: what the
   // Kubernetes device plugin handed this pod (docs/kubernetes.md). "" when none.
   std::string allocation_token;
+  // CUDA_MPS_SM_PARTITION: the static SM partition to run in (mpsshimctl sm_partition add);
+  // 0 = none, proto::kBadSmPartition = set to something that is no partition id.
+  std::uint32_t sm_partition = 0;
   std::string visible_devices;
   std::string program;
 };

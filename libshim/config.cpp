@@ -145,6 +145,20 @@ ClientConfig read_client_config() {
           prio);
     }
   }
+  if (std::string partition = env("CUDA_MPS_SM_PARTITION"); !partition.empty()) {
+    // The id `mpsshimctl sm_partition add` answered. Anything else is sent as "bad", so the
+    // daemon refuses the client instead of running it outside the partition it asked for.
+    char* end = nullptr;
+    const unsigned long id = std::strtoul(partition.c_str(), &end, 10);
+    if (*end != '\0' || id == 0 || id >= proto::kBadSmPartition) {
+      log(Level::error,
+          "CUDA_MPS_SM_PARTITION='{}' is not a partition id (a number from mpsshimctl lspart)",
+          partition);
+      config.sm_partition = proto::kBadSmPartition;
+    } else {
+      config.sm_partition = static_cast<std::uint32_t>(id);
+    }
+  }
   parse_memory_limits(env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), config);
   config.ignore_sm_coscheduling = env("MPSSHIM_SM_GRANULARITY") == "2";
   // For debugging: the server issues this process's launches one by one instead of batching

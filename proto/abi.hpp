@@ -24,7 +24,10 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // docs/kubernetes.md).
 // Minor 5: ModuleFunctionNames (op 89): the names of a module's functions, for
 // cuModuleEnumerateFunctions and the ToolsModule private table cuFFT needs.
-inline constexpr std::uint16_t kAbiMinor = 5;
+// Minor 6: ClientHello::sm_partition (was reserved, 0: no partition) and
+// ServerAdmit::sm_partition / partition_first_group / partition_groups (static SM partitions,
+// mpsshimctl sm_partition; docs/daemon.md).
+inline constexpr std::uint16_t kAbiMinor = 6;
 
 // FROZEN FOREVER. Every message on every mpsshim socket starts with this header, so that any two
 // versions of mpsshim can at least tell each other which versions they are. Never change it.

@@ -29,7 +29,10 @@ struct ClientHello {
   std::int32_t priority;                  // CUDA_MPS_CLIENT_PRIORITY, kUnset if absent
   std::uint64_t device_memory_limit;      // bytes for this device, 0 = no limit asked
   std::uint32_t flags;                    // kHelloIgnoreSmCoscheduling | kHelloNoLaunchBatching
-  std::uint32_t reserved;
+  // ABI 1.5 (was reserved, 0): CUDA_MPS_SM_PARTITION, the id of the static SM partition the
+  // client is pinned to (mpsshimctl sm_partition add); 0 = none, kBadSmPartition = the variable
+  // is set but names no id (refused by the daemon).
+  std::uint32_t sm_partition;
   char visible_devices[256];  // CUDA_VISIBLE_DEVICES as given ("" if unset)
   char program[64];           // the client's program name, for logs and mpsshimctl ps
   // ABI 1.4: MPSSHIM_ALLOCATION_TOKEN, the token mpsshimd gave the Kubernetes device plugin for
@@ -45,6 +48,7 @@ inline constexpr std::size_t kClientHelloSizeBeforeTokens = 368;
 inline constexpr std::uint32_t kHelloIgnoreSmCoscheduling = 1u << 0;
 // MPSSHIM_LAUNCH_BATCHING=off: the server issues this client's launches one by one.
 inline constexpr std::uint32_t kHelloNoLaunchBatching = 1u << 1;
+inline constexpr std::uint32_t kBadSmPartition = 0xffffffffu;
 
 struct Refused {
   HelloHeader header;  // kRefused
@@ -107,9 +111,16 @@ struct ServerAdmit {
   // placement (the device's first SMs, as for every client without one).
   std::uint32_t allocation_sm_slot;
   std::uint32_t allocation_sm_slots;
+  // ABI 1.5: the static SM partition the client is pinned to (0 = none; docs/daemon.md): the
+  // partition's groups of the device's SM resource split in steps of the hardware granularity,
+  // first group and count. Its clients never share SMs with another partition's.
+  std::uint32_t sm_partition;
+  std::uint32_t partition_first_group;
+  std::uint32_t partition_groups;
+  std::uint32_t reserved;
 };
 static_assert(kWireSafe<ServerAdmit>);
-static_assert(sizeof(ServerAdmit) == 480);
+static_assert(sizeof(ServerAdmit) == 496);
 
 // Sent by a client during a session, with one memfd; the ring record that uses it names the
 // same token.

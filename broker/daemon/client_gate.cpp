@@ -197,6 +197,37 @@ void ClientGate::on_first_message(Waiting connection, const proto::Received& mes
            describe_peer(connection.peer), header->kind, message.bytes.size());
 }
 
+namespace {
+
+// CUDA_MPS_SM_PARTITION: the partition a client is pinned to (nullptr: none), or why it cannot
+// run there (`gpu` -1: a device query, which opens no GPU yet). A client is never run outside the
+// partition it asked for.
+tl::expected<const SmPartition*, std::string> pinned_partition(const SmPartitionTable& partitions,
+                                                               const proto::ClientHello& hello,
+                                                               int gpu) {
+  if (hello.sm_partition == 0) return nullptr;
+  if (hello.sm_partition == proto::kBadSmPartition) {
+    return tl::unexpected(std::string(
+        "CUDA_MPS_SM_PARTITION does not name a partition id; `mpsshimctl lspart` lists them"));
+  }
+  const SmPartition* partition = partitions.find(hello.sm_partition);
+  if (partition == nullptr) {
+    return tl::unexpected(fmt::format(
+        "CUDA_MPS_SM_PARTITION={}: no such SM partition; `mpsshimctl lspart` lists them and "
+        "`mpsshimctl sm_partition add <gpu> <sms>` makes one",
+        hello.sm_partition));
+  }
+  if (gpu >= 0 && partition->gpu != gpu) {
+    return tl::unexpected(fmt::format(
+        "CUDA_MPS_SM_PARTITION={} is a partition of GPU {}, but the client opened GPU {}; set "
+        "CUDA_VISIBLE_DEVICES to the partition's GPU",
+        partition->id, partition->gpu, gpu));
+  }
+  return partition;
+}
+
+}  // namespace
+
 void ClientGate::on_client(Waiting connection, MessageKind kind, const proto::ClientHello& sent) {
   proto::ClientHello hello = sent;
   hello.visible_devices[sizeof hello.visible_devices - 1] = '\0';
@@ -213,6 +244,12 @@ void ClientGate::on_client(Waiting connection, MessageKind kind, const proto::Cl
     if (auto quota = decide_quota(allocations_, supervisor_.defaults(), hello, -1); !quota) {
       log_warn("{} refused: {}", who, quota.error());
       refuse(connection, CUDA_ERROR_MPS_CONNECTION_FAILED, quota.error());
+      return;
+    }
+    // An unknown partition fails cuInit too.
+    if (auto partition = pinned_partition(supervisor_.partitions(), hello, -1); !partition) {
+      log_warn("{} refused: {}", who, partition.error());
+      refuse(connection, CUDA_ERROR_MPS_CONNECTION_FAILED, partition.error());
       return;
     }
     auto answer = answer_query(supervisor_, hello);
@@ -240,10 +277,16 @@ void ClientGate::on_client(Waiting connection, MessageKind kind, const proto::Cl
     return;
   }
   for (const std::string& clamp : quota->clamps) log_warn("{} {}", who, clamp);
+  auto partition = pinned_partition(supervisor_.partitions(), hello, *gpu);
+  if (!partition) {
+    log_warn("{} refused: {}", who, partition.error());
+    refuse(connection, CUDA_ERROR_MPS_CONNECTION_FAILED, partition.error());
+    return;
+  }
   // The server gets its own copy of the fd and answers the client directly; ours closes here.
   auto server = supervisor_.admit(*gpu, connection.fd.get(), connection.peer, quota->hello,
                                   quota->allocation_id, quota->allocation_memory_limit,
-                                  quota->sm_slot, quota->sm_slots);
+                                  quota->sm_slot, quota->sm_slots, *partition);
   if (!server) {
     log_warn("{} refused: {}", who, server.error());
     refuse(connection, CUDA_ERROR_MPS_SERVER_NOT_READY, server.error());

@@ -254,6 +254,8 @@ nlohmann::json client_table_json(const std::vector<ServerClients>& servers,
         if (limit == 0) limit = nullptr;  // no limit
         nlohmann::json allocation = json_number(fields, "allocation");
         if (allocation == 0) allocation = nullptr;  // not a pod's client
+        nlohmann::json partition = json_number(fields, "partition");
+        if (partition == 0) partition = nullptr;  // not pinned to a static SM partition
         nlohmann::json entry = client_identity(gpu, fields);
         entry.update({
             {"state", field(fields, "state")},
@@ -275,6 +277,8 @@ nlohmann::json client_table_json(const std::vector<ServerClients>& servers,
             {"allocation", allocation},
             {"namespace", json_string(fields, "namespace")},
             {"pod", json_string(fields, "pod")},
+            {"partition", partition},
+            {"priority_held_us", json_number(fields, "held_us")},
         });
         clients.push_back(std::move(entry));
       },

@@ -129,6 +129,13 @@ const std::vector<Commands::Command>& Commands::table() {
        "change the device memory limit of the running client <pid> of GPU <gpu> (e.g. 4G; 0 = "
        "no limit); below what it uses, its allocations are refused until it uses less",
        3, 3, &Commands::set_client_memory_limit},
+      {"sm_partition", "sm_partition add <gpu> <sm count> | sm_partition rm <id>",
+       "static SM partitions, as NVIDIA MPS's: add cuts <sm count> SMs (rounded up to the "
+       "GPU's partition size) of <gpu> that no other partition has and answers its id, for "
+       "clients' CUDA_MPS_SM_PARTITION; rm removes one no client runs in",
+       2, 3, &Commands::sm_partition},
+      {"lspart", "lspart", "the static SM partitions: id, GPU, first SM, SMs, clients", 0, 0,
+       &Commands::lspart},
       {"server_command", "server_command <gpu> <text...>",
        "pass a command the daemon does not know to GPU <gpu>'s server and show its answer", 2,
        SIZE_MAX, &Commands::server_command},

@@ -75,6 +75,9 @@ class Commands {
   void revoke_allocation(const Args&, bool json, ReplyHandler reply);
   void label_allocation(const Args&, bool json, ReplyHandler reply);
   void list_allocations(const Args&, bool json, ReplyHandler reply);
+  // partition_commands.cpp
+  void sm_partition(const Args&, bool json, ReplyHandler reply);
+  void lspart(const Args&, bool json, ReplyHandler reply);
 
   // Sends `text` to GPU `gpu`'s server as a kCtlRequest and replies with its answer.
   void ask_server(int gpu, const std::string& text, ReplyHandler reply);

@@ -35,6 +35,8 @@ enum LongOnly : int {
   kLaunchBatching,
   kServerLaunchBatchMin,
   kBusyTime,
+  kPriorityScheduling,
+  kPriorityMaxHold,
   kContextIdleTimeout,
   kMetricsListen,
   kRequireAllocationToken,
@@ -125,6 +127,11 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
                        fewer go out one by one (default 8)
   --busy-time on|off   whether every GPU's server measures each client's GPU busy time with
                        timing events (default off: it costs the launch path; docs/daemon.md)
+  --priority-scheduling on|off  while a client of normal priority has GPU work in flight,
+                       hold back clients with CUDA_MPS_CLIENT_PRIORITY=1 (default on; see
+                       docs/daemon.md)
+  --priority-max-hold-us N  the longest a below-normal client is held back at once (default
+                       2000)
   --context-idle-timeout SECS  a GPU's server releases its primary context (~500 MiB of GPU
                        memory) after SECS without a client and creates it again for the next
                        one (default 10; 0 = as soon as the last client leaves; -1 = never)
@@ -161,6 +168,8 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
       {"launch-batching", required_argument, nullptr, kLaunchBatching},
       {"server-launch-batch-min", required_argument, nullptr, kServerLaunchBatchMin},
       {"busy-time", required_argument, nullptr, kBusyTime},
+      {"priority-scheduling", required_argument, nullptr, kPriorityScheduling},
+      {"priority-max-hold-us", required_argument, nullptr, kPriorityMaxHold},
       {"context-idle-timeout", required_argument, nullptr, kContextIdleTimeout},
       {"metrics-listen", required_argument, nullptr, kMetricsListen},
       {"require-allocation-token", no_argument, nullptr, kRequireAllocationToken},
@@ -248,6 +257,20 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
         auto n = number<int>("--server-launch-batch-min", arg, 2, 256);
         if (!n) return tl::unexpected(n.error());
         options.server_launch_batch_min = *n;
+        break;
+      }
+      case kPriorityScheduling: {
+        const std::string_view value = arg;
+        if (value != "on" && value != "off") {
+          return tl::unexpected(fmt::format("--priority-scheduling {}: expected on or off", value));
+        }
+        options.server_priority_scheduling = value == "on";
+        break;
+      }
+      case kPriorityMaxHold: {
+        auto n = number<int>("--priority-max-hold-us", arg, 1, 10'000'000);
+        if (!n) return tl::unexpected(n.error());
+        options.server_priority_max_hold_us = *n;
         break;
       }
       case kBusyTime: {

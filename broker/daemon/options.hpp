@@ -31,10 +31,12 @@ struct DaemonOptions {
   // --launch-batch of every server (--server-launch-batch N; --launch-batching off: 0); unset:
   // the server's default.
   std::optional<int> server_launch_batch;
-  std::optional<int> server_launch_batch_min;    // --launch-batch-min of every server
-  bool server_busy_time = false;                 // --busy-time on: every server measures it
-  std::optional<int> context_idle_timeout_s;     // passed on to every server; unset: its default
-  std::optional<MetricsAddress> metrics_listen;  // --metrics-listen; unset: no metrics endpoint
+  std::optional<int> server_launch_batch_min;      // --launch-batch-min of every server
+  bool server_busy_time = false;                   // --busy-time on: every server measures it
+  bool server_priority_scheduling = true;          // --priority-scheduling (priority_gate.hpp)
+  std::optional<int> server_priority_max_hold_us;  // --priority-max-hold-us
+  std::optional<int> context_idle_timeout_s;       // passed on to every server; unset: its default
+  std::optional<MetricsAddress> metrics_listen;    // --metrics-listen; unset: no metrics endpoint
   // --client-limit NAME=VALUE (repeatable), checked and passed on to every server as NAME=N
   // (broker/server/client_limits.hpp); a later one for the same NAME wins there.
   std::vector<std::string> client_limits;

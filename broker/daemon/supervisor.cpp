@@ -89,6 +89,13 @@ std::vector<std::string> Supervisor::server_arguments(int ordinal) const {
   for (const std::string& limit : config_.client_limits) {
     args.insert(args.end(), {"--client-limit", limit});
   }
+  if (!config_.server_priority_scheduling) {
+    args.insert(args.end(), {"--priority-scheduling", "off"});
+  }
+  if (config_.server_priority_max_hold_us) {
+    args.insert(args.end(),
+                {"--priority-max-hold-us", std::to_string(*config_.server_priority_max_hold_us)});
+  }
   if (config_.server_launch_batch_min) {
     args.insert(args.end(),
                 {"--launch-batch-min", std::to_string(*config_.server_launch_batch_min)});
@@ -389,12 +396,10 @@ std::optional<std::string> Supervisor::unavailable(const Server& server) const {
                      server.status.problem);
 }
 
-tl::expected<pid_t, std::string> Supervisor::admit(int ordinal, int client_fd,
-                                                   const proto::PeerCredentials& peer,
-                                                   const proto::ClientHello& hello,
-                                                   std::uint32_t allocation_id,
-                                                   std::uint64_t allocation_memory_limit,
-                                                   std::uint32_t sm_slot, std::uint32_t sm_slots) {
+tl::expected<pid_t, std::string> Supervisor::admit(
+    int ordinal, int client_fd, const proto::PeerCredentials& peer, const proto::ClientHello& hello,
+    std::uint32_t allocation_id, std::uint64_t allocation_memory_limit, std::uint32_t sm_slot,
+    std::uint32_t sm_slots, const SmPartition* partition) {
   Server& server = *servers_.at(ordinal);
   if (auto why = unavailable(server)) {
     return tl::unexpected(*why + "; see `mpsshimctl server_list`");
@@ -409,6 +414,11 @@ tl::expected<pid_t, std::string> Supervisor::admit(int ordinal, int client_fd,
   admit.allocation_memory_limit = allocation_memory_limit;
   admit.allocation_sm_slot = sm_slot;
   admit.allocation_sm_slots = sm_slots;
+  if (partition != nullptr) {
+    admit.sm_partition = partition->id;
+    admit.partition_first_group = partition->first_group;
+    admit.partition_groups = partition->groups;
+  }
   int error = proto::send_struct(server.control.get(), admit, std::span<const int>(&client_fd, 1));
   if (error == EAGAIN || error == EWOULDBLOCK) {
     return tl::unexpected(

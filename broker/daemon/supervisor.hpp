@@ -25,6 +25,7 @@
 #include "broker/daemon/child_process.hpp"
 #include "broker/daemon/event_loop.hpp"
 #include "broker/daemon/log.hpp"
+#include "broker/daemon/sm_partitions.hpp"
 #include "proto/control.hpp"
 #include "proto/text_parts.hpp"
 #include "proto/unix_socket.hpp"
@@ -58,8 +59,10 @@ struct SupervisorConfig {
   // Passed as --launch-batch; unset: the server's default. Last, with an initializer:
   // supervisor_config's aggregate lists the fields before it.
   std::optional<int> server_launch_batch{};
-  std::optional<int> server_launch_batch_min{};  // passed as --launch-batch-min
-  bool server_busy_time = false;                 // passed as --busy-time on
+  std::optional<int> server_launch_batch_min{};      // passed as --launch-batch-min
+  bool server_busy_time = false;                     // passed as --busy-time on
+  bool server_priority_scheduling = true;            // false: passed as --priority-scheduling off
+  std::optional<int> server_priority_max_hold_us{};  // passed as --priority-max-hold-us
   // Per-client caps, "NAME=N" each (N in bytes for sizes), passed as --client-limit NAME=N.
   std::vector<std::string> client_limits{};
 };
@@ -118,7 +121,10 @@ class Supervisor {
                                          const proto::ClientHello& hello,
                                          std::uint32_t allocation_id = 0,
                                          std::uint64_t allocation_memory_limit = 0,
-                                         std::uint32_t sm_slot = 0, std::uint32_t sm_slots = 0);
+                                         std::uint32_t sm_slot = 0, std::uint32_t sm_slots = 0,
+                                         const SmPartition* partition = nullptr);
+  // The static SM partitions of every GPU (sm_partitions.hpp).
+  SmPartitionTable& partitions() { return partitions_; }
 
   // Sends a TextMessage of `kind` to GPU `ordinal`'s server; `handler` runs exactly once, with
   // the answer or with why there is none (possibly before request() returns).
@@ -180,6 +186,7 @@ class Supervisor {
   SupervisorConfig config_;
   Events events_;
   ServerDefaults defaults_;
+  SmPartitionTable partitions_;  // the event loop's, like everything here
   std::vector<std::unique_ptr<Server>> servers_;
   bool gpu_count_known_ = false;
   bool settled_ = false;

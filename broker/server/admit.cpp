@@ -91,21 +91,23 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
     log_warn("{} asked for {}% of the SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); using {}%", s.who(),
              percentage, std::clamp(percentage, 1, 100));
   }
-  const bool ignore_coscheduling = (hello.flags & proto::kHelloIgnoreSmCoscheduling) != 0;
   s.launch_batching = (hello.flags & proto::kHelloNoLaunchBatching) == 0;
   s.measure_busy = settings_.busy_time;
   s.limits = settings_.client_limits;
   const proto::DeviceSnapshot& snap = gpu_.snapshot;
-  SmQuota quota = plan_sm_quota(
-      snap.sm_count,
-      sm_granularity(snap.sm_min_partition, snap.sm_coscheduled_alignment, ignore_coscheduling),
-      percentage, ignore_coscheduling);
-  // An allocation's SMs lie in its slot (its replica) of the device, see green_context.hpp.
-  const unsigned granularity =
-      sm_granularity(snap.sm_min_partition, snap.sm_coscheduled_alignment, ignore_coscheduling);
-  const SmPlacement placement{admit.allocation_sm_slot, admit.allocation_sm_slots};
-  auto green =
-      make_green_context(*gpu_.cu, gpu_.device, gpu_.sm_resource, quota, granularity, placement);
+  // An allocation's SMs lie in its slot (its replica) of the device; a static partition's
+  // client's in its partition (green_context.hpp).
+  SmPlacement placement{admit.allocation_sm_slot, admit.allocation_sm_slots};
+  if (admit.sm_partition != 0) {
+    placement =
+        SmPlacement{0, 0, admit.sm_partition, admit.partition_first_group, admit.partition_groups};
+  }
+  const PlannedQuota planned = plan_client_quota(
+      snap, percentage, (hello.flags & proto::kHelloIgnoreSmCoscheduling) != 0, placement);
+  const SmQuota& quota = planned.quota;
+  const bool ignore_coscheduling = planned.ignore_coscheduling;
+  auto green = make_green_context(*gpu_.cu, gpu_.device, gpu_.sm_resource, quota,
+                                  planned.granularity, placement);
   if (!green) {
     return fail(green.error(), fmt::format("creating its green context of {} SMs failed: {}",
                                            quota.target, describe(*gpu_.cu, green.error())));
@@ -123,6 +125,9 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
   const int priority_span = std::abs(snap.stream_priority_least - snap.stream_priority_greatest);
   s.priority_bias =
       hello.priority == proto::kUnset ? 0 : std::clamp(hello.priority, 0, priority_span);
+  s.priority.below_normal = s.priority_bias > 0;
+  // A normal client outranks a below-normal one on the GPU too (priority_gate.hpp).
+  s.priority_boost = settings_.priority.enabled && !s.priority.below_normal ? 1 : 0;
 
   auto segment =
       SharedSegment::create(fmt::format("mpsshim-client-{}", info.id), settings_.geometry);
@@ -173,6 +178,7 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
                                       describe_limit(s.allocation->limit()))
                         : "",
            worker.index());
+  priority_board_.joined(s.priority.below_normal);
   // From here on the session belongs to the worker's thread.
   worker.adopt(std::move(session));
 }

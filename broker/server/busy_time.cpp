@@ -57,6 +57,9 @@ void end_span(Session& session, Session::BusySpan span) {
 }  // namespace
 
 void open_busy_span(Session& session, CUstream stream) {
+  // Every stream that gets work in a pass passes here: the priority gate fences it at the end
+  // of the pass (priority_gate.hpp).
+  priority_note_stream(session, stream);
   // Off (the server's default): no span ever opens, so nothing else here does any work.
   if (!session.measure_busy) return;
   if (open_span_of(session, stream) != nullptr || stream_captures(session, stream)) return;

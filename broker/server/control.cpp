@@ -11,7 +11,10 @@
 
 #include "broker/server/busy_time.hpp"
 #include "broker/server/client_usage.hpp"
+#include "broker/server/driver.hpp"
+#include "broker/server/green_context.hpp"
 #include "broker/server/log.hpp"
+#include "broker/server/quota.hpp"
 #include "broker/server/server.hpp"
 #include "broker/server/sm_quota_change.hpp"
 #include "proto/text_parts.hpp"
@@ -267,6 +270,20 @@ std::string Server::control_command(const std::string& text, int& status) {
     log_info("default memory limit for new clients is now {}",
              bytes == 0 ? std::string("none") : format_bytes(bytes));
     return "ok";
+  }
+  if (command == "sm_partition_groups") {
+    // How the device splits into static SM partitions' groups (mpsshimctl sm_partition add):
+    // the count depends on how the GPU's SMs lie in its GPCs, which only the driver knows.
+    const proto::DeviceSnapshot& snap = gpu_.snapshot;
+    const unsigned granularity =
+        sm_granularity(snap.sm_min_partition, snap.sm_coscheduled_alignment, false);
+    auto groups = count_sm_groups(*gpu_.cu, gpu_.sm_resource, granularity);
+    if (!groups) {
+      status = 1;
+      return fmt::format("splitting the device's SMs in groups of {} failed: {}", granularity,
+                         describe(*gpu_.cu, groups.error()));
+    }
+    return fmt::format("groups={} granularity={}", *groups, granularity);
   }
   if (command == "set_client_active_thread_percentage" || command == "set_client_memory_limit") {
     return client_quota_command(command, value, in, status);

@@ -12,6 +12,35 @@ unsigned first_group_of_slot(unsigned slot, unsigned slots, unsigned groups, uns
   return std::min(start, groups - needed);
 }
 
+tl::expected<unsigned, CUresult> count_sm_groups(const DriverTable& cu,
+                                                 const CUdevResource& device_sms,
+                                                 unsigned granularity) {
+  unsigned count = 0;
+  CUresult r =
+      cu.cuDevSmResourceSplitByCount(nullptr, &count, &device_sms, nullptr, 0, granularity);
+  if (r != CUDA_SUCCESS) return tl::unexpected(r);
+  return count;
+}
+
+PlannedQuota plan_client_quota(const proto::DeviceSnapshot& snapshot, int percentage,
+                               bool ignore_coscheduling, const SmPlacement& placement) {
+  PlannedQuota planned;
+  planned.ignore_coscheduling = ignore_coscheduling && placement.partition == 0;
+  planned.granularity = sm_granularity(snapshot.sm_min_partition, snapshot.sm_coscheduled_alignment,
+                                       planned.ignore_coscheduling);
+  if (placement.partition == 0) {
+    planned.quota = plan_sm_quota(snapshot.sm_count, planned.granularity, percentage,
+                                  planned.ignore_coscheduling);
+    return planned;
+  }
+  // A share of the partition; all of it is still a split of the device.
+  const unsigned partition_sms = placement.groups * planned.granularity;
+  planned.quota = plan_sm_quota(partition_sms, planned.granularity, percentage, false);
+  planned.quota.whole_device = false;
+  planned.quota.target = std::min(planned.quota.target, partition_sms);
+  return planned;
+}
+
 namespace {
 
 // The slot's run of granularity-sized groups, as one descriptor's resources.
@@ -31,8 +60,17 @@ tl::expected<std::vector<CUdevResource>, CUresult> placed_groups(const DriverTab
                                      quota.split_flags, granularity);
   if (r != CUDA_SUCCESS) return tl::unexpected(r);
   groups.resize(count);
-  const unsigned needed = std::clamp((quota.target + granularity - 1) / granularity, 1u, count);
-  const unsigned first = first_group_of_slot(placement.slot, placement.slots, count, needed);
+  unsigned needed = std::clamp((quota.target + granularity - 1) / granularity, 1u, count);
+  unsigned first = first_group_of_slot(placement.slot, placement.slots, count, needed);
+  if (placement.partition != 0) {
+    // The daemon cut the partition from this same split; a device that splits otherwise now
+    // (another driver) cannot hold it.
+    if (placement.groups == 0 || placement.first_group + placement.groups > count) {
+      return tl::unexpected(CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION);
+    }
+    needed = std::min(needed, placement.groups);
+    first = placement.first_group;
+  }
   return std::vector<CUdevResource>(groups.begin() + first, groups.begin() + first + needed);
 }
 
@@ -43,7 +81,7 @@ tl::expected<GreenContext, CUresult> make_green_context(const DriverTable& cu, C
                                                         const SmQuota& quota, unsigned granularity,
                                                         SmPlacement placement) {
   std::vector<CUdevResource> resources{device_sms};
-  if (!quota.whole_device && placement.slots != 0 && granularity != 0) {
+  if (!quota.whole_device && placement.placed() && granularity != 0) {
     auto placed = placed_groups(cu, device_sms, quota, granularity, placement);
     if (!placed) return tl::unexpected(placed.error());
     resources = std::move(*placed);

@@ -7,6 +7,7 @@
 
 #include "broker/server/driver_table.hpp"
 #include "broker/server/quota.hpp"
+#include "proto/device_snapshot.hpp"
 
 namespace mpsshim::server {
 
@@ -20,10 +21,34 @@ struct GreenContext {
 // split takes the device's first SMs, so every client with the same quota gets the same SMs.
 // With one (a Kubernetes allocation: its replica), the clients of different slots get
 // different SMs, and all the processes of one allocation the same ones: one SM share per pod.
+// A static SM partition (mpsshimctl sm_partition add) places a client instead: its groups
+// `first_group` .. `first_group + groups - 1` of the device split in steps of the hardware
+// granularity, which no other partition has.
 struct SmPlacement {
   unsigned slot = 0;
-  unsigned slots = 0;  // 0: no placement
+  unsigned slots = 0;           // 0: no placement
+  std::uint32_t partition = 0;  // its id; 0: none
+  unsigned first_group = 0;
+  unsigned groups = 0;
+  bool placed() const { return slots != 0 || partition != 0; }
 };
+
+// The quota of `percentage` for a client placed as `placement`: of the device, or of its
+// partition (whose clients split in the hardware's steps, whatever MPSSHIM_SM_GRANULARITY says),
+// and the granularity of the split.
+struct PlannedQuota {
+  SmQuota quota;
+  unsigned granularity = 0;
+  bool ignore_coscheduling = false;
+};
+PlannedQuota plan_client_quota(const proto::DeviceSnapshot& snapshot, int percentage,
+                               bool ignore_coscheduling, const SmPlacement& placement);
+
+// How many groups of `granularity` SMs the device's SM resource splits into (a static
+// partition is a run of them; fewer than sm_count / granularity where GPCs leave SMs over).
+tl::expected<unsigned, CUresult> count_sm_groups(const DriverTable& cu,
+                                                 const CUdevResource& device_sms,
+                                                 unsigned granularity);
 
 // The first of `groups` equal SM groups that slot `slot` of `slots` starts at, when a client
 // needs `needed` of them: slot * groups / slots, moved back so the run fits.

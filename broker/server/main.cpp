@@ -97,6 +97,9 @@ int main(int argc, char** argv) {
   settings.launch_batch.min_launches = options->launch_batch_min;
   settings.busy_time = options->busy_time;
   settings.client_limits = options->client_limits;
+  settings.priority.enabled = options->priority_scheduling;
+  settings.priority.max_hold = std::chrono::microseconds(options->priority_max_hold_us);
+  settings.priority.run_ahead = options->priority_run_ahead;
   settings.workers = options->workers != 0 ? options->workers : default_worker_count();
   settings.context_idle_timeout = std::chrono::seconds(options->context_idle_timeout_s);
   const int control_fd = control.get();

@@ -94,7 +94,8 @@ int effective_priority(const Session& session, int asked) {
   // Lower numbers are higher priorities: greatest <= least.
   int greatest = std::min(snap.stream_priority_greatest, snap.stream_priority_least);
   int least = std::max(snap.stream_priority_greatest, snap.stream_priority_least);
-  long biased = static_cast<long>(std::clamp(asked, greatest, least)) + session.priority_bias;
+  long biased = static_cast<long>(std::clamp(asked, greatest, least)) + session.priority_bias -
+                session.priority_boost;
   return static_cast<int>(std::clamp<long>(biased, greatest, least));
 }
 

@@ -68,6 +68,23 @@ tl::expected<Options, std::string> parse_options(std::span<const char* const> ar
         return tl::unexpected(fmt::format("--busy-time {}: expected on or off", value));
       }
       options.busy_time = value == "on";
+    } else if (flag == "--priority-scheduling") {
+      if (value != "on" && value != "off") {
+        return tl::unexpected(fmt::format("--priority-scheduling {}: expected on or off", value));
+      }
+      options.priority_scheduling = value == "on";
+    } else if (flag == "--priority-max-hold-us") {
+      if (!parse_number(value, options.priority_max_hold_us) || options.priority_max_hold_us < 1 ||
+          options.priority_max_hold_us > 10'000'000) {
+        return tl::unexpected(
+            fmt::format("--priority-max-hold-us {}: expected 1 to 10000000 microseconds", value));
+      }
+    } else if (flag == "--priority-run-ahead") {
+      if (!parse_number(value, options.priority_run_ahead) || options.priority_run_ahead < 1 ||
+          options.priority_run_ahead > 4096) {
+        return tl::unexpected(
+            fmt::format("--priority-run-ahead {}: expected 1 to 4096 records", value));
+      }
     } else if (flag == "--workers") {
       if (!parse_number(value, options.workers) || options.workers > kMaxWorkers) {
         return tl::unexpected(fmt::format("--workers {}: expected 0 (one per available CPU) to {}",

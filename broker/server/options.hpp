@@ -2,7 +2,9 @@
 //   mpsshim-server --device N --control-fd FD [--driver PATH] [--log-level LEVEL]
 //                  [--default-sm-percentage P] [--default-memory-limit BYTES] [--workers N]
 //                  [--launch-batch N] [--launch-batch-min N]
-//                  [--context-idle-timeout SECS] [--client-limit NAME=N]...
+//                  [--context-idle-timeout SECS] [--priority-scheduling on|off]
+//                  [--priority-max-hold-us N] [--priority-run-ahead N]
+//                  [--client-limit NAME=N]...
 #pragma once
 
 #include <cstddef>
@@ -14,6 +16,7 @@
 #include "broker/server/client_limits.hpp"
 #include "broker/server/launch_batch.hpp"
 #include "broker/server/log.hpp"
+#include "broker/server/priority_gate.hpp"
 
 namespace mpsshim::server {
 
@@ -34,7 +37,11 @@ struct Options {
   std::size_t launch_batch = LaunchBatchSettings{}.max_launches;
   // Fewest launches that go out as a graph launch; shorter runs go out eagerly.
   std::size_t launch_batch_min = LaunchBatchSettings{}.min_launches;
-  bool busy_time = false;      // --busy-time on: GPU busy time per client (busy_time.hpp)
+  bool busy_time = false;  // --busy-time on: GPU busy time per client (busy_time.hpp)
+  // Below-normal clients held back while normal ones have work in flight (priority_gate.hpp).
+  bool priority_scheduling = PrioritySettings{}.enabled;
+  long priority_max_hold_us = PrioritySettings{}.max_hold.count();
+  std::size_t priority_run_ahead = PrioritySettings{}.run_ahead;
   ClientLimits client_limits;  // --client-limit NAME=N, repeatable (client_limits.hpp)
 };
 
@@ -48,6 +55,7 @@ inline constexpr const char* kUsage =
     "usage: mpsshim-server --device N --control-fd FD [--driver PATH] "
     "[--log-level error|warn|info|debug] [--default-sm-percentage P] [--launch-batch N] "
     "[--launch-batch-min N] [--busy-time on|off] [--default-memory-limit BYTES] [--workers N] "
-    "[--context-idle-timeout SECS] [--client-limit NAME=N]...";
+    "[--context-idle-timeout SECS] [--priority-scheduling on|off] [--priority-max-hold-us N] "
+    "[--priority-run-ahead N] [--client-limit NAME=N]...";
 
 }  // namespace mpsshim::server

@@ -46,6 +46,9 @@ struct ServerSettings {
   // The primary context is released after this long without a client (context_lease.hpp);
   // negative: kept for the server's life.
   std::chrono::milliseconds context_idle_timeout{-1};
+  // Below-normal clients held back while normal ones have work in flight (priority_gate.hpp;
+  // mpsshim-server --priority-scheduling).
+  PrioritySettings priority;
 };
 
 // The process exit code after a sticky GPU fault: the daemon starts a fresh server.
@@ -105,6 +108,8 @@ class Server final {
   // Something for the coordinator to look at (a fault spread, a session freed).
   void wake();
   std::size_t clients_on_gpu() const { return session_count(); }
+  // Which priority classes have clients here, and how many normal ones have work in flight.
+  PriorityBoard& priority_board() { return priority_board_; }
 
   // A kCtlRequest from the daemon (control.cpp): the defaults for new clients, and a running
   // client's quotas changed live (set_client_active_thread_percentage PID P,
@@ -150,6 +155,7 @@ class Server final {
   std::atomic<std::size_t> workers_stored_fault_{0};
   std::atomic<std::size_t> workers_failed_{0};
   std::function<void(int)> fatal_;
+  PriorityBoard priority_board_;
 };
 
 }  // namespace mpsshim::server

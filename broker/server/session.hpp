@@ -26,6 +26,7 @@
 #include "broker/server/green_context.hpp"
 #include "broker/server/launch_batch.hpp"
 #include "broker/server/objects.hpp"
+#include "broker/server/priority_gate.hpp"
 #include "broker/server/session_stats.hpp"
 #include "broker/server/shared_segment.hpp"
 #include "broker/server/virtual_memory.hpp"
@@ -279,6 +280,12 @@ class Session {
   ClientLimits limits;
   std::uint32_t limits_logged = 0;
   bool not_owned_logged = false;  // it named another's handle or memory (note_not_owned)
+  // Its class (CUDA_MPS_CLIENT_PRIORITY), whether it holds back others or is held back, and
+  // the fences after its last passes (priority_gate.hpp).
+  PriorityState priority;
+  // Steps its streams rank above what they ask: 1 for a normal client while priority
+  // scheduling is on (priority_gate.hpp), else 0.
+  int priority_boost = 0;
 
  private:
   const Gpu* gpu_;

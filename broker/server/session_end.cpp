@@ -78,6 +78,7 @@ void Worker::end_session(Session& session, const std::string& reason, CUresult n
 }
 
 void Worker::free_session(Session& session) {
+  priority_leave(session, server_.priority_board());
   FreedTally tally = free_everything(session);
   if (session.end_notify == CUDA_SUCCESS) {  // the client left: "disconnected", "said goodbye"
     log_info("{} {}; {}", session.who(), session.end_reason, freed_summary(tally));

@@ -30,6 +30,7 @@ void mark_events_in_use_stale(Session& s) {
     s.stale_events.push_back(span.begin);
     s.stale_events.push_back(span.end);
   }
+  for (CUevent fence : s.priority.fences) s.stale_events.push_back(fence);
   for (std::uint64_t id : s.objects.ids<StreamObj>()) {
     if (CUevent fence = s.objects.get<StreamObj>(id)->capture_fence)
       s.stale_events.push_back(fence);
@@ -45,13 +46,13 @@ tl::expected<std::string, std::string> apply(Session& s, int percentage) {
   const Gpu& gpu = s.gpu();
   const DriverTable& cu = s.cu();
   const proto::DeviceSnapshot& snap = gpu.snapshot;
-  const unsigned granularity = sm_granularity(snap.sm_min_partition, snap.sm_coscheduled_alignment,
-                                              s.ignore_sm_coscheduling);
-  const SmQuota quota =
-      plan_sm_quota(snap.sm_count, granularity, percentage, s.ignore_sm_coscheduling);
-  // A client of a Kubernetes allocation stays in its slot of the device (admit.cpp).
-  auto green =
-      make_green_context(cu, gpu.device, gpu.sm_resource, quota, granularity, s.sm_placement);
+  // A client of a Kubernetes allocation stays in its slot of the device, one of a static
+  // partition in its partition (admit.cpp).
+  const PlannedQuota planned =
+      plan_client_quota(snap, percentage, s.ignore_sm_coscheduling, s.sm_placement);
+  const SmQuota& quota = planned.quota;
+  auto green = make_green_context(cu, gpu.device, gpu.sm_resource, quota, planned.granularity,
+                                  s.sm_placement);
   if (!green) {
     return tl::unexpected(fmt::format("creating a green context of {} SMs failed: {}", quota.target,
                                       describe(cu, green.error())));

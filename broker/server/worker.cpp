@@ -161,7 +161,22 @@ std::size_t Worker::do_work() {
 }
 
 std::size_t Worker::drain_ring(Session& session) {
-  const std::size_t batch = server_.settings().batch_per_client;
+  std::size_t batch = server_.settings().batch_per_client;
+  // The pass's safe point for priorities: nothing of this session waits in a batch now.
+  PriorityBoard& board = server_.priority_board();
+  bool held_to_limit = false;
+  if (session.priority.below_normal) {
+    const DrainPermit permit = priority_permit(session, board, server_.settings().priority,
+                                               std::chrono::steady_clock::now());
+    if (!permit.drain) return 0;
+    if (permit.limit != 0) {
+      batch = std::min(batch, permit.limit);
+      held_to_limit = true;
+    }
+  } else if (server_.settings().priority.enabled &&
+             session.ring.peek().status != proto::PeekStatus::kEmpty) {
+    priority_saw_work(session, board);
+  }
   // Consecutive launches collect in the session's launch batch (launch_batch.hpp) while this
   // pass finds them in the ring; the batch goes out when something else comes, when it is full,
   // and at the latest when the pass ends. It never waits for records that are not there yet.
@@ -181,7 +196,8 @@ std::size_t Worker::drain_ring(Session& session) {
     // Past the pass's share of records only while a waiting batch may still grow: by at most
     // the batch's maximum, as the batch goes out when full. (The opcode is read from shared
     // memory here; a client that rewrites it only changes where its own pass ends.)
-    if (done >= batch && !continues_launch_batch(session, peeked.record)) break;
+    // A below-normal pass held to its run-ahead does not grow a batch past it.
+    if (done >= batch && (held_to_limit || !continues_launch_batch(session, peeked.record))) break;
     // Backpressure, not an error: the client's calls wait as they would on a full driver queue.
     if (in_flight_full(session)) break;
     outcome = dispatch_record(session, peeked.record);
@@ -199,9 +215,10 @@ std::size_t Worker::drain_ring(Session& session) {
       outcome.op = proto::Op::kLaunchKernel;
     }
   }
-  // The pass's work on each stream ends its busy span (busy_time.hpp).
+  // The pass's work on each stream ends its busy span (busy_time.hpp) and gets its fence.
   if (outcome.kind != DispatchOutcome::Kind::kSticky) {
     close_busy_spans(session);
+    priority_end_pass(session, board);
     // A live SM quota change that waited for the client's captures to end (its last end may
     // have come in this pass).
     if (session.pending_sm_percentage != 0 && outcome.kind == DispatchOutcome::Kind::kOk) {
@@ -221,6 +238,8 @@ std::size_t Worker::poll_gpu() {
   for (std::size_t i = 0; i < sessions_.size() && !failed_;) {
     Session& session = *sessions_[i];
     work += poll_busy(session);
+    work += priority_poll(session, server_.priority_board(), server_.settings().priority,
+                          std::chrono::steady_clock::now());
     for (PollOutcome outcome : {poll_completions(session), poll_retired(session)}) {
       work += outcome.fired;
       if (outcome.sticky != CUDA_SUCCESS && !failed_) {

@@ -303,6 +303,11 @@ TEST_CASE("every mpsshimctl command answers --json with one JSON object", "[ctl]
       {{"list_allocations"}, true, {"allocations", "tokens_required"}},
       {{"revoke_allocation", "1"}, true, {"message"}},
       {{"revoke_allocation", "1"}, false, {"message"}},  // no longer there
+      {{"sm_partition", "add", "0", "16"}, true, {"partition"}},
+      {{"sm_partition", "add", "0", "100000"}, false, {"message"}},  // more than the GPU has
+      {{"lspart"}, true, {"partitions"}},
+      {{"sm_partition", "rm", "1"}, true, {"message"}},
+      {{"sm_partition", "rm", "1"}, false, {"message"}},  // no longer there
       {{"set_active_thread_percentage", "0", "4242", "101"}, false, {"message"}},
       {{"frobnicate"}, false, {"message"}},
       {{"quit"}, true, {"message"}},  // last: it stops the daemon

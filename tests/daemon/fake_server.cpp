@@ -17,7 +17,8 @@
 // "fake-client-gpu<gpu>" (the `ps` fields, or with the text "stats" the `stats` fields);
 // kServerTerminateClient is acknowledged; kCtlRequest "crash" exits 70
 // (as a GPU fault would), "hang_up" closes the control socket and lives on, "show_state" answers
-// with its command line and the requests it took, anything else is acknowledged and remembered.
+// with its command line and the requests it took, "sm_partition_groups" with an H100's split,
+// anything else is acknowledged and remembered.
 #include <signal.h>
 #include <unistd.h>
 
@@ -163,6 +164,10 @@ int main(int argc, char** argv) {
       proto::send_struct(control, make_text(MessageKind::kCtlReply, 0,
                                             fmt::format("args: {}\ntaken: {}\n", command_line,
                                                         fmt::join(taken, "; "))));
+    } else if (kind == MessageKind::kCtlRequest && text == "sm_partition_groups") {
+      // As an H100's server answers (static SM partitions).
+      proto::send_struct(control,
+                         make_text(MessageKind::kCtlReply, 0, "groups=16 granularity=8"));
     } else if (kind == MessageKind::kCtlRequest) {
       taken.push_back(text);
       proto::send_struct(control, make_text(MessageKind::kCtlReply, 0,

@@ -48,6 +48,7 @@ std::uint64_t layout_fingerprint() {
   FIELD(ClientHello, priority);
   FIELD(ClientHello, device_memory_limit);
   FIELD(ClientHello, flags);
+  FIELD(ClientHello, sm_partition);
   FIELD(ClientHello, visible_devices);
   FIELD(ClientHello, program);
   FIELD(ClientHello, allocation_token);
@@ -76,6 +77,9 @@ std::uint64_t layout_fingerprint() {
   FIELD(ServerAdmit, allocation_memory_limit);
   FIELD(ServerAdmit, allocation_sm_slot);
   FIELD(ServerAdmit, allocation_sm_slots);
+  FIELD(ServerAdmit, sm_partition);
+  FIELD(ServerAdmit, partition_first_group);
+  FIELD(ServerAdmit, partition_groups);
   SIZE(FdTransfer);
   FIELD(FdTransfer, token);
   FIELD(FdTransfer, bytes);
@@ -334,6 +338,7 @@ constexpr Pinned kPinned[] = {
     {1, 3, 0xbba53bc6836c29be},  // virtual memory management
     {1, 4, 0x2f5f5e6d8e27a8c6},  // allocation token in the hello, allocation fields in ServerAdmit
     {1, 5, 0x818acb60df98e984},  // ModuleFunctionNames (op 89)
+    {1, 6, 0xa59cccc35b43d57f},  // static SM partitions: sm_partition in the hello and in ServerAdmit
 };
 
 }  // namespace

@@ -93,6 +93,10 @@ struct Fixture {
       : h(harness), sut(h, hello) {
     admitted();
   }
+  // The same, admitted as given (a static SM partition's fields, say).
+  Fixture(Harness& harness, const proto::ServerAdmit& admit) : h(harness), sut(h, admit) {
+    admitted();
+  }
   ~Fixture() {
     sut.hang_up();
     if (owned_) {

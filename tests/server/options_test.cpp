@@ -89,4 +89,23 @@ TEST_CASE("--client-limit sets one cap and keeps the other defaults", "[server][
 }
 
 }  // namespace
+TEST_CASE("--priority-scheduling and its bounds (on, 2000 us, 4 records by default)",
+          "[server][options][priority]") {
+  auto defaults = parse({"--device", "0", "--control-fd", "3"});
+  REQUIRE(defaults);
+  CHECK(defaults->priority_scheduling);
+  CHECK(defaults->priority_max_hold_us == 2000);
+  CHECK(defaults->priority_run_ahead == 4);
+  auto set = parse({"--device", "0", "--control-fd", "3", "--priority-scheduling", "off",
+                    "--priority-max-hold-us", "500", "--priority-run-ahead", "16"});
+  REQUIRE(set);
+  CHECK_FALSE(set->priority_scheduling);
+  CHECK(set->priority_max_hold_us == 500);
+  CHECK(set->priority_run_ahead == 16);
+  CHECK_FALSE(parse({"--device", "0", "--control-fd", "3", "--priority-scheduling", "maybe"}));
+  CHECK_FALSE(parse({"--device", "0", "--control-fd", "3", "--priority-max-hold-us", "0"}));
+  CHECK_FALSE(parse({"--device", "0", "--control-fd", "3", "--priority-run-ahead", "0"}));
+  CHECK(std::string(kUsage).find("--priority-scheduling on|off") != std::string::npos);
+}
+
 }  // namespace mpsshim::server

@@ -1,0 +1,235 @@
+"""The modes (native, NVIDIA MPS, mpsshim and its variants): each one's environment for clients
+and how its daemon starts and stops. Mixed into the Harness (runner.py)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+from .common import log
+
+MODE_LABEL = {"native": "native (time-slicing)", "mps": "NVIDIA MPS", "shim": "mpsshim",
+              "shim-eager": "mpsshim, launch batching off",
+              "shim-noprio": "mpsshim, priority scheduling off"}
+ALL_MODES = ["native", "mps", "shim", "shim-eager", "shim-noprio"]
+# The mpsshim modes and what each adds to mpsshimd's command line (after --daemon-arg):
+# "shim-eager" measures the daemon's defaults without launch batching, side by side
+# (docs/launch-batching.md).
+# "shim-noprio" the same without holding back low-priority clients (docs/daemon.md).
+SHIM_MODES = {"shim": [], "shim-eager": ["--launch-batching=off"],
+              "shim-noprio": ["--priority-scheduling=off"]}
+
+
+def is_shim(mode: str) -> bool:
+    return mode in SHIM_MODES
+
+
+class ModeControl:
+    """The daemons of the modes; needs the Harness's paths (self.work, self.logs, ...)."""
+
+    # ---- environment per mode ----------------------------------------------------------------
+    def env(self, mode: str, extra: dict | None = None) -> dict:
+        env = dict(os.environ)
+        for key in ("LD_PRELOAD", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY",
+                    "NOTIFY_SOCKET"):
+            env.pop(key, None)
+        if mode == "mps":
+            env["CUDA_MPS_PIPE_DIRECTORY"] = self.mps_dirs[0]
+            env["CUDA_MPS_LOG_DIRECTORY"] = self.mps_dirs[1]
+        elif is_shim(mode):
+            env["CUDA_MPS_PIPE_DIRECTORY"] = self.shim_dir
+            env["LD_PRELOAD"] = self.shim_lib
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        if extra:
+            env.update(extra)
+        return env
+
+    # ---- nvidia-smi --------------------------------------------------------------------------
+    def smi_query(self, fields: str) -> list[str]:
+        try:
+            out = subprocess.run([self.smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, timeout=20).stdout
+            return [x.strip() for x in out.splitlines()[0].split(",")]
+        except (OSError, subprocess.SubprocessError, IndexError):
+            return []
+
+    def mem_used_mib(self) -> float | None:
+        values = self.smi_query("memory.used")
+        try:
+            return float(values[0])
+        except (IndexError, ValueError):
+            return None
+
+    def wait_gpu_idle(self, timeout_s: float = 8.0) -> None:
+        """After a daemon stops: wait until memory.used is back near the idle GPU's."""
+        if self.gpu_idle_mib is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            used = self.mem_used_mib()
+            if used is None or used <= self.gpu_idle_mib + 64:
+                return
+            time.sleep(0.25)
+        log(f"GPU memory still {self.mem_used_mib()} MiB (idle {self.gpu_idle_mib}) after {timeout_s} s")
+
+    # ---- daemons -----------------------------------------------------------------------------
+    def start_mode(self, mode: str, rep: int) -> str:
+        """Starts the mode's daemon; returns "" or why it did not start."""
+        if self.args.dry_run:
+            return self.dry_start(mode, rep)
+        if mode == "mps":
+            return self.mps_start(rep)
+        if is_shim(mode):
+            return self.shim_start(rep, SHIM_MODES[mode])
+        return ""
+
+    def dry_start(self, mode: str, rep: int) -> str:
+        """--dry-run: says what would start, starts nothing."""
+        if mode == "mps":
+            self.mps_dirs = (os.path.join(self.work, f"mps.{rep}", "pipe"),
+                             os.path.join(self.work, f"mps.{rep}", "log"))
+            log(f"  dry run: CUDA_MPS_PIPE_DIRECTORY={self.mps_dirs[0]} "
+                f"{self.mps_control} -d")
+        elif is_shim(mode):
+            self.shim_dir = os.path.join(self.work, f"shim.{rep}")
+            log(f"  dry run: {' '.join(self.shim_command() + SHIM_MODES[mode])}")
+        return ""
+
+    def shim_command(self) -> list[str]:
+        return [self.daemon, "--runtime-dir", self.shim_dir, "--server",
+                self.server] + self.args.daemon_arg
+
+    def stop_mode(self, mode: str) -> None:
+        if self.args.dry_run:
+            return
+        if mode == "mps":
+            self.mps_stop()
+        elif is_shim(mode):
+            self.shim_stop()
+        self.wait_gpu_idle()
+
+    def mps_start(self, rep: int) -> str:
+        if not os.access(self.mps_control, os.X_OK):
+            return f"nvidia-cuda-mps-control not found ({self.mps_control})"
+        if os.geteuid() != 0:
+            return "not root: NVIDIA MPS not started"
+        base = os.path.join(self.work, f"mps.{rep}")
+        pipe, logd = os.path.join(base, "pipe"), os.path.join(base, "log")
+        os.makedirs(pipe, exist_ok=True)
+        os.makedirs(logd, exist_ok=True)
+        self.mps_dirs = (pipe, logd)
+        env = self.env("mps")
+        env["PATH"] = os.path.dirname(self.mps_control) + ":" + env.get("PATH", "")
+        try:
+            r = subprocess.run([self.mps_control, "-d"], env=env, capture_output=True, text=True,
+                               timeout=30)
+        except subprocess.SubprocessError as e:
+            return f"nvidia-cuda-mps-control -d: {e}"
+        if r.returncode != 0:
+            return f"nvidia-cuda-mps-control -d failed ({r.returncode}): {r.stderr.strip()[:200]}"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if os.path.exists(os.path.join(pipe, "control")):
+                return ""
+            time.sleep(0.05)
+        return f"NVIDIA MPS control pipe did not appear in {pipe}"
+
+    def mps_stop(self) -> None:
+        if self.args.dry_run:
+            self.mps_dirs = None
+        if not self.mps_dirs:
+            return
+        pipe, logd = self.mps_dirs
+        env = self.env("mps")
+        control_log = os.path.join(logd, "control.log")
+
+        def exits_logged() -> int:
+            try:
+                with open(control_log, "rb") as f:
+                    return f.read().count(b"Exit with status")
+            except OSError:
+                return 0
+
+        before = exits_logged()
+        try:
+            subprocess.run([self.mps_control], input="quit\n", env=env, capture_output=True,
+                           text=True, timeout=30)
+        except subprocess.SubprocessError as e:
+            log(f"echo quit | nvidia-cuda-mps-control failed: {e}")
+        # Gone when its log says so (the control pipe itself may stay behind) or the pipe went.
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if exits_logged() > before or not os.path.exists(os.path.join(pipe, "control")):
+                break
+            time.sleep(0.05)
+        else:
+            log("NVIDIA MPS control daemon: no exit logged 15 s after quit")
+        for name in ("control.log", "server.log"):
+            src = os.path.join(logd, name)
+            if os.path.exists(src):
+                with open(src, "rb") as f, open(os.path.join(self.logs, "mps." + name), "ab") as g:
+                    g.write(f.read())
+        self.mps_dirs = None
+
+    def shim_servers_running(self) -> tuple[bool, str]:
+        try:
+            r = subprocess.run([self.ctl, "--runtime-dir", self.shim_dir, "server_list"],
+                               capture_output=True, text=True, timeout=5, env=self.env("native"))
+        except subprocess.SubprocessError as e:
+            return False, str(e)
+        text = (r.stdout + r.stderr).strip()
+        return r.returncode == 0 and "running" in text.split(), text
+
+    def shim_start(self, rep: int, mode_args: list[str]) -> str:
+        self.shim_dir = os.path.join(self.work, f"shim.{rep}")
+        os.makedirs(self.shim_dir, exist_ok=True)
+        log_path = os.path.join(self.logs, f"mpsshimd.{rep}.log")
+        self.shim_log = open(log_path, "wb")
+        self.shim_proc = subprocess.Popen(
+            self.shim_command() + mode_args,
+            env=self.env("native"), stdout=self.shim_log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        said = ""
+        while time.monotonic() < deadline:
+            if os.path.exists(os.path.join(self.shim_dir, "control")):
+                ok, said = self.shim_servers_running()
+                if ok:
+                    return ""
+            if self.shim_proc.poll() is not None and self.shim_proc.returncode != 0:
+                break
+            time.sleep(0.1)
+        with open(log_path, "rb") as f:
+            tail = f.read().decode("utf-8", "replace").strip().splitlines()[-3:]
+        return f"mpsshimd not ready: server_list said {said[:120]!r}; log: {' | '.join(tail)}"[:400]
+
+    def shim_wait_ready(self, timeout_s: float = 15) -> bool:
+        if self.args.dry_run:
+            return True
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.shim_servers_running()[0]:
+                return True
+            time.sleep(0.2)
+        return False
+
+    def shim_stop(self) -> None:
+        if not self.shim_proc:
+            return
+        try:
+            subprocess.run([self.ctl, "--runtime-dir", self.shim_dir, "quit"], capture_output=True,
+                           timeout=15, env=self.env("native"))
+        except subprocess.SubprocessError:
+            pass
+        try:
+            self.shim_proc.wait(timeout=25)
+        except subprocess.TimeoutExpired:
+            log(f"mpsshimd ({self.shim_proc.pid}) ignored quit: SIGTERM")
+            self.shim_proc.terminate()
+            try:
+                self.shim_proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.shim_proc.kill()
+                self.shim_proc.wait(timeout=10)
+        self.shim_log.close()
+        self.shim_proc = None

@@ -1,0 +1,79 @@
+"""N copies of examples/small_kernels (2 blocks x 32 threads, ~10 us kernels, sync every 64)
+started together (--start-at-ns): per-process seconds, aggregate kernels/s, and the broker's CPU
+per kernel (its processes' utime + stime from /proc over the group, clients' setup included; MPS
+and mpsshim modes)."""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+from ..common import log, parse_result_line
+
+TITLE = "Concurrency: N x examples/small_kernels"
+ESTIMATE_S = (12, 30)  # seconds per mode and repetition: --quick, --full
+
+# metric -> (label, unit, better: "lower" | "higher" | None)
+METRICS = {
+    "agg_kernels_per_s": ("small kernels, aggregate", "kernels/s", "higher"),
+    "per_proc_s": ("small kernels, per-process loop", "s", "lower"),
+    "slowest_proc_s": ("small kernels, slowest process", "s", "lower"),
+    "late_ms": ("small kernels, latest start after the barrier", "ms", None),
+    "broker_cpu_us_per_kernel": ("small kernels, broker CPU per kernel (/proc)", "us",
+                                                  "lower"),
+}
+
+
+def programs(h) -> dict:
+    """The programs it runs: name -> path."""
+    return {"small_kernels": h.small_kernels}
+
+
+def run(h, mode, rep):
+    metrics = ["agg_kernels_per_s", "per_proc_s", "slowest_proc_s", "late_ms"]
+    kernels = h.cfg["small_kernels"]
+    for n in h.cfg["concurrency_n"]:
+        if n >= 16 and rep >= h.cfg.get("concurrency_big_reps", 99):
+            continue  # the large N cost most: fewer repetitions (the preset says how many)
+        key = ("concurrency", mode, n)
+        if key in h.failed_once:
+            h.fail("concurrency", metrics, mode, rep, "not run: failed in an earlier "
+                   "repetition: " + h.failed_once[key], n=n, status="skipped")
+            continue
+        delay = 0.6 + h.start_delay[mode] * n
+        start_at = time.time_ns() + int(delay * 1e9)
+        argv = [h.small_kernels, "--kernels", str(kernels), "--start-at-ns", str(start_at)]
+        ticks_before = h.broker_ticks(mode)
+        procs = h.run_group(mode, [argv] * n, f"concurrency.{mode}.{rep}.n{n}",
+                            timeout_s=delay + 60 + 0.5 * n)
+        ticks_after = h.broker_ticks(mode)
+        err = h.group_error(procs, "small_kernels")
+        results = [parse_result_line(p.stdout(), "small_kernels")[0] for p in procs]
+        results = [r for r in results if "start_ns" in r]
+        if err:
+            h.failed_once[key] = err
+            h.fail("concurrency", metrics, mode, rep, err, n=n)
+            log(f"  concurrency {mode} n={n}: FAILED {err[:160]}")
+            continue
+        starts = [int(r["start_ns"]) for r in results]
+        ends = [int(r["end_ns"]) for r in results]
+        seconds = [float(r["seconds"]) for r in results]
+        late = max(float(r.get("late_ms", 0)) for r in results)
+        span = (max(ends) - min(starts)) / 1e9
+        h.add("concurrency", "agg_kernels_per_s", mode, rep, n * kernels / span, n=n)
+        for s in seconds:
+            h.add("concurrency", "per_proc_s", mode, rep, s, n=n)
+        h.add("concurrency", "slowest_proc_s", mode, rep, max(seconds), n=n)
+        h.add("concurrency", "late_ms", mode, rep, late, n=n)
+        if ticks_before is not None and ticks_after is not None:
+            # The broker's CPU (every thread of the daemon and the server, or of NVIDIA MPS's
+            # processes) over the whole group, clients' setup included, per kernel launched.
+            hz = os.sysconf("SC_CLK_TCK")
+            h.add("concurrency", "broker_cpu_us_per_kernel", mode, rep,
+                  1e6 * (ticks_after - ticks_before) / hz / (n * kernels), n=n)
+        if late > 0:
+            # Some copy was still initialising at the barrier: give the next run more room.
+            h.start_delay[mode] = min(1.0, max(h.start_delay[mode] * 1.5,
+                                               1.25 * (delay + late / 1000) / n))
+        log(f"  concurrency {mode} n={n}: {n * kernels / span:,.0f} kernels/s, "
+            f"per-process {statistics.median(seconds):.3f} s, late {late:.0f} ms")

@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""The benchmark harness's plumbing without a GPU (bench/harness/, --dry-run): the priority
+workload runs in every mode with the right environments and daemon arguments, its output is
+parsed, summarised and reported with its ratios against the targets; and --render still renders
+the committed reference run. usage: harness_dry_run.py SOURCE_DIR"""
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+
+MODES = ["native", "mps", "shim", "shim-noprio"]
+
+
+def fail(message: str) -> None:
+    print(f"FAIL: {message}")
+    sys.exit(1)
+
+
+def main() -> int:
+    source = os.path.abspath(sys.argv[1])
+    harness = os.path.join(source, "bench", "harness.py")
+    with tempfile.TemporaryDirectory() as out:
+        run = subprocess.run(
+            [sys.executable, harness, "--build-dir", out, "--out", os.path.join(out, "r"),
+             "--dry-run", "--workloads", "priority", "--modes", ",".join(MODES), "--reps", "1"],
+            capture_output=True, text=True, timeout=300)
+        log = run.stdout + run.stderr
+        if run.returncode != 0:
+            fail(f"harness exited {run.returncode}:\n{log}")
+        # The commands it would have run: low-priority clients with CUDA_MPS_CLIENT_PRIORITY=1,
+        # the high-priority one with 0, and shim-noprio's daemon without priority scheduling.
+        for needed in ["CUDA_MPS_CLIENT_PRIORITY=1", "CUDA_MPS_CLIENT_PRIORITY=0",
+                       "--priority-scheduling=off", "--batch 8", "--batch 1"]:
+            if needed not in log:
+                fail(f"the dry run's commands lack {needed!r}:\n{log}")
+        with open(os.path.join(out, "r", "results.csv")) as f:
+            rows = list(csv.DictReader(f))
+        for mode in MODES:
+            for metric in ["high_p99_us", "low_kernels_per_s", "high_p99_vs_alone",
+                           "low_tput_vs_alone"]:
+                got = [r for r in rows if r["mode"] == mode and r["metric"] == metric
+                       and r["status"] == "ok" and r["value"]]
+                if not got:
+                    fail(f"no {metric} for {mode} in results.csv")
+        with open(os.path.join(out, "r", "report.md")) as f:
+            report = f.read()
+        for needed in ["**Dry run**", "## Priorities", "high-priority p99, shared / alone",
+                       "- shim-noprio: high-priority p99"]:
+            if needed not in report:
+                fail(f"report.md lacks {needed!r}:\n{report}")
+        # The committed reference run still renders.
+        render = subprocess.run(
+            [sys.executable, harness, "--render", os.path.join(source, "docs", "benchmarks"),
+             "--out", os.path.join(out, "rendered")], capture_output=True, text=True, timeout=120)
+        if render.returncode != 0:
+            fail(f"--render exited {render.returncode}: {render.stdout}{render.stderr}")
+        with open(os.path.join(out, "rendered", "report.md")) as f:
+            if "## Headline" not in f.read():
+                fail("the re-rendered reference report has no headline")
+    print("PASS harness dry run")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
