@@ -7,8 +7,10 @@ import sys
 try:
     import numpy as np
     from numba import cuda
-except ImportError as error:
-    print(f"numba_check: {error}: skipped")
+except (ImportError, AttributeError) as error:
+    # AttributeError: a numba older than the installed numpy (numpy 2 removed row_stack, which
+    # numba 0.60 still registers), as on the H100 machine: numba does not import at all.
+    print(f"numba_check: numba does not import: {error}: skipped")
     sys.exit(77)
 
 

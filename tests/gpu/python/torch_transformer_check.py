@@ -54,8 +54,10 @@ def main() -> int:
     for t in [gpu_out] + gpu_grads:
         digest.update(t.contiguous().numpy().tobytes())
     # bf16 keeps 8 significant bits; through attention, layer norm and backward the largest
-    # relative difference to fp32 stays within a few percent.
-    ok = out_err < 5e-2 and grad_err < 1e-1 and all(torch.isfinite(g).all() for g in gpu_grads)
+    # relative difference to fp32 stays within a few percent for the output and ~11% for the
+    # gradients (H100, natively: out 0.00095, grad 0.107). Native and shim must give the same
+    # digest; this only guards against a nonsense result.
+    ok = out_err < 5e-2 and grad_err < 2.5e-1 and all(torch.isfinite(g).all() for g in gpu_grads)
     print(f"torch_transformer_check: torch={torch.__version__.split('+')[0]} out_err={out_err:.3g} "
           f"grad_err={grad_err:.3g} digest={digest.hexdigest()[:16]} {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
