@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "tests/testdriver/query_socket.hpp"
 #include "tests/testdriver/state.hpp"
 
 namespace mpsshim::testdriver {
@@ -166,6 +167,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuInit(unsigned int flags) {
       s.devices.push_back(std::move(dev));
     }
     s.initialized.store(true);
+    start_query_socket();
     return CUDA_SUCCESS;
   } catch (...) {
     s.devices.clear();
