@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Copies what the GPU suite (tests/gpu/gpu_suite.sh) and bench/harness.py need out of a build
+# Copies what the GPU suite (tests/gpu/gpu_suite.sh), the soak (tests/gpu/soak.sh: the daemon,
+# server, shim and examples/; bench/resnet_client.py comes from the source tree) and
+# bench/harness.py need out of a build
 # directory into a small tree of the same layout, stripped, with the shared libraries a fresh
 # GPU machine lacks (libfmt.so.9) in OUT/lib. A whole debug build is ~700 MiB; this is ~20 MiB,
 # small enough to carry to the GPU machine. There:
 #
 #   export LD_LIBRARY_PATH=$PWD/OUT/lib
 #   bash tests/gpu/gpu_suite.sh --build-dir OUT
+#   bash tests/gpu/soak.sh --build-dir OUT --minutes 8
 #   python3 bench/harness.py --build-dir OUT --out /tmp/bench --quick
 #   LD_LIBRARY_PATH=$PWD/OUT/lib:$PWD/OUT/k8s-lib bash tests/gpu/k8s_allocation.sh  # with the
 #     variables it names set to OUT's programs (docs/kubernetes.md)

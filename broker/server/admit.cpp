@@ -164,8 +164,8 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
     return;
   }
   std::string callbacks_error;
-  s.callbacks =
-      HostCallbackChannel::open(s.segment.fd(), s.segment.geometry(), s.who(), &callbacks_error);
+  s.callbacks = HostCallbackChannel::open(s.segment.fd(), s.segment.geometry(), client.get(),
+                                          s.who(), &callbacks_error);
   if (!s.callbacks) log_warn("{}: host functions are unavailable: {}", s.who(), callbacks_error);
   s.segment.close_fd();  // the mapping stays; the client has its own copy of the fd
   s.socket = std::move(client);

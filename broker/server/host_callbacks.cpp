@@ -1,6 +1,8 @@
 #include "broker/server/host_callbacks.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <poll.h>
 #include <sys/mman.h>
 
 #include <cerrno>
@@ -21,10 +23,15 @@ constexpr auto kSlowCallback = std::chrono::seconds(10);
 
 std::shared_ptr<HostCallbackChannel> HostCallbackChannel::open(int memfd,
                                                                const proto::SegmentHeader& geometry,
-                                                               std::string who,
+                                                               int client_socket, std::string who,
                                                                std::string* error) {
   if (geometry.callback_cell_count == 0) {
     *error = "the session segment has no host-callback cells";
+    return nullptr;
+  }
+  proto::UniqueFd socket_copy(::fcntl(client_socket, F_DUPFD_CLOEXEC, 0));
+  if (!socket_copy) {
+    *error = fmt::format("duplicating its socket: {}", std::strerror(errno));
     return nullptr;
   }
   const std::size_t bytes = proto::callback_region_bytes(geometry.callback_cell_count);
@@ -44,6 +51,7 @@ std::shared_ptr<HostCallbackChannel> HostCallbackChannel::open(int memfd,
   channel->control_->cell_count = geometry.callback_cell_count;
   channel->tickets_.assign(geometry.callback_cell_count, 0);
   channel->who_ = std::move(who);
+  channel->client_socket_ = std::move(socket_copy);
   return channel;
 }
 
@@ -96,6 +104,10 @@ void HostCallbackChannel::run(std::uint64_t callback_id, CUresult status, std::u
   for (;;) {
     const std::uint32_t seen = c.done.load(std::memory_order_acquire);
     if (seen == ticket || ended()) break;
+    if (client_hung_up()) {
+      end();  // the callback will never run: every host function of the client goes on
+      break;
+    }
     proto::futex_wait(&c.done, seen, kWaitSliceNs);
     if (!warned && std::chrono::steady_clock::now() - started > kSlowCallback) {
       warned = true;
@@ -106,6 +118,11 @@ void HostCallbackChannel::run(std::uint64_t callback_id, CUresult status, std::u
     }
   }
   release_cell(cell);
+}
+
+bool HostCallbackChannel::client_hung_up() const {
+  pollfd watch{client_socket_.get(), POLLRDHUP, 0};
+  return ::poll(&watch, 1, 0) == 1 && (watch.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0;
 }
 
 void HostCallbackChannel::end() {

@@ -5,8 +5,11 @@
 // callback id in a cell of the session segment (proto/segment.hpp), wakes the client's callback
 // thread, and waits until the client reports the callback done, so the stream goes on only
 // after the client's callback returned. Session end releases every waiting host function at
-// once. The channel is shared with every queued host function, so it (and its own mapping of
-// the cells) outlives the session for as long as the driver may still run one.
+// once, and so does the client's death, seen on the channel's own copy of the client's socket:
+// the worker that would end the session may itself be waiting for the stream (a cuMemFree of any
+// client synchronizes the device), so a host function must not wait for the worker to notice. The
+// channel is shared with every queued host function, so it (and its own mapping of the cells)
+// outlives the session for as long as the driver may still run one.
 #pragma once
 
 #include <cuda.h>
@@ -21,21 +24,25 @@
 #include <vector>
 
 #include "proto/segment.hpp"
+#include "proto/unix_socket.hpp"
 
 namespace mpsshim::server {
 
 class HostCallbackChannel {
  public:
-  // Maps the callback region of the session's memfd on its own. nullptr when the segment has
-  // no callback cells or the mapping fails (*error says why).
+  // Maps the callback region of the session's memfd on its own and keeps a duplicate of the
+  // client's socket to see its hang-up. nullptr when the segment has no callback cells or the
+  // mapping or the duplicate fails (*error says why).
   static std::shared_ptr<HostCallbackChannel> open(int memfd, const proto::SegmentHeader& geometry,
-                                                   std::string who, std::string* error);
+                                                   int client_socket, std::string who,
+                                                   std::string* error);
   ~HostCallbackChannel();
   HostCallbackChannel(const HostCallbackChannel&) = delete;
   HostCallbackChannel& operator=(const HostCallbackChannel&) = delete;
 
   // On the driver's callback thread: has the client run `callback_id` and waits until it has,
-  // or until the session ends. flags: proto::kCallbackKeep for a captured (replayable) call.
+  // until the session ends, or until the client hangs up (then ends the channel). flags:
+  // proto::kCallbackKeep for a captured (replayable) call.
   void run(std::uint64_t callback_id, CUresult status, std::uint32_t flags);
 
   // The session ended: every waiting and every later run() returns at once.
@@ -61,6 +68,7 @@ class HostCallbackChannel {
   HostCallbackChannel() = default;
   std::uint32_t acquire_cell();  // kNoCell once ended
   void release_cell(std::uint32_t cell);
+  bool client_hung_up() const;  // a look at client_socket_, never a wait
 
   static constexpr std::uint32_t kNoCell = 0xffffffffu;
 
@@ -70,6 +78,7 @@ class HostCallbackChannel {
   proto::HostCallbackCell* cells_ = nullptr;
   std::uint32_t cell_count_ = 0;
   std::string who_;
+  proto::UniqueFd client_socket_;  // our own duplicate: the session closes its copy at its end
 
   mutable std::mutex mutex_;  // server-private: never shared with the client
   std::condition_variable cell_freed_;

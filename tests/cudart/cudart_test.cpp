@@ -186,7 +186,7 @@ TEST_CASE("four cudart programs at once each get their own correct results", "[c
 
 TEST_CASE("without a daemon the runtime reports an error instead of hanging", "[cudart]") {
   std::map<std::string, std::string> env = {{"CUDA_MPS_PIPE_DIRECTORY", "/nonexistent/mpsshim"},
-                                            {"LD_PRELOAD", artefact("LIBMPSSHIM")}};
+                                            {"LD_PRELOAD", shim_preload()}};
   Child c({artefact("CUDART_VECADD"), "16"}, env);
   Outcome o = c.wait(60s);
   INFO("stdout: " << o.out << "\nstderr: " << o.err);

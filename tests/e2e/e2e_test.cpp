@@ -297,7 +297,7 @@ TEST_CASE("an SM quota sizes the client's green context and is what it sees", "[
 
 TEST_CASE("without a daemon cuInit fails and says how to start one", "[e2e]") {
   std::map<std::string, std::string> env = {{"CUDA_MPS_PIPE_DIRECTORY", "/nonexistent/mpsshim"},
-                                            {"LD_PRELOAD", artefact("LIBMPSSHIM")}};
+                                            {"LD_PRELOAD", shim_preload()}};
   Child c({client(), "basic", "16"}, env);
   Outcome o = c.wait(30s);
   INFO("stdout: " << o.out << "\nstderr: " << o.err);

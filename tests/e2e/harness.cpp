@@ -4,13 +4,17 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -22,6 +26,12 @@ std::string artefact(const char* variable) {
   const char* value = std::getenv(variable);
   if (value == nullptr) throw std::runtime_error(std::string("test environment lacks ") + variable);
   return value;
+}
+
+std::string shim_preload() {
+  const char* first = std::getenv("SANITIZER_PRELOAD");
+  if (first == nullptr || *first == '\0') return artefact("LIBMPSSHIM");
+  return std::string(first) + " " + artefact("LIBMPSSHIM");
 }
 
 Child::Child(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
@@ -156,6 +166,7 @@ Daemon::Daemon(std::vector<std::string> extra_args, std::map<std::string, std::s
   std::vector<std::string> shell = {"/bin/sh", "-c", "exec \"$@\" >>\"$0\" 2>&1",
                                     dir_ + "/stderr.log"};
   shell.insert(shell.end(), argv.begin(), argv.end());
+  env.emplace("MPSSHIM_TESTDRIVER_QUERY_SOCKET", dir_ + "/testdriver-query");
   process_ = std::make_unique<Child>(shell, env);
   // Ready when mpsshimctl gets an answer listing a running server.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -179,7 +190,7 @@ Daemon::~Daemon() {
 std::map<std::string, std::string> Daemon::client_env(
     std::map<std::string, std::string> extra) const {
   extra["CUDA_MPS_PIPE_DIRECTORY"] = dir_;
-  extra["LD_PRELOAD"] = artefact("LIBMPSSHIM");
+  extra["LD_PRELOAD"] = shim_preload();
   return extra;
 }
 
@@ -201,6 +212,38 @@ std::string Daemon::log() const {
     std::fclose(f);
   }
   return text;
+}
+
+std::map<std::string, long long> Daemon::driver_objects() const {
+  const std::string path = dir_ + "/testdriver-query";
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (path.size() >= sizeof address.sun_path) return {};
+  std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return {};
+  std::string line;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0) {
+    char buffer[512];
+    ssize_t n;
+    while ((n = read(fd, buffer, sizeof buffer)) > 0) line.append(buffer, static_cast<size_t>(n));
+  }
+  close(fd);
+  std::map<std::string, long long> counts;
+  std::istringstream fields(line);
+  for (std::string field; fields >> field;) {
+    const auto eq = field.find('=');
+    if (eq != std::string::npos) counts[field.substr(0, eq)] = std::stoll(field.substr(eq + 1));
+  }
+  return counts;
+}
+
+long long resident_kib(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  }
+  return -1;
 }
 
 int open_fd_count(pid_t pid) {

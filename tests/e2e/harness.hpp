@@ -15,6 +15,10 @@ namespace mpsshim::e2e {
 // Paths of the built artefacts, from the environment meson sets for the test.
 std::string artefact(const char* variable);
 
+// LD_PRELOAD for a client: libmpsshim.so, after the sanitizer runtime that must be loaded first
+// in an ASan build ($SANITIZER_PRELOAD, set by meson; docs/testing.md).
+std::string shim_preload();
+
 struct Outcome {
   int exit_code = -1;  // -signal when killed by a signal
   std::string out;
@@ -54,7 +58,8 @@ class Child {
 
 class Daemon {
  public:
-  // `env`: added to the daemon's environment (its servers and their driver inherit it).
+  // `env`: added to the daemon's environment (its servers and their driver inherit it). Its
+  // servers' test driver answers driver_objects() (MPSSHIM_TESTDRIVER_QUERY_SOCKET).
   explicit Daemon(std::vector<std::string> extra_args = {},
                   std::map<std::string, std::string> env = {});
   ~Daemon();
@@ -64,6 +69,9 @@ class Daemon {
       std::map<std::string, std::string> extra = {}) const;
   Outcome ctl(const std::vector<std::string>& command) const;
   std::string log() const;
+  // The test driver's live objects in GPU 0's server, by kind ("objects", "streams", "events",
+  // "device_bytes", ...: tests/testdriver/query_socket.cpp); empty if the server does not answer.
+  std::map<std::string, long long> driver_objects() const;
 
  private:
   std::string dir_;
@@ -72,6 +80,9 @@ class Daemon {
 
 // The number of open file descriptors of a process (/proc/<pid>/fd); -1 if it cannot be read.
 int open_fd_count(pid_t pid);
+
+// The resident set of a process in KiB (VmRSS of /proc/<pid>/status); -1 if it cannot be read.
+long long resident_kib(pid_t pid);
 
 // Runs a client under the shim and waits for it.
 Outcome run_client(const Daemon& daemon, const std::vector<std::string>& argv,

@@ -81,6 +81,7 @@ require_file() {  # NAME PATH
 
 SHIM_RUNTIME_DIR=""
 DAEMON_PID=""
+DAEMON_ARGS=()  # extra mpsshimd options (soak.sh: --driver for the test driver)
 
 # daemon_start RUNTIME_DIR LOG_FILE: starts mpsshimd on the real driver and waits until its
 # control socket answers server_list and a server there says "running" (clients that arrive
@@ -92,7 +93,8 @@ daemon_start() {
   [ -z "${SERVER:-}" ] || server_arg=(--server "$SERVER")
   mkdir -p "$SHIM_RUNTIME_DIR"
   env -u CUDA_MPS_PIPE_DIRECTORY -u LD_PRELOAD -u NOTIFY_SOCKET \
-    "$DAEMON" --runtime-dir "$SHIM_RUNTIME_DIR" "${server_arg[@]}" >"$log_file" 2>&1 &
+    "$DAEMON" --runtime-dir "$SHIM_RUNTIME_DIR" "${server_arg[@]}" \
+    "${DAEMON_ARGS[@]+"${DAEMON_ARGS[@]}"}" >"$log_file" 2>&1 &
   DAEMON_PID=$!
   while :; do
     if [ -S "$SHIM_RUNTIME_DIR/control" ] &&

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "tests/testdriver/query_socket.hpp"
 #include "tests/testdriver/state.hpp"
 
 namespace mpsshim::testdriver {
@@ -167,6 +168,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuInit(unsigned int flags) {
     }
     s.initialized.store(true);
     start_stats_file(s);
+    start_query_socket();
     return CUDA_SUCCESS;
   } catch (...) {
     s.devices.clear();

@@ -1,0 +1,321 @@
+#!/usr/bin/env bash
+# The soak: N clients (default 64) of mixed work under one mpsshimd for a given time, clients
+# coming and going and some SIGKILLed, while the server's resident memory, open fds and the GPU's
+# memory are sampled into a CSV (and a PNG plot when matplotlib imports). Exits 77 without an
+# NVIDIA GPU (unless --test-driver), 0 when it held, 1 on any client error, a server restart, or
+# growth beyond the tolerances below. docs/testing.md ("Soak") says how to run it for hours.
+#
+# usage: soak.sh --build-dir BUILD [--minutes M (8)] [--clients N (64)] [--interval S (5)]
+#                [--kill-percent P (10)] [--resnet-clients R (8)] [--gpu INDEX (0)]
+#                [--work-dir DIR (kept)] [--test-driver LIBMPSSHIM_TESTDRIVER.so]
+#
+# Each client slot runs one program after another, each picked at random: examples/small_kernels
+# (small kernels), examples/vector_add and examples/pinned_async (pageable and pinned copies),
+# examples/streams_events, examples/matmul_tiled and, in the first R slots when torch and
+# torchvision import, bench/resnet_client.py (ResNet-50 inference). A run passes when it exits 0
+# and prints its PASS line; P % of runs are SIGKILLed at a random instant (0.2 to 3.2 s in) and
+# count as killed, not as errors.
+#
+# Checks, on the samples taken while the clients run: each figure less what the clients attached
+# at that instant account for (a least-squares fit of the figure on the client count over the
+# whole run, so that a quarter with more clients attached is no growth), the median of the last
+# quarter against the median of the first:
+#   server RSS     growth <= max(RSS_TOLERANCE_MIB (64), RSS_TOLERANCE_PCT (10) % of the first)
+#   server fds     growth <= FD_TOLERANCE (16)
+#   GPU memory     growth <= GPU_TOLERANCE_MIB (512)  (nvidia-smi --query-gpu=memory.used)
+# and after the last client left: server fds <= FD_TOLERANCE over the count before the first
+# client, every client run passed or was killed, the server is the same process, never
+# restarted. The tolerances are environment variables of the same names.
+#
+# --test-driver runs the same on the host-memory test driver (no GPU; its device memory in use,
+# read from its query socket, stands for the GPU's): how the script's own logic is tested on CPU.
+set -u -o pipefail
+
+SCRIPT_NAME=soak
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+SOURCE_DIR=$(realpath "$(dirname "${BASH_SOURCE[0]}")/../..")
+
+RSS_TOLERANCE_MIB=${RSS_TOLERANCE_MIB:-64}
+RSS_TOLERANCE_PCT=${RSS_TOLERANCE_PCT:-10}
+FD_TOLERANCE=${FD_TOLERANCE:-16}
+GPU_TOLERANCE_MIB=${GPU_TOLERANCE_MIB:-512}
+PROGRAM_TIMEOUT=${PROGRAM_TIMEOUT:-300}
+
+parse_paths "$@"
+MINUTES=8 CLIENTS=64 INTERVAL=5 KILL_PERCENT=10 RESNET_CLIENTS=8 GPU_INDEX=0 WORK_DIR=""
+TEST_DRIVER=""
+set -- "${REST_ARGS[@]+"${REST_ARGS[@]}"}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --minutes) MINUTES=$2; shift 2 ;;
+    --clients) CLIENTS=$2; shift 2 ;;
+    --interval) INTERVAL=$2; shift 2 ;;
+    --kill-percent) KILL_PERCENT=$2; shift 2 ;;
+    --resnet-clients) RESNET_CLIENTS=$2; shift 2 ;;
+    --gpu) GPU_INDEX=$2; shift 2 ;;
+    --work-dir) WORK_DIR=$2; shift 2 ;;
+    --test-driver) TEST_DRIVER=$(realpath "$2"); shift 2 ;;
+    *) die "unknown option $1" ;;
+  esac
+done
+
+if [ -z "$TEST_DRIVER" ] && ! have_gpu; then
+  log "no NVIDIA GPU (no /dev/nvidiactl, or nvidia-smi -L lists none): skipped"
+  exit "$SKIP_STATUS"
+fi
+require_file shim "${SHIM:-}"
+require_file daemon "${DAEMON:-}"
+require_file ctl "${CTL:-}"
+require_file examples-dir "$EXAMPLES_DIR/small_kernels"
+[ -z "$TEST_DRIVER" ] || require_file test-driver "$TEST_DRIVER"
+DURATION_S=$(awk -v m="$MINUTES" 'BEGIN { printf "%d", m * 60 }')
+[ "$DURATION_S" -gt 0 ] || die "--minutes $MINUTES is not a positive duration"
+
+[ -n "$WORK_DIR" ] || WORK_DIR=$(mktemp -d /tmp/mpsshim-soak.XXXXXX)
+mkdir -p "$WORK_DIR/logs"
+LOGS=$WORK_DIR/logs
+CSV=$WORK_DIR/soak.csv
+RESULTS=$WORK_DIR/runs.txt    # one line per client run: pass|killed|error NAME [details]
+STOP_FILE=$WORK_DIR/stop
+rm -f "$STOP_FILE" "$RESULTS"
+: >"$RESULTS"
+
+# ---- the daemon -----------------------------------------------------------------------------
+DAEMON_ARGS=()
+if [ -n "$TEST_DRIVER" ]; then
+  DAEMON_ARGS=(--driver "$TEST_DRIVER")
+  export MPSSHIM_TESTDRIVER_QUERY_SOCKET=$WORK_DIR/testdriver-query
+fi
+SLOT_PIDS=()
+# shellcheck disable=SC2317  # the EXIT trap
+cleanup() {
+  touch "$STOP_FILE"
+  local pid
+  for pid in "${SLOT_PIDS[@]+"${SLOT_PIDS[@]}"}"; do
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+  done
+  daemon_stop
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log "work dir $WORK_DIR; $CLIENTS clients for $MINUTES min, a sample every $INTERVAL s"
+daemon_start "$WORK_DIR/run" "$LOGS/mpsshimd.log" || die "mpsshimd did not become ready"
+
+ctl() { "$CTL" --runtime-dir "$SHIM_RUNTIME_DIR" "$@"; }
+
+# GPU 0's server: "PID RESTARTS" from server_list (GPU PID STATE RESTARTS ...).
+server_pid_restarts() {
+  ctl server_list 2>/dev/null | awk -v g="$GPU_INDEX" '$1 == g { print $2, $4; exit }'
+}
+
+# The GPU memory in use, MiB: nvidia-smi's, or the test driver's device memory in use.
+gpu_memory_mib() {
+  if [ -n "$TEST_DRIVER" ]; then
+    python3 - "$MPSSHIM_TESTDRIVER_QUERY_SOCKET" <<'EOF' 2>/dev/null || echo nan
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+line = s.makefile().readline()
+fields = dict(kv.split("=") for kv in line.split())
+print(f"{int(fields['device_bytes']) / 2**20:.1f}")
+EOF
+  else
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i "$GPU_INDEX" 2>/dev/null |
+      head -n1 | tr -d ' ' || echo nan
+  fi
+}
+
+# One CSV line: phase,t_s,server_pid,restarts,clients,rss_kib,fds,gpu_mem_mib (phase: idle
+# before the first client, run, after the last client left).
+sample() {
+  local pid_restarts pid restarts rss fds clients
+  pid_restarts=$(server_pid_restarts)
+  pid=${pid_restarts% *}
+  restarts=${pid_restarts#* }
+  rss=$(awk '/^VmRSS:/ { print $2 }' "/proc/$pid/status" 2>/dev/null)
+  fds=$(find "/proc/$pid/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
+  clients=$(ctl ps 2>/dev/null | tail -n +2 | grep -c .)
+  printf '%s,%s,%s,%s,%s,%s,%s,%s\n' "$1" "$((SECONDS - START_S))" "${pid:-nan}" "${restarts:-nan}" \
+    "$clients" "${rss:-nan}" "$fds" "$(gpu_memory_mib)"
+}
+
+# ---- the client slots -----------------------------------------------------------------------
+HAVE_TORCH=0
+if [ -z "$TEST_DRIVER" ] && [ "$RESNET_CLIENTS" -gt 0 ] &&
+  env -u LD_PRELOAD python3 -c 'import torch, torchvision' 2>/dev/null; then
+  HAVE_TORCH=1
+else
+  log "no ResNet clients (torch/torchvision not importable, --test-driver or --resnet-clients 0)"
+fi
+
+# pick_program SLOT: sets NAME and COMMAND (argv) for the slot's next run.
+pick_program() {
+  local choices=(small_kernels small_kernels vector_add pinned_async streams_events matmul_tiled)
+  [ "$HAVE_TORCH" = 1 ] && [ "$1" -lt "$RESNET_CLIENTS" ] && choices+=(resnet resnet resnet)
+  NAME=${choices[$((RANDOM % ${#choices[@]}))]}
+  case "$NAME" in
+    small_kernels) COMMAND=("$EXAMPLES_DIR/small_kernels" --kernels 2000 --ns 20000) ;;
+    vector_add) COMMAND=("$EXAMPLES_DIR/vector_add" --n $((1 << 22))) ;;
+    pinned_async) COMMAND=("$EXAMPLES_DIR/pinned_async") ;;
+    streams_events) COMMAND=("$EXAMPLES_DIR/streams_events") ;;
+    matmul_tiled) COMMAND=("$EXAMPLES_DIR/matmul_tiled") ;;
+    resnet)
+      NAME=resnet_client
+      COMMAND=(python3 "$SOURCE_DIR/bench/resnet_client.py" --no-wait --warmup 3 --iters 60)
+      ;;
+  esac
+}
+
+# run_slot SLOT: runs programs until the stop file appears; appends one line per run to RESULTS.
+run_slot() {
+  local slot=$1 run=0 status line prefix limit killed
+  while [ ! -e "$STOP_FILE" ]; do
+    run=$((run + 1))
+    pick_program "$slot"
+    prefix=$LOGS/slot$slot.$run.$NAME
+    limit=$PROGRAM_TIMEOUT killed=0
+    if [ $((RANDOM % 100)) -lt "$KILL_PERCENT" ]; then
+      limit=$(awk -v r="$RANDOM" 'BEGIN { printf "%.2f", 0.2 + 3 * r / 32768 }')
+      killed=1
+    fi
+    status=0
+    timeout -s KILL "$limit" env LD_PRELOAD="$SHIM" CUDA_MPS_PIPE_DIRECTORY="$SHIM_RUNTIME_DIR" \
+      "${COMMAND[@]}" >"$prefix.out" 2>"$prefix.err" || status=$?
+    line=$(result_line "$prefix.out" "$NAME")
+    if [ "$status" = 0 ] && [ "$(verdict "$line")" = PASS ]; then
+      echo "pass $NAME" >>"$RESULTS"
+    elif [ "$killed" = 1 ] && { [ "$status" = 137 ] || [ "$status" = 124 ]; }; then
+      echo "killed $NAME after ${limit}s" >>"$RESULTS"
+    else
+      echo "error $NAME status=$status log=$prefix.{out,err}: ${line:-no result line}" >>"$RESULTS"
+      continue  # keep the logs of a failure
+    fi
+    rm -f "$prefix.out" "$prefix.err"
+  done
+}
+
+read -r SERVER_PID RESTARTS_0 <<<"$(server_pid_restarts)"
+[ -n "${SERVER_PID:-}" ] || die "no server for GPU $GPU_INDEX in server_list"
+FDS_IDLE=$(find "/proc/$SERVER_PID/fd" -mindepth 1 -maxdepth 1 | wc -l)
+START_S=$SECONDS
+echo "phase,t_s,server_pid,restarts,clients,rss_kib,fds,gpu_mem_mib" >"$CSV"
+sample idle >>"$CSV"
+for slot in $(seq 0 $((CLIENTS - 1))); do
+  # The slot's stderr: bash's "Killed" notes of the runs it killed.
+  run_slot "$slot" 2>>"$LOGS/slots.err" &
+  SLOT_PIDS+=($!)
+done
+while [ $((SECONDS - START_S)) -lt "$DURATION_S" ]; do
+  sleep "$INTERVAL"
+  sample run >>"$CSV"
+done
+touch "$STOP_FILE"
+log "stopping: every slot ends its current run"
+for pid in "${SLOT_PIDS[@]}"; do wait "$pid"; done
+SLOT_PIDS=()
+for _ in $(seq 100); do  # the last sessions are freed
+  [ "$(ctl ps 2>/dev/null | tail -n +2 | grep -c .)" = 0 ] && break
+  sleep 0.2
+done
+for _ in $(seq 100); do  # a session's fds close once its queued work has drained
+  FDS_END=$(find "/proc/$SERVER_PID/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
+  [ "$FDS_END" -le "$FDS_IDLE" ] && break
+  sleep 0.2
+done
+sample after >>"$CSV"
+
+# ---- the verdict ----------------------------------------------------------------------------
+PLOT=$WORK_DIR/soak.png
+python3 - "$CSV" "$RESULTS" "$PLOT" "$SERVER_PID" "$RESTARTS_0" "$FDS_IDLE" "$FDS_END" \
+  "$RSS_TOLERANCE_MIB" "$RSS_TOLERANCE_PCT" "$FD_TOLERANCE" "$GPU_TOLERANCE_MIB" <<'EOF'
+import csv, statistics, sys
+(csv_path, results_path, plot_path, server_pid, restarts_0, fds_idle, fds_end,
+ rss_tol_mib, rss_tol_pct, fd_tol, gpu_tol_mib) = sys.argv[1:]
+rows = list(csv.DictReader(open(csv_path)))
+samples = [r for r in rows if r["phase"] == "run"]
+runs = [line.split()[0] for line in open(results_path) if line.strip()]
+failures = []
+errors = runs.count("error")
+print(f"soak: {len(runs)} client runs: {runs.count('pass')} passed, {runs.count('killed')} killed, "
+      f"{errors} errors")
+if errors:
+    failures.append(f"{errors} client runs failed (runs.txt lists their logs)")
+if any(r["server_pid"] != server_pid for r in rows):
+    failures.append("the server changed (pids " + " ".join(sorted({r["server_pid"] for r in rows})) + ")")
+if any(r["restarts"] != restarts_0 for r in rows):
+    failures.append("the server was restarted")
+
+def number(value):
+    try:
+        return float(value)
+    except ValueError:
+        return float("nan")
+
+def growth(key):
+    """Medians of the first and last quarter of `key` less what the clients attached account for."""
+    points = [(number(r["clients"]), number(r[key])) for r in samples]
+    points = [(c, v) for c, v in points if c == c and v == v]
+    if len(points) < 2:
+        return None, None, None
+    mean_c = statistics.fmean(c for c, _ in points)
+    mean_v = statistics.fmean(v for _, v in points)
+    spread = sum((c - mean_c) ** 2 for c, _ in points)
+    per_client = sum((c - mean_c) * (v - mean_v) for c, v in points) / spread if spread else 0.0
+    rest = [v - per_client * (c - mean_c) for c, v in points]
+    q = max(1, len(rest) // 4)
+    a, b = statistics.median(rest[:q]), statistics.median(rest[-q:])
+    return a, b, b - a
+
+checks = [
+    ("server RSS (MiB)", "rss_kib", 1 / 1024,
+     lambda a: max(float(rss_tol_mib), float(rss_tol_pct) / 100 * a)),
+    ("server fds", "fds", 1, lambda a: float(fd_tol)),
+    ("GPU memory (MiB)", "gpu_mem_mib", 1, lambda a: float(gpu_tol_mib)),
+]
+for title, key, scale, tolerance in checks:
+    a, b, d = growth(key)
+    if a is None:
+        failures.append(f"{title}: no samples")
+        continue
+    a, b, d = a * scale, b * scale, d * scale
+    allowed = tolerance(a)
+    verdict = "ok" if d <= allowed else "GREW"
+    print(f"soak: {title}: first quarter median {a:.1f}, last quarter {b:.1f}, "
+          f"growth {d:+.1f} (tolerance {allowed:.1f}) {verdict}")
+    if d > allowed:
+        failures.append(f"{title} grew by {d:.1f} (tolerance {allowed:.1f})")
+print(f"soak: server fds without clients: {fds_idle} before, {fds_end} after")
+if int(fds_end) > int(fds_idle) + int(fd_tol):
+    failures.append(f"server fds without clients {fds_idle} -> {fds_end}")
+
+try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    t = [number(r["t_s"]) / 60 for r in rows]
+    fig, axes = plt.subplots(4, 1, sharex=True, figsize=(9, 9))
+    # Every sample, the idle ones before and after included.
+    for ax, (label, key, scale) in zip(axes, [
+            ("server RSS (MiB)", "rss_kib", 1 / 1024), ("server fds", "fds", 1),
+            ("GPU memory used (MiB)", "gpu_mem_mib", 1), ("clients attached", "clients", 1)]):
+        ax.plot(t, [number(r[key]) * scale for r in rows], marker=".")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    axes[-1].set_xlabel("minutes")
+    axes[0].set_title(f"mpsshim soak: {len(runs)} client runs, {errors} errors")
+    fig.tight_layout()
+    fig.savefig(plot_path, dpi=100)
+    print(f"soak: plot {plot_path}")
+except ImportError:
+    print("soak: matplotlib is not importable: no plot (the samples are in the CSV)")
+
+for failure in failures:
+    print(f"soak: FAIL {failure}")
+print("soak: PASS" if not failures else "soak: FAIL")
+sys.exit(1 if failures else 0)
+EOF
+status=$?
+log "samples $CSV, client runs $RESULTS, logs $LOGS"
+exit "$status"
