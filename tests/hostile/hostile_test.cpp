@@ -119,7 +119,7 @@ TEST_CASE("wrong hellos are refused by the daemon with a log line", "[hostile][h
   Fixture sut;
   for (const Attack& attack : std::vector<Attack>{
            {{"bad-magic"}, "sent something that is not mpsshim's protocol"},
-           {{"wrong-abi"}, "client speaks mpsshim ABI 99.4, this daemon speaks"},
+           {{"wrong-abi"}, "client speaks mpsshim ABI 99."},
            {{"truncated-hello"}, "sent a truncated message of kind 3 (100 bytes)"},
            {{"oversized-hello"}, "sent a 65536-byte hello whose header says 65536 bytes"},
            {{"hello-size-lies"}, "sent a 432-byte hello whose header says 200 bytes"},
