@@ -35,6 +35,7 @@ enum LongOnly : int {
   kLaunchBatching,
   kServerLaunchBatchMin,
   kBusyTime,
+  kHostFences,
   kPriorityScheduling,
   kPriorityMaxHold,
   kContextIdleTimeout,
@@ -127,6 +128,9 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
                        fewer go out one by one (default 8)
   --busy-time on|off   whether every GPU's server measures each client's GPU busy time with
                        timing events (default off: it costs the launch path; docs/daemon.md)
+  --host-fences on|off  whether every GPU's server learns that a client's work finished from a
+                       word the GPU writes into host memory, instead of polling events (default
+                       on; see docs/daemon.md)
   --priority-scheduling on|off  while a client of normal priority has GPU work in flight,
                        hold back clients with CUDA_MPS_CLIENT_PRIORITY=1 (default on; see
                        docs/daemon.md)
@@ -168,6 +172,7 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
       {"launch-batching", required_argument, nullptr, kLaunchBatching},
       {"server-launch-batch-min", required_argument, nullptr, kServerLaunchBatchMin},
       {"busy-time", required_argument, nullptr, kBusyTime},
+      {"host-fences", required_argument, nullptr, kHostFences},
       {"priority-scheduling", required_argument, nullptr, kPriorityScheduling},
       {"priority-max-hold-us", required_argument, nullptr, kPriorityMaxHold},
       {"context-idle-timeout", required_argument, nullptr, kContextIdleTimeout},
@@ -279,6 +284,14 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
           return tl::unexpected(fmt::format("--busy-time {}: expected on or off", value));
         }
         options.server_busy_time = value == "on";
+        break;
+      }
+      case kHostFences: {
+        const std::string_view value = arg;
+        if (value != "on" && value != "off") {
+          return tl::unexpected(fmt::format("--host-fences {}: expected on or off", value));
+        }
+        options.server_host_fences = value == "on";
         break;
       }
       case kLaunchBatching: {

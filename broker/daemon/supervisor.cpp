@@ -86,6 +86,7 @@ std::vector<std::string> Supervisor::server_arguments(int ordinal) const {
     args.insert(args.end(), {"--launch-batch", std::to_string(*config_.server_launch_batch)});
   }
   if (config_.server_busy_time) args.insert(args.end(), {"--busy-time", "on"});
+  if (!config_.server_host_fences) args.insert(args.end(), {"--host-fences", "off"});
   for (const std::string& limit : config_.client_limits) {
     args.insert(args.end(), {"--client-limit", limit});
   }

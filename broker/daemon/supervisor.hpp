@@ -61,6 +61,7 @@ struct SupervisorConfig {
   std::optional<int> server_launch_batch{};
   std::optional<int> server_launch_batch_min{};      // passed as --launch-batch-min
   bool server_busy_time = false;                     // passed as --busy-time on
+  bool server_host_fences = true;                    // false: passed as --host-fences off
   bool server_priority_scheduling = true;            // false: passed as --priority-scheduling off
   std::optional<int> server_priority_max_hold_us{};  // passed as --priority-max-hold-us
   // Per-client caps, "NAME=N" each (N in bytes for sizes), passed as --client-limit NAME=N.

@@ -1,6 +1,8 @@
 #include "broker/server/completions.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <optional>
 
 #include "broker/server/driver.hpp"
 #include "broker/server/retire.hpp"
@@ -8,16 +10,41 @@
 namespace mpsshim::server {
 namespace {
 
-// Queries waits from `done` on; true when all have completed.
-bool advance(const DriverTable& cu, std::vector<Completion::Wait>& waits, std::size_t& done,
-             CUresult& result) {
-  while (done < waits.size()) {
-    CUresult r = cu.cuEventQuery(waits[done].event);
+using Clock = std::chrono::steady_clock;
+
+// Advances the completion's waits from `done` on; true when all have completed. A wait on a
+// host fence is over when its word holds the fence's value; its event is queried only every
+// kFaultCheckInterval, to learn of a fault that stops the stream before the write
+// (host_fences.hpp). `now` is read once per poll, when first needed.
+bool advance(Session& session, Completion& c, std::optional<Clock::time_point>& now) {
+  const DriverTable& cu = session.cu();
+  while (c.done < c.waits.size()) {
+    const Completion::Wait& w = c.waits[c.done];
+    if (w.fence.armed()) {
+      if (session.host_fences.reached(w.fence)) {
+        ++c.done;
+        continue;
+      }
+      if (!now) now = Clock::now();
+      if (*now < c.next_fault_check) return false;
+      c.next_fault_check = *now + kFaultCheckInterval;
+    }
+    CUresult r = cu.cuEventQuery(w.event);
     if (r == CUDA_ERROR_NOT_READY) return false;
-    if (r != CUDA_SUCCESS && result == CUDA_SUCCESS) result = r;
-    ++done;
+    if (r != CUDA_SUCCESS && c.result == CUDA_SUCCESS) c.result = r;
+    ++c.done;
   }
   return true;
+}
+
+// The fenced client streams are idle up to their fences (StreamObj::settled).
+void settle_streams(Session& session, const Completion& c) {
+  for (const Completion::Wait& w : c.waits) {
+    if (w.stream_id == 0) continue;
+    if (StreamObj* stream = session.objects.get<StreamObj>(w.stream_id)) {
+      stream->settled = std::max(stream->settled, w.stream_queued);
+    }
+  }
 }
 
 bool still_waited_on(const Session& session, const Completion* except, CUevent event) {
@@ -32,6 +59,9 @@ bool still_waited_on(const Session& session, const Completion* except, CUevent e
 
 void release_waits(Session& session, Completion& c) {
   for (const Completion::Wait& w : c.waits) {
+    // A word whose write may still be on its way stays out of circulation (host_fences.hpp).
+    if (w.fence.armed() && session.host_fences.reached(w.fence))
+      session.host_fences.release(w.fence);
     switch (w.owner) {
       case Completion::Owner::kPool:
         session.release_event(w.event);
@@ -58,10 +88,10 @@ void deliver(Session& session, const Completion& c, CUresult result) {
 
 PollOutcome poll_completions(Session& session) {
   PollOutcome out;
-  const DriverTable& cu = session.cu();
+  std::optional<Clock::time_point> now;
   for (std::size_t i = 0; i < session.pending.size();) {
     Completion& c = session.pending[i];
-    if (!advance(cu, c.waits, c.done, c.result)) {
+    if (!advance(session, c, now)) {
       ++i;
       continue;
     }
@@ -73,6 +103,7 @@ PollOutcome poll_completions(Session& session) {
       out.sticky_op = c.op;
       return out;
     }
+    if (c.result == CUDA_SUCCESS) settle_streams(session, c);
     deliver(session, c, c.result);
     release_waits(session, c);
     session.pending.erase(session.pending.begin() + static_cast<std::ptrdiff_t>(i));

@@ -84,6 +84,7 @@
   X(cuEventCreate, CUresult, (CUevent*, unsigned int))                                             \
   X(cuEventDestroy_v2, CUresult, (CUevent))                                                        \
   X(cuEventRecordWithFlags, CUresult, (CUevent, CUstream, unsigned int))                           \
+  X(cuStreamWriteValue32_v2, CUresult, (CUstream, CUdeviceptr, cuuint32_t, unsigned int))          \
   X(cuEventQuery, CUresult, (CUevent))                                                             \
   X(cuEventElapsedTime_v2, CUresult, (float*, CUevent, CUevent))                                   \
   X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, CUresult,                                \

@@ -50,7 +50,10 @@ StreamObj* use_stream(Call& call, proto::WireHandle id, bool queues_work, CUresu
     *error = r;
     return nullptr;
   }
-  if (queues_work) note_work(call.session, *stream);
+  if (queues_work) {
+    note_work(call.session, *stream);
+    ++stream->queued;
+  }
   *error = CUDA_SUCCESS;
   return stream;
 }

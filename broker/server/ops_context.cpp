@@ -81,18 +81,11 @@ OpResult op_ctx_synchronize(Call& call) {
   };
   for (std::uint64_t id :
        session.objects.ids_where<StreamObj>([&](const StreamObj& s) { return s.ctx == req.ctx; })) {
-    // An idle stream needs no fence (no stream captures here: refused above). With every
-    // stream idle the answer goes out in this pass: an idle cuCtxSynchronize costs one query
-    // per stream, not an event round trip.
-    CUstream on = session.objects.get<StreamObj>(id)->stream;
-    if (call.cu.cuStreamQuery(on) == CUDA_SUCCESS) continue;
-    auto event = session.acquire_event();
-    if (!event) {
-      give_back();
-      return call.done(event.error());
-    }
-    completion.waits.push_back({*event, Completion::Owner::kPool});
-    if (CUresult r = call.cu.cuEventRecordWithFlags(*event, on, 0); r != CUDA_SUCCESS) {
+    // A stream known idle needs no fence (no stream captures here: refused above). With every
+    // stream idle the answer goes out in this pass, without a driver call (StreamObj::settled).
+    StreamObj* stream = session.objects.get<StreamObj>(id);
+    if (stream->idle()) continue;
+    if (CUresult r = session.fence_stream_into(completion, id, *stream); r != CUDA_SUCCESS) {
       give_back();
       return call.done(r);
     }

@@ -55,7 +55,9 @@ OpResult op_stream_query(Call& call) {
   CUresult error = CUDA_SUCCESS;
   StreamObj* stream = use_stream(call, req.handle, false, &error);
   if (stream == nullptr) return call.done(error);
-  return call.done(call.cu.cuStreamQuery(stream->stream));
+  CUresult r = call.cu.cuStreamQuery(stream->stream);
+  if (r == CUDA_SUCCESS) stream->settled = stream->queued;
+  return call.done(r);
 }
 
 OpResult op_stream_synchronize(Call& call) {
@@ -67,12 +69,13 @@ OpResult op_stream_synchronize(Call& call) {
   Completion completion;
   completion.slot = call.header.reply_slot;
   completion.op = call.op();
-  // An idle stream needs no event round trip: answered at this pass's poll.
-  if (call.cu.cuStreamQuery(stream->stream) == CUDA_SUCCESS) {
+  // A stream known idle needs no fence: answered at this pass's poll, after the session's
+  // earlier completions (StreamObj::settled).
+  if (stream->idle()) {
     call.session.complete_queued(std::move(completion));
     return call.deferred();
   }
-  if (CUresult r = call.session.complete_after(stream->stream, std::move(completion));
+  if (CUresult r = call.session.complete_after(req.handle, *stream, std::move(completion));
       r != CUDA_SUCCESS) {
     return call.done(r);
   }

@@ -68,6 +68,11 @@ tl::expected<Options, std::string> parse_options(std::span<const char* const> ar
         return tl::unexpected(fmt::format("--busy-time {}: expected on or off", value));
       }
       options.busy_time = value == "on";
+    } else if (flag == "--host-fences") {
+      if (value != "on" && value != "off") {
+        return tl::unexpected(fmt::format("--host-fences {}: expected on or off", value));
+      }
+      options.host_fences = value == "on";
     } else if (flag == "--priority-scheduling") {
       if (value != "on" && value != "off") {
         return tl::unexpected(fmt::format("--priority-scheduling {}: expected on or off", value));

@@ -1,7 +1,7 @@
 // mpsshim-server's command line, as the daemon starts it:
 //   mpsshim-server --device N --control-fd FD [--driver PATH] [--log-level LEVEL]
 //                  [--default-sm-percentage P] [--default-memory-limit BYTES] [--workers N]
-//                  [--launch-batch N] [--launch-batch-min N]
+//                  [--launch-batch N] [--launch-batch-min N] [--host-fences on|off]
 //                  [--context-idle-timeout SECS] [--priority-scheduling on|off]
 //                  [--priority-max-hold-us N] [--priority-run-ahead N]
 //                  [--client-limit NAME=N]...
@@ -37,7 +37,8 @@ struct Options {
   std::size_t launch_batch = LaunchBatchSettings{}.max_launches;
   // Fewest launches that go out as a graph launch; shorter runs go out eagerly.
   std::size_t launch_batch_min = LaunchBatchSettings{}.min_launches;
-  bool busy_time = false;  // --busy-time on: GPU busy time per client (busy_time.hpp)
+  bool busy_time = false;   // --busy-time on: GPU busy time per client (busy_time.hpp)
+  bool host_fences = true;  // --host-fences off: completions poll events (host_fences.hpp)
   // Below-normal clients held back while normal ones have work in flight (priority_gate.hpp).
   bool priority_scheduling = PrioritySettings{}.enabled;
   long priority_max_hold_us = PrioritySettings{}.max_hold.count();
@@ -54,7 +55,8 @@ tl::expected<Options, std::string> parse_options(std::span<const char* const> ar
 inline constexpr const char* kUsage =
     "usage: mpsshim-server --device N --control-fd FD [--driver PATH] "
     "[--log-level error|warn|info|debug] [--default-sm-percentage P] [--launch-batch N] "
-    "[--launch-batch-min N] [--busy-time on|off] [--default-memory-limit BYTES] [--workers N] "
+    "[--launch-batch-min N] [--busy-time on|off] [--host-fences on|off] "
+    "[--default-memory-limit BYTES] [--workers N] "
     "[--context-idle-timeout SECS] [--priority-scheduling on|off] [--priority-max-hold-us N] "
     "[--priority-run-ahead N] [--client-limit NAME=N]...";
 

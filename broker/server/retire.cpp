@@ -247,6 +247,7 @@ FreedTally free_everything(Session& session) {
   session.active_captures = 0;
   for (CUevent event : session.event_pool) cu.cuEventDestroy_v2(event);
   session.event_pool.clear();
+  session.host_fences.release_all(cu);  // the streams are idle: no write is on its way
 
   if (session.staging_registered) {
     warn_if_failed(session, cu.cuMemHostUnregister(session.segment.staging()),

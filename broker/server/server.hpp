@@ -40,6 +40,9 @@ struct ServerSettings {
   // its timing events cost the launch path (ResNet-50 b1 x 8 on an H100, one lease: 640-846
   // iters/s with it, 1,143-1,192 without; docs/benchmarks.md).
   bool busy_time = false;
+  // Synchronizing calls learn of completion from a word the GPU writes (host_fences.hpp,
+  // mpsshim-server --host-fences). On by default: see host_fences.hpp for the measurement.
+  bool host_fences = true;
   // Per-client caps on streams, events, modules, pinned memory... (client_limits.hpp,
   // mpsshim-server --client-limit NAME=N).
   ClientLimits client_limits;

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "broker/server/driver.hpp"
+#include "broker/server/log.hpp"
 #include "proto/futex.hpp"
 
 namespace mpsshim::server {
@@ -122,14 +124,48 @@ bool Session::destroy_if_stale(CUevent event) {
 CUresult Session::complete_after(CUstream stream, Completion completion) {
   // The client's answer comes after the span's end, never before it (busy_time.hpp).
   close_busy_span(*this, stream);
+  if (CUresult r = fence_into(completion, stream); r != CUDA_SUCCESS) return r;
+  complete_queued(std::move(completion));
+  return CUDA_SUCCESS;
+}
+
+CUresult Session::complete_after(std::uint64_t id, StreamObj& stream, Completion completion) {
+  close_busy_span(*this, stream.stream);
+  if (CUresult r = fence_stream_into(completion, id, stream); r != CUDA_SUCCESS) return r;
+  complete_queued(std::move(completion));
+  return CUDA_SUCCESS;
+}
+
+CUresult Session::fence_stream_into(Completion& completion, std::uint64_t id, StreamObj& stream) {
+  const bool latency_bound = stream.queued - stream.settled <= kHostFenceMaxQueued;
+  return fence_into(completion, stream.stream, latency_bound, id, stream.queued);
+}
+
+CUresult Session::fence_into(Completion& completion, CUstream stream, bool host_fence,
+                             std::uint64_t id, std::uint64_t queued) {
   auto event = acquire_event();
   if (!event) return event.error();
+  HostFence fence;
+  if (use_host_fences && host_fence) {
+    if (auto armed = host_fences.arm(cu(), stream)) {
+      fence = *armed;
+    } else {
+      // Correct either way: its completions poll events from now on.
+      use_host_fences = false;
+      log_warn("{}: a host fence failed ({}); its completions poll the driver from now on", who(),
+               describe(cu(), armed.error()));
+    }
+  }
+  // Recorded after the fence's write: when the event has completed, the write has landed. (A
+  // failed record leaves an armed word out of circulation until the session ends.)
   if (CUresult r = cu().cuEventRecordWithFlags(*event, stream, 0); r != CUDA_SUCCESS) {
     release_event(*event);
     return r;
   }
-  completion.waits.push_back({*event, Completion::Owner::kPool});
-  complete_queued(std::move(completion));
+  if (fence.armed() && completion.waits.empty()) {
+    completion.next_fault_check = std::chrono::steady_clock::now() + kFaultCheckInterval;
+  }
+  completion.waits.push_back({*event, Completion::Owner::kPool, fence, id, queued});
   return CUDA_SUCCESS;
 }
 

@@ -24,6 +24,7 @@
 #include "broker/server/client_usage.hpp"
 #include "broker/server/gpu.hpp"
 #include "broker/server/green_context.hpp"
+#include "broker/server/host_fences.hpp"
 #include "broker/server/launch_batch.hpp"
 #include "broker/server/objects.hpp"
 #include "broker/server/priority_gate.hpp"
@@ -86,6 +87,13 @@ struct Completion {
   struct Wait {
     CUevent event;
     Owner owner;
+    // Written by the GPU just before `event` (host_fences.hpp): the wait is over when the word
+    // holds it; the event is then queried only to learn of a fault.
+    HostFence fence{};
+    // The client stream fenced and its StreamObj::queued then: completed, the stream is known
+    // idle up to there (0: not tracked).
+    std::uint64_t stream_id = 0;
+    std::uint64_t stream_queued = 0;
   };
   std::vector<Wait> waits;
   std::size_t done = 0;  // waits[0, done) have completed
@@ -94,6 +102,8 @@ struct Completion {
   std::uint32_t generation = 0;
   CUresult result = CUDA_SUCCESS;
   proto::Op op = proto::Op::kPad;
+  // A wait on a host fence asks the driver (its event) no earlier than this.
+  std::chrono::steady_clock::time_point next_fault_check{};
 
   static constexpr std::uint32_t kNoChunk = 0xffffffffu;
 };
@@ -174,6 +184,16 @@ class Session {
   // ---- completions ---------------------------------------------------------------------
   // Records a pool event on `stream` and queues `completion` to fire when it completes.
   CUresult complete_after(CUstream stream, Completion completion);
+  // The same for the client's stream `id`, which it then knows idle up to now.
+  CUresult complete_after(std::uint64_t id, StreamObj& stream, Completion completion);
+  // Adds a wait for the work queued on `stream` so far to `completion`: a host fence (when
+  // the session uses them and `host_fence`) and a pool event recorded after it; `id`, if not
+  // 0, is the client stream's, `queued` its StreamObj::queued now.
+  CUresult fence_into(Completion& completion, CUstream stream, bool host_fence = true,
+                      std::uint64_t id = 0, std::uint64_t queued = 0);
+  // Fences the client's stream `id` into `completion`, with a host fence when little work is
+  // queued on it (kHostFenceMaxQueued).
+  CUresult fence_stream_into(Completion& completion, std::uint64_t id, StreamObj& stream);
   // Queues `completion` with what it already waits for (answered at the next poll, after the
   // session's earlier completions).
   void complete_queued(Completion completion);
@@ -247,6 +267,10 @@ class Session {
   std::vector<Completion> pending;
   std::vector<Retired> retiring;
   std::vector<CUevent> event_pool;
+  // Completion words the GPU writes (host_fences.hpp); used while use_host_fences
+  // (ServerSettings::host_fences, and off for the session after a failed fence).
+  HostFences host_fences;
+  bool use_host_fences = false;
   // Captures begun and not yet ended: while 0, no stream of the client is capturing and nothing
   // asks the driver. fence_stream stands in for capturing streams in fence_all_streams.
   std::uint32_t active_captures = 0;

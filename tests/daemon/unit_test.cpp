@@ -136,6 +136,23 @@ TEST_CASE("--launch-batching off passes --launch-batch 0 on; on keeps a size cho
   CHECK(daemon_usage().find("--launch-batching on|off") != std::string::npos);
 }
 
+TEST_CASE("--host-fences is on unless turned off", "[options]") {
+  auto parse = [](std::vector<const char*> args) {
+    args.insert(args.begin(), "mpsshimd");
+    return parse_daemon_options(static_cast<int>(args.size()), const_cast<char**>(args.data()));
+  };
+  auto unset = parse({});
+  REQUIRE(unset);
+  CHECK(unset->server_host_fences);
+  auto off = parse({"--host-fences=off"});
+  REQUIRE(off);
+  CHECK_FALSE(off->server_host_fences);
+  auto bad = parse({"--host-fences", "maybe"});
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().find("--host-fences maybe") != std::string::npos);
+  CHECK(daemon_usage().find("--host-fences on|off") != std::string::npos);
+}
+
 TEST_CASE("--server-launch-batch-min is passed on as every server's --launch-batch-min",
           "[options]") {
   auto parse = [](std::vector<const char*> args) {

@@ -18,8 +18,25 @@ T new_handle() {
 
 CUresult work_state() {
   FakeGpu& gpu = fake_gpu();
-  return gpu.busy ? CUDA_ERROR_NOT_READY : gpu.work_result;
+  CUresult state = gpu.busy ? CUDA_ERROR_NOT_READY : gpu.work_result;
+  // Work that is done lands its value writes (host pointers are device pointers here).
+  if (state == CUDA_SUCCESS) {
+    for (const FakeGpu::ValueWrite& w : gpu.writes_in_flight) {
+      *reinterpret_cast<std::uint32_t*>(w.address) = w.value;
+    }
+    gpu.writes_in_flight.clear();
+  }
+  return state;
 }
+
+}  // namespace
+
+void finish_fake_work() {
+  fake_gpu().busy = false;
+  work_state();
+}
+
+namespace {
 
 void* named(const std::string& name) {
   auto [it, inserted] = fake_gpu().named.try_emplace(name, nullptr);
@@ -463,7 +480,10 @@ DriverTable fake_driver_table() {
     --fake_gpu().streams_live;
     return CUDA_SUCCESS;
   };
-  t.cuStreamQuery = [](CUstream) { return work_state(); };
+  t.cuStreamQuery = [](CUstream) {
+    ++fake_gpu().stream_queries;
+    return work_state();
+  };
   t.cuStreamSynchronize = [](CUstream) {
     return CUDA_ERROR_NOT_SUPPORTED;
   };  // the server must not block
@@ -481,7 +501,17 @@ DriverTable fake_driver_table() {
     return CUDA_SUCCESS;
   };
   t.cuEventRecordWithFlags = [](CUevent, CUstream, unsigned) { return CUDA_SUCCESS; };
-  t.cuEventQuery = [](CUevent) { return work_state(); };
+  t.cuStreamWriteValue32_v2 = [](CUstream, CUdeviceptr address, cuuint32_t value, unsigned) {
+    FakeGpu& gpu = fake_gpu();
+    ++gpu.value_writes;
+    gpu.writes_in_flight.push_back({address, value});
+    work_state();  // lands now if nothing is running
+    return CUDA_SUCCESS;
+  };
+  t.cuEventQuery = [](CUevent) {
+    ++fake_gpu().event_queries;
+    return work_state();
+  };
   t.cuEventElapsedTime_v2 = [](float* ms, CUevent, CUevent) {
     *ms = 1.5f;
     return CUDA_SUCCESS;

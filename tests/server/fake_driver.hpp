@@ -27,6 +27,16 @@ struct FakeGpu {
   // What queued work reports: NOT_READY while busy, else work_result.
   bool busy = false;
   CUresult work_result = CUDA_SUCCESS;
+  // cuStreamWriteValue32 (host fences): a write lands when it is made while the work is done,
+  // or else at the first query that finds the work done; never on failed work.
+  struct ValueWrite {
+    CUdeviceptr address;
+    std::uint32_t value;
+  };
+  std::vector<ValueWrite> writes_in_flight;
+  int value_writes = 0;
+  int stream_queries = 0;
+  int event_queries = 0;
   CUresult launch_result = CUDA_SUCCESS;
 
   // What the server did.
@@ -89,6 +99,8 @@ struct FakeGpu {
 };
 
 FakeGpu& fake_gpu();
+// The queued work finishes as on a GPU, by itself: value writes land without anyone asking.
+void finish_fake_work();
 DriverTable fake_driver_table();
 void add_copy_fakes(DriverTable& t);
 void add_vmm_fakes(DriverTable& t);

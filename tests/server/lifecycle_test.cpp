@@ -99,6 +99,12 @@ TEST_CASE("a sticky fault is told to every client, then the server exits 70",
   TestClient bystander(h, default_hello(2, "innocent"));
   auto ctx = culprit.create_context();
   auto other_ctx = bystander.create_context();
+  // Work on both (a synchronize of a stream known idle is answered at once).
+  culprit.send(Op::kMemset,
+               proto::MemsetReq{ctx.default_stream, culprit.alloc(ctx.ctx, 4096), 0, 16, 1, 0, 1});
+  bystander.send(Op::kMemset,
+                 proto::MemsetReq{other_ctx.default_stream, bystander.alloc(other_ctx.ctx, 4096), 0,
+                                  16, 1, 0, 1});
   fake_gpu().busy = true;
   bystander.send(Op::kStreamSynchronize, proto::HandleReq{other_ctx.default_stream}, 3);
   culprit.send(Op::kStreamSynchronize, proto::HandleReq{ctx.default_stream}, 0);

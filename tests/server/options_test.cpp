@@ -89,6 +89,19 @@ TEST_CASE("--client-limit sets one cap and keeps the other defaults", "[server][
 }
 
 }  // namespace
+TEST_CASE("--host-fences is on by default; off and bad values", "[server][options]") {
+  auto sut = parse({"--device", "0", "--control-fd", "3"});
+  REQUIRE(sut);
+  CHECK(sut->host_fences);
+  auto off = parse({"--device", "0", "--control-fd", "3", "--host-fences", "off"});
+  REQUIRE(off);
+  CHECK_FALSE(off->host_fences);
+  auto bad = parse({"--device", "0", "--control-fd", "3", "--host-fences", "yes"});
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error() == "--host-fences yes: expected on or off");
+  CHECK(std::string(kUsage).find("--host-fences on|off") != std::string::npos);
+}
+
 TEST_CASE("--priority-scheduling and its bounds (on, 2000 us, 4 records by default)",
           "[server][options][priority]") {
   auto defaults = parse({"--device", "0", "--control-fd", "3"});

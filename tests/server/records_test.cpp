@@ -107,6 +107,8 @@ TEST_CASE("reusing a slot whose answer is still owed ends the session", "[server
   Harness h;
   TestClient sut(h);
   auto ctx = sut.create_context();
+  std::uint64_t dptr = sut.alloc(ctx.ctx, 4096);
+  sut.send(Op::kMemset, proto::MemsetReq{ctx.default_stream, dptr, 0, 16, 1, 0, 1});
   fake_gpu().busy = true;
 
   sut.send(Op::kStreamSynchronize, proto::HandleReq{ctx.default_stream}, 0);

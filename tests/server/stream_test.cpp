@@ -83,6 +83,7 @@ TEST_CASE("synchronizing calls are answered when the GPU work completes", "[serv
   Harness h;
   TestClient sut(h);
   auto ctx = sut.create_context();
+  memset_on(sut, ctx.default_stream, sut.alloc(ctx.ctx, kMiB));
   fake_gpu().busy = true;
 
   sut.send(Op::kStreamSynchronize, proto::HandleReq{ctx.default_stream}, 0);
@@ -105,6 +106,7 @@ TEST_CASE("the server keeps serving while a client waits on its GPU work", "[ser
   TestClient waiter(h, default_hello(1));
   TestClient other(h, default_hello(2));
   auto ctx = waiter.create_context();
+  memset_on(waiter, ctx.default_stream, waiter.alloc(ctx.ctx, kMiB));
   fake_gpu().busy = true;
 
   waiter.send(Op::kStreamSynchronize, proto::HandleReq{ctx.default_stream}, 0);
@@ -205,6 +207,91 @@ TEST_CASE("CtxDestroy frees what was made in the context", "[server][streams]") 
   CHECK(sut.call(Op::kMemAlloc, proto::MemAllocReq{gone.ctx, 16}).result ==
         CUDA_ERROR_INVALID_CONTEXT);
   CHECK(sut.call(Op::kStreamQuery, proto::HandleReq{keep.default_stream}).result == CUDA_SUCCESS);
+}
+
+TEST_CASE("a synchronize after queued work waits on a word the GPU writes, not on the driver",
+          "[server][streams][host_fences]") {
+  Harness h;
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  std::uint64_t dptr = sut.alloc(ctx.ctx, kMiB);
+  memset_on(sut, ctx.default_stream, dptr);
+  fake_gpu().busy = true;
+  const int queries = fake_gpu().stream_queries;
+  const int writes = fake_gpu().value_writes;
+
+  sut.send(Op::kStreamSynchronize, proto::HandleReq{ctx.default_stream}, 0);
+  h.pump();
+  CHECK_FALSE(sut.slot_ready(0));
+  CHECK(fake_gpu().value_writes == writes + 1);  // the fence
+  CHECK(fake_gpu().stream_queries == queries);   // work was queued: no idle check
+  const int event_queries = fake_gpu().event_queries;
+
+  finish_fake_work();
+  REQUIRE(h.pump_until([&] { return sut.slot_ready(0); }));
+  CHECK(sut.view().slot(0)->result == CUDA_SUCCESS);
+  CHECK(fake_gpu().event_queries == event_queries);  // the word told, not the event
+
+  // Nothing queued since: the stream is known idle, the next synchronize answers at once.
+  sut.send(Op::kStreamSynchronize, proto::HandleReq{ctx.default_stream}, 1);
+  sut.send(Op::kCtxSynchronize, proto::CtxReq{ctx.ctx}, 2);
+  REQUIRE(h.pump_until([&] { return sut.slot_ready(1) && sut.slot_ready(2); }));
+  CHECK(fake_gpu().value_writes == writes + 1);
+  CHECK(fake_gpu().stream_queries == queries);
+  CHECK(fake_gpu().event_queries == event_queries);
+
+  // New work makes it unknown again.
+  memset_on(sut, ctx.default_stream, dptr);
+  sut.send(Op::kCtxSynchronize, proto::CtxReq{ctx.ctx}, 3);
+  REQUIRE(h.pump_until([&] { return sut.slot_ready(3); }));
+  CHECK(fake_gpu().value_writes == writes + 2);
+}
+
+TEST_CASE("a stream the client found idle with a query is known idle", "[server][streams]") {
+  Harness h;
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  memset_on(sut, ctx.default_stream, sut.alloc(ctx.ctx, kMiB));
+  CHECK(sut.call(Op::kStreamQuery, proto::HandleReq{ctx.default_stream}).result == CUDA_SUCCESS);
+  const int writes = fake_gpu().value_writes;
+  sut.send(Op::kStreamSynchronize, proto::HandleReq{ctx.default_stream}, 0);
+  REQUIRE(h.pump_until([&] { return sut.slot_ready(0); }));
+  CHECK(fake_gpu().value_writes == writes);
+}
+
+TEST_CASE("with host fences off, completions poll events", "[server][streams][host_fences]") {
+  ServerSettings settings;
+  settings.host_fences = false;
+  Harness h(settings);
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  std::uint64_t dptr = sut.alloc(ctx.ctx, kMiB);
+  memset_on(sut, ctx.default_stream, dptr);
+  const int writes = fake_gpu().value_writes;
+  const int event_queries = fake_gpu().event_queries;
+
+  sut.send(Op::kStreamSynchronize, proto::HandleReq{ctx.default_stream}, 0);
+  REQUIRE(h.pump_until([&] { return sut.slot_ready(0); }));
+  CHECK(fake_gpu().value_writes == writes);
+  CHECK(fake_gpu().event_queries > event_queries);
+}
+
+TEST_CASE("a fence whose write never lands still learns of the fault from its event",
+          "[server][streams][host_fences]") {
+  Harness h;
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  std::uint64_t dptr = sut.alloc(ctx.ctx, kMiB);
+  memset_on(sut, ctx.default_stream, dptr);
+  fake_gpu().busy = true;
+  sut.send(Op::kStreamSynchronize, proto::HandleReq{ctx.default_stream}, 0);
+  h.pump();
+  fake_gpu().work_result = CUDA_ERROR_ILLEGAL_ADDRESS;  // the write is lost with the work
+  finish_fake_work();
+
+  REQUIRE(h.pump_until([&] { return h.fatal_code != -1; }));
+  CHECK(sut.slot_ready(0));
+  CHECK(sut.view().slot(0)->result == CUDA_ERROR_ILLEGAL_ADDRESS);
 }
 
 }  // namespace

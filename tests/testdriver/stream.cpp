@@ -1,5 +1,6 @@
 // Streams and events. Work runs on each stream's own thread; an event record completes in stream
 // order and a stream wait holds the stream until the captured record has completed.
+#include <atomic>
 #include <chrono>
 
 #include "tests/testdriver/state.hpp"
@@ -156,6 +157,34 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuEventElapsedTime_v2(float* pMillise
     const auto t1 = end->timestamp();
     if (!t0 || !t1) return CUDA_ERROR_NOT_READY;
     *pMilliseconds = std::chrono::duration<float, std::milli>(*t1 - *t0).count();
+    return CUDA_SUCCESS;
+  });
+}
+
+// Stream memory operation: the 32-bit store happens in stream order, after the work before it
+// (the default flags' fence is implied: work here runs one item at a time). The address must be
+// device memory or registered host memory, 4-byte aligned.
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamWriteValue32_v2(CUstream hstream,
+                                                                   CUdeviceptr addr,
+                                                                   cuuint32_t value,
+                                                                   unsigned int flags) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    Stream* stream = nullptr;
+    if (CUresult r = resolve_stream(s, hstream, stream); r != CUDA_SUCCESS) return r;
+    if ((flags & ~unsigned{CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER}) != 0 || addr % 4 != 0)
+      return CUDA_ERROR_INVALID_VALUE;
+    if (resolve_range_locked(s, addr, sizeof(cuuint32_t)) == nullptr)
+      return CUDA_ERROR_INVALID_VALUE;
+    submit_work(
+        s, *stream,
+        [=] {
+          std::byte* at = resolve_range(addr, sizeof(cuuint32_t));
+          if (at == nullptr) throw DeviceFault{CUDA_ERROR_ILLEGAL_ADDRESS};
+          std::atomic_ref<cuuint32_t>(*reinterpret_cast<cuuint32_t*>(at))
+              .store(value, std::memory_order_release);
+        },
+        CU_GRAPH_NODE_TYPE_BATCH_MEM_OP);
     return CUDA_SUCCESS;
   });
 }
