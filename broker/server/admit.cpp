@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "broker/server/green_context_pool.hpp"
 #include "broker/server/host_callbacks.hpp"
 #include "broker/server/log.hpp"
 #include "broker/server/quota.hpp"
@@ -106,7 +107,7 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
       snap, percentage, (hello.flags & proto::kHelloIgnoreSmCoscheduling) != 0, placement);
   const SmQuota& quota = planned.quota;
   const bool ignore_coscheduling = planned.ignore_coscheduling;
-  auto green = make_green_context(*gpu_.cu, gpu_.device, gpu_.sm_resource, quota,
+  auto green = take_green_context(*gpu_.cu, gpu_.device, gpu_.sm_resource, quota,
                                   planned.granularity, placement);
   if (!green) {
     return fail(green.error(), fmt::format("creating its green context of {} SMs failed: {}",

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "broker/server/green_context_pool.hpp"
 #include "broker/server/log.hpp"
 
 namespace mpsshim::server {
@@ -47,6 +48,8 @@ void ContextLease::check(std::size_t sessions, Clock::time_point now) {
 
 void ContextLease::release(const char* why) {
   if (!held()) return;
+  // Idle green contexts hold what the driver gives back only with the primary context.
+  empty_green_context_pool(*gpu_.cu);
   gpu_.cu->cuCtxSetCurrent(nullptr);
   if (CUresult r = gpu_.cu->cuDevicePrimaryCtxRelease_v2(gpu_.device); r != CUDA_SUCCESS) {
     log_warn("releasing the primary context failed: {}", describe(*gpu_.cu, r));

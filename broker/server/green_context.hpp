@@ -5,6 +5,8 @@
 
 #include <tl/expected.hpp>
 
+#include <string>
+
 #include "broker/server/driver_table.hpp"
 #include "broker/server/quota.hpp"
 #include "proto/device_snapshot.hpp"
@@ -15,6 +17,7 @@ struct GreenContext {
   CUgreenCtx green = nullptr;
   CUcontext context = nullptr;  // cuCtxFromGreenCtx: what events of this client are made in
   unsigned sm_count = 0;        // the SMs the driver really gave
+  std::string shape;            // what it was made from (green_context_pool.hpp); "" if unpooled
 };
 
 // Where on the device a client's SMs lie: slot `slot` of `slots` equal parts. Without one, a

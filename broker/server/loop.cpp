@@ -13,6 +13,7 @@
 #include <ctime>
 #include <mutex>
 
+#include "broker/server/green_context_pool.hpp"
 #include "broker/server/log.hpp"
 #include "broker/server/server.hpp"
 
@@ -77,6 +78,7 @@ Server::Server(Gpu gpu, ServerSettings settings, proto::UniqueFd control)
 
 Server::~Server() {
   for (auto& worker : workers_) worker->stop();
+  empty_green_context_pool(*gpu_.cu);
 }
 
 void Server::wake() {

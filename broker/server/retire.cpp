@@ -1,5 +1,6 @@
 #include "broker/server/retire.hpp"
 #include "broker/server/busy_time.hpp"
+#include "broker/server/green_context_pool.hpp"
 
 #include <sys/mman.h>
 
@@ -254,11 +255,12 @@ FreedTally free_everything(Session& session) {
     session.staging_registered = false;
   }
   if (session.green.green != nullptr) {
-    warn_if_failed(session, cu.cuGreenCtxDestroy(session.green.green), "cuGreenCtxDestroy");
+    warn_if_failed(session, give_back_green_context(cu, std::move(session.green)),
+                   "cuGreenCtxDestroy");
     session.green = GreenContext{};
   }
   for (const GreenContext& earlier : session.earlier_greens) {
-    warn_if_failed(session, cu.cuGreenCtxDestroy(earlier.green), "cuGreenCtxDestroy");
+    warn_if_failed(session, give_back_green_context(cu, earlier), "cuGreenCtxDestroy");
   }
   session.earlier_greens.clear();
   session.stale_events.clear();  // each was destroyed by whoever held it
