@@ -166,8 +166,7 @@ int main(int argc, char** argv) {
                                                         fmt::join(taken, "; "))));
     } else if (kind == MessageKind::kCtlRequest && text == "sm_partition_groups") {
       // As an H100's server answers (static SM partitions).
-      proto::send_struct(control,
-                         make_text(MessageKind::kCtlReply, 0, "groups=16 granularity=8"));
+      proto::send_struct(control, make_text(MessageKind::kCtlReply, 0, "groups=16 granularity=8"));
     } else if (kind == MessageKind::kCtlRequest) {
       taken.push_back(text);
       proto::send_struct(control, make_text(MessageKind::kCtlReply, 0,

@@ -299,15 +299,6 @@ Outcome ctl(const std::string& runtime_dir, const std::vector<std::string>& comm
   return Child(argv, {}).wait(30s);
 }
 
-template <typename Pred>
-bool eventually(Pred done) {
-  for (int i = 0; i < 200; ++i) {
-    if (done()) return true;
-    std::this_thread::sleep_for(50ms);
-  }
-  return false;
-}
-
 }  // namespace
 
 TEST_CASE(

@@ -52,24 +52,6 @@ constexpr std::array<const char*, 10> kSteadyKinds = {
     "streams", "modules",     "libraries", "registrations", "green_contexts",
     "graphs",  "graph_execs", "arrays",    "pools",         "vmm"};
 
-int env_int(const char* name, int fallback) {
-  const char* value = std::getenv(name);
-  return value != nullptr && *value != 0 ? std::atoi(value) : fallback;
-}
-
-std::set<int> ps_pids(const Daemon& daemon) {
-  Outcome ps = daemon.ctl({"ps"});
-  std::set<int> pids;
-  std::istringstream lines(ps.out);
-  std::string line;
-  std::getline(lines, line);  // the header
-  while (std::getline(lines, line)) {
-    int pid = 0;
-    if (std::istringstream(line) >> pid) pids.insert(pid);
-  }
-  return pids;
-}
-
 // GPU 0's line of `mpsshimctl server_list`: GPU PID STATE RESTARTS DETAILS.
 struct ServerLine {
   int pid = -1;
@@ -86,16 +68,6 @@ ServerLine server_line(const Daemon& daemon) {
     if (fields >> gpu >> out.pid >> out.state >> out.restarts && gpu == "0") return out;
   }
   return {};
-}
-
-template <typename Pred>
-bool eventually(Pred done, std::chrono::seconds timeout = 30s) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(20ms);
-  }
-  return true;
 }
 
 std::map<std::string, long long> steady_kinds(const std::map<std::string, long long>& objects) {

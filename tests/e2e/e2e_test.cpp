@@ -57,37 +57,6 @@ ServerLine server_line(const Daemon& daemon) {
   return {};
 }
 
-// The pids `mpsshimctl ps` lists.
-std::set<int> ps_pids(const Daemon& daemon) {
-  Outcome ps = daemon.ctl({"ps"});
-  std::set<int> pids;
-  std::istringstream lines(ps.out);
-  std::string line;
-  std::getline(lines, line);  // the header
-  while (std::getline(lines, line)) {
-    int pid = 0;
-    if (std::istringstream(line) >> pid) pids.insert(pid);
-  }
-  return pids;
-}
-
-// Polls `done` (a look at the daemon or /proc, not a wait for time to pass) until it holds or
-// `timeout` passes.
-template <typename Pred>
-bool eventually(Pred done, std::chrono::seconds timeout = 30s) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(20ms);
-  }
-  return true;
-}
-
-int env_int(const char* name, int fallback) {
-  const char* value = std::getenv(name);
-  return value != nullptr && *value != 0 ? std::atoi(value) : fallback;
-}
-
 }  // namespace
 
 TEST_CASE("a driver-API client runs through the daemon and the test driver", "[e2e]") {

@@ -263,4 +263,22 @@ Outcome run_client(const Daemon& daemon, const std::vector<std::string>& argv,
   return child.wait(std::chrono::seconds(120));
 }
 
+std::set<int> ps_pids(const Daemon& daemon) {
+  Outcome ps = daemon.ctl({"ps"});
+  std::set<int> pids;
+  std::istringstream lines(ps.out);
+  std::string line;
+  std::getline(lines, line);  // the header
+  while (std::getline(lines, line)) {
+    int pid = 0;
+    if (std::istringstream(line) >> pid) pids.insert(pid);
+  }
+  return pids;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != 0 ? std::atoi(value) : fallback;
+}
+
 }  // namespace mpsshim::e2e

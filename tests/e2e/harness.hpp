@@ -7,7 +7,9 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace mpsshim::e2e {
@@ -87,5 +89,23 @@ long long resident_kib(pid_t pid);
 // Runs a client under the shim and waits for it.
 Outcome run_client(const Daemon& daemon, const std::vector<std::string>& argv,
                    std::map<std::string, std::string> env = {});
+
+// The pids `mpsshimctl ps` lists.
+std::set<int> ps_pids(const Daemon& daemon);
+
+// An integer from the environment (a test's knob, such as a kill count), else `fallback`.
+int env_int(const char* name, int fallback);
+
+// Polls `done` (a look at the daemon or /proc, not a wait for time to pass) until it holds or
+// `timeout` passes.
+template <typename Pred>
+bool eventually(Pred done, std::chrono::seconds timeout = std::chrono::seconds(30)) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
 
 }  // namespace mpsshim::e2e

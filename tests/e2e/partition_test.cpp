@@ -1,9 +1,10 @@
 // Static SM partitions through the real daemon, server and shim (docs/daemon.md): mpsshimctl
 // sm_partition add cuts non-overlapping partitions from the test driver's 132 SMs (15 groups of
-// 8 within its GPCs: 0-7, 8-15, 18-25, 26-33, 36-43, ...) and refuses one that does not fit; clients pinned with CUDA_MPS_SM_PARTITION run on their
-// partition's SMs only (the e2e client's `quota` mode launches record_smid over every SM and
-// prints how many distinct SMs it saw and the lowest); an unknown id is refused; a partition
-// with a client in it cannot be removed; lspart --json lists them with their clients.
+// 8 within its GPCs: 0-7, 8-15, 18-25, 26-33, 36-43, ...) and refuses one that does not fit;
+// clients pinned with CUDA_MPS_SM_PARTITION run on their partition's SMs only (the e2e client's
+// `quota` mode launches record_smid over every SM and prints how many distinct SMs it saw and the
+// lowest); an unknown id is refused; a partition with a client in it cannot be removed; lspart
+// --json lists them with their clients.
 #include <signal.h>
 
 #include <catch2/catch.hpp>

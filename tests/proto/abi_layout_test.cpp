@@ -338,7 +338,8 @@ constexpr Pinned kPinned[] = {
     {1, 3, 0xbba53bc6836c29be},  // virtual memory management
     {1, 4, 0x2f5f5e6d8e27a8c6},  // allocation token in the hello, allocation fields in ServerAdmit
     {1, 5, 0x818acb60df98e984},  // ModuleFunctionNames (op 89)
-    {1, 6, 0xa59cccc35b43d57f},  // static SM partitions: sm_partition in the hello and in ServerAdmit
+    {1, 6,
+     0xa59cccc35b43d57f},  // static SM partitions: sm_partition in the hello and in ServerAdmit
 };
 
 }  // namespace
