@@ -1,80 +1,96 @@
 #include "broker/server/green_context_pool.hpp"
 
-#include <fmt/format.h>
-
-#include <mutex>
+#include <algorithm>
 #include <utility>
-#include <vector>
+
+#include "broker/server/driver.hpp"
+#include "broker/server/log.hpp"
 
 namespace mpsshim::server {
-namespace {
 
-std::mutex pool_mutex;
-std::vector<GreenContext> pool;  // idle; under pool_mutex
+GreenContextPool::GreenContextPool(const Gpu& gpu, std::size_t capacity)
+    : gpu_(gpu), capacity_(capacity) {}
 
-// Everything make_green_context reads, so that equal shapes give equal SMs.
-std::string shape_of(const DriverTable& cu, CUdevice device, const SmQuota& quota,
-                     unsigned granularity, const SmPlacement& placement) {
-  return fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}", static_cast<const void*>(&cu), device,
-                     quota.whole_device, quota.target, quota.split_flags, granularity,
-                     placement.slot, placement.slots, placement.partition, placement.first_group,
-                     placement.groups);
+GreenContextPool::~GreenContextPool() {
+  empty();
 }
 
-}  // namespace
-
-tl::expected<GreenContext, CUresult> take_green_context(const DriverTable& cu, CUdevice device,
-                                                        const CUdevResource& device_sms,
-                                                        const SmQuota& quota, unsigned granularity,
-                                                        SmPlacement placement) {
-  std::string shape = shape_of(cu, device, quota, granularity, placement);
+tl::expected<GreenContext, CUresult> GreenContextPool::take(const SmQuota& quota,
+                                                            unsigned granularity,
+                                                            SmPlacement placement) {
+  const GreenShape shape = green_shape(quota, granularity, placement);
   {
-    std::lock_guard lock(pool_mutex);
-    for (auto it = pool.begin(); it != pool.end(); ++it) {
-      if (it->shape != shape) continue;
-      GreenContext found = std::move(*it);
-      pool.erase(it);
+    std::lock_guard lock(mutex_);
+    // The newest first: the shape most recently seen is the likeliest to come again.
+    auto kept = std::find_if(idle_.rbegin(), idle_.rend(),
+                             [&](const GreenContext& g) { return g.shape == shape; });
+    if (kept != idle_.rend()) {
+      GreenContext found = std::move(*kept);
+      idle_.erase(std::next(kept).base());
+      ++reused_;
       return found;
     }
   }
-  auto made = make_green_context(cu, device, device_sms, quota, granularity, placement);
-  if (made) made->shape = std::move(shape);
+  auto made =
+      make_green_context(*gpu_.cu, gpu_.device, gpu_.sm_resource, quota, granularity, placement);
+  if (made) {
+    std::lock_guard lock(mutex_);
+    ++created_;
+  }
   return made;
 }
 
-CUresult give_back_green_context(const DriverTable& cu, GreenContext green) {
+CUresult GreenContextPool::give_back(GreenContext green) {
   if (green.green == nullptr) return CUDA_SUCCESS;
-  if (!green.shape.empty()) {
-    std::lock_guard lock(pool_mutex);
-    if (pool.size() < kMaxPooledGreenContexts) {
-      pool.push_back(std::move(green));
-      return CUDA_SUCCESS;
-    }
+  if (green.shape.kind == GreenShape::Kind::kNone || capacity_ == 0) return destroy(green);
+  // Nothing of the old session may still run in it when the next session gets it. Its streams
+  // were idle when the session was freed, so this returns at once; it makes sure of work on
+  // streams destroyed earlier (a client context destroyed with work queued).
+  const DriverTable& cu = *gpu_.cu;
+  CUresult synced = cu.cuCtxSetCurrent(green.context);
+  if (synced == CUDA_SUCCESS) synced = cu.cuCtxSynchronize();
+  cu.cuCtxSetCurrent(gpu_.primary);  // what everything else in the server runs with
+  if (synced != CUDA_SUCCESS) {
+    destroy(green);
+    return synced;
   }
-  return cu.cuGreenCtxDestroy(green.green);
+  GreenContext evicted;
+  {
+    std::lock_guard lock(mutex_);
+    if (idle_.size() >= capacity_) {
+      evicted = std::move(idle_.front());
+      idle_.erase(idle_.begin());
+    }
+    idle_.push_back(std::move(green));
+  }
+  return evicted.green == nullptr ? CUDA_SUCCESS : destroy(evicted);
 }
 
-void empty_green_context_pool(const DriverTable& cu) {
-  // Only this driver's: a test process may run servers on several drivers.
-  const std::string prefix = fmt::format("{}/", static_cast<const void*>(&cu));
+std::size_t GreenContextPool::empty() {
   std::vector<GreenContext> idle;
   {
-    std::lock_guard lock(pool_mutex);
-    for (auto it = pool.begin(); it != pool.end();) {
-      if (it->shape.starts_with(prefix)) {
-        idle.push_back(std::move(*it));
-        it = pool.erase(it);
-      } else {
-        ++it;
-      }
+    std::lock_guard lock(mutex_);
+    idle.swap(idle_);
+  }
+  for (const GreenContext& green : idle) {
+    if (CUresult r = destroy(green); r != CUDA_SUCCESS) {
+      log_warn("destroying an idle green context failed: {}", describe(*gpu_.cu, r));
     }
   }
-  for (const GreenContext& green : idle) cu.cuGreenCtxDestroy(green.green);
+  return idle.size();
 }
 
-std::size_t pooled_green_contexts() {
-  std::lock_guard lock(pool_mutex);
-  return pool.size();
+GreenContextPoolFigures GreenContextPool::figures() const {
+  std::lock_guard lock(mutex_);
+  return {idle_.size(), capacity_, created_, reused_, destroyed_};
+}
+
+CUresult GreenContextPool::destroy(const GreenContext& green) {
+  {
+    std::lock_guard lock(mutex_);
+    ++destroyed_;
+  }
+  return gpu_.cu->cuGreenCtxDestroy(green.green);
 }
 
 }  // namespace mpsshim::server

@@ -1,6 +1,5 @@
 #include "broker/server/retire.hpp"
 #include "broker/server/busy_time.hpp"
-#include "broker/server/green_context_pool.hpp"
 
 #include <sys/mman.h>
 
@@ -254,13 +253,15 @@ FreedTally free_everything(Session& session) {
                    "cuMemHostUnregister(staging)");
     session.staging_registered = false;
   }
+  // Last: every stream of them is destroyed above (the pool keeps only empty ones).
   if (session.green.green != nullptr) {
-    warn_if_failed(session, give_back_green_context(cu, std::move(session.green)),
-                   "cuGreenCtxDestroy");
+    warn_if_failed(session, session.green_pool().give_back(std::move(session.green)),
+                   "giving back its green context");
     session.green = GreenContext{};
   }
-  for (const GreenContext& earlier : session.earlier_greens) {
-    warn_if_failed(session, give_back_green_context(cu, earlier), "cuGreenCtxDestroy");
+  for (GreenContext& earlier : session.earlier_greens) {
+    warn_if_failed(session, session.green_pool().give_back(std::move(earlier)),
+                   "giving back a green context");
   }
   session.earlier_greens.clear();
   session.stale_events.clear();  // each was destroyed by whoever held it
