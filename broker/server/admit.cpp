@@ -75,7 +75,7 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
     refuse(client.get(), CUDA_ERROR_MPS_SERVER_NOT_READY, held.error());
     return;
   }
-  auto session = std::make_unique<Session>(gpu_, info);
+  auto session = std::make_unique<Session>(gpu_, green_pool_, info);
   Session& s = *session;
   auto fail = [&](CUresult error, const std::string& why) {
     log_error("could not admit {}: {}", s.who(), why);
@@ -107,8 +107,7 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
       snap, percentage, (hello.flags & proto::kHelloIgnoreSmCoscheduling) != 0, placement);
   const SmQuota& quota = planned.quota;
   const bool ignore_coscheduling = planned.ignore_coscheduling;
-  auto green = make_green_context(*gpu_.cu, gpu_.device, gpu_.sm_resource, quota,
-                                  planned.granularity, placement);
+  auto green = green_pool_.take(quota, planned.granularity, placement);
   if (!green) {
     return fail(green.error(), fmt::format("creating its green context of {} SMs failed: {}",
                                            quota.target, describe(*gpu_.cu, green.error())));

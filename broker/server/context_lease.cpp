@@ -6,8 +6,9 @@
 
 namespace mpsshim::server {
 
-ContextLease::ContextLease(Gpu& gpu, std::chrono::milliseconds idle_timeout)
-    : gpu_(gpu), idle_timeout_(idle_timeout) {}
+ContextLease::ContextLease(Gpu& gpu, GreenContextPool& green_pool,
+                           std::chrono::milliseconds idle_timeout)
+    : gpu_(gpu), green_pool_(green_pool), idle_timeout_(idle_timeout) {}
 
 tl::expected<void, std::string> ContextLease::acquire() {
   idle_ = false;
@@ -47,12 +48,17 @@ void ContextLease::check(std::size_t sessions, Clock::time_point now) {
 
 void ContextLease::release(const char* why) {
   if (!held()) return;
+  // Only with no session anywhere (check) or at the server's end: nobody takes from the pool
+  // meanwhile. Its idle green contexts first, so that the release gives back all they cost.
+  const std::size_t emptied = green_pool_.empty();
   gpu_.cu->cuCtxSetCurrent(nullptr);
   if (CUresult r = gpu_.cu->cuDevicePrimaryCtxRelease_v2(gpu_.device); r != CUDA_SUCCESS) {
     log_warn("releasing the primary context failed: {}", describe(*gpu_.cu, r));
   } else {
-    log_info("released the primary context ({}): its GPU memory is free until the next client",
-             why);
+    log_info(
+        "released the primary context ({}) and {} idle green context(s): their GPU memory is "
+        "free until the next client",
+        why, emptied);
   }
   gpu_.primary = nullptr;
 }

@@ -15,6 +15,7 @@
 #include <tl/expected.hpp>
 
 #include "broker/server/gpu.hpp"
+#include "broker/server/green_context_pool.hpp"
 
 namespace mpsshim::server {
 
@@ -23,7 +24,9 @@ class ContextLease {
   using Clock = std::chrono::steady_clock;
 
   // `gpu` holds the context open_gpu retained; the lease may release it at the first check.
-  ContextLease(Gpu& gpu, std::chrono::milliseconds idle_timeout);
+  // `green_pool` is emptied before every release: the driver gives back what a green context
+  // cost only with the primary context (green_context_pool.hpp).
+  ContextLease(Gpu& gpu, GreenContextPool& green_pool, std::chrono::milliseconds idle_timeout);
 
   // Before a client is admitted: the context, retained and made current on this thread.
   tl::expected<void, std::string> acquire();
@@ -35,6 +38,7 @@ class ContextLease {
 
  private:
   Gpu& gpu_;
+  GreenContextPool& green_pool_;
   std::chrono::milliseconds idle_timeout_;
   // When the last session went away; min(): none was ever served, release at the first check.
   Clock::time_point idle_since_ = Clock::time_point::min();

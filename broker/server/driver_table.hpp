@@ -32,6 +32,7 @@
   X(cuDevicePrimaryCtxRetain, CUresult, (CUcontext*, CUdevice))                                    \
   X(cuDevicePrimaryCtxRelease_v2, CUresult, (CUdevice))                                            \
   X(cuCtxSetCurrent, CUresult, (CUcontext))                                                        \
+  X(cuCtxSynchronize, CUresult, ())                                                                \
   X(cuCtxSetLimit, CUresult, (CUlimit, size_t))                                                    \
   X(cuCtxGetLimit, CUresult, (size_t*, CUlimit))                                                   \
   X(cuCtxGetStreamPriorityRange, CUresult, (int*, int*))                                           \

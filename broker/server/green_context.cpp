@@ -74,14 +74,43 @@ tl::expected<std::vector<CUdevResource>, CUresult> placed_groups(const DriverTab
   return std::vector<CUdevResource>(groups.begin() + first, groups.begin() + first + needed);
 }
 
+// make_green_context's branches, in its order.
+bool is_placed(const SmQuota& quota, unsigned granularity, const SmPlacement& placement) {
+  return !quota.whole_device && placement.placed() && granularity != 0;
+}
+
 }  // namespace
+
+GreenShape green_shape(const SmQuota& quota, unsigned granularity, const SmPlacement& placement) {
+  GreenShape shape;
+  if (quota.whole_device) {
+    shape.kind = GreenShape::Kind::kWholeDevice;
+    return shape;
+  }
+  shape.split_flags = quota.split_flags;
+  shape.target = quota.target;
+  if (!is_placed(quota, granularity, placement)) {
+    shape.kind = GreenShape::Kind::kSplit;
+    return shape;
+  }
+  shape.kind = GreenShape::Kind::kPlaced;
+  shape.granularity = granularity;
+  if (placement.partition != 0) {  // placed_groups: a partition overrides the slot
+    shape.first_group = placement.first_group;
+    shape.groups = placement.groups;
+  } else {
+    shape.slot = placement.slot % placement.slots;
+    shape.slots = placement.slots;
+  }
+  return shape;
+}
 
 tl::expected<GreenContext, CUresult> make_green_context(const DriverTable& cu, CUdevice device,
                                                         const CUdevResource& device_sms,
                                                         const SmQuota& quota, unsigned granularity,
                                                         SmPlacement placement) {
   std::vector<CUdevResource> resources{device_sms};
-  if (!quota.whole_device && placement.placed() && granularity != 0) {
+  if (is_placed(quota, granularity, placement)) {
     auto placed = placed_groups(cu, device_sms, quota, granularity, placement);
     if (!placed) return tl::unexpected(placed.error());
     resources = std::move(*placed);
@@ -109,6 +138,7 @@ tl::expected<GreenContext, CUresult> make_green_context(const DriverTable& cu, C
   }
   out.sm_count = 0;
   for (const CUdevResource& resource : resources) out.sm_count += resource.sm.smCount;
+  out.shape = green_shape(quota, granularity, placement);
   return out;
 }
 

@@ -5,16 +5,41 @@
 
 #include <tl/expected.hpp>
 
+#include <cstdint>
+
 #include "broker/server/driver_table.hpp"
 #include "broker/server/quota.hpp"
 #include "proto/device_snapshot.hpp"
 
 namespace mpsshim::server {
 
+// What decides which SMs make_green_context gives: two green contexts of equal shape are
+// interchangeable (green_context_pool.hpp). The device's SM resource, the other input, is fixed
+// for the server's life. Only what the chosen branch of make_green_context reads is set, so
+// that inputs giving the same SMs compare equal (a partition is its groups, not its id).
+struct GreenShape {
+  enum class Kind : std::uint8_t {
+    kNone,         // not made by make_green_context: never pooled
+    kWholeDevice,  // every SM, no split
+    kSplit,        // the first `target` SMs of one split
+    kPlaced,       // a run of `granularity`-sized groups: a slot of `slots`, or a partition's
+  };
+  Kind kind = Kind::kNone;
+  unsigned split_flags = 0;
+  unsigned target = 0;
+  unsigned granularity = 0;
+  unsigned slot = 0;
+  unsigned slots = 0;
+  unsigned first_group = 0;
+  unsigned groups = 0;
+  bool operator==(const GreenShape&) const = default;
+};
+
 struct GreenContext {
   CUgreenCtx green = nullptr;
   CUcontext context = nullptr;  // cuCtxFromGreenCtx: what events of this client are made in
   unsigned sm_count = 0;        // the SMs the driver really gave
+  GreenShape shape;             // what it was made from
 };
 
 // Where on the device a client's SMs lie: slot `slot` of `slots` equal parts. Without one, a
@@ -53,6 +78,9 @@ tl::expected<unsigned, CUresult> count_sm_groups(const DriverTable& cu,
 // The first of `groups` equal SM groups that slot `slot` of `slots` starts at, when a client
 // needs `needed` of them: slot * groups / slots, moved back so the run fits.
 unsigned first_group_of_slot(unsigned slot, unsigned slots, unsigned groups, unsigned needed);
+
+// The shape make_green_context gives these arguments.
+GreenShape green_shape(const SmQuota& quota, unsigned granularity, const SmPlacement& placement);
 
 // cuDevSmResourceSplitByCount -> cuDevResourceGenerateDesc -> cuGreenCtxCreate. The
 // whole-device quota skips the split. Without a placement: one group of quota.target SMs; with

@@ -77,6 +77,13 @@ Server::Server(Gpu gpu, ServerSettings settings, proto::UniqueFd control)
 
 Server::~Server() {
   for (auto& worker : workers_) worker->stop();
+  // The operator's figure for the pool (docs/architecture.md); what is still kept is destroyed
+  // with it.
+  const GreenContextPoolFigures pool = green_pool_.figures();
+  log_info(
+      "green contexts: {} created, {} reused from the pool, {} destroyed; {} kept at the end "
+      "(at most {})",
+      pool.created, pool.reused, pool.destroyed, pool.idle, pool.capacity);
 }
 
 void Server::wake() {

@@ -254,12 +254,15 @@ FreedTally free_everything(Session& session) {
                    "cuMemHostUnregister(staging)");
     session.staging_registered = false;
   }
+  // Last: every stream of them is destroyed above (the pool keeps only empty ones).
   if (session.green.green != nullptr) {
-    warn_if_failed(session, cu.cuGreenCtxDestroy(session.green.green), "cuGreenCtxDestroy");
+    warn_if_failed(session, session.green_pool().give_back(std::move(session.green)),
+                   "giving back its green context");
     session.green = GreenContext{};
   }
-  for (const GreenContext& earlier : session.earlier_greens) {
-    warn_if_failed(session, cu.cuGreenCtxDestroy(earlier.green), "cuGreenCtxDestroy");
+  for (GreenContext& earlier : session.earlier_greens) {
+    warn_if_failed(session, session.green_pool().give_back(std::move(earlier)),
+                   "giving back a green context");
   }
   session.earlier_greens.clear();
   session.stale_events.clear();  // each was destroyed by whoever held it

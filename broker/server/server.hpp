@@ -20,6 +20,7 @@
 
 #include "broker/server/context_lease.hpp"
 #include "broker/server/gpu.hpp"
+#include "broker/server/green_context_pool.hpp"
 #include "broker/server/idle_strategy.hpp"
 #include "broker/server/session.hpp"
 #include "broker/server/worker.hpp"
@@ -52,6 +53,9 @@ struct ServerSettings {
   // Below-normal clients held back while normal ones have work in flight (priority_gate.hpp;
   // mpsshim-server --priority-scheduling).
   PrioritySettings priority;
+  // Idle green contexts kept for later sessions at most (green_context_pool.hpp,
+  // mpsshim-server --green-context-pool N); 0: none kept.
+  std::size_t green_context_pool = kDefaultGreenContextPoolCapacity;
 };
 
 // The process exit code after a sticky GPU fault: the daemon starts a fresh server.
@@ -89,6 +93,8 @@ class Server final {
   // session_stats.hpp (mpsshimctl stats). Every line names the worker that serves the client.
   std::string stats_text(bool accounting = false);
   const Gpu& gpu() const { return gpu_; }
+  // Green contexts of finished sessions, kept for the next ones (tests, the log at exit).
+  GreenContextPoolFigures green_context_pool() const { return green_pool_.figures(); }
   bool context_held() const { return lease_.held(); }
   const ServerSettings& settings() const { return settings_; }
   std::size_t session_count() const;
@@ -144,7 +150,9 @@ class Server final {
 
   Gpu gpu_;
   ServerSettings settings_;
-  ContextLease lease_{gpu_, settings_.context_idle_timeout};
+  // Before the lease (which empties it) and the workers (whose sessions give back to it).
+  GreenContextPool green_pool_{gpu_, settings_.green_context_pool};
+  ContextLease lease_{gpu_, green_pool_, settings_.context_idle_timeout};
   proto::UniqueFd control_;
   proto::UniqueFd epoll_;
   proto::UniqueFd wake_;  // eventfd: a worker wants the coordinator to look (fault, drained)

@@ -12,9 +12,12 @@
 
 namespace mpsshim::server {
 
-Session::Session(const Gpu& gpu, ClientInfo info)
+Session::Session(const Gpu& gpu, GreenContextPool& green_pool, ClientInfo info)
     // Salting the ids with the client id keeps one client's ids from naming another's objects.
-    : client(std::move(info)), objects(client.id * 0x9E3779B1u), gpu_(&gpu) {}
+    : client(std::move(info)),
+      objects(client.id * 0x9E3779B1u),
+      gpu_(&gpu),
+      green_pool_(&green_pool) {}
 
 MemoryReservation::~MemoryReservation() {
   if (session_ != nullptr) session_->release_memory(bytes_);

@@ -24,6 +24,7 @@
 #include "broker/server/client_usage.hpp"
 #include "broker/server/gpu.hpp"
 #include "broker/server/green_context.hpp"
+#include "broker/server/green_context_pool.hpp"
 #include "broker/server/host_fences.hpp"
 #include "broker/server/launch_batch.hpp"
 #include "broker/server/objects.hpp"
@@ -150,12 +151,15 @@ struct FreedTally {
 
 class Session {
  public:
-  Session(const Gpu& gpu, ClientInfo client);
+  // `green_pool` is the server's; it outlives every session.
+  Session(const Gpu& gpu, GreenContextPool& green_pool, ClientInfo client);
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
   const Gpu& gpu() const { return *gpu_; }
   const DriverTable& cu() const { return *gpu_->cu; }
+  // Where its green contexts come from and go back to (green_context_pool.hpp).
+  GreenContextPool& green_pool() const { return *green_pool_; }
 
   // "client 3 (pid 4123, vector_add)"
   std::string who() const;
@@ -313,6 +317,7 @@ class Session {
 
  private:
   const Gpu* gpu_;
+  GreenContextPool* green_pool_;
 };
 
 // The client's green context current for a call that takes the current context (graph

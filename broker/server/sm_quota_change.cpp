@@ -51,8 +51,7 @@ tl::expected<std::string, std::string> apply(Session& s, int percentage) {
   const PlannedQuota planned =
       plan_client_quota(snap, percentage, s.ignore_sm_coscheduling, s.sm_placement);
   const SmQuota& quota = planned.quota;
-  auto green = make_green_context(cu, gpu.device, gpu.sm_resource, quota, planned.granularity,
-                                  s.sm_placement);
+  auto green = s.green_pool().take(quota, planned.granularity, s.sm_placement);
   if (!green) {
     return tl::unexpected(fmt::format("creating a green context of {} SMs failed: {}", quota.target,
                                       describe(cu, green.error())));
@@ -66,7 +65,7 @@ tl::expected<std::string, std::string> apply(Session& s, int percentage) {
                                            s.objects.get<StreamObj>(id)->priority);
     if (r != CUDA_SUCCESS) {
       for (CUstream made : fresh) cu.cuStreamDestroy_v2(made);
-      cu.cuGreenCtxDestroy(green->green);
+      s.green_pool().give_back(std::move(*green));
       return tl::unexpected(
           fmt::format("creating its streams in the new green context failed: {}", describe(cu, r)));
     }

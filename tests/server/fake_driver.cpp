@@ -265,6 +265,7 @@ DriverTable fake_driver_table() {
   t.cuGreenCtxCreate = [](CUgreenCtx* g, CUdevResourceDesc, CUdevice, unsigned) {
     *g = new_handle<CUgreenCtx>();
     ++fake_gpu().green_live;
+    ++fake_gpu().green_created;
     return CUDA_SUCCESS;
   };
   t.cuGreenCtxDestroy = [](CUgreenCtx) {
@@ -290,10 +291,16 @@ DriverTable fake_driver_table() {
   };
   t.cuDevicePrimaryCtxRelease_v2 = [](CUdevice) {
     if (fake_gpu().primary_refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
-    --fake_gpu().primary_refs;
+    if (--fake_gpu().primary_refs == 0) {
+      fake_gpu().green_live_at_primary_release = fake_gpu().green_live;
+    }
     return CUDA_SUCCESS;
   };
   t.cuCtxSetCurrent = [](CUcontext) { return CUDA_SUCCESS; };
+  t.cuCtxSynchronize = [] {
+    ++fake_gpu().ctx_synchronizes;
+    return CUDA_SUCCESS;
+  };
   t.cuCtxSetLimit = [](CUlimit limit, std::size_t value) {
     fake_gpu().limits[limit] = value;
     return CUDA_SUCCESS;

@@ -47,6 +47,9 @@ struct FakeGpu {
   int streams_live = 0;
   int events_live = 0;
   int green_live = 0;
+  int green_created = 0;     // cuGreenCtxCreate calls that succeeded (the pool's reuse)
+  int ctx_synchronizes = 0;  // cuCtxSynchronize calls
+  int green_live_at_primary_release = -1;  // green_live when primary_refs last reached 0
   int modules_live = 0;
   int libraries_live = 0;
   // The last cuLibraryLoadData given a __fatBinC_Wrapper_t: its version and the fat_size of

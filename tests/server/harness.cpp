@@ -33,6 +33,20 @@ int live_driver_objects() {
   if (count == nullptr) throw std::runtime_error("the test driver has no object count");
   return count();
 }
+DriverObjects driver_objects() {
+  void* lib = ::dlopen(std::getenv("MPSSHIM_TESTDRIVER_LIB"), RTLD_NOW | RTLD_NOLOAD);
+  if (lib == nullptr) throw std::runtime_error("the test driver is not loaded");
+  auto count = reinterpret_cast<int (*)()>(::dlsym(lib, "mpsshim_testdriver_live_green_contexts"));
+  if (count == nullptr) throw std::runtime_error("the test driver has no green context count");
+  const int green = count();
+  return {green, live_driver_objects() - green};
+}
+
+DriverObjects with_pooled(DriverObjects before, const Server& server) {
+  before.green_contexts += static_cast<int>(server.green_context_pool().idle);
+  return before;
+}
+
 namespace {
 
 // The status of every part of a long operator answer but the last (an answer longer than one

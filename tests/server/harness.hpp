@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <ostream>
 #include <span>
 #include <string>
 #include <thread>
@@ -82,6 +83,23 @@ class Harness {
 // many objects it holds (what a test leaks shows here).
 const DriverTable& test_driver();
 int live_driver_objects();
+
+// The test driver's objects split the way a session's end is checked: the green contexts apart,
+// because the server keeps those of finished sessions for the next ones (green_context_pool.hpp).
+struct DriverObjects {
+  int green_contexts = 0;
+  int others = 0;
+  bool operator==(const DriverObjects&) const = default;
+};
+DriverObjects driver_objects();
+inline std::ostream& operator<<(std::ostream& out, const DriverObjects& objects) {
+  return out << objects.green_contexts << " green context(s) and " << objects.others
+             << " other object(s)";
+}
+// `before` and the green contexts `server`'s pool keeps now: what the driver holds once every
+// session that came after `before` has been freed. A leaked green context or anything else
+// shows as a difference.
+DriverObjects with_pooled(DriverObjects before, const Server& server);
 
 proto::ClientHello default_hello(int pid = 4123, const char* program = "vector_add");
 // What the daemon sends the server for a client with this hello (uid and gid 1000).

@@ -35,14 +35,17 @@ Owned make_things(TestClient& client) {
   return owned;
 }
 
-void check_nothing_left() {
+// Everything but the session's green context is destroyed; that one is kept for the next
+// session (green_context_pool.hpp), and is the only one alive.
+void check_nothing_left(const Harness& h) {
   const FakeGpu& gpu = fake_gpu();
   CHECK(gpu.allocations.empty());
   CHECK(gpu.host_registrations.empty());
   CHECK(gpu.streams_live == 0);
   CHECK(gpu.events_live == 0);
-  CHECK(gpu.green_live == 0);
   CHECK(gpu.modules_live == 0);
+  CHECK(h.server->green_context_pool().idle == 1);
+  CHECK(gpu.green_live == 1);
 }
 
 TEST_CASE("a client that hangs up has everything freed", "[server][lifecycle]") {
@@ -53,7 +56,7 @@ TEST_CASE("a client that hangs up has everything freed", "[server][lifecycle]") 
   sut.hang_up();
 
   REQUIRE(h.pump_until([&] { return h.server->session_count() == 0; }));
-  check_nothing_left();
+  check_nothing_left(h);
   CHECK(
       h.logged("client 1 (pid 4123, vector_add) disconnected; freed 1 allocation (1.5 MiB), 1 "
                "module, 2 streams, 1 event, 1 pinned host region"));
@@ -67,7 +70,7 @@ TEST_CASE("Goodbye ends the session in order", "[server][lifecycle]") {
   CHECK(sut.call_empty(Op::kGoodbye).result == CUDA_SUCCESS);
 
   REQUIRE(h.pump_until([&] { return h.server->session_count() == 0; }));
-  check_nothing_left();
+  check_nothing_left(h);
   CHECK(sut.control()->fault.load() == 0);
   CHECK(h.logged("said goodbye; freed"));
 }
@@ -89,7 +92,9 @@ TEST_CASE("a departed client's queued work finishes before its memory is freed",
   fake_gpu().busy = false;
   CHECK(h.pump_until([&] { return h.server->session_count() == 1; }));
   CHECK(fake_gpu().allocations.count(owned.dptr) == 0);
-  CHECK(fake_gpu().green_live == 1);
+  // The staying client's and the departed one's, kept for the next session.
+  CHECK(fake_gpu().green_live == 2);
+  CHECK(h.server->green_context_pool().idle == 1);
 }
 
 TEST_CASE("a sticky fault is told to every client, then the server exits 70",

@@ -101,6 +101,20 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) {
   });
 }
 
+// Waits for the current context's work: a green context's own, or a primary context's device.
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuCtxSynchronize() {
+  return entry([&](State& s) {
+    CUcontext ctx = nullptr;
+    {
+      std::lock_guard lock(s.mutex);
+      ctx = current_context(s).handle;
+    }
+    if (ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    drain_context(s, ctx);
+    return s.sticky.load();  // a fault while waiting is this call's error too
+  });
+}
+
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuCtxSetLimit(CUlimit limit, size_t value) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);

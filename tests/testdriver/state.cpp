@@ -136,17 +136,17 @@ WorkQueue::Ticket submit_work(State& s, Stream& stream, std::function<void()> wo
 
 void retire_stream(State& s, Stream& stream) {
   stream.queue->retire();
-  s.retiring.emplace_back(stream.device, stream.queue);
+  s.retiring.push_back({stream.device, stream.context, stream.queue});
 }
 
 void drain(State& s, int device) {
   std::vector<std::shared_ptr<WorkQueue>> queues;
   {
     std::lock_guard lock(s.mutex);
-    std::erase_if(s.retiring, [](const auto& r) { return r.second.expired(); });
-    for (const auto& [dev, weak] : s.retiring) {
-      if (device >= 0 && dev != device) continue;
-      if (auto q = weak.lock()) queues.push_back(std::move(q));
+    std::erase_if(s.retiring, [](const auto& r) { return r.queue.expired(); });
+    for (const auto& r : s.retiring) {
+      if (device >= 0 && r.device != device) continue;
+      if (auto q = r.queue.lock()) queues.push_back(std::move(q));
     }
     for (const auto& dev : s.devices) {
       if ((device < 0 || dev->ordinal == device) && dev->primary.null_stream)
@@ -157,6 +157,31 @@ void drain(State& s, int device) {
     for (const auto& [handle, green] : s.green_contexts)
       if (device < 0 || green->device == device) queues.push_back(green->default_stream->queue);
   }
+  for (const auto& q : queues) q->wait_idle();
+}
+
+void drain_context(State& s, CUcontext ctx) {
+  std::vector<std::shared_ptr<WorkQueue>> queues;
+  int primary_of = -1;
+  {
+    std::lock_guard lock(s.mutex);
+    for (const auto& dev : s.devices)
+      if (dev->handle() == ctx) primary_of = dev->ordinal;
+    auto it = s.green_by_context.find(ctx);
+    if (primary_of < 0 && it != s.green_by_context.end()) {
+      std::erase_if(s.retiring, [](const auto& r) { return r.queue.expired(); });
+      for (const auto& r : s.retiring) {
+        if (r.context != ctx) continue;
+        if (auto q = r.queue.lock()) queues.push_back(std::move(q));
+      }
+      for (const auto& [handle, stream] : s.streams)
+        if (stream->context == ctx) queues.push_back(stream->queue);
+      if (GreenContext* green = s.green_contexts.get(it->second))
+        queues.push_back(green->default_stream->queue);
+    }
+  }
+  // A primary context's synchronization waits for its green contexts too (cuda.h).
+  if (primary_of >= 0) return drain(s, primary_of);
   for (const auto& q : queues) q->wait_idle();
 }
 
@@ -172,4 +197,12 @@ void destroy_module(State& s, CUmodule handle) {
 
 MPSSHIM_TESTDRIVER_EXPORT int mpsshim_testdriver_live_objects(void) {
   return mpsshim::testdriver::state().live_objects();
+}
+
+// Of those, the green contexts: a server keeps finished sessions' ones for the next sessions.
+MPSSHIM_TESTDRIVER_EXPORT int mpsshim_testdriver_live_green_contexts(void) {
+  mpsshim::testdriver::State& s = mpsshim::testdriver::state();
+  if (s.forked.load() || !s.initialized.load()) return 0;
+  std::lock_guard lock(s.mutex);
+  return static_cast<int>(s.green_contexts.size());
 }

@@ -209,8 +209,14 @@ class State {
   HandleTable<CUkernel, Kernel> kernels;
   HandleTable<CUgreenCtx, GreenContext> green_contexts;
   std::unordered_map<CUcontext, CUgreenCtx> green_by_context;
-  // Destroyed streams still running what they were given: the device is not idle until they are.
-  std::vector<std::pair<int, std::weak_ptr<WorkQueue>>> retiring;
+  // Destroyed streams still running what they were given: the device (and the stream's context)
+  // is not idle until they are.
+  struct RetiringStream {
+    int device;
+    CUcontext context;
+    std::weak_ptr<WorkQueue> queue;
+  };
+  std::vector<RetiringStream> retiring;
   HandleTable<CUdevResourceDesc, ResourceDesc> descs;
   HandleTable<CUarray, Array> arrays;
   std::map<unsigned long long, TexObject> tex_objects;  // by value; values count up from 1
@@ -311,6 +317,10 @@ void retire_stream(State& s, Stream& stream);
 // Waits until every stream of `device` (-1: all devices) has run what it was given; takes and
 // releases the lock itself, so call it unlocked.
 void drain(State& s, int device);
+// Waits until everything queued in context `ctx` ran (cuCtxSynchronize): a green context's
+// streams, destroyed ones included, and its default stream; a primary context's whole device.
+// Unlocked.
+void drain_context(State& s, CUcontext ctx);
 
 // The packed argument buffer of a launch, from kernelParams or `extra` (launch.cpp).
 CUresult pack_arguments(const KernelDef& def, void** params, void** extra,
