@@ -70,6 +70,8 @@ tl::expected<std::vector<CUdevResource>, CUresult> placed_groups(const DriverTab
     }
     needed = std::min(needed, placement.groups);
     first = placement.first_group;
+  } else if (placement.at_device_end) {
+    first = count - needed;
   }
   return std::vector<CUdevResource>(groups.begin() + first, groups.begin() + first + needed);
 }
@@ -95,6 +97,11 @@ tl::expected<GreenContext, CUresult> make_green_context(const DriverTable& cu, C
     if (groups != 1) return tl::unexpected(CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION);
     resources = {group};
   }
+  return green_context_of(cu, device, std::move(resources));
+}
+
+tl::expected<GreenContext, CUresult> green_context_of(const DriverTable& cu, CUdevice device,
+                                                      std::vector<CUdevResource> resources) {
   CUdevResourceDesc desc = nullptr;
   CUresult r = cu.cuDevResourceGenerateDesc(&desc, resources.data(),
                                             static_cast<unsigned>(resources.size()));

@@ -3,6 +3,8 @@
 
 #include <cuda.h>
 
+#include <vector>
+
 #include <tl/expected.hpp>
 
 #include "broker/server/driver_table.hpp"
@@ -15,6 +17,12 @@ struct GreenContext {
   CUgreenCtx green = nullptr;
   CUcontext context = nullptr;  // cuCtxFromGreenCtx: what events of this client are made in
   unsigned sm_count = 0;        // the SMs the driver really gave
+  // What it was made for, so that a session moving back to a shape it had reuses it
+  // (sm_quota_change.hpp): the SM percentage, and whether the SMs reserved for normal-priority
+  // clients were left out (priority_reserve.hpp), and how many of its quota's SMs that cost.
+  int percentage = 0;
+  bool outside_reserve = false;
+  unsigned held_back_sms = 0;
 };
 
 // Where on the device a client's SMs lie: slot `slot` of `slots` equal parts. Without one, a
@@ -23,14 +31,17 @@ struct GreenContext {
 // different SMs, and all the processes of one allocation the same ones: one SM share per pod.
 // A static SM partition (mpsshimctl sm_partition add) places a client instead: its groups
 // `first_group` .. `first_group + groups - 1` of the device split in steps of the hardware
-// granularity, which no other partition has.
+// granularity, which no other partition has. A normal-priority client on a server that
+// reserves SMs for them (priority_reserve.hpp) takes its share from the device's last groups,
+// where the reserved ones lie, instead of the first.
 struct SmPlacement {
   unsigned slot = 0;
   unsigned slots = 0;           // 0: no placement
   std::uint32_t partition = 0;  // its id; 0: none
   unsigned first_group = 0;
   unsigned groups = 0;
-  bool placed() const { return slots != 0 || partition != 0; }
+  bool at_device_end = false;
+  bool placed() const { return slots != 0 || partition != 0 || at_device_end; }
 };
 
 // The quota of `percentage` for a client placed as `placement`: of the device, or of its
@@ -53,6 +64,11 @@ tl::expected<unsigned, CUresult> count_sm_groups(const DriverTable& cu,
 // The first of `groups` equal SM groups that slot `slot` of `slots` starts at, when a client
 // needs `needed` of them: slot * groups / slots, moved back so the run fits.
 unsigned first_group_of_slot(unsigned slot, unsigned slots, unsigned groups, unsigned needed);
+
+// cuDevResourceGenerateDesc -> cuGreenCtxCreate -> cuCtxFromGreenCtx over `resources` (the
+// whole device's SM resource, or outputs of one split).
+tl::expected<GreenContext, CUresult> green_context_of(const DriverTable& cu, CUdevice device,
+                                                      std::vector<CUdevResource> resources);
 
 // cuDevSmResourceSplitByCount -> cuDevResourceGenerateDesc -> cuGreenCtxCreate. The
 // whole-device quota skips the split. Without a placement: one group of quota.target SMs; with
