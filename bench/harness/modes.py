@@ -10,14 +10,19 @@ from .common import log
 
 MODE_LABEL = {"native": "native (time-slicing)", "mps": "NVIDIA MPS", "shim": "mpsshim",
               "shim-eager": "mpsshim, launch batching off",
-              "shim-noprio": "mpsshim, priority scheduling off"}
-ALL_MODES = ["native", "mps", "shim", "shim-eager", "shim-noprio"]
+              "shim-noprio": "mpsshim, priority scheduling off",
+              "shim-noreserve": "mpsshim, no SMs reserved for priority"}
+ALL_MODES = ["native", "mps", "shim", "shim-eager", "shim-noprio", "shim-noreserve"]
 # The mpsshim modes and what each adds to mpsshimd's command line (after --daemon-arg):
 # "shim-eager" measures the daemon's defaults without launch batching, side by side
 # (docs/launch-batching.md).
 # "shim-noprio" the same without holding back low-priority clients (docs/daemon.md).
+# "shim-noreserve" holds them back but reserves no SMs for high-priority clients (docs/daemon.md,
+# "SMs reserved for normal-priority clients"): what the reserve gives. Its argument comes after
+# --daemon-arg, so a --daemon-arg=--priority-reserve-sms=N sweep leaves it at 0.
 SHIM_MODES = {"shim": [], "shim-eager": ["--launch-batching=off"],
-              "shim-noprio": ["--priority-scheduling=off"]}
+              "shim-noprio": ["--priority-scheduling=off"],
+              "shim-noreserve": ["--priority-reserve-sms=0"]}
 
 
 def is_shim(mode: str) -> bool:

@@ -61,6 +61,18 @@ std::string bytes_field(const Fields& fields, std::string_view key, bool zero_is
   return format_size_approx(bytes);
 }
 
+// The SMs a client runs on; "116/132" while it leaves some of its share (132) to
+// normal-priority clients (sms_held_back=, broker/server/priority_reserve.hpp).
+std::string sms_field(const Fields& fields) {
+  const std::string sms = field(fields, "sms");
+  unsigned runs_on = 0, held_back = 0;
+  const std::string held = field(fields, "sms_held_back");
+  auto [a, a_error] = std::from_chars(sms.data(), sms.data() + sms.size(), runs_on);
+  auto [b, b_error] = std::from_chars(held.data(), held.data() + held.size(), held_back);
+  if (a_error != std::errc{} || b_error != std::errc{} || held_back == 0) return sms;
+  return fmt::format("{}/{}", runs_on, runs_on + held_back);
+}
+
 std::optional<double> parse_number(std::string_view text) {
   double value = 0;
   auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
@@ -215,7 +227,7 @@ std::string format_client_table(
     const std::vector<ServerClients>& servers,
     const std::function<std::string(const std::string&)>& allocation_name) {
   constexpr std::string_view kRow =
-      "{:<9}{:<12}{:<5}{:<6}{:<12}{:<12}{:<12}{:<12}{:<10}{:<10}{:<12}{:<12}{:<12}{:<6}{:<10}"
+      "{:<9}{:<12}{:<5}{:<9}{:<12}{:<12}{:<12}{:<12}{:<10}{:<10}{:<12}{:<12}{:<12}{:<6}{:<10}"
       "{:<21}{:<17}{}\n";
   std::string table = fmt::format(kRow, "PID", "USER", "GPU", "SMS", "MEMORY", "PEAK", "LIMIT",
                                   "PINNED", "LAUNCHES", "BUSY", "H2D", "D2H", "D2D", "PRIO",
@@ -230,7 +242,7 @@ std::string format_client_table(
       servers,
       [&](int gpu, const Fields& fields) {
         table += fmt::format(
-            kRow, field(fields, "pid"), user_name(field(fields, "uid")), gpu, field(fields, "sms"),
+            kRow, field(fields, "pid"), user_name(field(fields, "uid")), gpu, sms_field(fields),
             bytes_field(fields, "mem_used", false), bytes_field(fields, "mem_peak", false),
             bytes_field(fields, "mem_limit", true), bytes_field(fields, "pinned", false),
             field(fields, "launches"), duration_field(fields, "busy_us"),
@@ -262,6 +274,7 @@ nlohmann::json client_table_json(const std::vector<ServerClients>& servers,
             {"start_time", json_number(fields, "start_time")},
             {"sms", json_number(fields, "sms")},
             {"sm_percentage", json_number(fields, "sm_percentage")},
+            {"sms_held_back", json_number(fields, "sms_held_back")},
             {"priority", json_number(fields, "priority")},
             {"memory_used_bytes", json_number(fields, "mem_used")},
             {"memory_peak_bytes", json_number(fields, "mem_peak")},

@@ -272,7 +272,12 @@ std::string format_metrics(const MetricsInput& input) {
   Family limit{"mpsshim_client_memory_limit_bytes", "gauge",
                "The client's device memory limit, in bytes; no sample when it has none."};
   Family client_sms{"mpsshim_client_sms", "gauge",
-                    "Streaming multiprocessors granted to the client (its SM quota)."};
+                    "Streaming multiprocessors the client's work runs on now: its SM quota, less "
+                    "those it leaves to normal-priority clients (see "
+                    "mpsshim_client_sms_held_back)."};
+  Family held_back{"mpsshim_client_sms_held_back", "gauge",
+                   "Streaming multiprocessors of the client's SM quota it leaves to "
+                   "normal-priority clients now (mpsshimd --priority-reserve-sms); 0 for others."};
   Family peak{"mpsshim_client_memory_peak_bytes", "gauge",
               "The most device memory the client has held since it connected, in bytes."};
   Family pinned{"mpsshim_client_pinned_host_memory_bytes", "gauge",
@@ -313,6 +318,7 @@ std::string format_metrics(const MetricsInput& input) {
     if (auto v = number_of(fields, "mem_used")) used.add(labels, *v);
     if (auto v = number_of(fields, "mem_limit"); v && *v > 0) limit.add(labels, *v);
     if (auto v = number_of(fields, "sms")) client_sms.add(labels, *v);
+    if (auto v = number_of(fields, "sms_held_back")) held_back.add(labels, *v);
     if (auto v = number_of(fields, "mem_peak")) peak.add(labels, *v);
     if (auto v = number_of(fields, "pinned")) pinned.add(labels, *v);
     if (auto v = number_of(fields, "busy_us")) busy.add(labels, *v / 1e6);
@@ -357,9 +363,10 @@ std::string format_metrics(const MetricsInput& input) {
 
   std::string text;
   for (const Family* family :
-       {&start, &build,  &up,           &restarts, &faults,         &answered,   &clients, &info,
-        &sms,   &memory, &launches,     &used,     &limit,          &client_sms, &peak,    &pinned,
-        &busy,  &copied, &client_start, &records,  &server_seconds, &batched,    &graphs}) {
+       {&start,   &build,        &up,        &restarts,       &faults,   &answered,
+        &clients, &info,         &sms,       &memory,         &launches, &used,
+        &limit,   &client_sms,   &held_back, &peak,           &pinned,   &busy,
+        &copied,  &client_start, &records,   &server_seconds, &batched,  &graphs}) {
     text += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}", family->name, family->help, family->name,
                         family->type, family->samples);
   }

@@ -10,6 +10,7 @@
 
 #include "broker/daemon/sizes.hpp"
 #include "broker/server/client_limits.hpp"
+#include "broker/server/sm_reserve_option.hpp"
 
 #ifndef MPSSHIM_LIBEXECDIR
 #error "meson defines MPSSHIM_LIBEXECDIR (the installed server's directory)"
@@ -38,6 +39,7 @@ enum LongOnly : int {
   kHostFences,
   kPriorityScheduling,
   kPriorityMaxHold,
+  kPriorityReserveSms,
   kContextIdleTimeout,
   kMetricsListen,
   kRequireAllocationToken,
@@ -136,6 +138,10 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
                        docs/daemon.md)
   --priority-max-hold-us N  the longest a below-normal client is held back at once (default
                        2000)
+  --priority-reserve-sms N|P%  SMs (or a percentage of them) kept for normal-priority clients:
+                       while one is connected, clients with CUDA_MPS_CLIENT_PRIORITY=1 run
+                       without them (default 10%, rounded up to whole groups of the split;
+                       0 = off; only with --priority-scheduling on; see docs/daemon.md)
   --context-idle-timeout SECS  a GPU's server releases its primary context (~500 MiB of GPU
                        memory) after SECS without a client and creates it again for the next
                        one (default 10; 0 = as soon as the last client leaves; -1 = never)
@@ -175,6 +181,7 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
       {"host-fences", required_argument, nullptr, kHostFences},
       {"priority-scheduling", required_argument, nullptr, kPriorityScheduling},
       {"priority-max-hold-us", required_argument, nullptr, kPriorityMaxHold},
+      {"priority-reserve-sms", required_argument, nullptr, kPriorityReserveSms},
       {"context-idle-timeout", required_argument, nullptr, kContextIdleTimeout},
       {"metrics-listen", required_argument, nullptr, kMetricsListen},
       {"require-allocation-token", no_argument, nullptr, kRequireAllocationToken},
@@ -276,6 +283,12 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
         auto n = number<int>("--priority-max-hold-us", arg, 1, 10'000'000);
         if (!n) return tl::unexpected(n.error());
         options.server_priority_max_hold_us = *n;
+        break;
+      }
+      case kPriorityReserveSms: {
+        auto spec = server::parse_sm_reserve(arg);
+        if (!spec) return tl::unexpected(spec.error());
+        options.server_priority_reserve_sms = server::format_sm_reserve(*spec);
         break;
       }
       case kBusyTime: {

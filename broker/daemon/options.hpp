@@ -36,8 +36,10 @@ struct DaemonOptions {
   bool server_host_fences = true;                  // --host-fences off: passed on to every server
   bool server_priority_scheduling = true;          // --priority-scheduling (priority_gate.hpp)
   std::optional<int> server_priority_max_hold_us;  // --priority-max-hold-us
-  std::optional<int> context_idle_timeout_s;       // passed on to every server; unset: its default
-  std::optional<MetricsAddress> metrics_listen;    // --metrics-listen; unset: no metrics endpoint
+  // --priority-reserve-sms, checked and passed on as written; unset: the servers' default.
+  std::optional<std::string> server_priority_reserve_sms;
+  std::optional<int> context_idle_timeout_s;     // passed on to every server; unset: its default
+  std::optional<MetricsAddress> metrics_listen;  // --metrics-listen; unset: no metrics endpoint
   // --client-limit NAME=VALUE (repeatable), checked and passed on to every server as NAME=N
   // (broker/server/client_limits.hpp); a later one for the same NAME wins there.
   std::vector<std::string> client_limits;

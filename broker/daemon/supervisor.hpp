@@ -64,6 +64,7 @@ struct SupervisorConfig {
   bool server_host_fences = true;                    // false: passed as --host-fences off
   bool server_priority_scheduling = true;            // false: passed as --priority-scheduling off
   std::optional<int> server_priority_max_hold_us{};  // passed as --priority-max-hold-us
+  std::optional<std::string> server_priority_reserve_sms{};  // passed as --priority-reserve-sms
   // Per-client caps, "NAME=N" each (N in bytes for sizes), passed as --client-limit NAME=N.
   std::vector<std::string> client_limits{};
 };

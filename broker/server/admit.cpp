@@ -103,11 +103,27 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
     placement =
         SmPlacement{0, 0, admit.sm_partition, admit.partition_first_group, admit.partition_groups};
   }
+  const int priority_span = std::abs(snap.stream_priority_least - snap.stream_priority_greatest);
+  s.priority_bias =
+      hello.priority == proto::kUnset ? 0 : std::clamp(hello.priority, 0, priority_span);
+  s.priority.below_normal = s.priority_bias > 0;
+  // With SMs reserved for normal-priority clients (priority_reserve.hpp), a normal client's
+  // smaller share lies at the device's end, over the reserve; a below-normal client without a
+  // placement of its own leaves the reserve while a normal client is connected.
+  if (sm_reserve_.on() && !placement.placed()) {
+    if (s.priority.below_normal) {
+      s.sm_reserve = sm_reserve_;
+      s.kept_out_of_reserve = priority_board_.normal_sessions() > 0;
+    } else {
+      placement.at_device_end = true;
+    }
+  }
   const PlannedQuota planned = plan_client_quota(
       snap, percentage, (hello.flags & proto::kHelloIgnoreSmCoscheduling) != 0, placement);
   const SmQuota& quota = planned.quota;
   const bool ignore_coscheduling = planned.ignore_coscheduling;
-  auto green = green_pool_.take(quota, planned.granularity, placement);
+  auto green = make_client_green_context(green_pool_, gpu_, percentage, planned, placement,
+                                         s.sm_reserve, s.kept_out_of_reserve);
   if (!green) {
     return fail(green.error(), fmt::format("creating its green context of {} SMs failed: {}",
                                            quota.target, describe(*gpu_.cu, green.error())));
@@ -122,10 +138,6 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
   }
   s.limit_from_client = hello.device_memory_limit != 0;
   s.memory_limit = s.limit_from_client ? hello.device_memory_limit : settings_.default_memory_limit;
-  const int priority_span = std::abs(snap.stream_priority_least - snap.stream_priority_greatest);
-  s.priority_bias =
-      hello.priority == proto::kUnset ? 0 : std::clamp(hello.priority, 0, priority_span);
-  s.priority.below_normal = s.priority_bias > 0;
   // A normal client outranks a below-normal one on the GPU too (priority_gate.hpp).
   s.priority_boost = settings_.priority.enabled && !s.priority.below_normal ? 1 : 0;
 
@@ -171,16 +183,22 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
   s.socket = std::move(client);
 
   Worker& worker = least_loaded();
-  log_info("client {} (pid {}, {}, uid {}) connected: {} of {} SMs, {}{}; served by worker {}",
+  log_info("client {} (pid {}, {}, uid {}) connected: {} of {} SMs{}, {}{}; served by worker {}",
            info.id, info.pid, info.program, info.uid, s.green.sm_count, snap.sm_count,
+           s.green.outside_reserve
+               ? fmt::format(" ({} held back for normal-priority clients)", s.green.held_back_sms)
+               : std::string(),
            describe_limit(s.memory_limit),
            s.allocation ? fmt::format(" in allocation {} (shared {})", s.allocation->id(),
                                       describe_limit(s.allocation->limit()))
                         : "",
            worker.index());
+  const bool normal = !s.priority.below_normal;
   priority_board_.joined(s.priority.below_normal);
   // From here on the session belongs to the worker's thread.
   worker.adopt(std::move(session));
+  // Below-normal sessions leave the reserve at their worker's next pass, idle or not.
+  if (normal && sm_reserve_.on()) nudge_workers();
 }
 
 }  // namespace mpsshim::server

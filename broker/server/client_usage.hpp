@@ -29,8 +29,11 @@ struct ClientUsage {
 //   client=3 pid=4123 uid=1000 program=python3 sms=32 sm_percentage=25 mem_used=1048576
 //   mem_peak=2097152 mem_limit=0 pinned=0 launches=1234 busy_us=51234 h2d_bytes=4096
 //   d2h_bytes=4096 d2d_bytes=0 priority=0 state=active start_time=1732182049.123 allocation=7
+//   partition=0 held_us=0 sms_held_back=0
 // Bytes in bytes (mem_limit=0: none), busy time in microseconds, start_time in unix seconds,
 // allocation the id of the pod's allocation it belongs to (0: none; docs/kubernetes.md).
+// sms= counts the SMs its work runs on now; sms_held_back= those of its share it leaves to
+// normal-priority clients now (priority_reserve.hpp).
 std::string format_client_usage(const Session& session);
 
 }  // namespace mpsshim::server

@@ -70,6 +70,8 @@ tl::expected<std::vector<CUdevResource>, CUresult> placed_groups(const DriverTab
     }
     needed = std::min(needed, placement.groups);
     first = placement.first_group;
+  } else if (placement.at_device_end) {
+    first = count - needed;
   }
   return std::vector<CUdevResource>(groups.begin() + first, groups.begin() + first + needed);
 }
@@ -98,6 +100,8 @@ GreenShape green_shape(const SmQuota& quota, unsigned granularity, const SmPlace
   if (placement.partition != 0) {  // placed_groups: a partition overrides the slot
     shape.first_group = placement.first_group;
     shape.groups = placement.groups;
+  } else if (placement.slots == 0) {  // at_device_end: the last groups
+    shape.at_device_end = placement.at_device_end;
   } else {
     shape.slot = placement.slot % placement.slots;
     shape.slots = placement.slots;
@@ -124,6 +128,13 @@ tl::expected<GreenContext, CUresult> make_green_context(const DriverTable& cu, C
     if (groups != 1) return tl::unexpected(CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION);
     resources = {group};
   }
+  auto out = green_context_of(cu, device, std::move(resources));
+  if (out) out->shape = green_shape(quota, granularity, placement);
+  return out;
+}
+
+tl::expected<GreenContext, CUresult> green_context_of(const DriverTable& cu, CUdevice device,
+                                                      std::vector<CUdevResource> resources) {
   CUdevResourceDesc desc = nullptr;
   CUresult r = cu.cuDevResourceGenerateDesc(&desc, resources.data(),
                                             static_cast<unsigned>(resources.size()));
@@ -138,7 +149,6 @@ tl::expected<GreenContext, CUresult> make_green_context(const DriverTable& cu, C
   }
   out.sm_count = 0;
   for (const CUdevResource& resource : resources) out.sm_count += resource.sm.smCount;
-  out.shape = green_shape(quota, granularity, placement);
   return out;
 }
 

@@ -3,6 +3,8 @@
 
 #include <cuda.h>
 
+#include <vector>
+
 #include <tl/expected.hpp>
 
 #include <cstdint>
@@ -23,6 +25,9 @@ struct GreenShape {
     kWholeDevice,  // every SM, no split
     kSplit,        // the first `target` SMs of one split
     kPlaced,       // a run of `granularity`-sized groups: a slot of `slots`, or a partition's
+    // every SM but the ones reserved for normal-priority clients (priority_reserve.hpp), of a
+    // split in `granularity` steps into `groups` groups
+    kOutsideReserve,
   };
   Kind kind = Kind::kNone;
   unsigned split_flags = 0;
@@ -32,6 +37,7 @@ struct GreenShape {
   unsigned slots = 0;
   unsigned first_group = 0;
   unsigned groups = 0;
+  bool at_device_end = false;  // the device's last groups (a normal client over the reserve)
   bool operator==(const GreenShape&) const = default;
 };
 
@@ -39,7 +45,13 @@ struct GreenContext {
   CUgreenCtx green = nullptr;
   CUcontext context = nullptr;  // cuCtxFromGreenCtx: what events of this client are made in
   unsigned sm_count = 0;        // the SMs the driver really gave
-  GreenShape shape;             // what it was made from
+  GreenShape shape;             // what it was made from (the pool's key)
+  // What it was made for, so that a session moving back to a shape it had reuses it
+  // (sm_quota_change.hpp): the SM percentage, and whether the SMs reserved for normal-priority
+  // clients were left out (priority_reserve.hpp), and how many of its quota's SMs that cost.
+  int percentage = 0;
+  bool outside_reserve = false;
+  unsigned held_back_sms = 0;
 };
 
 // Where on the device a client's SMs lie: slot `slot` of `slots` equal parts. Without one, a
@@ -48,14 +60,17 @@ struct GreenContext {
 // different SMs, and all the processes of one allocation the same ones: one SM share per pod.
 // A static SM partition (mpsshimctl sm_partition add) places a client instead: its groups
 // `first_group` .. `first_group + groups - 1` of the device split in steps of the hardware
-// granularity, which no other partition has.
+// granularity, which no other partition has. A normal-priority client on a server that
+// reserves SMs for them (priority_reserve.hpp) takes its share from the device's last groups,
+// where the reserved ones lie, instead of the first.
 struct SmPlacement {
   unsigned slot = 0;
   unsigned slots = 0;           // 0: no placement
   std::uint32_t partition = 0;  // its id; 0: none
   unsigned first_group = 0;
   unsigned groups = 0;
-  bool placed() const { return slots != 0 || partition != 0; }
+  bool at_device_end = false;
+  bool placed() const { return slots != 0 || partition != 0 || at_device_end; }
 };
 
 // The quota of `percentage` for a client placed as `placement`: of the device, or of its
@@ -81,6 +96,11 @@ unsigned first_group_of_slot(unsigned slot, unsigned slots, unsigned groups, uns
 
 // The shape make_green_context gives these arguments.
 GreenShape green_shape(const SmQuota& quota, unsigned granularity, const SmPlacement& placement);
+
+// cuDevResourceGenerateDesc -> cuGreenCtxCreate -> cuCtxFromGreenCtx over `resources` (the
+// whole device's SM resource, or outputs of one split).
+tl::expected<GreenContext, CUresult> green_context_of(const DriverTable& cu, CUdevice device,
+                                                      std::vector<CUdevResource> resources);
 
 // cuDevSmResourceSplitByCount -> cuDevResourceGenerateDesc -> cuGreenCtxCreate. The
 // whole-device quota skips the split. Without a placement: one group of quota.target SMs; with

@@ -18,7 +18,14 @@ GreenContextPool::~GreenContextPool() {
 tl::expected<GreenContext, CUresult> GreenContextPool::take(const SmQuota& quota,
                                                             unsigned granularity,
                                                             SmPlacement placement) {
-  const GreenShape shape = green_shape(quota, granularity, placement);
+  return take(green_shape(quota, granularity, placement), [&] {
+    return make_green_context(*gpu_.cu, gpu_.device, gpu_.sm_resource, quota, granularity,
+                              placement);
+  });
+}
+
+tl::expected<GreenContext, CUresult> GreenContextPool::take(const GreenShape& shape,
+                                                            const Maker& make) {
   {
     std::lock_guard lock(mutex_);
     // The newest first: the shape most recently seen is the likeliest to come again.
@@ -31,9 +38,9 @@ tl::expected<GreenContext, CUresult> GreenContextPool::take(const SmQuota& quota
       return found;
     }
   }
-  auto made =
-      make_green_context(*gpu_.cu, gpu_.device, gpu_.sm_resource, quota, granularity, placement);
+  auto made = make();
   if (made) {
+    made->shape = shape;
     std::lock_guard lock(mutex_);
     ++created_;
   }

@@ -21,6 +21,8 @@
 // that no work of the old session is pending when the next one gets it.
 #pragma once
 
+#include <functional>
+
 #include <cstddef>
 #include <mutex>
 #include <vector>
@@ -58,6 +60,9 @@ class GreenContextPool {
   // A kept green context of this shape (make_green_context's arguments), else a new one.
   tl::expected<GreenContext, CUresult> take(const SmQuota& quota, unsigned granularity = 0,
                                             SmPlacement placement = {});
+  // A kept green context of `shape`, else what `make` makes (marked with `shape`).
+  using Maker = std::function<tl::expected<GreenContext, CUresult>()>;
+  tl::expected<GreenContext, CUresult> take(const GreenShape& shape, const Maker& make);
   // Keeps `green` for a later session of its shape, or destroys it (no shape, capacity 0, or it
   // did not synchronize). `green` must have no stream left. Returns the first error of
   // synchronizing or destroying, else CUDA_SUCCESS. With the pool full, the oldest idle one is

@@ -13,7 +13,9 @@
 #include <ctime>
 #include <mutex>
 
+#include "broker/server/driver.hpp"
 #include "broker/server/log.hpp"
+#include "broker/server/quota.hpp"
 #include "broker/server/server.hpp"
 
 namespace mpsshim::server {
@@ -73,6 +75,41 @@ Server::Server(Gpu gpu, ServerSettings settings, proto::UniqueFd control)
   if (wake_) watch(wake_.get(), kWake);
   const std::size_t count = std::max<std::size_t>(settings_.workers, 1);
   for (std::size_t i = 0; i < count; ++i) workers_.push_back(std::make_unique<Worker>(*this, i));
+  plan_priority_reserve();
+}
+
+void Server::plan_priority_reserve() {
+  const PrioritySettings& priority = settings_.priority;
+  if (!priority.enabled || priority.reserve.amount == 0) return;
+  // The split static partitions are cut from: the reserve is its last groups.
+  const proto::DeviceSnapshot& snap = gpu_.snapshot;
+  const unsigned granularity =
+      sm_granularity(snap.sm_min_partition, snap.sm_coscheduled_alignment, false);
+  auto groups = count_sm_groups(*gpu_.cu, gpu_.sm_resource, granularity);
+  if (!groups) {
+    log_warn(
+        "no SMs reserved for normal-priority clients: splitting the device's SMs in groups "
+        "of {} failed: {}",
+        granularity, describe(*gpu_.cu, groups.error()));
+    return;
+  }
+  sm_reserve_ = plan_sm_reserve(priority.reserve, snap.sm_count, granularity, *groups);
+  if (!sm_reserve_.on()) {
+    log_warn(
+        "no SMs reserved for normal-priority clients: the device's SMs split into {} "
+        "group(s) of {}, too few to set any apart",
+        *groups, granularity);
+    return;
+  }
+  log_info(
+      "{} of {} SMs ({} of {} groups of {}; --priority-reserve-sms {}) are reserved for "
+      "normal-priority clients: below-normal clients leave them while one is connected",
+      sm_reserve_.sms(), snap.sm_count, sm_reserve_.groups, *groups, granularity,
+      format_sm_reserve(priority.reserve));
+}
+
+void Server::nudge_workers() {
+  for (auto& worker : workers_) worker->nudge();
 }
 
 Server::~Server() {

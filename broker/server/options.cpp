@@ -90,6 +90,10 @@ tl::expected<Options, std::string> parse_options(std::span<const char* const> ar
         return tl::unexpected(
             fmt::format("--priority-run-ahead {}: expected 1 to 4096 records", value));
       }
+    } else if (flag == "--priority-reserve-sms") {
+      auto spec = parse_sm_reserve(value);
+      if (!spec) return tl::unexpected(spec.error());
+      options.priority_reserve_sms = *spec;
     } else if (flag == "--workers") {
       if (!parse_number(value, options.workers) || options.workers > kMaxWorkers) {
         return tl::unexpected(fmt::format("--workers {}: expected 0 (one per available CPU) to {}",

@@ -36,6 +36,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "broker/server/sm_reserve_option.hpp"
+
 namespace mpsshim::server {
 
 class Session;
@@ -49,6 +51,9 @@ struct PrioritySettings {
   std::size_t run_ahead = 4;
   // How long a normal session stays busy after it was last seen with work.
   std::chrono::microseconds linger{200};
+  // SMs below-normal clients leave to normal ones while one is connected (priority_reserve.hpp;
+  // --priority-reserve-sms); only while `enabled`.
+  SmReserveSpec reserve = kDefaultSmReserve;
 };
 
 // Shared by every worker of the server.

@@ -119,6 +119,11 @@ class Server final {
   std::size_t clients_on_gpu() const { return session_count(); }
   // Which priority classes have clients here, and how many normal ones have work in flight.
   PriorityBoard& priority_board() { return priority_board_; }
+  // The SMs below-normal clients leave to normal ones (priority_reserve.hpp); planned at start.
+  const SmReserve& sm_reserve() const { return sm_reserve_; }
+  // A normal-priority session joined or left: every worker looks at its below-normal sessions
+  // at its next pass, idle or not (priority_reserve.hpp).
+  void nudge_workers();
 
   // A kCtlRequest from the daemon (control.cpp): the defaults for new clients, and a running
   // client's quotas changed live (set_client_active_thread_percentage PID P,
@@ -132,6 +137,7 @@ class Server final {
   std::vector<std::string> on_each_worker(const std::function<std::string(Worker&)>& task,
                                           std::chrono::milliseconds timeout);
   Worker& least_loaded();
+  void plan_priority_reserve();
   std::size_t poll_control(std::chrono::nanoseconds timeout);
   void finish_fault();
 
@@ -167,6 +173,7 @@ class Server final {
   std::atomic<std::size_t> workers_failed_{0};
   std::function<void(int)> fatal_;
   PriorityBoard priority_board_;
+  SmReserve sm_reserve_;  // written by the constructor only
 };
 
 }  // namespace mpsshim::server

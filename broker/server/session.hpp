@@ -29,6 +29,7 @@
 #include "broker/server/launch_batch.hpp"
 #include "broker/server/objects.hpp"
 #include "broker/server/priority_gate.hpp"
+#include "broker/server/priority_reserve.hpp"
 #include "broker/server/session_stats.hpp"
 #include "broker/server/shared_segment.hpp"
 #include "broker/server/virtual_memory.hpp"
@@ -260,6 +261,12 @@ class Session {
   int sm_percentage = 100;  // the SM share it was granted, in percent (the green context rounds up)
   bool ignore_sm_coscheduling = false;  // MPSSHIM_SM_GRANULARITY=2 (kHelloIgnoreSmCoscheduling)
   SmPlacement sm_placement;  // its allocation's slot of the device (green_context.hpp); kept live
+  // The SMs reserved for normal-priority clients that a below-normal client leaves while one is
+  // connected (priority_reserve.hpp): set at admission for below-normal clients without a
+  // placement when the server reserves any, else off; and whether it follows a board with a
+  // normal client (its green context is then outside the reserve if its share reached in).
+  SmReserve sm_reserve;
+  bool kept_out_of_reserve = false;
 
   ObjectTable objects;
   AllocationMap memory;

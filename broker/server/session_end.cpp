@@ -79,6 +79,8 @@ void Worker::end_session(Session& session, const std::string& reason, CUresult n
 
 void Worker::free_session(Session& session) {
   priority_leave(session, server_.priority_board());
+  // The below-normal sessions get the SMs reserved for normal ones back once none is left.
+  if (!session.priority.below_normal && server_.sm_reserve().on()) server_.nudge_workers();
   FreedTally tally = free_everything(session);
   if (session.end_notify == CUDA_SUCCESS) {  // the client left: "disconnected", "said goodbye"
     log_info("{} {}; {}", session.who(), session.end_reason, freed_summary(tally));

@@ -8,10 +8,13 @@
 #include "broker/server/driver.hpp"
 #include "broker/server/launch_batch.hpp"
 #include "broker/server/log.hpp"
+#include "broker/server/priority_reserve.hpp"
 #include "broker/server/quota.hpp"
 
 namespace mpsshim::server {
 namespace {
+
+constexpr std::string_view kByOperator = "SM quota changed by the operator to";
 
 // Server events of the old green context that are still in use come back to the pool later:
 // they are destroyed then instead (Session::release_event, busy_time.cpp).
@@ -42,19 +45,50 @@ void mark_events_in_use_stale(Session& s) {
   s.timing_pool.clear();
 }
 
-tl::expected<std::string, std::string> apply(Session& s, int percentage) {
+// The green context of the shape asked: one the session had before (moving back and forth
+// between the same shapes makes no more green contexts), else a new one.
+tl::expected<GreenContext, std::string> green_of_shape(Session& s, int percentage,
+                                                       bool outside_reserve) {
   const Gpu& gpu = s.gpu();
-  const DriverTable& cu = s.cu();
-  const proto::DeviceSnapshot& snap = gpu.snapshot;
   // A client of a Kubernetes allocation stays in its slot of the device, one of a static
   // partition in its partition (admit.cpp).
   const PlannedQuota planned =
-      plan_client_quota(snap, percentage, s.ignore_sm_coscheduling, s.sm_placement);
-  const SmQuota& quota = planned.quota;
-  auto green = s.green_pool().take(quota, planned.granularity, s.sm_placement);
+      plan_client_quota(gpu.snapshot, percentage, s.ignore_sm_coscheduling, s.sm_placement);
+  outside_reserve =
+      outside_reserve && !s.sm_placement.placed() && reaches_reserve(planned, s.sm_reserve);
+  auto same = [&](const GreenContext& g) {
+    return g.percentage == percentage && g.outside_reserve == outside_reserve;
+  };
+  if (same(s.green)) return s.green;
+  if (auto it = std::find_if(s.earlier_greens.begin(), s.earlier_greens.end(), same);
+      it != s.earlier_greens.end()) {
+    GreenContext again = *it;
+    s.earlier_greens.erase(it);
+    return again;
+  }
+  auto green = make_client_green_context(s.green_pool(), gpu, percentage, planned, s.sm_placement,
+                                         s.sm_reserve, outside_reserve);
   if (!green) {
-    return tl::unexpected(fmt::format("creating a green context of {} SMs failed: {}", quota.target,
-                                      describe(cu, green.error())));
+    return tl::unexpected(fmt::format("creating a green context of {} SMs failed: {}",
+                                      planned.quota.target, describe(s.cu(), green.error())));
+  }
+  return *green;
+}
+
+// Gives a green context taken out of earlier_greens back to it (a failed move).
+void keep_unused(Session& s, const GreenContext& green) {
+  if (green.green != s.green.green) s.earlier_greens.push_back(green);
+}
+
+tl::expected<std::string, std::string> apply(Session& s, int percentage, bool outside_reserve,
+                                             std::string_view cause) {
+  const DriverTable& cu = s.cu();
+  const proto::DeviceSnapshot& snap = s.gpu().snapshot;
+  auto green = green_of_shape(s, percentage, outside_reserve);
+  if (!green) return tl::unexpected(green.error());
+  if (green->green == s.green.green) {
+    return fmt::format("{}: {}% of the SMs, {} of {} (unchanged)", s.who(), percentage,
+                       s.green.sm_count, snap.sm_count);
   }
   // Every stream of the new context first, so that a failure changes nothing.
   const std::vector<std::uint64_t> ids = s.objects.ids<StreamObj>();
@@ -65,7 +99,7 @@ tl::expected<std::string, std::string> apply(Session& s, int percentage) {
                                            s.objects.get<StreamObj>(id)->priority);
     if (r != CUDA_SUCCESS) {
       for (CUstream made : fresh) cu.cuStreamDestroy_v2(made);
-      s.green_pool().give_back(std::move(*green));
+      keep_unused(s, *green);
       return tl::unexpected(
           fmt::format("creating its streams in the new green context failed: {}", describe(cu, r)));
     }
@@ -115,12 +149,14 @@ tl::expected<std::string, std::string> apply(Session& s, int percentage) {
   s.green = *green;
   ++s.green_generation;
   s.sm_percentage = percentage;
-  log_info(
-      "{}: SM quota changed by the operator to {}%: {} of {} SMs (was {}); its {} stream(s) "
-      "go on in the new green context",
-      s.who(), percentage, s.green.sm_count, snap.sm_count, before, ids.size());
-  return fmt::format("{}: {}% of the SMs, {} of {} (was {})", s.who(), percentage, s.green.sm_count,
-                     snap.sm_count, before);
+  const std::string held =
+      s.green.outside_reserve
+          ? fmt::format(", {} held back for normal-priority clients", s.green.held_back_sms)
+          : std::string();
+  log_info("{}: {} {}%: {} of {} SMs{} (was {}); its {} stream(s) go on in the new green context",
+           s.who(), cause, percentage, s.green.sm_count, snap.sm_count, held, before, ids.size());
+  return fmt::format("{}: {}% of the SMs, {} of {}{} (was {})", s.who(), percentage,
+                     s.green.sm_count, snap.sm_count, held, before);
 }
 
 }  // namespace
@@ -133,14 +169,21 @@ tl::expected<std::string, std::string> change_sm_quota(Session& session, int per
                        percentage);
   }
   session.pending_sm_percentage = 0;
-  return apply(session, percentage);
+  return apply(session, percentage, session.kept_out_of_reserve, kByOperator);
+}
+
+tl::expected<std::string, std::string> move_sm_share(Session& session, int percentage,
+                                                     bool outside_reserve, std::string_view why) {
+  return apply(session, percentage, outside_reserve,
+               fmt::format("SMs moved because {}; its share of", why));
 }
 
 void apply_pending_sm_quota(Session& session) {
   if (session.pending_sm_percentage == 0 || session.active_captures != 0) return;
   const int percentage = session.pending_sm_percentage;
   session.pending_sm_percentage = 0;
-  if (auto applied = apply(session, percentage); !applied) {
+  if (auto applied = apply(session, percentage, session.kept_out_of_reserve, kByOperator);
+      !applied) {
     log_warn("{}: the SM quota change to {}% could not be applied: {}", session.who(), percentage,
              applied.error());
   }

@@ -14,12 +14,15 @@
 // change run their kernels where they were instantiated (instantiate again to move them), and
 // its events get a fresh event of the new context at their next record (an event records only
 // on streams of its own context), so cuEventElapsedTime between a record before the change and
-// one after fails. The earlier green contexts live until the session ends.
+// one after fails. The earlier green contexts live until the session ends; a change back to a
+// shape the session had (the same percentage, in or out of the priority reserve) takes its
+// green context up again instead of making another.
 // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT keeps answering the count the client started with:
 // the shim answers it from the welcome, and a program sizes its grids once.
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include <tl/expected.hpp>
 
@@ -34,5 +37,12 @@ tl::expected<std::string, std::string> change_sm_quota(Session& session, int per
 
 // After a drain pass: applies a change that waited for the client's captures to end.
 void apply_pending_sm_quota(Session& session);
+
+// On the session's worker, at a safe point with no capture open: the same move to the green
+// context of `percentage` with or without the SMs reserved for normal-priority clients
+// (priority_reserve.hpp); `why` goes into the log line. Nothing moves when the shape is the
+// session's already.
+tl::expected<std::string, std::string> move_sm_share(Session& session, int percentage,
+                                                     bool outside_reserve, std::string_view why);
 
 }  // namespace mpsshim::server

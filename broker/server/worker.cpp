@@ -17,6 +17,7 @@
 #include "broker/server/driver.hpp"
 #include "broker/server/limit_check.hpp"
 #include "broker/server/log.hpp"
+#include "broker/server/priority_reserve.hpp"
 #include "broker/server/server.hpp"
 #include "broker/server/sm_quota_change.hpp"
 
@@ -152,7 +153,10 @@ std::size_t Worker::do_work() {
     std::size_t start = round_robin_++ % n;
     for (std::size_t k = 0; k < n && !failed_; ++k) {
       Session& session = *sessions_[(start + k) % n];
-      if (session.state == SessionState::kActive) work += drain_ring(session);
+      if (session.state != SessionState::kActive) continue;
+      // Before the pass: nothing of the session waits in its launch batch.
+      follow_priority_reserve(session, server_.priority_board());
+      work += drain_ring(session);
     }
   }
   if (!failed_) work += poll_gpu();

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 
-MODES = ["native", "mps", "shim", "shim-noprio"]
+MODES = ["native", "mps", "shim", "shim-noreserve", "shim-noprio"]
 
 
 def fail(message: str) -> None:
@@ -29,9 +29,11 @@ def main() -> int:
         if run.returncode != 0:
             fail(f"harness exited {run.returncode}:\n{log}")
         # The commands it would have run: low-priority clients with CUDA_MPS_CLIENT_PRIORITY=1,
-        # the high-priority one with 0, and shim-noprio's daemon without priority scheduling.
+        # the high-priority one with 0, shim-noprio's daemon without priority scheduling and
+        # shim-noreserve's without SMs reserved for the high-priority client.
         for needed in ["CUDA_MPS_CLIENT_PRIORITY=1", "CUDA_MPS_CLIENT_PRIORITY=0",
-                       "--priority-scheduling=off", "--batch 8", "--batch 1"]:
+                       "--priority-scheduling=off", "--priority-reserve-sms=0", "--batch 8",
+                       "--batch 1"]:
             if needed not in log:
                 fail(f"the dry run's commands lack {needed!r}:\n{log}")
         with open(os.path.join(out, "r", "results.csv")) as f:
@@ -46,7 +48,7 @@ def main() -> int:
         with open(os.path.join(out, "r", "report.md")) as f:
             report = f.read()
         for needed in ["**Dry run**", "## Priorities", "high-priority p99, shared / alone",
-                       "- shim-noprio: high-priority p99"]:
+                       "- shim-noprio: high-priority p99", "- shim-noreserve: high-priority p99"]:
             if needed not in report:
                 fail(f"report.md lacks {needed!r}:\n{report}")
         # The committed reference run still renders.

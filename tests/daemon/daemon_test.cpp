@@ -226,14 +226,17 @@ TEST_CASE("ps shows every server's clients", "[ps]") {
   CHECK(ps.exit_code == 0);
   CHECK(
       contains(ps.out,
-               "PID      USER        GPU  SMS   MEMORY      PEAK        LIMIT       PINNED      "
+               "PID      USER        GPU  SMS      MEMORY      PEAK        LIMIT       PINNED      "
                "LAUNCHES  BUSY      H2D         D2H         D2D         PRIO  STATE     STARTED"));
   CHECK(contains(ps.out, "STARTED              PROGRAM          ALLOCATION\n"));
   CHECK(contains(ps.out, "\n4242     "));
   // What fake_server.cpp reports, for people.
-  CHECK(contains(ps.out,
-                 "0    66    1.0 MiB     3.0 MiB     none        64.0 KiB    7         1.25s     "
-                 "4.0 KiB     2.0 KiB     1.0 KiB     1     active    "));
+  CHECK(
+      contains(ps.out,
+               "0    66       1.0 MiB     3.0 MiB     none        64.0 KiB    7         1.25s     "
+               "4.0 KiB     2.0 KiB     1.0 KiB     1     active    "));
+  // GPU 1's client leaves 16 SMs of its 82 to normal-priority clients (--priority-reserve-sms).
+  CHECK(contains(ps.out, "1    66/82    1.0 MiB"));
   // PROGRAM, then ALLOCATION: "-" for a client that does not belong to a pod's allocation.
   CHECK(contains(ps.out, "fake-client-gpu0 -\n"));
   CHECK(contains(ps.out, "fake-client-gpu1"));
@@ -260,6 +263,7 @@ TEST_CASE("ps --json gives every figure as a number", "[ps][json]") {
   CHECK(c["start_time"] == 1795568665.25);
   CHECK(c["sms"] == 66);
   CHECK(c["sm_percentage"] == 50);
+  CHECK(c["sms_held_back"] == 16);
   CHECK(c["priority"] == 1);
   CHECK(c["memory_used_bytes"] == 1048576);
   CHECK(c["memory_peak_bytes"] == 3145728);
@@ -756,6 +760,7 @@ TEST_CASE("GET /metrics reports every GPU's server and every client's figures", 
   CHECK(contains(m, "mpsshim_client_launches_total" + client + " 7\n"));
   CHECK(contains(m, "mpsshim_client_memory_used_bytes" + client + " 1048576\n"));
   CHECK(contains(m, "mpsshim_client_sms" + client + " 66\n"));
+  CHECK(contains(m, "mpsshim_client_sms_held_back" + client + " 16\n"));
   CHECK(contains(m, "mpsshim_client_memory_peak_bytes" + client + " 3145728\n"));
   CHECK(contains(m, "mpsshim_client_pinned_host_memory_bytes" + client + " 65536\n"));
   CHECK(contains(m, "mpsshim_client_busy_seconds_total" + client + " 1.25\n"));

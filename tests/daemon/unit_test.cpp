@@ -273,6 +273,24 @@ TEST_CASE("a scrape lists every family with HELP and TYPE and leaves unlimited m
                   "user=\"no-such-user\",program=\"p\"} 1.5\n") != std::string::npos);
 }
 
+TEST_CASE("--priority-reserve-sms is checked and passed on to every server", "[options]") {
+  auto parse = [](std::vector<const char*> args) {
+    args.insert(args.begin(), "mpsshimd");
+    return parse_daemon_options(static_cast<int>(args.size()), const_cast<char**>(args.data()));
+  };
+  auto unset = parse({});
+  REQUIRE(unset);
+  CHECK_FALSE(unset->server_priority_reserve_sms);  // the servers' default
+  CHECK(parse({"--priority-reserve-sms", "16"})->server_priority_reserve_sms == "16");
+  CHECK(parse({"--priority-reserve-sms=12%"})->server_priority_reserve_sms == "12%");
+  CHECK(parse({"--priority-reserve-sms", "off"})->server_priority_reserve_sms == "0");
+  auto bad = parse({"--priority-reserve-sms", "95%"});
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().find("--priority-reserve-sms 95%: expected") != std::string::npos);
+  CHECK_FALSE(parse({"--priority-reserve-sms", "some"}));
+  CHECK(daemon_usage().find("--priority-reserve-sms N|P%") != std::string::npos);
+}
+
 TEST_CASE("--client-limit checks the name and passes sizes on in bytes", "[options]") {
   auto parse = [](std::vector<const char*> args) {
     args.insert(args.begin(), "mpsshimd");

@@ -139,13 +139,14 @@ TEST_CASE("stats list one line per client", "[server][control]") {
         "mem_peak=1048576 mem_limit=0 pinned=0 launches=0 busy_us=- h2d_bytes=0 d2h_bytes=0 "
         "d2d_bytes=0 priority=0 state=active");
   // start_time: unix seconds with milliseconds, now or a moment ago; then the allocation and the
-  // static SM partition (none), the time held back for priorities (none) and the worker.
+  // static SM partition (none), the time held back for priorities (none), the SMs it leaves to
+  // normal-priority clients (none) and the worker.
   const double start_time = std::stod(line.substr(at + started.size()));
   const double now =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   CHECK(start_time <= now);
   CHECK(start_time > now - 60);
-  CHECK(line.ends_with(" allocation=0 partition=0 held_us=0 worker=0\n"));
+  CHECK(line.ends_with(" allocation=0 partition=0 held_us=0 sms_held_back=0 worker=0\n"));
 }
 
 TEST_CASE("terminate_client ends that client's session and tells it", "[server][control]") {

@@ -246,6 +246,12 @@ DriverTable fake_driver_table() {
                                      const CUdevResource* in, CUdevResource* remaining,
                                      unsigned flags, unsigned min_count) {
     FakeGpu& gpu = fake_gpu();
+    // A count only (the server's priority reserve asks at start): the fake has one group, so
+    // no SMs are reserved on it (the test driver models the split: priority_reserve_test.cpp).
+    if (result == nullptr) {
+      *groups = 1;
+      return CUDA_SUCCESS;
+    }
     gpu.last_split_min_count = min_count;
     gpu.last_split_flags = flags;
     if (min_count > in->sm.smCount) return CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION;

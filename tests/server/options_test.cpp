@@ -1,5 +1,6 @@
 #include "broker/server/options.hpp"
 
+#include <fmt/format.h>
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
@@ -119,6 +120,31 @@ TEST_CASE("--priority-scheduling and its bounds (on, 2000 us, 4 records by defau
   CHECK_FALSE(parse({"--device", "0", "--control-fd", "3", "--priority-max-hold-us", "0"}));
   CHECK_FALSE(parse({"--device", "0", "--control-fd", "3", "--priority-run-ahead", "0"}));
   CHECK(std::string(kUsage).find("--priority-scheduling on|off") != std::string::npos);
+}
+
+TEST_CASE("--priority-reserve-sms takes SMs, a percentage or off (10% by default)",
+          "[server][options][priority][reserve]") {
+  auto with = [](const char* value) {
+    return parse({"--device", "0", "--control-fd", "3", "--priority-reserve-sms", value});
+  };
+  auto defaults = parse({"--device", "0", "--control-fd", "3"});
+  REQUIRE(defaults);
+  CHECK(defaults->priority_reserve_sms == SmReserveSpec{10, true});
+  CHECK(with("16")->priority_reserve_sms == SmReserveSpec{16, false});
+  CHECK(with("25%")->priority_reserve_sms == SmReserveSpec{25, true});
+  CHECK(with("0")->priority_reserve_sms.amount == 0);
+  CHECK(with("0%")->priority_reserve_sms == SmReserveSpec{});
+  CHECK(with("off")->priority_reserve_sms == SmReserveSpec{});
+  for (const char* bad : {"-8", "91%", "4097", "lots", "%", "", "16 ", "8SMs", "1.5%"}) {
+    INFO(bad);
+    auto refused = with(bad);
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().find(fmt::format("--priority-reserve-sms {}: expected a number of SMs",
+                                           bad)) != std::string::npos);
+  }
+  CHECK(format_sm_reserve(*parse_sm_reserve("25%")) == "25%");
+  CHECK(format_sm_reserve(*parse_sm_reserve("off")) == "0");
+  CHECK(std::string(kUsage).find("--priority-reserve-sms N|P%") != std::string::npos);
 }
 
 }  // namespace mpsshim::server

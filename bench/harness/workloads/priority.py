@@ -6,8 +6,11 @@ CUDA_MPS_CLIENT_PRIORITY=0 and 1. Each group also runs alone, in the same mode a
 so the report gives the high-priority p99 shared over alone (target <= 1.1) and the low-priority
 throughput shared over alone (target >= 0.8). Natively the variable means nothing (time-slicing);
 under NVIDIA MPS it is MPS's own priority; under mpsshim the server holds back the low-priority
-clients while the high-priority one has work in flight (mode shim-noprio: with that turned off,
-mpsshimd --priority-scheduling=off)."""
+clients while the high-priority one has work in flight and runs them without the SMs it reserves
+for high-priority clients while one is connected (mpsshimd --priority-reserve-sms, 10% by
+default; sweep it with --daemon-arg=--priority-reserve-sms=N). Mode shim-noreserve: held back
+but on every SM (--priority-reserve-sms=0); shim-noprio: neither
+(--priority-scheduling=off)."""
 from __future__ import annotations
 
 import os
