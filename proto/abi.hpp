@@ -27,7 +27,9 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // Minor 6: ClientHello::sm_partition (was reserved, 0: no partition) and
 // ServerAdmit::sm_partition / partition_first_group / partition_groups (static SM partitions,
 // mpsshimctl sm_partition; docs/daemon.md).
-inline constexpr std::uint16_t kAbiMinor = 6;
+// Minor 7: capture into an existing graph and a graph's edges (ops 90..91:
+// BeginCaptureToGraphReq, GraphGetEdgesReq/Rep, WireEdge).
+inline constexpr std::uint16_t kAbiMinor = 7;
 
 // FROZEN FOREVER. Every message on every mpsshim socket starts with this header, so that any two
 // versions of mpsshim can at least tell each other which versions they are. Never change it.

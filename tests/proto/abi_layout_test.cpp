@@ -259,6 +259,20 @@ std::uint64_t layout_fingerprint() {
   FIELD(GraphCopyNodeReq, src);
   FIELD(GraphCopyNodeReq, bytes);
   SIZE(GraphAddDependenciesReq);
+  SIZE(BeginCaptureToGraphReq);
+  FIELD(BeginCaptureToGraphReq, graph);
+  FIELD(BeginCaptureToGraphReq, mode);
+  FIELD(BeginCaptureToGraphReq, dependency_count);
+  SIZE(GraphGetEdgesReq);
+  FIELD(GraphGetEdgesReq, first);
+  SIZE(WireEdge);
+  FIELD(WireEdge, to);
+  FIELD(WireEdge, from_port);
+  FIELD(WireEdge, to_port);
+  FIELD(WireEdge, type);
+  SIZE(GraphGetEdgesRep);
+  FIELD(GraphGetEdgesRep, count);
+  FIELD(GraphGetEdgesRep, edges);
   SIZE(HostCallbackControl);
   FIELD(HostCallbackControl, posted);
   FIELD(HostCallbackControl, cell_count);
@@ -340,6 +354,7 @@ constexpr Pinned kPinned[] = {
     {1, 5, 0x818acb60df98e984},  // ModuleFunctionNames (op 89)
     {1, 6,
      0xa59cccc35b43d57f},  // static SM partitions: sm_partition in the hello and in ServerAdmit
+    {1, 7, 0xfe9d56e79b580093},  // capture into a graph, a graph's edges (ops 90..91)
 };
 
 }  // namespace
