@@ -385,6 +385,40 @@ CUresult add_kernel_node(CUgraphNode* out, CUgraph hgraph, const CUgraphNode* de
   return add_node(out, graph, proto::Op::kGraphAddKernelNode, request, trailing);
 }
 
+// New parameters for a kernel node of an executable graph; the arguments packed as for a new
+// kernel node.
+CUresult exec_kernel_node_set_params(CUgraphExec hexec, CUgraphNode hnode, CUfunction func,
+                                     CUkernel kern, unsigned const grid[3], unsigned const block[3],
+                                     unsigned shared, void** params, void** extra) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  GraphExecObject* exec = exec_of(hexec);
+  if (exec == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  GraphNodeObject* node = node_of(hnode);
+  if (node == nullptr || node->graph->ctx->session != exec->ctx->session) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  Function* f =
+      object_of<Function>(func != nullptr ? static_cast<void*>(func) : static_cast<void*>(kern));
+  if (f == nullptr || f->ctx == nullptr || f->ctx->session != exec->ctx->session) {
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  const void* buffer = nullptr;
+  std::size_t bytes = 0;
+  if (CUresult rc = argument_bytes(f, params, extra, buffer, bytes); rc != CUDA_SUCCESS) return rc;
+  if (bytes > proto::kMaxArgsBytes) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<std::byte> packed(bytes);
+  pack_arguments(f, params, buffer, bytes, packed.data());
+  proto::GraphExecKernelNodeReq request{exec->wire,
+                                        node->wire,
+                                        f->wire,
+                                        {grid[0], grid[1], grid[2]},
+                                        {block[0], block[1], block[2]},
+                                        shared,
+                                        static_cast<std::uint32_t>(bytes)};
+  return exec->ctx->session->call(proto::Op::kGraphExecKernelNodeSetParams, &request,
+                                  sizeof request, packed, nullptr, 0);
+}
+
 CUresult add_dependencies(CUgraph hgraph, const CUgraphNode* from, const CUgraphNode* to,
                           const CUgraphEdgeData* edges, std::size_t count) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
@@ -735,6 +769,24 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddKernelNode(CUgraphNode* out, CUgraph g
   const unsigned block[3] = {p->blockDimX, p->blockDimY, p->blockDimZ};
   return add_kernel_node(out, graph, deps, count, p->func, nullptr, grid, block, p->sharedMemBytes,
                          p->kernelParams, p->extra);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphExecKernelNodeSetParams_v2(
+    CUgraphExec exec, CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS* p) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const unsigned grid[3] = {p->gridDimX, p->gridDimY, p->gridDimZ};
+  const unsigned block[3] = {p->blockDimX, p->blockDimY, p->blockDimZ};
+  return exec_kernel_node_set_params(exec, node, p->func, p->kern, grid, block, p->sharedMemBytes,
+                                     p->kernelParams, p->extra);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphExecKernelNodeSetParams(
+    CUgraphExec exec, CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS_v1* p) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const unsigned grid[3] = {p->gridDimX, p->gridDimY, p->gridDimZ};
+  const unsigned block[3] = {p->blockDimX, p->blockDimY, p->blockDimZ};
+  return exec_kernel_node_set_params(exec, node, p->func, nullptr, grid, block, p->sharedMemBytes,
+                                     p->kernelParams, p->extra);
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddMemsetNode(CUgraphNode* out, CUgraph hgraph,

@@ -122,6 +122,8 @@ enum class Op : std::uint16_t {
   // (cuGraphGetEdges), libshim/graph.cpp, broker/server/ops_graph.cpp.
   kStreamBeginCaptureToGraph = 90,
   kGraphGetEdges = 91,
+  // New parameters for a kernel node of an executable graph (cuGraphExecKernelNodeSetParams).
+  kGraphExecKernelNodeSetParams = 92,
   kCount
 };
 
@@ -491,6 +493,16 @@ struct GraphGetEdgesRep {
   WireEdge edges[(kSlotPayloadBytes - 16) / sizeof(WireEdge)];
 };
 inline constexpr std::uint32_t kEdgesPerReply = (kSlotPayloadBytes - 16) / sizeof(WireEdge);
+// Followed by args_bytes of arguments, packed as for GraphKernelNodeReq.
+struct GraphExecKernelNodeReq {
+  WireHandle exec;
+  WireHandle node;  // a node of the graph `exec` was made from
+  WireHandle function;
+  std::uint32_t grid[3];
+  std::uint32_t block[3];
+  std::uint32_t shared_bytes;
+  std::uint32_t args_bytes;
+};
 // ---- host functions (cuLaunchHostFunc, cuStreamAddCallback) ----
 // The callback runs in the client: the server queues a host function of its own on the real
 // stream that publishes callback_id in the segment's HostCallbackCells and waits for the
@@ -590,6 +602,7 @@ MPSSHIM_WIRE_CHECK(BeginCaptureToGraphReq)
 MPSSHIM_WIRE_CHECK(GraphGetEdgesReq)
 MPSSHIM_WIRE_CHECK(WireEdge)
 MPSSHIM_WIRE_CHECK(GraphGetEdgesRep)
+MPSSHIM_WIRE_CHECK(GraphExecKernelNodeReq)
 MPSSHIM_WIRE_CHECK(HostFuncReq)
 MPSSHIM_WIRE_CHECK(MemPoolCreateReq)
 MPSSHIM_WIRE_CHECK(MemPoolCreateRep)
@@ -612,6 +625,7 @@ static_assert(sizeof(GraphMemsetNodeReq) == 56);
 static_assert(sizeof(GraphCopyNodeReq) == 40);
 static_assert(sizeof(BeginCaptureToGraphReq) == 24);
 static_assert(sizeof(WireEdge) == 24);
+static_assert(sizeof(GraphExecKernelNodeReq) == 56);
 static_assert(sizeof(GraphGetEdgesRep) <= kSlotPayloadBytes);
 static_assert(sizeof(HostFuncReq) == 24);
 static_assert(sizeof(MemPoolAttributeReq) == 24);

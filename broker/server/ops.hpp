@@ -89,6 +89,7 @@ OpResult op_graph_exec_update(Call& call);
 OpResult op_graph_get_nodes(Call& call);
 OpResult op_graph_get_edges(Call& call);
 OpResult op_graph_add_kernel_node(Call& call);
+OpResult op_graph_exec_kernel_node_set_params(Call& call);
 OpResult op_graph_add_memset_node(Call& call);
 OpResult op_graph_add_copy_node(Call& call);
 OpResult op_graph_add_empty_node(Call& call);

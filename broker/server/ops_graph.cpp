@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "broker/server/busy_time.hpp"
@@ -443,6 +444,46 @@ OpResult op_graph_get_edges(Call& call) {
 
 // ---- explicit construction ----
 
+namespace {
+
+// A kernel node's parameters: the session's function or kernel, its arguments packed by the
+// shim at the offsets of its parameter layout (copied into `args`, which `params` points into
+// through `pointers`). A CUkernel runs in the client's green context.
+CUresult kernel_node_params(Session& session, proto::WireHandle function,
+                            std::span<const std::byte> packed, const std::uint32_t grid[3],
+                            const std::uint32_t block[3], std::uint32_t shared_bytes,
+                            std::byte* args, std::vector<void*>& pointers,
+                            CUDA_KERNEL_NODE_PARAMS& params) {
+  params = CUDA_KERNEL_NODE_PARAMS{};
+  const ParamLayout* layout = nullptr;
+  if (const FunctionObj* f = session.objects.get<FunctionObj>(function)) {
+    params.func = f->function;
+    layout = &f->layout;
+  } else if (const KernelObj* k = session.objects.get<KernelObj>(function)) {
+    params.kern = k->kernel;
+    params.ctx = session.green.context;
+    layout = &k->layout;
+  } else {
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  // The shim packs every parameter by the layout it was given; a shorter block is a client
+  // that did not, and would have the driver read past it.
+  if (packed.size() < layout->bytes) return CUDA_ERROR_INVALID_VALUE;
+  if (!packed.empty()) std::memcpy(args, packed.data(), packed.size());
+  // The driver takes a node's arguments as kernelParams only (kernel_params.hpp).
+  params.kernelParams = point_at_params(*layout, args, pointers);
+  params.gridDimX = grid[0];
+  params.gridDimY = grid[1];
+  params.gridDimZ = grid[2];
+  params.blockDimX = block[0];
+  params.blockDimY = block[1];
+  params.blockDimZ = block[2];
+  params.sharedMemBytes = shared_bytes;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
 OpResult op_graph_add_kernel_node(Call& call) {
   auto req = call.request<proto::GraphKernelNodeReq>();
   Session& session = call.session;
@@ -451,42 +492,46 @@ OpResult op_graph_add_kernel_node(Call& call) {
   if (!target) return target.error();
   const std::vector<CUgraphNode>& deps = target->deps;
   GraphObj* graph = target->graph;
-  CUDA_KERNEL_NODE_PARAMS params{};
-  const ParamLayout* layout = nullptr;
-  if (const FunctionObj* f = session.objects.get<FunctionObj>(req.function)) {
-    params.func = f->function;
-    layout = &f->layout;
-  } else if (const KernelObj* k = session.objects.get<KernelObj>(req.function)) {
-    // A CUkernel runs in the node's context: the client's green context.
-    params.kern = k->kernel;
-    params.ctx = session.green.context;
-    layout = &k->layout;
-  } else {
-    return call.done(CUDA_ERROR_INVALID_HANDLE);
-  }
-  // The shim packs every parameter by the layout it was given; a shorter block is a client
-  // that did not, and would have the driver read past it.
-  if (req.args_bytes < layout->bytes) return call.done(CUDA_ERROR_INVALID_VALUE);
   alignas(16) std::byte args[proto::kMaxArgsBytes];
-  if (req.args_bytes != 0) {
-    std::memcpy(args, call.trailing(sizeof req + deps.size() * 8, req.args_bytes).data(),
-                req.args_bytes);
-  }
-  // The driver takes a node's arguments as kernelParams only (kernel_params.hpp).
   std::vector<void*> pointers;
-  params.kernelParams = point_at_params(*layout, args, pointers);
-  params.gridDimX = req.grid[0];
-  params.gridDimY = req.grid[1];
-  params.gridDimZ = req.grid[2];
-  params.blockDimX = req.block[0];
-  params.blockDimY = req.block[1];
-  params.blockDimZ = req.block[2];
-  params.sharedMemBytes = req.shared_bytes;
+  CUDA_KERNEL_NODE_PARAMS params{};
+  if (CUresult r = kernel_node_params(
+          session, req.function, call.trailing(sizeof req + deps.size() * 8, req.args_bytes),
+          req.grid, req.block, req.shared_bytes, args, pointers, params);
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
   CUgraphNode node = nullptr;
   GreenCurrent green(session);
   CUresult r =
       call.cu.cuGraphAddKernelNode_v2(&node, graph->graph, deps.data(), deps.size(), &params);
   return node_reply(call, req.node.graph, r, node);
+}
+
+// New parameters for a kernel node of an executable graph (XLA updates its command buffers so
+// between runs). Made with the green context current, as the node was: the driver keeps a
+// CUfunction's node in the context it was added in.
+OpResult op_graph_exec_kernel_node_set_params(Call& call) {
+  auto req = call.request<proto::GraphExecKernelNodeReq>();
+  Session& session = call.session;
+  if (req.args_bytes > proto::kMaxArgsBytes || !call.exact(sizeof req, req.args_bytes)) {
+    return call.malformed("sent kernel node parameters whose arguments the record does not hold");
+  }
+  const GraphExecObj* exec = session.objects.get<GraphExecObj>(req.exec);
+  if (exec == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  const GraphNodeObj* node = session.objects.get<GraphNodeObj>(req.node);
+  if (node == nullptr) return call.done(CUDA_ERROR_INVALID_VALUE);
+  alignas(16) std::byte args[proto::kMaxArgsBytes];
+  std::vector<void*> pointers;
+  CUDA_KERNEL_NODE_PARAMS params{};
+  if (CUresult r =
+          kernel_node_params(session, req.function, call.trailing(sizeof req, req.args_bytes),
+                             req.grid, req.block, req.shared_bytes, args, pointers, params);
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  GreenCurrent green(session);
+  return call.done(call.cu.cuGraphExecKernelNodeSetParams_v2(exec->exec, node->node, &params));
 }
 
 OpResult op_graph_add_memset_node(Call& call) {

@@ -175,6 +175,67 @@ int into_graph() {
     }                                                                      \
   } while (0)
 
+// XLA's command buffer: kernels captured into a graph, instantiated once, then pointed at other
+// buffers with cuGraphExecKernelNodeSetParams between launches.
+int update() {
+  Setup s = setup();
+  CUfunction increment{};
+  CHECK(cuModuleGetFunction(&increment, s.module, "increment_i32"));
+  const std::size_t bytes = kElements * sizeof(unsigned);
+  CUdeviceptr a{}, b{};
+  CHECK(cuMemAlloc(&a, bytes));
+  CHECK(cuMemAlloc(&b, bytes));
+  CHECK(cuMemsetD32(a, kSetA, kElements));
+  CHECK(cuMemsetD32(b, kSetB, kElements));
+  CHECK(cuCtxSynchronize());
+
+  CUgraph graph = nullptr;
+  CHECK(cuGraphCreate(&graph, 0));
+  CHECK(cuStreamBeginCaptureToGraph(s.stream, graph, nullptr, nullptr, 0,
+                                    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  int n = kElements;
+  void* on_a[] = {&a, &n};
+  CHECK(cuLaunchKernel(increment, (kElements + 255) / 256, 1, 1, 256, 1, 1, 0, s.stream, on_a,
+                       nullptr));
+  CUgraph ended = nullptr;
+  CHECK(cuStreamEndCapture(s.stream, &ended));
+  CUgraphNode captured = nullptr;
+  std::size_t count = 1;
+  CHECK(cuGraphGetNodes(graph, &captured, &count));
+  CUgraphExec exec = nullptr;
+  CHECK(cuGraphInstantiateWithFlags(&exec, graph, 0));
+  CHECK(cuGraphLaunch(exec, s.stream));
+  CHECK(cuStreamSynchronize(s.stream));
+  if (!all_equal(a, kSetA + 1)) return 1;
+
+  // The same node on b, twice.
+  CUDA_KERNEL_NODE_PARAMS p{};
+  p.func = increment;
+  p.gridDimX = (kElements + 255) / 256;
+  p.gridDimY = p.gridDimZ = 1;
+  p.blockDimX = 256;
+  p.blockDimY = p.blockDimZ = 1;
+  void* on_b[] = {&b, &n};
+  p.kernelParams = on_b;
+  CHECK(cuGraphExecKernelNodeSetParams(exec, captured, &p));
+  CHECK(cuGraphLaunch(exec, s.stream));
+  CHECK(cuGraphLaunch(exec, s.stream));
+  CHECK(cuStreamSynchronize(s.stream));
+  if (!all_equal(a, kSetA + 1) || !all_equal(b, kSetB + 2)) return 1;
+
+  // A node of a graph the executable graph was not made from, and a destroyed executable graph.
+  CUgraph other = nullptr;
+  CHECK(cuGraphCreate(&other, 0));
+  const CUgraphNode foreign = memset_node(other, a, kFillC, s.ctx);
+  EXPECT(cuGraphExecKernelNodeSetParams(exec, foreign, &p), CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuGraphExecDestroy(exec));
+  EXPECT(cuGraphExecKernelNodeSetParams(exec, captured, &p), CUDA_ERROR_INVALID_HANDLE);
+  CHECK(cuGraphDestroy(other));
+  CHECK(cuGraphDestroy(graph));
+  std::printf("PASS update\n");
+  return 0;
+}
+
 // What a capture into a graph refuses, and that the stream still works after each refusal.
 int errors() {
   Setup s = setup();
@@ -260,6 +321,7 @@ int main(int argc, char** argv) {
   if (mode == "into_graph") return into_graph();
   if (mode == "errors") return errors();
   if (mode == "abandon") return abandon();
-  std::printf("FAIL unknown mode '%s' (into_graph, errors, abandon)\n", mode.c_str());
+  if (mode == "update") return update();
+  std::printf("FAIL unknown mode '%s' (into_graph, update, errors, abandon)\n", mode.c_str());
   return 2;
 }

@@ -38,6 +38,12 @@ TEST_CASE(
   require_pass(run_client(daemon, {client(), "errors"}), daemon);
 }
 
+TEST_CASE("a kernel captured into a graph is pointed at other buffers in the executable graph",
+          "[e2e][capture_to_graph]") {
+  Daemon daemon;
+  require_pass(run_client(daemon, {client(), "update"}), daemon);
+}
+
 TEST_CASE("a client that exits while capturing into its graph leaves nothing behind",
           "[e2e][capture_to_graph]") {
   // The primary context is kept, so the driver's object count moves only with the clients.

@@ -273,6 +273,13 @@ std::uint64_t layout_fingerprint() {
   SIZE(GraphGetEdgesRep);
   FIELD(GraphGetEdgesRep, count);
   FIELD(GraphGetEdgesRep, edges);
+  SIZE(GraphExecKernelNodeReq);
+  FIELD(GraphExecKernelNodeReq, node);
+  FIELD(GraphExecKernelNodeReq, function);
+  FIELD(GraphExecKernelNodeReq, grid);
+  FIELD(GraphExecKernelNodeReq, block);
+  FIELD(GraphExecKernelNodeReq, shared_bytes);
+  FIELD(GraphExecKernelNodeReq, args_bytes);
   SIZE(HostCallbackControl);
   FIELD(HostCallbackControl, posted);
   FIELD(HostCallbackControl, cell_count);
@@ -354,7 +361,7 @@ constexpr Pinned kPinned[] = {
     {1, 5, 0x818acb60df98e984},  // ModuleFunctionNames (op 89)
     {1, 6,
      0xa59cccc35b43d57f},  // static SM partitions: sm_partition in the hello and in ServerAdmit
-    {1, 7, 0xfe9d56e79b580093},  // capture into a graph, a graph's edges (ops 90..91)
+    {1, 7, 0xb4bbd7546a9072ee},  // capture into a graph, edges, exec kernel node params (90..92)
 };
 
 }  // namespace

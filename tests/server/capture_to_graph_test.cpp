@@ -223,6 +223,11 @@ TEST_CASE("a capture into a graph is refused what is not the client's or not all
                std::as_bytes(std::span(&one, 1)));
     REQUIRE(f.h.pump_until([&] { return f.h.logged("dependency list"); }));
   }
+  SECTION("kernel node parameters whose arguments the record does not hold end the session") {
+    f.sut.send(Op::kGraphExecKernelNodeSetParams,
+               proto::GraphExecKernelNodeReq{1, 2, 3, {1, 1, 1}, {1, 1, 1}, 0, 64}, 0);
+    REQUIRE(f.h.pump_until([&] { return f.h.logged("arguments the record does not hold"); }));
+  }
   // The other client was never disturbed.
   CHECK(other.call(Op::kGraphGetNodes, proto::GraphGetNodesReq{others, 0}).result == CUDA_SUCCESS);
 }

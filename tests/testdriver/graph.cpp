@@ -186,6 +186,8 @@ void capture_node(State& s, Stream& stream, CUgraphNodeType type, std::function<
   auto node = std::make_unique<GraphNode>();
   node->type = type;
   node->work = std::make_shared<const std::function<void()>>(std::move(work));
+  // A captured kernel runs in its stream's context, which an update may not change.
+  node->context = stream.context;
   node->deps = stream.capture_tail;
   stream.capture_tail = {handle_of(node.get())};
   capture.graph->nodes.push_back(std::move(node));
