@@ -8,6 +8,10 @@
 // The server captures in relaxed mode; the capture modes of the application (global, thread
 // local) are kept here for cuThreadExchangeStreamCaptureMode and the same-thread rule of
 // cuStreamEndCapture. The "unsafe call" prohibitions of global mode are not emulated.
+//
+// cuStreamBeginCaptureToGraph captures into a graph the client already holds: the server begins
+// the capture into the real graph behind it, so cuStreamEndCapture's answer maps back to the same
+// GraphObject through the book below.
 #include <algorithm>
 #include <cstring>
 #include <mutex>

@@ -151,8 +151,8 @@ OpResult op_stream_begin_capture(Call& call) {
   });
 }
 
-// The captured work goes into a graph the client owns, after nodes of it it named. The graph
-// stays the client's throughout: the end of the capture hands back the same id, and a failed
+// The captured work goes into a graph the client owns, after the nodes of it that it named. The
+// graph stays the client's throughout: the end of the capture hands back the same id, and a failed
 // capture does not take it.
 OpResult op_stream_begin_capture_to_graph(Call& call) {
   auto req = call.request<proto::BeginCaptureToGraphReq>();
@@ -160,8 +160,7 @@ OpResult op_stream_begin_capture_to_graph(Call& call) {
   if (req.dependency_count > proto::kMaxNodeDependencies ||
       !call.exact(sizeof req, std::uint64_t{req.dependency_count} * sizeof(proto::WireHandle))) {
     return call.malformed(
-        "began a capture into a graph with a dependency list the record does "
-        "not hold");
+        "began a capture into a graph with a dependency list the record does not hold");
   }
   if (req.mode > CU_STREAM_CAPTURE_MODE_RELAXED) return call.done(CUDA_ERROR_INVALID_VALUE);
   const GraphObj* graph = session.objects.get<GraphObj>(req.graph);
