@@ -8,6 +8,10 @@
 // The server captures in relaxed mode; the capture modes of the application (global, thread
 // local) are kept here for cuThreadExchangeStreamCaptureMode and the same-thread rule of
 // cuStreamEndCapture. The "unsafe call" prohibitions of global mode are not emulated.
+//
+// cuStreamBeginCaptureToGraph captures into a graph the client already holds: the server begins
+// the capture into the real graph behind it, so cuStreamEndCapture's answer maps back to the same
+// GraphObject through the book below.
 #include <algorithm>
 #include <cstring>
 #include <mutex>
@@ -68,6 +72,9 @@ GraphNodeObject* node_of(CUgraphNode h) {
   return live<GraphNodeObject>(h, kNodeMagic);
 }
 
+CUresult append_dependencies(GraphObject* graph, const CUgraphNode* deps, std::size_t count,
+                             std::vector<std::byte>& out);
+
 // ---- capture bookkeeping ----
 
 struct CaptureRecord {
@@ -109,25 +116,72 @@ GraphNodeObject* node_for(GraphObject* graph, proto::WireHandle wire) {
   return node;
 }
 
-CUresult begin_capture(CUstream handle, CUstreamCaptureMode mode, DefaultStream dmode) {
-  Context* ctx = nullptr;
-  Stream* stream = nullptr;
-  if (CUresult rc = resolve_stream(handle, dmode, ctx, stream); rc != CUDA_SUCCESS) return rc;
+// Opens a capture on `stream` with `send` (which asks the server) and books it: the mode and
+// thread for cuStreamEndCapture's rules, the count for cuStreamIsCapturing's fast path.
+template <typename Send>
+CUresult open_capture(Stream* stream, CUstreamCaptureMode mode, Send send) {
   if (mode < CU_STREAM_CAPTURE_MODE_GLOBAL || mode > CU_STREAM_CAPTURE_MODE_RELAXED) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  proto::BeginCaptureReq request{stream->wire, static_cast<std::uint32_t>(mode), 0};
   // Counted first: a racing cuStreamIsCapturing must ask the server from now on.
   g_open_captures.fetch_add(1, std::memory_order_seq_cst);
-  CUresult rc =
-      ctx->session->call(proto::Op::kStreamBeginCapture, request, static_cast<int*>(nullptr));
-  if (rc != CUDA_SUCCESS) {
+  if (CUresult rc = send(); rc != CUDA_SUCCESS) {
     g_open_captures.fetch_sub(1, std::memory_order_seq_cst);
     return rc;
   }
   std::lock_guard lock(book().mutex);
   book().origins[stream] = CaptureRecord{mode, std::this_thread::get_id()};
   return CUDA_SUCCESS;
+}
+
+CUresult begin_capture(CUstream handle, CUstreamCaptureMode mode, DefaultStream dmode) {
+  Context* ctx = nullptr;
+  Stream* stream = nullptr;
+  if (CUresult rc = resolve_stream(handle, dmode, ctx, stream); rc != CUDA_SUCCESS) return rc;
+  return open_capture(stream, mode, [&] {
+    proto::BeginCaptureReq request{stream->wire, static_cast<std::uint32_t>(mode), 0};
+    return ctx->session->call(proto::Op::kStreamBeginCapture, request, static_cast<int*>(nullptr));
+  });
+}
+
+// Default edges only: ports and programmatic edges would have to cross the wire and be checked
+// by the server, and the shim's explicit graph construction refuses them too.
+bool default_edges(const CUgraphEdgeData* edges, std::size_t count) {
+  if (edges == nullptr) return true;
+  const CUgraphEdgeData none{};
+  for (std::size_t i = 0; i < count; ++i) {
+    if (std::memcmp(&edges[i], &none, sizeof none) != 0) return false;
+  }
+  return true;
+}
+
+// The captured work becomes nodes of the client's own graph, after `deps`; cuStreamEndCapture
+// hands back the same graph.
+CUresult begin_capture_to_graph(CUstream handle, CUgraph hgraph, const CUgraphNode* deps,
+                                const CUgraphEdgeData* edges, std::size_t count,
+                                CUstreamCaptureMode mode, DefaultStream dmode) {
+  Context* ctx = nullptr;
+  Stream* stream = nullptr;
+  if (CUresult rc = resolve_stream(handle, dmode, ctx, stream); rc != CUDA_SUCCESS) return rc;
+  GraphObject* graph = graph_of(hgraph);
+  if (graph == nullptr || graph->ctx->session != ctx->session) return CUDA_ERROR_INVALID_VALUE;
+  if (!default_edges(edges, count)) {
+    log_once("cuStreamBeginCaptureToGraph.edges", Level::warn,
+             "cuStreamBeginCaptureToGraph: edge data other than the default (ports, "
+             "programmatic dependencies) is not supported by mpsshim; pass NULL dependencyData");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  std::vector<std::byte> trailing;
+  if (CUresult rc = append_dependencies(graph, deps, count, trailing); rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  return open_capture(stream, mode, [&] {
+    proto::BeginCaptureToGraphReq request{stream->wire, graph->wire,
+                                          static_cast<std::uint32_t>(mode),
+                                          static_cast<std::uint32_t>(count)};
+    return ctx->session->call(proto::Op::kStreamBeginCaptureToGraph, &request, sizeof request,
+                              trailing, nullptr, 0);
+  });
 }
 
 CUresult end_capture(CUstream handle, CUgraph* out, DefaultStream dmode) {
@@ -335,6 +389,40 @@ CUresult add_kernel_node(CUgraphNode* out, CUgraph hgraph, const CUgraphNode* de
   return add_node(out, graph, proto::Op::kGraphAddKernelNode, request, trailing);
 }
 
+// New parameters for a kernel node of an executable graph; the arguments packed as for a new
+// kernel node.
+CUresult exec_kernel_node_set_params(CUgraphExec hexec, CUgraphNode hnode, CUfunction func,
+                                     CUkernel kern, unsigned const grid[3], unsigned const block[3],
+                                     unsigned shared, void** params, void** extra) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  GraphExecObject* exec = exec_of(hexec);
+  if (exec == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  GraphNodeObject* node = node_of(hnode);
+  if (node == nullptr || node->graph->ctx->session != exec->ctx->session) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  Function* f =
+      object_of<Function>(func != nullptr ? static_cast<void*>(func) : static_cast<void*>(kern));
+  if (f == nullptr || f->ctx == nullptr || f->ctx->session != exec->ctx->session) {
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  const void* buffer = nullptr;
+  std::size_t bytes = 0;
+  if (CUresult rc = argument_bytes(f, params, extra, buffer, bytes); rc != CUDA_SUCCESS) return rc;
+  if (bytes > proto::kMaxArgsBytes) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<std::byte> packed(bytes);
+  pack_arguments(f, params, buffer, bytes, packed.data());
+  proto::GraphExecKernelNodeReq request{exec->wire,
+                                        node->wire,
+                                        f->wire,
+                                        {grid[0], grid[1], grid[2]},
+                                        {block[0], block[1], block[2]},
+                                        shared,
+                                        static_cast<std::uint32_t>(bytes)};
+  return exec->ctx->session->call(proto::Op::kGraphExecKernelNodeSetParams, &request,
+                                  sizeof request, packed, nullptr, 0);
+}
+
 CUresult add_dependencies(CUgraph hgraph, const CUgraphNode* from, const CUgraphNode* to,
                           const CUgraphEdgeData* edges, std::size_t count) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
@@ -376,6 +464,58 @@ CUresult add_dependencies(CUgraph hgraph, const CUgraphNode* from, const CUgraph
     done += n;
   }
   return CUDA_SUCCESS;
+}
+
+// cuGraphGetEdges(_v2): a page of edges at a time from the server. Without arrays, the count;
+// with them, up to *count edges, the rest NULL. `data` NULL asks for default edges only, and a
+// non-default one is CUDA_ERROR_LOSSY_QUERY, as in the driver.
+CUresult get_edges(CUgraph hgraph, CUgraphNode* from, CUgraphNode* to, CUgraphEdgeData* data,
+                   std::size_t* count) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  GraphObject* graph = graph_of(hgraph);
+  if (graph == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (count == nullptr || (from == nullptr) != (to == nullptr) ||
+      (data != nullptr && from == nullptr)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const std::size_t room = from == nullptr ? 0 : *count;
+  std::size_t filled = 0;
+  std::uint64_t total = 0;
+  bool lossy = false;
+  do {
+    proto::GraphGetEdgesRep reply{};
+    // Only the total when no array was given: the first page is skipped past the end.
+    const std::uint64_t first = from == nullptr ? ~std::uint64_t{0} : filled;
+    if (CUresult rc = graph->ctx->session->call(
+            proto::Op::kGraphGetEdges, proto::GraphGetEdgesReq{graph->wire, first}, &reply);
+        rc != CUDA_SUCCESS) {
+      return rc;
+    }
+    total = reply.total;
+    if (from == nullptr || reply.count == 0) break;
+    for (std::uint64_t i = 0; i < reply.count && filled < room; ++i, ++filled) {
+      const proto::WireEdge& edge = reply.edges[i];
+      from[filled] = reinterpret_cast<CUgraphNode>(node_for(graph, edge.from));
+      to[filled] = reinterpret_cast<CUgraphNode>(node_for(graph, edge.to));
+      CUgraphEdgeData got{};
+      got.from_port = edge.from_port;
+      got.to_port = edge.to_port;
+      got.type = edge.type;
+      if (data != nullptr) data[filled] = got;
+      lossy = lossy || !default_edges(&got, 1);
+    }
+  } while (filled < room && filled < total);
+  if (from == nullptr) {
+    *count = total;
+    return CUDA_SUCCESS;
+  }
+  for (std::size_t i = filled; i < room; ++i) {
+    from[i] = nullptr;
+    to[i] = nullptr;
+    if (data != nullptr) data[i] = CUgraphEdgeData{};
+  }
+  *count = filled;
+  return data == nullptr && lossy ? CUDA_ERROR_LOSSY_QUERY : CUDA_SUCCESS;
 }
 
 constexpr auto kLegacy = DefaultStream::kLegacy;
@@ -452,6 +592,22 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptur
 MPSSHIM_CAPTURE_ENTRIES(, kLegacy)
 MPSSHIM_CAPTURE_ENTRIES(_ptsz, kPerThread)
 #undef MPSSHIM_CAPTURE_ENTRIES
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph(CUstream h, CUgraph graph,
+                                                            const CUgraphNode* deps,
+                                                            const CUgraphEdgeData* edges,
+                                                            size_t count,
+                                                            CUstreamCaptureMode mode) {
+  return begin_capture_to_graph(h, graph, deps, edges, count, mode, kLegacy);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream h, CUgraph graph,
+                                                                 const CUgraphNode* deps,
+                                                                 const CUgraphEdgeData* edges,
+                                                                 size_t count,
+                                                                 CUstreamCaptureMode mode) {
+  return begin_capture_to_graph(h, graph, deps, edges, count, mode, kPerThread);
+}
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v3(CUstream h, CUstreamCaptureStatus* status,
                                                           cuuint64_t* id, CUgraph* graph,
@@ -530,6 +686,17 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphGetNodes(CUgraph hgraph, CUgraphNode* nod
   return CUDA_SUCCESS;
 }
 
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphGetEdges_v2(CUgraph graph, CUgraphNode* from,
+                                                   CUgraphNode* to, CUgraphEdgeData* data,
+                                                   size_t* count) {
+  return get_edges(graph, from, to, data, count);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphGetEdges(CUgraph graph, CUgraphNode* from, CUgraphNode* to,
+                                                size_t* count) {
+  return get_edges(graph, from, to, nullptr, count);
+}
+
 MPSSHIM_EXPORT CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec* out, CUgraph graph,
                                                             unsigned long long flags) {
   if ((flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -606,6 +773,24 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddKernelNode(CUgraphNode* out, CUgraph g
   const unsigned block[3] = {p->blockDimX, p->blockDimY, p->blockDimZ};
   return add_kernel_node(out, graph, deps, count, p->func, nullptr, grid, block, p->sharedMemBytes,
                          p->kernelParams, p->extra);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphExecKernelNodeSetParams_v2(
+    CUgraphExec exec, CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS* p) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const unsigned grid[3] = {p->gridDimX, p->gridDimY, p->gridDimZ};
+  const unsigned block[3] = {p->blockDimX, p->blockDimY, p->blockDimZ};
+  return exec_kernel_node_set_params(exec, node, p->func, p->kern, grid, block, p->sharedMemBytes,
+                                     p->kernelParams, p->extra);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphExecKernelNodeSetParams(
+    CUgraphExec exec, CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS_v1* p) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const unsigned grid[3] = {p->gridDimX, p->gridDimY, p->gridDimZ};
+  const unsigned block[3] = {p->blockDimX, p->blockDimY, p->blockDimZ};
+  return exec_kernel_node_set_params(exec, node, p->func, nullptr, grid, block, p->sharedMemBytes,
+                                     p->kernelParams, p->extra);
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddMemsetNode(CUgraphNode* out, CUgraph hgraph,

@@ -27,7 +27,10 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // Minor 6: ClientHello::sm_partition (was reserved, 0: no partition) and
 // ServerAdmit::sm_partition / partition_first_group / partition_groups (static SM partitions,
 // mpsshimctl sm_partition; docs/daemon.md).
-inline constexpr std::uint16_t kAbiMinor = 6;
+// Minor 7: capture into an existing graph, a graph's edges and new kernel node parameters of an
+// executable graph (ops 90..92: BeginCaptureToGraphReq, GraphGetEdgesReq/Rep, WireEdge,
+// GraphExecKernelNodeReq).
+inline constexpr std::uint16_t kAbiMinor = 7;
 
 // FROZEN FOREVER. Every message on every mpsshim socket starts with this header, so that any two
 // versions of mpsshim can at least tell each other which versions they are. Never change it.

@@ -118,6 +118,12 @@ enum class Op : std::uint16_t {
   kVmmRetain = 88,
   // The names of a module's functions (cuModuleEnumerateFunctions, the ToolsModule table).
   kModuleFunctionNames = 89,
+  // Capture into an existing graph (cuStreamBeginCaptureToGraph) and a graph's edges
+  // (cuGraphGetEdges), libshim/graph.cpp, broker/server/ops_graph.cpp.
+  kStreamBeginCaptureToGraph = 90,
+  kGraphGetEdges = 91,
+  // New parameters for a kernel node of an executable graph (cuGraphExecKernelNodeSetParams).
+  kGraphExecKernelNodeSetParams = 92,
   kCount
 };
 
@@ -460,6 +466,43 @@ struct GraphAddDependenciesReq {
   WireHandle graph;
   std::uint64_t count;
 };
+// Followed by dependency_count node ids of `graph`: the captured work goes after them. Only
+// default edges cross the wire (the shim refuses edge data it cannot forward).
+struct BeginCaptureToGraphReq {
+  WireHandle stream;
+  WireHandle graph;
+  std::uint32_t mode;  // CUstreamCaptureMode the client asked for
+  std::uint32_t dependency_count;
+};
+// Edges are listed a page at a time, as nodes are: up to kEdgesPerReply from `first`.
+struct GraphGetEdgesReq {
+  WireHandle graph;
+  std::uint64_t first;
+};
+struct WireEdge {
+  WireHandle from;
+  WireHandle to;
+  std::uint8_t from_port;  // CUgraphEdgeData, as the driver gave it
+  std::uint8_t to_port;
+  std::uint8_t type;
+  std::uint8_t reserved[5];
+};
+struct GraphGetEdgesRep {
+  std::uint64_t total;
+  std::uint64_t count;  // edges below
+  WireEdge edges[(kSlotPayloadBytes - 16) / sizeof(WireEdge)];
+};
+inline constexpr std::uint32_t kEdgesPerReply = (kSlotPayloadBytes - 16) / sizeof(WireEdge);
+// Followed by args_bytes of arguments, packed as for GraphKernelNodeReq.
+struct GraphExecKernelNodeReq {
+  WireHandle exec;
+  WireHandle node;  // a node of the graph `exec` was made from
+  WireHandle function;
+  std::uint32_t grid[3];
+  std::uint32_t block[3];
+  std::uint32_t shared_bytes;
+  std::uint32_t args_bytes;
+};
 // ---- host functions (cuLaunchHostFunc, cuStreamAddCallback) ----
 // The callback runs in the client: the server queues a host function of its own on the real
 // stream that publishes callback_id in the segment's HostCallbackCells and waits for the
@@ -555,6 +598,11 @@ MPSSHIM_WIRE_CHECK(GraphKernelNodeReq)
 MPSSHIM_WIRE_CHECK(GraphMemsetNodeReq)
 MPSSHIM_WIRE_CHECK(GraphCopyNodeReq)
 MPSSHIM_WIRE_CHECK(GraphAddDependenciesReq)
+MPSSHIM_WIRE_CHECK(BeginCaptureToGraphReq)
+MPSSHIM_WIRE_CHECK(GraphGetEdgesReq)
+MPSSHIM_WIRE_CHECK(WireEdge)
+MPSSHIM_WIRE_CHECK(GraphGetEdgesRep)
+MPSSHIM_WIRE_CHECK(GraphExecKernelNodeReq)
 MPSSHIM_WIRE_CHECK(HostFuncReq)
 MPSSHIM_WIRE_CHECK(MemPoolCreateReq)
 MPSSHIM_WIRE_CHECK(MemPoolCreateRep)
@@ -575,6 +623,10 @@ static_assert(sizeof(GraphAddNodeHeader) == 16);
 static_assert(sizeof(GraphKernelNodeReq) == 56);
 static_assert(sizeof(GraphMemsetNodeReq) == 56);
 static_assert(sizeof(GraphCopyNodeReq) == 40);
+static_assert(sizeof(BeginCaptureToGraphReq) == 24);
+static_assert(sizeof(WireEdge) == 24);
+static_assert(sizeof(GraphExecKernelNodeReq) == 56);
+static_assert(sizeof(GraphGetEdgesRep) <= kSlotPayloadBytes);
 static_assert(sizeof(HostFuncReq) == 24);
 static_assert(sizeof(MemPoolAttributeReq) == 24);
 static_assert(sizeof(MemAllocAsyncReq) == 24);

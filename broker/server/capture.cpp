@@ -1,5 +1,7 @@
 #include "broker/server/capture.hpp"
 
+#include "broker/server/retire.hpp"
+
 namespace mpsshim::server {
 
 CUstreamCaptureStatus capture_status(Session& session, const StreamObj& stream) {
@@ -49,6 +51,27 @@ void release_capture_fences(Session& session) {
     if (capturing(session, *s)) continue;
     session.release_event(s->capture_fence);
     s->capture_fence = nullptr;
+  }
+}
+
+void end_open_captures(Session& session) {
+  if (session.active_captures == 0) return;
+  for (std::uint64_t id :
+       session.objects.ids_where<StreamObj>([](const StreamObj& s) { return s.capture_origin; })) {
+    StreamObj* stream = session.objects.get<StreamObj>(id);
+    CUgraph graph = nullptr;
+    const CUresult r = session.cu().cuStreamEndCapture(stream->stream, &graph);
+    stream->capture_origin = false;
+    --session.active_captures;
+    if (r != CUDA_SUCCESS || graph == nullptr) continue;  // the driver freed a graph it made
+    // Ours to destroy unless it is a graph the client owns, which forget_graphs destroys.
+    auto known = session.ids_by_driver_handle.find(graph);
+    const GraphObj* g = known == session.ids_by_driver_handle.end()
+                            ? nullptr
+                            : session.objects.get<GraphObj>(known->second);
+    if (g != nullptr && g->owned) continue;
+    if (g != nullptr) forget_graph(session, known->second);  // the id the client saw; not owned
+    session.cu().cuGraphDestroy(graph);
   }
 }
 

@@ -31,4 +31,10 @@ CUresult mark_capture_fence(Session& session, StreamObj& stream);
 // Gives back the fences of streams that no longer capture.
 void release_capture_fences(Session& session);
 
+// At the session's end, before its graphs are destroyed: ends every capture a stream of it began,
+// so that no capture still fills a graph of the client's (cuStreamBeginCaptureToGraph) when that
+// graph is destroyed. A graph that an ordinary capture made is destroyed here; the client's own
+// graphs are left to forget_graphs.
+void end_open_captures(Session& session);
+
 }  // namespace mpsshim::server

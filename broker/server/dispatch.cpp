@@ -126,6 +126,11 @@ std::array<OpSpec, kOpCount> make_specs() {
       sizeof(GraphAddNodeHeader), true);
   set(Op::kGraphAddDependencies, "GraphAddDependencies", op_graph_add_dependencies,
       sizeof(GraphAddDependenciesReq), true);
+  set(Op::kStreamBeginCaptureToGraph, "StreamBeginCaptureToGraph", op_stream_begin_capture_to_graph,
+      sizeof(BeginCaptureToGraphReq), true);
+  set(Op::kGraphGetEdges, "GraphGetEdges", op_graph_get_edges, sizeof(GraphGetEdgesReq), true);
+  set(Op::kGraphExecKernelNodeSetParams, "GraphExecKernelNodeSetParams",
+      op_graph_exec_kernel_node_set_params, sizeof(GraphExecKernelNodeReq), true);
   set(Op::kHostFunc, "HostFunc", op_host_func, sizeof(HostFuncReq), false);
   set(Op::kMemPoolCreate, "MemPoolCreate", op_mem_pool_create, sizeof(MemPoolCreateReq), true);
   set(Op::kMemPoolDestroy, "MemPoolDestroy", op_mem_pool_destroy, sizeof(HandleReq), false);

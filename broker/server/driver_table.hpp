@@ -102,6 +102,8 @@
   X(cuSurfObjectCreate, CUresult, (CUsurfObject*, const CUDA_RESOURCE_DESC*))                      \
   X(cuSurfObjectDestroy, CUresult, (CUsurfObject))                                                 \
   X(cuStreamBeginCapture_v2, CUresult, (CUstream, CUstreamCaptureMode))                            \
+  X(cuStreamBeginCaptureToGraph, CUresult,                                                         \
+    (CUstream, CUgraph, const CUgraphNode*, const CUgraphEdgeData*, size_t, CUstreamCaptureMode))  \
   X(cuStreamEndCapture, CUresult, (CUstream, CUgraph*))                                            \
   X(cuStreamIsCapturing, CUresult, (CUstream, CUstreamCaptureStatus*))                             \
   X(cuStreamGetCaptureInfo_v3, CUresult,                                                           \
@@ -110,6 +112,8 @@
   X(cuGraphCreate, CUresult, (CUgraph*, unsigned int))                                             \
   X(cuGraphDestroy, CUresult, (CUgraph))                                                           \
   X(cuGraphGetNodes, CUresult, (CUgraph, CUgraphNode*, size_t*))                                   \
+  X(cuGraphGetEdges_v2, CUresult,                                                                  \
+    (CUgraph, CUgraphNode*, CUgraphNode*, CUgraphEdgeData*, size_t*))                              \
   X(cuGraphInstantiateWithFlags, CUresult, (CUgraphExec*, CUgraph, unsigned long long))            \
   X(cuGraphExecDestroy, CUresult, (CUgraphExec))                                                   \
   X(cuGraphLaunch, CUresult, (CUgraphExec, CUstream))                                              \

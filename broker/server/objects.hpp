@@ -32,7 +32,8 @@ struct StreamObj {
   CUevent join_event = nullptr;    // recorded here to make another stream wait for this one
   // Stream capture (capture.hpp): the stream began a capture (it must end it); a pool event
   // recorded just before the stream began or joined a capture, which fences stand in for while
-  // it captures; the id of the graph being captured, once the client asked for it.
+  // it captures; the id of the graph being captured: the client's own graph from the start for
+  // cuStreamBeginCaptureToGraph, otherwise once the client asked for it.
   bool capture_origin = false;
   CUevent capture_fence = nullptr;
   std::uint64_t capture_graph = 0;

@@ -77,6 +77,7 @@ OpResult op_surf_object_create(Call& call);
 OpResult op_surf_object_destroy(Call& call);
 // ops_graph.cpp
 OpResult op_stream_begin_capture(Call& call);
+OpResult op_stream_begin_capture_to_graph(Call& call);
 OpResult op_stream_end_capture(Call& call);
 OpResult op_stream_capture_info(Call& call);
 OpResult op_graph_create(Call& call);
@@ -86,7 +87,9 @@ OpResult op_graph_exec_destroy(Call& call);
 OpResult op_graph_launch(Call& call);  // kGraphLaunch and kGraphUpload
 OpResult op_graph_exec_update(Call& call);
 OpResult op_graph_get_nodes(Call& call);
+OpResult op_graph_get_edges(Call& call);
 OpResult op_graph_add_kernel_node(Call& call);
+OpResult op_graph_exec_kernel_node_set_params(Call& call);
 OpResult op_graph_add_memset_node(Call& call);
 OpResult op_graph_add_copy_node(Call& call);
 OpResult op_graph_add_empty_node(Call& call);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "broker/server/busy_time.hpp"
@@ -106,33 +107,75 @@ void forget_graph(Session& session, std::uint64_t graph_id) {
 
 // ---- capture ----
 
-OpResult op_stream_begin_capture(Call& call) {
-  auto req = call.request<proto::BeginCaptureReq>();
+namespace {
+
+// Begins a capture on the client's stream with `begin` (given the driver stream), once the
+// server's own bookkeeping is out of its way. `into` is the graph id the capture fills (0: the
+// driver makes a new graph).
+template <typename Begin>
+OpResult begin_capture_on(Call& call, std::uint64_t stream_id, std::uint64_t into, Begin begin) {
   Session& session = call.session;
-  if (req.mode > CU_STREAM_CAPTURE_MODE_RELAXED) return call.done(CUDA_ERROR_INVALID_VALUE);
   CUresult error = CUDA_SUCCESS;
   // Legacy joins now, outside the capture: in-stream order may cross into it.
-  StreamObj* stream = use_stream(call, req.stream, false, &error);
+  StreamObj* stream = use_stream(call, stream_id, false, &error);
   if (stream == nullptr) return call.done(error);
   // The legacy default stream synchronizes with every blocking stream: it cannot capture.
   if (stream->is_default) return call.done(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   if (capturing(session, *stream)) return call.done(CUDA_ERROR_ILLEGAL_STATE);
-  if (!within_client_limit(session, ClientLimit::kGraphs))
-    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   close_busy_span(session, stream->stream);  // what follows is captured, not run
   if (CUresult r = mark_capture_fence(session, *stream); r != CUDA_SUCCESS) return call.done(r);
   // Relaxed on the driver whatever the client asked: this thread serves every client, and a
   // global-mode capture would forbid the calls it makes for the others.
-  if (CUresult r = call.cu.cuStreamBeginCapture_v2(stream->stream, CU_STREAM_CAPTURE_MODE_RELAXED);
-      r != CUDA_SUCCESS) {
+  if (CUresult r = begin(stream->stream); r != CUDA_SUCCESS) {
     session.release_event(stream->capture_fence);
     stream->capture_fence = nullptr;
     return call.done(r);
   }
   stream->capture_origin = true;
-  stream->capture_graph = 0;
+  stream->capture_graph = into;
   ++session.active_captures;
   return call.done();
+}
+
+}  // namespace
+
+OpResult op_stream_begin_capture(Call& call) {
+  auto req = call.request<proto::BeginCaptureReq>();
+  if (req.mode > CU_STREAM_CAPTURE_MODE_RELAXED) return call.done(CUDA_ERROR_INVALID_VALUE);
+  // The capture makes a graph.
+  if (!within_client_limit(call.session, ClientLimit::kGraphs)) {
+    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  return begin_capture_on(call, req.stream, 0, [&](CUstream stream) {
+    return call.cu.cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_RELAXED);
+  });
+}
+
+// The captured work goes into a graph the client owns, after the nodes of it that it named. The
+// graph stays the client's throughout: the end of the capture hands back the same id, and a failed
+// capture does not take it.
+OpResult op_stream_begin_capture_to_graph(Call& call) {
+  auto req = call.request<proto::BeginCaptureToGraphReq>();
+  Session& session = call.session;
+  if (req.dependency_count > proto::kMaxNodeDependencies ||
+      !call.exact(sizeof req, std::uint64_t{req.dependency_count} * sizeof(proto::WireHandle))) {
+    return call.malformed(
+        "began a capture into a graph with a dependency list the record does not hold");
+  }
+  if (req.mode > CU_STREAM_CAPTURE_MODE_RELAXED) return call.done(CUDA_ERROR_INVALID_VALUE);
+  const GraphObj* graph = session.objects.get<GraphObj>(req.graph);
+  // A graph another capture still builds is the driver's until that capture ends.
+  if (graph == nullptr || !graph->owned) return call.done(CUDA_ERROR_INVALID_VALUE);
+  const CUgraph driver_graph = graph->graph;
+  std::vector<CUgraphNode> deps;
+  CUresult error = CUDA_SUCCESS;
+  read_dependencies(call, sizeof req, proto::GraphAddNodeHeader{req.graph, req.dependency_count, 0},
+                    deps, error);
+  if (error != CUDA_SUCCESS) return call.done(error);
+  return begin_capture_on(call, req.stream, req.graph, [&](CUstream stream) {
+    return call.cu.cuStreamBeginCaptureToGraph(stream, driver_graph, deps.data(), nullptr,
+                                               deps.size(), CU_STREAM_CAPTURE_MODE_RELAXED);
+  });
 }
 
 OpResult op_stream_end_capture(Call& call) {
@@ -149,7 +192,10 @@ OpResult op_stream_end_capture(Call& call) {
   const std::uint64_t handed_out = std::exchange(stream->capture_graph, 0);
   if (handed_out != 0) {
     const GraphObj* g = session.objects.get<GraphObj>(handed_out);
-    if (g != nullptr && (r != CUDA_SUCCESS || g->graph != graph)) forget_graph(session, handed_out);
+    // A graph the client owns (captured into by cuStreamBeginCaptureToGraph) stays its own.
+    if (g != nullptr && !g->owned && (r != CUDA_SUCCESS || g->graph != graph)) {
+      forget_graph(session, handed_out);
+    }
   }
   release_capture_fences(session);
   if (r != CUDA_SUCCESS) return call.done(r);
@@ -234,6 +280,14 @@ OpResult op_graph_destroy(Call& call) {
   const GraphObj* graph = call.session.objects.get<GraphObj>(req.handle);
   if (graph == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
   if (!graph->owned) return call.done(CUDA_ERROR_INVALID_VALUE);  // a capture still builds it
+  // Captured into (cuStreamBeginCaptureToGraph): the driver adds nodes to it until the end.
+  if (!call.session.objects
+           .ids_where<StreamObj>([&](const StreamObj& s) {
+             return s.capture_origin && s.capture_graph == req.handle;
+           })
+           .empty()) {
+    return call.done(CUDA_ERROR_ILLEGAL_STATE);
+  }
   // No GPU work uses a graph (executable graphs are copies): destroyed now.
   forget_graph(call.session, req.handle);
   return call.done();
@@ -348,7 +402,86 @@ OpResult op_graph_get_nodes(Call& call) {
       rep, offsetof(proto::GraphGetNodesRep, nodes) + rep.count * sizeof(proto::WireHandle));
 }
 
+OpResult op_graph_get_edges(Call& call) {
+  auto req = call.request<proto::GraphGetEdgesReq>();
+  Session& session = call.session;
+  const GraphObj* graph = session.objects.get<GraphObj>(req.graph);
+  if (graph == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  std::size_t total = 0;
+  if (CUresult r = call.cu.cuGraphGetEdges_v2(graph->graph, nullptr, nullptr, nullptr, &total);
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  proto::GraphGetEdgesRep rep{};
+  rep.total = total;
+  if (req.first < total) {
+    std::vector<CUgraphNode> from(total), to(total);
+    std::vector<CUgraphEdgeData> data(total);
+    std::size_t n = total;
+    if (CUresult r =
+            call.cu.cuGraphGetEdges_v2(graph->graph, from.data(), to.data(), data.data(), &n);
+        r != CUDA_SUCCESS) {
+      return call.done(r);
+    }
+    const std::size_t count =
+        std::min<std::size_t>(n - std::min<std::size_t>(req.first, n), proto::kEdgesPerReply);
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::size_t at = req.first + i;
+      proto::WireEdge& edge = rep.edges[i];
+      edge.from = remember_node(session, from[at], req.graph);
+      edge.to = remember_node(session, to[at], req.graph);
+      if (edge.from == 0 || edge.to == 0) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+      edge.from_port = data[at].from_port;
+      edge.to_port = data[at].to_port;
+      edge.type = data[at].type;
+    }
+    rep.count = count;
+  }
+  return call.reply(rep,
+                    offsetof(proto::GraphGetEdgesRep, edges) + rep.count * sizeof(proto::WireEdge));
+}
+
 // ---- explicit construction ----
+
+namespace {
+
+// A kernel node's parameters: the session's function or kernel, its arguments packed by the
+// shim at the offsets of its parameter layout (copied into `args`, which `params` points into
+// through `pointers`). A CUkernel runs in the client's green context.
+CUresult kernel_node_params(Session& session, proto::WireHandle function,
+                            std::span<const std::byte> packed, const std::uint32_t grid[3],
+                            const std::uint32_t block[3], std::uint32_t shared_bytes,
+                            std::byte* args, std::vector<void*>& pointers,
+                            CUDA_KERNEL_NODE_PARAMS& params) {
+  params = CUDA_KERNEL_NODE_PARAMS{};
+  const ParamLayout* layout = nullptr;
+  if (const FunctionObj* f = session.objects.get<FunctionObj>(function)) {
+    params.func = f->function;
+    layout = &f->layout;
+  } else if (const KernelObj* k = session.objects.get<KernelObj>(function)) {
+    params.kern = k->kernel;
+    params.ctx = session.green.context;
+    layout = &k->layout;
+  } else {
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  // The shim packs every parameter by the layout it was given; a shorter block is a client
+  // that did not, and would have the driver read past it.
+  if (packed.size() < layout->bytes) return CUDA_ERROR_INVALID_VALUE;
+  if (!packed.empty()) std::memcpy(args, packed.data(), packed.size());
+  // The driver takes a node's arguments as kernelParams only (kernel_params.hpp).
+  params.kernelParams = point_at_params(*layout, args, pointers);
+  params.gridDimX = grid[0];
+  params.gridDimY = grid[1];
+  params.gridDimZ = grid[2];
+  params.blockDimX = block[0];
+  params.blockDimY = block[1];
+  params.blockDimZ = block[2];
+  params.sharedMemBytes = shared_bytes;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
 
 OpResult op_graph_add_kernel_node(Call& call) {
   auto req = call.request<proto::GraphKernelNodeReq>();
@@ -358,42 +491,46 @@ OpResult op_graph_add_kernel_node(Call& call) {
   if (!target) return target.error();
   const std::vector<CUgraphNode>& deps = target->deps;
   GraphObj* graph = target->graph;
-  CUDA_KERNEL_NODE_PARAMS params{};
-  const ParamLayout* layout = nullptr;
-  if (const FunctionObj* f = session.objects.get<FunctionObj>(req.function)) {
-    params.func = f->function;
-    layout = &f->layout;
-  } else if (const KernelObj* k = session.objects.get<KernelObj>(req.function)) {
-    // A CUkernel runs in the node's context: the client's green context.
-    params.kern = k->kernel;
-    params.ctx = session.green.context;
-    layout = &k->layout;
-  } else {
-    return call.done(CUDA_ERROR_INVALID_HANDLE);
-  }
-  // The shim packs every parameter by the layout it was given; a shorter block is a client
-  // that did not, and would have the driver read past it.
-  if (req.args_bytes < layout->bytes) return call.done(CUDA_ERROR_INVALID_VALUE);
   alignas(16) std::byte args[proto::kMaxArgsBytes];
-  if (req.args_bytes != 0) {
-    std::memcpy(args, call.trailing(sizeof req + deps.size() * 8, req.args_bytes).data(),
-                req.args_bytes);
-  }
-  // The driver takes a node's arguments as kernelParams only (kernel_params.hpp).
   std::vector<void*> pointers;
-  params.kernelParams = point_at_params(*layout, args, pointers);
-  params.gridDimX = req.grid[0];
-  params.gridDimY = req.grid[1];
-  params.gridDimZ = req.grid[2];
-  params.blockDimX = req.block[0];
-  params.blockDimY = req.block[1];
-  params.blockDimZ = req.block[2];
-  params.sharedMemBytes = req.shared_bytes;
+  CUDA_KERNEL_NODE_PARAMS params{};
+  if (CUresult r = kernel_node_params(
+          session, req.function, call.trailing(sizeof req + deps.size() * 8, req.args_bytes),
+          req.grid, req.block, req.shared_bytes, args, pointers, params);
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
   CUgraphNode node = nullptr;
   GreenCurrent green(session);
   CUresult r =
       call.cu.cuGraphAddKernelNode_v2(&node, graph->graph, deps.data(), deps.size(), &params);
   return node_reply(call, req.node.graph, r, node);
+}
+
+// New parameters for a kernel node of an executable graph (XLA updates its command buffers so
+// between runs). Made with the green context current, as the node was: the driver keeps a
+// CUfunction's node in the context it was added in.
+OpResult op_graph_exec_kernel_node_set_params(Call& call) {
+  auto req = call.request<proto::GraphExecKernelNodeReq>();
+  Session& session = call.session;
+  if (req.args_bytes > proto::kMaxArgsBytes || !call.exact(sizeof req, req.args_bytes)) {
+    return call.malformed("sent kernel node parameters whose arguments the record does not hold");
+  }
+  const GraphExecObj* exec = session.objects.get<GraphExecObj>(req.exec);
+  if (exec == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  const GraphNodeObj* node = session.objects.get<GraphNodeObj>(req.node);
+  if (node == nullptr) return call.done(CUDA_ERROR_INVALID_VALUE);
+  alignas(16) std::byte args[proto::kMaxArgsBytes];
+  std::vector<void*> pointers;
+  CUDA_KERNEL_NODE_PARAMS params{};
+  if (CUresult r =
+          kernel_node_params(session, req.function, call.trailing(sizeof req, req.args_bytes),
+                             req.grid, req.block, req.shared_bytes, args, pointers, params);
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  GreenCurrent green(session);
+  return call.done(call.cu.cuGraphExecKernelNodeSetParams_v2(exec->exec, node->node, &params));
 }
 
 OpResult op_graph_add_memset_node(Call& call) {

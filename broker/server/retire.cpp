@@ -1,5 +1,6 @@
 #include "broker/server/retire.hpp"
 #include "broker/server/busy_time.hpp"
+#include "broker/server/capture.hpp"
 
 #include <sys/mman.h>
 
@@ -216,6 +217,7 @@ FreedTally free_everything(Session& session) {
   for (std::uint64_t id : session.objects.ids<GraphExecObj>()) {
     rest.graph_execs.push_back(session.objects.take<GraphExecObj>(id)->exec);
   }
+  end_open_captures(session);  // no capture may still fill a graph destroyed below
   tally.graphs += forget_graphs(session);
   free_retired(session, rest, &tally);
   free_virtual_memory(session, tally);

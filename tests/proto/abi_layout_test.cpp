@@ -259,6 +259,27 @@ std::uint64_t layout_fingerprint() {
   FIELD(GraphCopyNodeReq, src);
   FIELD(GraphCopyNodeReq, bytes);
   SIZE(GraphAddDependenciesReq);
+  SIZE(BeginCaptureToGraphReq);
+  FIELD(BeginCaptureToGraphReq, graph);
+  FIELD(BeginCaptureToGraphReq, mode);
+  FIELD(BeginCaptureToGraphReq, dependency_count);
+  SIZE(GraphGetEdgesReq);
+  FIELD(GraphGetEdgesReq, first);
+  SIZE(WireEdge);
+  FIELD(WireEdge, to);
+  FIELD(WireEdge, from_port);
+  FIELD(WireEdge, to_port);
+  FIELD(WireEdge, type);
+  SIZE(GraphGetEdgesRep);
+  FIELD(GraphGetEdgesRep, count);
+  FIELD(GraphGetEdgesRep, edges);
+  SIZE(GraphExecKernelNodeReq);
+  FIELD(GraphExecKernelNodeReq, node);
+  FIELD(GraphExecKernelNodeReq, function);
+  FIELD(GraphExecKernelNodeReq, grid);
+  FIELD(GraphExecKernelNodeReq, block);
+  FIELD(GraphExecKernelNodeReq, shared_bytes);
+  FIELD(GraphExecKernelNodeReq, args_bytes);
   SIZE(HostCallbackControl);
   FIELD(HostCallbackControl, posted);
   FIELD(HostCallbackControl, cell_count);
@@ -340,6 +361,7 @@ constexpr Pinned kPinned[] = {
     {1, 5, 0x818acb60df98e984},  // ModuleFunctionNames (op 89)
     {1, 6,
      0xa59cccc35b43d57f},  // static SM partitions: sm_partition in the hello and in ServerAdmit
+    {1, 7, 0xb4bbd7546a9072ee},  // capture into a graph, edges, exec kernel node params (90..92)
 };
 
 }  // namespace

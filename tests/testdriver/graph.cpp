@@ -144,6 +144,31 @@ void end_capture_of_streams(Capture& capture) {
   }
 }
 
+// Begins a capture on `hstream`: into a new graph, or into `into` after `after` (its nodes).
+CUresult begin_capture(State& s, CUstream hstream, CUstreamCaptureMode mode,
+                       std::shared_ptr<Graph> into, std::vector<CUgraphNode> after) {
+  // The NULL stream cannot capture: it synchronizes with every blocking stream.
+  if (hstream == nullptr || hstream == CU_STREAM_LEGACY || hstream == CU_STREAM_PER_THREAD)
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  Stream* stream = nullptr;
+  if (CUresult r = resolve_stream(s, hstream, stream); r != CUDA_SUCCESS) return r;
+  if (mode > CU_STREAM_CAPTURE_MODE_RELAXED || mode < CU_STREAM_CAPTURE_MODE_GLOBAL)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (into && into->device != stream->device) return CUDA_ERROR_INVALID_VALUE;
+  if (capturing(*stream)) return CUDA_ERROR_ILLEGAL_STATE;
+  auto capture = std::make_shared<Capture>();
+  capture->id = s.next_capture_id++;
+  capture->mode = mode;
+  capture->into_existing = into != nullptr;
+  capture->graph = into ? std::move(into) : std::make_shared<Graph>();
+  capture->graph->device = stream->device;
+  capture->origin = stream;
+  capture->streams.push_back(stream);
+  stream->capture = std::move(capture);
+  stream->capture_tail = std::move(after);
+  return CUDA_SUCCESS;
+}
+
 }  // namespace
 
 // A launch on a capturing stream comes here with its arguments already packed (launch.cpp), from
@@ -161,6 +186,8 @@ void capture_node(State& s, Stream& stream, CUgraphNodeType type, std::function<
   auto node = std::make_unique<GraphNode>();
   node->type = type;
   node->work = std::make_shared<const std::function<void()>>(std::move(work));
+  // A captured kernel runs in its stream's context, which an update may not change.
+  node->context = stream.context;
   node->deps = stream.capture_tail;
   stream.capture_tail = {handle_of(node.get())};
   capture.graph->nodes.push_back(std::move(node));
@@ -229,24 +256,29 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamBeginCapture_v2(CUstream hstr
                                                                    CUstreamCaptureMode mode) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
-    // The NULL stream cannot capture: it synchronizes with every blocking stream.
-    if (hstream == nullptr || hstream == CU_STREAM_LEGACY || hstream == CU_STREAM_PER_THREAD)
-      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    Stream* stream = nullptr;
-    if (CUresult r = resolve_stream(s, hstream, stream); r != CUDA_SUCCESS) return r;
-    if (mode > CU_STREAM_CAPTURE_MODE_RELAXED || mode < CU_STREAM_CAPTURE_MODE_GLOBAL)
-      return CUDA_ERROR_INVALID_VALUE;
-    if (capturing(*stream)) return CUDA_ERROR_ILLEGAL_STATE;
-    auto capture = std::make_shared<Capture>();
-    capture->id = s.next_capture_id++;
-    capture->mode = mode;
-    capture->graph = std::make_unique<Graph>();
-    capture->graph->device = stream->device;
-    capture->origin = stream;
-    capture->streams.push_back(stream);
-    stream->capture = std::move(capture);
-    stream->capture_tail.clear();
-    return CUDA_SUCCESS;
+    return begin_capture(s, hstream, mode, nullptr, {});
+  });
+}
+
+// Work captured on the stream becomes nodes of `hgraph`, the first after `dependencies`. Edge data
+// other than the default (ports, programmatic edges) is not modelled.
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph(
+    CUstream hstream, CUgraph hgraph, const CUgraphNode* dependencies,
+    const CUgraphEdgeData* dependency_data, size_t count, CUstreamCaptureMode mode) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    std::shared_ptr<Graph> graph = s.graphs.shared(hgraph);
+    if (!graph) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = check_deps(*graph, dependencies, count); r != CUDA_SUCCESS) return r;
+    if (dependency_data != nullptr) {
+      for (std::size_t i = 0; i < count; ++i) {
+        const CUgraphEdgeData& e = dependency_data[i];
+        if (e.from_port != 0 || e.to_port != 0 || e.type != CU_GRAPH_DEPENDENCY_TYPE_DEFAULT)
+          return CUDA_ERROR_NOT_SUPPORTED;
+      }
+    }
+    return begin_capture(s, hstream, mode, std::move(graph),
+                         std::vector<CUgraphNode>(dependencies, dependencies + count));
   });
 }
 
@@ -269,8 +301,13 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamEndCapture(CUstream hstream, 
     *phGraph = nullptr;
     if (capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     if (unjoined) return CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
-    std::shared_ptr<Graph> graph(std::move(capture->graph));
-    *phGraph = s.graphs.add(std::move(graph));
+    if (!capture->into_existing) {
+      *phGraph = s.graphs.add(std::move(capture->graph));
+      return CUDA_SUCCESS;
+    }
+    // The caller's graph, unless it was destroyed while the capture filled it.
+    if (s.graphs.get(capture->graph->handle()) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    *phGraph = capture->graph->handle();
     return CUDA_SUCCESS;
   });
 }
@@ -358,6 +395,51 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphGetNodes(CUgraph hgraph, CUgra
     *count = n;
     return CUDA_SUCCESS;
   });
+}
+
+// Edges in node creation order, each node's dependencies in the order they were added. As the
+// real driver: with no arrays, the count; with arrays, up to *count edges, the rest NULL, and
+// *count the number written. Every edge is a default one (edge data is not modelled).
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphGetEdges_v2(CUgraph hgraph, CUgraphNode* from,
+                                                              CUgraphNode* to,
+                                                              CUgraphEdgeData* edge_data,
+                                                              size_t* count) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    Graph* g = s.graphs.get(hgraph);
+    if (g == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    if (count == nullptr || (from == nullptr) != (to == nullptr) ||
+        (edge_data != nullptr && from == nullptr))
+      return CUDA_ERROR_INVALID_VALUE;
+    std::size_t total = 0;
+    for (const auto& node : g->nodes) total += node->deps.size();
+    if (from == nullptr) {
+      *count = total;
+      return CUDA_SUCCESS;
+    }
+    std::size_t written = 0;
+    for (const auto& node : g->nodes) {
+      for (CUgraphNode dep : node->deps) {
+        if (written == *count) break;
+        from[written] = dep;
+        to[written] = handle_of(node.get());
+        if (edge_data != nullptr) edge_data[written] = CUgraphEdgeData{};
+        ++written;
+      }
+    }
+    for (std::size_t i = written; i < *count; ++i) {
+      from[i] = nullptr;
+      to[i] = nullptr;
+      if (edge_data != nullptr) edge_data[i] = CUgraphEdgeData{};
+    }
+    *count = written;
+    return CUDA_SUCCESS;
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphGetEdges(CUgraph hgraph, CUgraphNode* from,
+                                                           CUgraphNode* to, size_t* count) {
+  return cuGraphGetEdges_v2(hgraph, from, to, nullptr, count);
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec* phExec,

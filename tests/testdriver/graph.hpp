@@ -61,7 +61,10 @@ struct Capture {
   std::uint64_t id = 0;
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
   bool invalidated = false;
-  std::unique_ptr<Graph> graph;
+  // The graph the nodes go to: a new one, or the caller's for cuStreamBeginCaptureToGraph
+  // (`into_existing`), which cuStreamEndCapture hands back instead of adding a graph.
+  std::shared_ptr<Graph> graph;
+  bool into_existing = false;
   Stream* origin = nullptr;
   std::vector<Stream*> streams;  // the origin and every stream that joined
 };

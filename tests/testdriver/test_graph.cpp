@@ -1,5 +1,6 @@
 // Stream capture records work instead of running it; graphs replay it; the capture rules of the
 // real driver (no synchronization, no pageable copies, forks must be joined) hold.
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -37,8 +38,7 @@ std::size_t node_count(Session& s, CUgraph graph) {
   return n;
 }
 
-TEST_CASE("a captured fork and join replays many times; capture itself runs nothing",
-          "[graph]") {
+TEST_CASE("a captured fork and join replays many times; capture itself runs nothing", "[graph]") {
   Session s;
   const CUstream side = second_stream(s);
   const CUevent fork = s.event(CU_EVENT_DISABLE_TIMING);
@@ -63,8 +63,8 @@ TEST_CASE("a captured fork and join replays many times; capture itself runs noth
   CUstreamCaptureStatus status{};
   cuuint64_t id = 0;
   std::size_t deps = 0;
-  REQUIRE_CU(s.sut.cuStreamGetCaptureInfo_v3(s.stream, &status, &id, nullptr, nullptr, nullptr,
-                                             &deps));
+  REQUIRE_CU(
+      s.sut.cuStreamGetCaptureInfo_v3(s.stream, &status, &id, nullptr, nullptr, nullptr, &deps));
   CHECK(id != 0);
   CHECK(deps == 1);
   CUgraph graph = nullptr;
@@ -312,6 +312,104 @@ TEST_CASE("a kernel node takes kernelParams only: `extra` is refused when added 
   REQUIRE_CU(s.sut.cuGraphExecDestroy(captured_exec));
   REQUIRE_CU(s.sut.cuGraphDestroy(captured));
   REQUIRE_CU(s.sut.cuGraphExecDestroy(exec));
+  REQUIRE_CU(s.sut.cuGraphDestroy(graph));
+}
+
+CUgraphNode memset_node(Session& s, CUgraph graph, CUdeviceptr dst, unsigned value) {
+  CUDA_MEMSET_NODE_PARAMS p{};
+  p.dst = dst;
+  p.value = value;
+  p.elementSize = sizeof(unsigned);
+  p.width = kElements;
+  p.height = 1;
+  CUgraphNode node = nullptr;
+  REQUIRE_CU(s.sut.cuGraphAddMemsetNode(&node, graph, nullptr, 0, &p, s.ctx));
+  return node;
+}
+
+// (from, to) of every edge of the graph.
+std::vector<std::pair<CUgraphNode, CUgraphNode>> edges_of(Session& s, CUgraph graph) {
+  std::size_t n = 0;
+  REQUIRE_CU(s.sut.cuGraphGetEdges_v2(graph, nullptr, nullptr, nullptr, &n));
+  std::vector<CUgraphNode> from(n), to(n);
+  REQUIRE_CU(s.sut.cuGraphGetEdges_v2(graph, from.data(), to.data(), nullptr, &n));
+  std::vector<std::pair<CUgraphNode, CUgraphNode>> edges;
+  for (std::size_t i = 0; i < n; ++i) edges.emplace_back(from[i], to[i]);
+  return edges;
+}
+
+TEST_CASE("a capture into an existing graph adds its work after the nodes named, into that graph",
+          "[graph]") {
+  Session s;
+  const CUdeviceptr a = s.alloc(kElements * sizeof(unsigned));
+  const CUdeviceptr b = s.alloc(kElements * sizeof(unsigned));
+  s.upload(a, std::vector<unsigned>(kElements, 0));
+  s.upload(b, std::vector<unsigned>(kElements, 0));
+  CUgraph graph = nullptr;
+  REQUIRE_CU(s.sut.cuGraphCreate(&graph, 0));
+  const CUgraphNode set_a = memset_node(s, graph, a, 10);
+  const CUgraphNode set_b = memset_node(s, graph, b, 20);
+
+  REQUIRE_CU(s.sut.cuStreamBeginCaptureToGraph(s.stream, graph, &set_a, nullptr, 1,
+                                               CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CHECK(status_of(s, s.stream) == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  CUgraph capturing_into = nullptr;
+  CUstreamCaptureStatus status{};
+  REQUIRE_CU(s.sut.cuStreamGetCaptureInfo_v3(s.stream, &status, nullptr, &capturing_into, nullptr,
+                                             nullptr, nullptr));
+  CHECK(capturing_into == graph);
+  CHECK_CU(s.sut.cuStreamBeginCaptureToGraph(s.stream, graph, nullptr, nullptr, 0,
+                                             CU_STREAM_CAPTURE_MODE_GLOBAL),
+           CUDA_ERROR_ILLEGAL_STATE);
+  launch_increment(s, s.stream, a, kElements);
+  launch_increment(s, s.stream, a, kElements);
+  CUgraph ended = nullptr;
+  REQUIRE_CU(s.sut.cuStreamEndCapture(s.stream, &ended));
+  CHECK(ended == graph);
+  CHECK(s.download<unsigned>(a, kElements) == std::vector<unsigned>(kElements, 0));  // nothing ran
+
+  // set_a -> first increment -> second increment; set_b stays on its own.
+  REQUIRE(node_count(s, graph) == 4);
+  std::vector<CUgraphNode> nodes(4);
+  std::size_t n = nodes.size();
+  REQUIRE_CU(s.sut.cuGraphGetNodes(graph, nodes.data(), &n));
+  const std::vector<std::pair<CUgraphNode, CUgraphNode>> expected{{set_a, nodes[2]},
+                                                                  {nodes[2], nodes[3]}};
+  CHECK(edges_of(s, graph) == expected);
+  CHECK(nodes[1] == set_b);
+
+  CUgraphExec exec = nullptr;
+  REQUIRE_CU(s.sut.cuGraphInstantiateWithFlags(&exec, graph, 0));
+  REQUIRE_CU(s.sut.cuGraphLaunch(exec, s.stream));
+  s.sync();
+  CHECK(s.download<unsigned>(a, kElements) == std::vector<unsigned>(kElements, 12));
+  CHECK(s.download<unsigned>(b, kElements) == std::vector<unsigned>(kElements, 20));
+  REQUIRE_CU(s.sut.cuGraphExecDestroy(exec));
+  REQUIRE_CU(s.sut.cuGraphDestroy(graph));
+}
+
+TEST_CASE("a capture into a graph is refused a node of another graph and non-default edges",
+          "[graph]") {
+  Session s;
+  CUgraph graph = nullptr, other = nullptr;
+  REQUIRE_CU(s.sut.cuGraphCreate(&graph, 0));
+  REQUIRE_CU(s.sut.cuGraphCreate(&other, 0));
+  const CUdeviceptr p = s.alloc(kElements * sizeof(unsigned));
+  const CUgraphNode mine = memset_node(s, graph, p, 1);
+  const CUgraphNode foreign = memset_node(s, other, p, 2);
+  CHECK_CU(s.sut.cuStreamBeginCaptureToGraph(s.stream, graph, &foreign, nullptr, 1,
+                                             CU_STREAM_CAPTURE_MODE_GLOBAL),
+           CUDA_ERROR_INVALID_VALUE);
+  CUgraphEdgeData programmatic{};
+  programmatic.type = CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
+  CHECK_CU(s.sut.cuStreamBeginCaptureToGraph(s.stream, graph, &mine, &programmatic, 1,
+                                             CU_STREAM_CAPTURE_MODE_GLOBAL),
+           CUDA_ERROR_NOT_SUPPORTED);
+  CHECK_CU(s.sut.cuStreamBeginCaptureToGraph(s.stream, nullptr, nullptr, nullptr, 0,
+                                             CU_STREAM_CAPTURE_MODE_GLOBAL),
+           CUDA_ERROR_INVALID_VALUE);
+  CHECK(status_of(s, s.stream) == CU_STREAM_CAPTURE_STATUS_NONE);
+  REQUIRE_CU(s.sut.cuGraphDestroy(other));
   REQUIRE_CU(s.sut.cuGraphDestroy(graph));
 }
 

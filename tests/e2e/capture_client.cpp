@@ -1,0 +1,327 @@
+// Capture into an existing graph (cuStreamBeginCaptureToGraph, what XLA's command buffers use)
+// through the whole path: run under LD_PRELOAD=libmpsshim.so against mpsshimd and the test
+// driver by tests/e2e/capture_test.cpp. Each mode prints one PASS or FAIL line.
+#include <cuda.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "client_check.hpp"
+
+namespace {
+
+constexpr char kModuleImage[] = "// mpsshim e2e capture module\n.version 8.0\n.target sm_90\n";
+constexpr int kElements = 4096;
+constexpr unsigned kSetA = 77;
+constexpr unsigned kSetB = 5;
+constexpr unsigned kFillC = 3;
+
+struct Setup {
+  CUcontext ctx{};
+  CUmodule module{};
+  CUstream stream{};
+};
+
+Setup setup() {
+  Setup s;
+  CUdevice device{};
+  CHECK(cuInit(0));
+  CHECK(cuDeviceGet(&device, 0));
+  CHECK(cuDevicePrimaryCtxRetain(&s.ctx, device));
+  CHECK(cuCtxSetCurrent(s.ctx));
+  CHECK(cuModuleLoadData(&s.module, kModuleImage));
+  CHECK(cuStreamCreate(&s.stream, CU_STREAM_NON_BLOCKING));
+  return s;
+}
+
+CUgraphNode memset_node(CUgraph graph, CUdeviceptr dst, unsigned value, CUcontext ctx) {
+  CUDA_MEMSET_NODE_PARAMS p{};
+  p.dst = dst;
+  p.value = value;
+  p.elementSize = sizeof(unsigned);
+  p.width = kElements;
+  p.height = 1;
+  CUgraphNode node = nullptr;
+  CHECK(cuGraphAddMemsetNode(&node, graph, nullptr, 0, &p, ctx));
+  return node;
+}
+
+bool all_equal(CUdeviceptr p, unsigned expected) {
+  std::vector<unsigned> host(kElements);
+  CHECK(cuMemcpyDtoH(host.data(), p, host.size() * sizeof(unsigned)));
+  for (unsigned v : host) {
+    if (v != expected) {
+      std::printf("FAIL found %u where %u was expected\n", v, expected);
+      return false;
+    }
+  }
+  return true;
+}
+
+int fail(const char* what) {
+  std::printf("FAIL %s\n", what);
+  return 1;
+}
+
+// A graph with two memset nodes; a capture into it after the first adds an increment kernel and
+// a memset; the same handle comes back, the topology is the one asked for, the launch computes.
+// Then the per-thread variant from cuGetProcAddress captures into an empty graph.
+int into_graph() {
+  Setup s = setup();
+  CUfunction increment{};
+  CHECK(cuModuleGetFunction(&increment, s.module, "increment_i32"));
+  CUdeviceptr a{}, b{}, c{};
+  const std::size_t bytes = kElements * sizeof(unsigned);
+  CHECK(cuMemAlloc(&a, bytes));
+  CHECK(cuMemAlloc(&b, bytes));
+  CHECK(cuMemAlloc(&c, bytes));
+  CHECK(cuMemsetD32(a, 0, kElements));
+  CHECK(cuMemsetD32(b, 0, kElements));
+  CHECK(cuMemsetD32(c, 0, kElements));
+  // Those memsets may run late on the legacy stream, which a non-blocking stream does not wait for.
+  CHECK(cuCtxSynchronize());
+
+  CUgraph graph = nullptr;
+  CHECK(cuGraphCreate(&graph, 0));
+  const CUgraphNode set_a = memset_node(graph, a, kSetA, s.ctx);
+  const CUgraphNode set_b = memset_node(graph, b, kSetB, s.ctx);
+  CHECK(cuStreamBeginCaptureToGraph(s.stream, graph, &set_a, nullptr, 1,
+                                    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  CUstreamCaptureStatus status{};
+  CUgraph capturing_into = nullptr;
+  std::size_t dependencies = 0;
+  CHECK(cuStreamGetCaptureInfo_v3(s.stream, &status, nullptr, &capturing_into, nullptr, nullptr,
+                                  &dependencies));
+  if (status != CU_STREAM_CAPTURE_STATUS_ACTIVE || capturing_into != graph || dependencies != 1) {
+    return fail("cuStreamGetCaptureInfo_v3 does not show the capture into the graph");
+  }
+  int n = kElements;
+  void* args[] = {&a, &n};
+  CHECK(cuLaunchKernel(increment, (kElements + 255) / 256, 1, 1, 256, 1, 1, 0, s.stream, args,
+                       nullptr));
+  CHECK(cuMemsetD32Async(c, kFillC, kElements, s.stream));
+  CUgraph ended = nullptr;
+  CHECK(cuStreamEndCapture(s.stream, &ended));
+  if (ended != graph) return fail("cuStreamEndCapture returned another graph");
+
+  std::size_t count = 0;
+  CHECK(cuGraphGetNodes(graph, nullptr, &count));
+  if (count != 4) return fail("the graph does not hold 4 nodes");
+  std::vector<CUgraphNode> nodes(count);
+  CHECK(cuGraphGetNodes(graph, nodes.data(), &count));
+  if (nodes[0] != set_a || nodes[1] != set_b) return fail("the graph's first nodes changed");
+  std::size_t edge_count = 0;
+  CHECK(cuGraphGetEdges(graph, nullptr, nullptr, nullptr, &edge_count));
+  std::vector<CUgraphNode> from(edge_count), to(edge_count);
+  std::vector<CUgraphEdgeData> data(edge_count);
+  CHECK(cuGraphGetEdges_v2(graph, from.data(), to.data(), data.data(), &edge_count));
+  const std::vector<std::pair<CUgraphNode, CUgraphNode>> expected{{set_a, nodes[2]},
+                                                                  {nodes[2], nodes[3]}};
+  std::vector<std::pair<CUgraphNode, CUgraphNode>> edges;
+  for (std::size_t i = 0; i < edge_count; ++i) edges.emplace_back(from[i], to[i]);
+  if (edges != expected) return fail("the edges are not set_a -> kernel -> memset");
+  const CUgraphEdgeData none{};
+  for (const CUgraphEdgeData& e : data) {
+    if (std::memcmp(&e, &none, sizeof e) != 0) return fail("an edge is not a default one");
+  }
+
+  CUgraphExec exec = nullptr;
+  CHECK(cuGraphInstantiateWithFlags(&exec, graph, 0));
+  CHECK(cuGraphLaunch(exec, s.stream));
+  CHECK(cuStreamSynchronize(s.stream));
+  if (!all_equal(a, kSetA + 1) || !all_equal(b, kSetB) || !all_equal(c, kFillC)) return 1;
+
+  // cuGetProcAddress hands out the per-thread variant; it captures into an empty graph.
+  using BeginToGraph = CUresult(CUDAAPI*)(CUstream, CUgraph, const CUgraphNode*,
+                                          const CUgraphEdgeData*, size_t, CUstreamCaptureMode);
+  void* entry = nullptr;
+  CUdriverProcAddressQueryResult found{};
+  CHECK(cuGetProcAddress_v2("cuStreamBeginCaptureToGraph", &entry, 12030,
+                            CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &found));
+  if (entry == nullptr || found != CU_GET_PROC_ADDRESS_SUCCESS) {
+    return fail("cuGetProcAddress does not resolve cuStreamBeginCaptureToGraph");
+  }
+  CUgraph empty = nullptr;
+  CHECK(cuGraphCreate(&empty, 0));
+  CHECK(reinterpret_cast<BeginToGraph>(entry)(s.stream, empty, nullptr, nullptr, 0,
+                                              CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CHECK(cuMemsetD32Async(b, kFillC, kElements, s.stream));
+  CHECK(cuStreamEndCapture(s.stream, &ended));
+  if (ended != empty) return fail("the per-thread variant's capture returned another graph");
+  CUgraphExec empty_exec = nullptr;
+  CHECK(cuGraphInstantiateWithFlags(&empty_exec, empty, 0));
+  CHECK(cuGraphLaunch(empty_exec, s.stream));
+  CHECK(cuStreamSynchronize(s.stream));
+  if (!all_equal(b, kFillC)) return 1;
+
+  CHECK(cuGraphExecDestroy(empty_exec));
+  CHECK(cuGraphExecDestroy(exec));
+  CHECK(cuGraphDestroy(empty));
+  CHECK(cuGraphDestroy(graph));
+  std::printf("PASS into_graph nodes=%zu edges=%zu\n", count, edge_count);
+  return 0;
+}
+
+#define EXPECT(call, expected)                                             \
+  do {                                                                     \
+    CUresult got_ = (call);                                                \
+    if (got_ != (expected)) {                                              \
+      std::printf("FAIL %s -> %d, expected %s\n", #call, got_, #expected); \
+      return 1;                                                            \
+    }                                                                      \
+  } while (0)
+
+// XLA's command buffer: kernels captured into a graph, instantiated once, then pointed at other
+// buffers with cuGraphExecKernelNodeSetParams between launches.
+int update() {
+  Setup s = setup();
+  CUfunction increment{};
+  CHECK(cuModuleGetFunction(&increment, s.module, "increment_i32"));
+  const std::size_t bytes = kElements * sizeof(unsigned);
+  CUdeviceptr a{}, b{};
+  CHECK(cuMemAlloc(&a, bytes));
+  CHECK(cuMemAlloc(&b, bytes));
+  CHECK(cuMemsetD32(a, kSetA, kElements));
+  CHECK(cuMemsetD32(b, kSetB, kElements));
+  CHECK(cuCtxSynchronize());
+
+  CUgraph graph = nullptr;
+  CHECK(cuGraphCreate(&graph, 0));
+  CHECK(cuStreamBeginCaptureToGraph(s.stream, graph, nullptr, nullptr, 0,
+                                    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  int n = kElements;
+  void* on_a[] = {&a, &n};
+  CHECK(cuLaunchKernel(increment, (kElements + 255) / 256, 1, 1, 256, 1, 1, 0, s.stream, on_a,
+                       nullptr));
+  CUgraph ended = nullptr;
+  CHECK(cuStreamEndCapture(s.stream, &ended));
+  CUgraphNode captured = nullptr;
+  std::size_t count = 1;
+  CHECK(cuGraphGetNodes(graph, &captured, &count));
+  CUgraphExec exec = nullptr;
+  CHECK(cuGraphInstantiateWithFlags(&exec, graph, 0));
+  CHECK(cuGraphLaunch(exec, s.stream));
+  CHECK(cuStreamSynchronize(s.stream));
+  if (!all_equal(a, kSetA + 1)) return 1;
+
+  // The same node on b, twice.
+  CUDA_KERNEL_NODE_PARAMS p{};
+  p.func = increment;
+  p.gridDimX = (kElements + 255) / 256;
+  p.gridDimY = p.gridDimZ = 1;
+  p.blockDimX = 256;
+  p.blockDimY = p.blockDimZ = 1;
+  void* on_b[] = {&b, &n};
+  p.kernelParams = on_b;
+  CHECK(cuGraphExecKernelNodeSetParams(exec, captured, &p));
+  CHECK(cuGraphLaunch(exec, s.stream));
+  CHECK(cuGraphLaunch(exec, s.stream));
+  CHECK(cuStreamSynchronize(s.stream));
+  if (!all_equal(a, kSetA + 1) || !all_equal(b, kSetB + 2)) return 1;
+
+  // A node of a graph the executable graph was not made from, and a destroyed executable graph.
+  CUgraph other = nullptr;
+  CHECK(cuGraphCreate(&other, 0));
+  const CUgraphNode foreign = memset_node(other, a, kFillC, s.ctx);
+  EXPECT(cuGraphExecKernelNodeSetParams(exec, foreign, &p), CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuGraphExecDestroy(exec));
+  EXPECT(cuGraphExecKernelNodeSetParams(exec, captured, &p), CUDA_ERROR_INVALID_HANDLE);
+  CHECK(cuGraphDestroy(other));
+  CHECK(cuGraphDestroy(graph));
+  std::printf("PASS update\n");
+  return 0;
+}
+
+// What a capture into a graph refuses, and that the stream still works after each refusal.
+int errors() {
+  Setup s = setup();
+  CUstream other{};
+  CHECK(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr p{};
+  CHECK(cuMemAlloc(&p, kElements * sizeof(unsigned)));
+  CUgraph graph = nullptr, second = nullptr, gone = nullptr;
+  CHECK(cuGraphCreate(&graph, 0));
+  CHECK(cuGraphCreate(&second, 0));
+  CHECK(cuGraphCreate(&gone, 0));
+  CHECK(cuGraphDestroy(gone));
+  const CUgraphNode mine = memset_node(graph, p, kSetA, s.ctx);
+  const CUgraphNode foreign = memset_node(second, p, kSetB, s.ctx);
+  const auto mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+  EXPECT(cuStreamBeginCaptureToGraph(s.stream, gone, nullptr, nullptr, 0, mode),
+         CUDA_ERROR_INVALID_VALUE);
+  EXPECT(cuStreamBeginCaptureToGraph(s.stream, graph, &foreign, nullptr, 1, mode),
+         CUDA_ERROR_INVALID_VALUE);
+  CUgraphEdgeData programmatic{};
+  programmatic.type = CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
+  EXPECT(cuStreamBeginCaptureToGraph(s.stream, graph, &mine, &programmatic, 1, mode),
+         CUDA_ERROR_NOT_SUPPORTED);
+  EXPECT(cuStreamBeginCaptureToGraph(s.stream, graph, &mine, nullptr, 1,
+                                     static_cast<CUstreamCaptureMode>(7)),
+         CUDA_ERROR_INVALID_VALUE);
+  EXPECT(cuStreamBeginCaptureToGraph(CU_STREAM_LEGACY, graph, nullptr, nullptr, 0, mode),
+         CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CUstreamCaptureStatus status{};
+  CHECK(cuStreamIsCapturing(s.stream, &status));
+  if (status != CU_STREAM_CAPTURE_STATUS_NONE) return fail("a refused capture left one open");
+
+  const CUgraphEdgeData zero{};  // default edge data is accepted
+  CHECK(cuStreamBeginCaptureToGraph(s.stream, graph, &mine, &zero, 1, mode));
+  EXPECT(cuStreamBeginCaptureToGraph(s.stream, second, nullptr, nullptr, 0, mode),
+         CUDA_ERROR_ILLEGAL_STATE);
+  CUgraph ended = nullptr;
+  EXPECT(cuStreamEndCapture(other, &ended), CUDA_ERROR_ILLEGAL_STATE);
+  CHECK(cuMemsetD32Async(p, kFillC, kElements, s.stream));
+  CHECK(cuStreamEndCapture(s.stream, &ended));
+  if (ended != graph) return fail("the capture ended with another graph");
+  std::size_t count = 0;
+  CHECK(cuGraphGetNodes(graph, nullptr, &count));
+  if (count != 2) return fail("the graph does not hold its node and the captured one");
+
+  // An invalidated capture leaves the graph to the client.
+  CHECK(cuStreamBeginCaptureToGraph(s.stream, second, nullptr, nullptr, 0,
+                                    CU_STREAM_CAPTURE_MODE_RELAXED));
+  EXPECT(cuStreamSynchronize(s.stream), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  EXPECT(cuStreamEndCapture(s.stream, &ended), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CHECK(cuGraphGetNodes(second, nullptr, &count));
+  CHECK(cuMemsetD32Async(p, kSetB, kElements, s.stream));
+  CHECK(cuStreamSynchronize(s.stream));
+  if (!all_equal(p, kSetB)) return 1;
+  CHECK(cuGraphDestroy(second));
+  CHECK(cuGraphDestroy(graph));
+  std::printf("PASS errors\n");
+  return 0;
+}
+
+// Begins a capture into a graph and exits without ending it: the server ends the capture and
+// frees the graph with the session.
+int abandon() {
+  Setup s = setup();
+  CUdeviceptr p{};
+  CHECK(cuMemAlloc(&p, kElements * sizeof(unsigned)));
+  CUgraph graph = nullptr;
+  CHECK(cuGraphCreate(&graph, 0));
+  const CUgraphNode set = memset_node(graph, p, kSetA, s.ctx);
+  CHECK(cuStreamBeginCaptureToGraph(s.stream, graph, &set, nullptr, 1,
+                                    CU_STREAM_CAPTURE_MODE_RELAXED));
+  CHECK(cuMemsetD32Async(p, kSetB, kElements, s.stream));
+  std::printf("PASS abandon\n");
+  std::fflush(stdout);
+  std::_Exit(0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "into_graph") return into_graph();
+  if (mode == "errors") return errors();
+  if (mode == "abandon") return abandon();
+  if (mode == "update") return update();
+  std::printf("FAIL unknown mode '%s' (into_graph, update, errors, abandon)\n", mode.c_str());
+  return 2;
+}

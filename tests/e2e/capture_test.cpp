@@ -1,0 +1,60 @@
+// Capture into an existing graph through the whole path on the CPU: capture_client under
+// LD_PRELOAD=libmpsshim.so -> mpsshimd -> mpsshim-server -> the host-memory test driver, with
+// real processes (docs/graphs.md).
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "harness.hpp"
+
+using namespace mpsshim::e2e;
+
+namespace {
+
+std::string client() {
+  return artefact("E2E_CAPTURE_CLIENT");
+}
+
+void require_pass(const Outcome& o, const Daemon& d) {
+  INFO("stdout: " << o.out << "\nstderr: " << o.err << "\ndaemon log:\n" << d.log());
+  REQUIRE(o.exit_code == 0);
+  REQUIRE(o.out.find("PASS") != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("captured work lands in the client's graph after the nodes it named, and computes",
+          "[e2e][capture_to_graph]") {
+  Daemon daemon;
+  require_pass(run_client(daemon, {client(), "into_graph"}), daemon);
+}
+
+TEST_CASE(
+    "a capture into a graph refuses foreign nodes, edge data, a second capture, the wrong "
+    "stream; an invalidated one leaves the graph",
+    "[e2e][capture_to_graph]") {
+  Daemon daemon;
+  require_pass(run_client(daemon, {client(), "errors"}), daemon);
+}
+
+TEST_CASE("a kernel captured into a graph is pointed at other buffers in the executable graph",
+          "[e2e][capture_to_graph]") {
+  Daemon daemon;
+  require_pass(run_client(daemon, {client(), "update"}), daemon);
+}
+
+TEST_CASE("a client that exits while capturing into its graph leaves nothing behind",
+          "[e2e][capture_to_graph]") {
+  // The primary context is kept, so the driver's object count moves only with the clients.
+  Daemon daemon({"--context-idle-timeout", "-1"});
+  require_pass(run_client(daemon, {client(), "into_graph"}), daemon);  // the server is warm
+  REQUIRE(eventually([&] { return ps_pids(daemon).empty(); }));
+  const long long objects = daemon.driver_objects().at("objects");
+  require_pass(run_client(daemon, {client(), "abandon"}), daemon);
+  INFO("daemon log:\n" << daemon.log());
+  CHECK(eventually([&] { return ps_pids(daemon).empty(); }));
+  CHECK(eventually([&] { return daemon.driver_objects().at("objects") == objects; }));
+  CHECK(daemon.log().find("1 graph") != std::string::npos);
+  require_pass(run_client(daemon, {client(), "into_graph"}), daemon);
+}
