@@ -518,6 +518,84 @@ CUresult get_edges(CUgraph hgraph, CUgraphNode* from, CUgraphNode* to, CUgraphEd
   return data == nullptr && lossy ? CUDA_ERROR_LOSSY_QUERY : CUDA_SUCCESS;
 }
 
+// The graph's nodes and default edges, for the topology queries the driver answers from them
+// (root nodes, a node's dependencies and dependents): the shim asks for both and filters.
+struct Topology {
+  std::vector<CUgraphNode> nodes;  // in cuGraphGetNodes order
+  std::vector<CUgraphNode> from, to;
+  std::vector<CUgraphEdgeData> data;
+};
+
+CUresult topology_of(CUgraph hgraph, Topology& out) {
+  std::size_t count = 0;
+  if (CUresult rc = cuGraphGetNodes(hgraph, nullptr, &count); rc != CUDA_SUCCESS) return rc;
+  out.nodes.assign(count, nullptr);
+  if (count != 0) {
+    if (CUresult rc = cuGraphGetNodes(hgraph, out.nodes.data(), &count); rc != CUDA_SUCCESS)
+      return rc;
+    out.nodes.resize(count);
+  }
+  std::size_t edges = 0;
+  if (CUresult rc = get_edges(hgraph, nullptr, nullptr, nullptr, &edges); rc != CUDA_SUCCESS)
+    return rc;
+  out.from.assign(edges, nullptr);
+  out.to.assign(edges, nullptr);
+  out.data.assign(edges, CUgraphEdgeData{});
+  if (edges != 0) {
+    if (CUresult rc = get_edges(hgraph, out.from.data(), out.to.data(), out.data.data(), &edges);
+        rc != CUDA_SUCCESS) {
+      return rc;
+    }
+    out.from.resize(edges);
+    out.to.resize(edges);
+    out.data.resize(edges);
+  }
+  return CUDA_SUCCESS;
+}
+
+// Fills `out` (room *count; NULL: only the count) the way the driver's node-list queries do:
+// the rest of the array NULL, *count the number written; with edge data where asked, and
+// CUDA_ERROR_LOSSY_QUERY when it was not asked for and an edge is not a default one.
+CUresult answer_nodes(const std::vector<CUgraphNode>& found,
+                      const std::vector<CUgraphEdgeData>& found_data, CUgraphNode* out,
+                      CUgraphEdgeData* out_data, std::size_t* count) {
+  if (count == nullptr || (out_data != nullptr && out == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  if (out == nullptr) {
+    *count = found.size();
+    return CUDA_SUCCESS;
+  }
+  const std::size_t n = std::min(*count, found.size());
+  bool lossy = false;
+  for (std::size_t i = 0; i < *count; ++i) {
+    out[i] = i < n ? found[i] : nullptr;
+    if (out_data != nullptr) out_data[i] = i < n ? found_data[i] : CUgraphEdgeData{};
+    if (i < n && !found_data.empty()) lossy = lossy || !default_edges(&found_data[i], 1);
+  }
+  *count = n;
+  return out_data == nullptr && lossy ? CUDA_ERROR_LOSSY_QUERY : CUDA_SUCCESS;
+}
+
+// A node's dependencies (`dependents` false: the nodes with an edge into it) or dependents.
+CUresult node_neighbours(CUgraphNode hnode, bool dependents, CUgraphNode* out,
+                         CUgraphEdgeData* data, std::size_t* count) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  GraphNodeObject* node = node_of(hnode);
+  if (node == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Topology t;
+  if (CUresult rc = topology_of(reinterpret_cast<CUgraph>(node->graph), t); rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  std::vector<CUgraphNode> found;
+  std::vector<CUgraphEdgeData> found_data;
+  for (std::size_t i = 0; i < t.from.size(); ++i) {
+    const CUgraphNode self = dependents ? t.from[i] : t.to[i];
+    if (self != hnode) continue;
+    found.push_back(dependents ? t.to[i] : t.from[i]);
+    found_data.push_back(t.data[i]);
+  }
+  return answer_nodes(found, found_data, out, data, count);
+}
+
 constexpr auto kLegacy = DefaultStream::kLegacy;
 constexpr auto kPerThread = DefaultStream::kPerThread;
 
@@ -695,6 +773,45 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphGetEdges_v2(CUgraph graph, CUgraphNode* f
 MPSSHIM_EXPORT CUresult CUDAAPI cuGraphGetEdges(CUgraph graph, CUgraphNode* from, CUgraphNode* to,
                                                 size_t* count) {
   return get_edges(graph, from, to, nullptr, count);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphGetRootNodes(CUgraph hgraph, CUgraphNode* roots,
+                                                    size_t* count) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (graph_of(hgraph) == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Topology t;
+  if (CUresult rc = topology_of(hgraph, t); rc != CUDA_SUCCESS) return rc;
+  // The nodes no edge leads into, in the graph's node order.
+  std::vector<CUgraphNode> found;
+  for (CUgraphNode n : t.nodes) {
+    if (std::find(t.to.begin(), t.to.end(), n) == t.to.end()) found.push_back(n);
+  }
+  return answer_nodes(found, {}, roots, nullptr, count);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphNodeGetDependencies(CUgraphNode node, CUgraphNode* deps,
+                                                           size_t* count) {
+  return node_neighbours(node, false, deps, nullptr, count);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphNode* deps,
+                                                              CUgraphEdgeData* data,
+                                                              size_t* count) {
+  return node_neighbours(node, false, deps, data, count);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphNodeGetDependentNodes(CUgraphNode node,
+                                                             CUgraphNode* dependents,
+                                                             size_t* count) {
+  return node_neighbours(node, true, dependents, nullptr, count);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphNodeGetDependentNodes_v2(CUgraphNode node,
+                                                                CUgraphNode* dependents,
+                                                                CUgraphEdgeData* data,
+                                                                size_t* count) {
+  return node_neighbours(node, true, dependents, data, count);
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec* out, CUgraph graph,

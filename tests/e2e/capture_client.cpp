@@ -128,6 +128,25 @@ int into_graph() {
   for (const CUgraphEdgeData& e : data) {
     if (std::memcmp(&e, &none, sizeof e) != 0) return fail("an edge is not a default one");
   }
+  // The topology queries the shim answers from nodes and edges (XLA walks graphs with them).
+  std::size_t root_count = 0;
+  CHECK(cuGraphGetRootNodes(graph, nullptr, &root_count));
+  std::vector<CUgraphNode> roots(3, nodes[3]);  // one more than there are: it comes back NULL
+  root_count = roots.size();
+  CHECK(cuGraphGetRootNodes(graph, roots.data(), &root_count));
+  if (root_count != 2 || roots[0] != set_a || roots[1] != set_b || roots[2] != nullptr) {
+    return fail("the root nodes are not set_a and set_b");
+  }
+  CUgraphNode neighbour = nullptr;
+  std::size_t one = 1;
+  CHECK(cuGraphNodeGetDependencies(nodes[2], &neighbour, nullptr, &one));
+  if (one != 1 || neighbour != set_a) return fail("the kernel does not depend on set_a alone");
+  one = 1;
+  CHECK(cuGraphNodeGetDependentNodes(nodes[2], &neighbour, nullptr, &one));
+  if (one != 1 || neighbour != nodes[3]) return fail("the memset is not the kernel's dependent");
+  std::size_t none_count = 5;
+  CHECK(cuGraphNodeGetDependencies(set_b, nullptr, nullptr, &none_count));
+  if (none_count != 0) return fail("set_b has dependencies");
 
   CUgraphExec exec = nullptr;
   CHECK(cuGraphInstantiateWithFlags(&exec, graph, 0));
