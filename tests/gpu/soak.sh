@@ -7,6 +7,7 @@
 #
 # usage: soak.sh --build-dir BUILD [--minutes M (8)] [--clients N (64)] [--interval S (5)]
 #                [--kill-percent P (10)] [--resnet-clients R (8)] [--gpu INDEX (0)]
+#                [--daemon-arg ARG]... (passed to mpsshimd, e.g. --daemon-arg --host-fences=off)
 #                [--work-dir DIR (kept)] [--test-driver LIBMPSSHIM_TESTDRIVER.so]
 #
 # Each client slot runs one program after another, each picked at random: examples/small_kernels
@@ -44,6 +45,7 @@ PROGRAM_TIMEOUT=${PROGRAM_TIMEOUT:-300}
 parse_paths "$@"
 MINUTES=8 CLIENTS=64 INTERVAL=5 KILL_PERCENT=10 RESNET_CLIENTS=8 GPU_INDEX=0 WORK_DIR=""
 TEST_DRIVER=""
+DAEMON_ARGS=()
 set -- "${REST_ARGS[@]+"${REST_ARGS[@]}"}"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -55,6 +57,7 @@ while [ $# -gt 0 ]; do
     --gpu) GPU_INDEX=$2; shift 2 ;;
     --work-dir) WORK_DIR=$2; shift 2 ;;
     --test-driver) TEST_DRIVER=$(realpath "$2"); shift 2 ;;
+    --daemon-arg) DAEMON_ARGS+=("$2"); shift 2 ;;
     *) die "unknown option $1" ;;
   esac
 done
@@ -81,9 +84,8 @@ rm -f "$STOP_FILE" "$RESULTS"
 : >"$RESULTS"
 
 # ---- the daemon -----------------------------------------------------------------------------
-DAEMON_ARGS=()
 if [ -n "$TEST_DRIVER" ]; then
-  DAEMON_ARGS=(--driver "$TEST_DRIVER")
+  DAEMON_ARGS+=(--driver "$TEST_DRIVER")
   export MPSSHIM_TESTDRIVER_QUERY_SOCKET=$WORK_DIR/testdriver-query
 fi
 SLOT_PIDS=()
