@@ -43,6 +43,10 @@ struct GraphObject {
   proto::WireHandle wire = 0;
   std::mutex mutex;
   std::unordered_map<proto::WireHandle, GraphNodeObject*> nodes;
+  // The graph embedded in a child graph node of this one is owned by the node: it dies with this
+  // graph (`embedded`), and cuGraphDestroy of it is refused (`owner` is set).
+  std::vector<GraphObject*> embedded;
+  GraphObject* owner = nullptr;
 };
 
 struct GraphNodeObject {
@@ -717,18 +721,35 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphCreate(CUgraph* out, unsigned int flags) 
   return CUDA_SUCCESS;
 }
 
-MPSSHIM_EXPORT CUresult CUDAAPI cuGraphDestroy(CUgraph hgraph) {
-  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
-  GraphObject* graph = graph_of(hgraph);
-  if (graph == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  CUresult rc = graph->ctx->session->post(proto::Op::kGraphDestroy, proto::HandleReq{graph->wire});
+namespace {
+
+// The graph's handles (its nodes', its embedded graphs', theirs) fail from now on; the objects are
+// kept, so that a stale handle reads a dead magic rather than freed memory.
+void kill_graph(GraphObject* graph) {
   {
     std::lock_guard lock(book().mutex);
     book().graphs.erase(graph->wire);
   }
-  std::lock_guard lock(graph->mutex);
-  for (auto& [wire, node] : graph->nodes) node->magic = kDeadMagic;  // kept: stale handles fail
-  graph->magic = kDeadMagic;
+  std::vector<GraphObject*> embedded;
+  {
+    std::lock_guard lock(graph->mutex);
+    for (auto& [wire, node] : graph->nodes) node->magic = kDeadMagic;
+    graph->magic = kDeadMagic;
+    embedded.swap(graph->embedded);
+  }
+  for (GraphObject* inner : embedded) kill_graph(inner);
+}
+
+}  // namespace
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphDestroy(CUgraph hgraph) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  GraphObject* graph = graph_of(hgraph);
+  if (graph == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  // A child graph node's embedded graph is the node's: it goes with the graph that holds it.
+  if (graph->owner != nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUresult rc = graph->ctx->session->post(proto::Op::kGraphDestroy, proto::HandleReq{graph->wire});
+  kill_graph(graph);
   return rc;
 }
 
@@ -992,4 +1013,65 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphDebugDotPrint(CUgraph, const char*, unsig
   log_once("cuGraphDebugDotPrint", Level::warn,
            "cuGraphDebugDotPrint is not supported by mpsshim: the graph lives in the server");
   return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+// ---- child graphs ----
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddChildGraphNode(CUgraphNode* out, CUgraph hgraph,
+                                                         const CUgraphNode* deps, size_t count,
+                                                         CUgraph hchild) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  GraphObject* graph = graph_of(hgraph);
+  if (graph == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  GraphObject* child = graph_of(hchild);
+  if (out == nullptr || child == nullptr || child->ctx->session != graph->ctx->session) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::vector<std::byte> trailing;
+  if (CUresult rc = append_dependencies(graph, deps, count, trailing); rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  proto::GraphChildNodeReq request{{graph->wire, static_cast<std::uint32_t>(count), 0},
+                                   child->wire};
+  return add_node(out, graph, proto::Op::kGraphAddChildGraphNode, request, trailing);
+}
+
+// The embedded graph, as a graph object the client may query and build on; the node owns it
+// (cuGraphDestroy of it is refused) and it dies with the node's graph.
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphChildGraphNodeGetGraph(CUgraphNode hnode, CUgraph* out) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  GraphNodeObject* node = node_of(hnode);
+  if (node == nullptr || out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  GraphObject* parent = node->graph;
+  proto::GraphRep reply{};
+  if (CUresult rc = parent->ctx->session->call(proto::Op::kGraphChildGraphNodeGetGraph,
+                                               proto::HandleReq{node->wire}, &reply);
+      rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  GraphObject* embedded = graph_for(parent->ctx, reply.handle);
+  std::lock_guard lock(parent->mutex);
+  if (embedded->owner == nullptr) {
+    embedded->owner = parent;
+    parent->embedded.push_back(embedded);
+  }
+  *out = reinterpret_cast<CUgraph>(embedded);
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphExecChildGraphNodeSetParams(CUgraphExec hexec,
+                                                                   CUgraphNode hnode,
+                                                                   CUgraph hchild) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  GraphExecObject* exec = exec_of(hexec);
+  if (exec == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  GraphNodeObject* node = node_of(hnode);
+  GraphObject* child = graph_of(hchild);
+  if (node == nullptr || child == nullptr || node->graph->ctx->session != exec->ctx->session ||
+      child->ctx->session != exec->ctx->session) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  return exec->ctx->session->call(proto::Op::kGraphExecChildGraphNodeSetParams,
+                                  proto::GraphExecChildNodeReq{exec->wire, node->wire, child->wire},
+                                  static_cast<int*>(nullptr));
 }

@@ -124,6 +124,11 @@ enum class Op : std::uint16_t {
   kGraphGetEdges = 91,
   // New parameters for a kernel node of an executable graph (cuGraphExecKernelNodeSetParams).
   kGraphExecKernelNodeSetParams = 92,
+  // Child graph nodes (cuGraphAddChildGraphNode, cuGraphChildGraphNodeGetGraph,
+  // cuGraphExecChildGraphNodeSetParams): XLA nests command buffers this way.
+  kGraphAddChildGraphNode = 93,
+  kGraphChildGraphNodeGetGraph = 94,  // HandleReq (the node) -> GraphRep (the embedded graph)
+  kGraphExecChildGraphNodeSetParams = 95,
   kCount
 };
 
@@ -461,6 +466,17 @@ struct GraphCopyNodeReq {  // device to device, one-dimensional
   std::uint64_t src;
   std::uint64_t bytes;
 };
+// The driver clones `child` into the node; followed by the dependency ids.
+struct GraphChildNodeReq {
+  GraphAddNodeHeader node;
+  WireHandle child;  // a graph of the same session
+};
+// The child graph node `node` of the graph `exec` was made from takes `child`'s parameters.
+struct GraphExecChildNodeReq {
+  WireHandle exec;
+  WireHandle node;
+  WireHandle child;
+};
 // Followed by `count` (from, to) pairs of node ids.
 struct GraphAddDependenciesReq {
   WireHandle graph;
@@ -603,6 +619,8 @@ MPSSHIM_WIRE_CHECK(GraphGetEdgesReq)
 MPSSHIM_WIRE_CHECK(WireEdge)
 MPSSHIM_WIRE_CHECK(GraphGetEdgesRep)
 MPSSHIM_WIRE_CHECK(GraphExecKernelNodeReq)
+MPSSHIM_WIRE_CHECK(GraphChildNodeReq)
+MPSSHIM_WIRE_CHECK(GraphExecChildNodeReq)
 MPSSHIM_WIRE_CHECK(HostFuncReq)
 MPSSHIM_WIRE_CHECK(MemPoolCreateReq)
 MPSSHIM_WIRE_CHECK(MemPoolCreateRep)
@@ -626,6 +644,8 @@ static_assert(sizeof(GraphCopyNodeReq) == 40);
 static_assert(sizeof(BeginCaptureToGraphReq) == 24);
 static_assert(sizeof(WireEdge) == 24);
 static_assert(sizeof(GraphExecKernelNodeReq) == 56);
+static_assert(sizeof(GraphChildNodeReq) == 24);
+static_assert(sizeof(GraphExecChildNodeReq) == 24);
 static_assert(sizeof(GraphGetEdgesRep) <= kSlotPayloadBytes);
 static_assert(sizeof(HostFuncReq) == 24);
 static_assert(sizeof(MemPoolAttributeReq) == 24);

@@ -131,6 +131,12 @@ std::array<OpSpec, kOpCount> make_specs() {
   set(Op::kGraphGetEdges, "GraphGetEdges", op_graph_get_edges, sizeof(GraphGetEdgesReq), true);
   set(Op::kGraphExecKernelNodeSetParams, "GraphExecKernelNodeSetParams",
       op_graph_exec_kernel_node_set_params, sizeof(GraphExecKernelNodeReq), true);
+  set(Op::kGraphAddChildGraphNode, "GraphAddChildGraphNode", op_graph_add_child_graph_node,
+      sizeof(GraphChildNodeReq), true);
+  set(Op::kGraphChildGraphNodeGetGraph, "GraphChildGraphNodeGetGraph",
+      op_graph_child_graph_node_get_graph, sizeof(HandleReq), true);
+  set(Op::kGraphExecChildGraphNodeSetParams, "GraphExecChildGraphNodeSetParams",
+      op_graph_exec_child_graph_node_set_params, sizeof(GraphExecChildNodeReq), true);
   set(Op::kHostFunc, "HostFunc", op_host_func, sizeof(HostFuncReq), false);
   set(Op::kMemPoolCreate, "MemPoolCreate", op_mem_pool_create, sizeof(MemPoolCreateReq), true);
   set(Op::kMemPoolDestroy, "MemPoolDestroy", op_mem_pool_destroy, sizeof(HandleReq), false);

@@ -129,6 +129,10 @@
   X(cuGraphAddMemcpyNode, CUresult,                                                                \
     (CUgraphNode*, CUgraph, const CUgraphNode*, size_t, const CUDA_MEMCPY3D*, CUcontext))          \
   X(cuGraphAddEmptyNode, CUresult, (CUgraphNode*, CUgraph, const CUgraphNode*, size_t))            \
+  X(cuGraphAddChildGraphNode, CUresult,                                                            \
+    (CUgraphNode*, CUgraph, const CUgraphNode*, size_t, CUgraph))                                  \
+  X(cuGraphChildGraphNodeGetGraph, CUresult, (CUgraphNode, CUgraph*))                              \
+  X(cuGraphExecChildGraphNodeSetParams, CUresult, (CUgraphExec, CUgraphNode, CUgraph))             \
   X(cuGraphAddDependencies_v2, CUresult,                                                           \
     (CUgraph, const CUgraphNode*, const CUgraphNode*, const CUgraphEdgeData*, size_t))             \
   X(cuLaunchHostFunc, CUresult, (CUstream, CUhostFn, void*))                                       \

@@ -106,11 +106,13 @@ struct TexObj {
 };
 
 // A graph of the client's. Not owned while a capture still builds it (the driver frees it if the
-// capture fails).
+// capture fails), nor when it is the graph embedded in a child graph node (`embedded_in`: the id
+// of the graph that holds the node), which the driver frees with that graph.
 struct GraphObj {
   CUgraph graph = nullptr;
   std::uint64_t ctx = 0;
   bool owned = true;
+  std::uint64_t embedded_in = 0;
 };
 
 struct GraphExecObj {

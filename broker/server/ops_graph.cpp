@@ -88,7 +88,9 @@ OpResult malformed_node(Call& call) {
 std::size_t forget_graphs(Session& session) {
   std::size_t destroyed = 0;
   for (std::uint64_t id : session.objects.ids<GraphObj>()) {
-    destroyed += session.objects.get<GraphObj>(id)->owned ? 1 : 0;
+    const GraphObj* graph = session.objects.get<GraphObj>(id);
+    if (graph == nullptr) continue;  // embedded in a graph forgotten before it
+    destroyed += graph->owned ? 1 : 0;
     forget_graph(session, id);
   }
   return destroyed;
@@ -98,6 +100,11 @@ void forget_graph(Session& session, std::uint64_t graph_id) {
   for (std::uint64_t id : session.objects.ids_where<GraphNodeObj>(
            [&](const GraphNodeObj& n) { return n.graph == graph_id; })) {
     session.ids_by_driver_handle.erase(session.objects.take<GraphNodeObj>(id)->node);
+  }
+  // The graphs embedded in its child graph nodes go with it: the driver frees them.
+  for (std::uint64_t id : session.objects.ids_where<GraphObj>(
+           [&](const GraphObj& g) { return g.embedded_in == graph_id; })) {
+    forget_graph(session, id);
   }
   auto graph = session.objects.take<GraphObj>(graph_id);
   if (!graph) return;
@@ -599,6 +606,75 @@ OpResult op_graph_add_empty_node(Call& call) {
   CUgraphNode node = nullptr;
   CUresult r = call.cu.cuGraphAddEmptyNode(&node, graph->graph, deps.data(), deps.size());
   return node_reply(call, req.graph, r, node);
+}
+
+// ---- child graphs ----
+
+namespace {
+
+// A graph the client may name as a child: its own, and not one a capture still builds (the driver
+// frees that one if the capture fails). Graphs embedded in child nodes qualify.
+const GraphObj* child_graph(Session& session, proto::WireHandle id) {
+  const GraphObj* graph = session.objects.get<GraphObj>(id);
+  if (graph == nullptr || (!graph->owned && graph->embedded_in == 0)) return nullptr;
+  return graph;
+}
+
+}  // namespace
+
+// The driver clones the child into the node: the client may change or destroy it afterwards.
+OpResult op_graph_add_child_graph_node(Call& call) {
+  auto req = call.request<proto::GraphChildNodeReq>();
+  auto target = node_target(call, sizeof req, req.node, 0);
+  if (!target) return target.error();
+  const GraphObj* child = child_graph(call.session, req.child);
+  if (child == nullptr) return call.done(CUDA_ERROR_INVALID_VALUE);
+  const std::vector<CUgraphNode>& deps = target->deps;
+  CUgraphNode node = nullptr;
+  CUresult r = call.cu.cuGraphAddChildGraphNode(&node, target->graph->graph, deps.data(),
+                                                deps.size(), child->graph);
+  return node_reply(call, req.node.graph, r, node);
+}
+
+// The graph embedded in a child graph node, as a graph id the client may query and build on.
+// The node owns it: the id is never destroyed by the server (cuGraphDestroy of it is refused),
+// and it is forgotten with the graph that holds the node.
+OpResult op_graph_child_graph_node_get_graph(Call& call) {
+  auto req = call.request<proto::HandleReq>();
+  Session& session = call.session;
+  const GraphNodeObj* node = session.objects.get<GraphNodeObj>(req.handle);
+  if (node == nullptr) return call.done(CUDA_ERROR_INVALID_VALUE);
+  const std::uint64_t parent_id = node->graph;
+  const GraphObj* parent = session.objects.get<GraphObj>(parent_id);
+  if (parent == nullptr) return call.done(CUDA_ERROR_INVALID_VALUE);
+  const std::uint64_t ctx = parent->ctx;
+  CUgraph embedded = nullptr;
+  if (CUresult r = call.cu.cuGraphChildGraphNodeGetGraph(node->node, &embedded);
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  if (session.ids_by_driver_handle.contains(embedded)) {
+    return call.reply(proto::GraphRep{session.ids_by_driver_handle.at(embedded)});
+  }
+  if (!within_client_limit(session, ClientLimit::kGraphs))
+    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+  std::uint64_t id = remember(session, embedded, GraphObj{embedded, ctx, false, parent_id});
+  if (id == 0) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+  return call.reply(proto::GraphRep{id});
+}
+
+// XLA updates a nested command buffer so. The node must be a child graph node of the graph the
+// executable graph was made from, and the child the same topology; the driver checks both.
+OpResult op_graph_exec_child_graph_node_set_params(Call& call) {
+  auto req = call.request<proto::GraphExecChildNodeReq>();
+  Session& session = call.session;
+  const GraphExecObj* exec = session.objects.get<GraphExecObj>(req.exec);
+  if (exec == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  const GraphNodeObj* node = session.objects.get<GraphNodeObj>(req.node);
+  const GraphObj* child = child_graph(session, req.child);
+  if (node == nullptr || child == nullptr) return call.done(CUDA_ERROR_INVALID_VALUE);
+  return call.done(
+      call.cu.cuGraphExecChildGraphNodeSetParams(exec->exec, node->node, child->graph));
 }
 
 OpResult op_graph_add_dependencies(Call& call) {

@@ -333,6 +333,79 @@ int abandon() {
   std::_Exit(0);
 }
 
+// A kernel captured into one graph, nested as a child graph node of another (as XLA nests its
+// command buffers; JAX reaches cuGraphAddChildGraphNode through cuGetProcAddress): the child is
+// cloned, the embedded graph can be queried but not destroyed, the launch computes, and the
+// executable graph's child node takes another child.
+CUgraph captured_increment(CUstream stream, CUfunction increment, CUdeviceptr p) {
+  CUgraph graph = nullptr;
+  CHECK(cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_RELAXED));
+  int n = kElements;
+  void* args[] = {&p, &n};
+  CHECK(cuLaunchKernel(increment, (kElements + 255) / 256, 1, 1, 256, 1, 1, 0, stream, args,
+                       nullptr));
+  CHECK(cuStreamEndCapture(stream, &graph));
+  return graph;
+}
+
+int child() {
+  Setup s = setup();
+  CUfunction increment{};
+  CHECK(cuModuleGetFunction(&increment, s.module, "increment_i32"));
+  CUdeviceptr a{}, b{};
+  CHECK(cuMemAlloc(&a, kElements * sizeof(unsigned)));
+  CHECK(cuMemAlloc(&b, kElements * sizeof(unsigned)));
+  CHECK(cuMemsetD32(b, kSetB, kElements));
+  CHECK(cuCtxSynchronize());
+  CUgraph inner = captured_increment(s.stream, increment, a);
+  CUgraph outer = nullptr;
+  CHECK(cuGraphCreate(&outer, 0));
+  const CUgraphNode set_a = memset_node(outer, a, kSetA, s.ctx);
+
+  using AddChild = CUresult(CUDAAPI*)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t, CUgraph);
+  void* entry = nullptr;
+  CUdriverProcAddressQueryResult found{};
+  CHECK(cuGetProcAddress_v2("cuGraphAddChildGraphNode", &entry, 12030, CU_GET_PROC_ADDRESS_DEFAULT,
+                            &found));
+  if (entry == nullptr || found != CU_GET_PROC_ADDRESS_SUCCESS) {
+    return fail("cuGetProcAddress does not resolve cuGraphAddChildGraphNode");
+  }
+  CUgraphNode node = nullptr;
+  CHECK(reinterpret_cast<AddChild>(entry)(&node, outer, &set_a, 1, inner));
+  CHECK(cuGraphDestroy(inner));  // cloned into the node
+
+  CUgraph embedded = nullptr;
+  CHECK(cuGraphChildGraphNodeGetGraph(node, &embedded));
+  std::size_t count = 0;
+  CHECK(cuGraphGetNodes(embedded, nullptr, &count));
+  if (count != 1) return fail("the embedded graph does not hold the captured kernel");
+  std::size_t roots = 0;
+  CHECK(cuGraphGetRootNodes(embedded, nullptr, &roots));
+  if (roots != 1) return fail("the embedded graph's kernel is not its root");
+  EXPECT(cuGraphDestroy(embedded), CUDA_ERROR_INVALID_VALUE);  // the node's
+  EXPECT(cuGraphChildGraphNodeGetGraph(set_a, &embedded), CUDA_ERROR_INVALID_VALUE);
+
+  CUgraphExec exec = nullptr;
+  CHECK(cuGraphInstantiateWithFlags(&exec, outer, 0));
+  CHECK(cuGraphLaunch(exec, s.stream));
+  CHECK(cuStreamSynchronize(s.stream));
+  if (!all_equal(a, kSetA + 1)) return 1;
+
+  CUgraph other = captured_increment(s.stream, increment, b);
+  CHECK(cuGraphExecChildGraphNodeSetParams(exec, node, other));
+  CHECK(cuGraphLaunch(exec, s.stream));
+  CHECK(cuStreamSynchronize(s.stream));
+  if (!all_equal(a, kSetA) || !all_equal(b, kSetB + 1)) return 1;
+
+  CHECK(cuGraphExecDestroy(exec));
+  CHECK(cuGraphDestroy(outer));
+  // The embedded graph went with the graph that held its node.
+  EXPECT(cuGraphGetNodes(embedded, nullptr, &count), CUDA_ERROR_INVALID_HANDLE);
+  CHECK(cuGraphDestroy(other));
+  std::printf("PASS child\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -341,6 +414,8 @@ int main(int argc, char** argv) {
   if (mode == "errors") return errors();
   if (mode == "abandon") return abandon();
   if (mode == "update") return update();
-  std::printf("FAIL unknown mode '%s' (into_graph, update, errors, abandon)\n", mode.c_str());
+  if (mode == "child") return child();
+  std::printf("FAIL unknown mode '%s' (into_graph, update, errors, abandon, child)\n",
+              mode.c_str());
   return 2;
 }

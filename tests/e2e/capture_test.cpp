@@ -44,6 +44,13 @@ TEST_CASE("a kernel captured into a graph is pointed at other buffers in the exe
   require_pass(run_client(daemon, {client(), "update"}), daemon);
 }
 
+TEST_CASE(
+    "a captured kernel nested as a child graph node computes, and the node takes another child",
+    "[e2e][capture_to_graph][child_graph]") {
+  Daemon daemon;
+  require_pass(run_client(daemon, {client(), "child"}), daemon);
+}
+
 TEST_CASE("a client that exits while capturing into its graph leaves nothing behind",
           "[e2e][capture_to_graph]") {
   // The primary context is kept, so the driver's object count moves only with the clients.

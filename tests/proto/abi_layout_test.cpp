@@ -280,6 +280,11 @@ std::uint64_t layout_fingerprint() {
   FIELD(GraphExecKernelNodeReq, block);
   FIELD(GraphExecKernelNodeReq, shared_bytes);
   FIELD(GraphExecKernelNodeReq, args_bytes);
+  SIZE(GraphChildNodeReq);
+  FIELD(GraphChildNodeReq, child);
+  SIZE(GraphExecChildNodeReq);
+  FIELD(GraphExecChildNodeReq, node);
+  FIELD(GraphExecChildNodeReq, child);
   SIZE(HostCallbackControl);
   FIELD(HostCallbackControl, posted);
   FIELD(HostCallbackControl, cell_count);
@@ -362,6 +367,7 @@ constexpr Pinned kPinned[] = {
     {1, 6,
      0xa59cccc35b43d57f},  // static SM partitions: sm_partition in the hello and in ServerAdmit
     {1, 7, 0xb4bbd7546a9072ee},  // capture into a graph, edges, exec kernel node params (90..92)
+    {1, 8, 0x9798731fda2bcab7},  // child graph nodes (93..95)
 };
 
 }  // namespace

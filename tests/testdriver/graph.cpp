@@ -10,6 +10,33 @@
 namespace mpsshim::testdriver {
 namespace {
 
+// A graph by handle: one of the table's, or one embedded in a child graph node still alive.
+std::shared_ptr<Graph> find_graph(State& s, CUgraph handle) {
+  if (auto g = s.graphs.shared(handle)) return g;
+  auto it = s.embedded_graphs.find(handle);
+  if (it == s.embedded_graphs.end()) return nullptr;
+  auto g = it->second.lock();
+  if (!g) s.embedded_graphs.erase(it);
+  return g;
+}
+
+// A deep copy of `g` (what cuGraphAddChildGraphNode embeds): new nodes with the same work and
+// edges, embedded graphs copied too and registered.
+std::shared_ptr<Graph> clone_graph(State& s, const Graph& g) {
+  auto copy = std::make_shared<Graph>();
+  copy->device = g.device;
+  std::map<CUgraphNode, CUgraphNode> renamed;
+  for (const auto& node : g.nodes) {
+    auto n = std::make_unique<GraphNode>(*node);
+    if (node->child) n->child = clone_graph(s, *node->child);
+    for (CUgraphNode& d : n->deps) d = renamed.at(d);
+    renamed[handle_of(node.get())] = handle_of(n.get());
+    copy->nodes.push_back(std::move(n));
+  }
+  s.embedded_graphs[copy->handle()] = copy;
+  return copy;
+}
+
 // Node index by handle, in creation order.
 std::map<CUgraphNode, std::size_t> index_of(const Graph& g) {
   std::map<CUgraphNode, std::size_t> index;
@@ -53,6 +80,11 @@ std::shared_ptr<const std::vector<Work>> replay_order(
     ++visited;
     if (positions != nullptr) (*positions)[i] = order->size();
     if (g.nodes[i]->work) order->push_back(g.nodes[i]->work);
+    if (const auto& child = g.nodes[i]->child) {  // its embedded graph's work, in its place
+      auto inner = replay_order(*child, shape_of(*child));
+      if (!inner) return nullptr;
+      order->insert(order->end(), inner->begin(), inner->end());
+    }
     for (std::size_t d : dependents[i])
       if (--waiting[d] == 0) ready.push_back(d);
   }
@@ -73,7 +105,7 @@ CUresult check_deps(const Graph& g, const CUgraphNode* deps, std::size_t count) 
 
 CUresult add_node(State& s, CUgraphNode* out, CUgraph hgraph, const CUgraphNode* deps,
                   std::size_t count, CUgraphNodeType type, std::function<void()> work) {
-  Graph* g = s.graphs.get(hgraph);
+  Graph* g = find_graph(s, hgraph).get();
   if (g == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult r = check_deps(*g, deps, count); r != CUDA_SUCCESS) return r;
@@ -112,8 +144,14 @@ bool order_exec(const Graph& g, GraphExec& exec) {
   if (!order) return false;
   exec.order = std::move(order);
   for (auto& [handle, kernel] : exec.kernels) kernel.position = positions[kernel.node];
+  for (auto& [handle, child] : exec.children) child.position = positions[child.node];
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
     const GraphNode& node = *g.nodes[i];
+    if (node.child) {
+      const GraphShape inner = shape_of(*node.child);
+      exec.children[handle_of(g.nodes[i].get())] =
+          ExecChild{i, positions[i], replay_order(*node.child, inner)->size(), inner};
+    }
     if (node.type != CU_GRAPH_NODE_TYPE_KERNEL || !node.work) continue;
     exec.kernels[handle_of(g.nodes[i].get())] = ExecKernel{i, positions[i], node.context};
   }
@@ -267,7 +305,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph(
     const CUgraphEdgeData* dependency_data, size_t count, CUstreamCaptureMode mode) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
-    std::shared_ptr<Graph> graph = s.graphs.shared(hgraph);
+    std::shared_ptr<Graph> graph = find_graph(s, hgraph);
     if (!graph) return CUDA_ERROR_INVALID_VALUE;
     if (CUresult r = check_deps(*graph, dependencies, count); r != CUDA_SUCCESS) return r;
     if (dependency_data != nullptr) {
@@ -306,7 +344,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamEndCapture(CUstream hstream, 
       return CUDA_SUCCESS;
     }
     // The caller's graph, unless it was destroyed while the capture filled it.
-    if (s.graphs.get(capture->graph->handle()) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    if (!find_graph(s, capture->graph->handle())) return CUDA_ERROR_INVALID_HANDLE;
     *phGraph = capture->graph->handle();
     return CUDA_SUCCESS;
   });
@@ -372,6 +410,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphCreate(CUgraph* phGraph, unsig
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphDestroy(CUgraph hgraph) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
+    // A graph embedded in a child graph node is the node's (find_graph knows it; this does not).
     if (s.graphs.get(hgraph) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     s.graphs.erase(hgraph);  // executable graphs made from it keep their own copy
     return CUDA_SUCCESS;
@@ -382,7 +421,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphGetNodes(CUgraph hgraph, CUgra
                                                            size_t* count) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
-    Graph* g = s.graphs.get(hgraph);
+    Graph* g = find_graph(s, hgraph).get();
     if (g == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (nodes == nullptr) {
@@ -406,7 +445,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphGetEdges_v2(CUgraph hgraph, CU
                                                               size_t* count) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
-    Graph* g = s.graphs.get(hgraph);
+    Graph* g = find_graph(s, hgraph).get();
     if (g == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     if (count == nullptr || (from == nullptr) != (to == nullptr) ||
         (edge_data != nullptr && from == nullptr))
@@ -447,7 +486,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphEx
                                                                        unsigned long long flags) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
-    Graph* g = s.graphs.get(hgraph);
+    Graph* g = find_graph(s, hgraph).get();
     if (g == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     if (phExec == nullptr) return CUDA_ERROR_INVALID_VALUE;
     constexpr unsigned long long kKnown = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |
@@ -504,7 +543,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphExecUpdate_v2(CUgraphExec hexe
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     GraphExec* exec = s.graph_execs.get(hexec);
-    Graph* g = s.graphs.get(hgraph);
+    Graph* g = find_graph(s, hgraph).get();
     if (exec == nullptr || g == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     if (info == nullptr) return CUDA_ERROR_INVALID_VALUE;
     *info = CUgraphExecUpdateResultInfo{};
@@ -530,7 +569,7 @@ cuGraphAddKernelNode_v2(CUgraphNode* out, CUgraph hgraph, const CUgraphNode* dep
                         const CUDA_KERNEL_NODE_PARAMS* p) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
-    Graph* g = s.graphs.get(hgraph);
+    Graph* g = find_graph(s, hgraph).get();
     if (g == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
     // As the real driver (H100, driver 580, tools/probes/graph_node_args.cpp): a kernel node
@@ -699,7 +738,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphAddDependencies_v2(CUgraph hgr
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     (void)edges;
-    Graph* g = s.graphs.get(hgraph);
+    Graph* g = find_graph(s, hgraph).get();
     if (g == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     if (count != 0 && (from == nullptr || to == nullptr)) return CUDA_ERROR_INVALID_VALUE;
     if (CUresult r = check_deps(*g, from, count); r != CUDA_SUCCESS) return r;
@@ -711,6 +750,88 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphAddDependencies_v2(CUgraph hgr
         return CUDA_ERROR_INVALID_VALUE;  // the edge exists already
     }
     for (std::size_t i = 0; i < count; ++i) node_of(to[i])->deps.push_back(from[i]);
+    return CUDA_SUCCESS;
+  });
+}
+
+// ---- child graphs ----
+
+namespace {
+
+// `handle` is a node of a live graph (the table's or an embedded one), so node_of may read it.
+bool node_alive(State& s, CUgraphNode handle) {
+  auto holds = [&](const Graph& g) {
+    return std::any_of(g.nodes.begin(), g.nodes.end(),
+                       [&](const auto& n) { return handle_of(n.get()) == handle; });
+  };
+  for (const auto& [h, g] : s.graphs)
+    if (holds(*g)) return true;
+  for (const auto& [h, weak] : s.embedded_graphs) {
+    if (auto g = weak.lock(); g && holds(*g)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+// As the driver: the child is cloned into the node, so it may be changed or destroyed afterwards
+// without touching the node. A graph may not be its own child.
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphAddChildGraphNode(CUgraphNode* out,
+                                                                    CUgraph hgraph,
+                                                                    const CUgraphNode* deps,
+                                                                    size_t count, CUgraph child) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    std::shared_ptr<Graph> g = find_graph(s, hgraph);
+    std::shared_ptr<Graph> c = find_graph(s, child);
+    if (!g) return CUDA_ERROR_INVALID_HANDLE;
+    if (!c || c == g || c->device != g->device) return CUDA_ERROR_INVALID_VALUE;
+    std::shared_ptr<Graph> embedded = clone_graph(s, *c);
+    CUresult r = add_node(s, out, hgraph, deps, count, CU_GRAPH_NODE_TYPE_GRAPH, nullptr);
+    if (r != CUDA_SUCCESS) {
+      s.embedded_graphs.erase(embedded->handle());
+      return r;
+    }
+    node_of(*out)->child = std::move(embedded);
+    return CUDA_SUCCESS;
+  });
+}
+
+// The embedded graph itself, not a copy: changes to it show in the node (cuda.h).
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphChildGraphNodeGetGraph(CUgraphNode hnode,
+                                                                         CUgraph* out) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    if (out == nullptr || !node_alive(s, hnode)) return CUDA_ERROR_INVALID_VALUE;
+    const GraphNode* node = node_of(hnode);
+    if (node->type != CU_GRAPH_NODE_TYPE_GRAPH || !node->child) return CUDA_ERROR_INVALID_VALUE;
+    *out = node->child->handle();
+    return CUDA_SUCCESS;
+  });
+}
+
+// A child graph node of an executable graph replays `child`'s work from now on; launches already
+// queued keep what they were launched with. `child` must have the embedded graph's topology.
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphExecChildGraphNodeSetParams(CUgraphExec hexec,
+                                                                              CUgraphNode hnode,
+                                                                              CUgraph child) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    GraphExec* exec = s.graph_execs.get(hexec);
+    if (exec == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    auto slot = exec->children.find(hnode);
+    std::shared_ptr<Graph> c = find_graph(s, child);
+    if (slot == exec->children.end() || !c) return CUDA_ERROR_INVALID_VALUE;
+    const GraphShape shape = shape_of(*c);
+    if (shape != slot->second.shape) return CUDA_ERROR_INVALID_VALUE;
+    auto inner = replay_order(*c, shape);
+    if (!inner || inner->size() != slot->second.count) return CUDA_ERROR_INVALID_VALUE;
+    // Copy on write: a queued launch holds the order it was given.
+    auto order = std::make_shared<std::vector<Work>>(*exec->order);
+    std::copy(inner->begin(), inner->end(),
+              order->begin() + static_cast<std::ptrdiff_t>(slot->second.position));
+    exec->order = std::move(order);
+    ++s.graph_node_updates;
     return CUDA_SUCCESS;
   });
 }

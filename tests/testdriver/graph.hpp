@@ -18,11 +18,16 @@ struct Stream;
 
 using Work = std::shared_ptr<const std::function<void()>>;
 
+struct Graph;
+
 struct GraphNode {
   CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
   Work work;                      // null for an empty node
   std::vector<CUgraphNode> deps;  // nodes of the same graph
   CUcontext context = nullptr;    // a kernel node: the context whose SMs it runs on
+  // A child graph node: the graph embedded in it (a clone of the one it was made from), which
+  // replays in its place. The node owns it; State::embedded_graphs makes its handle work.
+  std::shared_ptr<Graph> child;
 };
 
 struct Graph {
@@ -48,9 +53,20 @@ struct ExecKernel {
   CUcontext context = nullptr;
 };
 
+// A child graph node of an executable graph, for cuGraphExecChildGraphNodeSetParams: its index in
+// the graph, where its embedded graph's work sits in the replay order (count items from
+// position), and the embedded graph's shape, which new parameters must keep.
+struct ExecChild {
+  std::size_t node = 0;
+  std::size_t position = 0;
+  std::size_t count = 0;
+  GraphShape shape;
+};
+
 struct GraphExec {
   int device = 0;
   GraphShape shape;
+  std::map<CUgraphNode, ExecChild> children;  // by the node's handle in the graph it came from
   // A launch keeps the order it was given: an update replaces the vector when a launch still
   // holds it, so queued launches run with the parameters they were launched with.
   std::shared_ptr<const std::vector<Work>> order;

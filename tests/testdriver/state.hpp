@@ -222,6 +222,9 @@ class State {
   std::map<unsigned long long, TexObject> tex_objects;  // by value; values count up from 1
   unsigned long long next_tex_object = 1;
   HandleTable<CUgraph, Graph> graphs;
+  // Graphs embedded in child graph nodes, by handle: the nodes own them (cuGraphDestroy refuses
+  // them); an entry expires with its node's graph.
+  std::unordered_map<CUgraph, std::weak_ptr<Graph>> embedded_graphs;
   HandleTable<CUgraphExec, GraphExec> graph_execs;
   std::uint64_t graph_instantiations = 0;  // test hooks (graph.cpp)
   std::uint64_t graph_node_updates = 0;
