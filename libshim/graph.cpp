@@ -1038,6 +1038,20 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddChildGraphNode(CUgraphNode* out, CUgra
 
 // The embedded graph, as a graph object the client may query and build on; the node owns it
 // (cuGraphDestroy of it is refused) and it dies with the node's graph.
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphNodeGetType(CUgraphNode hnode, CUgraphNodeType* type) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  GraphNodeObject* node = node_of(hnode);
+  if (node == nullptr || type == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  proto::GraphNodeTypeRep reply{};
+  if (CUresult rc = node->graph->ctx->session->call(proto::Op::kGraphNodeGetType,
+                                                    proto::HandleReq{node->wire}, &reply);
+      rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  *type = static_cast<CUgraphNodeType>(reply.type);
+  return CUDA_SUCCESS;
+}
+
 MPSSHIM_EXPORT CUresult CUDAAPI cuGraphChildGraphNodeGetGraph(CUgraphNode hnode, CUgraph* out) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   GraphNodeObject* node = node_of(hnode);

@@ -31,7 +31,7 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // executable graph (ops 90..92: BeginCaptureToGraphReq, GraphGetEdgesReq/Rep, WireEdge,
 // GraphExecKernelNodeReq).
 // Minor 8: child graph nodes (ops 93..95: GraphChildNodeReq, GraphExecChildNodeReq).
-inline constexpr std::uint16_t kAbiMinor = 8;
+inline constexpr std::uint16_t kAbiMinor = 9;
 
 // FROZEN FOREVER. Every message on every mpsshim socket starts with this header, so that any two
 // versions of mpsshim can at least tell each other which versions they are. Never change it.

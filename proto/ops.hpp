@@ -129,6 +129,8 @@ enum class Op : std::uint16_t {
   kGraphAddChildGraphNode = 93,
   kGraphChildGraphNodeGetGraph = 94,  // HandleReq (the node) -> GraphRep (the embedded graph)
   kGraphExecChildGraphNodeSetParams = 95,
+  // A node's type (cuGraphNodeGetType): XLA asks it of a captured graph's dependencies.
+  kGraphNodeGetType = 96,  // HandleReq (the node) -> GraphNodeTypeRep
   kCount
 };
 
@@ -402,6 +404,10 @@ struct GraphCreateReq {
 struct GraphRep {
   WireHandle handle;  // a graph, an executable graph or a node
 };
+struct GraphNodeTypeRep {
+  std::uint32_t type;  // CUgraphNodeType
+  std::uint32_t reserved;
+};
 struct GraphInstantiateReq {
   WireHandle graph;
   WireHandle upload_stream;  // 0: none (CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD not set)
@@ -602,6 +608,7 @@ MPSSHIM_WIRE_CHECK(EndCaptureRep)
 MPSSHIM_WIRE_CHECK(CaptureInfoRep)
 MPSSHIM_WIRE_CHECK(GraphCreateReq)
 MPSSHIM_WIRE_CHECK(GraphRep)
+MPSSHIM_WIRE_CHECK(GraphNodeTypeRep)
 MPSSHIM_WIRE_CHECK(GraphInstantiateReq)
 MPSSHIM_WIRE_CHECK(GraphInstantiateRep)
 MPSSHIM_WIRE_CHECK(GraphLaunchReq)

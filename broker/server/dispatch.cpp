@@ -137,6 +137,7 @@ std::array<OpSpec, kOpCount> make_specs() {
       op_graph_child_graph_node_get_graph, sizeof(HandleReq), true);
   set(Op::kGraphExecChildGraphNodeSetParams, "GraphExecChildGraphNodeSetParams",
       op_graph_exec_child_graph_node_set_params, sizeof(GraphExecChildNodeReq), true);
+  set(Op::kGraphNodeGetType, "GraphNodeGetType", op_graph_node_get_type, sizeof(HandleReq), true);
   set(Op::kHostFunc, "HostFunc", op_host_func, sizeof(HostFuncReq), false);
   set(Op::kMemPoolCreate, "MemPoolCreate", op_mem_pool_create, sizeof(MemPoolCreateReq), true);
   set(Op::kMemPoolDestroy, "MemPoolDestroy", op_mem_pool_destroy, sizeof(HandleReq), false);

@@ -132,6 +132,7 @@
   X(cuGraphAddChildGraphNode, CUresult,                                                            \
     (CUgraphNode*, CUgraph, const CUgraphNode*, size_t, CUgraph))                                  \
   X(cuGraphChildGraphNodeGetGraph, CUresult, (CUgraphNode, CUgraph*))                              \
+  X(cuGraphNodeGetType, CUresult, (CUgraphNode, CUgraphNodeType*))                                 \
   X(cuGraphExecChildGraphNodeSetParams, CUresult, (CUgraphExec, CUgraphNode, CUgraph))             \
   X(cuGraphAddDependencies_v2, CUresult,                                                           \
     (CUgraph, const CUgraphNode*, const CUgraphNode*, const CUgraphEdgeData*, size_t))             \

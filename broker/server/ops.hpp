@@ -92,6 +92,7 @@ OpResult op_graph_add_kernel_node(Call& call);
 OpResult op_graph_exec_kernel_node_set_params(Call& call);
 OpResult op_graph_add_child_graph_node(Call& call);
 OpResult op_graph_child_graph_node_get_graph(Call& call);
+OpResult op_graph_node_get_type(Call& call);
 OpResult op_graph_exec_child_graph_node_set_params(Call& call);
 OpResult op_graph_add_memset_node(Call& call);
 OpResult op_graph_add_copy_node(Call& call);

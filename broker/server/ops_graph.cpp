@@ -663,6 +663,17 @@ OpResult op_graph_child_graph_node_get_graph(Call& call) {
   return call.reply(proto::GraphRep{id});
 }
 
+OpResult op_graph_node_get_type(Call& call) {
+  auto req = call.request<proto::HandleReq>();
+  const GraphNodeObj* node = call.session.objects.get<GraphNodeObj>(req.handle);
+  if (node == nullptr) return call.done(CUDA_ERROR_INVALID_VALUE);
+  CUgraphNodeType type{};
+  if (CUresult r = call.cu.cuGraphNodeGetType(node->node, &type); r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  return call.reply(proto::GraphNodeTypeRep{static_cast<std::uint32_t>(type), 0});
+}
+
 // XLA updates a nested command buffer so. The node must be a child graph node of the graph the
 // executable graph was made from, and the child the same topology; the driver checks both.
 OpResult op_graph_exec_child_graph_node_set_params(Call& call) {

@@ -128,6 +128,14 @@ int into_graph() {
   for (const CUgraphEdgeData& e : data) {
     if (std::memcmp(&e, &none, sizeof e) != 0) return fail("an edge is not a default one");
   }
+  // Node types come from the driver: two memsets, the captured kernel, the captured memset.
+  const CUgraphNodeType want[] = {CU_GRAPH_NODE_TYPE_MEMSET, CU_GRAPH_NODE_TYPE_MEMSET,
+                                  CU_GRAPH_NODE_TYPE_KERNEL, CU_GRAPH_NODE_TYPE_MEMSET};
+  for (std::size_t i = 0; i < 4; ++i) {
+    CUgraphNodeType type{};
+    CHECK(cuGraphNodeGetType(nodes[i], &type));
+    if (type != want[i]) return fail("a node's type is not what was added or captured");
+  }
   // The topology queries the shim answers from nodes and edges (XLA walks graphs with them).
   std::size_t root_count = 0;
   CHECK(cuGraphGetRootNodes(graph, nullptr, &root_count));

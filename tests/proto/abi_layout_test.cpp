@@ -344,6 +344,7 @@ std::uint64_t layout_fingerprint() {
   FIELD(VmmGetAccessReq, location_type);
   SIZE(VmmGetAccessRep);
   SIZE(VmmRetainReq);
+  SIZE(GraphNodeTypeRep);
   f.add(kMaxVmmAccessDescs);
   f.add(static_cast<std::uint64_t>(Op::kCount));
   f.add(static_cast<std::uint64_t>(MessageKind::kServerTerminateClient));
@@ -368,6 +369,7 @@ constexpr Pinned kPinned[] = {
      0xa59cccc35b43d57f},  // static SM partitions: sm_partition in the hello and in ServerAdmit
     {1, 7, 0xb4bbd7546a9072ee},  // capture into a graph, edges, exec kernel node params (90..92)
     {1, 8, 0x9798731fda2bcab7},  // child graph nodes (93..95)
+    {1, 9, 0x3ba939ee2016bf96},  // a graph node's type (96)
 };
 
 }  // namespace

@@ -798,6 +798,16 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphAddChildGraphNode(CUgraphNode*
 }
 
 // The embedded graph itself, not a copy: changes to it show in the node (cuda.h).
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphNodeGetType(CUgraphNode hnode,
+                                                              CUgraphNodeType* type) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    if (type == nullptr || !node_alive(s, hnode)) return CUDA_ERROR_INVALID_VALUE;
+    *type = node_of(hnode)->type;
+    return CUDA_SUCCESS;
+  });
+}
+
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphChildGraphNodeGetGraph(CUgraphNode hnode,
                                                                          CUgraph* out) {
   return entry([&](State& s) {
