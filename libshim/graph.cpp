@@ -600,6 +600,58 @@ CUresult node_neighbours(CUgraphNode hnode, bool dependents, CUgraphNode* out,
   return answer_nodes(found, found_data, out, data, count);
 }
 
+// cuGraphAddNode(_v2), the generic form: each node type the shim supports goes to its own add
+// call (XLA adds kernel nodes this way). Other types, edge data other than the default, and a
+// child graph moved rather than cloned are refused with a log line.
+CUresult add_generic_node(CUgraphNode* out, CUgraph graph, const CUgraphNode* deps,
+                          const CUgraphEdgeData* edges, std::size_t count, CUgraphNodeParams* p) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!default_edges(edges, count)) {
+    log_once("cuGraphAddNode.edges", Level::warn,
+             "cuGraphAddNode: edge data other than the default is not supported by mpsshim");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  switch (p->type) {
+    case CU_GRAPH_NODE_TYPE_KERNEL: {
+      const CUDA_KERNEL_NODE_PARAMS_v3& k = p->kernel;
+      const unsigned grid[3] = {k.gridDimX, k.gridDimY, k.gridDimZ};
+      const unsigned block[3] = {k.blockDimX, k.blockDimY, k.blockDimZ};
+      return add_kernel_node(out, graph, deps, count, k.func, k.kern, grid, block, k.sharedMemBytes,
+                             k.kernelParams, k.extra);
+    }
+    case CU_GRAPH_NODE_TYPE_MEMSET: {
+      const CUDA_MEMSET_NODE_PARAMS_v2& m = p->memset;
+      CUDA_MEMSET_NODE_PARAMS v1{};
+      v1.dst = m.dst;
+      v1.pitch = m.pitch;
+      v1.value = m.value;
+      v1.elementSize = m.elementSize;
+      v1.width = m.width;
+      v1.height = m.height;
+      return cuGraphAddMemsetNode(out, graph, deps, count, &v1, m.ctx);
+    }
+    case CU_GRAPH_NODE_TYPE_MEMCPY:
+      if (p->memcpy.flags != 0) return CUDA_ERROR_INVALID_VALUE;
+      return cuGraphAddMemcpyNode(out, graph, deps, count, &p->memcpy.copyParams,
+                                  p->memcpy.copyCtx);
+    case CU_GRAPH_NODE_TYPE_EMPTY:
+      return cuGraphAddEmptyNode(out, graph, deps, count);
+    case CU_GRAPH_NODE_TYPE_GRAPH:
+      if (p->graph.ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE) {
+        log_once("cuGraphAddNode.move", Level::warn,
+                 "cuGraphAddNode: a child graph moved into its node (CU_GRAPH_CHILD_GRAPH_"
+                 "OWNERSHIP_MOVE) is not supported by mpsshim; clone it");
+        return CUDA_ERROR_NOT_SUPPORTED;
+      }
+      return cuGraphAddChildGraphNode(out, graph, deps, count, p->graph.graph);
+    default:
+      log(Level::warn, "cuGraphAddNode: node type {} is not supported by mpsshim",
+          static_cast<int>(p->type));
+      return CUDA_ERROR_NOT_SUPPORTED;
+  }
+}
+
 constexpr auto kLegacy = DefaultStream::kLegacy;
 constexpr auto kPerThread = DefaultStream::kPerThread;
 
@@ -1038,6 +1090,19 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddChildGraphNode(CUgraphNode* out, CUgra
 
 // The embedded graph, as a graph object the client may query and build on; the node owns it
 // (cuGraphDestroy of it is refused) and it dies with the node's graph.
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddNode_v2(CUgraphNode* out, CUgraph graph,
+                                                  const CUgraphNode* deps,
+                                                  const CUgraphEdgeData* edges, size_t count,
+                                                  CUgraphNodeParams* p) {
+  return add_generic_node(out, graph, deps, edges, count, p);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddNode(CUgraphNode* out, CUgraph graph,
+                                               const CUgraphNode* deps, size_t count,
+                                               CUgraphNodeParams* p) {
+  return add_generic_node(out, graph, deps, nullptr, count, p);
+}
+
 MPSSHIM_EXPORT CUresult CUDAAPI cuGraphNodeGetType(CUgraphNode hnode, CUgraphNodeType* type) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   GraphNodeObject* node = node_of(hnode);

@@ -185,6 +185,48 @@ int into_graph() {
   CHECK(cuStreamSynchronize(s.stream));
   if (!all_equal(b, kFillC)) return 1;
 
+  // The generic cuGraphAddNode (XLA adds kernel nodes so): a memset, then the kernel after it.
+  CUgraph generic = nullptr;
+  CHECK(cuGraphCreate(&generic, 0));
+  CUgraphNodeParams set{};
+  set.type = CU_GRAPH_NODE_TYPE_MEMSET;
+  set.memset.dst = c;
+  set.memset.value = kSetB;
+  set.memset.elementSize = sizeof(unsigned);
+  set.memset.width = kElements;
+  set.memset.height = 1;
+  set.memset.ctx = s.ctx;
+  CUgraphNode set_c = nullptr;
+  CHECK(cuGraphAddNode_v2(&set_c, generic, nullptr, nullptr, 0, &set));
+  CUgraphNodeParams kernel{};
+  kernel.type = CU_GRAPH_NODE_TYPE_KERNEL;
+  kernel.kernel.func = increment;
+  kernel.kernel.gridDimX = (kElements + 255) / 256;
+  kernel.kernel.gridDimY = kernel.kernel.gridDimZ = 1;
+  kernel.kernel.blockDimX = 256;
+  kernel.kernel.blockDimY = kernel.kernel.blockDimZ = 1;
+  void* c_args[] = {&c, &n};
+  kernel.kernel.kernelParams = c_args;
+  CUgraphNode bump = nullptr;
+  CHECK(cuGraphAddNode_v2(&bump, generic, &set_c, nullptr, 1, &kernel));
+  CUgraphNodeType bump_type{};
+  CHECK(cuGraphNodeGetType(bump, &bump_type));
+  if (bump_type != CU_GRAPH_NODE_TYPE_KERNEL) return fail("cuGraphAddNode made no kernel node");
+  CUgraphNodeParams unsupported{};
+  unsupported.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+  CUgraphNode refused = nullptr;
+  if (cuGraphAddNode_v2(&refused, generic, nullptr, nullptr, 0, &unsupported) !=
+      CUDA_ERROR_NOT_SUPPORTED) {
+    return fail("a conditional node through cuGraphAddNode was not refused as unsupported");
+  }
+  CUgraphExec generic_exec = nullptr;
+  CHECK(cuGraphInstantiateWithFlags(&generic_exec, generic, 0));
+  CHECK(cuGraphLaunch(generic_exec, s.stream));
+  CHECK(cuStreamSynchronize(s.stream));
+  if (!all_equal(c, kSetB + 1)) return fail("the generic graph computed something else");
+  CHECK(cuGraphExecDestroy(generic_exec));
+  CHECK(cuGraphDestroy(generic));
+
   CHECK(cuGraphExecDestroy(empty_exec));
   CHECK(cuGraphExecDestroy(exec));
   CHECK(cuGraphDestroy(empty));
