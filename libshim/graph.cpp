@@ -601,16 +601,19 @@ CUresult node_neighbours(CUgraphNode hnode, bool dependents, CUgraphNode* out,
 }
 
 // cuGraphAddNode(_v2), the generic form: each node type the shim supports goes to its own add
-// call (XLA adds kernel nodes this way). Other types, edge data other than the default, and a
-// child graph moved rather than cloned are refused with a log line.
+// call (XLA adds kernel nodes this way, with programmatic edges). Other types and a child graph
+// moved rather than cloned are refused with a log line.
 CUresult add_generic_node(CUgraphNode* out, CUgraph graph, const CUgraphNode* deps,
                           const CUgraphEdgeData* edges, std::size_t count, CUgraphNodeParams* p) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!default_edges(edges, count)) {
-    log_once("cuGraphAddNode.edges", Level::warn,
-             "cuGraphAddNode: edge data other than the default is not supported by mpsshim");
-    return CUDA_ERROR_NOT_SUPPORTED;
+    // Programmatic and launch-order edges let the dependent node start before its dependency
+    // ends; a full dependency is stricter and gives the same results (the dependent's
+    // cudaGridDependencySynchronize then returns at once), only without the overlap.
+    log_once("cuGraphAddNode.edges", Level::info,
+             "cuGraphAddNode: edge data other than the default (programmatic or launch-order "
+             "dependencies) is added as full dependencies by mpsshim: same results, no overlap");
   }
   switch (p->type) {
     case CU_GRAPH_NODE_TYPE_KERNEL: {

@@ -209,6 +209,13 @@ int into_graph() {
   kernel.kernel.kernelParams = c_args;
   CUgraphNode bump = nullptr;
   CHECK(cuGraphAddNode_v2(&bump, generic, &set_c, nullptr, 1, &kernel));
+  // A programmatic edge (XLA's) is kept as a full dependency: the second increment runs after
+  // the first.
+  CUgraphEdgeData programmatic{};
+  programmatic.type = CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
+  programmatic.from_port = CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC;
+  CUgraphNode bump_again = nullptr;
+  CHECK(cuGraphAddNode_v2(&bump_again, generic, &bump, &programmatic, 1, &kernel));
   CUgraphNodeType bump_type{};
   CHECK(cuGraphNodeGetType(bump, &bump_type));
   if (bump_type != CU_GRAPH_NODE_TYPE_KERNEL) return fail("cuGraphAddNode made no kernel node");
@@ -223,7 +230,7 @@ int into_graph() {
   CHECK(cuGraphInstantiateWithFlags(&generic_exec, generic, 0));
   CHECK(cuGraphLaunch(generic_exec, s.stream));
   CHECK(cuStreamSynchronize(s.stream));
-  if (!all_equal(c, kSetB + 1)) return fail("the generic graph computed something else");
+  if (!all_equal(c, kSetB + 2)) return fail("the generic graph computed something else");
   CHECK(cuGraphExecDestroy(generic_exec));
   CHECK(cuGraphDestroy(generic));
 
