@@ -37,10 +37,13 @@ CtlReply error_reply(std::string text) {
   return CtlReply{1, std::move(text)};
 }
 
-// A `--json` answer with figures: the object, with "ok" added.
+// A `--json` answer with figures: the object, with "ok" added. Text from outside (an operator's
+// command line, a client's program name) may not be UTF-8: its bad bytes become U+FFFD rather
+// than throwing out of the daemon's loop (found by tests/fuzz/fuzz_limits).
 CtlReply json_reply(int status, nlohmann::json object) {
   object["ok"] = status == 0;
-  return CtlReply{status, object.dump(2), true};
+  return CtlReply{status, object.dump(2, ' ', false, nlohmann::json::error_handler_t::replace),
+                  true};
 }
 
 // Runs `done` with every GPU's answer once the last one has arrived or failed.
@@ -167,7 +170,8 @@ void Commands::execute(std::string_view line, ReplyHandler reply) {
       if (!answer.json) {
         std::string message = answer.text;
         while (!message.empty() && message.back() == '\n') message.pop_back();
-        answer.text = nlohmann::json{{"ok", answer.status == 0}, {"message", message}}.dump(2);
+        answer.text = nlohmann::json{{"ok", answer.status == 0}, {"message", message}}.dump(
+            2, ' ', false, nlohmann::json::error_handler_t::replace);
       }
       answer.text += '\n';
       reply(std::move(answer));

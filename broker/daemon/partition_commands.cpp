@@ -23,7 +23,8 @@ std::optional<unsigned long> parse_count(const std::string& text) {
 
 CtlReply json_reply(int status, nlohmann::json object) {
   object["ok"] = status == 0;
-  return CtlReply{status, object.dump(2), true};
+  return CtlReply{status, object.dump(2, ' ', false, nlohmann::json::error_handler_t::replace),
+                  true};
 }
 
 nlohmann::json partition_json(const SmPartition& p, const std::vector<long>& pids) {

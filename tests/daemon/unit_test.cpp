@@ -2,12 +2,17 @@
 // options passed on to the servers.
 #include <catch2/catch.hpp>
 
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <vector>
 
+#include "broker/daemon/allocations.hpp"
+#include "broker/daemon/commands.hpp"
+#include "broker/daemon/event_loop.hpp"
 #include "broker/daemon/metrics.hpp"
 #include "broker/daemon/options.hpp"
 #include "broker/daemon/sizes.hpp"
+#include "broker/daemon/supervisor.hpp"
 #include "broker/daemon/visible_devices.hpp"
 
 using namespace mpsshim::daemon;
@@ -306,3 +311,29 @@ TEST_CASE("--client-limit checks the name and passes sizes on in bytes", "[optio
   CHECK_FALSE(parse({"--client-limit", "streams=4K"}));  // a count, not a size
   CHECK_FALSE(parse({"--client-limit", "pinned=lots"}));
 }
+
+namespace mpsshim::daemon {
+namespace {
+
+// Found by tests/fuzz/fuzz_limits: a command line that is not UTF-8, answered with --json, threw
+// out of nlohmann's dump and took the daemon down.
+TEST_CASE("a --json answer to a command that is not UTF-8 is given, not thrown", "[commands]") {
+  EventLoop loop;
+  SupervisorConfig config;
+  config.server_path = "/nonexistent/mpsshim-server";
+  Supervisor supervisor(loop, config, {});
+  AllocationRegistry allocations;
+  Commands commands(supervisor, allocations, [] {});
+  std::vector<CtlReply> replies;
+  commands.execute("1\xb9gpu+_states\xd3 --json", [&](CtlReply r) { replies.push_back(r); });
+  REQUIRE(replies.size() == 1);
+  CHECK(replies[0].status != 0);
+  // Valid JSON: the bad byte is replaced.
+  auto parsed = nlohmann::json::parse(replies[0].text, nullptr, false);
+  REQUIRE_FALSE(parsed.is_discarded());
+  CHECK(parsed["ok"] == false);
+  CHECK(replies[0].text.find("\xef\xbf\xbd") != std::string::npos);  // U+FFFD in place of 0xB9
+}
+
+}  // namespace
+}  // namespace mpsshim::daemon

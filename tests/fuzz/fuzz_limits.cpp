@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 
+#include "broker/daemon/allocations.hpp"
 #include "broker/daemon/commands.hpp"
 #include "broker/daemon/event_loop.hpp"
 #include "broker/daemon/log.hpp"
@@ -54,7 +55,8 @@ void command(std::string_view text) {
   config.server_path = "/nonexistent/mpsshim-server";
   daemon::Supervisor supervisor(loop, config, {});
   int shutdowns = 0;
-  daemon::Commands commands(supervisor, [&] { ++shutdowns; });
+  daemon::AllocationRegistry allocations;
+  daemon::Commands commands(supervisor, allocations, [&] { ++shutdowns; });
   int replies = 0;
   commands.execute(text, [&](daemon::CtlReply) { ++replies; });
   if (replies != 1) fail("a command was not answered exactly once", text);
