@@ -189,20 +189,23 @@ std::size_t Worker::drain_ring(Session& session) {
   session.launch_batch.configure(batching);
   std::size_t done = 0;
   DispatchOutcome outcome;
+  // Issues the waiting launches; false (and a sticky outcome) when the driver faulted.
+  auto flush_batch = [&] {
+    CUresult r = flush_launches(session);
+    if (r == CUDA_SUCCESS) return true;
+    outcome = DispatchOutcome{};
+    outcome.kind = DispatchOutcome::Kind::kSticky;
+    outcome.sticky = r;
+    outcome.op = proto::Op::kLaunchKernel;
+    return false;
+  };
   for (;;) {
     proto::Peeked peeked = session.ring.peek();
     if (peeked.status == proto::PeekStatus::kEmpty) {
-      if (!session.launch_batch.pending()) break;
       // The ring ran dry: the waiting launches go out now, and what the client posted while the
       // driver took them (a launch's synchronize, ~3.5 us later) is served in this same pass
       // rather than after the pass's polls (~0.6 us on a launch + synchronize round trip).
-      if (CUresult r = flush_launches(session); r != CUDA_SUCCESS) {
-        outcome = DispatchOutcome{};
-        outcome.kind = DispatchOutcome::Kind::kSticky;
-        outcome.sticky = r;
-        outcome.op = proto::Op::kLaunchKernel;
-        break;
-      }
+      if (!session.launch_batch.pending() || !flush_batch()) break;
       continue;
     }
     if (peeked.status == proto::PeekStatus::kMalformed) {
@@ -224,14 +227,7 @@ std::size_t Worker::drain_ring(Session& session) {
   }
   // What the eager path would have issued before this point is issued before the session ends
   // or the fault spreads. After a sticky fault nothing more is worth issuing.
-  if (outcome.kind != DispatchOutcome::Kind::kSticky) {
-    if (CUresult r = flush_launches(session); r != CUDA_SUCCESS) {
-      outcome = DispatchOutcome{};
-      outcome.kind = DispatchOutcome::Kind::kSticky;
-      outcome.sticky = r;
-      outcome.op = proto::Op::kLaunchKernel;
-    }
-  }
+  if (outcome.kind != DispatchOutcome::Kind::kSticky) flush_batch();
   // The pass's work on each stream ends its busy span (busy_time.hpp) and gets its fence.
   if (outcome.kind != DispatchOutcome::Kind::kSticky) {
     close_busy_spans(session);

@@ -480,6 +480,7 @@ DriverTable fake_driver_table() {
   t.cuLaunchKernelEx = [](const CUlaunchConfig* config, CUfunction, void**, void** extra) {
     FakeGpu& gpu = fake_gpu();
     ++gpu.launches;
+    if (gpu.on_launch) gpu.on_launch();
     gpu.last_launch_attribute_count = config->numAttrs;
     gpu.last_launch_args.clear();
     if (extra != nullptr) {

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -37,6 +38,8 @@ struct FakeGpu {
   int value_writes = 0;
   int stream_queries = 0;
   int event_queries = 0;
+  // Runs inside each cuLaunchKernelEx (a client posting while the driver takes a launch).
+  std::function<void()> on_launch;
   CUresult launch_result = CUDA_SUCCESS;
 
   // What the server did.

@@ -105,6 +105,32 @@ TEST_CASE("a launch carries its packed arguments to the driver", "[server][modul
   CHECK(h.server->stats_text().find("launches=1 ") != std::string::npos);
 }
 
+TEST_CASE("a synchronize posted while a waiting launch goes out is served in the same pass",
+          "[server][module][launch_batch]") {
+  Harness h;  // launch batching on: a lone launch waits in the batch until the ring runs dry
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  std::uint64_t module = load(sut, ctx.ctx, proto::ImageKind::kModule, 1);
+  auto function = lookup(sut, Op::kModuleGetFunction, module, "vector_add");
+  proto::LaunchReq req;
+  auto trailing =
+      launch_record(function.function, ctx.default_stream, {}, std::vector<std::byte>(24), &req);
+  // The client posts its synchronize while the driver takes the launch, as a real one does.
+  fake_gpu().on_launch = [&] {
+    fake_gpu().on_launch = nullptr;
+    sut.send(Op::kStreamSynchronize, proto::HandleReq{ctx.default_stream}, 0);
+  };
+  const int writes = fake_gpu().value_writes;
+
+  sut.send(Op::kLaunchKernel, req, proto::kNoReply, trailing);
+  h.server->do_work();  // one pass
+
+  CHECK(fake_gpu().launches == 1);
+  CHECK(fake_gpu().value_writes == writes + 1);  // the synchronize was fenced in that pass
+  REQUIRE(h.pump_until([&] { return sut.slot_ready(0); }));
+  CHECK(sut.view().slot(0)->result == CUDA_SUCCESS);
+}
+
 TEST_CASE("launch attributes that carry handles are refused", "[server][module]") {
   Harness h;
   TestClient sut(h);
