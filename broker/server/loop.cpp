@@ -28,6 +28,8 @@ constexpr auto kFaultSpreadTimeout = std::chrono::seconds(5);
 // The coordinator parks at most this long: a signal that lands just before epoll_wait is seen
 // by the next look at most this late.
 constexpr int kCoordinatorParkMs = 1000;
+// A heap trim that gave back at least this much is logged.
+constexpr std::uint64_t kTrimLogBytes = 16u << 20;
 
 void set_nonblocking(int fd) {
   int flags = ::fcntl(fd, F_GETFL);
@@ -268,6 +270,11 @@ int Server::run(const std::atomic<bool>& stop) {
       break;
     }
     lease_.check(session_count());
+    if (std::uint64_t released = heap_trimmer_.maybe_trim(std::chrono::steady_clock::now());
+        released >= kTrimLogBytes) {
+      log_info("gave {} of heap that finished sessions left back to the system",
+               format_bytes(released));
+    }
     poll_control(std::chrono::nanoseconds(-1));
   }
   for (auto& worker : workers_) worker->stop();

@@ -21,6 +21,7 @@
 #include "broker/server/context_lease.hpp"
 #include "broker/server/gpu.hpp"
 #include "broker/server/green_context_pool.hpp"
+#include "broker/server/heap_trim.hpp"
 #include "broker/server/idle_strategy.hpp"
 #include "broker/server/session.hpp"
 #include "broker/server/worker.hpp"
@@ -116,6 +117,11 @@ class Server final {
   bool await_fault_stored(std::chrono::milliseconds timeout = std::chrono::seconds(5));
   // Something for the coordinator to look at (a fault spread, a session freed).
   void wake();
+  // A worker freed a session: the coordinator may give the heap it left back (heap_trim.hpp).
+  void session_freed() {
+    heap_trimmer_.session_freed();
+    wake();
+  }
   std::size_t clients_on_gpu() const { return session_count(); }
   // Which priority classes have clients here, and how many normal ones have work in flight.
   PriorityBoard& priority_board() { return priority_board_; }
@@ -173,7 +179,8 @@ class Server final {
   std::atomic<std::size_t> workers_failed_{0};
   std::function<void(int)> fatal_;
   PriorityBoard priority_board_;
-  SmReserve sm_reserve_;  // written by the constructor only
+  HeapTrimmer heap_trimmer_;  // session_freed() from any worker; trims on the coordinator
+  SmReserve sm_reserve_;      // written by the constructor only
 };
 
 }  // namespace mpsshim::server

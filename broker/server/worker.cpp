@@ -292,7 +292,7 @@ std::size_t Worker::poll_gpu() {
     free_session(session);
     sessions_.erase(sessions_.begin() + static_cast<std::ptrdiff_t>(i));
     load_.fetch_sub(1, std::memory_order_acq_rel);
-    server_.wake();  // a stopping server may now be finished
+    server_.session_freed();  // a stopping server may now be finished; the heap may shrink
     ++work;
   }
   return work;

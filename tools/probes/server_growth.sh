@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Which client programs make the server grow, and in which mappings? Starts a private mpsshimd,
+# keeps one client connected (so the context and the green-context pool stay up), runs each
+# example 60 times one after another and a small PyTorch model 20 times (when torch imports),
+# and after each group prints the server's RSS, the GPU's memory in use, its fds and mappings,
+# and its resident memory per mapping (anonymous, [heap], /dev/nvidiactl, memfd, ...).
+#
+# usage (GPU machine): bash tools/probes/server_growth.sh BUILD_DIR [mpsshimd args...]
+# Findings (H100, driver 580.159.04, 2026-11-25): docs/benchmarks.md, "Where the soak's memory goes".
+set -euo pipefail
+build=$(cd "${1:?usage: server_growth.sh BUILD_DIR [mpsshimd args...]}" && pwd)
+shift
+rt=$(mktemp -d /tmp/server-growth.XXXXXX)
+log=$rt/mpsshimd.log
+"$build/broker/daemon/mpsshimd" --runtime-dir "$rt/run" --server "$build/broker/server/mpsshim-server" \
+  "$@" >"$log" 2>&1 &
+daemon=$!
+trap 'kill "$holder" 2>/dev/null || true; "$build/broker/daemon/mpsshimctl" --runtime-dir "$rt/run" quit >/dev/null 2>&1 || kill "$daemon" 2>/dev/null || true' EXIT
+for _ in $(seq 100); do
+  "$build/broker/daemon/mpsshimctl" --runtime-dir "$rt/run" server_list 2>/dev/null | grep -q running && break
+  sleep 0.1
+done
+
+sample() {
+  local pid
+  pid=$(pgrep -x mpsshim-server | head -n1)
+  echo "$1: rss_kib=$(awk '/VmRSS/{print $2}' "/proc/$pid/status")" \
+    "gpu_mib=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -n1)" \
+    "fds=$(find "/proc/$pid/fd" -mindepth 1 -maxdepth 1 | wc -l) maps=$(wc -l <"/proc/$pid/maps")"
+  awk '/^[0-9a-f]+-[0-9a-f]+ /{name=$6; if (name=="") name="[anon]"; sub(/ \(deleted\)/,"",name)
+         if (name ~ /^\/memfd:/) name="memfd"; if (name ~ /^\/dev\/shm/) name="shm"}
+       /^Rss:/{r[name]+=$2}
+       END{for (n in r) if (r[n] > 4096) printf "    %-48s %9d KiB\n", n, r[n]}' "/proc/$pid/smaps" |
+    sort -k2 -n -r | head -n 8
+}
+run() { CUDA_MPS_PIPE_DIRECTORY=$rt/run LD_PRELOAD=$build/libshim/libmpsshim.so "$@"; }
+
+run "$build/examples/small_kernels" --kernels 100000000 >/dev/null 2>&1 &
+holder=$!
+sleep 2
+sample "one client connected"
+for program in vector_add small_kernels streams_events pinned_async matmul_tiled; do
+  for _ in $(seq 60); do run "$build/examples/$program" >/dev/null 2>&1 || true; done
+  sample "after 60 x $program"
+done
+if python3 -c 'import torch' 2>/dev/null; then
+  cat >"$rt/mlp.py" <<'PY'
+import torch
+m = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).cuda()
+x = torch.randn(32, 256, device="cuda")
+for _ in range(20):
+    y = m(x)
+torch.cuda.synchronize()
+print(float(y.sum()))
+PY
+  for round in 1 2; do
+    for _ in $(seq 10); do run python3 "$rt/mlp.py" >/dev/null 2>&1 || true; done
+    sample "after $((round * 10)) x a PyTorch MLP"
+  done
+fi
+grep -h "green context\|gave .* back" "$log" | tail -n 3 || true
