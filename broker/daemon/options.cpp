@@ -140,7 +140,7 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
                        2000)
   --priority-reserve-sms N|P%  SMs (or a percentage of them) kept for normal-priority clients:
                        while one is connected, clients with CUDA_MPS_CLIENT_PRIORITY=1 run
-                       without them (default 10%, rounded up to whole groups of the split;
+                       without them (default 18%, rounded up to whole groups of the split;
                        0 = off; only with --priority-scheduling on; see docs/daemon.md)
   --context-idle-timeout SECS  a GPU's server releases its primary context (~500 MiB of GPU
                        memory) after SECS without a client and creates it again for the next

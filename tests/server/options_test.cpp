@@ -122,14 +122,14 @@ TEST_CASE("--priority-scheduling and its bounds (on, 2000 us, 4 records by defau
   CHECK(std::string(kUsage).find("--priority-scheduling on|off") != std::string::npos);
 }
 
-TEST_CASE("--priority-reserve-sms takes SMs, a percentage or off (10% by default)",
+TEST_CASE("--priority-reserve-sms takes SMs, a percentage or off (18% by default)",
           "[server][options][priority][reserve]") {
   auto with = [](const char* value) {
     return parse({"--device", "0", "--control-fd", "3", "--priority-reserve-sms", value});
   };
   auto defaults = parse({"--device", "0", "--control-fd", "3"});
   REQUIRE(defaults);
-  CHECK(defaults->priority_reserve_sms == SmReserveSpec{10, true});
+  CHECK(defaults->priority_reserve_sms == SmReserveSpec{18, true});
   CHECK(with("16")->priority_reserve_sms == SmReserveSpec{16, false});
   CHECK(with("25%")->priority_reserve_sms == SmReserveSpec{25, true});
   CHECK(with("0")->priority_reserve_sms.amount == 0);

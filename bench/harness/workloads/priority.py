@@ -7,7 +7,7 @@ so the report gives the high-priority p99 shared over alone (target <= 1.1) and 
 throughput shared over alone (target >= 0.8). Natively the variable means nothing (time-slicing);
 under NVIDIA MPS it is MPS's own priority; under mpsshim the server holds back the low-priority
 clients while the high-priority one has work in flight and runs them without the SMs it reserves
-for high-priority clients while one is connected (mpsshimd --priority-reserve-sms, 10% by
+for high-priority clients while one is connected (mpsshimd --priority-reserve-sms, 18% by
 default; sweep it with --daemon-arg=--priority-reserve-sms=N). Mode shim-noreserve: held back
 but on every SM (--priority-reserve-sms=0); shim-noprio: neither
 (--priority-scheduling=off)."""
