@@ -206,7 +206,9 @@ const proto::DeviceSnapshot* device_snapshot(int ordinal) noexcept {
 
 void AddressBook::add_device(const DeviceRange& range) {
   std::unique_lock lock(mutex_);
-  device_[range.base] = range;
+  DeviceRange& kept = device_[range.base];
+  kept = range;
+  kept.id = ++last_device_id_;
 }
 
 bool AddressBook::remove_device(std::uint64_t base, DeviceRange* removed) {

@@ -227,7 +227,10 @@ struct DeviceRange {
   std::uint64_t bytes;
   Context* ctx;
   bool vmm = false;
-  int device = 0;  // VMM mappings: the GPU whose server holds it
+  int device = 0;                  // VMM mappings: the GPU whose server holds it
+  std::uint32_t handle_types = 0;  // VMM mappings: the allocation's CUmemAllocationHandleType bits
+  CUmemoryPool pool = nullptr;     // stream-ordered allocations: the pool it came from
+  std::uint64_t id = 0;            // unique for the process's life; add_device assigns it
 };
 struct PinnedRange {
   std::byte* base;
@@ -251,6 +254,7 @@ class AddressBook {
  private:
   mutable std::shared_mutex mutex_;
   std::map<std::uint64_t, DeviceRange> device_;
+  std::uint64_t last_device_id_ = 0;  // under mutex_: the ids of CU_POINTER_ATTRIBUTE_BUFFER_ID
   std::map<std::uintptr_t, PinnedRange> pinned_;
 };
 AddressBook& address_book() noexcept;

@@ -266,7 +266,46 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdevicept
       *static_cast<int*>(data) = 1;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_BUFFER_ID:
-      *static_cast<unsigned long long*>(data) = is_device ? device.base : pinned.region;
+    case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
+      // Unique for the process's life, as natively (a freed allocation's id is not reused).
+      *static_cast<unsigned long long*>(data) = is_device ? device.id : pinned.region;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+      // cuIpcGetMemHandle is not served yet: say so before a library tries it.
+      *static_cast<int*>(data) = 0;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+      // A VMM mapping's allocation's requested types (only POSIX fds are served); nothing else
+      // here can be exported (exportable pools are refused, docs/memory-pools.md).
+      *static_cast<unsigned*>(data) = is_device ? device.handle_types : 0;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
+      // The memory lives in the server's context: a NIC driver asked from this process cannot
+      // pin it, so no GPUDirect RDMA from a client.
+      *static_cast<int*>(data) = 0;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
+      // This process's own memory is read-write from its device; a VMM mapping's access is what
+      // cuMemSetAccess gave its device.
+      if (is_device && device.vmm) {
+        CUmemLocation location{CU_MEM_LOCATION_TYPE_DEVICE, ordinal};
+        unsigned long long flags = 0;
+        if (CUresult rc = cuMemGetAccess(&flags, &location, ptr); rc != CUDA_SUCCESS) return rc;
+        *static_cast<int*>(data) = static_cast<int>(flags);
+      } else {
+        *static_cast<int*>(data) = CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE;
+      }
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+      *static_cast<CUmemoryPool*>(data) = is_device ? device.pool : nullptr;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+      // The allocation or the VMM mapping the pointer is in (the address book keeps each).
+      *static_cast<void**>(data) =
+          is_device ? reinterpret_cast<void*>(device.base) : static_cast<void*>(pinned.base);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
+      *static_cast<size_t*>(data) = is_device ? device.bytes : pinned.bytes;
       return CUDA_SUCCESS;
     default:
       log_once("cuPointerGetAttribute." + std::to_string(attribute), Level::warn,
@@ -284,6 +323,10 @@ std::size_t attribute_size(CUpointer_attribute attribute) {
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
     case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
     case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+    case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
       return 8;
     default:
       return 4;

@@ -88,7 +88,9 @@ CUresult alloc_from(MemPool* pool, CUdeviceptr* dptr, std::size_t bytes, CUstrea
       rc != CUDA_SUCCESS) {
     return rc;
   }
-  address_book().add_device({reply.dptr, bytes, ctx});
+  DeviceRange range{reply.dptr, bytes, ctx};
+  range.pool = reinterpret_cast<CUmemoryPool>(pool);
+  address_book().add_device(range);
   *dptr = reply.dptr;
   return CUDA_SUCCESS;
 }

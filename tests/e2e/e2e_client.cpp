@@ -394,6 +394,86 @@ int pointer() {
   for (;;) pause();
 }
 
+// Pointer attributes libraries ask before they choose a path (JAX asks ALLOWED_HANDLE_TYPES,
+// PyTorch and NCCL IS_LEGACY_CUDA_IPC_CAPABLE): answered from what the shim knows, each
+// checked against what is true under mpsshim.
+int attributes() {
+  setup();
+  int failures = 0;
+  auto expect = [&](const char* what, unsigned long long got, unsigned long long want) {
+    if (got != want) {
+      std::printf("attributes: %s = %#llx, expected %#llx\n", what, got, want);
+      ++failures;
+    }
+  };
+  constexpr std::size_t kBytes = 1 << 20;
+  CUdeviceptr a{}, b{};
+  CHECK(cuMemAlloc(&a, kBytes));
+  CHECK(cuMemAlloc(&b, kBytes));
+  unsigned long long id_a = 0, id_b = 0;
+  CHECK(cuPointerGetAttribute(&id_a, CU_POINTER_ATTRIBUTE_BUFFER_ID, a + 100));
+  CHECK(cuPointerGetAttribute(&id_b, CU_POINTER_ATTRIBUTE_BUFFER_ID, b));
+  expect("two allocations have different buffer ids", id_a != id_b, 1);
+  // An id is never reused, even when the same address comes back.
+  CHECK(cuMemFree(a));
+  CUdeviceptr again{};
+  CHECK(cuMemAlloc(&again, kBytes));
+  unsigned long long id_again = 0, block = 0;
+  CHECK(cuPointerGetAttribute(&id_again, CU_POINTER_ATTRIBUTE_BUFFER_ID, again));
+  CHECK(cuPointerGetAttribute(&block, CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID, again));
+  expect("a new allocation's id is new", id_again != id_a && id_again != id_b, 1);
+  expect("memory block id is the buffer id", block, id_again);
+
+  int flag = -1;
+  CHECK(cuPointerGetAttribute(&flag, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, b));
+  expect("legacy IPC capable", static_cast<unsigned long long>(flag), 0);
+  CHECK(cuPointerGetAttribute(&flag, CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, b));
+  expect("GPUDirect RDMA capable", static_cast<unsigned long long>(flag), 0);
+  CHECK(cuPointerGetAttribute(&flag, CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, b));
+  expect("access flags", static_cast<unsigned long long>(flag),
+         CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE);
+  unsigned handle_types = 0xffu;
+  CHECK(cuPointerGetAttribute(&handle_types, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, b));
+  expect("allowed handle types of cuMemAlloc memory", handle_types, 0);
+  void* mapping_base = nullptr;
+  size_t mapping_size = 0;
+  CHECK(cuPointerGetAttribute(&mapping_base, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, b + 4096));
+  CHECK(cuPointerGetAttribute(&mapping_size, CU_POINTER_ATTRIBUTE_MAPPING_SIZE, b + 4096));
+  expect("mapping base", reinterpret_cast<unsigned long long>(mapping_base), b);
+  expect("mapping size", mapping_size, kBytes);
+  CUmemoryPool pool = reinterpret_cast<CUmemoryPool>(1);
+  CHECK(cuPointerGetAttribute(&pool, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, b));
+  expect("cuMemAlloc memory has no pool", reinterpret_cast<unsigned long long>(pool), 0);
+
+  // Stream-ordered memory names its pool.
+  CUmemoryPool default_pool{};
+  CHECK(cuDeviceGetDefaultMemPool(&default_pool, 0));
+  CUdeviceptr pooled{};
+  CHECK(cuMemAllocAsync(&pooled, kBytes, nullptr));
+  CHECK(cuPointerGetAttribute(&pool, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, pooled + 8));
+  expect("a pool allocation's pool", reinterpret_cast<unsigned long long>(pool),
+         reinterpret_cast<unsigned long long>(default_pool));
+
+  // Several at once, as cudaPointerGetAttributes asks them.
+  CUpointer_attribute which[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                 CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
+                                 CU_POINTER_ATTRIBUTE_MAPPING_SIZE};
+  unsigned memory_type = 0;
+  handle_types = 0xffu;
+  mapping_size = 0;
+  void* data[] = {&memory_type, &handle_types, &mapping_size};
+  CHECK(cuPointerGetAttributes(3, which, data, pooled));
+  expect("memory type (several)", memory_type, CU_MEMORYTYPE_DEVICE);
+  expect("allowed handle types (several)", handle_types, 0);
+  expect("mapping size (several)", mapping_size, kBytes);
+  CHECK(cuMemFreeAsync(pooled, nullptr));
+  CHECK(cuCtxSynchronize());
+  CHECK(cuMemFree(b));
+  CHECK(cuMemFree(again));
+  std::printf("%s attributes\n", failures == 0 ? "PASS" : "FAIL");
+  return failures == 0 ? 0 : 1;
+}
+
 int overlimit(std::size_t megabytes) {
   setup();
   CUdeviceptr p;
@@ -551,6 +631,7 @@ int main(int argc, char** argv) {
   if (mode == "account") return account(arg ? static_cast<int>(arg) : 8);
   if (mode == "forge") return forge(arg);
   if (mode == "pointer") return pointer();
+  if (mode == "attributes") return attributes();
   if (mode == "foreign") return foreign(arg);
   if (mode == "overlimit") return overlimit(arg);
   if (mode == "quota") return quota();

@@ -173,6 +173,12 @@ TEST_CASE("quotas changed live through mpsshimctl keep a busy client's results r
   CHECK(daemon.log().find("SM quota changed by the operator to 10%") != std::string::npos);
 }
 
+TEST_CASE("pointer attributes libraries ask are answered as true under the shim",
+          "[e2e][attributes]") {
+  Daemon daemon;
+  require_pass(run_client(daemon, {client(), "attributes"}), daemon);
+}
+
 TEST_CASE("managed memory is refused and registered host memory is staged", "[e2e][hostmem]") {
   Daemon daemon;
   // Bigger than one staging chunk, and an odd count, so copies take several pieces.

@@ -130,9 +130,18 @@ int lifecycle() {
   unsigned long long flags = 99;
   CHECK(cuMemGetAccess(&flags, &here, va));
   expect_true(flags == CU_MEM_ACCESS_FLAGS_PROT_NONE, "no access before cuMemSetAccess");
+  int access = -1;
+  CHECK(cuPointerGetAttribute(&access, CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, va));
+  expect_true(access == CU_POINTER_ATTRIBUTE_ACCESS_FLAG_NONE, "pointer access flags: none yet");
   set_read_write(va, 2 * g, 0);
   CHECK(cuMemGetAccess(&flags, &here, va + g));
   expect_true(flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE, "read-write after cuMemSetAccess");
+  CHECK(cuPointerGetAttribute(&access, CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, va + g));
+  expect_true(access == CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE, "pointer access flags: rw");
+  unsigned handle_types = 0;
+  CHECK(cuPointerGetAttribute(&handle_types, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, va + 8));
+  expect_true(handle_types == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+              "the mapping's allowed handle types are its allocation's");
 
   for (std::size_t i = 0; i < host.size(); ++i) host[i] = static_cast<unsigned>(i * 2654435761u);
   CHECK(cuMemcpyHtoD(va, host.data(), 2 * g));
