@@ -474,6 +474,88 @@ int attributes() {
   return failures == 0 ? 0 : 1;
 }
 
+// vector_add of n elements on `device`'s primary context, checked; made current first.
+bool add_on(CUdevice device, int n) {
+  CUcontext ctx{};
+  CHECK(cuDevicePrimaryCtxRetain(&ctx, device));
+  CHECK(cuCtxSetCurrent(ctx));
+  CUmodule module{};
+  CHECK(cuModuleLoadData(&module, kModuleImage));
+  CUfunction add{};
+  CHECK(cuModuleGetFunction(&add, module, "vector_add"));
+  std::vector<float> a(n), b(n), c(n, -1.0f);
+  for (int i = 0; i < n; ++i) {
+    a[i] = static_cast<float>(i + device);
+    b[i] = 0.5f * static_cast<float>(i);
+  }
+  const size_t bytes = sizeof(float) * static_cast<size_t>(n);
+  CUdeviceptr da{}, db{}, dc{};
+  CHECK(cuMemAlloc(&da, bytes));
+  CHECK(cuMemAlloc(&db, bytes));
+  CHECK(cuMemAlloc(&dc, bytes));
+  CHECK(cuMemcpyHtoD(da, a.data(), bytes));
+  CHECK(cuMemcpyHtoD(db, b.data(), bytes));
+  void* args[] = {&da, &db, &dc, &n};
+  CHECK(cuLaunchKernel(add, (n + 255) / 256, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr));
+  CHECK(cuMemcpyDtoH(c.data(), dc, bytes));
+  int wrong = 0;
+  for (int i = 0; i < n; ++i) wrong += c[i] != a[i] + b[i];
+  CHECK(cuMemFree(da));
+  CHECK(cuMemFree(db));
+  CHECK(cuMemFree(dc));
+  CHECK(cuModuleUnload(module));
+  if (wrong != 0) std::printf("device %d: %d wrong elements\n", device, wrong);
+  return wrong == 0;
+}
+
+// One client on two GPUs (issue 13): a session with each GPU's server, work on both checked,
+// and what is not served across GPUs said honestly. With `fault`, a kernel faults on GPU 0:
+// GPU 0's work reports it, GPU 1's work goes on.
+int two_gpus(bool fault) {
+  CHECK(cuInit(0));
+  int count = 0;
+  CHECK(cuDeviceGetCount(&count));
+  if (count != 2) {
+    std::printf("FAIL two_gpus: %d devices visible, expected 2\n", count);
+    return 1;
+  }
+  bool ok = add_on(0, 100'003) && add_on(1, 70'001);
+  int can = -1;
+  CHECK(cuDeviceCanAccessPeer(&can, 0, 1));
+  if (can != 0) {
+    std::printf("two_gpus: cuDeviceCanAccessPeer(0, 1) = %d, expected 0\n", can);
+    ok = false;
+  }
+  if (fault) {
+    CUcontext ctx0{};
+    CHECK(cuDevicePrimaryCtxRetain(&ctx0, 0));
+    CHECK(cuCtxSetCurrent(ctx0));
+    CUmodule module{};
+    CHECK(cuModuleLoadData(&module, kModuleImage));
+    CUfunction trigger{};
+    CHECK(cuModuleGetFunction(&trigger, module, "trigger_fault"));
+    CUdeviceptr null_pointer = 0;
+    void* args[] = {&null_pointer};
+    CHECK(cuLaunchKernel(trigger, 1, 1, 1, 1, 1, 1, 0, nullptr, args, nullptr));
+    const CUresult synced = cuCtxSynchronize();
+    if (synced != CUDA_ERROR_ILLEGAL_ADDRESS) {
+      std::printf("two_gpus: GPU 0's fault synchronized as %d, expected %d\n", synced,
+                  CUDA_ERROR_ILLEGAL_ADDRESS);
+      ok = false;
+    }
+    CUdeviceptr p{};
+    const CUresult again = cuMemAlloc(&p, 4096);
+    if (again != CUDA_ERROR_ILLEGAL_ADDRESS) {
+      std::printf("two_gpus: GPU 0 after its fault answered %d, expected the fault\n", again);
+      ok = false;
+    }
+    // GPU 1 never faulted: its work goes on, in this client, on its own server.
+    ok = ok && add_on(1, 50'021);
+  }
+  std::printf("%s two_gpus%s\n", ok ? "PASS" : "FAIL", fault ? " fault" : "");
+  return ok ? 0 : 1;
+}
+
 int overlimit(std::size_t megabytes) {
   setup();
   CUdeviceptr p;
@@ -632,6 +714,8 @@ int main(int argc, char** argv) {
   if (mode == "forge") return forge(arg);
   if (mode == "pointer") return pointer();
   if (mode == "attributes") return attributes();
+  if (mode == "two_gpus") return two_gpus(false);
+  if (mode == "two_gpus_fault") return two_gpus(true);
   if (mode == "foreign") return foreign(arg);
   if (mode == "overlimit") return overlimit(arg);
   if (mode == "quota") return quota();
