@@ -526,6 +526,36 @@ int two_gpus(bool fault) {
     std::printf("two_gpus: cuDeviceCanAccessPeer(0, 1) = %d, expected 0\n", can);
     ok = false;
   }
+  // Allocations held on both GPUs at once: two servers are two address spaces, so the same
+  // address may name memory on each. Each must stay its own GPU's (ordinal, free, data).
+  {
+    constexpr std::size_t kBytes = 1 << 16;
+    CUcontext ctx[2]{};
+    CUdeviceptr p[2]{};
+    for (int d = 0; d < 2; ++d) {
+      CHECK(cuDevicePrimaryCtxRetain(&ctx[d], d));
+      CHECK(cuCtxSetCurrent(ctx[d]));
+      CHECK(cuMemAlloc(&p[d], kBytes));
+      CHECK(cuMemsetD8(p[d], static_cast<unsigned char>(0x10 + d), kBytes));
+    }
+    if (p[0] == p[1]) std::printf("two_gpus: both GPUs gave address %#llx\n", p[0]);
+    for (int d = 0; d < 2; ++d) {
+      CHECK(cuCtxSetCurrent(ctx[d]));
+      int ordinal = -1;
+      CHECK(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p[d]));
+      unsigned char byte = 0;
+      CHECK(cuMemcpyDtoH(&byte, p[d] + 7, 1));
+      if (ordinal != d || byte != 0x10 + d) {
+        std::printf("two_gpus: GPU %d's allocation reads as GPU %d's (byte %#x)\n", d, ordinal,
+                    byte);
+        ok = false;
+      }
+    }
+    for (int d = 0; d < 2; ++d) {
+      CHECK(cuCtxSetCurrent(ctx[d]));
+      CHECK(cuMemFree(p[d]));
+    }
+  }
   if (fault) {
     CUcontext ctx0{};
     CHECK(cuDevicePrimaryCtxRetain(&ctx0, 0));
