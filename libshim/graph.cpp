@@ -148,8 +148,7 @@ CUresult begin_capture(CUstream handle, CUstreamCaptureMode mode, DefaultStream 
   });
 }
 
-// Default edges only: ports and programmatic edges would have to cross the wire and be checked
-// by the server, and the shim's explicit graph construction refuses them too.
+// Default edges: what crosses the wire (edge data is not sent to the server).
 bool default_edges(const CUgraphEdgeData* edges, std::size_t count) {
   if (edges == nullptr) return true;
   const CUgraphEdgeData none{};
@@ -157,6 +156,28 @@ bool default_edges(const CUgraphEdgeData* edges, std::size_t count) {
     if (std::memcmp(&edges[i], &none, sizeof none) != 0) return false;
   }
   return true;
+}
+
+// Edge data the shim accepts as a full dependency. Programmatic and launch-order edges (a
+// kernel's out-port, CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC) let the dependent start before its
+// dependency ends; a full dependency is stricter and gives the same results (the dependent's
+// cudaGridDependencySynchronize returns at once), only without the overlap. A to-port is
+// reserved (0) and an unknown type or port is the caller's error, as natively.
+CUresult edges_as_full_dependencies(const CUgraphEdgeData* edges, std::size_t count,
+                                    const char* api) {
+  if (default_edges(edges, count)) return CUDA_SUCCESS;
+  for (std::size_t i = 0; i < count; ++i) {
+    const CUgraphEdgeData& e = edges[i];
+    if (e.to_port != 0 || e.type > CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC ||
+        e.from_port > CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  log_once(std::string(api) + ".edges", Level::info,
+           "{}: edge data other than the default (programmatic or launch-order dependencies) "
+           "is added as full dependencies by mpsshim: same results, no overlap",
+           api);
+  return CUDA_SUCCESS;
 }
 
 // The captured work becomes nodes of the client's own graph, after `deps`; cuStreamEndCapture
@@ -169,11 +190,9 @@ CUresult begin_capture_to_graph(CUstream handle, CUgraph hgraph, const CUgraphNo
   if (CUresult rc = resolve_stream(handle, dmode, ctx, stream); rc != CUDA_SUCCESS) return rc;
   GraphObject* graph = graph_of(hgraph);
   if (graph == nullptr || graph->ctx->session != ctx->session) return CUDA_ERROR_INVALID_VALUE;
-  if (!default_edges(edges, count)) {
-    log_once("cuStreamBeginCaptureToGraph.edges", Level::warn,
-             "cuStreamBeginCaptureToGraph: edge data other than the default (ports, "
-             "programmatic dependencies) is not supported by mpsshim; pass NULL dependencyData");
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (CUresult rc = edges_as_full_dependencies(edges, count, "cuStreamBeginCaptureToGraph");
+      rc != CUDA_SUCCESS) {
+    return rc;
   }
   std::vector<std::byte> trailing;
   if (CUresult rc = append_dependencies(graph, deps, count, trailing); rc != CUDA_SUCCESS) {
@@ -433,16 +452,9 @@ CUresult add_dependencies(CUgraph hgraph, const CUgraphNode* from, const CUgraph
   GraphObject* graph = graph_of(hgraph);
   if (graph == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (count != 0 && (from == nullptr || to == nullptr)) return CUDA_ERROR_INVALID_VALUE;
-  if (edges != nullptr) {
-    for (std::size_t i = 0; i < count; ++i) {
-      if (edges[i].type != CU_GRAPH_DEPENDENCY_TYPE_DEFAULT || edges[i].from_port != 0 ||
-          edges[i].to_port != 0) {
-        log_once("cuGraphAddDependencies.edges", Level::warn,
-                 "cuGraphAddDependencies: edge data (ports, programmatic dependencies) is not "
-                 "supported by mpsshim; add plain dependencies");
-        return CUDA_ERROR_NOT_SUPPORTED;
-      }
-    }
+  if (CUresult rc = edges_as_full_dependencies(edges, count, "cuGraphAddDependencies");
+      rc != CUDA_SUCCESS) {
+    return rc;
   }
   std::vector<std::byte> pairs;
   for (std::size_t done = 0; done < count;) {
@@ -607,13 +619,9 @@ CUresult add_generic_node(CUgraphNode* out, CUgraph graph, const CUgraphNode* de
                           const CUgraphEdgeData* edges, std::size_t count, CUgraphNodeParams* p) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!default_edges(edges, count)) {
-    // Programmatic and launch-order edges let the dependent node start before its dependency
-    // ends; a full dependency is stricter and gives the same results (the dependent's
-    // cudaGridDependencySynchronize then returns at once), only without the overlap.
-    log_once("cuGraphAddNode.edges", Level::info,
-             "cuGraphAddNode: edge data other than the default (programmatic or launch-order "
-             "dependencies) is added as full dependencies by mpsshim: same results, no overlap");
+  if (CUresult rc = edges_as_full_dependencies(edges, count, "cuGraphAddNode");
+      rc != CUDA_SUCCESS) {
+    return rc;
   }
   switch (p->type) {
     case CU_GRAPH_NODE_TYPE_KERNEL: {

@@ -216,6 +216,10 @@ int into_graph() {
   programmatic.from_port = CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC;
   CUgraphNode bump_again = nullptr;
   CHECK(cuGraphAddNode_v2(&bump_again, generic, &bump, &programmatic, 1, &kernel));
+  // cuGraphAddDependencies with a programmatic edge: also a full dependency.
+  CUgraphNode bump_third = nullptr;
+  CHECK(cuGraphAddNode_v2(&bump_third, generic, nullptr, nullptr, 0, &kernel));
+  CHECK(cuGraphAddDependencies_v2(generic, &bump_again, &bump_third, &programmatic, 1));
   CUgraphNodeType bump_type{};
   CHECK(cuGraphNodeGetType(bump, &bump_type));
   if (bump_type != CU_GRAPH_NODE_TYPE_KERNEL) return fail("cuGraphAddNode made no kernel node");
@@ -230,7 +234,7 @@ int into_graph() {
   CHECK(cuGraphInstantiateWithFlags(&generic_exec, generic, 0));
   CHECK(cuGraphLaunch(generic_exec, s.stream));
   CHECK(cuStreamSynchronize(s.stream));
-  if (!all_equal(c, kSetB + 2)) return fail("the generic graph computed something else");
+  if (!all_equal(c, kSetB + 3)) return fail("the generic graph computed something else");
   CHECK(cuGraphExecDestroy(generic_exec));
   CHECK(cuGraphDestroy(generic));
 
@@ -332,10 +336,11 @@ int errors() {
          CUDA_ERROR_INVALID_VALUE);
   EXPECT(cuStreamBeginCaptureToGraph(s.stream, graph, &foreign, nullptr, 1, mode),
          CUDA_ERROR_INVALID_VALUE);
-  CUgraphEdgeData programmatic{};
-  programmatic.type = CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
-  EXPECT(cuStreamBeginCaptureToGraph(s.stream, graph, &mine, &programmatic, 1, mode),
-         CUDA_ERROR_NOT_SUPPORTED);
+  CUgraphEdgeData reserved_port{};
+  reserved_port.type = CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
+  reserved_port.to_port = 1;  // reserved: must be 0
+  EXPECT(cuStreamBeginCaptureToGraph(s.stream, graph, &mine, &reserved_port, 1, mode),
+         CUDA_ERROR_INVALID_VALUE);
   EXPECT(cuStreamBeginCaptureToGraph(s.stream, graph, &mine, nullptr, 1,
                                      static_cast<CUstreamCaptureMode>(7)),
          CUDA_ERROR_INVALID_VALUE);
