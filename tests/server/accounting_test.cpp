@@ -44,17 +44,21 @@ TEST_CASE("ps counts launches and bytes copied each way exactly", "[server][acco
   CHECK(back[0] == 0x5a);
   CHECK(back[copy_bytes / 4 - 1] == 0x5a);
   // A pinned region: its bytes count while the client holds it, and copies from it are host
-  // to device.
+  // to device. The copy is cuMemcpyHtoD's, answered once it ran (as the shim sends it): the
+  // kernels below read `a` on a non-blocking stream, which orders with nothing on the default
+  // stream, so an answer on enqueue (cuMemcpyHtoDAsync's) would leave the copy racing them.
   std::vector<std::byte> content(kPinned, std::byte{0x11});
   f.sut.send_memfd(proto::MessageKind::kHostMemory, 77, kPinned, content);
   auto region = f.sut.call(Op::kHostRegister, proto::HostRegisterReq{0, kPinned, 77, 0});
   REQUIRE(region.result == CUDA_SUCCESS);
-  REQUIRE(f.sut
-              .call(Op::kCopyHtoD,
-                    proto::CopyHostReq{f.ctx.default_stream, a, kPinned,
-                                       proto::HostRef{region.as<proto::HostRegisterRep>().region, 0,
-                                                      proto::HostKind::kPinnedRegion, 0}})
-              .result == CUDA_SUCCESS);
+  f.sut.send(Op::kCopyHtoD,
+             proto::CopyHostReq{f.ctx.default_stream, a, kPinned,
+                                proto::HostRef{region.as<proto::HostRegisterRep>().region, 0,
+                                               proto::HostKind::kPinnedRegion, 0}},
+             0, {}, proto::kFlagReplyWhenDone);
+  const auto pinned_copy = f.sut.reply(0);
+  REQUIRE(pinned_copy);
+  REQUIRE(pinned_copy->result == CUDA_SUCCESS);
   CHECK(ps_field(f.h, "pinned") == kPinned);
   // Launches, batched or not.
   auto add = f.function("vector_add");

@@ -3,8 +3,11 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <memory>
 #include <thread>
 
+#include "broker/server/host_callbacks.hpp"
+#include "broker/server/session.hpp"
 #include "proto/futex.hpp"
 #include "tests/server/fake_async.hpp"
 #include "tests/server/harness.hpp"
@@ -147,6 +150,16 @@ TEST_CASE("a captured host function stays valid for every replay", "[server][hos
     answer(cell, ticket);
     CHECK(driver.returns_within(2000ms));
   }
+
+  // The kept call and its channel hold each other until the session is freed (drop_kept): a
+  // server destroyed with the session still open would leak both (LeakSanitizer), so the test
+  // frees it as the server does after a hang-up, and the channel is gone with it.
+  const std::weak_ptr<HostCallbackChannel> channel =
+      h.server->find_session(sut.welcome().client_id)->callbacks;
+  REQUIRE_FALSE(channel.expired());
+  sut.hang_up();
+  REQUIRE(h.pump_until([&] { return h.server->session_count() == 0; }));
+  CHECK(channel.expired());
 }
 
 TEST_CASE("a host function on a stream the client does not own fails at the next sync",
