@@ -7,6 +7,7 @@
 #include <string>
 
 #include "harness.hpp"
+#include "require_pass.hpp"
 
 using namespace mpsshim::e2e;
 
@@ -14,12 +15,6 @@ namespace {
 
 std::string client() {
   return artefact("E2E_CAPTURE_CLIENT");
-}
-
-void require_pass(const Outcome& o, const Daemon& d) {
-  INFO("stdout: " << o.out << "\nstderr: " << o.err << "\ndaemon log:\n" << d.log());
-  REQUIRE(o.exit_code == 0);
-  REQUIRE(o.out.find("PASS") != std::string::npos);
 }
 
 }  // namespace

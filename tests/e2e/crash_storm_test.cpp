@@ -57,24 +57,6 @@ constexpr std::array<const char*, 9> kSteadyKinds = {"streams",       "modules",
 // victim goes far beyond it; at rest the pool is emptied and the count must be back to 0.
 constexpr long long kPooledGreenContexts = 32;
 
-// GPU 0's line of `mpsshimctl server_list`: GPU PID STATE RESTARTS DETAILS.
-struct ServerLine {
-  int pid = -1;
-  std::string state;
-  int restarts = -1;
-};
-
-ServerLine server_line(const Daemon& daemon) {
-  std::istringstream lines(daemon.ctl({"server_list"}).out);
-  for (std::string line; std::getline(lines, line);) {
-    std::istringstream fields(line);
-    std::string gpu;
-    ServerLine out;
-    if (fields >> gpu >> out.pid >> out.state >> out.restarts && gpu == "0") return out;
-  }
-  return {};
-}
-
 std::map<std::string, long long> steady_kinds(const std::map<std::string, long long>& objects) {
   std::map<std::string, long long> steady;
   for (const char* kind : kSteadyKinds) {

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness.hpp"
+#include "require_pass.hpp"
 
 using namespace mpsshim::e2e;
 using namespace std::chrono_literals;
@@ -30,31 +31,6 @@ unsigned long long field(const std::string& text, const std::string& key) {
   std::regex re(key + "=([0-9]+)");
   if (!std::regex_search(text, m, re)) return ~0ull;
   return std::stoull(m[1]);
-}
-
-void require_pass(const Outcome& o, const Daemon& d) {
-  INFO("stdout: " << o.out << "\nstderr: " << o.err << "\ndaemon log:\n" << d.log());
-  REQUIRE(o.exit_code == 0);
-  REQUIRE(o.out.find("PASS") != std::string::npos);
-}
-
-// GPU 0's line of `mpsshimctl server_list`: GPU PID STATE RESTARTS DETAILS.
-struct ServerLine {
-  int pid = -1;
-  std::string state;
-  int restarts = -1;
-};
-
-ServerLine server_line(const Daemon& daemon) {
-  Outcome list = daemon.ctl({"server_list"});
-  std::istringstream lines(list.out);
-  for (std::string line; std::getline(lines, line);) {
-    std::istringstream fields(line);
-    std::string gpu;
-    ServerLine out;
-    if (fields >> gpu >> out.pid >> out.state >> out.restarts && gpu == "0") return out;
-  }
-  return {};
 }
 
 }  // namespace

@@ -263,6 +263,24 @@ Outcome run_client(const Daemon& daemon, const std::vector<std::string>& argv,
   return child.wait(std::chrono::seconds(120));
 }
 
+std::map<int, ServerLine> server_lines(const Daemon& daemon) {
+  std::map<int, ServerLine> out;
+  std::istringstream lines(daemon.ctl({"server_list"}).out);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream fields(line);
+    int gpu = -1;
+    ServerLine s;
+    if (fields >> gpu >> s.pid >> s.state >> s.restarts) out[gpu] = s;
+  }
+  return out;
+}
+
+ServerLine server_line(const Daemon& daemon) {
+  auto lines = server_lines(daemon);
+  auto it = lines.find(0);
+  return it == lines.end() ? ServerLine{} : it->second;
+}
+
 std::set<int> ps_pids(const Daemon& daemon) {
   Outcome ps = daemon.ctl({"ps"});
   std::set<int> pids;

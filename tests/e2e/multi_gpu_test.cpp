@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "harness.hpp"
+#include "require_pass.hpp"
 
 using namespace mpsshim::e2e;
 using namespace std::chrono_literals;
@@ -22,37 +23,12 @@ std::string client() {
 
 const std::map<std::string, std::string> kTwoDevices{{"MPSSHIM_TESTDRIVER_DEVICES", "2"}};
 
-void require_pass(const Outcome& o, const Daemon& d) {
-  INFO("stdout: " << o.out << "\nstderr: " << o.err << "\ndaemon log:\n" << d.log());
-  REQUIRE(o.exit_code == 0);
-  REQUIRE(o.out.find("PASS") != std::string::npos);
-}
-
-// `mpsshimctl server_list`: GPU PID STATE RESTARTS DETAILS, by GPU.
-struct ServerLine {
-  int pid = -1;
-  std::string state;
-  int restarts = -1;
-};
-
-std::map<int, ServerLine> servers(const Daemon& daemon) {
-  std::map<int, ServerLine> out;
-  std::istringstream lines(daemon.ctl({"server_list"}).out);
-  for (std::string line; std::getline(lines, line);) {
-    std::istringstream fields(line);
-    int gpu = -1;
-    ServerLine s;
-    if (fields >> gpu >> s.pid >> s.state >> s.restarts) out[gpu] = s;
-  }
-  return out;
-}
-
 }  // namespace
 
 TEST_CASE("one client uses two GPUs through their two servers", "[e2e][multigpu]") {
   Daemon daemon({}, kTwoDevices);
   require_pass(run_client(daemon, {client(), "two_gpus"}), daemon);
-  const auto list = servers(daemon);
+  const auto list = server_lines(daemon);
   REQUIRE(list.size() == 2);
   CHECK(list.at(0).pid != list.at(1).pid);
   // One GPU each, as CUDA_VISIBLE_DEVICES picks it.
@@ -65,15 +41,15 @@ TEST_CASE("a fault on GPU 0 stays on GPU 0", "[e2e][multigpu]") {
   // A client of GPU 1 alone, attached across the fault.
   Child bystander({client(), "pointer"}, daemon.client_env({{"CUDA_VISIBLE_DEVICES", "1"}}));
   REQUIRE(bystander.wait_for_output("POINTER", 60s));
-  const auto before = servers(daemon);
+  const auto before = server_lines(daemon);
   REQUIRE(before.size() == 2);
 
   require_pass(run_client(daemon, {client(), "two_gpus_fault"}), daemon);
 
   INFO("daemon log:\n" << daemon.log());
-  REQUIRE(
-      eventually([&] { return servers(daemon)[0].restarts == before.at(0).restarts + 1; }, 30s));
-  const auto after = servers(daemon);
+  REQUIRE(eventually([&] { return server_lines(daemon)[0].restarts == before.at(0).restarts + 1; },
+                     30s));
+  const auto after = server_lines(daemon);
   CHECK(after.at(1).pid == before.at(1).pid);
   CHECK(after.at(1).restarts == before.at(1).restarts);
   // The bystander is still attached to GPU 1's server, and GPU 0 serves new clients again.
