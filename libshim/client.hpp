@@ -228,6 +228,9 @@ struct DeviceRange {
   Context* ctx;
   bool vmm = false;
   int device = 0;  // VMM mappings: the GPU whose server holds it
+  // Another client's allocation opened with cuIpcOpenMemHandle (ipc.cpp): closed with
+  // cuIpcCloseMemHandle, never freed with cuMemFree.
+  bool ipc_opened = false;
 };
 struct PinnedRange {
   std::byte* base;

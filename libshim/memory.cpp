@@ -61,6 +61,13 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   if (!address_book().find_device(dptr, &range) || range.base != dptr || range.vmm) {
     return CUDA_ERROR_INVALID_VALUE;  // a VMM mapping is freed with cuMemUnmap
   }
+  if (range.ipc_opened) {
+    log_once("cuMemFree.ipc", Level::warn,
+             "cuMemFree: {:#x} was opened with cuIpcOpenMemHandle; it is closed with "
+             "cuIpcCloseMemHandle",
+             dptr);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   proto::MemFreeReq request{dptr};
   CUresult rc = range.ctx->session->call(proto::Op::kMemFree, request, static_cast<int*>(nullptr));
   if (rc == CUDA_SUCCESS) address_book().remove_device(dptr, nullptr);

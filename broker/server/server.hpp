@@ -23,6 +23,7 @@
 #include "broker/server/green_context_pool.hpp"
 #include "broker/server/heap_trim.hpp"
 #include "broker/server/idle_strategy.hpp"
+#include "broker/server/ipc_registry.hpp"
 #include "broker/server/session.hpp"
 #include "broker/server/worker.hpp"
 #include "proto/control.hpp"
@@ -164,6 +165,9 @@ class Server final {
   ServerSettings settings_;
   // Before the lease (which empties it) and the workers (whose sessions give back to it).
   GreenContextPool green_pool_{gpu_, settings_.green_context_pool};
+  // The interprocess handles of this server's clients, shared by every worker (its own mutex;
+  // ipc_registry.hpp). Declared before the sessions' owners: it outlives every session.
+  IpcRegistry ipc_{gpu_.ordinal};
   ContextLease lease_{gpu_, green_pool_, settings_.context_idle_timeout};
   proto::UniqueFd control_;
   proto::UniqueFd epoll_;
