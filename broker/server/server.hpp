@@ -97,6 +97,8 @@ class Server final {
   const Gpu& gpu() const { return gpu_; }
   // Green contexts of finished sessions, kept for the next ones (tests, the log at exit).
   GreenContextPoolFigures green_context_pool() const { return green_pool_.figures(); }
+  // The interprocess handles of its clients (tests: entries back to 0 once they are gone).
+  IpcRegistry& ipc_registry() { return ipc_; }
   bool context_held() const { return lease_.held(); }
   const ServerSettings& settings() const { return settings_; }
   std::size_t session_count() const;

@@ -6,10 +6,12 @@
 #include <cuda.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client_check.hpp"
@@ -110,11 +112,12 @@ bool second_half_added(CUdeviceptr base) {
   return true;
 }
 
-// export [keep|free]: allocates and fills the buffer, exports it and an interprocess event,
+// export [keep|free|watch]: allocates and fills the buffer, exports it and an interprocess event,
 // prints them and waits for stdin to close. Then it waits on the event on a stream of its own
 // (the importer recorded it behind a slow kernel and the flag), and checks the flag and the
 // importer's kernel's results. `free`: it then frees the allocation and exits while the
-// importer still holds it open.
+// importer still holds it open. `watch`: it frees it and waits, under a memory limit, until the
+// importer's close gives the bytes back to it.
 int export_side(const std::string& then) {
   Setup s = setup();
   CUdeviceptr base = 0;
@@ -163,6 +166,26 @@ int export_side(const std::string& then) {
     CHECK(cuMemFree(base));  // the importer still holds it: it stays for the importer
     CHECK(cuEventDestroy(event));
     SAY("FREED\n");
+    return ok ? 0 : 1;
+  }
+  if (then == "watch") {
+    // Under a memory limit: freed while the importer holds it, the allocation stays charged to
+    // this client until the importer closes it; then the bytes come back.
+    size_t limit = 0, free_after = 0, total = 0;
+    CHECK(cuMemGetInfo(&limit, &total));  // nothing else held: free is the whole limit
+    limit += kBytes;
+    CHECK(cuMemFree(base));
+    CHECK(cuMemGetInfo(&free_after, &total));
+    SAY("FREED still_charged=%d\n", free_after == limit - kBytes);
+    ok &= free_after == limit - kBytes;
+    size_t free_now = free_after;
+    for (int i = 0; i < 1500 && free_now != limit; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      CHECK(cuMemGetInfo(&free_now, &total));
+    }
+    ok &= free_now == limit;
+    SAY("%s watch returned=%d\n", ok ? "PASS" : "FAIL", free_now == limit);
+    CHECK(cuEventDestroy(event));
     return ok ? 0 : 1;
   }
   CHECK(cuEventDestroy(event));
@@ -304,8 +327,9 @@ int main(int argc, char** argv) {
   if (mode == "import" && argc == 5) return import_side(argv[2], argv[3], argv[4]);
   if (mode == "forge" && argc == 4) return forge(argv[2], argv[3]);
   if (mode == "open" && argc == 3) return open_only(argv[2]);
-  std::fprintf(stderr,
-               "usage: ipc_client export keep|free | import MEM EVENT close|leave | forge MEM "
-               "EVENT | open MEM\n");
+  std::fprintf(
+      stderr,
+      "usage: ipc_client export keep|free|watch | import MEM EVENT close|leave | forge MEM "
+      "EVENT | open MEM\n");
   return 2;
 }

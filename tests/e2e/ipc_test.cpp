@@ -51,10 +51,11 @@ struct Exporter {
   std::string base, memory, event;
 };
 
-Exporter start_exporter(const Daemon& daemon, const char* then) {
+Exporter start_exporter(const Daemon& daemon, const char* then,
+                        std::map<std::string, std::string> env = {}) {
   Exporter e;
   e.child = std::make_unique<Child>(std::vector<std::string>{client(), "export", then},
-                                    daemon.client_env(), true);
+                                    daemon.client_env(std::move(env)), true);
   INFO("exporter: " << e.child->out() << "\ndaemon log:\n" << daemon.log());
   REQUIRE(e.child->wait_for_output("EXPORTED", 60s));
   // Own handle refused with INVALID_CONTEXT (201), a timing event's export with INVALID_VALUE,
@@ -119,6 +120,28 @@ TEST_CASE(
   CHECK(eventually([&] { return ps_pids(daemon).empty(); }));
   CHECK(eventually([&] { return held(daemon) == before; }));
   CHECK(daemon.log().find("closed the last open of allocation") != std::string::npos);
+}
+
+TEST_CASE("memory the exporter freed while opened stays charged to it until the importer closes it",
+          "[e2e][ipc]") {
+  Daemon daemon;
+  Exporter a = start_exporter(daemon, "watch", {{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=64M"}});
+  Child b({client(), "import", a.memory, a.event, "close"}, daemon.client_env(), true);
+  {
+    INFO("importer: " << b.out() << "\ndaemon log:\n" << daemon.log());
+    REQUIRE(b.wait_for_output("RECORDED", 60s));
+  }
+  a.child->close_stdin();
+  {
+    INFO("exporter: " << a.child->out() << "\ndaemon log:\n" << daemon.log());
+    REQUIRE(a.child->wait_for_output("FREED", 60s));
+    CHECK(a.child->out().find("still_charged=1") != std::string::npos);
+  }
+  b.close_stdin();  // the importer closes it: the exporter gets its bytes back
+  require_pass(b.wait(60s), daemon);
+  Outcome watched = a.child->wait(60s);
+  require_pass(watched, daemon);
+  CHECK(watched.out.find("returned=1") != std::string::npos);
 }
 
 TEST_CASE("forged, garbled, other GPUs' and wrong-kind handles are refused; the session lives on",
