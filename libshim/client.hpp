@@ -231,6 +231,11 @@ struct DeviceRange {
   std::uint32_t handle_types = 0;  // VMM mappings: the allocation's CUmemAllocationHandleType bits
   CUmemoryPool pool = nullptr;     // stream-ordered allocations: the pool it came from
   std::uint64_t id = 0;            // unique for the process's life; add_device assigns it
+  // Another client's allocation opened with cuIpcOpenMemHandle (ipc.cpp): closed with
+  // cuIpcCloseMemHandle, never freed with cuMemFree.
+  bool ipc_opened = false;
+  bool module_global =
+      false;  // a module's __device__ variable (cuModuleGetGlobal), not an allocation
 };
 struct PinnedRange {
   std::byte* base;

@@ -61,6 +61,13 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   if (!address_book().find_device(dptr, &range) || range.base != dptr || range.vmm) {
     return CUDA_ERROR_INVALID_VALUE;  // a VMM mapping is freed with cuMemUnmap
   }
+  if (range.ipc_opened) {
+    log_once("cuMemFree.ipc", Level::warn,
+             "cuMemFree: {:#x} was opened with cuIpcOpenMemHandle; it is closed with "
+             "cuIpcCloseMemHandle",
+             dptr);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   proto::MemFreeReq request{dptr};
   CUresult rc = range.ctx->session->call(proto::Op::kMemFree, request, static_cast<int*>(nullptr));
   if (rc == CUDA_SUCCESS) address_book().remove_device(dptr, nullptr);
@@ -271,8 +278,10 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdevicept
       *static_cast<unsigned long long*>(data) = is_device ? device.id : pinned.region;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
-      // cuIpcGetMemHandle is not served yet: say so before a library tries it.
-      *static_cast<int*>(data) = 0;
+      // What cuIpcGetMemHandle takes (libshim/ipc.cpp, docs/ipc.md): this process's own
+      // cuMemAlloc memory; not pool memory, VMM mappings, module globals or opened handles.
+      *static_cast<int*>(data) = is_device && !device.vmm && !device.ipc_opened &&
+                                 device.pool == nullptr && !device.module_global;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
       // A VMM mapping's allocation's requested types (only POSIX fds are served); nothing else

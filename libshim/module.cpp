@@ -328,7 +328,9 @@ CUresult get_global(Context* ctx, proto::Op op, proto::WireHandle handle, CUdevi
   CUresult rc = lookup(ctx, op, handle, name, &reply, sizeof reply);
   if (rc != CUDA_SUCCESS) return rc;
   if (!address_book().find_device(reply.dptr, nullptr)) {
-    address_book().add_device({reply.dptr, reply.bytes, ctx});
+    DeviceRange global{reply.dptr, reply.bytes, ctx};
+    global.module_global = true;
+    address_book().add_device(global);
   }
   if (dptr) *dptr = reply.dptr;
   if (bytes) *bytes = reply.bytes;

@@ -57,6 +57,11 @@ CUresult record_event(CUevent hevent, CUstream handle, unsigned flags, DefaultSt
   if (CUresult rc = resolve_stream(handle, mode, ctx, stream); rc != CUDA_SUCCESS) return rc;
   if (event->ctx->session != ctx->session) return CUDA_ERROR_INVALID_HANDLE;
   proto::EventRecordReq request{event->wire, stream->wire, flags, 0};
+  // Another process may wait on an interprocess event as soon as this returns (it tells it so
+  // through its own channel): the record must be issued by then, so it is a round trip.
+  if ((event->flags & CU_EVENT_INTERPROCESS) != 0) {
+    return ctx->session->call(proto::Op::kEventRecord, request, static_cast<int*>(nullptr));
+  }
   return ctx->session->post(proto::Op::kEventRecord, request);
 }
 
@@ -158,10 +163,9 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuEventCreate(CUevent* out, unsigned int flags) 
   constexpr unsigned kKnown =
       CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
   if (out == nullptr || (flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
-  if ((flags & CU_EVENT_INTERPROCESS) != 0) {
-    log_once("cuEventCreate.ipc", Level::warn,
-             "cuEventCreate: CU_EVENT_INTERPROCESS events are not supported by mpsshim");
-    return CUDA_ERROR_NOT_SUPPORTED;
+  // An interprocess event must not time (cuda.h); it is shared through cuIpcGetEventHandle.
+  if ((flags & CU_EVENT_INTERPROCESS) != 0 && (flags & CU_EVENT_DISABLE_TIMING) == 0) {
+    return CUDA_ERROR_INVALID_VALUE;
   }
   proto::EventCreateReq request{ctx->wire, flags, 0};
   proto::EventCreateRep reply{};

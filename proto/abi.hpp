@@ -31,7 +31,10 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // executable graph (ops 90..92: BeginCaptureToGraphReq, GraphGetEdgesReq/Rep, WireEdge,
 // GraphExecKernelNodeReq).
 // Minor 8: child graph nodes (ops 93..95: GraphChildNodeReq, GraphExecChildNodeReq).
-inline constexpr std::uint16_t kAbiMinor = 9;
+// Minor 9: a graph node's type (op 96: GraphNodeTypeRep).
+// Minor 10: interprocess memory and event handles (ops 97..101, proto/ops_ipc.hpp: IpcHandle,
+// IpcGetMemHandleReq, IpcOpenReq, IpcOpenMemRep).
+inline constexpr std::uint16_t kAbiMinor = 10;
 
 // FROZEN FOREVER. Every message on every mpsshim socket starts with this header, so that any two
 // versions of mpsshim can at least tell each other which versions they are. Never change it.

@@ -131,6 +131,13 @@ enum class Op : std::uint16_t {
   kGraphExecChildGraphNodeSetParams = 95,
   // A node's type (cuGraphNodeGetType): XLA asks it of a captured graph's dependencies.
   kGraphNodeGetType = 96,  // HandleReq (the node) -> GraphNodeTypeRep
+  // Interprocess memory and event handles between clients of one server (proto/ops_ipc.hpp,
+  // broker/server/ops_ipc.cpp, libshim/ipc.cpp; docs/ipc.md).
+  kIpcGetMemHandle = 97,      // IpcGetMemHandleReq -> IpcHandle
+  kIpcOpenMemHandle = 98,     // IpcOpenReq -> IpcOpenMemRep
+  kIpcCloseMemHandle = 99,    // MemFreeReq (the opened base) -> IpcCloseRep
+  kIpcGetEventHandle = 100,   // HandleReq (the event) -> IpcHandle
+  kIpcOpenEventHandle = 101,  // IpcOpenReq -> EventCreateRep
   kCount
 };
 

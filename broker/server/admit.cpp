@@ -75,7 +75,7 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
     refuse(client.get(), CUDA_ERROR_MPS_SERVER_NOT_READY, held.error());
     return;
   }
-  auto session = std::make_unique<Session>(gpu_, green_pool_, info);
+  auto session = std::make_unique<Session>(gpu_, green_pool_, ipc_, info);
   Session& s = *session;
   auto fail = [&](CUresult error, const std::string& why) {
     log_error("could not admit {}: {}", s.who(), why);

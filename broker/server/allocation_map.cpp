@@ -37,6 +37,13 @@ const DeviceRange* AllocationMap::find(std::uint64_t base) const {
   return it == ranges_.end() ? nullptr : &it->second;
 }
 
+const DeviceRange* AllocationMap::find_containing(std::uint64_t address) const {
+  auto after = ranges_.upper_bound(address);
+  if (after == ranges_.begin()) return nullptr;
+  const DeviceRange& range = std::prev(after)->second;
+  return address - range.base < range.bytes ? &range : nullptr;
+}
+
 std::optional<DeviceRange> AllocationMap::remove(std::uint64_t base) {
   auto it = ranges_.find(base);
   if (it == ranges_.end()) return std::nullopt;

@@ -16,14 +16,16 @@ namespace mpsshim::server {
 // kMapped: a cuMemMap'ed range with read-write access (ops_vmm.cpp). Consecutive mapped ranges
 // are one contiguous span of device addresses, as for the driver: a pointer range may cross
 // from one into the next (an expandable allocator grows a buffer a mapping at a time).
-enum class RangeKind : std::uint8_t { kAllocation, kGlobal, kPinned, kMapped };
+// kOpened: another client's allocation opened with cuIpcOpenMemHandle (ipc_memory.cpp); usable
+// as the client's own, freed only with cuIpcCloseMemHandle.
+enum class RangeKind : std::uint8_t { kAllocation, kGlobal, kPinned, kMapped, kOpened };
 
 struct DeviceRange {
   std::uint64_t base = 0;
   std::uint64_t bytes = 0;
   RangeKind kind = RangeKind::kAllocation;
   // allocation: context id (pool id for pool memory); global: module/library id; pinned: region
-  // id; mapped: the physical allocation's id
+  // id; mapped: the physical allocation's id; opened: the export's registry token
   std::uint64_t owner = 0;
 };
 
@@ -38,6 +40,8 @@ class AllocationMap {
   bool contains(std::uint64_t p, std::uint64_t n) const;
 
   const DeviceRange* find(std::uint64_t base) const;
+  // The range that holds `address` (its base or inside it), if any.
+  const DeviceRange* find_containing(std::uint64_t address) const;
   std::optional<DeviceRange> remove(std::uint64_t base);
   std::vector<DeviceRange> remove_if(const std::function<bool(const DeviceRange&)>& pred);
 
@@ -47,7 +51,7 @@ class AllocationMap {
 
  private:
   std::map<std::uint64_t, DeviceRange> ranges_;  // by base
-  std::array<std::size_t, 4> by_kind_{};         // ranges_ counted by RangeKind
+  std::array<std::size_t, 5> by_kind_{};         // ranges_ counted by RangeKind
 };
 
 }  // namespace mpsshim::server

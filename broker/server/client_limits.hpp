@@ -26,6 +26,7 @@ enum class ClientLimit : std::uint8_t {
   kPinnedBytes,    // pinned host memory registered or allocated (bytes)
   kHostFunctions,  // host functions queued and not yet run, or kept by its graphs
   kInFlight,       // GPU work the server tracks for it (replies, staging chunks, deferred frees)
+  kIpcOpens,       // other clients' allocations it holds open (cuIpcOpenMemHandle; docs/ipc.md)
   kCount
 };
 
@@ -50,6 +51,7 @@ inline constexpr std::array<ClientLimitSpec, static_cast<std::size_t>(ClientLimi
         {"pinned", "bytes of pinned host memory", 0, true},
         {"host-functions", "queued host functions", 16384, false},
         {"in-flight", "operations in flight", 1024, false},
+        {"ipc-opens", "opened IPC memory handles", 16384, false},
     }};
 
 inline const ClientLimitSpec& spec_of(ClientLimit limit) {

@@ -10,6 +10,7 @@
 #include "broker/server/launch_batch.hpp"
 #include "broker/server/ops.hpp"
 #include "proto/ops_copies.hpp"
+#include "proto/ops_ipc.hpp"
 #include "proto/ops_vmm.hpp"
 
 namespace mpsshim::server {
@@ -139,6 +140,15 @@ std::array<OpSpec, kOpCount> make_specs() {
       op_graph_exec_child_graph_node_set_params, sizeof(GraphExecChildNodeReq), true);
   set(Op::kGraphNodeGetType, "GraphNodeGetType", op_graph_node_get_type, sizeof(HandleReq), true);
   set(Op::kHostFunc, "HostFunc", op_host_func, sizeof(HostFuncReq), false);
+  set(Op::kIpcGetMemHandle, "IpcGetMemHandle", op_ipc_get_mem_handle, sizeof(IpcGetMemHandleReq),
+      true);
+  set(Op::kIpcOpenMemHandle, "IpcOpenMemHandle", op_ipc_open_mem_handle, sizeof(IpcOpenReq), true);
+  set(Op::kIpcCloseMemHandle, "IpcCloseMemHandle", op_ipc_close_mem_handle, sizeof(MemFreeReq),
+      true);
+  set(Op::kIpcGetEventHandle, "IpcGetEventHandle", op_ipc_get_event_handle, sizeof(HandleReq),
+      true);
+  set(Op::kIpcOpenEventHandle, "IpcOpenEventHandle", op_ipc_open_event_handle, sizeof(IpcOpenReq),
+      true);
   set(Op::kMemPoolCreate, "MemPoolCreate", op_mem_pool_create, sizeof(MemPoolCreateReq), true);
   set(Op::kMemPoolDestroy, "MemPoolDestroy", op_mem_pool_destroy, sizeof(HandleReq), false);
   set(Op::kMemPoolSetAttribute, "MemPoolSetAttribute", op_mem_pool_set_attribute,

@@ -4,9 +4,11 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "broker/server/handle_table.hpp"
+#include "broker/server/ipc_registry.hpp"
 #include "broker/server/kernel_params.hpp"
 #include "proto/ops_vmm.hpp"
 
@@ -55,6 +57,11 @@ struct EventObj {
   // green context, so after a live SM quota change its next record gets a fresh one
   // (sm_quota_change.hpp).
   std::uint32_t green_generation = 0;
+  // An interprocess event (exported with cuIpcGetEventHandle, or opened): `event` is then null
+  // and the event lives in the IpcEvent, shared with the other clients that hold it.
+  std::shared_ptr<IpcEvent> ipc;
+  // What a query, a synchronize or a stream wait looks at.
+  CUevent driver_event() const { return ipc ? ipc->latest() : event; }
 };
 
 struct ModuleObj {

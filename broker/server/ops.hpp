@@ -102,6 +102,12 @@ OpResult op_graph_add_dependencies(Call& call);
 OpResult op_host_func(Call& call);
 
 // ops_memory_pool.cpp
+// ops_ipc.cpp
+OpResult op_ipc_get_mem_handle(Call& call);
+OpResult op_ipc_open_mem_handle(Call& call);
+OpResult op_ipc_close_mem_handle(Call& call);
+OpResult op_ipc_get_event_handle(Call& call);
+OpResult op_ipc_open_event_handle(Call& call);
 OpResult op_mem_pool_create(Call& call);
 OpResult op_mem_pool_destroy(Call& call);
 OpResult op_mem_pool_set_attribute(Call& call);

@@ -2,6 +2,7 @@
 #include <limits>
 
 #include "broker/server/busy_time.hpp"
+#include "broker/server/ipc_memory.hpp"
 #include "broker/server/limit_check.hpp"
 #include "broker/server/log.hpp"
 #include "broker/server/ops.hpp"
@@ -85,18 +86,29 @@ OpResult op_mem_free(Call& call) {
   Session& session = call.session;
   if (req.dptr == 0) return call.done();  // cuMemFree(0), like free(NULL)
   const DeviceRange* range = session.memory.find(req.dptr);
+  if (range != nullptr && range->kind == RangeKind::kOpened) {
+    log_debug(
+        "{} asked cuMemFree of {:#x}, another client's allocation it opened; refused (it "
+        "closes it with cuIpcCloseMemHandle)",
+        session.who(), req.dptr);
+    return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
   if (range == nullptr || range->kind != RangeKind::kAllocation) {
     note_not_owned(call, fmt::format("allocation {:#x}", req.dptr));
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
   Retired bundle;
   bundle.allocations.push_back(*session.memory.remove(req.dptr));
+  // Exported and opened by another client: it stays for them, charged to this client until
+  // the last of them closes it (docs/ipc.md).
+  if (ipc_hand_over(session, req.dptr)) return call.done();
   session.release_memory(bundle.allocations.back().bytes);
   return call.done(retire(session, std::move(bundle)));
 }
 
 OpResult op_mem_get_info(Call& call) {
-  const Session& session = call.session;
+  Session& session = call.session;
+  session.take_back_ipc_bytes();
   std::size_t free_bytes = 0, total_bytes = 0;
   if (CUresult r = call.cu.cuMemGetInfo_v2(&free_bytes, &total_bytes); r != CUDA_SUCCESS) {
     return call.done(r);

@@ -86,7 +86,7 @@ OpResult op_stream_wait_event(Call& call) {
   auto req = call.request<proto::StreamWaitEventReq>();
   const EventObj* event = call.session.objects.get<EventObj>(req.event);
   if (event == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
-  CUevent driver_event = event->event;
+  CUevent driver_event = event->driver_event();
   CUresult error = CUDA_SUCCESS;
   StreamObj* stream = use_stream(call, req.stream, true, &error);
   if (stream == nullptr) return call.done(error);

@@ -1,6 +1,8 @@
 #include "broker/server/retire.hpp"
+
 #include "broker/server/busy_time.hpp"
 #include "broker/server/capture.hpp"
+#include "broker/server/ipc_memory.hpp"
 
 #include <sys/mman.h>
 
@@ -170,6 +172,7 @@ CUresult retire_context(Session& session, std::uint64_t ctx_id) {
   for (const DeviceRange& a : session.memory.remove_if([&](const DeviceRange& r) {
          return r.kind == RangeKind::kAllocation && r.owner == ctx_id;
        })) {
+    if (ipc_hand_over(session, a.base)) continue;  // others have it open (ipc_memory.hpp)
     session.release_memory(a.bytes);
     bundle.allocations.push_back(a);
   }
@@ -179,7 +182,8 @@ CUresult retire_context(Session& session, std::uint64_t ctx_id) {
   CUresult result = retire(session, std::move(bundle));
   for (std::uint64_t id :
        session.objects.ids_where<EventObj>([&](const EventObj& e) { return e.ctx == ctx_id; })) {
-    session.destroy_client_event(session.objects.take<EventObj>(id)->event);
+    auto event = session.objects.take<EventObj>(id);
+    if (!event->ipc) session.destroy_client_event(event->event);
   }
   for (std::uint64_t id :
        session.objects.ids_where<StreamObj>([&](const StreamObj& s) { return s.ctx == ctx_id; })) {
@@ -204,6 +208,8 @@ FreedTally free_everything(Session& session) {
   session.retiring.clear();
 
   Retired rest;
+  // First: exports others still have open leave the memory map, imports are closed.
+  ipc_end_session(session, rest);
   for (std::uint64_t id : session.objects.ids<LibraryObj>()) forget_library(session, id, rest);
   for (std::uint64_t id : session.objects.ids<ModuleObj>()) forget_module(session, id, rest);
   for (const DeviceRange& a : session.memory.remove_if(
@@ -230,8 +236,9 @@ FreedTally free_everything(Session& session) {
   }
 
   for (std::uint64_t id : session.objects.ids<EventObj>()) {
-    warn_if_failed(session, cu.cuEventDestroy_v2(session.objects.take<EventObj>(id)->event),
-                   "cuEventDestroy");
+    auto event = session.objects.take<EventObj>(id);
+    // An interprocess event's driver events go with its last holder (~IpcEvent).
+    if (!event->ipc) warn_if_failed(session, cu.cuEventDestroy_v2(event->event), "cuEventDestroy");
     ++tally.events;
   }
   for (std::uint64_t id : session.objects.ids<StreamObj>()) {

@@ -23,6 +23,7 @@
 #include "broker/server/green_context_pool.hpp"
 #include "broker/server/heap_trim.hpp"
 #include "broker/server/idle_strategy.hpp"
+#include "broker/server/ipc_registry.hpp"
 #include "broker/server/session.hpp"
 #include "broker/server/worker.hpp"
 #include "proto/control.hpp"
@@ -96,6 +97,8 @@ class Server final {
   const Gpu& gpu() const { return gpu_; }
   // Green contexts of finished sessions, kept for the next ones (tests, the log at exit).
   GreenContextPoolFigures green_context_pool() const { return green_pool_.figures(); }
+  // The interprocess handles of its clients (tests: entries back to 0 once they are gone).
+  IpcRegistry& ipc_registry() { return ipc_; }
   bool context_held() const { return lease_.held(); }
   const ServerSettings& settings() const { return settings_; }
   std::size_t session_count() const;
@@ -164,6 +167,9 @@ class Server final {
   ServerSettings settings_;
   // Before the lease (which empties it) and the workers (whose sessions give back to it).
   GreenContextPool green_pool_{gpu_, settings_.green_context_pool};
+  // The interprocess handles of this server's clients, shared by every worker (its own mutex;
+  // ipc_registry.hpp). Declared before the sessions' owners: it outlives every session.
+  IpcRegistry ipc_{gpu_.ordinal};
   ContextLease lease_{gpu_, green_pool_, settings_.context_idle_timeout};
   proto::UniqueFd control_;
   proto::UniqueFd epoll_;

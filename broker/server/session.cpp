@@ -12,12 +12,13 @@
 
 namespace mpsshim::server {
 
-Session::Session(const Gpu& gpu, GreenContextPool& green_pool, ClientInfo info)
+Session::Session(const Gpu& gpu, GreenContextPool& green_pool, IpcRegistry& ipc, ClientInfo info)
     // Salting the ids with the client id keeps one client's ids from naming another's objects.
     : client(std::move(info)),
       objects(client.id * 0x9E3779B1u),
       gpu_(&gpu),
-      green_pool_(&green_pool) {}
+      green_pool_(&green_pool),
+      ipc_(&ipc) {}
 
 MemoryReservation::~MemoryReservation() {
   if (session_ != nullptr) session_->release_memory(bytes_);
@@ -31,6 +32,7 @@ void MemoryReservation::keep() {
 }
 
 tl::expected<MemoryReservation, MemoryLimitHit> Session::reserve_memory(std::uint64_t bytes) {
+  take_back_ipc_bytes();
   // The allocation's limit first: a client of one is usually given that same limit as its own,
   // and the refusal should name the shared one.
   if (allocation && !allocation->try_charge(bytes)) {
@@ -48,6 +50,12 @@ void Session::release_memory(std::uint64_t bytes) {
   const std::uint64_t released = std::min(memory_used, bytes);
   memory_used -= released;
   if (allocation) allocation->release(released);
+}
+
+void Session::take_back_ipc_bytes() {
+  if (std::uint64_t back = ipc_returned->bytes.exchange(0, std::memory_order_acq_rel); back != 0) {
+    release_memory(back);
+  }
 }
 
 std::string Session::who() const {
@@ -98,7 +106,9 @@ tl::expected<CUevent, CUresult> Session::create_event(unsigned flags) {
     return tl::unexpected(r);
   }
   CUevent event = nullptr;
-  CUresult r = driver.cuEventCreate(&event, flags);
+  // Interprocess events are shared inside this process (ipc_registry.hpp): the driver's own
+  // interprocess machinery is not needed.
+  CUresult r = driver.cuEventCreate(&event, flags & ~unsigned{CU_EVENT_INTERPROCESS});
   // Everything else the server does runs with the primary context current.
   driver.cuCtxSetCurrent(gpu_->primary);
   if (r != CUDA_SUCCESS) return tl::unexpected(r);

@@ -26,6 +26,7 @@
 #include "broker/server/green_context.hpp"
 #include "broker/server/green_context_pool.hpp"
 #include "broker/server/host_fences.hpp"
+#include "broker/server/ipc_registry.hpp"
 #include "broker/server/launch_batch.hpp"
 #include "broker/server/objects.hpp"
 #include "broker/server/priority_gate.hpp"
@@ -104,6 +105,9 @@ struct Completion {
   std::uint32_t generation = 0;
   CUresult result = CUDA_SUCCESS;
   proto::Op op = proto::Op::kPad;
+  // Keeps what the waits name alive until the completion is gone (an interprocess event
+  // another client may destroy meanwhile).
+  std::shared_ptr<const void> keep_alive;
   // A wait on a host fence asks the driver (its event) no earlier than this.
   std::chrono::steady_clock::time_point next_fault_check{};
 
@@ -152,8 +156,8 @@ struct FreedTally {
 
 class Session {
  public:
-  // `green_pool` is the server's; it outlives every session.
-  Session(const Gpu& gpu, GreenContextPool& green_pool, ClientInfo client);
+  // `green_pool` and `ipc` are the server's; they outlive every session.
+  Session(const Gpu& gpu, GreenContextPool& green_pool, IpcRegistry& ipc, ClientInfo client);
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
@@ -161,6 +165,8 @@ class Session {
   const DriverTable& cu() const { return *gpu_->cu; }
   // Where its green contexts come from and go back to (green_context_pool.hpp).
   GreenContextPool& green_pool() const { return *green_pool_; }
+  // The server's interprocess handles (ipc_registry.hpp), shared with its other sessions.
+  IpcRegistry& ipc() const { return *ipc_; }
 
   // "client 3 (pid 4123, vector_add)"
   std::string who() const;
@@ -221,6 +227,9 @@ class Session {
   tl::expected<MemoryReservation, MemoryLimitHit> reserve_memory(std::uint64_t bytes);
   // Gives back device memory the client freed (at most what is charged).
   void release_memory(std::uint64_t bytes);
+  // Gives back what the last closers of allocations it freed while exported have freed since
+  // (IpcReturnedBytes); called before every charge and every memory query.
+  void take_back_ipc_bytes();
 
   // ---- identity and settings ---------------------------------------------------------------
   ClientInfo client;
@@ -270,6 +279,22 @@ class Session {
 
   ObjectTable objects;
   AllocationMap memory;
+  // Interprocess memory (ipc_memory.cpp, docs/ipc.md), owned by the session's worker: what it
+  // exported, by allocation base, with the handle it was given (exporting again gives the same
+  // one); what it opened, by base, with how many opens are not closed yet (an open of a handle
+  // it has open counts one more, as in the driver); where closers of memory it freed while
+  // opened give the bytes back.
+  struct IpcExport {
+    std::shared_ptr<IpcMemory> memory;
+    proto::IpcHandle handle;
+  };
+  struct IpcImport {
+    std::shared_ptr<IpcMemory> memory;
+    std::uint32_t opens = 0;
+  };
+  std::map<std::uint64_t, IpcExport> ipc_exports;
+  std::map<std::uint64_t, IpcImport> ipc_imports;
+  std::shared_ptr<IpcReturnedBytes> ipc_returned = std::make_shared<IpcReturnedBytes>();
   VirtualMemory vmm;  // address reservations and mappings (virtual_memory.hpp)
   // The driver hands out the same CUfunction/CUkernel/CUmodule again for the same name: one id.
   std::unordered_map<void*, std::uint64_t> ids_by_driver_handle;
@@ -314,7 +339,8 @@ class Session {
   // whose refusal has been logged already (bit per ClientLimit; limit_check.hpp).
   ClientLimits limits;
   std::uint32_t limits_logged = 0;
-  bool not_owned_logged = false;  // it named another's handle or memory (note_not_owned)
+  bool not_owned_logged = false;         // it named another's handle or memory (note_not_owned)
+  std::uint8_t ipc_refusals_logged = 0;  // bit per IpcRefusalKind logged at warn (ops_ipc.cpp)
   // Its class (CUDA_MPS_CLIENT_PRIORITY), whether it holds back others or is held back, and
   // the fences after its last passes (priority_gate.hpp).
   PriorityState priority;
@@ -325,6 +351,7 @@ class Session {
  private:
   const Gpu* gpu_;
   GreenContextPool* green_pool_;
+  IpcRegistry* ipc_;
 };
 
 // The client's green context current for a call that takes the current context (graph

@@ -123,7 +123,7 @@ done
 RT_TIMEOUT=${RT_TIMEOUT:-180}
 RT_PROGRAMS=(rt_vector_add rt_matmul_shared rt_streams_events rt_host_threads rt_per_thread_stream
   rt_pinned_mapped rt_managed rt_graph rt_malloc_async rt_cooperative rt_copy_2d rt_host_callback
-  rt_texture rt_vmm rt_capture_to_graph rt_child_graph)
+  rt_texture rt_vmm rt_capture_to_graph rt_child_graph rt_ipc)
 # The grid of a cooperative launch follows the SM count, which is the client's quota under the shim.
 declare -A RT_IGNORED=([rt_cooperative]="blocks sms")
 

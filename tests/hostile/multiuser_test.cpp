@@ -5,9 +5,10 @@
 // What it shows: clients of both uids share the server and both pass; a client of one uid
 // cannot reach the other's memory or objects, through the raw protocol (hostile_client forge)
 // or the CUDA API under the shim (cuMemcpy from its pointer, cuPointerGetAttribute, IPC
-// handles, VMM export/import: e2e_client foreign); a non-root user's mpsshimctl is refused every
-// operator command and the other's client goes on; the runtime directory, socket and pid file
-// have the documented owners and modes (docs/daemon.md).
+// handles, VMM export/import: e2e_client foreign); a genuine IPC handle of alice's is refused to
+// bob and opens for another client of alice's (ipc_client; docs/ipc.md); a non-root user's
+// mpsshimctl is refused every operator command and the other's client goes on; the runtime
+// directory, socket and pid file have the documented owners and modes (docs/daemon.md).
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -163,6 +164,29 @@ TEST_CASE("clients of two users share a server and cannot reach each other", "[m
     CHECK(apis.out.find("PASS foreign") != std::string::npos);
     owner.kill(SIGKILL);
     owner.wait(10s);
+  }
+
+  SECTION("alice's genuine IPC handle opens for her other client and is refused to bob") {
+    Child exporter(as(g_alice, {artefact("E2E_IPC_CLIENT"), "export", "keep"}), daemon.client_env(),
+                   true);
+    REQUIRE(exporter.wait_for_output("EXPORTED", 30s));
+    std::smatch m;
+    const std::string out = exporter.out();
+    REQUIRE(std::regex_search(out, m, std::regex("mem=([0-9a-f]+)")));
+    auto open_as = [&](const auto& user) {
+      Child c(as(user, {artefact("E2E_IPC_CLIENT"), "open", m[1]}), daemon.client_env());
+      const pid_t pid = c.pid();
+      return std::make_pair(c.wait(60s), pid);
+    };
+    auto [bob, bob_pid] = open_as(g_bob);
+    INFO("bob: " << bob.out << bob.err << "\ndaemon log:\n" << daemon.log());
+    CHECK(bob.out.find("OPEN result=400") != std::string::npos);  // CUDA_ERROR_INVALID_HANDLE
+    CHECK(!log_line(daemon, bob_pid, "only clients of the same user may open").empty());
+    auto [alice, alice_pid] = open_as(g_alice);
+    INFO("alice: " << alice.out << alice.err);
+    CHECK(alice.out.find("OPEN result=0") != std::string::npos);
+    exporter.kill(SIGKILL);
+    exporter.wait(10s);
   }
 
   SECTION("bob's mpsshimctl is refused every operator command; alice's client goes on") {

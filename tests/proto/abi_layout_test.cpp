@@ -11,6 +11,7 @@
 #include "proto/device_snapshot.hpp"
 #include "proto/ops.hpp"
 #include "proto/ops_copies.hpp"
+#include "proto/ops_ipc.hpp"
 #include "proto/ops_vmm.hpp"
 #include "proto/ring.hpp"
 #include "proto/segment.hpp"
@@ -345,6 +346,21 @@ std::uint64_t layout_fingerprint() {
   SIZE(VmmGetAccessRep);
   SIZE(VmmRetainReq);
   SIZE(GraphNodeTypeRep);
+  SIZE(IpcHandle);
+  FIELD(IpcHandle, kind);
+  FIELD(IpcHandle, device);
+  FIELD(IpcHandle, server_id);
+  FIELD(IpcHandle, token);
+  FIELD(IpcHandle, secret);
+  FIELD(IpcHandle, offset);
+  FIELD(IpcHandle, bytes);
+  SIZE(IpcGetMemHandleReq);
+  SIZE(IpcOpenReq);
+  FIELD(IpcOpenReq, ctx);
+  FIELD(IpcOpenReq, flags);
+  SIZE(IpcOpenMemRep);
+  SIZE(IpcCloseRep);
+  f.add(kIpcHandleMagic);
   f.add(kMaxVmmAccessDescs);
   f.add(static_cast<std::uint64_t>(Op::kCount));
   f.add(static_cast<std::uint64_t>(MessageKind::kServerTerminateClient));
@@ -367,9 +383,10 @@ constexpr Pinned kPinned[] = {
     {1, 5, 0x818acb60df98e984},  // ModuleFunctionNames (op 89)
     {1, 6,
      0xa59cccc35b43d57f},  // static SM partitions: sm_partition in the hello and in ServerAdmit
-    {1, 7, 0xb4bbd7546a9072ee},  // capture into a graph, edges, exec kernel node params (90..92)
-    {1, 8, 0x9798731fda2bcab7},  // child graph nodes (93..95)
-    {1, 9, 0x3ba939ee2016bf96},  // a graph node's type (96)
+    {1, 7, 0xb4bbd7546a9072ee},   // capture into a graph, edges, exec kernel node params (90..92)
+    {1, 8, 0x9798731fda2bcab7},   // child graph nodes (93..95)
+    {1, 9, 0x3ba939ee2016bf96},   // a graph node's type (96)
+    {1, 10, 0x1754e4691ab97c14},  // interprocess memory and event handles (97..101)
 };
 
 }  // namespace

@@ -108,7 +108,8 @@ TEST_CASE("top orders opcodes by server time, then by count", "[server][stats]")
 TEST_CASE("a session's stats line names the client and its figures", "[server][stats]") {
   Gpu gpu{};
   GreenContextPool pool(gpu, 0);
-  Session sut(gpu, pool, ClientInfo{3, 4123, 1000, 1000, "my program"});
+  IpcRegistry ipc(gpu.ordinal);
+  Session sut(gpu, pool, ipc, ClientInfo{3, 4123, 1000, 1000, "my program"});
   for (int i = 0; i < 20; ++i) sut.stats.record(Op::kLaunchKernel, 2500, 800);
   sut.stats.record(Op::kStreamSynchronize, 7 * kMs, 800);
   sut.stats.record(Op::kPing, 1500, kNoDelay);
@@ -137,7 +138,8 @@ TEST_CASE("a session's stats line names the client and its figures", "[server][s
 TEST_CASE("a session without records or stamps shows dashes", "[server][stats]") {
   Gpu gpu{};
   GreenContextPool pool(gpu, 0);
-  Session sut(gpu, pool, ClientInfo{1, 77, 0, 0, "old"});
+  IpcRegistry ipc(gpu.ordinal);
+  Session sut(gpu, pool, ipc, ClientInfo{1, 77, 0, 0, "old"});
 
   auto empty = fields_of(format_session_stats(sut));
   CHECK(empty["records"] == "0");

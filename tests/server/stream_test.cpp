@@ -159,9 +159,13 @@ TEST_CASE("events record, wait, query, synchronize and time", "[server][streams]
   CHECK(elapsed.as<proto::ElapsedRep>().milliseconds == 1.5f);
   CHECK(sut.control()->async_error.load() == 0);
 
+  // An interprocess event must not time (docs/ipc.md shares it with other clients).
   CHECK(
       sut.call(Op::kEventCreate, proto::EventCreateReq{ctx.ctx, CU_EVENT_INTERPROCESS, 0}).result ==
-      CUDA_ERROR_NOT_SUPPORTED);
+      CUDA_ERROR_INVALID_VALUE);
+  CHECK(sut.call(Op::kEventCreate,
+                 proto::EventCreateReq{ctx.ctx, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING, 0})
+            .result == CUDA_SUCCESS);
   CHECK(sut.call(Op::kEventQuery, proto::HandleReq{other_stream}).result ==
         CUDA_ERROR_INVALID_HANDLE);
 }
