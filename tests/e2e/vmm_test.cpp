@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "harness.hpp"
+#include "require_pass.hpp"
 
 using namespace mpsshim::e2e;
 using namespace std::chrono_literals;
@@ -27,12 +28,6 @@ unsigned long long field(const std::string& text, const std::string& key) {
   std::smatch m;
   if (!std::regex_search(text, m, std::regex(key + "=([0-9]+)"))) return ~0ull;
   return std::stoull(m[1]);
-}
-
-void require_pass(const Outcome& o, const Daemon& d) {
-  INFO("stdout: " << o.out << "\nstderr: " << o.err << "\ndaemon log:\n" << d.log());
-  REQUIRE(o.exit_code == 0);
-  REQUIRE(o.out.find("PASS") != std::string::npos);
 }
 
 // Free device memory as a fresh client sees it (e2e_client meminfo).
