@@ -227,10 +227,9 @@ struct DeviceRange {
   std::uint64_t bytes;
   Context* ctx;
   bool vmm = false;
-  int device = 0;                  // VMM mappings: the GPU whose server holds it
-  std::uint32_t handle_types = 0;  // VMM mappings: the allocation's CUmemAllocationHandleType bits
-  CUmemoryPool pool = nullptr;     // stream-ordered allocations: the pool it came from
-  std::uint64_t id = 0;            // unique for the process's life; add_device assigns it
+  int device = 0;               // VMM mappings: the GPU whose server holds it
+  CUmemoryPool pool = nullptr;  // stream-ordered allocations: the pool it came from
+  std::uint64_t id = 0;         // unique for the process's life; add_device assigns it
   // Another client's allocation opened with cuIpcOpenMemHandle (ipc.cpp): closed with
   // cuIpcCloseMemHandle, never freed with cuMemFree.
   bool ipc_opened = false;

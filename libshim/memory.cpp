@@ -284,9 +284,23 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdevicept
                                  device.pool == nullptr && !device.module_global;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
-      // A VMM mapping's allocation's requested types (only POSIX fds are served); nothing else
-      // here can be exported (exportable pools are refused, docs/memory-pools.md).
-      *static_cast<unsigned*>(data) = is_device ? device.handle_types : 0;
+      // A VMM mapping's allocation's requested types (only POSIX fds are served), asked of the
+      // server only here, so that cuMemMap stays one round trip; nothing else here can be
+      // exported through a shareable handle (exportable pools are refused, docs/memory-pools.md).
+      if (is_device && device.vmm) {
+        CUmemGenericAllocationHandle handle{};
+        if (CUresult rc = cuMemRetainAllocationHandle(&handle, reinterpret_cast<void*>(ptr));
+            rc != CUDA_SUCCESS) {
+          return rc;
+        }
+        CUmemAllocationProp prop{};
+        CUresult rc = cuMemGetAllocationPropertiesFromHandle(&prop, handle);
+        cuMemRelease(handle);
+        if (rc != CUDA_SUCCESS) return rc;
+        *static_cast<unsigned*>(data) = static_cast<unsigned>(prop.requestedHandleTypes);
+      } else {
+        *static_cast<unsigned*>(data) = 0;
+      }
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
       // The memory lives in the server's context: a NIC driver asked from this process cannot

@@ -243,17 +243,10 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t of
   if (handle_device != reservation.device) {
     return not_supported("cross_gpu", "mapping one GPU's memory into another GPU's reservation");
   }
-  // The handle types, for CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES of the mapping.
-  proto::VmmProp prop{};
-  if (CUresult rc = session->call(proto::Op::kVmmGetProperties, proto::HandleReq{wire}, &prop);
-      rc != CUDA_SUCCESS) {
-    return rc;
-  }
   proto::VmmMapReq request{ptr, size, offset, wire, flags};
   CUresult rc = session->call(proto::Op::kVmmMap, request, static_cast<int*>(nullptr));
   if (rc == CUDA_SUCCESS) {
-    address_book().add_device(
-        {ptr, size, reservation.ctx, true, reservation.device, prop.handle_types});
+    address_book().add_device({ptr, size, reservation.ctx, true, reservation.device});
   }
   return rc;
 }
