@@ -1,11 +1,12 @@
 // Gives the heap that finished sessions left behind back to the system.
 //
-// Why: the driver allocates host memory for what a client loads (a PyTorch client's ~300 MB of
-// fat binaries become ~1.2 GB of the server's RSS on an H100, driver 580) and frees it when the
-// client's libraries are unloaded, but glibc keeps freed memory in the arena of the thread that
-// freed it, and a server has a worker thread per CPU. A server whose clients come and go then
-// holds the high-water mark of every arena for its whole life. malloc_trim(0) returns the free
-// pages of every arena (madvise), keeping the mappings.
+// Why: the driver allocates host memory for what clients load (the first PyTorch client grew
+// the server by ~1.2 GiB on an H100, driver 580) and frees it from whichever worker thread
+// unloads it, but glibc keeps freed memory in that thread's arena, and a server has a worker
+// per CPU: without a trim the server keeps the high-water mark of every arena. malloc_trim(0)
+// returns the free pages of every arena (madvise), keeping the mappings. Measured: after a GPU
+// soak, one trim gave 6.4 GiB back when the last client left; trims while clients were
+// connected gave back little (docs/benchmarks.md, "Where the soak's memory goes").
 //
 // Who calls what: workers call session_freed() (any thread, lock-free); only the coordinator
 // thread calls maybe_trim(), which trims at most once per kMinInterval and only after a session
