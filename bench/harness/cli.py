@@ -56,6 +56,10 @@ def main() -> int:
                              "makes its output up, and no daemon starts (proves the plumbing)")
     parser.add_argument("--daemon-arg", action="append", default=[],
                         help="extra mpsshimd argument (repeatable), e.g. --daemon-arg=--log-level=info")
+    parser.add_argument("--ops-snapshot", action="store_true",
+                        help="shim modes: serve /metrics and save `mpsshimctl ps`, `ps --json` "
+                             "and a /metrics scrape from the middle of each multi-client group "
+                             "under OUT/ops/")
     args = parser.parse_args()
     if args.render:
         return render_only(args.render, args.out)

@@ -102,7 +102,7 @@ class ModeControl:
 
     def shim_command(self) -> list[str]:
         return [self.daemon, "--runtime-dir", self.shim_dir, "--server",
-                self.server] + self.args.daemon_arg
+                self.server] + self.ops_daemon_args() + self.args.daemon_arg
 
     def stop_mode(self, mode: str) -> None:
         if self.args.dry_run:

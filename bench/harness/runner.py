@@ -18,11 +18,12 @@ from .common import HERE, Interrupted, Proc, error_text, log, parse_result_line
 from .config import PRESETS
 from .dry_run import dry_run_argv
 from .modes import ALL_MODES, MODE_LABEL, ModeControl, is_shim
+from .ops_snapshot import OpsSnapshot
 from .report import is_skip, make_plots, render_report
 from .workloads import ALL_WORKLOADS, METRICS, WORKLOADS
 
 
-class Harness(ModeControl):
+class Harness(ModeControl, OpsSnapshot):
     def __init__(self, args):
         self.args = args
         self.preset_name = "full" if args.full else "quick"
@@ -123,11 +124,13 @@ class Harness(ModeControl):
 
     # ---- running groups ----------------------------------------------------------------------
     def run_group(self, mode, argvs, tag, timeout_s, wait_go=False, ready_timeout_s=60.0,
-                  go_delay_s=0.25, extra_env=None, extra_envs=None):
+                  go_delay_s=0.25, extra_env=None, extra_envs=None, snapshot_after_s=None):
         """Starts every argv at once; with wait_go, waits for all "# ready", then sends one go
         instant to all. Returns the Procs (waited for; killed at the deadline). extra_envs: one
-        dict per argv, added to that process's environment. With --dry-run each argv is run by
-        dry_run.py, which makes up its output."""
+        dict per argv, added to that process's environment. snapshot_after_s: with
+        --ops-snapshot, when (after go) to save the operator's view (ops_snapshot.py). With
+        --dry-run each argv is run by dry_run.py, which makes up its output."""
+        timer = None
         run_dir = os.path.join(self.work, "run")
         shutil.rmtree(run_dir, ignore_errors=True)
         os.makedirs(run_dir)
@@ -157,10 +160,15 @@ class Harness(ModeControl):
                 for p in procs:
                     p.send(f"{go}\n")
                     p.close_stdin()
+            if snapshot_after_s is not None:
+                timer = self.ops_timer(mode, tag, len(argvs), go_delay_s + snapshot_after_s)
             deadline = time.monotonic() + timeout_s
             for p in procs:
                 p.wait(deadline)
         finally:
+            if timer:
+                timer.cancel()
+                timer.join()
             for p in procs:
                 p.kill()
         self.keep_logs(procs, tag)

@@ -53,7 +53,8 @@ def _group(h, mode, rep, tag, high: bool, lows: int):
         envs.append({"CUDA_MPS_CLIENT_PRIORITY": "1"})
     procs = h.run_group(mode, argvs, f"priority.{mode}.{rep}.{tag}",
                         timeout_s=h.cfg["priority_duration_ms"] / 1000 + 60, wait_go=True,
-                        ready_timeout_s=60, extra_envs=envs)
+                        ready_timeout_s=60, extra_envs=envs,
+                        snapshot_after_s=h.cfg["priority_duration_ms"] / 2000)
     err = h.group_error(procs, "kernel_latency")
     if err:
         return None, err
