@@ -34,9 +34,15 @@ bool captures(Session& session, CUstream stream) {
   return status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-// Drops the fences that completed; true when none is left.
-bool fences_done(Session& session, std::size_t* completed = nullptr) {
+// Drops the fences that completed; true when none is left. Asks the driver at most every
+// `settings.fence_poll`; between two asks, a fence not yet seen completed counts as running.
+bool fences_done(Session& session, const PrioritySettings& settings, Clock::time_point now,
+                 std::size_t* completed = nullptr) {
   PriorityState& p = session.priority;
+  if (completed != nullptr) *completed = 0;
+  if (p.fences.empty()) return true;
+  if (is_set(p.fences_asked) && now - p.fences_asked < settings.fence_poll) return false;
+  p.fences_asked = now;
   std::size_t done = 0;
   for (std::size_t i = 0; i < p.fences.size();) {
     // An error here is a fault the completions report; the fence is done either way.
@@ -88,7 +94,7 @@ DrainPermit priority_permit(Session& session, PriorityBoard& board,
     end_hold(p, now);
     return {};
   }
-  const bool earlier_done = fences_done(session);
+  const bool earlier_done = fences_done(session, settings, now);
   const bool held_too_long = is_set(p.held_since) && now - p.held_since >= settings.max_hold;
   if (!earlier_done && !held_too_long) {
     if (!is_set(p.held_since)) {
@@ -113,6 +119,13 @@ void priority_note_stream(Session& session, CUstream stream) {
   if (std::find(touched.begin(), touched.end(), stream) == touched.end()) touched.push_back(stream);
 }
 
+void priority_note_covered(Session& session, CUstream stream) {
+  // A below-normal session's fences also bound how far it runs ahead: kept.
+  if (session.priority.below_normal) return;
+  std::vector<CUstream>& touched = session.priority.touched;
+  touched.erase(std::remove(touched.begin(), touched.end(), stream), touched.end());
+}
+
 void priority_end_pass(Session& session, const PriorityBoard& board) {
   PriorityState& p = session.priority;
   if (p.touched.empty()) return;
@@ -129,6 +142,7 @@ void priority_end_pass(Session& session, const PriorityBoard& board) {
       continue;
     }
     p.fences.push_back(*fence);
+    ++p.fenced;
   }
 }
 
@@ -137,7 +151,7 @@ std::size_t priority_poll(Session& session, PriorityBoard& board, const Priority
   PriorityState& p = session.priority;
   if (p.fences.empty() && !p.counted_busy) return 0;
   std::size_t completed = 0;
-  const bool all_done = fences_done(session, &completed);
+  const bool all_done = fences_done(session, settings, now, &completed);
   if (p.below_normal || !p.counted_busy) return completed;
   const bool idle = all_done && session.pending_gpu_work() == 0 &&
                     session.ring.peek().status == proto::PeekStatus::kEmpty;

@@ -51,6 +51,11 @@ struct PrioritySettings {
   std::size_t run_ahead = 4;
   // How long a normal session stays busy after it was last seen with work.
   std::chrono::microseconds linger{200};
+  // How often a worker asks the driver whether a session's fences completed (priority_poll,
+  // priority_permit): every cuEventQuery takes the lock inside the driver that a normal client's
+  // launch waits for, and a held session's worker spins through its passes; asked on every pass,
+  // the queries of four held batch clients' workers delayed the latency client's launches.
+  std::chrono::microseconds fence_poll{50};
   // SMs below-normal clients leave to normal ones while one is connected (priority_reserve.hpp;
   // --priority-reserve-sms); only while `enabled`.
   SmReserveSpec reserve = kDefaultSmReserve;
@@ -85,8 +90,10 @@ struct PriorityState {
   std::chrono::steady_clock::time_point held_since{};  // below normal: its hold began (or epoch)
   std::vector<CUstream> touched;                       // streams this pass queued work on
   std::vector<CUevent> fences;  // after the work of its last passes, not yet completed
-  std::uint64_t holds = 0;      // times it was held back (below normal)
-  std::uint64_t held_us = 0;    // time held back, summed (below normal)
+  std::chrono::steady_clock::time_point fences_asked{};  // the driver was last asked (or epoch)
+  std::uint64_t fenced = 0;                              // fences recorded after its passes
+  std::uint64_t holds = 0;                               // times it was held back (below normal)
+  std::uint64_t held_us = 0;                             // time held back, summed (below normal)
 };
 
 // The start of a session's drain pass: whether it may drain now, and how many records at most
@@ -102,6 +109,11 @@ DrainPermit priority_permit(Session& session, PriorityBoard& board,
 void priority_saw_work(Session& session, PriorityBoard& board);
 // Before queueing work on `stream` in a pass (the hook is in open_busy_span).
 void priority_note_stream(Session& session, CUstream stream);
+// A completion now waits for the work queued on `stream` (Session::fence_into): for a normal
+// session that work needs no fence of its own, since the session is busy until the completion
+// fires (pending_gpu_work). Saves a latency client that synchronizes after each launch a
+// cuEventRecord and its queries per round trip.
+void priority_note_covered(Session& session, CUstream stream);
 // The end of a drain pass: a fence on every stream the pass queued work on, if anyone may
 // wait for it (a below-normal session beside normal ones, or the other way round).
 void priority_end_pass(Session& session, const PriorityBoard& board);

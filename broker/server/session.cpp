@@ -179,6 +179,7 @@ CUresult Session::fence_into(Completion& completion, CUstream stream, bool host_
     completion.next_fault_check = std::chrono::steady_clock::now() + kFaultCheckInterval;
   }
   completion.waits.push_back({*event, Completion::Owner::kPool, fence, id, queued});
+  priority_note_covered(*this, stream);
   return CUDA_SUCCESS;
 }
 

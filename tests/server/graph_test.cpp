@@ -137,7 +137,8 @@ TEST_CASE("a capture with a fork, a free and legacy work around it replays on th
   const int live = live_driver_objects();
   f.sut.send(Op::kGraphExecDestroy, proto::HandleReq{exec});
   f.sut.send(Op::kGraphDestroy, proto::HandleReq{graph});
-  REQUIRE(f.h.pump_until([&] { return live_driver_objects() == live - 2; }));
+  // At most: the deferred free's retired memory may go in the same pump.
+  REQUIRE(f.h.pump_until([&] { return live_driver_objects() <= live - 2; }));
   CHECK(f.call(Op::kGraphLaunch, exec) != CUDA_SUCCESS);
 }
 

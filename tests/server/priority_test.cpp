@@ -109,6 +109,38 @@ TEST_CASE("a below-normal client is held back while a normal client's kernel run
   CHECK(sut.h.pump_until([&] { return sut.busy_normal() == 0; }));
 }
 
+TEST_CASE("a normal client's work that its synchronize covers gets no fence of its own",
+          "[server][priority]") {
+  TwoClients sut(gate_settings(true, std::chrono::seconds(10)));
+  auto sleeper = sut.normal.function("sleep_kernel");
+  const std::uint64_t stream = sut.normal.stream();
+  const PriorityState& normal =
+      sut.h.server->find_session(sut.normal.sut.welcome().client_id)->priority;
+  const std::uint64_t before = normal.fenced;
+
+  // A launch on its own: fenced, so the below-normal client knows when it ran.
+  sut.normal.launch(sleeper, stream, 1, 1, 20'000);
+  REQUIRE(sut.h.pump_until([&] { return normal.fenced == before + 1; }));
+  CHECK(sut.busy_normal() == 1);
+  REQUIRE(sut.normal.synchronize(stream) == CUDA_SUCCESS);
+
+  // A launch and its synchronize drained in one pass: the synchronize's completion covers the
+  // launch, and the client stays busy until it fires.
+  sut.normal.launch(sleeper, stream, 1, 1, 20'000);
+  REQUIRE(sut.normal.synchronize(stream) == CUDA_SUCCESS);
+  CHECK(normal.fenced == before + 1);
+
+  // Work after the synchronize in the same pass is fenced again.
+  sut.normal.launch(sleeper, stream, 1, 1, 1'000);
+  sut.normal.sut.send(proto::Op::kStreamSynchronize, proto::HandleReq{stream}, 1);
+  sut.normal.launch(sleeper, stream, 1, 1, 200'000);
+  REQUIRE(sut.h.pump_until([&] { return normal.fenced == before + 2; }));
+  CHECK(sut.busy_normal() == 1);
+  REQUIRE(sut.normal.sut.reply(1).value().result == CUDA_SUCCESS);
+  REQUIRE(sut.normal.synchronize(stream) == CUDA_SUCCESS);
+  CHECK(sut.h.pump_until([&] { return sut.busy_normal() == 0; }));
+}
+
 TEST_CASE("a hold never lasts longer than its bound", "[server][priority]") {
   TwoClients sut(gate_settings(true, std::chrono::milliseconds(20)));
   sut.normal_runs_for(800'000);
@@ -118,6 +150,24 @@ TEST_CASE("a hold never lasts longer than its bound", "[server][priority]") {
   CHECK(sut.normal_busy_when_answered == 1);
   CHECK(sut.low_state().holds > 0);
   REQUIRE(sut.normal.synchronize(sut.normal_stream) == CUDA_SUCCESS);
+}
+
+TEST_CASE("a held client's fences are asked about no more often than fence_poll",
+          "[server][priority]") {
+  for (auto poll : {std::chrono::microseconds(50), std::chrono::microseconds(3'600'000'000LL)}) {
+    ServerSettings settings = gate_settings(true, std::chrono::milliseconds(400));
+    settings.priority.fence_poll = poll;
+    TwoClients sut(settings);
+    sut.normal_runs_for(2'000'000);
+    // Stream A's 20 ms kernel finishes long before the hold's bound; only asking shows it.
+    CHECK(sut.probe(20'000) == 1.0f);
+    if (poll.count() == 50) {
+      CHECK(sut.low_state().held_us < 300'000);  // released when its fence completed
+    } else {
+      CHECK(sut.low_state().held_us >= 350'000);  // asked once, then held to the bound
+    }
+    REQUIRE(sut.normal.synchronize(sut.normal_stream) == CUDA_SUCCESS);
+  }
 }
 
 TEST_CASE("without normal work in flight nothing is held", "[server][priority]") {
