@@ -6,6 +6,11 @@
 # and its resident memory per mapping (anonymous, [heap], /dev/nvidiactl, memfd, ...).
 #
 # usage (GPU machine): bash tools/probes/server_growth.sh BUILD_DIR [mpsshimd args...]
+#   STEPS (environment; default all): any of examples torch torch-killed torch-concurrent
+#     examples          60 sequential runs of each example
+#     torch             20 sequential PyTorch MLP clients
+#     torch-killed      20 PyTorch MLP clients SIGKILLed 1-3 s in (while they load libraries)
+#     torch-concurrent  64 PyTorch MLP clients, 8 at a time
 # Findings (H100, driver 580.159.04, 2026-11-25): docs/benchmarks.md, "Where the soak's memory goes".
 set -euo pipefail
 build=$(cd "${1:?usage: server_growth.sh BUILD_DIR [mpsshimd args...]}" && pwd)
@@ -39,10 +44,14 @@ run "$build/examples/small_kernels" --kernels 100000000 >/dev/null 2>&1 &
 holder=$!
 sleep 2
 sample "one client connected"
-for program in vector_add small_kernels streams_events pinned_async matmul_tiled; do
-  for _ in $(seq 60); do run "$build/examples/$program" >/dev/null 2>&1 || true; done
-  sample "after 60 x $program"
-done
+steps=" ${STEPS:-examples torch torch-killed torch-concurrent} "
+wants() { [[ $steps == *" $1 "* ]]; }
+if wants examples; then
+  for program in vector_add small_kernels streams_events pinned_async matmul_tiled; do
+    for _ in $(seq 60); do run "$build/examples/$program" >/dev/null 2>&1 || true; done
+    sample "after 60 x $program"
+  done
+fi
 if python3 -c 'import torch' 2>/dev/null; then
   cat >"$rt/mlp.py" <<'PY'
 import torch
@@ -53,9 +62,37 @@ for _ in range(20):
 torch.cuda.synchronize()
 print(float(y.sum()))
 PY
-  for round in 1 2; do
-    for _ in $(seq 10); do run python3 "$rt/mlp.py" >/dev/null 2>&1 || true; done
-    sample "after $((round * 10)) x a PyTorch MLP"
-  done
+  if wants torch; then
+    for round in 1 2; do
+      for _ in $(seq 10); do run python3 "$rt/mlp.py" >/dev/null 2>&1 || true; done
+      sample "after $((round * 10)) x a PyTorch MLP"
+    done
+  fi
+  if wants torch-killed; then
+    for round in 1 2; do
+      for _ in $(seq 10); do
+        run python3 "$rt/mlp.py" >/dev/null 2>&1 &
+        victim=$!
+        sleep "$(awk -v r="$RANDOM" 'BEGIN { printf "%.2f", 1 + (r % 200) / 100 }')"
+        kill -9 "$victim" 2>/dev/null || true
+        wait "$victim" 2>/dev/null || true
+      done
+      sleep 2  # what a victim held is freed once its queued work drained
+      sample "after $((round * 10)) x a PyTorch MLP SIGKILLed 1-3 s in"
+    done
+  fi
+  if wants torch-concurrent; then
+    for round in 1 2; do
+      for _ in $(seq 4); do
+        pids=()
+        for _ in $(seq 8); do
+          run python3 "$rt/mlp.py" >/dev/null 2>&1 &
+          pids+=($!)
+        done
+        wait "${pids[@]}" || true
+      done
+      sample "after $((round * 32)) x a PyTorch MLP, 8 at a time"
+    done
+  fi
 fi
 grep -h "green context\|gave .* back" "$log" | tail -n 3 || true
