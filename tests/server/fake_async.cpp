@@ -66,6 +66,12 @@ void add_async_fakes(DriverTable& t) {
       case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
         *static_cast<int*>(value) = 1;
         return CUDA_SUCCESS;
+      // The other int attributes: an int is all the caller gave (fuzz_ring_records found the
+      // 8-byte write this default made).
+      case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+      case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+        *static_cast<int*>(value) = 1;
+        return CUDA_SUCCESS;
       default:
         *static_cast<cuuint64_t*>(value) = 0;
         return CUDA_SUCCESS;
