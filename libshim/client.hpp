@@ -70,6 +70,11 @@ struct Stream {
   unsigned flags = 0;
   int priority = 0;
   std::uint64_t id = 0;
+  // The arrays cuStreamGetCaptureInfo last answered for this stream (its dependency nodes and
+  // their edge data): the caller may read them until its next call on the stream, as natively.
+  // Written under the capture book's mutex (libshim/graph.cpp).
+  std::vector<CUgraphNode> capture_deps;
+  std::vector<CUgraphEdgeData> capture_edges;
 };
 
 struct Event {

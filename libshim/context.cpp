@@ -154,7 +154,9 @@ CUresult resolve_stream(CUstream handle, DefaultStream mode, Context*& ctx,
         rc != CUDA_SUCCESS) {
       return rc;
     }
-    stream = new Stream{Magic::kStream, ctx, reply.stream, 0, 0, 0};
+    stream = new Stream{};
+    stream->ctx = ctx;
+    stream->wire = reply.stream;
     streams.emplace(ctx, PerThreadStream{stream, ctx->id.load(std::memory_order_relaxed)});
     return CUDA_SUCCESS;
   }

@@ -272,12 +272,6 @@ CUresult get_capture_info(CUstream handle, DefaultStream dmode, CUstreamCaptureS
   if (CUresult rc = capture_info(handle, dmode, reply, ctx); rc != CUDA_SUCCESS) return rc;
   *status = static_cast<CUstreamCaptureStatus>(reply.status);
   if (reply.status != CU_STREAM_CAPTURE_STATUS_ACTIVE) return CUDA_SUCCESS;
-  if (deps != nullptr && reply.dependency_count != 0) {
-    log_once("cuStreamGetCaptureInfo.deps", Level::warn,
-             "cuStreamGetCaptureInfo: the dependency node array of a capturing stream is not "
-             "supported by mpsshim; ask for the status, id, graph and count only");
-    return CUDA_ERROR_NOT_SUPPORTED;
-  }
   if (id != nullptr) *id = reply.id;
   if (graph != nullptr) {
     *graph = reply.graph != 0 ? reinterpret_cast<CUgraph>(graph_for(ctx, reply.graph)) : nullptr;
@@ -285,7 +279,70 @@ CUresult get_capture_info(CUstream handle, DefaultStream dmode, CUstreamCaptureS
   if (deps != nullptr) *deps = nullptr;
   if (edges != nullptr) *edges = nullptr;
   if (count != nullptr) *count = reply.dependency_count;
+  if (deps == nullptr || reply.dependency_count == 0) return CUDA_SUCCESS;
+  // The nodes themselves, a page at a time, as the capture graph's node objects.
+  Stream* stream = nullptr;
+  if (CUresult rc = resolve_stream(handle, dmode, ctx, stream); rc != CUDA_SUCCESS) return rc;
+  GraphObject* capture_graph = graph_for(ctx, reply.graph);
+  std::vector<CUgraphNode> nodes;
+  std::uint64_t total = 0;
+  do {
+    proto::GraphGetNodesRep page{};
+    if (CUresult rc =
+            ctx->session->call(proto::Op::kStreamCaptureDependencies,
+                               proto::StreamCaptureDepsReq{stream->wire, nodes.size()}, &page);
+        rc != CUDA_SUCCESS) {
+      return rc;
+    }
+    total = page.total;
+    if (page.count == 0) break;
+    for (std::uint64_t i = 0; i < page.count; ++i) {
+      nodes.push_back(reinterpret_cast<CUgraphNode>(node_for(capture_graph, page.nodes[i])));
+    }
+  } while (nodes.size() < total);
+  CaptureBook& b = book();
+  std::lock_guard lock(b.mutex);
+  stream->capture_deps = std::move(nodes);
+  // Every dependency of a capture under the shim is a full one (programmatic edges are made
+  // full when added): default edge data, all zeros.
+  stream->capture_edges.assign(stream->capture_deps.size(), CUgraphEdgeData{});
+  *deps = stream->capture_deps.data();
+  if (edges != nullptr) *edges = stream->capture_edges.data();
+  if (count != nullptr) *count = stream->capture_deps.size();
   return CUDA_SUCCESS;
+}
+
+// cuStreamUpdateCaptureDependencies(_v2): the nodes must be the capture graph's.
+CUresult update_capture_dependencies(CUstream handle, DefaultStream dmode, CUgraphNode* deps,
+                                     const CUgraphEdgeData* edges, size_t count,
+                                     unsigned int flags) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Context* ctx = nullptr;
+  Stream* stream = nullptr;
+  if (CUresult rc = resolve_stream(handle, dmode, ctx, stream); rc != CUDA_SUCCESS) return rc;
+  if (count != 0 && deps == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (count > proto::kMaxNodeDependencies) {
+    log_once("cuStreamUpdateCaptureDependencies.count", Level::warn,
+             "cuStreamUpdateCaptureDependencies: more than {} nodes at once are not supported by "
+             "mpsshim",
+             proto::kMaxNodeDependencies);
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  if (CUresult rc = edges_as_full_dependencies(edges, count, "cuStreamUpdateCaptureDependencies");
+      rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  std::vector<std::byte> trailing;
+  trailing.reserve(count * sizeof(proto::WireHandle));
+  for (std::size_t i = 0; i < count; ++i) {
+    GraphNodeObject* node = node_of(deps[i]);
+    if (node == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const auto* bytes = reinterpret_cast<const std::byte*>(&node->wire);
+    trailing.insert(trailing.end(), bytes, bytes + sizeof node->wire);
+  }
+  proto::StreamUpdateCaptureDepsReq request{stream->wire, flags, static_cast<std::uint32_t>(count)};
+  return ctx->session->call(proto::Op::kStreamUpdateCaptureDependencies, &request, sizeof request,
+                            trailing, nullptr, 0);
 }
 
 // ---- graphs ----
@@ -752,6 +809,31 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream h, CUg
                                                                  size_t count,
                                                                  CUstreamCaptureMode mode) {
   return begin_capture_to_graph(h, graph, deps, edges, count, mode, kPerThread);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuStreamUpdateCaptureDependencies(CUstream h, CUgraphNode* deps,
+                                                                  size_t count,
+                                                                  unsigned int flags) {
+  return update_capture_dependencies(h, kLegacy, deps, nullptr, count, flags);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuStreamUpdateCaptureDependencies_ptsz(CUstream h,
+                                                                       CUgraphNode* deps,
+                                                                       size_t count,
+                                                                       unsigned int flags) {
+  return update_capture_dependencies(h, kPerThread, deps, nullptr, count, flags);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuStreamUpdateCaptureDependencies_v2(CUstream h, CUgraphNode* deps,
+                                                                     const CUgraphEdgeData* edges,
+                                                                     size_t count,
+                                                                     unsigned int flags) {
+  return update_capture_dependencies(h, kLegacy, deps, edges, count, flags);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuStreamUpdateCaptureDependencies_v2_ptsz(
+    CUstream h, CUgraphNode* deps, const CUgraphEdgeData* edges, size_t count, unsigned int flags) {
+  return update_capture_dependencies(h, kPerThread, deps, edges, count, flags);
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v3(CUstream h, CUstreamCaptureStatus* status,

@@ -24,8 +24,13 @@ CUresult create_stream(CUstream* out, unsigned flags, int priority) {
       rc != CUDA_SUCCESS) {
     return rc;
   }
-  *out = reinterpret_cast<CUstream>(new Stream{Magic::kStream, ctx, reply.stream, flags, priority,
-                                               g_next_stream_id.fetch_add(1)});
+  auto* stream = new Stream{};
+  stream->ctx = ctx;
+  stream->wire = reply.stream;
+  stream->flags = flags;
+  stream->priority = priority;
+  stream->id = g_next_stream_id.fetch_add(1);
+  *out = reinterpret_cast<CUstream>(stream);
   return CUDA_SUCCESS;
 }
 

@@ -34,7 +34,9 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // Minor 9: a graph node's type (op 96: GraphNodeTypeRep).
 // Minor 10: interprocess memory and event handles (ops 97..101, proto/ops_ipc.hpp: IpcHandle,
 // IpcGetMemHandleReq, IpcOpenReq, IpcOpenMemRep).
-inline constexpr std::uint16_t kAbiMinor = 10;
+// Minor 11: a capture's dependency nodes and their update (ops 102..103: StreamCaptureDepsReq,
+// StreamUpdateCaptureDepsReq).
+inline constexpr std::uint16_t kAbiMinor = 11;
 
 // FROZEN FOREVER. Every message on every mpsshim socket starts with this header, so that any two
 // versions of mpsshim can at least tell each other which versions they are. Never change it.

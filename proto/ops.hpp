@@ -138,6 +138,10 @@ enum class Op : std::uint16_t {
   kIpcCloseMemHandle = 99,    // MemFreeReq (the opened base) -> IpcCloseRep
   kIpcGetEventHandle = 100,   // HandleReq (the event) -> IpcHandle
   kIpcOpenEventHandle = 101,  // IpcOpenReq -> EventCreateRep
+  // A capture's dependency nodes (cuStreamGetCaptureInfo's array) and their replacement
+  // (cuStreamUpdateCaptureDependencies): NCCL adds its own nodes to a capture this way.
+  kStreamCaptureDependencies = 102,        // StreamCaptureDepsReq -> GraphGetNodesRep
+  kStreamUpdateCaptureDependencies = 103,  // StreamUpdateCaptureDepsReq + node ids -> nothing
   kCount
 };
 
@@ -449,6 +453,19 @@ struct GraphGetNodesRep {
 };
 inline constexpr std::uint32_t kNodesPerReply = (kSlotPayloadBytes - 16) / sizeof(WireHandle);
 inline constexpr std::uint32_t kMaxNodeDependencies = 512;
+// A capturing stream's dependency nodes, a page from `first` (the reply: GraphGetNodesRep, ids
+// of nodes of the graph the capture builds, which kStreamCaptureInfo names).
+struct StreamCaptureDepsReq {
+  WireHandle stream;
+  std::uint64_t first;
+};
+// Followed by `count` node ids (WireHandle) of the capture's graph; flags:
+// CU_STREAM_ADD_CAPTURE_DEPENDENCIES or CU_STREAM_SET_CAPTURE_DEPENDENCIES.
+struct StreamUpdateCaptureDepsReq {
+  WireHandle stream;
+  std::uint32_t flags;
+  std::uint32_t count;  // at most kMaxNodeDependencies
+};
 // Every kGraphAdd*Node request is followed by dependency_count node ids (WireHandle), then
 // what the node kind states (kernel: its arguments, packed as for LaunchReq).
 struct GraphAddNodeHeader {
@@ -623,6 +640,8 @@ MPSSHIM_WIRE_CHECK(GraphExecUpdateReq)
 MPSSHIM_WIRE_CHECK(GraphExecUpdateRep)
 MPSSHIM_WIRE_CHECK(GraphGetNodesReq)
 MPSSHIM_WIRE_CHECK(GraphGetNodesRep)
+MPSSHIM_WIRE_CHECK(StreamCaptureDepsReq)
+MPSSHIM_WIRE_CHECK(StreamUpdateCaptureDepsReq)
 MPSSHIM_WIRE_CHECK(GraphAddNodeHeader)
 MPSSHIM_WIRE_CHECK(GraphKernelNodeReq)
 MPSSHIM_WIRE_CHECK(GraphMemsetNodeReq)

@@ -107,6 +107,10 @@ std::array<OpSpec, kOpCount> make_specs() {
       sizeof(BeginCaptureReq), true);
   set(Op::kStreamEndCapture, "StreamEndCapture", op_stream_end_capture, sizeof(HandleReq), true);
   set(Op::kStreamCaptureInfo, "StreamCaptureInfo", op_stream_capture_info, sizeof(HandleReq), true);
+  set(Op::kStreamCaptureDependencies, "StreamCaptureDependencies", op_stream_capture_dependencies,
+      sizeof(StreamCaptureDepsReq), true);
+  set(Op::kStreamUpdateCaptureDependencies, "StreamUpdateCaptureDependencies",
+      op_stream_update_capture_dependencies, sizeof(StreamUpdateCaptureDepsReq), true);
   set(Op::kGraphCreate, "GraphCreate", op_graph_create, sizeof(GraphCreateReq), true);
   set(Op::kGraphDestroy, "GraphDestroy", op_graph_destroy, sizeof(HandleReq), false);
   set(Op::kGraphInstantiate, "GraphInstantiate", op_graph_instantiate, sizeof(GraphInstantiateReq),

@@ -109,6 +109,8 @@
   X(cuStreamGetCaptureInfo_v3, CUresult,                                                           \
     (CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*, const CUgraphNode**,                 \
      const CUgraphEdgeData**, size_t*))                                                            \
+  X(cuStreamUpdateCaptureDependencies_v2, CUresult,                                                \
+    (CUstream, CUgraphNode*, const CUgraphEdgeData*, size_t, unsigned int))                        \
   X(cuGraphCreate, CUresult, (CUgraph*, unsigned int))                                             \
   X(cuGraphDestroy, CUresult, (CUgraph))                                                           \
   X(cuGraphGetNodes, CUresult, (CUgraph, CUgraphNode*, size_t*))                                   \

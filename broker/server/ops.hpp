@@ -80,6 +80,8 @@ OpResult op_stream_begin_capture(Call& call);
 OpResult op_stream_begin_capture_to_graph(Call& call);
 OpResult op_stream_end_capture(Call& call);
 OpResult op_stream_capture_info(Call& call);
+OpResult op_stream_capture_dependencies(Call& call);
+OpResult op_stream_update_capture_dependencies(Call& call);
 OpResult op_graph_create(Call& call);
 OpResult op_graph_destroy(Call& call);
 OpResult op_graph_instantiate(Call& call);

@@ -380,6 +380,95 @@ OpResult op_graph_exec_update(Call& call) {
   return result;
 }
 
+namespace {
+
+// The capture `stream` is in and the id of its graph, or an error (not capturing: the
+// driver's answer for the calls below).
+CUresult capture_graph_id(Call& call, StreamObj& stream, CUgraph* graph, std::uint64_t* id) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (CUresult r = call.cu.cuStreamGetCaptureInfo_v3(stream.stream, &status, nullptr, graph,
+                                                     nullptr, nullptr, nullptr);
+      r != CUDA_SUCCESS) {
+    return r;
+  }
+  if (status == CU_STREAM_CAPTURE_STATUS_INVALIDATED) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  if (status != CU_STREAM_CAPTURE_STATUS_ACTIVE || *graph == nullptr) {
+    return CUDA_ERROR_ILLEGAL_STATE;
+  }
+  *id = remember_graph(call.session, *graph, stream.ctx, false);
+  return *id == 0 ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+}
+
+}  // namespace
+
+OpResult op_stream_capture_dependencies(Call& call) {
+  auto req = call.request<proto::StreamCaptureDepsReq>();
+  Session& session = call.session;
+  StreamObj* stream = session.objects.get<StreamObj>(req.stream);
+  if (stream == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  CUgraph graph = nullptr;
+  std::uint64_t graph_id = 0;
+  if (CUresult r = capture_graph_id(call, *stream, &graph, &graph_id); r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  const CUgraphNode* nodes = nullptr;
+  std::size_t total = 0;
+  CUstreamCaptureStatus status{};
+  // The array is the driver's, valid until the next call on the stream: read at once.
+  if (CUresult r = call.cu.cuStreamGetCaptureInfo_v3(stream->stream, &status, nullptr, nullptr,
+                                                     &nodes, nullptr, &total);
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  proto::GraphGetNodesRep rep{};
+  rep.total = total;
+  if (req.first < total && nodes != nullptr) {
+    const std::size_t count = std::min<std::size_t>(total - req.first, proto::kNodesPerReply);
+    for (std::size_t i = 0; i < count; ++i) {
+      rep.nodes[i] = remember_node(session, nodes[req.first + i], graph_id);
+      if (rep.nodes[i] == 0) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    rep.count = count;
+  }
+  return call.reply(
+      rep, offsetof(proto::GraphGetNodesRep, nodes) + rep.count * sizeof(proto::WireHandle));
+}
+
+OpResult op_stream_update_capture_dependencies(Call& call) {
+  auto req = call.request<proto::StreamUpdateCaptureDepsReq>();
+  Session& session = call.session;
+  if (req.count > proto::kMaxNodeDependencies ||
+      !call.exact(sizeof req, req.count * sizeof(proto::WireHandle))) {
+    return call.malformed("sent capture dependencies that the record does not hold");
+  }
+  StreamObj* stream = session.objects.get<StreamObj>(req.stream);
+  if (stream == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  if (req.flags != CU_STREAM_ADD_CAPTURE_DEPENDENCIES &&
+      req.flags != CU_STREAM_SET_CAPTURE_DEPENDENCIES) {
+    return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  CUgraph graph = nullptr;
+  std::uint64_t graph_id = 0;
+  if (CUresult r = capture_graph_id(call, *stream, &graph, &graph_id); r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  std::vector<proto::WireHandle> ids(req.count);
+  if (!ids.empty()) {
+    std::memcpy(ids.data(),
+                call.trailing(sizeof req, ids.size() * sizeof(proto::WireHandle)).data(),
+                ids.size() * sizeof(proto::WireHandle));
+  }
+  std::vector<CUgraphNode> nodes;
+  for (proto::WireHandle id : ids) {
+    const GraphNodeObj* node = session.objects.get<GraphNodeObj>(id);
+    // A node of another graph: the driver's answer for it.
+    if (node == nullptr || node->graph != graph_id) return call.done(CUDA_ERROR_INVALID_VALUE);
+    nodes.push_back(node->node);
+  }
+  return call.done(call.cu.cuStreamUpdateCaptureDependencies_v2(stream->stream, nodes.data(),
+                                                                nullptr, nodes.size(), req.flags));
+}
+
 OpResult op_graph_get_nodes(Call& call) {
   auto req = call.request<proto::GraphGetNodesReq>();
   Session& session = call.session;

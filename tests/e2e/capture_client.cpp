@@ -470,8 +470,127 @@ int child() {
 
 }  // namespace
 
+// What NCCL does to put its own work into a capture: ask the capture's dependency nodes, add a
+// node after them by hand, make it the capture's new dependency, capture on. a = 77 (captured),
+// then b = a + 1 (a kernel node added by hand after the memset), then c = 3 captured after it;
+// with ADD, a second hand-made node joins the dependencies instead of replacing them.
+int capture_deps() {
+  Setup s = setup();
+  CUfunction increment{};
+  CHECK(cuModuleGetFunction(&increment, s.module, "increment_i32"));
+  CUdeviceptr a{}, c{};
+  const std::size_t bytes = kElements * sizeof(unsigned);
+  CHECK(cuMemAlloc(&a, bytes));
+  CHECK(cuMemAlloc(&c, bytes));
+  CHECK(cuMemsetD32(a, 0, kElements));
+  CHECK(cuMemsetD32(c, 0, kElements));
+  CHECK(cuCtxSynchronize());
+
+  // Not capturing: the update is refused as natively.
+  CUgraphNode none = nullptr;
+  if (cuStreamUpdateCaptureDependencies(s.stream, &none, nullptr, 0,
+                                        CU_STREAM_SET_CAPTURE_DEPENDENCIES) !=
+      CUDA_ERROR_ILLEGAL_STATE) {
+    return fail("an update outside a capture is not CUDA_ERROR_ILLEGAL_STATE");
+  }
+  CHECK(cuStreamBeginCapture(s.stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  CHECK(cuMemsetD32Async(a, kSetA, kElements, s.stream));
+  CUstreamCaptureStatus status{};
+  CUgraph graph = nullptr;
+  const CUgraphNode* deps = nullptr;
+  const CUgraphEdgeData* edge_data = nullptr;
+  std::size_t count = 0;
+  CHECK(cuStreamGetCaptureInfo_v3(s.stream, &status, nullptr, &graph, &deps, &edge_data, &count));
+  if (status != CU_STREAM_CAPTURE_STATUS_ACTIVE || graph == nullptr || count != 1 ||
+      deps == nullptr || edge_data == nullptr) {
+    return fail("cuStreamGetCaptureInfo_v3 does not show the memset as the one dependency");
+  }
+  const CUgraphEdgeData default_edge{};
+  if (std::memcmp(&edge_data[0], &default_edge, sizeof default_edge) != 0) {
+    return fail("the dependency's edge data is not the default");
+  }
+  const CUgraphNode captured_memset = deps[0];
+
+  // A kernel node by hand after it: a += 1.
+  int n = kElements;
+  void* args[] = {&a, &n};
+  CUDA_KERNEL_NODE_PARAMS kp{};
+  kp.func = increment;
+  kp.gridDimX = (kElements + 255) / 256;
+  kp.gridDimY = kp.gridDimZ = 1;
+  kp.blockDimX = 256;
+  kp.blockDimY = kp.blockDimZ = 1;
+  kp.kernelParams = args;
+  CUgraphNode by_hand = nullptr;
+  CHECK(cuGraphAddKernelNode(&by_hand, graph, &captured_memset, 1, &kp));
+  CHECK(cuStreamUpdateCaptureDependencies(s.stream, &by_hand, nullptr, 1,
+                                          CU_STREAM_SET_CAPTURE_DEPENDENCIES));
+  CHECK(cuStreamGetCaptureInfo_v3(s.stream, &status, nullptr, nullptr, &deps, nullptr, &count));
+  if (count != 1 || deps[0] != by_hand) return fail("SET did not make the hand-made node the one");
+
+  // ADD, through the CUDA 11.3 forms (no edge data) a runtime of that age asks for.
+  using UpdateV1 = CUresult (*)(CUstream, CUgraphNode*, size_t, unsigned int);
+  using InfoV2 = CUresult (*)(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*,
+                              const CUgraphNode**, size_t*);
+  void* update_fn = nullptr;
+  void* info_fn = nullptr;
+  CHECK(cuGetProcAddress("cuStreamUpdateCaptureDependencies", &update_fn, 11030,
+                         CU_GET_PROC_ADDRESS_DEFAULT, nullptr));
+  CHECK(cuGetProcAddress("cuStreamGetCaptureInfo", &info_fn, 11030, CU_GET_PROC_ADDRESS_DEFAULT,
+                         nullptr));
+  auto update_v1 = reinterpret_cast<UpdateV1>(update_fn);
+  auto info_v2 = reinterpret_cast<InfoV2>(info_fn);
+  CUgraphNode joined = nullptr;
+  CHECK(cuGraphAddEmptyNode(&joined, graph, &captured_memset, 1));
+  CHECK(update_v1(s.stream, &joined, 1, CU_STREAM_ADD_CAPTURE_DEPENDENCIES));
+  CHECK(info_v2(s.stream, &status, nullptr, nullptr, &deps, &count));
+  if (count != 2 ||
+      !((deps[0] == by_hand && deps[1] == joined) || (deps[0] == joined && deps[1] == by_hand))) {
+    return fail("ADD did not join the empty node to the dependencies");
+  }
+  // A node of another graph is refused.
+  CUgraph other = nullptr;
+  CHECK(cuGraphCreate(&other, 0));
+  CUgraphNode foreign = nullptr;
+  CHECK(cuGraphAddEmptyNode(&foreign, other, nullptr, 0));
+  if (update_v1(s.stream, &foreign, 1, CU_STREAM_ADD_CAPTURE_DEPENDENCIES) !=
+      CUDA_ERROR_INVALID_VALUE) {
+    return fail("a foreign node was accepted as a capture dependency");
+  }
+  CHECK(cuGraphDestroy(other));
+
+  CHECK(cuMemsetD32Async(c, kFillC, kElements, s.stream));
+  CUgraph ended = nullptr;
+  CHECK(cuStreamEndCapture(s.stream, &ended));
+  if (ended != graph) return fail("cuStreamEndCapture returned another graph");
+  // The captured memset of c depends on both hand-made nodes.
+  std::size_t edge_count = 0;
+  CHECK(cuGraphGetEdges(graph, nullptr, nullptr, nullptr, &edge_count));
+  std::vector<CUgraphNode> from(edge_count), to(edge_count);
+  CHECK(cuGraphGetEdges(graph, from.data(), to.data(), nullptr, &edge_count));
+  int into_last = 0;
+  for (std::size_t i = 0; i < edge_count; ++i) {
+    if ((from[i] == by_hand || from[i] == joined) && to[i] != by_hand && to[i] != joined) {
+      ++into_last;
+    }
+  }
+  if (edge_count != 4 || into_last != 2) {
+    return fail("the captured memset does not follow both hand-made nodes");
+  }
+  CUgraphExec exec = nullptr;
+  CHECK(cuGraphInstantiate(&exec, graph, 0));
+  CHECK(cuGraphLaunch(exec, s.stream));
+  CHECK(cuStreamSynchronize(s.stream));
+  if (!all_equal(a, kSetA + 1) || !all_equal(c, kFillC)) return 1;
+  CHECK(cuGraphExecDestroy(exec));
+  CHECK(cuGraphDestroy(graph));
+  std::printf("PASS capture_deps\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "capture_deps") return capture_deps();
   if (mode == "into_graph") return into_graph();
   if (mode == "errors") return errors();
   if (mode == "abandon") return abandon();

@@ -46,6 +46,14 @@ TEST_CASE(
   require_pass(run_client(daemon, {client(), "child"}), daemon);
 }
 
+TEST_CASE(
+    "a capture's dependency nodes are listed, replaced and added to by hand, as NCCL does, and "
+    "the graph computes",
+    "[e2e][capture_deps]") {
+  Daemon daemon;
+  require_pass(run_client(daemon, {client(), "capture_deps"}), daemon);
+}
+
 TEST_CASE("a client that exits while capturing into its graph leaves nothing behind",
           "[e2e][capture_to_graph]") {
   // The primary context is kept, so the driver's object count moves only with the clients.

@@ -244,6 +244,11 @@ std::uint64_t layout_fingerprint() {
   SIZE(GraphGetNodesRep);
   FIELD(GraphGetNodesRep, count);
   FIELD(GraphGetNodesRep, nodes);
+  SIZE(StreamCaptureDepsReq);
+  FIELD(StreamCaptureDepsReq, first);
+  SIZE(StreamUpdateCaptureDepsReq);
+  FIELD(StreamUpdateCaptureDepsReq, flags);
+  FIELD(StreamUpdateCaptureDepsReq, count);
   SIZE(GraphAddNodeHeader);
   FIELD(GraphAddNodeHeader, dependency_count);
   SIZE(GraphKernelNodeReq);
@@ -387,6 +392,7 @@ constexpr Pinned kPinned[] = {
     {1, 8, 0x9798731fda2bcab7},   // child graph nodes (93..95)
     {1, 9, 0x3ba939ee2016bf96},   // a graph node's type (96)
     {1, 10, 0x1754e4691ab97c14},  // interprocess memory and event handles (97..101)
+    {1, 11, 0xdf08b8e22f429f7a},  // a capture's dependency nodes and their update (102..103)
 };
 
 }  // namespace

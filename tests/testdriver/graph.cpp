@@ -200,6 +200,10 @@ CUresult begin_capture(State& s, CUstream hstream, CUstreamCaptureMode mode,
   capture->into_existing = into != nullptr;
   capture->graph = into ? std::move(into) : std::make_shared<Graph>();
   capture->graph->device = stream->device;
+  // A new capture graph is the capture's until it ends, but nodes may be added to it by hand
+  // meanwhile (cuStreamGetCaptureInfo's graph, as NCCL does): find_graph knows it, as it knows
+  // the graphs child nodes embed, and cuGraphDestroy does not.
+  if (!capture->into_existing) s.embedded_graphs[capture->graph->handle()] = capture->graph;
   capture->origin = stream;
   capture->streams.push_back(stream);
   stream->capture = std::move(capture);
@@ -340,6 +344,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamEndCapture(CUstream hstream, 
     if (capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     if (unjoined) return CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
     if (!capture->into_existing) {
+      s.embedded_graphs.erase(capture->graph->handle());
       *phGraph = s.graphs.add(std::move(capture->graph));
       return CUDA_SUCCESS;
     }
@@ -388,6 +393,31 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v3(
     if (deps != nullptr) *deps = stream->capture_tail.data();
     if (edges != nullptr) *edges = nullptr;
     if (count != nullptr) *count = stream->capture_tail.size();
+    return CUDA_SUCCESS;
+  });
+}
+
+// Replaces (SET) or adds to (ADD) what the capture's next node depends on; the nodes must be
+// the capture graph's. Edge data other than the default is not modelled (nullptr or zeros).
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamUpdateCaptureDependencies_v2(
+    CUstream hstream, CUgraphNode* deps, const CUgraphEdgeData* edges, size_t count,
+    unsigned int flags) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    (void)edges;
+    Stream* stream = nullptr;
+    if (CUresult r = resolve_stream(s, hstream, stream); r != CUDA_SUCCESS) return r;
+    if (!capturing(*stream)) return CUDA_ERROR_ILLEGAL_STATE;
+    if (stream->capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    if (flags != CU_STREAM_ADD_CAPTURE_DEPENDENCIES && flags != CU_STREAM_SET_CAPTURE_DEPENDENCIES)
+      return CUDA_ERROR_INVALID_VALUE;
+    if (count != 0 && deps == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = check_deps(*stream->capture->graph, deps, count); r != CUDA_SUCCESS) return r;
+    std::vector<CUgraphNode>& tail = stream->capture_tail;
+    if (flags == CU_STREAM_SET_CAPTURE_DEPENDENCIES) tail.clear();
+    for (std::size_t i = 0; i < count; ++i) {
+      if (std::find(tail.begin(), tail.end(), deps[i]) == tail.end()) tail.push_back(deps[i]);
+    }
     return CUDA_SUCCESS;
   });
 }
