@@ -18,6 +18,8 @@
 #include <cstring>
 #include <initializer_list>
 
+#include "must.hpp"
+
 namespace {
 
 const char* name(CUresult r) {
@@ -25,15 +27,6 @@ const char* name(CUresult r) {
   cuGetErrorName(r, &s);
   return s;
 }
-
-#define MUST(x)                                                                  \
-  do {                                                                           \
-    CUresult r_ = (x);                                                           \
-    if (r_ != CUDA_SUCCESS) {                                                    \
-      std::printf("setup failed: %s -> %s (line %d)\n", #x, name(r_), __LINE__); \
-      return 1;                                                                  \
-    }                                                                            \
-  } while (0)
 
 struct Args {  // store_value(int* out, int value): 8 + 4 bytes, padded to 16
   CUdeviceptr out;

@@ -30,18 +30,9 @@
 #include <thread>
 #include <vector>
 
-namespace {
+#include "must.hpp"
 
-#define MUST(x)                                                      \
-  do {                                                               \
-    CUresult r_ = (x);                                               \
-    if (r_ != CUDA_SUCCESS) {                                        \
-      const char* s_ = "?";                                          \
-      cuGetErrorName(r_, &s_);                                       \
-      std::printf("failed: %s -> %s (line %d)\n", #x, s_, __LINE__); \
-      std::exit(1);                                                  \
-    }                                                                \
-  } while (0)
+namespace {
 
 using Clock = std::chrono::steady_clock;
 

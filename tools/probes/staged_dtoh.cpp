@@ -22,16 +22,9 @@
 #include <cstring>
 #include <vector>
 
-namespace {
+#include "must.hpp"
 
-#define MUST(x)                                                      \
-  do {                                                               \
-    CUresult r_ = (x);                                               \
-    if (r_ != CUDA_SUCCESS) {                                        \
-      std::printf("failed: %s -> %d (line %d)\n", #x, r_, __LINE__); \
-      std::exit(1);                                                  \
-    }                                                                \
-  } while (0)
+namespace {
 
 using Clock = std::chrono::steady_clock;
 

@@ -19,16 +19,9 @@
 #include <string>
 #include <vector>
 
-namespace {
+#include "must.hpp"
 
-#define MUST(x)                                                          \
-  do {                                                                   \
-    CUresult r_ = (x);                                                   \
-    if (r_ != CUDA_SUCCESS) {                                            \
-      std::fprintf(stderr, "%s failed: %d\n", #x, static_cast<int>(r_)); \
-      return 1;                                                          \
-    }                                                                    \
-  } while (0)
+namespace {
 
 struct Seen {
   std::vector<CUfunction> functions;
