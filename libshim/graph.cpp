@@ -332,13 +332,10 @@ CUresult update_capture_dependencies(CUstream handle, DefaultStream dmode, CUgra
       rc != CUDA_SUCCESS) {
     return rc;
   }
+  // Nodes of any graph here: the server knows the capture's graph and refuses another's.
   std::vector<std::byte> trailing;
-  trailing.reserve(count * sizeof(proto::WireHandle));
-  for (std::size_t i = 0; i < count; ++i) {
-    GraphNodeObject* node = node_of(deps[i]);
-    if (node == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    const auto* bytes = reinterpret_cast<const std::byte*>(&node->wire);
-    trailing.insert(trailing.end(), bytes, bytes + sizeof node->wire);
+  if (CUresult rc = append_dependencies(nullptr, deps, count, trailing); rc != CUDA_SUCCESS) {
+    return rc;
   }
   proto::StreamUpdateCaptureDepsReq request{stream->wire, flags, static_cast<std::uint32_t>(count)};
   return ctx->session->call(proto::Op::kStreamUpdateCaptureDependencies, &request, sizeof request,
@@ -405,7 +402,8 @@ CUresult exec_update(CUgraphExec hexec, CUgraph hgraph, CUgraphExecUpdateResult*
   return rc;
 }
 
-// Checks a dependency list against the graph and appends the nodes' ids to `out`.
+// Checks a dependency list against the graph (any graph when nullptr) and appends the nodes'
+// ids to `out`.
 CUresult append_dependencies(GraphObject* graph, const CUgraphNode* deps, std::size_t count,
                              std::vector<std::byte>& out) {
   if (count != 0 && deps == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -418,7 +416,9 @@ CUresult append_dependencies(GraphObject* graph, const CUgraphNode* deps, std::s
   }
   for (std::size_t i = 0; i < count; ++i) {
     GraphNodeObject* node = node_of(deps[i]);
-    if (node == nullptr || node->graph != graph) return CUDA_ERROR_INVALID_VALUE;
+    if (node == nullptr || (graph != nullptr && node->graph != graph)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
     const auto* bytes = reinterpret_cast<const std::byte*>(&node->wire);
     out.insert(out.end(), bytes, bytes + sizeof node->wire);
   }

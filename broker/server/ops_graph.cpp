@@ -382,6 +382,24 @@ OpResult op_graph_exec_update(Call& call) {
 
 namespace {
 
+// A page of `nodes` from `first` as ids of nodes of `graph_id` (GraphGetNodesRep); `total` is
+// what the reply says the list holds.
+OpResult reply_node_page(Call& call, std::span<const CUgraphNode> nodes, std::size_t total,
+                         std::uint64_t first, std::uint64_t graph_id) {
+  proto::GraphGetNodesRep rep{};
+  rep.total = total;
+  if (first < nodes.size()) {
+    const std::size_t count = std::min<std::size_t>(nodes.size() - first, proto::kNodesPerReply);
+    for (std::size_t i = 0; i < count; ++i) {
+      rep.nodes[i] = remember_node(call.session, nodes[first + i], graph_id);
+      if (rep.nodes[i] == 0) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    rep.count = count;
+  }
+  return call.reply(
+      rep, offsetof(proto::GraphGetNodesRep, nodes) + rep.count * sizeof(proto::WireHandle));
+}
+
 // The capture `stream` is in and the id of its graph, or an error (not capturing: the
 // driver's answer for the calls below).
 CUresult capture_graph_id(Call& call, StreamObj& stream, CUgraph* graph, std::uint64_t* id) {
@@ -420,18 +438,8 @@ OpResult op_stream_capture_dependencies(Call& call) {
       r != CUDA_SUCCESS) {
     return call.done(r);
   }
-  proto::GraphGetNodesRep rep{};
-  rep.total = total;
-  if (req.first < total && nodes != nullptr) {
-    const std::size_t count = std::min<std::size_t>(total - req.first, proto::kNodesPerReply);
-    for (std::size_t i = 0; i < count; ++i) {
-      rep.nodes[i] = remember_node(session, nodes[req.first + i], graph_id);
-      if (rep.nodes[i] == 0) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
-    }
-    rep.count = count;
-  }
-  return call.reply(
-      rep, offsetof(proto::GraphGetNodesRep, nodes) + rep.count * sizeof(proto::WireHandle));
+  return reply_node_page(call, std::span(nodes, nodes != nullptr ? total : 0), total, req.first,
+                         graph_id);
 }
 
 OpResult op_stream_update_capture_dependencies(Call& call) {
@@ -478,24 +486,16 @@ OpResult op_graph_get_nodes(Call& call) {
   if (CUresult r = call.cu.cuGraphGetNodes(graph->graph, nullptr, &total); r != CUDA_SUCCESS) {
     return call.done(r);
   }
-  proto::GraphGetNodesRep rep{};
-  rep.total = total;
+  std::vector<CUgraphNode> nodes;
   if (req.first < total) {
-    std::vector<CUgraphNode> nodes(total);
+    nodes.resize(total);
     std::size_t n = total;
     if (CUresult r = call.cu.cuGraphGetNodes(graph->graph, nodes.data(), &n); r != CUDA_SUCCESS) {
       return call.done(r);
     }
-    const std::size_t count =
-        std::min<std::size_t>(n - std::min<std::size_t>(req.first, n), proto::kNodesPerReply);
-    for (std::size_t i = 0; i < count; ++i) {
-      rep.nodes[i] = remember_node(session, nodes[req.first + i], req.graph);
-      if (rep.nodes[i] == 0) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
-    }
-    rep.count = count;
+    nodes.resize(std::min(n, total));
   }
-  return call.reply(
-      rep, offsetof(proto::GraphGetNodesRep, nodes) + rep.count * sizeof(proto::WireHandle));
+  return reply_node_page(call, nodes, total, req.first, req.graph);
 }
 
 OpResult op_graph_get_edges(Call& call) {
