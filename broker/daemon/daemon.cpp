@@ -43,6 +43,7 @@ SupervisorConfig with_server_tuning(SupervisorConfig config, const DaemonOptions
   config.client_limits = options.client_limits;
   config.server_priority_scheduling = options.server_priority_scheduling;
   config.server_priority_max_hold_us = options.server_priority_max_hold_us;
+  config.server_priority_fence_poll_us = options.server_priority_fence_poll_us;
   config.server_priority_reserve_sms = options.server_priority_reserve_sms;
   return config;
 }

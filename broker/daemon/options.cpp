@@ -39,6 +39,7 @@ enum LongOnly : int {
   kHostFences,
   kPriorityScheduling,
   kPriorityMaxHold,
+  kPriorityFencePoll,
   kPriorityReserveSms,
   kContextIdleTimeout,
   kMetricsListen,
@@ -138,6 +139,8 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
                        docs/daemon.md)
   --priority-max-hold-us N  the longest a below-normal client is held back at once (default
                        2000)
+  --priority-fence-poll-us N  how often a server asks the driver whether a client's priority
+                       fences completed, in microseconds (default 50; 0: on every pass)
   --priority-reserve-sms N|P%  SMs (or a percentage of them) kept for normal-priority clients:
                        while one is connected, clients with CUDA_MPS_CLIENT_PRIORITY=1 run
                        without them (default 18%, rounded up to whole groups of the split;
@@ -181,6 +184,7 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
       {"host-fences", required_argument, nullptr, kHostFences},
       {"priority-scheduling", required_argument, nullptr, kPriorityScheduling},
       {"priority-max-hold-us", required_argument, nullptr, kPriorityMaxHold},
+      {"priority-fence-poll-us", required_argument, nullptr, kPriorityFencePoll},
       {"priority-reserve-sms", required_argument, nullptr, kPriorityReserveSms},
       {"context-idle-timeout", required_argument, nullptr, kContextIdleTimeout},
       {"metrics-listen", required_argument, nullptr, kMetricsListen},
@@ -283,6 +287,12 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
         auto n = number<int>("--priority-max-hold-us", arg, 1, 10'000'000);
         if (!n) return tl::unexpected(n.error());
         options.server_priority_max_hold_us = *n;
+        break;
+      }
+      case kPriorityFencePoll: {
+        auto n = number<int>("--priority-fence-poll-us", arg, 0, 1'000'000);
+        if (!n) return tl::unexpected(n.error());
+        options.server_priority_fence_poll_us = *n;
         break;
       }
       case kPriorityReserveSms: {

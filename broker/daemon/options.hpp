@@ -31,11 +31,12 @@ struct DaemonOptions {
   // --launch-batch of every server (--server-launch-batch N; --launch-batching off: 0); unset:
   // the server's default.
   std::optional<int> server_launch_batch;
-  std::optional<int> server_launch_batch_min;      // --launch-batch-min of every server
-  bool server_busy_time = false;                   // --busy-time on: every server measures it
-  bool server_host_fences = true;                  // --host-fences off: passed on to every server
-  bool server_priority_scheduling = true;          // --priority-scheduling (priority_gate.hpp)
-  std::optional<int> server_priority_max_hold_us;  // --priority-max-hold-us
+  std::optional<int> server_launch_batch_min;        // --launch-batch-min of every server
+  bool server_busy_time = false;                     // --busy-time on: every server measures it
+  bool server_host_fences = true;                    // --host-fences off: passed on to every server
+  bool server_priority_scheduling = true;            // --priority-scheduling (priority_gate.hpp)
+  std::optional<int> server_priority_max_hold_us;    // --priority-max-hold-us
+  std::optional<int> server_priority_fence_poll_us;  // --priority-fence-poll-us
   // --priority-reserve-sms, checked and passed on as written; unset: the servers' default.
   std::optional<std::string> server_priority_reserve_sms;
   std::optional<int> context_idle_timeout_s;     // passed on to every server; unset: its default

@@ -97,6 +97,10 @@ std::vector<std::string> Supervisor::server_arguments(int ordinal) const {
     args.insert(args.end(),
                 {"--priority-max-hold-us", std::to_string(*config_.server_priority_max_hold_us)});
   }
+  if (config_.server_priority_fence_poll_us) {
+    args.insert(args.end(), {"--priority-fence-poll-us",
+                             std::to_string(*config_.server_priority_fence_poll_us)});
+  }
   if (config_.server_priority_reserve_sms) {
     args.insert(args.end(), {"--priority-reserve-sms", *config_.server_priority_reserve_sms});
   }

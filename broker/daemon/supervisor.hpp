@@ -59,11 +59,12 @@ struct SupervisorConfig {
   // Passed as --launch-batch; unset: the server's default. Last, with an initializer:
   // supervisor_config's aggregate lists the fields before it.
   std::optional<int> server_launch_batch{};
-  std::optional<int> server_launch_batch_min{};      // passed as --launch-batch-min
-  bool server_busy_time = false;                     // passed as --busy-time on
-  bool server_host_fences = true;                    // false: passed as --host-fences off
-  bool server_priority_scheduling = true;            // false: passed as --priority-scheduling off
-  std::optional<int> server_priority_max_hold_us{};  // passed as --priority-max-hold-us
+  std::optional<int> server_launch_batch_min{};        // passed as --launch-batch-min
+  bool server_busy_time = false;                       // passed as --busy-time on
+  bool server_host_fences = true;                      // false: passed as --host-fences off
+  bool server_priority_scheduling = true;              // false: passed as --priority-scheduling off
+  std::optional<int> server_priority_max_hold_us{};    // passed as --priority-max-hold-us
+  std::optional<int> server_priority_fence_poll_us{};  // passed as --priority-fence-poll-us
   std::optional<std::string> server_priority_reserve_sms{};  // passed as --priority-reserve-sms
   // Per-client caps, "NAME=N" each (N in bytes for sizes), passed as --client-limit NAME=N.
   std::vector<std::string> client_limits{};

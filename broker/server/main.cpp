@@ -101,6 +101,7 @@ int main(int argc, char** argv) {
   settings.priority.enabled = options->priority_scheduling;
   settings.priority.max_hold = std::chrono::microseconds(options->priority_max_hold_us);
   settings.priority.run_ahead = options->priority_run_ahead;
+  settings.priority.fence_poll = std::chrono::microseconds(options->priority_fence_poll_us);
   settings.priority.reserve = options->priority_reserve_sms;
   settings.workers = options->workers != 0 ? options->workers : default_worker_count();
   settings.context_idle_timeout = std::chrono::seconds(options->context_idle_timeout_s);

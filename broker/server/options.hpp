@@ -3,7 +3,7 @@
 //                  [--default-sm-percentage P] [--default-memory-limit BYTES] [--workers N]
 //                  [--launch-batch N] [--launch-batch-min N] [--host-fences on|off]
 //                  [--context-idle-timeout SECS] [--priority-scheduling on|off]
-//                  [--priority-max-hold-us N] [--priority-run-ahead N]
+//                  [--priority-max-hold-us N] [--priority-fence-poll-us N] [--priority-run-ahead N]
 //                  [--priority-reserve-sms N|P%]
 //                  [--client-limit NAME=N]...
 #pragma once
@@ -44,6 +44,7 @@ struct Options {
   bool priority_scheduling = PrioritySettings{}.enabled;
   long priority_max_hold_us = PrioritySettings{}.max_hold.count();
   std::size_t priority_run_ahead = PrioritySettings{}.run_ahead;
+  long priority_fence_poll_us = PrioritySettings{}.fence_poll.count();
   // SMs kept for normal-priority clients (priority_reserve.hpp); only with priority scheduling.
   SmReserveSpec priority_reserve_sms = PrioritySettings{}.reserve;
   ClientLimits client_limits;  // --client-limit NAME=N, repeatable (client_limits.hpp)
@@ -61,6 +62,7 @@ inline constexpr const char* kUsage =
     "[--launch-batch-min N] [--busy-time on|off] [--host-fences on|off] "
     "[--default-memory-limit BYTES] [--workers N] "
     "[--context-idle-timeout SECS] [--priority-scheduling on|off] [--priority-max-hold-us N] "
-    "[--priority-run-ahead N] [--priority-reserve-sms N|P%] [--client-limit NAME=N]...";
+    "[--priority-fence-poll-us N] [--priority-run-ahead N] [--priority-reserve-sms N|P%] "
+    "[--client-limit NAME=N]...";
 
 }  // namespace mpsshim::server

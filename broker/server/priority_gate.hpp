@@ -52,9 +52,10 @@ struct PrioritySettings {
   // How long a normal session stays busy after it was last seen with work.
   std::chrono::microseconds linger{200};
   // How often a worker asks the driver whether a session's fences completed (priority_poll,
-  // priority_permit): every cuEventQuery takes the lock inside the driver that a normal client's
-  // launch waits for, and a held session's worker spins through its passes; asked on every pass,
-  // the queries of four held batch clients' workers delayed the latency client's launches.
+  // priority_permit; --priority-fence-poll-us, 0: on every pass): every cuEventQuery takes the lock
+  // inside the driver that a normal client's launch waits for, and a held session's worker spins
+  // through its passes; asked on every pass, the queries of four held batch clients' workers
+  // delayed the latency client's launches.
   std::chrono::microseconds fence_poll{50};
   // SMs below-normal clients leave to normal ones while one is connected (priority_reserve.hpp;
   // --priority-reserve-sms); only while `enabled`.

@@ -143,6 +143,41 @@ TEST_CASE("a silent peer does not hold up anyone else", "[protocol]") {
   CHECK(Clock::now() - start < 4s);  // well under the silent peer's 5 s deadline
 }
 
+namespace {
+
+// The arguments a server was started with, from /proc.
+std::vector<std::string> command_line(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
+  std::vector<std::string> args;
+  for (std::string arg; std::getline(in, arg, '\0');) args.push_back(arg);
+  return args;
+}
+
+bool has_pair(const std::vector<std::string>& args, const std::string& flag,
+              const std::string& value) {
+  for (std::size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] == flag && args[i + 1] == value) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("the priority gate's options reach every server", "[lifecycle][priority]") {
+  DaemonUnderTest sut(
+      {.gpus = 2, .args = {"--priority-fence-poll-us", "7", "--priority-max-hold-us", "900"}});
+  for (const auto& [gpu, pid] : sut.server_pids()) {
+    INFO("GPU " << gpu);
+    const std::vector<std::string> args = command_line(pid);
+    CHECK(has_pair(args, "--priority-fence-poll-us", "7"));
+    CHECK(has_pair(args, "--priority-max-hold-us", "900"));
+  }
+  DaemonUnderTest defaults({.gpus = 1});
+  const std::vector<std::string> args = command_line(defaults.server_pids().at(0));
+  CHECK_FALSE(has_pair(args, "--priority-fence-poll-us", "7"));  // the server's default
+  CHECK(std::find(args.begin(), args.end(), "--priority-fence-poll-us") == args.end());
+}
+
 TEST_CASE("a server that dies is restarted and clients are routed to the new one", "[restart]") {
   DaemonUnderTest sut({.gpus = 2});
   std::map<int, pid_t> before = sut.server_pids();

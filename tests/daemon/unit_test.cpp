@@ -294,6 +294,12 @@ TEST_CASE("--priority-reserve-sms is checked and passed on to every server", "[o
   CHECK(bad.error().find("--priority-reserve-sms 95%: expected") != std::string::npos);
   CHECK_FALSE(parse({"--priority-reserve-sms", "some"}));
   CHECK(daemon_usage().find("--priority-reserve-sms N|P%") != std::string::npos);
+  CHECK_FALSE(unset->server_priority_fence_poll_us);
+  CHECK(parse({"--priority-fence-poll-us", "0"})->server_priority_fence_poll_us == 0);
+  CHECK(parse({"--priority-fence-poll-us", "250"})->server_priority_fence_poll_us == 250);
+  CHECK_FALSE(parse({"--priority-fence-poll-us", "-1"}));
+  CHECK_FALSE(parse({"--priority-fence-poll-us", "2000000"}));
+  CHECK(daemon_usage().find("--priority-fence-poll-us N") != std::string::npos);
 }
 
 TEST_CASE("--client-limit checks the name and passes sizes on in bytes", "[options]") {

@@ -103,19 +103,23 @@ TEST_CASE("--host-fences is on by default; off and bad values", "[server][option
   CHECK(std::string(kUsage).find("--host-fences on|off") != std::string::npos);
 }
 
-TEST_CASE("--priority-scheduling and its bounds (on, 2000 us, 4 records by default)",
+TEST_CASE("--priority-scheduling and its bounds (on, 2000 us, 4 records, 50 us by default)",
           "[server][options][priority]") {
   auto defaults = parse({"--device", "0", "--control-fd", "3"});
   REQUIRE(defaults);
   CHECK(defaults->priority_scheduling);
   CHECK(defaults->priority_max_hold_us == 2000);
   CHECK(defaults->priority_run_ahead == 4);
+  CHECK(defaults->priority_fence_poll_us == 50);
   auto set = parse({"--device", "0", "--control-fd", "3", "--priority-scheduling", "off",
-                    "--priority-max-hold-us", "500", "--priority-run-ahead", "16"});
+                    "--priority-max-hold-us", "500", "--priority-run-ahead", "16",
+                    "--priority-fence-poll-us", "0"});
   REQUIRE(set);
   CHECK_FALSE(set->priority_scheduling);
   CHECK(set->priority_max_hold_us == 500);
   CHECK(set->priority_run_ahead == 16);
+  CHECK(set->priority_fence_poll_us == 0);
+  CHECK_FALSE(parse({"--device", "0", "--control-fd", "3", "--priority-fence-poll-us", "-5"}));
   CHECK_FALSE(parse({"--device", "0", "--control-fd", "3", "--priority-scheduling", "maybe"}));
   CHECK_FALSE(parse({"--device", "0", "--control-fd", "3", "--priority-max-hold-us", "0"}));
   CHECK_FALSE(parse({"--device", "0", "--control-fd", "3", "--priority-run-ahead", "0"}));
