@@ -129,18 +129,25 @@ EOF
   fi
 }
 
-# One CSV line: phase,t_s,server_pid,restarts,clients,rss_kib,fds,gpu_mem_mib (phase: idle
-# before the first client, run, after the last client left).
+# One CSV line: phase,t_s,server_pid,restarts,clients,rss_kib,fds,gpu_mem_mib,anon_kib,heap_kib,
+# driver_kib (phase: idle before the first client, run, after the last client left; the last
+# three split the server's resident memory by mapping, from /proc/PID/smaps: anonymous mappings
+# (glibc's per-thread arenas among them), the main [heap], and what the driver mapped through
+# /dev/nvidia* (its pinned host memory), so that growth can be told apart).
 sample() {
-  local pid_restarts pid restarts rss fds clients
+  local pid_restarts pid restarts rss fds clients split
   pid_restarts=$(server_pid_restarts)
   pid=${pid_restarts% *}
   restarts=${pid_restarts#* }
   rss=$(awk '/^VmRSS:/ { print $2 }' "/proc/$pid/status" 2>/dev/null)
   fds=$(find "/proc/$pid/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
   clients=$(ctl ps 2>/dev/null | tail -n +2 | grep -c .)
-  printf '%s,%s,%s,%s,%s,%s,%s,%s\n' "$1" "$((SECONDS - START_S))" "${pid:-nan}" "${restarts:-nan}" \
-    "$clients" "${rss:-nan}" "$fds" "$(gpu_memory_mib)"
+  split=$(awk '/^[0-9a-f]+-[0-9a-f]+ / { name = $6 }
+               /^Rss:/ { if (name == "") a += $2; else if (name == "[heap]") h += $2;
+                         else if (name ~ /^\/dev\/nvidia/) d += $2 }
+               END { printf "%d,%d,%d", a, h, d }' "/proc/$pid/smaps" 2>/dev/null)
+  printf '%s,%s,%s,%s,%s,%s,%s,%s,%s\n' "$1" "$((SECONDS - START_S))" "${pid:-nan}" \
+    "${restarts:-nan}" "$clients" "${rss:-nan}" "$fds" "$(gpu_memory_mib)" "${split:-nan,nan,nan}"
 }
 
 # ---- the client slots -----------------------------------------------------------------------
@@ -202,7 +209,7 @@ read -r SERVER_PID RESTARTS_0 <<<"$(server_pid_restarts)"
 [ -n "${SERVER_PID:-}" ] || die "no server for GPU $GPU_INDEX in server_list"
 FDS_IDLE=$(find "/proc/$SERVER_PID/fd" -mindepth 1 -maxdepth 1 | wc -l)
 START_S=$SECONDS
-echo "phase,t_s,server_pid,restarts,clients,rss_kib,fds,gpu_mem_mib" >"$CSV"
+echo "phase,t_s,server_pid,restarts,clients,rss_kib,fds,gpu_mem_mib,anon_kib,heap_kib,driver_kib" >"$CSV"
 sample idle >>"$CSV"
 for slot in $(seq 0 $((CLIENTS - 1))); do
   # The slot's stderr: bash's "Killed" notes of the runs it killed.
@@ -276,6 +283,12 @@ checks = [
     ("server fds", "fds", 1, lambda a: float(fd_tol)),
     ("GPU memory (MiB)", "gpu_mem_mib", 1, lambda a: float(gpu_tol_mib)),
 ]
+# Where the RSS went, for the reader (no verdict): the same growth measure per kind of mapping.
+for title, key in [("anonymous", "anon_kib"), ("[heap]", "heap_kib"), ("driver (/dev/nvidia*)", "driver_kib")]:
+    a, b, d = growth(key)
+    if a is not None:
+        print(f"soak: server RSS in {title} mappings (MiB): first quarter median {a / 1024:.1f}, "
+              f"last quarter {b / 1024:.1f}, growth {d / 1024:+.1f}")
 for title, key, scale, tolerance in checks:
     a, b, d = growth(key)
     if a is None:
