@@ -159,8 +159,17 @@ TEST_CASE("a held client's fences are asked about no more often than fence_poll"
     settings.priority.fence_poll = poll;
     TwoClients sut(settings);
     sut.normal_runs_for(2'000'000);
-    // Stream A's 20 ms kernel finishes long before the hold's bound; only asking shows it.
-    CHECK(sut.probe(20'000) == 1.0f);
+    // Stream A's 20 ms kernel finishes long before the hold's bound; only asking shows it. The
+    // held record is a kernel on stream B that touches nothing of A's: a release by the bound
+    // (the hour's case) is no synchronization with A's work, so they must share no memory.
+    auto sleeper = sut.low.function("sleep_kernel");
+    const std::uint64_t a = sut.low.stream();
+    const std::uint64_t b = sut.low.stream();
+    sut.low.launch(sleeper, a, 1, 1, 20'000);
+    sut.low.launch(sleeper, a, 1, 1, 1);  // the pass's run-ahead of 2 ends here
+    sut.low.launch(sleeper, b, 1, 1, 1);  // held until A's work is seen done, or the bound
+    REQUIRE(sut.low.synchronize(b) == CUDA_SUCCESS);
+    CHECK(sut.low_state().holds > 0);
     if (poll.count() == 50) {
       CHECK(sut.low_state().held_us < 300'000);  // released when its fence completed
     } else {
