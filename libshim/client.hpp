@@ -138,7 +138,9 @@ struct Context {
   Magic magic = Magic::kContext;
   int device = 0;
   bool primary = false;
-  unsigned flags = 0;
+  // Scheduling flags and the rest: set by any thread (cuCtxSetFlags, cuDevicePrimaryCtxSetFlags),
+  // read by every waiting thread (wait_policy.hpp).
+  std::atomic<unsigned> flags{0};
   std::atomic<std::uint64_t> id{0};
   std::atomic<bool> active{false};
   std::atomic<int> primary_refs{0};
@@ -209,6 +211,9 @@ int client_sm_count(int device) noexcept;
 // The calling thread's current context, activated (it has a session and a server context).
 CUresult current(Context*& out) noexcept;
 CUresult activate(Context* ctx) noexcept;
+// The flags of the calling thread's current context (0, CU_CTX_SCHED_AUTO, without one). Reads
+// thread-local and atomic state only: the wait path asks it on every synchronize.
+unsigned current_context_flags() noexcept;
 // The context a context-independent object (a library loaded with no current context) is
 // shipped into: the current one, else, on a thread with none, the first retained primary
 // context. The real driver hands out a library's kernels with no context current (cuBLASLt does

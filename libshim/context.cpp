@@ -2,6 +2,8 @@
 // contexts, the per-thread current-context stack, and the client_view.hpp queries the private
 // tables use. cuCtxGetDevice and cuDevicePrimaryCtxGetState are called tens of thousands of
 // times per PyTorch inference: they read thread-local and atomic state only.
+#include <pthread.h>
+
 #include <algorithm>
 #include <array>
 #include <unordered_map>
@@ -10,6 +12,7 @@
 #include "libshim/client.hpp"
 #include "libshim/client_view.hpp"
 #include "libshim/log.hpp"
+#include "libshim/wait_policy.hpp"
 
 namespace mpsshim::shim {
 
@@ -28,8 +31,6 @@ std::array<Context, kMaxDevices>& primaries() {
 }
 
 std::atomic<std::uint64_t> g_next_context_id{1};
-
-thread_local std::vector<Context*> t_stack;
 
 // Per-thread default streams (cudaStreamPerThread, --default-stream per-thread), one per
 // context the thread used. Each remembers the context's id when it was made: a primary context
@@ -56,10 +57,41 @@ class PerThreadStreams {
   }
   std::unordered_map<Context*, PerThreadStream> map;
 };
-thread_local PerThreadStreams t_per_thread_streams;
+// What each thread has of its own: its current-context stack and its per-thread default
+// streams. Not a thread_local object: glibc destroys those first thing in exit(), before the
+// atexit handlers and static destructors of the program's libraries run, and those still call
+// the driver (cudart's teardown pushes, pops and releases contexts; PyTorch's cuFFT plan cache
+// frees through the per-thread stream). Touching a destroyed map or vector there wrote into
+// freed heap memory (torch.fft aborted at exit with "corrupted double-linked list"). So a
+// thread_local pointer (trivially destructible, valid through all of exit) holds it, and a
+// pthread key frees it when a thread ends: key destructors run after the thread's thread_local
+// destructors, and never for the thread that calls exit(), whose state lives to the end.
+struct ThreadState {
+  std::vector<Context*> stack;
+  PerThreadStreams per_thread_streams;
+};
+thread_local ThreadState* t_state = nullptr;
+
+void free_thread_state(void* state) {
+  t_state = nullptr;  // a later call on this thread (another key's destructor) starts afresh
+  delete static_cast<ThreadState*>(state);
+}
+
+ThreadState& thread_state() {
+  if (t_state != nullptr) return *t_state;
+  static const pthread_key_t key = [] {
+    pthread_key_t k{};
+    pthread_key_create(&k, free_thread_state);
+    return k;
+  }();
+  t_state = new ThreadState();
+  pthread_setspecific(key, t_state);
+  return *t_state;
+}
 
 Context* top() {
-  return t_stack.empty() ? nullptr : t_stack.back();
+  const ThreadState* state = t_state;
+  return state == nullptr || state->stack.empty() ? nullptr : state->stack.back();
 }
 
 bool valid_device(CUdevice device) {
@@ -69,7 +101,7 @@ bool valid_device(CUdevice device) {
 CUresult create_on_server(Context* ctx) {
   Session* session = nullptr;
   if (CUresult rc = session_for(ctx->device, session); rc != CUDA_SUCCESS) return rc;
-  proto::CtxCreateReq request{ctx->flags, 0};
+  proto::CtxCreateReq request{ctx->flags.load(std::memory_order_relaxed), 0};
   proto::CtxCreateRep reply{};
   if (CUresult rc = session->call(proto::Op::kCtxCreate, request, &reply); rc != CUDA_SUCCESS) {
     return rc;
@@ -92,9 +124,10 @@ void destroy_on_server(Context* ctx) {
     ctx->session->call(proto::Op::kCtxDestroy, request, static_cast<int*>(nullptr));
   }
   // Its streams died with it on the server; other threads notice through the context id.
-  if (auto it = t_per_thread_streams.map.find(ctx); it != t_per_thread_streams.map.end()) {
+  auto& streams = thread_state().per_thread_streams.map;
+  if (auto it = streams.find(ctx); it != streams.end()) {
     it->second.stream->magic = Magic::kDead;
-    t_per_thread_streams.map.erase(it);
+    streams.erase(it);
   }
 }
 
@@ -114,6 +147,15 @@ CUresult current(Context*& out) noexcept {
   if (CUresult rc = activate(ctx); rc != CUDA_SUCCESS) return rc;
   out = ctx;
   return CUDA_SUCCESS;
+}
+
+unsigned current_context_flags() noexcept {
+  const Context* ctx = top();
+  return ctx == nullptr ? 0u : ctx->flags.load(std::memory_order_relaxed);
+}
+
+WaitPlan current_wait_plan() {
+  return wait_plan_for(current_context_flags(), auto_spin_total());
 }
 
 CUresult context_for_library(Context*& out) noexcept {
@@ -137,7 +179,7 @@ CUresult resolve_stream(CUstream handle, DefaultStream mode, Context*& ctx,
   }
   if (handle == nullptr || handle == CU_STREAM_PER_THREAD) {
     if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
-    auto& streams = t_per_thread_streams.map;
+    auto& streams = thread_state().per_thread_streams.map;
     auto it = streams.find(ctx);
     if (it != streams.end()) {
       if (PerThreadStreams::current_incarnation(ctx, it->second)) {
@@ -253,8 +295,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsigne
 MPSSHIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-  // Scheduling flags only change how a host thread waits; the shim always spins then sleeps.
-  primaries()[dev].flags = flags;
+  // Scheduling flags only change how a host thread waits for the server (wait_policy.hpp).
+  primaries()[dev].flags.store(flags, std::memory_order_relaxed);
   return CUDA_SUCCESS;
 }
 
@@ -277,7 +319,7 @@ CUresult create_context(CUcontext* pctx, unsigned int flags, CUdevice dev) {
     delete ctx;
     return rc;
   }
-  t_stack.push_back(ctx);
+  thread_state().stack.push_back(ctx);
   *pctx = reinterpret_cast<CUcontext>(ctx);
   return CUDA_SUCCESS;
 }
@@ -318,7 +360,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuCtxDestroy_v2(CUcontext handle) {
     std::lock_guard lock(ctx->mutex);
     destroy_on_server(ctx);
   }
-  t_stack.erase(std::remove(t_stack.begin(), t_stack.end(), ctx), t_stack.end());
+  std::vector<Context*>& stack = thread_state().stack;
+  stack.erase(std::remove(stack.begin(), stack.end(), ctx), stack.end());
   // The object stays allocated (marked dead) so a stale handle is refused, not dereferenced
   // into freed memory.
   ctx->magic = Magic::kDead;
@@ -332,7 +375,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuCtxPushCurrent_v2(CUcontext handle) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   Context* ctx = object_of<Context>(handle);
   if (ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-  t_stack.push_back(ctx);
+  thread_state().stack.push_back(ctx);
   return CUDA_SUCCESS;
 }
 MPSSHIM_EXPORT CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx) {
@@ -341,9 +384,10 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx) {
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuCtxPopCurrent_v2(CUcontext* pctx) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
-  if (t_stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
-  if (pctx) *pctx = reinterpret_cast<CUcontext>(t_stack.back());
-  t_stack.pop_back();
+  std::vector<Context*>& stack = thread_state().stack;
+  if (stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
+  if (pctx) *pctx = reinterpret_cast<CUcontext>(stack.back());
+  stack.pop_back();
   return CUDA_SUCCESS;
 }
 MPSSHIM_EXPORT CUresult CUDAAPI cuCtxPopCurrent(CUcontext* pctx) {
@@ -352,16 +396,17 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuCtxPopCurrent(CUcontext* pctx) {
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuCtxSetCurrent(CUcontext handle) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  std::vector<Context*>& stack = thread_state().stack;
   if (handle == nullptr) {
-    if (!t_stack.empty()) t_stack.pop_back();
+    if (!stack.empty()) stack.pop_back();
     return CUDA_SUCCESS;
   }
   Context* ctx = object_of<Context>(handle);
   if (ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-  if (t_stack.empty()) {
-    t_stack.push_back(ctx);
+  if (stack.empty()) {
+    stack.push_back(ctx);
   } else {
-    t_stack.back() = ctx;
+    stack.back() = ctx;
   }
   return CUDA_SUCCESS;
 }

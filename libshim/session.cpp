@@ -1,6 +1,7 @@
 #include "libshim/session.hpp"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <thread>
 
 #include "libshim/log.hpp"
+#include "libshim/wait_policy.hpp"
 #include "proto/futex.hpp"
 #include "proto/memfd_mapping.hpp"
 
@@ -16,19 +18,39 @@ namespace mpsshim::shim {
 
 namespace {
 
-// Spinning costs a core but answers in ~100 ns; a futex wake costs ~3.5 us. Spin this long
-// before sleeping: longer than a typical launch+synchronize round trip.
-constexpr auto kSpinFor = std::chrono::microseconds(60);
 // Sleeps are bounded so a server that died without a word is noticed.
 constexpr std::uint64_t kSleepSliceNs = 20'000'000;
 
-template <typename Ready>
-bool spin_until(Ready&& ready) {
-  auto deadline = std::chrono::steady_clock::now() + kSpinFor;
+enum class SpinEnd { kReady, kSleep, kGone };
+
+// Waits by spinning as `plan` says (wait_policy.hpp): first with a pause instruction, then
+// yielding the CPU between looks. kSleep once the plan's spin is used up; kGone if the server
+// went away meanwhile (looked at every kPeerCheck, a poll of the socket).
+template <typename Ready, typename Gone>
+SpinEnd spin_until(const WaitPlan& plan, Ready&& ready, Gone&& gone) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto since_check = std::chrono::nanoseconds(0);
+  // Whether the wait may go on at `now`, looking at the server once per kPeerCheck.
+  auto server_there = [&](Clock::time_point now) {
+    if (now - start - since_check < kPeerCheck) return true;
+    since_check = now - start;
+    return !gone();
+  };
   for (int i = 0;; ++i) {
-    if (ready()) return true;
+    if (ready()) return SpinEnd::kReady;
     proto::cpu_relax();
-    if ((i & 63) == 63 && std::chrono::steady_clock::now() > deadline) return false;
+    if ((i & 63) != 63) continue;
+    const auto now = Clock::now();
+    if (now - start >= plan.busy) break;
+    if (!server_there(now)) return SpinEnd::kGone;
+  }
+  for (;;) {
+    if (ready()) return SpinEnd::kReady;
+    const auto now = Clock::now();
+    if (now - start >= plan.spin_total) return SpinEnd::kSleep;
+    if (!server_there(now)) return SpinEnd::kGone;
+    sched_yield();
   }
 }
 
@@ -203,7 +225,14 @@ void Session::release_slot(std::uint32_t index) {
 
 CUresult Session::wait_slot(proto::ResponseSlot* slot) {
   auto ready = [slot] { return slot->state.load(std::memory_order_acquire) == proto::kSlotReady; };
-  if (spin_until(ready)) return CUDA_SUCCESS;
+  switch (spin_until(current_wait_plan(), ready, [this] { return peer_gone(); })) {
+    case SpinEnd::kReady:
+      return CUDA_SUCCESS;
+    case SpinEnd::kGone:
+      return dead_result();
+    case SpinEnd::kSleep:
+      break;
+  }
   for (;;) {
     slot->waiter.store(1, std::memory_order_seq_cst);
     if (ready()) break;
@@ -281,7 +310,14 @@ CUresult Session::wait_generation(proto::ChunkState* state, std::uint32_t genera
   auto done = [state, reached] {
     return reached(state->done_generation.load(std::memory_order_acquire));
   };
-  if (spin_until(done)) return CUDA_SUCCESS;
+  switch (spin_until(current_wait_plan(), done, [this] { return peer_gone(); })) {
+    case SpinEnd::kReady:
+      return CUDA_SUCCESS;
+    case SpinEnd::kGone:
+      return dead_result();
+    case SpinEnd::kSleep:
+      break;
+  }
   for (;;) {
     state->waiter.store(1, std::memory_order_seq_cst);
     std::uint32_t seen = state->done_generation.load(std::memory_order_seq_cst);

@@ -37,6 +37,7 @@ enum LongOnly : int {
   kServerLaunchBatchMin,
   kBusyTime,
   kHostFences,
+  kEventPoll,
   kPriorityScheduling,
   kPriorityMaxHold,
   kPriorityFencePoll,
@@ -134,6 +135,9 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
   --host-fences on|off  whether every GPU's server learns that a client's work finished from a
                        word the GPU writes into host memory, instead of polling events (default
                        on; see docs/daemon.md)
+  --event-poll-us N    how often a server asks the driver whether the work a synchronize waits
+                       for finished, where no host fence tells it, in microseconds (default 0:
+                       on every pass of the client's worker; docs/daemon.md)
   --priority-scheduling on|off  while a client of normal priority has GPU work in flight,
                        hold back clients with CUDA_MPS_CLIENT_PRIORITY=1 (default on; see
                        docs/daemon.md)
@@ -182,6 +186,7 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
       {"server-launch-batch-min", required_argument, nullptr, kServerLaunchBatchMin},
       {"busy-time", required_argument, nullptr, kBusyTime},
       {"host-fences", required_argument, nullptr, kHostFences},
+      {"event-poll-us", required_argument, nullptr, kEventPoll},
       {"priority-scheduling", required_argument, nullptr, kPriorityScheduling},
       {"priority-max-hold-us", required_argument, nullptr, kPriorityMaxHold},
       {"priority-fence-poll-us", required_argument, nullptr, kPriorityFencePoll},
@@ -287,6 +292,12 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
         auto n = number<int>("--priority-max-hold-us", arg, 1, 10'000'000);
         if (!n) return tl::unexpected(n.error());
         options.server_priority_max_hold_us = *n;
+        break;
+      }
+      case kEventPoll: {
+        auto n = number<int>("--event-poll-us", arg, 0, 1'000'000);
+        if (!n) return tl::unexpected(n.error());
+        options.server_event_poll_us = *n;
         break;
       }
       case kPriorityFencePoll: {

@@ -34,6 +34,7 @@ struct DaemonOptions {
   std::optional<int> server_launch_batch_min;        // --launch-batch-min of every server
   bool server_busy_time = false;                     // --busy-time on: every server measures it
   bool server_host_fences = true;                    // --host-fences off: passed on to every server
+  std::optional<int> server_event_poll_us;           // --event-poll-us
   bool server_priority_scheduling = true;            // --priority-scheduling (priority_gate.hpp)
   std::optional<int> server_priority_max_hold_us;    // --priority-max-hold-us
   std::optional<int> server_priority_fence_poll_us;  // --priority-fence-poll-us

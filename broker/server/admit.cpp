@@ -94,6 +94,7 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
   s.launch_batching = (hello.flags & proto::kHelloNoLaunchBatching) == 0;
   s.measure_busy = settings_.busy_time;
   s.use_host_fences = settings_.host_fences;
+  s.event_poll = settings_.event_poll;
   s.limits = settings_.client_limits;
   const proto::DeviceSnapshot& snap = gpu_.snapshot;
   // An allocation's SMs lie in its slot (its replica) of the device; a static partition's

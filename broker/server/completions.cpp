@@ -15,7 +15,8 @@ using Clock = std::chrono::steady_clock;
 // Advances the completion's waits from `done` on; true when all have completed. A wait on a
 // host fence is over when its word holds the fence's value; its event is queried only every
 // kFaultCheckInterval, to learn of a fault that stops the stream before the write
-// (host_fences.hpp). `now` is read once per poll, when first needed.
+// (host_fences.hpp); one without a fence every Session::event_poll. `now` is read once per
+// poll, when first needed.
 bool advance(Session& session, Completion& c, std::optional<Clock::time_point>& now) {
   const DriverTable& cu = session.cu();
   while (c.done < c.waits.size()) {
@@ -28,6 +29,13 @@ bool advance(Session& session, Completion& c, std::optional<Clock::time_point>& 
       if (!now) now = Clock::now();
       if (*now < c.next_fault_check) return false;
       c.next_fault_check = *now + kFaultCheckInterval;
+    } else if (session.event_poll.count() != 0) {
+      // At most every event_poll: each cuEventQuery holds a driver lock that the launches of
+      // every other worker wait for, and a worker waiting for a long synchronize would
+      // otherwise ask on every pass (~every 2 us).
+      if (!now) now = Clock::now();
+      if (*now < c.next_fault_check) return false;
+      c.next_fault_check = *now + session.event_poll;
     }
     CUresult r = cu.cuEventQuery(w.event);
     if (r == CUDA_ERROR_NOT_READY) return false;

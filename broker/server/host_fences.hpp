@@ -41,6 +41,9 @@ inline constexpr std::uint64_t kHostFenceMaxQueued = 8;
 // A waiting completion that has not fired after this long also queries its event (a fault
 // stops the stream before its fence's write).
 inline constexpr auto kFaultCheckInterval = std::chrono::microseconds(200);
+// How often a completion with no host fence asks the driver about its event by default
+// (ServerSettings::event_poll).
+inline constexpr auto kDefaultEventPoll = std::chrono::microseconds(0);
 
 struct HostFence {
   static constexpr std::uint32_t kNone = 0xffffffffu;

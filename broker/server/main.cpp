@@ -97,6 +97,7 @@ int main(int argc, char** argv) {
   settings.launch_batch.min_launches = options->launch_batch_min;
   settings.busy_time = options->busy_time;
   settings.host_fences = options->host_fences;
+  settings.event_poll = std::chrono::microseconds(options->event_poll_us);
   settings.client_limits = options->client_limits;
   settings.priority.enabled = options->priority_scheduling;
   settings.priority.max_hold = std::chrono::microseconds(options->priority_max_hold_us);

@@ -84,6 +84,12 @@ tl::expected<Options, std::string> parse_options(std::span<const char* const> ar
         return tl::unexpected(
             fmt::format("--priority-max-hold-us {}: expected 1 to 10000000 microseconds", value));
       }
+    } else if (flag == "--event-poll-us") {
+      if (!parse_number(value, options.event_poll_us) || options.event_poll_us < 0 ||
+          options.event_poll_us > 1'000'000) {
+        return tl::unexpected(
+            fmt::format("--event-poll-us {}: expected 0 to 1000000 microseconds", value));
+      }
     } else if (flag == "--priority-fence-poll-us") {
       if (!parse_number(value, options.priority_fence_poll_us) ||
           options.priority_fence_poll_us < 0 || options.priority_fence_poll_us > 1'000'000) {

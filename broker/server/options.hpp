@@ -15,6 +15,7 @@
 #include <tl/expected.hpp>
 
 #include "broker/server/client_limits.hpp"
+#include "broker/server/host_fences.hpp"
 #include "broker/server/launch_batch.hpp"
 #include "broker/server/log.hpp"
 #include "broker/server/priority_gate.hpp"
@@ -40,6 +41,7 @@ struct Options {
   std::size_t launch_batch_min = LaunchBatchSettings{}.min_launches;
   bool busy_time = false;   // --busy-time on: GPU busy time per client (busy_time.hpp)
   bool host_fences = true;  // --host-fences off: completions poll events (host_fences.hpp)
+  long event_poll_us = kDefaultEventPoll.count();  // --event-poll-us N (0: every pass)
   // Below-normal clients held back while normal ones have work in flight (priority_gate.hpp).
   bool priority_scheduling = PrioritySettings{}.enabled;
   long priority_max_hold_us = PrioritySettings{}.max_hold.count();
@@ -59,7 +61,7 @@ tl::expected<Options, std::string> parse_options(std::span<const char* const> ar
 inline constexpr const char* kUsage =
     "usage: mpsshim-server --device N --control-fd FD [--driver PATH] "
     "[--log-level error|warn|info|debug] [--default-sm-percentage P] [--launch-batch N] "
-    "[--launch-batch-min N] [--busy-time on|off] [--host-fences on|off] "
+    "[--launch-batch-min N] [--busy-time on|off] [--host-fences on|off] [--event-poll-us N] "
     "[--default-memory-limit BYTES] [--workers N] "
     "[--context-idle-timeout SECS] [--priority-scheduling on|off] [--priority-max-hold-us N] "
     "[--priority-fence-poll-us N] [--priority-run-ahead N] [--priority-reserve-sms N|P%] "

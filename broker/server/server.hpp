@@ -46,6 +46,10 @@ struct ServerSettings {
   // Synchronizing calls learn of completion from a word the GPU writes (host_fences.hpp,
   // mpsshim-server --host-fences). On by default: see host_fences.hpp for the measurement.
   bool host_fences = true;
+  // How often a completion without a host fence asks the driver about its event
+  // (mpsshim-server --event-poll-us; 0: on every pass). Every cuEventQuery takes a driver lock
+  // that other workers' launches wait for (docs/architecture.md, the path of one launch).
+  std::chrono::microseconds event_poll{kDefaultEventPoll};
   // Per-client caps on streams, events, modules, pinned memory... (client_limits.hpp,
   // mpsshim-server --client-limit NAME=N).
   ClientLimits client_limits;

@@ -108,7 +108,8 @@ struct Completion {
   // Keeps what the waits name alive until the completion is gone (an interprocess event
   // another client may destroy meanwhile).
   std::shared_ptr<const void> keep_alive;
-  // A wait on a host fence asks the driver (its event) no earlier than this.
+  // A wait on a host fence asks the driver (its event) no earlier than this; so does a wait
+  // without one, every Session::event_poll.
   std::chrono::steady_clock::time_point next_fault_check{};
 
   static constexpr std::uint32_t kNoChunk = 0xffffffffu;
@@ -307,6 +308,9 @@ class Session {
   // (ServerSettings::host_fences, and off for the session after a failed fence).
   HostFences host_fences;
   bool use_host_fences = false;
+  // ServerSettings::event_poll, copied at admission: a completion's event is asked at most
+  // this often (completions.cpp).
+  std::chrono::microseconds event_poll{0};
   // Captures begun and not yet ended: while 0, no stream of the client is capturing and nothing
   // asks the driver. fence_stream stands in for capturing streams in fence_all_streams.
   std::uint32_t active_captures = 0;

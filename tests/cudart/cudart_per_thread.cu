@@ -5,6 +5,7 @@
 // (tests/testdriver/kernels.cpp). Prints "cudart_per_thread: ... PASS" and exits 0 on success.
 #include <cuda_runtime.h>
 
+#include <unistd.h>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +25,32 @@ extern "C" __global__ void increment_i32(int* p, int n) {
 }
 
 constexpr int kThreads = 4;
+
+// The exit handler's check: the main thread's per-thread stream still works, and is still the
+// stream main used, in an atexit handler. glibc destroys the main thread's thread_local objects
+// before the atexit handlers run, and libraries' exit handlers (cudart's teardown, PyTorch's
+// cuFFT plan cache) still call the driver then; the shim's per-thread state must outlive them.
+unsigned long long g_main_stream_id = 0;
+int* g_exit_buffer = nullptr;
+constexpr int kExitInts = 1024;
+
+void exit_handler_check() {
+  // Not CHECK: calling exit() from an exit handler is undefined.
+  unsigned long long id = 0;
+  int host[kExitInts] = {};
+  bool ok = cudaStreamGetId(cudaStreamPerThread, &id) == cudaSuccess &&
+            cudaMemsetAsync(g_exit_buffer, 7, sizeof host, cudaStreamPerThread) == cudaSuccess &&
+            cudaMemcpyAsync(host, g_exit_buffer, sizeof host, cudaMemcpyDeviceToHost,
+                            cudaStreamPerThread) == cudaSuccess &&
+            cudaStreamSynchronize(cudaStreamPerThread) == cudaSuccess;
+  int bad = 0;
+  for (int v : host) bad += v != 0x07070707;
+  ok = ok && bad == 0 && id == g_main_stream_id;
+  std::printf("cudart_per_thread: exit handler: same_stream=%d wrong=%d %s\n",
+              id == g_main_stream_id ? 1 : 0, bad, ok ? "PASS" : "FAIL");
+  std::fflush(stdout);
+  if (!ok) _exit(1);
+}
 
 int main(int argc, char** argv) {
   const int n = argc > 1 ? std::atoi(argv[1]) : 50000;
@@ -75,6 +102,9 @@ int main(int argc, char** argv) {
   for (int t = 0; t < kThreads; ++t) threads.emplace_back(work, t);
   for (auto& th : threads) th.join();
   CHECK(cudaDeviceSynchronize());
+  CHECK(cudaMalloc(&g_exit_buffer, sizeof(int) * kExitInts));
+  CHECK(cudaStreamGetId(cudaStreamPerThread, &g_main_stream_id));
+  std::atexit(exit_handler_check);
   const bool ok = wrong == 0;
   std::printf("cudart_per_thread: threads=%d rounds=%d n=%d wrong=%d %s\n", kThreads, rounds, n,
               wrong.load(), ok ? "PASS" : "FAIL");

@@ -103,6 +103,18 @@ TEST_CASE("--host-fences is on by default; off and bad values", "[server][option
   CHECK(std::string(kUsage).find("--host-fences on|off") != std::string::npos);
 }
 
+TEST_CASE("--event-poll-us: 0 by default, 0 to 1000000", "[server][options]") {
+  auto defaults = parse({"--device", "0", "--control-fd", "3"});
+  REQUIRE(defaults);
+  CHECK(defaults->event_poll_us == kDefaultEventPoll.count());
+  auto set = parse({"--device", "0", "--control-fd", "3", "--event-poll-us", "25"});
+  REQUIRE(set);
+  CHECK(set->event_poll_us == 25);
+  CHECK_FALSE(parse({"--device", "0", "--control-fd", "3", "--event-poll-us", "-1"}));
+  CHECK_FALSE(parse({"--device", "0", "--control-fd", "3", "--event-poll-us", "1000001"}));
+  CHECK_FALSE(parse({"--device", "0", "--control-fd", "3", "--event-poll-us", "5us"}));
+}
+
 TEST_CASE("--priority-scheduling and its bounds (on, 2000 us, 4 records, 50 us by default)",
           "[server][options][priority]") {
   auto defaults = parse({"--device", "0", "--control-fd", "3"});

@@ -280,6 +280,41 @@ TEST_CASE("with host fences off, completions poll events", "[server][streams][ho
   CHECK(fake_gpu().event_queries > event_queries);
 }
 
+TEST_CASE("a completion without a host fence asks its event at most every event_poll",
+          "[server][streams][host_fences]") {
+  using std::chrono::microseconds;
+  for (microseconds poll : {microseconds(0), microseconds(3'600'000'000LL)}) {
+    INFO("event_poll " << poll.count() << " us");
+    ServerSettings settings;
+    settings.host_fences = false;
+    settings.event_poll = poll;
+    Harness h(settings);
+    TestClient sut(h);
+    auto ctx = sut.create_context();
+    memset_on(sut, ctx.default_stream, sut.alloc(ctx.ctx, kMiB));
+    fake_gpu().busy = true;
+    sut.send(Op::kStreamSynchronize, proto::HandleReq{ctx.default_stream}, 0);
+    const int before = fake_gpu().event_queries;
+    h.pump(20);
+    const int asked = fake_gpu().event_queries - before;
+    finish_fake_work();
+    if (poll.count() == 0) {
+      CHECK(asked >= 10);  // every pass
+      REQUIRE(h.pump_until([&] { return sut.slot_ready(0); }));
+    } else {
+      CHECK(asked <= 1);  // once, then not before the hour is over
+      h.pump(5);
+      CHECK_FALSE(sut.slot_ready(0));
+      // Asked again once the interval is over: here, at once.
+      Session* session = h.server->find_session(sut.welcome().client_id);
+      REQUIRE(session != nullptr);
+      session->event_poll = microseconds(0);
+      REQUIRE(h.pump_until([&] { return sut.slot_ready(0); }));
+    }
+    CHECK(sut.view().slot(0)->result == CUDA_SUCCESS);
+  }
+}
+
 TEST_CASE("a fence whose write never lands still learns of the fault from its event",
           "[server][streams][host_fences]") {
   Harness h;

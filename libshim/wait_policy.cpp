@@ -1,0 +1,51 @@
+#include "libshim/wait_policy.hpp"
+
+#include <cuda.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <string>
+
+#include "libshim/log.hpp"
+
+namespace mpsshim::shim {
+
+std::chrono::nanoseconds parse_wait_spin_us(const char* text) {
+  if (text == nullptr || *text == '\0') return kDefaultSpinTotal;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long us = std::strtoull(text, &end, 10);
+  // At most an hour: a longer spin is a spin without end, which CU_CTX_SCHED_SPIN asks for.
+  if (*end != '\0' || errno != 0 || text[0] == '-' || text[0] == '+' || text[0] == ' ' ||
+      us > 3'600'000'000ull) {
+    log(Level::warn,
+        "ignoring MPSSHIM_WAIT_SPIN_US='{}': expected microseconds from 0 to 3600000000; "
+        "waiting threads spin for {} us before they sleep",
+        text, std::chrono::duration_cast<std::chrono::microseconds>(kDefaultSpinTotal).count());
+    return kDefaultSpinTotal;
+  }
+  return std::chrono::microseconds(us);
+}
+
+std::chrono::nanoseconds auto_spin_total() {
+  static const std::chrono::nanoseconds total =
+      parse_wait_spin_us(std::getenv("MPSSHIM_WAIT_SPIN_US"));
+  return total;
+}
+
+WaitPlan wait_plan_for(unsigned context_flags, std::chrono::nanoseconds auto_spin) {
+  constexpr auto forever = std::chrono::nanoseconds::max();
+  switch (context_flags & CU_CTX_SCHED_MASK) {
+    case CU_CTX_SCHED_SPIN:
+      return {forever, forever};
+    case CU_CTX_SCHED_YIELD:
+      return {std::chrono::nanoseconds(0), forever};
+    case CU_CTX_SCHED_BLOCKING_SYNC:
+      return {kBusySpin, kBusySpin};
+    default:  // CU_CTX_SCHED_AUTO
+      return {kBusySpin, std::max(kBusySpin, auto_spin)};
+  }
+}
+
+}  // namespace mpsshim::shim

@@ -1,0 +1,52 @@
+// How a thread that waits for the server spends the wait: a synchronize, a blocking copy, any
+// call with an answer. The real driver spins while a host thread synchronizes (the default
+// CU_CTX_SCHED_AUTO spins when the process has fewer contexts than CPUs), so a program that
+// waits natively never sleeps. A futex sleep costs a wake-up on the way back (~3.5 us on bare
+// metal, more inside a VM whose idle vCPU halted), and that is added to every synchronize,
+// every pinned copy and every cycle of a launch-and-synchronize loop.
+//
+// The plan follows the calling thread's current context's scheduling flags (cuCtxSetFlags,
+// cuDevicePrimaryCtxSetFlags, cudaSetDeviceFlags):
+//   CU_CTX_SCHED_SPIN           spin until the answer comes
+//   CU_CTX_SCHED_YIELD          spin, yielding the CPU (sched_yield) between looks
+//   CU_CTX_SCHED_BLOCKING_SYNC  a short spin, then sleep on the futex
+//   CU_CTX_SCHED_AUTO (default) spin a while, yield for up to MPSSHIM_WAIT_SPIN_US in all,
+//                               then sleep
+// Every plan looks at the server's socket every kPeerCheck while it spins, so a server that
+// died is noticed as it is while sleeping.
+#pragma once
+
+#include <chrono>
+
+namespace mpsshim::shim {
+
+struct WaitPlan {
+  // Spin with a pause instruction this long first: a launch + synchronize round trip.
+  std::chrono::nanoseconds busy;
+  // Then spin with sched_yield between looks until this much time has passed since the wait
+  // began; nanoseconds::max(): never sleep.
+  std::chrono::nanoseconds spin_total;
+};
+
+// The busy spin of every plan: longer than a typical launch + synchronize round trip.
+inline constexpr std::chrono::nanoseconds kBusySpin = std::chrono::microseconds(60);
+// How often a spinning waiter checks that the server is still there.
+inline constexpr std::chrono::nanoseconds kPeerCheck = std::chrono::milliseconds(20);
+// The default yield budget of CU_CTX_SCHED_AUTO (MPSSHIM_WAIT_SPIN_US overrides it).
+inline constexpr std::chrono::nanoseconds kDefaultSpinTotal = std::chrono::milliseconds(20);
+
+// The plan for a context with these flags (only the CU_CTX_SCHED_MASK bits matter), where AUTO
+// spins for `auto_spin_total` in all.
+WaitPlan wait_plan_for(unsigned context_flags, std::chrono::nanoseconds auto_spin_total);
+
+// MPSSHIM_WAIT_SPIN_US as microseconds; unset or empty: kDefaultSpinTotal, which a malformed
+// value also gives (with a warning in the log).
+std::chrono::nanoseconds parse_wait_spin_us(const char* text);
+// The process's AUTO spin: MPSSHIM_WAIT_SPIN_US, read once.
+std::chrono::nanoseconds auto_spin_total();
+
+// The plan for the calling thread: its current context's flags (AUTO without one) and
+// auto_spin_total(). In context.cpp, which knows the thread's current context.
+WaitPlan current_wait_plan();
+
+}  // namespace mpsshim::shim

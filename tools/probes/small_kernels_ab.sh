@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Aggregate kernels/s of N concurrent examples/small_kernels clients (the harness's concurrency
+# workload, without its other sizes) under NVIDIA MPS and under mpsshim with several daemon
+# settings, in interleaved rounds, so that one lease compares a server setting with MPS:
+#
+#   LD_LIBRARY_PATH=$PWD/.carry/gpu/lib bash tools/probes/small_kernels_ab.sh .carry/gpu OUT \
+#     ROUNDS "8 32" "default:" "poll5:--event-poll-us 5" ...
+#
+# Each LABEL:ARGS is one mpsshim mode (a fresh daemon with ARGS per group; words of the form
+# NAME=VALUE are set in the clients' environment instead, e.g. "sleep:MPSSHIM_WAIT_SPIN_US=0");
+# "mps" is always run
+# (as root, nvidia-cuda-mps-control on PATH or in /usr/local/nvidia/bin). OUT/results.csv:
+# round,mode,clients,kernels_per_s; OUT/summary.txt: medians (min-max) and the ratio to MPS.
+set -uo pipefail
+build=$(realpath "$1")
+out=$2
+rounds=$3
+sizes=$4
+shift 4
+python=${PYTHON:-python3}
+mkdir -p "$out"
+csv="$out/results.csv"
+echo "round,mode,clients,kernels_per_s" >"$csv"
+rt="$out/rt"
+export PATH="$PATH:/usr/local/nvidia/bin"
+
+group() {  # ROUND MODE N: N clients started together in the current environment
+  local go=$(( $(date +%s%N) + 1500000000 + $3 * 100000000 )) i
+  rm -f "$out"/group.*.txt
+  for i in $(seq "$3"); do
+    timeout 120 "$build/examples/small_kernels" --start-at-ns "$go" >"$out/group.$i.txt" 2>&1 &
+  done
+  wait
+  local rate
+  rate=$(cat "$out"/group.*.txt | "$python" -c '
+import re, sys
+starts, ends, n, ok = [], [], 0, 0
+for line in sys.stdin:
+    s = re.search(r"start_ns=(\d+)", line); e = re.search(r"end_ns=(\d+)", line); k = re.search(r"kernels=(\d+)", line)
+    if s and e and k and "PASS" in line:
+        starts.append(int(s.group(1))); ends.append(int(e.group(1))); n += int(k.group(1)); ok += 1
+print(f"{n / ((max(ends) - min(starts)) / 1e9):.0f}" if ok == int(sys.argv[1]) else "nan")' "$3")
+  echo "$1,$2,$3,$rate" >>"$csv"
+}
+
+for round in $(seq "$rounds"); do
+  for n in $sizes; do
+    # NVIDIA MPS
+    mkdir -p "$out/mps-pipe" "$out/mps-log"
+    export CUDA_MPS_PIPE_DIRECTORY="$out/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$out/mps-log"
+    nvidia-cuda-mps-control -d && sleep 0.5
+    group "$round" mps "$n"
+    echo quit | nvidia-cuda-mps-control
+    sleep 0.5
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    for spec in "$@"; do
+      label=${spec%%:*}
+      read -r -a words <<<"${spec#*:}"
+      args=()
+      client_env=()
+      for word in "${words[@]+"${words[@]}"}"; do
+        if [[ $word =~ ^[A-Z_][A-Z0-9_]*= ]]; then client_env+=("$word"); else args+=("$word"); fi
+      done
+      rm -rf "$rt"
+      "$build/broker/daemon/mpsshimd" --runtime-dir "$rt" \
+        --server "$build/broker/server/mpsshim-server" "${args[@]+"${args[@]}"}" >>"$out/mpsshimd.$label.log" 2>&1 &
+      daemon=$!
+      for _ in $(seq 200); do
+        "$build/broker/daemon/mpsshimctl" --runtime-dir "$rt" server_list 2>/dev/null | grep -q running && break
+        sleep 0.05
+      done
+      (export CUDA_MPS_PIPE_DIRECTORY="$rt" LD_PRELOAD="$build/libshim/libmpsshim.so" \
+         "${client_env[@]+"${client_env[@]}"}"; group "$round" "$label" "$n")
+      "$build/broker/daemon/mpsshimctl" --runtime-dir "$rt" quit >/dev/null 2>&1 || kill "$daemon"
+      wait "$daemon" 2>/dev/null
+    done
+  done
+done
+
+"$python" - "$csv" >"$out/summary.txt" <<'EOF'
+import csv, statistics, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+modes = list(dict.fromkeys(r["mode"] for r in rows))
+for n in dict.fromkeys(r["clients"] for r in rows):
+    med = {}
+    for m in modes:
+        v = [float(r["kernels_per_s"]) for r in rows if r["mode"] == m and r["clients"] == n and r["kernels_per_s"] != "nan"]
+        if v:
+            med[m] = statistics.median(v)
+            ratio = f" {med[m] / med['mps']:.2f}x MPS" if "mps" in med else ""
+            print(f"N={n:>3} {m:>12}: {med[m]:>10,.0f} ({min(v):,.0f}-{max(v):,.0f}){ratio}")
+EOF
+cat "$out/summary.txt"
