@@ -154,8 +154,8 @@ unsigned current_context_flags() noexcept {
   return ctx == nullptr ? 0u : ctx->flags.load(std::memory_order_relaxed);
 }
 
-WaitPlan current_wait_plan() {
-  return wait_plan_for(current_context_flags(), auto_spin_total());
+WaitPlan current_wait_plan(bool crowded) {
+  return wait_plan_for(current_context_flags(), auto_spin_total(), crowded);
 }
 
 CUresult context_for_library(Context*& out) noexcept {

@@ -225,7 +225,7 @@ void Session::release_slot(std::uint32_t index) {
 
 CUresult Session::wait_slot(proto::ResponseSlot* slot) {
   auto ready = [slot] { return slot->state.load(std::memory_order_acquire) == proto::kSlotReady; };
-  switch (spin_until(current_wait_plan(), ready, [this] { return peer_gone(); })) {
+  switch (spin_until(current_wait_plan(crowded()), ready, [this] { return peer_gone(); })) {
     case SpinEnd::kReady:
       return CUDA_SUCCESS;
     case SpinEnd::kGone:
@@ -310,7 +310,7 @@ CUresult Session::wait_generation(proto::ChunkState* state, std::uint32_t genera
   auto done = [state, reached] {
     return reached(state->done_generation.load(std::memory_order_acquire));
   };
-  switch (spin_until(current_wait_plan(), done, [this] { return peer_gone(); })) {
+  switch (spin_until(current_wait_plan(crowded()), done, [this] { return peer_gone(); })) {
     case SpinEnd::kReady:
       return CUDA_SUCCESS;
     case SpinEnd::kGone:

@@ -91,6 +91,8 @@ class Session {
   Session() = default;
   bool peer_gone();
   void ring_doorbell();
+  // The server's hint that waiting threads should not spin long (proto::SessionControl).
+  bool crowded() const { return view_.control()->crowded.load(std::memory_order_relaxed) != 0; }
   CUresult wait_slot(proto::ResponseSlot* slot);
   CUresult wait_generation(proto::ChunkState* state, std::uint32_t generation);
   CUresult dead_result() const;

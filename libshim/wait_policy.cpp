@@ -34,7 +34,7 @@ std::chrono::nanoseconds auto_spin_total() {
   return total;
 }
 
-WaitPlan wait_plan_for(unsigned context_flags, std::chrono::nanoseconds auto_spin) {
+WaitPlan wait_plan_for(unsigned context_flags, std::chrono::nanoseconds auto_spin, bool crowded) {
   constexpr auto forever = std::chrono::nanoseconds::max();
   switch (context_flags & CU_CTX_SCHED_MASK) {
     case CU_CTX_SCHED_SPIN:
@@ -44,6 +44,7 @@ WaitPlan wait_plan_for(unsigned context_flags, std::chrono::nanoseconds auto_spi
     case CU_CTX_SCHED_BLOCKING_SYNC:
       return {kBusySpin, kBusySpin};
     default:  // CU_CTX_SCHED_AUTO
+      if (crowded) return {kBusySpin, kBusySpin};
       return {kBusySpin, std::max(kBusySpin, auto_spin)};
   }
 }

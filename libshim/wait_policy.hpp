@@ -11,7 +11,12 @@
 //   CU_CTX_SCHED_YIELD          spin, yielding the CPU (sched_yield) between looks
 //   CU_CTX_SCHED_BLOCKING_SYNC  a short spin, then sleep on the futex
 //   CU_CTX_SCHED_AUTO (default) spin a while, yield for up to MPSSHIM_WAIT_SPIN_US in all,
-//                               then sleep
+//                               then sleep; while the server says it is crowded (more
+//                               clients than it lets spin, mpsshim-server --spin-clients),
+//                               sleep after the short spin: 32 clients yielding on 16 CPUs
+//                               took the CPU the server's workers issue their work with
+//                               (small_kernels x 32 on an H100: 0.81 M kernels/s spinning,
+//                               1.48 M sleeping; docs/benchmarks.md)
 // Every plan looks at the server's socket every kPeerCheck while it spins, so a server that
 // died is noticed as it is while sleeping.
 #pragma once
@@ -36,8 +41,9 @@ inline constexpr std::chrono::nanoseconds kPeerCheck = std::chrono::milliseconds
 inline constexpr std::chrono::nanoseconds kDefaultSpinTotal = std::chrono::milliseconds(20);
 
 // The plan for a context with these flags (only the CU_CTX_SCHED_MASK bits matter), where AUTO
-// spins for `auto_spin_total` in all.
-WaitPlan wait_plan_for(unsigned context_flags, std::chrono::nanoseconds auto_spin_total);
+// spins for `auto_spin_total` in all, or only the busy spin while the server is `crowded`.
+WaitPlan wait_plan_for(unsigned context_flags, std::chrono::nanoseconds auto_spin_total,
+                       bool crowded = false);
 
 // MPSSHIM_WAIT_SPIN_US as microseconds; unset or empty: kDefaultSpinTotal, which a malformed
 // value also gives (with a warning in the log).
@@ -45,8 +51,9 @@ std::chrono::nanoseconds parse_wait_spin_us(const char* text);
 // The process's AUTO spin: MPSSHIM_WAIT_SPIN_US, read once.
 std::chrono::nanoseconds auto_spin_total();
 
-// The plan for the calling thread: its current context's flags (AUTO without one) and
-// auto_spin_total(). In context.cpp, which knows the thread's current context.
-WaitPlan current_wait_plan();
+// The plan for the calling thread: its current context's flags (AUTO without one),
+// auto_spin_total() and the server's crowded hint. In context.cpp, which knows the thread's
+// current context.
+WaitPlan current_wait_plan(bool crowded);
 
 }  // namespace mpsshim::shim

@@ -36,7 +36,8 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // IpcGetMemHandleReq, IpcOpenReq, IpcOpenMemRep).
 // Minor 11: a capture's dependency nodes and their update (ops 102..103: StreamCaptureDepsReq,
 // StreamUpdateCaptureDepsReq).
-inline constexpr std::uint16_t kAbiMinor = 11;
+// Minor 12: SessionControl::crowded (was padding): waiting clients sleep instead of spinning.
+inline constexpr std::uint16_t kAbiMinor = 12;
 
 // FROZEN FOREVER. Every message on every mpsshim socket starts with this header, so that any two
 // versions of mpsshim can at least tell each other which versions they are. Never change it.

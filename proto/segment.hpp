@@ -54,9 +54,15 @@ struct SessionControl {
   // 0 at its next synchronizing call and returns it, as CUDA reports asynchronous errors.
   std::atomic<std::uint32_t> async_error;
   std::atomic<std::uint64_t> records_executed;  // accounting, for tests and mpsshimctl
+  // ABI 1.12 (was padding, 0): 1 while the server has more clients than it lets spin
+  // (mpsshim-server --spin-clients): a client thread waiting for an answer then sleeps after
+  // a short spin instead of yielding a CPU that the server's workers need
+  // (libshim/wait_policy.hpp). 0 from an older server: the client's own plan.
+  std::atomic<std::uint32_t> crowded;
 };
 static_assert(sizeof(SessionControl) == kCacheLine);
 static_assert(offsetof(SessionControl, async_error) == 4);
+static_assert(offsetof(SessionControl, crowded) == 16);
 
 enum SlotState : std::uint32_t { kSlotIdle = 0, kSlotPending = 1, kSlotReady = 2 };
 

@@ -41,6 +41,7 @@ SupervisorConfig with_server_tuning(SupervisorConfig config, const DaemonOptions
   config.server_busy_time = options.server_busy_time;
   config.server_host_fences = options.server_host_fences;
   config.server_event_poll_us = options.server_event_poll_us;
+  config.server_spin_clients = options.server_spin_clients;
   config.client_limits = options.client_limits;
   config.server_priority_scheduling = options.server_priority_scheduling;
   config.server_priority_max_hold_us = options.server_priority_max_hold_us;

@@ -38,6 +38,7 @@ enum LongOnly : int {
   kBusyTime,
   kHostFences,
   kEventPoll,
+  kSpinClients,
   kPriorityScheduling,
   kPriorityMaxHold,
   kPriorityFencePoll,
@@ -138,6 +139,9 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
   --event-poll-us N    how often a server asks the driver whether the work a synchronize waits
                        for finished, where no host fence tells it, in microseconds (default 0:
                        on every pass of the client's worker; docs/daemon.md)
+  --spin-clients N     with more clients than N on a GPU, its server tells them to sleep while
+                       they wait for an answer instead of spinning (default: half the CPUs; 0:
+                       always sleep; docs/daemon.md)
   --priority-scheduling on|off  while a client of normal priority has GPU work in flight,
                        hold back clients with CUDA_MPS_CLIENT_PRIORITY=1 (default on; see
                        docs/daemon.md)
@@ -187,6 +191,7 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
       {"busy-time", required_argument, nullptr, kBusyTime},
       {"host-fences", required_argument, nullptr, kHostFences},
       {"event-poll-us", required_argument, nullptr, kEventPoll},
+      {"spin-clients", required_argument, nullptr, kSpinClients},
       {"priority-scheduling", required_argument, nullptr, kPriorityScheduling},
       {"priority-max-hold-us", required_argument, nullptr, kPriorityMaxHold},
       {"priority-fence-poll-us", required_argument, nullptr, kPriorityFencePoll},
@@ -292,6 +297,12 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
         auto n = number<int>("--priority-max-hold-us", arg, 1, 10'000'000);
         if (!n) return tl::unexpected(n.error());
         options.server_priority_max_hold_us = *n;
+        break;
+      }
+      case kSpinClients: {
+        auto n = number<int>("--spin-clients", arg, 0, 1'000'000);
+        if (!n) return tl::unexpected(n.error());
+        options.server_spin_clients = *n;
         break;
       }
       case kEventPoll: {

@@ -35,6 +35,7 @@ struct DaemonOptions {
   bool server_busy_time = false;                     // --busy-time on: every server measures it
   bool server_host_fences = true;                    // --host-fences off: passed on to every server
   std::optional<int> server_event_poll_us;           // --event-poll-us
+  std::optional<int> server_spin_clients;            // --spin-clients
   bool server_priority_scheduling = true;            // --priority-scheduling (priority_gate.hpp)
   std::optional<int> server_priority_max_hold_us;    // --priority-max-hold-us
   std::optional<int> server_priority_fence_poll_us;  // --priority-fence-poll-us

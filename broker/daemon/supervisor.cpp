@@ -87,6 +87,9 @@ std::vector<std::string> Supervisor::server_arguments(int ordinal) const {
   }
   if (config_.server_busy_time) args.insert(args.end(), {"--busy-time", "on"});
   if (!config_.server_host_fences) args.insert(args.end(), {"--host-fences", "off"});
+  if (config_.server_spin_clients) {
+    args.insert(args.end(), {"--spin-clients", std::to_string(*config_.server_spin_clients)});
+  }
   if (config_.server_event_poll_us) {
     args.insert(args.end(), {"--event-poll-us", std::to_string(*config_.server_event_poll_us)});
   }

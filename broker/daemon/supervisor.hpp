@@ -63,6 +63,7 @@ struct SupervisorConfig {
   bool server_busy_time = false;                       // passed as --busy-time on
   bool server_host_fences = true;                      // false: passed as --host-fences off
   std::optional<int> server_event_poll_us{};           // passed as --event-poll-us
+  std::optional<int> server_spin_clients{};            // passed as --spin-clients
   bool server_priority_scheduling = true;              // false: passed as --priority-scheduling off
   std::optional<int> server_priority_max_hold_us{};    // passed as --priority-max-hold-us
   std::optional<int> server_priority_fence_poll_us{};  // passed as --priority-fence-poll-us

@@ -3,6 +3,7 @@
 #include <unistd.h>
 #include <chrono>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -98,6 +99,10 @@ int main(int argc, char** argv) {
   settings.busy_time = options->busy_time;
   settings.host_fences = options->host_fences;
   settings.event_poll = std::chrono::microseconds(options->event_poll_us);
+  // Each spinning client holds a CPU; so does each busy worker.
+  settings.spin_clients = options->spin_clients >= 0
+                              ? static_cast<std::size_t>(options->spin_clients)
+                              : std::max<std::size_t>(default_worker_count() / 2, 1);
   settings.client_limits = options->client_limits;
   settings.priority.enabled = options->priority_scheduling;
   settings.priority.max_hold = std::chrono::microseconds(options->priority_max_hold_us);

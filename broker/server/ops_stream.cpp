@@ -56,6 +56,12 @@ OpResult op_stream_query(Call& call) {
   StreamObj* stream = use_stream(call, req.handle, false, &error);
   if (stream == nullptr) return call.done(error);
   CUresult r = call.cu.cuStreamQuery(stream->stream);
+  // Everything the client queued is known done (StreamObj::settled): idle, as natively right
+  // after a synchronize, even if the driver still sees the server's own fence behind the
+  // client's work (a host fence's word lands before the event recorded after it, and a client
+  // spinning on its synchronize asks in that very window). Errors, sticky ones above all,
+  // still come from the driver.
+  if (r == CUDA_ERROR_NOT_READY && stream->idle()) r = CUDA_SUCCESS;
   if (r == CUDA_SUCCESS) stream->settled = stream->queued;
   return call.done(r);
 }

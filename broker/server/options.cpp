@@ -84,6 +84,11 @@ tl::expected<Options, std::string> parse_options(std::span<const char* const> ar
         return tl::unexpected(
             fmt::format("--priority-max-hold-us {}: expected 1 to 10000000 microseconds", value));
       }
+    } else if (flag == "--spin-clients") {
+      if (!parse_number(value, options.spin_clients) || options.spin_clients < 0 ||
+          options.spin_clients > 1'000'000) {
+        return tl::unexpected(fmt::format("--spin-clients {}: expected 0 to 1000000", value));
+      }
     } else if (flag == "--event-poll-us") {
       if (!parse_number(value, options.event_poll_us) || options.event_poll_us < 0 ||
           options.event_poll_us > 1'000'000) {

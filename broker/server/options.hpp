@@ -42,6 +42,9 @@ struct Options {
   bool busy_time = false;   // --busy-time on: GPU busy time per client (busy_time.hpp)
   bool host_fences = true;  // --host-fences off: completions poll events (host_fences.hpp)
   long event_poll_us = kDefaultEventPoll.count();  // --event-poll-us N (0: every pass)
+  // --spin-clients N: clients whose waiting threads may spin (ServerSettings::spin_clients);
+  // -1: half the CPUs the server may run on.
+  long spin_clients = -1;
   // Below-normal clients held back while normal ones have work in flight (priority_gate.hpp).
   bool priority_scheduling = PrioritySettings{}.enabled;
   long priority_max_hold_us = PrioritySettings{}.max_hold.count();
@@ -62,6 +65,7 @@ inline constexpr const char* kUsage =
     "usage: mpsshim-server --device N --control-fd FD [--driver PATH] "
     "[--log-level error|warn|info|debug] [--default-sm-percentage P] [--launch-batch N] "
     "[--launch-batch-min N] [--busy-time on|off] [--host-fences on|off] [--event-poll-us N] "
+    "[--spin-clients N] "
     "[--default-memory-limit BYTES] [--workers N] "
     "[--context-idle-timeout SECS] [--priority-scheduling on|off] [--priority-max-hold-us N] "
     "[--priority-fence-poll-us N] [--priority-run-ahead N] [--priority-reserve-sms N|P%] "

@@ -62,6 +62,10 @@ struct ServerSettings {
   // Idle green contexts kept for later sessions at most (green_context_pool.hpp,
   // mpsshim-server --green-context-pool N); 0: none kept.
   std::size_t green_context_pool = kDefaultGreenContextPoolCapacity;
+  // With more clients than this, the server tells them it is crowded (SessionControl::crowded):
+  // their waiting threads sleep after a short spin instead of yielding the CPUs the workers
+  // need (libshim/wait_policy.hpp; mpsshim-server --spin-clients). main() sets half the CPUs.
+  std::size_t spin_clients = SIZE_MAX;
 };
 
 // The process exit code after a sticky GPU fault: the daemon starts a fresh server.
@@ -124,10 +128,18 @@ class Server final {
   bool await_fault_stored(std::chrono::milliseconds timeout = std::chrono::seconds(5));
   // Something for the coordinator to look at (a fault spread, a session freed).
   void wake();
-  // A worker freed a session: the coordinator may give the heap it left back (heap_trim.hpp).
+  // A worker took a session (adopt) or freed one: the count behind crowded(); after a free the
+  // coordinator may give the heap it left back (heap_trim.hpp).
+  void session_placed() { placed_sessions_.fetch_add(1, std::memory_order_relaxed); }
   void session_freed() {
+    placed_sessions_.fetch_sub(1, std::memory_order_relaxed);
     heap_trimmer_.session_freed();
     wake();
+  }
+  // More clients than ServerSettings::spin_clients: each worker tells its sessions between
+  // passes (Worker::tell_crowded).
+  bool crowded() const {
+    return placed_sessions_.load(std::memory_order_relaxed) > settings_.spin_clients;
   }
   std::size_t clients_on_gpu() const { return session_count(); }
   // Which priority classes have clients here, and how many normal ones have work in flight.
@@ -190,7 +202,8 @@ class Server final {
   std::function<void(int)> fatal_;
   PriorityBoard priority_board_;
   HeapTrimmer heap_trimmer_;  // session_freed() from any worker; trims on the coordinator
-  SmReserve sm_reserve_;      // written by the constructor only
+  std::atomic<std::size_t> placed_sessions_{0};  // session_placed() - session_freed()
+  SmReserve sm_reserve_;                         // written by the constructor only
 };
 
 }  // namespace mpsshim::server

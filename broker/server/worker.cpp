@@ -64,6 +64,7 @@ void Worker::unwatch(int fd) {
 
 void Worker::adopt(std::unique_ptr<Session> session) {
   load_.fetch_add(1, std::memory_order_acq_rel);
+  server_.session_placed();
   if (!threaded()) {
     // Inline mode: the caller runs this worker's passes, so it may serve the session itself,
     // as a single-threaded server would.
@@ -124,6 +125,8 @@ void Worker::serve(std::unique_ptr<Session> session) {
     fail_sessions(server_.fault());
     return;
   }
+  // What the worker last told its other sessions; the next pass corrects it if it changed.
+  s.control()->crowded.store(crowded_told_ ? 1 : 0, std::memory_order_relaxed);
   watch(s.socket.get(), std::uint64_t{s.client.id} << 2 | kSocket);
   watch(s.doorbell.get(), std::uint64_t{s.client.id} << 2 | kDoorbell);
 }
@@ -137,12 +140,22 @@ Session* Worker::find_session(std::uint32_t client_id) const {
 
 // ---- one pass ---------------------------------------------------------------------------
 
+void Worker::tell_crowded() {
+  const bool crowded = server_.crowded();
+  if (crowded == crowded_told_) return;
+  crowded_told_ = crowded;
+  for (const auto& s : sessions_) {
+    s->control()->crowded.store(crowded ? 1 : 0, std::memory_order_relaxed);
+  }
+}
+
 std::size_t Worker::do_work() {
   std::size_t work = take_mail();
   if (server_.faulted()) {
     if (!failed_) fail_sessions(server_.fault());
     return work;
   }
+  tell_crowded();
   auto now = std::chrono::steady_clock::now();
   if (now >= next_io_poll_) {
     next_io_poll_ = now + kIoPollInterval;

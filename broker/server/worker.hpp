@@ -82,6 +82,8 @@ class Worker final : public Parker {
   void loop(std::unique_ptr<IdleStrategy> idle);
   std::size_t take_mail();
   void serve(std::unique_ptr<Session> session);
+  // Stores Server::crowded() in every session's control block when it changed.
+  void tell_crowded();
   std::size_t drain_ring(Session& session);
   std::size_t poll_gpu();
   std::size_t reap();
@@ -106,6 +108,7 @@ class Worker final : public Parker {
   std::chrono::steady_clock::time_point next_io_poll_{};
   bool failed_ = false;                   // fail_sessions ran
   std::uint64_t context_generation_ = 0;  // Gpu::primary_generation this thread has current
+  bool crowded_told_ = false;             // what tell_crowded() last stored in the sessions
   // The culprit's call that returned the sticky error: answered by fail_sessions once every
   // worker's sessions hold the fault.
   struct FaultReply {

@@ -163,15 +163,17 @@ bool has_pair(const std::vector<std::string>& args, const std::string& flag,
 
 }  // namespace
 
-TEST_CASE("--event-poll-us reaches every server", "[lifecycle]") {
-  DaemonUnderTest sut({.gpus = 2, .args = {"--event-poll-us", "12"}});
+TEST_CASE("--event-poll-us and --spin-clients reach every server", "[lifecycle]") {
+  DaemonUnderTest sut({.gpus = 2, .args = {"--event-poll-us", "12", "--spin-clients", "3"}});
   for (const auto& [gpu, pid] : sut.server_pids()) {
     INFO("GPU " << gpu);
     CHECK(has_pair(command_line(pid), "--event-poll-us", "12"));
+    CHECK(has_pair(command_line(pid), "--spin-clients", "3"));
   }
   DaemonUnderTest defaults({.gpus = 1});
   const std::vector<std::string> args = command_line(defaults.server_pids().at(0));
   CHECK(std::find(args.begin(), args.end(), "--event-poll-us") == args.end());
+  CHECK(std::find(args.begin(), args.end(), "--spin-clients") == args.end());
 }
 
 TEST_CASE("the priority gate's options reach every server", "[lifecycle][priority]") {

@@ -48,6 +48,15 @@ TEST_CASE("SPIN and YIELD never sleep; YIELD gives the CPU away from the start",
   CHECK(yield.spin_total == kForever);
 }
 
+TEST_CASE("a crowded server makes AUTO sleep after the busy spin; explicit flags still win",
+          "[wait_policy]") {
+  const WaitPlan crowded = wait_plan_for(CU_CTX_SCHED_AUTO, milliseconds(20), true);
+  CHECK(crowded.busy == kBusySpin);
+  CHECK(crowded.spin_total == kBusySpin);
+  CHECK(wait_plan_for(CU_CTX_SCHED_SPIN, milliseconds(20), true).spin_total == kForever);
+  CHECK(wait_plan_for(CU_CTX_SCHED_YIELD, milliseconds(20), true).spin_total == kForever);
+}
+
 TEST_CASE("MPSSHIM_WAIT_SPIN_US is read as microseconds; anything else is the default",
           "[wait_policy]") {
   CHECK(parse_wait_spin_us(nullptr) == kDefaultSpinTotal);

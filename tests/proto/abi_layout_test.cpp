@@ -121,6 +121,7 @@ std::uint64_t layout_fingerprint() {
   FIELD(SessionControl, fault);
   FIELD(SessionControl, async_error);
   FIELD(SessionControl, records_executed);
+  FIELD(SessionControl, crowded);
   SIZE(ResponseSlot);
   FIELD(ResponseSlot, state);
   FIELD(ResponseSlot, waiter);
@@ -393,6 +394,7 @@ constexpr Pinned kPinned[] = {
     {1, 9, 0x3ba939ee2016bf96},   // a graph node's type (96)
     {1, 10, 0x1754e4691ab97c14},  // interprocess memory and event handles (97..101)
     {1, 11, 0xdf08b8e22f429f7a},  // a capture's dependency nodes and their update (102..103)
+    {1, 12, 0x4c05f8dfe4b6cf2a},  // SessionControl::crowded: waiting clients sleep
 };
 
 }  // namespace

@@ -103,6 +103,17 @@ TEST_CASE("--host-fences is on by default; off and bad values", "[server][option
   CHECK(std::string(kUsage).find("--host-fences on|off") != std::string::npos);
 }
 
+TEST_CASE("--spin-clients: unset (half the CPUs) by default, 0 to 1000000", "[server][options]") {
+  auto defaults = parse({"--device", "0", "--control-fd", "3"});
+  REQUIRE(defaults);
+  CHECK(defaults->spin_clients == -1);
+  auto set = parse({"--device", "0", "--control-fd", "3", "--spin-clients", "0"});
+  REQUIRE(set);
+  CHECK(set->spin_clients == 0);
+  CHECK_FALSE(parse({"--device", "0", "--control-fd", "3", "--spin-clients", "-1"}));
+  CHECK_FALSE(parse({"--device", "0", "--control-fd", "3", "--spin-clients", "many"}));
+}
+
 TEST_CASE("--event-poll-us: 0 by default, 0 to 1000000", "[server][options]") {
   auto defaults = parse({"--device", "0", "--control-fd", "3"});
   REQUIRE(defaults);

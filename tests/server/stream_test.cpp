@@ -263,6 +263,27 @@ TEST_CASE("a stream the client found idle with a query is known idle", "[server]
   CHECK(fake_gpu().value_writes == writes);
 }
 
+TEST_CASE("a query right after a synchronize finds the stream idle behind the server's fence",
+          "[server][streams][host_fences]") {
+  Harness h;
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  memset_on(sut, ctx.default_stream, sut.alloc(ctx.ctx, kMiB));
+  sut.send(Op::kStreamSynchronize, proto::HandleReq{ctx.default_stream}, 0);
+  REQUIRE(h.pump_until([&] { return sut.slot_ready(0); }));
+  REQUIRE(sut.reply(0)->result == CUDA_SUCCESS);
+  // The server's fence (the event after the host-fence word) may still be queued on the GPU:
+  // the driver says not ready, the client's work is done.
+  fake_gpu().busy = true;
+  CHECK(sut.call(Op::kStreamQuery, proto::HandleReq{ctx.default_stream}).result == CUDA_SUCCESS);
+  // The client's own new work is not done while the GPU is busy.
+  memset_on(sut, ctx.default_stream, sut.alloc(ctx.ctx, kMiB));
+  CHECK(sut.call(Op::kStreamQuery, proto::HandleReq{ctx.default_stream}).result ==
+        CUDA_ERROR_NOT_READY);
+  finish_fake_work();
+  CHECK(sut.call(Op::kStreamQuery, proto::HandleReq{ctx.default_stream}).result == CUDA_SUCCESS);
+}
+
 TEST_CASE("with host fences off, completions poll events", "[server][streams][host_fences]") {
   ServerSettings settings;
   settings.host_fences = false;
