@@ -154,8 +154,11 @@ for name in lib_cufft lib_cublaslt lib_cusparse lib_curand lib_cudnn; do
   check "$name" "$LIBRARIES_DIR/$name"
 done
 
-for name in jax_check torch_transformer_check cupy_fft_check numba_check; do
+for name in jax_check torch_transformer_check cupy_fft_check numba_check triton_check; do
   check "$name" "$PYTHON" "$HERE/python/$name.py"
 done
+# PyTorch's expandable-segments allocator: the VMM path (docs/vmm.md), natively and under the shim.
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+  check expandable_check "$PYTHON" "$HERE/python/expandable_check.py"
 
 exit $((FAILURES == 0 ? 0 : 1))
