@@ -225,14 +225,10 @@ void Session::release_slot(std::uint32_t index) {
 
 CUresult Session::wait_slot(proto::ResponseSlot* slot) {
   auto ready = [slot] { return slot->state.load(std::memory_order_acquire) == proto::kSlotReady; };
-  switch (spin_until(current_wait_plan(crowded()), ready, [this] { return peer_gone(); })) {
-    case SpinEnd::kReady:
-      return CUDA_SUCCESS;
-    case SpinEnd::kGone:
-      return dead_result();
-    case SpinEnd::kSleep:
-      break;
-  }
+  const SpinEnd spun =
+      spin_until(current_wait_plan(crowded()), ready, [this] { return peer_gone(); });
+  if (spun == SpinEnd::kReady) return CUDA_SUCCESS;
+  if (spun == SpinEnd::kGone) return dead_result();
   for (;;) {
     slot->waiter.store(1, std::memory_order_seq_cst);
     if (ready()) break;
@@ -310,14 +306,10 @@ CUresult Session::wait_generation(proto::ChunkState* state, std::uint32_t genera
   auto done = [state, reached] {
     return reached(state->done_generation.load(std::memory_order_acquire));
   };
-  switch (spin_until(current_wait_plan(crowded()), done, [this] { return peer_gone(); })) {
-    case SpinEnd::kReady:
-      return CUDA_SUCCESS;
-    case SpinEnd::kGone:
-      return dead_result();
-    case SpinEnd::kSleep:
-      break;
-  }
+  const SpinEnd spun =
+      spin_until(current_wait_plan(crowded()), done, [this] { return peer_gone(); });
+  if (spun == SpinEnd::kReady) return CUDA_SUCCESS;
+  if (spun == SpinEnd::kGone) return dead_result();
   for (;;) {
     state->waiter.store(1, std::memory_order_seq_cst);
     std::uint32_t seen = state->done_generation.load(std::memory_order_seq_cst);
