@@ -2,13 +2,21 @@
 // stream synchronization every 64, the pattern of inference servers that MPS speeds up by letting
 // several processes' kernels share the GPU. Prints the seconds the launch loop took.
 //
+// --gaps launches spin_stamp_kernel instead, which records when each kernel ran on the GPU, and
+// reports where the stream sat idle between kernels: inside a synchronization's run of launches
+// (how fast the launches were fed) and across a synchronization (the round trip). It tells a
+// slow run's lost time apart without a profiler.
+//
 // For runs of several copies, --start-at-ns makes every copy begin its loop at the same
 // CLOCK_REALTIME instant after its (slow, variable) initialisation; the start_ns/end_ns fields
 // let the harness measure the span all copies took together.
 #include <cuda.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <ctime>
+#include <string>
+#include <vector>
 
 #include "examples/common/check.hpp"
 #include "examples/common/cli.hpp"
@@ -19,6 +27,69 @@
 namespace ex = mpsshim::examples;
 
 namespace {
+
+struct GapSummary {
+  double run_us = 0;        // mean time a kernel ran (block 0)
+  double gap_us = 0;        // mean idle time before a kernel inside a synchronization's run
+  double gap_p50_us = 0;    // ... its median
+  double gap_p99_us = 0;    // ... its 99th percentile
+  double sync_gap_us = 0;   // mean idle time before the first kernel after a synchronization
+  std::string by_position;  // mean gap before kernels 1-7, 8-15, ... of each run, '/'-joined
+};
+
+double percentile(std::vector<double> values, double p) {
+  if (values.empty()) return 0;
+  const auto at = static_cast<std::size_t>(p * static_cast<double>(values.size() - 1));
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(at), values.end());
+  return values[at];
+}
+
+// stamps: start and end (ns) of each kernel in launch order.
+GapSummary summarize_gaps(const std::vector<std::uint64_t>& stamps, long long sync_every) {
+  GapSummary out;
+  const std::size_t kernels = stamps.size() / 2;
+  std::vector<double> inside;
+  double run_sum = 0, sync_sum = 0;
+  std::size_t syncs = 0;
+  constexpr std::size_t kBuckets = 8;
+  const std::size_t width =
+      std::max<std::size_t>(1, static_cast<std::size_t>(sync_every) / kBuckets);
+  std::vector<double> bucket_sum(kBuckets, 0);
+  std::vector<std::size_t> bucket_n(kBuckets, 0);
+  for (std::size_t i = 0; i < kernels; ++i) {
+    run_sum += 1e-3 * static_cast<double>(stamps[2 * i + 1] - stamps[2 * i]);
+    if (i == 0) continue;
+    // Signed: a kernel of the same stream never starts before the previous one ends, but the
+    // two stamps come from different reads of the clock.
+    const double gap =
+        1e-3 * (static_cast<double>(stamps[2 * i]) - static_cast<double>(stamps[2 * i - 1]));
+    const std::size_t position = i % static_cast<std::size_t>(sync_every);
+    if (position == 0) {
+      sync_sum += gap;
+      ++syncs;
+      continue;
+    }
+    inside.push_back(gap);
+    const std::size_t bucket = std::min(kBuckets - 1, position / width);
+    bucket_sum[bucket] += gap;
+    ++bucket_n[bucket];
+  }
+  out.run_us = kernels == 0 ? 0 : run_sum / static_cast<double>(kernels);
+  double inside_sum = 0;
+  for (double g : inside) inside_sum += g;
+  out.gap_us = inside.empty() ? 0 : inside_sum / static_cast<double>(inside.size());
+  out.gap_p50_us = percentile(inside, 0.5);
+  out.gap_p99_us = percentile(inside, 0.99);
+  out.sync_gap_us = syncs == 0 ? 0 : sync_sum / static_cast<double>(syncs);
+  for (std::size_t b = 0; b < kBuckets; ++b) {
+    if (bucket_n[b] == 0) continue;
+    char text[32];
+    std::snprintf(text, sizeof text, "%s%.2f", out.by_position.empty() ? "" : "/",
+                  bucket_sum[b] / static_cast<double>(bucket_n[b]));
+    out.by_position += text;
+  }
+  return out;
+}
 
 void sleep_until_wall_clock(std::int64_t deadline_ns) {
   const timespec deadline{static_cast<time_t>(deadline_ns / 1000000000LL),
@@ -34,7 +105,7 @@ int main(int argc, char** argv) {
   ex::Cli cli(argc, argv,
               "[--kernels K (5000)] [--ns SPIN_NS (10000)] [--blocks B (2)] [--threads T (32)] "
               "[--sync-every S (64)] [--null-stream] [--start-at-ns REALTIME_NS] "
-              "[--device ORDINAL]");
+              "[--device ORDINAL] [--gaps]");
   const auto kernels = cli.integer("--kernels", 5000, 1, 100000000);
   const long long spin_ns = cli.integer("--ns", 10000, 0, 10000000000LL);
   const auto blocks = static_cast<unsigned>(cli.integer("--blocks", 2, 1, 1 << 20));
@@ -43,16 +114,25 @@ int main(int argc, char** argv) {
   const bool null_stream = cli.flag("--null-stream");
   const auto start_at_ns = cli.integer("--start-at-ns", 0, 0, INT64_MAX);
   const auto ordinal = static_cast<int>(cli.integer("--device", 0, 0, 1023));
+  const bool gaps = cli.flag("--gaps");
   cli.finish();
 
   const ex::Device device = ex::open_device(ordinal);
   CUmodule module = ex::load_image_module();
-  CUfunction spin = ex::get_function(module, "spin_kernel");
+  CUfunction spin = ex::get_function(module, gaps ? "spin_stamp_kernel" : "spin_kernel");
   CUstream stream = nullptr;
   if (!null_stream) CU_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr stamps = 0;
+  if (gaps)
+    CU_CHECK(cuMemAlloc(&stamps, 2 * sizeof(std::uint64_t) * static_cast<std::size_t>(kernels)));
+  auto launch = [&](long long index) {
+    if (!gaps) return ex::launch_kernel(spin, {blocks}, {threads}, stream, spin_ns);
+    return ex::launch_kernel(spin, {blocks}, {threads}, stream, spin_ns, stamps,
+                             static_cast<int>(index));
+  };
 
   // Warm up outside the timed loop: first launches pay for lazy module and stream setup.
-  CU_CHECK(ex::launch_kernel(spin, {blocks}, {threads}, stream, spin_ns));
+  CU_CHECK(launch(0));
   CU_CHECK(cuStreamSynchronize(stream));
 
   double late_ms = 0;
@@ -68,7 +148,7 @@ int main(int argc, char** argv) {
   const std::int64_t start_ns = ex::wall_clock_ns();
   const auto start = ex::Clock::now();
   for (long long i = 0; i < kernels; ++i) {
-    CU_CHECK(ex::launch_kernel(spin, {blocks}, {threads}, stream, spin_ns));
+    CU_CHECK(launch(i));
     if ((i + 1) % sync_every == 0) CU_CHECK(cuStreamSynchronize(stream));
   }
   CU_CHECK(cuStreamSynchronize(stream));
@@ -92,6 +172,21 @@ int main(int argc, char** argv) {
   report.add("start_ns", start_ns);
   report.add("end_ns", end_ns);
   report.expect(seconds >= minimum_seconds, "too_fast_for_spin");
+  if (gaps) {
+    std::vector<std::uint64_t> host(2 * static_cast<std::size_t>(kernels));
+    CU_CHECK(cuMemcpyDtoH(host.data(), stamps, host.size() * sizeof(std::uint64_t)));
+    CU_CHECK(cuMemFree(stamps));
+    const GapSummary g = summarize_gaps(host, sync_every);
+    report.add_fixed("run_us", g.run_us, 2);
+    report.add_fixed("gap_us", g.gap_us, 2);
+    report.add_fixed("gap_p50_us", g.gap_p50_us, 2);
+    report.add_fixed("gap_p99_us", g.gap_p99_us, 2);
+    report.add_fixed("sync_gap_us", g.sync_gap_us, 2);
+    report.add("gap_by_position_us", g.by_position);
+    // Every kernel ran at least its spin (a stamp left unwritten reads as a huge or negative time).
+    report.expect(g.run_us >= 1e-3 * static_cast<double>(spin_ns) && g.gap_us >= 0,
+                  "stamps_inconsistent");
+  }
 
   if (stream != nullptr) CU_CHECK(cuStreamDestroy(stream));
   CU_CHECK(cuModuleUnload(module));

@@ -7,6 +7,19 @@ extern "C" __global__ void spin_kernel(long long nanoseconds) {
   spin_for_ns(nanoseconds);
 }
 
+// spin_kernel that also records when it ran: block 0's first thread writes its start and end
+// (%globaltimer) to stamps[2 * index] and stamps[2 * index + 1]. small_kernels --gaps reads
+// them to place the GPU's idle time between one stream's kernels.
+extern "C" __global__ void spin_stamp_kernel(long long nanoseconds, unsigned long long* stamps,
+                                             int index) {
+  const unsigned long long start = global_timer_ns();
+  spin_for_ns(nanoseconds);
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    stamps[2 * index] = start;
+    stamps[2 * index + 1] = global_timer_ns();
+  }
+}
+
 // Sleeps without occupying the issue slots: other work may overlap it on the same SMs.
 extern "C" __global__ void sleep_kernel(int microseconds) {
   const unsigned long long start = global_timer_ns();

@@ -61,6 +61,32 @@ TEST_CASE("the examples give correct results through the broker", "[e2e]") {
   }
 }
 
+TEST_CASE("small_kernels --gaps reads back when each kernel ran, through the broker", "[e2e]") {
+  const char* path = std::getenv("EXAMPLE_SMALL_KERNELS");
+  if (path == nullptr) return;  // examples need nvcc to build
+  Daemon daemon;
+  constexpr long long kSpinNs = 200'000;
+  Outcome o = run_client(daemon, {path, "--gaps", "--kernels", "64", "--sync-every", "16", "--ns",
+                                  std::to_string(kSpinNs)});
+  require_pass(o, daemon);
+  auto number = [&](const std::string& key) {
+    std::smatch m;
+    const std::regex re("(?:^| )" + key + "=(-?[0-9.]+)");
+    REQUIRE(std::regex_search(o.out, m, re));
+    return std::stod(m[1]);
+  };
+  INFO(o.out);
+  // Each stamp pair bounds one kernel's spin on the test driver's clock; a kernel that did not
+  // run, or ran with another index, leaves zeros that make these absurd.
+  CHECK(number("run_us") >= kSpinNs / 1000.0);
+  CHECK(number("run_us") < 100 * kSpinNs / 1000.0);
+  CHECK(number("gap_us") >= 0);
+  CHECK(number("sync_gap_us") >= 0);
+  CHECK(number("gap_p99_us") >= number("gap_p50_us"));
+  // 15 positions per run in buckets of 2: positions 1, 2-3, ..., 14-15.
+  CHECK(std::regex_search(o.out, std::regex("gap_by_position_us=([0-9.-]+/){7}[0-9.-]+ ")));
+}
+
 TEST_CASE("ps accounts a real client's work: launches, bytes, memory, GPU time",
           "[e2e][accounting]") {
   Daemon daemon({"--busy-time", "on"});

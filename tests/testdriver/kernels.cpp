@@ -84,6 +84,22 @@ void spin_kernel(const KernelContext&, long long nanoseconds) {
   }
 }
 
+// spin_kernel, then stamps[2 * index] = start, stamps[2 * index + 1] = end (%globaltimer; here
+// the steady clock's nanoseconds).
+void spin_stamp_kernel(const KernelContext& k, long long nanoseconds, unsigned long long* stamps,
+                       int index) {
+  auto now_ns = [] {
+    return static_cast<unsigned long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                               std::chrono::steady_clock::now().time_since_epoch())
+                                               .count());
+  };
+  const unsigned long long start = now_ns();
+  spin_kernel(k, nanoseconds);
+  unsigned long long* slot = k.device(stamps + 2 * static_cast<std::ptrdiff_t>(index), 2);
+  slot[0] = start;
+  slot[1] = now_ns();
+}
+
 // __nanosleep in a loop until `microseconds` have passed on %globaltimer; per launch too.
 void sleep_kernel(const KernelContext&, int microseconds) {
   if (microseconds > 0) std::this_thread::sleep_for(std::chrono::microseconds(microseconds));
@@ -168,6 +184,7 @@ constexpr std::array kTable{
     Entry<&increment_i32>::def("increment_i32"),
     Entry<&empty_kernel>::def("empty_kernel"),
     Entry<&spin_kernel>::def("spin_kernel"),
+    Entry<&spin_stamp_kernel>::def("spin_stamp_kernel"),
     Entry<&sleep_kernel>::def("sleep_kernel"),
     Entry<&record_smid>::def("record_smid"),
     Entry<&trigger_fault>::def("trigger_fault"),

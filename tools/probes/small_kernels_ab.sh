@@ -9,8 +9,13 @@
 # Each LABEL:ARGS is one mpsshim mode (a fresh daemon with ARGS per group; words of the form
 # NAME=VALUE are set in the clients' environment instead, e.g. "sleep:MPSSHIM_WAIT_SPIN_US=0");
 # "mps" is always run
-# (as root, nvidia-cuda-mps-control on PATH or in /usr/local/nvidia/bin). OUT/results.csv:
+# (as root, nvidia-cuda-mps-control on PATH or in /usr/local/nvidia/bin); the label "native"
+# runs the clients on the driver itself (time-slicing). OUT/results.csv:
 # round,mode,clients,kernels_per_s; OUT/summary.txt: medians (min-max) and the ratio to MPS.
+# SK_ARGS (environment) adds arguments to every small_kernels, e.g. SK_ARGS=--gaps: the summary
+# then also gives, per mode and size, the clients' median idle time between kernels (gap_us),
+# across a synchronization (sync_gap_us) and by position in the run of 64. OUT/lines.txt keeps
+# every client's result line.
 set -uo pipefail
 build=$(realpath "$1")
 out=$2
@@ -28,9 +33,11 @@ group() {  # ROUND MODE N: N clients started together in the current environment
   local go=$(( $(date +%s%N) + 1500000000 + $3 * 100000000 )) i
   rm -f "$out"/group.*.txt
   for i in $(seq "$3"); do
-    timeout 120 "$build/examples/small_kernels" --start-at-ns "$go" >"$out/group.$i.txt" 2>&1 &
+    # shellcheck disable=SC2086 # SK_ARGS is a list of arguments
+    timeout 120 "$build/examples/small_kernels" --start-at-ns "$go" ${SK_ARGS:-} >"$out/group.$i.txt" 2>&1 &
   done
   wait
+  sed "s/^/$1,$2,$3: /" "$out"/group.*.txt >>"$out/lines.txt"
   local rate
   rate=$(cat "$out"/group.*.txt | "$python" -c '
 import re, sys
@@ -55,6 +62,10 @@ for round in $(seq "$rounds"); do
     unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
     for spec in "$@"; do
       label=${spec%%:*}
+      if [ "$label" = native ]; then
+        group "$round" native "$n"
+        continue
+      fi
       read -r -a words <<<"${spec#*:}"
       args=()
       client_env=()
@@ -90,4 +101,25 @@ for n in dict.fromkeys(r["clients"] for r in rows):
             ratio = f" {med[m] / med['mps']:.2f}x MPS" if "mps" in med else ""
             print(f"N={n:>3} {m:>12}: {med[m]:>10,.0f} ({min(v):,.0f}-{max(v):,.0f}){ratio}")
 EOF
+if [ -s "$out/lines.txt" ] && grep -q "gap_us=" "$out/lines.txt"; then
+  "$python" - "$out/lines.txt" >>"$out/summary.txt" <<'EOF'
+import re, statistics, sys
+groups = {}
+for line in open(sys.argv[1]):
+    head, _, rest = line.partition(": ")
+    if "gap_us=" not in rest:
+        continue
+    _, mode, n = head.split(",")
+    fields = dict(re.findall(r"(\w+)=(\S+)", rest))
+    groups.setdefault((int(n), mode), []).append(fields)
+print("median over all clients of all rounds (us): run, gap inside a run (p50, p99), across a sync, by position")
+for (n, mode), rows in sorted(groups.items()):
+    med = lambda k: statistics.median(float(r[k]) for r in rows)
+    positions = [statistics.median(float(r["gap_by_position_us"].split("/")[b]) for r in rows)
+                 for b in range(len(rows[0]["gap_by_position_us"].split("/")))]
+    print(f"N={n:>3} {mode:>12}: run {med('run_us'):6.2f} gap {med('gap_us'):6.2f}"
+          f" ({med('gap_p50_us'):.2f}, {med('gap_p99_us'):.2f}) sync {med('sync_gap_us'):7.2f}"
+          f"  by position {'/'.join(f'{p:.2f}' for p in positions)}")
+EOF
+fi
 cat "$out/summary.txt"
