@@ -38,6 +38,7 @@ SupervisorConfig supervisor_config(const DaemonOptions& options) {
 SupervisorConfig with_server_tuning(SupervisorConfig config, const DaemonOptions& options) {
   config.server_launch_batch = options.server_launch_batch;
   config.server_launch_batch_min = options.server_launch_batch_min;
+  config.server_launch_batch_ramp = options.server_launch_batch_ramp;
   config.server_busy_time = options.server_busy_time;
   config.server_host_fences = options.server_host_fences;
   config.server_event_poll_us = options.server_event_poll_us;

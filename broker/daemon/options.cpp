@@ -37,6 +37,7 @@ enum LongOnly : int {
   kServerLaunchBatchMin,
   kBusyTime,
   kHostFences,
+  kLaunchBatchRamp,
   kEventPoll,
   kSpinClients,
   kPriorityScheduling,
@@ -131,6 +132,10 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
                        graph launch (default 64; 0 = off, as --launch-batching off)
   --server-launch-batch-min N  fewest waiting launches that go out as one graph launch;
                        fewer go out one by one (default 8)
+  --launch-batch-ramp N|on|off  a client's first launch after it synchronized goes out at
+                       once, its next batches grow from the minimum up to N launches (default
+                       on: 8; off: no ramp; not while the server is crowded; see
+                       docs/launch-batching.md)
   --busy-time on|off   whether every GPU's server measures each client's GPU busy time with
                        timing events (default off: it costs the launch path; docs/daemon.md)
   --host-fences on|off  whether every GPU's server learns that a client's work finished from a
@@ -190,6 +195,7 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
       {"server-launch-batch-min", required_argument, nullptr, kServerLaunchBatchMin},
       {"busy-time", required_argument, nullptr, kBusyTime},
       {"host-fences", required_argument, nullptr, kHostFences},
+      {"launch-batch-ramp", required_argument, nullptr, kLaunchBatchRamp},
       {"event-poll-us", required_argument, nullptr, kEventPoll},
       {"spin-clients", required_argument, nullptr, kSpinClients},
       {"priority-scheduling", required_argument, nullptr, kPriorityScheduling},
@@ -329,6 +335,19 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
           return tl::unexpected(fmt::format("--busy-time {}: expected on or off", value));
         }
         options.server_busy_time = value == "on";
+        break;
+      }
+      case kLaunchBatchRamp: {
+        const std::string_view value = arg;
+        if (value == "off") {
+          options.server_launch_batch_ramp = 0;
+        } else if (value == "on") {
+          options.server_launch_batch_ramp.reset();  // the server's default
+        } else {
+          auto n = number<int>("--launch-batch-ramp", arg, 0, 256);
+          if (!n) return tl::unexpected(n.error());
+          options.server_launch_batch_ramp = *n;
+        }
         break;
       }
       case kHostFences: {

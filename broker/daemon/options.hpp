@@ -32,6 +32,7 @@ struct DaemonOptions {
   // the server's default.
   std::optional<int> server_launch_batch;
   std::optional<int> server_launch_batch_min;        // --launch-batch-min of every server
+  std::optional<int> server_launch_batch_ramp;       // --launch-batch-ramp (off: 0); unset: on
   bool server_busy_time = false;                     // --busy-time on: every server measures it
   bool server_host_fences = true;                    // --host-fences off: passed on to every server
   std::optional<int> server_event_poll_us;           // --event-poll-us

@@ -85,6 +85,10 @@ std::vector<std::string> Supervisor::server_arguments(int ordinal) const {
   if (config_.server_launch_batch) {
     args.insert(args.end(), {"--launch-batch", std::to_string(*config_.server_launch_batch)});
   }
+  if (config_.server_launch_batch_ramp) {
+    args.insert(args.end(),
+                {"--launch-batch-ramp", std::to_string(*config_.server_launch_batch_ramp)});
+  }
   if (config_.server_busy_time) args.insert(args.end(), {"--busy-time", "on"});
   if (!config_.server_host_fences) args.insert(args.end(), {"--host-fences", "off"});
   if (config_.server_spin_clients) {

@@ -60,6 +60,7 @@ struct SupervisorConfig {
   // supervisor_config's aggregate lists the fields before it.
   std::optional<int> server_launch_batch{};
   std::optional<int> server_launch_batch_min{};        // passed as --launch-batch-min
+  std::optional<int> server_launch_batch_ramp{};       // passed as --launch-batch-ramp
   bool server_busy_time = false;                       // passed as --busy-time on
   bool server_host_fences = true;                      // false: passed as --host-fences off
   std::optional<int> server_event_poll_us{};           // passed as --event-poll-us

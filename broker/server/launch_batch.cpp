@@ -109,11 +109,16 @@ bool LaunchBatcher::accepts(Session& session, const BatchedLaunch& l) {
          l.shared_bytes <= static_cast<std::uint64_t>(std::max(limits.max_dynamic_shared, 0));
 }
 
+std::size_t LaunchBatcher::limit() const {
+  return ramp_ != 0 ? std::min(ramp_, settings_.max_launches) : settings_.max_launches;
+}
+
 bool LaunchBatcher::add(std::uint64_t stream_id, const BatchedLaunch& launch,
-                        std::span<const std::byte> args) {
+                        std::span<const std::byte> args, bool stream_was_idle) {
   if (pending_.empty()) {
     stream_ = stream_id;
     args_.clear();
+    if (stream_was_idle && settings_.ramp_last != 0) ramp_ = 1;
   }
   const std::size_t offset = (args_.size() + kArgsAlign - 1) / kArgsAlign * kArgsAlign;
   // Grows to the largest batch seen, then stays: no allocation per batch after that.
@@ -123,7 +128,7 @@ bool LaunchBatcher::add(std::uint64_t stream_id, const BatchedLaunch& launch,
   copy.args_bytes = static_cast<std::uint32_t>(args.size());
   pending_.push_back(copy);
   offsets_.push_back(offset);
-  return pending_.size() >= settings_.max_launches;
+  return pending_.size() >= limit();
 }
 
 std::size_t LaunchBatcher::run_length(std::size_t remaining) const {
@@ -155,6 +160,11 @@ CUresult LaunchBatcher::flush(Session& session) {
   }
   pending_.clear();
   offsets_.clear();
+  if (ramp_ != 0) {  // the next step of the ramp: the minimum, then twice the last
+    const std::size_t min = std::max<std::size_t>(settings_.min_launches, 2);
+    ramp_ = ramp_ < min ? min : 2 * ramp_;
+    if (ramp_ > settings_.ramp_last || ramp_ >= settings_.max_launches) ramp_ = 0;
+  }
   return sticky;
 }
 

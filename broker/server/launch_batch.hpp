@@ -60,6 +60,20 @@ struct LaunchBatchSettings {
   // launches, so a shape that never comes back should not pay for one. 0: build at the first
   // sight.
   std::size_t eager_sightings = 1;
+  // The ramp after an idle stream: the first launch after the stream was idle (everything the
+  // client queued on it known done: it synchronized) goes out at once, and the batches after
+  // it hold the minimum, then twice as many, up to this many; then the maximum. 0: no ramp,
+  // every batch as large as the ring holds. Without it, a client that queues a burst right
+  // after a synchronize kept the GPU idle while the whole burst collected and its nodes were
+  // updated: small_kernels --gaps measured 31-63 us of idle stream at each synchronize of its
+  // 64-launch runs, 13.6 us with this ramp, 10.5-11 us natively (H100; docs/launch-batching.md),
+  // and 8 clients 659 k kernels/s against 624 k. While the GPU runs the first kernels the next
+  // batch collects. A longer ramp (1, 8, 16, 32) did no better and costs more driver calls;
+  // so does any ramp, hence a crowded server (Server::crowded: more clients than it lets spin)
+  // does without: there the driver's launch lock, not one stream's idle time, limits
+  // throughput (32 clients: 1.07 M kernels/s with a ramp on every client, 1.90 M without).
+  // mpsshim-server --launch-batch-ramp N|on|off.
+  std::size_t ramp_last = 8;
 
   bool enabled() const { return max_launches >= 2 && min_launches <= max_launches; }
 };
@@ -96,8 +110,11 @@ class LaunchBatcher {
   std::uint64_t stream() const { return stream_; }
 
   // Adds a launch for `stream_id` (the stream of any launch already pending). Copies the
-  // arguments. Returns true when the batch is full and must be flushed now.
-  bool add(std::uint64_t stream_id, const BatchedLaunch& launch, std::span<const std::byte> args);
+  // arguments. `stream_was_idle`: nothing the client queued on the stream before this launch
+  // is still running (the ramp starts again, ramp_last). Returns true when the batch is
+  // full and must be flushed now.
+  bool add(std::uint64_t stream_id, const BatchedLaunch& launch, std::span<const std::byte> args,
+           bool stream_was_idle);
 
   // Issues what is pending, in runs (power_of_two_runs): a run below the minimum eagerly, else
   // as one graph launch, or eagerly if any step of its graph path fails. Errors are reported as
@@ -164,9 +181,16 @@ class LaunchBatcher {
   // params_ (valid until the next call).
   CUDA_KERNEL_NODE_PARAMS node_params(const Session& session, std::size_t i);
 
+  // The most launches the batch may hold before it goes out: the ramp's step after an idle
+  // stream (ramp_last), else the maximum.
+  std::size_t limit() const;
+
   LaunchBatchSettings settings_;
   // The batch.
   std::uint64_t stream_ = 0;
+  // The ramp's current limit: 1 for the launch that found its stream idle, then the minimum,
+  // doubling at each flush; 0 once it reached the maximum (no ramp until the next idle stream).
+  std::size_t ramp_ = 0;
   std::vector<BatchedLaunch> pending_;
   std::vector<std::size_t> offsets_;  // into args_, 16-byte aligned
   std::vector<std::byte> args_;

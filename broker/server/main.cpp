@@ -96,6 +96,7 @@ int main(int argc, char** argv) {
   settings.default_memory_limit = options->default_memory_limit;
   settings.launch_batch.max_launches = options->launch_batch;
   settings.launch_batch.min_launches = options->launch_batch_min;
+  settings.launch_batch.ramp_last = options->launch_batch_ramp;
   settings.busy_time = options->busy_time;
   settings.host_fences = options->host_fences;
   settings.event_poll = std::chrono::microseconds(options->event_poll_us);

@@ -79,10 +79,13 @@ OpResult op_launch_kernel(Call& call) {
     std::memcpy(launch.block, req.block, sizeof launch.block);
     launch.shared_bytes = req.shared_bytes;
     launch.args_bytes = req.args_bytes;
-    if (session.objects.get<StreamObj>(req.stream) == nullptr || !batch.accepts(session, launch)) {
+    const StreamObj* known = session.objects.get<StreamObj>(req.stream);
+    if (known == nullptr || !batch.accepts(session, launch)) {
       // Goes out eagerly below, after the batch.
       if (CUresult f = flush_first(); f != CUDA_SUCCESS) return call.done(f);
     } else {
+      // Before use_stream counts this launch as queued on it.
+      const bool stream_was_idle = known->idle();
       CUresult error = CUDA_SUCCESS;
       // Legacy-stream joins are made now, before the batch's first launch; later launches of
       // the batch are on the same stream with nothing between them and need none.
@@ -94,7 +97,9 @@ OpResult op_launch_kernel(Call& call) {
       open_busy_span(session, stream->stream);
       // Counted in session.launches once it went out; errors reported by flush as the eager
       // launch reports them.
-      if (batch.add(req.stream, launch, wire_args)) return call.done(batch.flush(session));
+      if (batch.add(req.stream, launch, wire_args, stream_was_idle)) {
+        return call.done(batch.flush(session));
+      }
       return call.done();
     }
   }

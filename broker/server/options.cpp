@@ -63,6 +63,17 @@ tl::expected<Options, std::string> parse_options(std::span<const char* const> ar
         return tl::unexpected(fmt::format("--launch-batch-min {}: expected 2 to {} launches", value,
                                           kMaxLaunchBatch));
       }
+    } else if (flag == "--launch-batch-ramp") {
+      if (value == "off") {
+        options.launch_batch_ramp = 0;
+      } else if (value == "on") {
+        options.launch_batch_ramp = LaunchBatchSettings{}.ramp_last;
+      } else if (!parse_number(value, options.launch_batch_ramp) ||
+                 options.launch_batch_ramp > kMaxLaunchBatch) {
+        return tl::unexpected(fmt::format(
+            "--launch-batch-ramp {}: expected on, off (0) or the ramp's largest batch, up to {}",
+            value, kMaxLaunchBatch));
+      }
     } else if (flag == "--busy-time") {
       if (value != "on" && value != "off") {
         return tl::unexpected(fmt::format("--busy-time {}: expected on or off", value));

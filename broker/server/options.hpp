@@ -1,7 +1,8 @@
 // mpsshim-server's command line, as the daemon starts it:
 //   mpsshim-server --device N --control-fd FD [--driver PATH] [--log-level LEVEL]
 //                  [--default-sm-percentage P] [--default-memory-limit BYTES] [--workers N]
-//                  [--launch-batch N] [--launch-batch-min N] [--host-fences on|off]
+//                  [--launch-batch N] [--launch-batch-min N] [--launch-batch-ramp N|on|off]
+//                  [--host-fences on|off]
 //                  [--context-idle-timeout SECS] [--priority-scheduling on|off]
 //                  [--priority-max-hold-us N] [--priority-fence-poll-us N] [--priority-run-ahead N]
 //                  [--priority-reserve-sms N|P%]
@@ -39,6 +40,9 @@ struct Options {
   std::size_t launch_batch = LaunchBatchSettings{}.max_launches;
   // Fewest launches that go out as a graph launch; shorter runs go out eagerly.
   std::size_t launch_batch_min = LaunchBatchSettings{}.min_launches;
+  // --launch-batch-ramp N: the largest batch of the ramp after an idle stream; off: 0, no ramp
+  // (LaunchBatchSettings::ramp_last).
+  std::size_t launch_batch_ramp = LaunchBatchSettings{}.ramp_last;
   bool busy_time = false;   // --busy-time on: GPU busy time per client (busy_time.hpp)
   bool host_fences = true;  // --host-fences off: completions poll events (host_fences.hpp)
   long event_poll_us = kDefaultEventPoll.count();  // --event-poll-us N (0: every pass)
@@ -64,7 +68,8 @@ tl::expected<Options, std::string> parse_options(std::span<const char* const> ar
 inline constexpr const char* kUsage =
     "usage: mpsshim-server --device N --control-fd FD [--driver PATH] "
     "[--log-level error|warn|info|debug] [--default-sm-percentage P] [--launch-batch N] "
-    "[--launch-batch-min N] [--busy-time on|off] [--host-fences on|off] [--event-poll-us N] "
+    "[--launch-batch-min N] [--launch-batch-ramp N|on|off] [--busy-time on|off] "
+    "[--host-fences on|off] [--event-poll-us N] "
     "[--spin-clients N] "
     "[--default-memory-limit BYTES] [--workers N] "
     "[--context-idle-timeout SECS] [--priority-scheduling on|off] [--priority-max-hold-us N] "

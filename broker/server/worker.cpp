@@ -199,6 +199,8 @@ std::size_t Worker::drain_ring(Session& session) {
   // and at the latest when the pass ends. It never waits for records that are not there yet.
   LaunchBatchSettings batching = server_.settings().launch_batch;
   if (!session.launch_batching) batching.max_launches = 0;  // MPSSHIM_LAUNCH_BATCHING=off
+  // Crowded, driver calls limit throughput more than one stream's idle time: no ramp.
+  if (crowded_told_) batching.ramp_last = 0;
   session.launch_batch.configure(batching);
   std::size_t done = 0;
   DispatchOutcome outcome;

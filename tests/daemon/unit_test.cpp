@@ -158,6 +158,29 @@ TEST_CASE("--host-fences is on unless turned off", "[options]") {
   CHECK(daemon_usage().find("--host-fences on|off") != std::string::npos);
 }
 
+TEST_CASE("--launch-batch-ramp is the server's default unless given", "[options]") {
+  auto parse = [](std::vector<const char*> args) {
+    args.insert(args.begin(), "mpsshimd");
+    return parse_daemon_options(static_cast<int>(args.size()), const_cast<char**>(args.data()));
+  };
+  auto unset = parse({});
+  REQUIRE(unset);
+  CHECK_FALSE(unset->server_launch_batch_ramp);  // the server's default
+  auto off = parse({"--launch-batch-ramp=off"});
+  REQUIRE(off);
+  CHECK(off->server_launch_batch_ramp == 0);
+  auto eight = parse({"--launch-batch-ramp", "8"});
+  REQUIRE(eight);
+  CHECK(eight->server_launch_batch_ramp == 8);
+  auto on = parse({"--launch-batch-ramp", "8", "--launch-batch-ramp", "on"});
+  REQUIRE(on);
+  CHECK_FALSE(on->server_launch_batch_ramp);
+  auto bad = parse({"--launch-batch-ramp", "sometimes"});
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().find("--launch-batch-ramp") != std::string::npos);
+  CHECK(daemon_usage().find("--launch-batch-ramp N|on|off") != std::string::npos);
+}
+
 TEST_CASE("--server-launch-batch-min is passed on as every server's --launch-batch-min",
           "[options]") {
   auto parse = [](std::vector<const char*> args) {

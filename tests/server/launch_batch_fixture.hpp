@@ -223,10 +223,12 @@ struct Fixture {
 };
 
 // Batching on, with runs of 2 launches and more going out as graphs (the tests' expectations
-// count batches that way, whatever the server's default minimum).
+// count batches that way, whatever the server's default minimum), and without the ramp after an
+// idle stream (its own tests turn it on), so that a burst queued on a fresh stream is one batch.
 inline ServerSettings batching(std::size_t max = 64, std::size_t eager_sightings = 1,
                                bool power_of_two_runs = true) {
   ServerSettings s;
+  s.launch_batch.ramp_last = 0;
   s.launch_batch.min_launches = 2;
   s.launch_batch.max_launches = max;
   s.launch_batch.eager_sightings = eager_sightings;

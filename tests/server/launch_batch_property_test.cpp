@@ -748,9 +748,12 @@ TEST_CASE("random sequences of work end the same with launch batching on and off
   const ServerSettings off = no_batching();
   const ServerSettings eager_first = batching(64, 1);  // min_launches 2
   const ServerSettings at_once = batching(64, 0);
-  const std::array<Config, 3> configs{Config{"batching off", off},
+  ServerSettings ramped = batching(64, 0);
+  ramped.launch_batch.ramp_last = LaunchBatchSettings{}.ramp_last;  // the server's default
+  const std::array<Config, 4> configs{Config{"batching off", off},
                                       Config{"batching on, eager_sightings 1", eager_first},
-                                      Config{"batching on, eager_sightings 0", at_once}};
+                                      Config{"batching on, eager_sightings 0", at_once},
+                                      Config{"batching on, ramp after an idle stream", ramped}};
 
   // One server per configuration (a harness at a time: the log sink is the process's), each
   // sequence a session of its own, so every sequence starts with an empty graph cache.

@@ -90,11 +90,14 @@ TEST_CASE("batched launches leave device memory exactly as eager launches do",
   const RunResult eager = run_mixed(no_batching(), kRounds);
   const RunResult exact = run_mixed(exact_batching(), kRounds);
   const RunResult runs = run_mixed(batching(), kRounds);
+  ServerSettings ramp_settings = batching();
+  ramp_settings.launch_batch.ramp_last = 32;
+  const RunResult ramped = run_mixed(ramp_settings, kRounds);
 
   CHECK(eager.words == appended_and_counted());
   // a, b after five pairs from 1, 1: (2, 3), (5, 8), (13, 21), (34, 55), (89, 144).
   CHECK(eager.fib == std::vector<float>{89, 89, 89, 89, 144, 144, 144, 144});
-  for (const RunResult* batched : {&exact, &runs}) {
+  for (const RunResult* batched : {&exact, &runs, &ramped}) {
     CHECK(batched->words == eager.words);
     CHECK(batched->fib == eager.fib);
     CHECK(batched->async_error == CUDA_SUCCESS);
@@ -117,6 +120,7 @@ TEST_CASE("batched launches leave device memory exactly as eager launches do",
   CHECK(runs.figures.batches == 3 * (kRounds - 1));
   CHECK(runs.figures.batched == (kRounds - 1) * per_round);
   CHECK(runs.instantiations == 3);
+  CHECK(ramped.figures.launches == kRounds * per_round);
 }
 
 TEST_CASE("a batch goes out as one graph launch whose nodes all got this batch's parameters",
@@ -583,6 +587,81 @@ TEST_CASE("a batch never grows past its maximum", "[server][launch_batch]") {
   CHECK(fake_gpu().graph_launches == 3);
   CHECK(fake_gpu().graph_instantiations == 2);
   CHECK(f.h.server->stats_text(true).find(" batches=3 batched=10 ") != std::string::npos);
+}
+
+TEST_CASE(
+    "after an idle stream the first launch goes out alone and the batches grow from the minimum",
+    "[server][launch_batch]") {
+  // Exact lengths: each batch is one graph launch of its own length, so the batches' count
+  // shows where the batch was cut.
+  ServerSettings settings = exact_batching(64, 0);
+  settings.launch_batch.ramp_last = 32;
+  Fixture f(test_driver(), settings);
+  const auto fill = f.function("fill_u32");
+  const std::uint64_t s = f.stream();
+  constexpr int kBurst = 63;
+  const std::uint64_t out = f.buffer(4 * kBurst);
+  // `kBurst` launches writing base + i, all waiting in the ring before the server drains it.
+  auto burst = [&](std::uint32_t base) {
+    for (int i = 0; i < kBurst; ++i) {
+      f.launch(fill, s, 1, 32, out + 4u * i, base + static_cast<std::uint32_t>(i), 1);
+    }
+  };
+  auto expect_words = [&](std::uint32_t base) {
+    std::vector<std::uint32_t> expected;
+    for (int i = 0; i < kBurst; ++i) expected.push_back(base + static_cast<std::uint32_t>(i));
+    CHECK(f.read(out, kBurst) == expected);
+  };
+
+  // A new stream is idle: 1 eagerly, then 2, 4, 8, 16, 32 (the minimum is 2 here).
+  burst(100);
+  REQUIRE(f.synchronize(s) == CUDA_SUCCESS);
+  expect_words(100);
+  Figures fig = figures(f.h);
+  CHECK(fig.batches == 5);
+  CHECK(fig.batched == 62);
+  CHECK(fig.launches == 63);
+
+  // Synchronized, so idle again: the same ramp. Then, with the stream still busy (nothing
+  // synchronized), one batch of the whole burst.
+  burst(200);
+  f.h.pump();
+  burst(300);
+  REQUIRE(f.synchronize(s) == CUDA_SUCCESS);
+  expect_words(300);
+  fig = figures(f.h);
+  CHECK(fig.batches == 5 + 5 + 1);
+  CHECK(fig.batched == 62 + 62 + 63);
+  CHECK(fig.launches == 3 * 63);
+  CHECK(f.async_error() == CUDA_SUCCESS);
+}
+
+TEST_CASE("the ramp stops at its largest step; without it, or crowded, a burst is one batch",
+          "[server][launch_batch]") {
+  // 63 launches queued on an idle stream, in batches of exact lengths: how many batches.
+  auto batches_of_burst = [](ServerSettings settings) {
+    Fixture f(test_driver(), settings);
+    const auto fill = f.function("fill_u32");
+    const std::uint64_t s = f.stream();
+    const std::uint64_t out = f.buffer(4 * 63);
+    for (int i = 0; i < 63; ++i) f.launch(fill, s, 1, 32, out + 4u * i, 7u, 1);
+    REQUIRE(f.synchronize(s) == CUDA_SUCCESS);
+    CHECK(f.read(out, 63) == std::vector<std::uint32_t>(63, 7u));
+    const Figures fig = figures(f.h);
+    CHECK(fig.launches == 63);
+    return std::pair{fig.batches, fig.batched};
+  };
+  ServerSettings settings = exact_batching(64, 0);
+  settings.launch_batch.ramp_last = 0;
+  CHECK(batches_of_burst(settings) == std::pair<std::uint64_t, std::uint64_t>{1, 63});
+  settings.launch_batch.ramp_last = 4;  // 1 eagerly, 2, 4, then the other 56 at once
+  CHECK(batches_of_burst(settings) == std::pair<std::uint64_t, std::uint64_t>{3, 62});
+  settings.launch_batch.ramp_last = 1;  // 1 eagerly, then the other 62 at once
+  CHECK(batches_of_burst(settings) == std::pair<std::uint64_t, std::uint64_t>{1, 62});
+  // A crowded server (more clients than it lets spin; here every client) has no ramp.
+  settings.launch_batch.ramp_last = 32;
+  settings.spin_clients = 0;
+  CHECK(batches_of_burst(settings) == std::pair<std::uint64_t, std::uint64_t>{1, 63});
 }
 
 TEST_CASE(

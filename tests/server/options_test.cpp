@@ -90,6 +90,29 @@ TEST_CASE("--client-limit sets one cap and keeps the other defaults", "[server][
 }
 
 }  // namespace
+TEST_CASE("--launch-batch-ramp is on by default; off and bad values", "[server][options]") {
+  auto sut = parse({"--device", "0", "--control-fd", "3"});
+  REQUIRE(sut);
+  CHECK(sut->launch_batch_ramp == 8);
+  CHECK(LaunchBatchSettings{}.ramp_last == 8);
+  auto off = parse({"--device", "0", "--control-fd", "3", "--launch-batch-ramp", "off"});
+  REQUIRE(off);
+  CHECK(off->launch_batch_ramp == 0);
+  auto longer = parse({"--device", "0", "--control-fd", "3", "--launch-batch-ramp", "32"});
+  REQUIRE(longer);
+  CHECK(longer->launch_batch_ramp == 32);
+  auto on = parse({"--device", "0", "--control-fd", "3", "--launch-batch-ramp", "32",
+                   "--launch-batch-ramp", "on"});
+  REQUIRE(on);
+  CHECK(on->launch_batch_ramp == 8);
+  for (const char* bad : {"yes", "257", "-1"}) {
+    auto refused = parse({"--device", "0", "--control-fd", "3", "--launch-batch-ramp", bad});
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().find("--launch-batch-ramp") != std::string::npos);
+  }
+  CHECK(std::string(kUsage).find("--launch-batch-ramp N|on|off") != std::string::npos);
+}
+
 TEST_CASE("--host-fences is on by default; off and bad values", "[server][options]") {
   auto sut = parse({"--device", "0", "--control-fd", "3"});
   REQUIRE(sut);
