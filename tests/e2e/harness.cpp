@@ -168,11 +168,16 @@ Daemon::Daemon(std::vector<std::string> extra_args, std::map<std::string, std::s
   shell.insert(shell.end(), argv.begin(), argv.end());
   env.emplace("MPSSHIM_TESTDRIVER_QUERY_SOCKET", dir_ + "/testdriver-query");
   process_ = std::make_unique<Child>(shell, env);
-  // Ready when mpsshimctl gets an answer listing a running server.
+  // Ready when mpsshimctl gets an answer listing a running server and none still starting
+  // (with two GPUs the daemon answers once the first is up; a client of the second would be
+  // refused, "its server is starting").
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (std::chrono::steady_clock::now() < deadline) {
     Outcome list = ctl({"server_list"});
-    if (list.exit_code == 0 && list.out.find("running") != std::string::npos) return;
+    if (list.exit_code == 0 && list.out.find("running") != std::string::npos &&
+        list.out.find("starting") == std::string::npos) {
+      return;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   throw std::runtime_error("mpsshimd did not become ready; log:\n" + log());

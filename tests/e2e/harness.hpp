@@ -42,6 +42,7 @@ class Child {
   // Waits until stdout contains `text`; false on timeout or exit.
   bool wait_for_output(const std::string& text, std::chrono::seconds timeout);
   const std::string& out() const { return out_; }
+  const std::string& err() const { return err_; }
   void kill(int signal);
   void close_stdin();
   Outcome wait(std::chrono::seconds timeout = std::chrono::seconds(60));

@@ -40,7 +40,13 @@ TEST_CASE("a fault on GPU 0 stays on GPU 0", "[e2e][multigpu]") {
   Daemon daemon({}, kTwoDevices);
   // A client of GPU 1 alone, attached across the fault.
   Child bystander({client(), "pointer"}, daemon.client_env({{"CUDA_VISIBLE_DEVICES", "1"}}));
-  REQUIRE(bystander.wait_for_output("POINTER", 60s));
+  {
+    const bool attached = bystander.wait_for_output("POINTER", 60s);
+    INFO("bystander stdout: " << bystander.out() << "\nstderr: " << bystander.err()
+                              << "\ndaemon log:\n"
+                              << daemon.log());
+    REQUIRE(attached);
+  }
   const auto before = server_lines(daemon);
   REQUIRE(before.size() == 2);
 
