@@ -6,11 +6,15 @@
 # and its resident memory per mapping (anonymous, [heap], /dev/nvidiactl, memfd, ...).
 #
 # usage (GPU machine): bash tools/probes/server_growth.sh BUILD_DIR [mpsshimd args...]
-#   STEPS (environment; default all): any of examples torch torch-killed torch-concurrent
+#   STEPS (environment; default all but the ResNet ones): any of examples torch torch-killed
+#   torch-concurrent resnet resnet-concurrent
 #     examples          60 sequential runs of each example
 #     torch             20 sequential PyTorch MLP clients
 #     torch-killed      20 PyTorch MLP clients SIGKILLed 1-3 s in (while they load libraries)
 #     torch-concurrent  64 PyTorch MLP clients, 8 at a time
+#     resnet            10 sequential bench/resnet_client.py runs (cuDNN convolutions), twice
+#     resnet-concurrent 32 resnet_client.py runs, 8 at a time, twice
+# Each sample also sizes the anonymous mappings (count, and RSS by mapping size).
 # Findings (H100, driver 580.159.04, 2026-11-25): docs/benchmarks.md, "Where the soak's memory goes".
 set -euo pipefail
 build=$(cd "${1:?usage: server_growth.sh BUILD_DIR [mpsshimd args...]}" && pwd)
@@ -37,6 +41,21 @@ sample() {
        /^Rss:/{r[name]+=$2}
        END{for (n in r) if (r[n] > 4096) printf "    %-48s %9d KiB\n", n, r[n]}' "/proc/$pid/smaps" |
     sort -k2 -n -r | head -n 8
+  python3 - "/proc/$pid/smaps" <<'PY'
+import re, sys
+count, rss, size, anon = 0, {}, 0, False
+for line in open(sys.argv[1]):
+    m = re.match(r"([0-9a-f]+)-([0-9a-f]+) \S+ \S+ \S+ \S+ *(\S*)", line)
+    if m:
+        size = (int(m.group(2), 16) - int(m.group(1), 16)) >> 10
+        anon = m.group(3) == ""
+        count += anon
+    elif anon and line.startswith("Rss:"):
+        c = "<1M" if size < 1024 else "1-16M" if size < 16384 else "16-64M" if size < 65536 else ">=64M"
+        rss[c] = rss.get(c, 0) + int(line.split()[1])
+print(f"    anonymous mappings: {count}; RSS KiB by mapping size: " +
+      " ".join(f"{k}={v}" for k, v in sorted(rss.items())))
+PY
 }
 run() { CUDA_MPS_PIPE_DIRECTORY=$rt/run LD_PRELOAD=$build/libshim/libmpsshim.so "$@"; }
 
@@ -79,6 +98,26 @@ PY
       done
       sleep 2  # what a victim held is freed once its queued work drained
       sample "after $((round * 10)) x a PyTorch MLP SIGKILLed 1-3 s in"
+    done
+  fi
+  resnet=$(dirname "$0")/../../bench/resnet_client.py
+  if wants resnet; then
+    for round in 1 2; do
+      for _ in $(seq 10); do run python3 "$resnet" --no-wait --iters 50 --warmup 5 >/dev/null 2>&1 || true; done
+      sample "after $((round * 10)) x ResNet-50 (resnet_client.py), one at a time"
+    done
+  fi
+  if wants resnet-concurrent; then
+    for round in 1 2; do
+      for _ in $(seq 4); do
+        pids=()
+        for _ in $(seq 8); do
+          run python3 "$resnet" --no-wait --iters 50 --warmup 5 >/dev/null 2>&1 &
+          pids+=($!)
+        done
+        wait "${pids[@]}" || true
+      done
+      sample "after $((round * 32)) x ResNet-50, 8 at a time"
     done
   fi
   if wants torch-concurrent; then
