@@ -34,10 +34,12 @@ for target in "${targets[@]}"; do
   mkdir -p "$corpus" "$findings"
   log=$build/fuzz-findings/$target.log
   echo "== $target: ${seconds}s (log: $log)"
+  # From the findings directory: with -jobs, libFuzzer writes each job's log (fuzz-N.log) to the
+  # current directory.
   # shellcheck disable=SC2086 # FUZZ_FLAGS is a list of flags
-  if ! "$build/tests/fuzz/$target" -max_total_time="$seconds" -print_final_stats=1 \
-      -artifact_prefix="$findings/" ${FUZZ_FLAGS:-} "$corpus" "$here/corpus/$target" \
-      >"$log" 2>&1; then
+  if ! (cd "$findings" && "$build/tests/fuzz/$target" -max_total_time="$seconds" \
+      -print_final_stats=1 -artifact_prefix="$findings/" ${FUZZ_FLAGS:-} "$corpus" \
+      "$here/corpus/$target") >"$log" 2>&1; then
     status=1
     echo "   FOUND SOMETHING: see $log and $findings"
   fi
