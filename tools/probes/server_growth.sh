@@ -58,6 +58,18 @@ print(f"    anonymous mappings: {count}; RSS KiB by mapping size: " +
 PY
 }
 run() { CUDA_MPS_PIPE_DIRECTORY=$rt/run LD_PRELOAD=$build/libshim/libmpsshim.so "$@"; }
+# 32 runs of a client command under the shim, 8 at a time.
+thirty_two_by_eight() {
+  local pids
+  for _ in $(seq 4); do
+    pids=()
+    for _ in $(seq 8); do
+      run "$@" >/dev/null 2>&1 &
+      pids+=($!)
+    done
+    wait "${pids[@]}" || true
+  done
+}
 
 run "$build/examples/small_kernels" --kernels 100000000 >/dev/null 2>&1 &
 holder=$!
@@ -109,27 +121,13 @@ PY
   fi
   if wants resnet-concurrent; then
     for round in 1 2; do
-      for _ in $(seq 4); do
-        pids=()
-        for _ in $(seq 8); do
-          run python3 "$resnet" --no-wait --iters 50 --warmup 5 >/dev/null 2>&1 &
-          pids+=($!)
-        done
-        wait "${pids[@]}" || true
-      done
+      thirty_two_by_eight python3 "$resnet" --no-wait --iters 50 --warmup 5
       sample "after $((round * 32)) x ResNet-50, 8 at a time"
     done
   fi
   if wants torch-concurrent; then
     for round in 1 2; do
-      for _ in $(seq 4); do
-        pids=()
-        for _ in $(seq 8); do
-          run python3 "$rt/mlp.py" >/dev/null 2>&1 &
-          pids+=($!)
-        done
-        wait "${pids[@]}" || true
-      done
+      thirty_two_by_eight python3 "$rt/mlp.py"
       sample "after $((round * 32)) x a PyTorch MLP, 8 at a time"
     done
   fi
