@@ -50,11 +50,9 @@ std::byte* device_bytes(CUdeviceptr p) {
 }
 
 CUresult alloc(CUdeviceptr* out, std::size_t bytes) {
-  std::vector<std::byte> block(bytes + 256);
-  auto base = reinterpret_cast<std::uintptr_t>(block.data());
-  CUdeviceptr aligned = (base + 255) / 256 * 256;
-  *out = aligned;
-  fake_gpu().allocations.emplace(aligned, std::move(block));
+  DeviceBlock block(bytes);
+  *out = block.address();
+  fake_gpu().allocations.emplace(block.address(), std::move(block));
   return CUDA_SUCCESS;
 }
 

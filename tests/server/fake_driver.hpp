@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "broker/server/driver_table.hpp"
+#include "tests/server/fake_device_block.hpp"
 
 namespace mpsshim::server::test {
 
@@ -43,7 +44,7 @@ struct FakeGpu {
   CUresult launch_result = CUDA_SUCCESS;
 
   // What the server did.
-  std::map<CUdeviceptr, std::vector<std::byte>> allocations;
+  std::map<CUdeviceptr, DeviceBlock> allocations;
   std::map<void*, std::size_t> host_registrations;
   int primary_refs = 0;  // cuDevicePrimaryCtxRetain minus releases
   CUresult primary_retain_result = CUDA_SUCCESS;
