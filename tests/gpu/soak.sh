@@ -130,24 +130,33 @@ EOF
 }
 
 # One CSV line: phase,t_s,server_pid,restarts,clients,rss_kib,fds,gpu_mem_mib,anon_kib,heap_kib,
-# driver_kib (phase: idle before the first client, run, after the last client left; the last
-# three split the server's resident memory by mapping, from /proc/PID/smaps: anonymous mappings
-# (glibc's per-thread arenas among them), the main [heap], and what the driver mapped through
-# /dev/nvidia* (its pinned host memory), so that growth can be told apart).
+# driver_kib,torch_clients (phase: idle before the first client, run, after the last client
+# left; anon/heap/driver split the server's resident memory by mapping, from /proc/PID/smaps:
+# anonymous mappings (glibc's per-thread arenas among them), the main [heap], and what the
+# driver mapped through /dev/nvidia* (its pinned host memory), so that growth can be told apart;
+# torch_clients: the attached clients that are Python (PyTorch) programs, whose kernel images
+# cost the server far more than an example's).
 sample() {
-  local pid_restarts pid restarts rss fds clients split
+  local pid_restarts pid restarts rss fds clients split torch
   pid_restarts=$(server_pid_restarts)
   pid=${pid_restarts% *}
   restarts=${pid_restarts#* }
   rss=$(awk '/^VmRSS:/ { print $2 }' "/proc/$pid/status" 2>/dev/null)
   fds=$(find "/proc/$pid/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
-  clients=$(ctl ps 2>/dev/null | tail -n +2 | grep -c .)
+  read -r clients torch < <(ctl ps --json 2>/dev/null | python3 -c '
+import json, sys
+try:
+    c = json.load(sys.stdin)["clients"]
+    print(len(c), sum(1 for x in c if str(x.get("program", "")).startswith("python")))
+except Exception:
+    print("nan nan")')
   split=$(awk '/^[0-9a-f]+-[0-9a-f]+ / { name = $6 }
                /^Rss:/ { if (name == "") a += $2; else if (name == "[heap]") h += $2;
                          else if (name ~ /^\/dev\/nvidia/) d += $2 }
                END { printf "%d,%d,%d", a, h, d }' "/proc/$pid/smaps" 2>/dev/null)
-  printf '%s,%s,%s,%s,%s,%s,%s,%s,%s\n' "$1" "$((SECONDS - START_S))" "${pid:-nan}" \
-    "${restarts:-nan}" "$clients" "${rss:-nan}" "$fds" "$(gpu_memory_mib)" "${split:-nan,nan,nan}"
+  printf '%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n' "$1" "$((SECONDS - START_S))" "${pid:-nan}" \
+    "${restarts:-nan}" "${clients:-nan}" "${rss:-nan}" "$fds" "$(gpu_memory_mib)" \
+    "${split:-nan,nan,nan}" "${torch:-nan}"
 }
 
 # ---- the client slots -----------------------------------------------------------------------
@@ -209,7 +218,7 @@ read -r SERVER_PID RESTARTS_0 <<<"$(server_pid_restarts)"
 [ -n "${SERVER_PID:-}" ] || die "no server for GPU $GPU_INDEX in server_list"
 FDS_IDLE=$(find "/proc/$SERVER_PID/fd" -mindepth 1 -maxdepth 1 | wc -l)
 START_S=$SECONDS
-echo "phase,t_s,server_pid,restarts,clients,rss_kib,fds,gpu_mem_mib,anon_kib,heap_kib,driver_kib" >"$CSV"
+echo "phase,t_s,server_pid,restarts,clients,rss_kib,fds,gpu_mem_mib,anon_kib,heap_kib,driver_kib,torch_clients" >"$CSV"
 sample idle >>"$CSV"
 for slot in $(seq 0 $((CLIENTS - 1))); do
   # The slot's stderr: bash's "Killed" notes of the runs it killed.
@@ -249,6 +258,17 @@ failures = []
 errors = runs.count("error")
 print(f"soak: {len(runs)} client runs: {runs.count('pass')} passed, {runs.count('killed')} killed, "
       f"{errors} errors")
+# Per program ("pass NAME", "killed NAME after ...", "error NAME status=..."): how often the
+# PyTorch clients really came and went.
+per_program = {}
+for line in open(results_path):
+    words = line.split()
+    if len(words) >= 2:
+        counts = per_program.setdefault(words[1], {"pass": 0, "killed": 0, "error": 0})
+        counts[words[0]] = counts.get(words[0], 0) + 1
+for name, counts in sorted(per_program.items()):
+    print(f"soak:   {name}: {counts['pass']} passed, {counts['killed']} killed, "
+          f"{counts['error']} errors")
 if errors:
     failures.append(f"{errors} client runs failed (runs.txt lists their logs)")
 if any(r["server_pid"] != server_pid for r in rows):
@@ -262,17 +282,41 @@ def number(value):
     except ValueError:
         return float("nan")
 
-def growth(key):
-    """Medians of the first and last quarter of `key` less what the clients attached account for."""
-    points = [(number(r["clients"]), number(r[key])) for r in samples]
-    points = [(c, v) for c, v in points if c == c and v == v]
+def fit(xs, ys):
+    """Least-squares coefficients of ys on the columns of xs (rows of regressors), by the normal
+    equations; a regressor that never varies gets 0."""
+    k = len(xs[0])
+    means = [statistics.fmean(x[j] for x in xs) for j in range(k)]
+    my = statistics.fmean(ys)
+    c = [[x[j] - means[j] for j in range(k)] for x in xs]
+    keep = [j for j in range(k) if any(abs(row[j]) > 1e-9 for row in c)]
+    a = [[sum(row[i] * row[j] for row in c) for j in keep] for i in keep]
+    b = [sum(row[i] * (y - my) for row, y in zip(c, ys)) for i in keep]
+    n = len(keep)
+    for col in range(n):  # Gaussian elimination with partial pivoting
+        piv = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[piv][col]) < 1e-12:
+            return [0.0] * k, means
+        a[col], a[piv], b[col], b[piv] = a[piv], a[col], b[piv], b[col]
+        for r in range(n):
+            if r != col:
+                f = a[r][col] / a[col][col]
+                a[r] = [x - f * y for x, y in zip(a[r], a[col])]
+                b[r] -= f * b[col]
+    coef = [0.0] * k
+    for i, j in enumerate(keep):
+        coef[j] = b[i] / a[i][i]
+    return coef, means
+
+def growth(key, regressors=("clients",)):
+    """Medians of the first and last quarter of `key` less what the attached clients account for
+    (a least-squares fit on the `regressors` columns over the run's samples)."""
+    points = [([number(r[x]) for x in regressors], number(r[key])) for r in samples]
+    points = [(x, v) for x, v in points if all(c == c for c in x) and v == v]
     if len(points) < 2:
         return None, None, None
-    mean_c = statistics.fmean(c for c, _ in points)
-    mean_v = statistics.fmean(v for _, v in points)
-    spread = sum((c - mean_c) ** 2 for c, _ in points)
-    per_client = sum((c - mean_c) * (v - mean_v) for c, v in points) / spread if spread else 0.0
-    rest = [v - per_client * (c - mean_c) for c, v in points]
+    coef, means = fit([x for x, _ in points], [v for _, v in points])
+    rest = [v - sum(cf * (c - m) for cf, c, m in zip(coef, x, means)) for x, v in points]
     q = max(1, len(rest) // 4)
     a, b = statistics.median(rest[:q]), statistics.median(rest[-q:])
     return a, b, b - a
@@ -289,6 +333,15 @@ for title, key in [("anonymous", "anon_kib"), ("[heap]", "heap_kib"), ("driver (
     if a is not None:
         print(f"soak: server RSS in {title} mappings (MiB): first quarter median {a / 1024:.1f}, "
               f"last quarter {b / 1024:.1f}, growth {d / 1024:+.1f}")
+# The checks count every attached client alike; a PyTorch client's kernel images cost the server
+# ~2 GiB of RSS while it is attached (docs/benchmarks.md, "The soak's memory"). For the reader
+# (no verdict): the same growth with the PyTorch clients counted apart.
+for title, key, scale in [("server RSS (MiB)", "rss_kib", 1 / 1024),
+                          ("GPU memory (MiB)", "gpu_mem_mib", 1)]:
+    a, b, d = growth(key, ("clients", "torch_clients"))
+    if a is not None:
+        print(f"soak: {title} with PyTorch clients counted apart: first quarter median "
+              f"{a * scale:.1f}, last quarter {b * scale:.1f}, growth {d * scale:+.1f}")
 for title, key, scale, tolerance in checks:
     a, b, d = growth(key)
     if a is None:
@@ -310,11 +363,12 @@ try:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     t = [number(r["t_s"]) / 60 for r in rows]
-    fig, axes = plt.subplots(4, 1, sharex=True, figsize=(9, 9))
+    fig, axes = plt.subplots(5, 1, sharex=True, figsize=(9, 11))
     # Every sample, the idle ones before and after included.
     for ax, (label, key, scale) in zip(axes, [
             ("server RSS (MiB)", "rss_kib", 1 / 1024), ("server fds", "fds", 1),
-            ("GPU memory used (MiB)", "gpu_mem_mib", 1), ("clients attached", "clients", 1)]):
+            ("GPU memory used (MiB)", "gpu_mem_mib", 1), ("clients attached", "clients", 1),
+            ("PyTorch clients attached", "torch_clients", 1)]):
         ax.plot(t, [number(r[key]) * scale for r in rows], marker=".")
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
