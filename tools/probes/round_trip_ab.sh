@@ -23,29 +23,8 @@ mkdir -p "$out"
 csv=$out/results.csv
 echo "round,mode,figure,value" >"$csv"
 rt=$out/rt
-daemon_pid=""
-
-start_daemon() {  # daemon arguments
-  rm -rf "$rt"
-  "$build/broker/daemon/mpsshimd" --runtime-dir "$rt" \
-    --server "$build/broker/server/mpsshim-server" "$@" >>"$out/mpsshimd.log" 2>&1 &
-  daemon_pid=$!
-  for _ in $(seq 200); do
-    "$build/broker/daemon/mpsshimctl" --runtime-dir "$rt" server_list 2>/dev/null |
-      grep -q running && return 0
-    sleep 0.05
-  done
-  echo "daemon did not come up" >&2
-  return 1
-}
-
-stop_daemon() {
-  [ -n "$daemon_pid" ] || return 0
-  "$build/broker/daemon/mpsshimctl" --runtime-dir "$rt" quit >/dev/null 2>&1 || kill "$daemon_pid"
-  wait "$daemon_pid" 2>/dev/null
-  daemon_pid=""
-}
-trap stop_daemon EXIT
+# shellcheck source=tools/probes/probe_daemon.sh
+source "$(dirname "$0")/probe_daemon.sh"
 
 for round in $(seq "$rounds"); do
   for mode in "${modes[@]}"; do

@@ -1,0 +1,27 @@
+# Sourced by the A/B probe scripts (round_trip_ab.sh, wait_policy_ab.sh): a fresh mpsshimd per
+# mode. Before sourcing, set `build` (a tools/gpu_pack.sh tree), `rt` (the runtime directory
+# each daemon gets, removed first) and `out` (its log goes to $out/mpsshimd.log). Stops the
+# daemon when the script exits.
+daemon_pid=""
+
+start_daemon() {  # daemon arguments
+  rm -rf "$rt"
+  "$build/broker/daemon/mpsshimd" --runtime-dir "$rt" \
+    --server "$build/broker/server/mpsshim-server" "$@" >>"$out/mpsshimd.log" 2>&1 &
+  daemon_pid=$!
+  for _ in $(seq 200); do
+    "$build/broker/daemon/mpsshimctl" --runtime-dir "$rt" server_list 2>/dev/null |
+      grep -q running && return 0
+    sleep 0.05
+  done
+  echo "daemon did not come up" >&2
+  return 1
+}
+
+stop_daemon() {
+  [ -n "$daemon_pid" ] || return 0
+  "$build/broker/daemon/mpsshimctl" --runtime-dir "$rt" quit >/dev/null 2>&1 || kill "$daemon_pid"
+  wait "$daemon_pid" 2>/dev/null
+  daemon_pid=""
+}
+trap stop_daemon EXIT
