@@ -14,6 +14,11 @@
 #     torch-concurrent  64 PyTorch MLP clients, 8 at a time
 #     resnet            10 sequential bench/resnet_client.py runs (cuDNN convolutions), twice
 #     resnet-concurrent 32 resnet_client.py runs, 8 at a time, twice
+#     resnet-slots      the soak's PyTorch part alone: 8 slots each running resnet_client.py
+#                       one run after another (so ~8 are attached throughout, as in the soak),
+#                       KILL_PERCENT (10) of the runs SIGKILLed 0.2-3.2 s in, for SLOTS_S (240)
+#                       seconds, a sample every 30 s with the runs so far: does the server
+#                       grow with the PyTorch clients' turnover at a constant population?
 # Each sample also sizes the anonymous mappings (count, and RSS by mapping size).
 # Findings (H100, driver 580.159.04, 2026-11-25): docs/benchmarks.md, "Where the soak's memory goes".
 set -euo pipefail
@@ -124,6 +129,38 @@ PY
       thirty_two_by_eight python3 "$resnet" --no-wait --iters 50 --warmup 5
       sample "after $((round * 32)) x ResNet-50, 8 at a time"
     done
+  fi
+  if wants resnet-slots; then
+    : >"$rt/slot-runs"
+    resnet_slot() {  # runs until $rt/stop exists; one line per run in $rt/slot-runs
+      local victim limit
+      while [ ! -e "$rt/stop" ]; do
+        limit=600
+        if [ $((RANDOM % 100)) -lt "${KILL_PERCENT:-10}" ]; then
+          limit=$(awk -v r="$RANDOM" 'BEGIN { printf "%.2f", 0.2 + 3 * r / 32768 }')
+        fi
+        if timeout -s KILL "$limit" env CUDA_MPS_PIPE_DIRECTORY="$rt/run" \
+          LD_PRELOAD="$build/libshim/libmpsshim.so" python3 "$resnet" --no-wait --iters 50 \
+          --warmup 5 >/dev/null 2>&1; then
+          echo pass >>"$rt/slot-runs"
+        else
+          echo "ended $?" >>"$rt/slot-runs"
+        fi
+      done
+    }
+    slot_pids=()
+    for _ in $(seq 8); do
+      resnet_slot &
+      slot_pids+=($!)
+    done
+    for t in $(seq 30 30 "${SLOTS_S:-240}"); do
+      sleep 30
+      sample "ResNet-50 slots, ${t} s: $(grep -c pass "$rt/slot-runs") runs passed, $(grep -c ended "$rt/slot-runs") ended otherwise"
+    done
+    touch "$rt/stop"
+    wait "${slot_pids[@]}" || true
+    sleep 2
+    sample "ResNet-50 slots ended"
   fi
   if wants torch-concurrent; then
     for round in 1 2; do
