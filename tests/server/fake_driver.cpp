@@ -3,6 +3,7 @@
 #include "tests/server/fake_async.hpp"
 
 #include <cstring>
+#include <new>
 #include <optional>
 
 namespace mpsshim::server::test {
@@ -50,10 +51,14 @@ std::byte* device_bytes(CUdeviceptr p) {
 }
 
 CUresult alloc(CUdeviceptr* out, std::size_t bytes) {
-  DeviceBlock block(bytes);
-  *out = block.address();
-  fake_gpu().allocations.emplace(block.address(), std::move(block));
-  return CUDA_SUCCESS;
+  try {
+    DeviceBlock block(bytes);
+    *out = block.address();
+    fake_gpu().allocations.emplace(block.address(), std::move(block));
+    return CUDA_SUCCESS;
+  } catch (const std::bad_alloc&) {
+    return CUDA_ERROR_OUT_OF_MEMORY;  // as the driver answers; never an exception through C
+  }
 }
 
 template <typename T>
