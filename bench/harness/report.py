@@ -78,9 +78,16 @@ def index(summary):
     return table
 
 
+def column_order(modes):
+    """The modes as table columns: mpsshim's own (the daemon's defaults, "shim") last, right before
+    the ratios computed from it, so that no comparison mode (shim-eager, ...) stands there."""
+    return [m for m in modes if m != "shim"] + (["shim"] if "shim" in modes else [])
+
+
 def table_rows(summary, modes, keys, idx, label_fn):
-    cols = [MODE_LABEL[m] for m in modes]
     shims = [m for m in modes if is_shim(m)]
+    modes = column_order(modes)
+    cols = [MODE_LABEL[m] for m in modes]
     others = [(o, name) for o, name in (("mps", "MPS"), ("native", "native")) if o in modes]
     has_ratio = bool(shims) and bool(others)
     head = ["figure", "unit"] + cols
