@@ -10,6 +10,7 @@
 #include "libshim/api.hpp"
 #include "libshim/capture.hpp"
 #include "libshim/client.hpp"
+#include "libshim/copy_pool.hpp"
 #include "libshim/log.hpp"
 #include "libshim/staging_copy.hpp"
 
@@ -68,8 +69,12 @@ CUresult copy_htod(Context* ctx, Stream* stream, CUdeviceptr dst, const void* sr
   return CUDA_SUCCESS;
 }
 
-// Device -> pageable host staging (copy_dtoh): piece size and pieces in flight.
+// Device -> pageable host staging (copy_dtoh): piece size and pieces in flight. With copy
+// helpers (libshim/copy_pool.hpp) the copy-out keeps up with larger pieces, which need fewer
+// waits: 256 MiB at 30-34 GB/s with 2 MiB pieces against 19-21 with 512 KiB, 3-4 threads
+// (tools/probes/parallel_staging.cpp on the H100 host).
 constexpr std::size_t kDtoHPieceBytes = std::size_t{512} << 10;
+constexpr std::size_t kDtoHPieceBytesParallel = std::size_t{2} << 20;
 constexpr std::size_t kDtoHPiecesInFlight = 4;
 
 CUresult copy_dtoh(Context* ctx, Stream* stream, void* dst, CUdeviceptr src, size_t n,
@@ -98,7 +103,8 @@ CUresult copy_dtoh(Context* ctx, Stream* stream, void* dst, CUdeviceptr src, siz
   // the chunks: the rest stay free for the process's other threads.
   const std::size_t max_in_flight = std::min<std::size_t>(
       kDtoHPiecesInFlight, std::max<std::uint32_t>(1, session->chunk_count() / 2));
-  const std::size_t piece_max = std::min<std::size_t>(kDtoHPieceBytes, session->chunk_bytes());
+  const std::size_t piece_max = std::min<std::size_t>(
+      copy_threads() > 1 ? kDtoHPieceBytesParallel : kDtoHPieceBytes, session->chunk_bytes());
   struct Piece {
     Session::Chunk chunk;
     std::size_t offset;

@@ -9,6 +9,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "libshim/copy_pool.hpp"
 #include "libshim/log.hpp"
 
 namespace mpsshim::shim {
@@ -55,17 +56,19 @@ void copy_streaming(std::byte* dst, const std::byte* src, std::size_t bytes) {
 }
 #endif
 
+void copy_cached(std::byte* dst, const std::byte* src, std::size_t bytes) {
+  std::memcpy(dst, src, bytes);
+}
+
 }  // namespace
 
 void staging_copy(void* dst, const void* src, std::size_t bytes) {
   static const bool streaming = streaming_wanted();
+  CopyFunction copy = copy_cached;
 #if defined(__x86_64__)
-  if (streaming && bytes >= kStreamingMinBytes) {
-    copy_streaming(static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes);
-    return;
-  }
+  if (streaming && bytes >= kStreamingMinBytes) copy = copy_streaming;
 #endif
-  std::memcpy(dst, src, bytes);
+  parallel_copy(static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes, copy);
 }
 
 }  // namespace mpsshim::shim

@@ -6,7 +6,8 @@
 // buffer (D2H) a copy of megabytes leaves the cache anyway.
 //
 // MPSSHIM_STAGING_STORES=streaming|cached picks the stores of pieces of kStreamingMinBytes and
-// more (default: streaming on x86-64, cached elsewhere); docs/environment.md.
+// more (default: streaming on x86-64, cached elsewhere); docs/environment.md. Pieces of
+// kParallelMinBytes and more are shared among the copy helper threads (libshim/copy_pool.hpp).
 #pragma once
 
 #include <cstddef>

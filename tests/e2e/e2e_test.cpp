@@ -41,6 +41,14 @@ TEST_CASE("a driver-API client runs through the daemon and the test driver", "[e
   require_pass(o, daemon);
 }
 
+TEST_CASE("large pageable copies shared among copy helper threads arrive intact", "[e2e]") {
+  // ~16 MB each way, not a multiple of a part or a chunk: every piece is split among 4 threads
+  // (libshim/copy_pool.hpp) and the device -> host pieces are 2 MiB.
+  Daemon daemon;
+  require_pass(run_client(daemon, {client(), "basic", "4000037"}, {{"MPSSHIM_COPY_THREADS", "4"}}),
+               daemon);
+}
+
 TEST_CASE("a module's functions are listed and walked as the real driver does", "[e2e]") {
   Daemon daemon;
   require_pass(run_client(daemon, {client(), "functions"}), daemon);

@@ -1,24 +1,36 @@
 #!/usr/bin/env bash
-# The launch + synchronize round trip (bench/launch_latency) natively and under mpsshim with
-# several daemon settings, rounds interleaved so that drift hits each mode alike. Issue #9 and
-# #15 ask it within 1.05x native; the spread between runs is of the same order as the gap, so
-# compare modes only within one call. On the GPU machine, with a tools/gpu_pack.sh tree:
+# One bench program (bench/launch_latency by default) natively and under mpsshim with several
+# daemon settings or client environments, rounds interleaved so that drift hits each mode alike.
+# The spread between runs is of the same order as the gaps this is for (the round trip within
+# 1.05x native, copies within 0.95x), so compare modes only within one call. On the GPU machine,
+# with a tools/gpu_pack.sh tree:
 #
-#   LD_LIBRARY_PATH=$PWD/.carry/gpu/lib bash tools/probes/round_trip_ab.sh .carry/gpu OUT ROUNDS \
+#   LD_LIBRARY_PATH=$PWD/.carry/gpu/lib bash tools/probes/bench_ab.sh .carry/gpu OUT ROUNDS \
 #       "native:" "shim:" "nofence:--host-fences off" ...
+#   BENCH=bandwidth BENCH_ARGS="--quick --sizes 4M,16M,256M" FIGURES=pageable \
+#       bash tools/probes/bench_ab.sh .carry/gpu OUT 3 "native:" "shim:" "one:MPSSHIM_COPY_THREADS=1"
 #
 # A mode is LABEL:ARGS, as in small_kernels_ab.sh: daemon arguments, except that words of the
 # form NAME=VALUE are set in the client's environment (e.g. "sleep:MPSSHIM_WAIT_SPIN_US=0");
 # the label "native" runs without the shim. Each shim mode gets a fresh daemon per round.
+# A figure is a CSV line of the program (benchmark,metric,size_bytes,value,unit), named
+# METRIC or METRIC@SIZE; FIGURES (an extended regular expression) keeps those it matches.
 # OUT/results.csv: round,mode,figure,value; OUT/summary.txt: the median and range per mode and
-# figure. LATENCY_ARGS overrides launch_latency's arguments.
+# figure.
 set -uo pipefail
 build=$(realpath "$1")
 out=$2
 rounds=$3
 shift 3
 modes=("$@")
-args=${LATENCY_ARGS:---quick --trips 5000}
+bench=${BENCH:-launch_latency}
+if [ "$bench" = launch_latency ]; then
+  args=${BENCH_ARGS:---quick --trips 5000}
+  figures=${FIGURES:-^(launch_async_cpu|launch_stream_sync|launch_ctx_sync|ctx_sync_idle)$}
+else
+  args=${BENCH_ARGS:---quick}
+  figures=${FIGURES:-.}
+fi
 mkdir -p "$out"
 csv=$out/results.csv
 echo "round,mode,figure,value" >"$csv"
@@ -35,22 +47,24 @@ for round in $(seq "$rounds"); do
     for word in "${words[@]+"${words[@]}"}"; do
       if [[ $word =~ ^[A-Z_][A-Z0-9_]*= ]]; then client_env+=("$word"); else daemon_args+=("$word"); fi
     done
-    log=$out/launch_latency.$label.$round.txt
+    log=$out/$bench.$label.$round.txt
     if [ "$label" = native ]; then
       # shellcheck disable=SC2086 # args is a list
-      timeout 120 "$build/bench/launch_latency" $args >"$log" 2>&1
+      timeout 300 "$build/bench/$bench" $args >"$log" 2>&1
     else
       start_daemon "${daemon_args[@]+"${daemon_args[@]}"}" || continue
       # shellcheck disable=SC2086 # args is a list
       env "${client_env[@]+"${client_env[@]}"}" LD_PRELOAD="$build/libshim/libmpsshim.so" \
-        CUDA_MPS_PIPE_DIRECTORY="$rt" timeout 120 "$build/bench/launch_latency" $args >"$log" 2>&1
+        CUDA_MPS_PIPE_DIRECTORY="$rt" timeout 300 "$build/bench/$bench" $args >"$log" 2>&1
       stop_daemon
     fi
-    # The result line: "launch_latency: PASS launch_cpu_us=... launch_stream_sync_us=...".
-    for figure in launch_cpu_us launch_stream_sync_us launch_ctx_sync_us ctx_sync_idle_us; do
-      value=$(grep -o "$figure=[0-9.]*" "$log" | tail -1 | cut -d= -f2)
-      echo "$round,$label,$figure,${value:-nan}" >>"$csv"
-    done
+    # The program's CSV lines: benchmark,metric,size_bytes,value,unit.
+    awk -F, -v bench="$bench" -v round="$round" -v label="$label" -v keep="$figures" '
+      $1 == bench && NF == 5 && $4 ~ /^[0-9.]+$/ {
+        figure = $3 == 0 ? $2 : $2 "@" $3
+        if (figure ~ keep) { print round "," label "," figure "," $4; found = 1 }
+      }
+      END { if (!found) print round "," label ",no_result,nan" }' "$log" >>"$csv"
   done
 done
 
