@@ -41,6 +41,7 @@ SupervisorConfig with_server_tuning(SupervisorConfig config, const DaemonOptions
   config.server_launch_batch_ramp = options.server_launch_batch_ramp;
   config.server_busy_time = options.server_busy_time;
   config.server_host_fences = options.server_host_fences;
+  config.server_share_images = options.server_share_images;
   config.server_event_poll_us = options.server_event_poll_us;
   config.server_spin_clients = options.server_spin_clients;
   config.client_limits = options.client_limits;

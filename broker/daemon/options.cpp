@@ -37,6 +37,7 @@ enum LongOnly : int {
   kServerLaunchBatchMin,
   kBusyTime,
   kHostFences,
+  kShareImages,
   kLaunchBatchRamp,
   kEventPoll,
   kSpinClients,
@@ -141,6 +142,9 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
   --host-fences on|off  whether every GPU's server learns that a client's work finished from a
                        word the GPU writes into host memory, instead of polling events (default
                        on; see docs/daemon.md)
+  --share-images on|off  whether a GPU's server loads a library image once for every client that
+                       sends the same bytes (default on; only images without __device__,
+                       __constant__ or __managed__ variables; see docs/daemon.md)
   --event-poll-us N    how often a server asks the driver whether the work a synchronize waits
                        for finished, where no host fence tells it, in microseconds (default 0:
                        on every pass of the client's worker; docs/daemon.md)
@@ -195,6 +199,7 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
       {"server-launch-batch-min", required_argument, nullptr, kServerLaunchBatchMin},
       {"busy-time", required_argument, nullptr, kBusyTime},
       {"host-fences", required_argument, nullptr, kHostFences},
+      {"share-images", required_argument, nullptr, kShareImages},
       {"launch-batch-ramp", required_argument, nullptr, kLaunchBatchRamp},
       {"event-poll-us", required_argument, nullptr, kEventPoll},
       {"spin-clients", required_argument, nullptr, kSpinClients},
@@ -356,6 +361,14 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
           return tl::unexpected(fmt::format("--host-fences {}: expected on or off", value));
         }
         options.server_host_fences = value == "on";
+        break;
+      }
+      case kShareImages: {
+        const std::string_view value = arg;
+        if (value != "on" && value != "off") {
+          return tl::unexpected(fmt::format("--share-images {}: expected on or off", value));
+        }
+        options.server_share_images = value == "on";
         break;
       }
       case kLaunchBatching: {

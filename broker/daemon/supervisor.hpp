@@ -63,6 +63,7 @@ struct SupervisorConfig {
   std::optional<int> server_launch_batch_ramp{};       // passed as --launch-batch-ramp
   bool server_busy_time = false;                       // passed as --busy-time on
   bool server_host_fences = true;                      // false: passed as --host-fences off
+  bool server_share_images = true;                     // false: passed as --share-images off
   std::optional<int> server_event_poll_us{};           // passed as --event-poll-us
   std::optional<int> server_spin_clients{};            // passed as --spin-clients
   bool server_priority_scheduling = true;              // false: passed as --priority-scheduling off

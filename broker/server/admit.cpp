@@ -76,6 +76,7 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
     return;
   }
   auto session = std::make_unique<Session>(gpu_, green_pool_, ipc_, info);
+  session->set_image_cache(&images_);
   Session& s = *session;
   auto fail = [&](CUresult error, const std::string& why) {
     log_error("could not admit {}: {}", s.who(), why);

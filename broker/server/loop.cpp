@@ -123,6 +123,11 @@ Server::~Server() {
       "green contexts: {} created, {} reused from the pool, {} destroyed; {} kept at the end "
       "(at most {})",
       pool.created, pool.reused, pool.destroyed, pool.idle, pool.capacity);
+  const ImageCacheStats images = images_.stats();
+  log_info(
+      "library images: {} loaded to share, {} loads answered by a shared one ({} not loaded "
+      "again), {} loaded for one client alone",
+      images.loads, images.hits, format_bytes(images.hit_bytes), images.private_loads);
 }
 
 void Server::wake() {

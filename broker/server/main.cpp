@@ -99,6 +99,7 @@ int main(int argc, char** argv) {
   settings.launch_batch.ramp_last = options->launch_batch_ramp;
   settings.busy_time = options->busy_time;
   settings.host_fences = options->host_fences;
+  settings.share_images = options->share_images;
   settings.event_poll = std::chrono::microseconds(options->event_poll_us);
   // Each spinning client holds a CPU; so does each busy worker.
   settings.spin_clients = options->spin_clients >= 0

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "broker/server/handle_table.hpp"
+#include "broker/server/image_cache.hpp"
 #include "broker/server/ipc_registry.hpp"
 #include "broker/server/kernel_params.hpp"
 #include "proto/ops_vmm.hpp"
@@ -73,6 +74,9 @@ struct ModuleObj {
 struct LibraryObj {
   CUlibrary library = nullptr;
   std::uint64_t ctx = 0;
+  // Set when other sessions may use the same library (image_cache.hpp): `library` is its
+  // library, unloaded when the last holder lets go, never by this session alone.
+  std::shared_ptr<SharedLibrary> shared;
 };
 
 struct FunctionObj {

@@ -23,18 +23,48 @@ OpResult op_function_get_attribute(Call& call) {
   return call.reply(proto::AttributeRep{value, 0});
 }
 
+namespace {
+
+// Whether a function or kernel handle comes from a library other sessions may use too
+// (image_cache.hpp): its attributes are then the driver's one setting for all of them.
+bool from_shared_library(Session& session, std::uint64_t handle) {
+  std::uint64_t library = 0;
+  if (const KernelObj* k = session.objects.get<KernelObj>(handle)) {
+    library = k->library;
+  } else if (const FunctionObj* f = session.objects.get<FunctionObj>(handle)) {
+    if (const KernelObj* owner = session.objects.get<KernelObj>(f->owner)) {
+      library = owner->library;
+    } else if (const ModuleObj* module = session.objects.get<ModuleObj>(f->owner)) {
+      library = module->library;
+    }
+  }
+  const LibraryObj* object = library != 0 ? session.objects.get<LibraryObj>(library) : nullptr;
+  return object != nullptr && object->shared != nullptr;
+}
+
+}  // namespace
+
 OpResult op_function_set_attribute(Call& call) {
   auto req = call.request<proto::AttributeReq>();
   Session& session = call.session;
   auto attribute = static_cast<CUfunction_attribute>(req.attribute);
-  if (const FunctionObj* f = session.objects.get<FunctionObj>(req.handle)) {
-    return call.done(call.cu.cuFuncSetAttribute(f->function, attribute, req.value));
+  const FunctionObj* f = session.objects.get<FunctionObj>(req.handle);
+  const KernelObj* k = f == nullptr ? session.objects.get<KernelObj>(req.handle) : nullptr;
+  if (f == nullptr && k == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  // A shared library's dynamic shared-memory allowance only grows: a session that sets less
+  // than another one did must not make the other's launches fail. (A launch over this session's
+  // own setting but under another's then runs where the driver would have refused it.)
+  if (attribute == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES && req.value >= 0 &&
+      from_shared_library(session, req.handle)) {
+    int current = 0;
+    CUresult r = f != nullptr ? call.cu.cuFuncGetAttribute(&current, attribute, f->function)
+                              : call.cu.cuKernelGetAttribute(&current, attribute, k->kernel,
+                                                             session.gpu().device);
+    if (r == CUDA_SUCCESS && req.value <= current) return call.done(CUDA_SUCCESS);
   }
-  if (const KernelObj* k = session.objects.get<KernelObj>(req.handle)) {
-    return call.done(
-        call.cu.cuKernelSetAttribute(attribute, req.value, k->kernel, session.gpu().device));
-  }
-  return call.done(CUDA_ERROR_INVALID_HANDLE);
+  if (f != nullptr) return call.done(call.cu.cuFuncSetAttribute(f->function, attribute, req.value));
+  return call.done(
+      call.cu.cuKernelSetAttribute(attribute, req.value, k->kernel, session.gpu().device));
 }
 
 OpResult op_function_set_cache_config(Call& call) {

@@ -11,6 +11,8 @@
 
 #include "broker/server/client_socket.hpp"
 #include "broker/server/image.hpp"
+#include "broker/server/image_cache.hpp"
+#include "broker/server/image_globals.hpp"
 #include "broker/server/limit_check.hpp"
 #include "broker/server/log.hpp"
 #include "broker/server/ops.hpp"
@@ -95,6 +97,60 @@ OpResult bad_name(Call& call, const proto::NamedLookupReq& req) {
       fmt::format("a lookup names {} bytes of name that the record does not hold", req.name_bytes));
 }
 
+// A library image: the library another session loaded from the same bytes, or a new load,
+// shared with later sessions when nothing in it could carry one session's state to another
+// (image_cache.hpp, image_globals.hpp). `code` is what the driver is given (`bytes`, or the
+// wrapper of a device-linked program over them).
+CUresult load_library(Call& call, std::span<const std::byte> bytes, std::uint32_t containers,
+                      const void* code, LibraryObj& out) {
+  ImageCache* cache = call.session.image_cache();
+  const bool sharing = cache != nullptr && cache->enabled();
+  ImageDigest digest{};
+  if (sharing) {
+    digest = digest_image(bytes, containers);
+    if (std::shared_ptr<SharedLibrary> live = cache->find(digest)) {
+      out.library = live->library();
+      out.shared = std::move(live);
+      return CUDA_SUCCESS;
+    }
+  }
+  CUlibrary library = nullptr;
+  if (CUresult r =
+          call.cu.cuLibraryLoadData(&library, code, nullptr, nullptr, 0, nullptr, nullptr, 0);
+      r != CUDA_SUCCESS) {
+    return r;
+  }
+  out.library = library;
+  if (!sharing) return CUDA_SUCCESS;
+  if (cache->known_private(digest)) {
+    cache->count_private_load();
+    return CUDA_SUCCESS;
+  }
+  // 0 and 1 both mean one image (a container, a cubin or PTX); more, a device-linked program.
+  if (GlobalsScan scan = scan_image_globals(bytes, std::max<std::uint32_t>(containers, 1));
+      !scan.shareable) {
+    log_debug("{}: a library image of {} is loaded for this client alone: {}", call.session.who(),
+              format_bytes(bytes.size()), scan.reason);
+    cache->remember_private(digest);
+    cache->count_private_load();
+    return CUDA_SUCCESS;
+  }
+  // If another session published the same bytes meanwhile, its library is used and this load,
+  // dropped with `fresh`, is unloaded.
+  auto fresh = std::make_shared<SharedLibrary>(call.cu, library, digest, *cache, bytes.size());
+  out.shared = cache->publish(digest, std::move(fresh));
+  out.library = out.shared->library();
+  return CUDA_SUCCESS;
+}
+
+// A compiler string literal of a library other sessions share: its address is not handed out,
+// so no session can rewrite another's assert or printf text (image_globals.hpp).
+bool shared_string_literal(Session& session, std::uint64_t library_id, const std::string& name) {
+  const LibraryObj* library =
+      library_id != 0 ? session.objects.get<LibraryObj>(library_id) : nullptr;
+  return library != nullptr && library->shared != nullptr && is_string_literal_name(name);
+}
+
 const char* kind_name(proto::ImageKind kind) {
   return kind == proto::ImageKind::kLibrary ? "library" : "module";
 }
@@ -171,13 +227,15 @@ OpResult op_image_load(Call& call) {
     id = session.objects.insert(ModuleObj{module, req.ctx, 0});
     if (id == 0) cu.cuModuleUnload(module);
   } else {
-    CUlibrary library = nullptr;
-    if (CUresult r = cu.cuLibraryLoadData(&library, code, nullptr, nullptr, 0, nullptr, nullptr, 0);
+    LibraryObj library{nullptr, req.ctx, nullptr};
+    if (CUresult r = load_library(call, image.bytes(), req.containers, code, library);
         r != CUDA_SUCCESS) {
       return call.done(r);
     }
-    id = session.objects.insert(LibraryObj{library, req.ctx});
-    if (id == 0) cu.cuLibraryUnload(library);
+    const CUlibrary loaded = library.library;
+    const bool shared = library.shared != nullptr;
+    id = session.objects.insert(std::move(library));
+    if (id == 0 && !shared) cu.cuLibraryUnload(loaded);
   }
   if (id == 0) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   return call.reply(proto::ImageLoadRep{id});
@@ -266,6 +324,9 @@ OpResult op_module_get_global(Call& call) {
   Session& session = call.session;
   const ModuleObj* module = session.objects.get<ModuleObj>(req.handle);
   if (module == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  if (shared_string_literal(session, module->library, *name)) {
+    return call.done(CUDA_ERROR_NOT_FOUND);
+  }
   CUdeviceptr dptr = 0;
   std::size_t bytes = 0;
   if (CUresult r = call.cu.cuModuleGetGlobal_v2(&dptr, &bytes, module->module, name->c_str());
@@ -331,6 +392,7 @@ OpResult op_library_get_global(Call& call) {
   Session& session = call.session;
   const LibraryObj* library = session.objects.get<LibraryObj>(req.handle);
   if (library == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  if (shared_string_literal(session, req.handle, *name)) return call.done(CUDA_ERROR_NOT_FOUND);
   CUdeviceptr dptr = 0;
   std::size_t bytes = 0;
   if (CUresult r = call.cu.cuLibraryGetGlobal(&dptr, &bytes, library->library, name->c_str());

@@ -84,6 +84,11 @@ tl::expected<Options, std::string> parse_options(std::span<const char* const> ar
         return tl::unexpected(fmt::format("--host-fences {}: expected on or off", value));
       }
       options.host_fences = value == "on";
+    } else if (flag == "--share-images") {
+      if (value != "on" && value != "off") {
+        return tl::unexpected(fmt::format("--share-images {}: expected on or off", value));
+      }
+      options.share_images = value == "on";
     } else if (flag == "--priority-scheduling") {
       if (value != "on" && value != "off") {
         return tl::unexpected(fmt::format("--priority-scheduling {}: expected on or off", value));

@@ -2,7 +2,7 @@
 //   mpsshim-server --device N --control-fd FD [--driver PATH] [--log-level LEVEL]
 //                  [--default-sm-percentage P] [--default-memory-limit BYTES] [--workers N]
 //                  [--launch-batch N] [--launch-batch-min N] [--launch-batch-ramp N|on|off]
-//                  [--host-fences on|off]
+//                  [--host-fences on|off] [--share-images on|off]
 //                  [--context-idle-timeout SECS] [--priority-scheduling on|off]
 //                  [--priority-max-hold-us N] [--priority-fence-poll-us N] [--priority-run-ahead N]
 //                  [--priority-reserve-sms N|P%]
@@ -45,6 +45,8 @@ struct Options {
   std::size_t launch_batch_ramp = LaunchBatchSettings{}.ramp_last;
   bool busy_time = false;   // --busy-time on: GPU busy time per client (busy_time.hpp)
   bool host_fences = true;  // --host-fences off: completions poll events (host_fences.hpp)
+  bool share_images =
+      true;  // --share-images off: every library loaded per session (image_cache.hpp)
   long event_poll_us = kDefaultEventPoll.count();  // --event-poll-us N (0: every pass)
   // --spin-clients N: clients whose waiting threads may spin (ServerSettings::spin_clients);
   // -1: half the CPUs the server may run on.
@@ -69,7 +71,7 @@ inline constexpr const char* kUsage =
     "usage: mpsshim-server --device N --control-fd FD [--driver PATH] "
     "[--log-level error|warn|info|debug] [--default-sm-percentage P] [--launch-batch N] "
     "[--launch-batch-min N] [--launch-batch-ramp N|on|off] [--busy-time on|off] "
-    "[--host-fences on|off] [--event-poll-us N] "
+    "[--host-fences on|off] [--share-images on|off] [--event-poll-us N] "
     "[--spin-clients N] "
     "[--default-memory-limit BYTES] [--workers N] "
     "[--context-idle-timeout SECS] [--priority-scheduling on|off] [--priority-max-hold-us N] "

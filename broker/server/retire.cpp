@@ -95,7 +95,7 @@ void free_retired(Session& session, Retired& bundle, FreedTally* tally) {
   }
   if (tally != nullptr) {
     tally->modules += bundle.modules.size();
-    tally->libraries += bundle.libraries.size();
+    tally->libraries += bundle.libraries.size() + bundle.shared_libraries.size();
     tally->allocations += bundle.allocations.size();
     for (const DeviceRange& a : bundle.allocations) tally->allocation_bytes += a.bytes;
     tally->regions += bundle.regions.size();
@@ -107,6 +107,7 @@ void free_retired(Session& session, Retired& bundle, FreedTally* tally) {
   bundle.arrays.clear();
   bundle.modules.clear();
   bundle.libraries.clear();
+  bundle.shared_libraries.clear();  // the last holder's drop unloads
   bundle.allocations.clear();
   bundle.regions.clear();
   bundle.graph_execs.clear();
@@ -135,7 +136,11 @@ void forget_library(Session& session, std::uint64_t library_id, Retired& bundle)
     forget_module(session, id, bundle);
   }
   forget_globals_of(session, library_id);
-  bundle.libraries.push_back(library->library);
+  if (library->shared) {
+    bundle.shared_libraries.push_back(std::move(library->shared));
+  } else {
+    bundle.libraries.push_back(library->library);
+  }
 }
 
 void destroy_stream(Session& session, std::uint64_t stream_id) {

@@ -23,6 +23,7 @@
 #include "broker/server/green_context_pool.hpp"
 #include "broker/server/heap_trim.hpp"
 #include "broker/server/idle_strategy.hpp"
+#include "broker/server/image_cache.hpp"
 #include "broker/server/ipc_registry.hpp"
 #include "broker/server/session.hpp"
 #include "broker/server/worker.hpp"
@@ -66,6 +67,9 @@ struct ServerSettings {
   // their waiting threads sleep after a short spin instead of yielding the CPUs the workers
   // need (libshim/wait_policy.hpp; mpsshim-server --spin-clients). main() sets half the CPUs.
   std::size_t spin_clients = SIZE_MAX;
+  // Library images without device variables are loaded once for every session that sends the
+  // same bytes (image_cache.hpp; mpsshim-server --share-images).
+  bool share_images = true;
 };
 
 // The process exit code after a sticky GPU fault: the daemon starts a fresh server.
@@ -107,6 +111,8 @@ class Server final {
   GreenContextPoolFigures green_context_pool() const { return green_pool_.figures(); }
   // The interprocess handles of its clients (tests: entries back to 0 once they are gone).
   IpcRegistry& ipc_registry() { return ipc_; }
+  // Libraries loaded once for several sessions (tests, `mpsshimctl stats`, the log at exit).
+  ImageCache& image_cache() { return images_; }
   bool context_held() const { return lease_.held(); }
   const ServerSettings& settings() const { return settings_; }
   std::size_t session_count() const;
@@ -186,6 +192,8 @@ class Server final {
   // The interprocess handles of this server's clients, shared by every worker (its own mutex;
   // ipc_registry.hpp). Declared before the sessions' owners: it outlives every session.
   IpcRegistry ipc_{gpu_.ordinal};
+  // Libraries shared between sessions (image_cache.hpp): outlives every session, which hold them.
+  ImageCache images_{settings_.share_images};
   ContextLease lease_{gpu_, green_pool_, settings_.context_idle_timeout};
   proto::UniqueFd control_;
   proto::UniqueFd epoll_;

@@ -123,6 +123,8 @@ struct Retired {
   std::size_t fences_done = 0;
   std::vector<CUmodule> modules;
   std::vector<CUlibrary> libraries;
+  // Shared libraries (image_cache.hpp): dropping the last reference unloads.
+  std::vector<std::shared_ptr<SharedLibrary>> shared_libraries;
   std::vector<DeviceRange> allocations;
   std::vector<HostRegionObj> regions;
   std::vector<TexObj> textures;  // destroyed before the arrays they may sample
@@ -168,6 +170,9 @@ class Session {
   GreenContextPool& green_pool() const { return *green_pool_; }
   // The server's interprocess handles (ipc_registry.hpp), shared with its other sessions.
   IpcRegistry& ipc() const { return *ipc_; }
+  // The server's shared libraries (image_cache.hpp); null: every image loaded for this session.
+  ImageCache* image_cache() const { return images_; }
+  void set_image_cache(ImageCache* images) { images_ = images; }
 
   // "client 3 (pid 4123, vector_add)"
   std::string who() const;
@@ -356,6 +361,7 @@ class Session {
   const Gpu* gpu_;
   GreenContextPool* green_pool_;
   IpcRegistry* ipc_;
+  ImageCache* images_ = nullptr;
 };
 
 // The client's green context current for a call that takes the current context (graph

@@ -1,0 +1,112 @@
+#include "broker/server/image_cache.hpp"
+
+#include <openssl/evp.h>
+
+#include <cstring>
+
+#include "broker/server/driver_table.hpp"
+#include "broker/server/log.hpp"
+
+namespace mpsshim::server {
+
+ImageDigest digest_image(std::span<const std::byte> image, std::uint32_t containers) {
+  ImageDigest digest{};
+  EVP_MD_CTX* context = EVP_MD_CTX_new();
+  unsigned int length = 0;
+  const bool ok = context != nullptr && EVP_DigestInit_ex(context, EVP_sha256(), nullptr) == 1 &&
+                  EVP_DigestUpdate(context, &containers, sizeof containers) == 1 &&
+                  EVP_DigestUpdate(context, image.data(), image.size()) == 1 &&
+                  EVP_DigestFinal_ex(context, digest.data(), &length) == 1 &&
+                  length == digest.size();
+  EVP_MD_CTX_free(context);
+  // Without a digest nothing may be shared: an all-zero digest is never published (below).
+  if (!ok) digest.fill(0);
+  return digest;
+}
+
+namespace {
+
+bool usable(const ImageDigest& digest) {
+  for (std::uint8_t b : digest) {
+    if (b != 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+SharedLibrary::SharedLibrary(const DriverTable& cu, CUlibrary library, const ImageDigest& digest,
+                             ImageCache& cache, std::uint64_t bytes)
+    : cu_(cu), library_(library), digest_(digest), cache_(cache), bytes_(bytes) {}
+
+SharedLibrary::~SharedLibrary() {
+  cache_.forget(digest_);
+  if (CUresult r = cu_.cuLibraryUnload(library_); r != CUDA_SUCCESS) {
+    log_warn("cuLibraryUnload of a shared library failed: error {}", static_cast<int>(r));
+  }
+}
+
+std::size_t ImageCache::DigestHash::operator()(const ImageDigest& d) const {
+  std::size_t h;
+  std::memcpy(&h, d.data(), sizeof h);  // a SHA-256 is uniform already
+  return h;
+}
+
+std::shared_ptr<SharedLibrary> ImageCache::find(const ImageDigest& digest) {
+  if (!enabled_ || !usable(digest)) return nullptr;
+  std::lock_guard lock(mutex_);
+  auto it = entries_.find(digest);
+  if (it == entries_.end()) return nullptr;
+  std::shared_ptr<SharedLibrary> live = it->second.lock();
+  if (live) {
+    ++counts_.hits;
+    counts_.hit_bytes += live->bytes();
+  }
+  return live;
+}
+
+std::shared_ptr<SharedLibrary> ImageCache::publish(const ImageDigest& digest,
+                                                   std::shared_ptr<SharedLibrary> fresh) {
+  if (!enabled_ || !usable(digest)) return fresh;
+  std::lock_guard lock(mutex_);
+  std::weak_ptr<SharedLibrary>& entry = entries_[digest];
+  if (std::shared_ptr<SharedLibrary> live = entry.lock()) {
+    ++counts_.hits;
+    counts_.hit_bytes += live->bytes();
+    return live;
+  }
+  entry = fresh;
+  ++counts_.loads;
+  return fresh;
+}
+
+bool ImageCache::known_private(const ImageDigest& digest) {
+  std::lock_guard lock(mutex_);
+  return known_private_.contains(digest);
+}
+
+void ImageCache::remember_private(const ImageDigest& digest) {
+  if (!usable(digest)) return;
+  std::lock_guard lock(mutex_);
+  if (known_private_.size() >= kMaxKnownPrivate) known_private_.clear();
+  known_private_.insert(digest);
+}
+
+void ImageCache::forget(const ImageDigest& digest) {
+  std::lock_guard lock(mutex_);
+  auto it = entries_.find(digest);
+  // Expired: it named the library being unloaded (or an older one). Live: a session published a
+  // newer load of the same bytes after the last holder let go of this one; keep it.
+  if (it != entries_.end() && it->second.expired()) entries_.erase(it);
+}
+
+ImageCacheStats ImageCache::stats() {
+  std::lock_guard lock(mutex_);
+  ImageCacheStats out = counts_;
+  out.private_loads = private_loads_.load(std::memory_order_relaxed);
+  out.live = 0;
+  for (const auto& [digest, entry] : entries_) out.live += entry.expired() ? 0 : 1;
+  return out;
+}
+
+}  // namespace mpsshim::server

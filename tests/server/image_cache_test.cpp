@@ -1,0 +1,208 @@
+// broker/server/image_cache: one library per distinct image, unloaded by whoever lets go last;
+// and through the server, sessions sending the same bytes share one driver library, images
+// with device variables do not.
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "broker/server/driver_table.hpp"
+#include "broker/server/image_cache.hpp"
+#include "tests/server/fatbin_builder.hpp"
+#include "tests/server/harness.hpp"
+
+namespace mpsshim::server::test {
+namespace {
+
+int unloads = 0;
+
+DriverTable counting_driver() {
+  DriverTable cu{};
+  cu.cuLibraryUnload = [](CUlibrary) {
+    ++unloads;
+    return CUDA_SUCCESS;
+  };
+  return cu;
+}
+
+CUlibrary fake_library(std::uintptr_t n) {
+  return reinterpret_cast<CUlibrary>(n);
+}
+
+std::span<const std::byte> bytes_of(const char* text) {
+  return {reinterpret_cast<const std::byte*>(text), std::strlen(text)};
+}
+
+}  // namespace
+
+TEST_CASE("the image digest tells bytes and container counts apart", "[image_cache]") {
+  const ImageDigest a = digest_image(bytes_of("abc"), 1);
+  CHECK(a == digest_image(bytes_of("abc"), 1));
+  CHECK(a != digest_image(bytes_of("abd"), 1));
+  CHECK(a != digest_image(bytes_of("abc"), 2));
+  CHECK(a != ImageDigest{});
+}
+
+TEST_CASE("a published library is found until its last holder lets go, then unloaded once",
+          "[image_cache]") {
+  unloads = 0;
+  DriverTable cu = counting_driver();
+  ImageCache cache(true);
+  const ImageDigest digest = digest_image(bytes_of("image"), 1);
+  CHECK(cache.find(digest) == nullptr);
+
+  auto first = cache.publish(
+      digest, std::make_shared<SharedLibrary>(cu, fake_library(1), digest, cache, 100));
+  REQUIRE(first != nullptr);
+  auto second = cache.find(digest);
+  CHECK(second == first);
+  CHECK(cache.stats().hits == 1);
+  CHECK(cache.stats().hit_bytes == 100);
+  CHECK(cache.stats().live == 1);
+
+  first.reset();
+  CHECK(unloads == 0);
+  second.reset();
+  CHECK(unloads == 1);
+  CHECK(cache.find(digest) == nullptr);
+  CHECK(cache.stats().live == 0);
+
+  // The same bytes again: a new load is published in its place.
+  auto again = cache.publish(
+      digest, std::make_shared<SharedLibrary>(cu, fake_library(2), digest, cache, 100));
+  CHECK(again->library() == fake_library(2));
+  CHECK(cache.stats().loads == 2);
+}
+
+TEST_CASE("two sessions loading the same bytes at once keep one library", "[image_cache]") {
+  unloads = 0;
+  DriverTable cu = counting_driver();
+  ImageCache cache(true);
+  const ImageDigest digest = digest_image(bytes_of("image"), 1);
+  auto winner = cache.publish(
+      digest, std::make_shared<SharedLibrary>(cu, fake_library(1), digest, cache, 10));
+  // The second load finished after the first was published: it gets the first, and its own
+  // library is unloaded when the caller drops it, without taking the entry with it.
+  auto loser = std::make_shared<SharedLibrary>(cu, fake_library(2), digest, cache, 10);
+  auto got = cache.publish(digest, loser);
+  CHECK(got == winner);
+  loser.reset();
+  CHECK(unloads == 1);
+  CHECK(cache.find(digest) == winner);
+}
+
+TEST_CASE("with sharing off nothing is found or kept", "[image_cache]") {
+  unloads = 0;
+  DriverTable cu = counting_driver();
+  ImageCache cache(false);
+  const ImageDigest digest = digest_image(bytes_of("image"), 1);
+  auto fresh = std::make_shared<SharedLibrary>(cu, fake_library(1), digest, cache, 10);
+  CHECK(cache.publish(digest, fresh) == fresh);
+  CHECK(cache.find(digest) == nullptr);
+  fresh.reset();
+  CHECK(unloads == 1);
+}
+
+TEST_CASE("images found unfit for sharing are remembered, within a bound", "[image_cache]") {
+  ImageCache cache(true);
+  const ImageDigest digest = digest_image(bytes_of("with globals"), 1);
+  CHECK_FALSE(cache.known_private(digest));
+  cache.remember_private(digest);
+  CHECK(cache.known_private(digest));
+  for (std::size_t i = 0; i < ImageCache::kMaxKnownPrivate; ++i) {
+    const std::string text = "image " + std::to_string(i);
+    cache.remember_private(digest_image(bytes_of(text.c_str()), 1));
+  }
+  CHECK_FALSE(cache.known_private(digest));  // forgotten with the rest at the bound
+}
+
+TEST_CASE("concurrent finds, publishes and drops unload every library exactly once",
+          "[image_cache]") {
+  std::atomic<int> loads{0};
+  static std::atomic<int> concurrent_unloads{0};
+  concurrent_unloads = 0;
+  DriverTable cu{};
+  cu.cuLibraryUnload = [](CUlibrary) {
+    concurrent_unloads.fetch_add(1);
+    return CUDA_SUCCESS;
+  };
+  ImageCache cache(true);
+  std::vector<ImageDigest> digests;
+  for (int i = 0; i < 4; ++i) {
+    const std::string text = "image " + std::to_string(i);
+    digests.push_back(digest_image(bytes_of(text.c_str()), 1));
+  }
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 2000; ++i) {
+        const ImageDigest& digest = digests[(i + t) % digests.size()];
+        std::shared_ptr<SharedLibrary> held = cache.find(digest);
+        if (!held) {
+          const int n = loads.fetch_add(1) + 1;
+          held = cache.publish(
+              digest, std::make_shared<SharedLibrary>(
+                          cu, fake_library(static_cast<std::uintptr_t>(n)), digest, cache, 1));
+        }
+        REQUIRE(held != nullptr);
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  CHECK(concurrent_unloads.load() == loads.load());
+  CHECK(cache.stats().live == 0);
+}
+
+TEST_CASE("sessions sending the same library image share one driver library",
+          "[server][image_cache]") {
+  Harness h;
+  const auto clean = fatbin_with_elf_entry({".text.k", ".nv.info.k", ".nv.constant0.k"});
+  const auto with_globals = fatbin_with_elf_entry({".text.k", ".nv.global"});
+  TestClient a(h), b(h);
+  auto ctx_a = a.create_context();
+  auto ctx_b = b.create_context();
+  const int before = fake_gpu().libraries_live;
+
+  auto load = [&](TestClient& client, std::uint64_t ctx, const std::vector<std::byte>& image,
+                  std::uint32_t token) {
+    client.send_memfd(proto::MessageKind::kModuleImage, token, image.size(), image);
+    auto reply = client.call(
+        proto::Op::kImageLoad,
+        proto::ImageLoadReq{ctx, image.size(), token, proto::ImageKind::kLibrary, 0, 0});
+    REQUIRE(reply.result == CUDA_SUCCESS);
+    return reply.as<proto::ImageLoadRep>().handle;
+  };
+  const std::uint64_t lib_a = load(a, ctx_a.ctx, clean, 1);
+  load(b, ctx_b.ctx, clean, 1);
+  CHECK(fake_gpu().libraries_live == before + 1);
+  load(a, ctx_a.ctx, with_globals, 2);
+  load(b, ctx_b.ctx, with_globals, 2);
+  CHECK(fake_gpu().libraries_live == before + 3);
+  CHECK(h.server->image_cache().stats().hits == 1);
+  CHECK(h.server->image_cache().stats().private_loads == 2);
+
+  // A shared library's string literals have no address for anyone; its other symbols do.
+  auto global = [&](const std::string& name) {
+    std::vector<std::byte> bytes(name.size());
+    std::memcpy(bytes.data(), name.data(), name.size());
+    return a
+        .call(proto::Op::kLibraryGetGlobal,
+              proto::NamedLookupReq{lib_a, static_cast<std::uint32_t>(name.size()), 0}, bytes)
+        .result;
+  };
+  CHECK(global("$str$1") == CUDA_ERROR_NOT_FOUND);
+  CHECK(global("__unnamed_1") == CUDA_ERROR_NOT_FOUND);
+  CHECK(global("table") == CUDA_SUCCESS);
+
+  // The first session's unload leaves the library to the second; the second's end frees it.
+  CHECK(a.call(proto::Op::kLibraryUnload, proto::HandleReq{lib_a}).result == CUDA_SUCCESS);
+  h.pump();
+  CHECK(fake_gpu().libraries_live == before + 3);
+  b.hang_up();
+  CHECK(h.pump_until([&] { return fake_gpu().libraries_live == before + 1; }));
+  a.hang_up();
+  CHECK(h.pump_until([&] { return fake_gpu().libraries_live == before; }));
+  CHECK(h.server->image_cache().stats().live == 0);
+}
+
+}  // namespace mpsshim::server::test
