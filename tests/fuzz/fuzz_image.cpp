@@ -1,6 +1,8 @@
 // libFuzzer target: the server's reading of module images a client sent (broker/server/image.hpp):
 // image_extent on the bytes, and split_containers into a count the first 4 bytes choose. Found
-// containers must tile the bytes exactly
+// containers must tile the bytes exactly. Then whether the image may be shared between sessions
+// (image_globals.hpp: containers, entries, LZ4/Zstandard payloads, ELF sections and symbols, PTX
+// text): a shareable verdict never comes with a reason, a refusal always does
 // (docs/testing.md, "Fuzzing").
 #include <cstdint>
 #include <cstdio>
@@ -9,6 +11,7 @@
 #include <span>
 
 #include "broker/server/image.hpp"
+#include "broker/server/image_globals.hpp"
 
 namespace {
 
@@ -43,5 +46,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     check(at == image.data() + image.size(), "the containers do not cover the image");
   }
+  const GlobalsScan scan = scan_image_globals(image, count);
+  check(scan.shareable == scan.reason.empty(), "a verdict and its reason disagree");
   return 0;
 }
