@@ -158,8 +158,8 @@ TEST_CASE("concurrent finds, publishes and drops unload every library exactly on
 TEST_CASE("sessions sending the same library image share one driver library",
           "[server][image_cache]") {
   Harness h;
-  const auto clean = fatbin_with_elf_entry({".text.k", ".nv.info.k", ".nv.constant0.k"});
-  const auto with_globals = fatbin_with_elf_entry({".text.k", ".nv.global"});
+  const auto clean = make_container({{kElf, clean_elf()}});
+  const auto with_globals = make_container({{kElf, elf_with(".nv.global", SHT_NOBITS)}});
   TestClient a(h), b(h);
   auto ctx_a = a.create_context();
   auto ctx_b = b.create_context();

@@ -5,8 +5,9 @@
 // with the variable or section named).
 //
 // Build here (it links the server's scanner), run anywhere the libraries are:
-//   g++ -O2 -std=c++20 -I. tools/probes/image_share_scan.cpp broker/server/image_globals.cpp \
-//     -lzstd -llz4 -o /tmp/iss && /tmp/iss /path/to/libtorch_cuda.so ...
+//   src=tools/probes/image_share_scan.cpp; scanner=broker/server/image_globals.cpp
+//   g++ -O2 -std=c++20 -I. -o /tmp/iss $src $scanner -lzstd -llz4
+//   /tmp/iss /path/to/libtorch_cuda.so ...
 #include <elf.h>
 
 #include <algorithm>

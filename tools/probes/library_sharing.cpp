@@ -8,8 +8,8 @@
 // and the GPU memory in use after each step.
 //
 // Build and run on the GPU machine:
-//   g++ -O2 -std=c++20 -I/usr/local/cuda/include tools/probes/library_sharing.cpp -lcuda \
-//     -o /tmp/ls && /tmp/ls /path/to/libcublasLt.so.12 [every-nth-kernel]
+//   g++ -O2 -std=c++20 -I/usr/local/cuda/include -o /tmp/ls library_sharing.cpp -lcuda
+//   /tmp/ls /path/to/libcublasLt.so.13 [every-nth-kernel]     (in tools/probes/)
 #include <cuda.h>
 #include <elf.h>
 

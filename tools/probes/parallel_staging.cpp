@@ -7,8 +7,8 @@
 // 512 KiB / 2 MiB, 4 in flight) with 1-4 threads copying each piece, in GB/s, median of 7.
 //
 // Build and run on the GPU machine:
-//   g++ -O2 -std=c++20 -pthread -I/usr/local/cuda/include tools/probes/parallel_staging.cpp \
-//     -lcuda -o /tmp/ps && /tmp/ps
+//   g++ -O2 -std=c++20 -pthread -I/usr/local/cuda/include -o /tmp/ps parallel_staging.cpp -lcuda
+//   /tmp/ps            (in tools/probes/)
 #include <cuda.h>
 #include <emmintrin.h>
 #include <sys/mman.h>
@@ -25,25 +25,9 @@
 #include <vector>
 
 #include "must.hpp"
+#include "staging_probe.hpp"
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-void copy_streaming(std::byte* dst, const std::byte* src, std::size_t bytes) {
-  for (; bytes >= 64; bytes -= 64, dst += 64, src += 64) {
-    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
-    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16));
-    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 32));
-    __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 48), d);
-  }
-  std::memcpy(dst, src, bytes);
-  _mm_sfence();
-}
 
 // Helpers spin on a job counter (a probe: the shim's pool parks when idle).
 class Pool {
@@ -94,19 +78,6 @@ class Pool {
   std::size_t bytes_ = 0;
   int ways_ = 1;
 };
-
-template <typename F>
-double gbps(std::size_t bytes, F&& run) {
-  std::vector<double> v;
-  run();  // warm
-  for (int i = 0; i < 7; ++i) {
-    auto t0 = Clock::now();
-    run();
-    v.push_back(bytes / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
-  }
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 }  // namespace
 
