@@ -17,6 +17,7 @@
 #include <immintrin.h>
 #endif
 
+#include "libshim/cpu_budget.hpp"
 #include "libshim/log.hpp"
 #include "proto/futex.hpp"
 
@@ -37,12 +38,7 @@ void cpu_relax() {
 }
 
 int default_threads() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  const int cpus = sched_getaffinity(0, sizeof set, &set) == 0
-                       ? CPU_COUNT(&set)
-                       : static_cast<int>(std::thread::hardware_concurrency());
-  return std::clamp(cpus / 4, 1, 4);
+  return std::clamp(usable_cpus() / 4, 1, 4);
 }
 
 int read_copy_threads() {

@@ -17,7 +17,8 @@
 // late leaves its parts to the others and never delays the copy.
 //
 // MPSSHIM_COPY_THREADS=N: threads per copy, the caller included (1 = no helpers). Default: a
-// quarter of the CPUs this process may run on, at most 4.
+// quarter of the CPUs this process may keep busy (cpu_budget.hpp: its affinity, and its cgroup's
+// CPU quota), at most 4.
 #pragma once
 
 #include <cstddef>
