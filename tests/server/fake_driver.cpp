@@ -453,10 +453,15 @@ DriverTable fake_driver_table() {
     return CUDA_SUCCESS;
   };
   t.cuKernelGetAttribute = [](int* v, CUfunction_attribute attribute, CUkernel, CUdevice) {
-    *v = launch_limit(attribute, 7);
+    *v = attribute == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+             ? fake_gpu().kernel_dynamic_smem
+             : launch_limit(attribute, 7);
     return CUDA_SUCCESS;
   };
-  t.cuKernelSetAttribute = [](CUfunction_attribute, int, CUkernel, CUdevice) {
+  t.cuKernelSetAttribute = [](CUfunction_attribute attribute, int value, CUkernel, CUdevice) {
+    if (attribute == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
+      fake_gpu().kernel_dynamic_smem = value;
+    }
     return CUDA_SUCCESS;
   };
   // Two parameters: a pointer at 0 and an int at 8.

@@ -102,6 +102,10 @@ struct FakeGpu {
   CUmemGenericAllocationHandle next_vmm_handle = 1;
   CUdeviceptr next_reservation = 0x7e0000000000;
 
+  // Kernels' CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (one value for every kernel):
+  // what cuKernelSetAttribute last set, as cuKernelGetAttribute reports it.
+  int kernel_dynamic_smem = 48 * 1024;
+
   void reset() { *this = FakeGpu{}; }
 };
 

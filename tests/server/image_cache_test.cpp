@@ -175,9 +175,9 @@ TEST_CASE("sessions sending the same library image share one driver library",
     return reply.as<proto::ImageLoadRep>().handle;
   };
   const std::uint64_t lib_a = load(a, ctx_a.ctx, clean, 1);
-  load(b, ctx_b.ctx, clean, 1);
+  const std::uint64_t lib_b = load(b, ctx_b.ctx, clean, 1);
   CHECK(fake_gpu().libraries_live == before + 1);
-  load(a, ctx_a.ctx, with_globals, 2);
+  const std::uint64_t own_a = load(a, ctx_a.ctx, with_globals, 2);
   load(b, ctx_b.ctx, with_globals, 2);
   CHECK(fake_gpu().libraries_live == before + 3);
   CHECK(h.server->image_cache().stats().hits == 1);
@@ -195,6 +195,37 @@ TEST_CASE("sessions sending the same library image share one driver library",
   CHECK(global("$str$1") == CUDA_ERROR_NOT_FOUND);
   CHECK(global("__unnamed_1") == CUDA_ERROR_NOT_FOUND);
   CHECK(global("table") == CUDA_SUCCESS);
+
+  // A shared kernel's dynamic shared-memory allowance only grows: b asking for less than a did
+  // must not make a's launches fail. A kernel of a session's own library follows each setting.
+  // (The fake driver names a kernel by its name alone: the private library's is another name.)
+  auto kernel_of = [](TestClient& client, std::uint64_t library, const std::string& name) {
+    std::vector<std::byte> bytes(name.size());
+    std::memcpy(bytes.data(), name.data(), name.size());
+    auto reply = client.call(
+        proto::Op::kLibraryGetKernel,
+        proto::NamedLookupReq{library, static_cast<std::uint32_t>(name.size()), 0}, bytes);
+    REQUIRE(reply.result == CUDA_SUCCESS);
+    return reply.as<proto::FunctionRep>().function;
+  };
+  auto set_smem = [](TestClient& client, std::uint64_t kernel, int bytes) {
+    return client
+        .call(proto::Op::kKernelSetAttribute,
+              proto::AttributeReq{kernel, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes, 0,
+                                  0})
+        .result;
+  };
+  const std::uint64_t kernel_a = kernel_of(a, lib_a, "k");
+  const std::uint64_t kernel_b = kernel_of(b, lib_b, "k");
+  CHECK(set_smem(a, kernel_a, 100 << 10) == CUDA_SUCCESS);
+  CHECK(fake_gpu().kernel_dynamic_smem == 100 << 10);
+  CHECK(set_smem(b, kernel_b, 64 << 10) == CUDA_SUCCESS);
+  CHECK(fake_gpu().kernel_dynamic_smem == 100 << 10);
+  CHECK(set_smem(b, kernel_b, 120 << 10) == CUDA_SUCCESS);
+  CHECK(fake_gpu().kernel_dynamic_smem == 120 << 10);
+  const std::uint64_t own_kernel = kernel_of(a, own_a, "own");
+  CHECK(set_smem(a, own_kernel, 32 << 10) == CUDA_SUCCESS);
+  CHECK(fake_gpu().kernel_dynamic_smem == 32 << 10);
 
   // The first session's unload leaves the library to the second; the second's end frees it.
   CHECK(a.call(proto::Op::kLibraryUnload, proto::HandleReq{lib_a}).result == CUDA_SUCCESS);
