@@ -1,7 +1,6 @@
 #include "libshim/copy_pool.hpp"
 
 #include <pthread.h>
-#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -10,8 +9,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
-#include <string_view>
-#include <thread>
 
 #if defined(__x86_64__)
 #include <immintrin.h>

@@ -1,5 +1,5 @@
-// Libraries loaded once for every session that sends the same bytes. The driver keeps ~4 bytes
-// of host memory for every byte of a library image it loads (cuLibraryLoadData of
+// Libraries loaded once for every session that sends the same bytes. The driver keeps several
+// bytes of host memory for every byte of a library image it loads (cuLibraryLoadData of
 // libtorch_cuda.so's 444 containers, 284 MiB: +1.75 GiB RSS; a second load of the same bytes
 // +1.0 GiB), and a PyTorch client loads thousands of images, so each PyTorch session cost the
 // server ~2 GiB that its own process would have held natively. A green context uses the
