@@ -1,5 +1,5 @@
-# Sourced by the A/B probe scripts (bench_ab.sh, wait_policy_ab.sh): a fresh mpsshimd per
-# mode. Before sourcing, set `build` (a tools/gpu_pack.sh tree), `rt` (the runtime directory
+# Sourced by the probe scripts (bench_ab.sh, wait_policy_ab.sh, concurrent_copies.sh): a fresh
+# mpsshimd per mode. Before sourcing, set `build` (a tools/gpu_pack.sh tree), `rt` (the runtime directory
 # each daemon gets, removed first) and `out` (its log goes to $out/mpsshimd.log). Stops the
 # daemon when the script exits.
 daemon_pid=""
