@@ -5,7 +5,7 @@ usage (on a machine with an NVIDIA GPU, as root for NVIDIA MPS):
 
     python3 bench/harness.py --build-dir build --out bench-results --quick   # < 5 minutes
     python3 bench/harness.py --build-dir build --out bench-results --full    # <= 9 minutes
-      [--modes native,mps,shim,shim-eager,shim-noprio,shim-noreserve]
+      [--modes native,mps,shim,shim-eager,shim-runs,shim-noprio,shim-noreserve]
       [--workloads launch,bandwidth,concurrency,mixed,priority,memory,resnet,scaling]
       [--reps R] [--budget-s S] [--python PYTHON] [--daemon-arg=--log-level=debug ...] [--dry-run]
     python3 bench/harness.py --render RESULTS_DIR --out DIR   # re-render from results.csv/json
@@ -27,6 +27,8 @@ Modes:
           "mpsshimctl --runtime-dir DIR quit"
   shim-eager  mpsshim as above with mpsshimd --launch-batching=off: every kernel launch goes
           out on its own (docs/launch-batching.md), to measure what batching gives
+  shim-runs  mpsshim as above with mpsshimd --launch-batch-graphs=runs: each batch in
+          power-of-two runs, the last few launches eagerly, instead of one padded graph launch
   shim-noreserve  mpsshim as above with mpsshimd --priority-reserve-sms=0: low-priority
           clients are held back but keep every SM (docs/daemon.md), to measure what the SMs
           reserved for high-priority clients give

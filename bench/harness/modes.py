@@ -10,17 +10,21 @@ from .common import log
 
 MODE_LABEL = {"native": "native (time-slicing)", "mps": "NVIDIA MPS", "shim": "mpsshim",
               "shim-eager": "mpsshim, launch batching off",
+              "shim-runs": "mpsshim, batches in power-of-two runs",
               "shim-noprio": "mpsshim, priority scheduling off",
               "shim-noreserve": "mpsshim, no SMs reserved for priority"}
-ALL_MODES = ["native", "mps", "shim", "shim-eager", "shim-noprio", "shim-noreserve"]
+ALL_MODES = ["native", "mps", "shim", "shim-eager", "shim-runs", "shim-noprio", "shim-noreserve"]
 # The mpsshim modes and what each adds to mpsshimd's command line (after --daemon-arg):
 # "shim-eager" measures the daemon's defaults without launch batching, side by side
 # (docs/launch-batching.md).
+# "shim-runs" sends each batch as power-of-two runs, the last few launches eagerly, instead of
+# one padded graph launch (the shape before 2026-11-28; docs/launch-batching.md).
 # "shim-noprio" the same without holding back low-priority clients (docs/daemon.md).
 # "shim-noreserve" holds them back but reserves no SMs for high-priority clients (docs/daemon.md,
 # "SMs reserved for normal-priority clients"): what the reserve gives. Its argument comes after
 # --daemon-arg, so a --daemon-arg=--priority-reserve-sms=N sweep leaves it at 0.
 SHIM_MODES = {"shim": [], "shim-eager": ["--launch-batching=off"],
+              "shim-runs": ["--launch-batch-graphs=runs"],
               "shim-noprio": ["--priority-scheduling=off"],
               "shim-noreserve": ["--priority-reserve-sms=0"]}
 

@@ -39,6 +39,7 @@ SupervisorConfig with_server_tuning(SupervisorConfig config, const DaemonOptions
   config.server_launch_batch = options.server_launch_batch;
   config.server_launch_batch_min = options.server_launch_batch_min;
   config.server_launch_batch_ramp = options.server_launch_batch_ramp;
+  config.server_launch_batch_graphs = options.server_launch_batch_graphs;
   config.server_busy_time = options.server_busy_time;
   config.server_host_fences = options.server_host_fences;
   config.server_share_images = options.server_share_images;

@@ -39,6 +39,7 @@ enum LongOnly : int {
   kHostFences,
   kShareImages,
   kLaunchBatchRamp,
+  kLaunchBatchGraphs,
   kEventPoll,
   kSpinClients,
   kPriorityScheduling,
@@ -137,6 +138,10 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
                        once, its next batches grow from the minimum up to N launches (default
                        on: 8; off: no ramp; not while the server is crowded; see
                        docs/launch-batching.md)
+  --launch-batch-graphs padded|runs|exact  how a batch goes out: padded (default) one graph
+                       launch of the next power-of-two length, its extra nodes disabled; runs:
+                       power-of-two runs, the last few launches one by one; exact: a graph of
+                       the batch's own length (docs/launch-batching.md)
   --busy-time on|off   whether every GPU's server measures each client's GPU busy time with
                        timing events (default off: it costs the launch path; docs/daemon.md)
   --host-fences on|off  whether every GPU's server learns that a client's work finished from a
@@ -201,6 +206,7 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
       {"host-fences", required_argument, nullptr, kHostFences},
       {"share-images", required_argument, nullptr, kShareImages},
       {"launch-batch-ramp", required_argument, nullptr, kLaunchBatchRamp},
+      {"launch-batch-graphs", required_argument, nullptr, kLaunchBatchGraphs},
       {"event-poll-us", required_argument, nullptr, kEventPoll},
       {"spin-clients", required_argument, nullptr, kSpinClients},
       {"priority-scheduling", required_argument, nullptr, kPriorityScheduling},
@@ -353,6 +359,15 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
           if (!n) return tl::unexpected(n.error());
           options.server_launch_batch_ramp = *n;
         }
+        break;
+      }
+      case kLaunchBatchGraphs: {
+        const std::string_view value = arg;
+        if (value != "padded" && value != "runs" && value != "exact") {
+          return tl::unexpected(
+              fmt::format("--launch-batch-graphs {}: expected padded, runs or exact", value));
+        }
+        options.server_launch_batch_graphs = std::string(value);
         break;
       }
       case kHostFences: {

@@ -31,8 +31,9 @@ struct DaemonOptions {
   // --launch-batch of every server (--server-launch-batch N; --launch-batching off: 0); unset:
   // the server's default.
   std::optional<int> server_launch_batch;
-  std::optional<int> server_launch_batch_min;      // --launch-batch-min of every server
-  std::optional<int> server_launch_batch_ramp;     // --launch-batch-ramp (off: 0); unset: on
+  std::optional<int> server_launch_batch_min;             // --launch-batch-min of every server
+  std::optional<int> server_launch_batch_ramp;            // --launch-batch-ramp (off: 0); unset: on
+  std::optional<std::string> server_launch_batch_graphs;  // --launch-batch-graphs; unset: padded
   bool server_busy_time = false;                   // --busy-time on: every server measures it
   bool server_host_fences = true;                  // --host-fences off: passed on to every server
   bool server_share_images = true;                 // --share-images off: passed on to every server

@@ -89,6 +89,9 @@ std::vector<std::string> Supervisor::server_arguments(int ordinal) const {
     args.insert(args.end(),
                 {"--launch-batch-ramp", std::to_string(*config_.server_launch_batch_ramp)});
   }
+  if (config_.server_launch_batch_graphs) {
+    args.insert(args.end(), {"--launch-batch-graphs", *config_.server_launch_batch_graphs});
+  }
   if (config_.server_busy_time) args.insert(args.end(), {"--busy-time", "on"});
   if (!config_.server_host_fences) args.insert(args.end(), {"--host-fences", "off"});
   if (!config_.server_share_images) args.insert(args.end(), {"--share-images", "off"});

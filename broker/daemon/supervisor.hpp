@@ -59,13 +59,14 @@ struct SupervisorConfig {
   // Passed as --launch-batch; unset: the server's default. Last, with an initializer:
   // supervisor_config's aggregate lists the fields before it.
   std::optional<int> server_launch_batch{};
-  std::optional<int> server_launch_batch_min{};        // passed as --launch-batch-min
-  std::optional<int> server_launch_batch_ramp{};       // passed as --launch-batch-ramp
-  bool server_busy_time = false;                       // passed as --busy-time on
-  bool server_host_fences = true;                      // false: passed as --host-fences off
-  bool server_share_images = true;                     // false: passed as --share-images off
-  std::optional<int> server_event_poll_us{};           // passed as --event-poll-us
-  std::optional<int> server_spin_clients{};            // passed as --spin-clients
+  std::optional<int> server_launch_batch_min{};             // passed as --launch-batch-min
+  std::optional<int> server_launch_batch_ramp{};            // passed as --launch-batch-ramp
+  std::optional<std::string> server_launch_batch_graphs{};  // passed as --launch-batch-graphs
+  bool server_busy_time = false;                            // passed as --busy-time on
+  bool server_host_fences = true;                           // false: passed as --host-fences off
+  bool server_share_images = true;                          // false: passed as --share-images off
+  std::optional<int> server_event_poll_us{};                // passed as --event-poll-us
+  std::optional<int> server_spin_clients{};                 // passed as --spin-clients
   bool server_priority_scheduling = true;              // false: passed as --priority-scheduling off
   std::optional<int> server_priority_max_hold_us{};    // passed as --priority-max-hold-us
   std::optional<int> server_priority_fence_poll_us{};  // passed as --priority-fence-poll-us

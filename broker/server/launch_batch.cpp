@@ -131,11 +131,20 @@ bool LaunchBatcher::add(std::uint64_t stream_id, const BatchedLaunch& launch,
   return pending_.size() >= limit();
 }
 
-std::size_t LaunchBatcher::run_length(std::size_t remaining) const {
-  if (!settings_.power_of_two_runs) return remaining;
-  std::size_t run = 1;
-  while (run * 2 <= remaining) run *= 2;
-  return run;
+LaunchBatcher::Run LaunchBatcher::next_run(std::size_t first) const {
+  const std::size_t remaining = pending_.size() - first;
+  std::size_t pow2 = 1;
+  switch (settings_.graphs) {
+    case LaunchBatchSettings::Graphs::kExact:
+      return {first, remaining, remaining};
+    case LaunchBatchSettings::Graphs::kPadded:
+      while (pow2 < remaining) pow2 *= 2;
+      return {first, remaining, pow2};
+    case LaunchBatchSettings::Graphs::kRuns:
+      break;
+  }
+  while (pow2 * 2 <= remaining) pow2 *= 2;
+  return {first, pow2, pow2};
 }
 
 CUresult LaunchBatcher::flush(Session& session) {
@@ -151,7 +160,7 @@ CUresult LaunchBatcher::flush(Session& session) {
     // is shorter than the minimum or its graph path fails.
     const std::size_t min = std::max<std::size_t>(settings_.min_launches, 2);
     for (std::size_t first = 0; first < pending_.size() && sticky == CUDA_SUCCESS;) {
-      const Run run{first, run_length(pending_.size() - first)};
+      const Run run = next_run(first);
       if (run.count < min || !launch_graph(session, stream->stream, run)) {
         sticky = issue_eagerly(session, stream->stream, run);
       }
@@ -204,7 +213,7 @@ bool LaunchBatcher::launch_graph(Session& session, CUstream stream, Run run) {
   Cached* entry = find(hash, run);
   if (entry == nullptr) {
     // A run larger than the whole cache may hold never gets a graph.
-    if (run.count > settings_.cache_nodes || settings_.cache_graphs == 0) return false;
+    if (run.nodes > settings_.cache_nodes || settings_.cache_graphs == 0) return false;
     if (refused(hash) || !seen_enough(hash)) return false;
     entry = build(session, hash, run);
     if (entry == nullptr) {
@@ -218,20 +227,27 @@ bool LaunchBatcher::launch_graph(Session& session, CUstream stream, Run run) {
   // current, as when the graph was made: a CUfunction's node belongs to the context current
   // when it is set, and an update may not move it to another.
   CUresult r = CUDA_SUCCESS;
-  std::size_t failed_node = run.count;  // which step failed: a node's update, else the launch
+  std::size_t failed_node = run.count;  // which step failed: a node's update, else another
+  std::string failed_step;
   {
     GreenCurrent green(session);
+    // The padded nodes keep whatever they held: they are disabled.
     for (std::size_t k = 0; k < run.count && r == CUDA_SUCCESS; ++k) {
       CUDA_KERNEL_NODE_PARAMS params = node_params(session, run.first + k);
       r = cu.cuGraphExecKernelNodeSetParams_v2(entry->exec, entry->nodes[k], &params);
       if (r != CUDA_SUCCESS) failed_node = k;
     }
-    if (r == CUDA_SUCCESS) r = cu.cuGraphLaunch(entry->exec, stream);
+    if (r == CUDA_SUCCESS) r = set_enabled(cu, *entry, run.count, failed_step);
+    if (r == CUDA_SUCCESS) {
+      r = cu.cuGraphLaunch(entry->exec, stream);
+      if (r != CUDA_SUCCESS) failed_step = "cuGraphLaunch";
+    }
   }
   if (r == CUDA_SUCCESS) {
     session.launches += run.count;
     ++session.stats.batches;
     session.stats.batched += run.count;
+    session.stats.batch_padding += run.nodes - run.count;
     return true;
   }
   // Nothing of this run ran (a failed update or launch queues nothing): it goes out eagerly,
@@ -243,7 +259,7 @@ bool LaunchBatcher::launch_graph(Session& session, CUstream stream, Run run) {
   // keeps batching from working (docs/launch-batching.md).
   const std::string step = failed_node < run.count
                                ? fmt::format("updating node {} of {}", failed_node, run.count)
-                               : std::string("cuGraphLaunch");
+                               : failed_step;
   if (session.stats.batch_fallbacks == 0) {
     log_warn("{}: a batch of {} launches went out eagerly: {} failed: {}", session.who(), run.count,
              step, describe(cu, r));
@@ -261,6 +277,26 @@ bool LaunchBatcher::launch_graph(Session& session, CUstream stream, Run run) {
   return false;
 }
 
+CUresult LaunchBatcher::set_enabled(const DriverTable& cu, Cached& entry, std::size_t count,
+                                    std::string& failed) {
+  // Only the nodes whose state changes: batch lengths move by a few launches between batches.
+  for (; entry.enabled < count; ++entry.enabled) {
+    if (CUresult r = cu.cuGraphNodeSetEnabled(entry.exec, entry.nodes[entry.enabled], 1);
+        r != CUDA_SUCCESS) {
+      failed = fmt::format("enabling node {} of {}", entry.enabled, entry.nodes.size());
+      return r;
+    }
+  }
+  for (; entry.enabled > count; --entry.enabled) {
+    if (CUresult r = cu.cuGraphNodeSetEnabled(entry.exec, entry.nodes[entry.enabled - 1], 0);
+        r != CUDA_SUCCESS) {
+      failed = fmt::format("disabling node {} of {}", entry.enabled - 1, entry.nodes.size());
+      return r;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
 std::uint64_t LaunchBatcher::key_hash(Run run) const {
   // FNV-1a over the node count and each node's kind (CUkernel or CUfunction). Not the
   // functions: every update sets each node's function too.
@@ -271,18 +307,16 @@ std::uint64_t LaunchBatcher::key_hash(Run run) const {
       h *= 0x100000001b3ull;
     }
   };
-  mix(run.count);
-  for (std::size_t i = run.first; i < run.first + run.count; ++i) mix(pending_[i].kernel ? 1 : 0);
+  mix(run.nodes);
+  for (std::size_t k = 0; k < run.nodes; ++k) mix(node_kind(run, k) ? 1 : 0);
   return h;
 }
 
 LaunchBatcher::Cached* LaunchBatcher::find(std::uint64_t hash, Run run) {
   for (Cached& c : cache_) {
-    if (c.hash != hash || c.kernels.size() != run.count) continue;
+    if (c.hash != hash || c.kernels.size() != run.nodes) continue;
     bool same = true;
-    for (std::size_t k = 0; k < run.count && same; ++k) {
-      same = c.kernels[k] == pending_[run.first + k].kernel;
-    }
+    for (std::size_t k = 0; k < run.nodes && same; ++k) same = c.kernels[k] == node_kind(run, k);
     if (same) return &c;
   }
   return nullptr;
@@ -304,7 +338,7 @@ bool LaunchBatcher::refused(std::uint64_t hash) const {
 
 LaunchBatcher::Cached* LaunchBatcher::build(Session& session, std::uint64_t hash, Run run) {
   const DriverTable& cu = session.cu();
-  evict_for(cu, run.count);
+  evict_for(cu, run.nodes);
   Cached entry;
   entry.hash = hash;
   CUresult r = CUDA_SUCCESS;
@@ -313,8 +347,10 @@ LaunchBatcher::Cached* LaunchBatcher::build(Session& session, std::uint64_t hash
     r = cu.cuGraphCreate(&entry.graph, 0);
     // A chain: node k depends on node k - 1, as launches on one stream are ordered. The
     // parameters are this run's; every launch of the graph sets them again.
-    for (std::size_t k = 0; k < run.count && r == CUDA_SUCCESS; ++k) {
-      CUDA_KERNEL_NODE_PARAMS params = node_params(session, run.first + k);
+    // A padded node gets the run's last launch, so that it is a valid node of its kind; it is
+    // disabled before any launch of the graph (set_enabled).
+    for (std::size_t k = 0; k < run.nodes && r == CUDA_SUCCESS; ++k) {
+      CUDA_KERNEL_NODE_PARAMS params = node_params(session, run.first + std::min(k, run.count - 1));
       CUgraphNode node = nullptr;
       r = cu.cuGraphAddKernelNode_v2(&node, entry.graph,
                                      entry.nodes.empty() ? nullptr : &entry.nodes.back(),
@@ -336,9 +372,8 @@ LaunchBatcher::Cached* LaunchBatcher::build(Session& session, std::uint64_t hash
     refused_[refused_next_++ % refused_.size()] = hash;
     return nullptr;
   }
-  for (std::size_t k = 0; k < run.count; ++k) {
-    entry.kernels.push_back(pending_[run.first + k].kernel);
-  }
+  for (std::size_t k = 0; k < run.nodes; ++k) entry.kernels.push_back(node_kind(run, k));
+  entry.enabled = entry.nodes.size();
   cu_ = &cu;
   cached_nodes_ += entry.nodes.size();
   ++session.stats.batch_graphs;
@@ -385,13 +420,13 @@ void LaunchBatcher::release(Session& session) {
   const SessionStats& stats = session.stats;
   if (stats.batches != 0 || stats.batch_fallbacks != 0) {
     log_info(
-        "{}: {} launches went out in {} graph launches (mean batch {:.1f}); {} graphs built, {} "
-        "batches issued eagerly after a failure",
+        "{}: {} launches went out in {} graph launches (mean batch {:.1f}, {} disabled nodes "
+        "past their ends); {} graphs built, {} batches issued eagerly after a failure",
         session.who(), stats.batched, stats.batches,
         stats.batches == 0
             ? 0.0
             : static_cast<double>(stats.batched) / static_cast<double>(stats.batches),
-        stats.batch_graphs, stats.batch_fallbacks);
+        stats.batch_padding, stats.batch_graphs, stats.batch_fallbacks);
   }
   forget(session.cu());
 }

@@ -15,10 +15,12 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -42,12 +44,19 @@ struct LaunchBatchSettings {
   // small kernels (a synchronize every 64 launches) went from 455 k / 503 k kernels/s eager to
   // 576 k / 1,369 k with 64.
   std::size_t max_launches = 64;
-  // A batch goes out in runs of power-of-two lengths, longest first (42: 32 + 8 + 2), each one
-  // graph launch (a last single launch eagerly). Batch lengths depend on timing and rarely
-  // repeat, and node counts are part of the cache key: this way a session needs at most
-  // log2(max) graphs (per mix of CUkernels and CUfunctions) instead of one per length, and the
-  // cache warms within a few batches. False: one run of the batch's exact length.
-  bool power_of_two_runs = true;
+  // How a batch of at least the minimum goes out (mpsshim-server --launch-batch-graphs).
+  //   kPadded: as one graph launch whatever its length: the cached graph of the next power of
+  //     two, its nodes past the batch's end disabled (cuGraphNodeSetEnabled). A session needs at
+  //     most log2(max) graphs per mix of CUkernels and CUfunctions, and the GPU runs the batch's
+  //     kernels back to back. Measured on an H100 (tools/probes/graph_tail_disabled.cpp, driver
+  //     580): a disabled node costs the stream ~0.3 us and its toggle ~0.3 us of CPU, where the
+  //     runs below cost a graph launch each and their eager tail ~2 us of idle stream per kernel
+  //     with 8 clients (front-end contention: docs/launch-batching.md).
+  //   kRuns: in runs of power-of-two lengths, longest first, each one graph launch; a run shorter
+  //     than the minimum eagerly (42: 32 + 8, then 2 eager launches).
+  //   kExact: one graph of the batch's exact length (a graph per length that occurs).
+  enum class Graphs { kPadded, kRuns, kExact };
+  Graphs graphs = Graphs::kPadded;
   // The cache of executable graphs, per session: at most this many graphs, and this many kernel
   // nodes in all of them; the least recently used graph goes first. The key is a run's length
   // and which of its nodes are CUkernels, not its functions (every launch of a graph sets each
@@ -116,7 +125,7 @@ class LaunchBatcher {
   bool add(std::uint64_t stream_id, const BatchedLaunch& launch, std::span<const std::byte> args,
            bool stream_was_idle);
 
-  // Issues what is pending, in runs (power_of_two_runs): a run below the minimum eagerly, else
+  // Issues what is pending, in runs (Graphs): a run below the minimum eagerly, else
   // as one graph launch, or eagerly if any step of its graph path fails. Errors are reported as
   // the eager launches report them (a one-way call's error waits in async_error). Returns a
   // sticky error (the caller raises the fault), else CUDA_SUCCESS.
@@ -146,25 +155,39 @@ class LaunchBatcher {
     ParamLayout layout;
   };
   // An executable graph whose kernel nodes form a chain; node i is a CUkernel's when kernels[i].
-  // Every launch sets each node's function, shape and arguments.
+  // Every launch sets each enabled node's function, shape and arguments. Nodes [0, enabled) are
+  // enabled, the rest disabled (Graphs::kPadded).
   struct Cached {
     std::uint64_t hash = 0;
     std::vector<bool> kernels;
     CUgraph graph = nullptr;
     CUgraphExec exec = nullptr;
     std::vector<CUgraphNode> nodes;
+    std::size_t enabled = 0;
     std::uint64_t last_used = 0;
   };
 
-  // Launches pending_[first, first + count): one graph launch, or eager launches.
+  // Launches pending_[first, first + count): one graph launch of `nodes` kernel nodes (the last
+  // nodes - count disabled: Graphs::kPadded), or eager launches.
   struct Run {
     std::size_t first = 0;
     std::size_t count = 0;
+    std::size_t nodes = 0;
   };
 
   const Limits& limits_of(Session& session, const BatchedLaunch& launch);
-  // How many of the `remaining` launches the next run takes.
-  std::size_t run_length(std::size_t remaining) const;
+  // The next run of the pending launches from `first` on.
+  Run next_run(std::size_t first) const;
+  // Whether node k of the run's graph is a CUkernel's: its launch's, and a padded node the
+  // last launch's (so a padded run of one kind finds the graph of that kind).
+  bool node_kind(Run run, std::size_t k) const {
+    return pending_[run.first + std::min(k, run.count - 1)].kernel;
+  }
+  // Enables the graph's first `count` nodes and disables the others, calling the driver only for
+  // the nodes whose state changes. An error: the driver refused a change (`failed` says which);
+  // the graph is then not trusted.
+  CUresult set_enabled(const DriverTable& cu, Cached& entry, std::size_t count,
+                       std::string& failed);
   std::uint64_t key_hash(Run run) const;
   Cached* find(std::uint64_t hash, Run run);
   bool seen_enough(std::uint64_t hash);

@@ -97,6 +97,7 @@ int main(int argc, char** argv) {
   settings.launch_batch.max_launches = options->launch_batch;
   settings.launch_batch.min_launches = options->launch_batch_min;
   settings.launch_batch.ramp_last = options->launch_batch_ramp;
+  settings.launch_batch.graphs = options->launch_batch_graphs;
   settings.busy_time = options->busy_time;
   settings.host_fences = options->host_fences;
   settings.share_images = options->share_images;

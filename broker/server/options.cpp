@@ -74,6 +74,17 @@ tl::expected<Options, std::string> parse_options(std::span<const char* const> ar
             "--launch-batch-ramp {}: expected on, off (0) or the ramp's largest batch, up to {}",
             value, kMaxLaunchBatch));
       }
+    } else if (flag == "--launch-batch-graphs") {
+      if (value == "padded") {
+        options.launch_batch_graphs = LaunchBatchSettings::Graphs::kPadded;
+      } else if (value == "runs") {
+        options.launch_batch_graphs = LaunchBatchSettings::Graphs::kRuns;
+      } else if (value == "exact") {
+        options.launch_batch_graphs = LaunchBatchSettings::Graphs::kExact;
+      } else {
+        return tl::unexpected(
+            fmt::format("--launch-batch-graphs {}: expected padded, runs or exact", value));
+      }
     } else if (flag == "--busy-time") {
       if (value != "on" && value != "off") {
         return tl::unexpected(fmt::format("--busy-time {}: expected on or off", value));

@@ -2,6 +2,7 @@
 //   mpsshim-server --device N --control-fd FD [--driver PATH] [--log-level LEVEL]
 //                  [--default-sm-percentage P] [--default-memory-limit BYTES] [--workers N]
 //                  [--launch-batch N] [--launch-batch-min N] [--launch-batch-ramp N|on|off]
+//                  [--launch-batch-graphs padded|runs|exact]
 //                  [--host-fences on|off] [--share-images on|off]
 //                  [--context-idle-timeout SECS] [--priority-scheduling on|off]
 //                  [--priority-max-hold-us N] [--priority-fence-poll-us N] [--priority-run-ahead N]
@@ -43,6 +44,8 @@ struct Options {
   // --launch-batch-ramp N: the largest batch of the ramp after an idle stream; off: 0, no ramp
   // (LaunchBatchSettings::ramp_last).
   std::size_t launch_batch_ramp = LaunchBatchSettings{}.ramp_last;
+  // --launch-batch-graphs padded|runs|exact: how a batch goes out (LaunchBatchSettings::graphs).
+  LaunchBatchSettings::Graphs launch_batch_graphs = LaunchBatchSettings{}.graphs;
   bool busy_time = false;   // --busy-time on: GPU busy time per client (busy_time.hpp)
   bool host_fences = true;  // --host-fences off: completions poll events (host_fences.hpp)
   bool share_images =
@@ -70,7 +73,8 @@ tl::expected<Options, std::string> parse_options(std::span<const char* const> ar
 inline constexpr const char* kUsage =
     "usage: mpsshim-server --device N --control-fd FD [--driver PATH] "
     "[--log-level error|warn|info|debug] [--default-sm-percentage P] [--launch-batch N] "
-    "[--launch-batch-min N] [--launch-batch-ramp N|on|off] [--busy-time on|off] "
+    "[--launch-batch-min N] [--launch-batch-ramp N|on|off] "
+    "[--launch-batch-graphs padded|runs|exact] [--busy-time on|off] "
     "[--host-fences on|off] [--share-images on|off] [--event-poll-us N] "
     "[--spin-clients N] "
     "[--default-memory-limit BYTES] [--workers N] "

@@ -39,10 +39,11 @@ struct SessionStats {
   std::array<PerOp, kOpCount> ops{};
   std::array<std::uint64_t, kDelayBuckets> delay{};
   // Launch batching (launch_batch.hpp): graph launches that carried a batch, the kernels they
-  // carried, executable graphs built, and batches that went out eagerly because a step of the
-  // graph path failed.
+  // carried, the disabled nodes they carried past a batch's end (Graphs::kPadded), executable
+  // graphs built, and batches that went out eagerly because a step of the graph path failed.
   std::uint64_t batches = 0;
   std::uint64_t batched = 0;
+  std::uint64_t batch_padding = 0;
   std::uint64_t batch_graphs = 0;
   std::uint64_t batch_fallbacks = 0;
 

@@ -181,6 +181,23 @@ TEST_CASE("--launch-batch-ramp is the server's default unless given", "[options]
   CHECK(daemon_usage().find("--launch-batch-ramp N|on|off") != std::string::npos);
 }
 
+TEST_CASE("--launch-batch-graphs is the server's default unless given", "[options]") {
+  auto parse = [](std::vector<const char*> args) {
+    args.insert(args.begin(), "mpsshimd");
+    return parse_daemon_options(static_cast<int>(args.size()), const_cast<char**>(args.data()));
+  };
+  auto unset = parse({});
+  REQUIRE(unset);
+  CHECK_FALSE(unset->server_launch_batch_graphs);
+  auto runs = parse({"--launch-batch-graphs=runs"});
+  REQUIRE(runs);
+  CHECK(runs->server_launch_batch_graphs == "runs");
+  auto bad = parse({"--launch-batch-graphs", "all"});
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().find("--launch-batch-graphs all") != std::string::npos);
+  CHECK(daemon_usage().find("--launch-batch-graphs padded|runs|exact") != std::string::npos);
+}
+
 TEST_CASE("--server-launch-batch-min is passed on as every server's --launch-batch-min",
           "[options]") {
   auto parse = [](std::vector<const char*> args) {

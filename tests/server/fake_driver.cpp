@@ -146,6 +146,7 @@ void add_graph_fakes(DriverTable& t) {
     if (gpu.graph_instantiate_result != CUDA_SUCCESS) return gpu.graph_instantiate_result;
     FakeGpu::Graph copy = it->second;
     copy.executable = true;
+    copy.disabled.assign(copy.node_args.size(), false);
     *exec = new_handle<CUgraphExec>();
     gpu.graphs[*exec] = std::move(copy);
     ++gpu.graph_execs_live;
@@ -179,9 +180,25 @@ void add_graph_fakes(DriverTable& t) {
     if (e == gpu.graphs.end() || !e->second.executable) return CUDA_ERROR_INVALID_HANDLE;
     if (gpu.graph_launch_result != CUDA_SUCCESS) return gpu.graph_launch_result;
     ++gpu.graph_launches;
-    gpu.launches += static_cast<int>(e->second.node_args.size());
-    if (!e->second.node_args.empty()) gpu.last_launch_args = e->second.node_args.back();
+    // A disabled node runs nothing.
+    for (std::size_t i = 0; i < e->second.node_args.size(); ++i) {
+      if (e->second.disabled[i]) continue;
+      ++gpu.launches;
+      gpu.last_launch_args = e->second.node_args[i];
+    }
     gpu.last_launch_attribute_count = 0;
+    return CUDA_SUCCESS;
+  };
+  t.cuGraphNodeSetEnabled = [](CUgraphExec exec, CUgraphNode node, unsigned int enabled) {
+    FakeGpu& gpu = fake_gpu();
+    auto e = gpu.graphs.find(exec);
+    auto n = gpu.graph_nodes.find(node);
+    if (e == gpu.graphs.end() || !e->second.executable || n == gpu.graph_nodes.end()) {
+      return CUDA_ERROR_INVALID_HANDLE;
+    }
+    if (gpu.graph_enable_result != CUDA_SUCCESS) return gpu.graph_enable_result;
+    e->second.disabled.at(n->second.second) = enabled == 0;
+    ++gpu.graph_node_toggles;
     return CUDA_SUCCESS;
   };
 }

@@ -79,6 +79,7 @@ struct FakeGpu {
   // arguments each node last got; a launch counts every node as a launch.
   struct Graph {
     std::vector<std::vector<std::byte>> node_args;
+    std::vector<bool> disabled;  // by node index (cuGraphNodeSetEnabled), executable graphs
     bool executable = false;
   };
   std::map<void*, Graph> graphs;                               // CUgraph and CUgraphExec handles
@@ -92,6 +93,8 @@ struct FakeGpu {
   CUresult graph_instantiate_result = CUDA_SUCCESS;
   CUresult graph_node_update_result = CUDA_SUCCESS;
   CUresult graph_launch_result = CUDA_SUCCESS;
+  CUresult graph_enable_result = CUDA_SUCCESS;
+  int graph_node_toggles = 0;
 
   // Virtual memory management (fake_vmm.cpp): what is live, and the calls that give it back in
   // the order they came ("unmap", "release", "free").

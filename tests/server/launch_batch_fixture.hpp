@@ -40,6 +40,9 @@ inline int graph_objects() {  // graphs and executable graphs alive
 inline unsigned long long node_updates() {
   return driver_hook<unsigned long long (*)()>("mpsshim_testdriver_graph_node_updates")();
 }
+inline unsigned long long node_toggles() {  // cuGraphNodeSetEnabled calls
+  return driver_hook<unsigned long long (*)()>("mpsshim_testdriver_graph_node_toggles")();
+}
 
 inline std::vector<std::byte> fatbin() {
   std::vector<std::byte> bytes(16 + 64);
@@ -225,20 +228,28 @@ struct Fixture {
 // Batching on, with runs of 2 launches and more going out as graphs (the tests' expectations
 // count batches that way, whatever the server's default minimum), and without the ramp after an
 // idle stream (its own tests turn it on), so that a burst queued on a fresh stream is one batch.
-inline ServerSettings batching(std::size_t max = 64, std::size_t eager_sightings = 1,
-                               bool power_of_two_runs = true) {
+// In power-of-two runs unless `graphs` says otherwise: most expectations count graph launches
+// that way; the server's default, padded graphs, has its own tests and property runs.
+inline ServerSettings batching(
+    std::size_t max = 64, std::size_t eager_sightings = 1,
+    LaunchBatchSettings::Graphs graphs = LaunchBatchSettings::Graphs::kRuns) {
   ServerSettings s;
   s.launch_batch.ramp_last = 0;
   s.launch_batch.min_launches = 2;
   s.launch_batch.max_launches = max;
   s.launch_batch.eager_sightings = eager_sightings;
-  s.launch_batch.power_of_two_runs = power_of_two_runs;
+  s.launch_batch.graphs = graphs;
   return s;
 }
 
 // One graph launch per batch, of the batch's exact length.
 inline ServerSettings exact_batching(std::size_t max = 64, std::size_t eager_sightings = 1) {
-  return batching(max, eager_sightings, false);
+  return batching(max, eager_sightings, LaunchBatchSettings::Graphs::kExact);
+}
+
+// One graph launch per batch, of the next power-of-two length, the nodes past its end disabled.
+inline ServerSettings padded_batching(std::size_t max = 64, std::size_t eager_sightings = 1) {
+  return batching(max, eager_sightings, LaunchBatchSettings::Graphs::kPadded);
 }
 
 inline ServerSettings no_batching() {

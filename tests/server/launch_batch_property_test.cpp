@@ -750,10 +750,14 @@ TEST_CASE("random sequences of work end the same with launch batching on and off
   const ServerSettings at_once = batching(64, 0);
   ServerSettings ramped = batching(64, 0);
   ramped.launch_batch.ramp_last = LaunchBatchSettings{}.ramp_last;  // the server's default
-  const std::array<Config, 4> configs{Config{"batching off", off},
+  const ServerSettings padded = padded_batching(64, 0);
+  ServerSettings defaults;  // the server's own: padded graphs, minimum 8, the ramp
+  const std::array<Config, 6> configs{Config{"batching off", off},
                                       Config{"batching on, eager_sightings 1", eager_first},
                                       Config{"batching on, eager_sightings 0", at_once},
-                                      Config{"batching on, ramp after an idle stream", ramped}};
+                                      Config{"batching on, ramp after an idle stream", ramped},
+                                      Config{"padded graphs, eager_sightings 0", padded},
+                                      Config{"the server's default settings", defaults}};
 
   // One server per configuration (a harness at a time: the log sink is the process's), each
   // sequence a session of its own, so every sequence starts with an empty graph cache.
@@ -762,6 +766,7 @@ TEST_CASE("random sequences of work end the same with launch batching on and off
   for (const Config& config : configs) {
     Harness h(test_driver(), config.settings);
     const int graphs_before = graph_objects();
+    const unsigned long long toggles_before = node_toggles();
     for (int i = 0; i < count; ++i) {
       const std::vector<Step>& steps = all[static_cast<std::size_t>(i)];
       INFO(config.name << ", sequence " << i << " of the seed's:\n" << describe(steps));
@@ -788,6 +793,13 @@ TEST_CASE("random sequences of work end the same with launch batching on and off
     }
     // Every session's graphs died with it.
     CHECK(graph_objects() == graphs_before);
+    // Padded graphs really ran with disabled nodes: batch lengths that are not powers of two
+    // are most of what random sequences make.
+    if (config.settings.launch_batch.graphs == LaunchBatchSettings::Graphs::kPadded &&
+        config.settings.launch_batch.min_launches == 2) {
+      INFO(config.name);
+      CHECK(node_toggles() > toggles_before);
+    }
     // No batch fell back to eager launches: the test driver takes every graph step the real
     // driver takes (a fallback leaves the results right, so only the log shows it).
     INFO(config.name);

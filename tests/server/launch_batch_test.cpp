@@ -90,6 +90,7 @@ TEST_CASE("batched launches leave device memory exactly as eager launches do",
   const RunResult eager = run_mixed(no_batching(), kRounds);
   const RunResult exact = run_mixed(exact_batching(), kRounds);
   const RunResult runs = run_mixed(batching(), kRounds);
+  const RunResult padded = run_mixed(padded_batching(), kRounds);
   ServerSettings ramp_settings = batching();
   ramp_settings.launch_batch.ramp_last = 32;
   const RunResult ramped = run_mixed(ramp_settings, kRounds);
@@ -97,7 +98,7 @@ TEST_CASE("batched launches leave device memory exactly as eager launches do",
   CHECK(eager.words == appended_and_counted());
   // a, b after five pairs from 1, 1: (2, 3), (5, 8), (13, 21), (34, 55), (89, 144).
   CHECK(eager.fib == std::vector<float>{89, 89, 89, 89, 144, 144, 144, 144});
-  for (const RunResult* batched : {&exact, &runs, &ramped}) {
+  for (const RunResult* batched : {&exact, &runs, &padded, &ramped}) {
     CHECK(batched->words == eager.words);
     CHECK(batched->fib == eager.fib);
     CHECK(batched->async_error == CUDA_SUCCESS);
@@ -120,6 +121,11 @@ TEST_CASE("batched launches leave device memory exactly as eager launches do",
   CHECK(runs.figures.batches == 3 * (kRounds - 1));
   CHECK(runs.figures.batched == (kRounds - 1) * per_round);
   CHECK(runs.instantiations == 3);
+  // Padded, the 42 launches are one launch of a 64-node graph whose last 22 nodes are disabled.
+  CHECK(padded.figures.launches == kRounds * per_round);
+  CHECK(padded.figures.batches == kRounds - 1);
+  CHECK(padded.figures.batched == (kRounds - 1) * per_round);
+  CHECK(padded.instantiations == 1);
   CHECK(ramped.figures.launches == kRounds * per_round);
 }
 
@@ -578,6 +584,63 @@ TEST_CASE("a batch goes out in power-of-two runs whose graphs serve later batche
   CHECK(fake_gpu().launches == 76);
   CHECK(f.h.server->stats_text(true).find(" batches=9 batched=74 ") != std::string::npos);
   CHECK(f.sut.control()->async_error.load() == 0);
+}
+
+TEST_CASE("a padded batch is one graph launch; only the nodes whose state changes are toggled",
+          "[server][launch_batch]") {
+  FakeFixture f(padded_batching(64, 0));
+  f.launches(5);  // an 8-node graph, nodes 5 to 7 disabled
+  CHECK(fake_gpu().graph_instantiations == 1);
+  CHECK(fake_gpu().graph_launches == 1);
+  CHECK(fake_gpu().launches == 5);                        // the disabled nodes ran nothing
+  CHECK(fake_gpu().last_launch_args[0] == std::byte{4});  // the batch's last launch ran last
+  CHECK(fake_gpu().graph_node_toggles == 3);
+  f.launches(7);  // the same graph: nodes 5 and 6 enabled again
+  CHECK(fake_gpu().graph_instantiations == 1);
+  CHECK(fake_gpu().graph_launches == 2);
+  CHECK(fake_gpu().launches == 12);
+  CHECK(fake_gpu().last_launch_args[0] == std::byte{6});
+  CHECK(fake_gpu().graph_node_toggles == 5);
+  f.launches(8);  // and node 7
+  CHECK(fake_gpu().graph_node_toggles == 6);
+  CHECK(fake_gpu().launches == 20);
+  f.launches(3);  // a 4-node graph, its last node disabled
+  CHECK(fake_gpu().graph_instantiations == 2);
+  CHECK(fake_gpu().graph_node_toggles == 7);
+  CHECK(fake_gpu().launches == 23);
+  CHECK(fake_gpu().last_launch_args[0] == std::byte{2});
+  f.launches(33);  // 64 nodes, 31 disabled
+  CHECK(fake_gpu().graph_instantiations == 3);
+  CHECK(fake_gpu().graph_launches == 5);
+  CHECK(fake_gpu().launches == 56);
+  CHECK(fake_gpu().last_launch_args[0] == std::byte{32});
+  CHECK(f.h.server->stats_text(true).find(" batches=5 batched=56 ") != std::string::npos);
+  CHECK(f.sut.control()->async_error.load() == 0);
+}
+
+TEST_CASE("a padded batch whose nodes cannot be disabled goes out eagerly, none lost or doubled",
+          "[server][launch_batch]") {
+  FakeFixture f(padded_batching(64, 0));
+  fake_gpu().graph_enable_result = CUDA_ERROR_NOT_SUPPORTED;
+  f.launches(6);
+  CHECK(fake_gpu().graph_instantiations == 1);
+  CHECK(fake_gpu().graph_launches == 0);
+  CHECK(fake_gpu().launches == 6);
+  CHECK(fake_gpu().last_launch_args[0] == std::byte{5});
+  CHECK(fake_gpu().graph_execs_live == 0);  // the graph is not trusted again
+  CHECK(fake_gpu().graphs_live == 0);
+  CHECK(f.sut.control()->async_error.load() == 0);
+  // Nor is its key: the same shape goes out eagerly at once, without a new graph.
+  fake_gpu().graph_enable_result = CUDA_SUCCESS;
+  f.launches(7);
+  CHECK(fake_gpu().graph_instantiations == 1);
+  CHECK(fake_gpu().launches == 13);
+  CHECK(fake_gpu().last_launch_args[0] == std::byte{6});
+  // A full batch of that length needs no node disabled, but has the same key: eagerly too.
+  f.launches(8);
+  CHECK(fake_gpu().graph_launches == 0);
+  CHECK(fake_gpu().launches == 21);
+  CHECK(f.h.server->stats_text().find("launches=21 ") != std::string::npos);
 }
 
 TEST_CASE("a batch never grows past its maximum", "[server][launch_batch]") {

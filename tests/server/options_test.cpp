@@ -113,6 +113,24 @@ TEST_CASE("--launch-batch-ramp is on by default; off and bad values", "[server][
   CHECK(std::string(kUsage).find("--launch-batch-ramp N|on|off") != std::string::npos);
 }
 
+TEST_CASE("--launch-batch-graphs is padded by default; runs, exact and bad values",
+          "[server][options]") {
+  auto sut = parse({"--device", "0", "--control-fd", "3"});
+  REQUIRE(sut);
+  CHECK(sut->launch_batch_graphs == LaunchBatchSettings::Graphs::kPadded);
+  CHECK(LaunchBatchSettings{}.graphs == LaunchBatchSettings::Graphs::kPadded);
+  auto runs = parse({"--device", "0", "--control-fd", "3", "--launch-batch-graphs", "runs"});
+  REQUIRE(runs);
+  CHECK(runs->launch_batch_graphs == LaunchBatchSettings::Graphs::kRuns);
+  auto exact = parse({"--device", "0", "--control-fd", "3", "--launch-batch-graphs", "exact"});
+  REQUIRE(exact);
+  CHECK(exact->launch_batch_graphs == LaunchBatchSettings::Graphs::kExact);
+  auto bad = parse({"--device", "0", "--control-fd", "3", "--launch-batch-graphs", "pow2"});
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().find("--launch-batch-graphs pow2") != std::string::npos);
+  CHECK(std::string(kUsage).find("--launch-batch-graphs padded|runs|exact") != std::string::npos);
+}
+
 TEST_CASE("--host-fences is on by default; off and bad values", "[server][options]") {
   auto sut = parse({"--device", "0", "--control-fd", "3"});
   REQUIRE(sut);

@@ -135,6 +135,30 @@ CUcontext kernel_context(State& s, const CUDA_KERNEL_NODE_PARAMS& p) {
   return current_context(s).handle;
 }
 
+// A disabled kernel node's work leaves the replay order (an empty node in its place: its
+// dependents still wait for what it waited for) and waits in `disabled_work`. Copy on write: a
+// queued launch holds the order it was given.
+Work no_work() {
+  static const Work none = std::make_shared<const std::function<void()>>([] {});
+  return none;
+}
+
+void disable_kernel(GraphExec& exec, ExecKernel& kernel) {
+  auto order = std::make_shared<std::vector<Work>>(*exec.order);
+  kernel.disabled_work = std::move((*order)[kernel.position]);
+  (*order)[kernel.position] = no_work();
+  exec.order = std::move(order);
+  kernel.enabled = false;
+}
+
+void enable_kernel(GraphExec& exec, ExecKernel& kernel) {
+  auto order = std::make_shared<std::vector<Work>>(*exec.order);
+  (*order)[kernel.position] = std::move(kernel.disabled_work);
+  kernel.disabled_work = nullptr;
+  exec.order = std::move(order);
+  kernel.enabled = true;
+}
+
 // The replay order of `g` and where each kernel node's work sits in it, into `exec`; kernel nodes
 // keep the handles they had (an update keeps the original graph's handles working). False for a
 // graph with a cycle.
@@ -153,7 +177,10 @@ bool order_exec(const Graph& g, GraphExec& exec) {
           ExecChild{i, positions[i], replay_order(*node.child, inner)->size(), inner};
     }
     if (node.type != CU_GRAPH_NODE_TYPE_KERNEL || !node.work) continue;
-    exec.kernels[handle_of(g.nodes[i].get())] = ExecKernel{i, positions[i], node.context};
+    ExecKernel& kernel = exec.kernels[handle_of(g.nodes[i].get())];
+    const bool enabled = kernel.enabled;  // a whole-graph update keeps a node's enabled state
+    kernel = ExecKernel{i, positions[i], node.context, true, nullptr};
+    if (!enabled) disable_kernel(exec, kernel);
   }
   return true;
 }
@@ -662,11 +689,35 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphExecKernelNodeSetParams_v2(
     Work work = std::make_shared<const std::function<void()>>(kernel_work(
         fn->def, Dim3{p->gridDimX, p->gridDimY, p->gridDimZ},
         Dim3{p->blockDimX, p->blockDimY, p->blockDimZ}, std::move(sms), std::move(args)));
+    ++s.graph_node_updates;
+    if (!slot->second.enabled) {  // runs once the node is enabled again
+      slot->second.disabled_work = std::move(work);
+      return CUDA_SUCCESS;
+    }
     // Copy on write: a queued launch holds the order it was given.
     auto order = std::make_shared<std::vector<Work>>(*exec->order);
     (*order)[slot->second.position] = std::move(work);
     exec->order = std::move(order);
-    ++s.graph_node_updates;
+    return CUDA_SUCCESS;
+  });
+}
+
+// Enables or disables a kernel node of an executable graph: a disabled node runs as an empty node
+// in later launches (launches already queued keep what they were launched with). The real driver
+// also takes memset and memcpy nodes; the server disables only kernel nodes (launch_batch.cpp),
+// so this driver refuses the others with CUDA_ERROR_INVALID_VALUE.
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphNodeSetEnabled(CUgraphExec hexec,
+                                                                 CUgraphNode hnode,
+                                                                 unsigned int enabled) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    GraphExec* exec = s.graph_execs.get(hexec);
+    if (exec == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    auto slot = exec->kernels.find(hnode);
+    if (slot == exec->kernels.end()) return CUDA_ERROR_INVALID_VALUE;
+    if (enabled != 0 && !slot->second.enabled) enable_kernel(*exec, slot->second);
+    if (enabled == 0 && slot->second.enabled) disable_kernel(*exec, slot->second);
+    ++s.graph_node_toggles;
     return CUDA_SUCCESS;
   });
 }
@@ -689,6 +740,12 @@ MPSSHIM_TESTDRIVER_EXPORT unsigned long long mpsshim_testdriver_graph_node_updat
   State& s = state();
   std::lock_guard lock(s.mutex);
   return s.graph_node_updates;
+}
+
+MPSSHIM_TESTDRIVER_EXPORT unsigned long long mpsshim_testdriver_graph_node_toggles(void) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  return s.graph_node_toggles;
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphAddMemsetNode(CUgraphNode* out, CUgraph hgraph,

@@ -46,11 +46,14 @@ struct GraphShape {
 
 // A kernel node of an executable graph, for cuGraphExecKernelNodeSetParams: its index in the
 // graph, where its work sits in the replay order, and the context it runs in (an update may not
-// move it to another).
+// move it to another). A disabled node (cuGraphNodeSetEnabled) has no work in the replay order
+// and keeps it in `disabled_work`, which updates change, until it is enabled again.
 struct ExecKernel {
   std::size_t node = 0;
   std::size_t position = 0;
   CUcontext context = nullptr;
+  bool enabled = true;
+  Work disabled_work;
 };
 
 // A child graph node of an executable graph, for cuGraphExecChildGraphNodeSetParams: its index in

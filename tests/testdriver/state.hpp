@@ -228,6 +228,7 @@ class State {
   HandleTable<CUgraphExec, GraphExec> graph_execs;
   std::uint64_t graph_instantiations = 0;  // test hooks (graph.cpp)
   std::uint64_t graph_node_updates = 0;
+  std::uint64_t graph_node_toggles = 0;  // cuGraphNodeSetEnabled calls
   std::unordered_map<const Event*, CapturedRecord> captured_events;
   std::uint64_t next_capture_id = 1;
   std::uint64_t next_split = 1;

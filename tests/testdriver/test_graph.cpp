@@ -338,6 +338,57 @@ std::vector<std::pair<CUgraphNode, CUgraphNode>> edges_of(Session& s, CUgraph gr
   return edges;
 }
 
+TEST_CASE("a disabled kernel node runs nothing until enabled, then with its latest parameters",
+          "[graph]") {
+  Session s;
+  const CUdeviceptr p = s.alloc(kElements * sizeof(unsigned));
+  s.upload(p, std::vector<unsigned>(kElements, 0));
+  const CUfunction fill = s.function("fill_u32");
+  // A chain of three fills of the same words: 1, 2, 3. The last one to run decides.
+  CUdeviceptr dst = p;
+  int n = kElements;
+  unsigned values[3] = {1, 2, 3};
+  void* args[3][3] = {{&dst, &values[0], &n}, {&dst, &values[1], &n}, {&dst, &values[2], &n}};
+  CUgraph graph = nullptr;
+  REQUIRE_CU(s.sut.cuGraphCreate(&graph, 0));
+  CUgraphNode nodes[3] = {};
+  for (int i = 0; i < 3; ++i) {
+    CUDA_KERNEL_NODE_PARAMS kp = fill_node(fill, false, nullptr, args[i]);
+    REQUIRE_CU(s.sut.cuGraphAddKernelNode_v2(&nodes[i], graph, i == 0 ? nullptr : &nodes[i - 1],
+                                             i == 0 ? 0 : 1, &kp));
+  }
+  CUgraphExec exec = nullptr;
+  REQUIRE_CU(s.sut.cuGraphInstantiateWithFlags(&exec, graph, 0));
+  auto launch_and_read = [&] {
+    REQUIRE_CU(s.sut.cuGraphLaunch(exec, s.stream));
+    s.sync();
+    return s.download<unsigned>(p, kElements)[0];
+  };
+  CHECK(launch_and_read() == 3);
+
+  REQUIRE_CU(s.sut.cuGraphNodeSetEnabled(exec, nodes[2], 0));
+  CHECK(launch_and_read() == 2);
+  // An update of a disabled node waits for it to be enabled.
+  values[2] = 7;
+  CUDA_KERNEL_NODE_PARAMS kp = fill_node(fill, false, nullptr, args[2]);
+  REQUIRE_CU(s.sut.cuGraphExecKernelNodeSetParams_v2(exec, nodes[2], &kp));
+  CHECK(launch_and_read() == 2);
+  REQUIRE_CU(s.sut.cuGraphNodeSetEnabled(exec, nodes[2], 1));
+  CHECK(launch_and_read() == 7);
+  // Two disabled at the chain's end, then the middle one alone: its dependents still run.
+  REQUIRE_CU(s.sut.cuGraphNodeSetEnabled(exec, nodes[1], 0));
+  REQUIRE_CU(s.sut.cuGraphNodeSetEnabled(exec, nodes[2], 0));
+  CHECK(launch_and_read() == 1);
+  REQUIRE_CU(s.sut.cuGraphNodeSetEnabled(exec, nodes[2], 1));
+  REQUIRE_CU(s.sut.cuGraphNodeSetEnabled(exec, nodes[2], 1));  // enabling twice is harmless
+  CHECK(launch_and_read() == 7);
+  // A node of no executable graph is refused.
+  CHECK_CU(s.sut.cuGraphNodeSetEnabled(exec, reinterpret_cast<CUgraphNode>(&n), 0),
+           CUDA_ERROR_INVALID_VALUE);
+  REQUIRE_CU(s.sut.cuGraphExecDestroy(exec));
+  REQUIRE_CU(s.sut.cuGraphDestroy(graph));
+}
+
 TEST_CASE("a capture into an existing graph adds its work after the nodes named, into that graph",
           "[graph]") {
   Session s;
