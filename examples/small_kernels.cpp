@@ -35,6 +35,7 @@ struct GapSummary {
   double gap_p99_us = 0;    // ... its 99th percentile
   double sync_gap_us = 0;   // mean idle time before the first kernel after a synchronization
   std::string by_position;  // mean gap before kernels 1-7, 8-15, ... of each run, '/'-joined
+  std::string head;         // mean gap before each of kernels 1-16 of each run, '/'-joined
 };
 
 double percentile(std::vector<double> values, double p) {
@@ -56,6 +57,9 @@ GapSummary summarize_gaps(const std::vector<std::uint64_t>& stamps, long long sy
       std::max<std::size_t>(1, static_cast<std::size_t>(sync_every) / kBuckets);
   std::vector<double> bucket_sum(kBuckets, 0);
   std::vector<std::size_t> bucket_n(kBuckets, 0);
+  constexpr std::size_t kHead = 16;
+  std::vector<double> head_sum(kHead, 0);
+  std::vector<std::size_t> head_n(kHead, 0);
   for (std::size_t i = 0; i < kernels; ++i) {
     run_sum += 1e-3 * static_cast<double>(stamps[2 * i + 1] - stamps[2 * i]);
     if (i == 0) continue;
@@ -70,6 +74,10 @@ GapSummary summarize_gaps(const std::vector<std::uint64_t>& stamps, long long sy
       continue;
     }
     inside.push_back(gap);
+    if (position <= kHead) {
+      head_sum[position - 1] += gap;
+      ++head_n[position - 1];
+    }
     const std::size_t bucket = std::min(kBuckets - 1, position / width);
     bucket_sum[bucket] += gap;
     ++bucket_n[bucket];
@@ -87,6 +95,13 @@ GapSummary summarize_gaps(const std::vector<std::uint64_t>& stamps, long long sy
     std::snprintf(text, sizeof text, "%s%.2f", out.by_position.empty() ? "" : "/",
                   bucket_sum[b] / static_cast<double>(bucket_n[b]));
     out.by_position += text;
+  }
+  for (std::size_t p = 0; p < kHead; ++p) {
+    if (head_n[p] == 0) continue;
+    char text[32];
+    std::snprintf(text, sizeof text, "%s%.2f", out.head.empty() ? "" : "/",
+                  head_sum[p] / static_cast<double>(head_n[p]));
+    out.head += text;
   }
   return out;
 }
@@ -183,6 +198,7 @@ int main(int argc, char** argv) {
     report.add_fixed("gap_p99_us", g.gap_p99_us, 2);
     report.add_fixed("sync_gap_us", g.sync_gap_us, 2);
     report.add("gap_by_position_us", g.by_position);
+    report.add("gap_head_us", g.head);
     // Every kernel ran at least its spin (a stamp left unwritten reads as a huge or negative time).
     report.expect(g.run_us >= 1e-3 * static_cast<double>(spin_ns) && g.gap_us >= 0,
                   "stamps_inconsistent");

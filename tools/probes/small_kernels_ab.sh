@@ -14,7 +14,8 @@
 # round,mode,clients,kernels_per_s; OUT/summary.txt: medians (min-max) and the ratio to MPS.
 # SK_ARGS (environment) adds arguments to every small_kernels, e.g. SK_ARGS=--gaps: the summary
 # then also gives, per mode and size, the clients' median idle time between kernels (gap_us),
-# across a synchronization (sync_gap_us) and by position in the run of 64. OUT/lines.txt keeps
+# across a synchronization (sync_gap_us), by position in the run of 64 and before each of its
+# first 16 kernels. OUT/lines.txt keeps
 # every client's result line.
 set -uo pipefail
 build=$(realpath "$1")
@@ -120,6 +121,10 @@ for (n, mode), rows in sorted(groups.items()):
     print(f"N={n:>3} {mode:>12}: run {med('run_us'):6.2f} gap {med('gap_us'):6.2f}"
           f" ({med('gap_p50_us'):.2f}, {med('gap_p99_us'):.2f}) sync {med('sync_gap_us'):7.2f}"
           f"  by position {'/'.join(f'{p:.2f}' for p in positions)}")
+    if "gap_head_us" in rows[0]:
+        head = [statistics.median(float(r["gap_head_us"].split("/")[b]) for r in rows)
+                for b in range(len(rows[0]["gap_head_us"].split("/")))]
+        print(f"{'':>18} before kernels 1-16: {'/'.join(f'{p:.2f}' for p in head)}")
 EOF
 fi
 cat "$out/summary.txt"
