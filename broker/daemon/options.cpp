@@ -37,6 +37,7 @@ enum LongOnly : int {
   kServerLaunchBatchMin,
   kBusyTime,
   kHostFences,
+  kCrowdedFenceMaxQueued,
   kShareImages,
   kLaunchBatchRamp,
   kLaunchBatchGraphs,
@@ -147,6 +148,9 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
   --host-fences on|off  whether every GPU's server learns that a client's work finished from a
                        word the GPU writes into host memory, instead of polling events (default
                        on; see docs/daemon.md)
+  --crowded-fence-max-queued N  while a server has more clients than it lets spin, a
+                       synchronize gets a host fence only behind at most N queued operations
+                       (default 8; docs/daemon.md)
   --share-images on|off  whether a GPU's server loads a library image once for every client that
                        sends the same bytes (default on; only images without __device__,
                        __constant__ or __managed__ variables; see docs/daemon.md)
@@ -204,6 +208,7 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
       {"server-launch-batch-min", required_argument, nullptr, kServerLaunchBatchMin},
       {"busy-time", required_argument, nullptr, kBusyTime},
       {"host-fences", required_argument, nullptr, kHostFences},
+      {"crowded-fence-max-queued", required_argument, nullptr, kCrowdedFenceMaxQueued},
       {"share-images", required_argument, nullptr, kShareImages},
       {"launch-batch-ramp", required_argument, nullptr, kLaunchBatchRamp},
       {"launch-batch-graphs", required_argument, nullptr, kLaunchBatchGraphs},
@@ -368,6 +373,12 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
               fmt::format("--launch-batch-graphs {}: expected padded, runs or exact", value));
         }
         options.server_launch_batch_graphs = std::string(value);
+        break;
+      }
+      case kCrowdedFenceMaxQueued: {
+        auto n = number<int>("--crowded-fence-max-queued", arg, 0, 1 << 20);
+        if (!n) return tl::unexpected(n.error());
+        options.server_crowded_fence_max_queued = *n;
         break;
       }
       case kHostFences: {

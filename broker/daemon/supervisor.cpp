@@ -94,6 +94,10 @@ std::vector<std::string> Supervisor::server_arguments(int ordinal) const {
   }
   if (config_.server_busy_time) args.insert(args.end(), {"--busy-time", "on"});
   if (!config_.server_host_fences) args.insert(args.end(), {"--host-fences", "off"});
+  if (config_.server_crowded_fence_max_queued) {
+    args.insert(args.end(), {"--crowded-fence-max-queued",
+                             std::to_string(*config_.server_crowded_fence_max_queued)});
+  }
   if (!config_.server_share_images) args.insert(args.end(), {"--share-images", "off"});
   if (config_.server_spin_clients) {
     args.insert(args.end(), {"--spin-clients", std::to_string(*config_.server_spin_clients)});

@@ -64,6 +64,7 @@ struct SupervisorConfig {
   std::optional<std::string> server_launch_batch_graphs{};  // passed as --launch-batch-graphs
   bool server_busy_time = false;                            // passed as --busy-time on
   bool server_host_fences = true;                           // false: passed as --host-fences off
+  std::optional<int> server_crowded_fence_max_queued{};     // passed as --crowded-fence-max-queued
   bool server_share_images = true;                          // false: passed as --share-images off
   std::optional<int> server_event_poll_us{};                // passed as --event-poll-us
   std::optional<int> server_spin_clients{};                 // passed as --spin-clients

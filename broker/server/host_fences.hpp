@@ -31,12 +31,17 @@
 
 namespace mpsshim::server {
 
-// A synchronize of a stream with at most this many operations queued since it was last known
-// idle gets a host fence: it is latency-bound (a launch and its synchronize), and the fence
-// answers it ~1.5-2 us sooner. Behind more work it is throughput-bound and gets only an event:
-// cuStreamWriteValue32 costs ~1.9 us of driver CPU (serialized with the process's launches),
-// which cost 8 clients of 64 small kernels per synchronize ~10% of their kernels/s on an H100.
-inline constexpr std::uint64_t kHostFenceMaxQueued = 8;
+// Every synchronize gets a host fence, unless the server is crowded (more clients than it lets
+// spin, Server::crowded) and more than this many operations were queued on the stream since it
+// was last known idle: then it is throughput-bound and gets only an event. A fence answers a
+// synchronize sooner (the worker reads a word instead of asking the driver, ~1.5 us per query),
+// but its cuStreamWriteValue32 costs ~1.9 us of driver CPU, serialized with the process's
+// launches. Measured on an H100 (driver 580, 2026-11-28, tools/probes/small_kernels_ab.sh,
+// 64 small kernels per synchronize, two rounds): with a fence on every synchronize 1 client
+// went from 89.0 k to 90.0 k kernels/s and its stream's idle time at a synchronize from 19.3
+// to 14.2 us, 8 clients from 646 k to 672 k (idle 27.3 -> 23.1 us), while 32 clients (crowded
+// on 16 CPUs) fell from 1.91 M to 1.67 M. (mpsshim-server --crowded-fence-max-queued N.)
+inline constexpr std::uint64_t kCrowdedFenceMaxQueued = 8;
 
 // A waiting completion that has not fired after this long also queries its event (a fault
 // stops the stream before its fence's write).

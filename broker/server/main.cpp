@@ -100,6 +100,7 @@ int main(int argc, char** argv) {
   settings.launch_batch.graphs = options->launch_batch_graphs;
   settings.busy_time = options->busy_time;
   settings.host_fences = options->host_fences;
+  settings.crowded_fence_max_queued = options->crowded_fence_max_queued;
   settings.share_images = options->share_images;
   settings.event_poll = std::chrono::microseconds(options->event_poll_us);
   // Each spinning client holds a CPU; so does each busy worker.

@@ -95,6 +95,13 @@ tl::expected<Options, std::string> parse_options(std::span<const char* const> ar
         return tl::unexpected(fmt::format("--host-fences {}: expected on or off", value));
       }
       options.host_fences = value == "on";
+    } else if (flag == "--crowded-fence-max-queued") {
+      if (!parse_number(value, options.crowded_fence_max_queued) ||
+          options.crowded_fence_max_queued > kMaxCrowdedFenceQueued) {
+        return tl::unexpected(
+            fmt::format("--crowded-fence-max-queued {}: expected 0 to {} operations", value,
+                        kMaxCrowdedFenceQueued));
+      }
     } else if (flag == "--share-images") {
       if (value != "on" && value != "off") {
         return tl::unexpected(fmt::format("--share-images {}: expected on or off", value));

@@ -3,7 +3,7 @@
 //                  [--default-sm-percentage P] [--default-memory-limit BYTES] [--workers N]
 //                  [--launch-batch N] [--launch-batch-min N] [--launch-batch-ramp N|on|off]
 //                  [--launch-batch-graphs padded|runs|exact]
-//                  [--host-fences on|off] [--share-images on|off]
+//                  [--host-fences on|off] [--crowded-fence-max-queued N] [--share-images on|off]
 //                  [--context-idle-timeout SECS] [--priority-scheduling on|off]
 //                  [--priority-max-hold-us N] [--priority-fence-poll-us N] [--priority-run-ahead N]
 //                  [--priority-reserve-sms N|P%]
@@ -48,6 +48,9 @@ struct Options {
   LaunchBatchSettings::Graphs launch_batch_graphs = LaunchBatchSettings{}.graphs;
   bool busy_time = false;   // --busy-time on: GPU busy time per client (busy_time.hpp)
   bool host_fences = true;  // --host-fences off: completions poll events (host_fences.hpp)
+  // --crowded-fence-max-queued N: while crowded, a synchronize behind at most N operations gets
+  // a host fence (ServerSettings::crowded_fence_max_queued).
+  std::uint64_t crowded_fence_max_queued = kCrowdedFenceMaxQueued;
   bool share_images =
       true;  // --share-images off: every library loaded per session (image_cache.hpp)
   long event_poll_us = kDefaultEventPoll.count();  // --event-poll-us N (0: every pass)
@@ -66,6 +69,7 @@ struct Options {
 
 inline constexpr std::size_t kMaxWorkers = 256;
 inline constexpr std::size_t kMaxLaunchBatch = 256;
+inline constexpr std::uint64_t kMaxCrowdedFenceQueued = 1u << 20;
 
 // argv without the program name. The error names the offending argument.
 tl::expected<Options, std::string> parse_options(std::span<const char* const> args);
@@ -75,7 +79,8 @@ inline constexpr const char* kUsage =
     "[--log-level error|warn|info|debug] [--default-sm-percentage P] [--launch-batch N] "
     "[--launch-batch-min N] [--launch-batch-ramp N|on|off] "
     "[--launch-batch-graphs padded|runs|exact] [--busy-time on|off] "
-    "[--host-fences on|off] [--share-images on|off] [--event-poll-us N] "
+    "[--host-fences on|off] [--crowded-fence-max-queued N] [--share-images on|off] "
+    "[--event-poll-us N] "
     "[--spin-clients N] "
     "[--default-memory-limit BYTES] [--workers N] "
     "[--context-idle-timeout SECS] [--priority-scheduling on|off] [--priority-max-hold-us N] "

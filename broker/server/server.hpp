@@ -47,6 +47,10 @@ struct ServerSettings {
   // Synchronizing calls learn of completion from a word the GPU writes (host_fences.hpp,
   // mpsshim-server --host-fences). On by default: see host_fences.hpp for the measurement.
   bool host_fences = true;
+  // While the server is crowded, a synchronize gets a host fence only when at most this many
+  // operations were queued on its stream since it was last known idle; otherwise always
+  // (host_fences.hpp, mpsshim-server --crowded-fence-max-queued).
+  std::uint64_t crowded_fence_max_queued = kCrowdedFenceMaxQueued;
   // How often a completion without a host fence asks the driver about its event
   // (mpsshim-server --event-poll-us; 0: on every pass). Every cuEventQuery takes a driver lock
   // that other workers' launches wait for (docs/architecture.md, the path of one launch).

@@ -150,7 +150,7 @@ CUresult Session::complete_after(std::uint64_t id, StreamObj& stream, Completion
 }
 
 CUresult Session::fence_stream_into(Completion& completion, std::uint64_t id, StreamObj& stream) {
-  const bool latency_bound = stream.queued - stream.settled <= kHostFenceMaxQueued;
+  const bool latency_bound = stream.queued - stream.settled <= fence_max_queued;
   return fence_into(completion, stream.stream, latency_bound, id, stream.queued);
 }
 

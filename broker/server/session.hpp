@@ -208,8 +208,8 @@ class Session {
   // 0, is the client stream's, `queued` its StreamObj::queued now.
   CUresult fence_into(Completion& completion, CUstream stream, bool host_fence = true,
                       std::uint64_t id = 0, std::uint64_t queued = 0);
-  // Fences the client's stream `id` into `completion`, with a host fence when little work is
-  // queued on it (kHostFenceMaxQueued).
+  // Fences the client's stream `id` into `completion`, with a host fence unless more work than
+  // fence_max_queued is queued on it.
   CUresult fence_stream_into(Completion& completion, std::uint64_t id, StreamObj& stream);
   // Queues `completion` with what it already waits for (answered at the next poll, after the
   // session's earlier completions).
@@ -313,6 +313,10 @@ class Session {
   // (ServerSettings::host_fences, and off for the session after a failed fence).
   HostFences host_fences;
   bool use_host_fences = false;
+  // A synchronize gets a host fence when at most this many operations are queued on its stream:
+  // no limit unless the server is crowded (Worker::drain_ring sets it at every pass from
+  // ServerSettings::crowded_fence_max_queued; host_fences.hpp).
+  std::uint64_t fence_max_queued = UINT64_MAX;
   // ServerSettings::event_poll, copied at admission: a completion's event is asked at most
   // this often (completions.cpp).
   std::chrono::microseconds event_poll{0};

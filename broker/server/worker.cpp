@@ -201,6 +201,9 @@ std::size_t Worker::drain_ring(Session& session) {
   if (!session.launch_batching) batching.max_launches = 0;  // MPSSHIM_LAUNCH_BATCHING=off
   // Crowded, driver calls limit throughput more than one stream's idle time: no ramp.
   if (crowded_told_) batching.ramp_last = 0;
+  // Crowded, a host fence's driver call costs more than a synchronize gains (host_fences.hpp).
+  session.fence_max_queued =
+      crowded_told_ ? server_.settings().crowded_fence_max_queued : UINT64_MAX;
   session.launch_batch.configure(batching);
   std::size_t done = 0;
   DispatchOutcome outcome;

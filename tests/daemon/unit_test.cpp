@@ -198,6 +198,21 @@ TEST_CASE("--launch-batch-graphs is the server's default unless given", "[option
   CHECK(daemon_usage().find("--launch-batch-graphs padded|runs|exact") != std::string::npos);
 }
 
+TEST_CASE("--crowded-fence-max-queued is the server's default unless given", "[options]") {
+  auto parse = [](std::vector<const char*> args) {
+    args.insert(args.begin(), "mpsshimd");
+    return parse_daemon_options(static_cast<int>(args.size()), const_cast<char**>(args.data()));
+  };
+  auto unset = parse({});
+  REQUIRE(unset);
+  CHECK_FALSE(unset->server_crowded_fence_max_queued);
+  auto sixty_four = parse({"--crowded-fence-max-queued", "64"});
+  REQUIRE(sixty_four);
+  CHECK(sixty_four->server_crowded_fence_max_queued == 64);
+  CHECK_FALSE(parse({"--crowded-fence-max-queued", "-1"}));
+  CHECK(daemon_usage().find("--crowded-fence-max-queued N") != std::string::npos);
+}
+
 TEST_CASE("--server-launch-batch-min is passed on as every server's --launch-batch-min",
           "[options]") {
   auto parse = [](std::vector<const char*> args) {

@@ -131,6 +131,24 @@ TEST_CASE("--launch-batch-graphs is padded by default; runs, exact and bad value
   CHECK(std::string(kUsage).find("--launch-batch-graphs padded|runs|exact") != std::string::npos);
 }
 
+TEST_CASE("--crowded-fence-max-queued: 8 by default, any count, bad values", "[server][options]") {
+  auto sut = parse({"--device", "0", "--control-fd", "3"});
+  REQUIRE(sut);
+  CHECK(sut->crowded_fence_max_queued == kCrowdedFenceMaxQueued);
+  auto zero = parse({"--device", "0", "--control-fd", "3", "--crowded-fence-max-queued", "0"});
+  REQUIRE(zero);
+  CHECK(zero->crowded_fence_max_queued == 0);
+  auto many = parse({"--device", "0", "--control-fd", "3", "--crowded-fence-max-queued", "64"});
+  REQUIRE(many);
+  CHECK(many->crowded_fence_max_queued == 64);
+  for (const char* bad : {"-1", "many", "2000000"}) {
+    auto refused = parse({"--device", "0", "--control-fd", "3", "--crowded-fence-max-queued", bad});
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().find("--crowded-fence-max-queued") != std::string::npos);
+  }
+  CHECK(std::string(kUsage).find("--crowded-fence-max-queued N") != std::string::npos);
+}
+
 TEST_CASE("--host-fences is on by default; off and bad values", "[server][options]") {
   auto sut = parse({"--device", "0", "--control-fd", "3"});
   REQUIRE(sut);

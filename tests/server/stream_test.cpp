@@ -251,6 +251,33 @@ TEST_CASE("a synchronize after queued work waits on a word the GPU writes, not o
   CHECK(fake_gpu().value_writes == writes + 2);
 }
 
+TEST_CASE("a synchronize behind much work gets a host fence unless the server is crowded",
+          "[server][streams][host_fences]") {
+  for (bool crowded : {false, true}) {
+    INFO((crowded ? "crowded" : "not crowded"));
+    ServerSettings settings;
+    if (crowded) settings.spin_clients = 0;  // one client is more than the server lets spin
+    Harness h(settings);
+    TestClient sut(h);
+    auto ctx = sut.create_context();
+    std::uint64_t dptr = sut.alloc(ctx.ctx, kMiB);
+    // More operations than a crowded server fences.
+    for (std::uint64_t i = 0; i <= kCrowdedFenceMaxQueued; ++i) {
+      memset_on(sut, ctx.default_stream, dptr);
+    }
+    const int writes = fake_gpu().value_writes;
+    sut.send(Op::kStreamSynchronize, proto::HandleReq{ctx.default_stream}, 0);
+    REQUIRE(h.pump_until([&] { return sut.slot_ready(0); }));
+    CHECK(sut.view().slot(0)->result == CUDA_SUCCESS);
+    CHECK(fake_gpu().value_writes == writes + (crowded ? 0 : 1));
+    // Behind little work, a crowded server fences too.
+    memset_on(sut, ctx.default_stream, dptr);
+    sut.send(Op::kStreamSynchronize, proto::HandleReq{ctx.default_stream}, 1);
+    REQUIRE(h.pump_until([&] { return sut.slot_ready(1); }));
+    CHECK(fake_gpu().value_writes == writes + (crowded ? 1 : 2));
+  }
+}
+
 TEST_CASE("a stream the client found idle with a query is known idle", "[server][streams]") {
   Harness h;
   TestClient sut(h);
