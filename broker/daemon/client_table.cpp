@@ -311,21 +311,32 @@ std::string batched_field(const Fields& fields) {
   return fmt::format("{}/{:.1f}", *batched, *batched / *batches);
 }
 
+// Kernel images the client loaded that it shares with other clients / that it loaded alone:
+// "441/3"; "-" from a server that does not say.
+std::string images_field(const Fields& fields) {
+  auto shared = parse_number(field(fields, "images_shared"));
+  auto own = parse_number(field(fields, "images_private"));
+  if (!shared || !own) return "-";
+  return fmt::format("{}/{}", *shared, *own);
+}
+
 std::string format_stats_table(const std::vector<ServerClients>& servers) {
   constexpr std::string_view kRow =
-      "{:<9}{:<12}{:<5}{:<11}{:<10}{:<11}{:<11}{:<11}{:<14}{:<17}{}\n";
-  std::string table = fmt::format(kRow, "PID", "USER", "GPU", "RECORDS", "SERVER", "DELAY_P50",
-                                  "DELAY_P99", "DELAY_MAX", "BATCHED", "PROGRAM", "TOP");
+      "{:<9}{:<12}{:<5}{:<11}{:<10}{:<11}{:<11}{:<11}{:<14}{:<11}{:<11}{:<17}{}\n";
+  std::string table =
+      fmt::format(kRow, "PID", "USER", "GPU", "RECORDS", "SERVER", "DELAY_P50", "DELAY_P99",
+                  "DELAY_MAX", "BATCHED", "IMAGES", "PRIVATE", "PROGRAM", "TOP");
   std::string notes;
   for_each_line(
       servers,
       [&](int gpu, const Fields& fields) {
-        table += fmt::format(kRow, field(fields, "pid"), user_name(field(fields, "uid")), gpu,
-                             field(fields, "records"), duration_field(fields, "server_us"),
-                             duration_field(fields, "delay_p50_us"),
-                             duration_field(fields, "delay_p99_us"),
-                             duration_field(fields, "delay_max_us"), batched_field(fields),
-                             field(fields, "program"), top_field(fields));
+        table += fmt::format(
+            kRow, field(fields, "pid"), user_name(field(fields, "uid")), gpu,
+            field(fields, "records"), duration_field(fields, "server_us"),
+            duration_field(fields, "delay_p50_us"), duration_field(fields, "delay_p99_us"),
+            duration_field(fields, "delay_max_us"), batched_field(fields), images_field(fields),
+            bytes_field(fields, "images_private_bytes", false), field(fields, "program"),
+            top_field(fields));
       },
       [&](int gpu, const std::string& line) { notes += fmt::format("GPU {}: {}\n", gpu, line); });
   return table + notes;
@@ -353,6 +364,10 @@ nlohmann::json stats_json(const std::vector<ServerClients>& servers, const std::
         {"worker", json_number(fields, "worker")},
         {"batches", json_number(fields, "batches")},
         {"batched", json_number(fields, "batched")},
+        {"images_shared", json_number(fields, "images_shared")},
+        {"images_shared_bytes", json_number(fields, "images_shared_bytes")},
+        {"images_private", json_number(fields, "images_private")},
+        {"images_private_bytes", json_number(fields, "images_private_bytes")},
         {"top", std::move(top)},
     });
     clients.push_back(std::move(entry));

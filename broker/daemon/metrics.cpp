@@ -297,6 +297,10 @@ std::string format_metrics(const MetricsInput& input) {
                  "Kernel launches of the client that went out inside graph launches."};
   Family graphs{"mpsshim_client_graph_launches_total", "counter",
                 "Graph launches the server issued for the client's batched kernel launches."};
+  Family images{"mpsshim_client_images_loaded_total", "counter",
+                "Kernel images the client loaded: shared with other clients, or its own."};
+  Family image_bytes{"mpsshim_client_image_bytes_loaded_total", "counter",
+                     "Bytes of the kernel images the client loaded: shared, or its own."};
 
   start.add("", input.start_time_seconds);
   if (!input.version.empty()) {
@@ -338,6 +342,17 @@ std::string format_metrics(const MetricsInput& input) {
     if (auto v = number_of(fields, "server_us")) server_seconds.add(labels, *v / 1e6);
     if (auto v = number_of(fields, "batched")) batched.add(labels, *v);
     if (auto v = number_of(fields, "batches")) graphs.add(labels, *v);
+    for (std::string_view sharing : {"shared", "private"}) {
+      // The sharing label goes inside the client's braces.
+      const std::string with_sharing =
+          fmt::format("{},sharing=\"{}\"}}", labels.substr(0, labels.size() - 1), sharing);
+      if (auto v = number_of(fields, fmt::format("images_{}", sharing))) {
+        images.add(with_sharing, *v);
+      }
+      if (auto v = number_of(fields, fmt::format("images_{}_bytes", sharing))) {
+        image_bytes.add(with_sharing, *v);
+      }
+    }
   });
 
   for (std::size_t i = 0; i < input.servers.size(); ++i) {
@@ -363,10 +378,10 @@ std::string format_metrics(const MetricsInput& input) {
 
   std::string text;
   for (const Family* family :
-       {&start,   &build,        &up,        &restarts,       &faults,   &answered,
-        &clients, &info,         &sms,       &memory,         &launches, &used,
-        &limit,   &client_sms,   &held_back, &peak,           &pinned,   &busy,
-        &copied,  &client_start, &records,   &server_seconds, &batched,  &graphs}) {
+       {&start,          &build,   &up,     &restarts, &faults,     &answered,     &clients,
+        &info,           &sms,     &memory, &launches, &used,       &limit,        &client_sms,
+        &held_back,      &peak,    &pinned, &busy,     &copied,     &client_start, &records,
+        &server_seconds, &batched, &graphs, &images,   &image_bytes}) {
     text += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}", family->name, family->help, family->name,
                         family->type, family->samples);
   }

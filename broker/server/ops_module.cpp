@@ -238,6 +238,15 @@ OpResult op_image_load(Call& call) {
     if (id == 0 && !shared) cu.cuLibraryUnload(loaded);
   }
   if (id == 0) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+  const LibraryObj* library =
+      req.kind == proto::ImageKind::kLibrary ? session.objects.get<LibraryObj>(id) : nullptr;
+  if (library != nullptr && library->shared != nullptr) {
+    ++session.stats.images_shared;
+    session.stats.images_shared_bytes += req.bytes;
+  } else {
+    ++session.stats.images_private;
+    session.stats.images_private_bytes += req.bytes;
+  }
   return call.reply(proto::ImageLoadRep{id});
 }
 

@@ -46,6 +46,15 @@ struct SessionStats {
   std::uint64_t batch_padding = 0;
   std::uint64_t batch_graphs = 0;
   std::uint64_t batch_fallbacks = 0;
+  // Kernel images the session loaded (op_image_load), and their bytes: libraries it shares with
+  // other sessions (found in the image cache or published there, image_cache.hpp), and libraries
+  // and modules loaded for it alone (variables in them, a module, or sharing off). The driver
+  // keeps several bytes of host memory per byte of a loaded image: the private bytes are what
+  // this session costs the server's memory beyond what it shares.
+  std::uint64_t images_shared = 0;
+  std::uint64_t images_shared_bytes = 0;
+  std::uint64_t images_private = 0;
+  std::uint64_t images_private_bytes = 0;
 
   // steady_clock is CLOCK_MONOTONIC (libstdc++ on Linux, through the vDSO), the clock of the
   // client's RecordHeader::send_stamp.

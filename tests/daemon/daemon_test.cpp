@@ -447,11 +447,12 @@ TEST_CASE("stats shows every server's per-client figures", "[stats]") {
   CHECK(stats.exit_code == 0);
   CHECK(contains(stats.out,
                  "PID      USER        GPU  RECORDS    SERVER    DELAY_P50  DELAY_P99  DELAY_MAX  "
-                 "BATCHED       PROGRAM          TOP\n"));
+                 "BATCHED       IMAGES     PRIVATE    PROGRAM          TOP\n"));
   CHECK(contains(stats.out, "\n4242     "));
   CHECK(contains(stats.out,
                  "1    20512      55.1ms    0.4us      3.1us      8.2us      19200/64.0    "
-                 "fake-client-gpu1 LaunchKernel:20000:51.2ms,StreamSynchronize:12:3.1ms\n"));
+                 "441/3      8.0 MiB    fake-client-gpu1 "
+                 "LaunchKernel:20000:51.2ms,StreamSynchronize:12:3.1ms\n"));
   CHECK(contains(stats.out, "fake-client-gpu0"));
   CHECK(contains(stats.out, "GPU 0: not a client line\n"));
 }
@@ -481,6 +482,10 @@ TEST_CASE("stats --json gives the same figures as numbers", "[stats][json]") {
       {"worker", 0},
       {"batches", 300},
       {"batched", 19200},
+      {"images_shared", 441},
+      {"images_shared_bytes", 289931264},
+      {"images_private", 3},
+      {"images_private_bytes", 8388608},
       {"top",
        {{{"op", "LaunchKernel"}, {"count", 20000}, {"server_us", 51234}},
         {{"op", "StreamSynchronize"}, {"count", 12}, {"server_us", 3100}}}},
@@ -823,6 +828,12 @@ TEST_CASE("GET /metrics reports every GPU's server and every client's figures", 
   CHECK(contains(m, "mpsshim_client_server_seconds_total" + client + " 0.055123\n"));
   CHECK(contains(m, "mpsshim_client_launches_batched_total" + client + " 19200\n"));
   CHECK(contains(m, "mpsshim_client_graph_launches_total" + client + " 300\n"));
+  CHECK(contains(m, "mpsshim_client_images_loaded_total" + copied + ",sharing=\"shared\"} 441\n"));
+  CHECK(contains(m, "mpsshim_client_images_loaded_total" + copied + ",sharing=\"private\"} 3\n"));
+  CHECK(contains(
+      m, "mpsshim_client_image_bytes_loaded_total" + copied + ",sharing=\"shared\"} 289931264\n"));
+  CHECK(contains(
+      m, "mpsshim_client_image_bytes_loaded_total" + copied + ",sharing=\"private\"} 8388608\n"));
   CHECK(contains(m, "program=\"fake-client-gpu0\""));
 
   HttpReply other = get(port, "/");

@@ -1,6 +1,8 @@
 // broker/server/image_cache: one library per distinct image, unloaded by whoever lets go last;
 // and through the server, sessions sending the same bytes share one driver library, images
 // with device variables do not.
+#include <fmt/format.h>
+
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <thread>
@@ -182,6 +184,18 @@ TEST_CASE("sessions sending the same library image share one driver library",
   CHECK(fake_gpu().libraries_live == before + 3);
   CHECK(h.server->image_cache().stats().hits == 1);
   CHECK(h.server->image_cache().stats().private_loads == 2);
+  // Each session counts what it shares and what it loaded alone (mpsshimctl stats IMAGES).
+  for (TestClient* client : {&a, &b}) {
+    const Session* session = h.server->find_session(client->welcome().client_id);
+    REQUIRE(session != nullptr);
+    CHECK(session->stats.images_shared == 1);
+    CHECK(session->stats.images_shared_bytes == clean.size());
+    CHECK(session->stats.images_private == 1);
+    CHECK(session->stats.images_private_bytes == with_globals.size());
+  }
+  CHECK(h.server->stats_text(true).find(fmt::format(
+            "images_shared=1 images_shared_bytes={} images_private=1 images_private_bytes={} ",
+            clean.size(), with_globals.size())) != std::string::npos);
 
   // A shared library's string literals have no address for anyone; its other symbols do.
   auto global = [&](const std::string& name) {
