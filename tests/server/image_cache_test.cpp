@@ -193,7 +193,9 @@ TEST_CASE("sessions sending the same library image share one driver library",
     CHECK(session->stats.images_private == 1);
     CHECK(session->stats.images_private_bytes == with_globals.size());
   }
-  CHECK(h.server->stats_text(true).find(fmt::format(
+  const std::string stats = h.server->stats_text(true);
+  INFO(stats);
+  CHECK(stats.find(fmt::format(
             "images_shared=1 images_shared_bytes={} images_private=1 images_private_bytes={} ",
             clean.size(), with_globals.size())) != std::string::npos);
 
