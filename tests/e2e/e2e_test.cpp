@@ -93,6 +93,8 @@ TEST_CASE("small_kernels --gaps reads back when each kernel ran, through the bro
   CHECK(number("gap_p99_us") >= number("gap_p50_us"));
   // 15 positions per run in buckets of 2: positions 1, 2-3, ..., 14-15.
   CHECK(std::regex_search(o.out, std::regex("gap_by_position_us=([0-9.-]+/){7}[0-9.-]+ ")));
+  // And one figure for each of the first positions: 1 to 15 here.
+  CHECK(std::regex_search(o.out, std::regex("gap_head_us=([0-9.-]+/){14}[0-9.-]+(\\s|$)")));
 }
 
 TEST_CASE("ps accounts a real client's work: launches, bytes, memory, GPU time",
