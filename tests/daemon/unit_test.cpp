@@ -19,6 +19,12 @@ using namespace mpsshim::daemon;
 
 namespace {
 
+// mpsshimd's options from these arguments (the program name added).
+auto parse(std::vector<const char*> args) {
+  args.insert(args.begin(), "mpsshimd");
+  return parse_daemon_options(static_cast<int>(args.size()), const_cast<char**>(args.data()));
+}
+
 // Three GPUs whose UUIDs share the first byte: GPU-ab111111-..., GPU-ab222222-..., GPU-ab333333-...
 std::vector<std::optional<GpuUuid>> three_gpus() {
   std::vector<std::optional<GpuUuid>> uuids;
@@ -100,10 +106,6 @@ TEST_CASE("sizes print in the largest exact unit", "[sizes]") {
 }
 
 TEST_CASE("--server-launch-batch takes what a server's --launch-batch takes", "[options]") {
-  auto parse = [](std::vector<const char*> args) {
-    args.insert(args.begin(), "mpsshimd");
-    return parse_daemon_options(static_cast<int>(args.size()), const_cast<char**>(args.data()));
-  };
   auto unset = parse({});
   REQUIRE(unset);
   CHECK_FALSE(unset->server_launch_batch);
@@ -119,10 +121,6 @@ TEST_CASE("--server-launch-batch takes what a server's --launch-batch takes", "[
 }
 
 TEST_CASE("--launch-batching off passes --launch-batch 0 on; on keeps a size chosen", "[options]") {
-  auto parse = [](std::vector<const char*> args) {
-    args.insert(args.begin(), "mpsshimd");
-    return parse_daemon_options(static_cast<int>(args.size()), const_cast<char**>(args.data()));
-  };
   auto off = parse({"--launch-batching", "off"});
   REQUIRE(off);
   CHECK(off->server_launch_batch == 0);
@@ -142,10 +140,6 @@ TEST_CASE("--launch-batching off passes --launch-batch 0 on; on keeps a size cho
 }
 
 TEST_CASE("--host-fences is on unless turned off", "[options]") {
-  auto parse = [](std::vector<const char*> args) {
-    args.insert(args.begin(), "mpsshimd");
-    return parse_daemon_options(static_cast<int>(args.size()), const_cast<char**>(args.data()));
-  };
   auto unset = parse({});
   REQUIRE(unset);
   CHECK(unset->server_host_fences);
@@ -159,10 +153,6 @@ TEST_CASE("--host-fences is on unless turned off", "[options]") {
 }
 
 TEST_CASE("--launch-batch-ramp is the server's default unless given", "[options]") {
-  auto parse = [](std::vector<const char*> args) {
-    args.insert(args.begin(), "mpsshimd");
-    return parse_daemon_options(static_cast<int>(args.size()), const_cast<char**>(args.data()));
-  };
   auto unset = parse({});
   REQUIRE(unset);
   CHECK_FALSE(unset->server_launch_batch_ramp);  // the server's default
@@ -182,10 +172,6 @@ TEST_CASE("--launch-batch-ramp is the server's default unless given", "[options]
 }
 
 TEST_CASE("--launch-batch-graphs is the server's default unless given", "[options]") {
-  auto parse = [](std::vector<const char*> args) {
-    args.insert(args.begin(), "mpsshimd");
-    return parse_daemon_options(static_cast<int>(args.size()), const_cast<char**>(args.data()));
-  };
   auto unset = parse({});
   REQUIRE(unset);
   CHECK_FALSE(unset->server_launch_batch_graphs);
@@ -199,10 +185,6 @@ TEST_CASE("--launch-batch-graphs is the server's default unless given", "[option
 }
 
 TEST_CASE("--crowded-fence-max-queued is the server's default unless given", "[options]") {
-  auto parse = [](std::vector<const char*> args) {
-    args.insert(args.begin(), "mpsshimd");
-    return parse_daemon_options(static_cast<int>(args.size()), const_cast<char**>(args.data()));
-  };
   auto unset = parse({});
   REQUIRE(unset);
   CHECK_FALSE(unset->server_crowded_fence_max_queued);
@@ -215,10 +197,6 @@ TEST_CASE("--crowded-fence-max-queued is the server's default unless given", "[o
 
 TEST_CASE("--server-launch-batch-min is passed on as every server's --launch-batch-min",
           "[options]") {
-  auto parse = [](std::vector<const char*> args) {
-    args.insert(args.begin(), "mpsshimd");
-    return parse_daemon_options(static_cast<int>(args.size()), const_cast<char**>(args.data()));
-  };
   auto unset = parse({});
   REQUIRE(unset);
   CHECK_FALSE(unset->server_launch_batch_min);
@@ -231,10 +209,6 @@ TEST_CASE("--server-launch-batch-min is passed on as every server's --launch-bat
 }
 
 TEST_CASE("--metrics-listen takes a port, IPv4:port or [IPv6]:port", "[options][metrics]") {
-  auto parse = [](std::vector<const char*> args) {
-    args.insert(args.begin(), "mpsshimd");
-    return parse_daemon_options(static_cast<int>(args.size()), const_cast<char**>(args.data()));
-  };
   auto unset = parse({});
   REQUIRE(unset);
   CHECK_FALSE(unset->metrics_listen);
@@ -334,10 +308,6 @@ TEST_CASE("a scrape lists every family with HELP and TYPE and leaves unlimited m
 }
 
 TEST_CASE("--priority-reserve-sms is checked and passed on to every server", "[options]") {
-  auto parse = [](std::vector<const char*> args) {
-    args.insert(args.begin(), "mpsshimd");
-    return parse_daemon_options(static_cast<int>(args.size()), const_cast<char**>(args.data()));
-  };
   auto unset = parse({});
   REQUIRE(unset);
   CHECK_FALSE(unset->server_priority_reserve_sms);  // the servers' default
@@ -358,10 +328,6 @@ TEST_CASE("--priority-reserve-sms is checked and passed on to every server", "[o
 }
 
 TEST_CASE("--client-limit checks the name and passes sizes on in bytes", "[options]") {
-  auto parse = [](std::vector<const char*> args) {
-    args.insert(args.begin(), "mpsshimd");
-    return parse_daemon_options(static_cast<int>(args.size()), const_cast<char**>(args.data()));
-  };
   auto sut = parse({"--client-limit", "streams=64", "--client-limit", "pinned=4G"});
   REQUIRE(sut);
   CHECK(sut->client_limits == std::vector<std::string>{"streams=64", "pinned=4294967296"});
