@@ -45,6 +45,29 @@ double percentile(std::vector<double> values, double p) {
   return values[at];
 }
 
+// Mean gaps of groups of positions: one sum and count per group, written as "1.25/0.93/...";
+// groups without a gap are left out.
+struct GapMeans {
+  explicit GapMeans(std::size_t groups) : sum(groups, 0), n(groups, 0) {}
+  void add(std::size_t group, double gap) {
+    sum[group] += gap;
+    ++n[group];
+  }
+  std::string text() const {
+    std::string out;
+    for (std::size_t g = 0; g < sum.size(); ++g) {
+      if (n[g] == 0) continue;
+      char value[32];
+      std::snprintf(value, sizeof value, "%s%.2f", out.empty() ? "" : "/",
+                    sum[g] / static_cast<double>(n[g]));
+      out += value;
+    }
+    return out;
+  }
+  std::vector<double> sum;
+  std::vector<std::size_t> n;
+};
+
 // stamps: start and end (ns) of each kernel in launch order.
 GapSummary summarize_gaps(const std::vector<std::uint64_t>& stamps, long long sync_every) {
   GapSummary out;
@@ -55,11 +78,9 @@ GapSummary summarize_gaps(const std::vector<std::uint64_t>& stamps, long long sy
   constexpr std::size_t kBuckets = 8;
   const std::size_t width =
       std::max<std::size_t>(1, static_cast<std::size_t>(sync_every) / kBuckets);
-  std::vector<double> bucket_sum(kBuckets, 0);
-  std::vector<std::size_t> bucket_n(kBuckets, 0);
+  GapMeans buckets(kBuckets);
   constexpr std::size_t kHead = 16;
-  std::vector<double> head_sum(kHead, 0);
-  std::vector<std::size_t> head_n(kHead, 0);
+  GapMeans head(kHead);
   for (std::size_t i = 0; i < kernels; ++i) {
     run_sum += 1e-3 * static_cast<double>(stamps[2 * i + 1] - stamps[2 * i]);
     if (i == 0) continue;
@@ -74,13 +95,8 @@ GapSummary summarize_gaps(const std::vector<std::uint64_t>& stamps, long long sy
       continue;
     }
     inside.push_back(gap);
-    if (position <= kHead) {
-      head_sum[position - 1] += gap;
-      ++head_n[position - 1];
-    }
-    const std::size_t bucket = std::min(kBuckets - 1, position / width);
-    bucket_sum[bucket] += gap;
-    ++bucket_n[bucket];
+    if (position <= kHead) head.add(position - 1, gap);
+    buckets.add(std::min(kBuckets - 1, position / width), gap);
   }
   out.run_us = kernels == 0 ? 0 : run_sum / static_cast<double>(kernels);
   double inside_sum = 0;
@@ -89,20 +105,8 @@ GapSummary summarize_gaps(const std::vector<std::uint64_t>& stamps, long long sy
   out.gap_p50_us = percentile(inside, 0.5);
   out.gap_p99_us = percentile(inside, 0.99);
   out.sync_gap_us = syncs == 0 ? 0 : sync_sum / static_cast<double>(syncs);
-  for (std::size_t b = 0; b < kBuckets; ++b) {
-    if (bucket_n[b] == 0) continue;
-    char text[32];
-    std::snprintf(text, sizeof text, "%s%.2f", out.by_position.empty() ? "" : "/",
-                  bucket_sum[b] / static_cast<double>(bucket_n[b]));
-    out.by_position += text;
-  }
-  for (std::size_t p = 0; p < kHead; ++p) {
-    if (head_n[p] == 0) continue;
-    char text[32];
-    std::snprintf(text, sizeof text, "%s%.2f", out.head.empty() ? "" : "/",
-                  head_sum[p] / static_cast<double>(head_n[p]));
-    out.head += text;
-  }
+  out.by_position = buckets.text();
+  out.head = head.text();
   return out;
 }
 
