@@ -48,10 +48,11 @@ struct LaunchBatchSettings {
   //   kPadded: as one graph launch whatever its length: the cached graph of the next power of
   //     two, its nodes past the batch's end disabled (cuGraphNodeSetEnabled). A session needs at
   //     most log2(max) graphs per mix of CUkernels and CUfunctions, and the GPU runs the batch's
-  //     kernels back to back. Measured on an H100 (tools/probes/graph_tail_disabled.cpp, driver
-  //     580): a disabled node costs the stream ~0.3 us and its toggle ~0.3 us of CPU, where the
-  //     runs below cost a graph launch each and their eager tail ~2 us of idle stream per kernel
-  //     with 8 clients (front-end contention: docs/launch-batching.md).
+  //     kernels back to back. Measured on an H100 (driver 580): a disabled node costs the stream
+  //     ~0.3 us and its toggle ~0.3 us of CPU (tools/probes/graph_tail_disabled.cpp); with 8
+  //     clients the runs below left the stream idle 3.4 us per kernel in their eager tail and
+  //     several us at each extra graph launch, 0.9 us between a graph's kernels; 8 clients of
+  //     small kernels 643 k kernels/s in runs, 663 k padded (docs/launch-batching.md).
   //   kRuns: in runs of power-of-two lengths, longest first, each one graph launch; a run shorter
   //     than the minimum eagerly (42: 32 + 8, then 2 eager launches).
   //   kExact: one graph of the batch's exact length (a graph per length that occurs).
