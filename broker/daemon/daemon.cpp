@@ -44,6 +44,7 @@ SupervisorConfig with_server_tuning(SupervisorConfig config, const DaemonOptions
   config.server_host_fences = options.server_host_fences;
   config.server_crowded_fence_max_queued = options.server_crowded_fence_max_queued;
   config.server_share_images = options.server_share_images;
+  config.server_image_idle_timeout_s = options.server_image_idle_timeout_s;
   config.server_event_poll_us = options.server_event_poll_us;
   config.server_spin_clients = options.server_spin_clients;
   config.client_limits = options.client_limits;

@@ -39,6 +39,7 @@ enum LongOnly : int {
   kHostFences,
   kCrowdedFenceMaxQueued,
   kShareImages,
+  kImageIdleTimeout,
   kLaunchBatchRamp,
   kLaunchBatchGraphs,
   kEventPoll,
@@ -154,6 +155,9 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
   --share-images on|off  whether a GPU's server loads a library image once for every client that
                        sends the same bytes (default on; only images without __device__,
                        __constant__ or __managed__ variables; see docs/daemon.md)
+  --image-idle-timeout SECS  a shared library image no client holds stays loaded SECS for
+                       the next client that sends it (default 60; 0 = unloaded with the last
+                       client; all go with the primary context; see docs/daemon.md)
   --event-poll-us N    how often a server asks the driver whether the work a synchronize waits
                        for finished, where no host fence tells it, in microseconds (default 0:
                        on every pass of the client's worker; docs/daemon.md)
@@ -210,6 +214,7 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
       {"host-fences", required_argument, nullptr, kHostFences},
       {"crowded-fence-max-queued", required_argument, nullptr, kCrowdedFenceMaxQueued},
       {"share-images", required_argument, nullptr, kShareImages},
+      {"image-idle-timeout", required_argument, nullptr, kImageIdleTimeout},
       {"launch-batch-ramp", required_argument, nullptr, kLaunchBatchRamp},
       {"launch-batch-graphs", required_argument, nullptr, kLaunchBatchGraphs},
       {"event-poll-us", required_argument, nullptr, kEventPoll},
@@ -395,6 +400,12 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
           return tl::unexpected(fmt::format("--share-images {}: expected on or off", value));
         }
         options.server_share_images = value == "on";
+        break;
+      }
+      case kImageIdleTimeout: {
+        auto n = number<int>("--image-idle-timeout", arg, 0, 86400);
+        if (!n) return tl::unexpected(n.error());
+        options.server_image_idle_timeout_s = *n;
         break;
       }
       case kLaunchBatching: {

@@ -37,11 +37,12 @@ struct DaemonOptions {
   bool server_busy_time = false;   // --busy-time on: every server measures it
   bool server_host_fences = true;  // --host-fences off: passed on to every server
   std::optional<int>
-      server_crowded_fence_max_queued;      // --crowded-fence-max-queued; unset: the server's
-  bool server_share_images = true;          // --share-images off: passed on to every server
-  std::optional<int> server_event_poll_us;  // --event-poll-us
-  std::optional<int> server_spin_clients;   // --spin-clients
-  bool server_priority_scheduling = true;   // --priority-scheduling (priority_gate.hpp)
+      server_crowded_fence_max_queued;  // --crowded-fence-max-queued; unset: the server's
+  bool server_share_images = true;      // --share-images off: passed on to every server
+  std::optional<int> server_image_idle_timeout_s;    // --image-idle-timeout: passed on
+  std::optional<int> server_event_poll_us;           // --event-poll-us
+  std::optional<int> server_spin_clients;            // --spin-clients
+  bool server_priority_scheduling = true;            // --priority-scheduling (priority_gate.hpp)
   std::optional<int> server_priority_max_hold_us;    // --priority-max-hold-us
   std::optional<int> server_priority_fence_poll_us;  // --priority-fence-poll-us
   // --priority-reserve-sms, checked and passed on as written; unset: the servers' default.

@@ -99,6 +99,10 @@ std::vector<std::string> Supervisor::server_arguments(int ordinal) const {
                              std::to_string(*config_.server_crowded_fence_max_queued)});
   }
   if (!config_.server_share_images) args.insert(args.end(), {"--share-images", "off"});
+  if (config_.server_image_idle_timeout_s) {
+    args.insert(args.end(),
+                {"--image-idle-timeout", std::to_string(*config_.server_image_idle_timeout_s)});
+  }
   if (config_.server_spin_clients) {
     args.insert(args.end(), {"--spin-clients", std::to_string(*config_.server_spin_clients)});
   }

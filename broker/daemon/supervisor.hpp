@@ -66,6 +66,7 @@ struct SupervisorConfig {
   bool server_host_fences = true;                           // false: passed as --host-fences off
   std::optional<int> server_crowded_fence_max_queued{};     // passed as --crowded-fence-max-queued
   bool server_share_images = true;                          // false: passed as --share-images off
+  std::optional<int> server_image_idle_timeout_s{};         // passed as --image-idle-timeout
   std::optional<int> server_event_poll_us{};                // passed as --event-poll-us
   std::optional<int> server_spin_clients{};                 // passed as --spin-clients
   bool server_priority_scheduling = true;              // false: passed as --priority-scheduling off

@@ -1,4 +1,5 @@
 #include "broker/server/dispatch.hpp"
+#include "broker/server/heap_profile.hpp"
 
 #include <fmt/format.h>
 
@@ -286,7 +287,11 @@ DispatchOutcome dispatch_record(Session& session, std::span<const std::byte> rec
 
   Call call(session, header, payload);
   const std::uint64_t started = SessionStats::now_ns();
+  const std::int64_t heap_before = heap_profile_on() ? heap_in_use_bytes() : 0;
   OpResult result = spec->run(call);
+  if (heap_profile_on()) {
+    session.stats.heap_growth[header.opcode] += heap_in_use_bytes() - heap_before;
+  }
   session.stats.record(static_cast<Op>(header.opcode), SessionStats::now_ns() - started,
                        SessionStats::delay_ns(header.send_stamp, started));
   ++session.records;

@@ -24,6 +24,8 @@ class HeapTrimmer {
   static constexpr auto kMinInterval = std::chrono::seconds(2);
 
   void session_freed() { freed_.fetch_add(1, std::memory_order_relaxed); }
+  // Something else gave memory back (a kept library unloaded): trim as after a session.
+  void memory_freed() { freed_.fetch_add(1, std::memory_order_relaxed); }
 
   // Coordinator thread only. Returns the bytes of resident memory the trim gave back (0 when it
   // did not trim, or the RSS did not fall).

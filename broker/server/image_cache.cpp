@@ -61,6 +61,7 @@ std::shared_ptr<SharedLibrary> ImageCache::find(const ImageDigest& digest) {
   if (live) {
     ++counts_.hits;
     counts_.hit_bytes += live->bytes();
+    keep(live);
   }
   return live;
 }
@@ -73,10 +74,12 @@ std::shared_ptr<SharedLibrary> ImageCache::publish(const ImageDigest& digest,
   if (std::shared_ptr<SharedLibrary> live = entry.lock()) {
     ++counts_.hits;
     counts_.hit_bytes += live->bytes();
+    keep(live);
     return live;
   }
   entry = fresh;
   ++counts_.loads;
+  keep(fresh);
   return fresh;
 }
 
@@ -100,12 +103,73 @@ void ImageCache::forget(const ImageDigest& digest) {
   if (it != entries_.end() && it->second.expired()) entries_.erase(it);
 }
 
+void ImageCache::keep(std::shared_ptr<SharedLibrary> library) {
+  if (idle_timeout_ <= Clock::duration::zero()) return;
+  Kept& kept = kept_[library->digest()];
+  kept.library = std::move(library);
+  kept.last_held = Clock::now();
+}
+
+std::vector<std::shared_ptr<SharedLibrary>> ImageCache::take_unused(Clock::time_point now,
+                                                                    Clock::time_point held_after) {
+  std::vector<std::shared_ptr<SharedLibrary>> unused;
+  std::lock_guard lock(mutex_);
+  for (auto it = kept_.begin(); it != kept_.end();) {
+    // Only decrements race with this count (every new holder takes its reference under the
+    // lock): a stale count above one keeps the library one look longer, never unloads it early.
+    if (it->second.library.use_count() > 1) {
+      it->second.last_held = now;
+      ++it;
+    } else if (it->second.last_held < held_after) {
+      unused.push_back(std::move(it->second.library));
+      it = kept_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return unused;
+}
+
+UnloadedImages ImageCache::unload(std::vector<std::shared_ptr<SharedLibrary>> unused) {
+  UnloadedImages out{unused.size(), 0};
+  for (const auto& library : unused) out.bytes += library->bytes();
+  unused.clear();  // unloads, outside the lock (~SharedLibrary takes it to forget its entry)
+  std::lock_guard lock(mutex_);
+  counts_.expired += out.libraries;
+  return out;
+}
+
+UnloadedImages ImageCache::unload_unused(Clock::time_point now) {
+  if (idle_timeout_ <= Clock::duration::zero()) return {};
+  return unload(take_unused(now, now - idle_timeout_));
+}
+
+UnloadedImages ImageCache::unload_all_unused() {
+  return unload(take_unused(Clock::now(), Clock::time_point::max()));
+}
+
+ImageCache::~ImageCache() {
+  std::vector<std::shared_ptr<SharedLibrary>> kept;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& [digest, entry] : kept_) kept.push_back(std::move(entry.library));
+    kept_.clear();
+  }
+  kept.clear();  // while entries_ and mutex_ are still alive: ~SharedLibrary forgets its entry
+}
+
 ImageCacheStats ImageCache::stats() {
   std::lock_guard lock(mutex_);
   ImageCacheStats out = counts_;
   out.private_loads = private_loads_.load(std::memory_order_relaxed);
   out.live = 0;
   for (const auto& [digest, entry] : entries_) out.live += entry.expired() ? 0 : 1;
+  for (const auto& [digest, entry] : kept_) {
+    if (entry.library.use_count() == 1) {
+      ++out.unused;
+      out.unused_bytes += entry.library->bytes();
+    }
+  }
   return out;
 }
 

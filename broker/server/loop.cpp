@@ -259,8 +259,27 @@ std::size_t Server::do_work() {
     finish_fault();
     return work;
   }
-  lease_.check(session_count());
+  look_after_memory(std::chrono::steady_clock::now());
   return work;
+}
+
+void Server::look_after_memory(std::chrono::steady_clock::time_point now) {
+  lease_.check(session_count(), now);
+  // Kept libraries go after their idle timeout, and all of them once the primary context is
+  // released (no client for --context-idle-timeout): at rest nothing is kept.
+  const UnloadedImages unloaded =
+      lease_.held() ? images_.unload_unused(now) : images_.unload_all_unused();
+  if (unloaded.libraries != 0) {
+    log_info("unloaded {} shared library image(s) ({}) that no client held {}", unloaded.libraries,
+             format_bytes(unloaded.bytes),
+             lease_.held() ? fmt::format("for {} s", settings_.image_idle_timeout.count())
+                           : std::string("since the primary context's release"));
+    heap_trimmer_.memory_freed();
+  }
+  if (std::uint64_t released = heap_trimmer_.maybe_trim(now); released >= kTrimLogBytes) {
+    log_info("gave {} of heap that finished sessions left back to the system",
+             format_bytes(released));
+  }
 }
 
 int Server::run(const std::atomic<bool>& stop) {
@@ -274,12 +293,7 @@ int Server::run(const std::atomic<bool>& stop) {
       code = kExitGpuFault;
       break;
     }
-    lease_.check(session_count());
-    if (std::uint64_t released = heap_trimmer_.maybe_trim(std::chrono::steady_clock::now());
-        released >= kTrimLogBytes) {
-      log_info("gave {} of heap that finished sessions left back to the system",
-               format_bytes(released));
-    }
+    look_after_memory(std::chrono::steady_clock::now());
     poll_control(std::chrono::nanoseconds(-1));
   }
   for (auto& worker : workers_) worker->stop();

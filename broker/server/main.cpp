@@ -102,6 +102,7 @@ int main(int argc, char** argv) {
   settings.host_fences = options->host_fences;
   settings.crowded_fence_max_queued = options->crowded_fence_max_queued;
   settings.share_images = options->share_images;
+  settings.image_idle_timeout = std::chrono::seconds(options->image_idle_timeout_s);
   settings.event_poll = std::chrono::microseconds(options->event_poll_us);
   // Each spinning client holds a CPU; so does each busy worker.
   settings.spin_clients = options->spin_clients >= 0

@@ -107,6 +107,15 @@ tl::expected<Options, std::string> parse_options(std::span<const char* const> ar
         return tl::unexpected(fmt::format("--share-images {}: expected on or off", value));
       }
       options.share_images = value == "on";
+    } else if (flag == "--image-idle-timeout") {
+      int s = 0;
+      if (!parse_number(value, s) || s < 0 || s > 86400) {
+        return tl::unexpected(fmt::format(
+            "--image-idle-timeout {}: expected seconds from 0 (unload with the last client) to "
+            "86400",
+            value));
+      }
+      options.image_idle_timeout_s = s;
     } else if (flag == "--priority-scheduling") {
       if (value != "on" && value != "off") {
         return tl::unexpected(fmt::format("--priority-scheduling {}: expected on or off", value));

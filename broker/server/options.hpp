@@ -18,6 +18,7 @@
 
 #include "broker/server/client_limits.hpp"
 #include "broker/server/host_fences.hpp"
+#include "broker/server/image_cache.hpp"
 #include "broker/server/launch_batch.hpp"
 #include "broker/server/log.hpp"
 #include "broker/server/priority_gate.hpp"
@@ -53,6 +54,8 @@ struct Options {
   std::uint64_t crowded_fence_max_queued = kCrowdedFenceMaxQueued;
   bool share_images =
       true;  // --share-images off: every library loaded per session (image_cache.hpp)
+  // --image-idle-timeout SECS: how long a shared library no client holds stays loaded.
+  int image_idle_timeout_s = static_cast<int>(kDefaultImageIdleTimeout.count());
   long event_poll_us = kDefaultEventPoll.count();  // --event-poll-us N (0: every pass)
   // --spin-clients N: clients whose waiting threads may spin (ServerSettings::spin_clients);
   // -1: half the CPUs the server may run on.
@@ -80,6 +83,7 @@ inline constexpr const char* kUsage =
     "[--launch-batch-min N] [--launch-batch-ramp N|on|off] "
     "[--launch-batch-graphs padded|runs|exact] [--busy-time on|off] "
     "[--host-fences on|off] [--crowded-fence-max-queued N] [--share-images on|off] "
+    "[--image-idle-timeout SECS] "
     "[--event-poll-us N] "
     "[--spin-clients N] "
     "[--default-memory-limit BYTES] [--workers N] "

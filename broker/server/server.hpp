@@ -74,6 +74,9 @@ struct ServerSettings {
   // Library images without device variables are loaded once for every session that sends the
   // same bytes (image_cache.hpp; mpsshim-server --share-images).
   bool share_images = true;
+  // A shared library no session holds stays loaded this long for the next client (zero: unloaded
+  // with its last holder; image_cache.hpp; mpsshim-server --image-idle-timeout).
+  std::chrono::seconds image_idle_timeout = kDefaultImageIdleTimeout;
 };
 
 // The process exit code after a sticky GPU fault: the daemon starts a fresh server.
@@ -184,6 +187,10 @@ class Server final {
   std::string client_quota_command(const std::string& command, const std::string& pid_text,
                                    std::istream& rest, int& status);
 
+  // loop.cpp: the coordinator's memory upkeep at each look: the primary context's lease, kept
+  // library images past their idle timeout (image_cache.hpp), the heap trim.
+  void look_after_memory(std::chrono::steady_clock::time_point now);
+
   // admit.cpp
   void refuse(int client_fd, CUresult error, const std::string& message);
   // The shared memory account of allocation `id` (made on its first client).
@@ -197,7 +204,7 @@ class Server final {
   // ipc_registry.hpp). Declared before the sessions' owners: it outlives every session.
   IpcRegistry ipc_{gpu_.ordinal};
   // Libraries shared between sessions (image_cache.hpp): outlives every session, which hold them.
-  ImageCache images_{settings_.share_images};
+  ImageCache images_{settings_.share_images, settings_.image_idle_timeout};
   ContextLease lease_{gpu_, green_pool_, settings_.context_idle_timeout};
   proto::UniqueFd control_;
   proto::UniqueFd epoll_;

@@ -55,6 +55,9 @@ struct SessionStats {
   std::uint64_t images_shared_bytes = 0;
   std::uint64_t images_private = 0;
   std::uint64_t images_private_bytes = 0;
+  // Heap bytes each opcode's handlers added, net (heap_profile.hpp); zeros unless
+  // MPSSHIM_SERVER_HEAP_PROFILE is set.
+  std::array<std::int64_t, kOpCount> heap_growth{};
 
   // steady_clock is CLOCK_MONOTONIC (libstdc++ on Linux, through the vDSO), the clock of the
   // client's RecordHeader::send_stamp.

@@ -195,6 +195,18 @@ TEST_CASE("--crowded-fence-max-queued is the server's default unless given", "[o
   CHECK(daemon_usage().find("--crowded-fence-max-queued N") != std::string::npos);
 }
 
+TEST_CASE("--image-idle-timeout is the server's default unless given", "[options]") {
+  auto unset = parse({});
+  REQUIRE(unset);
+  CHECK_FALSE(unset->server_image_idle_timeout_s);
+  auto zero = parse({"--image-idle-timeout", "0"});
+  REQUIRE(zero);
+  CHECK(zero->server_image_idle_timeout_s == 0);
+  CHECK_FALSE(parse({"--image-idle-timeout", "-1"}));
+  CHECK_FALSE(parse({"--image-idle-timeout", "86401"}));
+  CHECK(daemon_usage().find("--image-idle-timeout SECS") != std::string::npos);
+}
+
 TEST_CASE("--server-launch-batch-min is passed on as every server's --launch-batch-min",
           "[options]") {
   auto unset = parse({});

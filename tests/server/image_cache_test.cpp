@@ -1,6 +1,7 @@
-// broker/server/image_cache: one library per distinct image, unloaded by whoever lets go last;
-// and through the server, sessions sending the same bytes share one driver library, images
-// with device variables do not.
+// broker/server/image_cache: one library per distinct image, unloaded by whoever lets go last,
+// or kept for an idle timeout after the last holder; and through the server, sessions sending
+// the same bytes share one driver library, images with device variables do not, and a library
+// no client holds stays for the next one until its timeout or the primary context's release.
 #include <fmt/format.h>
 
 #include <catch2/catch.hpp>
@@ -105,6 +106,75 @@ TEST_CASE("with sharing off nothing is found or kept", "[image_cache]") {
   CHECK(unloads == 1);
 }
 
+TEST_CASE("a library no session holds stays for the idle timeout after its last use, then goes",
+          "[image_cache]") {
+  unloads = 0;
+  DriverTable cu = counting_driver();
+  ImageCache cache(true, std::chrono::seconds(60));
+  const ImageDigest digest = digest_image(bytes_of("image"), 1);
+  const auto published = ImageCache::Clock::now();
+  auto holder = cache.publish(
+      digest, std::make_shared<SharedLibrary>(cu, fake_library(1), digest, cache, 100));
+  holder.reset();
+  CHECK(unloads == 0);
+  CHECK(cache.stats().live == 1);
+  CHECK(cache.stats().unused == 1);
+  CHECK(cache.stats().unused_bytes == 100);
+
+  // The next client finds it; its use restarts the timeout.
+  const auto found_at = ImageCache::Clock::now();
+  holder = cache.find(digest);
+  REQUIRE(holder != nullptr);
+  CHECK(holder->library() == fake_library(1));
+  CHECK(cache.stats().unused == 0);
+  // While held it stays, however late the look.
+  CHECK(cache.unload_unused(found_at + std::chrono::hours(2)).libraries == 0);
+  holder.reset();
+  // That look marked it held two hours on: the timeout counts from there.
+  CHECK(
+      cache.unload_unused(found_at + std::chrono::hours(2) + std::chrono::seconds(59)).libraries ==
+      0);
+  const UnloadedImages gone =
+      cache.unload_unused(found_at + std::chrono::hours(2) + std::chrono::seconds(61));
+  CHECK(gone.libraries == 1);
+  CHECK(gone.bytes == 100);
+  CHECK(unloads == 1);
+  CHECK(cache.find(digest) == nullptr);
+  CHECK(cache.stats().live == 0);
+  CHECK(cache.stats().expired == 1);
+  CHECK(published <= found_at);
+}
+
+TEST_CASE("every unheld library goes at once when asked, a held one stays", "[image_cache]") {
+  unloads = 0;
+  DriverTable cu = counting_driver();
+  ImageCache cache(true, std::chrono::seconds(60));
+  const ImageDigest a = digest_image(bytes_of("a"), 1);
+  const ImageDigest b = digest_image(bytes_of("b"), 1);
+  cache.publish(a, std::make_shared<SharedLibrary>(cu, fake_library(1), a, cache, 10));
+  auto held = cache.publish(b, std::make_shared<SharedLibrary>(cu, fake_library(2), b, cache, 20));
+  const UnloadedImages gone = cache.unload_all_unused();
+  CHECK(gone.libraries == 1);
+  CHECK(gone.bytes == 10);
+  CHECK(unloads == 1);
+  CHECK(cache.find(a) == nullptr);
+  CHECK(cache.find(b) == held);
+  held.reset();
+  CHECK(unloads == 1);  // kept again by its last use
+}
+
+TEST_CASE("the cache's end unloads what it kept", "[image_cache]") {
+  unloads = 0;
+  DriverTable cu = counting_driver();
+  {
+    ImageCache cache(true, std::chrono::seconds(60));
+    const ImageDigest digest = digest_image(bytes_of("image"), 1);
+    cache.publish(digest, std::make_shared<SharedLibrary>(cu, fake_library(1), digest, cache, 100));
+    CHECK(unloads == 0);
+  }
+  CHECK(unloads == 1);
+}
+
 TEST_CASE("images found unfit for sharing are remembered, within a bound", "[image_cache]") {
   ImageCache cache(true);
   const ImageDigest digest = digest_image(bytes_of("with globals"), 1);
@@ -159,7 +229,7 @@ TEST_CASE("concurrent finds, publishes and drops unload every library exactly on
 
 TEST_CASE("sessions sending the same library image share one driver library",
           "[server][image_cache]") {
-  Harness h;
+  Harness h;  // the default settings: a library no session holds is kept for 60 s
   const auto clean = make_container({{kElf, clean_elf()}});
   const auto with_globals = make_container({{kElf, elf_with(".nv.global", SHT_NOBITS)}});
   TestClient a(h), b(h);
@@ -243,15 +313,68 @@ TEST_CASE("sessions sending the same library image share one driver library",
   CHECK(set_smem(a, own_kernel, 32 << 10) == CUDA_SUCCESS);
   CHECK(fake_gpu().kernel_dynamic_smem == 32 << 10);
 
-  // The first session's unload leaves the library to the second; the second's end frees it.
+  // The first session's unload leaves the library to the second; the second's end leaves it to
+  // the cache, for the next client, and frees its own.
   CHECK(a.call(proto::Op::kLibraryUnload, proto::HandleReq{lib_a}).result == CUDA_SUCCESS);
   h.pump();
   CHECK(fake_gpu().libraries_live == before + 3);
   b.hang_up();
+  CHECK(h.pump_until([&] { return fake_gpu().libraries_live == before + 2; }));
+  a.hang_up();
   CHECK(h.pump_until([&] { return fake_gpu().libraries_live == before + 1; }));
+  CHECK(h.server->image_cache().stats().unused == 1);
+
+  // A later client sending the same bytes gets it without a load.
+  TestClient c(h);
+  auto ctx_c = c.create_context();
+  load(c, ctx_c.ctx, clean, 1);
+  CHECK(fake_gpu().libraries_live == before + 1);
+  CHECK(h.server->image_cache().stats().hits == 2);
+  c.hang_up();
+  h.pump();
+  CHECK(fake_gpu().libraries_live == before + 1);
+  // Past the idle timeout it goes.
+  const auto later = ImageCache::Clock::now() + std::chrono::seconds(61);
+  CHECK(h.server->image_cache().unload_unused(later).libraries == 1);
+  CHECK(fake_gpu().libraries_live == before);
+  CHECK(h.server->image_cache().stats().live == 0);
+}
+
+TEST_CASE("with an idle timeout of 0 a library goes with its last client",
+          "[server][image_cache]") {
+  ServerSettings settings;
+  settings.image_idle_timeout = std::chrono::seconds(0);
+  Harness h(settings);
+  const auto clean = make_container({{kElf, clean_elf()}});
+  const int before = fake_gpu().libraries_live;
+  TestClient a(h);
+  auto ctx = a.create_context();
+  a.send_memfd(proto::MessageKind::kModuleImage, 1, clean.size(), clean);
+  REQUIRE(a.call(proto::Op::kImageLoad,
+                 proto::ImageLoadReq{ctx.ctx, clean.size(), 1, proto::ImageKind::kLibrary, 0, 0})
+              .result == CUDA_SUCCESS);
+  CHECK(fake_gpu().libraries_live == before + 1);
   a.hang_up();
   CHECK(h.pump_until([&] { return fake_gpu().libraries_live == before; }));
-  CHECK(h.server->image_cache().stats().live == 0);
+}
+
+TEST_CASE("kept libraries go with the primary context when no client is left",
+          "[server][image_cache]") {
+  ServerSettings settings;
+  settings.context_idle_timeout = std::chrono::milliseconds(0);
+  Harness h(settings);
+  const auto clean = make_container({{kElf, clean_elf()}});
+  const int before = fake_gpu().libraries_live;
+  TestClient a(h);
+  auto ctx = a.create_context();
+  a.send_memfd(proto::MessageKind::kModuleImage, 1, clean.size(), clean);
+  REQUIRE(a.call(proto::Op::kImageLoad,
+                 proto::ImageLoadReq{ctx.ctx, clean.size(), 1, proto::ImageKind::kLibrary, 0, 0})
+              .result == CUDA_SUCCESS);
+  a.hang_up();
+  CHECK(h.pump_until([&] { return !h.server->context_held(); }));
+  CHECK(h.pump_until([&] { return fake_gpu().libraries_live == before; }));
+  CHECK(h.logged("unloaded 1 shared library image(s)"));
 }
 
 }  // namespace mpsshim::server::test

@@ -149,6 +149,24 @@ TEST_CASE("--crowded-fence-max-queued: 8 by default, any count, bad values", "[s
   CHECK(std::string(kUsage).find("--crowded-fence-max-queued N") != std::string::npos);
 }
 
+TEST_CASE("--image-idle-timeout: 60 s by default, 0 to a day, bad values", "[server][options]") {
+  auto sut = parse({"--device", "0", "--control-fd", "3"});
+  REQUIRE(sut);
+  CHECK(sut->image_idle_timeout_s == 60);
+  auto zero = parse({"--device", "0", "--control-fd", "3", "--image-idle-timeout", "0"});
+  REQUIRE(zero);
+  CHECK(zero->image_idle_timeout_s == 0);
+  auto day = parse({"--device", "0", "--control-fd", "3", "--image-idle-timeout", "86400"});
+  REQUIRE(day);
+  CHECK(day->image_idle_timeout_s == 86400);
+  for (const char* bad : {"-1", "soon", "86401"}) {
+    auto refused = parse({"--device", "0", "--control-fd", "3", "--image-idle-timeout", bad});
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().find("--image-idle-timeout") != std::string::npos);
+  }
+  CHECK(std::string(kUsage).find("--image-idle-timeout SECS") != std::string::npos);
+}
+
 TEST_CASE("--host-fences is on by default; off and bad values", "[server][options]") {
   auto sut = parse({"--device", "0", "--control-fd", "3"});
   REQUIRE(sut);

@@ -7,9 +7,16 @@
 // in another green context through a SECOND load of the libraries, and prints the process's RSS
 // and the GPU memory in use after each step.
 //
+// With `lookups` as the third argument it asks instead what the server's answer to a client's
+// cuLibraryGetKernel costs: every kernel of the libraries, loaded once, looked up by name
+// (cuLibraryGetKernel) and its parameters read (cuKernelGetParamInfo), as the server does for
+// each session, with the primary context current, then with one green context and another
+// current (the sessions' own). PyTorch's cudart looks up every kernel it registers, ~16,700 per
+// process (2026-11-28: the server's heap grew ~600 MiB in those handlers per session).
+//
 // Build and run on the GPU machine:
 //   g++ -O2 -std=c++20 -I/usr/local/cuda/include -o /tmp/ls library_sharing.cpp -lcuda
-//   /tmp/ls /path/to/libcublasLt.so.13 [every-nth-kernel]     (in tools/probes/)
+//   /tmp/ls /path/to/libcublasLt.so.13 [every-nth-kernel | lookups]     (in tools/probes/)
 #include <cuda.h>
 #include <elf.h>
 
@@ -113,6 +120,30 @@ int get_functions(const std::vector<CUlibrary>& libraries, int nth) {
   return got;
 }
 
+// What the server does for each cuLibraryGetKernel of a client: the kernel by its name, then its
+// parameter layout. Returns the kernels looked up.
+int look_up_kernels(const std::vector<CUlibrary>& libraries) {
+  int looked_up = 0;
+  for (CUlibrary library : libraries) {
+    unsigned int count = 0;
+    if (cuLibraryGetKernelCount(&count, library) != CUDA_SUCCESS || count == 0) continue;
+    std::vector<CUkernel> kernels(count);
+    MUST(cuLibraryEnumerateKernels(kernels.data(), count, library));
+    for (CUkernel listed : kernels) {
+      const char* name = nullptr;
+      if (cuKernelGetName(&name, listed) != CUDA_SUCCESS) continue;
+      CUkernel kernel = nullptr;
+      if (cuLibraryGetKernel(&kernel, library, name) != CUDA_SUCCESS) continue;
+      std::size_t offset = 0, size = 0;
+      for (std::size_t i = 0; cuKernelGetParamInfo(kernel, i, &offset, &size) == CUDA_SUCCESS;
+           ++i) {
+      }
+      ++looked_up;
+    }
+  }
+  return looked_up;
+}
+
 CUcontext green_context(CUdevice device) {
   CUdevResource sms{};
   MUST(cuDeviceGetDevResource(device, &sms, CU_DEV_RESOURCE_TYPE_SM));
@@ -132,7 +163,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s LIBRARY_WITH_NV_FATBIN [every-nth-kernel]\n", argv[0]);
     return 2;
   }
-  const int nth = argc > 2 ? std::atoi(argv[2]) : 20;
+  const bool lookups = argc > 2 && std::strcmp(argv[2], "lookups") == 0;
+  const int nth = argc > 2 && !lookups ? std::atoi(argv[2]) : 20;
   long rss = 0;
   double gpu = 0;
   MUST(cuInit(0));
@@ -150,6 +182,19 @@ int main(int argc, char** argv) {
 
   const auto first = load_all(containers);
   report(("libraries loaded once (" + std::to_string(first.size()) + ")").c_str(), rss, gpu);
+  if (lookups) {
+    int k = look_up_kernels(first);
+    report(("primary ctx: " + std::to_string(k) + " kernels looked up").c_str(), rss, gpu);
+    k = look_up_kernels(first);
+    report("primary ctx: the same again", rss, gpu);
+    for (int g = 1; g <= 2; ++g) {
+      MUST(cuCtxSetCurrent(green_context(device)));
+      report(("green context " + std::to_string(g) + " created").c_str(), rss, gpu);
+      k = look_up_kernels(first);
+      report(("green " + std::to_string(g) + ": the same lookups").c_str(), rss, gpu);
+    }
+    return 0;
+  }
   int n = get_functions(first, nth);
   report(("primary ctx: " + std::to_string(n) + " functions of them").c_str(), rss, gpu);
 
