@@ -9,13 +9,15 @@
 #                [--kill-percent P (10)] [--resnet-clients R (8)] [--gpu INDEX (0)]
 #                [--daemon-arg ARG]... (passed to mpsshimd, e.g. --daemon-arg --host-fences=off)
 #                [--work-dir DIR (kept)] [--test-driver LIBMPSSHIM_TESTDRIVER.so]
+#                [--no-warm-up]
 #
 # Each client slot runs one program after another, each picked at random: examples/small_kernels
 # (small kernels), examples/vector_add and examples/pinned_async (pageable and pinned copies),
 # examples/streams_events, examples/matmul_tiled and, in the first R slots when torch and
 # torchvision import, bench/resnet_client.py (ResNet-50 inference). A run passes when it exits 0
 # and prints its PASS line; P % of runs are SIGKILLed at a random instant (0.2 to 3.2 s in) and
-# count as killed, not as errors.
+# count as killed, not as errors. Before the slots start, one run of each program alone warms the
+# server up (--no-warm-up skips it): its runs count like the others, its samples are not read.
 #
 # Checks, on the samples taken while the clients run: each figure less what the clients attached
 # at that instant account for (a least-squares fit of the figure on the client count over the
@@ -43,7 +45,7 @@ GPU_TOLERANCE_MIB=${GPU_TOLERANCE_MIB:-512}
 PROGRAM_TIMEOUT=${PROGRAM_TIMEOUT:-300}
 
 parse_paths "$@"
-MINUTES=8 CLIENTS=64 INTERVAL=5 KILL_PERCENT=10 RESNET_CLIENTS=8 GPU_INDEX=0 WORK_DIR=""
+MINUTES=8 CLIENTS=64 INTERVAL=5 KILL_PERCENT=10 RESNET_CLIENTS=8 GPU_INDEX=0 WORK_DIR="" WARM_UP=1
 TEST_DRIVER=""
 DAEMON_ARGS=()
 set -- "${REST_ARGS[@]+"${REST_ARGS[@]}"}"
@@ -58,6 +60,7 @@ while [ $# -gt 0 ]; do
     --work-dir) WORK_DIR=$2; shift 2 ;;
     --test-driver) TEST_DRIVER=$(realpath "$2"); shift 2 ;;
     --daemon-arg) DAEMON_ARGS+=("$2"); shift 2 ;;
+    --no-warm-up) WARM_UP=0; shift ;;
     *) die "unknown option $1" ;;
   esac
 done
@@ -130,8 +133,8 @@ EOF
 }
 
 # One CSV line: phase,t_s,server_pid,restarts,clients,rss_kib,fds,gpu_mem_mib,anon_kib,heap_kib,
-# driver_kib,torch_clients (phase: idle before the first client, run, after the last client
-# left; anon/heap/driver split the server's resident memory by mapping, from /proc/PID/smaps:
+# driver_kib,torch_clients (phase: idle before the first client, warm after the warm-up, run,
+# after the last client left; anon/heap/driver split the server's resident memory by mapping, from /proc/PID/smaps:
 # anonymous mappings (glibc's per-thread arenas among them), the main [heap], and what the
 # driver mapped through /dev/nvidia* (its pinned host memory), so that growth can be told apart;
 # torch_clients: the attached clients that are Python (PyTorch) programs, whose kernel images
@@ -172,7 +175,12 @@ fi
 pick_program() {
   local choices=(small_kernels small_kernels vector_add pinned_async streams_events matmul_tiled)
   [ "$HAVE_TORCH" = 1 ] && [ "$1" -lt "$RESNET_CLIENTS" ] && choices+=(resnet resnet resnet)
-  NAME=${choices[$((RANDOM % ${#choices[@]}))]}
+  program_command "${choices[$((RANDOM % ${#choices[@]}))]}"
+}
+
+# program_command CHOICE: sets NAME and COMMAND (argv) for one run of that program.
+program_command() {
+  NAME=$1
   case "$NAME" in
     small_kernels) COMMAND=("$EXAMPLES_DIR/small_kernels" --kernels 2000 --ns 20000) ;;
     vector_add) COMMAND=("$EXAMPLES_DIR/vector_add" --n $((1 << 22))) ;;
@@ -186,31 +194,54 @@ pick_program() {
   esac
 }
 
+# run_program PREFIX LIMIT KILLED: one run of COMMAND under the shim, killed after LIMIT
+# seconds; appends its line to RESULTS. A run killed where KILLED=1 planned it is no error.
+run_program() {
+  local prefix=$1 limit=$2 killed=$3 status=0 line
+  timeout -s KILL "$limit" env LD_PRELOAD="$SHIM" CUDA_MPS_PIPE_DIRECTORY="$SHIM_RUNTIME_DIR" \
+    "${COMMAND[@]}" >"$prefix.out" 2>"$prefix.err" || status=$?
+  line=$(result_line "$prefix.out" "$NAME")
+  if [ "$status" = 0 ] && [ "$(verdict "$line")" = PASS ]; then
+    echo "pass $NAME" >>"$RESULTS"
+  elif [ "$killed" = 1 ] && { [ "$status" = 137 ] || [ "$status" = 124 ]; }; then
+    echo "killed $NAME after ${limit}s" >>"$RESULTS"
+  else
+    local why="status=$status"
+    [ "$status" = 137 ] && [ "$killed" = 0 ] && why="status=137 (over PROGRAM_TIMEOUT=${limit}s)"
+    echo "error $NAME $why log=$prefix.{out,err}: ${line:-no result line}" >>"$RESULTS"
+    return 1  # keep the logs of a failure
+  fi
+  rm -f "$prefix.out" "$prefix.err"
+}
+
 # run_slot SLOT: runs programs until the stop file appears; appends one line per run to RESULTS.
 run_slot() {
-  local slot=$1 run=0 status line prefix limit killed
+  local slot=$1 run=0 limit killed
   while [ ! -e "$STOP_FILE" ]; do
     run=$((run + 1))
     pick_program "$slot"
-    prefix=$LOGS/slot$slot.$run.$NAME
     limit=$PROGRAM_TIMEOUT killed=0
     if [ $((RANDOM % 100)) -lt "$KILL_PERCENT" ]; then
       limit=$(awk -v r="$RANDOM" 'BEGIN { printf "%.2f", 0.2 + 3 * r / 32768 }')
       killed=1
     fi
-    status=0
-    timeout -s KILL "$limit" env LD_PRELOAD="$SHIM" CUDA_MPS_PIPE_DIRECTORY="$SHIM_RUNTIME_DIR" \
-      "${COMMAND[@]}" >"$prefix.out" 2>"$prefix.err" || status=$?
-    line=$(result_line "$prefix.out" "$NAME")
-    if [ "$status" = 0 ] && [ "$(verdict "$line")" = PASS ]; then
-      echo "pass $NAME" >>"$RESULTS"
-    elif [ "$killed" = 1 ] && { [ "$status" = 137 ] || [ "$status" = 124 ]; }; then
-      echo "killed $NAME after ${limit}s" >>"$RESULTS"
-    else
-      echo "error $NAME status=$status log=$prefix.{out,err}: ${line:-no result line}" >>"$RESULTS"
-      continue  # keep the logs of a failure
-    fi
-    rm -f "$prefix.out" "$prefix.err"
+    run_program "$LOGS/slot$slot.$run.$NAME" "$limit" "$killed"
+  done
+}
+
+# warm_up: one run of each program alone, before the slots start and before the first sample
+# the checks read, so that what the server keeps while it has clients (the primary context, the
+# shared library images, kept --image-idle-timeout after their last client) is loaded at the
+# start of the measure. Without it the first PyTorch clients loaded PyTorch's libraries (~2.4 GiB
+# of the server's heap on an H100) while 63 other clients ran, so slowly that it took most of a
+# 6-minute soak, and the checks read the loading as growth (2026-11-28, docs/testing.md).
+warm_up() {
+  local choice
+  local choices=(small_kernels vector_add pinned_async streams_events matmul_tiled)
+  [ "$HAVE_TORCH" = 1 ] && choices+=(resnet)
+  for choice in "${choices[@]}"; do
+    program_command "$choice"
+    run_program "$LOGS/warmup.$NAME" "$PROGRAM_TIMEOUT" 0
   done
 }
 
@@ -220,6 +251,11 @@ FDS_IDLE=$(find "/proc/$SERVER_PID/fd" -mindepth 1 -maxdepth 1 | wc -l)
 START_S=$SECONDS
 echo "phase,t_s,server_pid,restarts,clients,rss_kib,fds,gpu_mem_mib,anon_kib,heap_kib,driver_kib,torch_clients" >"$CSV"
 sample idle >>"$CSV"
+if [ "$WARM_UP" = 1 ]; then
+  log "warm-up: one run of each program alone"
+  warm_up
+  sample warm >>"$CSV"
+fi
 for slot in $(seq 0 $((CLIENTS - 1))); do
   # The slot's stderr: bash's "Killed" notes of the runs it killed.
   run_slot "$slot" 2>>"$LOGS/slots.err" &

@@ -6,6 +6,8 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -190,21 +192,47 @@ TEST_CASE("images found unfit for sharing are remembered, within a bound", "[ima
 
 TEST_CASE("concurrent finds, publishes and drops unload every library exactly once",
           "[image_cache]") {
+  // With retention, a coordinator thread also unloads whatever nobody holds, as fast as it can:
+  // no library may be unloaded while a thread holds it, and none twice.
+  const bool retention = GENERATE(false, true);
+  INFO("retention " << retention);
   std::atomic<int> loads{0};
   std::atomic<int> nulls{0};
+  std::atomic<int> unloaded_while_held{0};
+  static std::mutex unloaded_mutex;
+  static std::set<CUlibrary> unloaded;
   static std::atomic<int> concurrent_unloads{0};
+  static std::atomic<int> double_unloads{0};
   concurrent_unloads = 0;
+  double_unloads = 0;
+  unloaded.clear();
   DriverTable cu{};
-  cu.cuLibraryUnload = [](CUlibrary) {
+  cu.cuLibraryUnload = [](CUlibrary library) {
     concurrent_unloads.fetch_add(1);
+    std::lock_guard lock(unloaded_mutex);
+    if (!unloaded.insert(library).second) double_unloads.fetch_add(1);
     return CUDA_SUCCESS;
   };
-  ImageCache cache(true);
+  auto was_unloaded = [](CUlibrary library) {
+    std::lock_guard lock(unloaded_mutex);
+    return unloaded.contains(library);
+  };
+  ImageCache cache(true, retention ? std::chrono::seconds(60) : std::chrono::seconds(0));
   std::vector<ImageDigest> digests;
   for (int i = 0; i < 4; ++i) {
     const std::string text = "image " + std::to_string(i);
     digests.push_back(digest_image(bytes_of(text.c_str()), 1));
   }
+  std::atomic<bool> done{false};
+  std::thread coordinator([&] {
+    for (int i = 0; retention && !done.load(); ++i) {
+      if (i % 2 == 0) {
+        cache.unload_unused(ImageCache::Clock::now() + std::chrono::hours(1));
+      } else {
+        cache.unload_all_unused();
+      }
+    }
+  });
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
@@ -217,12 +245,22 @@ TEST_CASE("concurrent finds, publishes and drops unload every library exactly on
               digest, std::make_shared<SharedLibrary>(
                           cu, fake_library(static_cast<std::uintptr_t>(n)), digest, cache, 1));
         }
-        if (held == nullptr) nulls.fetch_add(1);  // Catch's checks are for the main thread
+        // Catch's checks are for the main thread.
+        if (held == nullptr) {
+          nulls.fetch_add(1);
+        } else if (was_unloaded(held->library())) {
+          unloaded_while_held.fetch_add(1);
+        }
       }
     });
   }
   for (auto& thread : threads) thread.join();
+  done = true;
+  coordinator.join();
+  cache.unload_all_unused();
   CHECK(nulls.load() == 0);
+  CHECK(unloaded_while_held.load() == 0);
+  CHECK(double_unloads.load() == 0);
   CHECK(concurrent_unloads.load() == loads.load());
   CHECK(cache.stats().live == 0);
 }
