@@ -5,6 +5,7 @@
 #include <map>
 #include <sstream>
 
+#include "broker/server/heap_profile.hpp"
 #include "broker/server/session.hpp"
 #include "broker/server/session_stats.hpp"
 #include "proto/ring.hpp"
@@ -103,6 +104,24 @@ TEST_CASE("top orders opcodes by server time, then by count", "[server][stats]")
   CHECK(top[2].op == Op::kEventRecord);  // 5 us like MemAlloc, but two records
   CHECK(top[3].op == Op::kMemAlloc);
   CHECK(sut.top(10).size() == 5);
+}
+
+TEST_CASE("heap growth lists the opcodes that grew the heap most, largest first",
+          "[server][stats]") {
+  SessionStats stats;
+  CHECK(format_heap_growth(stats, 8).empty());
+  stats.record(Op::kImageLoad, 1, kNoDelay);
+  stats.record(Op::kImageLoad, 1, kNoDelay);
+  stats.record(Op::kLibraryGetKernel, 1, kNoDelay);
+  stats.record(Op::kMemFree, 1, kNoDelay);
+  stats.record(Op::kStreamCreate, 1, kNoDelay);
+  stats.heap_growth[static_cast<std::size_t>(Op::kImageLoad)] = 3 << 20;
+  stats.heap_growth[static_cast<std::size_t>(Op::kLibraryGetKernel)] = 5 << 20;
+  stats.heap_growth[static_cast<std::size_t>(Op::kMemFree)] = -(1 << 20);  // shrank: not listed
+  stats.heap_growth[static_cast<std::size_t>(Op::kStreamCreate)] = 1 << 19;
+  CHECK(format_heap_growth(stats, 8) ==
+        "LibraryGetKernel +5.0 MiB (1), ImageLoad +3.0 MiB (2), StreamCreate +0.5 MiB (1)");
+  CHECK(format_heap_growth(stats, 1) == "LibraryGetKernel +5.0 MiB (1)");
 }
 
 TEST_CASE("a session's stats line names the client and its figures", "[server][stats]") {
