@@ -1,5 +1,4 @@
 #include "broker/server/dispatch.hpp"
-#include "broker/server/heap_profile.hpp"
 
 #include <fmt/format.h>
 
@@ -8,6 +7,7 @@
 
 #include "broker/server/call.hpp"
 #include "broker/server/driver.hpp"
+#include "broker/server/heap_profile.hpp"
 #include "broker/server/launch_batch.hpp"
 #include "broker/server/ops.hpp"
 #include "proto/ops_copies.hpp"

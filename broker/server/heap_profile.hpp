@@ -4,9 +4,9 @@
 // difference to the session's figure for that opcode; the session's end logs the opcodes that grew
 // the heap most.
 //
-// Why: the GPU soak's server grows ~300 MiB of resident memory per live PyTorch session, in
-// glibc arenas of the worker threads, given back when the session ends (docs/testing.md). The
-// handler's growth includes what the driver allocates inside it on that thread.
+// Why: the GPU soak's server RSS followed its live PyTorch sessions, in glibc arenas of the
+// worker threads, and went back when they ended; this located it (image_cache.hpp, "Kept after
+// the last client"). A handler's growth includes what the driver allocates inside it.
 //
 // A diagnostic, off by default: mallinfo2 locks and walks every arena (tens of µs with many free
 // chunks). It counts the whole process, so with several sessions busy at once another worker's

@@ -1,7 +1,5 @@
 #include "broker/server/launch_batch.hpp"
 
-#include "broker/server/heap_profile.hpp"
-
 #include <algorithm>
 #include <cstring>
 #include <string>

@@ -5,9 +5,10 @@
 #
 #   LD_LIBRARY_PATH=$PWD/.carry/gpu/lib bash tools/probes/image_stats.sh .carry/gpu OUT [N] [SECONDS]
 #
-# Written 2026-11-28 after that session's device time was used up: not yet run on a GPU. Its
-# question: the 8-minute soak still grows ~300 MiB of server RSS per live PyTorch session with
-# shared images (docs/benchmarks.md); are those the private images' bytes?
+# Also prints where the server's RSS lives (its mappings by resident size, anonymous ones by
+# size: glibc's worker arenas are ~64 MiB each). DAEMON_ARGS adds mpsshimd arguments.
+# Run 2026-11-28 on an H100 (docs/benchmarks.md, "Where a PyTorch client's server memory goes"):
+# 13 private images (31.1 MiB) per ResNet-50 client; 3 clients: 2.99 GiB RSS, 2.2 GiB in arenas.
 set -uo pipefail
 build=$(realpath "$1")
 out=$2
