@@ -126,8 +126,9 @@ Server::~Server() {
   const ImageCacheStats images = images_.stats();
   log_info(
       "library images: {} loaded to share, {} loads answered by a shared one ({} not loaded "
-      "again), {} loaded for one client alone",
-      images.loads, images.hits, format_bytes(images.hit_bytes), images.private_loads);
+      "again), {} loaded for one client alone, {} unloaded after no client held them",
+      images.loads, images.hits, format_bytes(images.hit_bytes), images.private_loads,
+      images.expired);
 }
 
 void Server::wake() {

@@ -413,6 +413,7 @@ TEST_CASE("kept libraries go with the primary context when no client is left",
   CHECK(h.pump_until([&] { return !h.server->context_held(); }));
   CHECK(h.pump_until([&] { return fake_gpu().libraries_live == before; }));
   CHECK(h.logged("unloaded 1 shared library image(s)"));
+  CHECK(h.server->image_cache().stats().expired == 1);
 }
 
 }  // namespace mpsshim::server::test
