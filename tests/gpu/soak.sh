@@ -202,7 +202,9 @@ run_program() {
     "${COMMAND[@]}" >"$prefix.out" 2>"$prefix.err" || status=$?
   line=$(result_line "$prefix.out" "$NAME")
   if [ "$status" = 0 ] && [ "$(verdict "$line")" = PASS ]; then
-    echo "pass $NAME" >>"$RESULTS"
+    # A PyTorch client's start (init_s: import, model, its first use of the GPU), which the
+    # summary gives per program.
+    echo "pass $NAME $(grep -o 'init_s=[0-9.]*' <<<"$line")" >>"$RESULTS"
   elif [ "$killed" = 1 ] && { [ "$status" = 137 ] || [ "$status" = 124 ]; }; then
     echo "killed $NAME after ${limit}s" >>"$RESULTS"
   else
@@ -302,9 +304,18 @@ for line in open(results_path):
     if len(words) >= 2:
         counts = per_program.setdefault(words[1], {"pass": 0, "killed": 0, "error": 0})
         counts[words[0]] = counts.get(words[0], 0) + 1
+init_s = {}
+for line in open(results_path):
+    words = line.split()
+    for word in words[2:]:
+        if words[0] == "pass" and word.startswith("init_s="):
+            init_s.setdefault(words[1], []).append(float(word.split("=", 1)[1]))
 for name, counts in sorted(per_program.items()):
+    starts = init_s.get(name)
+    start_note = (f"; start (init_s) median {statistics.median(starts):.1f} s, max "
+                  f"{max(starts):.1f} s" if starts else "")
     print(f"soak:   {name}: {counts['pass']} passed, {counts['killed']} killed, "
-          f"{counts['error']} errors")
+          f"{counts['error']} errors{start_note}")
 if errors:
     failures.append(f"{errors} client runs failed (runs.txt lists their logs)")
 if any(r["server_pid"] != server_pid for r in rows):
