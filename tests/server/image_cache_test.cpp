@@ -38,6 +38,17 @@ std::span<const std::byte> bytes_of(const char* text) {
   return {reinterpret_cast<const std::byte*>(text), std::strlen(text)};
 }
 
+// The client's library image, sent as a memfd under `token`; its handle.
+std::uint64_t load_library_image(TestClient& client, std::uint64_t ctx,
+                                 const std::vector<std::byte>& image, std::uint32_t token) {
+  client.send_memfd(proto::MessageKind::kModuleImage, token, image.size(), image);
+  auto reply =
+      client.call(proto::Op::kImageLoad,
+                  proto::ImageLoadReq{ctx, image.size(), token, proto::ImageKind::kLibrary, 0, 0});
+  REQUIRE(reply.result == CUDA_SUCCESS);
+  return reply.as<proto::ImageLoadRep>().handle;
+}
+
 }  // namespace
 
 TEST_CASE("the image digest tells bytes and container counts apart", "[image_cache]") {
@@ -275,20 +286,11 @@ TEST_CASE("sessions sending the same library image share one driver library",
   auto ctx_b = b.create_context();
   const int before = fake_gpu().libraries_live;
 
-  auto load = [&](TestClient& client, std::uint64_t ctx, const std::vector<std::byte>& image,
-                  std::uint32_t token) {
-    client.send_memfd(proto::MessageKind::kModuleImage, token, image.size(), image);
-    auto reply = client.call(
-        proto::Op::kImageLoad,
-        proto::ImageLoadReq{ctx, image.size(), token, proto::ImageKind::kLibrary, 0, 0});
-    REQUIRE(reply.result == CUDA_SUCCESS);
-    return reply.as<proto::ImageLoadRep>().handle;
-  };
-  const std::uint64_t lib_a = load(a, ctx_a.ctx, clean, 1);
-  const std::uint64_t lib_b = load(b, ctx_b.ctx, clean, 1);
+  const std::uint64_t lib_a = load_library_image(a, ctx_a.ctx, clean, 1);
+  const std::uint64_t lib_b = load_library_image(b, ctx_b.ctx, clean, 1);
   CHECK(fake_gpu().libraries_live == before + 1);
-  const std::uint64_t own_a = load(a, ctx_a.ctx, with_globals, 2);
-  load(b, ctx_b.ctx, with_globals, 2);
+  const std::uint64_t own_a = load_library_image(a, ctx_a.ctx, with_globals, 2);
+  load_library_image(b, ctx_b.ctx, with_globals, 2);
   CHECK(fake_gpu().libraries_live == before + 3);
   CHECK(h.server->image_cache().stats().hits == 1);
   CHECK(h.server->image_cache().stats().private_loads == 2);
@@ -365,7 +367,7 @@ TEST_CASE("sessions sending the same library image share one driver library",
   // A later client sending the same bytes gets it without a load.
   TestClient c(h);
   auto ctx_c = c.create_context();
-  load(c, ctx_c.ctx, clean, 1);
+  load_library_image(c, ctx_c.ctx, clean, 1);
   CHECK(fake_gpu().libraries_live == before + 1);
   CHECK(h.server->image_cache().stats().hits == 2);
   c.hang_up();
@@ -387,10 +389,7 @@ TEST_CASE("with an idle timeout of 0 a library goes with its last client",
   const int before = fake_gpu().libraries_live;
   TestClient a(h);
   auto ctx = a.create_context();
-  a.send_memfd(proto::MessageKind::kModuleImage, 1, clean.size(), clean);
-  REQUIRE(a.call(proto::Op::kImageLoad,
-                 proto::ImageLoadReq{ctx.ctx, clean.size(), 1, proto::ImageKind::kLibrary, 0, 0})
-              .result == CUDA_SUCCESS);
+  load_library_image(a, ctx.ctx, clean, 1);
   CHECK(fake_gpu().libraries_live == before + 1);
   a.hang_up();
   CHECK(h.pump_until([&] { return fake_gpu().libraries_live == before; }));
@@ -405,10 +404,7 @@ TEST_CASE("kept libraries go with the primary context when no client is left",
   const int before = fake_gpu().libraries_live;
   TestClient a(h);
   auto ctx = a.create_context();
-  a.send_memfd(proto::MessageKind::kModuleImage, 1, clean.size(), clean);
-  REQUIRE(a.call(proto::Op::kImageLoad,
-                 proto::ImageLoadReq{ctx.ctx, clean.size(), 1, proto::ImageKind::kLibrary, 0, 0})
-              .result == CUDA_SUCCESS);
+  load_library_image(a, ctx.ctx, clean, 1);
   a.hang_up();
   CHECK(h.pump_until([&] { return !h.server->context_held(); }));
   CHECK(h.pump_until([&] { return fake_gpu().libraries_live == before; }));

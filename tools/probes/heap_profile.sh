@@ -12,16 +12,13 @@ build=$(realpath "$1")
 out=$2
 clients=${3:-2}
 seconds=${4:-30}
-python=${PYTHON:-python3}
 rt="$out/rt"
 mkdir -p "$out"
 source "$(dirname "${BASH_SOURCE[0]}")/probe_daemon.sh"
 MPSSHIM_SERVER_HEAP_PROFILE=1 start_daemon ${DAEMON_ARGS:-} || exit 1
 started=()
 for i in $(seq "$clients"); do
-  CUDA_MPS_PIPE_DIRECTORY="$rt" LD_PRELOAD="$build/libshim/libmpsshim.so" \
-    timeout 300 "$python" "$(dirname "${BASH_SOURCE[0]}")/../../bench/resnet_client.py" \
-    --iters 100000 --no-wait >"$out/client.$i.txt" 2>&1 &
+  start_resnet_client "$out/client.$i.txt"
   started+=($!)
   sleep "$seconds"
   server=$(pgrep -x mpsshim-server | head -1)

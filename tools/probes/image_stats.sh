@@ -14,7 +14,6 @@ build=$(realpath "$1")
 out=$2
 clients=${3:-2}
 seconds=${4:-25}
-python=${PYTHON:-python3}
 rt="$out/rt"
 mkdir -p "$out"
 source "$(dirname "${BASH_SOURCE[0]}")/probe_daemon.sh"
@@ -22,9 +21,7 @@ start_daemon ${DAEMON_ARGS:-} || exit 1
 ctl() { timeout 10 "$build/broker/daemon/mpsshimctl" --runtime-dir "$rt" "$@"; }
 clients_pids=()
 for i in $(seq "$clients"); do
-  CUDA_MPS_PIPE_DIRECTORY="$rt" LD_PRELOAD="$build/libshim/libmpsshim.so" \
-    timeout 300 "$python" "$(dirname "${BASH_SOURCE[0]}")/../../bench/resnet_client.py" \
-    --iters 100000 --no-wait >"$out/client.$i.txt" 2>&1 &
+  start_resnet_client "$out/client.$i.txt"
   clients_pids+=($!)
 done
 sleep "$seconds"

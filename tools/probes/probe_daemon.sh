@@ -18,6 +18,14 @@ start_daemon() {  # daemon arguments
   return 1
 }
 
+# start_resnet_client LOG: one bench/resnet_client.py under the shim of `build`, connected to the
+# daemon at `rt`, inferring until killed (at most 300 s), its output in LOG; its pid in $!.
+start_resnet_client() {
+  CUDA_MPS_PIPE_DIRECTORY="$rt" LD_PRELOAD="$build/libshim/libmpsshim.so" \
+    timeout 300 "${PYTHON:-python3}" "$(dirname "${BASH_SOURCE[0]}")/../../bench/resnet_client.py" \
+    --iters 100000 --no-wait >"$1" 2>&1 &
+}
+
 stop_daemon() {
   [ -n "$daemon_pid" ] || return 0
   "$build/broker/daemon/mpsshimctl" --runtime-dir "$rt" quit >/dev/null 2>&1 || kill "$daemon_pid"
