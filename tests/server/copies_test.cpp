@@ -110,6 +110,24 @@ TEST_CASE("a 2D copy from another client's memory is refused", "[server][copies]
   CHECK(fake_gpu().copies_3d == 0);
 }
 
+TEST_CASE("a copy of 0 bytes is a no-op whatever its addresses; 1 byte from 0 is refused",
+          "[server][copies]") {
+  // As the real driver: a 0-byte copy touches nothing (fuzz_ring_records once sent one from
+  // address 0, which the fake driver then handed to memmove).
+  Harness h;
+  TestClient client(h);
+  auto ctx = client.create_context();
+  const std::uint64_t mine = client.alloc(ctx.ctx, kPitch);
+  CHECK(client.call(Op::kCopyDtoD, proto::CopyDtoDReq{ctx.default_stream, mine, 0, 0}).result ==
+        CUDA_SUCCESS);
+  CHECK(client.call(Op::kCopyDtoD, proto::CopyDtoDReq{ctx.default_stream, 0, mine, 0}).result ==
+        CUDA_SUCCESS);
+  CHECK(client.call(Op::kCopyDtoD, proto::CopyDtoDReq{ctx.default_stream, mine, 0, 1}).result ==
+        CUDA_ERROR_INVALID_VALUE);
+  // The session goes on.
+  CHECK(client.alloc(ctx.ctx, kPitch) != 0);
+}
+
 TEST_CASE("a staged 2D copy hands the chunk back, refused or not", "[server][copies]") {
   Harness h;
   TestClient sut(h);

@@ -366,16 +366,19 @@ DriverTable fake_driver_table() {
     *d = reinterpret_cast<CUdeviceptr>(p);
     return CUDA_SUCCESS;
   };
+  // A copy of 0 bytes is a no-op for the real driver whatever its addresses (the server lets
+  // them through: AllocationMap::contains), and memcpy/memmove may not be given a null pointer
+  // even then (fuzz_ring_records found a 0-byte cuMemcpyDtoDAsync from address 0).
   t.cuMemcpyHtoDAsync_v2 = [](CUdeviceptr d, const void* h, std::size_t n, CUstream) {
-    std::memcpy(device_bytes(d), h, n);
+    if (n != 0) std::memcpy(device_bytes(d), h, n);
     return CUDA_SUCCESS;
   };
   t.cuMemcpyDtoHAsync_v2 = [](void* h, CUdeviceptr d, std::size_t n, CUstream) {
-    std::memcpy(h, device_bytes(d), n);
+    if (n != 0) std::memcpy(h, device_bytes(d), n);
     return CUDA_SUCCESS;
   };
   t.cuMemcpyDtoDAsync_v2 = [](CUdeviceptr d, CUdeviceptr s, std::size_t n, CUstream) {
-    std::memmove(device_bytes(d), device_bytes(s), n);
+    if (n != 0) std::memmove(device_bytes(d), device_bytes(s), n);
     return CUDA_SUCCESS;
   };
   t.cuMemsetD8Async = [](CUdeviceptr d, unsigned char v, std::size_t n, CUstream) {
