@@ -15,10 +15,10 @@
 // `idle_timeout` (mpsshim-server --image-idle-timeout, 60 s by default), so that the next client
 // sending the same bytes finds it. Measured on an H100 (driver 580, 2026-11-28,
 // tools/probes/heap_profile.sh): the first PyTorch client's loads grew the server's heap by
-// 1.78 GiB and its kernel lookups by 0.66 GiB (the driver's, once per library: a second
+// 1.74 GiB and its kernel lookups by 0.64 GiB (the driver's, once per library: a second
 // client's grew it by 41 + 29 MiB); with the libraries unloaded when the last PyTorch client of
 // the moment ended, a server whose PyTorch clients came and went loaded them all again each
-// time: RSS swinging by ~2.5 GiB (the GPU soak), and that client's image loads took 14.6 s of
+// time: RSS swinging by gigabytes (the GPU soak), and that client's image loads took 14.6 s of
 // the server's time against 4.2-5.7 s for clients that found them loaded
 // (tools/probes/image_stats.sh).
 //

@@ -8,7 +8,7 @@
 # Also prints where the server's RSS lives (its mappings by resident size, anonymous ones by
 # size: glibc's worker arenas are ~64 MiB each). DAEMON_ARGS adds mpsshimd arguments.
 # Run 2026-11-28 on an H100 (docs/benchmarks.md, "Where a PyTorch client's server memory goes"):
-# 13 private images (31.1 MiB) per ResNet-50 client; 3 clients: 2.99 GiB RSS, 2.2 GiB in arenas.
+# 13 private images (31.1 MiB) per ResNet-50 client; 3 clients: 2.85 GiB RSS, 2.15 GiB in arenas.
 set -uo pipefail
 build=$(realpath "$1")
 out=$2
