@@ -258,12 +258,13 @@ if [ "$WARM_UP" = 1 ]; then
   warm_up
   sample warm >>"$CSV"
 fi
+RUN_START_S=$SECONDS  # --minutes counts from here: the warm-up is not part of it
 for slot in $(seq 0 $((CLIENTS - 1))); do
   # The slot's stderr: bash's "Killed" notes of the runs it killed.
   run_slot "$slot" 2>>"$LOGS/slots.err" &
   SLOT_PIDS+=($!)
 done
-while [ $((SECONDS - START_S)) -lt "$DURATION_S" ]; do
+while [ $((SECONDS - RUN_START_S)) -lt "$DURATION_S" ]; do
   sleep "$INTERVAL"
   sample run >>"$CSV"
 done
