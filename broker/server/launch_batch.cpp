@@ -5,7 +5,6 @@
 #include <string>
 
 #include "broker/server/driver.hpp"
-#include "broker/server/heap_profile.hpp"
 #include "broker/server/log.hpp"
 #include "broker/server/session.hpp"
 
@@ -428,14 +427,6 @@ void LaunchBatcher::release(Session& session) {
             ? 0.0
             : static_cast<double>(stats.batched) / static_cast<double>(stats.batches),
         stats.batch_padding, stats.batch_graphs, stats.batch_fallbacks);
-  }
-  if (heap_profile_on()) {
-    const std::int64_t before = heap_in_use_bytes();
-    forget(session.cu());
-    log_info("{}: heap growth by operation: {}; its launch graphs held {:.1f} MiB", session.who(),
-             format_heap_growth(stats, 8),
-             static_cast<double>(before - heap_in_use_bytes()) / (1024.0 * 1024.0));
-    return;
   }
   forget(session.cu());
 }

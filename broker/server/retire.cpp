@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "broker/server/completions.hpp"
+#include "broker/server/heap_profile.hpp"
 #include "broker/server/host_callbacks.hpp"
 #include "broker/server/log.hpp"
 #include "broker/server/pools.hpp"
@@ -203,6 +204,10 @@ FreedTally free_everything(Session& session) {
   const DriverTable& cu = session.cu();
   drop_completions(session);
   drop_busy(session);
+  if (heap_profile_on()) {
+    log_info("{}: heap growth by operation: {}", session.who(),
+             format_heap_growth(session.stats, 8));
+  }
   // The cached launch graphs first: their nodes name the modules and the green context freed
   // below.
   session.launch_batch.release(session);
