@@ -287,9 +287,10 @@ DispatchOutcome dispatch_record(Session& session, std::span<const std::byte> rec
 
   Call call(session, header, payload);
   const std::uint64_t started = SessionStats::now_ns();
-  const std::int64_t heap_before = heap_profile_on() ? heap_in_use_bytes() : 0;
+  const bool profile_heap = heap_profile_on();  // one branch per record when off
+  const std::int64_t heap_before = profile_heap ? heap_in_use_bytes() : 0;
   OpResult result = spec->run(call);
-  if (heap_profile_on()) {
+  if (profile_heap) {
     session.stats.heap_growth[header.opcode] += heap_in_use_bytes() - heap_before;
   }
   session.stats.record(static_cast<Op>(header.opcode), SessionStats::now_ns() - started,

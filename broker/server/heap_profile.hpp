@@ -8,9 +8,10 @@
 // worker threads, and went back when they ended; this located it (image_cache.hpp, "Kept after
 // the last client"). A handler's growth includes what the driver allocates inside it.
 //
-// A diagnostic, off by default: mallinfo2 locks and walks every arena (tens of µs with many free
-// chunks). It counts the whole process, so with several sessions busy at once another worker's
-// allocations land in whichever handler runs; profile one client at a time for clean figures.
+// A diagnostic, off by default: each mallinfo2 locks and walks every arena and its free chunks
+// (its cost was not measured; it grows with the heap). It counts the whole process, so with
+// several sessions busy at once another worker's allocations land in whichever handler runs;
+// profile one client at a time for clean figures.
 #pragma once
 
 #include <cstdint>

@@ -17,7 +17,8 @@
 # torchvision import, bench/resnet_client.py (ResNet-50 inference). A run passes when it exits 0
 # and prints its PASS line; P % of runs are SIGKILLed at a random instant (0.2 to 3.2 s in) and
 # count as killed, not as errors. Before the slots start, one run of each program alone warms the
-# server up (--no-warm-up skips it): its runs count like the others, its samples are not read.
+# server up (--no-warm-up skips it): its runs count like the others, its samples are not read,
+# and --minutes counts from its end.
 #
 # Checks, on the samples taken while the clients run: each figure less what the clients attached
 # at that instant account for (a least-squares fit of the figure on the client count over the
