@@ -13,7 +13,9 @@
 #include <shared_mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "libshim/api.hpp"
@@ -34,6 +36,10 @@ struct ClientConfig {
   std::map<int, std::uint64_t> memory_limit;  // per visible ordinal
   bool ignore_sm_coscheduling = false;        // MPSSHIM_SM_GRANULARITY=2
   bool launch_batching = true;                // MPSSHIM_LAUNCH_BATCHING=off: false
+  // A library's kernels are handed out from the names its load's reply lists and looked up on
+  // the server at their first use (libshim/kernel_lookup.hpp). MPSSHIM_KERNEL_LOOKUP=eager, or
+  // CUDA_MODULE_LOADING=EAGER, looks each up when cuLibraryGetKernel asks: false.
+  bool lazy_kernels = true;
   // MPSSHIM_ALLOCATION_TOKEN, else the first line of MPSSHIM_ALLOCATION_TOKEN_FILE: what the
   // Kubernetes device plugin handed this pod (docs/kubernetes.md). "" when none.
   std::string allocation_token;
@@ -115,6 +121,11 @@ struct Library {
   std::vector<std::byte> unbound_copy;
   std::unordered_map<std::string, Function*> kernels;
   Module* module = nullptr;
+  // Its kernels' names in the driver's order, as the server listed them when the library was
+  // shipped (kernel_lookup.hpp); `listed` views them. Under `mutex`; set once, when shipped.
+  std::vector<std::string> kernel_names;
+  std::unordered_set<std::string_view> listed;
+  bool kernel_names_known = false;
 };
 
 // A CUfunction or a CUkernel: the runtime passes a CUkernel where a CUfunction is expected
@@ -130,6 +141,10 @@ struct Function {
   Module* module = nullptr;
   Library* library = nullptr;
   std::atomic<Function*> function_of_kernel{nullptr};  // cuKernelGetFunction, cached
+  // False for a library's kernel handed out from its listed names until its first use looks it
+  // up on the server (kernel_lookup.hpp: usable()). wire, params and args_bytes are written
+  // before it turns true (release) and read only after it was seen true (acquire).
+  std::atomic<bool> looked_up{true};
   // Attribute cache: value + 1 (0 = not fetched). Invalidated by Set*Attribute.
   std::array<std::atomic<std::int64_t>, CU_FUNC_ATTRIBUTE_MAX> attributes{};
 };

@@ -170,6 +170,17 @@ ClientConfig read_client_config() {
       log(Level::warn, "ignoring MPSSHIM_LAUNCH_BATCHING='{}': expected off or on", batching);
     }
   }
+  // For debugging: a library's kernels are looked up on the server when cuLibraryGetKernel asks,
+  // not at their first use (libshim/kernel_lookup.hpp). CUDA_MODULE_LOADING=EAGER asks the same
+  // of the real driver, so it does it here too.
+  config.lazy_kernels = env("CUDA_MODULE_LOADING") != "EAGER";
+  if (std::string lookup = env("MPSSHIM_KERNEL_LOOKUP"); !lookup.empty()) {
+    if (lookup == "eager" || lookup == "lazy") {
+      config.lazy_kernels = lookup == "lazy";
+    } else {
+      log(Level::warn, "ignoring MPSSHIM_KERNEL_LOOKUP='{}': expected lazy or eager", lookup);
+    }
+  }
   config.allocation_token = read_allocation_token();
   config.visible_devices = env("CUDA_VISIBLE_DEVICES");
   config.program = program_invocation_short_name;

@@ -22,6 +22,7 @@
 #include "libshim/api.hpp"
 #include "libshim/capture.hpp"
 #include "libshim/client.hpp"
+#include "libshim/kernel_lookup.hpp"
 #include "libshim/kernel_args.hpp"
 #include "libshim/log.hpp"
 
@@ -447,6 +448,7 @@ CUresult add_kernel_node(CUgraphNode* out, CUgraph hgraph, const CUgraphNode* de
   if (f == nullptr || f->ctx == nullptr || f->ctx->session != graph->ctx->session) {
     return CUDA_ERROR_INVALID_HANDLE;
   }
+  if (CUresult rc = usable(f); rc != CUDA_SUCCESS) return rc;
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::vector<std::byte> trailing;
   if (CUresult rc = append_dependencies(graph, deps, count, trailing); rc != CUDA_SUCCESS) {
@@ -486,6 +488,7 @@ CUresult exec_kernel_node_set_params(CUgraphExec hexec, CUgraphNode hnode, CUfun
   if (f == nullptr || f->ctx == nullptr || f->ctx->session != exec->ctx->session) {
     return CUDA_ERROR_INVALID_HANDLE;
   }
+  if (CUresult rc = usable(f); rc != CUDA_SUCCESS) return rc;
   const void* buffer = nullptr;
   std::size_t bytes = 0;
   if (CUresult rc = argument_bytes(f, params, extra, buffer, bytes); rc != CUDA_SUCCESS) return rc;

@@ -6,6 +6,7 @@
 
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
+#include "libshim/kernel_lookup.hpp"
 #include "libshim/kernel_args.hpp"
 #include "libshim/log.hpp"
 
@@ -26,6 +27,8 @@ CUresult launch(CUfunction hfunc, const Geometry& g, CUstream handle, DefaultStr
   Function* f = object_of<Function>(hfunc);
   if (f == nullptr) [[unlikely]]
     return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult rc = usable(f); rc != CUDA_SUCCESS) [[unlikely]]
+    return rc;
   Context* ctx = nullptr;
   Stream* stream = nullptr;
   if (CUresult rc = resolve_stream(handle, mode, ctx, stream); rc != CUDA_SUCCESS) return rc;
@@ -129,6 +132,7 @@ CUresult max_active_blocks(int* blocks, CUfunction hfunc, int block_size, size_t
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   Function* f = object_of<Function>(hfunc);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult rc = usable(f); rc != CUDA_SUCCESS) return rc;
   if (blocks == nullptr) return CUDA_ERROR_INVALID_VALUE;
   proto::OccupancyReq request{f->wire, block_size, flags, dynamic_smem};
   proto::OccupancyRep reply{};
@@ -160,6 +164,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuOccupancyMaxPotentialBlockSizeWithFlags(
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   Function* f = object_of<Function>(hfunc);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult rc = usable(f); rc != CUDA_SUCCESS) return rc;
   if (min_grid == nullptr || block_size == nullptr) return CUDA_ERROR_INVALID_VALUE;
   int max_threads = 0;
   if (CUresult rc =
@@ -204,6 +209,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuOccupancyAvailableDynamicSMemPerBlock(size_t* 
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   Function* f = object_of<Function>(hfunc);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult rc = usable(f); rc != CUDA_SUCCESS) return rc;
   if (smem == nullptr) return CUDA_ERROR_INVALID_VALUE;
   proto::OccupancyReq request{f->wire, block_size, static_cast<std::uint32_t>(blocks), 0};
   proto::OccupancyRep reply{};
@@ -217,6 +223,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveClusters(int* clusters, CUfu
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   Function* f = object_of<Function>(hfunc);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult rc = usable(f); rc != CUDA_SUCCESS) return rc;
   if (clusters == nullptr || config == nullptr || config->numAttrs > proto::kMaxLaunchAttributes) {
     return CUDA_ERROR_INVALID_VALUE;
   }

@@ -16,6 +16,7 @@
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/darkapi/image_length.hpp"
+#include "libshim/kernel_lookup.hpp"
 #include "libshim/log.hpp"
 
 using namespace mpsshim::shim;
@@ -35,8 +36,11 @@ bool write_all(int fd, const void* data, std::size_t bytes) {
   return true;
 }
 
+// A library's load asks for its kernels' names (`names`, kernel_lookup.hpp) unless the client
+// looks its kernels up eagerly; a module's passes nullptr.
 CUresult ship_image(Context* ctx, std::span<const std::span<const std::byte>> pieces,
-                    proto::ImageKind kind, proto::WireHandle& out) {
+                    proto::ImageKind kind, proto::WireHandle& out,
+                    proto::LibraryLoadRep* names = nullptr) {
   proto::UniqueFd fd(::memfd_create("mpsshim-image", MFD_CLOEXEC));
   if (!fd) return CUDA_ERROR_OUT_OF_MEMORY;
   std::uint64_t total = 0;
@@ -55,6 +59,12 @@ CUresult ship_image(Context* ctx, std::span<const std::span<const std::byte>> pi
                               kind,
                               pieces.size() > 1 ? static_cast<std::uint32_t>(pieces.size()) : 0,
                               0};
+  if (names != nullptr && config().lazy_kernels) {
+    request.flags = proto::kImageLoadKernelNames;
+    CUresult rc = ctx->session->call(proto::Op::kImageLoad, request, names);
+    if (rc == CUDA_SUCCESS) out = names->handle;
+    return rc;
+  }
   proto::ImageLoadRep reply{};
   CUresult rc = ctx->session->call(proto::Op::kImageLoad, request, &reply);
   if (rc == CUDA_SUCCESS) out = reply.handle;
@@ -135,12 +145,15 @@ CUresult load_library(CUlibrary* library, const void* code, bool preserved) {
   }
   if (rc != CUDA_SUCCESS) return rc;
   proto::WireHandle wire = 0;
-  if (rc = ship_image(ctx, pieces, proto::ImageKind::kLibrary, wire); rc != CUDA_SUCCESS) {
+  auto names = std::make_unique<proto::LibraryLoadRep>();
+  if (rc = ship_image(ctx, pieces, proto::ImageKind::kLibrary, wire, names.get());
+      rc != CUDA_SUCCESS) {
     return rc;
   }
   auto* object = new Library();
   object->ctx = ctx;
   object->wire = wire;
+  take_kernel_names(object, *names);
   *library = reinterpret_cast<CUlibrary>(object);
   return CUDA_SUCCESS;
 }
@@ -153,37 +166,18 @@ CUresult bind_library(Library* library) {
   Context* ctx = nullptr;
   if (CUresult rc = context_for_library(ctx); rc != CUDA_SUCCESS) return rc;
   proto::WireHandle wire = 0;
-  if (CUresult rc = ship_image(ctx, library->unbound_pieces, proto::ImageKind::kLibrary, wire);
+  auto names = std::make_unique<proto::LibraryLoadRep>();
+  if (CUresult rc = ship_image(ctx, library->unbound_pieces, proto::ImageKind::kLibrary, wire,
+                               names.get());
       rc != CUDA_SUCCESS) {
     return rc;
   }
   library->ctx = ctx;
   library->wire = wire;
+  take_kernel_names(library, *names);
   std::vector<std::span<const std::byte>>().swap(library->unbound_pieces);
   std::vector<std::byte>().swap(library->unbound_copy);
   return CUDA_SUCCESS;
-}
-
-Function* make_function(Context* ctx, const proto::FunctionRep& reply, std::string_view name,
-                        bool is_kernel) {
-  auto* f = new Function();
-  f->ctx = ctx;
-  f->wire = reply.function;
-  f->is_kernel = is_kernel;
-  f->name = std::string(name);
-  std::uint32_t count = std::min<std::uint32_t>(reply.param_count, std::size(reply.params));
-  f->params.assign(reply.params, reply.params + count);
-  f->args_bytes = reply.args_bytes;
-  return f;
-}
-
-CUresult lookup(Context* ctx, proto::Op op, proto::WireHandle handle, const char* name, void* reply,
-                std::size_t reply_bytes) {
-  std::size_t length = strnlen(name, proto::kMaxNameBytes + 1);
-  if (length == 0 || length > proto::kMaxNameBytes) return CUDA_ERROR_INVALID_VALUE;
-  proto::NamedLookupReq request{handle, static_cast<std::uint32_t>(length), 0};
-  return ctx->session->call(op, &request, sizeof request,
-                            std::as_bytes(std::span<const char>(name, length)), reply, reply_bytes);
 }
 
 void forget_functions(std::unordered_map<std::string, Function*>& functions) {
@@ -267,12 +261,8 @@ CUresult fetch_function_names(Module* module) {
         rc != CUDA_SUCCESS) {
       return rc;
     }
-    std::string_view text(reply.names, std::min<std::size_t>(reply.bytes, sizeof reply.names));
-    for (std::uint32_t i = 0; i < reply.count; ++i) {
-      std::size_t end = text.find('\0');
-      if (end == std::string_view::npos) return CUDA_ERROR_UNKNOWN;  // a malformed reply
-      names.emplace_back(text.substr(0, end));
-      text.remove_prefix(end + 1);
+    if (!append_names(reply.names, reply.count, reply.bytes, names)) {
+      return CUDA_ERROR_UNKNOWN;  // a malformed reply
     }
     if (names.size() >= reply.total) break;
     if (reply.count == 0) return CUDA_ERROR_UNKNOWN;  // no progress: never loop forever
@@ -415,6 +405,10 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryGetKernel(CUkernel* kernel, CUlibrary h
     return CUDA_SUCCESS;
   }
   if (CUresult rc = bind_library(library); rc != CUDA_SUCCESS) return rc;
+  if (Function* f = listed_kernel(library, name)) {
+    *kernel = reinterpret_cast<CUkernel>(f);
+    return CUDA_SUCCESS;
+  }
   proto::FunctionRep reply{};
   CUresult rc =
       lookup(library->ctx, proto::Op::kLibraryGetKernel, library->wire, name, &reply, sizeof reply);
@@ -423,6 +417,54 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryGetKernel(CUkernel* kernel, CUlibrary h
   f->library = library;
   library->kernels.emplace(name, f);
   *kernel = reinterpret_cast<CUkernel>(f);
+  return CUDA_SUCCESS;
+}
+
+namespace {
+
+// The library's listed kernel names (kernel_lookup.hpp), shipping it first if need be; the
+// caller holds library->mutex. A library whose kernels the server did not list answers
+// CUDA_ERROR_NOT_SUPPORTED, and says so in the log.
+CUresult listed_names(Library* library) {
+  if (CUresult rc = bind_library(library); rc != CUDA_SUCCESS) return rc;
+  if (library->kernel_names_known) return CUDA_SUCCESS;
+  log(Level::warn,
+      "the server did not list this library's kernels (MPSSHIM_KERNEL_LOOKUP=eager or "
+      "CUDA_MODULE_LOADING=EAGER); cuLibraryGetKernelCount and cuLibraryEnumerateKernels return "
+      "CUDA_ERROR_NOT_SUPPORTED");
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+}  // namespace
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryGetKernelCount(unsigned int* count, CUlibrary handle) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Library* library = object_of<Library>(handle);
+  if (library == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(library->mutex);
+  if (CUresult rc = listed_names(library); rc != CUDA_SUCCESS) return rc;
+  *count = static_cast<unsigned int>(library->kernel_names.size());
+  return CUDA_SUCCESS;
+}
+
+// The handles are cuLibraryGetKernel's for each name, so that a kernel found either way is the
+// same handle, as with the real driver.
+MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryEnumerateKernels(CUkernel* kernels, unsigned int count,
+                                                          CUlibrary handle) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Library* library = object_of<Library>(handle);
+  if (library == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (kernels == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(library->mutex);
+  if (CUresult rc = listed_names(library); rc != CUDA_SUCCESS) return rc;
+  const std::size_t n = std::min<std::size_t>(count, library->kernel_names.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::string& name = library->kernel_names[i];
+    auto it = library->kernels.find(name);
+    Function* f = it != library->kernels.end() ? it->second : listed_kernel(library, name);
+    kernels[i] = reinterpret_cast<CUkernel>(f);
+  }
   return CUDA_SUCCESS;
 }
 
@@ -477,6 +519,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuKernelGetFunction(CUfunction* pfunc, CUkernel 
     *pfunc = reinterpret_cast<CUfunction>(f);
     return CUDA_SUCCESS;
   }
+  if (CUresult rc = usable(k); rc != CUDA_SUCCESS) return rc;
   proto::HandleReq request{k->wire};
   proto::FunctionRep reply{};
   CUresult rc = k->ctx->session->call(proto::Op::kKernelGetFunction, request, &reply);
@@ -502,6 +545,7 @@ CUresult cached_attribute(Function* f, int attribute, int device, proto::Op op, 
     *value = static_cast<int>(cached - 1);
     return CUDA_SUCCESS;
   }
+  if (CUresult rc = usable(f); rc != CUDA_SUCCESS) return rc;
   proto::AttributeReq request{f->wire, attribute, 0, device, 0};
   proto::AttributeRep reply{};
   CUresult rc = f->ctx->session->call(op, request, &reply);
@@ -513,6 +557,7 @@ CUresult cached_attribute(Function* f, int attribute, int device, proto::Op op, 
 
 CUresult set_attribute(Function* f, int attribute, int value, int device, proto::Op op) {
   if (attribute < 0 || attribute >= CU_FUNC_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult rc = usable(f); rc != CUDA_SUCCESS) return rc;
   proto::AttributeReq request{f->wire, attribute, value, device, 0};
   CUresult rc = f->ctx->session->call(op, request, static_cast<int*>(nullptr));
   // Setting one attribute can change others (max dynamic shared memory vs. carveout).
@@ -521,6 +566,7 @@ CUresult set_attribute(Function* f, int attribute, int value, int device, proto:
 }
 
 CUresult param_info(Function* f, size_t index, size_t* offset, size_t* size) {
+  if (CUresult rc = usable(f); rc != CUDA_SUCCESS) return rc;
   if (index >= f->params.size()) return CUDA_ERROR_INVALID_VALUE;
   if (offset) *offset = f->params[index].offset;
   if (size) *size = f->params[index].size;
@@ -571,6 +617,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_ca
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   Function* f = object_of<Function>(hfunc);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult rc = usable(f); rc != CUDA_SUCCESS) return rc;
   proto::AttributeReq request{f->wire, static_cast<std::int32_t>(config), 0, f->ctx->device, 0};
   return f->ctx->session->call(proto::Op::kFuncSetCacheConfig, request, static_cast<int*>(nullptr));
 }

@@ -37,7 +37,9 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // Minor 11: a capture's dependency nodes and their update (ops 102..103: StreamCaptureDepsReq,
 // StreamUpdateCaptureDepsReq).
 // Minor 12: SessionControl::crowded (was padding): waiting clients sleep instead of spinning.
-inline constexpr std::uint16_t kAbiMinor = 12;
+// Minor 13: ImageLoadReq::flags (was reserved, 0) and kImageLoadKernelNames: a library's load
+// answers with LibraryLoadRep, its kernels' names; LibraryKernelNames (op 104) pages the rest.
+inline constexpr std::uint16_t kAbiMinor = 13;
 
 // FROZEN FOREVER. Every message on every mpsshim socket starts with this header, so that any two
 // versions of mpsshim can at least tell each other which versions they are. Never change it.

@@ -142,6 +142,9 @@ enum class Op : std::uint16_t {
   // (cuStreamUpdateCaptureDependencies): NCCL adds its own nodes to a capture this way.
   kStreamCaptureDependencies = 102,        // StreamCaptureDepsReq -> GraphGetNodesRep
   kStreamUpdateCaptureDependencies = 103,  // StreamUpdateCaptureDepsReq + node ids -> nothing
+  // The names of a library's kernels from `first` on, where they did not all fit in the load's
+  // reply (LibraryLoadRep): ModuleFunctionsReq (the library) -> ModuleFunctionsRep.
+  kLibraryKernelNames = 104,
   kCount
 };
 
@@ -253,8 +256,12 @@ struct ImageLoadReq {
   std::uint32_t token;
   ImageKind kind;
   std::uint32_t containers;  // 0: a plain image
-  std::uint32_t reserved;
+  std::uint32_t flags;       // kImageLoad* below (was reserved, 0)
 };
+// A library's load answers with LibraryLoadRep: its kernels' names ride in the reply, so the
+// shim hands out a CUkernel without a round trip and looks it up on the server at its first use
+// (libshim/kernel_lookup.hpp).
+inline constexpr std::uint32_t kImageLoadKernelNames = 1u << 0;
 struct ImageLoadRep {
   WireHandle handle;
 };
@@ -294,6 +301,18 @@ struct ModuleFunctionsRep {
   std::uint32_t reserved;
   char names[kSlotPayloadBytes - 16];
 };
+// ImageLoad of a library with kImageLoadKernelNames: the handle, then the library's kernel
+// names from the first on (cuLibraryEnumerateKernels' order, as LibraryKernelNames pages them).
+// names_known 0: the server's driver could not list them (the shim looks each name up).
+struct LibraryLoadRep {
+  WireHandle handle;
+  std::uint32_t names_known;
+  std::uint32_t total;  // kernels in the library
+  std::uint32_t count;  // names in `names`, from the first on
+  std::uint32_t bytes;  // of `names` used: each name ends with a NUL
+  char names[kSlotPayloadBytes - 24];
+};
+static_assert(sizeof(LibraryLoadRep) == kSlotPayloadBytes);
 struct GlobalRep {
   std::uint64_t dptr;
   std::uint64_t bytes;

@@ -61,6 +61,8 @@ std::array<OpSpec, kOpCount> make_specs() {
   set(Op::kLibraryUnload, "LibraryUnload", op_library_unload, sizeof(HandleReq), false);
   set(Op::kLibraryGetKernel, "LibraryGetKernel", op_library_get_kernel, sizeof(NamedLookupReq),
       true);
+  set(Op::kLibraryKernelNames, "LibraryKernelNames", op_library_kernel_names,
+      sizeof(ModuleFunctionsReq), true);
   set(Op::kLibraryGetModule, "LibraryGetModule", op_library_get_module, sizeof(HandleReq), true);
   set(Op::kLibraryGetGlobal, "LibraryGetGlobal", op_library_get_global, sizeof(NamedLookupReq),
       true);

@@ -37,6 +37,7 @@ OpResult op_module_get_global(Call& call);
 OpResult op_module_function_names(Call& call);
 OpResult op_library_unload(Call& call);
 OpResult op_library_get_kernel(Call& call);
+OpResult op_library_kernel_names(Call& call);
 OpResult op_library_get_module(Call& call);
 OpResult op_library_get_global(Call& call);
 OpResult op_kernel_get_function(Call& call);

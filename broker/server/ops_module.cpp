@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "broker/server/client_socket.hpp"
@@ -15,6 +16,7 @@
 #include "broker/server/image_globals.hpp"
 #include "broker/server/limit_check.hpp"
 #include "broker/server/log.hpp"
+#include "broker/server/name_pages.hpp"
 #include "broker/server/ops.hpp"
 #include "broker/server/retire.hpp"
 
@@ -24,6 +26,54 @@ namespace {
 // The server copies every image before the driver sees it; this bounds what one load costs.
 // Real containers are far smaller (cuBLASLt's largest is tens of MiB).
 constexpr std::uint64_t kMaxImageBytes = std::uint64_t{4} << 30;
+
+// The library's kernels in the driver's order (cuLibraryEnumerateKernels).
+CUresult library_kernels(const DriverTable& cu, CUlibrary library, std::vector<CUkernel>& out) {
+  unsigned int count = 0;
+  if (CUresult r = cu.cuLibraryGetKernelCount(&count, library); r != CUDA_SUCCESS) return r;
+  out.resize(count);
+  return count == 0 ? CUDA_SUCCESS : cu.cuLibraryEnumerateKernels(out.data(), count, library);
+}
+
+auto kernel_name_of(const DriverTable& cu, const std::vector<CUkernel>& kernels) {
+  return [&cu, &kernels](std::uint32_t i, const char*& name) {
+    return cu.cuKernelGetName(&name, kernels[i]);
+  };
+}
+
+void name_too_long(Call& call, std::string_view what, std::size_t length) {
+  log_warn(
+      "{}: a name of {} bytes does not fit in one reply; the {} cannot be listed "
+      "(CUDA_ERROR_NOT_SUPPORTED)",
+      call.session.who(), length, what);
+}
+
+// A library's load answers with its kernels' names, as many as fit (the shim hands out CUkernels
+// from them and looks each up at its first use). A library whose names the driver cannot list
+// still loads: names_known 0, and the shim looks each kernel up by name as before.
+OpResult reply_library_loaded(Call& call, std::uint64_t id, CUlibrary library) {
+  proto::LibraryLoadRep rep{};
+  rep.handle = id;
+  std::vector<CUkernel> kernels;
+  NamePage page;
+  std::size_t too_long = 0;
+  CUresult r = library_kernels(call.cu, library, kernels);
+  if (r == CUDA_SUCCESS) {
+    r = fill_name_page(0, static_cast<std::uint32_t>(kernels.size()), rep.names,
+                       kernel_name_of(call.cu, kernels), page, too_long);
+  }
+  if (r == CUDA_SUCCESS) {
+    rep.names_known = 1;
+    rep.total = static_cast<std::uint32_t>(kernels.size());
+    rep.count = page.count;
+    rep.bytes = page.bytes;
+  } else {
+    log_debug("{}: a library's kernel names could not be listed ({}); its kernels are looked up "
+              "by name",
+              call.session.who(), static_cast<int>(r));
+  }
+  return call.reply(rep, offsetof(proto::LibraryLoadRep, names) + rep.bytes);
+}
 
 // A private copy of the client's image: the client can rewrite its memfd at any time, and the
 // driver's parser must not see bytes change under it or run off the end. One zeroed page
@@ -168,6 +218,9 @@ OpResult op_image_load(Call& call) {
   if (req.kind != proto::ImageKind::kModule && req.kind != proto::ImageKind::kLibrary) {
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
+  if ((req.flags & ~proto::kImageLoadKernelNames) != 0) {
+    return call.malformed(fmt::format("an image load with unknown flags {:#x}", req.flags));
+  }
   if (!within_client_limit(session, ClientLimit::kModules))
     return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   if (req.containers > 1 && req.kind != proto::ImageKind::kLibrary) {
@@ -247,6 +300,9 @@ OpResult op_image_load(Call& call) {
     ++session.stats.images_private;
     session.stats.images_private_bytes += req.bytes;
   }
+  if (library != nullptr && (req.flags & proto::kImageLoadKernelNames) != 0) {
+    return reply_library_loaded(call, id, library->library);
+  }
   return call.reply(proto::ImageLoadRep{id});
 }
 
@@ -304,25 +360,45 @@ OpResult op_module_function_names(Call& call) {
   }
   proto::ModuleFunctionsRep rep{};
   rep.total = total;
-  for (std::uint32_t i = req.first; i < total; ++i) {
-    const char* name = nullptr;
-    if (CUresult r = call.cu.cuFuncGetName(&name, functions[i]); r != CUDA_SUCCESS) {
-      return call.done(r);
-    }
-    const std::size_t length = std::strlen(name) + 1;
-    if (rep.bytes + length > sizeof rep.names) {
-      if (rep.count > 0) break;
-      // One name longer than a reply: no cubin symbol gets near 4 KiB, but say so if one does.
-      log_warn(
-          "{}: a function name of {} bytes does not fit in one reply; its module's "
-          "functions cannot be listed (CUDA_ERROR_NOT_SUPPORTED)",
-          call.session.who(), length);
-      return call.done(CUDA_ERROR_NOT_SUPPORTED);
-    }
-    std::memcpy(rep.names + rep.bytes, name, length);
-    rep.bytes += static_cast<std::uint32_t>(length);
-    ++rep.count;
+  NamePage page;
+  std::size_t too_long = 0;
+  auto name_of = [&](std::uint32_t i, const char*& name) {
+    return call.cu.cuFuncGetName(&name, functions[i]);
+  };
+  if (CUresult r = fill_name_page(req.first, total, rep.names, name_of, page, too_long);
+      r != CUDA_SUCCESS) {
+    if (too_long != 0) name_too_long(call, "module's functions", too_long);
+    return call.done(r);
   }
+  rep.count = page.count;
+  rep.bytes = page.bytes;
+  return call.reply(rep, offsetof(proto::ModuleFunctionsRep, names) + rep.bytes);
+}
+
+// The names of a library's kernels from req.first on, where its load's reply (LibraryLoadRep)
+// could not hold them all.
+OpResult op_library_kernel_names(Call& call) {
+  auto req = call.request<proto::ModuleFunctionsReq>();
+  const LibraryObj* library = call.session.objects.get<LibraryObj>(req.module);
+  if (library == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  std::vector<CUkernel> kernels;
+  if (CUresult r = library_kernels(call.cu, library->library, kernels); r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  const auto total = static_cast<std::uint32_t>(kernels.size());
+  if (req.first > total) return call.done(CUDA_ERROR_INVALID_VALUE);
+  proto::ModuleFunctionsRep rep{};
+  rep.total = total;
+  NamePage page;
+  std::size_t too_long = 0;
+  if (CUresult r = fill_name_page(req.first, total, rep.names, kernel_name_of(call.cu, kernels),
+                                  page, too_long);
+      r != CUDA_SUCCESS) {
+    if (too_long != 0) name_too_long(call, "library's kernels", too_long);
+    return call.done(r);
+  }
+  rep.count = page.count;
+  rep.bytes = page.bytes;
   return call.reply(rep, offsetof(proto::ModuleFunctionsRep, names) + rep.bytes);
 }
 

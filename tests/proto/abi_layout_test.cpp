@@ -157,7 +157,11 @@ std::uint64_t layout_fingerprint() {
   SIZE(ImageLoadReq);
   FIELD(ImageLoadReq, token);
   FIELD(ImageLoadReq, containers);
+  FIELD(ImageLoadReq, flags);
   SIZE(ImageLoadRep);
+  SIZE(LibraryLoadRep);
+  FIELD(LibraryLoadRep, names_known);
+  FIELD(LibraryLoadRep, names);
   SIZE(HandleReq);
   SIZE(NamedLookupReq);
   SIZE(ParamSlot);
@@ -395,6 +399,7 @@ constexpr Pinned kPinned[] = {
     {1, 10, 0x1754e4691ab97c14},  // interprocess memory and event handles (97..101)
     {1, 11, 0xdf08b8e22f429f7a},  // a capture's dependency nodes and their update (102..103)
     {1, 12, 0x4c05f8dfe4b6cf2a},  // SessionControl::crowded: waiting clients sleep
+    {1, 13, 0x79cc48d8c6abeef2},  // a library's kernel names in its load's reply; op 104
 };
 
 }  // namespace

@@ -460,6 +460,28 @@ DriverTable fake_driver_table() {
     *k = static_cast<CUkernel>(named(std::string("kernel:") + name));
     return CUDA_SUCCESS;
   };
+  t.cuLibraryGetKernelCount = [](unsigned* count, CUlibrary) {
+    *count = static_cast<unsigned>(fake_gpu().library_kernel_names.size());
+    return fake_gpu().library_kernel_count_result;
+  };
+  t.cuLibraryEnumerateKernels = [](CUkernel* kernels, unsigned count, CUlibrary) {
+    const auto& names = fake_gpu().library_kernel_names;
+    if (count < names.size()) return CUDA_ERROR_INVALID_VALUE;
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      kernels[i] = static_cast<CUkernel>(named("kernel:" + names[i]));
+    }
+    return CUDA_SUCCESS;
+  };
+  // The name `named` gave the handle, without its "kernel:".
+  t.cuKernelGetName = [](const char** name, CUkernel kernel) {
+    for (const auto& [key, handle] : fake_gpu().named) {
+      if (handle == kernel && key.starts_with("kernel:")) {
+        *name = key.c_str() + 7;
+        return CUDA_SUCCESS;
+      }
+    }
+    return CUDA_ERROR_INVALID_HANDLE;
+  };
   t.cuLibraryGetModule = [](CUmodule* m, CUlibrary) {
     *m = new_handle<CUmodule>();
     return CUDA_SUCCESS;

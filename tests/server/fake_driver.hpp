@@ -75,6 +75,10 @@ struct FakeGpu {
   std::map<CUarray, std::vector<std::byte>> arrays;
   // The same name gives the same CUfunction/CUkernel again, as the real driver does.
   std::map<std::string, void*> named;
+  // Every fake library's kernels, in cuLibraryEnumerateKernels' order (their names as
+  // cuKernelGetName gives them); library_kernel_count_result fails cuLibraryGetKernelCount.
+  std::vector<std::string> library_kernel_names{"k", "vector_add"};
+  CUresult library_kernel_count_result = CUDA_SUCCESS;
   // Graphs as launch batching makes them (add_graph_fakes): kernel nodes and the packed
   // arguments each node last got; a launch counts every node as a launch.
   struct Graph {

@@ -329,6 +329,44 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuLibraryGetKernel(CUkernel* pKernel,
   });
 }
 
+// A library holds every kernel of the host kernel table, in the table's order.
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuLibraryGetKernelCount(unsigned int* count,
+                                                                   CUlibrary hlib) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (s.libraries.get(hlib) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    *count = static_cast<unsigned int>(kernel_table().size());
+    return CUDA_SUCCESS;
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuLibraryEnumerateKernels(CUkernel* kernels,
+                                                                     unsigned int count,
+                                                                     CUlibrary hlib) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    if (kernels == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Library* lib = s.libraries.get(hlib);
+    if (lib == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    auto table = kernel_table();
+    if (count < table.size()) return CUDA_ERROR_INVALID_VALUE;
+    for (std::size_t i = 0; i < table.size(); ++i) kernels[i] = library_kernel(s, *lib, &table[i]);
+    return CUDA_SUCCESS;
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuKernelGetName(const char** name, CUkernel kernel) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Kernel* k = s.kernels.get(kernel);
+    if (k == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    *name = k->def->name.data();
+    return CUDA_SUCCESS;
+  });
+}
+
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuLibraryGetModule(CUmodule* pMod, CUlibrary hlib) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);

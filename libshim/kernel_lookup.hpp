@@ -1,0 +1,58 @@
+// Functions and kernels as the shim hands them out, and their lookups on the server.
+//
+// A library's kernels are handed out before the server has looked them up. PyTorch's CUDA
+// runtime asks cuLibraryGetKernel for every kernel of every library it loads (16,747 lookups for
+// 4,387 images when it starts) and launches a few hundred of them. Each lookup was a round trip
+// in which the server's driver also loaded the kernel and read its parameters (about 0.7 GiB of
+// the server's heap and as much GPU memory for PyTorch's libraries). So a library's load answers
+// with its kernels' names (proto::LibraryLoadRep); cuLibraryGetKernel of a listed name makes a
+// Function that is not looked up yet, and its first use (a launch, an attribute, a graph node,
+// cuFuncLoad) looks it up: the error a lookup would give surfaces there, as it does on the real
+// driver with lazy loading. A name that is not listed is looked up at once, so the answer for
+// it is the server's. MPSSHIM_KERNEL_LOOKUP=eager (or CUDA_MODULE_LOADING=EAGER) turns this off.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "libshim/api.hpp"
+#include "libshim/client.hpp"
+#include "proto/ops.hpp"
+
+namespace mpsshim::shim {
+
+// A Function from a lookup's reply.
+Function* make_function(Context* ctx, const proto::FunctionRep& reply, std::string_view name,
+                        bool is_kernel);
+
+// A named lookup (ModuleGetFunction, LibraryGetKernel, ...) of `handle` on ctx's server.
+CUresult lookup(Context* ctx, proto::Op op, proto::WireHandle handle, const char* name, void* reply,
+                std::size_t reply_bytes);
+
+// Appends the `count` NUL-terminated names of a reply's page; false when it is malformed.
+bool append_names(std::span<const char> page, std::uint32_t count, std::uint32_t bytes,
+                  std::vector<std::string>& out);
+
+// Keeps the names a library's load listed, fetching the ones its reply could not hold. The
+// library was just shipped: library->ctx and wire are set; the caller holds library->mutex or
+// has not published the library yet. A failure leaves the names unknown (each kernel is then
+// looked up when asked for).
+void take_kernel_names(Library* library, const proto::LibraryLoadRep& reply);
+
+// cuLibraryGetKernel of a listed name: a kernel not looked up yet, in library->kernels. nullptr
+// when the name is not listed (or no names are known). The caller holds library->mutex.
+Function* listed_kernel(Library* library, std::string_view name);
+
+// Looks a listed kernel up on the server (its first use).
+CUresult look_up_kernel(Function* f);
+
+// Before any use of f's wire handle or parameter layout.
+inline CUresult usable(Function* f) {
+  return f->looked_up.load(std::memory_order_acquire) ? CUDA_SUCCESS : look_up_kernel(f);
+}
+
+}  // namespace mpsshim::shim
