@@ -22,8 +22,8 @@
 #include "libshim/api.hpp"
 #include "libshim/capture.hpp"
 #include "libshim/client.hpp"
-#include "libshim/kernel_lookup.hpp"
 #include "libshim/kernel_args.hpp"
+#include "libshim/kernel_lookup.hpp"
 #include "libshim/log.hpp"
 
 using namespace mpsshim::shim;

@@ -51,8 +51,9 @@ void take_kernel_names(Library* library, const proto::LibraryLoadRep& reply) {
   std::vector<std::string> names;
   names.reserve(reply.total);
   if (!append_names(reply.names, reply.count, reply.bytes, names)) {
-    log(Level::warn, "a library's load listed malformed kernel names; its kernels are looked up "
-                     "by name");
+    log(Level::warn,
+        "a library's load listed malformed kernel names; its kernels are looked up "
+        "by name");
     return;
   }
   while (names.size() < reply.total) {

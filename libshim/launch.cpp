@@ -6,8 +6,8 @@
 
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
-#include "libshim/kernel_lookup.hpp"
 #include "libshim/kernel_args.hpp"
+#include "libshim/kernel_lookup.hpp"
 #include "libshim/log.hpp"
 
 using namespace mpsshim::shim;

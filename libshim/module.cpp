@@ -167,8 +167,8 @@ CUresult bind_library(Library* library) {
   if (CUresult rc = context_for_library(ctx); rc != CUDA_SUCCESS) return rc;
   proto::WireHandle wire = 0;
   auto names = std::make_unique<proto::LibraryLoadRep>();
-  if (CUresult rc = ship_image(ctx, library->unbound_pieces, proto::ImageKind::kLibrary, wire,
-                               names.get());
+  if (CUresult rc =
+          ship_image(ctx, library->unbound_pieces, proto::ImageKind::kLibrary, wire, names.get());
       rc != CUDA_SUCCESS) {
     return rc;
   }

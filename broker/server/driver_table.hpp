@@ -64,7 +64,7 @@
      unsigned int))                                                                                \
   X(cuLibraryUnload, CUresult, (CUlibrary))                                                        \
   X(cuLibraryGetKernel, CUresult, (CUkernel*, CUlibrary, const char*))                             \
-  X(cuLibraryGetKernelCount, CUresult, (unsigned int*, CUlibrary))                                \
+  X(cuLibraryGetKernelCount, CUresult, (unsigned int*, CUlibrary))                                 \
   X(cuLibraryEnumerateKernels, CUresult, (CUkernel*, unsigned int, CUlibrary))                     \
   X(cuKernelGetName, CUresult, (const char**, CUkernel))                                           \
   X(cuLibraryGetModule, CUresult, (CUmodule*, CUlibrary))                                          \

@@ -68,9 +68,10 @@ OpResult reply_library_loaded(Call& call, std::uint64_t id, CUlibrary library) {
     rep.count = page.count;
     rep.bytes = page.bytes;
   } else {
-    log_debug("{}: a library's kernel names could not be listed ({}); its kernels are looked up "
-              "by name",
-              call.session.who(), static_cast<int>(r));
+    log_debug(
+        "{}: a library's kernel names could not be listed ({}); its kernels are looked up "
+        "by name",
+        call.session.who(), static_cast<int>(r));
   }
   return call.reply(rep, offsetof(proto::LibraryLoadRep, names) + rep.bytes);
 }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -125,6 +126,136 @@ int functions() {
     return 1;
   }
   std::printf("PASS functions %u\n", count);
+  return 0;
+}
+
+bool loaded(CUkernel kernel) {
+  CUfunctionLoadingState state{};
+  CHECK(cuFuncIsLoaded(&state, reinterpret_cast<CUfunction>(kernel)));
+  return state == CU_FUNCTION_LOADING_STATE_LOADED;
+}
+
+// A library's kernels (libshim/kernel_lookup.hpp). `lazy`: handed out from the names its load
+// listed and looked up on the server at their first use: the handles are cuLibraryGetKernel's and
+// cuLibraryEnumerateKernels' alike, a kernel is not loaded until used, eight threads that first
+// launch one kernel together all get right results, and an unlisted name is not found. Eager
+// (MPSSHIM_KERNEL_LOOKUP=eager): every kernel handed out is loaded, and the listing calls say
+// they are not supported.
+int library_kernels(bool lazy) {
+  Setup s = setup();
+  CUlibrary library = nullptr;
+  CHECK(cuLibraryLoadData(&library, kModuleImage, nullptr, nullptr, 0, nullptr, nullptr, 0));
+  CUkernel missing = nullptr;
+  if (cuLibraryGetKernel(&missing, library, "no_such_kernel") != CUDA_ERROR_NOT_FOUND) {
+    std::printf("FAIL an unlisted name was found\n");
+    return 1;
+  }
+  unsigned int count = 0;
+  const CUresult counted = cuLibraryGetKernelCount(&count, library);
+  if (!lazy) {
+    CUkernel add = nullptr;
+    CHECK(cuLibraryGetKernel(&add, library, "vector_add"));
+    if (counted != CUDA_ERROR_NOT_SUPPORTED || !loaded(add)) {
+      std::printf("FAIL eager lookups: count %d, vector_add %s\n", counted,
+                  loaded(add) ? "loaded" : "not loaded");
+      return 1;
+    }
+    std::printf("PASS library_kernels eager\n");
+    return 0;
+  }
+  CHECK(counted);
+  unsigned int module_count = 0;
+  CHECK(cuModuleGetFunctionCount(&module_count, s.module));
+  if (count != module_count || count < 4) {
+    std::printf("FAIL the library lists %u kernels, the same image as a module %u\n", count,
+                module_count);
+    return 1;
+  }
+  std::vector<CUkernel> listed(count);
+  CHECK(cuLibraryEnumerateKernels(listed.data(), count, library));
+  std::map<std::string, CUkernel> by_name;
+  for (CUkernel k : listed) {
+    const char* name = nullptr;
+    CHECK(cuKernelGetName(&name, k));
+    CUkernel again = nullptr;
+    CHECK(cuLibraryGetKernel(&again, library, name));
+    if (again != k || loaded(k)) {
+      std::printf("FAIL %s: enumerated %p, by name %p, %s before any use\n", name,
+                  static_cast<void*>(k), static_cast<void*>(again),
+                  loaded(k) ? "loaded" : "not loaded");
+      return 1;
+    }
+    by_name[name] = k;
+  }
+  // Eight threads launch vector_add for the first time at once: one lookup, eight right results.
+  const CUkernel add = by_name.at("vector_add");
+  constexpr int kThreads = 8, n = 4096;
+  const size_t bytes = sizeof(float) * n;
+  std::vector<CUresult> results(kThreads, CUDA_ERROR_UNKNOWN);
+  std::vector<int> wrong(kThreads, -1);
+  std::atomic<int> ready{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      CUresult& rc = results[static_cast<std::size_t>(t)];
+      if ((rc = cuCtxSetCurrent(s.ctx)) != CUDA_SUCCESS) return;
+      std::vector<float> a(n, static_cast<float>(t)), b(n, 1.0f), c(n, 0.0f);
+      CUdeviceptr da = 0, db = 0, dc = 0;
+      if ((rc = cuMemAlloc(&da, bytes)) != CUDA_SUCCESS || (rc = cuMemAlloc(&db, bytes)) ||
+          (rc = cuMemAlloc(&dc, bytes)) || (rc = cuMemcpyHtoD(da, a.data(), bytes)) ||
+          (rc = cuMemcpyHtoD(db, b.data(), bytes))) {
+        return;
+      }
+      int elements = n;
+      void* args[] = {&da, &db, &dc, &elements};
+      ready.fetch_add(1);
+      while (ready.load() < kThreads) std::this_thread::yield();
+      if ((rc = cuLaunchKernel(reinterpret_cast<CUfunction>(add), n / 256, 1, 1, 256, 1, 1, 0,
+                               nullptr, args, nullptr)) ||
+          (rc = cuMemcpyDtoH(c.data(), dc, bytes))) {
+        return;
+      }
+      wrong[static_cast<std::size_t>(t)] = static_cast<int>(std::count_if(
+          c.begin(), c.end(), [t](float v) { return v != static_cast<float>(t) + 1.0f; }));
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) {
+    if (results[static_cast<std::size_t>(t)] != CUDA_SUCCESS ||
+        wrong[static_cast<std::size_t>(t)]) {
+      std::printf("FAIL thread %d: %d, %d wrong elements\n", t,
+                  results[static_cast<std::size_t>(t)], wrong[static_cast<std::size_t>(t)]);
+      return 1;
+    }
+  }
+  // Its first use looked it up; the others stay unloaded until theirs: a parameter query, an
+  // attribute, cuFuncLoad.
+  const CUkernel scale = by_name.at("scale_add"), fill = by_name.at("fill_u32"),
+                 empty = by_name.at("empty_kernel");
+  size_t offset = 0, size = 0;
+  int registers = -1;
+  if (!loaded(add) || loaded(scale) || loaded(fill) || loaded(empty)) {
+    std::printf("FAIL after the launch: vector_add %d, the others %d %d %d\n", loaded(add),
+                loaded(scale), loaded(fill), loaded(empty));
+    return 1;
+  }
+  CHECK(cuKernelGetParamInfo(scale, 0, &offset, &size));
+  CHECK(cuKernelGetAttribute(&registers, CU_FUNC_ATTRIBUTE_NUM_REGS, fill, s.device));
+  CHECK(cuFuncLoad(reinterpret_cast<CUfunction>(empty)));
+  if (!loaded(scale) || !loaded(fill) || !loaded(empty) || size == 0) {
+    std::printf("FAIL a first use did not look the kernel up\n");
+    return 1;
+  }
+  // Unloaded, its kernels are gone, looked up or not.
+  const CUkernel unused = by_name.at("increment_i32");
+  CHECK(cuLibraryUnload(library));
+  CUfunctionLoadingState state{};
+  if (cuFuncIsLoaded(&state, reinterpret_cast<CUfunction>(unused)) != CUDA_ERROR_INVALID_HANDLE ||
+      cuFuncLoad(reinterpret_cast<CUfunction>(add)) != CUDA_ERROR_INVALID_HANDLE) {
+    std::printf("FAIL a kernel of an unloaded library is still usable\n");
+    return 1;
+  }
+  std::printf("PASS library_kernels lazy %u\n", count);
   return 0;
 }
 
@@ -740,6 +871,7 @@ int main(int argc, char** argv) {
   unsigned long long arg = argc > 2 ? std::strtoull(argv[2], nullptr, 0) : 0;
   if (mode == "basic") return basic(arg ? static_cast<int>(arg) : 1 << 20);
   if (mode == "functions") return functions();
+  if (mode == "library_kernels") return library_kernels(arg != 0);
   if (mode == "hog") return hog(arg ? arg : 256);
   if (mode == "meminfo") return meminfo();
   if (mode == "account") return account(arg ? static_cast<int>(arg) : 8);

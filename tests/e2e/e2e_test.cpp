@@ -54,6 +54,17 @@ TEST_CASE("a module's functions are listed and walked as the real driver does", 
   require_pass(run_client(daemon, {client(), "functions"}), daemon);
 }
 
+TEST_CASE("a library's kernels are looked up at their first use, or at once when asked", "[e2e]") {
+  Daemon daemon;
+  require_pass(run_client(daemon, {client(), "library_kernels", "1"}), daemon);
+  require_pass(
+      run_client(daemon, {client(), "library_kernels", "0"}, {{"MPSSHIM_KERNEL_LOOKUP", "eager"}}),
+      daemon);
+  require_pass(
+      run_client(daemon, {client(), "library_kernels", "0"}, {{"CUDA_MODULE_LOADING", "EAGER"}}),
+      daemon);
+}
+
 TEST_CASE("the examples give correct results through the broker", "[e2e]") {
   Daemon daemon;
   for (const char* name : {"EXAMPLE_VECTOR_ADD", "EXAMPLE_MATMUL_TILED", "EXAMPLE_STREAMS_EVENTS",

@@ -1,4 +1,6 @@
 // Images, functions, kernels, attributes and launches.
+#include <fmt/format.h>
+
 #include <catch2/catch.hpp>
 
 #include "tests/server/harness.hpp"
@@ -334,6 +336,141 @@ TEST_CASE("context limits can be raised, never lowered", "[server][module]") {
   CHECK(set(CU_LIMIT_STACK_SIZE, 1024) == CUDA_SUCCESS);
   CHECK(get(CU_LIMIT_STACK_SIZE) == 4096);
   CHECK(set(CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 1 << 20) == CUDA_ERROR_NOT_SUPPORTED);
+}
+
+}  // namespace
+}  // namespace mpsshim::server::test
+
+namespace mpsshim::server::test {
+namespace {
+
+// A library's load asking for its kernels' names (libshim/kernel_lookup.hpp).
+Reply load_listing(TestClient& client, std::uint64_t ctx, std::uint32_t token,
+                   std::uint32_t flags = proto::kImageLoadKernelNames) {
+  auto image = fatbin(64);
+  client.send_memfd(proto::MessageKind::kModuleImage, token, image.size(), image);
+  return client.call(Op::kImageLoad, proto::ImageLoadReq{ctx, image.size(), token,
+                                                         proto::ImageKind::kLibrary, 0, flags});
+}
+
+std::vector<std::string> names_of(const char* page, std::uint32_t count, std::uint32_t bytes) {
+  std::vector<std::string> out;
+  std::string_view text(page, bytes);
+  for (std::uint32_t i = 0; i < count; ++i) {
+    const std::size_t end = text.find('\0');
+    REQUIRE(end != std::string_view::npos);
+    out.emplace_back(text.substr(0, end));
+    text.remove_prefix(end + 1);
+  }
+  CHECK(text.empty());
+  return out;
+}
+
+TEST_CASE("a library's load lists its kernels' names in the driver's order", "[server][module]") {
+  Harness h;
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  fake_gpu().library_kernel_names = {"vector_add", "k", "_Z6kernelPfi"};
+  Reply loaded = load_listing(sut, ctx.ctx, 3);
+  REQUIRE(loaded.result == CUDA_SUCCESS);
+  auto rep = loaded.as<proto::LibraryLoadRep>();
+  CHECK(rep.handle != 0);
+  CHECK(rep.names_known == 1);
+  CHECK(rep.total == 3);
+  CHECK(loaded.payload.size() == offsetof(proto::LibraryLoadRep, names) + rep.bytes);
+  CHECK(names_of(rep.names, rep.count, rep.bytes) ==
+        std::vector<std::string>{"vector_add", "k", "_Z6kernelPfi"});
+  // The listing looked nothing up: the kernel is found by name, with its layout, when asked.
+  CUresult result = CUDA_ERROR_UNKNOWN;
+  auto kernel = lookup(sut, Op::kLibraryGetKernel, rep.handle, "k", &result);
+  CHECK(result == CUDA_SUCCESS);
+  CHECK(kernel.param_count == 2);
+
+  SECTION("without the flag the load answers with the handle alone") {
+    Reply plain = load_listing(sut, ctx.ctx, 4, 0);
+    REQUIRE(plain.result == CUDA_SUCCESS);
+    CHECK(plain.payload.size() == sizeof(proto::ImageLoadRep));
+  }
+  SECTION("a module's load ignores the flag") {
+    auto image = fatbin(64);
+    sut.send_memfd(proto::MessageKind::kModuleImage, 5, image.size(), image);
+    Reply module = sut.call(
+        Op::kImageLoad, proto::ImageLoadReq{ctx.ctx, image.size(), 5, proto::ImageKind::kModule, 0,
+                                            proto::kImageLoadKernelNames});
+    REQUIRE(module.result == CUDA_SUCCESS);
+    CHECK(module.payload.size() == sizeof(proto::ImageLoadRep));
+  }
+}
+
+TEST_CASE("a library's kernel names that do not fit in the load's reply are paged",
+          "[server][module]") {
+  Harness h;
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  std::vector<std::string> expected;
+  for (int i = 0; i < 300; ++i) {  // ~31 KiB of names: eight replies or so
+    expected.push_back(fmt::format("_ZN5torch6kernel{:03}{}", i, std::string(80, 'x')));
+  }
+  fake_gpu().library_kernel_names = expected;
+  Reply loaded = load_listing(sut, ctx.ctx, 6);
+  REQUIRE(loaded.result == CUDA_SUCCESS);
+  auto rep = loaded.as<proto::LibraryLoadRep>();
+  REQUIRE(rep.names_known == 1);
+  CHECK(rep.total == 300);
+  REQUIRE(rep.count > 0);
+  REQUIRE(rep.count < 300);
+  std::vector<std::string> got = names_of(rep.names, rep.count, rep.bytes);
+  int replies = 1;
+  while (got.size() < rep.total) {
+    Reply page =
+        sut.call(Op::kLibraryKernelNames,
+                 proto::ModuleFunctionsReq{rep.handle, static_cast<std::uint32_t>(got.size()), 0});
+    REQUIRE(page.result == CUDA_SUCCESS);
+    auto names = page.as<proto::ModuleFunctionsRep>();
+    CHECK(names.total == 300);
+    REQUIRE(names.count > 0);
+    for (auto& n : names_of(names.names, names.count, names.bytes)) got.push_back(n);
+    ++replies;
+  }
+  CHECK(got == expected);
+  CHECK(replies > 2);
+  // Past the end is refused; exactly at the end is an empty page.
+  CHECK(sut.call(Op::kLibraryKernelNames, proto::ModuleFunctionsReq{rep.handle, 301, 0}).result ==
+        CUDA_ERROR_INVALID_VALUE);
+  Reply end = sut.call(Op::kLibraryKernelNames, proto::ModuleFunctionsReq{rep.handle, 300, 0});
+  CHECK(end.result == CUDA_SUCCESS);
+  CHECK(end.as<proto::ModuleFunctionsRep>().count == 0);
+  // Another client's library, or no library, is not this client's to list.
+  CHECK(sut.call(Op::kLibraryKernelNames, proto::ModuleFunctionsReq{rep.handle + 1000, 0, 0})
+            .result == CUDA_ERROR_INVALID_HANDLE);
+}
+
+TEST_CASE("a library whose kernels the driver cannot list still loads, unlisted",
+          "[server][module]") {
+  Harness h;
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  fake_gpu().library_kernel_count_result = CUDA_ERROR_NOT_SUPPORTED;
+  Reply loaded = load_listing(sut, ctx.ctx, 7);
+  REQUIRE(loaded.result == CUDA_SUCCESS);
+  auto rep = loaded.as<proto::LibraryLoadRep>();
+  CHECK(rep.handle != 0);
+  CHECK(rep.names_known == 0);
+  CHECK(rep.count == 0);
+  CHECK(lookup(sut, Op::kLibraryGetKernel, rep.handle, "k").param_count == 2);
+}
+
+TEST_CASE("an image load with an unknown flag ends the session", "[server][module]") {
+  Harness h;
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  auto image = fatbin(64);
+  sut.send_memfd(proto::MessageKind::kModuleImage, 8, image.size(), image);
+  sut.send(Op::kImageLoad,
+           proto::ImageLoadReq{ctx.ctx, image.size(), 8, proto::ImageKind::kLibrary, 0, 1u << 5},
+           0);
+  CHECK(h.pump_until([&] { return h.logged("unknown flags 0x20"); }));
+  CHECK(h.pump_until([&] { return h.server->find_session(sut.welcome().client_id) == nullptr; }));
 }
 
 }  // namespace
