@@ -45,4 +45,20 @@ std::string format_heap_growth(const SessionStats& stats, std::size_t n) {
   return out;
 }
 
+std::string format_record_counts(const SessionStats& stats, std::size_t n) {
+  std::vector<std::size_t> used;
+  for (std::size_t op = 0; op < SessionStats::kOpCount; ++op) {
+    if (stats.ops[op].count > 0) used.push_back(op);
+  }
+  std::stable_sort(used.begin(), used.end(), [&](std::size_t a, std::size_t b) {
+    return stats.ops[a].count > stats.ops[b].count;
+  });
+  std::string out;
+  for (std::size_t i = 0; i < used.size() && i < n; ++i) {
+    if (!out.empty()) out += ", ";
+    out += fmt::format("{} {}", op_name(static_cast<proto::Op>(used[i])), stats.ops[used[i]].count);
+  }
+  return out;
+}
+
 }  // namespace mpsshim::server

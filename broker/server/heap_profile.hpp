@@ -31,4 +31,8 @@ std::int64_t heap_in_use_bytes();
 // whose handlers grew the heap most, largest first; empty when none grew it.
 std::string format_heap_growth(const SessionStats& stats, std::size_t n);
 
+// "LaunchKernel 91234, ImageLoad 4372, ...": the `n` opcodes with the most records, most first
+// (beside the heap growth, what a client's start asked of the server).
+std::string format_record_counts(const SessionStats& stats, std::size_t n);
+
 }  // namespace mpsshim::server

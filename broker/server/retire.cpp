@@ -208,6 +208,10 @@ FreedTally free_everything(Session& session) {
     log_info("{}: heap growth by operation: {}", session.who(),
              format_heap_growth(session.stats, 8));
   }
+  if (heap_profile_on() || log_enabled(LogLevel::kDebug)) {
+    log_at(heap_profile_on() ? LogLevel::kInfo : LogLevel::kDebug, "{}: records by operation: {}",
+           session.who(), format_record_counts(session.stats, 8));
+  }
   // The cached launch graphs first: their nodes name the modules and the green context freed
   // below.
   session.launch_batch.release(session);

@@ -124,6 +124,16 @@ TEST_CASE("heap growth lists the opcodes that grew the heap most, largest first"
   CHECK(format_heap_growth(stats, 1) == "LibraryGetKernel +5.0 MiB (1)");
 }
 
+TEST_CASE("record counts list the opcodes with the most records, most first", "[server][stats]") {
+  SessionStats stats;
+  CHECK(format_record_counts(stats, 8).empty());
+  for (int i = 0; i < 3; ++i) stats.record(Op::kImageLoad, 1, kNoDelay);
+  for (int i = 0; i < 5; ++i) stats.record(Op::kLibraryGetKernel, 1, kNoDelay);
+  stats.record(Op::kMemFree, 1, kNoDelay);
+  CHECK(format_record_counts(stats, 8) == "LibraryGetKernel 5, ImageLoad 3, MemFree 1");
+  CHECK(format_record_counts(stats, 2) == "LibraryGetKernel 5, ImageLoad 3");
+}
+
 TEST_CASE("a session's stats line names the client and its figures", "[server][stats]") {
   Gpu gpu{};
   GreenContextPool pool(gpu, 0);
