@@ -85,7 +85,7 @@ Function* listed_kernel(Library* library, std::string_view name) {
   return f;
 }
 
-CUresult look_up_kernel(Function* f) {
+CUresult look_up_kernel(Function* f, const char* use) {
   Library* library = f->library;
   std::lock_guard lock(library->mutex);
   if (f->looked_up.load(std::memory_order_relaxed)) return CUDA_SUCCESS;  // another thread did
@@ -99,6 +99,7 @@ CUresult look_up_kernel(Function* f) {
   f->params.assign(reply.params, reply.params + count);
   f->args_bytes = reply.args_bytes;
   f->looked_up.store(true, std::memory_order_release);
+  log(Level::debug, "kernel {} looked up at its first use, in {}", f->name, use);
   return CUDA_SUCCESS;
 }
 

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <source_location>
 #include <span>
 #include <string>
 #include <string_view>
@@ -47,12 +48,14 @@ void take_kernel_names(Library* library, const proto::LibraryLoadRep& reply);
 // when the name is not listed (or no names are known). The caller holds library->mutex.
 Function* listed_kernel(Library* library, std::string_view name);
 
-// Looks a listed kernel up on the server (its first use).
-CUresult look_up_kernel(Function* f);
+// Looks a listed kernel up on the server (its first use, in the function `use`: the debug log
+// says which uses look kernels up).
+CUresult look_up_kernel(Function* f, const char* use);
 
 // Before any use of f's wire handle or parameter layout.
-inline CUresult usable(Function* f) {
-  return f->looked_up.load(std::memory_order_acquire) ? CUDA_SUCCESS : look_up_kernel(f);
+inline CUresult usable(Function* f, std::source_location where = std::source_location::current()) {
+  return f->looked_up.load(std::memory_order_acquire) ? CUDA_SUCCESS
+                                                      : look_up_kernel(f, where.function_name());
 }
 
 }  // namespace mpsshim::shim

@@ -409,6 +409,10 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryGetKernel(CUkernel* kernel, CUlibrary h
     *kernel = reinterpret_cast<CUkernel>(f);
     return CUDA_SUCCESS;
   }
+  // Not listed: the server's answer decides. cuDNN's libraries list no kernels at all and find
+  // them by name (measured, driver 580), so every one of their kernels comes this way.
+  log(Level::debug, "kernel {} is not among the {} kernels its library listed; looked up by name",
+      name, library->kernel_names_known ? library->kernel_names.size() : 0);
   proto::FunctionRep reply{};
   CUresult rc =
       lookup(library->ctx, proto::Op::kLibraryGetKernel, library->wire, name, &reply, sizeof reply);

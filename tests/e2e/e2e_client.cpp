@@ -246,6 +246,21 @@ int library_kernels(bool lazy) {
     std::printf("FAIL a first use did not look the kernel up\n");
     return 1;
   }
+  // A library that lists no kernels (as cuDNN's do on the real driver) still finds them by name,
+  // looked up at once.
+  constexpr char kListsNothing[] = "// mpsshim-testdriver: lists no kernels\n.version 8.0\n";
+  CUlibrary quiet = nullptr;
+  CHECK(cuLibraryLoadData(&quiet, kListsNothing, nullptr, nullptr, 0, nullptr, nullptr, 0));
+  unsigned int none = 1;
+  CHECK(cuLibraryGetKernelCount(&none, quiet));
+  CUkernel found = nullptr;
+  CHECK(cuLibraryGetKernel(&found, quiet, "vector_add"));
+  if (none != 0 || !loaded(found) ||
+      cuLibraryGetKernel(&missing, quiet, "no_such_kernel") != CUDA_ERROR_NOT_FOUND) {
+    std::printf("FAIL a library listing no kernels: count %u, vector_add %s\n", none,
+                loaded(found) ? "loaded" : "not loaded");
+    return 1;
+  }
   // Unloaded, its kernels are gone, looked up or not.
   const CUkernel unused = by_name.at("increment_i32");
   CHECK(cuLibraryUnload(library));

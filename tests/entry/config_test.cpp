@@ -1,4 +1,8 @@
-// libshim/config.cpp: the sizes of CUDA_MPS_PINNED_DEVICE_MEM_LIMIT.
+// libshim/config.cpp: the sizes of CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, the kernel lookup switches.
+#include <cstdlib>
+#include <optional>
+#include <string>
+
 #include <catch2/catch.hpp>
 
 #include "libshim/client.hpp"
@@ -27,3 +31,39 @@ TEST_CASE("parse_memory_size refuses sizes that do not fit in 64 bits", "[config
 }
 
 }  // namespace mpsshim::shim
+
+namespace {
+
+// Sets (or with nullptr unsets) one variable for the scope.
+class ScopedVariable {
+ public:
+  ScopedVariable(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    value ? ::setenv(name, value, 1) : ::unsetenv(name);
+  }
+  ~ScopedVariable() { old_ ? ::setenv(name_, old_->c_str(), 1) : ::unsetenv(name_); }
+  ScopedVariable(const ScopedVariable&) = delete;
+  ScopedVariable& operator=(const ScopedVariable&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+bool lazy_kernels(const char* lookup, const char* module_loading) {
+  ScopedVariable a("MPSSHIM_KERNEL_LOOKUP", lookup);
+  ScopedVariable b("CUDA_MODULE_LOADING", module_loading);
+  return mpsshim::shim::read_client_config().lazy_kernels;
+}
+
+}  // namespace
+
+TEST_CASE("kernel lookups are lazy unless MPSSHIM_KERNEL_LOOKUP or CUDA_MODULE_LOADING says eager",
+          "[config]") {
+  CHECK(lazy_kernels(nullptr, nullptr));
+  CHECK(lazy_kernels(nullptr, "LAZY"));
+  CHECK_FALSE(lazy_kernels("eager", nullptr));
+  CHECK_FALSE(lazy_kernels(nullptr, "EAGER"));
+  CHECK(lazy_kernels("lazy", "EAGER"));       // the shim's own switch wins
+  CHECK(lazy_kernels("sometimes", nullptr));  // ignored, with a warning
+}

@@ -65,6 +65,15 @@ CUresult global_of(Module& m, const char* name, CUdeviceptr* dptr, size_t* bytes
   return CUDA_SUCCESS;
 }
 
+// Whether `code` is a text image (PTX-like: it starts with a printable character and ends with a
+// NUL within 64 KiB) that contains `marker`. A binary image is never read past its first byte.
+bool text_image_holds(const void* code, std::string_view marker) {
+  const char* text = static_cast<const char*>(code);
+  if (text[0] < 0x20 || text[0] > 0x7e) return false;
+  const std::size_t length = strnlen(text, 64 * 1024);
+  return std::string_view(text, length).find(marker) != std::string_view::npos;
+}
+
 CUresult param_info(const KernelDef& def, size_t index, size_t* offset, size_t* size) {
   if (offset == nullptr || index >= def.params.size()) return CUDA_ERROR_INVALID_VALUE;
   *offset = def.params[index].offset;
@@ -294,7 +303,9 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuLibraryLoadData(
       return CUDA_ERROR_INVALID_VALUE;
     if (numLibraryOptions > 0 && (libraryOptions == nullptr || libraryOptionValues == nullptr))
       return CUDA_ERROR_INVALID_VALUE;
-    *library = s.libraries.add(std::make_shared<Library>());  // context-independent, as in CUDA 12+
+    auto lib = std::make_shared<Library>();
+    lib->lists_no_kernels = text_image_holds(code, kListsNoKernels);
+    *library = s.libraries.add(std::move(lib));  // context-independent, as in CUDA 12+
     return CUDA_SUCCESS;
   });
 }
@@ -335,8 +346,9 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuLibraryGetKernelCount(unsigned int*
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (s.libraries.get(hlib) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-    *count = static_cast<unsigned int>(kernel_table().size());
+    Library* lib = s.libraries.get(hlib);
+    if (lib == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    *count = lib->lists_no_kernels ? 0 : static_cast<unsigned int>(kernel_table().size());
     return CUDA_SUCCESS;
   });
 }
@@ -349,7 +361,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuLibraryEnumerateKernels(CUkernel* k
     if (kernels == nullptr) return CUDA_ERROR_INVALID_VALUE;
     Library* lib = s.libraries.get(hlib);
     if (lib == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-    auto table = kernel_table();
+    auto table = lib->lists_no_kernels ? std::span<const KernelDef>{} : kernel_table();
     if (count < table.size()) return CUDA_ERROR_INVALID_VALUE;
     for (std::size_t i = 0; i < table.size(); ++i) kernels[i] = library_kernel(s, *lib, &table[i]);
     return CUDA_SUCCESS;

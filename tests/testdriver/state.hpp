@@ -14,6 +14,7 @@
 #include <mutex>
 #include <new>
 #include <shared_mutex>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -114,7 +115,11 @@ struct Kernel {
 struct Library {
   std::array<CUmodule, kMaxDevices> modules{};  // loaded into a device's context when first needed
   std::map<const KernelDef*, CUkernel> kernels;
+  // As the real driver does for cuDNN's libraries (measured: cuLibraryGetKernelCount 0, while
+  // cuLibraryGetKernel finds their kernels by name): a text image holding kListsNoKernels.
+  bool lists_no_kernels = false;
 };
+inline constexpr std::string_view kListsNoKernels = "mpsshim-testdriver: lists no kernels";
 
 struct ResourceDesc {
   int device;
