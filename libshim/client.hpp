@@ -145,9 +145,28 @@ struct Function {
   // up on the server (kernel_lookup.hpp: usable()). wire, params and args_bytes are written
   // before it turns true (release) and read only after it was seen true (acquire).
   std::atomic<bool> looked_up{true};
+  // cuOccupancyMaxActiveBlocksPerMultiprocessor's answers (libshim/launch.cpp), the last few
+  // asked, under occupancy_mutex. An answer holds while no function's settings changed since:
+  // `generation` is function_settings_generation's value when it was asked.
+  struct OccupancyAnswer {
+    std::uint64_t generation = 0;  // 0: empty
+    std::size_t dynamic_smem = 0;
+    int block_size = 0;
+    unsigned flags = 0;
+    int blocks = 0;
+  };
+  std::mutex occupancy_mutex;
+  std::array<OccupancyAnswer, 16> occupancy{};
+  unsigned occupancy_next = 0;
   // Attribute cache: value + 1 (0 = not fetched). Invalidated by Set*Attribute.
   std::array<std::atomic<std::int64_t>, CU_FUNC_ATTRIBUTE_MAX> attributes{};
 };
+
+// Bumped whenever a function's attributes or cache preference are set (cuFuncSetAttribute,
+// cuKernelSetAttribute, cuFuncSetCacheConfig): what a function's occupancy depends on. One counter
+// for all functions, as a CUkernel and the CUfunction cuKernelGetFunction gives for it share their
+// settings on the server; sets are rare (PyTorch sets a kernel's dynamic shared memory once).
+inline std::atomic<std::uint64_t> function_settings_generation{1};
 
 struct Context {
   Magic magic = Magic::kContext;

@@ -564,8 +564,10 @@ CUresult set_attribute(Function* f, int attribute, int value, int device, proto:
   if (CUresult rc = usable(f); rc != CUDA_SUCCESS) return rc;
   proto::AttributeReq request{f->wire, attribute, value, device, 0};
   CUresult rc = f->ctx->session->call(op, request, static_cast<int*>(nullptr));
-  // Setting one attribute can change others (max dynamic shared memory vs. carveout).
+  // Setting one attribute can change others (max dynamic shared memory vs. carveout), and the
+  // function's occupancy.
   for (auto& a : f->attributes) a.store(0, std::memory_order_relaxed);
+  function_settings_generation.fetch_add(1, std::memory_order_acq_rel);
   return rc;
 }
 
@@ -623,7 +625,10 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_ca
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (CUresult rc = usable(f); rc != CUDA_SUCCESS) return rc;
   proto::AttributeReq request{f->wire, static_cast<std::int32_t>(config), 0, f->ctx->device, 0};
-  return f->ctx->session->call(proto::Op::kFuncSetCacheConfig, request, static_cast<int*>(nullptr));
+  CUresult rc =
+      f->ctx->session->call(proto::Op::kFuncSetCacheConfig, request, static_cast<int*>(nullptr));
+  function_settings_generation.fetch_add(1, std::memory_order_acq_rel);  // the occupancy may move
+  return rc;
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuFuncGetParamInfo(CUfunction hfunc, size_t index, size_t* offset,

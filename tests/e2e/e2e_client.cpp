@@ -274,6 +274,48 @@ int library_kernels(bool lazy) {
   return 0;
 }
 
+// Occupancy answers are remembered per function (libshim/launch.cpp) and forgotten when any
+// function's settings change: 100 repeated questions, then a dynamic shared memory size over the
+// default limit (48 KiB on the test driver: 0 blocks) asked of a kernel's CUfunction, then the
+// limit raised on the CUkernel: the CUfunction's answer must follow. The test reads the server's
+// record count of OccupancyMaxActiveBlocks: one per distinct question and setting.
+int occupancy() {
+  setup();
+  CUlibrary library = nullptr;
+  CHECK(cuLibraryLoadData(&library, kModuleImage, nullptr, nullptr, 0, nullptr, nullptr, 0));
+  CUkernel kernel = nullptr;
+  CHECK(cuLibraryGetKernel(&kernel, library, "vector_add"));
+  CUfunction function = nullptr;
+  CHECK(cuKernelGetFunction(&function, kernel));
+  int first = -1;
+  CHECK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&first, function, 256, 0));
+  for (int i = 0; i < 100; ++i) {
+    int again = -1;
+    CHECK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&again, function, 256, 0));
+    if (again != first) {
+      std::printf("FAIL a repeated occupancy question answered %d, first %d\n", again, first);
+      return 1;
+    }
+  }
+  constexpr size_t kLarge = 64 << 10;
+  int before = -1, after = -1, kernel_after = -1;
+  CHECK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&before, function, 256, kLarge));
+  CHECK(cuFuncSetAttribute(reinterpret_cast<CUfunction>(kernel),
+                           CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 96 << 10));
+  CHECK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&after, function, 256, kLarge));
+  CHECK(cuOccupancyMaxActiveBlocksPerMultiprocessor(
+      &kernel_after, reinterpret_cast<CUfunction>(kernel), 256, kLarge));
+  if (first <= 0 || before != 0 || after <= 0 || kernel_after != after) {
+    std::printf(
+        "FAIL occupancy: %d blocks; 64 KiB: %d before the limit was raised, %d after "
+        "(the kernel: %d)\n",
+        first, before, after, kernel_after);
+    return 1;
+  }
+  std::printf("PASS occupancy %d %d\n", first, after);
+  return 0;
+}
+
 int basic(int n) {
   Setup s = setup();
   CUfunction add{};
@@ -887,6 +929,7 @@ int main(int argc, char** argv) {
   if (mode == "basic") return basic(arg ? static_cast<int>(arg) : 1 << 20);
   if (mode == "functions") return functions();
   if (mode == "library_kernels") return library_kernels(arg != 0);
+  if (mode == "occupancy") return occupancy();
   if (mode == "hog") return hog(arg ? arg : 256);
   if (mode == "meminfo") return meminfo();
   if (mode == "account") return account(arg ? static_cast<int>(arg) : 8);

@@ -65,6 +65,18 @@ TEST_CASE("a library's kernels are looked up at their first use, or at once when
       daemon);
 }
 
+TEST_CASE("occupancy answers are remembered per function until a function's settings change",
+          "[e2e]") {
+  Daemon daemon({"--log-level", "debug"});
+  require_pass(run_client(daemon, {client(), "occupancy"}), daemon);
+  // 1 + 1 + 2 questions reached the server (the first, 64 KiB before and after the limit was
+  // raised, on the function and on the kernel); the 100 repeats did not.
+  REQUIRE(
+      eventually([&] { return daemon.log().find("records by operation") != std::string::npos; }));
+  INFO(daemon.log());
+  CHECK(daemon.log().find("OccupancyMaxActiveBlocks 4") != std::string::npos);
+}
+
 TEST_CASE("the examples give correct results through the broker", "[e2e]") {
   Daemon daemon;
   for (const char* name : {"EXAMPLE_VECTOR_ADD", "EXAMPLE_MATMUL_TILED", "EXAMPLE_STREAMS_EVENTS",
