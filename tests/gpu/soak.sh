@@ -205,7 +205,8 @@ run_program() {
   if [ "$status" = 0 ] && [ "$(verdict "$line")" = PASS ]; then
     # A PyTorch client's start (init_s: import, model, its first use of the GPU), which the
     # summary gives per program.
-    echo "pass $NAME $(grep -o 'init_s=[0-9.]*' <<<"$line")" >>"$RESULTS"
+    echo "pass $NAME $(grep -o 'init_s=[0-9.]*\|ms_per_iter=[0-9.]*' <<<"$line" | tr '\n' ' ')" \
+      >>"$RESULTS"
   elif [ "$killed" = 1 ] && { [ "$status" = 137 ] || [ "$status" = 124 ]; }; then
     echo "killed $NAME after ${limit}s" >>"$RESULTS"
   else
@@ -306,16 +307,22 @@ for line in open(results_path):
     if len(words) >= 2:
         counts = per_program.setdefault(words[1], {"pass": 0, "killed": 0, "error": 0})
         counts[words[0]] = counts.get(words[0], 0) + 1
-init_s = {}
+init_s, ms_per_iter = {}, {}
 for line in open(results_path):
     words = line.split()
     for word in words[2:]:
         if words[0] == "pass" and word.startswith("init_s="):
             init_s.setdefault(words[1], []).append(float(word.split("=", 1)[1]))
+        if words[0] == "pass" and word.startswith("ms_per_iter="):
+            ms_per_iter.setdefault(words[1], []).append(float(word.split("=", 1)[1]))
 for name, counts in sorted(per_program.items()):
     starts = init_s.get(name)
+    iters = ms_per_iter.get(name)
     start_note = (f"; start (init_s) median {statistics.median(starts):.1f} s, max "
                   f"{max(starts):.1f} s" if starts else "")
+    if iters:
+        start_note += (f"; ms per inference median {statistics.median(iters):.1f}, max "
+                       f"{max(iters):.1f}")
     print(f"soak:   {name}: {counts['pass']} passed, {counts['killed']} killed, "
           f"{counts['error']} errors{start_note}")
 if errors:
