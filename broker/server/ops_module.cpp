@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "broker/server/client_socket.hpp"
+#include "broker/server/driver.hpp"
 #include "broker/server/image.hpp"
 #include "broker/server/image_cache.hpp"
 #include "broker/server/image_globals.hpp"
@@ -71,7 +72,7 @@ OpResult reply_library_loaded(Call& call, std::uint64_t id, CUlibrary library) {
     log_debug(
         "{}: a library's kernel names could not be listed ({}); its kernels are looked up "
         "by name",
-        call.session.who(), static_cast<int>(r));
+        call.session.who(), describe(call.cu, r));
   }
   return call.reply(rep, offsetof(proto::LibraryLoadRep, names) + rep.bytes);
 }
