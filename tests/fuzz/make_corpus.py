@@ -10,7 +10,8 @@ NO_REPLY = 0xFF  # fuzz_ring_records: the slot byte that means kNoReply
 # proto/ops.hpp opcodes used below.
 PING, GOODBYE, CTX_CREATE, CTX_DESTROY, CTX_SYNC = 2, 1, 3, 4, 5
 MEM_ALLOC, MEM_FREE, MEM_GET_INFO, COPY_HTOD, COPY_DTOD, MEMSET = 8, 10, 11, 14, 16, 17
-IMAGE_LOAD, MODULE_GET_FUNCTION, LAUNCH = 18, 20, 32
+IMAGE_LOAD, MODULE_GET_FUNCTION, LIBRARY_GET_KERNEL, LAUNCH = 18, 20, 23, 32
+LIBRARY_KERNEL_NAMES = 104
 STREAM_CREATE, STREAM_SYNC, EVENT_CREATE, EVENT_RECORD, EVENT_QUERY = 33, 36, 38, 40, 41
 VMM_CREATE, VMM_RELEASE, VMM_RESERVE, VMM_ADDRESS_FREE, VMM_MAP, VMM_UNMAP = 79, 80, 81, 82, 83, 84
 VMM_SET_ACCESS, VMM_GET_ACCESS, VMM_RETAIN = 85, 86, 88
@@ -89,6 +90,13 @@ RING = {
     + record(IMAGE_LOAD, struct.pack("<QQIIII", CTX, 80, 9, 1, 0, 0), slot=1)
     + record(MODULE_GET_FUNCTION, struct.pack("<QII", handle(3), 4, 0) + b"kern", slot=2)
     + record(LAUNCH, struct.pack("<QQ3I3IIIII", handle(4), 0, 1, 1, 1, 32, 1, 1, 0, 8, 0, 0) + bytes(8)),
+    # A library's load that lists its kernels' names (flags 1), the next page of them, a lookup.
+    "library_names": ctx_create
+    + memfd(MODULE_IMAGE, 9, fatbin(64))
+    + record(IMAGE_LOAD, struct.pack("<QQIIII", CTX, 80, 9, 2, 0, 1), slot=1)
+    + record(LIBRARY_KERNEL_NAMES, struct.pack("<QII", handle(3), 1, 0), slot=2)
+    + record(LIBRARY_GET_KERNEL, struct.pack("<QII", handle(3), 1, 0) + b"k", slot=3)
+    + record(LAUNCH, struct.pack("<QQ3I3IIIII", handle(4), 0, 1, 1, 1, 32, 1, 1, 0, 12, 0, 0) + bytes(12)),
     # proto/ops_vmm.hpp: VmmProp is <IIIBBH (pinned, no handle types, device).
     "vmm": record(VMM_CREATE, struct.pack("<IIIBBHIQQ", 1, 0, 1, 0, 0, 0, 0, 2 << 20, 0), slot=0)
     + record(VMM_RESERVE, struct.pack("<QQQQ", 4 << 20, 0, 0, 0), slot=1)
