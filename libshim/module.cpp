@@ -428,11 +428,13 @@ namespace {
 
 // The library's listed kernel names (kernel_lookup.hpp), shipping it first if need be; the
 // caller holds library->mutex. A library whose kernels the server did not list answers
-// CUDA_ERROR_NOT_SUPPORTED, and says so in the log.
+// CUDA_ERROR_NOT_SUPPORTED, and says so in the log (once).
 CUresult listed_names(Library* library) {
   if (CUresult rc = bind_library(library); rc != CUDA_SUCCESS) return rc;
   if (library->kernel_names_known) return CUDA_SUCCESS;
-  log(Level::warn,
+  static constinit std::atomic<bool> logged{false};
+  log_once(
+      logged, Level::warn,
       "the server did not list this library's kernels (MPSSHIM_KERNEL_LOOKUP=eager or "
       "CUDA_MODULE_LOADING=EAGER); cuLibraryGetKernelCount and cuLibraryEnumerateKernels return "
       "CUDA_ERROR_NOT_SUPPORTED");
