@@ -49,6 +49,24 @@ void name_too_long(Call& call, std::string_view what, std::size_t length) {
       call.session.who(), length, what);
 }
 
+// A page of names from `first` on (ModuleFunctionsRep), as many as fit in one reply.
+template <typename NameOf>
+OpResult reply_name_page(Call& call, std::uint32_t first, std::uint32_t total, NameOf&& name_of,
+                         std::string_view what) {
+  proto::ModuleFunctionsRep rep{};
+  rep.total = total;
+  NamePage page;
+  std::size_t too_long = 0;
+  if (CUresult r = fill_name_page(first, total, rep.names, name_of, page, too_long);
+      r != CUDA_SUCCESS) {
+    if (too_long != 0) name_too_long(call, what, too_long);
+    return call.done(r);
+  }
+  rep.count = page.count;
+  rep.bytes = page.bytes;
+  return call.reply(rep, offsetof(proto::ModuleFunctionsRep, names) + rep.bytes);
+}
+
 // A library's load answers with its kernels' names, as many as fit (the shim hands out CUkernels
 // from them and looks each up at its first use). A library whose names the driver cannot list
 // still loads: names_known 0, and the shim looks each kernel up by name as before.
@@ -360,21 +378,10 @@ OpResult op_module_function_names(Call& call) {
       return call.done(r);
     }
   }
-  proto::ModuleFunctionsRep rep{};
-  rep.total = total;
-  NamePage page;
-  std::size_t too_long = 0;
   auto name_of = [&](std::uint32_t i, const char*& name) {
     return call.cu.cuFuncGetName(&name, functions[i]);
   };
-  if (CUresult r = fill_name_page(req.first, total, rep.names, name_of, page, too_long);
-      r != CUDA_SUCCESS) {
-    if (too_long != 0) name_too_long(call, "module's functions", too_long);
-    return call.done(r);
-  }
-  rep.count = page.count;
-  rep.bytes = page.bytes;
-  return call.reply(rep, offsetof(proto::ModuleFunctionsRep, names) + rep.bytes);
+  return reply_name_page(call, req.first, total, name_of, "module's functions");
 }
 
 // The names of a library's kernels from req.first on, where its load's reply (LibraryLoadRep)
@@ -389,19 +396,8 @@ OpResult op_library_kernel_names(Call& call) {
   }
   const auto total = static_cast<std::uint32_t>(kernels.size());
   if (req.first > total) return call.done(CUDA_ERROR_INVALID_VALUE);
-  proto::ModuleFunctionsRep rep{};
-  rep.total = total;
-  NamePage page;
-  std::size_t too_long = 0;
-  if (CUresult r = fill_name_page(req.first, total, rep.names, kernel_name_of(call.cu, kernels),
-                                  page, too_long);
-      r != CUDA_SUCCESS) {
-    if (too_long != 0) name_too_long(call, "library's kernels", too_long);
-    return call.done(r);
-  }
-  rep.count = page.count;
-  rep.bytes = page.bytes;
-  return call.reply(rep, offsetof(proto::ModuleFunctionsRep, names) + rep.bytes);
+  return reply_name_page(call, req.first, total, kernel_name_of(call.cu, kernels),
+                         "library's kernels");
 }
 
 OpResult op_module_get_global(Call& call) {
