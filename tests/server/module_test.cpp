@@ -475,3 +475,27 @@ TEST_CASE("an image load with an unknown flag ends the session", "[server][modul
 
 }  // namespace
 }  // namespace mpsshim::server::test
+
+namespace mpsshim::server::test {
+namespace {
+
+TEST_CASE("a library unloaded one-way is freed, and a failure is logged, not posted",
+          "[server][module]") {
+  Harness h;
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  std::uint64_t library = load(sut, ctx.ctx, proto::ImageKind::kLibrary, 9);
+  REQUIRE(library != 0);
+  REQUIRE(fake_gpu().libraries_live == 1);
+  sut.send(Op::kLibraryUnload, proto::HandleReq{library}, proto::kNoReply);
+  CHECK(h.pump_until([&] { return fake_gpu().libraries_live == 0; }));
+  // Its handle is gone; a second one-way unload of it fails on the server only.
+  sut.send(Op::kLibraryUnload, proto::HandleReq{library}, proto::kNoReply);
+  CHECK(h.pump_until([&] { return h.logged("unloading library"); }));
+  CHECK(sut.control()->async_error.load() == 0);
+  // The session goes on.
+  CHECK(load(sut, ctx.ctx, proto::ImageKind::kLibrary, 10) != 0);
+}
+
+}  // namespace
+}  // namespace mpsshim::server::test
