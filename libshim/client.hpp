@@ -182,6 +182,10 @@ struct Context {
   proto::WireHandle wire = 0;
   Stream legacy;  // the context's legacy default stream (a private stream on the server)
   std::mutex mutex;
+  // The session's record count (Session::records_committed) right after the record of this
+  // context's last synchronize that succeeded, taken before it was sent; while the count is
+  // still that, nothing was sent since and cuCtxSynchronize is answered here (context.cpp).
+  std::atomic<std::uint64_t> synced_through{~std::uint64_t{0}};
 };
 
 // A CUarray (array.cpp): the server's array and the descriptor it was made with.

@@ -474,10 +474,25 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuCtxGetApiVersion(CUcontext handle, unsigned in
 
 namespace {
 
+// A context whose last synchronize succeeded and that sent nothing since (no record of any
+// context of this process: the count is the session's) is idle: every operation it queued was
+// before that synchronize's record. Then no round trip (~1 us against the driver's 0.3 us): only
+// what a synchronize would report anyway, an error of a one-way call or the session's fault, and
+// whether the server is still there (one poll of the socket). Taken before the call, the count
+// plus one is at most the count right after this synchronize's own record, so a record another
+// thread sent meanwhile makes the next look miss, never wrongly succeed.
 CUresult synchronize_context(Context* ctx) {
+  Session& session = *ctx->session;
+  const std::uint64_t before = session.records_committed();
+  if (before == ctx->synced_through.load(std::memory_order_relaxed) && !session.gone()) {
+    return session.take_async_error();
+  }
   proto::CtxReq request{ctx->wire};
-  CUresult rc = ctx->session->call(proto::Op::kCtxSynchronize, request, static_cast<int*>(nullptr));
-  CUresult async = ctx->session->take_async_error();
+  CUresult rc = session.call(proto::Op::kCtxSynchronize, request, static_cast<int*>(nullptr));
+  CUresult async = session.take_async_error();
+  if (rc == CUDA_SUCCESS && async == CUDA_SUCCESS) {
+    ctx->synced_through.store(before + 1, std::memory_order_relaxed);
+  }
   return rc != CUDA_SUCCESS ? rc : async;
 }
 

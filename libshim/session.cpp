@@ -191,6 +191,8 @@ std::byte* Session::begin_record(proto::Op op, std::uint32_t payload, std::uint1
 void Session::commit_record() {
   proto::stamp_record(open_record_);
   bool wake = producer_.commit();
+  records_committed_.store(records_committed_.load(std::memory_order_relaxed) + 1,
+                           std::memory_order_release);
   producer_mutex_.unlock();
   if (wake) ring_doorbell();
 }

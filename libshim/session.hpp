@@ -58,6 +58,11 @@ class Session {
   // released) when the session is dead.
   std::byte* begin_record(proto::Op op, std::uint32_t payload, std::uint16_t flags = 0);
   void commit_record();
+  // How many records this process has sent so far, one-way or not (counted at each commit, under
+  // the producer lock). Unchanged between two looks: nothing was sent in between.
+  std::uint64_t records_committed() const {
+    return records_committed_.load(std::memory_order_acquire);
+  }
 
   // Sends a descriptor the next record refers to by token.
   CUresult send_fd(proto::MessageKind kind, int fd, std::uint64_t bytes, std::uint32_t& token);
@@ -108,6 +113,7 @@ class Session {
   std::mutex producer_mutex_;
   proto::RingProducer producer_;
   std::byte* open_record_ = nullptr;  // the record between begin_record and commit_record
+  std::atomic<std::uint64_t> records_committed_{0};  // written under producer_mutex_
 
   std::mutex slot_mutex_;
   std::condition_variable slot_freed_;

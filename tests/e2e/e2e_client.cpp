@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -372,6 +373,60 @@ bool stdin_closed(bool block) {
     if (n == 0) return true;
     if (n < 0 || !block) return false;
   }
+}
+
+// cuCtxSynchronize of a context that sent nothing since its last synchronize succeeded is
+// answered in the shim (libshim/context.cpp); anything sent since, from any thread, sends it to
+// the server again. The test counts the server's CtxSynchronize records: 4, not 4 + 300. Then
+// READY, and once stdin closes (the test killed the server meanwhile) an idle synchronize must
+// fail, as every call does once the server is gone.
+int idle_sync() {
+  Setup s = setup();
+  CUfunction sleeper{}, fill{};
+  CHECK(cuModuleGetFunction(&sleeper, s.module, "sleep_kernel"));
+  CHECK(cuModuleGetFunction(&fill, s.module, "fill_u32"));
+  CUdeviceptr out;
+  constexpr int kWords = 256;
+  CHECK(cuMemAlloc(&out, kWords * sizeof(unsigned)));
+  CHECK(cuCtxSynchronize());                                // 1: work was sent (the allocation)
+  for (int i = 0; i < 100; ++i) CHECK(cuCtxSynchronize());  // idle: none reaches the server
+  // A launch sends it to the server again, and it waits for the kernel.
+  int us = 20'000;
+  void* sleep_args[] = {&us};
+  CHECK(cuLaunchKernel(sleeper, 1, 1, 1, 1, 1, 1, 0, nullptr, sleep_args, nullptr));
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK(cuCtxSynchronize());  // 2
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  for (int i = 0; i < 100; ++i) CHECK(cuCtxSynchronize());
+  // Work sent from another thread counts as well; the result is there after the synchronize.
+  unsigned value = 0x5eed;
+  int n = kWords;
+  std::thread other([&] {
+    CHECK(cuCtxSetCurrent(s.ctx));
+    void* fill_args[] = {&out, &value, &n};
+    CHECK(cuLaunchKernel(fill, 1, 1, 1, kWords, 1, 1, 0, nullptr, fill_args, nullptr));
+  });
+  other.join();
+  CHECK(cuCtxSynchronize());  // 3
+  for (int i = 0; i < 100; ++i) CHECK(cuCtxSynchronize());
+  std::vector<unsigned> words(kWords);
+  CHECK(cuMemcpyDtoH(words.data(), out, kWords * sizeof(unsigned)));
+  CHECK(cuCtxSynchronize());  // 4: the copy was sent
+  if (waited < std::chrono::milliseconds(20) ||
+      std::count(words.begin(), words.end(), value) != kWords) {
+    std::printf("FAIL the synchronize after a 20 ms kernel took %lld us; %ld of %d words filled\n",
+                static_cast<long long>(
+                    std::chrono::duration_cast<std::chrono::microseconds>(waited).count()),
+                static_cast<long>(std::count(words.begin(), words.end(), value)), kWords);
+    return 1;
+  }
+  std::printf("READY\n");
+  std::fflush(stdout);
+  stdin_closed(true);
+  CUresult after = cuCtxSynchronize();
+  std::printf("%s idle_sync after the server went: %d\n", after != CUDA_SUCCESS ? "PASS" : "FAIL",
+              static_cast<int>(after));
+  return after != CUDA_SUCCESS ? 0 : 1;
 }
 
 // Many iterations of work, each checked: three fresh allocations, copies in (synchronous from
@@ -930,6 +985,7 @@ int main(int argc, char** argv) {
   if (mode == "functions") return functions();
   if (mode == "library_kernels") return library_kernels(arg != 0);
   if (mode == "occupancy") return occupancy();
+  if (mode == "idle_sync") return idle_sync();
   if (mode == "hog") return hog(arg ? arg : 256);
   if (mode == "meminfo") return meminfo();
   if (mode == "account") return account(arg ? static_cast<int>(arg) : 8);

@@ -77,6 +77,35 @@ TEST_CASE("occupancy answers are remembered per function until a function's sett
   CHECK(std::regex_search(daemon.log(), std::regex("OccupancyMaxActiveBlocks 4(,|\\s|$)")));
 }
 
+TEST_CASE("an idle cuCtxSynchronize is answered in the shim, and fails once the server is gone",
+          "[e2e]") {
+  Daemon daemon;
+  Child sync({client(), "idle_sync"}, daemon.client_env(), true);
+  {
+    INFO("stdout: " << sync.out() << "\ndaemon log:\n" << daemon.log());
+    REQUIRE(sync.wait_for_output("READY", 60s));
+  }
+  Outcome stats = daemon.ctl({"stats", "--json"});
+  INFO("stats --json:\n" << stats.out);
+  REQUIRE(stats.exit_code == 0);
+  const nlohmann::json answer = nlohmann::json::parse(stats.out);
+  REQUIRE(answer["clients"].size() == 1);
+  // The client made 304 synchronizes, 300 of them with nothing sent since the one before: those
+  // 300 never reached the server. What did: its setup, allocation, launches, copy and 4
+  // synchronizes.
+  const auto records = answer["clients"][0]["records"].get<long long>();
+  CHECK(records >= 8);
+  CHECK(records < 100);
+
+  // Its server killed, the client's next idle synchronize fails.
+  const ServerLine server = server_line(daemon);
+  REQUIRE(server.pid > 0);
+  REQUIRE(::kill(server.pid, SIGKILL) == 0);
+  REQUIRE(eventually([&] { return server_line(daemon).pid != server.pid; }));
+  sync.close_stdin();
+  require_pass(sync.wait(60s), daemon);
+}
+
 TEST_CASE("the examples give correct results through the broker", "[e2e]") {
   Daemon daemon;
   for (const char* name : {"EXAMPLE_VECTOR_ADD", "EXAMPLE_MATMUL_TILED", "EXAMPLE_STREAMS_EVENTS",

@@ -338,12 +338,6 @@ TEST_CASE("context limits can be raised, never lowered", "[server][module]") {
   CHECK(set(CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 1 << 20) == CUDA_ERROR_NOT_SUPPORTED);
 }
 
-}  // namespace
-}  // namespace mpsshim::server::test
-
-namespace mpsshim::server::test {
-namespace {
-
 // A library's load asking for its kernels' names (libshim/kernel_lookup.hpp).
 Reply load_listing(TestClient& client, std::uint64_t ctx, std::uint32_t token,
                    std::uint32_t flags = proto::kImageLoadKernelNames) {
@@ -472,12 +466,6 @@ TEST_CASE("an image load with an unknown flag ends the session", "[server][modul
   CHECK(h.pump_until([&] { return h.logged("unknown flags 0x20"); }));
   CHECK(h.pump_until([&] { return h.server->find_session(sut.welcome().client_id) == nullptr; }));
 }
-
-}  // namespace
-}  // namespace mpsshim::server::test
-
-namespace mpsshim::server::test {
-namespace {
 
 TEST_CASE("a library unloaded one-way is freed, and a failure is logged, not posted",
           "[server][module]") {

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One PyTorch ResNet-50 client (bench/resnet_client.py, batch 1) at a time, natively and under
 # one mpsshimd with several client environments, rounds interleaved so that drift hits each mode
-# alike. One daemon serves every shim mode: after the first client its shared library images are
-# kept (--image-idle-timeout), so later starts are quicker; the figure compared is the steady
-# ms per inference, not the start. On the GPU machine, with a tools/gpu_pack.sh tree:
+# alike. One daemon serves every shim mode and keeps its primary context for its life
+# (--context-idle-timeout -1), so the shared library images the first client loaded stay for the
+# later ones (--image-idle-timeout): only round 1's first shim mode starts cold. (Without it the
+# context went during each native run, and the first shim mode of every round started cold:
+# 21 s against 8 s, 2026-11-28.) On the GPU machine, with a tools/gpu_pack.sh tree:
 #
 #   LD_LIBRARY_PATH=$PWD/.carry/gpu/lib bash tools/probes/resnet_ab.sh .carry/gpu OUT ROUNDS ITERS \
 #       "native:" "shim:" "unbatched:MPSSHIM_LAUNCH_BATCHING=off"
@@ -24,7 +26,7 @@ mkdir -p "$out"
 source "$(dirname "${BASH_SOURCE[0]}")/probe_daemon.sh"
 client_py="$(dirname "${BASH_SOURCE[0]}")/../../bench/resnet_client.py"
 
-start_daemon || exit 1
+start_daemon --context-idle-timeout -1 --image-idle-timeout 600 || exit 1
 csv=$out/results.csv
 echo "round,mode,init_s,ms_per_iter" >"$csv"
 for round in $(seq "$rounds"); do
