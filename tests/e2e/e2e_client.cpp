@@ -377,9 +377,10 @@ bool stdin_closed(bool block) {
 
 // cuCtxSynchronize of a context that sent nothing since its last synchronize succeeded is
 // answered in the shim (libshim/context.cpp); anything sent since, from any thread, sends it to
-// the server again. The test counts the server's CtxSynchronize records: 4, not 4 + 300. Then
-// READY, and once stdin closes (the test killed the server meanwhile) an idle synchronize must
-// fail, as every call does once the server is gone.
+// the server again. The test counts the records the server ran for the client: under 100, where
+// the 300 idle synchronizes alone would be 300 more. Then READY, and once stdin closes (the test
+// killed the server meanwhile) an idle synchronize must fail, as every call does once the server is
+// gone.
 int idle_sync() {
   Setup s = setup();
   CUfunction sleeper{}, fill{};
