@@ -12,16 +12,25 @@
 
 namespace mpsshim::shim {
 
+namespace {
+
+// The server's handle and the parameter layout a lookup answered.
+void take_lookup(Function* f, const proto::FunctionRep& reply) {
+  f->wire = reply.function;
+  std::uint32_t count = std::min<std::uint32_t>(reply.param_count, std::size(reply.params));
+  f->params.assign(reply.params, reply.params + count);
+  f->args_bytes = reply.args_bytes;
+}
+
+}  // namespace
+
 Function* make_function(Context* ctx, const proto::FunctionRep& reply, std::string_view name,
                         bool is_kernel) {
   auto* f = new Function();
   f->ctx = ctx;
-  f->wire = reply.function;
   f->is_kernel = is_kernel;
   f->name = std::string(name);
-  std::uint32_t count = std::min<std::uint32_t>(reply.param_count, std::size(reply.params));
-  f->params.assign(reply.params, reply.params + count);
-  f->args_bytes = reply.args_bytes;
+  take_lookup(f, reply);
   return f;
 }
 
@@ -94,10 +103,7 @@ CUresult look_up_kernel(Function* f, const char* use) {
   CUresult rc = lookup(library->ctx, proto::Op::kLibraryGetKernel, library->wire, f->name.c_str(),
                        &reply, sizeof reply);
   if (rc != CUDA_SUCCESS) return rc;
-  f->wire = reply.function;
-  std::uint32_t count = std::min<std::uint32_t>(reply.param_count, std::size(reply.params));
-  f->params.assign(reply.params, reply.params + count);
-  f->args_bytes = reply.args_bytes;
+  take_lookup(f, reply);
   f->looked_up.store(true, std::memory_order_release);
   log(Level::debug, "kernel {} looked up at its first use, in {}", f->name, use);
   return CUDA_SUCCESS;
