@@ -10,11 +10,21 @@
 //
 // Result line fields: kernels, batches, seconds, kernels_per_s, p50_us/p90_us/p99_us/max_us
 // (per batch, launch to synchronized), start_ns/end_ns (CLOCK_REALTIME of the timed loop).
+//
+// --stamps (with --batch 1) splits each round trip where the time goes: the kernel records its
+// start and end on the GPU (%globaltimer, spin_stamp_kernel) and the program its launch call and
+// the synchronize's return (CLOCK_REALTIME), giving stamp_start (launch call to kernel start),
+// stamp_run (kernel start to end) and stamp_answer (kernel end to the synchronize's return), p50
+// and p99 each. The two clocks may be offset by a few microseconds, so compare stamp_start and
+// stamp_answer between runs of one boot (alone / beside others, natively / under the shim);
+// their sum and stamp_run do not depend on the offset.
 #include <cuda.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <ctime>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/bench_output.hpp"
@@ -36,6 +46,29 @@ void sleep_until_wall_clock(std::int64_t deadline_ns) {
   }
 }
 
+// --stamps: where each round trip's time went (the header comment).
+void report_stamps(ex::Report& report, CUdeviceptr stamps_dev,
+                   const std::vector<std::int64_t>& host_launch,
+                   const std::vector<std::int64_t>& host_done) {
+  std::vector<std::uint64_t> gpu(2 * host_launch.size());
+  if (!gpu.empty()) CU_CHECK(cuMemcpyDtoH(gpu.data(), stamps_dev, sizeof(gpu[0]) * gpu.size()));
+  std::vector<double> start_us, run_us, answer_us;
+  for (std::size_t i = 0; i < host_launch.size(); ++i) {
+    const auto gpu_start = static_cast<std::int64_t>(gpu[2 * i]);
+    const auto gpu_end = static_cast<std::int64_t>(gpu[2 * i + 1]);
+    start_us.push_back(1e-3 * static_cast<double>(gpu_start - host_launch[i]));
+    run_us.push_back(1e-3 * static_cast<double>(gpu_end - gpu_start));
+    answer_us.push_back(1e-3 * static_cast<double>(host_done[i] - gpu_end));
+  }
+  report.add("stamped", static_cast<long long>(start_us.size()));
+  for (auto [name, values] : {std::pair{"stamp_start", &start_us}, std::pair{"stamp_run", &run_us},
+                              std::pair{"stamp_answer", &answer_us}}) {
+    report.add_fixed(std::string(name) + "_p50_us", bench::quantile(*values, 0.50), 2);
+    report.add_fixed(std::string(name) + "_p99_us", bench::quantile(*values, 0.99), 2);
+  }
+  CU_CHECK(cuMemFree(stamps_dev));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -43,7 +76,7 @@ int main(int argc, char** argv) {
   ex::Cli cli(argc, argv,
               "[--ns SPIN_NS (10000)] [--blocks B (2)] [--threads T (32)] [--batch K (1)] "
               "[--duration-ms D (2000)] [--kernels N (0 = until the duration is over)] "
-              "[--wait-go | --start-at-ns REALTIME_NS] [--device ORDINAL]");
+              "[--wait-go | --start-at-ns REALTIME_NS] [--stamps] [--device ORDINAL]");
   const long long spin_ns = cli.integer("--ns", 10000, 0, 10000000000LL);
   const auto blocks = static_cast<unsigned>(cli.integer("--blocks", 2, 1, 1 << 20));
   const auto threads = static_cast<unsigned>(cli.integer("--threads", 32, 1, 1024));
@@ -51,17 +84,30 @@ int main(int argc, char** argv) {
   const auto duration_ms = cli.integer("--duration-ms", 2000, 1, 3600000);
   const auto max_kernels = cli.integer("--kernels", 0, 0, 1000000000);
   const bool wait_go = cli.flag("--wait-go");
+  const bool stamps = cli.flag("--stamps");
   auto start_at_ns = cli.integer("--start-at-ns", 0, 0, INT64_MAX);
   const auto ordinal = static_cast<int>(cli.integer("--device", 0, 0, 1023));
   cli.finish();
+  if (stamps && batch != 1) ex::fail_reason("stamps_need_batch_1", __FILE__, __LINE__);
 
   const ex::Device device = ex::open_device(ordinal);
   CUmodule module = ex::load_image_module();
   CUfunction spin = ex::get_function(module, "spin_kernel");
+  CUfunction spin_stamp = ex::get_function(module, "spin_stamp_kernel");
   CUstream stream = nullptr;
   CU_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
-  for (int i = 0; i < 3; ++i)
-    CU_CHECK(ex::launch_kernel(spin, {blocks}, {threads}, stream, spin_ns));
+  // --stamps: the first kStampCap round trips are split; later ones stamp into a spare pair.
+  constexpr int kStampCap = 1 << 18;
+  CUdeviceptr stamps_dev = 0;
+  if (stamps) CU_CHECK(cuMemAlloc(&stamps_dev, sizeof(std::uint64_t) * 2 * (kStampCap + 1)));
+  std::vector<std::int64_t> host_launch, host_done;
+  auto launch_one = [&](long long index) {
+    if (!stamps) return ex::launch_kernel(spin, {blocks}, {threads}, stream, spin_ns);
+    auto* out = reinterpret_cast<unsigned long long*>(stamps_dev);
+    const int slot = static_cast<int>(index < kStampCap ? index : kStampCap);
+    return ex::launch_kernel(spin_stamp, {blocks}, {threads}, stream, spin_ns, out, slot);
+  };
+  for (int i = 0; i < 3; ++i) CU_CHECK(launch_one(kStampCap));
   CU_CHECK(cuStreamSynchronize(stream));
 
   if (wait_go) {
@@ -87,13 +133,18 @@ int main(int argc, char** argv) {
   const double duration_s = 1e-3 * static_cast<double>(duration_ms);
   const std::int64_t start_ns = ex::wall_clock_ns();
   const auto start = ex::Clock::now();
+  if (stamps) {
+    host_launch.reserve(kStampCap);
+    host_done.reserve(kStampCap);
+  }
   while ((max_kernels == 0 || kernels < max_kernels) && ex::seconds_since(start) < duration_s) {
+    const bool stamped = stamps && kernels < kStampCap;
+    if (stamped) host_launch.push_back(ex::wall_clock_ns());
     const auto t0 = ex::Clock::now();
-    for (long long i = 0; i < batch; ++i) {
-      CU_CHECK(ex::launch_kernel(spin, {blocks}, {threads}, stream, spin_ns));
-    }
+    for (long long i = 0; i < batch; ++i) CU_CHECK(launch_one(kernels + i));
     CU_CHECK(cuStreamSynchronize(stream));
     batch_us.push_back(1e6 * ex::seconds_since(t0));
+    if (stamped) host_done.push_back(ex::wall_clock_ns());
     kernels += batch;
   }
   const double seconds = ex::seconds_since(start);
@@ -124,6 +175,7 @@ int main(int argc, char** argv) {
   report.add("end_ns", end_ns);
   report.expect(!batch_us.empty() && bench::quantile(batch_us, 0.0) >= min_batch_us,
                 "too_fast_for_spin");
+  if (stamps) report_stamps(report, stamps_dev, host_launch, host_done);
 
   CU_CHECK(cuStreamDestroy(stream));
   CU_CHECK(cuModuleUnload(module));

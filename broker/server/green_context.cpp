@@ -6,6 +6,11 @@
 
 namespace mpsshim::server {
 
+std::unique_lock<std::mutex> hold_green_builds() {
+  static std::mutex builds;
+  return std::unique_lock(builds);
+}
+
 unsigned first_group_of_slot(unsigned slot, unsigned slots, unsigned groups, unsigned needed) {
   if (slots == 0 || needed >= groups) return 0;
   const unsigned start = static_cast<unsigned>(std::uint64_t{slot % slots} * groups / slots);
@@ -15,6 +20,7 @@ unsigned first_group_of_slot(unsigned slot, unsigned slots, unsigned groups, uns
 tl::expected<unsigned, CUresult> count_sm_groups(const DriverTable& cu,
                                                  const CUdevResource& device_sms,
                                                  unsigned granularity) {
+  auto building = hold_green_builds();
   unsigned count = 0;
   CUresult r =
       cu.cuDevSmResourceSplitByCount(nullptr, &count, &device_sms, nullptr, 0, granularity);
@@ -113,6 +119,7 @@ tl::expected<GreenContext, CUresult> make_green_context(const DriverTable& cu, C
                                                         const CUdevResource& device_sms,
                                                         const SmQuota& quota, unsigned granularity,
                                                         SmPlacement placement) {
+  auto building = hold_green_builds();
   std::vector<CUdevResource> resources{device_sms};
   if (is_placed(quota, granularity, placement)) {
     auto placed = placed_groups(cu, device_sms, quota, granularity, placement);

@@ -3,6 +3,7 @@
 
 #include <cuda.h>
 
+#include <mutex>
 #include <vector>
 
 #include <tl/expected.hpp>
@@ -84,6 +85,16 @@ struct PlannedQuota {
 PlannedQuota plan_client_quota(const proto::DeviceSnapshot& snapshot, int percentage,
                                bool ignore_coscheduling, const SmPlacement& placement);
 
+// Building green contexts is serialized across the server's threads (the coordinator admits,
+// every worker moves its own sessions: live quota changes, the priority reserve). The real
+// driver fails cuDevSmResourceSplitByCount with CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION when
+// another thread of the process splits at the same time, and a process that met that may fail
+// its next split too (tools/probes/green_concurrency.cpp, H200, driver 580: 4 threads at once
+// 60 of 80 splits failed, taking turns 0 of 160). count_sm_groups, make_green_context and
+// make_green_outside_reserve hold this from their first split to cuGreenCtxCreate; builds are
+// rare (a pooled context is reused without one) and take ~1 ms.
+[[nodiscard]] std::unique_lock<std::mutex> hold_green_builds();
+
 // How many groups of `granularity` SMs the device's SM resource splits into (a static
 // partition is a run of them; fewer than sm_count / granularity where GPCs leave SMs over).
 tl::expected<unsigned, CUresult> count_sm_groups(const DriverTable& cu,
@@ -98,7 +109,7 @@ unsigned first_group_of_slot(unsigned slot, unsigned slots, unsigned groups, uns
 GreenShape green_shape(const SmQuota& quota, unsigned granularity, const SmPlacement& placement);
 
 // cuDevResourceGenerateDesc -> cuGreenCtxCreate -> cuCtxFromGreenCtx over `resources` (the
-// whole device's SM resource, or outputs of one split).
+// whole device's SM resource, or outputs of one split). The caller holds hold_green_builds().
 tl::expected<GreenContext, CUresult> green_context_of(const DriverTable& cu, CUdevice device,
                                                       std::vector<CUdevResource> resources);
 

@@ -33,6 +33,7 @@ tl::expected<GreenContext, CUresult> make_green_outside_reserve(const DriverTabl
                                                                 CUdevice device,
                                                                 const CUdevResource& device_sms,
                                                                 const SmReserve& reserve) {
+  auto building = hold_green_builds();
   unsigned count = reserve.split_groups;
   std::vector<CUdevResource> groups(count);
   CUdevResource remaining{};

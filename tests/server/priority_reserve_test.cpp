@@ -8,7 +8,9 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <memory>
 #include <set>
+#include <vector>
 
 #include "broker/server/priority_reserve.hpp"
 #include "tests/server/launch_batch_fixture.hpp"
@@ -169,6 +171,41 @@ TEST_CASE("a below-normal client that connects beside a normal one starts outsid
   CHECK(h.logged(fmt::format("{} held back for normal-priority clients", kReservedSms)));
   normal.sut.hang_up();
   low.sut.hang_up();
+}
+
+TEST_CASE("below-normal clients on their own workers all leave the reserve when one connects",
+          "[server][priority][reserve][threaded]") {
+  // Each worker moves its own sessions at the start of its next pass, so the four moves below
+  // start together. The real driver fails a split made while another thread splits, and the
+  // test driver does too (tests/testdriver/green.cpp): unless the moves take turns
+  // (hold_green_builds), some of them fail and those clients keep running on reserved SMs.
+  constexpr int kLows = 4;
+  ServerSettings settings = reserve_settings();
+  settings.workers = kLows;
+  Harness h(test_driver(), settings);
+  h.start_threaded();
+  {
+    std::vector<std::unique_ptr<Fixture>> lows;
+    std::vector<std::uint64_t> streams;
+    for (int i = 0; i < kLows; ++i) {
+      proto::ClientHello hello = low_hello();
+      hello.pid = kLowPid + 100 + i;
+      lows.push_back(std::make_unique<Fixture>(h, hello));
+      streams.push_back(lows.back()->stream());
+      CHECK(sms_used(*lows.back(), streams.back()).size() == kSms);
+    }
+    Fixture normal(h, normal_hello());
+    for (int i = 0; i < kLows; ++i) {
+      INFO("below-normal client " << i);
+      const std::set<unsigned> used = sms_used(*lows[i], streams[i]);
+      CHECK(used.size() == kOutsideReserve);
+      CHECK_FALSE(touches_reserve(used));
+    }
+    CHECK_FALSE(h.logged("could not leave the SMs reserved"));
+    for (auto& low : lows) low->sut.hang_up();
+    normal.sut.hang_up();
+  }
+  CHECK(h.stop_threaded() == 0);
 }
 
 TEST_CASE("shares that avoid the reserve stay; a normal client's share lies over it",

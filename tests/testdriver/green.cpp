@@ -1,6 +1,9 @@
 // Green contexts: SM resources, their split, descriptors, green contexts and their streams.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <type_traits>
 
 #include "tests/testdriver/state.hpp"
@@ -32,6 +35,13 @@ void write_resource(CUdevResource& r, const ResourceTag& tag, unsigned unit, uns
   r.sm.smCoscheduledAlignment = alignment;
   std::memcpy(r._internal_padding, &tag, sizeof tag);
 }
+
+// The real driver fails a split made while another thread of the process splits
+// (CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION; tools/probes/green_concurrency.cpp, H200). A split
+// here takes a millisecond, so that a server whose threads split at once meets the failure in
+// a test as it would on a GPU (the server serializes its builds: hold_green_builds()).
+std::atomic<int> splits_in_flight{0};
+constexpr std::chrono::milliseconds kSplitTime{1};
 
 CUresult read_resource(const State& s, const CUdevResource& r, ResourceTag& tag) {
   if (r.type != CU_DEV_RESOURCE_TYPE_SM) return CUDA_ERROR_INVALID_RESOURCE_TYPE;
@@ -90,6 +100,14 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuDeviceGetDevResource(CUdevice dev,
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuDevSmResourceSplitByCount(
     CUdevResource* result, unsigned int* nbGroups, const CUdevResource* input,
     CUdevResource* remaining, unsigned int useFlags, unsigned int minCount) {
+  if (splits_in_flight.fetch_add(1) != 0) {
+    splits_in_flight.fetch_sub(1);
+    return CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION;
+  }
+  std::this_thread::sleep_for(kSplitTime);
+  struct Leave {
+    ~Leave() { splits_in_flight.fetch_sub(1); }
+  } leave;
   return entry([&](State& s) {
     if (nbGroups == nullptr || input == nullptr || (useFlags & ~kSplitFlags) != 0)
       return CUDA_ERROR_INVALID_VALUE;
