@@ -11,6 +11,9 @@
 #                     [--programs-dir DIR] [--integrity integrity_vs_driver]
 #                     [--libraries-dir DIR (tests/gpu/libraries' programs)]
 #        [--work-dir DIR (kept; default a temporary one, removed on success)]
+#        [--daemon-arg ARG]... (an mpsshimd option for the suite's daemon, e.g.
+#                               --daemon-arg=--launch-batching=off: every check under the shim
+#                               runs with it; the summary's first line names them)
 # Environment: PROGRAM_TIMEOUT (seconds per example run, 300), RT_TIMEOUT (seconds per
 # CUDA-runtime program run, 180).
 set -u -o pipefail
@@ -29,6 +32,8 @@ set -- "${REST_ARGS[@]+"${REST_ARGS[@]}"}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --work-dir) WORK_DIR=$2; shift 2 ;;
+    --daemon-arg) DAEMON_ARGS+=("$2"); shift 2 ;;
+    --daemon-arg=*) DAEMON_ARGS+=("${1#--daemon-arg=}"); shift ;;
     *) die "unknown option $1" ;;
   esac
 done
@@ -60,6 +65,7 @@ print_summary() {
   echo
   echo "================================ mpsshim GPU suite ================================"
   nvidia-smi -L 2>/dev/null | head -n1 || true
+  [ ${#DAEMON_ARGS[@]} -eq 0 ] || echo "mpsshimd options: ${DAEMON_ARGS[*]}"
   printf '%-26s %-8s %-8s %-5s %s\n' CHECK NATIVE SHIM RESULT DETAIL
   local row
   for row in "${ROWS[@]+"${ROWS[@]}"}"; do echo "$row"; done

@@ -2,14 +2,15 @@
 # Where a launch + synchronize round trip spends its time, natively and under mpsshim, alone and
 # beside busy clients: bench/kernel_latency --stamps splits each trip into launch call -> kernel
 # start, the kernel's run, and kernel end -> the synchronize's return (GPU %globaltimer against
-# CLOCK_REALTIME; compare the parts between modes of one call, their sum does not depend on the
-# clocks' offset). Rounds are interleaved; each shim mode gets a fresh daemon per round.
+# CLOCK_REALTIME, whose offset moves between runs: each part is given as its p50 over the run's
+# fastest trip). Rounds are interleaved; each shim mode gets a fresh daemon per round.
 #
 #   LD_LIBRARY_PATH=$PWD/.carry/gpu/lib bash tools/probes/latency_split.sh .carry/gpu OUT ROUNDS \
 #       "native:" "shim:" "noreserve:--priority-reserve-sms 0" ...
 #
 # A mode is LABEL:ARGS as in bench_ab.sh (daemon arguments; NAME=VALUE words go to the
-# clients' environment; "native" runs without the shim). Each round runs, per mode, the probe
+# clients' environment, low.NAME=VALUE to the busy clients' only; "native" runs without the
+# shim). Each round runs, per mode, the probe
 # client alone and then beside BUSY (4) low-priority clients of the priority workload (2 ms
 # kernels on 528 blocks, CUDA_MPS_CLIENT_PRIORITY=1; the probe client has priority 0).
 # PROBE_ARGS (default: the priority workload's latency client, 10 us on 2 blocks) sets the
@@ -41,7 +42,7 @@ run_group() {
   if [ "$group" = shared ]; then
     for i in $(seq "$busy"); do
       # shellcheck disable=SC2086 # low_args is a list
-      "${pre[@]}" env CUDA_MPS_CLIENT_PRIORITY=1 timeout 60 "$build/bench/kernel_latency" $low_args \
+      "${pre[@]}" env "${low_env[@]+"${low_env[@]}"}" CUDA_MPS_CLIENT_PRIORITY=1 timeout 60 "$build/bench/kernel_latency" $low_args \
         --duration-ms 5000 >"$log.low$i" 2>&1 &
       lows+=($!)
     done
@@ -59,8 +60,15 @@ for round in $(seq "$rounds"); do
     read -r -a words <<<"${mode#*:}"
     daemon_args=()
     client_env=()
+    low_env=()
     for word in "${words[@]+"${words[@]}"}"; do
-      if [[ $word =~ ^[A-Z_][A-Z0-9_]*= ]]; then client_env+=("$word"); else daemon_args+=("$word"); fi
+      if [[ $word =~ ^low\.[A-Z_][A-Z0-9_]*= ]]; then
+        low_env+=("${word#low.}")
+      elif [[ $word =~ ^[A-Z_][A-Z0-9_]*= ]]; then
+        client_env+=("$word")
+      else
+        daemon_args+=("$word")
+      fi
     done
     for group in "${split_groups[@]}"; do
       log=$out/$label.$group.$round.txt
@@ -69,7 +77,7 @@ for round in $(seq "$rounds"); do
       [ "$label" = native ] || stop_daemon
       # The result line: key=value fields.
       tr ' ' '\n' <"$log" | awk -F= -v r="$round" -v m="$label" -v g="$group" '
-        $1 ~ /^(p50_us|p99_us|stamp_[a-z]+_p(50|99)_us)$/ { print r "," m "," g "," $1 "," $2; found = 1 }
+        $1 ~ /^(p50_us|p99_us|stamp_[a-z]+_p50_over_min_us|stamp_run_p50_us)$/ { print r "," m "," g "," $1 "," $2; found = 1 }
         END { if (!found) print r "," m "," g ",no_result,nan" }' >>"$csv"
     done
   done
