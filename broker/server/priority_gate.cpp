@@ -80,10 +80,12 @@ void count_busy(Session& session, PriorityBoard& board, bool busy) {
 
 void PriorityBoard::joined(bool below_normal) {
   (below_normal ? below_normal_ : normal_).fetch_add(1, std::memory_order_relaxed);
+  if (!below_normal) normal_changes_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void PriorityBoard::left(bool below_normal) {
   (below_normal ? below_normal_ : normal_).fetch_sub(1, std::memory_order_relaxed);
+  if (!below_normal) normal_changes_.fetch_add(1, std::memory_order_relaxed);
 }
 
 DrainPermit priority_permit(Session& session, PriorityBoard& board,

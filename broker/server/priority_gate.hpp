@@ -72,6 +72,9 @@ class PriorityBoard {
   // Normal sessions with work pending or running.
   int busy_normal() const { return busy_normal_.load(std::memory_order_acquire); }
   int normal_sessions() const { return normal_.load(std::memory_order_relaxed); }
+  // Counts every normal session's arrival and departure: a below-normal session that gave up
+  // moving (follow_priority_reserve) tries again once this changed.
+  std::uint64_t normal_changes() const { return normal_changes_.load(std::memory_order_relaxed); }
   int below_normal_sessions() const { return below_normal_.load(std::memory_order_relaxed); }
 
   void mark_busy() { busy_normal_.fetch_add(1, std::memory_order_acq_rel); }
@@ -81,6 +84,7 @@ class PriorityBoard {
   std::atomic<int> busy_normal_{0};
   std::atomic<int> normal_{0};
   std::atomic<int> below_normal_{0};
+  std::atomic<std::uint64_t> normal_changes_{0};
 };
 
 // Per session; owned by its worker.

@@ -81,19 +81,48 @@ tl::expected<GreenContext, CUresult> make_client_green_context(
   return green;
 }
 
-void follow_priority_reserve(Session& session, const PriorityBoard& board) {
+void follow_priority_reserve(Session& session, const PriorityBoard& board,
+                             std::chrono::steady_clock::time_point now) {
   if (!session.sm_reserve.on()) return;
   const bool wanted = board.normal_sessions() > 0;
-  if (wanted == session.kept_out_of_reserve || session.active_captures != 0) return;
-  // Followed once per change of the board, moved or not: a failure is not retried every pass.
-  session.kept_out_of_reserve = wanted;
+  if (wanted == session.kept_out_of_reserve) {
+    // Where the board wants it (again): nothing owed from an earlier failure.
+    session.reserve_move_failures = 0;
+    session.reserve_given_up = false;
+    return;
+  }
+  if (session.active_captures != 0) return;
+  if (session.reserve_given_up) {
+    if (board.normal_changes() == session.reserve_given_up_at) return;
+    session.reserve_given_up = false;  // a normal client came or went since: try afresh
+  }
+  if (session.reserve_move_failures != 0 && now < session.reserve_retry_at) return;
+  const char* verb = wanted ? "leave" : "get back";
   auto moved = move_sm_share(session, session.sm_percentage, wanted,
                              wanted ? "a normal-priority client connected"
                                     : "no normal-priority client is connected any more");
-  if (!moved) {
-    log_warn("{}: could not {} the SMs reserved for normal-priority clients: {}", session.who(),
-             wanted ? "leave" : "get back", moved.error());
+  if (moved) {
+    session.kept_out_of_reserve = wanted;
+    session.reserve_move_failures = 0;
+    return;
   }
+  const unsigned failures = ++session.reserve_move_failures;
+  if (failures >= kReserveMoveTries) {
+    session.reserve_move_failures = 0;
+    session.reserve_given_up = true;
+    session.reserve_given_up_at = board.normal_changes();
+    log_warn(
+        "{}: could not {} the SMs reserved for normal-priority clients ({} tries): {}; it "
+        "stays where it is until a normal-priority client connects or leaves",
+        session.who(), verb, failures, moved.error());
+    return;
+  }
+  const auto delay = kReserveRetryFirst * (1u << (failures - 1));
+  session.reserve_retry_at = now + delay;
+  log_warn(
+      "{}: could not {} the SMs reserved for normal-priority clients: {}; trying again in "
+      "{} ms",
+      session.who(), verb, moved.error(), delay.count());
 }
 
 }  // namespace mpsshim::server

@@ -23,6 +23,8 @@
 
 #include <cuda.h>
 
+#include <chrono>
+
 #include <tl/expected.hpp>
 
 #include "broker/server/driver_table.hpp"
@@ -69,7 +71,13 @@ tl::expected<GreenContext, CUresult> make_client_green_context(
 
 // On the session's worker, before its drain pass: a below-normal session follows the board
 // (out of the reserve while a normal session is connected, back when none is). Nothing for
-// other sessions, nor while a capture is open (the next pass tries again).
-void follow_priority_reserve(Session& session, const PriorityBoard& board);
+// other sessions, nor while a capture is open (the next pass tries again). A move that fails
+// (building the green context) is logged and tried again after kReserveRetryFirst, the delay
+// doubling, at most kReserveMoveTries times in all; then the session stays where it is until
+// a normal client connects or leaves (PriorityBoard::normal_changes).
+inline constexpr std::chrono::milliseconds kReserveRetryFirst{100};
+inline constexpr unsigned kReserveMoveTries = 5;
+void follow_priority_reserve(Session& session, const PriorityBoard& board,
+                             std::chrono::steady_clock::time_point now);
 
 }  // namespace mpsshim::server

@@ -282,6 +282,13 @@ class Session {
   // normal client (its green context is then outside the reserve if its share reached in).
   SmReserve sm_reserve;
   bool kept_out_of_reserve = false;
+  // A move into or out of the reserve that failed is tried again at `reserve_retry_at`, with
+  // a doubling delay, a few times; after the last, not before the board's normal_changes() moved
+  // on from `reserve_given_up_at` (follow_priority_reserve).
+  std::chrono::steady_clock::time_point reserve_retry_at{};
+  unsigned reserve_move_failures = 0;
+  bool reserve_given_up = false;
+  std::uint64_t reserve_given_up_at = 0;
 
   ObjectTable objects;
   AllocationMap memory;

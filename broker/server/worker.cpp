@@ -168,7 +168,7 @@ std::size_t Worker::do_work() {
       Session& session = *sessions_[(start + k) % n];
       if (session.state != SessionState::kActive) continue;
       // Before the pass: nothing of the session waits in its launch batch.
-      follow_priority_reserve(session, server_.priority_board());
+      follow_priority_reserve(session, server_.priority_board(), now);
       work += drain_ring(session);
     }
   }

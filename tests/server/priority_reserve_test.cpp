@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <set>
 #include <vector>
@@ -206,6 +207,78 @@ TEST_CASE("below-normal clients on their own workers all leave the reserve when 
     normal.sut.hang_up();
   }
   CHECK(h.stop_threaded() == 0);
+}
+
+// The test driver with its splits failing while `failing_splits` is above 0 (a split that makes
+// groups; the server's count of groups at its start passes).
+std::atomic<int> failing_splits{0};
+const DriverTable& flaky_split_driver() {
+  static const DriverTable table = [] {
+    DriverTable t = test_driver();
+    t.cuDevSmResourceSplitByCount = [](CUdevResource* result, unsigned* groups,
+                                       const CUdevResource* in, CUdevResource* remaining,
+                                       unsigned flags, unsigned min_count) {
+      if (result != nullptr && failing_splits.fetch_sub(1) > 0) {
+        return CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION;
+      }
+      return test_driver().cuDevSmResourceSplitByCount(result, groups, in, remaining, flags,
+                                                       min_count);
+    };
+    return t;
+  }();
+  return table;
+}
+
+TEST_CASE("a below-normal client whose move out of the reserve failed is moved on a later try",
+          "[server][priority][reserve]") {
+  Harness h(flaky_split_driver(), reserve_settings());
+  Fixture low(h, low_hello());
+  const std::uint64_t stream = low.stream();
+  CHECK(sms_used(low, stream).size() == kSms);
+
+  failing_splits = 2;  // the first move and its first retry
+  Fixture normal(h, normal_hello());
+  h.pump(4);
+  CHECK(h.logged("could not leave the SMs reserved for normal-priority clients"));
+  CHECK(h.logged("trying again in 100 ms"));
+  REQUIRE(h.pump_until([&] { return field(ps_line(h, kLowPid), "sms") == kOutsideReserve; }));
+  CHECK(h.logged("trying again in 200 ms"));
+  const std::set<unsigned> used = sms_used(low, stream);
+  CHECK(used.size() == kOutsideReserve);
+  CHECK_FALSE(touches_reserve(used));
+  CHECK_FALSE(h.logged("tries)"));  // not given up
+
+  // Every try failing, for a client that was never outside the reserve (the first one takes up
+  // the green context it had there, without a split): given up after kReserveMoveTries, logged
+  // as such; tried afresh when a normal client connects or leaves, however soon it comes back.
+  normal.sut.hang_up();
+  REQUIRE(h.pump_until([&] { return field(ps_line(h, kLowPid), "sms") == kSms; }));
+  proto::ClientHello hello = low_hello();
+  hello.pid = kLowPid + 1;
+  Fixture fresh(h, hello);
+  failing_splits = 1000;
+  {
+    TestClient again(h, normal_hello());
+    REQUIRE(again.connected());
+    REQUIRE(h.pump_until([&] { return h.logged("(5 tries)"); }));
+    CHECK(field(ps_line(h, kLowPid + 1), "sms") == kSms);
+    CHECK(field(ps_line(h, kLowPid), "sms") == kOutsideReserve);
+    failing_splits = 0;
+    again.hang_up();
+    REQUIRE(h.pump_until([&] { return h.server->session_count() == 2; }));
+  }
+  {
+    TestClient third(h, normal_hello());
+    REQUIRE(third.connected());
+    REQUIRE(h.pump_until([&] { return field(ps_line(h, kLowPid + 1), "sms") == kOutsideReserve; }));
+    const std::set<unsigned> moved = sms_used(fresh, fresh.stream());
+    CHECK(moved.size() == kOutsideReserve);
+    CHECK_FALSE(touches_reserve(moved));
+    third.hang_up();
+    REQUIRE(h.pump_until([&] { return h.server->session_count() == 2; }));
+  }
+  fresh.sut.hang_up();
+  low.sut.hang_up();
 }
 
 TEST_CASE("shares that avoid the reserve stay; a normal client's share lies over it",

@@ -7,7 +7,9 @@
 //    split the device's SMs (cuDevSmResourceSplitByCount, groups of 8), make a descriptor of all
 //    but the last 3 groups plus the SMs left over (cuDevResourceGenerateDesc), create a green
 //    context (cuGreenCtxCreate) and destroy it; rounds of that, counting which call failed how.
-//    The same with the threads taking turns (a mutex) is the control.
+//    The same with the threads taking turns (a mutex around the build, as the server's
+//    hold_green_builds) is the control; in both, each thread then creates a stream in its green
+//    context and destroys both outside the mutex, as a session's life does in the server.
 // 2. Does a launch into a green context's stream reach the GPU later than one into a
 //    primary-context stream? Launch + cuStreamSynchronize of an empty kernel, primary context
 //    current (as the server's workers run), on a primary-context stream, on a stream of a green
@@ -86,7 +88,17 @@ void concurrent_builds(CUdevice device, CUcontext primary, const CUdevResource& 
         } else {
           failed = build_green(device, sms, 3, &green);
         }
-        if (green != nullptr) MUST(cuGreenCtxDestroy(green));
+        // As a session's life goes on in the server, outside the lock: a stream in the new
+        // green context, then both destroyed, while other threads build.
+        if (green != nullptr) {
+          CUstream stream = nullptr;
+          CUresult r = cuGreenCtxStreamCreate(&stream, green, CU_STREAM_NON_BLOCKING, 0);
+          if (r != CUDA_SUCCESS) failed = "stream:" + error_name(r);
+          if (stream != nullptr && (r = cuStreamDestroy(stream)) != CUDA_SUCCESS) {
+            failed = "stream destroy:" + error_name(r);
+          }
+          if ((r = cuGreenCtxDestroy(green)) != CUDA_SUCCESS) failed = "destroy:" + error_name(r);
+        }
         std::lock_guard lock(outcomes_mutex);
         ++outcomes[failed.empty() ? "ok" : failed];
       });
