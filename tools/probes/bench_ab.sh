@@ -40,13 +40,7 @@ source "$(dirname "$0")/probe_daemon.sh"
 
 for round in $(seq "$rounds"); do
   for mode in "${modes[@]}"; do
-    label=${mode%%:*}
-    read -r -a words <<<"${mode#*:}"
-    daemon_args=()
-    client_env=()
-    for word in "${words[@]+"${words[@]}"}"; do
-      if [[ $word =~ ^[A-Z_][A-Z0-9_]*= ]]; then client_env+=("$word"); else daemon_args+=("$word"); fi
-    done
+    parse_mode "$mode"
     log=$out/$bench.$label.$round.txt
     if [ "$label" = native ]; then
       # shellcheck disable=SC2086 # args is a list

@@ -14,8 +14,9 @@
 # client alone and then beside BUSY (4) low-priority clients of the priority workload (2 ms
 # kernels on 528 blocks, CUDA_MPS_CLIENT_PRIORITY=1; the probe client has priority 0).
 # PROBE_ARGS (default: the priority workload's latency client, 10 us on 2 blocks) sets the
-# probe client's kernel; SPLIT_GROUPS (default "alone shared") which groups run, e.g. "alone" with
-# PROBE_ARGS="--ns 0 --blocks 1" for the bare round trip. OUT/results.csv: round,mode,group,figure,value; OUT/summary.txt: medians.
+# probe client's kernel; SPLIT_GROUPS (default "alone shared") which groups run, e.g. "alone"
+# with PROBE_ARGS="--ns 0 --blocks 1" for the bare round trip. OUT/results.csv:
+# round,mode,group,figure,value; OUT/summary.txt: medians.
 set -uo pipefail
 build=$(realpath "$1")
 out=$2
@@ -56,20 +57,7 @@ run_group() {
 
 for round in $(seq "$rounds"); do
   for mode in "${modes[@]}"; do
-    label=${mode%%:*}
-    read -r -a words <<<"${mode#*:}"
-    daemon_args=()
-    client_env=()
-    low_env=()
-    for word in "${words[@]+"${words[@]}"}"; do
-      if [[ $word =~ ^low\.[A-Z_][A-Z0-9_]*= ]]; then
-        low_env+=("${word#low.}")
-      elif [[ $word =~ ^[A-Z_][A-Z0-9_]*= ]]; then
-        client_env+=("$word")
-      else
-        daemon_args+=("$word")
-      fi
-    done
+    parse_mode "$mode"
     for group in "${split_groups[@]}"; do
       log=$out/$label.$group.$round.txt
       if [ "$label" != native ]; then start_daemon "${daemon_args[@]+"${daemon_args[@]}"}" || continue; fi

@@ -1,8 +1,30 @@
-# Sourced by the probe scripts (bench_ab.sh, wait_policy_ab.sh, concurrent_copies.sh): a fresh
-# mpsshimd per mode. Before sourcing, set `build` (a tools/gpu_pack.sh tree), `rt` (the runtime directory
-# each daemon gets, removed first) and `out` (its log goes to $out/mpsshimd.log). Stops the
-# daemon when the script exits.
+# shellcheck shell=bash disable=SC2034,SC2154  # sourced: the caller sets build/rt/out and reads label
+# Sourced by the probe scripts (bench_ab.sh, latency_split.sh, small_kernels_ab.sh, wait_policy_ab.sh,
+# concurrent_copies.sh): parse_mode, and a fresh mpsshimd per mode. Before sourcing, set `build`
+# (a tools/gpu_pack.sh tree), `rt` (the runtime directory each daemon gets, removed first) and
+# `out` (its log goes to $out/mpsshimd.log). Stops the daemon when the script exits.
 daemon_pid=""
+
+# parse_mode MODE: a mode LABEL:ARGS into `label`, `daemon_args` (mpsshimd options),
+# `client_env` (the NAME=VALUE words: the clients' environment) and `low_env` (low.NAME=VALUE:
+# latency_split.sh's busy clients only).
+parse_mode() {
+  label=${1%%:*}
+  local words word
+  read -r -a words <<<"${1#*:}"
+  daemon_args=()
+  client_env=()
+  low_env=()
+  for word in "${words[@]+"${words[@]}"}"; do
+    if [[ $word =~ ^low\.[A-Z_][A-Z0-9_]*= ]]; then
+      low_env+=("${word#low.}")
+    elif [[ $word =~ ^[A-Z_][A-Z0-9_]*= ]]; then
+      client_env+=("$word")
+    else
+      daemon_args+=("$word")
+    fi
+  done
+}
 
 start_daemon() {  # daemon arguments
   rm -rf "$rt"

@@ -29,6 +29,8 @@ csv="$out/results.csv"
 echo "round,mode,clients,kernels_per_s" >"$csv"
 rt="$out/rt"
 export PATH="$PATH:/usr/local/nvidia/bin"
+# shellcheck source=tools/probes/probe_daemon.sh
+source "$(dirname "$0")/probe_daemon.sh"  # parse_mode
 
 group() {  # ROUND MODE N: N clients started together in the current environment
   local go=$(( $(date +%s%N) + 1500000000 + $3 * 100000000 )) i
@@ -67,15 +69,11 @@ for round in $(seq "$rounds"); do
         group "$round" native "$n"
         continue
       fi
-      read -r -a words <<<"${spec#*:}"
-      args=()
-      client_env=()
-      for word in "${words[@]+"${words[@]}"}"; do
-        if [[ $word =~ ^[A-Z_][A-Z0-9_]*= ]]; then client_env+=("$word"); else args+=("$word"); fi
-      done
+      parse_mode "$spec"
       rm -rf "$rt"
       "$build/broker/daemon/mpsshimd" --runtime-dir "$rt" \
-        --server "$build/broker/server/mpsshim-server" "${args[@]+"${args[@]}"}" >>"$out/mpsshimd.$label.log" 2>&1 &
+        --server "$build/broker/server/mpsshim-server" "${daemon_args[@]+"${daemon_args[@]}"}" \
+        >>"$out/mpsshimd.$label.log" 2>&1 &
       daemon=$!
       for _ in $(seq 200); do
         "$build/broker/daemon/mpsshimctl" --runtime-dir "$rt" server_list 2>/dev/null | grep -q running && break
