@@ -9,6 +9,7 @@
 #include <chrono>
 #include <thread>
 
+#include "libshim/answer_trace.hpp"
 #include "libshim/log.hpp"
 #include "libshim/wait_policy.hpp"
 #include "proto/futex.hpp"
@@ -188,13 +189,23 @@ std::byte* Session::begin_record(proto::Op op, std::uint32_t payload, std::uint1
   return at + sizeof header;
 }
 
-void Session::commit_record() {
+std::uint64_t Session::commit_record() {
   proto::stamp_record(open_record_);
+  std::uint64_t committed_ns = 0;
+  if (AnswerTrace::get() != nullptr) {
+    committed_ns = AnswerTrace::now_ns();
+    proto::RecordHeader header;
+    std::memcpy(&header, open_record_, sizeof header);
+    if (header.opcode == static_cast<std::uint16_t>(proto::Op::kLaunchKernel)) {
+      last_launch_commit_ns_.store(committed_ns, std::memory_order_relaxed);
+    }
+  }
   bool wake = producer_.commit();
   records_committed_.store(records_committed_.load(std::memory_order_relaxed) + 1,
                            std::memory_order_release);
   producer_mutex_.unlock();
   if (wake) ring_doorbell();
+  return committed_ns;
 }
 
 CUresult Session::post(proto::Op op, const void* request, std::size_t request_bytes,
@@ -268,8 +279,13 @@ CUresult Session::call(proto::Op op, const void* request, std::size_t request_by
       std::memcpy(at + sizeof header + request_bytes, trailing.data(), trailing.size());
     }
     open_record_ = at;
-    commit_record();
+    const std::uint64_t sent = commit_record();
     rc = wait_slot(slot);
+    AnswerTrace* trace = AnswerTrace::get();
+    if (trace != nullptr && rc == CUDA_SUCCESS) {
+      trace->add(op, last_launch_commit_ns_.load(std::memory_order_relaxed), sent, *slot,
+                 AnswerTrace::now_ns());
+    }
     if (rc == CUDA_SUCCESS) {
       rc = static_cast<CUresult>(slot->result);
       if (reply != nullptr) {

@@ -57,7 +57,8 @@ class Session {
   // commit_record(), which stamps the record's send time and publishes it; returns nullptr (lock
   // released) when the session is dead.
   std::byte* begin_record(proto::Op op, std::uint32_t payload, std::uint16_t flags = 0);
-  void commit_record();
+  // Returns when it committed (CLOCK_MONOTONIC ns) under MPSSHIM_TRACE_ANSWERS, else 0.
+  std::uint64_t commit_record();
   // How many records this process has sent so far, one-way or not (counted at each commit, under
   // the producer lock). Unchanged between two looks: nothing was sent in between.
   std::uint64_t records_committed() const {
@@ -114,6 +115,9 @@ class Session {
   proto::RingProducer producer_;
   std::byte* open_record_ = nullptr;  // the record between begin_record and commit_record
   std::atomic<std::uint64_t> records_committed_{0};  // written under producer_mutex_
+  // MPSSHIM_TRACE_ANSWERS (answer_trace.hpp): when the last kernel launch was committed;
+  // written under producer_mutex_, read by threads that trace an answer.
+  std::atomic<std::uint64_t> last_launch_commit_ns_{0};
 
   std::mutex slot_mutex_;
   std::condition_variable slot_freed_;

@@ -75,11 +75,21 @@ struct ResponseSlot {
   std::atomic<std::uint32_t> waiter;
   std::int32_t result;  // CUresult
   std::uint32_t payload_bytes;
-  std::uint8_t reserved[48];
+  // Diagnostics, 0 unless the server runs with MPSSHIM_SERVER_STAMP_ANSWERS
+  // (broker/server/answer_stamps.hpp), CLOCK_MONOTONIC ns: when the worker took the request from
+  // the ring, knew the answer (a synchronize: saw its fence complete), and wrote this slot; and
+  // when it took and issued the session's last kernel launch before the request.
+  std::uint64_t stamp_taken_ns;
+  std::uint64_t stamp_known_ns;
+  std::uint64_t stamp_answered_ns;
+  std::uint64_t stamp_launch_taken_ns;
+  std::uint64_t stamp_launch_issued_ns;
+  std::uint8_t reserved[8];
   std::uint8_t payload[kSlotBytes - kCacheLine];
 };
 static_assert(sizeof(ResponseSlot) == kSlotBytes);
 static_assert(offsetof(ResponseSlot, payload) == kCacheLine);
+static_assert(offsetof(ResponseSlot, stamp_taken_ns) == 16);
 inline constexpr std::uint32_t kSlotPayloadBytes = kSlotBytes - kCacheLine;
 
 // Staging chunk i may be refilled by the client once done_generation equals the generation it

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <optional>
 
+#include "broker/server/answer_stamps.hpp"
 #include "broker/server/driver.hpp"
 #include "broker/server/retire.hpp"
 
@@ -89,7 +90,9 @@ void deliver(Session& session, const Completion& c, CUresult result) {
   // synchronizing call; store it before releasing the chunk, which the client may be watching.
   if (c.slot == proto::kNoReply) session.post_async_error(result);
   if (c.chunk != Completion::kNoChunk) session.finish_chunk(c.chunk, c.generation, result);
-  if (c.slot != proto::kNoReply) session.answer(c.slot, result);
+  if (c.slot != proto::kNoReply) {
+    session.answer(c.slot, result, {}, c.taken_ns, answer_stamps_on() ? SessionStats::now_ns() : 0);
+  }
 }
 
 }  // namespace

@@ -289,6 +289,7 @@ DispatchOutcome dispatch_record(Session& session, std::span<const std::byte> rec
 
   Call call(session, header, payload);
   const std::uint64_t started = SessionStats::now_ns();
+  session.record_taken_ns = started;
   const bool profile_heap = heap_profile_on();  // one branch per record when off
   const std::int64_t heap_before = profile_heap ? heap_in_use_bytes() : 0;
   OpResult result = spec->run(call);
@@ -318,7 +319,7 @@ DispatchOutcome dispatch_record(Session& session, std::span<const std::byte> rec
     case OpResult::Kind::kEnd:
       if (call.has_reply_slot()) {
         session.answer(header.reply_slot, result.status,
-                       std::span<const std::byte>(call.reply_buffer, result.reply_bytes));
+                       std::span<const std::byte>(call.reply_buffer, result.reply_bytes), started);
       } else if (result.status != CUDA_SUCCESS && result.post_async_error) {
         session.post_async_error(result.status);
       }

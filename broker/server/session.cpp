@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "broker/server/answer_stamps.hpp"
 #include "broker/server/driver.hpp"
 #include "broker/server/log.hpp"
 #include "proto/futex.hpp"
@@ -62,13 +63,22 @@ std::string Session::who() const {
   return fmt::format("client {} (pid {}, {})", client.id, client.pid, client.program);
 }
 
-void Session::answer(std::uint32_t slot, CUresult result, std::span<const std::byte> payload) {
+void Session::answer(std::uint32_t slot, CUresult result, std::span<const std::byte> payload,
+                     std::uint64_t taken_ns, std::uint64_t known_ns) {
   if (slot >= segment.geometry().slot_count) return;
   proto::ResponseSlot* s = segment.view().slot(slot);
   std::size_t n = std::min<std::size_t>(payload.size(), proto::kSlotPayloadBytes);
   if (n != 0) std::memcpy(s->payload, payload.data(), n);
   s->payload_bytes = static_cast<std::uint32_t>(n);
   s->result = static_cast<std::int32_t>(result);
+  if (answer_stamps_on()) {
+    const std::uint64_t now = SessionStats::now_ns();
+    s->stamp_taken_ns = taken_ns != 0 ? taken_ns : now;
+    s->stamp_known_ns = known_ns != 0 ? known_ns : now;
+    s->stamp_launch_taken_ns = launch_taken_ns;
+    s->stamp_launch_issued_ns = launch_issued_ns;
+    s->stamp_answered_ns = SessionStats::now_ns();
+  }
   if (slot < slot_busy.size()) slot_busy[slot] = 0;
   // seq_cst pairs with the waiter's "set waiter, re-check state": one of us sees the other.
   s->state.store(proto::kSlotReady, std::memory_order_seq_cst);
@@ -184,6 +194,7 @@ CUresult Session::fence_into(Completion& completion, CUstream stream, bool host_
 }
 
 void Session::complete_queued(Completion completion) {
+  completion.taken_ns = record_taken_ns;
   if (completion.slot != proto::kNoReply && completion.slot < slot_busy.size()) {
     slot_busy[completion.slot] = 1;
   }

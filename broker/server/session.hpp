@@ -105,6 +105,7 @@ struct Completion {
   std::uint32_t generation = 0;
   CUresult result = CUDA_SUCCESS;
   proto::Op op = proto::Op::kPad;
+  std::uint64_t taken_ns = 0;  // its request left the ring (answer_stamps.hpp; 0 when off)
   // Keeps what the waits name alive until the completion is gone (an interprocess event
   // another client may destroy meanwhile).
   std::shared_ptr<const void> keep_alive;
@@ -180,7 +181,10 @@ class Session {
   // ---- answering the client -----------------------------------------------------------
   proto::SessionControl* control() const { return segment.view().control(); }
   // Writes the reply, publishes kSlotReady and wakes a sleeping waiter.
-  void answer(std::uint32_t slot, CUresult result, std::span<const std::byte> payload = {});
+  // taken_ns / known_ns: when the request left the ring and when its answer was known
+  // (answer_stamps.hpp; 0: now).
+  void answer(std::uint32_t slot, CUresult result, std::span<const std::byte> payload = {},
+              std::uint64_t taken_ns = 0, std::uint64_t known_ns = 0);
   // Stores the copy's result, then publishes the chunk's generation and wakes a waiter.
   void finish_chunk(std::uint32_t chunk, std::uint32_t generation, CUresult result);
   // A one-way call failed: the first such error waits for the client's next synchronizing call.
@@ -335,6 +339,12 @@ class Session {
 
   std::uint64_t launches = 0;
   std::uint64_t records = 0;
+  // Diagnostics (answer_stamps.hpp), CLOCK_MONOTONIC ns: when the record being run left the
+  // ring (set for every record), and when the last kernel launch did and went to the driver
+  // (set only with the stamps on).
+  std::uint64_t record_taken_ns = 0;
+  std::uint64_t launch_taken_ns = 0;
+  std::uint64_t launch_issued_ns = 0;
   ClientUsage usage;  // busy time, bytes copied, memory peak, pinned memory (mpsshimctl ps)
   // GPU busy time (busy_time.hpp): spans whose end is not recorded yet (end == nullptr), one per
   // stream at most; spans waiting for their end to complete; timing events to reuse.

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <random>
 #include <regex>
@@ -39,6 +40,72 @@ TEST_CASE("a driver-API client runs through the daemon and the test driver", "[e
   Daemon daemon;
   Outcome o = run_client(daemon, {client(), "basic", "100000"});
   require_pass(o, daemon);
+}
+
+namespace {
+
+// MPSSHIM_TRACE_ANSWERS's lines (libshim/answer_trace.hpp), by column name.
+std::vector<std::map<std::string, unsigned long long>> read_answer_trace(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::vector<std::string> names;
+  std::vector<std::map<std::string, unsigned long long>> rows;
+  while (std::getline(in, line)) {
+    std::vector<std::string> cells;
+    std::stringstream cut(line);
+    for (std::string cell; std::getline(cut, cell, ',');) cells.push_back(cell);
+    if (names.empty()) {
+      names = cells;
+      continue;
+    }
+    REQUIRE(cells.size() == names.size());
+    std::map<std::string, unsigned long long> row;
+    for (std::size_t i = 0; i < cells.size(); ++i) row[names[i]] = std::stoull(cells[i]);
+    rows.push_back(row);
+  }
+  REQUIRE(names == std::vector<std::string>{"op", "launch_sent", "launch_taken", "launch_issued",
+                                            "sent", "taken", "known", "answered", "seen"});
+  return rows;
+}
+
+constexpr unsigned long long kStreamSynchronizeOp = 36;  // proto::Op::kStreamSynchronize
+
+}  // namespace
+
+TEST_CASE("answers carry the server's stamps to a client that traces them, in time order",
+          "[e2e][stamps]") {
+  for (bool stamped : {true, false}) {
+    INFO("MPSSHIM_SERVER_STAMP_ANSWERS " << (stamped ? "1" : "unset"));
+    Daemon daemon(
+        {}, stamped ? std::map<std::string, std::string>{{"MPSSHIM_SERVER_STAMP_ANSWERS", "1"}}
+                    : std::map<std::string, std::string>{});
+    const std::string trace = daemon.dir() + "/answers.csv";
+    require_pass(
+        run_client(daemon, {client(), "basic", "100000"}, {{"MPSSHIM_TRACE_ANSWERS", trace}}),
+        daemon);
+    const auto rows = read_answer_trace(trace);
+    REQUIRE_FALSE(rows.empty());
+    int synchronizes = 0;
+    for (const auto& r : rows) {
+      CHECK(r.at("sent") != 0);
+      CHECK(r.at("sent") <= r.at("seen"));  // CLOCK_MONOTONIC, one clock for every process
+      if (!stamped) {
+        CHECK(r.at("taken") + r.at("known") + r.at("answered") == 0);
+        continue;
+      }
+      CHECK(r.at("sent") <= r.at("taken"));
+      CHECK(r.at("taken") <= r.at("known"));
+      CHECK(r.at("known") <= r.at("answered"));
+      CHECK(r.at("answered") <= r.at("seen"));
+      if (r.at("op") == kStreamSynchronizeOp && r.at("launch_sent") != 0) {
+        ++synchronizes;
+        CHECK(r.at("launch_sent") <= r.at("launch_taken"));
+        CHECK(r.at("launch_taken") <= r.at("launch_issued"));
+        CHECK(r.at("launch_issued") <= r.at("answered"));
+      }
+    }
+    if (stamped) CHECK(synchronizes > 0);
+  }
 }
 
 TEST_CASE("large pageable copies shared among copy helper threads arrive intact", "[e2e]") {

@@ -16,7 +16,10 @@
 # PROBE_ARGS (default: the priority workload's latency client, 10 us on 2 blocks) sets the
 # probe client's kernel; SPLIT_GROUPS (default "alone shared") which groups run, e.g. "alone"
 # with PROBE_ARGS="--ns 0 --blocks 1" for the bare round trip. OUT/results.csv:
-# round,mode,group,figure,value; OUT/summary.txt: medians.
+# round,mode,group,figure,value; OUT/summary.txt: medians. ANSWER_TRACE=1 also has the servers
+# stamp their answers and the probe client trace them (MPSSHIM_SERVER_STAMP_ANSWERS,
+# MPSSHIM_TRACE_ANSWERS): OUT/LABEL.GROUP.ROUND.txt.answers.csv, split into the server's hops by
+# tools/probes/answer_trace.py at the end (OUT/answers.txt).
 set -uo pipefail
 build=$(realpath "$1")
 out=$2
@@ -28,6 +31,7 @@ read -r -a split_groups <<<"${SPLIT_GROUPS:-alone shared}"
 probe_args=${PROBE_ARGS:---ns 10000 --blocks 2 --threads 32}
 low_args="--ns 2000000 --blocks 528 --threads 256 --batch 8"
 mkdir -p "$out"
+[ "${ANSWER_TRACE:-0}" = 1 ] && export MPSSHIM_SERVER_STAMP_ANSWERS=1  # the daemons' servers
 csv=$out/results.csv
 echo "round,mode,group,figure,value" >"$csv"
 rt=$out/rt
@@ -49,8 +53,10 @@ run_group() {
     done
     sleep 1.5  # the busy clients are running before the probe starts
   fi
+  local trace=()
+  [ "${ANSWER_TRACE:-0}" = 1 ] && [ "$label" != native ] && trace=(MPSSHIM_TRACE_ANSWERS="$log.answers.csv")
   # shellcheck disable=SC2086 # probe_args is a list
-  "${pre[@]}" env CUDA_MPS_CLIENT_PRIORITY=0 timeout 60 "$build/bench/kernel_latency" $probe_args \
+  "${pre[@]}" env "${trace[@]+"${trace[@]}"}" CUDA_MPS_CLIENT_PRIORITY=0 timeout 60 "$build/bench/kernel_latency" $probe_args \
     --stamps --duration-ms 2500 >"$log" 2>&1
   for pid in "${lows[@]+"${lows[@]}"}"; do wait "$pid"; done
 }
@@ -85,3 +91,7 @@ for mode, group in keys:
     print(f"{mode}/{group} " + " ".join(cells))
 PY
 cat "$out/summary.txt"
+if [ "${ANSWER_TRACE:-0}" = 1 ]; then
+  python3 "$(dirname "$0")/answer_trace.py" "$out"/*.answers.csv >"$out/answers.txt" 2>&1
+  cat "$out/answers.txt"
+fi

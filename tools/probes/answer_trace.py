@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Splits round trips into their hops from MPSSHIM_TRACE_ANSWERS files (libshim/answer_trace.hpp),
+written by clients of a server run with MPSSHIM_SERVER_STAMP_ANSWERS=1 (all times
+CLOCK_MONOTONIC, one clock for every process of the machine).
+
+  python3 tools/probes/answer_trace.py TRACE.csv [TRACE2.csv ...] [--op 36] [--skip 100]
+
+For the answers of one opcode (36: cuStreamSynchronize, 5: cuCtxSynchronize; proto/ops.hpp),
+after the first --skip of them (warm-up), it prints the median and p99 of each hop, in
+microseconds:
+
+  launch -> worker    the last launch's record, committed by the client, taken by the worker
+  worker's launch     taken -> its driver call returned (validation, batching, the driver)
+  sync -> worker      the synchronize's record, committed, taken
+  wait                taken -> the worker knew the answer (the GPU's work, the fence's write,
+                      the worker's sight of it)
+  answer write        knew -> wrote the slot
+  answer -> client    wrote -> the waiting client saw it
+  round trip          the launch's commit -> the client saw the answer
+
+Trips whose answer carries no server stamps (a server without the variable) are left out.
+"""
+import argparse
+import csv
+import statistics
+import sys
+
+HOPS = [
+    ("launch -> worker", "launch_sent", "launch_taken"),
+    ("worker's launch", "launch_taken", "launch_issued"),
+    ("sync -> worker", "sent", "taken"),
+    ("wait", "taken", "known"),
+    ("answer write", "known", "answered"),
+    ("answer -> client", "answered", "seen"),
+    ("round trip", "launch_sent", "seen"),
+]
+
+
+def quantile(values, q):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("traces", nargs="+")
+    parser.add_argument("--op", type=int, default=36)
+    parser.add_argument("--skip", type=int, default=100)
+    args = parser.parse_args()
+    for path in args.traces:
+        rows = [r for r in csv.DictReader(open(path)) if int(r["op"]) == args.op]
+        rows = [{k: int(v) for k, v in r.items()} for r in rows[args.skip:]]
+        rows = [r for r in rows if r["taken"] and r["launch_taken"] and r["launch_sent"]]
+        print(f"{path}: {len(rows)} answers of op {args.op}")
+        if not rows:
+            continue
+        for name, start, end in HOPS:
+            us = [(r[end] - r[start]) / 1000 for r in rows]
+            print(f"  {name:18} p50 {statistics.median(us):9.2f} us   p99 {quantile(us, 0.99):9.2f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
