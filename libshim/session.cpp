@@ -192,7 +192,7 @@ std::byte* Session::begin_record(proto::Op op, std::uint32_t payload, std::uint1
 std::uint64_t Session::commit_record() {
   proto::stamp_record(open_record_);
   std::uint64_t committed_ns = 0;
-  if (AnswerTrace::get() != nullptr) {
+  if (trace_ != nullptr) {
     committed_ns = AnswerTrace::now_ns();
     proto::RecordHeader header;
     std::memcpy(&header, open_record_, sizeof header);
@@ -281,10 +281,9 @@ CUresult Session::call(proto::Op op, const void* request, std::size_t request_by
     open_record_ = at;
     const std::uint64_t sent = commit_record();
     rc = wait_slot(slot);
-    AnswerTrace* trace = AnswerTrace::get();
-    if (trace != nullptr && rc == CUDA_SUCCESS) {
-      trace->add(op, last_launch_commit_ns_.load(std::memory_order_relaxed), sent, *slot,
-                 AnswerTrace::now_ns());
+    if (trace_ != nullptr && rc == CUDA_SUCCESS) {
+      trace_->add(op, last_launch_commit_ns_.load(std::memory_order_relaxed), sent, *slot,
+                  AnswerTrace::now_ns());
     }
     if (rc == CUDA_SUCCESS) {
       rc = static_cast<CUresult>(slot->result);

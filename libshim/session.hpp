@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "libshim/answer_trace.hpp"
 #include "libshim/api.hpp"
 #include "proto/control.hpp"
 #include "proto/ops.hpp"
@@ -115,8 +116,10 @@ class Session {
   proto::RingProducer producer_;
   std::byte* open_record_ = nullptr;  // the record between begin_record and commit_record
   std::atomic<std::uint64_t> records_committed_{0};  // written under producer_mutex_
-  // MPSSHIM_TRACE_ANSWERS (answer_trace.hpp): when the last kernel launch was committed;
-  // written under producer_mutex_, read by threads that trace an answer.
+  // MPSSHIM_TRACE_ANSWERS (answer_trace.hpp): the trace (nullptr: off, the usual case; looked
+  // up once, so the launch path pays one load), and when the last kernel launch was committed
+  // (written under producer_mutex_, read by threads that trace an answer).
+  AnswerTrace* const trace_ = AnswerTrace::get();
   std::atomic<std::uint64_t> last_launch_commit_ns_{0};
 
   std::mutex slot_mutex_;
