@@ -1,6 +1,7 @@
 #include "libshim/answer_trace.hpp"
 
 #include <time.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -65,7 +66,13 @@ void AnswerTrace::write() {
   std::lock_guard lock(s.mutex);
   if (s.written) return;
   s.written = true;
-  std::FILE* f = std::fopen(s.path.c_str(), "w");
+  // "%p" in the name becomes the writing process's pid: a forked child, which inherits the
+  // trace, writes a file of its own instead of over its parent's.
+  std::string path = s.path;
+  if (auto at = path.find("%p"); at != std::string::npos) {
+    path.replace(at, 2, std::to_string(::getpid()));
+  }
+  std::FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) return;
   std::fprintf(f, "op,launch_sent,launch_taken,launch_issued,sent,taken,known,answered,seen\n");
   for (const Line& l : s.lines) {
