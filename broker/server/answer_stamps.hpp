@@ -9,8 +9,8 @@
 //
 // Why: the round trip stays ~1 µs over native, and a latency client beside batch clients loses
 // ~1.2 µs between its kernel's end and its answer (docs/benchmarks.md, 2026-11-28); the GPU's
-// stamps and the client's alone cannot say which hop grows. Off by default: two clock reads per
-// answer and one per launch when on, one branch when off.
+// stamps and the client's alone cannot say which hop grows. Off by default: one or two clock reads
+// per answer and one per launch when on, one branch when off.
 #pragma once
 
 #include <cstdint>

@@ -72,12 +72,12 @@ void Session::answer(std::uint32_t slot, CUresult result, std::span<const std::b
   s->payload_bytes = static_cast<std::uint32_t>(n);
   s->result = static_cast<std::int32_t>(result);
   if (answer_stamps_on()) {
-    const std::uint64_t now = SessionStats::now_ns();
-    s->stamp_taken_ns = taken_ns != 0 ? taken_ns : now;
-    s->stamp_known_ns = known_ns != 0 ? known_ns : now;
+    const std::uint64_t answered = SessionStats::now_ns();
+    s->stamp_taken_ns = taken_ns != 0 ? taken_ns : answered;
+    s->stamp_known_ns = known_ns != 0 ? known_ns : answered;
     s->stamp_launch_taken_ns = launch_taken_ns;
     s->stamp_launch_issued_ns = launch_issued_ns;
-    s->stamp_answered_ns = SessionStats::now_ns();
+    s->stamp_answered_ns = answered;
   }
   if (slot < slot_busy.size()) slot_busy[slot] = 0;
   // seq_cst pairs with the waiter's "set waiter, re-check state": one of us sees the other.
