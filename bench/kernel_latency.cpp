@@ -20,6 +20,7 @@
 // of start and answer; stamp_run does not depend on the offset.
 #include <cuda.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <ctime>
@@ -46,12 +47,25 @@ void sleep_until_wall_clock(std::int64_t deadline_ns) {
   }
 }
 
-// --stamps: where each round trip's time went (the header comment).
+// --stamps: where each round trip's time went (the header comment); with --stamps-csv FILE
+// also every trip's four times, for tools/probes/stamp_tail.py.
 void report_stamps(ex::Report& report, CUdeviceptr stamps_dev,
                    const std::vector<std::int64_t>& host_launch,
-                   const std::vector<std::int64_t>& host_done) {
+                   const std::vector<std::int64_t>& host_done, const std::string& csv_path) {
   std::vector<std::uint64_t> gpu(2 * host_launch.size());
   if (!gpu.empty()) CU_CHECK(cuMemcpyDtoH(gpu.data(), stamps_dev, sizeof(gpu[0]) * gpu.size()));
+  if (!csv_path.empty()) {
+    std::FILE* csv = std::fopen(csv_path.c_str(), "w");
+    if (csv == nullptr) ex::fail_reason("stamps_csv_not_writable", __FILE__, __LINE__);
+    std::fprintf(csv, "launch_ns,gpu_start_ns,gpu_end_ns,done_ns\n");
+    for (std::size_t i = 0; i < host_launch.size(); ++i) {
+      std::fprintf(csv, "%lld,%llu,%llu,%lld\n", static_cast<long long>(host_launch[i]),
+                   static_cast<unsigned long long>(gpu[2 * i]),
+                   static_cast<unsigned long long>(gpu[2 * i + 1]),
+                   static_cast<long long>(host_done[i]));
+    }
+    std::fclose(csv);
+  }
   std::vector<double> start_us, run_us, answer_us;
   for (std::size_t i = 0; i < host_launch.size(); ++i) {
     const auto gpu_start = static_cast<std::int64_t>(gpu[2 * i]);
@@ -78,10 +92,11 @@ void report_stamps(ex::Report& report, CUdeviceptr stamps_dev,
 
 int main(int argc, char** argv) {
   ex::Report report("kernel_latency");
-  ex::Cli cli(argc, argv,
-              "[--ns SPIN_NS (10000)] [--blocks B (2)] [--threads T (32)] [--batch K (1)] "
-              "[--duration-ms D (2000)] [--kernels N (0 = until the duration is over)] "
-              "[--wait-go | --start-at-ns REALTIME_NS] [--stamps] [--device ORDINAL]");
+  ex::Cli cli(
+      argc, argv,
+      "[--ns SPIN_NS (10000)] [--blocks B (2)] [--threads T (32)] [--batch K (1)] "
+      "[--duration-ms D (2000)] [--kernels N (0 = until the duration is over)] "
+      "[--wait-go | --start-at-ns REALTIME_NS] [--stamps [--stamps-csv FILE]] [--device ORDINAL]");
   const long long spin_ns = cli.integer("--ns", 10000, 0, 10000000000LL);
   const auto blocks = static_cast<unsigned>(cli.integer("--blocks", 2, 1, 1 << 20));
   const auto threads = static_cast<unsigned>(cli.integer("--threads", 32, 1, 1024));
@@ -90,6 +105,7 @@ int main(int argc, char** argv) {
   const auto max_kernels = cli.integer("--kernels", 0, 0, 1000000000);
   const bool wait_go = cli.flag("--wait-go");
   const bool stamps = cli.flag("--stamps");
+  const std::string stamps_csv = cli.text("--stamps-csv", "");
   auto start_at_ns = cli.integer("--start-at-ns", 0, 0, INT64_MAX);
   const auto ordinal = static_cast<int>(cli.integer("--device", 0, 0, 1023));
   cli.finish();
@@ -133,7 +149,10 @@ int main(int argc, char** argv) {
   }
 
   std::vector<double> batch_us;
-  batch_us.reserve(1 << 16);
+  // Room for every round trip (none is faster than 5 us): a reallocation in the timed loop
+  // would be one of the trips.
+  batch_us.reserve(static_cast<std::size_t>(
+      std::min<long long>((max_kernels != 0 ? max_kernels : duration_ms * 200) + 1, 1LL << 24)));
   long long kernels = 0;
   const double duration_s = 1e-3 * static_cast<double>(duration_ms);
   const std::int64_t start_ns = ex::wall_clock_ns();
@@ -180,7 +199,7 @@ int main(int argc, char** argv) {
   report.add("end_ns", end_ns);
   report.expect(!batch_us.empty() && bench::quantile(batch_us, 0.0) >= min_batch_us,
                 "too_fast_for_spin");
-  if (stamps) report_stamps(report, stamps_dev, host_launch, host_done);
+  if (stamps) report_stamps(report, stamps_dev, host_launch, host_done, stamps_csv);
 
   CU_CHECK(cuStreamDestroy(stream));
   CU_CHECK(cuModuleUnload(module));

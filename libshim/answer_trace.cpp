@@ -30,6 +30,9 @@ State* state() {
     if (path == nullptr || *path == '\0') return nullptr;
     auto* made = new State;  // never freed: the atexit handler writes it last
     made->path = path;
+    // All of it now: a vector doubling as it fills copies everything it holds while the
+    // client waits, which showed up as round trips slower by 0.1-3 ms at doubling intervals.
+    made->lines.reserve(AnswerTrace::kMaxLines);
     std::atexit([] { AnswerTrace::get()->write(); });
     return made;
   }();

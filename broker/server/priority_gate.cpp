@@ -34,23 +34,36 @@ bool captures(Session& session, CUstream stream) {
   return status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-// Drops the fences that completed; true when none is left. Asks the driver at most every
-// `settings.fence_poll`; between two asks, a fence not yet seen completed counts as running.
+// Drops the fences that completed; true when none is left. A host-fence word is read on every
+// call (no driver call); events are asked about at most every `settings.fence_poll`, and
+// between two asks an event not yet seen completed counts as running.
 bool fences_done(Session& session, const PrioritySettings& settings, Clock::time_point now,
                  std::size_t* completed = nullptr) {
   PriorityState& p = session.priority;
   if (completed != nullptr) *completed = 0;
   if (p.fences.empty()) return true;
-  if (is_set(p.fences_asked) && now - p.fences_asked < settings.fence_poll) return false;
-  p.fences_asked = now;
+  bool ask_events = false;
+  if (std::any_of(p.fences.begin(), p.fences.end(),
+                  [](const auto& f) { return !f.word.armed(); })) {
+    ask_events = !is_set(p.fences_asked) || now - p.fences_asked >= settings.fence_poll;
+    if (ask_events) p.fences_asked = now;
+  }
   std::size_t done = 0;
   for (std::size_t i = 0; i < p.fences.size();) {
-    // An error here is a fault the completions report; the fence is done either way.
-    if (session.cu().cuEventQuery(p.fences[i]) == CUDA_ERROR_NOT_READY) {
+    PriorityState::Fence& fence = p.fences[i];
+    bool reached = false;
+    if (fence.word.armed()) {
+      reached = session.host_fences.reached(fence.word);
+      if (reached) session.host_fences.release(fence.word);
+    } else if (ask_events) {
+      // An error here is a fault the completions report; the fence is done either way.
+      reached = session.cu().cuEventQuery(fence.event) != CUDA_ERROR_NOT_READY;
+      if (reached) session.release_event(fence.event);
+    }
+    if (!reached) {
       ++i;
       continue;
     }
-    session.release_event(p.fences[i]);
     p.fences.erase(p.fences.begin() + static_cast<std::ptrdiff_t>(i));
     ++done;
   }
@@ -137,13 +150,23 @@ void priority_end_pass(Session& session, const PriorityBoard& board) {
   for (CUstream stream : touched) {
     // A stream the pass destroyed, or one that captures (a record would join the graph).
     if (!is_live_stream(session, stream) || captures(session, stream)) continue;
-    auto fence = session.acquire_event();
-    if (!fence) continue;  // not fenced: only the hold is less exact
-    if (session.cu().cuEventRecordWithFlags(*fence, stream, 0) != CUDA_SUCCESS) {
-      session.release_event(*fence);
+    // A word the GPU writes, read on every pass without a driver call: a held batch client's
+    // worker that asked the driver (cuEventQuery) took the lock a latency client's launch waits
+    // for, tens of thousands of times a second with four of them.
+    if (session.use_host_fences) {
+      if (auto armed = session.host_fences.arm(session.cu(), stream)) {
+        p.fences.push_back({*armed, nullptr});
+        ++p.fenced;
+        continue;
+      }
+    }
+    auto event = session.acquire_event();
+    if (!event) continue;  // not fenced: only the hold is less exact
+    if (session.cu().cuEventRecordWithFlags(*event, stream, 0) != CUDA_SUCCESS) {
+      session.release_event(*event);
       continue;
     }
-    p.fences.push_back(*fence);
+    p.fences.push_back({HostFence{}, *event});
     ++p.fenced;
   }
 }
@@ -171,7 +194,13 @@ std::size_t priority_poll(Session& session, PriorityBoard& board, const Priority
 void priority_leave(Session& session, PriorityBoard& board) {
   PriorityState& p = session.priority;
   count_busy(session, board, false);
-  for (CUevent fence : p.fences) session.release_event(fence);
+  for (const PriorityState::Fence& fence : p.fences) {
+    if (!fence.word.armed()) {
+      session.release_event(fence.event);
+    } else if (session.host_fences.reached(fence.word)) {
+      session.host_fences.release(fence.word);
+    }  // else its write may still land: the word stays out of use until the pages go
+  }
   p.fences.clear();
   p.touched.clear();
   board.left(p.below_normal);

@@ -7,7 +7,7 @@
 // So the hold happens before the driver call, at the one safe point of a session, the start of
 // its drain pass (no launch batch is waiting then), and what it limits is how far ahead a
 // below-normal client may run: while normal work is in flight, a below-normal session drains
-// only once the work of its previous pass has finished on the GPU (a fence event per stream it
+// only once the work of its previous pass has finished on the GPU (a fence per stream it
 // queued work on), and then at most `run_ahead` records. So at most one short pass of each
 // below-normal client is queued on the GPU beside the normal client's work. A hold never lasts
 // longer than `max_hold`: a below-normal client whose earlier work waits for something that
@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "broker/server/host_fences.hpp"
 #include "broker/server/sm_reserve_option.hpp"
 
 namespace mpsshim::server {
@@ -51,11 +52,13 @@ struct PrioritySettings {
   std::size_t run_ahead = 4;
   // How long a normal session stays busy after it was last seen with work.
   std::chrono::microseconds linger{200};
-  // How often a worker asks the driver whether a session's fences completed (priority_poll,
-  // priority_permit; --priority-fence-poll-us, 0: on every pass): every cuEventQuery takes the lock
-  // inside the driver that a normal client's launch waits for, and a held session's worker spins
-  // through its passes; asked on every pass, the queries of four held batch clients' workers
-  // delayed the latency client's launches.
+  // How often a worker asks the driver whether a session's event fences completed
+  // (priority_poll, priority_permit; --priority-fence-poll-us, 0: on every pass): every
+  // cuEventQuery takes the lock inside the driver that a normal client's launch waits for, and a
+  // held session's worker spins through its passes; asked on every pass, the queries of four
+  // held batch clients' workers delayed the latency client's launches. Only for sessions without
+  // host fences (--host-fences off): a host-fence word is read on every pass, which costs no
+  // driver call.
   std::chrono::microseconds fence_poll{50};
   // SMs below-normal clients leave to normal ones while one is connected (priority_reserve.hpp;
   // --priority-reserve-sms); only while `enabled`.
@@ -94,8 +97,14 @@ struct PriorityState {
   std::chrono::steady_clock::time_point idle_since{};  // normal: seen idle first (or epoch)
   std::chrono::steady_clock::time_point held_since{};  // below normal: its hold began (or epoch)
   std::vector<CUstream> touched;                       // streams this pass queued work on
-  std::vector<CUevent> fences;  // after the work of its last passes, not yet completed
-  std::chrono::steady_clock::time_point fences_asked{};  // the driver was last asked (or epoch)
+  // After the work of its last passes, not yet completed: a host-fence word the GPU writes
+  // (Session::host_fences) where the session uses them, else a pool event (`event`).
+  struct Fence {
+    HostFence word;
+    CUevent event = nullptr;
+  };
+  std::vector<Fence> fences;
+  std::chrono::steady_clock::time_point fences_asked{};  // events: the driver last asked (or epoch)
   std::uint64_t fenced = 0;                              // fences recorded after its passes
   std::uint64_t holds = 0;                               // times it was held back (below normal)
   std::uint64_t held_us = 0;                             // time held back, summed (below normal)

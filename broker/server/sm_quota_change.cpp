@@ -33,7 +33,9 @@ void mark_events_in_use_stale(Session& s) {
     s.stale_events.push_back(span.begin);
     s.stale_events.push_back(span.end);
   }
-  for (CUevent fence : s.priority.fences) s.stale_events.push_back(fence);
+  for (const PriorityState::Fence& fence : s.priority.fences) {
+    if (!fence.word.armed()) s.stale_events.push_back(fence.event);
+  }
   for (std::uint64_t id : s.objects.ids<StreamObj>()) {
     if (CUevent fence = s.objects.get<StreamObj>(id)->capture_fence)
       s.stale_events.push_back(fence);

@@ -18,6 +18,11 @@ microseconds:
   answer -> client    wrote -> the waiting client saw it
   round trip          the launch's commit -> the client saw the answer
 
+Beside each hop's p50 and p99 it prints the hop's mean over the slowest 1% of round trips
+(those at or above the round trip's p99) and over the others: where the tail's extra time is,
+then how many trips took over 50 us, 100 us, 500 us and 1 ms. With --slow-us T it lists every
+trip over T us: when it began (ms after the first) and its hops.
+
 Trips whose answer carries no server stamps (a server without the variable) are left out.
 """
 import argparse
@@ -46,6 +51,7 @@ def main():
     parser.add_argument("traces", nargs="+")
     parser.add_argument("--op", type=int, default=36)
     parser.add_argument("--skip", type=int, default=100)
+    parser.add_argument("--slow-us", type=float, default=0, help="list the trips over this")
     args = parser.parse_args()
     for path in args.traces:
         rows = [r for r in csv.DictReader(open(path)) if int(r["op"]) == args.op]
@@ -54,9 +60,24 @@ def main():
         print(f"{path}: {len(rows)} answers of op {args.op}")
         if not rows:
             continue
+        trip = [r["seen"] - r["launch_sent"] for r in rows]
+        cut = quantile(trip, 0.99)
+        slow = [r for r, t in zip(rows, trip) if t >= cut]
+        rest = [r for r, t in zip(rows, trip) if t < cut]
         for name, start, end in HOPS:
             us = [(r[end] - r[start]) / 1000 for r in rows]
-            print(f"  {name:18} p50 {statistics.median(us):9.2f} us   p99 {quantile(us, 0.99):9.2f} us")
+            slow_mean = statistics.fmean((r[end] - r[start]) / 1000 for r in slow)
+            rest_mean = statistics.fmean((r[end] - r[start]) / 1000 for r in rest) if rest else 0.0
+            print(f"  {name:18} p50 {statistics.median(us):9.2f} us   p99 {quantile(us, 0.99):9.2f} us"
+                  f"   mean: slowest 1% {slow_mean:8.2f} us, the rest {rest_mean:8.2f} us")
+        over = ", ".join(f"{sum(t > us * 1000 for t in trip)} over {us} us" for us in (50, 100, 500, 1000))
+        print(f"  trips: {over}; the longest {max(trip) / 1000:.1f} us")
+        if args.slow_us > 0:
+            first = rows[0]["launch_sent"]
+            for r, t in zip(rows, trip):
+                if t > args.slow_us * 1000:
+                    hops = " ".join(f"{(r[end] - r[start]) / 1000:.1f}" for _, start, end in HOPS[:-1])
+                    print(f"    at {(r['launch_sent'] - first) / 1e6:9.3f} ms: {t / 1000:8.1f} us = {hops}")
     return 0
 
 

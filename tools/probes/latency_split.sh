@@ -16,7 +16,8 @@
 # PROBE_ARGS (default: the priority workload's latency client, 10 us on 2 blocks) sets the
 # probe client's kernel; SPLIT_GROUPS (default "alone shared") which groups run, e.g. "alone"
 # with PROBE_ARGS="--ns 0 --blocks 1" for the bare round trip. OUT/results.csv:
-# round,mode,group,figure,value; OUT/summary.txt: medians. ANSWER_TRACE=1 also has the servers
+# round,mode,group,figure,value; OUT/summary.txt: medians; OUT/tail.txt: the trips over SLOW_US
+# (default 100) us and which part of them was slow (tools/probes/stamp_tail.py). ANSWER_TRACE=1 also has the servers
 # stamp their answers and the probe client trace them (MPSSHIM_SERVER_STAMP_ANSWERS,
 # MPSSHIM_TRACE_ANSWERS): OUT/LABEL.GROUP.ROUND.txt.answers.csv, split into the server's hops by
 # tools/probes/answer_trace.py at the end (OUT/answers.txt).
@@ -30,6 +31,7 @@ busy=${BUSY:-4}
 read -r -a split_groups <<<"${SPLIT_GROUPS:-alone shared}"
 probe_args=${PROBE_ARGS:---ns 10000 --blocks 2 --threads 32}
 low_args="--ns 2000000 --blocks 528 --threads 256 --batch 8"
+slow_us=${SLOW_US:-100}
 mkdir -p "$out"
 [ "${ANSWER_TRACE:-0}" = 1 ] && export MPSSHIM_SERVER_STAMP_ANSWERS=1  # the daemons' servers
 csv=$out/results.csv
@@ -57,7 +59,7 @@ run_group() {
   [ "${ANSWER_TRACE:-0}" = 1 ] && [ "$label" != native ] && trace=(MPSSHIM_TRACE_ANSWERS="$log.answers.csv")
   # shellcheck disable=SC2086 # probe_args is a list
   "${pre[@]}" env "${trace[@]+"${trace[@]}"}" CUDA_MPS_CLIENT_PRIORITY=0 timeout 60 "$build/bench/kernel_latency" $probe_args \
-    --stamps --duration-ms 2500 >"$log" 2>&1
+    --stamps --stamps-csv "$log.stamps.csv" --duration-ms 2500 >"$log" 2>&1
   for pid in "${lows[@]+"${lows[@]}"}"; do wait "$pid"; done
 }
 
@@ -91,7 +93,8 @@ for mode, group in keys:
     print(f"{mode}/{group} " + " ".join(cells))
 PY
 cat "$out/summary.txt"
+python3 "$(dirname "$0")/stamp_tail.py" --slow-us "$slow_us" "$out"/*.stamps.csv >"$out/tail.txt" 2>&1
 if [ "${ANSWER_TRACE:-0}" = 1 ]; then
-  python3 "$(dirname "$0")/answer_trace.py" "$out"/*.answers.csv >"$out/answers.txt" 2>&1
+  python3 "$(dirname "$0")/answer_trace.py" --slow-us "$slow_us" "$out"/*.answers.csv >"$out/answers.txt" 2>&1
   cat "$out/answers.txt"
 fi
