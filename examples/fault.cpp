@@ -36,8 +36,11 @@ bool is_sticky_kernel_error(CUresult result) {
 
 int main(int argc, char** argv) {
   ex::Report report("fault");
-  ex::Cli cli(argc, argv, "[--address DEVICE_ADDRESS (0x0)] [--device ORDINAL]");
+  ex::Cli cli(argc, argv, "[--address DEVICE_ADDRESS (0x0)] [--spin-ns N (0)] [--device ORDINAL]");
   const auto address = static_cast<CUdeviceptr>(cli.integer("--address", 0, 0, INT64_MAX));
+  // A kernel of this many nanoseconds runs first on the stream: the synchronize then waits that
+  // long before the fault, as a long job's would (under the shim, past several fault checks).
+  const long long spin_ns = cli.integer("--spin-ns", 0, 0, 10'000'000'000LL);
   const auto ordinal = static_cast<int>(cli.integer("--device", 0, 0, 1023));
   cli.finish();
 
@@ -48,6 +51,10 @@ int main(int argc, char** argv) {
   CUstream stream = nullptr;
   CU_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
 
+  if (spin_ns != 0) {
+    CU_CHECK(
+        ex::launch_kernel(ex::get_function(module, "spin_kernel"), {1}, {32}, stream, spin_ns));
+  }
   const CUresult launch = ex::launch_kernel(trigger_fault, {1}, {32}, stream, address);
   const CUresult sync = cuStreamSynchronize(stream);
   // A sticky error stays: later work in the context fails with it too.

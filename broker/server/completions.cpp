@@ -14,10 +14,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Advances the completion's waits from `done` on; true when all have completed. A wait on a
-// host fence is over when its word holds the fence's value; its event is queried only every
-// kFaultCheckInterval, to learn of a fault that stops the stream before the write
-// (host_fences.hpp); one without a fence every Session::event_poll. `now` is read once per
-// poll, when first needed.
+// host fence is over when its word holds the fence's value; its event is queried only after
+// kFaultCheckInterval, then ever less often (fault_check_after), to learn of a fault that stops
+// the stream before the write (host_fences.hpp); one without a fence every Session::event_poll.
+// `now` is read once per poll, when first needed.
 bool advance(Session& session, Completion& c, std::optional<Clock::time_point>& now) {
   const DriverTable& cu = session.cu();
   while (c.done < c.waits.size()) {
@@ -29,7 +29,7 @@ bool advance(Session& session, Completion& c, std::optional<Clock::time_point>& 
       }
       if (!now) now = Clock::now();
       if (*now < c.next_fault_check) return false;
-      c.next_fault_check = *now + kFaultCheckInterval;
+      c.next_fault_check = *now + fault_check_after(++c.fault_checks);
     } else if (session.event_poll.count() != 0) {
       // At most every event_poll: each cuEventQuery holds a driver lock that the launches of
       // every other worker wait for, and a worker waiting for a long synchronize would

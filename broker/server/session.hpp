@@ -109,9 +109,11 @@ struct Completion {
   // Keeps what the waits name alive until the completion is gone (an interprocess event
   // another client may destroy meanwhile).
   std::shared_ptr<const void> keep_alive;
-  // A wait on a host fence asks the driver (its event) no earlier than this; so does a wait
-  // without one, every Session::event_poll.
+  // A wait on a host fence asks the driver (its event) no earlier than this, ever less often
+  // (fault_check_after: `fault_checks` so far); so does a wait without one, every
+  // Session::event_poll.
   std::chrono::steady_clock::time_point next_fault_check{};
+  std::uint32_t fault_checks = 0;
 
   static constexpr std::uint32_t kNoChunk = 0xffffffffu;
 };

@@ -1,6 +1,8 @@
 // Streams, events, handles, legacy default-stream ordering, answers from completions.
 #include <catch2/catch.hpp>
 
+#include <chrono>
+
 #include "tests/server/harness.hpp"
 
 namespace mpsshim::server::test {
@@ -361,6 +363,30 @@ TEST_CASE("a completion without a host fence asks its event at most every event_
     }
     CHECK(sut.view().slot(0)->result == CUDA_SUCCESS);
   }
+}
+
+TEST_CASE("a long synchronize's fault checks grow apart", "[server][streams][host_fences]") {
+  static_assert(fault_check_after(0) == kFaultCheckInterval);
+  static_assert(fault_check_after(1) == 2 * kFaultCheckInterval);
+  static_assert(fault_check_after(30) == kFaultCheckMaxInterval);
+  Harness h;
+  TestClient sut(h);
+  auto ctx = sut.create_context();
+  memset_on(sut, ctx.default_stream, sut.alloc(ctx.ctx, kMiB));
+  fake_gpu().busy = true;  // the fence's word stays unwritten: only the event's queries tell
+  sut.send(Op::kStreamSynchronize, proto::HandleReq{ctx.default_stream}, 0);
+  h.pump();
+  const int before = fake_gpu().event_queries;
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(40)) h.pump();
+  const int asked = fake_gpu().event_queries - before;
+  // Every 200 us that would be ~200 queries; growing apart up to 3.2 ms, 14 at most (at 0.2,
+  // 0.6, 1.4, 3.0, 6.2, then every 3.2 ms), and the first ones surely came.
+  CHECK(asked >= 2);
+  CHECK(asked <= 14);
+  finish_fake_work();
+  REQUIRE(h.pump_until([&] { return sut.slot_ready(0); }));
+  CHECK(sut.view().slot(0)->result == CUDA_SUCCESS);
 }
 
 TEST_CASE("a fence whose write never lands still learns of the fault from its event",
