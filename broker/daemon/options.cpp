@@ -169,9 +169,10 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
                        docs/daemon.md)
   --priority-max-hold-us N  the longest a below-normal client is held back at once (default
                        2000)
-  --priority-fence-poll-us N  with --host-fences off: how often a server asks the driver
-                       whether a client's priority fences completed, in microseconds
-                       (default 50; 0: on every pass); host-fence words are read every pass
+  --priority-fence-poll-us N  with --host-fences off or a crowded server: how often it asks
+                       the driver whether a client's priority fences completed, in
+                       microseconds (default 50; 0: on every pass); host-fence words are
+                       read every pass
   --priority-reserve-sms N|P%  SMs (or a percentage of them) kept for normal-priority clients:
                        while one is connected, clients with CUDA_MPS_CLIENT_PRIORITY=1 run
                        without them (default 18%, rounded up to whole groups of the split;

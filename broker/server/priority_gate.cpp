@@ -152,8 +152,11 @@ void priority_end_pass(Session& session, const PriorityBoard& board) {
     if (!is_live_stream(session, stream) || captures(session, stream)) continue;
     // A word the GPU writes, read on every pass without a driver call: a held batch client's
     // worker that asked the driver (cuEventQuery) took the lock a latency client's launch waits
-    // for, tens of thousands of times a second with four of them.
-    if (session.use_host_fences) {
+    // for, tens of thousands of times a second with four of them. Not while the server is
+    // crowded: then the CPU bounds throughput, and the word's cuStreamWriteValue32 costs ~1.9 us
+    // of driver CPU against ~0.2 us for an event's record (host_fences.hpp), on every pass of
+    // every below-normal client beside a normal one; the events' queries are rate-limited.
+    if (session.use_host_fences && !session.crowded) {
       if (auto armed = session.host_fences.arm(session.cu(), stream)) {
         p.fences.push_back({*armed, nullptr});
         ++p.fenced;

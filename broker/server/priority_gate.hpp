@@ -56,9 +56,9 @@ struct PrioritySettings {
   // (priority_poll, priority_permit; --priority-fence-poll-us, 0: on every pass): every
   // cuEventQuery takes the lock inside the driver that a normal client's launch waits for, and a
   // held session's worker spins through its passes; asked on every pass, the queries of four
-  // held batch clients' workers delayed the latency client's launches. Only for sessions without
-  // host fences (--host-fences off): a host-fence word is read on every pass, which costs no
-  // driver call.
+  // held batch clients' workers delayed the latency client's launches. Only for event fences
+  // (--host-fences off, or a crowded server: priority_end_pass): a host-fence word is read on
+  // every pass, which costs no driver call.
   std::chrono::microseconds fence_poll{50};
   // SMs below-normal clients leave to normal ones while one is connected (priority_reserve.hpp;
   // --priority-reserve-sms); only while `enabled`.

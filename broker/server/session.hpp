@@ -330,6 +330,10 @@ class Session {
   // no limit unless the server is crowded (Worker::drain_ring sets it at every pass from
   // ServerSettings::crowded_fence_max_queued; host_fences.hpp).
   std::uint64_t fence_max_queued = UINT64_MAX;
+  // Whether the server was crowded at this pass (set beside fence_max_queued): then the
+  // priority gate's fences are events, as cheap to record as a host fence is costly
+  // (priority_gate.cpp).
+  bool crowded = false;
   // ServerSettings::event_poll, copied at admission: a completion's event is asked at most
   // this often (completions.cpp).
   std::chrono::microseconds event_poll{0};

@@ -204,6 +204,7 @@ std::size_t Worker::drain_ring(Session& session) {
   // Crowded, a host fence's driver call costs more than a synchronize gains (host_fences.hpp).
   session.fence_max_queued =
       crowded_told_ ? server_.settings().crowded_fence_max_queued : UINT64_MAX;
+  session.crowded = crowded_told_;
   session.launch_batch.configure(batching);
   std::size_t done = 0;
   DispatchOutcome outcome;
