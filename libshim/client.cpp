@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "libshim/address_window.hpp"
 #include "libshim/client_view.hpp"
 #include "libshim/driver_version.hpp"
 #include "libshim/log.hpp"
@@ -139,6 +140,7 @@ CUresult initialize() noexcept {
   CUresult rc;
   try {
     s.config = read_client_config();
+    reserve_device_window();
     rc = query_devices(s);
   } catch (...) {
     rc = CUDA_ERROR_OUT_OF_MEMORY;
@@ -228,6 +230,14 @@ bool AddressBook::find_device(std::uint64_t address, DeviceRange* out) const {
   if (address - it->second.base >= std::max<std::uint64_t>(it->second.bytes, 1)) return false;
   if (out) *out = it->second;
   return true;
+}
+
+std::vector<DeviceRange> AddressBook::device_ranges() const {
+  std::shared_lock lock(mutex_);
+  std::vector<DeviceRange> all;
+  all.reserve(device_.size());
+  for (const auto& [base, range] : device_) all.push_back(range);
+  return all;
 }
 
 void AddressBook::add_pinned(const PinnedRange& range) {

@@ -298,6 +298,8 @@ class AddressBook {
   void add_device(const DeviceRange& range);
   bool remove_device(std::uint64_t base, DeviceRange* removed);
   bool find_device(std::uint64_t address, DeviceRange* out) const;
+  // Every device range, copied (cuCtxEnablePeerAccess walks them).
+  std::vector<DeviceRange> device_ranges() const;
   void add_pinned(const PinnedRange& range);
   bool remove_pinned(const void* base, PinnedRange* removed);
   bool find_pinned(const void* address, PinnedRange* out) const;

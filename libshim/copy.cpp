@@ -12,6 +12,7 @@
 #include "libshim/client.hpp"
 #include "libshim/copy_pool.hpp"
 #include "libshim/log.hpp"
+#include "libshim/peer.hpp"
 #include "libshim/staging_copy.hpp"
 
 using namespace mpsshim::shim;
@@ -34,6 +35,7 @@ CUresult copy_htod(Context* ctx, Stream* stream, CUdeviceptr dst, const void* sr
                    bool host_synchronous) {
   if (n == 0) return CUDA_SUCCESS;
   if (src == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult rc = reach_from(ctx->device, dst, n); rc != CUDA_SUCCESS) return rc;
   Session* session = ctx->session;
   PinnedRange pinned{};
   if (pinned_span(src, n, pinned)) {
@@ -81,6 +83,7 @@ CUresult copy_dtoh(Context* ctx, Stream* stream, void* dst, CUdeviceptr src, siz
                    bool async_pinned_ok) {
   if (n == 0) return CUDA_SUCCESS;
   if (dst == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult rc = reach_from(ctx->device, src, n); rc != CUDA_SUCCESS) return rc;
   Session* session = ctx->session;
   PinnedRange pinned{};
   if (pinned_span(dst, n, pinned)) {
@@ -152,6 +155,9 @@ CUresult copy_dtoh(Context* ctx, Stream* stream, void* dst, CUdeviceptr src, siz
 
 CUresult copy_dtod(Context* ctx, Stream* stream, CUdeviceptr dst, CUdeviceptr src, size_t n) {
   if (n == 0) return CUDA_SUCCESS;
+  // Either side may be another GPU's: the copy runs on this stream's GPU over the peer link.
+  if (CUresult rc = reach_from(ctx->device, dst, n); rc != CUDA_SUCCESS) return rc;
+  if (CUresult rc = reach_from(ctx->device, src, n); rc != CUDA_SUCCESS) return rc;
   proto::CopyDtoDReq request{stream->wire, dst, src, n};
   return ctx->session->post(proto::Op::kCopyDtoD, request);
 }
@@ -214,6 +220,7 @@ CUresult memset_2d(CUdeviceptr dst, size_t pitch, unsigned value, unsigned eleme
   if (width == 0 || height == 0) return CUDA_SUCCESS;
   if (height > 1 && pitch < width * element_bytes) return CUDA_ERROR_INVALID_VALUE;
   return with_stream(handle, mode, [&](Context* ctx, Stream* stream) {
+    if (CUresult rc = reach_from(ctx->device, dst, 1); rc != CUDA_SUCCESS) return rc;
     proto::MemsetReq request{stream->wire, dst,   height > 1 ? pitch : 0, width,
                              height,       value, element_bytes};
     return ctx->session->post(proto::Op::kMemset, request);

@@ -13,6 +13,7 @@
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/log.hpp"
+#include "libshim/peer.hpp"
 #include "proto/ops_copies.hpp"
 
 using namespace mpsshim::shim;
@@ -269,6 +270,10 @@ CUresult copy_3d(const CUDA_MEMCPY3D* c, CUstream handle, DefaultStream mode, bo
     if (s->kind == Kind::kArray && s->array->ctx->session != ctx->session) {
       return CUDA_ERROR_INVALID_VALUE;
     }
+    // Another GPU's linear memory: mapped into this stream's GPU's server (its whole block).
+    if (s->kind == Kind::kDevice) {
+      if (CUresult rc = reach_from(ctx->device, s->device, 1); rc != CUDA_SUCCESS) return rc;
+    }
   }
   Session* session = ctx->session;
 
@@ -331,19 +336,11 @@ CUresult copy_2d(const CUDA_MEMCPY2D* c, CUstream handle, DefaultStream mode, bo
   return copy_3d(&three, handle, mode, async);
 }
 
-// Peer copies: with one GPU both contexts are on the same device and the copy is device to
-// device; across two devices mpsshim has no path (each GPU has its own server).
-CUresult same_device(CUcontext dst_ctx, CUcontext src_ctx) {
-  Context* dst = object_of<Context>(dst_ctx);
-  Context* src = object_of<Context>(src_ctx);
-  if (dst == nullptr || src == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-  if (dst->device != src->device) {
-    log_once("peer-copy", Level::warn,
-             "a peer copy between device {} and device {} is not supported by mpsshim (each GPU "
-             "has its own server); returning CUDA_ERROR_NOT_SUPPORTED. Copy through host memory "
-             "instead.",
-             src->device, dst->device);
-    return CUDA_ERROR_NOT_SUPPORTED;
+// Peer copies: the copy runs on the stream's GPU; memory of the other GPU is mapped into that
+// GPU's server first (peer.hpp), so the copy goes over the peer link as natively.
+CUresult check_contexts(CUcontext dst_ctx, CUcontext src_ctx) {
+  if (object_of<Context>(dst_ctx) == nullptr || object_of<Context>(src_ctx) == nullptr) {
+    return CUDA_ERROR_INVALID_CONTEXT;
   }
   return CUDA_SUCCESS;
 }
@@ -351,11 +348,13 @@ CUresult same_device(CUcontext dst_ctx, CUcontext src_ctx) {
 CUresult copy_peer(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx, size_t n,
                    CUstream handle, DefaultStream mode) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
-  if (CUresult rc = same_device(dst_ctx, src_ctx); rc != CUDA_SUCCESS) return rc;
+  if (CUresult rc = check_contexts(dst_ctx, src_ctx); rc != CUDA_SUCCESS) return rc;
   if (n == 0) return CUDA_SUCCESS;
   Context* ctx = nullptr;
   Stream* stream = nullptr;
   if (CUresult rc = resolve_stream(handle, mode, ctx, stream); rc != CUDA_SUCCESS) return rc;
+  if (CUresult rc = reach_from(ctx->device, dst, n); rc != CUDA_SUCCESS) return rc;
+  if (CUresult rc = reach_from(ctx->device, src, n); rc != CUDA_SUCCESS) return rc;
   proto::CopyDtoDReq request{stream->wire, dst, src, n};
   return ctx->session->post(proto::Op::kCopyDtoD, request);
 }
@@ -364,7 +363,7 @@ CUresult copy_3d_peer(const CUDA_MEMCPY3D_PEER* c, CUstream handle, DefaultStrea
                       bool async) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   if (c == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (CUresult rc = same_device(c->dstContext, c->srcContext); rc != CUDA_SUCCESS) return rc;
+  if (CUresult rc = check_contexts(c->dstContext, c->srcContext); rc != CUDA_SUCCESS) return rc;
   CUDA_MEMCPY3D three{};
   three.srcXInBytes = c->srcXInBytes;
   three.srcY = c->srcY;

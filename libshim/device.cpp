@@ -186,17 +186,6 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuDeviceGetProperties(CUdevprop* prop, CUdevice 
   return CUDA_SUCCESS;
 }
 
-MPSSHIM_EXPORT CUresult CUDAAPI cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) {
-  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
-  if (can == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (device_snapshot(dev) == nullptr || device_snapshot(peer) == nullptr) {
-    return CUDA_ERROR_INVALID_DEVICE;
-  }
-  // Each GPU is served by its own server process: no peer mappings between clients' GPUs yet.
-  *can = 0;
-  return CUDA_SUCCESS;
-}
-
 MPSSHIM_EXPORT CUresult CUDAAPI cuDeviceGetExecAffinitySupport(int* supported, CUexecAffinityType,
                                                                CUdevice dev) {
   CUresult rc;

@@ -11,6 +11,7 @@
 #include "libshim/client.hpp"
 #include "libshim/host_memory.hpp"
 #include "libshim/log.hpp"
+#include "libshim/peer.hpp"
 
 using namespace mpsshim::shim;
 namespace proto = mpsshim::proto;
@@ -24,7 +25,7 @@ CUresult allocate(Context* ctx, std::size_t bytes, CUdeviceptr* out) {
   if (rc != CUDA_SUCCESS) return rc;
   address_book().add_device({reply.dptr, bytes, ctx});
   *out = reply.dptr;
-  return CUDA_SUCCESS;
+  return share_with_peers(ctx->device, reply.dptr, bytes);
 }
 
 }  // namespace
@@ -51,7 +52,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pi
   address_book().add_device({reply.dptr, reply.pitch * height, ctx});
   *dptr = reply.dptr;
   *pitch = reply.pitch;
-  return CUDA_SUCCESS;
+  return share_with_peers(ctx->device, reply.dptr, reply.pitch * height);
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
@@ -68,6 +69,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
              dptr);
     return CUDA_ERROR_INVALID_VALUE;
   }
+  // Other GPUs' servers that mapped it let go first: the memory goes once the last holder does.
+  forget_peer_blocks(range.ctx->device, range.base, range.bytes);
   proto::MemFreeReq request{dptr};
   CUresult rc = range.ctx->session->call(proto::Op::kMemFree, request, static_cast<int*>(nullptr));
   if (rc == CUDA_SUCCESS) address_book().remove_device(dptr, nullptr);

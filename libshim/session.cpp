@@ -315,6 +315,30 @@ CUresult Session::send_fd(proto::MessageKind kind, int fd, std::uint64_t bytes,
   return CUDA_SUCCESS;
 }
 
+CUresult Session::receive_fd(proto::MessageKind kind, proto::UniqueFd& out) {
+  proto::Received message;
+  proto::FdTransfer transfer{};
+  if (int err = proto::receive_message(socket_.get(), message); err != 0 || message.bytes.empty()) {
+    log(Level::error, "receiving a memory descriptor from the server failed: {}",
+        err != 0 ? strerror(err) : "it hung up");
+    return dead_result();
+  }
+  if (message.bytes.size() != sizeof transfer || message.fds.size() != 1) {
+    log(Level::error, "the server sent a malformed descriptor message ({} bytes, {} fds)",
+        message.bytes.size(), message.fds.size());
+    return CUDA_ERROR_MPS_RPC_FAILURE;
+  }
+  std::memcpy(&transfer, message.bytes.data(), sizeof transfer);
+  if (transfer.header.magic != proto::kHelloMagic ||
+      transfer.header.kind != static_cast<std::uint32_t>(kind)) {
+    log(Level::error, "the server sent a descriptor of kind {}, expected {}", transfer.header.kind,
+        static_cast<std::uint32_t>(kind));
+    return CUDA_ERROR_MPS_RPC_FAILURE;
+  }
+  out = std::move(message.fds[0]);
+  return CUDA_SUCCESS;
+}
+
 CUresult Session::wait_generation(proto::ChunkState* state, std::uint32_t generation) {
   // At or past: the chunk may already carry a later copy of another thread.
   auto reached = [generation](std::uint32_t done) {

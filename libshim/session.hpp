@@ -68,6 +68,11 @@ class Session {
 
   // Sends a descriptor the next record refers to by token.
   CUresult send_fd(proto::MessageKind kind, int fd, std::uint64_t bytes, std::uint32_t& token);
+  // Receives the descriptor the server sent on the socket before answering a call (kPeerExport).
+  // The caller holds fd_receive_mutex() from before that call until here, so that two threads
+  // never take each other's descriptors.
+  CUresult receive_fd(proto::MessageKind kind, proto::UniqueFd& out);
+  std::mutex& fd_receive_mutex() { return fd_receive_mutex_; }
 
   // The first error of a one-way call since the last look, or the session's sticky fault.
   CUresult take_async_error();
@@ -131,6 +136,7 @@ class Session {
   std::vector<std::uint32_t> chunk_generation_;  // last generation issued per chunk
   std::vector<bool> chunk_held_;
 
+  std::mutex fd_receive_mutex_;
   std::atomic<std::uint32_t> next_token_{1};
   std::atomic<bool> dead_{false};
 };

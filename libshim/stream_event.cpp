@@ -49,7 +49,14 @@ CUresult wait_event(CUstream handle, CUevent hevent, unsigned flags, DefaultStre
   Stream* stream = nullptr;
   if (CUresult rc = resolve_stream(handle, mode, ctx, stream); rc != CUDA_SUCCESS) return rc;
   Event* event = object_of<Event>(hevent);
-  if (event == nullptr || event->ctx->session != ctx->session) return CUDA_ERROR_INVALID_HANDLE;
+  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (event->ctx->session != ctx->session) {
+    // An event of another GPU, whose server is another process: this thread waits for it
+    // instead, which orders the stream's later work after it as the driver would (and holds
+    // the caller until then, which the driver would not).
+    if (event->ctx->device == ctx->device) return CUDA_ERROR_INVALID_HANDLE;
+    return cuEventSynchronize(hevent);
+  }
   proto::StreamWaitEventReq request{stream->wire, event->wire, flags, 0};
   return ctx->session->post(proto::Op::kStreamWaitEvent, request);
 }

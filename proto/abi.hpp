@@ -39,7 +39,10 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // Minor 12: SessionControl::crowded (was padding): waiting clients sleep instead of spinning.
 // Minor 13: ImageLoadReq::flags (was reserved, 0) and kImageLoadKernelNames: a library's load
 // answers with LibraryLoadRep, its kernels' names; LibraryKernelNames (op 104) pages the rest.
-inline constexpr std::uint16_t kAbiMinor = 13;
+// Minor 14: one device address space and peers: DeviceSnapshot's arena and peer masks (were
+// reserved, 0), MessageKind::kPeerMemory, ops 105..107 (PeerExportReq, PeerExportRep,
+// PeerImportReq, PeerReleaseReq).
+inline constexpr std::uint16_t kAbiMinor = 14;
 
 // FROZEN FOREVER. Every message on every mpsshim socket starts with this header, so that any two
 // versions of mpsshim can at least tell each other which versions they are. Never change it.
@@ -73,6 +76,7 @@ enum class MessageKind : std::uint32_t {
   kServerStats = 12,    // server -> daemon: per-client accounting (answer to kServerStatsQuery)
   kServerStatsQuery = 13,
   kServerTerminateClient = 14,
+  kPeerMemory = 15,  // server <-> client: a GPU memory block's POSIX fd (kPeerExport, kPeerImport)
 };
 
 constexpr HelloHeader make_header(MessageKind kind, std::uint32_t size) {

@@ -125,7 +125,7 @@ static_assert(sizeof(ServerAdmit) == 496);
 // Sent by a client during a session, with one memfd; the ring record that uses it names the
 // same token.
 struct FdTransfer {
-  HelloHeader header;  // kHostMemory or kModuleImage
+  HelloHeader header;  // kHostMemory, kModuleImage or kPeerMemory
   std::uint32_t token;
   std::uint32_t reserved;
   std::uint64_t bytes;

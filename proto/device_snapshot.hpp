@@ -26,12 +26,23 @@ struct DeviceSnapshot {
   std::int32_t attributes[kMaxDeviceAttributes];
   std::int32_t stream_priority_least;
   std::int32_t stream_priority_greatest;
-  std::uint64_t reserved[4];
+  // The server's arena (proto/address_arenas.hpp): every device address it hands out lies in
+  // [arena_base, arena_base + arena_bytes). 0, 0: it lets the driver place its memory.
+  std::uint64_t arena_base;
+  std::uint64_t arena_bytes;
+  // Peers, by physical ordinal (bit i: GPU i): cuDeviceCanAccessPeer from this GPU, and
+  // cuDeviceGetP2PAttribute's native atomics and CUDA array access, as the server's driver
+  // answered them; the performance rank of each is 0 (one link kind per host).
+  std::uint32_t peer_access_mask;
+  std::uint32_t peer_atomics_mask;
+  std::uint32_t peer_array_mask;
+  std::uint32_t reserved;
 };
 static_assert(kWireSafe<DeviceSnapshot>);
 static_assert(sizeof(DeviceSnapshot) == 1368);
 static_assert(offsetof(DeviceSnapshot, uuid) == 256);
 static_assert(offsetof(DeviceSnapshot, total_memory) == 272);
 static_assert(offsetof(DeviceSnapshot, attributes) == 304);
+static_assert(offsetof(DeviceSnapshot, arena_base) == 1336);
 
 }  // namespace mpsshim::proto

@@ -145,6 +145,13 @@ enum class Op : std::uint16_t {
   // The names of a library's kernels from `first` on, where they did not all fit in the load's
   // reply (LibraryLoadRep): ModuleFunctionsReq (the library) -> ModuleFunctionsRep.
   kLibraryKernelNames = 104,
+  // Several GPUs (docs/architecture.md, "Peer access"): the physical block holding one of the
+  // client's allocations, as a POSIX fd sent back on the client's socket (FdTransfer,
+  // kPeerMemory) before the answer; and that block mapped, at its own address, into the server
+  // of another GPU that the client uses.
+  kPeerExport = 105,   // PeerExportReq -> PeerExportRep
+  kPeerImport = 106,   // PeerImportReq (the fd sent before it, by token) -> nothing
+  kPeerRelease = 107,  // PeerReleaseReq -> nothing
   kCount
 };
 
@@ -703,5 +710,27 @@ static_assert(sizeof(HostFuncReq) == 24);
 static_assert(sizeof(MemPoolAttributeReq) == 24);
 static_assert(sizeof(MemAllocAsyncReq) == 24);
 static_assert(sizeof(MemFreeAsyncReq) == 16);
+
+// ---- peers ----
+struct PeerExportReq {
+  std::uint64_t address;  // inside one of the client's cuMemAlloc allocations
+};
+struct PeerExportRep {
+  std::uint64_t base;  // the physical block holding it, whole
+  std::uint64_t bytes;
+};
+struct PeerImportReq {
+  std::uint64_t base;  // where the exporting server maps it: the importer maps it there too
+  std::uint64_t bytes;
+  std::uint32_t token;  // of the kPeerMemory fd transfer
+  std::uint32_t reserved;
+};
+struct PeerReleaseReq {
+  std::uint64_t base;
+};
+static_assert(kWireSafe<PeerExportReq> && sizeof(PeerExportReq) == 8);
+static_assert(kWireSafe<PeerExportRep> && sizeof(PeerExportRep) == 16);
+static_assert(kWireSafe<PeerImportReq> && sizeof(PeerImportReq) == 24);
+static_assert(kWireSafe<PeerReleaseReq> && sizeof(PeerReleaseReq) == 8);
 
 }  // namespace mpsshim::proto

@@ -18,14 +18,15 @@ namespace mpsshim::server {
 // from one into the next (an expandable allocator grows a buffer a mapping at a time).
 // kOpened: another client's allocation opened with cuIpcOpenMemHandle (ipc_memory.cpp); usable
 // as the client's own, freed only with cuIpcCloseMemHandle.
-enum class RangeKind : std::uint8_t { kAllocation, kGlobal, kPinned, kMapped, kOpened };
+// kPeer: another GPU's memory of the same client, mapped here at its own address (ops_peer.cpp).
+enum class RangeKind : std::uint8_t { kAllocation, kGlobal, kPinned, kMapped, kOpened, kPeer };
 
 struct DeviceRange {
   std::uint64_t base = 0;
   std::uint64_t bytes = 0;
   RangeKind kind = RangeKind::kAllocation;
   // allocation: context id (pool id for pool memory); global: module/library id; pinned: region
-  // id; mapped: the physical allocation's id; opened: the export's registry token
+  // id; mapped: the physical allocation's id; opened: the export's registry token; peer: 0
   std::uint64_t owner = 0;
 };
 

@@ -42,7 +42,8 @@ std::size_t pump_client_socket(Session& session) {
     std::memcpy(&transfer, message.bytes.data(), sizeof transfer);
     auto kind = static_cast<proto::MessageKind>(transfer.header.kind);
     if (transfer.header.magic != proto::kHelloMagic || transfer.header.size != sizeof transfer ||
-        (kind != proto::MessageKind::kHostMemory && kind != proto::MessageKind::kModuleImage) ||
+        (kind != proto::MessageKind::kHostMemory && kind != proto::MessageKind::kModuleImage &&
+         kind != proto::MessageKind::kPeerMemory) ||
         message.fds.size() != 1) {
       violation(session, fmt::format("sent a malformed fd transfer (kind {}, {} fds)",
                                      transfer.header.kind, message.fds.size()));

@@ -63,6 +63,9 @@ std::array<OpSpec, kOpCount> make_specs() {
       true);
   set(Op::kLibraryKernelNames, "LibraryKernelNames", op_library_kernel_names,
       sizeof(ModuleFunctionsReq), true);
+  set(Op::kPeerExport, "PeerExport", op_peer_export, sizeof(PeerExportReq), true);
+  set(Op::kPeerImport, "PeerImport", op_peer_import, sizeof(PeerImportReq), true);
+  set(Op::kPeerRelease, "PeerRelease", op_peer_release, sizeof(PeerReleaseReq), true);
   set(Op::kLibraryGetModule, "LibraryGetModule", op_library_get_module, sizeof(HandleReq), true);
   set(Op::kLibraryGetGlobal, "LibraryGetGlobal", op_library_get_global, sizeof(NamedLookupReq),
       true);

@@ -162,7 +162,13 @@
   X(cuMemMap, CUresult,                                                                            \
     (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))               \
   X(cuMemUnmap, CUresult, (CUdeviceptr, size_t))                                                   \
-  X(cuMemSetAccess, CUresult, (CUdeviceptr, size_t, const CUmemAccessDesc*, size_t))
+  X(cuMemSetAccess, CUresult, (CUdeviceptr, size_t, const CUmemAccessDesc*, size_t))               \
+  X(cuMemExportToShareableHandle, CUresult,                                                        \
+    (void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long))          \
+  X(cuMemImportFromShareableHandle, CUresult,                                                      \
+    (CUmemGenericAllocationHandle*, void*, CUmemAllocationHandleType))                             \
+  X(cuDeviceCanAccessPeer, CUresult, (int*, CUdevice, CUdevice))                                   \
+  X(cuDeviceGetP2PAttribute, CUresult, (int*, CUdevice_P2PAttribute, CUdevice, CUdevice))
 
 namespace mpsshim::server {
 

@@ -3,7 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
+
+#include "broker/server/log.hpp"
 
 namespace mpsshim::server {
 namespace {
@@ -77,6 +81,43 @@ tl::expected<Gpu, StartError> open_gpu(const DriverTable& cu, int ordinal) {
                                                   &snap.stream_priority_greatest);
       r != CUDA_SUCCESS) {
     return tl::unexpected(failed(cu, r, "cuCtxGetStreamPriorityRange", ordinal));
+  }
+  for (int other = 0; other < gpu.device_count && other < 32; ++other) {
+    CUdevice peer = 0;
+    int can = 0, atomics = 0, arrays = 0;
+    if (other == ordinal || cu.cuDeviceGet(&peer, other) != CUDA_SUCCESS ||
+        cu.cuDeviceCanAccessPeer(&can, gpu.device, peer) != CUDA_SUCCESS || can == 0) {
+      continue;
+    }
+    const std::uint32_t bit = std::uint32_t{1} << other;
+    snap.peer_access_mask |= bit;
+    if (cu.cuDeviceGetP2PAttribute(&atomics, CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED,
+                                   gpu.device, peer) == CUDA_SUCCESS &&
+        atomics != 0) {
+      snap.peer_atomics_mask |= bit;
+    }
+    if (cu.cuDeviceGetP2PAttribute(&arrays, CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED,
+                                   gpu.device, peer) == CUDA_SUCCESS &&
+        arrays != 0) {
+      snap.peer_array_mask |= bit;
+    }
+  }
+
+  std::string why = "MPSSHIM_ADDRESS_ARENA=off";
+  const char* arena = std::getenv("MPSSHIM_ADDRESS_ARENA");
+  if (arena == nullptr || std::string_view(arena) != "off") {
+    gpu.heap = DeviceHeap::open(cu, gpu.device, static_cast<unsigned>(ordinal), &why);
+  }
+  if (gpu.heap) {
+    snap.arena_base = gpu.heap->arena().base();
+    snap.arena_bytes = gpu.heap->arena().bytes();
+    log_info("GPU {}: device addresses in its arena {:#x} + {} GiB", ordinal, snap.arena_base,
+             snap.arena_bytes >> 30);
+  } else {
+    log_warn(
+        "GPU {}: no address arena ({}); the driver places device memory, and another GPU's "
+        "server may hand out the same addresses (docs/architecture.md, one device address space)",
+        ordinal, why);
   }
   return gpu;
 }

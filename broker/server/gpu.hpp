@@ -5,9 +5,11 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <memory>
 
 #include <tl/expected.hpp>
 
+#include "broker/server/device_heap.hpp"
 #include "broker/server/driver.hpp"
 #include "broker/server/driver_table.hpp"
 #include "proto/device_snapshot.hpp"
@@ -25,10 +27,14 @@ struct Gpu {
   std::uint64_t primary_generation = 1;
   CUdevResource sm_resource{};  // the whole device's SMs, the input of every split
   proto::DeviceSnapshot snapshot{};
+  // cuMemAlloc's memory and VMM reservations in this GPU's arena (device_heap.hpp); null when
+  // the driver could not reserve it, and then the driver places them (addresses may then
+  // collide with another GPU's server: logged at start).
+  std::shared_ptr<DeviceHeap> heap;
 };
 
-// cuInit, cuDeviceGet, retain the primary context and make it current on this thread, then
-// take the snapshot.
+// cuInit, cuDeviceGet, retain the primary context and make it current on this thread, take
+// the snapshot, then reserve the GPU's arena.
 tl::expected<Gpu, StartError> open_gpu(const DriverTable& cu, int ordinal);
 
 }  // namespace mpsshim::server

@@ -19,6 +19,21 @@ bool add_allocation(Session& session, CUdeviceptr base, std::uint64_t bytes, std
   return true;
 }
 
+// Device memory as cuMemAlloc gives it: in the server's arena when it has one (device_heap.hpp).
+CUresult allocate_device(Session& session, std::uint64_t bytes, CUdeviceptr* out) {
+  if (DeviceHeap* heap = session.gpu().heap.get()) {
+    auto placed = heap->allocate(session.client.id, bytes);
+    if (!placed) return placed.error();
+    *out = *placed;
+    return CUDA_SUCCESS;
+  }
+  return session.cu().cuMemAlloc_v2(out, static_cast<std::size_t>(bytes));
+}
+
+// The pitch cuMemAllocPitch picks: rows padded to the texture pitch alignment the driver uses
+// for 2D allocations (512 bytes on every GPU since Kepler).
+constexpr std::uint64_t kPitchAlignment = 512;
+
 }  // namespace
 
 OpResult op_mem_alloc(Call& call) {
@@ -33,12 +48,11 @@ OpResult op_mem_alloc(Call& call) {
   auto held = session.reserve_memory(req.bytes);
   if (!held) return refuse_over_limit(call, req.bytes, "device memory", held.error());
   CUdeviceptr dptr = 0;
-  if (CUresult r = call.cu.cuMemAlloc_v2(&dptr, static_cast<std::size_t>(req.bytes));
-      r != CUDA_SUCCESS) {
+  if (CUresult r = allocate_device(session, req.bytes, &dptr); r != CUDA_SUCCESS) {
     return call.done(r);
   }
   if (!add_allocation(session, dptr, req.bytes, req.ctx, *held)) {
-    call.cu.cuMemFree_v2(dptr);
+    free_device(session, dptr);
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
   return call.reply(proto::MemAllocRep{dptr});
@@ -61,20 +75,34 @@ OpResult op_mem_alloc_pitch(Call& call) {
   if (!held) return refuse_over_limit(call, asked, "device memory", held.error());
   CUdeviceptr dptr = 0;
   std::size_t pitch = 0;
-  if (CUresult r =
-          call.cu.cuMemAllocPitch_v2(&dptr, &pitch, req.width_bytes, req.height, req.element_bytes);
-      r != CUDA_SUCCESS) {
+  if (session.gpu().heap) {
+    // The driver's own checks: the element size of a texture fetch, rows a pitch can address.
+    if (req.element_bytes != 4 && req.element_bytes != 8 && req.element_bytes != 16) {
+      return call.done(CUDA_ERROR_INVALID_VALUE);
+    }
+    const std::uint64_t padded =
+        (req.width_bytes + kPitchAlignment - 1) / kPitchAlignment * kPitchAlignment;
+    if (padded > std::numeric_limits<std::uint64_t>::max() / req.height) {
+      return call.done(CUDA_ERROR_INVALID_VALUE);
+    }
+    pitch = static_cast<std::size_t>(padded);
+    if (CUresult r = allocate_device(session, padded * req.height, &dptr); r != CUDA_SUCCESS) {
+      return call.done(r);
+    }
+  } else if (CUresult r = call.cu.cuMemAllocPitch_v2(&dptr, &pitch, req.width_bytes, req.height,
+                                                     req.element_bytes);
+             r != CUDA_SUCCESS) {
     return call.done(r);
   }
   std::uint64_t bytes = std::uint64_t{pitch} * req.height;
   // The padding of each row counts: it is device memory the client holds.
   auto padding = session.reserve_memory(bytes - std::min(bytes, asked));
   if (!padding) {
-    call.cu.cuMemFree_v2(dptr);
+    free_device(session, dptr);
     return refuse_over_limit(call, bytes, "device memory", padding.error());
   }
   if (!add_allocation(session, dptr, bytes, req.ctx, *held)) {
-    call.cu.cuMemFree_v2(dptr);
+    free_device(session, dptr);
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
   padding->keep();

@@ -192,16 +192,57 @@ OpResult op_vmm_release(Call& call) {
   return call.done();
 }
 
+namespace {
+
+// A client's reservation in the server's arena: the address it asked for when that is in the
+// arena and free (the driver too treats it as a hint), else the first range that fits. No
+// driver call: the whole arena is one reservation of the server (device_heap.hpp), and the
+// driver maps into any granule-aligned part of a reservation.
+CUresult reserve_in_arena(DeviceHeap& heap, const proto::VmmReserveReq& req, CUdeviceptr* out) {
+  const std::uint64_t granule = heap.granularity();
+  if (req.bytes % granule != 0 || (req.alignment & (req.alignment - 1)) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (req.address != 0 && req.address % granule == 0 &&
+      (req.alignment == 0 || req.address % req.alignment == 0) &&
+      heap.arena().take_at(req.address, req.bytes)) {
+    *out = req.address;
+    return CUDA_SUCCESS;
+  }
+  auto address = heap.arena().take(req.bytes, std::max<std::uint64_t>(req.alignment, granule));
+  if (!address) return CUDA_ERROR_OUT_OF_MEMORY;
+  *out = *address;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+void free_reservation(Session& session, std::uint64_t base, std::uint64_t bytes) {
+  if (DeviceHeap* heap = session.gpu().heap.get()) {
+    heap->arena().give(base, bytes);
+    return;
+  }
+  if (CUresult r = session.cu().cuMemAddressFree(base, static_cast<std::size_t>(bytes));
+      r != CUDA_SUCCESS) {
+    log_warn("{}: cuMemAddressFree failed while freeing: {}", session.who(),
+             describe(session.cu(), r));
+  }
+}
+
 OpResult op_vmm_reserve(Call& call) {
   auto req = call.request<proto::VmmReserveReq>();
   VirtualMemory& vmm = call.session.vmm;
   if (req.bytes == 0 || req.flags != 0) return call.done(CUDA_ERROR_INVALID_VALUE);
   if (vmm.reservations.size() >= kMaxVmmRanges) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   CUdeviceptr address = 0;
-  if (CUresult r =
-          call.cu.cuMemAddressReserve(&address, static_cast<std::size_t>(req.bytes),
-                                      static_cast<std::size_t>(req.alignment), req.address, 0);
-      r != CUDA_SUCCESS) {
+  if (DeviceHeap* heap = call.session.gpu().heap.get()) {
+    if (CUresult r = reserve_in_arena(*heap, req, &address); r != CUDA_SUCCESS) {
+      return call.done(r);
+    }
+  } else if (CUresult r = call.cu.cuMemAddressReserve(&address, static_cast<std::size_t>(req.bytes),
+                                                      static_cast<std::size_t>(req.alignment),
+                                                      req.address, 0);
+             r != CUDA_SUCCESS) {
     return call.done(r);
   }
   vmm.reservations[address] = VmmReservation{req.bytes};
@@ -217,9 +258,13 @@ OpResult op_vmm_address_free(Call& call) {
   }
   // Mapped memory must be unmapped first, as the driver requires.
   if (overlaps_mapping(vmm, req.address, req.bytes)) return call.done(CUDA_ERROR_INVALID_VALUE);
-  if (CUresult r = call.cu.cuMemAddressFree(req.address, static_cast<std::size_t>(req.bytes));
-      r != CUDA_SUCCESS) {
-    return call.done(r);
+  if (!call.session.gpu().heap) {
+    if (CUresult r = call.cu.cuMemAddressFree(req.address, static_cast<std::size_t>(req.bytes));
+        r != CUDA_SUCCESS) {
+      return call.done(r);
+    }
+  } else {
+    free_reservation(call.session, req.address, req.bytes);
   }
   vmm.reservations.erase(it);
   return call.done();
@@ -372,8 +417,7 @@ void free_virtual_memory(Session& session, FreedTally& tally) {
     tally.physical_bytes += allocation->bytes;
   }
   for (const auto& [base, reservation] : session.vmm.reservations) {
-    warn_if_failed(cu.cuMemAddressFree(base, static_cast<std::size_t>(reservation.bytes)),
-                   "cuMemAddressFree");
+    free_reservation(session, base, reservation.bytes);
     ++tally.reservations;
   }
   session.vmm.reservations.clear();

@@ -58,6 +58,14 @@ void take_arrays_and_textures(Session& session, Retired& bundle, Pred pred) {
 
 }  // namespace
 
+void free_device(Session& session, CUdeviceptr base) {
+  if (DeviceHeap* heap = session.gpu().heap.get(); heap != nullptr && heap->owns(base)) {
+    warn_if_failed(session, heap->free(base), "cuMemFree");
+    return;
+  }
+  warn_if_failed(session, session.cu().cuMemFree_v2(base), "cuMemFree");
+}
+
 CUresult retire(Session& session, Retired bundle) {
   auto fences = session.fence_all_streams();
   if (!fences) {
@@ -83,9 +91,9 @@ void free_retired(Session& session, Retired& bundle, FreedTally* tally) {
   for (CUlibrary l : bundle.libraries) {
     warn_if_failed(session, cu.cuLibraryUnload(l), "cuLibraryUnload");
   }
-  for (const DeviceRange& a : bundle.allocations) {
-    warn_if_failed(session, cu.cuMemFree_v2(a.base), "cuMemFree");
-  }
+  for (const DeviceRange& a : bundle.allocations) free_device(session, a.base);
+  for (const PeerBlock& block : bundle.peer_blocks) unmap_peer_block(session, block);
+  bundle.peer_blocks.clear();
   for (const HostRegionObj& region : bundle.regions) {
     warn_if_failed(session, cu.cuMemHostUnregister(region.address), "cuMemHostUnregister");
     ::munmap(region.address, region.mapped_bytes);
@@ -234,6 +242,9 @@ FreedTally free_everything(Session& session) {
     rest.regions.push_back(*session.objects.take<HostRegionObj>(id));
   }
   take_arrays_and_textures(session, rest, [](std::uint64_t) { return true; });
+  for (auto& [base, block] : session.vmm.peer_blocks) rest.peer_blocks.push_back(block);
+  session.vmm.peer_blocks.clear();
+  session.memory.remove_if([](const DeviceRange& r) { return r.kind == RangeKind::kPeer; });
   for (std::uint64_t id : session.objects.ids<GraphExecObj>()) {
     rest.graph_execs.push_back(session.objects.take<GraphExecObj>(id)->exec);
   }
@@ -241,6 +252,7 @@ FreedTally free_everything(Session& session) {
   tally.graphs += forget_graphs(session);
   free_retired(session, rest, &tally);
   free_virtual_memory(session, tally);
+  if (DeviceHeap* heap = session.gpu().heap.get()) heap->forget_owner(session.client.id);
   session.release_memory(session.memory_used);
   session.usage.pinned_bytes = 0;
   destroy_pools(session);  // after their allocations (pool memory is freed with cuMemFree)

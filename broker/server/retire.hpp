@@ -14,6 +14,9 @@ namespace mpsshim::server {
 // Queues the bundle behind fences on every stream of the client.
 CUresult retire(Session& session, Retired bundle);
 
+// Frees cuMemAlloc'd memory now: the arena's (device_heap.hpp) or the driver's.
+void free_device(Session& session, CUdeviceptr base);
+
 // Frees what a bundle holds, now. Counts into tally when given.
 void free_retired(Session& session, Retired& bundle, FreedTally* tally = nullptr);
 

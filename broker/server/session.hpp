@@ -133,6 +133,7 @@ struct Retired {
   std::vector<TexObj> textures;  // destroyed before the arrays they may sample
   std::vector<CUarray> arrays;
   std::vector<CUgraphExec> graph_execs;
+  std::vector<PeerBlock> peer_blocks;  // another GPU's memory this server mapped (ops_peer.cpp)
 };
 
 // A memfd the client sent on its socket, waiting for the ring record that names its token.

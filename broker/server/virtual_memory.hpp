@@ -5,6 +5,8 @@
 // memsets and pointer checks reach exactly what the GPU would let the client write.
 #pragma once
 
+#include <cuda.h>
+
 #include <cstdint>
 #include <map>
 
@@ -24,13 +26,28 @@ struct VmmMapping {
   std::uint32_t access = 0;      // CUmemAccess_flags for the server's device
 };
 
+// Another GPU's memory block of this client, mapped into this server at the address its own
+// server gave it (ops_peer.cpp): a kernel or copy of this GPU reaches it over the peer link.
+struct PeerBlock {
+  std::uint64_t base = 0;
+  std::uint64_t bytes = 0;
+  CUmemGenericAllocationHandle handle = 0;
+};
+
 struct VirtualMemory {
   std::map<std::uint64_t, VmmReservation> reservations;  // by base address
   std::map<std::uint64_t, VmmMapping> mappings;          // by base address
+  std::map<std::uint64_t, PeerBlock> peer_blocks;        // by base address
 };
 
 // What one client may hold at once, so a client cannot make the server remember without bound.
 inline constexpr std::size_t kMaxVmmRanges = std::size_t{1} << 20;
+
+// Unmaps a peer block, lets go of its handle and frees its addresses (its streams idle).
+void unmap_peer_block(Session& session, const PeerBlock& block);
+
+// Gives a reservation's addresses back: to the server's arena, or to the driver without one.
+void free_reservation(Session& session, std::uint64_t base, std::uint64_t bytes);
 
 // Session end, with the client's streams idle: unmaps every mapping, releases every physical
 // allocation, frees every reservation, in that order (the driver's own order of teardown).

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "client_check.hpp"
+#include "proto/address_arenas.hpp"
 
 namespace {
 
@@ -757,6 +758,149 @@ bool add_on(CUdevice device, int n) {
 // One client on two GPUs (issue 13): a session with each GPU's server, work on both checked,
 // and what is not served across GPUs said honestly. With `fault`, a kernel faults on GPU 0:
 // GPU 0's work reports it, GPU 1's work goes on.
+// Every kind of device address the servers place, on both GPUs at once: small and large
+// cuMemAlloc, pitch and VMM reservations. Each lies in its GPU's arena (so no two GPUs' overlap),
+// reads back its own GPU's data, and the client's host memory cannot take the window.
+bool one_address_space() {
+  constexpr std::size_t kSmall = 1 << 16, kLarge = std::size_t{6} << 20, kReserve = 64u << 20;
+  bool ok = true;
+  CUcontext ctx[2]{};
+  CUdeviceptr small[2]{}, large[2]{}, pitched[2]{}, reserved[2]{};
+  std::size_t pitch[2]{};
+  for (int d = 0; d < 2; ++d) {
+    CHECK(cuDevicePrimaryCtxRetain(&ctx[d], d));
+    CHECK(cuCtxSetCurrent(ctx[d]));
+    CHECK(cuMemAlloc(&small[d], kSmall));
+    CHECK(cuMemAlloc(&large[d], kLarge));
+    CHECK(cuMemAllocPitch(&pitched[d], &pitch[d], 1000, 8, 4));
+    CHECK(cuMemAddressReserve(&reserved[d], kReserve, 0, 0, 0));
+    CHECK(cuMemsetD8(small[d], static_cast<unsigned char>(0x10 + d), kSmall));
+    CHECK(cuMemsetD8(large[d], static_cast<unsigned char>(0x20 + d), kLarge));
+  }
+  for (int d = 0; d < 2; ++d) {
+    const CUdeviceptr mine[] = {small[d], large[d], pitched[d], reserved[d]};
+    for (CUdeviceptr address : mine) {
+      if (mpsshim::proto::arena_holding(address) != d) {
+        std::printf("two_gpus: GPU %d handed out %#llx, outside its arena (%#llx)\n", d, address,
+                    static_cast<unsigned long long>(mpsshim::proto::arena_base(d)));
+        ok = false;
+      }
+    }
+    if (pitch[d] < 1000 || pitch[d] % 512 != 0) {
+      std::printf("two_gpus: GPU %d: pitch %zu for rows of 1000 bytes\n", d, pitch[d]);
+      ok = false;
+    }
+    CHECK(cuCtxSetCurrent(ctx[d]));
+    int ordinal = -1;
+    CHECK(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, small[d]));
+    unsigned char bytes[2] = {};
+    CHECK(cuMemcpyDtoH(&bytes[0], small[d] + 7, 1));
+    CHECK(cuMemcpyDtoH(&bytes[1], large[d] + kLarge - 1, 1));
+    if (ordinal != d || bytes[0] != 0x10 + d || bytes[1] != 0x20 + d) {
+      std::printf("two_gpus: GPU %d's allocations read as GPU %d's (bytes %#x %#x)\n", d, ordinal,
+                  bytes[0], bytes[1]);
+      ok = false;
+    }
+  }
+  // The window is the client's too: no host mapping may land on a device address.
+  void* host = mmap(reinterpret_cast<void*>(small[0]), 4096, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+  if (host != MAP_FAILED) {
+    std::printf("two_gpus: the host mapped %p, GPU 0's device address\n", host);
+    munmap(host, 4096);
+    ok = false;
+  }
+  for (int d = 0; d < 2; ++d) {
+    CHECK(cuCtxSetCurrent(ctx[d]));
+    CHECK(cuMemFree(small[d]));
+    CHECK(cuMemFree(large[d]));
+    CHECK(cuMemFree(pitched[d]));
+    CHECK(cuMemAddressFree(reserved[d], kReserve));
+  }
+  return ok;
+}
+
+// Copies between the GPUs (cuMemcpyPeer, a unified-address copy issued on the other GPU's
+// stream, a copy to the host of the other GPU's memory) and a kernel on GPU 1 that reads GPU 0's
+// memory once peer access is on; then GPU 0's memory is freed while GPU 1's server maps it.
+bool peer_copies_and_access() {
+  constexpr int kCount = 50'000;
+  constexpr std::size_t kBytes = sizeof(float) * kCount;
+  bool ok = true;
+  CUcontext ctx[2]{};
+  for (int d = 0; d < 2; ++d) CHECK(cuDevicePrimaryCtxRetain(&ctx[d], d));
+  std::vector<float> a(kCount), b(kCount), out(kCount);
+  for (int i = 0; i < kCount; ++i) {
+    a[i] = static_cast<float>(i);
+    b[i] = 0.25f * static_cast<float>(i);
+  }
+  CUdeviceptr on0 = 0, on1 = 0, back = 0, sum = 0;
+  CHECK(cuCtxSetCurrent(ctx[0]));
+  CHECK(cuMemAlloc(&on0, kBytes));
+  CHECK(cuMemAlloc(&back, kBytes));
+  CHECK(cuMemcpyHtoD(on0, a.data(), kBytes));
+  CHECK(cuCtxSetCurrent(ctx[1]));
+  CHECK(cuMemAlloc(&on1, kBytes));
+  CHECK(cuMemAlloc(&sum, kBytes));
+  CHECK(cuMemcpyHtoD(on1, b.data(), kBytes));
+  // GPU 0 -> GPU 1, on GPU 1's legacy stream; then back with a unified copy on GPU 0's.
+  CUdeviceptr copied = 0;
+  CHECK(cuMemAlloc(&copied, kBytes));
+  CHECK(cuMemcpyPeer(copied, ctx[1], on0, ctx[0], kBytes));
+  CHECK(cuMemcpyDtoH(out.data(), copied, kBytes));
+  if (out != a) {
+    std::printf("two_gpus: cuMemcpyPeer from GPU 0 to GPU 1 did not copy the data\n");
+    ok = false;
+  }
+  CHECK(cuCtxSetCurrent(ctx[0]));
+  CHECK(cuMemcpy(back, on1, kBytes));
+  CHECK(cuMemcpyDtoH(out.data(), back, kBytes));
+  if (out != b) {
+    std::printf("two_gpus: a unified copy from GPU 1 to GPU 0 did not copy the data\n");
+    ok = false;
+  }
+  // GPU 1's memory read to the host while GPU 0's context is current (unified addressing).
+  std::fill(out.begin(), out.end(), -1.0f);
+  CHECK(cuMemcpyDtoH(out.data(), on1, kBytes));
+  if (out != b) {
+    std::printf("two_gpus: GPU 1's memory read through GPU 0's context came back wrong\n");
+    ok = false;
+  }
+  // A kernel on GPU 1 adds GPU 0's vector to its own.
+  CHECK(cuCtxSetCurrent(ctx[1]));
+  CHECK(cuCtxEnablePeerAccess(ctx[0], 0));
+  if (cuCtxEnablePeerAccess(ctx[0], 0) != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) {
+    std::printf("two_gpus: enabling peer access twice did not say it already was\n");
+    ok = false;
+  }
+  CUmodule module{};
+  CHECK(cuModuleLoadData(&module, kModuleImage));
+  CUfunction add{};
+  CHECK(cuModuleGetFunction(&add, module, "vector_add"));
+  int n = kCount;
+  void* args[] = {&on0, &on1, &sum, &n};
+  CHECK(cuLaunchKernel(add, (kCount + 255) / 256, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr));
+  CHECK(cuMemcpyDtoH(out.data(), sum, kBytes));
+  int wrong = 0;
+  for (int i = 0; i < kCount; ++i) wrong += out[i] != a[i] + b[i];
+  if (wrong != 0) {
+    std::printf("two_gpus: a kernel on GPU 1 reading GPU 0's memory got %d wrong sums\n", wrong);
+    ok = false;
+  }
+  CHECK(cuModuleUnload(module));
+  CHECK(cuCtxDisablePeerAccess(ctx[0]));
+  // GPU 0's memory goes while GPU 1's server maps it: it lets go first.
+  CHECK(cuCtxSetCurrent(ctx[0]));
+  CHECK(cuMemFree(on0));
+  CHECK(cuMemFree(back));
+  CHECK(cuCtxSetCurrent(ctx[1]));
+  CHECK(cuMemFree(on1));
+  CHECK(cuMemFree(sum));
+  CHECK(cuMemFree(copied));
+  CHECK(cuCtxSynchronize());
+  return ok;
+}
+
 int two_gpus(bool fault) {
   CHECK(cuInit(0));
   int count = 0;
@@ -768,40 +912,18 @@ int two_gpus(bool fault) {
   bool ok = add_on(0, 100'003) && add_on(1, 70'001);
   int can = -1;
   CHECK(cuDeviceCanAccessPeer(&can, 0, 1));
-  if (can != 0) {
-    std::printf("two_gpus: cuDeviceCanAccessPeer(0, 1) = %d, expected 0\n", can);
+  if (can != 1) {
+    std::printf(
+        "two_gpus: cuDeviceCanAccessPeer(0, 1) = %d, expected 1 (the test devices are "
+        "peers)\n",
+        can);
     ok = false;
   }
-  // Allocations held on both GPUs at once: two servers are two address spaces, so the same
-  // address may name memory on each. Each must stay its own GPU's (ordinal, free, data).
-  {
-    constexpr std::size_t kBytes = 1 << 16;
-    CUcontext ctx[2]{};
-    CUdeviceptr p[2]{};
-    for (int d = 0; d < 2; ++d) {
-      CHECK(cuDevicePrimaryCtxRetain(&ctx[d], d));
-      CHECK(cuCtxSetCurrent(ctx[d]));
-      CHECK(cuMemAlloc(&p[d], kBytes));
-      CHECK(cuMemsetD8(p[d], static_cast<unsigned char>(0x10 + d), kBytes));
-    }
-    if (p[0] == p[1]) std::printf("two_gpus: both GPUs gave address %#llx\n", p[0]);
-    for (int d = 0; d < 2; ++d) {
-      CHECK(cuCtxSetCurrent(ctx[d]));
-      int ordinal = -1;
-      CHECK(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p[d]));
-      unsigned char byte = 0;
-      CHECK(cuMemcpyDtoH(&byte, p[d] + 7, 1));
-      if (ordinal != d || byte != 0x10 + d) {
-        std::printf("two_gpus: GPU %d's allocation reads as GPU %d's (byte %#x)\n", d, ordinal,
-                    byte);
-        ok = false;
-      }
-    }
-    for (int d = 0; d < 2; ++d) {
-      CHECK(cuCtxSetCurrent(ctx[d]));
-      CHECK(cuMemFree(p[d]));
-    }
-  }
+  // Allocations held on both GPUs at once. The two servers are two processes whose drivers
+  // (the test driver, like the real one) hand out the same addresses; every device address must
+  // still be its own GPU's: in that GPU's arena, apart from the other GPU's, with its data.
+  ok = one_address_space() && ok;
+  ok = peer_copies_and_access() && ok;
   if (fault) {
     CUcontext ctx0{};
     CHECK(cuDevicePrimaryCtxRetain(&ctx0, 0));

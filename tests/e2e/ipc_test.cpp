@@ -43,7 +43,8 @@ struct Held {
 };
 Held held(const Daemon& daemon) {
   auto objects = daemon.driver_objects();
-  return {objects["allocations"], objects["device_bytes"], objects["events"]};
+  // The server's cuMemAlloc memory is physical VMM allocations in its arena (device_heap.hpp).
+  return {objects["allocations"] + objects["physical"], objects["device_bytes"], objects["events"]};
 }
 
 // An exporter that printed its handles, and them.

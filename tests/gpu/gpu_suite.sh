@@ -53,10 +53,10 @@ LOGS=$WORK_DIR/logs
 # ---- the summary table --------------------------------------------------------------------
 ROWS=()
 FAILURES=0
-# add_row CHECK NATIVE SHIM VERDICT DETAIL
+# add_row CHECK NATIVE SHIM VERDICT DETAIL (SKIP is not a failure)
 add_row() {
   ROWS+=("$(printf '%-26s %-8s %-8s %-5s %s' "$1" "$2" "$3" "$4" "$5")")
-  [ "$4" = PASS ] || FAILURES=$((FAILURES + 1))
+  [ "$4" = PASS ] || [ "$4" = SKIP ] || FAILURES=$((FAILURES + 1))
   log "$4  $1: $5"
 }
 
@@ -130,6 +130,13 @@ RT_TIMEOUT=${RT_TIMEOUT:-180}
 RT_PROGRAMS=(rt_vector_add rt_matmul_shared rt_streams_events rt_host_threads rt_per_thread_stream
   rt_pinned_mapped rt_managed rt_graph rt_malloc_async rt_cooperative rt_copy_2d rt_host_callback
   rt_texture rt_vmm rt_capture_to_graph rt_child_graph rt_ipc)
+# Two GPUs at once (one device address space across their servers): only where there are two.
+GPU_COUNT=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
+if [ "$GPU_COUNT" -ge 2 ]; then
+  RT_PROGRAMS+=(rt_two_gpus)
+else
+  add_row rt_two_gpus - - SKIP "one GPU: the multi-GPU programs need two"
+fi
 # The grid of a cooperative launch follows the SM count, which is the client's quota under the shim.
 declare -A RT_IGNORED=([rt_cooperative]="blocks sms")
 
@@ -241,6 +248,40 @@ while IFS=$'\t' read -r check native shim result detail; do
 done <"$library_rows"
 [ -s "$library_rows" ] || add_row "cuda libraries" - - FAIL \
   "libraries.sh gave no rows; see $LOGS/libraries.log"
+
+# ---- 1e. several GPUs (--multi-gpu; skipped on one GPU): PyTorch on two GPUs in one process, ---
+# NCCL collectives and DDP between processes (one GPU each), natively and under the shim; result
+# fields must agree (figures such as gbps, busbw and latency are left out).
+MULTI_DIR="$(dirname "${BASH_SOURCE[0]}")/multi"
+MULTI_TIMEOUT=${MULTI_TIMEOUT:-240}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+multi_check() {  # NAME SCRIPT [ARGS...]
+  local name=$1 script=$2
+  shift 2
+  local native_line shim_line status=0
+  PROGRAM_TIMEOUT=$MULTI_TIMEOUT run_mode native "$LOGS/$name.native" python3 "$MULTI_DIR/$script" "$@"
+  PROGRAM_TIMEOUT=$MULTI_TIMEOUT run_mode shim "$LOGS/$name.shim" python3 "$MULTI_DIR/$script" "$@" ||
+    status=$?
+  native_line=$(grep -a "^${script%.py}: " "$LOGS/$name.native.out" | sort | tr '\n' ' ')
+  shim_line=$(grep -a "^${script%.py}: " "$LOGS/$name.shim.out" | sort | tr '\n' ' ')
+  local native_fields shim_fields
+  native_fields=$(result_fields "$native_line" gbps busbw_256mib lat_8kib_us)
+  shim_fields=$(result_fields "$shim_line" gbps busbw_256mib lat_8kib_us)
+  if [ -n "$shim_line" ] && [ "$status" = 0 ] && [ "$native_fields" = "$shim_fields" ] &&
+    ! grep -q FAIL <<<"$native_line$shim_line"; then
+    add_row "$name" PASS PASS PASS "shim: $(cut -c1-200 <<<"$shim_line")"
+  else
+    add_row "$name" "$(grep -q PASS <<<"$native_line" && echo PASS || echo FAIL)" \
+      "$(grep -q PASS <<<"$shim_line" && [ "$status" = 0 ] && echo PASS || echo FAIL)" FAIL \
+      "native: ${native_line:-none} | shim (exit $status): ${shim_line:-$(why_no_line "$LOGS/$name.shim" "$status")}"
+  fi
+}
+if [ "$GPU_COUNT" -ge 2 ] && python3 -c "import torch" 2>/dev/null; then
+  multi_check "torch two GPUs" torch_two_gpus.py
+  multi_check "nccl collectives + ddp" nccl_collectives.py
+else
+  add_row "several GPUs" - - SKIP "$GPU_COUNT GPU(s) or no PyTorch: the multi-GPU checks need two"
+fi
 
 # ---- 2. 8 concurrent copies of small_kernels: the shim must overlap them ---------------------
 COPIES=8

@@ -97,6 +97,11 @@ std::uint64_t layout_fingerprint() {
   FIELD(DeviceSnapshot, attribute_count);
   FIELD(DeviceSnapshot, attributes);
   FIELD(DeviceSnapshot, stream_priority_least);
+  FIELD(DeviceSnapshot, arena_base);
+  FIELD(DeviceSnapshot, arena_bytes);
+  FIELD(DeviceSnapshot, peer_access_mask);
+  FIELD(DeviceSnapshot, peer_atomics_mask);
+  FIELD(DeviceSnapshot, peer_array_mask);
   SIZE(RecordHeader);
   FIELD(RecordHeader, size);
   FIELD(RecordHeader, opcode);
@@ -376,6 +381,15 @@ std::uint64_t layout_fingerprint() {
   f.add(static_cast<std::uint64_t>(MessageKind::kServerTerminateClient));
   f.add(kSlotBytes);
   f.add(kMaxDeviceAttributes);
+  SIZE(PeerExportReq);
+  SIZE(PeerExportRep);
+  FIELD(PeerExportRep, bytes);
+  SIZE(PeerImportReq);
+  FIELD(PeerImportReq, bytes);
+  FIELD(PeerImportReq, token);
+  SIZE(PeerReleaseReq);
+  f.add(static_cast<std::uint64_t>(Op::kPeerRelease));
+  f.add(static_cast<std::uint64_t>(MessageKind::kPeerMemory));
   return f.h;
 }
 
@@ -400,6 +414,7 @@ constexpr Pinned kPinned[] = {
     {1, 11, 0xdf08b8e22f429f7a},  // a capture's dependency nodes and their update (102..103)
     {1, 12, 0x4c05f8dfe4b6cf2a},  // SessionControl::crowded: waiting clients sleep
     {1, 13, 0x79cc48d8c6abeef2},  // a library's kernel names in its load's reply; op 104
+    {1, 14, 0xf11c6bca0945df68},  // the snapshot's arena and peer masks; peer blocks (105..107)
 };
 
 }  // namespace

@@ -2,6 +2,8 @@
 // the calls that give them back logged in order, for the server's session-end teardown.
 #include "tests/server/fake_driver.hpp"
 
+#include "proto/address_arenas.hpp"
+
 namespace mpsshim::server::test {
 
 void add_vmm_fakes(DriverTable& t) {
@@ -22,8 +24,14 @@ void add_vmm_fakes(DriverTable& t) {
     fake_gpu().vmm_teardown.push_back("release");
     return fake_gpu().vmm_handles.erase(h) == 1 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
   };
-  t.cuMemAddressReserve = [](CUdeviceptr* p, std::size_t bytes, std::size_t, CUdeviceptr,
+  t.cuMemAddressReserve = [](CUdeviceptr* p, std::size_t bytes, std::size_t, CUdeviceptr want,
                              unsigned long long) {
+    // No room for the server's arena (1 TiB at a fixed address): the in-process server tests
+    // run the driver-placed path; device_heap_test and the e2e tests (on the test driver) the
+    // arena's.
+    if (proto::arena_holding(want) >= 0 && bytes == proto::kArenaBytes) {
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     *p = fake_gpu().next_reservation;
     fake_gpu().next_reservation += bytes + kGranule;  // a gap: reservations never touch
     fake_gpu().vmm_reservations[*p] = bytes;
@@ -45,6 +53,21 @@ void add_vmm_fakes(DriverTable& t) {
   };
   t.cuMemSetAccess = [](CUdeviceptr, std::size_t, const CUmemAccessDesc*, std::size_t) {
     return CUDA_SUCCESS;
+  };
+  // One device: no peers, and no shareable handles.
+  t.cuMemExportToShareableHandle = [](void*, CUmemGenericAllocationHandle,
+                                      CUmemAllocationHandleType,
+                                      unsigned long long) { return CUDA_ERROR_NOT_SUPPORTED; };
+  t.cuMemImportFromShareableHandle = [](CUmemGenericAllocationHandle*, void*,
+                                        CUmemAllocationHandleType) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  };
+  t.cuDeviceCanAccessPeer = [](int* can, CUdevice, CUdevice) {
+    *can = 0;
+    return CUDA_SUCCESS;
+  };
+  t.cuDeviceGetP2PAttribute = [](int*, CUdevice_P2PAttribute, CUdevice, CUdevice) {
+    return CUDA_ERROR_INVALID_DEVICE;
   };
 }
 

@@ -44,6 +44,8 @@ DriverObjects driver_objects() {
 
 DriverObjects with_pooled(DriverObjects before, const Server& server) {
   before.green_contexts += static_cast<int>(server.green_context_pool().idle);
+  // The server's address arena: one reservation for its life (device_heap.hpp).
+  if (server.gpu().heap) before.others += 1;
   return before;
 }
 

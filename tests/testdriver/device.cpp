@@ -160,10 +160,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuInit(unsigned int flags) {
     for (int d = 0; d < count; ++d) {
       auto dev = std::make_unique<Device>();
       dev->ordinal = d;
-      if (!dev->memory.reserve(static_cast<unsigned>(d), static_cast<std::size_t>(mb) << 20)) {
-        s.devices.clear();
-        return CUDA_ERROR_OUT_OF_MEMORY;
-      }
+      dev->memory.reserve(static_cast<std::size_t>(mb) << 20);
       s.devices.push_back(std::move(dev));
     }
     s.initialized.store(true);
@@ -188,6 +185,41 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuDeviceGetCount(int* count) {
     if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
     *count = static_cast<int>(s.devices.size());
     return CUDA_SUCCESS;
+  });
+}
+
+// The test devices are joined like the two H200s measured (NVLink): every pair can reach each
+// other, with native atomics, at the best performance rank.
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuDeviceCanAccessPeer(int* can, CUdevice dev,
+                                                                 CUdevice peer) {
+  return entry([&](State& s) {
+    if (can == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(s, dev) || !valid_device(s, peer)) return CUDA_ERROR_INVALID_DEVICE;
+    *can = dev != peer ? 1 : 0;
+    return CUDA_SUCCESS;
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuDeviceGetP2PAttribute(int* value,
+                                                                   CUdevice_P2PAttribute attribute,
+                                                                   CUdevice src, CUdevice dst) {
+  return entry([&](State& s) {
+    if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(s, src) || !valid_device(s, dst) || src == dst) {
+      return CUDA_ERROR_INVALID_DEVICE;
+    }
+    switch (attribute) {
+      case CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK:
+        *value = 0;
+        return CUDA_SUCCESS;
+      case CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED:
+      case CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED:
+      case CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED:
+        *value = 1;
+        return CUDA_SUCCESS;
+      default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
   });
 }
 

@@ -11,20 +11,6 @@ namespace {
 // Where a real GPU's allocations tend to appear in a UVA process: high, clear of the heap and of
 // the libraries, so a device pointer printed in a log looks like one.
 constexpr std::uintptr_t kAddressHint = 0x7e0000000000;
-// Not under ThreadSanitizer: that address is outside its application ranges, and its mmap drops
-// such a hint but keeps MAP_FIXED_NOREPLACE, so the kernel maps at address 0 (as root) and TSan
-// aborts. The kernel chooses instead.
-#if defined(__SANITIZE_THREAD__)
-constexpr bool kUseAddressHint = false;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-constexpr bool kUseAddressHint = false;
-#else
-constexpr bool kUseAddressHint = true;
-#endif
-#else
-constexpr bool kUseAddressHint = true;
-#endif
 constexpr std::size_t kGiB = std::size_t{1} << 30;
 
 std::size_t page_size() {
@@ -51,12 +37,19 @@ DeviceMemory::~DeviceMemory() {
   if (shadow_ != nullptr) munmap(shadow_, size_);
 }
 
-bool DeviceMemory::reserve(unsigned ordinal, std::size_t size) {
+void DeviceMemory::reserve(std::size_t size) {
   size_ = align_up(size, page_size());
+}
+
+bool DeviceMemory::ensure_mapped() {
+  if (device_range_ != nullptr) return true;
+  // Devices are placed in the order the process first allocates on them (callers hold
+  // State::mutex, so the order is the process's).
+  static unsigned placed = 0;
   // A gigabyte of unmapped gap between devices, so running off one device's end faults.
   const std::size_t stride = align_up(size_, kGiB) + kGiB;
-  auto* hint = reinterpret_cast<void*>(kAddressHint + ordinal * stride);
-  if (kUseAddressHint) device_range_ = map_none(hint, size_, MAP_FIXED_NOREPLACE);
+  auto* hint = reinterpret_cast<void*>(kAddressHint + placed++ * stride);
+  if (kHonourAddressHints) device_range_ = map_none(hint, size_, MAP_FIXED_NOREPLACE);
   if (device_range_ == nullptr) device_range_ = map_none(nullptr, size_, 0);
   shadow_ = map_none(nullptr, size_, 0);
   if (device_range_ == nullptr || shadow_ == nullptr) return false;
@@ -66,7 +59,7 @@ bool DeviceMemory::reserve(unsigned ordinal, std::size_t size) {
 }
 
 std::optional<std::uintptr_t> DeviceMemory::allocate(std::size_t bytes) {
-  if (bytes == 0 || bytes > size_) return std::nullopt;
+  if (bytes == 0 || bytes > size_ || !ensure_mapped()) return std::nullopt;
   const std::size_t length = rounded(bytes);
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     if (it->second < length) continue;

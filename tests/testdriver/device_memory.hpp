@@ -2,6 +2,11 @@
 // accessible, so host code dereferencing a device pointer faults as it does with a real GPU; the
 // bytes live in a separate shadow mapping committed per allocation, reached only through the
 // driver (copies, memsets, kernel bodies).
+//
+// Where the addresses are, as with the real driver: in order of first use in the process, not
+// by ordinal. Two processes that each use one device hand out the same addresses (the real
+// driver measured on two H200s: cuMemAllocAsync 0x420000000 in both), while one process using
+// both devices sees them apart (unified addressing).
 #pragma once
 
 #include <cstddef>
@@ -10,6 +15,21 @@
 #include <optional>
 
 namespace mpsshim::testdriver {
+
+// Not under ThreadSanitizer: addresses such as 0x7e0000000000 are outside its application
+// ranges, and its mmap drops such a hint but keeps MAP_FIXED_NOREPLACE, so the kernel maps at
+// address 0 (as root) and TSan aborts. The kernel chooses instead.
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool kHonourAddressHints = false;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+inline constexpr bool kHonourAddressHints = false;
+#else
+inline constexpr bool kHonourAddressHints = true;
+#endif
+#else
+inline constexpr bool kHonourAddressHints = true;
+#endif
 
 class DeviceMemory {
  public:
@@ -20,8 +40,8 @@ class DeviceMemory {
   DeviceMemory& operator=(const DeviceMemory&) = delete;
   ~DeviceMemory();
 
-  // Reserves `size` bytes of addresses for device `ordinal`; false when the host refuses.
-  bool reserve(unsigned ordinal, std::size_t size);
+  // Sizes the device at `size` bytes; its addresses are reserved at its first allocation.
+  void reserve(std::size_t size);
 
   // First fit; returns the address of `bytes` rounded up to kAlignment, committed.
   std::optional<std::uintptr_t> allocate(std::size_t bytes);
@@ -37,6 +57,8 @@ class DeviceMemory {
 
  private:
   void decommit(std::size_t offset, std::size_t length);
+  // Reserves the addresses on first use; false when the host refuses.
+  bool ensure_mapped();
 
   std::uintptr_t base_ = 0;
   std::byte* device_range_ = nullptr;

@@ -4,7 +4,8 @@
 // one line of the driver's live objects by kind, then end of file:
 //
 //   objects=N streams=N events=N modules=N libraries=N allocations=N device_bytes=N
-//   registrations=N green_contexts=N graphs=N graph_execs=N arrays=N pools=N vmm=N
+//   registrations=N green_contexts=N graphs=N graph_execs=N arrays=N pools=N vmm=N physical=N
+// (device_bytes counts cuMemAlloc memory and the physical VMM allocations this process made)
 //
 // `objects` is mpsshim_testdriver_live_objects(), what the in-process tests compare. The
 // listening thread is detached and lives as long as the process; it holds the state's mutex only
@@ -36,15 +37,24 @@ std::string live_object_line(State& s) {
     ++allocations;
     device_bytes += a.size;
   }
+  // Physical VMM allocations are device memory too: the server's cuMemAlloc memory lives in them
+  // (its address arena). Imported ones are another process's.
+  std::size_t physical = 0;
+  for (const auto& [handle, p] : s.vmm.physical) {
+    if (p.imported) continue;
+    ++physical;
+    device_bytes += p.size;
+  }
   for (const auto& [handle, m] : s.modules) modules += m->library == nullptr ? 1 : 0;
   char line[512];
   std::snprintf(line, sizeof line,
                 "objects=%d streams=%zu events=%zu modules=%zu libraries=%zu allocations=%zu "
                 "device_bytes=%zu registrations=%zu green_contexts=%zu graphs=%zu "
-                "graph_execs=%zu arrays=%zu pools=%d vmm=%d\n",
+                "graph_execs=%zu arrays=%zu pools=%d vmm=%d physical=%zu\n",
                 total, s.streams.size(), s.events.size(), modules, s.libraries.size(), allocations,
                 device_bytes, s.registrations.size(), s.green_contexts.size(), s.graphs.size(),
-                s.graph_execs.size(), s.arrays.size(), live_pools(s), live_vmm_objects(s));
+                s.graph_execs.size(), s.arrays.size(), live_pools(s), live_vmm_objects(s),
+                physical);
   return line;
 }
 

@@ -2,8 +2,8 @@
 // suites watch the one inside mpsshim-server): with MPSSHIM_TESTDRIVER_STATS_FILE=PATH, cuInit
 // starts a thread that rewrites PATH every 20 ms with one line
 // `live_objects=N device_bytes=B`: the objects a leak would leave (State::live_objects) and the
-// bytes of device memory allocated. Written to PATH.tmp and renamed, so a reader never sees half
-// a line.
+// bytes of device memory allocated (cuMemAlloc's and physical VMM allocations). Written to PATH.tmp
+// and renamed, so a reader never sees half a line.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +19,10 @@ std::size_t device_bytes(State& s) {
   std::lock_guard lock(s.mutex);
   std::size_t bytes = 0;
   for (const auto& [base, allocation] : s.allocations) bytes += allocation.size;
+  // The server's cuMemAlloc memory lives in physical VMM allocations (its address arena).
+  for (const auto& [handle, physical] : s.vmm.physical) {
+    if (!physical.imported) bytes += physical.size;
+  }
   return bytes;
 }
 

@@ -1,13 +1,16 @@
 // Virtual memory management: physical allocations (memfds), address reservations and the
 // mappings between them, with the driver's rules on granularity, access and teardown
-// (virtual_memory.hpp). Shareable handles (export/import) are not modelled: mpsshim refuses
-// them before the driver is asked (docs/vmm.md).
+// (virtual_memory.hpp). A shareable handle is the allocation's memfd (a POSIX fd, as the real
+// driver's is an fd): another process imports it and maps the same bytes.
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <iterator>
 
+#include "tests/testdriver/device_memory.hpp"
 #include "tests/testdriver/state.hpp"
 
 namespace mpsshim::testdriver {
@@ -27,8 +30,22 @@ std::byte* map_none(void* hint, std::size_t size, int extra_flags) {
   return p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
 }
 
+// Where reservations without a wish go, as the real driver places them: from the same address in
+// every process (two H200 servers each got 0x4a20000000 for their first 16 GiB reservation), so
+// two processes' reservations collide.
+constexpr std::uintptr_t kFirstReservation = 0x7c0000000000;
+std::uintptr_t next_reservation = kFirstReservation;  // under State::mutex
+
 // `size` bytes of PROT_NONE addresses aligned to `alignment`, at `wish` when that is free.
 std::byte* reserve_aligned(std::size_t size, std::size_t alignment, std::uintptr_t wish) {
+  if (!kHonourAddressHints) wish = 0;
+  if (wish == 0 && kHonourAddressHints) {
+    const std::uintptr_t at = (next_reservation + alignment - 1) / alignment * alignment;
+    if (std::byte* p = map_none(reinterpret_cast<void*>(at), size, MAP_FIXED_NOREPLACE)) {
+      next_reservation = at + size;
+      return p;
+    }
+  }
   if (wish != 0 && wish % alignment == 0) {
     if (std::byte* p = map_none(reinterpret_cast<void*>(wish), size, MAP_FIXED_NOREPLACE)) return p;
   }
@@ -59,7 +76,9 @@ CUresult check_prop(State& s, const CUmemAllocationProp* prop) {
 void destroy_physical(State& s, CUmemGenericAllocationHandle handle) {
   auto it = s.vmm.physical.find(handle);
   close(it->second.memfd);
-  s.vmm.physical_bytes[static_cast<std::size_t>(it->second.device)] -= it->second.size;
+  if (!it->second.imported) {
+    s.vmm.physical_bytes[static_cast<std::size_t>(it->second.device)] -= it->second.size;
+  }
   s.vmm.physical.erase(it);
 }
 
@@ -126,10 +145,18 @@ std::byte* resolve_mapped_locked(State& s, std::uintptr_t addr, std::size_t byte
   std::uintptr_t covered = it->first;
   for (; covered < addr + std::max<std::size_t>(bytes, 1); ++it) {
     if (it == s.vmm.mappings.end() || it->first != covered) return nullptr;
-    const int device = s.vmm.physical.at(it->second.handle).device;
-    if (it->second.access[static_cast<std::size_t>(device)] != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
-      return nullptr;
-    }
+    const PhysicalAllocation& physical = s.vmm.physical.at(it->second.handle);
+    // Another process's memory (imported) is this process's device's through a peer mapping:
+    // it must be read-write for some device here.
+    const auto& access = it->second.access;
+    const bool writable = physical.imported
+                              ? std::any_of(access.begin(), access.end(),
+                                            [](unsigned long long a) {
+                                              return a == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+                                            })
+                              : access[static_cast<std::size_t>(physical.device)] ==
+                                    CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (!writable) return nullptr;
     covered += it->second.size;
   }
   return reservation->second.shadow + (addr - reservation->first);
@@ -181,6 +208,54 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHan
     const CUmemGenericAllocationHandle h = s.vmm.next_handle++;
     s.vmm.physical.emplace(h, PhysicalAllocation{dev.ordinal, size, fd, *prop, 1, 0});
     physical += size;
+    *handle = h;
+    return CUDA_SUCCESS;
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI
+cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHandle handle,
+                             CUmemAllocationHandleType type, unsigned long long flags) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    if (shareable == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    auto it = s.vmm.physical.find(handle);
+    if (it == s.vmm.physical.end() || it->second.refs == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+    // Only what was created asking for that handle type, as the driver requires.
+    if ((it->second.prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    const int fd = fcntl(it->second.memfd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    *static_cast<int*>(shareable) = fd;
+    return CUDA_SUCCESS;
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemImportFromShareableHandle(
+    CUmemGenericAllocationHandle* handle, void* shareable, CUmemAllocationHandleType type) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+    const int given = static_cast<int>(reinterpret_cast<std::intptr_t>(shareable));
+    struct stat st {};
+    if (fstat(given, &st) != 0 || st.st_size <= 0 ||
+        !aligned(static_cast<std::size_t>(st.st_size))) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    // The caller keeps its fd, as with the driver.
+    const int fd = fcntl(given, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    const CUmemGenericAllocationHandle h = s.vmm.next_handle++;
+    PhysicalAllocation imported{0, static_cast<std::size_t>(st.st_size), fd, prop, 1, 0};
+    imported.imported = true;
+    s.vmm.physical.emplace(h, imported);
     *handle = h;
     return CUDA_SUCCESS;
   });

@@ -25,6 +25,9 @@ struct PhysicalAllocation {
   CUmemAllocationProp prop{};
   std::size_t refs = 1;      // cuMemCreate + cuMemRetainAllocationHandle - cuMemRelease
   std::size_t mappings = 0;  // live mappings; the memory goes when both counts are 0
+  // Imported from another process's shareable handle: its bytes are charged to the exporter's
+  // device, not to this process's.
+  bool imported = false;
 };
 
 struct VaReservation {

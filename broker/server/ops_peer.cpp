@@ -1,0 +1,125 @@
+// Peer access between the GPUs of one client (docs/architecture.md, "Peer access"): the server of
+// GPU g hands the client the POSIX fd of the physical block holding one of its allocations; the
+// server of GPU h maps that block at the same address (every device address lies in its GPU's
+// arena, so the address is free in every other server) and gives its own GPU access to it. A
+// kernel or copy on GPU h then reaches GPU g's memory over the peer link, as natively.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "broker/server/client_socket.hpp"
+#include "broker/server/log.hpp"
+#include "broker/server/ops.hpp"
+#include "broker/server/retire.hpp"
+#include "proto/address_arenas.hpp"
+#include "proto/control.hpp"
+
+namespace mpsshim::server {
+
+OpResult op_peer_export(Call& call) {
+  auto req = call.request<proto::PeerExportReq>();
+  Session& session = call.session;
+  DeviceHeap* heap = session.gpu().heap.get();
+  const DeviceRange* range = session.memory.find(req.address);
+  if (heap == nullptr || range == nullptr || range->kind != RangeKind::kAllocation) {
+    note_not_owned(call, fmt::format("allocation {:#x} to export to a peer", req.address));
+    return call.done(heap == nullptr ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE);
+  }
+  auto exported = heap->export_block(session.client.id, req.address);
+  if (!exported) return call.done(exported.error());
+  proto::UniqueFd fd(exported->fd);
+  // The fd goes before the answer: the client reads its socket once it has the answer.
+  proto::FdTransfer transfer{
+      proto::make_header(proto::MessageKind::kPeerMemory, sizeof(proto::FdTransfer)), 0, 0,
+      exported->bytes};
+  const int fds[] = {fd.get()};
+  if (int err = proto::send_struct(session.socket.get(), transfer, fds); err != 0) {
+    log_warn("{}: could not send a peer block's fd: {}", session.who(), std::strerror(err));
+    return call.done(CUDA_ERROR_OPERATING_SYSTEM);
+  }
+  return call.reply(proto::PeerExportRep{exported->base, exported->bytes});
+}
+
+OpResult op_peer_import(Call& call) {
+  auto req = call.request<proto::PeerImportReq>();
+  Session& session = call.session;
+  const DriverTable& cu = call.cu;
+  auto stashed = take_stashed_fd(session, req.token, proto::MessageKind::kPeerMemory);
+  if (!stashed) return call.done(stashed.error());
+  DeviceHeap* heap = session.gpu().heap.get();
+  // Only another GPU's arena: this server's own addresses are its own allocations'.
+  const int arena = proto::arena_holding(req.base);
+  if (heap == nullptr) return call.done(CUDA_ERROR_NOT_SUPPORTED);
+  if (arena < 0 || heap->arena().holds(req.base) || req.bytes == 0 ||
+      req.bytes % heap->granularity() != 0 || req.base % heap->granularity() != 0 ||
+      proto::arena_holding(req.base + req.bytes - 1) != arena) {
+    return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  if (session.vmm.peer_blocks.count(req.base) != 0) return call.done();  // mapped already
+  if (session.memory.find(req.base) != nullptr ||
+      session.memory.find(req.base + req.bytes - 1) != nullptr) {
+    return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  PeerBlock block{req.base, req.bytes, 0};
+  if (CUresult r = cu.cuMemImportFromShareableHandle(
+          &block.handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(stashed->fd.get())),
+          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  CUdeviceptr got = 0;
+  CUresult r = cu.cuMemAddressReserve(&got, req.bytes, 0, req.base, 0);
+  if (r == CUDA_SUCCESS && got != req.base) {
+    cu.cuMemAddressFree(got, req.bytes);
+    log_warn("{}: a peer block's address {:#x} is taken in this server", session.who(), req.base);
+    r = CUDA_ERROR_INVALID_VALUE;
+  }
+  if (r == CUDA_SUCCESS) {
+    r = cu.cuMemMap(req.base, req.bytes, 0, block.handle, 0);
+    if (r == CUDA_SUCCESS) {
+      CUmemAccessDesc access{};
+      access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      access.location.id = session.gpu().device;
+      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      r = cu.cuMemSetAccess(req.base, req.bytes, &access, 1);
+      if (r != CUDA_SUCCESS) cu.cuMemUnmap(req.base, req.bytes);
+    }
+    if (r != CUDA_SUCCESS) cu.cuMemAddressFree(req.base, req.bytes);
+  }
+  if (r != CUDA_SUCCESS) {
+    cu.cuMemRelease(block.handle);
+    return call.done(r);
+  }
+  session.vmm.peer_blocks.emplace(req.base, block);
+  session.memory.add(DeviceRange{req.base, req.bytes, RangeKind::kPeer, 0});
+  return call.done();
+}
+
+OpResult op_peer_release(Call& call) {
+  auto req = call.request<proto::PeerReleaseReq>();
+  Session& session = call.session;
+  auto it = session.vmm.peer_blocks.find(req.base);
+  if (it == session.vmm.peer_blocks.end()) return call.done(CUDA_ERROR_INVALID_VALUE);
+  Retired bundle;
+  bundle.peer_blocks.push_back(it->second);
+  session.vmm.peer_blocks.erase(it);
+  session.memory.remove(req.base);
+  // Unmapped once the work queued on its streams so far is done: it may still read the block.
+  return call.done(retire(session, std::move(bundle)));
+}
+
+void unmap_peer_block(Session& session, const PeerBlock& block) {
+  const DriverTable& cu = session.cu();
+  for (CUresult r : {cu.cuMemUnmap(block.base, block.bytes), cu.cuMemRelease(block.handle),
+                     cu.cuMemAddressFree(block.base, block.bytes)}) {
+    if (r != CUDA_SUCCESS) {
+      log_warn("{}: unmapping a peer block at {:#x} failed: {}", session.who(), block.base,
+               describe(cu, r));
+    }
+  }
+}
+
+}  // namespace mpsshim::server

@@ -1,0 +1,205 @@
+#include "libshim/peer.hpp"
+
+#include <array>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "libshim/client.hpp"
+#include "libshim/client_view.hpp"
+#include "libshim/log.hpp"
+#include "proto/address_arenas.hpp"
+#include "proto/ops.hpp"
+
+namespace mpsshim::shim {
+namespace {
+
+constexpr int kMaxPeerDevices = static_cast<int>(proto::kMaxArenas);
+
+struct MappedBlock {
+  std::uint64_t bytes = 0;
+  int owner = -1;
+};
+
+struct Peers {
+  std::mutex mutex;
+  // Per device: the blocks of other devices its server has mapped, by base.
+  std::array<std::map<CUdeviceptr, MappedBlock>, kMaxPeerDevices> mapped;
+  // enabled[h][g]: device h's contexts reach all of device g's memory (cuCtxEnablePeerAccess).
+  std::array<std::array<bool, kMaxPeerDevices>, kMaxPeerDevices> enabled{};
+};
+
+Peers& peers() {
+  static Peers* p = new Peers();  // never destroyed: used from atexit paths
+  return *p;
+}
+
+// Under peers().mutex: whether `device`'s server already maps [address, address + bytes).
+bool mapped_locked(int device, CUdeviceptr address, std::size_t bytes) {
+  const auto& blocks = peers().mapped[static_cast<std::size_t>(device)];
+  auto after = blocks.upper_bound(address);
+  if (after == blocks.begin()) return false;
+  auto it = std::prev(after);
+  return address - it->first < it->second.bytes &&
+         bytes <= it->second.bytes - (address - it->first);
+}
+
+// Under peers().mutex: g's block holding `address`, mapped into h's server.
+CUresult map_block_locked(int h, int g, CUdeviceptr address) {
+  Session* from = nullptr;
+  Session* to = nullptr;
+  if (CUresult rc = session_for(g, from); rc != CUDA_SUCCESS) return rc;
+  if (CUresult rc = session_for(h, to); rc != CUDA_SUCCESS) return rc;
+  proto::PeerExportRep block{};
+  proto::UniqueFd fd;
+  {
+    std::lock_guard receiving(from->fd_receive_mutex());
+    proto::PeerExportReq request{address};
+    if (CUresult rc = from->call(proto::Op::kPeerExport, request, &block); rc != CUDA_SUCCESS) {
+      return rc;
+    }
+    if (CUresult rc = from->receive_fd(proto::MessageKind::kPeerMemory, fd); rc != CUDA_SUCCESS) {
+      return rc;
+    }
+  }
+  std::uint32_t token = 0;
+  if (CUresult rc = to->send_fd(proto::MessageKind::kPeerMemory, fd.get(), block.bytes, token);
+      rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  proto::PeerImportReq request{block.base, block.bytes, token, 0};
+  if (CUresult rc = to->call(proto::Op::kPeerImport, request, static_cast<int*>(nullptr));
+      rc != CUDA_SUCCESS) {
+    log(Level::warn, "mapping device {}'s memory at {:#x} into device {}'s server failed ({})", g,
+        block.base, h, static_cast<int>(rc));
+    return rc;
+  }
+  peers().mapped[static_cast<std::size_t>(h)][block.base] = MappedBlock{block.bytes, g};
+  log(Level::debug, "device {}'s block {:#x} (+{} bytes) mapped into device {}'s server", g,
+      block.base, block.bytes, h);
+  return CUDA_SUCCESS;
+}
+
+bool valid(int device) {
+  return device >= 0 && device < visible_device_count() && device < kMaxPeerDevices;
+}
+
+}  // namespace
+
+int device_of_address(CUdeviceptr address) noexcept {
+  const int physical = proto::arena_holding(address);
+  if (physical < 0) return -1;
+  for (int d = 0; d < visible_device_count(); ++d) {
+    const proto::DeviceSnapshot* snapshot = device_snapshot(d);
+    if (snapshot != nullptr && snapshot->ordinal == physical && snapshot->arena_bytes != 0) {
+      return d;
+    }
+  }
+  return -1;
+}
+
+CUresult reach_from(int device, CUdeviceptr address, std::size_t bytes) noexcept {
+  // The common case first, with no lock: host memory, or this device's own.
+  const int physical = proto::arena_holding(address);
+  if (physical < 0) return CUDA_SUCCESS;
+  if (const proto::DeviceSnapshot* own = device_snapshot(device);
+      own != nullptr && own->ordinal == physical) {
+    return CUDA_SUCCESS;
+  }
+  const int owner = device_of_address(address);
+  if (owner < 0 || owner == device) return CUDA_SUCCESS;
+  if (!valid(device)) return CUDA_ERROR_INVALID_DEVICE;
+  try {
+    std::lock_guard lock(peers().mutex);
+    if (mapped_locked(device, address, std::max<std::size_t>(bytes, 1))) return CUDA_SUCCESS;
+    if (CUresult rc = map_block_locked(device, owner, address); rc != CUDA_SUCCESS) return rc;
+    // A range that runs past the block is not one allocation: the driver refuses it too.
+    return mapped_locked(device, address, std::max<std::size_t>(bytes, 1))
+               ? CUDA_SUCCESS
+               : CUDA_ERROR_INVALID_VALUE;
+  } catch (...) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+}
+
+void forget_peer_blocks(int owner, CUdeviceptr base, std::size_t bytes) noexcept {
+  if (!valid(owner)) return;
+  try {
+    std::lock_guard lock(peers().mutex);
+    for (int h = 0; h < visible_device_count() && h < kMaxPeerDevices; ++h) {
+      auto& blocks = peers().mapped[static_cast<std::size_t>(h)];
+      if (blocks.empty()) continue;
+      std::vector<CUdeviceptr> gone;
+      auto it = blocks.upper_bound(base);
+      if (it != blocks.begin()) --it;
+      for (; it != blocks.end() && it->first < base + std::max<std::size_t>(bytes, 1); ++it) {
+        if (it->second.owner == owner && it->first + it->second.bytes > base) {
+          gone.push_back(it->first);
+        }
+      }
+      Session* session = nullptr;
+      if (gone.empty() || session_for(h, session) != CUDA_SUCCESS) continue;
+      for (CUdeviceptr block : gone) {
+        proto::PeerReleaseReq request{block};
+        if (CUresult rc =
+                session->call(proto::Op::kPeerRelease, request, static_cast<int*>(nullptr));
+            rc != CUDA_SUCCESS) {
+          log(Level::warn, "device {}'s server did not let go of device {}'s block {:#x} ({})", h,
+              owner, block, static_cast<int>(rc));
+        }
+        blocks.erase(block);
+      }
+    }
+  } catch (...) {
+  }
+}
+
+CUresult enable_peer_access(int device, int peer) noexcept {
+  if (!valid(device) || !valid(peer) || device == peer) return CUDA_ERROR_INVALID_DEVICE;
+  std::vector<DeviceRange> held;
+  try {
+    {
+      std::lock_guard lock(peers().mutex);
+      bool& on = peers().enabled[static_cast<std::size_t>(device)][static_cast<std::size_t>(peer)];
+      if (on) return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+      on = true;
+    }
+    held = address_book().device_ranges();
+  } catch (...) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  for (const DeviceRange& range : held) {
+    if (range.vmm || range.ipc_opened || range.module_global || range.pool != nullptr ||
+        range.ctx == nullptr || range.ctx->device != peer) {
+      continue;
+    }
+    if (CUresult rc = reach_from(device, range.base, range.bytes); rc != CUDA_SUCCESS) return rc;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult disable_peer_access(int device, int peer) noexcept {
+  if (!valid(device) || !valid(peer) || device == peer) return CUDA_ERROR_INVALID_DEVICE;
+  std::lock_guard lock(peers().mutex);
+  bool& on = peers().enabled[static_cast<std::size_t>(device)][static_cast<std::size_t>(peer)];
+  if (!on) return CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
+  // What is mapped stays until it is freed: copies still use it, as they may without peer access.
+  on = false;
+  return CUDA_SUCCESS;
+}
+
+CUresult share_with_peers(int owner, CUdeviceptr base, std::size_t bytes) noexcept {
+  if (!valid(owner)) return CUDA_SUCCESS;
+  for (int h = 0; h < visible_device_count() && h < kMaxPeerDevices; ++h) {
+    bool on = false;
+    {
+      std::lock_guard lock(peers().mutex);
+      on = peers().enabled[static_cast<std::size_t>(h)][static_cast<std::size_t>(owner)];
+    }
+    if (!on) continue;
+    if (CUresult rc = reach_from(h, base, bytes); rc != CUDA_SUCCESS) return rc;
+  }
+  return CUDA_SUCCESS;
+}
+
+}  // namespace mpsshim::shim

@@ -1,0 +1,39 @@
+// One device address space across the GPUs' servers. Each GPU's server places every device
+// address it hands out (cuMemAlloc, pitch, VMM reservations) inside its GPU's arena, a fixed
+// range of virtual addresses that no other server uses; every client reserves the whole window
+// PROT_NONE at start, so no host address of a client ever equals a device address either.
+//
+// Why fixed addresses and not whatever the driver picks: two processes of the real driver hand
+// out the same addresses (H200, driver 580: cuMemAllocAsync 0x420000000 and a 16 GiB reservation
+// at 0x4a20000000 in both), so two servers collide unless they place their memory themselves.
+// The same driver honoured a 512 GiB reservation at 0x600000000000 in one process and at
+// 0x608000000000 in another, and 4.5 TiB more of reservations in each (docs/architecture.md,
+// "One device address space"). An arena of 1 TiB is 7x an H200's memory: room for several
+// clients' VMM reservations (PyTorch's expandable segments reserve ~1.1x the GPU's memory each).
+#pragma once
+
+#include <cstdint>
+
+namespace mpsshim::proto {
+
+inline constexpr std::uint64_t kArenaWindowBase = 0x6000'0000'0000;
+inline constexpr std::uint64_t kArenaBytes = std::uint64_t{1} << 40;  // 1 TiB per GPU
+inline constexpr unsigned kMaxArenas = 16;                            // GPUs of one host
+inline constexpr std::uint64_t kArenaWindowBytes = kArenaBytes * kMaxArenas;
+
+// The arena of the GPU with physical ordinal `gpu` (< kMaxArenas).
+constexpr std::uint64_t arena_base(unsigned gpu) {
+  return kArenaWindowBase + std::uint64_t{gpu} * kArenaBytes;
+}
+
+// The physical ordinal whose arena holds `address`, or -1.
+constexpr int arena_holding(std::uint64_t address) {
+  if (address < kArenaWindowBase || address - kArenaWindowBase >= kArenaWindowBytes) return -1;
+  return static_cast<int>((address - kArenaWindowBase) / kArenaBytes);
+}
+
+static_assert(kArenaWindowBase + kArenaWindowBytes <= 0x7000'0000'0000,
+              "the window stays well below the top-down mmap area of x86-64 user space");
+static_assert(arena_holding(arena_base(3) + 5) == 3 && arena_holding(kArenaWindowBase - 1) == -1);
+
+}  // namespace mpsshim::proto

@@ -1,0 +1,245 @@
+// The server's part of the one device address space: the arena's range allocator
+// (address_arena.hpp) and cuMemAlloc's memory placed in it with VMM (device_heap.hpp), against the
+// fake driver with its reservations at the address asked for, as the real driver was measured to.
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "broker/server/address_arena.hpp"
+#include "broker/server/device_heap.hpp"
+#include "proto/address_arenas.hpp"
+#include "tests/server/fake_driver.hpp"
+
+namespace mpsshim::server::test {
+namespace {
+
+constexpr std::uint64_t kMiB = 1 << 20;
+constexpr std::uint64_t kGranule = 2 * kMiB;
+constexpr unsigned kGpu = 1;
+constexpr std::uint64_t kOwner = 7, kOtherOwner = 8;
+
+int creates = 0;
+CUresult create_result = CUDA_SUCCESS;
+
+// The fake driver, with reservations placed where asked and cuMemCreate counted and failing on
+// demand.
+DriverTable honouring_driver() {
+  fake_gpu().reset();
+  creates = 0;
+  create_result = CUDA_SUCCESS;
+  DriverTable t = fake_driver_table();
+  t.cuMemAddressReserve = [](CUdeviceptr* p, std::size_t bytes, std::size_t, CUdeviceptr want,
+                             unsigned long long) {
+    *p = want;
+    fake_gpu().vmm_reservations[want] = bytes;
+    return CUDA_SUCCESS;
+  };
+  // The heap calls the driver from any thread; the fake's books are not thread-safe.
+  static std::mutex books;
+  static decltype(t.cuMemCreate) create = nullptr;
+  static decltype(t.cuMemMap) map = nullptr;
+  static decltype(t.cuMemUnmap) unmap = nullptr;
+  static decltype(t.cuMemRelease) release = nullptr;
+  create = t.cuMemCreate;
+  map = t.cuMemMap;
+  unmap = t.cuMemUnmap;
+  release = t.cuMemRelease;
+  t.cuMemCreate = [](CUmemGenericAllocationHandle* h, std::size_t bytes,
+                     const CUmemAllocationProp* prop, unsigned long long flags) {
+    std::lock_guard lock(books);
+    if (create_result != CUDA_SUCCESS) return create_result;
+    ++creates;
+    return create(h, bytes, prop, flags);
+  };
+  t.cuMemMap = [](CUdeviceptr p, std::size_t bytes, std::size_t offset,
+                  CUmemGenericAllocationHandle h, unsigned long long flags) {
+    std::lock_guard lock(books);
+    return map(p, bytes, offset, h, flags);
+  };
+  t.cuMemUnmap = [](CUdeviceptr p, std::size_t bytes) {
+    std::lock_guard lock(books);
+    return unmap(p, bytes);
+  };
+  t.cuMemRelease = [](CUmemGenericAllocationHandle h) {
+    std::lock_guard lock(books);
+    return release(h);
+  };
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("the arena hands out aligned ranges, exactly asked ones, and coalesces them back",
+          "[device_heap]") {
+  constexpr std::uint64_t kBase = proto::arena_base(2);
+  AddressArena sut(kBase, 64 * kMiB);
+
+  auto first = sut.take(3 * kMiB, kGranule);
+  REQUIRE(first == kBase);
+  auto aligned = sut.take(kMiB, 8 * kMiB);
+  REQUIRE(aligned == kBase + 8 * kMiB);
+  CHECK(sut.take_at(kBase + 4 * kMiB, kMiB));
+  CHECK_FALSE(sut.take_at(kBase + 4 * kMiB, kMiB));       // taken
+  CHECK_FALSE(sut.take_at(kBase + 63 * kMiB, 2 * kMiB));  // runs off the end
+  CHECK_FALSE(sut.take(64 * kMiB, kGranule).has_value());
+  CHECK(sut.taken_bytes() == 5 * kMiB);
+
+  sut.give(*first, 3 * kMiB);
+  sut.give(kBase + 4 * kMiB, kMiB);
+  sut.give(*aligned, kMiB);
+  CHECK(sut.taken_bytes() == 0);
+  // Coalesced: the whole arena is one range again.
+  CHECK(sut.take(64 * kMiB, kGranule) == kBase);
+}
+
+TEST_CASE("the heap reserves its GPU's arena at its fixed address", "[device_heap]") {
+  DriverTable cu = honouring_driver();
+  std::string why;
+  auto sut = DeviceHeap::open(cu, 0, kGpu, &why);
+  REQUIRE(sut != nullptr);
+  CHECK(sut->arena().base() == proto::arena_base(kGpu));
+  CHECK(fake_gpu().vmm_reservations.count(proto::arena_base(kGpu)) == 1);
+
+  SECTION("a driver that places the arena elsewhere leaves the server without one") {
+    DriverTable moving = fake_driver_table();
+    moving.cuMemAddressReserve = [](CUdeviceptr* p, std::size_t, std::size_t, CUdeviceptr want,
+                                    unsigned long long) {
+      *p = want + kGranule;  // somewhere else
+      return CUDA_SUCCESS;
+    };
+    moving.cuMemAddressFree = [](CUdeviceptr, std::size_t) { return CUDA_SUCCESS; };
+    CHECK(DeviceHeap::open(moving, 0, kGpu, &why) == nullptr);
+    CHECK_THAT(why, Catch::Contains("instead of"));
+  }
+  SECTION("a GPU past the last arena has none") {
+    CHECK(DeviceHeap::open(cu, 0, proto::kMaxArenas, &why) == nullptr);
+  }
+}
+
+TEST_CASE("small allocations share their owner's chunk; large ones are their own",
+          "[device_heap]") {
+  DriverTable cu = honouring_driver();
+  std::string why;
+  auto sut = DeviceHeap::open(cu, 0, kGpu, &why);
+  REQUIRE(sut != nullptr);
+
+  auto a = sut->allocate(kOwner, 1000);
+  auto b = sut->allocate(kOwner, 64 * 1024);
+  REQUIRE(a);
+  REQUIRE(b);
+  CHECK(creates == 1);  // one chunk
+  CHECK(*a % DeviceHeap::kSmallAlignment == 0);
+  CHECK(*b % DeviceHeap::kSmallAlignment == 0);
+  CHECK(*b - *a >= 1000);
+  auto other = sut->allocate(kOtherOwner, 1000);
+  REQUIRE(other);
+  CHECK(creates == 2);  // owners never share a chunk
+  auto large = sut->allocate(kOwner, 5 * kMiB);
+  REQUIRE(large);
+  CHECK(creates == 3);
+  CHECK(*large % kGranule == 0);
+  for (CUdeviceptr p : {*a, *b, *other, *large}) {
+    CHECK(proto::arena_holding(p) == static_cast<int>(kGpu));
+    CHECK(sut->owns(p));
+  }
+  CHECK(sut->figures().physical_bytes == 2 * kGranule + 6 * kMiB);  // rounded to granules
+  CHECK_FALSE(sut->owns(*a + 512));
+
+  CHECK(sut->free(*large) == CUDA_SUCCESS);
+  CHECK(sut->free(*large) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(fake_gpu().vmm_handles.size() == 2);
+
+  // The emptied chunk stays as the owner's spare: the next small allocation makes no chunk.
+  CHECK(sut->free(*a) == CUDA_SUCCESS);
+  CHECK(sut->free(*b) == CUDA_SUCCESS);
+  CHECK(fake_gpu().vmm_handles.size() == 2);
+  auto again = sut->allocate(kOwner, 4096);
+  REQUIRE(again);
+  CHECK(creates == 3);
+  CHECK(sut->free(*again) == CUDA_SUCCESS);
+
+  // The owner's end gives its spare back; the other owner's chunk stays.
+  sut->forget_owner(kOwner);
+  CHECK(fake_gpu().vmm_handles.size() == 1);
+  CHECK(sut->free(*other) == CUDA_SUCCESS);
+  sut->forget_owner(kOtherOwner);
+  CHECK(fake_gpu().vmm_handles.empty());
+  CHECK(fake_gpu().vmm_mappings.empty());
+  CHECK(sut->arena().taken_bytes() == 0);
+}
+
+TEST_CASE("an allocation freed after its owner ended gives its chunk back", "[device_heap]") {
+  // As when the last opener of an exported allocation closes it after the exporter ended.
+  DriverTable cu = honouring_driver();
+  std::string why;
+  auto sut = DeviceHeap::open(cu, 0, kGpu, &why);
+  REQUIRE(sut != nullptr);
+  auto kept = sut->allocate(kOwner, 4096);
+  REQUIRE(kept);
+  sut->forget_owner(kOwner);
+  CHECK(fake_gpu().vmm_handles.size() == 1);  // still in use
+  CHECK(sut->free(*kept) == CUDA_SUCCESS);
+  CHECK(fake_gpu().vmm_handles.empty());
+}
+
+TEST_CASE("the driver's out-of-memory reaches the caller and leaves the arena as it was",
+          "[device_heap]") {
+  DriverTable cu = honouring_driver();
+  std::string why;
+  auto sut = DeviceHeap::open(cu, 0, kGpu, &why);
+  REQUIRE(sut != nullptr);
+  create_result = CUDA_ERROR_OUT_OF_MEMORY;
+  auto small = sut->allocate(kOwner, 100);
+  auto large = sut->allocate(kOwner, 64 * kMiB);
+  REQUIRE_FALSE(small);
+  REQUIRE_FALSE(large);
+  CHECK(small.error() == CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK(large.error() == CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK(sut->arena().taken_bytes() == 0);
+  // More than the arena holds is out of memory without asking the driver.
+  create_result = CUDA_SUCCESS;
+  auto huge = sut->allocate(kOwner, proto::kArenaBytes + 1);
+  REQUIRE_FALSE(huge);
+  CHECK(huge.error() == CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK(creates == 0);
+}
+
+TEST_CASE("allocations from several threads never overlap", "[device_heap]") {
+  DriverTable cu = honouring_driver();
+  std::string why;
+  auto sut = DeviceHeap::open(cu, 0, kGpu, &why);
+  REQUIRE(sut != nullptr);
+  constexpr int kThreads = 4, kEach = 200;
+  std::vector<std::vector<std::pair<CUdeviceptr, std::uint64_t>>> got(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        const std::uint64_t bytes = (i % 7 == 0) ? 3 * kMiB : 512 * (1 + i % 40);
+        // Two threads share an owner, as two workers freeing one client's IPC memory may.
+        auto p = sut->allocate(static_cast<std::uint64_t>(t / 2), bytes);
+        if (p) got[t].emplace_back(*p, bytes);
+        if (i % 3 == 0 && !got[t].empty()) {
+          sut->free(got[t].front().first);
+          got[t].erase(got[t].begin());
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  std::map<CUdeviceptr, std::uint64_t> all;
+  for (const auto& list : got) {
+    for (const auto& [p, bytes] : list) all.emplace(p, bytes);
+  }
+  CUdeviceptr end = 0;
+  for (const auto& [p, bytes] : all) {
+    CHECK(p >= end);
+    end = p + bytes;
+  }
+  for (const auto& [p, bytes] : all) CHECK(sut->free(p) == CUDA_SUCCESS);
+}
+
+}  // namespace mpsshim::server::test
