@@ -126,6 +126,18 @@ struct Library {
   std::vector<std::string> kernel_names;
   std::unordered_set<std::string_view> listed;
   bool kernel_names_known = false;
+  // A library is context-independent, and so are its kernels: the CUDA runtime launches one
+  // CUkernel on every GPU the process uses. Each GPU is another server, so the image is shipped
+  // to each GPU's server at its first launch there (kernel_on_device, module.cpp). Kept for that
+  // while the process sees more than one GPU: views of the caller's memory when it is preserved
+  // (CU_LIBRARY_BINARY_IS_PRESERVED, as the runtime loads), else our copy. Under `mutex`.
+  std::vector<std::span<const std::byte>> image;
+  std::vector<std::byte> image_copy;
+  struct Elsewhere {
+    Context* ctx;  // a context of that GPU, the one it was shipped from
+    proto::WireHandle wire;
+  };
+  std::vector<Elsewhere> elsewhere;
 };
 
 // A CUfunction or a CUkernel: the runtime passes a CUkernel where a CUfunction is expected
@@ -141,6 +153,8 @@ struct Function {
   Module* module = nullptr;
   Library* library = nullptr;
   std::atomic<Function*> function_of_kernel{nullptr};  // cuKernelGetFunction, cached
+  // A library's kernel on other GPUs' servers, by visible device (kernel_on_device).
+  std::array<std::atomic<Function*>, 16> on_device{};
   // False for a library's kernel handed out from its listed names until its first use looks it
   // up on the server (kernel_lookup.hpp: usable()). wire, params and args_bytes are written
   // before it turns true (release) and read only after it was seen true (acquire).

@@ -53,6 +53,11 @@ Function* listed_kernel(Library* library, std::string_view name);
 // says which uses look kernels up).
 CUresult look_up_kernel(Function* f, const char* use);
 
+// The same library kernel on the server of `ctx`'s GPU, when `f` (a CUkernel) belongs to another
+// GPU's: the library is shipped there at its first launch on that GPU. nullptr when `f` is not a
+// library's kernel (a module's function belongs to one context) or the shipping failed (`rc`).
+Function* kernel_on_device(Function* f, Context* ctx, CUresult& rc);
+
 // Before any use of f's wire handle or parameter layout.
 inline CUresult usable(Function* f, std::source_location where = std::source_location::current()) {
   return f->looked_up.load(std::memory_order_acquire) ? CUDA_SUCCESS

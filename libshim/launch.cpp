@@ -32,7 +32,12 @@ CUresult launch(CUfunction hfunc, const Geometry& g, CUstream handle, DefaultStr
   Context* ctx = nullptr;
   Stream* stream = nullptr;
   if (CUresult rc = resolve_stream(handle, mode, ctx, stream); rc != CUDA_SUCCESS) return rc;
-  if (ctx->session != f->ctx->session) return CUDA_ERROR_INVALID_HANDLE;
+  if (ctx->session != f->ctx->session) [[unlikely]] {
+    // A library's kernel launched on another GPU than the one it was first used on.
+    CUresult rc = CUDA_ERROR_INVALID_HANDLE;
+    f = kernel_on_device(f, ctx, rc);
+    if (f == nullptr) return rc;
+  }
   if (attribute_count > proto::kMaxLaunchAttributes) return CUDA_ERROR_INVALID_VALUE;
   const void* buffer = nullptr;
   std::size_t args = 0;

@@ -15,6 +15,7 @@
 
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
+#include "libshim/client_view.hpp"
 #include "libshim/darkapi/image_length.hpp"
 #include "libshim/kernel_lookup.hpp"
 #include "libshim/log.hpp"
@@ -154,6 +155,25 @@ CUresult load_library(CUlibrary* library, const void* code, bool preserved) {
   object->ctx = ctx;
   object->wire = wire;
   take_kernel_names(object, *names);
+  // Kept for the other GPUs' servers (Library::image); copied unless preserved.
+  if (visible_device_count() > 1) {
+    try {
+      if (preserved) {
+        object->image = std::move(pieces);
+      } else {
+        std::size_t total = 0;
+        for (auto piece : pieces) total += piece.size();
+        object->image_copy.reserve(total);
+        for (auto piece : pieces) {
+          const std::byte* at = object->image_copy.data() + object->image_copy.size();
+          object->image_copy.insert(object->image_copy.end(), piece.begin(), piece.end());
+          object->image.emplace_back(at, piece.size());
+        }
+      }
+    } catch (...) {
+      object->image.clear();
+    }
+  }
   *library = reinterpret_cast<CUlibrary>(object);
   return CUDA_SUCCESS;
 }
@@ -175,6 +195,10 @@ CUresult bind_library(Library* library) {
   library->ctx = ctx;
   library->wire = wire;
   take_kernel_names(library, *names);
+  if (visible_device_count() > 1) {
+    library->image = std::move(library->unbound_pieces);
+    library->image_copy = std::move(library->unbound_copy);
+  }
   std::vector<std::span<const std::byte>>().swap(library->unbound_pieces);
   std::vector<std::byte>().swap(library->unbound_copy);
   return CUDA_SUCCESS;
@@ -386,6 +410,10 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryUnload(CUlibrary handle) {
     proto::HandleReq request{library->wire};
     rc = library->ctx->session->post(proto::Op::kLibraryUnload, request);
   }
+  for (const Library::Elsewhere& copy : library->elsewhere) {
+    if (copy.ctx->session->fault() != CUDA_SUCCESS) continue;
+    copy.ctx->session->post(proto::Op::kLibraryUnload, proto::HandleReq{copy.wire});
+  }
   forget_functions(library->kernels);
   if (library->module) {
     forget_functions(library->module->functions);
@@ -393,6 +421,49 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryUnload(CUlibrary handle) {
   }
   library->magic = Magic::kDead;
   return rc;
+}
+
+Function* mpsshim::shim::kernel_on_device(Function* f, Context* ctx, CUresult& rc) {
+  rc = CUDA_ERROR_INVALID_HANDLE;
+  Library* library = f->library;
+  if (!f->is_kernel || library == nullptr || ctx->device < 0 ||
+      ctx->device >= static_cast<int>(f->on_device.size())) {
+    return nullptr;
+  }
+  auto& slot = f->on_device[static_cast<std::size_t>(ctx->device)];
+  if (Function* there = slot.load(std::memory_order_acquire)) {
+    rc = CUDA_SUCCESS;
+    return there;
+  }
+  std::lock_guard lock(library->mutex);
+  if (Function* there = slot.load(std::memory_order_relaxed)) {
+    rc = CUDA_SUCCESS;
+    return there;
+  }
+  if (library->image.empty()) return nullptr;
+  proto::WireHandle wire = 0;
+  for (const Library::Elsewhere& copy : library->elsewhere) {
+    if (copy.ctx->session == ctx->session) wire = copy.wire;
+  }
+  if (wire == 0) {
+    auto names = std::make_unique<proto::LibraryLoadRep>();
+    if (rc = ship_image(ctx, library->image, proto::ImageKind::kLibrary, wire, names.get());
+        rc != CUDA_SUCCESS) {
+      return nullptr;
+    }
+    library->elsewhere.push_back({ctx, wire});
+  }
+  proto::FunctionRep reply{};
+  if (rc = lookup(ctx, proto::Op::kLibraryGetKernel, wire, f->name.c_str(), &reply, sizeof reply);
+      rc != CUDA_SUCCESS) {
+    return nullptr;
+  }
+  Function* there = make_function(ctx, reply, f->name, true);
+  there->library = library;
+  slot.store(there, std::memory_order_release);
+  log(Level::debug, "kernel {} shipped to device {}'s server for its first launch there", f->name,
+      ctx->device);
+  return there;
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryGetKernel(CUkernel* kernel, CUlibrary handle,

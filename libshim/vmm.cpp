@@ -329,27 +329,63 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocati
   return CUDA_SUCCESS;
 }
 
-// Sharing physical memory between processes is refused: the memory belongs to the server,
-// and a handle is an id of one client's session (docs/vmm.md, "Export and import").
+// Sharing physical memory between processes with a POSIX fd (docs/vmm.md, "Export and import";
+// NCCL's P2P transport shares its buffers so): the fd is the server's driver's own, handed to
+// the client; a process that imports it sends it to its own server, which maps the same memory.
 MPSSHIM_EXPORT CUresult CUDAAPI cuMemExportToShareableHandle(void* shareable,
                                                              CUmemGenericAllocationHandle handle,
                                                              CUmemAllocationHandleType type,
                                                              unsigned long long flags) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
-  (void)shareable, (void)handle, (void)type, (void)flags;
-  log_once("vmm.export", Level::warn,
-           "cuMemExportToShareableHandle: refused: mpsshim does not share VMM memory between "
-           "processes (docs/vmm.md)");
-  return CUDA_ERROR_NOT_SUPPORTED;
+  if (shareable == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+    return not_supported("export-type", "a fabric or Win32 shareable handle");
+  }
+  Session* session = nullptr;
+  proto::WireHandle wire = 0;
+  if (CUresult rc = from_client(handle, session, wire); rc != CUDA_SUCCESS) return rc;
+  proto::UniqueFd fd;
+  std::lock_guard receiving(session->fd_receive_mutex());
+  if (CUresult rc =
+          session->call(proto::Op::kVmmExport, proto::HandleReq{wire}, static_cast<int*>(nullptr));
+      rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  if (CUresult rc = session->receive_fd(proto::MessageKind::kPeerMemory, fd); rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  *static_cast<int*>(shareable) = fd.release();
+  return CUDA_SUCCESS;
 }
 
+// The memory goes to the server of the calling thread's current GPU (device 0 with no context
+// current), where it is mapped like the client's own; the caller keeps its fd, as with the driver.
 MPSSHIM_EXPORT CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle,
                                                                void* os_handle,
                                                                CUmemAllocationHandleType type) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
-  (void)handle, (void)os_handle, (void)type;
-  log_once("vmm.import", Level::warn,
-           "cuMemImportFromShareableHandle: refused: mpsshim does not share VMM memory between "
-           "processes (docs/vmm.md)");
-  return CUDA_ERROR_NOT_SUPPORTED;
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+    return not_supported("import-type", "a fabric or Win32 shareable handle");
+  }
+  const int fd = static_cast<int>(reinterpret_cast<std::intptr_t>(os_handle));
+  if (fd < 0) return CUDA_ERROR_INVALID_VALUE;
+  int device = 0;
+  if (CUcontext current = current_context(); current != nullptr) {
+    context_identity(current, &device, nullptr);
+  }
+  Session* session = nullptr;
+  if (CUresult rc = session_for(device, session); rc != CUDA_SUCCESS) return rc;
+  std::uint32_t token = 0;
+  if (CUresult rc = session->send_fd(proto::MessageKind::kPeerMemory, fd, 0, token);
+      rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  proto::VmmHandleRep reply{};
+  if (CUresult rc = session->call(proto::Op::kVmmImport, proto::VmmImportReq{token, 0}, &reply);
+      rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  *handle = to_client(device, reply.handle);
+  return CUDA_SUCCESS;
 }

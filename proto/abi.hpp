@@ -41,7 +41,7 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // answers with LibraryLoadRep, its kernels' names; LibraryKernelNames (op 104) pages the rest.
 // Minor 14: one device address space and peers: DeviceSnapshot's arena and peer masks (were
 // reserved, 0), MessageKind::kPeerMemory, ops 105..107 (PeerExportReq, PeerExportRep,
-// PeerImportReq, PeerReleaseReq).
+// PeerImportReq, PeerReleaseReq); VMM shareable handles, ops 108..109 (VmmImportReq).
 inline constexpr std::uint16_t kAbiMinor = 14;
 
 // FROZEN FOREVER. Every message on every mpsshim socket starts with this header, so that any two

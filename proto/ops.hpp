@@ -152,6 +152,11 @@ enum class Op : std::uint16_t {
   kPeerExport = 105,   // PeerExportReq -> PeerExportRep
   kPeerImport = 106,   // PeerImportReq (the fd sent before it, by token) -> nothing
   kPeerRelease = 107,  // PeerReleaseReq -> nothing
+  // VMM shareable handles (cuMemExportToShareableHandle / cuMemImportFromShareableHandle, POSIX
+  // fd): the physical allocation's fd comes back on the client's socket (FdTransfer,
+  // kPeerMemory) before the answer; an fd the client sent is imported as a new handle.
+  kVmmExport = 108,  // HandleReq -> nothing
+  kVmmImport = 109,  // VmmImportReq (the fd sent before it, by token) -> VmmHandleRep
   kCount
 };
 

@@ -46,6 +46,12 @@ struct VmmHandleRep {
 };
 // kVmmRelease and kVmmGetProperties take a HandleReq; kVmmGetProperties answers a VmmProp.
 
+// kVmmImport: the kPeerMemory fd transfer with this token holds the shareable handle.
+struct VmmImportReq {
+  std::uint32_t token;
+  std::uint32_t reserved;
+};
+
 struct VmmReserveReq {
   std::uint64_t bytes;
   std::uint64_t alignment;  // 0: the allocation granularity
@@ -121,5 +127,7 @@ static_assert(sizeof(VmmGranularityReq) == 24);
 static_assert(sizeof(VmmCreateReq) == 40);
 static_assert(sizeof(VmmMapReq) == 40);
 static_assert(sizeof(VmmSetAccessReq) == 24);
+
+static_assert(kWireSafe<VmmImportReq> && sizeof(VmmImportReq) == 8);
 
 }  // namespace mpsshim::proto

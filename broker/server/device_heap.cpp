@@ -42,21 +42,25 @@ std::unique_ptr<DeviceHeap> DeviceHeap::open(const DriverTable& cu, CUdevice dev
     *why = fmt::format("cuMemGetAllocationGranularity: {}", describe(cu, r));
     return nullptr;
   }
-  const std::uint64_t want = proto::arena_base(arena_index);
+  // The whole window, not only this GPU's arena: the driver places its own internal memory right
+  // after the last reservation (measured: a reservation asked for at a taken address came back
+  // at the first free one after it), which would be inside the next GPU's arena, where this
+  // server must later map that GPU's memory at its own addresses (peer access, ops_peer.cpp).
+  const std::uint64_t want = proto::kArenaWindowBase;
   CUdeviceptr got = 0;
-  if (CUresult r = cu.cuMemAddressReserve(&got, proto::kArenaBytes, granularity, want, 0);
+  if (CUresult r = cu.cuMemAddressReserve(&got, proto::kArenaWindowBytes, granularity, want, 0);
       r != CUDA_SUCCESS) {
-    *why = fmt::format("reserving the arena {:#x} + {} GiB: {}", want, proto::kArenaBytes >> 30,
-                       describe(cu, r));
+    *why = fmt::format("reserving the address window {:#x} + {} TiB: {}", want,
+                       proto::kArenaWindowBytes >> 40, describe(cu, r));
     return nullptr;
   }
   if (got != want) {
-    cu.cuMemAddressFree(got, proto::kArenaBytes);
-    *why = fmt::format("the driver placed the arena at {:#x} instead of {:#x}", got, want);
+    cu.cuMemAddressFree(got, proto::kArenaWindowBytes);
+    *why = fmt::format("the driver placed the address window at {:#x} instead of {:#x}", got, want);
     return nullptr;
   }
   return std::unique_ptr<DeviceHeap>(
-      new DeviceHeap(cu, device, want, proto::kArenaBytes, granularity));
+      new DeviceHeap(cu, device, proto::arena_base(arena_index), proto::kArenaBytes, granularity));
 }
 
 DeviceHeap::DeviceHeap(const DriverTable& cu, CUdevice device, std::uint64_t base,
@@ -65,7 +69,7 @@ DeviceHeap::DeviceHeap(const DriverTable& cu, CUdevice device, std::uint64_t bas
 
 DeviceHeap::~DeviceHeap() {
   for (auto& [base, block] : blocks_) unmap_block(base, block);
-  cu_.cuMemAddressFree(arena_.base(), arena_.bytes());
+  cu_.cuMemAddressFree(proto::kArenaWindowBase, proto::kArenaWindowBytes);
 }
 
 tl::expected<CUdeviceptr, CUresult> DeviceHeap::map_block(std::uint64_t bytes,

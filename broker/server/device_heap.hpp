@@ -43,8 +43,9 @@ class DeviceHeap {
   // cuMemAlloc's guarantee is 256; the driver hands out 512-aligned small allocations.
   static constexpr std::uint64_t kSmallAlignment = 512;
 
-  // Reserves GPU `arena_index`'s arena from the driver at its fixed address. Null, with the
-  // reason in `why`, when the driver cannot (no VMM support, the arena out of range, or the
+  // Reserves the whole window of arenas from the driver at its fixed address, GPU
+  // `arena_index`'s own to allocate from and the others' to map peers' memory into. Null, with
+  // the reason in `why`, when the driver cannot (no VMM support, the arena out of range, or the
   // driver placed the reservation elsewhere): the server then lets the driver place cuMemAlloc.
   static std::unique_ptr<DeviceHeap> open(const DriverTable& cu, CUdevice device,
                                           unsigned arena_index, std::string* why);

@@ -66,6 +66,8 @@ std::array<OpSpec, kOpCount> make_specs() {
   set(Op::kPeerExport, "PeerExport", op_peer_export, sizeof(PeerExportReq), true);
   set(Op::kPeerImport, "PeerImport", op_peer_import, sizeof(PeerImportReq), true);
   set(Op::kPeerRelease, "PeerRelease", op_peer_release, sizeof(PeerReleaseReq), true);
+  set(Op::kVmmExport, "VmmExport", op_vmm_export, sizeof(HandleReq), true);
+  set(Op::kVmmImport, "VmmImport", op_vmm_import, sizeof(VmmImportReq), true);
   set(Op::kLibraryGetModule, "LibraryGetModule", op_library_get_module, sizeof(HandleReq), true);
   set(Op::kLibraryGetGlobal, "LibraryGetGlobal", op_library_get_global, sizeof(NamedLookupReq),
       true);

@@ -148,6 +148,9 @@ struct PoolObj {
 // The server keeps the driver's handle until both counts are 0, then releases it.
 struct PhysicalAllocObj {
   CUmemGenericAllocationHandle handle = 0;
+  // Imported (cuMemImportFromShareableHandle): its size is the exporter's, unknown here (the
+  // driver checks each mapping), and it is charged to the exporter, not to this client.
+  static constexpr std::uint64_t kImportedBytes = ~std::uint64_t{0};
   std::uint64_t bytes = 0;
   proto::VmmProp prop{};
   std::uint32_t client_refs = 1;

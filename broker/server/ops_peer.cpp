@@ -70,24 +70,16 @@ OpResult op_peer_import(Call& call) {
       r != CUDA_SUCCESS) {
     return call.done(r);
   }
-  CUdeviceptr got = 0;
-  CUresult r = cu.cuMemAddressReserve(&got, req.bytes, 0, req.base, 0);
-  if (r == CUDA_SUCCESS && got != req.base) {
-    cu.cuMemAddressFree(got, req.bytes);
-    log_warn("{}: a peer block's address {:#x} is taken in this server", session.who(), req.base);
-    r = CUDA_ERROR_INVALID_VALUE;
-  }
+  // Inside the window the server reserved whole at start (device_heap.hpp): no reservation of
+  // its own. The driver refuses a mapping over one that exists.
+  CUresult r = cu.cuMemMap(req.base, req.bytes, 0, block.handle, 0);
   if (r == CUDA_SUCCESS) {
-    r = cu.cuMemMap(req.base, req.bytes, 0, block.handle, 0);
-    if (r == CUDA_SUCCESS) {
-      CUmemAccessDesc access{};
-      access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-      access.location.id = session.gpu().device;
-      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-      r = cu.cuMemSetAccess(req.base, req.bytes, &access, 1);
-      if (r != CUDA_SUCCESS) cu.cuMemUnmap(req.base, req.bytes);
-    }
-    if (r != CUDA_SUCCESS) cu.cuMemAddressFree(req.base, req.bytes);
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = session.gpu().device;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    r = cu.cuMemSetAccess(req.base, req.bytes, &access, 1);
+    if (r != CUDA_SUCCESS) cu.cuMemUnmap(req.base, req.bytes);
   }
   if (r != CUDA_SUCCESS) {
     cu.cuMemRelease(block.handle);
@@ -113,8 +105,7 @@ OpResult op_peer_release(Call& call) {
 
 void unmap_peer_block(Session& session, const PeerBlock& block) {
   const DriverTable& cu = session.cu();
-  for (CUresult r : {cu.cuMemUnmap(block.base, block.bytes), cu.cuMemRelease(block.handle),
-                     cu.cuMemAddressFree(block.base, block.bytes)}) {
+  for (CUresult r : {cu.cuMemUnmap(block.base, block.bytes), cu.cuMemRelease(block.handle)}) {
     if (r != CUDA_SUCCESS) {
       log_warn("{}: unmapping a peer block at {:#x} failed: {}", session.who(), block.base,
                describe(cu, r));

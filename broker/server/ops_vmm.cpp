@@ -7,9 +7,11 @@
 #include <limits>
 #include <vector>
 
+#include "broker/server/client_socket.hpp"
 #include "broker/server/driver.hpp"
 #include "broker/server/log.hpp"
 #include "broker/server/ops.hpp"
+#include "proto/control.hpp"
 #include "proto/ops_vmm.hpp"
 
 namespace mpsshim::server {
@@ -36,8 +38,7 @@ CUresult driver_prop(const Session& session, const proto::VmmProp& wire, CUmemAl
     return refuse_unsupported(session, "VMM memory on the host (CU_MEM_LOCATION_TYPE_HOST*)");
   }
   if (wire.location_type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
-  // A POSIX fd may be requested (PyTorch always does) but is never handed out: exporting is
-  // refused (cuMemExportToShareableHandle, in the client).
+  // A POSIX fd may be requested (PyTorch and NCCL do): op_vmm_export hands it out.
   if ((wire.handle_types & ~std::uint32_t{CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR}) != 0) {
     return refuse_unsupported(session, "a fabric or Win32 shareable VMM handle type");
   }
@@ -114,7 +115,9 @@ void release_if_unused(Session& session, std::uint64_t id) {
   if (CUresult r = session.cu().cuMemRelease(allocation->handle); r != CUDA_SUCCESS) {
     log_warn("{}: cuMemRelease failed: {}", session.who(), describe(session.cu(), r));
   }
-  session.release_memory(allocation->bytes);
+  if (allocation->bytes != PhysicalAllocObj::kImportedBytes) {
+    session.release_memory(allocation->bytes);
+  }
   session.objects.take<PhysicalAllocObj>(id);
 }
 
@@ -178,6 +181,66 @@ OpResult op_vmm_create(Call& call) {
     return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   }
   held->keep();
+  return call.reply(proto::VmmHandleRep{id});
+}
+
+// The physical allocation as a POSIX fd another process can import (NCCL's P2P transport shares
+// its buffers so): sent on the client's socket before the answer, as the driver hands one out.
+// Only what the client created asking for that handle type, as the driver requires.
+OpResult op_vmm_export(Call& call) {
+  auto req = call.request<proto::HandleReq>();
+  Session& session = call.session;
+  PhysicalAllocObj* allocation = session.objects.get<PhysicalAllocObj>(req.handle);
+  if (allocation == nullptr || allocation->client_refs == 0) {
+    return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  if ((allocation->prop.handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0) {
+    return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  int exported = -1;
+  if (CUresult r = call.cu.cuMemExportToShareableHandle(
+          &exported, allocation->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  proto::UniqueFd fd(exported);
+  proto::FdTransfer transfer{
+      proto::make_header(proto::MessageKind::kPeerMemory, sizeof(proto::FdTransfer)), 0, 0,
+      allocation->bytes};
+  const int fds[] = {fd.get()};
+  if (int err = proto::send_struct(session.socket.get(), transfer, fds); err != 0) {
+    log_warn("{}: could not send a VMM handle's fd: {}", session.who(), std::strerror(err));
+    return call.done(CUDA_ERROR_OPERATING_SYSTEM);
+  }
+  return call.done();
+}
+
+// A shareable handle another process exported, as a physical allocation of this client: mapped
+// and given access like its own (the driver checks each mapping against the real size). The
+// memory stays charged to the exporter.
+OpResult op_vmm_import(Call& call) {
+  auto req = call.request<proto::VmmImportReq>();
+  Session& session = call.session;
+  auto stashed = take_stashed_fd(session, req.token, proto::MessageKind::kPeerMemory);
+  if (!stashed) return call.done(stashed.error());
+  CUmemGenericAllocationHandle handle = 0;
+  if (CUresult r = call.cu.cuMemImportFromShareableHandle(
+          &handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(stashed->fd.get())),
+          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  PhysicalAllocObj allocation;
+  allocation.handle = handle;
+  allocation.bytes = PhysicalAllocObj::kImportedBytes;
+  allocation.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  allocation.prop.location_type = CU_MEM_LOCATION_TYPE_DEVICE;
+  allocation.prop.handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  const std::uint64_t id = session.objects.insert(allocation);
+  if (id == 0) {
+    call.cu.cuMemRelease(handle);
+    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+  }
   return call.reply(proto::VmmHandleRep{id});
 }
 
@@ -414,7 +477,9 @@ void free_virtual_memory(Session& session, FreedTally& tally) {
     auto allocation = session.objects.take<PhysicalAllocObj>(id);
     warn_if_failed(cu.cuMemRelease(allocation->handle), "cuMemRelease");
     ++tally.physical_allocations;
-    tally.physical_bytes += allocation->bytes;
+    if (allocation->bytes != PhysicalAllocObj::kImportedBytes) {
+      tally.physical_bytes += allocation->bytes;
+    }
   }
   for (const auto& [base, reservation] : session.vmm.reservations) {
     free_reservation(session, base, reservation.bytes);

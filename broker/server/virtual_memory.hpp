@@ -43,7 +43,7 @@ struct VirtualMemory {
 // What one client may hold at once, so a client cannot make the server remember without bound.
 inline constexpr std::size_t kMaxVmmRanges = std::size_t{1} << 20;
 
-// Unmaps a peer block, lets go of its handle and frees its addresses (its streams idle).
+// Unmaps a peer block and lets go of its handle (its streams idle).
 void unmap_peer_block(Session& session, const PeerBlock& block);
 
 // Gives a reservation's addresses back: to the server's arena, or to the driver without one.

@@ -901,6 +901,47 @@ bool peer_copies_and_access() {
   return ok;
 }
 
+// One library's kernel (a CUkernel, context-independent, as the CUDA runtime uses them) launched
+// on both GPUs: loaded with no context current, first used on GPU 0, then launched on GPU 1,
+// whose server has never seen the library.
+bool library_kernel_on_both() {
+  CHECK(cuCtxSetCurrent(nullptr));
+  CUlibrary library{};
+  CHECK(cuLibraryLoadData(&library, kModuleImage, nullptr, nullptr, 0, nullptr, nullptr, 0));
+  CUkernel kernel{};
+  CHECK(cuLibraryGetKernel(&kernel, library, "vector_add"));
+  bool ok = true;
+  for (int d = 0; d < 2; ++d) {
+    CUcontext ctx{};
+    CHECK(cuDevicePrimaryCtxRetain(&ctx, d));
+    CHECK(cuCtxSetCurrent(ctx));
+    int n = 10'000 + d;
+    std::vector<float> a(n, 1.0f + d), b(n, 2.0f), c(n, 0.0f);
+    const std::size_t bytes = sizeof(float) * static_cast<std::size_t>(n);
+    CUdeviceptr da{}, db{}, dc{};
+    CHECK(cuMemAlloc(&da, bytes));
+    CHECK(cuMemAlloc(&db, bytes));
+    CHECK(cuMemAlloc(&dc, bytes));
+    CHECK(cuMemcpyHtoD(da, a.data(), bytes));
+    CHECK(cuMemcpyHtoD(db, b.data(), bytes));
+    void* args[] = {&da, &db, &dc, &n};
+    CHECK(cuLaunchKernel(reinterpret_cast<CUfunction>(kernel), (n + 255) / 256, 1, 1, 256, 1, 1, 0,
+                         nullptr, args, nullptr));
+    CHECK(cuMemcpyDtoH(c.data(), dc, bytes));
+    const auto wrong = std::count_if(c.begin(), c.end(), [&](float v) { return v != 3.0f + d; });
+    if (wrong != 0) {
+      std::printf("two_gpus: the library's kernel on GPU %d got %ld wrong sums\n", d,
+                  static_cast<long>(wrong));
+      ok = false;
+    }
+    CHECK(cuMemFree(da));
+    CHECK(cuMemFree(db));
+    CHECK(cuMemFree(dc));
+  }
+  CHECK(cuLibraryUnload(library));
+  return ok;
+}
+
 int two_gpus(bool fault) {
   CHECK(cuInit(0));
   int count = 0;
@@ -924,6 +965,7 @@ int two_gpus(bool fault) {
   // still be its own GPU's: in that GPU's arena, apart from the other GPU's, with its data.
   ok = one_address_space() && ok;
   ok = peer_copies_and_access() && ok;
+  ok = library_kernel_on_both() && ok;
   if (fault) {
     CUcontext ctx0{};
     CHECK(cuDevicePrimaryCtxRetain(&ctx0, 0));

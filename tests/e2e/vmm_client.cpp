@@ -4,6 +4,8 @@
 // the modes that hold memory for the test print READY and wait.
 #include <cuda.h>
 
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -54,7 +56,7 @@ CUmemAllocationProp device_prop(int device) {
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = device;
-  // As PyTorch's expandable segments ask: exportable as a POSIX fd (never exported here).
+  // As PyTorch's expandable segments and NCCL ask: exportable as a POSIX fd.
   prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   return prop;
 }
@@ -313,13 +315,21 @@ int steal(unsigned long long handle, unsigned long long address) {
 
   CUmemGenericAllocationHandle own{};
   CHECK(cuMemCreate(&own, g, &prop, 0));
+  // Its own memory exports (a real fd); another client's handle id names nothing; an fd that is
+  // no shareable handle (stdin) imports nothing; a fabric handle is not served.
   int fd = -1;
-  expect(cuMemExportToShareableHandle(&fd, own, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
-         CUDA_ERROR_NOT_SUPPORTED, "export refused");
+  CHECK(cuMemExportToShareableHandle(&fd, own, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  expect_true(fd > 2, "its own memory exports as an fd");
+  if (fd > 2) close(fd);
+  expect(cuMemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+         CUDA_ERROR_INVALID_VALUE, "export another client's handle");
+  expect(cuMemExportToShareableHandle(&fd, own, CU_MEM_HANDLE_TYPE_FABRIC, 0),
+         CUDA_ERROR_NOT_SUPPORTED, "export as a fabric handle");
   CUmemGenericAllocationHandle imported{};
-  expect(cuMemImportFromShareableHandle(&imported, reinterpret_cast<void*>(std::intptr_t{0}),
-                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
-         CUDA_ERROR_NOT_SUPPORTED, "import refused");
+  expect_true(
+      cuMemImportFromShareableHandle(&imported, reinterpret_cast<void*>(std::intptr_t{0}),
+                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != CUDA_SUCCESS,
+      "stdin imports nothing");
   // Its own memory still works.
   CHECK(cuMemMap(va, g, 0, own, 0));
   set_read_write(va, g, 0);
@@ -330,6 +340,122 @@ int steal(unsigned long long handle, unsigned long long address) {
   CHECK(cuMemRelease(own));
   CHECK(cuMemAddressFree(va, g));
   return finish("steal");
+}
+
+// NCCL's P2P setup between two processes, each on its own GPU (so on two servers): the owner
+// creates exportable memory, writes it, exports a POSIX fd and sends it over a unix socket; the
+// peer imports it, reserves its own addresses, maps it, gives its GPU access, reads the owner's
+// bytes and writes its own into the second half, which the owner then reads back.
+constexpr unsigned char kOwnerByte = 0x5a, kPeerByte = 0xc3;
+
+int send_fd_to(int socket, int fd) {
+  char byte = 0;
+  iovec io{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr m{};
+  m.msg_iov = &io;
+  m.msg_iovlen = 1;
+  m.msg_control = control;
+  m.msg_controllen = sizeof control;
+  cmsghdr* header = CMSG_FIRSTHDR(&m);
+  header->cmsg_level = SOL_SOCKET;
+  header->cmsg_type = SCM_RIGHTS;
+  header->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(header), &fd, sizeof fd);
+  return sendmsg(socket, &m, 0) == 1 ? 0 : -1;
+}
+
+int receive_fd_from(int socket) {
+  char byte = 0;
+  iovec io{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr m{};
+  m.msg_iov = &io;
+  m.msg_iovlen = 1;
+  m.msg_control = control;
+  m.msg_controllen = sizeof control;
+  if (recvmsg(socket, &m, 0) != 1 || CMSG_FIRSTHDR(&m) == nullptr) return -1;
+  int fd = -1;
+  std::memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&m)), sizeof fd);
+  return fd;
+}
+
+int share_owner(const char* path) {
+  setup();
+  const CUmemAllocationProp prop = device_prop(0);
+  const std::size_t g = granularity(prop), bytes = 2 * g;
+  CUmemGenericAllocationHandle handle{};
+  CUdeviceptr va{};
+  CHECK(cuMemCreate(&handle, bytes, &prop, 0));
+  CHECK(cuMemAddressReserve(&va, bytes, 0, 0, 0));
+  CHECK(cuMemMap(va, bytes, 0, handle, 0));
+  set_read_write(va, bytes, 0);
+  CHECK(cuMemsetD8(va, kOwnerByte, bytes));
+  int fd = -1;
+  CHECK(cuMemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  int listener = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::snprintf(address.sun_path, sizeof address.sun_path, "%s", path);
+  if (bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      listen(listener, 1) != 0) {
+    std::printf("FAIL share-owner: cannot listen at %s\n", path);
+    return 1;
+  }
+  std::printf("READY\n");
+  std::fflush(stdout);
+  int peer = accept(listener, nullptr, nullptr);
+  expect_true(peer >= 0 && send_fd_to(peer, fd) == 0, "the fd went to the peer");
+  close(fd);  // the peer holds its own now, as NCCL closes its copy
+  char done = 0;
+  expect_true(read(peer, &done, 1) == 1, "the peer said it wrote");
+  std::vector<unsigned char> host(bytes);
+  CHECK(cuMemcpyDtoH(host.data(), va, bytes));
+  expect_true(host[0] == kOwnerByte && host[g - 1] == kOwnerByte, "the first half is the owner's");
+  expect_true(host[g] == kPeerByte && host[bytes - 1] == kPeerByte,
+              "the second half is what the peer's GPU wrote");
+  CHECK(cuMemUnmap(va, bytes));
+  CHECK(cuMemRelease(handle));
+  CHECK(cuMemAddressFree(va, bytes));
+  close(peer);
+  close(listener);
+  return finish("share-owner");
+}
+
+int share_peer(const char* path) {
+  setup();
+  const CUmemAllocationProp prop = device_prop(0);
+  const std::size_t g = granularity(prop), bytes = 2 * g;
+  int owner = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::snprintf(address.sun_path, sizeof address.sun_path, "%s", path);
+  if (connect(owner, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+    std::printf("FAIL share-peer: cannot connect to %s\n", path);
+    return 1;
+  }
+  const int fd = receive_fd_from(owner);
+  expect_true(fd >= 0, "an fd came");
+  CUmemGenericAllocationHandle handle{};
+  CHECK(cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(std::intptr_t{fd}),
+                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+  close(fd);
+  CUdeviceptr va{};
+  CHECK(cuMemAddressReserve(&va, bytes, 0, 0, 0));
+  CHECK(cuMemMap(va, bytes, 0, handle, 0));
+  set_read_write(va, bytes, 0);
+  unsigned char first = 0;
+  CHECK(cuMemcpyDtoH(&first, va + 5, 1));
+  expect_true(first == kOwnerByte, "the peer reads the owner's bytes");
+  CHECK(cuMemsetD8(va + g, kPeerByte, g));
+  CHECK(cuCtxSynchronize());
+  CHECK(cuMemUnmap(va, bytes));
+  CHECK(cuMemRelease(handle));
+  CHECK(cuMemAddressFree(va, bytes));
+  const char done = 1;
+  expect_true(write(owner, &done, 1) == 1, "told the owner");
+  close(owner);
+  return finish("share-peer");
 }
 
 }  // namespace
@@ -343,6 +469,8 @@ int main(int argc, char** argv) {
   if (mode == "hold") return hold(arg(2) ? arg(2) : 64, false);
   if (mode == "hold-exit") return hold(arg(2) ? arg(2) : 64, true);
   if (mode == "steal") return steal(arg(2), arg(3));
+  if (mode == "share-owner" && argc > 2) return share_owner(argv[2]);
+  if (mode == "share-peer" && argc > 2) return share_peer(argv[2]);
   std::printf("FAIL unknown mode %s\n", mode.c_str());
   return 2;
 }

@@ -388,7 +388,8 @@ std::uint64_t layout_fingerprint() {
   FIELD(PeerImportReq, bytes);
   FIELD(PeerImportReq, token);
   SIZE(PeerReleaseReq);
-  f.add(static_cast<std::uint64_t>(Op::kPeerRelease));
+  SIZE(VmmImportReq);
+  f.add(static_cast<std::uint64_t>(Op::kVmmImport));
   f.add(static_cast<std::uint64_t>(MessageKind::kPeerMemory));
   return f.h;
 }
@@ -414,7 +415,7 @@ constexpr Pinned kPinned[] = {
     {1, 11, 0xdf08b8e22f429f7a},  // a capture's dependency nodes and their update (102..103)
     {1, 12, 0x4c05f8dfe4b6cf2a},  // SessionControl::crowded: waiting clients sleep
     {1, 13, 0x79cc48d8c6abeef2},  // a library's kernel names in its load's reply; op 104
-    {1, 14, 0xf11c6bca0945df68},  // the snapshot's arena and peer masks; peer blocks (105..107)
+    {1, 14, 0xe296eb60097e11a4},  // arena, peer masks, peer blocks and VMM fds (105..109)
 };
 
 }  // namespace
