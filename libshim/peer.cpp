@@ -86,6 +86,55 @@ bool valid(int device) {
 
 }  // namespace
 
+CUresult map_vmm_on_peer(int peer, int owner, CUdeviceptr base, std::size_t bytes,
+                         std::uint64_t handle) noexcept {
+  if (!valid(peer) || !valid(owner) || peer == owner) return CUDA_ERROR_INVALID_DEVICE;
+  try {
+    std::lock_guard lock(peers().mutex);
+    if (mapped_locked(peer, base, bytes)) return CUDA_SUCCESS;
+    Session* from = nullptr;
+    Session* to = nullptr;
+    if (CUresult rc = session_for(owner, from); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = session_for(peer, to); rc != CUDA_SUCCESS) return rc;
+    proto::UniqueFd fd;
+    {
+      std::lock_guard receiving(from->fd_receive_mutex());
+      if (CUresult rc = from->call(proto::Op::kVmmExport, proto::HandleReq{handle},
+                                   static_cast<int*>(nullptr));
+          rc != CUDA_SUCCESS) {
+        log(Level::warn,
+            "giving device {} access to device {}'s VMM memory at {:#x} needs it created "
+            "exportable (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ({})",
+            peer, owner, base, static_cast<int>(rc));
+        return CUDA_ERROR_NOT_SUPPORTED;
+      }
+      if (CUresult rc = from->receive_fd(proto::MessageKind::kPeerMemory, fd); rc != CUDA_SUCCESS) {
+        return rc;
+      }
+    }
+    std::uint32_t token = 0;
+    if (CUresult rc = to->send_fd(proto::MessageKind::kPeerMemory, fd.get(), bytes, token);
+        rc != CUDA_SUCCESS) {
+      return rc;
+    }
+    proto::PeerImportReq request{base, bytes, token, 0};
+    if (CUresult rc = to->call(proto::Op::kPeerImport, request, static_cast<int*>(nullptr));
+        rc != CUDA_SUCCESS) {
+      return rc;
+    }
+    peers().mapped[static_cast<std::size_t>(peer)][base] = MappedBlock{bytes, owner};
+    return CUDA_SUCCESS;
+  } catch (...) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+}
+
+bool peer_maps(int device, CUdeviceptr address) noexcept {
+  if (!valid(device)) return false;
+  std::lock_guard lock(peers().mutex);
+  return mapped_locked(device, address, 1);
+}
+
 int device_of_address(CUdeviceptr address) noexcept {
   const int physical = proto::arena_holding(address);
   if (physical < 0) return -1;

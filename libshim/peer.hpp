@@ -11,6 +11,7 @@
 #include <cuda.h>
 
 #include <cstddef>
+#include <cstdint>
 
 namespace mpsshim::shim {
 
@@ -32,6 +33,15 @@ void forget_peer_blocks(int owner, CUdeviceptr base, std::size_t bytes) noexcept
 // makes a peer context's memory reachable; the allocations held now are mapped at once.
 CUresult enable_peer_access(int device, int peer) noexcept;
 CUresult disable_peer_access(int device, int peer) noexcept;
+// cuMemSetAccess of a peer GPU on a VMM mapping of `owner` (JAX's allocator, NCCL in one process
+// ask so): the physical allocation `handle` (the owner session's wire id) is exported as an fd
+// and mapped whole at [base, base + bytes) into `peer`'s server. The mapping must start at the
+// allocation's offset 0 and cover it (CUDA_ERROR_NOT_SUPPORTED otherwise, said in the log).
+CUresult map_vmm_on_peer(int peer, int owner, CUdeviceptr base, std::size_t bytes,
+                         std::uint64_t handle) noexcept;
+// Whether `device`'s server maps the block of another GPU holding `address`.
+bool peer_maps(int device, CUdeviceptr address) noexcept;
+
 // A new allocation of `owner`: mapped into the servers that enabled peer access to it.
 CUresult share_with_peers(int owner, CUdeviceptr base, std::size_t bytes) noexcept;
 

@@ -15,6 +15,7 @@
 #include "libshim/client.hpp"
 #include "libshim/client_view.hpp"
 #include "libshim/log.hpp"
+#include "libshim/peer.hpp"
 #include "proto/ops_vmm.hpp"
 
 using namespace mpsshim::shim;
@@ -67,6 +68,21 @@ struct Reservations {
 Reservations& reservations() {
   static Reservations* r = new Reservations();
   return *r;
+}
+
+// What each mapping maps (cuMemSetAccess for a peer GPU exports the physical allocation).
+struct Mapping {
+  std::uint64_t bytes = 0;
+  std::uint64_t offset = 0;
+  proto::WireHandle wire = 0;
+};
+struct Mappings {
+  std::mutex mutex;
+  std::map<std::uint64_t, Mapping> by_base;
+};
+Mappings& mappings() {
+  static Mappings* m = new Mappings();
+  return *m;
 }
 
 CUresult not_supported(const std::string& key, const char* what) {
@@ -247,6 +263,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t of
   CUresult rc = session->call(proto::Op::kVmmMap, request, static_cast<int*>(nullptr));
   if (rc == CUDA_SUCCESS) {
     address_book().add_device({ptr, size, reservation.ctx, true, reservation.device});
+    std::lock_guard lock(mappings().mutex);
+    mappings().by_base[ptr] = Mapping{size, offset, wire};
   }
   return rc;
 }
@@ -257,9 +275,16 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
   if (!reservations().find(ptr, nullptr, &reservation)) return CUDA_ERROR_INVALID_VALUE;
   Session* session = nullptr;
   if (CUresult rc = session_for(reservation.device, session); rc != CUDA_SUCCESS) return rc;
+  // Peer GPUs' servers that map it let go first (peer.hpp).
+  forget_peer_blocks(reservation.device, ptr, size);
   CUresult rc = session->call(proto::Op::kVmmUnmap, proto::VmmRangeReq{ptr, size},
                               static_cast<int*>(nullptr));
-  if (rc == CUDA_SUCCESS) forget_mapped(ptr, size);
+  if (rc == CUDA_SUCCESS) {
+    forget_mapped(ptr, size);
+    std::lock_guard lock(mappings().mutex);
+    auto& all = mappings().by_base;
+    all.erase(all.lower_bound(ptr), all.lower_bound(ptr + size));
+  }
   return rc;
 }
 
@@ -271,21 +296,58 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size,
   }
   Reservation reservation{};
   if (!reservations().find(ptr, nullptr, &reservation)) return CUDA_ERROR_INVALID_VALUE;
-  std::vector<proto::VmmAccessDesc> wire(count);
+  std::vector<proto::VmmAccessDesc> wire;
+  std::vector<int> peers;
   for (size_t i = 0; i < count; ++i) {
     int device = 0;
     if (CUresult rc = device_of(desc[i].location, device); rc != CUDA_SUCCESS) return rc;
     if (device != reservation.device) {
-      return not_supported("peer", "access to VMM memory from another GPU (peer access)");
+      // Another GPU: its server maps the same memory at the same address (peer.hpp).
+      int can = 0;
+      if (cuDeviceCanAccessPeer(&can, device, reservation.device) != CUDA_SUCCESS || can == 0) {
+        return not_supported("peer", "access to VMM memory from a GPU that is not its peer");
+      }
+      if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE) peers.push_back(device);
+      continue;
     }
-    wire[i] =
-        proto::VmmAccessDesc{desc[i].location.type, static_cast<std::uint32_t>(desc[i].flags)};
+    wire.push_back(
+        proto::VmmAccessDesc{desc[i].location.type, static_cast<std::uint32_t>(desc[i].flags)});
   }
-  Session* session = nullptr;
-  if (CUresult rc = session_for(reservation.device, session); rc != CUDA_SUCCESS) return rc;
-  proto::VmmSetAccessReq request{ptr, size, static_cast<std::uint32_t>(count), 0};
-  return session->call(proto::Op::kVmmSetAccess, &request, sizeof request,
-                       std::as_bytes(std::span(wire)), nullptr, 0);
+  if (!wire.empty()) {
+    Session* session = nullptr;
+    if (CUresult rc = session_for(reservation.device, session); rc != CUDA_SUCCESS) return rc;
+    proto::VmmSetAccessReq request{ptr, size, static_cast<std::uint32_t>(wire.size()), 0};
+    if (CUresult rc = session->call(proto::Op::kVmmSetAccess, &request, sizeof request,
+                                    std::as_bytes(std::span(wire)), nullptr, 0);
+        rc != CUDA_SUCCESS) {
+      return rc;
+    }
+  }
+  if (peers.empty()) return CUDA_SUCCESS;
+  // Every mapping in the range, each a whole physical allocation mapped from its start.
+  std::vector<std::pair<std::uint64_t, Mapping>> covered;
+  {
+    std::lock_guard lock(mappings().mutex);
+    auto& all = mappings().by_base;
+    for (auto it = all.lower_bound(ptr); it != all.end() && it->first < ptr + size; ++it) {
+      covered.emplace_back(it->first, it->second);
+    }
+  }
+  if (covered.empty()) return CUDA_ERROR_INVALID_VALUE;
+  for (const auto& [base, mapping] : covered) {
+    if (mapping.offset != 0) {
+      return not_supported("peer-offset",
+                           "peer access to a VMM mapping that starts inside its allocation");
+    }
+    for (int peer : peers) {
+      if (CUresult rc =
+              map_vmm_on_peer(peer, reservation.device, base, mapping.bytes, mapping.wire);
+          rc != CUDA_SUCCESS) {
+        return rc;
+      }
+    }
+  }
+  return CUDA_SUCCESS;
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuMemGetAccess(unsigned long long* flags,
@@ -296,8 +358,9 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemGetAccess(unsigned long long* flags,
   if (CUresult rc = device_of(*location, device); rc != CUDA_SUCCESS) return rc;
   Reservation reservation{};
   if (!reservations().find(ptr, nullptr, &reservation)) return CUDA_ERROR_INVALID_VALUE;
-  if (device != reservation.device) {  // another GPU never has access through mpsshim
-    *flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  if (device != reservation.device) {  // another GPU: whether its server maps it (peer.hpp)
+    *flags =
+        peer_maps(device, ptr) ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_NONE;
     return CUDA_SUCCESS;
   }
   Session* session = nullptr;

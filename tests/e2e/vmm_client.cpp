@@ -458,6 +458,46 @@ int share_peer(const char* path) {
   return finish("share-peer");
 }
 
+// VMM memory of GPU 0 given to GPU 1 too (cuMemSetAccess with both GPUs, as JAX's allocator and
+// NCCL in one process ask): GPU 1's work writes it, GPU 0 reads what GPU 1 wrote.
+int peer_access() {
+  setup();
+  CUcontext other{};
+  CHECK(cuDevicePrimaryCtxRetain(&other, 1));
+  const CUmemAllocationProp prop = device_prop(0);
+  const std::size_t g = granularity(prop);
+  CUmemGenericAllocationHandle handle{};
+  CUdeviceptr va{};
+  CHECK(cuMemCreate(&handle, g, &prop, 0));
+  CHECK(cuMemAddressReserve(&va, g, 0, 0, 0));
+  CHECK(cuMemMap(va, g, 0, handle, 0));
+  CUmemAccessDesc both[2]{};
+  for (int d = 0; d < 2; ++d) {
+    both[d].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    both[d].location.id = d;
+    both[d].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  CHECK(cuMemSetAccess(va, g, both, 2));
+  unsigned long long flags = 0;
+  CHECK(cuMemGetAccess(&flags, &both[1].location, va));
+  expect_true(flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE, "GPU 1 has access");
+  CHECK(cuMemsetD8(va, 0x11, g));
+  CHECK(cuCtxSynchronize());
+  CHECK(cuCtxPushCurrent(other));
+  CHECK(cuMemsetD8(va + g / 2, 0x22, g / 2));  // on GPU 1's stream, into GPU 0's memory
+  CHECK(cuCtxSynchronize());
+  CUcontext popped{};
+  CHECK(cuCtxPopCurrent(&popped));
+  std::vector<unsigned char> host(g);
+  CHECK(cuMemcpyDtoH(host.data(), va, g));
+  expect_true(host[0] == 0x11 && host[g / 2 - 1] == 0x11, "GPU 0's half");
+  expect_true(host[g / 2] == 0x22 && host[g - 1] == 0x22, "GPU 1 wrote its half");
+  CHECK(cuMemUnmap(va, g));
+  CHECK(cuMemRelease(handle));
+  CHECK(cuMemAddressFree(va, g));
+  return finish("peer-access");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -470,6 +510,7 @@ int main(int argc, char** argv) {
   if (mode == "hold-exit") return hold(arg(2) ? arg(2) : 64, true);
   if (mode == "steal") return steal(arg(2), arg(3));
   if (mode == "share-owner" && argc > 2) return share_owner(argv[2]);
+  if (mode == "peer-access") return peer_access();
   if (mode == "share-peer" && argc > 2) return share_peer(argv[2]);
   std::printf("FAIL unknown mode %s\n", mode.c_str());
   return 2;

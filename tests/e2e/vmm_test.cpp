@@ -142,3 +142,9 @@ TEST_CASE(
                daemon);
   require_pass(owner.wait(60s), daemon);
 }
+
+TEST_CASE("VMM memory of one GPU given to the other with cuMemSetAccess: the other GPU writes it",
+          "[e2e][vmm][multigpu]") {
+  Daemon daemon({}, {{"MPSSHIM_TESTDRIVER_DEVICES", "2"}});
+  require_pass(run_client(daemon, {client(), "peer-access"}), daemon);
+}
