@@ -7,6 +7,8 @@
 // A CUmemGenericAllocationHandle the application sees is the server's id of the allocation in
 // this client's session, with the device ordinal (+1) in bits 24..31: a server id's index half
 // never reaches there (handle_table.hpp bounds it at 2^22 entries).
+#include <unistd.h>
+
 #include <map>
 #include <mutex>
 #include <vector>
@@ -75,6 +77,9 @@ struct Mapping {
   std::uint64_t bytes = 0;
   std::uint64_t offset = 0;
   proto::WireHandle wire = 0;
+  // Another GPU's allocation imported into this reservation's server for the mapping: that
+  // handle is released with the mapping.
+  bool imported = false;
 };
 struct Mappings {
   std::mutex mutex;
@@ -256,15 +261,48 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t of
   proto::WireHandle wire = 0;
   if (CUresult rc = from_client(handle, session, wire); rc != CUDA_SUCCESS) return rc;
   const int handle_device = static_cast<int>((handle & kDeviceMask) >> kDeviceShift) - 1;
+  bool imported = false;
   if (handle_device != reservation.device) {
-    return not_supported("cross_gpu", "mapping one GPU's memory into another GPU's reservation");
+    // Another GPU's memory into this GPU's reservation (NCCL in one process maps its peers'
+    // buffers so): the reservation's server imports the allocation (its fd) and maps that.
+    int can = 0;
+    if (cuDeviceCanAccessPeer(&can, reservation.device, handle_device) != CUDA_SUCCESS ||
+        can == 0) {
+      return not_supported("cross_gpu", "mapping memory of a GPU that is not a peer");
+    }
+    int fd = -1;
+    if (CUresult rc =
+            cuMemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        rc != CUDA_SUCCESS) {
+      return not_supported("cross_gpu_export",
+                           "mapping another GPU's memory that was not created exportable "
+                           "(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)");
+    }
+    if (CUresult rc = session_for(reservation.device, session); rc != CUDA_SUCCESS) {
+      close(fd);
+      return rc;
+    }
+    std::uint32_t token = 0;
+    CUresult sent = session->send_fd(proto::MessageKind::kPeerMemory, fd, 0, token);
+    close(fd);
+    if (sent != CUDA_SUCCESS) return sent;
+    proto::VmmHandleRep reply{};
+    if (CUresult rc = session->call(proto::Op::kVmmImport, proto::VmmImportReq{token, 0}, &reply);
+        rc != CUDA_SUCCESS) {
+      return rc;
+    }
+    wire = reply.handle;
+    imported = true;
   }
   proto::VmmMapReq request{ptr, size, offset, wire, flags};
   CUresult rc = session->call(proto::Op::kVmmMap, request, static_cast<int*>(nullptr));
+  if (rc != CUDA_SUCCESS && imported) {
+    session->call(proto::Op::kVmmRelease, proto::HandleReq{wire}, static_cast<int*>(nullptr));
+  }
   if (rc == CUDA_SUCCESS) {
     address_book().add_device({ptr, size, reservation.ctx, true, reservation.device});
     std::lock_guard lock(mappings().mutex);
-    mappings().by_base[ptr] = Mapping{size, offset, wire};
+    mappings().by_base[ptr] = Mapping{size, offset, wire, imported};
   }
   return rc;
 }
@@ -281,9 +319,18 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
                               static_cast<int*>(nullptr));
   if (rc == CUDA_SUCCESS) {
     forget_mapped(ptr, size);
-    std::lock_guard lock(mappings().mutex);
-    auto& all = mappings().by_base;
-    all.erase(all.lower_bound(ptr), all.lower_bound(ptr + size));
+    std::vector<proto::WireHandle> imported;
+    {
+      std::lock_guard lock(mappings().mutex);
+      auto& all = mappings().by_base;
+      for (auto it = all.lower_bound(ptr); it != all.lower_bound(ptr + size); ++it) {
+        if (it->second.imported) imported.push_back(it->second.wire);
+      }
+      all.erase(all.lower_bound(ptr), all.lower_bound(ptr + size));
+    }
+    for (proto::WireHandle wire : imported) {
+      session->call(proto::Op::kVmmRelease, proto::HandleReq{wire}, static_cast<int*>(nullptr));
+    }
   }
   return rc;
 }

@@ -498,6 +498,52 @@ int peer_access() {
   return finish("peer-access");
 }
 
+// GPU 0's memory mapped into a reservation made with GPU 1 current (NCCL in one process maps its
+// peers' buffers so), given both GPUs' access: GPU 1's work writes it through that mapping, GPU 0
+// reads it through its own.
+int cross_map() {
+  setup();
+  CUcontext other{};
+  CHECK(cuDevicePrimaryCtxRetain(&other, 1));
+  const CUmemAllocationProp prop = device_prop(0);
+  const std::size_t g = granularity(prop);
+  CUmemGenericAllocationHandle handle{};
+  CUdeviceptr own{}, there{};
+  CHECK(cuMemCreate(&handle, g, &prop, 0));
+  CHECK(cuMemAddressReserve(&own, g, 0, 0, 0));
+  CHECK(cuMemMap(own, g, 0, handle, 0));
+  set_read_write(own, g, 0);
+  CHECK(cuMemsetD8(own, 0x33, g));
+  CHECK(cuCtxSynchronize());
+  CHECK(cuCtxPushCurrent(other));
+  CHECK(cuMemAddressReserve(&there, g, 0, 0, 0));
+  CHECK(cuMemMap(there, g, 0, handle, 0));
+  CUmemAccessDesc both[2]{};
+  for (int d = 0; d < 2; ++d) {
+    both[d].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    both[d].location.id = d;
+    both[d].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  CHECK(cuMemSetAccess(there, g, both, 2));
+  unsigned char seen = 0;
+  CHECK(cuMemcpyDtoH(&seen, there + 9, 1));
+  expect_true(seen == 0x33, "GPU 1's mapping shows GPU 0's bytes");
+  CHECK(cuMemsetD8(there, 0x44, g / 2));
+  CHECK(cuCtxSynchronize());
+  CHECK(cuMemUnmap(there, g));
+  CHECK(cuMemAddressFree(there, g));
+  CUcontext popped{};
+  CHECK(cuCtxPopCurrent(&popped));
+  std::vector<unsigned char> host(g);
+  CHECK(cuMemcpyDtoH(host.data(), own, g));
+  expect_true(host[0] == 0x44 && host[g / 2 - 1] == 0x44, "GPU 1 wrote through its mapping");
+  expect_true(host[g / 2] == 0x33, "the rest is GPU 0's");
+  CHECK(cuMemUnmap(own, g));
+  CHECK(cuMemRelease(handle));
+  CHECK(cuMemAddressFree(own, g));
+  return finish("cross-map");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -511,6 +557,7 @@ int main(int argc, char** argv) {
   if (mode == "steal") return steal(arg(2), arg(3));
   if (mode == "share-owner" && argc > 2) return share_owner(argv[2]);
   if (mode == "peer-access") return peer_access();
+  if (mode == "cross-map") return cross_map();
   if (mode == "share-peer" && argc > 2) return share_peer(argv[2]);
   std::printf("FAIL unknown mode %s\n", mode.c_str());
   return 2;

@@ -147,4 +147,5 @@ TEST_CASE("VMM memory of one GPU given to the other with cuMemSetAccess: the oth
           "[e2e][vmm][multigpu]") {
   Daemon daemon({}, {{"MPSSHIM_TESTDRIVER_DEVICES", "2"}});
   require_pass(run_client(daemon, {client(), "peer-access"}), daemon);
+  require_pass(run_client(daemon, {client(), "cross-map"}), daemon);
 }
