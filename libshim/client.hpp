@@ -153,6 +153,7 @@ struct Function {
   Module* module = nullptr;
   Library* library = nullptr;
   std::atomic<Function*> function_of_kernel{nullptr};  // cuKernelGetFunction, cached
+  Function* kernel_of = nullptr;  // for a function cuKernelGetFunction gave: its kernel
   // A library's kernel on other GPUs' servers, by visible device (kernel_on_device).
   std::array<std::atomic<Function*>, 16> on_device{};
   // False for a library's kernel handed out from its listed names until its first use looks it

@@ -425,6 +425,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryUnload(CUlibrary handle) {
 
 Function* mpsshim::shim::kernel_on_device(Function* f, Context* ctx, CUresult& rc) {
   rc = CUDA_ERROR_INVALID_HANDLE;
+  // A function cuKernelGetFunction gave for one GPU: its kernel's counterpart on this one.
+  if (!f->is_kernel && f->kernel_of != nullptr) f = f->kernel_of;
   Library* library = f->library;
   if (!f->is_kernel || library == nullptr || ctx->device < 0 ||
       ctx->device >= static_cast<int>(f->on_device.size())) {
@@ -594,6 +596,15 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuKernelGetFunction(CUfunction* pfunc, CUkernel 
   Function* k = object_of<Function>(kernel);
   if (k == nullptr || !k->is_kernel) return CUDA_ERROR_INVALID_HANDLE;
   if (pfunc == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  // The function is the current context's (one per GPU, each GPU another server).
+  if (CUcontext current = current_context(); current != nullptr) {
+    Context* ctx = object_of<Context>(current);
+    if (ctx != nullptr && ctx->session != nullptr && ctx->session != k->ctx->session) {
+      CUresult rc = CUDA_ERROR_INVALID_HANDLE;
+      k = kernel_on_device(k, ctx, rc);
+      if (k == nullptr) return rc;
+    }
+  }
   if (Function* f = k->function_of_kernel.load(std::memory_order_acquire)) {
     *pfunc = reinterpret_cast<CUfunction>(f);
     return CUDA_SUCCESS;
@@ -604,6 +615,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuKernelGetFunction(CUfunction* pfunc, CUkernel 
   CUresult rc = k->ctx->session->call(proto::Op::kKernelGetFunction, request, &reply);
   if (rc != CUDA_SUCCESS) return rc;
   Function* f = make_function(k->ctx, reply, k->name, false);
+  f->kernel_of = k;
   Function* expected = nullptr;
   if (!k->function_of_kernel.compare_exchange_strong(expected, f)) {
     delete f;  // another thread won the race; same server function

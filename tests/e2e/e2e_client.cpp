@@ -925,8 +925,10 @@ bool library_kernel_on_both() {
     CHECK(cuMemcpyHtoD(da, a.data(), bytes));
     CHECK(cuMemcpyHtoD(db, b.data(), bytes));
     void* args[] = {&da, &db, &dc, &n};
-    CHECK(cuLaunchKernel(reinterpret_cast<CUfunction>(kernel), (n + 255) / 256, 1, 1, 256, 1, 1, 0,
-                         nullptr, args, nullptr));
+    // On GPU 1 through the function cuKernelGetFunction gives in its context, as NCCL does.
+    CUfunction function = reinterpret_cast<CUfunction>(kernel);
+    if (d == 1) CHECK(cuKernelGetFunction(&function, kernel));
+    CHECK(cuLaunchKernel(function, (n + 255) / 256, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr));
     CHECK(cuMemcpyDtoH(c.data(), dc, bytes));
     const auto wrong = std::count_if(c.begin(), c.end(), [&](float v) { return v != 3.0f + d; });
     if (wrong != 0) {
