@@ -113,10 +113,6 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuDeviceGetAttribute(int* value, CUdevice_attrib
     *value = CU_MEM_HANDLE_TYPE_NONE;  // pools cannot be exported through mpsshim
     return CUDA_SUCCESS;
   }
-  if (attribute == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED) {
-    *value = 0;  // nor can VMM allocations (docs/vmm.md)
-    return CUDA_SUCCESS;
-  }
   *value = snapshot->attributes[attribute];
   return CUDA_SUCCESS;
 }
