@@ -109,6 +109,24 @@ CUresult load_module(CUmodule* module, const void* image) {
   return CUDA_SUCCESS;
 }
 
+// A library's image kept past its load: views of the caller's memory when it is `preserved`,
+// else views of a copy made into `copy`. May throw std::bad_alloc.
+void keep_image(std::vector<std::span<const std::byte>> pieces, bool preserved,
+                std::vector<std::span<const std::byte>>& kept, std::vector<std::byte>& copy) {
+  if (preserved) {
+    kept = std::move(pieces);
+    return;
+  }
+  std::size_t total = 0;
+  for (auto piece : pieces) total += piece.size();
+  copy.reserve(total);  // no reallocation below: the views stay valid
+  for (auto piece : pieces) {
+    const std::byte* at = copy.data() + copy.size();
+    copy.insert(copy.end(), piece.begin(), piece.end());
+    kept.emplace_back(at, piece.size());
+  }
+}
+
 // `preserved`: the caller promised (CU_LIBRARY_BINARY_IS_PRESERVED) that `code` stays valid
 // until cuLibraryUnload.
 CUresult load_library(CUlibrary* library, const void* code, bool preserved) {
@@ -125,18 +143,7 @@ CUresult load_library(CUlibrary* library, const void* code, bool preserved) {
     // free it as soon as this returns.
     auto* object = new Library();
     try {
-      if (preserved) {
-        object->unbound_pieces = std::move(pieces);
-      } else {
-        std::size_t total = 0;
-        for (auto piece : pieces) total += piece.size();
-        object->unbound_copy.reserve(total);
-        for (auto piece : pieces) {
-          const std::byte* at = object->unbound_copy.data() + object->unbound_copy.size();
-          object->unbound_copy.insert(object->unbound_copy.end(), piece.begin(), piece.end());
-          object->unbound_pieces.emplace_back(at, piece.size());
-        }
-      }
+      keep_image(std::move(pieces), preserved, object->unbound_pieces, object->unbound_copy);
     } catch (...) {
       delete object;
       return CUDA_ERROR_OUT_OF_MEMORY;
@@ -158,18 +165,7 @@ CUresult load_library(CUlibrary* library, const void* code, bool preserved) {
   // Kept for the other GPUs' servers (Library::image); copied unless preserved.
   if (visible_device_count() > 1) {
     try {
-      if (preserved) {
-        object->image = std::move(pieces);
-      } else {
-        std::size_t total = 0;
-        for (auto piece : pieces) total += piece.size();
-        object->image_copy.reserve(total);
-        for (auto piece : pieces) {
-          const std::byte* at = object->image_copy.data() + object->image_copy.size();
-          object->image_copy.insert(object->image_copy.end(), piece.begin(), piece.end());
-          object->image.emplace_back(at, piece.size());
-        }
-      }
+      keep_image(std::move(pieces), preserved, object->image, object->image_copy);
     } catch (...) {
       object->image.clear();
     }

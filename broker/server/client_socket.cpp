@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "broker/server/log.hpp"
 #include "proto/unix_socket.hpp"
 
 namespace mpsshim::server {
@@ -75,6 +76,17 @@ tl::expected<StashedFd, CUresult> take_stashed_fd(Session& session, std::uint32_
   session.stash.erase(it);
   if (stashed.kind != kind) return tl::unexpected(CUDA_ERROR_INVALID_VALUE);
   return stashed;
+}
+
+CUresult send_memory_fd(Session& session, proto::UniqueFd fd, std::uint64_t bytes) {
+  proto::FdTransfer transfer{
+      proto::make_header(proto::MessageKind::kPeerMemory, sizeof(proto::FdTransfer)), 0, 0, bytes};
+  const int fds[] = {fd.get()};
+  if (int err = proto::send_struct(session.socket.get(), transfer, fds); err != 0) {
+    log_warn("{}: could not send a memory block's fd: {}", session.who(), std::strerror(err));
+    return CUDA_ERROR_OPERATING_SYSTEM;
+  }
+  return CUDA_SUCCESS;
 }
 
 }  // namespace mpsshim::server

@@ -19,6 +19,11 @@ std::size_t pump_client_socket(Session& session);
 tl::expected<StashedFd, CUresult> take_stashed_fd(Session& session, std::uint32_t token,
                                                   proto::MessageKind kind);
 
+// Sends the client a GPU memory block's fd (kPeerMemory: kPeerExport, kVmmExport), before the
+// answer to its call: the client reads its socket once it has the answer. Takes the fd (closed
+// here). CUDA_ERROR_OPERATING_SYSTEM, logged, when the socket refuses it.
+CUresult send_memory_fd(Session& session, proto::UniqueFd fd, std::uint64_t bytes);
+
 // Most memfds a client may have sent and not yet used: each is an open file in the server.
 inline constexpr std::size_t kMaxStashedFds = 256;
 

@@ -30,15 +30,9 @@ OpResult op_peer_export(Call& call) {
   }
   auto exported = heap->export_block(session.client.id, req.address);
   if (!exported) return call.done(exported.error());
-  proto::UniqueFd fd(exported->fd);
-  // The fd goes before the answer: the client reads its socket once it has the answer.
-  proto::FdTransfer transfer{
-      proto::make_header(proto::MessageKind::kPeerMemory, sizeof(proto::FdTransfer)), 0, 0,
-      exported->bytes};
-  const int fds[] = {fd.get()};
-  if (int err = proto::send_struct(session.socket.get(), transfer, fds); err != 0) {
-    log_warn("{}: could not send a peer block's fd: {}", session.who(), std::strerror(err));
-    return call.done(CUDA_ERROR_OPERATING_SYSTEM);
+  if (CUresult r = send_memory_fd(session, proto::UniqueFd(exported->fd), exported->bytes);
+      r != CUDA_SUCCESS) {
+    return call.done(r);
   }
   return call.reply(proto::PeerExportRep{exported->base, exported->bytes});
 }

@@ -203,14 +203,9 @@ OpResult op_vmm_export(Call& call) {
       r != CUDA_SUCCESS) {
     return call.done(r);
   }
-  proto::UniqueFd fd(exported);
-  proto::FdTransfer transfer{
-      proto::make_header(proto::MessageKind::kPeerMemory, sizeof(proto::FdTransfer)), 0, 0,
-      allocation->bytes};
-  const int fds[] = {fd.get()};
-  if (int err = proto::send_struct(session.socket.get(), transfer, fds); err != 0) {
-    log_warn("{}: could not send a VMM handle's fd: {}", session.who(), std::strerror(err));
-    return call.done(CUDA_ERROR_OPERATING_SYSTEM);
+  if (CUresult r = send_memory_fd(session, proto::UniqueFd(exported), allocation->bytes);
+      r != CUDA_SUCCESS) {
+    return call.done(r);
   }
   return call.done();
 }

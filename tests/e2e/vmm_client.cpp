@@ -348,35 +348,37 @@ int steal(unsigned long long handle, unsigned long long address) {
 // bytes and writes its own into the second half, which the owner then reads back.
 constexpr unsigned char kOwnerByte = 0x5a, kPeerByte = 0xc3;
 
-int send_fd_to(int socket, int fd) {
+// One byte with room for one descriptor (SCM_RIGHTS), as NCCL passes its buffers' fds.
+struct FdMessage {
   char byte = 0;
   iovec io{&byte, 1};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   msghdr m{};
-  m.msg_iov = &io;
-  m.msg_iovlen = 1;
-  m.msg_control = control;
-  m.msg_controllen = sizeof control;
-  cmsghdr* header = CMSG_FIRSTHDR(&m);
+  FdMessage() {
+    m.msg_iov = &io;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof control;
+  }
+  FdMessage(const FdMessage&) = delete;
+  FdMessage& operator=(const FdMessage&) = delete;
+};
+
+int send_fd_to(int socket, int fd) {
+  FdMessage message;
+  cmsghdr* header = CMSG_FIRSTHDR(&message.m);
   header->cmsg_level = SOL_SOCKET;
   header->cmsg_type = SCM_RIGHTS;
   header->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(header), &fd, sizeof fd);
-  return sendmsg(socket, &m, 0) == 1 ? 0 : -1;
+  return sendmsg(socket, &message.m, 0) == 1 ? 0 : -1;
 }
 
 int receive_fd_from(int socket) {
-  char byte = 0;
-  iovec io{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr m{};
-  m.msg_iov = &io;
-  m.msg_iovlen = 1;
-  m.msg_control = control;
-  m.msg_controllen = sizeof control;
-  if (recvmsg(socket, &m, 0) != 1 || CMSG_FIRSTHDR(&m) == nullptr) return -1;
+  FdMessage message;
+  if (recvmsg(socket, &message.m, 0) != 1 || CMSG_FIRSTHDR(&message.m) == nullptr) return -1;
   int fd = -1;
-  std::memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&m)), sizeof fd);
+  std::memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&message.m)), sizeof fd);
   return fd;
 }
 
