@@ -1,6 +1,7 @@
 #include "libshim/peer.hpp"
 
 #include <array>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -16,6 +17,12 @@ namespace {
 
 constexpr int kMaxPeerDevices = static_cast<int>(proto::kMaxArenas);
 
+// "CUDA_ERROR_INVALID_VALUE", for the log.
+const char* error_name(CUresult rc) {
+  const char* name = nullptr;
+  return cuGetErrorName(rc, &name) == CUDA_SUCCESS && name != nullptr ? name : "an unknown error";
+}
+
 struct MappedBlock {
   std::uint64_t bytes = 0;
   int owner = -1;
@@ -27,6 +34,8 @@ struct Peers {
   std::array<std::map<CUdeviceptr, MappedBlock>, kMaxPeerDevices> mapped;
   // enabled[h][g]: device h's contexts reach all of device g's memory (cuCtxEnablePeerAccess).
   std::array<std::array<bool, kMaxPeerDevices>, kMaxPeerDevices> enabled{};
+  // Whether any was ever enabled: cuMemAlloc looks at it alone until then (no lock).
+  std::atomic<bool> any_enabled{false};
 };
 
 Peers& peers() {
@@ -71,7 +80,7 @@ CUresult map_block_locked(int h, int g, CUdeviceptr address) {
   if (CUresult rc = to->call(proto::Op::kPeerImport, request, static_cast<int*>(nullptr));
       rc != CUDA_SUCCESS) {
     log(Level::warn, "mapping device {}'s memory at {:#x} into device {}'s server failed ({})", g,
-        block.base, h, static_cast<int>(rc));
+        block.base, h, error_name(rc));
     return rc;
   }
   peers().mapped[static_cast<std::size_t>(h)][block.base] = MappedBlock{block.bytes, g};
@@ -105,7 +114,7 @@ CUresult map_vmm_on_peer(int peer, int owner, CUdeviceptr base, std::size_t byte
         log(Level::warn,
             "giving device {} access to device {}'s VMM memory at {:#x} needs it created "
             "exportable (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ({})",
-            peer, owner, base, static_cast<int>(rc));
+            peer, owner, base, error_name(rc));
         return CUDA_ERROR_NOT_SUPPORTED;
       }
       if (CUresult rc = from->receive_fd(proto::MessageKind::kPeerMemory, fd); rc != CUDA_SUCCESS) {
@@ -194,7 +203,7 @@ void forget_peer_blocks(int owner, CUdeviceptr base, std::size_t bytes) noexcept
                 session->call(proto::Op::kPeerRelease, request, static_cast<int*>(nullptr));
             rc != CUDA_SUCCESS) {
           log(Level::warn, "device {}'s server did not let go of device {}'s block {:#x} ({})", h,
-              owner, block, static_cast<int>(rc));
+              owner, block, error_name(rc));
         }
         blocks.erase(block);
       }
@@ -212,6 +221,7 @@ CUresult enable_peer_access(int device, int peer) noexcept {
       bool& on = peers().enabled[static_cast<std::size_t>(device)][static_cast<std::size_t>(peer)];
       if (on) return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
       on = true;
+      peers().any_enabled.store(true, std::memory_order_release);
     }
     held = address_book().device_ranges();
   } catch (...) {
@@ -238,7 +248,7 @@ CUresult disable_peer_access(int device, int peer) noexcept {
 }
 
 CUresult share_with_peers(int owner, CUdeviceptr base, std::size_t bytes) noexcept {
-  if (!valid(owner)) return CUDA_SUCCESS;
+  if (!peers().any_enabled.load(std::memory_order_acquire) || !valid(owner)) return CUDA_SUCCESS;
   for (int h = 0; h < visible_device_count() && h < kMaxPeerDevices; ++h) {
     bool on = false;
     {

@@ -1,15 +1,18 @@
 // One device address space across the GPUs' servers. Each GPU's server places every device
 // address it hands out (cuMemAlloc, pitch, VMM reservations) inside its GPU's arena, a fixed
-// range of virtual addresses that no other server uses; every client reserves the whole window
-// PROT_NONE at start, so no host address of a client ever equals a device address either.
+// range of virtual addresses that no other server uses. Every server reserves the whole window
+// from its driver (its own arena to allocate from, the others' to map peers' memory at their own
+// addresses), and every client reserves it PROT_NONE at start, so no host address of a client
+// ever equals a device address either.
 //
 // Why fixed addresses and not whatever the driver picks: two processes of the real driver hand
 // out the same addresses (H200, driver 580: cuMemAllocAsync 0x420000000 and a 16 GiB reservation
 // at 0x4a20000000 in both), so two servers collide unless they place their memory themselves.
 // The same driver honoured a 512 GiB reservation at 0x600000000000 in one process and at
-// 0x608000000000 in another, and 4.5 TiB more of reservations in each (docs/architecture.md,
-// "One device address space"). An arena of 1 TiB is 7x an H200's memory: room for several
-// clients' VMM reservations (PyTorch's expandable segments reserve ~1.1x the GPU's memory each).
+// 0x608000000000 in another, and 4.5 TiB more of reservations in each; the whole 16 TiB window
+// at 0x600000000000 was honoured too (docs/architecture.md, "One device address space"). An arena
+// of 1 TiB is 7x an H200's memory: room for several clients' VMM reservations (PyTorch's expandable
+// segments reserve ~1.1x the GPU's memory each).
 #pragma once
 
 #include <cstdint>
