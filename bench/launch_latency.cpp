@@ -5,6 +5,9 @@
 //   launch_ctx_sync       launch + cuCtxSynchronize round trip (cudaDeviceSynchronize's path)
 //   ctx_sync_idle         cuCtxSynchronize with nothing queued
 //   mem_alloc_free        one cuMemAlloc + cuMemFree pair of --alloc-bytes
+//   mem_alloc_async_free  one cuMemAllocAsync + cuMemFreeAsync pair of --alloc-bytes on a stream
+//                         (the device's default pool, as cudaMallocAsync), the stream synchronized
+//                         after each pair, as a framework's step does
 //   ctx_get_device        cuCtxGetDevice, which frameworks call tens of thousands of times
 #include <cuda.h>
 
@@ -105,6 +108,15 @@ int main(int argc, char** argv) {
   bench::csv(kName, "mem_alloc_free", static_cast<std::size_t>(alloc_bytes), alloc_free.median_us,
              "us");
 
+  const Trips alloc_async = time_trips(allocs, [&] {
+    CUdeviceptr p = 0;
+    CU_CHECK(cuMemAllocAsync(&p, static_cast<std::size_t>(alloc_bytes), stream));
+    CU_CHECK(cuMemFreeAsync(p, stream));
+    CU_CHECK(cuStreamSynchronize(stream));
+  });
+  bench::csv(kName, "mem_alloc_async_free", static_cast<std::size_t>(alloc_bytes),
+             alloc_async.median_us, "us");
+
   constexpr long long kGetDeviceCalls = 1000000;
   CUdevice current = -1;
   const auto get_device_start = ex::Clock::now();
@@ -124,6 +136,7 @@ int main(int argc, char** argv) {
   std::printf("#   cuCtxSynchronize, idle                 %9.3f us\n", idle_sync.median_us);
   std::printf("#   cuMemAlloc + cuMemFree (%lld B)        %9.3f us\n", alloc_bytes,
               alloc_free.median_us);
+  std::printf("#   cuMemAllocAsync + cuMemFreeAsync + sync %8.3f us\n", alloc_async.median_us);
   std::printf("#   cuCtxGetDevice                         %9.1f ns\n", get_device_ns);
 
   report.add_fixed("launch_cpu_us", launch_cpu_us, 3);
@@ -131,6 +144,7 @@ int main(int argc, char** argv) {
   report.add_fixed("launch_ctx_sync_us", ctx_sync.median_us, 3);
   report.add_fixed("ctx_sync_idle_us", idle_sync.median_us, 3);
   report.add_fixed("alloc_free_us", alloc_free.median_us, 3);
+  report.add_fixed("alloc_async_free_us", alloc_async.median_us, 3);
   report.add_fixed("ctx_get_device_ns", get_device_ns, 1);
 
   CU_CHECK(cuStreamDestroy(stream));

@@ -6,7 +6,7 @@ usage (on a machine with an NVIDIA GPU, as root for NVIDIA MPS):
     python3 bench/harness.py --build-dir build --out bench-results --quick   # < 5 minutes
     python3 bench/harness.py --build-dir build --out bench-results --full    # <= 9 minutes
       [--modes native,mps,shim,shim-eager,shim-runs,shim-noprio,shim-noreserve]
-      [--workloads launch,bandwidth,concurrency,mixed,priority,memory,resnet,scaling]
+      [--workloads launch,bandwidth,concurrency,mixed,priority,memory,resnet,scaling,multigpu]
       [--reps R] [--budget-s S] [--python PYTHON] [--daemon-arg=--log-level=debug ...] [--dry-run]
     python3 bench/harness.py --render RESULTS_DIR --out DIR   # re-render from results.csv/json
 
@@ -39,7 +39,7 @@ shim; then mps, shim, native; ...) so that drift hits every mode alike.
 
 Workloads:
   launch       bench/launch_latency: async empty-kernel launch (client CPU), launch+sync round
-               trips, cuMemAlloc+cuMemFree
+               trips, cuMemAlloc+cuMemFree, cuMemAllocAsync+cuMemFreeAsync+sync
   bandwidth    bench/bandwidth: H2D/D2H, pageable and pinned, 4 KiB .. 256 MiB
   concurrency  N copies of examples/small_kernels (2 blocks x 32 threads, ~10 us kernels, sync
                every 64) started together (--start-at-ns): per-process seconds, aggregate kernels/s,
@@ -51,6 +51,10 @@ Workloads:
   memory       bench/idle_client: N idle clients each holding 256 MiB; nvidia-smi memory.used
   resnet       bench/resnet_client.py: PyTorch ResNet-50 batch 1 inference, N processes
   scaling      idle clients (1 MiB each) added in batches until one is refused, up to a cap
+  multigpu     (only when named in --workloads; needs two GPUs) bench/peer_copy (256 MiB both
+               ways), NCCL all-reduce and a DDP step between 2 processes
+               (tests/gpu/multi/nccl_collectives.py --bench), 8 small_kernels clients on one
+               GPU and 8 on each of two: the aggregate's ratio
   priority     (only when named in --workloads) bench/kernel_latency: 1 high-priority client with
                small kernels and a sync after each beside 4 low-priority ones saturating the GPU
                (CUDA_MPS_CLIENT_PRIORITY 0 and 1), and each group alone: high p99 shared/alone,

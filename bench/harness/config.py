@@ -22,6 +22,7 @@ PRESETS = {
         "resnet_iters": 100,
         "resnet_reps": 1,
         "resnet_ready_s": 75,
+        "multigpu_small_n": 8,
     },
     "full": {
         "reps": 3,
@@ -45,5 +46,6 @@ PRESETS = {
         "resnet_iters": 200,
         "resnet_reps": 1,
         "resnet_ready_s": 90,
+        "multigpu_small_n": 8,
     },
 }

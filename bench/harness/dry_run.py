@@ -3,8 +3,10 @@ but each client program is replaced by this file, which prints what the program 
 with made-up figures. It proves the plumbing on a machine without a GPU; no figure of a dry run
 means anything (the report says so).
 
-Simulated: bench/kernel_latency (the mixed and priority workloads). Other programs exit 1 with
-"dry run: <program> is not simulated", which the harness reports as a failed run."""
+Simulated: bench/kernel_latency (the mixed and priority workloads), bench/peer_copy,
+examples/small_kernels and tests/gpu/multi/nccl_collectives.py (the multigpu workload). Other
+programs exit 1 with "dry run: <program> is not simulated", which the harness reports as a
+failed run."""
 from __future__ import annotations
 
 import os
@@ -44,10 +46,47 @@ def _kernel_latency(argv) -> int:
     return 0
 
 
+def _peer_copy(_argv) -> int:
+    print("benchmark,metric,size_bytes,value,unit")
+    for metric in ("peer_copy_gbps", "peer_copy_back_gbps", "unified_copy_gbps"):
+        print(f"peer_copy,{metric},268435456,{random.uniform(300, 400):.4f},GB/s")
+    print("peer_copy: peer_access=1 PASS")
+    return 0
+
+
+def _small_kernels(argv) -> int:
+    kernels = int(_option(argv, "--kernels", 5000))
+    start_at = int(_option(argv, "--start-at-ns", 0))
+    time.sleep(max(0.0, (start_at - time.time_ns()) / 1e9))
+    start = time.time_ns()
+    time.sleep(0.05)
+    end = time.time_ns()
+    print(f"small_kernels: kernels={kernels} seconds={(end - start) / 1e9:.3f} start_ns={start} "
+          f"end_ns={end} late_ms=0 PASS")
+    return 0
+
+
+def _nccl_collectives(_argv) -> int:
+    for rank in (1, 0):
+        print(f"nccl_collectives: rank={rank} world=2 all_reduce=True ddp=True "
+              f"busbw_256mib={random.uniform(280, 300):.1f} "
+              f"lat_8kib_us={random.uniform(25, 45):.1f} "
+              f"ddp_step_ms={random.uniform(3, 4):.3f} PASS")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     program = os.path.basename(argv[0]) if argv else ""
+    if program.startswith("python") and len(argv) > 1:
+        program = os.path.basename(argv[1])  # a script: the script is the program
     if program == "kernel_latency":
         return _kernel_latency(argv)
+    if program == "peer_copy":
+        return _peer_copy(argv)
+    if program == "small_kernels":
+        return _small_kernels(argv)
+    if program == "nccl_collectives.py":
+        return _nccl_collectives(argv)
     print(f"dry run: {program} is not simulated", file=sys.stderr)
     return 1
 

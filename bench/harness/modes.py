@@ -187,7 +187,18 @@ class ModeControl:
         except subprocess.SubprocessError as e:
             return False, str(e)
         text = (r.stdout + r.stderr).strip()
-        return r.returncode == 0 and "running" in text.split(), text
+        # Every GPU's server (the daemon starts them one after another; a client asking for a
+        # GPU whose server is still starting is refused).
+        running = sum(1 for line in text.splitlines() if "running" in line.split())
+        return r.returncode == 0 and running >= max(1, self.gpus_listed()), text
+
+    def gpus_listed(self) -> int:
+        try:
+            out = subprocess.run([self.smi, "-L"], capture_output=True, text=True,
+                                 timeout=20).stdout
+        except (OSError, subprocess.SubprocessError):
+            return 1
+        return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
     def shim_start(self, rep: int, mode_args: list[str]) -> str:
         self.shim_dir = os.path.join(self.work, f"shim.{rep}")

@@ -17,6 +17,37 @@ def fail(message: str) -> None:
     sys.exit(1)
 
 
+def check_multigpu(harness: str, out: str) -> None:
+    """The multigpu workload: peer copies, NCCL with multicast off, small kernels split over two
+    GPUs by CUDA_VISIBLE_DEVICES; every figure parsed in every mode, the ratio computed."""
+    modes = ["native", "mps", "shim"]
+    results = os.path.join(out, "multigpu")
+    run = subprocess.run(
+        [sys.executable, harness, "--build-dir", out, "--out", results, "--dry-run",
+         "--workloads", "multigpu", "--modes", ",".join(modes), "--reps", "1"],
+        capture_output=True, text=True, timeout=300)
+    log = run.stdout + run.stderr
+    if run.returncode != 0:
+        fail(f"harness (multigpu) exited {run.returncode}:\n{log}")
+    for needed in ["CUDA_VISIBLE_DEVICES=1", "CUDA_VISIBLE_DEVICES=0", "NCCL_NVLS_ENABLE=0",
+                   "nccl_collectives.py --ranks 2 --bench", "peer_copy"]:
+        if needed not in log:
+            fail(f"the multigpu dry run's commands lack {needed!r}:\n{log}")
+    with open(os.path.join(results, "results.csv")) as f:
+        rows = list(csv.DictReader(f))
+    for mode in modes:
+        for metric in ["peer_copy_gbps", "peer_copy_back_gbps", "unified_copy_gbps",
+                       "allreduce_busbw_gbps", "allreduce_8kib_us", "ddp_step_ms",
+                       "one_gpu_kernels_per_s", "two_gpu_kernels_per_s", "two_over_one_gpu"]:
+            got = [r for r in rows if r["mode"] == mode and r["metric"] == metric
+                   and r["status"] == "ok" and r["value"]]
+            if not got:
+                fail(f"no {metric} for {mode} in the multigpu results.csv:\n{log}")
+    with open(os.path.join(results, "report.md")) as f:
+        if "Several GPUs" not in f.read():
+            fail("report.md has no multigpu section")
+
+
 def main() -> int:
     source = os.path.abspath(sys.argv[1])
     harness = os.path.join(source, "bench", "harness.py")
@@ -60,6 +91,7 @@ def main() -> int:
         with open(os.path.join(out, "rendered", "report.md")) as f:
             if "## Headline" not in f.read():
                 fail("the re-rendered reference report has no headline")
+        check_multigpu(harness, out)
     print("PASS harness dry run")
     return 0
 

@@ -18,6 +18,14 @@ die() {
 }
 
 # True when this machine has a usable NVIDIA GPU.
+# The GPUs nvidia-smi lists (at least 1: a daemon with fewer running servers is not ready).
+gpu_count() {
+  local smi count
+  smi=$(command -v nvidia-smi || echo /usr/local/nvidia/bin/nvidia-smi)
+  count=$("$smi" -L 2>/dev/null | grep -c '^GPU ')
+  echo $((count > 0 ? count : 1))
+}
+
 have_gpu() {
   [ -e /dev/nvidiactl ] || return 1
   local smi
@@ -84,8 +92,9 @@ DAEMON_PID=""
 DAEMON_ARGS=()  # extra mpsshimd options (soak.sh: --driver for the test driver)
 
 # daemon_start RUNTIME_DIR LOG_FILE: starts mpsshimd on the real driver and waits until its
-# control socket answers server_list and a server there says "running" (clients that arrive
-# while the servers start are refused with CUDA_ERROR_MPS_SERVER_NOT_READY).
+# control socket answers server_list with every GPU nvidia-smi lists "running" (the daemon
+# starts the servers one after another, and a client that asks for a GPU whose server is still
+# starting is refused with CUDA_ERROR_MPS_SERVER_NOT_READY).
 daemon_start() {
   SHIM_RUNTIME_DIR=$1
   local log_file=$2 deadline=$((SECONDS + 30)) status servers
@@ -99,7 +108,7 @@ daemon_start() {
   while :; do
     if [ -S "$SHIM_RUNTIME_DIR/control" ] &&
       servers=$("$CTL" --runtime-dir "$SHIM_RUNTIME_DIR" server_list 2>&1) &&
-      grep -qw running <<<"$servers"; then
+      [ "$(grep -cw running <<<"$servers")" -ge "$(gpu_count)" ]; then
       return 0
     fi
     if [ -n "$DAEMON_PID" ] && ! kill -0 "$DAEMON_PID" 2>/dev/null; then

@@ -3,14 +3,16 @@ repetition: --quick, --full), METRICS (metric -> (label, unit, better)), program
 programs it needs: name -> path) and run(h, mode, rep) (adds rows to h); optionally
 once_only(cfg, rep) (nothing to do in this repetition) and report_notes(summary, modes) (lines
 under its table). A new workload is a new module listed here."""
-from . import bandwidth, concurrency, launch, memory, mixed, priority, resnet, scaling
+from . import (bandwidth, concurrency, launch, memory, mixed, multigpu, priority, resnet,
+               scaling)
 
 # In the order they run within a repetition (and appear in the report).
 WORKLOADS = {m.__name__.rsplit(".", 1)[1]: m
-             for m in (launch, bandwidth, concurrency, mixed, priority, memory, resnet, scaling)}
+             for m in (launch, bandwidth, concurrency, mixed, priority, memory, resnet, scaling,
+                       multigpu)}
 ALL_WORKLOADS = list(WORKLOADS)
 # What runs without --workloads: the workloads of the harness's first reference runs (the
-# priority workload runs when asked for).
+# priority and multigpu workloads run when asked for).
 DEFAULT_WORKLOADS = ["launch", "bandwidth", "concurrency", "mixed", "memory", "resnet", "scaling"]
 # (workload, metric) -> (label, unit, better: "lower" | "higher" | None)
 METRICS = {(name, metric): spec for name, module in WORKLOADS.items()

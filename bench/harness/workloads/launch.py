@@ -1,5 +1,5 @@
 """bench/launch_latency: async empty-kernel launch (client CPU), launch+sync round trips,
-cuMemAlloc+cuMemFree."""
+cuMemAlloc+cuMemFree, cuMemAllocAsync+cuMemFreeAsync."""
 from __future__ import annotations
 
 import os
@@ -18,6 +18,7 @@ METRICS = {
     "launch_ctx_sync_p99": ("launch + cuCtxSynchronize, p99", "us", "lower"),
     "ctx_sync_idle": ("cuCtxSynchronize, idle", "us", "lower"),
     "mem_alloc_free": ("cuMemAlloc + cuMemFree (1 MiB)", "us", "lower"),
+    "mem_alloc_async_free": ("cuMemAllocAsync + cuMemFreeAsync + sync (1 MiB)", "us", "lower"),
     "ctx_get_device": ("cuCtxGetDevice", "ns", "lower"),
 }
 

@@ -66,16 +66,40 @@ def rank_main(rank: int, world: int, bench: bool) -> int:
     dist.barrier()
     ok = all(checks.values())
     fields = " ".join(f"{k}={v}" for k, v in checks.items())
-    print(f"nccl_collectives: rank={rank} world={world} {fields}{figures} "
-          f"{'PASS' if ok else 'FAIL'}", flush=True)
+    # One write per line: the ranks share one stdout, and print() may write the text and its
+    # newline apart, gluing another rank's line to this one.
+    sys.stdout.write(f"nccl_collectives: rank={rank} world={world} {fields}{figures} "
+                     f"{'PASS' if ok else 'FAIL'}\n")
+    sys.stdout.flush()
     dist.destroy_process_group()
     return 0 if ok else 1
 
 
 def bench_figures(dist, dev, world) -> str:
-    """All-reduce bus bandwidth at 256 MiB and latency at 8 KiB (nccl-tests' busbw)."""
+    """All-reduce bus bandwidth at 256 MiB and latency at 8 KiB (nccl-tests' busbw), and a DDP
+    training step's time: 4 x Linear(4096, 4096), batch 256, SGD, median of 30 steps after 5."""
     import torch
     out = []
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(4):
+        layers += [torch.nn.Linear(4096, 4096), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers).to(dev)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index])
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+    x = torch.randn(256, 4096, device=dev)
+    steps = []
+    for i in range(35):
+        torch.cuda.synchronize(dev)
+        start = time.perf_counter()
+        opt.zero_grad()
+        ddp(x).square().mean().backward()
+        opt.step()
+        torch.cuda.synchronize(dev)
+        if i >= 5:
+            steps.append(time.perf_counter() - start)
+    steps.sort()
+    out.append(f"ddp_step_ms={steps[len(steps) // 2] * 1e3:.3f}")
     for label, numel, reps in (("busbw_256mib", 64 << 20, 20), ("lat_8kib_us", 2048, 200)):
         t = torch.ones(numel, device=dev)
         for _ in range(5):
