@@ -37,7 +37,7 @@ for program in broker/daemon/mpsshimd broker/daemon/mpsshimctl broker/server/mps
 done
 # The private-table tracer for the real driver (tools/probes/darktrace/README.md).
 copy tools/probes/darktrace/libdarktrace.so
-for dir in examples bench tests/gpu/programs tests/gpu/libraries; do
+for dir in examples bench tests/gpu/programs tests/gpu/libraries tests/cudart; do
   while IFS= read -r file; do copy "${file#"$build"/}"; done \
     < <(find "$build/$dir" -maxdepth 1 -type f -perm -u+x)
 done

@@ -283,6 +283,26 @@ else
   add_row "several GPUs" - - SKIP "$GPU_COUNT GPU(s) or no PyTorch: the multi-GPU checks need two"
 fi
 
+# ---- 1f. checks that start their own daemon from the build tree: a live quota change, static SM
+# partitions, host functions and stream-ordered allocation (each exits 0 when it held, 77 when
+# it cannot run here, else 1; its output is in $LOGS).
+BUILD_ROOT=$(cd "$(dirname "$SHIM")/.." 2>/dev/null && pwd)
+for script in live_quota_check partition_check hostfn_check; do
+  if [ ! -x "$BUILD_ROOT/broker/daemon/mpsshimd" ]; then
+    add_row "$script" - - FAIL "no build tree around $SHIM (run with --build-dir)"
+    continue
+  fi
+  status=0
+  timeout 600 bash "$(dirname "${BASH_SOURCE[0]}")/$script.sh" "$BUILD_ROOT" "$WORK_DIR/$script" \
+    >"$LOGS/$script.out" 2>&1 || status=$?
+  last=$(grep -av '^\s*$' "$LOGS/$script.out" | tail -n1 | cut -c1-160)
+  case "$status" in
+    0) add_row "$script" - PASS PASS "$last" ;;
+    77) add_row "$script" - SKIP SKIP "$last" ;;
+    *) add_row "$script" - FAIL FAIL "exit $status: $last (see $LOGS/$script.out)" ;;
+  esac
+done
+
 # ---- 2. 8 concurrent copies of small_kernels: the shim must overlap them ---------------------
 COPIES=8
 run_small_kernel_copies native 1 "$LOGS/small1.native"

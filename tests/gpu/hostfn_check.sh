@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quick GPU check of host functions and stream-ordered allocation: cudart_async_alloc natively
 # and under the shim (three sizes, a 64 MiB limit, four clients at once), then the daemon's log.
-# usage: hostfn_check.sh BUILD_DIR [OUT_DIR]   (exits 77 without a GPU)
+# usage: hostfn_check.sh BUILD_DIR [OUT_DIR]   (exits 77 without a GPU, 1 when a run fails:
+# its exit status or its missing PASS line)
 set -u
 B=$(cd "$1" && pwd)
 OUT=${2:-$(mktemp -d /tmp/hostfn-check.XXXX)}
@@ -15,23 +16,45 @@ env -u LD_PRELOAD -u CUDA_MPS_PIPE_DIRECTORY "$B/broker/daemon/mpsshimd" --runti
   --server "$B/broker/server/mpsshim-server" >"$OUT/daemon.log" 2>&1 &
 DPID=$!
 for _ in $(seq 300); do
-  [ -S "$RT/control" ] && "$CTL" --runtime-dir "$RT" server_list 2>/dev/null | grep -qw running && break
+  # Every GPU's server running (the daemon starts them one after another).
+  [ -S "$RT/control" ] && [ "$("$CTL" --runtime-dir "$RT" server_list 2>/dev/null |
+    grep -cw running)" -ge "$(nvidia-smi -L | grep -c '^GPU ')" ] && break
   sleep 0.1
 done
 # `timeout` runs programs, not shell functions: the shim's environment is a prefix of env args.
 SHIM_ENV=(env LD_PRELOAD="$SHIM" CUDA_MPS_PIPE_DIRECTORY="$RT")
+FAILED=0
+# check LABEL COMMAND...: runs it; a failure is one that does not exit 0 with a PASS line.
+check() {
+  local label=$1 log
+  shift
+  log=$(timeout 120 "$@" 2>&1)
+  local rc=$?
+  echo "== $label: rc=$rc"
+  echo "$log" | tail -n 3
+  if [ "$rc" != 0 ] || ! grep -q "PASS" <<<"$log"; then
+    echo "FAILED: $label"
+    FAILED=$((FAILED + 1))
+  fi
+}
 for args in "" 1 1000003; do
-  echo "== native $args"; timeout 120 env -u LD_PRELOAD "$P" $args; echo "rc=$?"
-  echo "== shim $args"; timeout 120 "${SHIM_ENV[@]}" MPSSHIM_LOG_LEVEL=info "$P" $args; echo "rc=$?"
+  check "native $args" env -u LD_PRELOAD "$P" $args
+  check "shim $args" "${SHIM_ENV[@]}" MPSSHIM_LOG_LEVEL=info "$P" $args
 done
-echo "== shim, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=64M"
-timeout 120 "${SHIM_ENV[@]}" CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=64M "$P" 100000; echo "rc=$?"
+check "shim, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=64M" "${SHIM_ENV[@]}" \
+  CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=64M "$P" 100000
 echo "== four clients at once"
 pids=()
 for i in 1 2 3 4; do timeout 120 "${SHIM_ENV[@]}" "$P" $((20000 * i)) >"$OUT/c$i.out" 2>&1 & pids+=($!); done
-wait "${pids[@]}"
+for i in 1 2 3 4; do
+  if ! wait "${pids[$((i - 1))]}" || ! grep -q PASS "$OUT/c$i.out"; then
+    echo "FAILED: client $i of four"
+    FAILED=$((FAILED + 1))
+  fi
+done
 cat "$OUT"/c*.out
 "$CTL" --runtime-dir "$RT" quit >/dev/null 2>&1
-sleep 2
-kill "$DPID" 2>/dev/null
+wait "$DPID" 2>/dev/null
 echo "== daemon log"; tail -40 "$OUT/daemon.log"
+echo "hostfn_check: $FAILED failed"
+exit $((FAILED == 0 ? 0 : 1))

@@ -16,7 +16,9 @@ env -u LD_PRELOAD -u CUDA_MPS_PIPE_DIRECTORY "$B/broker/daemon/mpsshimd" --runti
   --server "$B/broker/server/mpsshim-server" >"$OUT/daemon.log" 2>&1 &
 DPID=$!
 for _ in $(seq 300); do
-  [ -S "$RT/control" ] && "$CTL" --runtime-dir "$RT" server_list 2>/dev/null | grep -qw running && break
+  # Every GPU's server running (the daemon starts them one after another).
+  [ -S "$RT/control" ] && [ "$("$CTL" --runtime-dir "$RT" server_list 2>/dev/null |
+    grep -cw running)" -ge "$(nvidia-smi -L | grep -c '^GPU ')" ] && break
   sleep 0.1
 done
 fail=0

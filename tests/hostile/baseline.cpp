@@ -67,21 +67,26 @@ DriverStats read_driver_stats(const std::string& stats_path) {
 }
 
 Baseline take_baseline(const e2e::Daemon& daemon, const std::string& stats_path) {
-  wait_until([&] { return no_clients(daemon); }, 10s);
   Baseline b;
+  if (!wait_until([&] { return no_clients(daemon); }, 10s)) {
+    b.unsettled = "clients were still listed after 10 s";
+    return b;
+  }
   b.server_pid = server_pid(daemon);
   // Settled: the same figures twice, 200 ms apart.
-  wait_until(
+  const bool settled = wait_until(
       [&] {
-        Baseline now{b.server_pid, e2e::open_fd_count(b.server_pid), read_driver_stats(stats_path)};
+        Baseline now{b.server_pid, e2e::open_fd_count(b.server_pid), read_driver_stats(stats_path),
+                     ""};
         std::this_thread::sleep_for(200ms);
         Baseline later{b.server_pid, e2e::open_fd_count(b.server_pid),
-                       read_driver_stats(stats_path)};
+                       read_driver_stats(stats_path), ""};
         b = later;
         return now.server_fds == later.server_fds && now.driver == later.driver &&
                later.driver.live_objects >= 0;
       },
       10s);
+  if (!settled) b.unsettled = "the server's fds and the driver's objects did not settle in 10 s";
   return b;
 }
 

@@ -22,6 +22,8 @@ struct Baseline {
   pid_t server_pid = 0;
   int server_fds = -1;
   DriverStats driver;
+  // Why no baseline could be taken ("" when it was: no client listed, the figures settled).
+  std::string unsettled;
 };
 
 // The daemon's environment for a test driver that reports to `stats_path`.
@@ -30,7 +32,8 @@ std::map<std::string, std::string> stats_env(const std::string& stats_path);
 pid_t server_pid(const e2e::Daemon& daemon);
 int server_restarts(const e2e::Daemon& daemon);
 DriverStats read_driver_stats(const std::string& stats_path);
-// Waits until `ps` lists no client and the figures have settled.
+// Waits until `ps` lists no client and the figures have settled; `unsettled` says which did not
+// within 10 s (a baseline taken then would compare later figures against noise).
 Baseline take_baseline(const e2e::Daemon& daemon, const std::string& stats_path);
 // Waits (10 s at most) until no client is listed and everything is back to `baseline`; what
 // still differs then, or "" when nothing does.

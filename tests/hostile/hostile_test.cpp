@@ -48,6 +48,8 @@ class Fixture {
     Outcome warm = run_client(daemon_, {artefact("E2E_CLIENT"), "basic"});
     REQUIRE(warm.exit_code == 0);
     baseline_ = take_baseline(daemon_, stats_path_);
+    INFO(baseline_.unsettled);
+    REQUIRE(baseline_.unsettled.empty());
     REQUIRE(baseline_.driver.live_objects >= 0);
   }
   ~Fixture() { std::remove(stats_path_.c_str()); }

@@ -93,6 +93,8 @@ TEST_CASE("clients of two users share a server and cannot reach each other", "[m
                 stats_env(stats_path));
   REQUIRE(run_client(daemon, {artefact("E2E_CLIENT"), "basic"}).exit_code == 0);
   const Baseline baseline = take_baseline(daemon, stats_path);
+  INFO(baseline.unsettled);
+  REQUIRE(baseline.unsettled.empty());
 
   SECTION("the runtime directory, socket and pid file as documented") {
     CHECK(mode_and_owner(daemon.dir()) == "0755 0:0");
