@@ -1,49 +1,38 @@
 #include "libshim/address_window.hpp"
 
-#include <sys/mman.h>
-
-#include <cerrno>
-#include <cstring>
+#include <string>
 
 #include "libshim/log.hpp"
 #include "proto/address_arenas.hpp"
+#include "proto/address_reservation.hpp"
 
 namespace mpsshim::shim {
 namespace {
 
-#if defined(__SANITIZE_THREAD__)
-constexpr bool kThreadSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-constexpr bool kThreadSanitizer = true;
-#else
-constexpr bool kThreadSanitizer = false;
-#endif
-#else
-constexpr bool kThreadSanitizer = false;
-#endif
+bool g_pinned_window = false;  // written once under cuInit's lock, before any allocation
 
 }  // namespace
 
-bool reserve_device_window() noexcept {
-  // ThreadSanitizer's mmap drops a hint outside its application ranges but keeps
-  // MAP_FIXED_NOREPLACE, which would then map at address 0.
-  if (kThreadSanitizer) {
-    log(Level::info, "device address window not reserved: ThreadSanitizer build");
-    return false;
+void reserve_address_windows() noexcept {
+  std::string why;
+  if (!proto::reserve_range(proto::kArenaWindowBase, proto::kArenaWindowBytes, &why)) {
+    log(Level::warn,
+        "could not reserve the device address window {:#x} + {} TiB ({}): a host allocation of "
+        "this process may take an address a GPU uses, and copies would then mistake one for the "
+        "other",
+        proto::kArenaWindowBase, proto::kArenaWindowBytes >> 40, why);
   }
-  void* want = reinterpret_cast<void*>(proto::kArenaWindowBase);
-  void* got = mmap(want, proto::kArenaWindowBytes, PROT_NONE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
-  if (got == want) return true;
-  const int error = errno;
-  if (got != MAP_FAILED) munmap(got, proto::kArenaWindowBytes);  // a kernel without NOREPLACE
-  log(Level::warn,
-      "could not reserve the device address window {:#x} + {} TiB ({}): a host allocation of this "
-      "process may take an address a GPU uses, and copies would then mistake one for the other",
-      proto::kArenaWindowBase, proto::kArenaWindowBytes >> 40,
-      got == MAP_FAILED ? std::strerror(error) : "placed elsewhere");
-  return false;
+  g_pinned_window = proto::reserve_range(proto::kPinnedWindowBase, proto::kPinnedWindowBytes, &why);
+  if (!g_pinned_window) {
+    log(Level::info,
+        "pinned host memory not placed in the shared window {:#x} + {} TiB ({}): a kernel given "
+        "the host pointer of cuMemHostAlloc memory (not cuMemHostGetDevicePointer's) may fault",
+        proto::kPinnedWindowBase, proto::kPinnedWindowBytes >> 40, why);
+  }
+}
+
+bool pinned_window_reserved() noexcept {
+  return g_pinned_window;
 }
 
 }  // namespace mpsshim::shim

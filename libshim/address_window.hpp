@@ -1,14 +1,18 @@
-// The client's side of the one device address space (proto/address_arenas.hpp): the window of
-// every GPU's arena is reserved PROT_NONE in the client's own address space at cuInit, so that
-// no host allocation of the process (malloc, mmap, a library) ever takes an address that a GPU's
-// server hands out as a device address. A unified-addressing copy or cuPointerGetAttribute can
-// then tell device from host memory by the address alone, as with the real driver.
+// The client's side of the one address space (proto/address_arenas.hpp). At cuInit the client
+// reserves PROT_NONE the window of every GPU's arena, so that no host allocation of the process
+// (malloc, mmap, a library) ever takes an address a GPU's server hands out as a device address
+// (a unified-addressing copy or cuPointerGetAttribute then tells device from host memory by the
+// address alone, as with the real driver), and the pinned window, where its cuMemHostAlloc
+// memory is mapped at the address its server chose and mapped too (memory.cpp).
 #pragma once
 
 namespace mpsshim::shim {
 
-// Once per process (a forked child inherits it). False, logged, when the window is taken or the
-// process may not map it (RLIMIT_AS, ThreadSanitizer's address layout); the shim works on.
-bool reserve_device_window() noexcept;
+// Once per process (a forked child inherits the reservations). A window that is taken or may
+// not be mapped (RLIMIT_AS, ThreadSanitizer's address layout) is logged; the shim works on.
+void reserve_address_windows() noexcept;
+
+// Whether the pinned window is this process's: cuMemHostAlloc then maps where the server says.
+bool pinned_window_reserved() noexcept;
 
 }  // namespace mpsshim::shim

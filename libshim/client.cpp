@@ -140,7 +140,7 @@ CUresult initialize() noexcept {
   CUresult rc;
   try {
     s.config = read_client_config();
-    reserve_device_window();
+    reserve_address_windows();
     rc = query_devices(s);
   } catch (...) {
     rc = CUDA_ERROR_OUT_OF_MEMORY;

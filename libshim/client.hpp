@@ -274,6 +274,9 @@ unsigned current_context_flags() noexcept;
 // ship the image somewhere to answer, and the server keeps a library for the whole session
 // whatever context shipped it.
 CUresult context_for_library(Context*& out) noexcept;
+// A visible device's primary context, activated (retained or not): where a call that names a
+// device rather than a context (cuKernelGetAttribute) is answered.
+CUresult primary_context(int device, Context*& out) noexcept;
 
 // Which stream a CUstream argument means: NULL -> the context's legacy stream, or the calling
 // thread's per-thread stream for a _ptsz/_ptds entry point; CU_STREAM_LEGACY / PER_THREAD as

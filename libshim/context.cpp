@@ -170,6 +170,15 @@ CUresult context_for_library(Context*& out) noexcept {
   return rc;
 }
 
+CUresult primary_context(int device, Context*& out) noexcept {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (device < 0 || device >= visible_device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  Context& primary = primaries()[static_cast<std::size_t>(device)];
+  if (CUresult rc = activate(&primary); rc != CUDA_SUCCESS) return rc;
+  out = &primary;
+  return CUDA_SUCCESS;
+}
+
 CUresult resolve_stream(CUstream handle, DefaultStream mode, Context*& ctx,
                         Stream*& stream) noexcept {
   if (handle == CU_STREAM_LEGACY || (handle == nullptr && mode == DefaultStream::kLegacy)) {

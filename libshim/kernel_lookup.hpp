@@ -58,6 +58,16 @@ CUresult look_up_kernel(Function* f, const char* use);
 // library's kernel (a module's function belongs to one context) or the shipping failed (`rc`).
 Function* kernel_on_device(Function* f, Context* ctx, CUresult& rc);
 
+// A library kernel for the GPU a call names (cuKernelGetAttribute's `device`): f itself when it
+// is that GPU's, else its copy there (kernel_on_device, through the GPU's primary context).
+Function* kernel_for_device(Function* f, int device, CUresult& rc);
+
+// The function a call on `f` means in the calling thread: a CUkernel passed as a CUfunction
+// stands for the current context's GPU, as with the real driver, whose CUkernel is
+// device-independent (cudaFuncGetAttributes and cuBLAS's handle setup on a second GPU ask so);
+// any other function is its own context's. nullptr with `rc` when the copy could not be made.
+Function* function_here(Function* f, CUresult& rc);
+
 // Before any use of f's wire handle or parameter layout.
 inline CUresult usable(Function* f, std::source_location where = std::source_location::current()) {
   return f->looked_up.load(std::memory_order_acquire) ? CUDA_SUCCESS

@@ -161,6 +161,8 @@ CUresult max_active_blocks(int* blocks, CUfunction hfunc, int block_size, size_t
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   Function* f = object_of<Function>(hfunc);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult here = CUDA_SUCCESS;
+  if (f = function_here(f, here); f == nullptr) return here;
   if (CUresult rc = usable(f); rc != CUDA_SUCCESS) return rc;
   if (blocks == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const std::uint64_t generation = function_settings_generation.load(std::memory_order_acquire);
@@ -199,6 +201,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuOccupancyMaxPotentialBlockSizeWithFlags(
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   Function* f = object_of<Function>(hfunc);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult here = CUDA_SUCCESS;
+  if (f = function_here(f, here); f == nullptr) return here;
   if (CUresult rc = usable(f); rc != CUDA_SUCCESS) return rc;
   if (min_grid == nullptr || block_size == nullptr) return CUDA_ERROR_INVALID_VALUE;
   int max_threads = 0;
@@ -244,6 +248,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuOccupancyAvailableDynamicSMemPerBlock(size_t* 
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   Function* f = object_of<Function>(hfunc);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult here = CUDA_SUCCESS;
+  if (f = function_here(f, here); f == nullptr) return here;
   if (CUresult rc = usable(f); rc != CUDA_SUCCESS) return rc;
   if (smem == nullptr) return CUDA_ERROR_INVALID_VALUE;
   proto::OccupancyReq request{f->wire, block_size, static_cast<std::uint32_t>(blocks), 0};
@@ -258,6 +264,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveClusters(int* clusters, CUfu
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   Function* f = object_of<Function>(hfunc);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult here = CUDA_SUCCESS;
+  if (f = function_here(f, here); f == nullptr) return here;
   if (CUresult rc = usable(f); rc != CUDA_SUCCESS) return rc;
   if (clusters == nullptr || config == nullptr || config->numAttrs > proto::kMaxLaunchAttributes) {
     return CUDA_ERROR_INVALID_VALUE;

@@ -7,11 +7,14 @@
 
 #include <cstring>
 
+#include "libshim/address_window.hpp"
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/host_memory.hpp"
 #include "libshim/log.hpp"
 #include "libshim/peer.hpp"
+#include "proto/address_arenas.hpp"
+#include "proto/address_reservation.hpp"
 
 using namespace mpsshim::shim;
 namespace proto = mpsshim::proto;
@@ -103,6 +106,15 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr* base, size_
 
 namespace {
 
+bool in_pinned_window(std::uint64_t address, std::uint64_t bytes) {
+  return address >= proto::kPinnedWindowBase && bytes <= proto::kPinnedWindowBytes &&
+         address - proto::kPinnedWindowBase <= proto::kPinnedWindowBytes - bytes;
+}
+
+// Pinned host memory is a memfd both processes map. With the pinned window reserved here, the
+// server picks the address (in its slice of the window) and this process maps the memfd at the
+// same one, so the host pointer is the device pointer in both, as under unified addressing;
+// without it, this process maps first and the server tries the same address.
 CUresult host_alloc(void** pp, size_t bytes, unsigned int flags) {
   Context* ctx = nullptr;
   if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
@@ -114,10 +126,14 @@ CUresult host_alloc(void** pp, size_t bytes, unsigned int flags) {
     ::close(fd);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  void* base = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (base == MAP_FAILED) {
-    ::close(fd);
-    return CUDA_ERROR_OUT_OF_MEMORY;
+  const bool server_places = pinned_window_reserved();
+  void* base = nullptr;
+  if (!server_places) {
+    base = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+      ::close(fd);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
   }
   std::uint32_t token = 0;
   CUresult rc = ctx->session->send_fd(proto::MessageKind::kHostMemory, fd, mapped, token);
@@ -126,8 +142,23 @@ CUresult host_alloc(void** pp, size_t bytes, unsigned int flags) {
     proto::HostRegisterReq request{reinterpret_cast<std::uint64_t>(base), mapped, token, flags};
     rc = ctx->session->call(proto::Op::kHostRegister, request, &reply);
   }
+  if (rc == CUDA_SUCCESS && server_places) {
+    // MAP_FIXED only over this process's own reservation: an answer outside the window is
+    // mapped wherever the kernel puts it.
+    const bool fixed = in_pinned_window(reply.host_address, mapped);
+    void* want = fixed ? reinterpret_cast<void*>(reply.host_address) : nullptr;
+    base =
+        ::mmap(want, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | (fixed ? MAP_FIXED : 0), fd, 0);
+    if (base == MAP_FAILED || (fixed && base != want)) {
+      if (base != MAP_FAILED) ::munmap(base, mapped);
+      base = nullptr;
+      ctx->session->call(proto::Op::kHostUnregister, proto::HostUnregisterReq{reply.region},
+                         static_cast<int*>(nullptr));
+      rc = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
   if (rc != CUDA_SUCCESS) {
-    ::munmap(base, mapped);
+    if (!server_places) ::munmap(base, mapped);
     ::close(fd);
     return rc == CUDA_ERROR_OUT_OF_MEMORY ? rc : CUDA_ERROR_OUT_OF_MEMORY;
   }
@@ -158,7 +189,12 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemFreeHost(void* p) {
   proto::HostUnregisterReq request{range.region};
   CUresult rc =
       range.ctx->session->call(proto::Op::kHostUnregister, request, static_cast<int*>(nullptr));
-  ::munmap(range.base, range.bytes);
+  // In the pinned window the range goes back to the reservation, not to the process's mmap.
+  const auto address = reinterpret_cast<std::uint64_t>(range.base);
+  if (!pinned_window_reserved() || !in_pinned_window(address, range.bytes) ||
+      !proto::return_to_reservation(range.base, range.bytes)) {
+    ::munmap(range.base, range.bytes);
+  }
   ::close(range.memfd);
   return rc;
 }

@@ -464,6 +464,24 @@ Function* mpsshim::shim::kernel_on_device(Function* f, Context* ctx, CUresult& r
   return there;
 }
 
+Function* mpsshim::shim::kernel_for_device(Function* f, int device, CUresult& rc) {
+  rc = CUDA_SUCCESS;
+  if (device == f->ctx->device) return f;
+  Context* ctx = nullptr;
+  if (rc = primary_context(device, ctx); rc != CUDA_SUCCESS) return nullptr;
+  Function* there = kernel_on_device(f, ctx, rc);
+  if (there == nullptr && rc == CUDA_ERROR_INVALID_HANDLE) rc = CUDA_ERROR_INVALID_DEVICE;
+  return there;
+}
+
+Function* mpsshim::shim::function_here(Function* f, CUresult& rc) {
+  rc = CUDA_SUCCESS;
+  if (!f->is_kernel) return f;
+  Context* ctx = nullptr;
+  if (current(ctx) != CUDA_SUCCESS || ctx->session == f->ctx->session) return f;
+  return kernel_on_device(f, ctx, rc);
+}
+
 MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryGetKernel(CUkernel* kernel, CUlibrary handle,
                                                    const char* name) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
@@ -670,6 +688,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuFuncGetAttribute(int* value, CUfunction_attrib
   Function* f = object_of<Function>(hfunc);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUresult rc = CUDA_SUCCESS;
+  if (f = function_here(f, rc); f == nullptr) return rc;
   proto::Op op = f->is_kernel ? proto::Op::kKernelGetAttribute : proto::Op::kFuncGetAttribute;
   return cached_attribute(f, attribute, f->ctx->device, op, value);
 }
@@ -679,6 +699,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuFuncSetAttribute(CUfunction hfunc, CUfunction_
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   Function* f = object_of<Function>(hfunc);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult rc = CUDA_SUCCESS;
+  if (f = function_here(f, rc); f == nullptr) return rc;
   proto::Op op = f->is_kernel ? proto::Op::kKernelSetAttribute : proto::Op::kFuncSetAttribute;
   return set_attribute(f, attribute, value, f->ctx->device, op);
 }
@@ -689,7 +711,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuKernelGetAttribute(int* value, CUfunction_attr
   Function* f = object_of<Function>(kernel);
   if (f == nullptr || !f->is_kernel) return CUDA_ERROR_INVALID_HANDLE;
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (device != f->ctx->device) return CUDA_ERROR_INVALID_DEVICE;
+  CUresult rc = CUDA_SUCCESS;
+  if (f = kernel_for_device(f, device, rc); f == nullptr) return rc;
   return cached_attribute(f, attribute, device, proto::Op::kKernelGetAttribute, value);
 }
 
@@ -698,7 +721,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuKernelSetAttribute(CUfunction_attribute attrib
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   Function* f = object_of<Function>(kernel);
   if (f == nullptr || !f->is_kernel) return CUDA_ERROR_INVALID_HANDLE;
-  if (device != f->ctx->device) return CUDA_ERROR_INVALID_DEVICE;
+  CUresult rc = CUDA_SUCCESS;
+  if (f = kernel_for_device(f, device, rc); f == nullptr) return rc;
   return set_attribute(f, attribute, value, device, proto::Op::kKernelSetAttribute);
 }
 
@@ -706,6 +730,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_ca
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   Function* f = object_of<Function>(hfunc);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult here = CUDA_SUCCESS;
+  if (f = function_here(f, here); f == nullptr) return here;
   if (CUresult rc = usable(f); rc != CUDA_SUCCESS) return rc;
   proto::AttributeReq request{f->wire, static_cast<std::int32_t>(config), 0, f->ctx->device, 0};
   CUresult rc =

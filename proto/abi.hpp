@@ -42,7 +42,10 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // Minor 14: one device address space and peers: DeviceSnapshot's arena and peer masks (were
 // reserved, 0), MessageKind::kPeerMemory, ops 105..107 (PeerExportReq, PeerExportRep,
 // PeerImportReq, PeerReleaseReq); VMM shareable handles, ops 108..109 (VmmImportReq).
-inline constexpr std::uint16_t kAbiMinor = 14;
+// Minor 15: HostRegisterRep::host_address (appended) and HostRegisterReq::client_address 0: the
+// server places pinned host memory in its slice of the pinned window; TMA descriptors (ops
+// 110..111, proto/ops_tensor_map.hpp).
+inline constexpr std::uint16_t kAbiMinor = 15;
 
 // FROZEN FOREVER. Every message on every mpsshim socket starts with this header, so that any two
 // versions of mpsshim can at least tell each other which versions they are. Never change it.

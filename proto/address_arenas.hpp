@@ -35,6 +35,25 @@ constexpr int arena_holding(std::uint64_t address) {
   return static_cast<int>((address - kArenaWindowBase) / kArenaBytes);
 }
 
+// Pinned host memory (cuMemHostAlloc) lives in a second window, one slice per GPU's server, at
+// an address the server picks and the client maps too: under unified addressing a kernel may be
+// handed the host pointer itself (XLA's semaphores, flags written by kernels), so the server's
+// mapping, which the GPU sees, must sit at the client's address. A client address the server
+// happened to use already would otherwise leave the kernel an address the GPU cannot reach.
+// Below where x86-64 Linux loads position-independent executables (0x555555554000, up to 1 TiB
+// higher with address randomization) and their brk heap, which a window at 0x500000000000 met,
+// and far above the low ranges the driver places its own memory in (measured on an H200:
+// 0x420000000, 0x4a20000000).
+inline constexpr std::uint64_t kPinnedWindowBase = 0x2000'0000'0000;
+inline constexpr std::uint64_t kPinnedSliceBytes = std::uint64_t{1} << 40;  // 1 TiB per GPU
+inline constexpr std::uint64_t kPinnedWindowBytes = kPinnedSliceBytes * kMaxArenas;
+
+constexpr std::uint64_t pinned_slice_base(unsigned gpu) {
+  return kPinnedWindowBase + std::uint64_t{gpu} * kPinnedSliceBytes;
+}
+
+static_assert(kPinnedWindowBase + kPinnedWindowBytes <= 0x5555'5555'4000,
+              "the pinned window lies below executables, their heap and the device window");
 static_assert(kArenaWindowBase + kArenaWindowBytes <= 0x7000'0000'0000,
               "the window stays well below the top-down mmap area of x86-64 user space");
 static_assert(arena_holding(arena_base(3) + 5) == 3 && arena_holding(kArenaWindowBase - 1) == -1);

@@ -157,6 +157,9 @@ enum class Op : std::uint16_t {
   // kPeerMemory) before the answer; an fd the client sent is imported as a new handle.
   kVmmExport = 108,  // HandleReq -> nothing
   kVmmImport = 109,  // VmmImportReq (the fd sent before it, by token) -> VmmHandleRep
+  // Hopper's TMA descriptors (proto/ops_tensor_map.hpp): encoded by the server's driver.
+  kTensorMapEncode = 110,          // TensorMapEncodeReq -> TensorMapRep
+  kTensorMapReplaceAddress = 111,  // TensorMapReplaceReq -> TensorMapRep
   kCount
 };
 
@@ -215,6 +218,8 @@ struct MemGetInfoRep {
 // server at `client_address` when that address is free there (so host and device pointers
 // agree as under UVA), then registered with the driver.
 struct HostRegisterReq {
+  // The client's mapping of the memfd, or 0: the server maps it in its slice of the pinned
+  // window (proto/address_arenas.hpp) and answers where, for the client to map it there too.
   std::uint64_t client_address;
   std::uint64_t bytes;
   std::uint32_t token;
@@ -223,6 +228,9 @@ struct HostRegisterReq {
 struct HostRegisterRep {
   WireHandle region;
   std::uint64_t device_pointer;
+  // Where the server mapped it when the client asked it to choose (client_address 0); 0 when
+  // it had no pinned window and mapped it elsewhere.
+  std::uint64_t host_address;
 };
 struct HostUnregisterReq {
   WireHandle region;

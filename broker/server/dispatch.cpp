@@ -12,6 +12,7 @@
 #include "broker/server/ops.hpp"
 #include "proto/ops_copies.hpp"
 #include "proto/ops_ipc.hpp"
+#include "proto/ops_tensor_map.hpp"
 #include "proto/ops_vmm.hpp"
 
 namespace mpsshim::server {
@@ -68,6 +69,10 @@ std::array<OpSpec, kOpCount> make_specs() {
   set(Op::kPeerRelease, "PeerRelease", op_peer_release, sizeof(PeerReleaseReq), true);
   set(Op::kVmmExport, "VmmExport", op_vmm_export, sizeof(HandleReq), true);
   set(Op::kVmmImport, "VmmImport", op_vmm_import, sizeof(VmmImportReq), true);
+  set(Op::kTensorMapEncode, "TensorMapEncode", op_tensor_map_encode, sizeof(TensorMapEncodeReq),
+      true);
+  set(Op::kTensorMapReplaceAddress, "TensorMapReplaceAddress", op_tensor_map_replace_address,
+      sizeof(TensorMapReplaceReq), true);
   set(Op::kLibraryGetModule, "LibraryGetModule", op_library_get_module, sizeof(HandleReq), true);
   set(Op::kLibraryGetGlobal, "LibraryGetGlobal", op_library_get_global, sizeof(NamedLookupReq),
       true);

@@ -94,6 +94,20 @@
   X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, CUresult,                                \
     (int*, CUfunction, int, size_t, unsigned int))                                                 \
   X(cuOccupancyMaxActiveClusters, CUresult, (int*, CUfunction, const CUlaunchConfig*))             \
+  X(cuTensorMapEncodeTiled, CUresult,                                                              \
+    (CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,   \
+     const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,              \
+     CUtensorMapL2promotion, CUtensorMapFloatOOBfill))                                             \
+  X(cuTensorMapEncodeIm2col, CUresult,                                                             \
+    (CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,   \
+     const int*, const int*, cuuint32_t, cuuint32_t, const cuuint32_t*, CUtensorMapInterleave,     \
+     CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill))                         \
+  X(cuTensorMapEncodeIm2colWide, CUresult,                                                         \
+    (CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,   \
+     int, int, cuuint32_t, cuuint32_t, const cuuint32_t*, CUtensorMapInterleave,                   \
+     CUtensorMapIm2ColWideMode, CUtensorMapSwizzle, CUtensorMapL2promotion,                        \
+     CUtensorMapFloatOOBfill))                                                                     \
+  X(cuTensorMapReplaceAddress, CUresult, (CUtensorMap*, void*))                                    \
   X(cuOccupancyAvailableDynamicSMemPerBlock, CUresult, (size_t*, CUfunction, int, int))            \
   X(cuMemcpy3DAsync_v2, CUresult, (const CUDA_MEMCPY3D*, CUstream))                                \
   X(cuArray3DCreate_v2, CUresult, (CUarray*, const CUDA_ARRAY3D_DESCRIPTOR*))                      \

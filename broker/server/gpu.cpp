@@ -108,6 +108,16 @@ tl::expected<Gpu, StartError> open_gpu(const DriverTable& cu, int ordinal) {
   if (arena == nullptr || std::string_view(arena) != "off") {
     gpu.heap = DeviceHeap::open(cu, gpu.device, static_cast<unsigned>(ordinal), &why);
   }
+  if (arena == nullptr || std::string_view(arena) != "off") {
+    std::string pinned_why;
+    gpu.pinned = PinnedWindow::open(static_cast<unsigned>(ordinal), &pinned_why);
+    if (!gpu.pinned) {
+      log_warn(
+          "GPU {}: no pinned window ({}): clients' pinned host memory is mapped at other "
+          "addresses here, and a kernel handed its host pointer would fault",
+          ordinal, pinned_why);
+    }
+  }
   if (gpu.heap) {
     snap.arena_base = gpu.heap->arena().base();
     snap.arena_bytes = gpu.heap->arena().bytes();

@@ -12,6 +12,7 @@
 #include "broker/server/device_heap.hpp"
 #include "broker/server/driver.hpp"
 #include "broker/server/driver_table.hpp"
+#include "broker/server/pinned_window.hpp"
 #include "proto/device_snapshot.hpp"
 
 namespace mpsshim::server {
@@ -31,6 +32,9 @@ struct Gpu {
   // the driver could not reserve it, and then the driver places them (addresses may then
   // collide with another GPU's server: logged at start).
   std::shared_ptr<DeviceHeap> heap;
+  // Clients' cuMemHostAlloc memory, at addresses the client maps too (pinned_window.hpp); null
+  // when this process could not reserve the window, and then it is mapped wherever it fits.
+  std::shared_ptr<PinnedWindow> pinned;
 };
 
 // cuInit, cuDeviceGet, retain the primary context and make it current on this thread, take

@@ -98,6 +98,7 @@ struct HostRegionObj {
   std::uint64_t bytes = 0;
   std::uint64_t mapped_bytes = 0;
   CUdeviceptr device = 0;
+  bool in_pinned_window = false;  // mapped by the GPU's PinnedWindow, unmapped through it
 };
 
 // A CUDA array of the client's (ops_copies.cpp). `charged` bytes count against its limit.

@@ -129,6 +129,8 @@ OpResult op_peer_import(Call& call);
 OpResult op_peer_release(Call& call);
 OpResult op_vmm_export(Call& call);
 OpResult op_vmm_import(Call& call);
+OpResult op_tensor_map_encode(Call& call);
+OpResult op_tensor_map_replace_address(Call& call);
 OpResult op_vmm_address_free(Call& call);
 OpResult op_vmm_map(Call& call);
 OpResult op_vmm_unmap(Call& call);

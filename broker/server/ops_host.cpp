@@ -129,34 +129,47 @@ OpResult op_host_register(Call& call) {
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
   const std::uint64_t mapped = (req.bytes + page_size() - 1) / page_size() * page_size();
-  void* address = map_region(stashed->fd.get(), req.client_address, mapped);
+  // Client address 0: this server picks the address in its pinned window and the client maps
+  // there too. Without a window here, anywhere (the client then maps anywhere as well).
+  PinnedWindow* window = session.gpu().pinned.get();
+  const bool in_window = req.client_address == 0 && window != nullptr;
+  void* address = in_window ? window->map(stashed->fd.get(), mapped)
+                            : map_region(stashed->fd.get(), req.client_address, mapped);
   if (address == nullptr) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+  auto unmap = [&] {
+    if (in_window) {
+      window->unmap(address, mapped);
+    } else {
+      ::munmap(address, mapped);
+    }
+  };
   const DriverTable& cu = call.cu;
   if (CUresult r = cu.cuMemHostRegister_v2(
           address, req.bytes, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
       r != CUDA_SUCCESS) {
-    ::munmap(address, mapped);
+    unmap();
     return call.done(r);
   }
   CUdeviceptr device = 0;
   if (CUresult r = cu.cuMemHostGetDevicePointer_v2(&device, address, 0); r != CUDA_SUCCESS) {
     cu.cuMemHostUnregister(address);
-    ::munmap(address, mapped);
+    unmap();
     return call.done(r);
   }
-  std::uint64_t id = session.objects.insert(HostRegionObj{address, req.bytes, mapped, device});
+  std::uint64_t id =
+      session.objects.insert(HostRegionObj{address, req.bytes, mapped, device, in_window});
   if (id == 0 || !session.memory.add(DeviceRange{device, req.bytes, RangeKind::kPinned, id})) {
     if (id != 0) session.objects.take<HostRegionObj>(id);
     cu.cuMemHostUnregister(address);
-    ::munmap(address, mapped);
+    unmap();
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
   session.usage.pinned_bytes += req.bytes;
+  const auto host = reinterpret_cast<std::uint64_t>(address);
+  const bool same = in_window || host == req.client_address;
   log_debug("{} registered {} of pinned host memory{}", session.who(), format_bytes(req.bytes),
-            reinterpret_cast<std::uint64_t>(address) == req.client_address
-                ? ""
-                : " (mapped at another address than the client's)");
-  return call.reply(proto::HostRegisterRep{id, device});
+            same ? "" : " (mapped at another address than the client's)");
+  return call.reply(proto::HostRegisterRep{id, device, in_window ? host : 0});
 }
 
 OpResult op_host_unregister(Call& call) {

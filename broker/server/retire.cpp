@@ -96,7 +96,11 @@ void free_retired(Session& session, Retired& bundle, FreedTally* tally) {
   bundle.peer_blocks.clear();
   for (const HostRegionObj& region : bundle.regions) {
     warn_if_failed(session, cu.cuMemHostUnregister(region.address), "cuMemHostUnregister");
-    ::munmap(region.address, region.mapped_bytes);
+    if (region.in_pinned_window) {
+      session.gpu().pinned->unmap(region.address, region.mapped_bytes);
+    } else {
+      ::munmap(region.address, region.mapped_bytes);
+    }
   }
   for (CUarray a : bundle.arrays) warn_if_failed(session, cu.cuArrayDestroy(a), "cuArrayDestroy");
   for (CUgraphExec exec : bundle.graph_execs) {

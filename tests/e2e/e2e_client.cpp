@@ -911,10 +911,29 @@ bool library_kernel_on_both() {
   CUkernel kernel{};
   CHECK(cuLibraryGetKernel(&kernel, library, "vector_add"));
   bool ok = true;
+  int threads_on_0 = 0;
   for (int d = 0; d < 2; ++d) {
     CUcontext ctx{};
     CHECK(cuDevicePrimaryCtxRetain(&ctx, d));
     CHECK(cuCtxSetCurrent(ctx));
+    // A CUkernel is device-independent: its attributes answer for the device named, or, passed
+    // as a CUfunction, for the current context's (cuBLAS sets its kernels up so on each GPU).
+    int threads = 0, as_function = 0;
+    CHECK(cuKernelGetAttribute(&threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, kernel, d));
+    CHECK(cuFuncGetAttribute(&as_function, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+                             reinterpret_cast<CUfunction>(kernel)));
+    CHECK(cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1024, kernel, d));
+    int blocks = 0;
+    CHECK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, reinterpret_cast<CUfunction>(kernel),
+                                                      256, 0));
+    if (d == 0) threads_on_0 = threads;
+    if (threads <= 0 || threads != as_function || threads != threads_on_0 || blocks <= 0) {
+      std::printf(
+          "two_gpus: the library's kernel on GPU %d: %d threads per block (as a function "
+          "%d, on GPU 0 %d), %d blocks per SM\n",
+          d, threads, as_function, threads_on_0, blocks);
+      ok = false;
+    }
     int n = 10'000 + d;
     std::vector<float> a(n, 1.0f + d), b(n, 2.0f), c(n, 0.0f);
     const std::size_t bytes = sizeof(float) * static_cast<std::size_t>(n);
@@ -1143,6 +1162,150 @@ int hostmem(int n) {
   return failures == 0 ? 0 : 1;
 }
 
+// cuMemHostAlloc memory under unified addressing: its device pointer is its host pointer, and
+// a kernel handed the host pointer itself reaches it, as XLA's semaphores and flags are used.
+// Two rounds, so that the second reuses addresses the first gave back.
+int pinned_kernel(int buffers) {
+  Setup s = setup();
+  CUfunction increment{};
+  CHECK(cuModuleGetFunction(&increment, s.module, "increment_i32"));
+  int failures = 0;
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::pair<int*, int>> pinned;
+    for (int i = 0; i < buffers; ++i) {
+      int n = (1024 << (i % 6)) + 3 * i;
+      void* p = nullptr;
+      CHECK(cuMemHostAlloc(&p, sizeof(int) * static_cast<size_t>(n),
+                           CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+      int* host = static_cast<int*>(p);
+      for (int j = 0; j < n; ++j) host[j] = j - i;
+      CUdeviceptr device = 0;
+      CHECK(cuMemHostGetDevicePointer(&device, p, 0));
+      if (device != reinterpret_cast<CUdeviceptr>(p)) {
+        std::printf("pinned_kernel: buffer %d at %p has device pointer %#llx\n", i, p,
+                    static_cast<unsigned long long>(device));
+        ++failures;
+      }
+      CUdeviceptr through_host = reinterpret_cast<CUdeviceptr>(p);
+      void* args[] = {&through_host, &n};
+      CHECK(cuLaunchKernel(increment, (n + 255) / 256, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr));
+      pinned.emplace_back(host, n);
+    }
+    CHECK(cuCtxSynchronize());
+    for (int i = 0; i < buffers; ++i) {
+      auto [host, n] = pinned[static_cast<size_t>(i)];
+      int wrong = 0;
+      for (int j = 0; j < n; ++j) wrong += host[j] != j - i + 1;
+      if (wrong != 0) {
+        std::printf("pinned_kernel: buffer %d: %d of %d elements not incremented\n", i, wrong, n);
+        ++failures;
+      }
+      CHECK(cuMemFreeHost(host));
+    }
+  }
+  std::printf("%s pinned_kernel buffers=%d failures=%d\n", failures == 0 ? "PASS" : "FAIL", buffers,
+              failures);
+  return failures == 0 ? 0 : 1;
+}
+
+// Hopper's TMA descriptors: encoded with no context current, as the real driver allows; the
+// same arguments give the same bytes, cuTensorMapReplaceAddress gives what encoding the new
+// address gives, and each documented rule refuses what it must.
+int tensor_map() {
+  Setup s = setup();
+  CUdeviceptr buffer{};
+  CHECK(cuMemAlloc(&buffer, 1 << 20));
+  CHECK(cuCtxSetCurrent(nullptr));
+  int failures = 0;
+  auto expect = [&](const char* what, CUresult got, CUresult want) {
+    if (got != want) {
+      std::printf("tensor_map: %s returned %d, expected %d\n", what, got, want);
+      ++failures;
+    }
+  };
+  const cuuint64_t dims[2] = {256, 64};
+  const cuuint64_t strides[1] = {256 * sizeof(float)};
+  const cuuint32_t box[2] = {32, 16};
+  const cuuint32_t unit[5] = {1, 1, 1, 1, 1};
+  auto tiled = [&](CUtensorMap* map, CUdeviceptr at, const cuuint32_t* b, cuuint32_t rank,
+                   CUtensorMapSwizzle swizzle) {
+    return cuTensorMapEncodeTiled(
+        map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, rank, reinterpret_cast<void*>(at), dims, strides, b,
+        unit, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  };
+  CUtensorMap first{}, again{}, moved{}, direct{};
+  expect("encode, no context current", tiled(&first, buffer, box, 2, CU_TENSOR_MAP_SWIZZLE_128B),
+         CUDA_SUCCESS);
+  expect("encode again", tiled(&again, buffer, box, 2, CU_TENSOR_MAP_SWIZZLE_128B), CUDA_SUCCESS);
+  if (std::memcmp(&first, &again, sizeof first) != 0) {
+    std::printf("tensor_map: the same arguments encoded differently\n");
+    ++failures;
+  }
+  const CUtensorMap zero{};
+  if (std::memcmp(&first, &zero, sizeof first) == 0) {
+    std::printf("tensor_map: the encoded descriptor is all zero\n");
+    ++failures;
+  }
+  moved = first;
+  expect("replace address",
+         cuTensorMapReplaceAddress(&moved, reinterpret_cast<void*>(buffer + 4096)), CUDA_SUCCESS);
+  expect("encode at the new address",
+         tiled(&direct, buffer + 4096, box, 2, CU_TENSOR_MAP_SWIZZLE_128B), CUDA_SUCCESS);
+  if (std::memcmp(&moved, &direct, sizeof moved) != 0) {
+    std::printf("tensor_map: replacing the address differs from encoding it\n");
+    ++failures;
+  }
+  CUtensorMap bad{};
+  const cuuint32_t wide_box[2] = {64, 16};  // 256 bytes inner: over a 128-byte swizzle
+  const cuuint32_t big_box[2] = {32, 300};
+  expect("global address not 16-byte aligned",
+         tiled(&bad, buffer + 8, box, 2, CU_TENSOR_MAP_SWIZZLE_128B), CUDA_ERROR_INVALID_VALUE);
+  expect("rank 6", tiled(&bad, buffer, box, 6, CU_TENSOR_MAP_SWIZZLE_128B),
+         CUDA_ERROR_INVALID_VALUE);
+  expect("box over 256", tiled(&bad, buffer, big_box, 2, CU_TENSOR_MAP_SWIZZLE_NONE),
+         CUDA_ERROR_INVALID_VALUE);
+  expect("inner box wider than the swizzle",
+         tiled(&bad, buffer, wide_box, 2, CU_TENSOR_MAP_SWIZZLE_128B), CUDA_ERROR_INVALID_VALUE);
+  alignas(128) unsigned char storage[sizeof(CUtensorMap) + 64];
+  auto* misplaced = reinterpret_cast<CUtensorMap*>(storage + 32);
+  expect("tensor map not 64-byte aligned",
+         tiled(misplaced, buffer, box, 2, CU_TENSOR_MAP_SWIZZLE_128B), CUDA_ERROR_INVALID_VALUE);
+  expect("replace with a misaligned address",
+         cuTensorMapReplaceAddress(&moved, reinterpret_cast<void*>(buffer + 4)),
+         CUDA_ERROR_INVALID_VALUE);
+  // Im2col on an NHWC tensor of 4 dimensions, and its wide variant.
+  const cuuint64_t nhwc[4] = {64, 16, 16, 2};
+  const cuuint64_t nhwc_strides[3] = {64 * 2, 64 * 2 * 16, 64 * 2 * 16 * 16};
+  const int lower[2] = {-1, -1}, upper[2] = {-1, -1};
+  CUtensorMap im2col{};
+  expect(
+      "im2col",
+      cuTensorMapEncodeIm2col(&im2col, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                              reinterpret_cast<void*>(buffer), nhwc, nhwc_strides, lower, upper, 64,
+                              128, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+      CUDA_SUCCESS);
+  expect(
+      "im2col of rank 2",
+      cuTensorMapEncodeIm2col(&bad, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                              reinterpret_cast<void*>(buffer), nhwc, nhwc_strides, lower, upper, 64,
+                              128, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+      CUDA_ERROR_INVALID_VALUE);
+  expect("im2col wide",
+         cuTensorMapEncodeIm2colWide(
+             &im2col, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, reinterpret_cast<void*>(buffer), nhwc,
+             nhwc_strides, -1, -1, 64, 128, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_IM2COL_WIDE_MODE_W, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+         CUDA_SUCCESS);
+  CHECK(cuCtxSetCurrent(s.ctx));
+  CHECK(cuMemFree(buffer));
+  std::printf("%s tensor_map failures=%d\n", failures == 0 ? "PASS" : "FAIL", failures);
+  return failures == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1165,6 +1328,8 @@ int main(int argc, char** argv) {
   if (mode == "overlimit") return overlimit(arg);
   if (mode == "quota") return quota();
   if (mode == "hostmem") return hostmem(arg ? static_cast<int>(arg) : 100000);
+  if (mode == "tensor_map") return tensor_map();
+  if (mode == "pinned_kernel") return pinned_kernel(arg ? static_cast<int>(arg) : 32);
   if (mode == "stress") {
     return stress(static_cast<int>(arg), argc > 3 && std::string(argv[3]) == "gate");
   }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA libraries under the shim (issue 10): the programs of tests/gpu/libraries (cuFFT,
 # cuBLASLt bf16/fp8, cuSPARSE, cuRAND, cuDNN) and the Python scripts of tests/gpu/python (JAX,
-# a PyTorch bf16 transformer block, CuPy FFT, numba.cuda), each natively and under the shim.
+# a PyTorch bf16 transformer block, CuPy FFT, numba.cuda, Triton through TMA descriptors, JAX
+# beside a process holding most of the GPU), each natively and under the shim.
 # A check passes when both runs print PASS and every result field (digests included) is equal.
 # A program that exits 77 natively (a Python module not installed, no CUDA backend) is SKIP; one
 # that passes natively and skips under the shim FAILs.
@@ -154,7 +155,8 @@ for name in lib_cufft lib_cublaslt lib_cusparse lib_curand lib_cudnn; do
   check "$name" "$LIBRARIES_DIR/$name"
 done
 
-for name in jax_check torch_transformer_check cupy_fft_check numba_check triton_check; do
+for name in jax_check torch_transformer_check cupy_fft_check numba_check triton_check \
+  triton_tma_check jax_beside_hog_check; do
   check "$name" "$PYTHON" "$HERE/python/$name.py"
 done
 # PyTorch's expandable-segments allocator: the VMM path (docs/vmm.md), natively and under the shim.

@@ -12,6 +12,7 @@
 #include "proto/ops.hpp"
 #include "proto/ops_copies.hpp"
 #include "proto/ops_ipc.hpp"
+#include "proto/ops_tensor_map.hpp"
 #include "proto/ops_vmm.hpp"
 #include "proto/ring.hpp"
 #include "proto/segment.hpp"
@@ -391,6 +392,13 @@ std::uint64_t layout_fingerprint() {
   SIZE(VmmImportReq);
   f.add(static_cast<std::uint64_t>(Op::kVmmImport));
   f.add(static_cast<std::uint64_t>(MessageKind::kPeerMemory));
+  FIELD(HostRegisterRep, host_address);
+  SIZE(TensorMapEncodeReq);
+  FIELD(TensorMapEncodeReq, global_address);
+  FIELD(TensorMapEncodeReq, pixels_per_column);
+  SIZE(TensorMapRep);
+  SIZE(TensorMapReplaceReq);
+  f.add(static_cast<std::uint64_t>(Op::kTensorMapReplaceAddress));
   return f.h;
 }
 
@@ -416,6 +424,7 @@ constexpr Pinned kPinned[] = {
     {1, 12, 0x4c05f8dfe4b6cf2a},  // SessionControl::crowded: waiting clients sleep
     {1, 13, 0x79cc48d8c6abeef2},  // a library's kernel names in its load's reply; op 104
     {1, 14, 0xe296eb60097e11a4},  // arena, peer masks, peer blocks and VMM fds (105..109)
+    {1, 15, 0xda4cc82ecab3f3f5},  // pinned window (HostRegisterRep::host_address), TMA (110..111)
 };
 
 }  // namespace

@@ -1,0 +1,48 @@
+#include "broker/server/pinned_window.hpp"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "broker/server/log.hpp"
+#include "proto/address_arenas.hpp"
+#include "proto/address_reservation.hpp"
+
+namespace mpsshim::server {
+
+std::unique_ptr<PinnedWindow> PinnedWindow::open(unsigned ordinal, std::string* why) {
+  if (ordinal >= proto::kMaxArenas) {
+    if (why) *why = "GPU ordinal beyond the window's slices";
+    return nullptr;
+  }
+  if (!proto::reserve_range(proto::kPinnedWindowBase, proto::kPinnedWindowBytes, why)) {
+    return nullptr;
+  }
+  return std::make_unique<PinnedWindow>(ordinal);
+}
+
+PinnedWindow::PinnedWindow(unsigned ordinal)
+    : slice_(proto::pinned_slice_base(ordinal), proto::kPinnedSliceBytes) {}
+
+void* PinnedWindow::map(int fd, std::uint64_t bytes) {
+  const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  auto address = slice_.take(bytes, page);
+  if (!address) return nullptr;
+  void* want = reinterpret_cast<void*>(*address);
+  // MAP_FIXED replaces this process's own PROT_NONE reservation, nothing else.
+  void* at = ::mmap(want, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+  if (at == want) return at;
+  slice_.give(*address, bytes);
+  return nullptr;
+}
+
+void PinnedWindow::unmap(void* address, std::uint64_t bytes) {
+  if (!proto::return_to_reservation(address, bytes)) {
+    // Leave the range out of the allocator: it is no longer known to be reserved.
+    log_warn("pinned window: {} bytes at {} could not be returned to the reservation", bytes,
+             address);
+    return;
+  }
+  slice_.give(reinterpret_cast<std::uint64_t>(address), bytes);
+}
+
+}  // namespace mpsshim::server
