@@ -15,4 +15,8 @@ bool process_has_open_capture() noexcept;
 // invalidated, as the real driver does. CUDA_SUCCESS otherwise (at once while no capture is open).
 CUresult refuse_staged_copy_in_capture(Context* ctx, Stream* stream) noexcept;
 
+// A stream destroyed while it captured (the real driver invalidates such a capture): its record
+// goes, so that the stream object's next owner (object_pool.hpp) is not taken for a capturer.
+void forget_capture_origin(const Stream* stream) noexcept;
+
 }  // namespace mpsshim::shim

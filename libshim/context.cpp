@@ -12,6 +12,7 @@
 #include "libshim/client.hpp"
 #include "libshim/client_view.hpp"
 #include "libshim/log.hpp"
+#include "libshim/object_pool.hpp"
 #include "libshim/wait_policy.hpp"
 
 namespace mpsshim::shim {
@@ -48,7 +49,7 @@ class PerThreadStreams {
       if (current_incarnation(ctx, entry) && ctx->session->fault() == CUDA_SUCCESS) {
         ctx->session->post(proto::Op::kStreamDestroy, proto::HandleReq{entry.stream->wire});
       }
-      entry.stream->magic = Magic::kDead;
+      ObjectPool<Stream>::instance().retire(entry.stream);
     }
   }
   static bool current_incarnation(Context* ctx, const PerThreadStream& entry) {
@@ -195,7 +196,8 @@ CUresult resolve_stream(CUstream handle, DefaultStream mode, Context*& ctx,
         stream = it->second.stream;
         return CUDA_SUCCESS;
       }
-      it->second.stream->magic = Magic::kDead;
+      // An earlier incarnation's stream (the server's is gone with that context).
+      ObjectPool<Stream>::instance().retire(it->second.stream);
       streams.erase(it);
     }
     // A blocking stream: the per-thread default stream still synchronizes with the legacy one.
@@ -205,7 +207,7 @@ CUresult resolve_stream(CUstream handle, DefaultStream mode, Context*& ctx,
         rc != CUDA_SUCCESS) {
       return rc;
     }
-    stream = new Stream{};
+    stream = ObjectPool<Stream>::instance().make();
     stream->ctx = ctx;
     stream->wire = reply.stream;
     streams.emplace(ctx, PerThreadStream{stream, ctx->id.load(std::memory_order_relaxed)});

@@ -25,6 +25,7 @@
 #include "libshim/kernel_args.hpp"
 #include "libshim/kernel_lookup.hpp"
 #include "libshim/log.hpp"
+#include "libshim/object_pool.hpp"
 
 using namespace mpsshim::shim;
 namespace proto = mpsshim::proto;
@@ -76,6 +77,11 @@ GraphExecObject* exec_of(CUgraphExec h) {
 GraphNodeObject* node_of(CUgraphNode h) {
   return live<GraphNodeObject>(h, kNodeMagic);
 }
+// What a call on a node that is not live answers: no node at all is an invalid value, as the
+// driver says; a node of a destroyed graph (or a forged one) an invalid handle.
+CUresult dead_or_null(CUgraphNode h) {
+  return h == nullptr ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
+}
 
 CUresult append_dependencies(GraphObject* graph, const CUgraphNode* deps, std::size_t count,
                              std::vector<std::byte>& out);
@@ -107,7 +113,7 @@ GraphObject* graph_for(Context* ctx, proto::WireHandle wire) {
   std::lock_guard lock(b.mutex);
   auto it = b.graphs.find(wire);
   if (it != b.graphs.end() && it->second->magic == kGraphMagic) return it->second;
-  auto* graph = new GraphObject();
+  GraphObject* graph = ObjectPool<GraphObject>::instance().make();
   graph->ctx = ctx;
   graph->wire = wire;
   b.graphs[wire] = graph;
@@ -117,7 +123,7 @@ GraphObject* graph_for(Context* ctx, proto::WireHandle wire) {
 GraphNodeObject* node_for(GraphObject* graph, proto::WireHandle wire) {
   std::lock_guard lock(graph->mutex);
   GraphNodeObject*& node = graph->nodes[wire];
-  if (node == nullptr) node = new GraphNodeObject{kNodeMagic, graph, wire};
+  if (node == nullptr) node = ObjectPool<GraphNodeObject>::instance().make(kNodeMagic, graph, wire);
   return node;
 }
 
@@ -375,8 +381,8 @@ CUresult instantiate(CUgraphExec* out, CUgraph hgraph, std::uint64_t flags, CUst
                                   : CUDA_GRAPH_INSTANTIATE_ERROR;
   }
   if (rc != CUDA_SUCCESS) return rc;
-  *out =
-      reinterpret_cast<CUgraphExec>(new GraphExecObject{kGraphExecMagic, graph->ctx, reply.exec});
+  *out = reinterpret_cast<CUgraphExec>(
+      ObjectPool<GraphExecObject>::instance().make(kGraphExecMagic, graph->ctx, reply.exec));
   return CUDA_SUCCESS;
 }
 
@@ -656,7 +662,7 @@ CUresult node_neighbours(CUgraphNode hnode, bool dependents, CUgraphNode* out,
                          CUgraphEdgeData* data, std::size_t* count) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   GraphNodeObject* node = node_of(hnode);
-  if (node == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (node == nullptr) return dead_or_null(hnode);
   Topology t;
   if (CUresult rc = topology_of(reinterpret_cast<CUgraph>(node->graph), t); rc != CUDA_SUCCESS) {
     return rc;
@@ -732,6 +738,12 @@ namespace mpsshim::shim {
 
 bool process_has_open_capture() noexcept {
   return g_open_captures.load(std::memory_order_acquire) != 0;
+}
+
+void forget_capture_origin(const Stream* stream) noexcept {
+  CaptureBook& b = book();
+  std::lock_guard lock(b.mutex);
+  if (b.origins.erase(stream) != 0) g_open_captures.fetch_sub(1, std::memory_order_seq_cst);
 }
 
 CUresult refuse_staged_copy_in_capture(Context* ctx, Stream* stream) noexcept {
@@ -871,21 +883,26 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphCreate(CUgraph* out, unsigned int flags) 
 
 namespace {
 
-// The graph's handles (its nodes', its embedded graphs', theirs) fail from now on; the objects are
-// kept, so that a stale handle reads a dead magic rather than freed memory.
+// The graph's handles (its nodes', its embedded graphs', theirs) fail from now on; the objects go
+// back to their pools (object_pool.hpp), so that a stale handle reads a dead magic, or a newer
+// object's, rather than freed memory.
 void kill_graph(GraphObject* graph) {
   {
     std::lock_guard lock(book().mutex);
     book().graphs.erase(graph->wire);
   }
   std::vector<GraphObject*> embedded;
+  std::vector<GraphNodeObject*> nodes;
   {
     std::lock_guard lock(graph->mutex);
-    for (auto& [wire, node] : graph->nodes) node->magic = kDeadMagic;
+    for (auto& [wire, node] : graph->nodes) nodes.push_back(node);
+    graph->nodes.clear();
     graph->magic = kDeadMagic;
     embedded.swap(graph->embedded);
   }
+  for (GraphNodeObject* node : nodes) ObjectPool<GraphNodeObject>::instance().retire(node);
   for (GraphObject* inner : embedded) kill_graph(inner);
+  ObjectPool<GraphObject>::instance().retire(graph);
 }
 
 }  // namespace
@@ -1022,7 +1039,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec hexec) {
   // Launched replays still run: the server destroys it behind fences.
   CUresult rc =
       exec->ctx->session->post(proto::Op::kGraphExecDestroy, proto::HandleReq{exec->wire});
-  exec->magic = kDeadMagic;
+  ObjectPool<GraphExecObject>::instance().retire(exec);
   return rc;
 }
 
@@ -1202,7 +1219,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddNode(CUgraphNode* out, CUgraph graph,
 MPSSHIM_EXPORT CUresult CUDAAPI cuGraphNodeGetType(CUgraphNode hnode, CUgraphNodeType* type) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   GraphNodeObject* node = node_of(hnode);
-  if (node == nullptr || type == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (node == nullptr) return dead_or_null(hnode);
+  if (type == nullptr) return CUDA_ERROR_INVALID_VALUE;
   proto::GraphNodeTypeRep reply{};
   if (CUresult rc = node->graph->ctx->session->call(proto::Op::kGraphNodeGetType,
                                                     proto::HandleReq{node->wire}, &reply);
@@ -1216,7 +1234,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphNodeGetType(CUgraphNode hnode, CUgraphNod
 MPSSHIM_EXPORT CUresult CUDAAPI cuGraphChildGraphNodeGetGraph(CUgraphNode hnode, CUgraph* out) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   GraphNodeObject* node = node_of(hnode);
-  if (node == nullptr || out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (node == nullptr) return dead_or_null(hnode);
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   GraphObject* parent = node->graph;
   proto::GraphRep reply{};
   if (CUresult rc = parent->ctx->session->call(proto::Op::kGraphChildGraphNodeGetGraph,

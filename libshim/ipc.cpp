@@ -7,6 +7,7 @@
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/log.hpp"
+#include "libshim/object_pool.hpp"
 #include "proto/ops_ipc.hpp"
 
 using namespace mpsshim::shim;
@@ -121,7 +122,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuIpcOpenEventHandle(CUevent* out, CUipcEventHan
   CUresult rc = ctx->session->call(proto::Op::kIpcOpenEventHandle, request, &reply);
   note_refused("cuIpcOpenEventHandle", rc);
   if (rc != CUDA_SUCCESS) return rc;
-  *out = reinterpret_cast<CUevent>(
-      new Event{Magic::kEvent, ctx, reply.event, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING});
+  *out = reinterpret_cast<CUevent>(ObjectPool<Event>::instance().make(
+      Magic::kEvent, ctx, reply.event, unsigned{CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING}));
   return CUDA_SUCCESS;
 }

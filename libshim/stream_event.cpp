@@ -2,8 +2,10 @@
 // are one-way. Synchronization is answered by the server from a completion, never by blocking
 // its loop.
 #include "libshim/api.hpp"
+#include "libshim/capture.hpp"
 #include "libshim/client.hpp"
 #include "libshim/log.hpp"
+#include "libshim/object_pool.hpp"
 
 using namespace mpsshim::shim;
 namespace proto = mpsshim::proto;
@@ -24,7 +26,7 @@ CUresult create_stream(CUstream* out, unsigned flags, int priority) {
       rc != CUDA_SUCCESS) {
     return rc;
   }
-  auto* stream = new Stream{};
+  Stream* stream = ObjectPool<Stream>::instance().make();
   stream->ctx = ctx;
   stream->wire = reply.stream;
   stream->flags = flags;
@@ -95,7 +97,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuStreamDestroy_v2(CUstream handle) {
   // Work already queued still runs: the server destroys the stream after it (as CUDA does).
   CUresult rc =
       stream->ctx->session->post(proto::Op::kStreamDestroy, proto::HandleReq{stream->wire});
-  stream->magic = Magic::kDead;
+  forget_capture_origin(stream);
+  ObjectPool<Stream>::instance().retire(stream);
   return rc;
 }
 
@@ -185,7 +188,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuEventCreate(CUevent* out, unsigned int flags) 
       rc != CUDA_SUCCESS) {
     return rc;
   }
-  *out = reinterpret_cast<CUevent>(new Event{Magic::kEvent, ctx, reply.event, flags});
+  *out = reinterpret_cast<CUevent>(
+      ObjectPool<Event>::instance().make(Magic::kEvent, ctx, reply.event, flags));
   return CUDA_SUCCESS;
 }
 
@@ -194,7 +198,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuEventDestroy_v2(CUevent handle) {
   Event* event = object_of<Event>(handle);
   if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   CUresult rc = event->ctx->session->post(proto::Op::kEventDestroy, proto::HandleReq{event->wire});
-  event->magic = Magic::kDead;
+  ObjectPool<Event>::instance().retire(event);
   return rc;
 }
 

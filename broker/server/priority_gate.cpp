@@ -118,6 +118,7 @@ DrainPermit priority_permit(Session& session, PriorityBoard& board,
     }
     return DrainPermit{false, 0};
   }
+  if (!earlier_done) ++p.released_by_bound;
   end_hold(p, now);
   return DrainPermit{true, std::max<std::size_t>(settings.run_ahead, 1)};
 }

@@ -108,6 +108,7 @@ struct PriorityState {
   std::uint64_t fenced = 0;                              // fences recorded after its passes
   std::uint64_t holds = 0;                               // times it was held back (below normal)
   std::uint64_t held_us = 0;                             // time held back, summed (below normal)
+  std::uint64_t released_by_bound = 0;  // holds that ended at max_hold, not at a fence
 };
 
 // The start of a session's drain pass: whether it may drain now, and how many records at most

@@ -1306,6 +1306,81 @@ int tensor_map() {
   return failures == 0 ? 0 : 1;
 }
 
+// The private resident memory of this process in KiB (RssAnon of /proc/self/status): what the
+// shim's own objects take. Not RSS: the session's ring and staging chunks are shared memory,
+// whose pages count as they are first touched and would grow RSS without any leak.
+long resident_kib() {
+  long kib = -1;
+  if (std::FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f) != nullptr) {
+      if (std::sscanf(line, "RssAnon: %ld kB", &kib) == 1) break;
+    }
+    std::fclose(f);
+  }
+  return kib;
+}
+
+// Events, streams, graphs with two nodes and their executable graphs created and destroyed
+// `cycles` times each: the client's resident set after the first tenth and at the end must be
+// within 1 MiB (the shim frees what the program destroys), and a destroyed handle answers
+// CUDA_ERROR_INVALID_HANDLE, never a crash.
+int churn(long cycles) {
+  setup();
+  int failures = 0;
+  long rss_early = 0;
+  for (long i = 0; i < cycles; ++i) {
+    CUevent event{};
+    CHECK(cuEventCreate(&event, CU_EVENT_DISABLE_TIMING));
+    CUstream stream{};
+    CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    CHECK(cuEventRecord(event, stream));
+    CUgraph graph{};
+    CHECK(cuGraphCreate(&graph, 0));
+    CUgraphNode first{}, second{};
+    CHECK(cuGraphAddEmptyNode(&first, graph, nullptr, 0));
+    CHECK(cuGraphAddEmptyNode(&second, graph, &first, 1));
+    CUgraphExec exec{};
+    CHECK(cuGraphInstantiate(&exec, graph, 0));
+    CHECK(cuGraphLaunch(exec, stream));
+    CHECK(cuGraphExecDestroy(exec));
+    CHECK(cuGraphDestroy(graph));
+    CHECK(cuStreamDestroy(stream));
+    CHECK(cuEventDestroy(event));
+    if (i == 0) {
+      const CUresult queried = cuEventQuery(event);
+      const CUresult synced = cuStreamSynchronize(stream);
+      const CUresult launched = cuGraphLaunch(exec, nullptr);
+      CUgraphNode nodes[2]{};
+      size_t count = 2;
+      const CUresult listed = cuGraphGetNodes(graph, nodes, &count);
+      CUgraphNodeType type{};
+      const CUresult typed = cuGraphNodeGetType(second, &type);
+      for (CUresult got : {queried, synced, launched, listed, typed}) {
+        if (got != CUDA_ERROR_INVALID_HANDLE) {
+          std::printf(
+              "churn: a destroyed object's handle answered %d (event %d, stream %d, exec "
+              "%d, graph %d, node %d)\n",
+              got, queried, synced, launched, listed, typed);
+          ++failures;
+          break;
+        }
+      }
+    }
+    if (i == cycles / 10) rss_early = resident_kib();
+  }
+  CHECK(cuCtxSynchronize());
+  const long rss_end = resident_kib();
+  if (rss_early <= 0 || rss_end - rss_early > 1024) {
+    std::printf("churn: resident set %ld KiB after %ld cycles, %ld KiB after %ld\n", rss_early,
+                cycles / 10, rss_end, cycles);
+    ++failures;
+  }
+  std::printf("%s churn cycles=%ld rss_kib_early=%ld rss_kib_end=%ld failures=%d\n",
+              failures == 0 ? "PASS" : "FAIL", cycles, rss_early, rss_end, failures);
+  return failures == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1329,6 +1404,7 @@ int main(int argc, char** argv) {
   if (mode == "quota") return quota();
   if (mode == "hostmem") return hostmem(arg ? static_cast<int>(arg) : 100000);
   if (mode == "tensor_map") return tensor_map();
+  if (mode == "churn") return churn(arg ? static_cast<long>(arg) : 200000);
   if (mode == "pinned_kernel") return pinned_kernel(arg ? static_cast<int>(arg) : 32);
   if (mode == "stress") {
     return stress(static_cast<int>(arg), argc > 3 && std::string(argv[3]) == "gate");

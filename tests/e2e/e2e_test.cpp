@@ -346,6 +346,13 @@ TEST_CASE("TMA descriptors are encoded by the server's driver, rules included", 
   require_pass(run_client(daemon, {client(), "tensor_map"}), daemon);
 }
 
+TEST_CASE("destroyed events and streams are freed, and their handles stay safe", "[e2e][churn]") {
+  Daemon daemon;
+  require_pass(
+      run_client(daemon, {client(), "churn", std::to_string(env_int("E2E_CHURN", 200000))}),
+      daemon);
+}
+
 TEST_CASE("eight clients at once all get their own correct results", "[e2e]") {
   Daemon daemon;
   std::vector<std::unique_ptr<Child>> clients;

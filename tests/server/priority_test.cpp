@@ -191,10 +191,11 @@ TEST_CASE(
     REQUIRE(sut.low.synchronize(b) == CUDA_SUCCESS);
     CHECK(sut.low_state().holds > 0);
     CHECK(sut.low_state().fenced > 0);
+    // Which ended the hold, counted by the gate (not timed: a loaded machine stretches both).
     if (c.released_at_fence) {
-      CHECK(sut.low_state().held_us < 300'000);
+      CHECK(sut.low_state().released_by_bound == 0);
     } else {
-      CHECK(sut.low_state().held_us >= 350'000);  // asked once, then held to the bound
+      CHECK(sut.low_state().released_by_bound > 0);  // asked once, then held to the bound
     }
     REQUIRE(sut.normal.synchronize(sut.normal_stream) == CUDA_SUCCESS);
   }
