@@ -265,6 +265,20 @@ bool AddressBook::find_pinned(const void* address, PinnedRange* out) const {
   return true;
 }
 
+bool AddressBook::add_pinned_elsewhere(const void* base, Session* session,
+                                       proto::WireHandle region) {
+  std::unique_lock lock(mutex_);
+  auto it = pinned_.find(reinterpret_cast<std::uintptr_t>(base));
+  if (it == pinned_.end()) return false;
+  for (PinnedRange::Elsewhere& slot : it->second.elsewhere) {
+    if (slot.session == nullptr) {
+      slot = {session, region};
+      return true;
+    }
+  }
+  return false;
+}
+
 bool AddressBook::find_pinned_by_device(std::uint64_t address, PinnedRange* out) const {
   std::shared_lock lock(mutex_);
   for (const auto& [base, range] : pinned_) {

@@ -310,6 +310,14 @@ struct PinnedRange {
   std::uint64_t device_pointer;
   int memfd;
   unsigned flags;
+  // The same memory registered with other GPUs' servers, on its first copy on one of their
+  // streams (under unified addressing pinned memory is every GPU's): their regions.
+  struct Elsewhere {
+    Session* session = nullptr;
+    proto::WireHandle region = 0;
+  };
+  static constexpr std::size_t kElsewhere = 8;
+  std::array<Elsewhere, kElsewhere> elsewhere{};
 };
 class AddressBook {
  public:
@@ -322,6 +330,9 @@ class AddressBook {
   bool remove_pinned(const void* base, PinnedRange* removed);
   bool find_pinned(const void* address, PinnedRange* out) const;
   bool find_pinned_by_device(std::uint64_t address, PinnedRange* out) const;
+  // Records that the pinned range at `base` is `region` on `session` too; false when it is gone
+  // or has no room left.
+  bool add_pinned_elsewhere(const void* base, Session* session, proto::WireHandle region);
 
  private:
   mutable std::shared_mutex mutex_;

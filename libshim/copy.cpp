@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <mutex>
 
 #include "libshim/api.hpp"
 #include "libshim/capture.hpp"
@@ -20,10 +21,48 @@ namespace proto = mpsshim::proto;
 
 namespace {
 
-bool pinned_span(const void* p, std::size_t n, PinnedRange& range) {
+// Registers pinned memory that another GPU's server holds with `session` too (its memfd, at
+// the same address: that server maps it in the other server's slice of the pinned window).
+// 0 when it cannot; the copy is then staged.
+proto::WireHandle register_elsewhere(Session* session, const PinnedRange& range) {
+  static std::mutex registering;  // one at a time: a range is registered once per session
+  std::lock_guard lock(registering);
+  PinnedRange now{};
+  if (!address_book().find_pinned(range.base, &now) || now.base != range.base) return 0;
+  for (const PinnedRange::Elsewhere& slot : now.elsewhere) {
+    if (slot.session == session) return slot.region;
+  }
+  std::uint32_t token = 0;
+  if (session->send_fd(proto::MessageKind::kHostMemory, now.memfd, now.bytes, token) !=
+      CUDA_SUCCESS) {
+    return 0;
+  }
+  proto::HostRegisterReq request{reinterpret_cast<std::uint64_t>(now.base), now.bytes, token,
+                                 now.flags};
+  proto::HostRegisterRep reply{};
+  if (session->call(proto::Op::kHostRegister, request, &reply) != CUDA_SUCCESS) return 0;
+  if (!address_book().add_pinned_elsewhere(now.base, session, reply.region)) {
+    session->post(proto::Op::kHostUnregister, proto::HostUnregisterReq{reply.region});
+    return 0;
+  }
+  return reply.region;
+}
+
+// The pinned range holding [p, p + n), as `session` names it: its own region, or the region of
+// the same memory registered there too (once, on the first copy it serves).
+bool pinned_span(Session* session, const void* p, std::size_t n, PinnedRange& range) {
   if (!address_book().find_pinned(p, &range)) return false;
   std::size_t offset = static_cast<const std::byte*>(p) - range.base;
-  return n <= range.bytes - offset;
+  if (n > range.bytes - offset) return false;
+  if (range.ctx->session == session) return true;
+  for (const PinnedRange::Elsewhere& slot : range.elsewhere) {
+    if (slot.session == session) {
+      range.region = slot.region;
+      return true;
+    }
+  }
+  range.region = register_elsewhere(session, range);
+  return range.region != 0;
 }
 
 CUresult finish_sync(Session* session, CUresult rc) {
@@ -38,7 +77,7 @@ CUresult copy_htod(Context* ctx, Stream* stream, CUdeviceptr dst, const void* sr
   if (CUresult rc = reach_from(ctx->device, dst, n); rc != CUDA_SUCCESS) return rc;
   Session* session = ctx->session;
   PinnedRange pinned{};
-  if (pinned_span(src, n, pinned)) {
+  if (pinned_span(session, src, n, pinned)) {
     proto::CopyHostReq request{
         stream->wire,
         dst,
@@ -86,7 +125,7 @@ CUresult copy_dtoh(Context* ctx, Stream* stream, void* dst, CUdeviceptr src, siz
   if (CUresult rc = reach_from(ctx->device, src, n); rc != CUDA_SUCCESS) return rc;
   Session* session = ctx->session;
   PinnedRange pinned{};
-  if (pinned_span(dst, n, pinned)) {
+  if (pinned_span(session, dst, n, pinned)) {
     proto::CopyHostReq request{
         stream->wire,
         src,

@@ -189,6 +189,12 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemFreeHost(void* p) {
   proto::HostUnregisterReq request{range.region};
   CUresult rc =
       range.ctx->session->call(proto::Op::kHostUnregister, request, static_cast<int*>(nullptr));
+  // Other GPUs' servers that mapped it for their copies let go too.
+  for (const PinnedRange::Elsewhere& slot : range.elsewhere) {
+    if (slot.session == nullptr || slot.session->fault() != CUDA_SUCCESS) continue;
+    slot.session->call(proto::Op::kHostUnregister, proto::HostUnregisterReq{slot.region},
+                       static_cast<int*>(nullptr));
+  }
   // In the pinned window the range goes back to the reservation, not to the process's mmap.
   const auto address = reinterpret_cast<std::uint64_t>(range.base);
   if (!pinned_window_reserved() || !in_pinned_window(address, range.bytes) ||

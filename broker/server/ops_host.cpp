@@ -131,10 +131,20 @@ OpResult op_host_register(Call& call) {
   const std::uint64_t mapped = (req.bytes + page_size() - 1) / page_size() * page_size();
   // Client address 0: this server picks the address in its pinned window and the client maps
   // there too. Without a window here, anywhere (the client then maps anywhere as well).
+  // A client address inside another GPU's slice: memory that GPU's server placed, used on this
+  // GPU too; mapped at the same address here.
   PinnedWindow* window = session.gpu().pinned.get();
-  const bool in_window = req.client_address == 0 && window != nullptr;
-  void* address = in_window ? window->map(stashed->fd.get(), mapped)
-                            : map_region(stashed->fd.get(), req.client_address, mapped);
+  void* address = nullptr;
+  bool in_window = false;
+  if (window != nullptr && req.client_address == 0) {
+    address = window->map(stashed->fd.get(), mapped);
+    in_window = true;
+  } else if (window != nullptr &&
+             (address = window->map_foreign(stashed->fd.get(), req.client_address, mapped))) {
+    in_window = true;
+  } else {
+    address = map_region(stashed->fd.get(), req.client_address, mapped);
+  }
   if (address == nullptr) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   auto unmap = [&] {
     if (in_window) {
@@ -169,7 +179,8 @@ OpResult op_host_register(Call& call) {
   const bool same = in_window || host == req.client_address;
   log_debug("{} registered {} of pinned host memory{}", session.who(), format_bytes(req.bytes),
             same ? "" : " (mapped at another address than the client's)");
-  return call.reply(proto::HostRegisterRep{id, device, in_window ? host : 0});
+  return call.reply(
+      proto::HostRegisterRep{id, device, req.client_address == 0 && in_window ? host : 0});
 }
 
 OpResult op_host_unregister(Call& call) {

@@ -8,7 +8,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "broker/server/address_arena.hpp"
@@ -29,7 +31,12 @@ class PinnedWindow {
   // Maps `bytes` (a multiple of the page size) of `fd` read-write at a free address of the
   // slice; nullptr when the slice is full or the mapping failed.
   void* map(int fd, std::uint64_t bytes);
-  // A mapping map() made, back to reservation.
+  // Maps `bytes` of `fd` at `address`, a range another GPU's server placed in its own slice:
+  // a client's pinned memory used on this GPU too (copies on this GPU's streams, kernels here
+  // handed its host pointer). nullptr when the range is not wholly in another slice, overlaps
+  // one mapped here already, or the mapping failed.
+  void* map_foreign(int fd, std::uint64_t address, std::uint64_t bytes);
+  // A mapping map() or map_foreign() made, back to reservation.
   void unmap(void* address, std::uint64_t bytes);
   bool holds(const void* address) const {
     return slice_.holds(reinterpret_cast<std::uint64_t>(address));
@@ -37,6 +44,8 @@ class PinnedWindow {
 
  private:
   AddressArena slice_;
+  std::mutex foreign_mutex_;
+  std::map<std::uint64_t, std::uint64_t> foreign_;  // other slices' ranges mapped here
 };
 
 }  // namespace mpsshim::server

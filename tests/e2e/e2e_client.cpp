@@ -963,6 +963,39 @@ bool library_kernel_on_both() {
   return ok;
 }
 
+// Pinned memory allocated while GPU 0's context was current, then used by copies on GPU 1's
+// stream (PyTorch's pinned host cache hands a block from one GPU to another's .item()): under
+// unified addressing pinned memory is every GPU's.
+bool pinned_on_both() {
+  CUcontext ctx0{}, ctx1{};
+  CHECK(cuDevicePrimaryCtxRetain(&ctx0, 0));
+  CHECK(cuDevicePrimaryCtxRetain(&ctx1, 1));
+  CHECK(cuCtxSetCurrent(ctx0));
+  constexpr int n = 4096 + 3;
+  const std::size_t bytes = sizeof(int) * n;
+  void* p = nullptr;
+  CHECK(cuMemHostAlloc(&p, bytes, 0));
+  auto* host = static_cast<int*>(p);
+  for (int i = 0; i < n; ++i) host[i] = 7 * i + 1;
+  CHECK(cuCtxSetCurrent(ctx1));
+  CUdeviceptr on1{};
+  CHECK(cuMemAlloc(&on1, bytes));
+  CUstream stream{};
+  CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  CHECK(cuMemcpyHtoDAsync(on1, host, bytes, stream));
+  CHECK(cuStreamSynchronize(stream));
+  std::memset(host, 0, bytes);
+  CHECK(cuMemcpyDtoHAsync(host, on1, bytes, stream));
+  CHECK(cuStreamSynchronize(stream));
+  int wrong = 0;
+  for (int i = 0; i < n; ++i) wrong += host[i] != 7 * i + 1;
+  if (wrong != 0) std::printf("two_gpus: %d elements wrong through GPU 0's pinned memory\n", wrong);
+  CHECK(cuStreamDestroy(stream));
+  CHECK(cuMemFree(on1));
+  CHECK(cuMemFreeHost(p));
+  return wrong == 0;
+}
+
 int two_gpus(bool fault) {
   CHECK(cuInit(0));
   int count = 0;
@@ -987,6 +1020,7 @@ int two_gpus(bool fault) {
   ok = one_address_space() && ok;
   ok = peer_copies_and_access() && ok;
   ok = library_kernel_on_both() && ok;
+  ok = pinned_on_both() && ok;
   if (fault) {
     CUcontext ctx0{};
     CHECK(cuDevicePrimaryCtxRetain(&ctx0, 0));
