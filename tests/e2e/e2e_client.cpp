@@ -1022,8 +1022,18 @@ int two_gpus(bool fault) {
   ok = library_kernel_on_both() && ok;
   ok = pinned_on_both() && ok;
   if (fault) {
-    CUcontext ctx0{};
+    CUcontext ctx0{}, ctx1{};
     CHECK(cuDevicePrimaryCtxRetain(&ctx0, 0));
+    CHECK(cuDevicePrimaryCtxRetain(&ctx1, 1));
+    // Memory of GPU 0 that GPU 1's server maps (a peer copy on GPU 1 named it) when GPU 0 faults.
+    CHECK(cuCtxSetCurrent(ctx0));
+    constexpr std::size_t kPeerBytes = 1 << 20;
+    CUdeviceptr on0{}, on1{};
+    CHECK(cuMemAlloc(&on0, kPeerBytes));
+    CHECK(cuMemsetD8(on0, 0x5a, kPeerBytes));
+    CHECK(cuCtxSetCurrent(ctx1));
+    CHECK(cuMemAlloc(&on1, kPeerBytes));
+    CHECK(cuMemcpyPeer(on1, ctx1, on0, ctx0, kPeerBytes));
     CHECK(cuCtxSetCurrent(ctx0));
     CUmodule module{};
     CHECK(cuModuleLoadData(&module, kModuleImage));
@@ -1046,6 +1056,22 @@ int two_gpus(bool fault) {
     }
     // GPU 1 never faulted: its work goes on, in this client, on its own server.
     ok = ok && add_on(1, 50'021);
+    // GPU 0's memory, which GPU 1's server maps, goes: freeing it answers GPU 0's fault (never a
+    // hang), and what GPU 1 copied from it and GPU 1's further work are untouched.
+    const CUresult freed = cuMemFree(on0);
+    if (freed != CUDA_ERROR_ILLEGAL_ADDRESS) {
+      std::printf("two_gpus: freeing GPU 0's memory after its fault answered %d\n", freed);
+      ok = false;
+    }
+    CHECK(cuCtxSetCurrent(ctx1));
+    std::vector<unsigned char> copied(kPeerBytes);
+    CHECK(cuMemcpyDtoH(copied.data(), on1, kPeerBytes));
+    if (std::count(copied.begin(), copied.end(), 0x5a) != static_cast<long>(kPeerBytes)) {
+      std::printf("two_gpus: GPU 1's copy of GPU 0's memory changed after GPU 0's fault\n");
+      ok = false;
+    }
+    CHECK(cuMemFree(on1));
+    ok = ok && add_on(1, 20'011);
   }
   std::printf("%s two_gpus%s\n", ok ? "PASS" : "FAIL", fault ? " fault" : "");
   return ok ? 0 : 1;
