@@ -2,6 +2,7 @@
 // mpsshimd and the host-memory test driver. Each mode prints one result line and exits 0 only
 // when what it checked held.
 #include <cuda.h>
+#include <cudaProfiler.h>
 #include <sys/mman.h>
 
 #include <poll.h>
@@ -717,6 +718,14 @@ int attributes() {
   CHECK(cuCtxSynchronize());
   CHECK(cuMemFree(b));
   CHECK(cuMemFree(again));
+  // Profiler control succeeds as with no profiler attached, and needs a current context.
+  expect("cuProfilerStart", cuProfilerStart(), CUDA_SUCCESS);
+  expect("cuProfilerStop", cuProfilerStop(), CUDA_SUCCESS);
+  CUcontext was{};
+  CHECK(cuCtxGetCurrent(&was));
+  CHECK(cuCtxSetCurrent(nullptr));
+  expect("cuProfilerStart without a context", cuProfilerStart(), CUDA_ERROR_INVALID_CONTEXT);
+  CHECK(cuCtxSetCurrent(was));
   std::printf("%s attributes\n", failures == 0 ? "PASS" : "FAIL");
   return failures == 0 ? 0 : 1;
 }
