@@ -730,21 +730,11 @@ int attributes() {
   return failures == 0 ? 0 : 1;
 }
 
-// vector_add of n elements on `device`'s primary context, checked; made current first.
-bool add_on(CUdevice device, int n) {
-  CUcontext ctx{};
-  CHECK(cuDevicePrimaryCtxRetain(&ctx, device));
-  CHECK(cuCtxSetCurrent(ctx));
-  CUmodule module{};
-  CHECK(cuModuleLoadData(&module, kModuleImage));
-  CUfunction add{};
-  CHECK(cuModuleGetFunction(&add, module, "vector_add"));
-  std::vector<float> a(n), b(n), c(n, -1.0f);
-  for (int i = 0; i < n; ++i) {
-    a[i] = static_cast<float>(i + device);
-    b[i] = 0.5f * static_cast<float>(i);
-  }
-  const size_t bytes = sizeof(float) * static_cast<size_t>(n);
+// vector_add(a, b) through `add` in the current context: how many sums came back wrong.
+int wrong_sums(CUfunction add, const std::vector<float>& a, const std::vector<float>& b) {
+  int n = static_cast<int>(a.size());
+  std::vector<float> c(a.size(), -1.0f);
+  const size_t bytes = sizeof(float) * a.size();
   CUdeviceptr da{}, db{}, dc{};
   CHECK(cuMemAlloc(&da, bytes));
   CHECK(cuMemAlloc(&db, bytes));
@@ -759,6 +749,24 @@ bool add_on(CUdevice device, int n) {
   CHECK(cuMemFree(da));
   CHECK(cuMemFree(db));
   CHECK(cuMemFree(dc));
+  return wrong;
+}
+
+// vector_add of n elements on `device`'s primary context, checked; made current first.
+bool add_on(CUdevice device, int n) {
+  CUcontext ctx{};
+  CHECK(cuDevicePrimaryCtxRetain(&ctx, device));
+  CHECK(cuCtxSetCurrent(ctx));
+  CUmodule module{};
+  CHECK(cuModuleLoadData(&module, kModuleImage));
+  CUfunction add{};
+  CHECK(cuModuleGetFunction(&add, module, "vector_add"));
+  std::vector<float> a(n), b(n);
+  for (int i = 0; i < n; ++i) {
+    a[i] = static_cast<float>(i + device);
+    b[i] = 0.5f * static_cast<float>(i);
+  }
+  const int wrong = wrong_sums(add, a, b);
   CHECK(cuModuleUnload(module));
   if (wrong != 0) std::printf("device %d: %d wrong elements\n", device, wrong);
   return wrong == 0;
@@ -943,30 +951,16 @@ bool library_kernel_on_both() {
           d, threads, as_function, threads_on_0, blocks);
       ok = false;
     }
-    int n = 10'000 + d;
-    std::vector<float> a(n, 1.0f + d), b(n, 2.0f), c(n, 0.0f);
-    const std::size_t bytes = sizeof(float) * static_cast<std::size_t>(n);
-    CUdeviceptr da{}, db{}, dc{};
-    CHECK(cuMemAlloc(&da, bytes));
-    CHECK(cuMemAlloc(&db, bytes));
-    CHECK(cuMemAlloc(&dc, bytes));
-    CHECK(cuMemcpyHtoD(da, a.data(), bytes));
-    CHECK(cuMemcpyHtoD(db, b.data(), bytes));
-    void* args[] = {&da, &db, &dc, &n};
+    const int n = 10'000 + d;
     // On GPU 1 through the function cuKernelGetFunction gives in its context, as NCCL does.
     CUfunction function = reinterpret_cast<CUfunction>(kernel);
     if (d == 1) CHECK(cuKernelGetFunction(&function, kernel));
-    CHECK(cuLaunchKernel(function, (n + 255) / 256, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr));
-    CHECK(cuMemcpyDtoH(c.data(), dc, bytes));
-    const auto wrong = std::count_if(c.begin(), c.end(), [&](float v) { return v != 3.0f + d; });
+    const int wrong =
+        wrong_sums(function, std::vector<float>(n, 1.0f + d), std::vector<float>(n, 2.0f));
     if (wrong != 0) {
-      std::printf("two_gpus: the library's kernel on GPU %d got %ld wrong sums\n", d,
-                  static_cast<long>(wrong));
+      std::printf("two_gpus: the library's kernel on GPU %d got %d wrong sums\n", d, wrong);
       ok = false;
     }
-    CHECK(cuMemFree(da));
-    CHECK(cuMemFree(db));
-    CHECK(cuMemFree(dc));
   }
   CHECK(cuLibraryUnload(library));
   return ok;
