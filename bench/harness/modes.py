@@ -193,12 +193,18 @@ class ModeControl:
         return r.returncode == 0 and running >= max(1, self.gpus_listed()), text
 
     def gpus_listed(self) -> int:
+        """The GPUs nvidia-smi lists, or fewer when CUDA_VISIBLE_DEVICES names fewer (the
+        daemon's driver then sees only those)."""
         try:
             out = subprocess.run([self.smi, "-L"], capture_output=True, text=True,
                                  timeout=20).stdout
         except (OSError, subprocess.SubprocessError):
             return 1
-        return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+        count = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            count = min(count, sum(1 for entry in visible.split(",") if entry.strip()))
+        return count
 
     def shim_start(self, rep: int, mode_args: list[str]) -> str:
         self.shim_dir = os.path.join(self.work, f"shim.{rep}")

@@ -18,11 +18,16 @@ die() {
 }
 
 # True when this machine has a usable NVIDIA GPU.
-# The GPUs nvidia-smi lists (at least 1: a daemon with fewer running servers is not ready).
+# The GPUs a daemon started from here serves: those nvidia-smi lists, or fewer when
+# CUDA_VISIBLE_DEVICES names fewer (its driver then sees only those); at least 1.
 gpu_count() {
-  local smi count
+  local smi count visible
   smi=$(command -v nvidia-smi || echo /usr/local/nvidia/bin/nvidia-smi)
   count=$("$smi" -L 2>/dev/null | grep -c '^GPU ')
+  if [ -n "${CUDA_VISIBLE_DEVICES+x}" ]; then
+    visible=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .)
+    [ "$visible" -lt "$count" ] && count=$visible
+  fi
   echo $((count > 0 ? count : 1))
 }
 

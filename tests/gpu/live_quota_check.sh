@@ -9,6 +9,7 @@ B=$(cd "$1" && pwd)
 OUT=${2:-$(mktemp -d /tmp/live-quota.XXXX)}
 mkdir -p "$OUT"
 command -v nvidia-smi >/dev/null && nvidia-smi -L | grep -q GPU || exit 77
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # gpu_count
 SHIM=$B/libshim/libmpsshim.so
 CTL=$B/broker/daemon/mpsshimctl
 RT=$(mktemp -d /tmp/live-quota-rt.XXXX)
@@ -18,7 +19,7 @@ DPID=$!
 for _ in $(seq 300); do
   # Every GPU's server running (the daemon starts them one after another).
   [ -S "$RT/control" ] && [ "$("$CTL" --runtime-dir "$RT" server_list 2>/dev/null |
-    grep -cw running)" -ge "$(nvidia-smi -L | grep -c '^GPU ')" ] && break
+    grep -cw running)" -ge "$(gpu_count)" ] && break
   sleep 0.1
 done
 fail=0
