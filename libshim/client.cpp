@@ -232,6 +232,20 @@ bool AddressBook::find_device(std::uint64_t address, DeviceRange* out) const {
   return true;
 }
 
+bool AddressBook::others_within(std::uint64_t lo, std::uint64_t hi,
+                                std::uint64_t except_base) const {
+  std::shared_lock lock(mutex_);
+  auto it = device_.upper_bound(lo);
+  if (it != device_.begin()) --it;
+  for (; it != device_.end() && it->first < hi; ++it) {
+    const DeviceRange& range = it->second;
+    if (range.base != except_base && range.base + std::max<std::uint64_t>(range.bytes, 1) > lo) {
+      return true;
+    }
+  }
+  return false;
+}
+
 std::vector<DeviceRange> AddressBook::device_ranges() const {
   std::shared_lock lock(mutex_);
   std::vector<DeviceRange> all;

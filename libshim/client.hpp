@@ -293,7 +293,9 @@ struct DeviceRange {
   std::uint64_t bytes;
   Context* ctx;
   bool vmm = false;
-  int device = 0;               // VMM mappings: the GPU whose server holds it
+  // VMM mappings: the GPU whose server holds it; memory opened with cuIpcOpenMemHandle: the GPU
+  // whose server issued the handle (ipc.cpp), which may differ from ctx's
+  int device = 0;
   CUmemoryPool pool = nullptr;  // stream-ordered allocations: the pool it came from
   std::uint64_t id = 0;         // unique for the process's life; add_device assigns it
   // Another client's allocation opened with cuIpcOpenMemHandle (ipc.cpp): closed with
@@ -324,6 +326,9 @@ class AddressBook {
   void add_device(const DeviceRange& range);
   bool remove_device(std::uint64_t base, DeviceRange* removed);
   bool find_device(std::uint64_t address, DeviceRange* out) const;
+  // Whether a device range other than the one at `except_base` overlaps [lo, hi): a block of
+  // another GPU mapped for one allocation may hold others (peer.cpp).
+  bool others_within(std::uint64_t lo, std::uint64_t hi, std::uint64_t except_base) const;
   // Every device range, copied (cuCtxEnablePeerAccess walks them).
   std::vector<DeviceRange> device_ranges() const;
   void add_pinned(const PinnedRange& range);

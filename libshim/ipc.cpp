@@ -1,13 +1,17 @@
-// CUDA IPC between clients of one GPU's server (docs/ipc.md): a CUipcMemHandle or
-// CUipcEventHandle is the 64-byte proto::IpcHandle the server issued. Every client of a server
-// shares its address space, so an opened allocation has the exporter's own address, and an
-// opened event names the same server events.
+// CUDA IPC between clients (docs/ipc.md): a CUipcMemHandle or CUipcEventHandle is the 64-byte
+// proto::IpcHandle the server issued. Every server's addresses lie in its own arena of the one
+// device address space, so an opened allocation has the exporter's own address, and an opened
+// event names the same server events. A memory handle of another GPU's server is opened on that
+// server (its policy decides) and its block mapped into the server of the caller's GPU at the
+// same address, as peer memory (peer.hpp).
 #include <cstring>
 
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
+#include "libshim/client_view.hpp"
 #include "libshim/log.hpp"
 #include "libshim/object_pool.hpp"
+#include "libshim/peer.hpp"
 #include "proto/ops_ipc.hpp"
 
 using namespace mpsshim::shim;
@@ -29,8 +33,8 @@ proto::IpcHandle wire_of(const Handle& handle) {
 void note_refused(const char* call, CUresult rc) {
   if (rc == CUDA_ERROR_NOT_SUPPORTED) {
     log_once(std::string(call) + ".cross_gpu", Level::warn,
-             "{}: the handle comes from another GPU's server; IPC across GPUs is not yet "
-             "supported by mpsshim",
+             "{}: the handle comes from a GPU this process does not see, or is an event of "
+             "another GPU (interprocess events do not cross GPUs under mpsshim)",
              call);
   } else if (rc != CUDA_SUCCESS) {
     log_once(std::string(call) + ".refused", Level::warn,
@@ -40,18 +44,61 @@ void note_refused(const char* call, CUresult rc) {
   }
 }
 
+// The visible device whose server issued `wire`, or -1 (not an mpsshim handle, or a GPU this
+// process does not see: its own server then refuses it with the reason).
+int issuing_device(const proto::IpcHandle& wire) {
+  if (wire.magic != proto::kIpcHandleMagic) return -1;
+  for (int d = 0; d < visible_device_count(); ++d) {
+    const proto::DeviceSnapshot* snapshot = device_snapshot(d);
+    if (snapshot != nullptr && snapshot->ordinal == static_cast<int>(wire.device)) return d;
+  }
+  return -1;
+}
+
+CUresult close_on(Session* session, CUdeviceptr base, std::uint32_t* still_open) {
+  proto::IpcCloseRep reply{};
+  CUresult rc = session->call(proto::Op::kIpcCloseMemHandle, proto::MemFreeReq{base}, &reply);
+  *still_open = reply.still_open;
+  return rc;
+}
+
 CUresult open_memory(CUdeviceptr* out, const CUipcMemHandle& handle, unsigned flags) {
   Context* ctx = nullptr;
   if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  proto::IpcOpenReq request{wire_of(handle), 0, flags, 0};
+  const proto::IpcHandle wire = wire_of(handle);
+  int issuer = issuing_device(wire);
+  if (issuer < 0) issuer = ctx->device;
+  Session* session = ctx->session;
+  if (issuer != ctx->device) {
+    if (CUresult rc = session_for(issuer, session); rc != CUDA_SUCCESS) return rc;
+  }
+  proto::IpcOpenReq request{wire, 0, flags, 0};
   proto::IpcOpenMemRep reply{};
-  CUresult rc = ctx->session->call(proto::Op::kIpcOpenMemHandle, request, &reply);
+  CUresult rc = session->call(proto::Op::kIpcOpenMemHandle, request, &reply);
   note_refused("cuIpcOpenMemHandle", rc);
   if (rc != CUDA_SUCCESS) return rc;
   DeviceRange range{reply.base, reply.bytes, ctx};
   range.ipc_opened = true;
+  range.device = issuer;
   address_book().add_device(range);  // opened again: the same range
+  if (issuer != ctx->device) {
+    // Another GPU's memory: its block mapped into this GPU's server, as the driver maps it for
+    // the peer (CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS or not: both GPUs must be peers either way).
+    rc = reach_from(ctx->device, reply.base, reply.bytes);
+    if (rc != CUDA_SUCCESS) {
+      log_once("cuIpcOpenMemHandle.peer", Level::warn,
+               "cuIpcOpenMemHandle: device {}'s memory at {:#x} could not be mapped for device "
+               "{} ({})",
+               issuer, reply.base, ctx->device, static_cast<int>(rc));
+      std::uint32_t still_open = 0;
+      if (close_on(session, reply.base, &still_open) == CUDA_SUCCESS && still_open == 0) {
+        forget_peer_blocks(issuer, reply.base, reply.bytes);
+        address_book().remove_device(reply.base, nullptr);
+      }
+      return rc;
+    }
+  }
   *out = reply.base;
   return CUDA_SUCCESS;
 }
@@ -91,10 +138,18 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr) {
   if (!address_book().find_device(dptr, &range) || range.base != dptr || !range.ipc_opened) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  proto::IpcCloseRep reply{};
-  CUresult rc =
-      range.ctx->session->call(proto::Op::kIpcCloseMemHandle, proto::MemFreeReq{dptr}, &reply);
-  if (rc == CUDA_SUCCESS && reply.still_open == 0) address_book().remove_device(dptr, nullptr);
+  Session* session = range.ctx->session;
+  const bool elsewhere = range.device != range.ctx->device;
+  if (elsewhere) {
+    if (CUresult rc = session_for(range.device, session); rc != CUDA_SUCCESS) return rc;
+  }
+  std::uint32_t still_open = 0;
+  CUresult rc = close_on(session, dptr, &still_open);
+  if (rc == CUDA_SUCCESS && still_open == 0) {
+    // This GPU's server lets go of the other GPU's block (once nothing else of it is open).
+    if (elsewhere) forget_peer_blocks(range.device, range.base, range.bytes);
+    address_book().remove_device(dptr, nullptr);
+  }
   return rc;
 }
 

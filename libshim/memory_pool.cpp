@@ -9,6 +9,7 @@
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/log.hpp"
+#include "libshim/peer.hpp"
 
 using namespace mpsshim::shim;
 namespace proto = mpsshim::proto;
@@ -92,7 +93,9 @@ CUresult alloc_from(MemPool* pool, CUdeviceptr* dptr, std::size_t bytes, CUstrea
   range.pool = reinterpret_cast<CUmemoryPool>(pool);
   address_book().add_device(range);
   *dptr = reply.dptr;
-  return CUDA_SUCCESS;
+  // In the server's arena like cuMemAlloc's memory: mapped into the GPUs that enabled peer
+  // access to this one (nothing to do, without a lock, until one has).
+  return share_with_peers(ctx->device, reply.dptr, bytes);
 }
 
 CUresult free_async(CUdeviceptr dptr, CUstream handle, DefaultStream mode) {
@@ -106,6 +109,8 @@ CUresult free_async(CUdeviceptr dptr, CUstream handle, DefaultStream mode) {
       range.ctx->session != ctx->session) {
     return CUDA_ERROR_INVALID_VALUE;
   }
+  // Other GPUs' servers that mapped it let go first, as for cuMemFree.
+  forget_peer_blocks(ctx->device, range.base, range.bytes);
   proto::MemFreeAsyncReq request{dptr, stream->wire};
   CUresult rc = ctx->session->post(proto::Op::kMemFreeAsync, request);
   // After this returns the pointer is the stream's to free: its attributes are undefined.

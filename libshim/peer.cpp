@@ -191,7 +191,10 @@ void forget_peer_blocks(int owner, CUdeviceptr base, std::size_t bytes) noexcept
       auto it = blocks.upper_bound(base);
       if (it != blocks.begin()) --it;
       for (; it != blocks.end() && it->first < base + std::max<std::size_t>(bytes, 1); ++it) {
-        if (it->second.owner == owner && it->first + it->second.bytes > base) {
+        // A chunk of small allocations goes only with the last of them the process holds:
+        // the others may still be used from this device.
+        if (it->second.owner == owner && it->first + it->second.bytes > base &&
+            !address_book().others_within(it->first, it->first + it->second.bytes, base)) {
           gone.push_back(it->first);
         }
       }
@@ -228,8 +231,8 @@ CUresult enable_peer_access(int device, int peer) noexcept {
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   for (const DeviceRange& range : held) {
-    if (range.vmm || range.ipc_opened || range.module_global || range.pool != nullptr ||
-        range.ctx == nullptr || range.ctx->device != peer) {
+    if (range.vmm || range.ipc_opened || range.module_global || range.ctx == nullptr ||
+        range.ctx->device != peer) {
       continue;
     }
     if (CUresult rc = reach_from(device, range.base, range.bytes); rc != CUDA_SUCCESS) return rc;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -20,6 +21,7 @@ namespace mpsshim::server {
 // as the client's own, freed only with cuIpcCloseMemHandle.
 // kPeer: another GPU's memory of the same client, mapped here at its own address (ops_peer.cpp).
 enum class RangeKind : std::uint8_t { kAllocation, kGlobal, kPinned, kMapped, kOpened, kPeer };
+inline constexpr std::size_t kRangeKinds = static_cast<std::size_t>(RangeKind::kPeer) + 1;
 
 struct DeviceRange {
   std::uint64_t base = 0;
@@ -51,8 +53,8 @@ class AllocationMap {
   std::size_t count(RangeKind kind) const { return by_kind_[static_cast<std::size_t>(kind)]; }
 
  private:
-  std::map<std::uint64_t, DeviceRange> ranges_;  // by base
-  std::array<std::size_t, 5> by_kind_{};         // ranges_ counted by RangeKind
+  std::map<std::uint64_t, DeviceRange> ranges_;     // by base
+  std::array<std::size_t, kRangeKinds> by_kind_{};  // ranges_ counted by RangeKind
 };
 
 }  // namespace mpsshim::server

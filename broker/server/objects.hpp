@@ -137,10 +137,16 @@ struct GraphNodeObj {
   std::uint64_t graph = 0;
 };
 
-// A memory pool of the client's own (cuMemPoolCreate, or its default pool).
+// A memory pool of the client's own (cuMemPoolCreate, or its default pool). Its allocations
+// come from the server's arena (device_heap.hpp) like cuMemAlloc's; the driver's pool serves
+// only allocations made while a stream is captured (graph memory) and keeps the attributes the
+// client sets (ops_memory_pool.cpp).
 struct PoolObj {
   CUmemoryPool pool = nullptr;
   bool is_default = false;
+  std::uint64_t max_bytes = 0;  // CUmemPoolProps::maxSize, bounded by the client's limit; 0: none
+  std::uint64_t used = 0;       // bytes of its live allocations in the arena
+  std::uint64_t used_high = 0;  // their high-water mark since creation or the last reset
 };
 
 // A physical allocation of the client's (cuMemCreate; ops_vmm.cpp). It lives while the client

@@ -6,6 +6,7 @@
 #include "broker/server/limit_check.hpp"
 #include "broker/server/log.hpp"
 #include "broker/server/ops.hpp"
+#include "broker/server/pools.hpp"
 #include "broker/server/retire.hpp"
 
 namespace mpsshim::server {
@@ -125,6 +126,7 @@ OpResult op_mem_free(Call& call) {
     note_not_owned(call, fmt::format("allocation {:#x}", req.dptr));
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
+  if (is_pool_allocation(session, *range)) pool_memory_freed(session, *range);
   Retired bundle;
   bundle.allocations.push_back(*session.memory.remove(req.dptr));
   // Exported and opened by another client: it stays for them, charged to this client until

@@ -2,8 +2,17 @@
 // pool, which all clients would share), bounded by its memory limit; what it allocates from
 // them is in its allocation map, owned by the pool's id, so pointer checks and session-end
 // cleanup treat it like any allocation of the client.
+//
+// The memory comes from the server's arena (device_heap.hpp), as cuMemAlloc's does: the driver
+// places a pool's memory at the same addresses in every process (0x420000000 for the first
+// allocation in each of two servers, measured on two H200s), so two GPUs' pools would collide,
+// and another GPU's server could not map it at its address. cuMemFreeAsync gives the memory back
+// once the work the client queued before it has run (retire.hpp), so reuse is always safe; the
+// driver's own pool only serves allocations made while a stream is captured (the graph owns that
+// memory) and servers without an arena.
 #include <algorithm>
 
+#include "broker/server/device_heap.hpp"
 #include "broker/server/driver.hpp"
 #include "broker/server/limit_check.hpp"
 #include "broker/server/log.hpp"
@@ -33,7 +42,7 @@ CUresult create_pool(Session& session, std::uint64_t max_bytes, unsigned short u
   props.maxSize = static_cast<std::size_t>(bound);
   CUmemoryPool pool = nullptr;
   if (CUresult r = session.cu().cuMemPoolCreate(&pool, &props); r != CUDA_SUCCESS) return r;
-  *id = session.objects.insert(PoolObj{pool, is_default});
+  *id = session.objects.insert(PoolObj{pool, is_default, bound});
   if (*id == 0) {
     session.cu().cuMemPoolDestroy(pool);
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -85,7 +94,36 @@ bool known_attribute(std::uint32_t attribute) {
          attribute <= CU_MEMPOOL_ATTR_USED_MEM_HIGH;
 }
 
+// The four memory figures count the pool's arena allocations on top of what the driver's pool
+// holds (graph memory). The arena keeps nothing cached for a pool, so reserved equals used.
+std::uint64_t arena_share(const PoolObj& pool, std::uint32_t attribute) {
+  switch (attribute) {
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+      return pool.used;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+      return pool.used_high;
+    default:
+      return 0;
+  }
+}
+
+// Whether work on `stream` would join a capture now (a captured allocation is a graph node).
+bool capturing(Session& session, const StreamObj& stream) {
+  if (session.active_captures == 0) return false;
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  session.cu().cuStreamIsCapturing(stream.stream, &status);
+  return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 }  // namespace
+
+void pool_memory_freed(Session& session, const DeviceRange& range) {
+  if (PoolObj* pool = session.objects.get<PoolObj>(range.owner); pool != nullptr) {
+    pool->used -= std::min(pool->used, range.bytes);
+  }
+}
 
 bool is_pool_allocation(Session& session, const DeviceRange& range) {
   // cuMemAlloc'ed memory is owned by a live context; pool memory by its pool's id, which
@@ -143,7 +181,13 @@ OpResult op_mem_pool_set_attribute(Call& call) {
     return call.done(call.cu.cuMemPoolSetAttribute(pool->pool, attribute, &value));
   }
   cuuint64_t value = req.value;
-  return call.done(call.cu.cuMemPoolSetAttribute(pool->pool, attribute, &value));
+  CUresult r = call.cu.cuMemPoolSetAttribute(pool->pool, attribute, &value);
+  // Resetting a high-water mark (the driver takes only 0) starts it again from what is used.
+  if (r == CUDA_SUCCESS && (req.attribute == CU_MEMPOOL_ATTR_USED_MEM_HIGH ||
+                            req.attribute == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)) {
+    pool->used_high = pool->used;
+  }
+  return call.done(r);
 }
 
 OpResult op_mem_pool_get_attribute(Call& call) {
@@ -168,7 +212,7 @@ OpResult op_mem_pool_get_attribute(Call& call) {
         r != CUDA_SUCCESS) {
       return call.done(r);
     }
-    rep.value = value;
+    rep.value = value + arena_share(*pool, req.attribute);
   }
   return call.reply(rep);
 }
@@ -199,14 +243,32 @@ OpResult op_mem_alloc_async(Call& call) {
   StreamObj* stream = use_stream(call, req.stream, true, &error);
   if (stream == nullptr) return call.done(error);
   CUdeviceptr dptr = 0;
-  if (CUresult r = call.cu.cuMemAllocFromPoolAsync(&dptr, static_cast<std::size_t>(req.bytes),
-                                                   pool->pool, stream->stream);
-      r != CUDA_SUCCESS) {
+  DeviceHeap* heap = session.gpu().heap.get();
+  const bool in_arena = heap != nullptr && !capturing(session, *stream);
+  if (in_arena) {
+    if (pool->max_bytes != 0 && pool->used + req.bytes > pool->max_bytes) {
+      return call.done(CUDA_ERROR_OUT_OF_MEMORY);  // the pool's maxSize, as the driver answers
+    }
+    // Fresh memory, or memory whose last free has run: usable by any stream from now on.
+    auto got = heap->allocate(session.client.id, req.bytes);
+    if (!got) return call.done(got.error());
+    dptr = *got;
+  } else if (CUresult r = call.cu.cuMemAllocFromPoolAsync(
+                 &dptr, static_cast<std::size_t>(req.bytes), pool->pool, stream->stream);
+             r != CUDA_SUCCESS) {
     return call.done(r);
   }
   if (!session.memory.add(DeviceRange{dptr, req.bytes, RangeKind::kAllocation, pool_id})) {
-    call.cu.cuMemFreeAsync(dptr, stream->stream);
+    if (in_arena) {
+      heap->free(dptr);
+    } else {
+      call.cu.cuMemFreeAsync(dptr, stream->stream);
+    }
     return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  if (in_arena) {
+    pool->used += req.bytes;
+    pool->used_high = std::max(pool->used_high, pool->used);
   }
   held->keep();
   return call.reply(proto::MemAllocRep{dptr});
@@ -222,10 +284,23 @@ OpResult op_mem_free_async(Call& call) {
   CUresult error = CUDA_SUCCESS;
   StreamObj* stream = use_stream(call, req.stream, true, &error);
   if (stream == nullptr) return call.done(error);
-  if (!is_pool_allocation(session, *range)) {
-    // cuMemAlloc'ed memory: freed once every stream of the client passed this point.
+  DeviceHeap* heap = session.gpu().heap.get();
+  const bool pooled = is_pool_allocation(session, *range);
+  if (!pooled || (heap != nullptr && heap->owns(req.dptr))) {
+    // In the arena (cuMemAlloc'ed or a pool's): freed once every stream of the client passed
+    // this point, which includes `stream`'s work before the free.
+    if (capturing(session, *stream)) {
+      // The driver would make the free a graph node, run when the graph runs; the arena's
+      // memory cannot be freed so.
+      log_warn(
+          "{}: cuMemFreeAsync of {:#x} while its stream is captured is not supported by "
+          "mpsshim (memory allocated outside the capture); refused",
+          session.who(), req.dptr);
+      return call.done(CUDA_ERROR_NOT_SUPPORTED);
+    }
     Retired bundle;
     bundle.allocations.push_back(*session.memory.remove(req.dptr));
+    if (pooled) pool_memory_freed(session, bundle.allocations.back());
     session.release_memory(bundle.allocations.back().bytes);
     return call.done(retire(session, std::move(bundle)));
   }

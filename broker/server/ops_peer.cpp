@@ -23,12 +23,23 @@ OpResult op_peer_export(Call& call) {
   auto req = call.request<proto::PeerExportReq>();
   Session& session = call.session;
   DeviceHeap* heap = session.gpu().heap.get();
-  const DeviceRange* range = session.memory.find(req.address);
-  if (heap == nullptr || range == nullptr || range->kind != RangeKind::kAllocation) {
+  const DeviceRange* range = session.memory.find_containing(req.address);
+  // The client's own allocation, or another client's that it opened with cuIpcOpenMemHandle
+  // (it opens a handle of this GPU for a context on another GPU: ipc.md, "Across GPUs"). The
+  // block is the exporter's either way, held by this session's open until it closes it.
+  std::uint64_t owner = session.client.id;
+  if (range != nullptr && range->kind == RangeKind::kOpened) {
+    if (auto opened = session.ipc_imports.find(range->base); opened != session.ipc_imports.end()) {
+      owner = opened->second.memory->owner.client;
+    }
+  } else if (range != nullptr && range->kind != RangeKind::kAllocation) {
+    range = nullptr;
+  }
+  if (heap == nullptr || range == nullptr) {
     note_not_owned(call, fmt::format("allocation {:#x} to export to a peer", req.address));
     return call.done(heap == nullptr ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE);
   }
-  auto exported = heap->export_block(session.client.id, req.address);
+  auto exported = heap->export_block(owner, req.address);
   if (!exported) return call.done(exported.error());
   if (CUresult r = send_memory_fd(session, proto::UniqueFd(exported->fd), exported->bytes);
       r != CUDA_SUCCESS) {

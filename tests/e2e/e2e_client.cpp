@@ -783,6 +783,9 @@ bool one_address_space() {
   bool ok = true;
   CUcontext ctx[2]{};
   CUdeviceptr small[2]{}, large[2]{}, pitched[2]{}, reserved[2]{};
+  // Stream-ordered: small and large from the device's default pool, and from a pool of its own.
+  CUdeviceptr pooled_small[2]{}, pooled_large[2]{}, from_pool[2]{};
+  CUmemoryPool pool[2]{};
   std::size_t pitch[2]{};
   for (int d = 0; d < 2; ++d) {
     CHECK(cuDevicePrimaryCtxRetain(&ctx[d], d));
@@ -791,11 +794,21 @@ bool one_address_space() {
     CHECK(cuMemAlloc(&large[d], kLarge));
     CHECK(cuMemAllocPitch(&pitched[d], &pitch[d], 1000, 8, 4));
     CHECK(cuMemAddressReserve(&reserved[d], kReserve, 0, 0, 0));
+    CUmemPoolProps props{};
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = d;
+    CHECK(cuMemPoolCreate(&pool[d], &props));
+    CHECK(cuMemAllocAsync(&pooled_small[d], kSmall, nullptr));
+    CHECK(cuMemAllocAsync(&pooled_large[d], kLarge, nullptr));
+    CHECK(cuMemAllocFromPoolAsync(&from_pool[d], kSmall, pool[d], nullptr));
+    CHECK(cuMemsetD8Async(pooled_large[d], static_cast<unsigned char>(0x30 + d), kLarge, nullptr));
     CHECK(cuMemsetD8(small[d], static_cast<unsigned char>(0x10 + d), kSmall));
     CHECK(cuMemsetD8(large[d], static_cast<unsigned char>(0x20 + d), kLarge));
   }
   for (int d = 0; d < 2; ++d) {
-    const CUdeviceptr mine[] = {small[d], large[d], pitched[d], reserved[d]};
+    const CUdeviceptr mine[] = {small[d],        large[d],        pitched[d],  reserved[d],
+                                pooled_small[d], pooled_large[d], from_pool[d]};
     for (CUdeviceptr address : mine) {
       if (mpsshim::proto::arena_holding(address) != d) {
         std::printf("two_gpus: GPU %d handed out %#llx, outside its arena (%#llx)\n", d, address,
@@ -810,12 +823,17 @@ bool one_address_space() {
     CHECK(cuCtxSetCurrent(ctx[d]));
     int ordinal = -1;
     CHECK(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, small[d]));
-    unsigned char bytes[2] = {};
+    int pooled_ordinal = -1;
+    CHECK(cuPointerGetAttribute(&pooled_ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                pooled_large[d]));
+    unsigned char bytes[3] = {};
     CHECK(cuMemcpyDtoH(&bytes[0], small[d] + 7, 1));
     CHECK(cuMemcpyDtoH(&bytes[1], large[d] + kLarge - 1, 1));
-    if (ordinal != d || bytes[0] != 0x10 + d || bytes[1] != 0x20 + d) {
-      std::printf("two_gpus: GPU %d's allocations read as GPU %d's (bytes %#x %#x)\n", d, ordinal,
-                  bytes[0], bytes[1]);
+    CHECK(cuMemcpyDtoH(&bytes[2], pooled_large[d] + 5, 1));
+    if (ordinal != d || pooled_ordinal != d || bytes[0] != 0x10 + d || bytes[1] != 0x20 + d ||
+        bytes[2] != 0x30 + d) {
+      std::printf("two_gpus: GPU %d's allocations read as GPU %d's / %d's (bytes %#x %#x %#x)\n", d,
+                  ordinal, pooled_ordinal, bytes[0], bytes[1], bytes[2]);
       ok = false;
     }
   }
@@ -833,6 +851,11 @@ bool one_address_space() {
     CHECK(cuMemFree(large[d]));
     CHECK(cuMemFree(pitched[d]));
     CHECK(cuMemAddressFree(reserved[d], kReserve));
+    CHECK(cuMemFreeAsync(pooled_small[d], nullptr));
+    CHECK(cuMemFreeAsync(pooled_large[d], nullptr));
+    CHECK(cuMemFreeAsync(from_pool[d], nullptr));
+    CHECK(cuCtxSynchronize());
+    CHECK(cuMemPoolDestroy(pool[d]));
   }
   return ok;
 }
@@ -904,12 +927,55 @@ bool peer_copies_and_access() {
     std::printf("two_gpus: a kernel on GPU 1 reading GPU 0's memory got %d wrong sums\n", wrong);
     ok = false;
   }
+  // `back` shares its 2 MiB chunk with `on0` (both small, both GPU 0's): freeing it must leave
+  // the chunk mapped in GPU 1's server, where the next kernel still reads `on0`.
+  CHECK(cuCtxSetCurrent(ctx[0]));
+  CHECK(cuMemFree(back));
+  CHECK(cuCtxSetCurrent(ctx[1]));
+  CHECK(cuMemsetD32(sum, 0, kCount));
+  CHECK(cuLaunchKernel(add, (kCount + 255) / 256, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr));
+  if (cuMemcpyDtoH(out.data(), sum, kBytes) != CUDA_SUCCESS ||
+      out[kCount - 1] != a.back() + b.back()) {
+    std::printf(
+        "two_gpus: after a neighbour's free, GPU 1's kernel no longer read GPU 0's memory\n");
+    ok = false;
+  }
+  // A copy from inside an allocation of GPU 0 that GPU 1's server has not mapped yet.
+  CUdeviceptr fresh = 0;
+  CHECK(cuCtxSetCurrent(ctx[0]));
+  CHECK(cuMemAlloc(&fresh, kBytes));
+  CHECK(cuMemcpyHtoD(fresh, a.data(), kBytes));
+  CHECK(cuCtxSetCurrent(ctx[1]));
+  std::fill(out.begin(), out.end(), -1.0f);
+  CHECK(cuMemcpyPeer(copied, ctx[1], fresh + 4096, ctx[0], kBytes - 4096));
+  CHECK(cuMemcpyDtoH(out.data(), copied, kBytes - 4096));
+  if (!std::equal(a.begin() + 1024, a.end(), out.begin())) {
+    std::printf("two_gpus: a peer copy from inside GPU 0's allocation came back wrong\n");
+    ok = false;
+  }
+  // Stream-ordered memory of GPU 0 copied to GPU 1 (it lies in GPU 0's arena too).
+  CUdeviceptr pooled = 0;
+  CHECK(cuCtxSetCurrent(ctx[0]));
+  CHECK(cuMemAllocAsync(&pooled, kBytes, nullptr));
+  CHECK(cuMemcpyHtoDAsync(pooled, b.data(), kBytes, nullptr));
+  CHECK(cuCtxSynchronize());
+  CHECK(cuCtxSetCurrent(ctx[1]));
+  std::fill(out.begin(), out.end(), -1.0f);
+  CHECK(cuMemcpyPeer(copied, ctx[1], pooled, ctx[0], kBytes));
+  CHECK(cuMemcpyDtoH(out.data(), copied, kBytes));
+  if (out != b) {
+    std::printf("two_gpus: a peer copy of GPU 0's cuMemAllocAsync memory came back wrong\n");
+    ok = false;
+  }
+  CHECK(cuCtxSetCurrent(ctx[0]));
+  CHECK(cuMemFreeAsync(pooled, nullptr));
+  CHECK(cuCtxSetCurrent(ctx[1]));
   CHECK(cuModuleUnload(module));
   CHECK(cuCtxDisablePeerAccess(ctx[0]));
   // GPU 0's memory goes while GPU 1's server maps it: it lets go first.
   CHECK(cuCtxSetCurrent(ctx[0]));
   CHECK(cuMemFree(on0));
-  CHECK(cuMemFree(back));
+  CHECK(cuMemFree(fresh));
   CHECK(cuCtxSetCurrent(ctx[1]));
   CHECK(cuMemFree(on1));
   CHECK(cuMemFree(sum));

@@ -39,11 +39,11 @@ struct Setup {
   CUstream stream{};
 };
 
-Setup setup() {
+Setup setup(int ordinal = 0) {
   Setup s;
   CUdevice device{};
   CHECK(cuInit(0));
-  CHECK(cuDeviceGet(&device, 0));
+  CHECK(cuDeviceGet(&device, ordinal));
   CHECK(cuDevicePrimaryCtxRetain(&s.ctx, device));
   CHECK(cuCtxSetCurrent(s.ctx));
   CHECK(cuModuleLoadData(&s.module, kModuleImage));
@@ -249,6 +249,50 @@ int import_side(const std::string& memory_hex, const std::string& event_hex,
   return ok ? 0 : 1;
 }
 
+// import_on <device> <mem>: the importer on another GPU than the exporter's (ipc.md, "Across
+// GPUs"): opens the handle twice, reads the exporter's data (from an inner pointer too), adds
+// twice the first half to the second half with a kernel on its own GPU, sets the flag, prints
+// RECORDED and waits for stdin to close; then closes both opens, after which the memory is
+// gone from this process. No event: an interprocess event does not cross GPUs.
+int import_on(int device, const std::string& memory_hex) {
+  Setup s = setup(device);
+  const auto memory = handle_of<CUipcMemHandle>(memory_hex);
+  CUdeviceptr base = 0, twice = 0;
+  CHECK(cuIpcOpenMemHandle(&base, memory, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+  CHECK(cuIpcOpenMemHandle(&twice, memory, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+  CUdeviceptr range_base = 0;
+  size_t range_bytes = 0;
+  CHECK(cuMemGetAddressRange(&range_base, &range_bytes, base + 100));
+  float inner = -1.0f;
+  CHECK(cuMemcpyDtoH(&inner, base + 7 * sizeof(float), sizeof inner));
+  bool ok = twice == base && range_base == base && range_bytes == kBytes && inner == 7.0f &&
+            first_half_intact(base);
+
+  CUfunction scale_add{};
+  CHECK(cuModuleGetFunction(&scale_add, s.module, "scale_add"));
+  CUdeviceptr y = base + kHalf * sizeof(float);
+  CUdeviceptr x = base;
+  float alpha = 2.0f;
+  int n = kHalf;
+  void* add_args[] = {&y, &x, &alpha, &n};
+  CHECK(cuLaunchKernel(scale_add, 8, 1, 1, 256, 1, 1, 0, s.stream, add_args, nullptr));
+  CHECK(cuMemsetD32Async(base + kFlagOffset, kFlag, 1, s.stream));
+  CHECK(cuStreamSynchronize(s.stream));
+  ok &= second_half_added(base);
+  SAY("RECORDED base=%llu\n", static_cast<unsigned long long>(base));
+  wait_for_stdin_eof();
+
+  CHECK(cuIpcCloseMemHandle(base));
+  ok &= first_half_intact(base);  // one open is left
+  CHECK(cuIpcCloseMemHandle(base));
+  const CUresult closed_again = cuIpcCloseMemHandle(base);
+  const CUresult read_after = cuMemcpyDtoH(&inner, base, sizeof inner);
+  ok &= closed_again == CUDA_ERROR_INVALID_VALUE && read_after != CUDA_SUCCESS;
+  SAY("%s import_on closed_again=%d read_after=%d\n", ok ? "PASS" : "FAIL", closed_again,
+      read_after);
+  return ok ? 0 : 1;
+}
+
 // forge <mem> <event>: handles changed every way a client could try, each refused with its own
 // error, and the session still works afterwards.
 int forge(const std::string& memory_hex, const std::string& event_hex) {
@@ -327,9 +371,10 @@ int main(int argc, char** argv) {
   if (mode == "import" && argc == 5) return import_side(argv[2], argv[3], argv[4]);
   if (mode == "forge" && argc == 4) return forge(argv[2], argv[3]);
   if (mode == "open" && argc == 3) return open_only(argv[2]);
+  if (mode == "import_on" && argc == 4) return import_on(std::stoi(argv[2]), argv[3]);
   std::fprintf(
       stderr,
       "usage: ipc_client export keep|free|watch | import MEM EVENT close|leave | forge MEM "
-      "EVENT | open MEM\n");
+      "EVENT | open MEM | import_on DEVICE MEM\n");
   return 2;
 }

@@ -64,7 +64,7 @@ TEST_CASE("forged, garbled and foreign handles are refused, each with its reason
   proto::IpcHandle other_gpu = handle;
   other_gpu.device = kDevice + 1;
   CHECK(refused(other_gpu).result == CUDA_ERROR_NOT_SUPPORTED);
-  CHECK_THAT(refused(other_gpu).why, Catch::Contains("across GPUs are not yet supported"));
+  CHECK_THAT(refused(other_gpu).why, Catch::Contains("the client does not see GPU 1"));
 
   // The same GPU's handle, from a server since restarted.
   IpcRegistry earlier(kDevice);
