@@ -210,7 +210,7 @@ else
   done
 fi
 
-# ---- 1c. the integrity check: mpsshim's algorithm against the real driver (dark-api.md §4) --
+# ---- 1c. the integrity check: mpsshim's algorithm against the real driver (private-tables.md) --
 if [ -z "${INTEGRITY:-}" ] || [ ! -x "$INTEGRITY" ]; then
   add_row "integrity vs driver" - - FAIL "integrity_vs_driver not built (${INTEGRITY:-?})"
 else
