@@ -1,9 +1,9 @@
-// Runtime paths that issue 3 added to the shim, timed from the application's side: the CPU cost
-// of cudaStreamIsCapturing (PyTorch's caching allocator asks on every allocation), the rate of
-// cudaGraphLaunch for a graph of small kernels, and the round trip of cudaLaunchHostFunc (the
+// Runtime paths the shim serves for the CUDA runtime, timed from the application's side: the CPU
+// cost of cudaStreamIsCapturing (PyTorch's caching allocator asks on every allocation), the rate
+// of cudaGraphLaunch for a graph of small kernels, and the round trip of cudaLaunchHostFunc (the
 // callback runs in this process; under mpsshim the server waits for it). Prints
-// "benchmark,metric,size_bytes,value,unit" CSV lines like the other benchmarks and a result
-// line "runtime_paths: ... PASS|FAIL" (FAIL only when a call fails or a result is wrong).
+// "benchmark,metric,size_bytes,value,unit" CSV lines like the other benchmarks and a result line
+// "runtime_paths: ... PASS|FAIL" (FAIL only when a call fails or a result is wrong).
 //
 // usage: runtime_paths [--quick]
 #include <cuda_runtime.h>

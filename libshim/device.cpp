@@ -70,7 +70,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {
   return CUDA_SUCCESS;
 }
 
-// v1 and v2 give the same bytes: the integrity check hashes them (dark-api.md §4.2).
+// v1 and v2 give the same bytes: the integrity check hashes them (docs/private-tables.md,
+// "Inputs").
 MPSSHIM_EXPORT CUresult CUDAAPI cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) {
   return cuDeviceGetUuid_v2(uuid, dev);
 }

@@ -8,7 +8,7 @@
 // tools/probes/answer_trace.py.
 //
 // Why: the round trip stays ~1 µs over native, and a latency client beside batch clients loses
-// ~1.2 µs between its kernel's end and its answer (docs/benchmarks.md, 2026-11-28); the GPU's
+// ~1.2 µs between its kernel's end and its answer (docs/benchmarks.md, "Priorities"); the GPU's
 // stamps and the client's alone cannot say which hop grows. Off by default: one or two clock reads
 // per answer and one per launch when on, one branch when off.
 #pragma once

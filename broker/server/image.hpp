@@ -1,6 +1,7 @@
 // The length a module or library image says it has, read from its own bytes, so the server
 // can check that the driver will not read past what the client sent. Formats: one fat-binary
-// container (0xBA55ED50), an ELF cubin, or NUL-terminated PTX text. See dark-api.md §5.
+// container (0xBA55ED50), an ELF cubin, or NUL-terminated PTX text. See
+// docs/private-tables.md, "Fat binaries".
 #pragma once
 
 #include <cstddef>
@@ -28,9 +29,9 @@ std::optional<ImageExtent> image_extent(std::span<const std::byte> image);
 std::optional<std::vector<std::span<const std::byte>>> split_containers(
     std::span<const std::byte> image, std::uint32_t count);
 
-// The 24-byte __fatBinC_Wrapper_t of a device-linked program (version 2, dark-api.md §5.1)
-// over containers split_containers found; `prelinked` is NULL-terminated and must outlive the
-// load.
+// The 24-byte __fatBinC_Wrapper_t of a device-linked program (version 2; docs/private-tables.md,
+// "The wrapper") over containers split_containers found; `prelinked` is NULL-terminated and must
+// outlive the load.
 struct LinkedWrapper {
   std::uint32_t magic;
   std::uint32_t version;

@@ -20,7 +20,7 @@ struct SmReserveSpec {
 // The default: 18% of the SMs, which the server rounds up to whole groups of the split (H100:
 // 23.8 -> 24 SMs, three groups of 8). Chosen by measurement (bench/harness.py --workloads
 // priority, H100, docs/benchmarks.md): with 16 SMs the high-priority client's p99 beside four
-// batch clients was 0.95-1.23x its p99 alone (issue 11's target is <= 1.1x), with 24 SMs
+// batch clients was 0.95-1.23x its p99 alone (the target is <= 1.1x), with 24 SMs
 // 0.92-1.06x in three runs, with 32 SMs the batch clients fell to 0.76x of their throughput
 // alone (the floor is 0.8x); with 24 they keep 0.82x.
 inline constexpr SmReserveSpec kDefaultSmReserve{18, true};

@@ -1,4 +1,4 @@
-// TOOLS_RUNTIME_CALLBACK_HOOKS (a094798c…, dark-api.md §2.2): each cudart copy asks once, at
+// TOOLS_RUNTIME_CALLBACK_HOOKS (a094798c…, private-tables.md): each cudart copy asks once, at
 // start-up, for two process-lifetime buffers (slots 2 and 6). The other slots were never seen
 // called; they succeed and write nothing.
 #include <cuda.h>

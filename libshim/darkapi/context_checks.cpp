@@ -1,5 +1,5 @@
-// CONTEXT_CHECKS (263e8860…, dark-api.md §2.5): cudart, cuBLAS, cuBLASLt and CuPy call slot 2
-// with the current context and slot 3 once at start-up. The checks test bits that are never
+// CONTEXT_CHECKS (263e8860…, docs/private-tables.md): cudart, cuBLAS, cuBLASLt and CuPy call slot
+// 2 with the current context and slot 3 once at start-up. The checks test bits that are never
 // observably set, so both report "nothing to see".
 #include <cuda.h>
 

@@ -1,7 +1,7 @@
-// CONTEXT_LOCAL_STORAGE (c693336e…, dark-api.md §2.4): each cudart copy keeps its per-context
-// state here, keyed by its own address, and looks it up on every runtime call. Served locally:
-// it is hot, and the destructors are client function pointers. Semantics and error codes are
-// the real driver's (measured), including the ones ZLUDA and smolvm relax.
+// CONTEXT_LOCAL_STORAGE (c693336e…, docs/private-tables.md): each cudart copy keeps its
+// per-context state here, keyed by its own address, and looks it up on every runtime call. Served
+// locally: it is hot, and the destructors are client function pointers. Semantics and error codes
+// are the real driver's (measured), including the ones ZLUDA and smolvm relax.
 #include <cuda.h>
 
 #include <mutex>

@@ -1,4 +1,4 @@
-// CUDART_INTERFACE (6bd5fb6c…, dark-api.md §2.1): every cudart copy fetches it at start-up.
+// CUDART_INTERFACE (6bd5fb6c…, docs/private-tables.md): every cudart copy fetches it at start-up.
 // CUDA 13 runtimes call only slot 2; slots 1/6/8 serve older runtimes that registered modules
 // through the table instead of cuLibraryLoadData.
 #include <cuda.h>

@@ -1,4 +1,4 @@
-// cuGetExportTable (dark-api.md §1): hands out the private tables. Works before cuInit and
+// cuGetExportTable (docs/private-tables.md): hands out the private tables. Works before cuInit and
 // without the broker (cudart asks for F8 first thing), and returns the same address for a UUID
 // for the life of the process, because the integrity check hashes those addresses.
 #include <cuda.h>

@@ -1,6 +1,7 @@
-// On-memory layouts of CUDA fat binaries (dark-api.md §5): the __fatBinC_Wrapper_t that nvcc
-// emits into .nvFatBinSegment and the fatbin container it points at. Only what sizing and
-// unwrapping an image needs; entries inside a container are never parsed by the shim.
+// On-memory layouts of CUDA fat binaries (docs/private-tables.md, "Fat binaries"): the
+// __fatBinC_Wrapper_t that nvcc emits into .nvFatBinSegment and the fatbin container it points at.
+// Only what sizing and unwrapping an image needs; entries inside a container are never parsed by
+// the shim.
 #pragma once
 
 #include <cstddef>

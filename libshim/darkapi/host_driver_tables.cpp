@@ -1,6 +1,6 @@
 // Private tables whose functions compute on the client's own memory and never touch a GPU, so
 // the shim hands out the *real* driver's table, loaded into the client process beside the shim
-// (docs/dark-api.md, "Tables served by the host's driver").
+// (docs/private-tables.md, "cuBLASLt's kernel table").
 //
 // cuBLASLt asks for 1734dc26… before it loads its nvjet kernels (the bf16/fp8 matmuls of
 // Hopper): slot 4 makes two objects in host memory, slot 13 fills them, then cuBLASLt loads the

@@ -20,7 +20,7 @@ bool extend(std::uint64_t& end, std::uint64_t offset, std::uint64_t size) noexce
   return true;
 }
 
-// Field offsets of the two ELF classes; the algorithm is the same (dark-api.md §5.4).
+// Field offsets of the two ELF classes; the algorithm is the same (docs/private-tables.md).
 struct ElfLayout {
   std::size_t ehdr_size;
   std::size_t e_phoff, e_shoff, e_phentsize, e_phnum, e_shentsize, e_shnum;

@@ -1,4 +1,4 @@
-// Byte length of a module image known only by its pointer (dark-api.md §5.4), so that the
+// Byte length of a module image known only by its pointer (docs/private-tables.md), so that the
 // shim can copy cuModuleLoadData / cuLibraryLoadData images to the broker before returning.
 // The image is client memory of unknown size: every function reads only bytes the format says
 // exist, and refuses headers whose claims exceed sanity limits instead of walking off a cliff.

@@ -1,4 +1,4 @@
-// The INTEGRITY_CHECK algorithm (dark-api.md §4) as a pure function of its inputs. cudart
+// The INTEGRITY_CHECK algorithm (docs/private-tables.md) as a pure function of its inputs. cudart
 // recomputes the same value from what the driver API shows it, so every input must be what the
 // application sees through the shim; integrity_check.cpp gathers them.
 #pragma once

@@ -1,4 +1,4 @@
-// INTEGRITY_CHECK (d4082055…, dark-api.md §2.6, §4): cudart calls slot 1 at start-up (versions
+// INTEGRITY_CHECK (d4082055…, docs/private-tables.md): cudart calls slot 1 at start-up (versions
 // runtime+0, +1, +2) and fails with cudaErrorSoftwareValidityNotEstablished (103) unless the
 // answer matches what it recomputes from the driver API. So the inputs gathered here are the
 // ones the application sees: the advertised driver version, this shim's table addresses and

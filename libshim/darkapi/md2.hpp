@@ -1,4 +1,5 @@
-// MD2 (RFC 1319), the hash under the INTEGRITY_CHECK table's HMAC (dark-api.md §4.3).
+// MD2 (RFC 1319), the hash under the INTEGRITY_CHECK table's HMAC
+// (docs/private-tables.md, "The hash").
 #pragma once
 
 #include <array>

@@ -1,4 +1,4 @@
-// The private tables the shim serves through cuGetExportTable (dark-api.md §1-§3). Each lives
+// The private tables the shim serves through cuGetExportTable (docs/private-tables.md). Each lives
 // in static storage in its own file and is constant-initialised, so its address is fixed for
 // the life of the process and valid before any constructor runs: cudart fetches the tables
 // before cuInit, and the integrity check hashes their addresses.

@@ -1,4 +1,4 @@
-// TOOLS_CONTEXT (21318c60…, dark-api.md §2.8): NVIDIA's cuBLASLt and cuFFT ask it for a
+// TOOLS_CONTEXT (21318c60…, docs/private-tables.md): NVIDIA's cuBLASLt and cuFFT ask it for a
 // context's device ordinal and unique id (slots 3 and 4, hundreds of calls per run); without
 // the table cublasLtMatmulAlgoGetHeuristic answers NOT_SUPPORTED. The other 88 slots are traps.
 #include <cuda.h>

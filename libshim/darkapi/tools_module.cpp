@@ -1,4 +1,4 @@
-// TOOLS_MODULE (6e163fbe…, docs/dark-api.md "ToolsModule"): cuFFT finds its kernels through it.
+// TOOLS_MODULE (6e163fbe…, docs/private-tables.md): cuFFT finds its kernels through it.
 // After each cuModuleLoadData cuFFT calls slot 7 to walk the module's functions instead of
 // asking for them by name; without the table cufftPlan* fails with CUFFT_INTERNAL_ERROR.
 //

@@ -1,6 +1,6 @@
-// TOOLS_TLS (42d85a81…, dark-api.md §2.3): NVIDIA's cuBLASLt reads the calling thread's current
-// context through slot 2 and hands it to TOOLS_CONTEXT slot 4. A static cudart aborts before
-// main without the table.
+// TOOLS_TLS (42d85a81…, docs/private-tables.md): NVIDIA's cuBLASLt reads the calling thread's
+// current context through slot 2 and hands it to TOOLS_CONTEXT slot 4. A static cudart aborts
+// before main without the table.
 #include <cuda.h>
 
 #include <cstddef>

@@ -1,6 +1,7 @@
-// Filler for the slots of served tables whose meaning is unknown (dark-api.md §1.1): the real
-// driver has a function there, so the shim puts a trap that names table and slot in the log
-// and returns CUDA_ERROR_NOT_SUPPORTED, turning a would-be crash into a diagnosable error.
+// Filler for the slots of served tables whose meaning is unknown (docs/private-tables.md,
+// "Table layout"): the real driver has a function there, so the shim puts a trap that names
+// table and slot in the log and returns CUDA_ERROR_NOT_SUPPORTED, turning a would-be crash into
+// a diagnosable error.
 #pragma once
 
 #include <cuda.h>

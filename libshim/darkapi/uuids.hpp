@@ -1,5 +1,6 @@
-// Export-table UUIDs: the 16 raw bytes of CUuuid in memory order, written as in dark-api.md
-// (§0). Compare all 16 with memcmp; never convert to or from the mixed-endian GUID text form.
+// Export-table UUIDs: the 16 raw bytes of CUuuid in memory order, written as in
+// docs/private-tables.md. Compare all 16 with memcmp; never convert to or from the mixed-endian
+// GUID text form.
 #pragma once
 
 #include <array>

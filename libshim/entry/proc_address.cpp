@@ -1,5 +1,6 @@
 // cuGetProcAddress and cuGetProcAddress_v2, answered from the real driver's probed table
-// (dark-api.md §6). Needs no connection, so cudart may call it before cuInit.
+// (docs/private-tables.md, "cuGetProcAddress"). Needs no connection, so cudart may call it before
+// cuInit.
 #include <algorithm>
 #include <iterator>
 #include <string_view>
@@ -51,7 +52,7 @@ CUresult lookup(const char* symbol, void** pfn, int cuda_version, cuuint64_t fla
     return CUDA_ERROR_INVALID_VALUE;
   }
   // Flags 3 (legacy | per-thread) returns the per-thread variants on 580.159.04, e.g.
-  // cuMemcpyAsync_ptsz and cuMemcpy_ptds [V, probed for this file; dark-api.md §6.2 had it U];
+  // cuMemcpyAsync_ptsz and cuMemcpy_ptds [V, probed for this file];
   // flags 1 and 0 give identical results.
   const std::uint8_t table_flags = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0
                                        ? std::uint8_t{CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM}

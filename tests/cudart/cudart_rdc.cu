@@ -1,9 +1,9 @@
 // A device-linked (-rdc=true) CUDA runtime program of two translation units, built by nvcc with
 // its defaults (static cudart). The runtime loads its image from a version-2 fat-binary wrapper
-// (dark-api.md §5.1); under the shim that becomes several containers shipped back to back and
-// re-wrapped by the server. It also launches again after cudaDeviceReset: the runtime keeps
-// its library and kernel handles across the reset and expects them to work in the new primary
-// context. Prints "cudart_rdc: ... PASS" and exits 0 only when every element is right.
+// (docs/private-tables.md, "The wrapper"); under the shim that becomes several containers shipped
+// back to back and re-wrapped by the server. It also launches again after cudaDeviceReset: the
+// runtime keeps its library and kernel handles across the reset and expects them to work in the
+// new primary context. Prints "cudart_rdc: ... PASS" and exits 0 only when every element is right.
 #include <cuda_runtime.h>
 
 #include <cstdio>

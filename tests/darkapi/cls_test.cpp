@@ -1,5 +1,5 @@
-// CONTEXT_LOCAL_STORAGE semantics as measured on the real driver (dark-api.md §2.4), driven
-// through the table cuGetExportTable returns.
+// CONTEXT_LOCAL_STORAGE semantics as measured on the real driver (docs/private-tables.md,
+// "CONTEXT_LOCAL_STORAGE"), driven through the table cuGetExportTable returns.
 #include <catch2/catch.hpp>
 
 #include <tuple>

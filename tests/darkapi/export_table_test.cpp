@@ -1,4 +1,4 @@
-// The cuGetExportTable contract and the served tables' slots (dark-api.md §1-§3).
+// The cuGetExportTable contract and the served tables' slots (docs/private-tables.md).
 #include <pthread.h>
 #include <unistd.h>
 #include <catch2/catch.hpp>

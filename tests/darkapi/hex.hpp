@@ -1,4 +1,4 @@
-// Hex text <-> bytes for the test vectors of dark-api.md, which are written as hex strings.
+// Hex text <-> bytes for the test vectors, written as hex strings (docs/private-tables.md).
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,6 @@
-// The integrity check against every real-driver vector of dark-api.md Appendix B (580.159.04,
-// 1 and 2 H200s), byte for byte, including the message pieces and the inner hash.
+// The integrity check against every real-driver vector (580.159.04, 1 and 2 H200s;
+// docs/private-tables.md, "Test vectors"), byte for byte, including the message pieces and the
+// inner hash.
 #include <catch2/catch.hpp>
 
 #include <algorithm>

@@ -1,5 +1,5 @@
 // MD2 and HMAC-MD2 against RFC 1319's vectors and the intermediate states ZLUDA's unit tests
-// pin down (dark-api.md §4.3, Appendix B).
+// pin down (docs/private-tables.md, "The hash" and "Test vectors").
 #include <catch2/catch.hpp>
 
 #include <algorithm>

@@ -772,7 +772,7 @@ bool add_on(CUdevice device, int n) {
   return wrong == 0;
 }
 
-// One client on two GPUs (issue 13): a session with each GPU's server, work on both checked,
+// One client on two GPUs: a session with each GPU's server, work on both checked,
 // and what is not served across GPUs said honestly. With `fault`, a kernel faults on GPU 0:
 // GPU 0's work reports it, GPU 1's work goes on.
 // Every kind of device address the servers place, on both GPUs at once: small and large

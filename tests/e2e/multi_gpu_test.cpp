@@ -1,4 +1,4 @@
-// Two GPUs on the CPU (issue 13): the daemon over a two-device test driver starts a server per
+// Two GPUs on the CPU: the daemon over a two-device test driver starts a server per
 // GPU; one client uses both through two sessions, and a fault on GPU 0 stays on GPU 0: its
 // server restarts, GPU 1's server and clients never notice, and the faulting client's GPU 1
 // work goes on.

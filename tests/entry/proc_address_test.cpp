@@ -1,5 +1,6 @@
 // cuGetProcAddress(_v2) of libmpsshim.so against the table probed on the real driver and the
-// semantics of dark-api.md §6.2. No cuInit is called: lookups must work before it.
+// semantics in docs/private-tables.md, "What the real driver answers". No cuInit is called:
+// lookups must work before it.
 #include <cuda.h>
 
 #include <catch2/catch.hpp>

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The headline figures side by side: natively, under mpsshim, and under NVIDIA MPS when
-# nvidia-cuda-mps-control is available (and we are root), with the anchors of
-# shared/design/measured-facts.md (H200, NVIDIA MPS). Exits 77 (skipped) without an NVIDIA GPU,
-# 1 if a program failed in some mode, else 0.
+# The headline figures side by side: natively, under mpsshim, and under NVIDIA MPS when
+# nvidia-cuda-mps-control is available (and we are root), with NVIDIA MPS's figures on an H200
+# as anchors (docs/benchmarks.md, "The quick summary"). Exits 77 (skipped) without an NVIDIA
+# GPU, 1 if a program failed in some mode, else 0.
 #
 # usage: bench_summary.sh --build-dir BUILD [--modes native,shim,mps] [--procs 8] [--work-dir DIR]
 #        bench_summary.sh --shim libmpsshim.so --daemon mpsshimd --ctl mpsshimctl
@@ -149,7 +149,7 @@ row "small kernels, $PROCS procs, wall s" small_wall -
 row "small kernels, $PROCS procs, per-process s" small_mean "0.067-0.071"
 row "small kernels, $PROCS procs, slowest proc s" small_max -
 echo "(small kernels: 5000 launches of 2x32-thread ~10 us spin kernels, sync every 64;"
-echo " anchors: NVIDIA H200, from measured-facts.md; time-slicing gives 0.48-0.53 s per process)"
+echo " anchors: NVIDIA MPS on an H200 (docs/benchmarks.md); time-slicing: 0.48-0.53 s per process)"
 for note in "${NOTES[@]+"${NOTES[@]}"}"; do echo "note: $note"; done
 echo "logs: $LOGS"
 

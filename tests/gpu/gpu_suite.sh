@@ -124,8 +124,9 @@ done
 
 # ---- 1b. CUDA-runtime programs (tests/gpu/programs), natively and under the shim ------------
 # nvcc-built programs with static cudart: the runtime's own path through the shim (private
-# tables, integrity check, cuGetProcAddress) and the features of issue 3. Their result fields
-# must agree; rt_managed has its own rule (managed memory is not offered under the shim).
+# tables, integrity check, cuGetProcAddress) and the features of docs/cuda-runtime.md. Their
+# result fields must agree; rt_managed has its own rule (managed memory is not offered under
+# the shim).
 RT_TIMEOUT=${RT_TIMEOUT:-180}
 RT_PROGRAMS=(rt_vector_add rt_matmul_shared rt_streams_events rt_host_threads rt_per_thread_stream
   rt_pinned_mapped rt_managed rt_graph rt_malloc_async rt_cooperative rt_copy_2d rt_host_callback
@@ -210,7 +211,7 @@ else
   done
 fi
 
-# ---- 1c. the integrity check: mpsshim's algorithm against the real driver (dark-api.md §4) --
+# ---- 1c. the integrity check: mpsshim's algorithm against the real driver (private-tables.md) --
 if [ -z "${INTEGRITY:-}" ] || [ ! -x "$INTEGRITY" ]; then
   add_row "integrity vs driver" - - FAIL "integrity_vs_driver not built (${INTEGRITY:-?})"
 else

@@ -1,4 +1,4 @@
-// The integrity check (dark-api.md §4) proven against the REAL driver: calls slot 1 of the
+// The integrity check (docs/private-tables.md) proven against the REAL driver: calls slot 1 of the
 // driver's INTEGRITY_CHECK table with several versions (HMAC path and the constant special
 // cases 10 and 21) and unix times, from the main thread and from a second thread, and computes
 // mpsshim's integrity_digest (libshim/darkapi/integrity.cpp, the code the shim runs) on the

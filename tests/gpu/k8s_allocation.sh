@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# GPU check for issue 12: what mpsshim-device-plugin's Allocate returns, applied by hand to a
-# PyTorch process the way a container runtime would (its own IPC, PID and mount namespaces, the
-# returned mounts as read-only bind mounts, the returned environment), runs under the quota:
-# the GPU shows the allocation's SMs, a matmul is right, and a second process of the same
-# allocation cannot take memory past the allocation's shared limit.
+# GPU check of the Kubernetes device plugin: what mpsshim-device-plugin's Allocate returns, applied
+# by hand to a PyTorch process the way a container runtime would (its own IPC, PID and mount
+# namespaces, the returned mounts as read-only bind mounts, the returned environment), runs under
+# the quota: the GPU shows the allocation's SMs, a matmul is right, and a second process of the
+# same allocation cannot take memory past the allocation's shared limit.
 #
 #   meson test -C build --suite gpu k8s_allocation      (or run it with the variables below)
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA libraries under the shim (issue 10): the programs of tests/gpu/libraries (cuFFT,
+# The CUDA libraries under the shim: the programs of tests/gpu/libraries (cuFFT,
 # cuBLASLt bf16/fp8, cuSPARSE, cuRAND, cuDNN) and the Python scripts of tests/gpu/python (JAX,
 # a PyTorch bf16 transformer block, CuPy FFT, numba.cuda, Triton through TMA descriptors, JAX
 # beside a process holding most of the GPU), each natively and under the shim.

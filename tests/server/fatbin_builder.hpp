@@ -1,7 +1,7 @@
 // Images for the server's tests (image_globals_test.cpp, image_cache_test.cpp): a small ELF64
 // cubin builder with given sections, and a fat-binary container builder with entries of given
-// kind, architecture and compression (layouts: dark-api.md §5). Only what the server's image
-// checks read is filled in.
+// kind, architecture and compression (layouts: docs/private-tables.md, "Fat binaries"). Only what
+// the server's image checks read is filled in.
 #pragma once
 
 #include <elf.h>

@@ -1,6 +1,6 @@
 // Black-box probe of the real driver: which of the objects a server session creates and destroys
-// are not given back? A GPU soak with the green-context pool (docs/benchmarks.md, "Soak with the
-// green-context pool") still saw the server grow ~450 MiB of RSS a minute and the GPU's memory in
+// are not given back? A GPU soak with the green-context pool (docs/benchmarks.md, "Where the
+// soak's memory goes") still saw the server grow ~450 MiB of RSS a minute and the GPU's memory in
 // use by hundreds of MiB while every session's objects were destroyed at its end. This repeats
 // each kind of per-session object 200 times, alone, on one green context kept for the whole run
 // (as the pool keeps it), the primary context retained, and prints the process's RSS and the

@@ -1,6 +1,6 @@
 // Black-box probe of the real driver's private table 6e163fbe… ("ToolsModule"): what slot 7,
-// the one cuFFT calls after each cuModuleLoadData, takes and returns. A trace of cuFFT
-// (TRACE_ARGS in the lead's cutrace build) showed slot7(ctx, module, callback, user) calling
+// the one cuFFT calls after each cuModuleLoadData, takes and returns. A trace of cuFFT with
+// its arguments logged (docs/private-tables.md) showed slot7(ctx, module, callback, user) calling
 // callback(user, CUfunction, mangled name, 0) once per function of a one-function module and
 // returning 1. This loads a module of several kernels and checks, against the public
 // cuModuleEnumerateFunctions and cuFuncGetName: the order and handles the callback sees, the

@@ -33,7 +33,7 @@ record() { echo "$1,$2,$3,$4" >>"$csv"; }
 
 run_mode() {  # ROUND MODE: runs every figure with the environment of MODE exported
   local round=$1 mode=$2 line
-  # Pinned sync copies: the figures issue #9 asks >= 0.97x native of.
+  # Pinned sync copies: the figures expected at >= 0.97x native.
   line=$(timeout 120 "$build/bench/bandwidth" --sizes 16M,256M --repeats 5 2>&1)
   echo "$line" >"$out/bandwidth.$mode.$round.txt"
   # Rows "#     16 MiB  h2d_pinned_sync h2d_pageable_sync d2h_pinned_sync ...".

@@ -1,4 +1,4 @@
-"""Priorities that protect latency (issue 11; docs/daemon.md, "Client priorities"): one
+"""Priorities that protect latency (docs/daemon.md, "Client priorities"): one
 high-priority client launching small kernels with a synchronize after each (bench/kernel_latency,
 10 us on 2 blocks: its p50/p99 latency) beside four low-priority clients saturating the GPU with
 large kernels (2 ms on 528 blocks, 8 launches per synchronize: their aggregate kernels/s), with
@@ -102,7 +102,7 @@ def run(h, mode, rep):
 
 
 def report_notes(summary, modes) -> list[str]:
-    """A sentence per mode on the issue's targets."""
+    """A sentence per mode on the targets (p99 ratio <= 1.1, throughput ratio >= 0.8)."""
     lines = []
     for mode in modes:
         got = {e["metric"]: e["median"] for e in summary

@@ -1,5 +1,5 @@
-// cuBLASLt's low-precision paths under the shim (issue 10: a bf16-autocast model died after the
-// shim refused table 1734dc26 to libcublasLt). D = A^T B with A, B in bf16, and, on sm_90 and
+// cuBLASLt's low-precision paths under the shim (a bf16-autocast model dies when the shim
+// refuses table 1734dc26 to libcublasLt). D = A^T B with A, B in bf16, and, on sm_90 and
 // later, in fp8 e4m3 (the "TN" layout fp8 requires), fp32 accumulation, D in bf16. Inputs are
 // multiples of 1/8, exact in both formats, so the CPU's fp32 sums are exact; D differs from
 // them only by bf16 rounding.

@@ -1,5 +1,5 @@
-// cuFFT under the shim (issue 10: cufftPlan1d failed with CUFFT_INTERNAL_ERROR when the shim
-// refused the tools-module table 6e163fbe). Plans and runs a batched 1-D C2C, a 2-D C2C and a
+// cuFFT under the shim (cufftPlan1d fails with CUFFT_INTERNAL_ERROR when the shim refuses
+// the tools-module table 6e163fbe). Plans and runs a batched 1-D C2C, a 2-D C2C and a
 // batched R2C of a size that is not a power of two, each forward against a CPU DFT in double,
 // then inverse (C2C inverse, C2R) back to N times the input.
 #include <cufft.h>

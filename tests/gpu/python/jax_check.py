@@ -1,5 +1,6 @@
-"""JAX/XLA under the shim (issue 10: "no supported devices found for platform CUDA"): jit and
-grad of f(x) = sum(tanh(x @ w)^2) in fp32 on the GPU, against the analytic gradient in numpy.
+"""JAX/XLA under the shim (it once failed with "no supported devices found for platform
+CUDA"): jit and grad of f(x) = sum(tanh(x @ w)^2) in fp32 on the GPU, against the analytic
+gradient in numpy.
 XLA's autotuner is off and its ops deterministic, so native and shim runs must print the same
 digest. Exit 77 when jax is not installed or has no CUDA backend natively (the runner then
 skips the row; under the shim after a native PASS the same answer is a failure).

@@ -1,5 +1,5 @@
-"""A PyTorch bf16-autocast transformer block under the shim (issue 10: this died with SIGSEGV
-after the shim refused cuBLASLt's table 1734dc26): nn.TransformerEncoderLayer forward and
+"""A PyTorch bf16-autocast transformer block under the shim (this dies with SIGSEGV when the
+shim refuses cuBLASLt's table 1734dc26): nn.TransformerEncoderLayer forward and
 backward under torch.autocast(bfloat16), against the same layer in fp32 on the CPU. Deterministic
 algorithms and the math attention kernel, so native and shim runs must print the same digest.
 Exit 77 when torch is not installed or sees no GPU.

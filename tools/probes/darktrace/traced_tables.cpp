@@ -15,7 +15,7 @@ namespace darktrace {
 namespace {
 
 // The runtime's own tables: cudart hashes their addresses in its integrity check
-// (dark-api.md §1), so a copy makes it fail with error 103. "all" leaves them alone.
+// (docs/private-tables.md), so a copy makes it fail with error 103. "all" leaves them alone.
 constexpr const char* kIntegrityChecked[] = {"6bd5fb6c", "d4082055"};
 
 // A size word is n_slots * 8; a table without one (CONTEXT_LOCAL_STORAGE) starts with a
