@@ -27,6 +27,9 @@ struct ProcessState {
   std::array<std::unique_ptr<Session>, kMaxDevices> sessions;
   std::array<std::atomic<Session*>, kMaxDevices> session_ptr{};
   std::array<CUresult, kMaxDevices> session_error{};
+  // Sessions with GPUs this process does not see, by the daemon's ordinal (session_for_gpu),
+  // under session_mutex; made on first use, never freed.
+  std::array<std::unique_ptr<Session>, kMaxDevices> unseen_sessions;
 };
 
 // Never destroyed: other libraries' static destructors may still call the driver at exit.
@@ -182,6 +185,36 @@ CUresult session_for(int device, Session*& out) noexcept {
       session->memory_limit() ? fmt::format("{} bytes", session->memory_limit()) : "none");
   s.session_ptr[device].store(session, std::memory_order_release);
   out = session;
+  return CUDA_SUCCESS;
+}
+
+CUresult session_for_gpu(int ordinal, Session*& out) noexcept {
+  ProcessState& s = state();
+  for (std::size_t d = 0; d < s.devices.size(); ++d) {
+    if (s.devices[d].ordinal == ordinal) return session_for(static_cast<int>(d), out);
+  }
+  if (ordinal < 0 || ordinal >= kMaxDevices) return CUDA_ERROR_INVALID_DEVICE;
+  std::lock_guard lock(s.session_mutex);
+  std::unique_ptr<Session>& session = s.unseen_sessions[static_cast<std::size_t>(ordinal)];
+  if (!session) {
+    try {
+      // The daemon resolves the device the hello names through its CUDA_VISIBLE_DEVICES: a
+      // list of that one GPU makes device 0 the GPU wanted.
+      ClientConfig config = s.config;
+      config.visible_devices = std::to_string(ordinal);
+      config.memory_limit.clear();
+      proto::ClientHello hello = make_hello(proto::MessageKind::kClientAttach, 0, config);
+      if (CUresult rc = Session::attach(s.socket_path, hello, session); rc != CUDA_SUCCESS) {
+        session.reset();
+        return rc;
+      }
+    } catch (...) {
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    log(Level::info, "attached to GPU {} (not among this process's devices) as client {}", ordinal,
+        session->client_id());
+  }
+  out = session.get();
   return CUDA_SUCCESS;
 }
 

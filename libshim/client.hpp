@@ -256,6 +256,10 @@ const ClientConfig& config() noexcept;
 
 // The session of a visible device, attached on first use.
 CUresult session_for(int device, Session*& out) noexcept;
+// The session with GPU `ordinal` as mpsshimd numbers it (DeviceSnapshot::ordinal): the visible
+// device's, or one of its own when this process does not see that GPU (CUDA_VISIBLE_DEVICES),
+// for what only that GPU's server can answer (opening another process's shared memory).
+CUresult session_for_gpu(int ordinal, Session*& out) noexcept;
 // The granted SM count of a device: attaches the session (the server decides the rounding).
 int client_sm_count(int device) noexcept;
 

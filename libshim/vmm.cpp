@@ -18,6 +18,7 @@
 #include "libshim/client_view.hpp"
 #include "libshim/log.hpp"
 #include "libshim/peer.hpp"
+#include "libshim/vmm_share.hpp"
 #include "proto/ops_vmm.hpp"
 
 using namespace mpsshim::shim;
@@ -183,7 +184,10 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle
   Session* session = nullptr;
   proto::WireHandle wire = 0;
   if (CUresult rc = from_client(handle, session, wire); rc != CUDA_SUCCESS) return rc;
-  return session->call(proto::Op::kVmmRelease, proto::HandleReq{wire}, static_cast<int*>(nullptr));
+  CUresult rc =
+      session->call(proto::Op::kVmmRelease, proto::HandleReq{wire}, static_cast<int*>(nullptr));
+  if (rc == CUDA_SUCCESS) shared_released(handle);
+  return rc;
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(
@@ -251,6 +255,25 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   return rc;
 }
 
+namespace {
+
+// The driver's own fd of one of this process's physical allocations (kVmmExport): what another
+// GPU's server imports to map it. Never handed to the application (that gets a shared handle).
+CUresult export_driver_fd(CUmemGenericAllocationHandle handle, proto::UniqueFd& fd) {
+  Session* session = nullptr;
+  proto::WireHandle wire = 0;
+  if (CUresult rc = from_client(handle, session, wire); rc != CUDA_SUCCESS) return rc;
+  std::lock_guard receiving(session->fd_receive_mutex());
+  if (CUresult rc =
+          session->call(proto::Op::kVmmExport, proto::HandleReq{wire}, static_cast<int*>(nullptr));
+      rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  return session->receive_fd(proto::MessageKind::kPeerMemory, fd);
+}
+
+}  // namespace
+
 MPSSHIM_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                                          CUmemGenericAllocationHandle handle,
                                          unsigned long long flags) {
@@ -270,22 +293,18 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t of
         can == 0) {
       return not_supported("cross_gpu", "mapping memory of a GPU that is not a peer");
     }
-    int fd = -1;
-    if (CUresult rc =
-            cuMemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-        rc != CUDA_SUCCESS) {
+    proto::UniqueFd fd;
+    if (CUresult rc = export_driver_fd(handle, fd); rc != CUDA_SUCCESS) {
       return not_supported("cross_gpu_export",
                            "mapping another GPU's memory that was not created exportable "
                            "(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)");
     }
-    if (CUresult rc = session_for(reservation.device, session); rc != CUDA_SUCCESS) {
-      close(fd);
-      return rc;
-    }
+    if (CUresult rc = session_for(reservation.device, session); rc != CUDA_SUCCESS) return rc;
     std::uint32_t token = 0;
-    CUresult sent = session->send_fd(proto::MessageKind::kPeerMemory, fd, 0, token);
-    close(fd);
-    if (sent != CUDA_SUCCESS) return sent;
+    if (CUresult sent = session->send_fd(proto::MessageKind::kPeerMemory, fd.get(), 0, token);
+        sent != CUDA_SUCCESS) {
+      return sent;
+    }
     proto::VmmHandleRep reply{};
     if (CUresult rc = session->call(proto::Op::kVmmImport, proto::VmmImportReq{token, 0}, &reply);
         rc != CUDA_SUCCESS) {
@@ -301,8 +320,11 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t of
   }
   if (rc == CUDA_SUCCESS) {
     address_book().add_device({ptr, size, reservation.ctx, true, reservation.device});
-    std::lock_guard lock(mappings().mutex);
-    mappings().by_base[ptr] = Mapping{size, offset, wire, imported};
+    {
+      std::lock_guard lock(mappings().mutex);
+      mappings().by_base[ptr] = Mapping{size, offset, wire, imported};
+    }
+    if (!imported) shared_mapped(handle);
   }
   return rc;
 }
@@ -319,18 +341,19 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
                               static_cast<int*>(nullptr));
   if (rc == CUDA_SUCCESS) {
     forget_mapped(ptr, size);
-    std::vector<proto::WireHandle> imported;
+    std::vector<proto::WireHandle> imported, own;
     {
       std::lock_guard lock(mappings().mutex);
       auto& all = mappings().by_base;
       for (auto it = all.lower_bound(ptr); it != all.lower_bound(ptr + size); ++it) {
-        if (it->second.imported) imported.push_back(it->second.wire);
+        (it->second.imported ? imported : own).push_back(it->second.wire);
       }
       all.erase(all.lower_bound(ptr), all.lower_bound(ptr + size));
     }
     for (proto::WireHandle wire : imported) {
       session->call(proto::Op::kVmmRelease, proto::HandleReq{wire}, static_cast<int*>(nullptr));
     }
+    for (proto::WireHandle wire : own) shared_unmapped(to_client(reservation.device, wire));
   }
   return rc;
 }
@@ -436,12 +459,14 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocati
     return rc;
   }
   *handle = to_client(reservation.device, reply.handle);
+  shared_retained(*handle);
   return CUDA_SUCCESS;
 }
 
 // Sharing physical memory between processes with a POSIX fd (docs/vmm.md, "Export and import";
-// NCCL's P2P transport shares its buffers so): the fd is the server's driver's own, handed to
-// the client; a process that imports it sends it to its own server, which maps the same memory.
+// NCCL's P2P transport shares its buffers so): the fd the application gets is a sealed memfd
+// naming the allocation in its server's registry (vmm_share.hpp); a process that imports it
+// opens it there, under the same-user policy, and maps the memory through its own server.
 MPSSHIM_EXPORT CUresult CUDAAPI cuMemExportToShareableHandle(void* shareable,
                                                              CUmemGenericAllocationHandle handle,
                                                              CUmemAllocationHandleType type,
@@ -457,7 +482,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemExportToShareableHandle(void* shareable,
   proto::UniqueFd fd;
   std::lock_guard receiving(session->fd_receive_mutex());
   if (CUresult rc =
-          session->call(proto::Op::kVmmExport, proto::HandleReq{wire}, static_cast<int*>(nullptr));
+          session->call(proto::Op::kVmmShare, proto::HandleReq{wire}, static_cast<int*>(nullptr));
       rc != CUDA_SUCCESS) {
     return rc;
   }
@@ -478,24 +503,36 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAlloc
   if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
     return not_supported("import-type", "a fabric or Win32 shareable handle");
   }
-  const int fd = static_cast<int>(reinterpret_cast<std::intptr_t>(os_handle));
-  if (fd < 0) return CUDA_ERROR_INVALID_VALUE;
+  const int given = static_cast<int>(reinterpret_cast<std::intptr_t>(os_handle));
+  if (given < 0) return CUDA_ERROR_INVALID_VALUE;
   int device = 0;
   if (CUcontext current = current_context(); current != nullptr) {
     context_identity(current, &device, nullptr);
   }
-  Session* session = nullptr;
-  if (CUresult rc = session_for(device, session); rc != CUDA_SUCCESS) return rc;
-  std::uint32_t token = 0;
-  if (CUresult rc = session->send_fd(proto::MessageKind::kPeerMemory, fd, 0, token);
-      rc != CUDA_SUCCESS) {
-    return rc;
+  // An export of another mpsshim client: opened on its server first, which answers the driver's
+  // fd. Any other fd (one of the driver's own) goes to the server as it is.
+  proto::IpcHandle shared{};
+  int issuer = -1;
+  std::uint64_t open = 0;
+  proto::UniqueFd opened;
+  int fd = given;
+  if (read_shared_handle(given, &shared)) {
+    if (CUresult rc = open_shared(shared, &issuer, &open, opened); rc != CUDA_SUCCESS) return rc;
+    fd = opened.get();
   }
+  Session* session = nullptr;
+  std::uint32_t token = 0;
   proto::VmmHandleRep reply{};
-  if (CUresult rc = session->call(proto::Op::kVmmImport, proto::VmmImportReq{token, 0}, &reply);
-      rc != CUDA_SUCCESS) {
+  CUresult rc = session_for(device, session);
+  if (rc == CUDA_SUCCESS) rc = session->send_fd(proto::MessageKind::kPeerMemory, fd, 0, token);
+  if (rc == CUDA_SUCCESS) {
+    rc = session->call(proto::Op::kVmmImport, proto::VmmImportReq{token, 0}, &reply);
+  }
+  if (rc != CUDA_SUCCESS) {
+    if (issuer >= 0) close_shared(issuer, open);
     return rc;
   }
   *handle = to_client(device, reply.handle);
+  if (issuer >= 0) shared_imported(*handle, issuer, open);
   return CUDA_SUCCESS;
 }

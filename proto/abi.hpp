@@ -45,7 +45,10 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // Minor 15: HostRegisterRep::host_address (appended) and HostRegisterReq::client_address 0: the
 // server places pinned host memory in its slice of the pinned window; TMA descriptors (ops
 // 110..111, proto/ops_tensor_map.hpp).
-inline constexpr std::uint16_t kAbiMinor = 15;
+// Minor 16: VMM shareable handles between clients under a policy (ops 112..114,
+// proto/ops_vmm_share.hpp: VmmOpenReq, VmmOpenRep; IpcKind::kVmm) and stream memory operations
+// (op 115, proto/ops_stream_mem.hpp: StreamMemOpReq).
+inline constexpr std::uint16_t kAbiMinor = 16;
 
 // FROZEN FOREVER. Every message on every mpsshim socket starts with this header, so that any two
 // versions of mpsshim can at least tell each other which versions they are. Never change it.

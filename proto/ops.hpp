@@ -160,6 +160,15 @@ enum class Op : std::uint16_t {
   // Hopper's TMA descriptors (proto/ops_tensor_map.hpp): encoded by the server's driver.
   kTensorMapEncode = 110,          // TensorMapEncodeReq -> TensorMapRep
   kTensorMapReplaceAddress = 111,  // TensorMapReplaceReq -> TensorMapRep
+  // VMM shareable handles between clients (proto/ops_vmm_share.hpp, docs/vmm.md): what an
+  // application exports is a sealed memfd naming a registry entry, not the driver's fd; its
+  // opener's server checks the policy and hands the driver's fd over.
+  kVmmShare = 112,  // HandleReq (the memfd sent before the answer) -> nothing
+  kVmmOpen = 113,   // VmmOpenReq (the driver's fd sent before the answer) -> VmmOpenRep
+  kVmmClose = 114,  // HandleReq (an open's id) -> nothing
+  // Stream memory operations (cuStreamWaitValue*, cuStreamWriteValue*, cuStreamBatchMemOp, one
+  // record per operation; proto/ops_stream_mem.hpp).
+  kStreamMemOp = 115,  // StreamMemOpReq -> nothing
   kCount
 };
 

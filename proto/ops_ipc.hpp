@@ -19,7 +19,8 @@ namespace mpsshim::proto {
 inline constexpr std::uint32_t kIpcHandleMagic = 0x4849534d;  // "MSIH" in memory order
 inline constexpr std::uint16_t kIpcHandleVersion = 1;
 
-enum class IpcKind : std::uint16_t { kMemory = 1, kEvent = 2 };
+// kVmm: a VMM physical allocation shared by fd (proto/ops_vmm_share.hpp).
+enum class IpcKind : std::uint16_t { kMemory = 1, kEvent = 2, kVmm = 3 };
 
 // Exactly the size of CUipcMemHandle and CUipcEventHandle (CU_IPC_HANDLE_SIZE).
 struct IpcHandle {

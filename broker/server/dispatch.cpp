@@ -12,8 +12,10 @@
 #include "broker/server/ops.hpp"
 #include "proto/ops_copies.hpp"
 #include "proto/ops_ipc.hpp"
+#include "proto/ops_stream_mem.hpp"
 #include "proto/ops_tensor_map.hpp"
 #include "proto/ops_vmm.hpp"
+#include "proto/ops_vmm_share.hpp"
 
 namespace mpsshim::server {
 namespace {
@@ -69,6 +71,10 @@ std::array<OpSpec, kOpCount> make_specs() {
   set(Op::kPeerRelease, "PeerRelease", op_peer_release, sizeof(PeerReleaseReq), true);
   set(Op::kVmmExport, "VmmExport", op_vmm_export, sizeof(HandleReq), true);
   set(Op::kVmmImport, "VmmImport", op_vmm_import, sizeof(VmmImportReq), true);
+  set(Op::kVmmShare, "VmmShare", op_vmm_share, sizeof(HandleReq), true);
+  set(Op::kVmmOpen, "VmmOpen", op_vmm_open, sizeof(VmmOpenReq), true);
+  set(Op::kVmmClose, "VmmClose", op_vmm_close, sizeof(HandleReq), true);
+  set(Op::kStreamMemOp, "StreamMemOp", op_stream_mem_op, sizeof(StreamMemOpReq), false);
   set(Op::kTensorMapEncode, "TensorMapEncode", op_tensor_map_encode, sizeof(TensorMapEncodeReq),
       true);
   set(Op::kTensorMapReplaceAddress, "TensorMapReplaceAddress", op_tensor_map_replace_address,

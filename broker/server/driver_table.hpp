@@ -89,6 +89,11 @@
   X(cuEventDestroy_v2, CUresult, (CUevent))                                                        \
   X(cuEventRecordWithFlags, CUresult, (CUevent, CUstream, unsigned int))                           \
   X(cuStreamWriteValue32_v2, CUresult, (CUstream, CUdeviceptr, cuuint32_t, unsigned int))          \
+  X(cuStreamWriteValue64_v2, CUresult, (CUstream, CUdeviceptr, cuuint64_t, unsigned int))          \
+  X(cuStreamWaitValue32_v2, CUresult, (CUstream, CUdeviceptr, cuuint32_t, unsigned int))           \
+  X(cuStreamWaitValue64_v2, CUresult, (CUstream, CUdeviceptr, cuuint64_t, unsigned int))           \
+  X(cuStreamBatchMemOp_v2, CUresult,                                                               \
+    (CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int))                             \
   X(cuEventQuery, CUresult, (CUevent))                                                             \
   X(cuEventElapsedTime_v2, CUresult, (float*, CUevent, CUevent))                                   \
   X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, CUresult,                                \

@@ -77,7 +77,9 @@ proto::IpcHandle IpcRegistry::make_handle(proto::IpcKind kind, std::uint64_t tok
 tl::expected<std::uint64_t, IpcRefusal> IpcRegistry::check(const proto::IpcHandle& handle,
                                                            proto::IpcKind kind,
                                                            const IpcOwner& opener, const Key* key) {
-  const char* what = kind == proto::IpcKind::kMemory ? "memory" : "event";
+  const char* what = kind == proto::IpcKind::kMemory ? "memory"
+                     : kind == proto::IpcKind::kVmm  ? "VMM memory"
+                                                     : "event";
   // (Reached only once the handle is known to be this server's and its token names an entry.)
   // Compared without an early exit, so the time taken says nothing about the secret.
   const std::uint64_t differs =
@@ -98,7 +100,7 @@ tl::expected<std::uint64_t, IpcRefusal> IpcRegistry::check(const proto::IpcHandl
                     what, key->owner.uid),
         IpcRefusalKind::kOtherUser});
   }
-  if (key->owner.client == opener.client) {
+  if (key->owner.client == opener.client && kind != proto::IpcKind::kVmm) {
     // What the driver answers a process that opens its own handle.
     return tl::unexpected(IpcRefusal{
         CUDA_ERROR_INVALID_CONTEXT,
@@ -113,7 +115,9 @@ namespace {
 // The checks that need no entry: is this a handle of ours at all?
 std::optional<IpcRefusal> foreign(const proto::IpcHandle& handle, proto::IpcKind kind, int device,
                                   std::uint64_t server_id) {
-  const char* what = kind == proto::IpcKind::kMemory ? "memory" : "event";
+  const char* what = kind == proto::IpcKind::kMemory ? "memory"
+                     : kind == proto::IpcKind::kVmm  ? "VMM memory"
+                                                     : "event";
   if (handle.magic != proto::kIpcHandleMagic || handle.version != proto::kIpcHandleVersion) {
     return IpcRefusal{CUDA_ERROR_INVALID_VALUE,
                       fmt::format("an IPC {} handle that mpsshim did not make (garbage, or a "
@@ -131,11 +135,11 @@ std::optional<IpcRefusal> foreign(const proto::IpcHandle& handle, proto::IpcKind
     // GPUs"), so one reaches here only from a client that does not see that GPU.
     return IpcRefusal{
         CUDA_ERROR_NOT_SUPPORTED,
-        kind == proto::IpcKind::kMemory
-            ? fmt::format("an IPC memory handle of GPU {}'s server on GPU {}'s: the client "
+        kind != proto::IpcKind::kEvent
+            ? fmt::format("an IPC {} handle of GPU {}'s server on GPU {}'s: the client "
                           "does not see GPU {} (CUDA_VISIBLE_DEVICES), through whose server "
                           "such a handle is opened",
-                          handle.device, device, handle.device)
+                          what, handle.device, device, handle.device)
             : fmt::format("an IPC event handle of GPU {}'s server on GPU {}'s: interprocess "
                           "events across GPUs are not supported by mpsshim",
                           handle.device, device),
@@ -152,7 +156,7 @@ std::optional<IpcRefusal> foreign(const proto::IpcHandle& handle, proto::IpcKind
 }
 
 IpcRefusal unknown_token(proto::IpcKind kind) {
-  return kind == proto::IpcKind::kMemory
+  return kind != proto::IpcKind::kEvent
              ? IpcRefusal{CUDA_ERROR_INVALID_HANDLE,
                           "an IPC memory handle whose allocation is no longer exported (its "
                           "exporter freed it or ended), or never was",
@@ -181,6 +185,24 @@ std::pair<std::shared_ptr<IpcMemory>, proto::IpcHandle> IpcRegistry::export_memo
   return {memory, handle};
 }
 
+std::pair<std::shared_ptr<IpcMemory>, proto::IpcHandle> IpcRegistry::export_physical(
+    proto::UniqueFd physical, std::uint64_t bytes, IpcOwner owner,
+    std::shared_ptr<IpcReturnedBytes> charge) {
+  auto memory = std::make_shared<IpcMemory>();
+  memory->kind = proto::IpcKind::kVmm;
+  memory->bytes = bytes;
+  memory->owner = owner;
+  memory->charge = std::move(charge);
+  memory->physical = std::move(physical);
+  std::lock_guard lock(mutex_);
+  memory->token = next_token_++;
+  Key key{{}, owner};
+  proto::IpcHandle handle = make_handle(proto::IpcKind::kVmm, memory->token, key);
+  handle.bytes = bytes;
+  memory_.emplace(memory->token, std::make_pair(key, memory));
+  return {memory, handle};
+}
+
 bool IpcRegistry::unexport_memory(IpcMemory& memory) {
   std::shared_ptr<IpcMemory> entry;  // released after the lock
   std::lock_guard lock(mutex_);
@@ -193,14 +215,17 @@ bool IpcRegistry::unexport_memory(IpcMemory& memory) {
 }
 
 tl::expected<std::shared_ptr<IpcMemory>, IpcRefusal> IpcRegistry::find_memory(
-    const proto::IpcHandle& handle, const IpcOwner& opener) {
-  if (auto refusal = foreign(handle, proto::IpcKind::kMemory, device_, server_id_)) {
+    const proto::IpcHandle& handle, const IpcOwner& opener, proto::IpcKind kind) {
+  if (auto refusal = foreign(handle, kind, device_, server_id_)) {
     return tl::unexpected(std::move(*refusal));
   }
   std::lock_guard lock(mutex_);
   auto it = memory_.find(handle.token);
-  if (it == memory_.end()) return tl::unexpected(unknown_token(proto::IpcKind::kMemory));
-  if (auto ok = check(handle, proto::IpcKind::kMemory, opener, &it->second.first); !ok) {
+  // A token of the other kind of memory entry is no entry of this kind.
+  if (it == memory_.end() || it->second.second->kind != kind) {
+    return tl::unexpected(unknown_token(kind));
+  }
+  if (auto ok = check(handle, kind, opener, &it->second.first); !ok) {
     return tl::unexpected(std::move(ok.error()));
   }
   return it->second.second;

@@ -27,6 +27,7 @@
 
 #include "broker/server/driver_table.hpp"
 #include "proto/ops_ipc.hpp"
+#include "proto/unix_socket.hpp"
 
 namespace mpsshim::server {
 
@@ -46,12 +47,18 @@ struct IpcReturnedBytes {
 
 // One exported allocation. The exporter and every client that opened it hold it; the driver
 // memory is freed by whoever lets go last (docs/ipc.md, *Lifetime*).
+//
+// Or (kind kVmm) one physical allocation shared by fd (docs/vmm.md, "Export and import"): base
+// is 0 and `physical` is the driver's fd of it, which each open gets a duplicate of. Every
+// opener imports that into its own server; the entry only keeps the policy and the charge.
 struct IpcMemory {
+  proto::IpcKind kind = proto::IpcKind::kMemory;
   CUdeviceptr base = 0;
   std::uint64_t bytes = 0;
   std::uint64_t token = 0;
   IpcOwner owner;
   std::shared_ptr<IpcReturnedBytes> charge;  // the exporter's
+  proto::UniqueFd physical;                  // kVmm: the driver's fd, closed with the entry
   // Guarded by the registry's mutex.
   std::uint32_t openers = 0;   // sessions that have it open (each counts once)
   bool exporter_holds = true;  // until the exporter frees it or ends
@@ -123,13 +130,19 @@ class IpcRegistry {
   std::pair<std::shared_ptr<IpcMemory>, proto::IpcHandle> export_memory(
       CUdeviceptr base, std::uint64_t bytes, IpcOwner owner,
       std::shared_ptr<IpcReturnedBytes> charge);
+  // A new export of a physical allocation of `bytes` whose driver fd is `physical` (kind kVmm).
+  std::pair<std::shared_ptr<IpcMemory>, proto::IpcHandle> export_physical(
+      proto::UniqueFd physical, std::uint64_t bytes, IpcOwner owner,
+      std::shared_ptr<IpcReturnedBytes> charge);
   // The exporter lets go (cuMemFree, cuCtxDestroy, its end): no later open finds it. True if
   // nobody has it open, and the exporter frees it now; else the last closer will.
   bool unexport_memory(IpcMemory& memory);
 
-  // The allocation `handle` names, if `opener` may open it. Counts nothing.
-  tl::expected<std::shared_ptr<IpcMemory>, IpcRefusal> find_memory(const proto::IpcHandle& handle,
-                                                                   const IpcOwner& opener);
+  // The allocation `handle` names (of `kind`: kMemory or kVmm), if `opener` may open it.
+  // Counts nothing. A process may import its own kVmm handle, as with the driver.
+  tl::expected<std::shared_ptr<IpcMemory>, IpcRefusal> find_memory(
+      const proto::IpcHandle& handle, const IpcOwner& opener,
+      proto::IpcKind kind = proto::IpcKind::kMemory);
   // One more session holds it open; false if the exporter let go of it meanwhile.
   bool add_opener(IpcMemory& memory);
   // One session less; true if that was the last holder and the caller frees the memory.

@@ -162,6 +162,10 @@ struct PhysicalAllocObj {
   proto::VmmProp prop{};
   std::uint32_t client_refs = 1;
   std::uint32_t mappings = 0;
+  // Shared with other clients by fd (cuMemExportToShareableHandle, ops_vmm_share.cpp): the
+  // registry's entry and the handle every export of it hands out.
+  std::shared_ptr<IpcMemory> shared;
+  proto::IpcHandle shared_handle{};
 };
 
 using ObjectTable = HandleTable<ContextObj, StreamObj, EventObj, ModuleObj, LibraryObj, FunctionObj,

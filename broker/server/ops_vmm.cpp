@@ -115,7 +115,9 @@ void release_if_unused(Session& session, std::uint64_t id) {
   if (CUresult r = session.cu().cuMemRelease(allocation->handle); r != CUDA_SUCCESS) {
     log_warn("{}: cuMemRelease failed: {}", session.who(), describe(session.cu(), r));
   }
-  if (allocation->bytes != PhysicalAllocObj::kImportedBytes) {
+  // Shared and still open elsewhere: charged to this client until the last opener closes it.
+  const bool still_open = allocation->shared && unshare_physical(session, allocation->shared);
+  if (allocation->bytes != PhysicalAllocObj::kImportedBytes && !still_open) {
     session.release_memory(allocation->bytes);
   }
   session.objects.take<PhysicalAllocObj>(id);
@@ -470,6 +472,7 @@ void free_virtual_memory(Session& session, FreedTally& tally) {
   session.memory.remove_if([](const DeviceRange& r) { return r.kind == RangeKind::kMapped; });
   for (std::uint64_t id : session.objects.ids<PhysicalAllocObj>()) {
     auto allocation = session.objects.take<PhysicalAllocObj>(id);
+    if (allocation->shared) unshare_physical(session, allocation->shared);
     warn_if_failed(cu.cuMemRelease(allocation->handle), "cuMemRelease");
     ++tally.physical_allocations;
     if (allocation->bytes != PhysicalAllocObj::kImportedBytes) {
@@ -481,6 +484,8 @@ void free_virtual_memory(Session& session, FreedTally& tally) {
     ++tally.reservations;
   }
   session.vmm.reservations.clear();
+  for (auto& [id, memory] : session.vmm.shared_opens) close_shared_open(session, memory);
+  session.vmm.shared_opens.clear();
 }
 
 }  // namespace mpsshim::server

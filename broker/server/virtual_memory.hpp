@@ -9,11 +9,13 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 
 namespace mpsshim::server {
 
 class Session;
 struct FreedTally;
+struct IpcMemory;
 
 struct VmmReservation {
   std::uint64_t bytes = 0;
@@ -38,6 +40,10 @@ struct VirtualMemory {
   std::map<std::uint64_t, VmmReservation> reservations;  // by base address
   std::map<std::uint64_t, VmmMapping> mappings;          // by base address
   std::map<std::uint64_t, PeerBlock> peer_blocks;        // by base address
+  // Other clients' physical allocations this client opened by their shared handle (kVmmOpen,
+  // ops_vmm_share.cpp), by the open's id: each keeps its exporter charged until closed.
+  std::map<std::uint64_t, std::shared_ptr<IpcMemory>> shared_opens;
+  std::uint64_t last_shared_open = 0;
 };
 
 // What one client may hold at once, so a client cannot make the server remember without bound.
@@ -50,7 +56,16 @@ void unmap_peer_block(Session& session, const PeerBlock& block);
 void free_reservation(Session& session, std::uint64_t base, std::uint64_t bytes);
 
 // Session end, with the client's streams idle: unmaps every mapping, releases every physical
-// allocation, frees every reservation, in that order (the driver's own order of teardown).
+// allocation, frees every reservation, in that order (the driver's own order of teardown), and
+// closes the shared allocations it opened.
 void free_virtual_memory(Session& session, FreedTally& tally);
+
+// One open of a shared physical allocation ends (kVmmClose, or the opener's end): the last one
+// after its exporter let go gives the exporter its bytes back (ops_vmm_share.cpp).
+void close_shared_open(Session& session, const std::shared_ptr<IpcMemory>& memory);
+
+// The exporter lets go of a physical allocation it shared: no later open finds it. True if
+// others still hold it open: it stays charged to the exporter until the last of them closes it.
+bool unshare_physical(Session& session, const std::shared_ptr<IpcMemory>& memory);
 
 }  // namespace mpsshim::server

@@ -879,6 +879,7 @@ bool peer_copies_and_access() {
   CHECK(cuMemAlloc(&on0, kBytes));
   CHECK(cuMemAlloc(&back, kBytes));
   CHECK(cuMemcpyHtoD(on0, a.data(), kBytes));
+  CHECK(cuCtxSynchronize());  // GPU 1's copies below are not ordered after GPU 0's stream
   CHECK(cuCtxSetCurrent(ctx[1]));
   CHECK(cuMemAlloc(&on1, kBytes));
   CHECK(cuMemAlloc(&sum, kBytes));
@@ -945,6 +946,7 @@ bool peer_copies_and_access() {
   CHECK(cuCtxSetCurrent(ctx[0]));
   CHECK(cuMemAlloc(&fresh, kBytes));
   CHECK(cuMemcpyHtoD(fresh, a.data(), kBytes));
+  CHECK(cuCtxSynchronize());  // a pageable copy may return before the device has the data
   CHECK(cuCtxSetCurrent(ctx[1]));
   std::fill(out.begin(), out.end(), -1.0f);
   CHECK(cuMemcpyPeer(copied, ctx[1], fresh + 4096, ctx[0], kBytes - 4096));
@@ -1337,6 +1339,97 @@ int pinned_kernel(int buffers) {
   return failures == 0 ? 0 : 1;
 }
 
+// Stream memory operations: a stream waits on a flag that another stream writes behind a slow
+// kernel (32-bit, 64-bit through cuStreamBatchMemOp, and the AND condition), a write reaches
+// pinned host memory, and wrong addresses and flags are refused at once.
+int stream_mem_ops() {
+  Setup s = setup();
+  CUstream waiter{}, writer{};
+  CHECK(cuStreamCreate(&waiter, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamCreate(&writer, CU_STREAM_NON_BLOCKING));
+  CUfunction sleeper{};
+  CHECK(cuModuleGetFunction(&sleeper, s.module, "sleep_kernel"));
+  CUdeviceptr flags{}, out{};
+  CHECK(cuMemAlloc(&flags, 64));
+  CHECK(cuMemAlloc(&out, 16));
+  CHECK(cuMemsetD8(flags, 0, 64));
+  CHECK(cuMemsetD8(out, 0, 16));
+  bool ok = true;
+
+  CHECK(cuStreamWaitValue32(waiter, flags, 1, CU_STREAM_WAIT_VALUE_GEQ));
+  CHECK(cuMemsetD32Async(out, 7, 1, waiter));
+  int us = 200000;
+  void* sleep_args[] = {&us};
+  CHECK(cuLaunchKernel(sleeper, 1, 1, 1, 1, 1, 1, 0, writer, sleep_args, nullptr));
+  CHECK(cuStreamWriteValue32(writer, flags, 1, CU_STREAM_WRITE_VALUE_DEFAULT));
+  const CUresult before = cuStreamQuery(waiter);  // still waiting for the writer's flag
+  CHECK(cuStreamSynchronize(waiter));
+  unsigned value = 0;
+  CHECK(cuMemcpyDtoH(&value, out, 4));
+  if (before != CUDA_ERROR_NOT_READY || value != 7) {
+    std::printf("FAIL wait32: query before the write %d, value after %u\n", before, value);
+    ok = false;
+  }
+
+  constexpr std::uint64_t kBig = 0x123456789aull;
+  CHECK(cuStreamWaitValue64(waiter, flags + 8, kBig, CU_STREAM_WAIT_VALUE_EQ));
+  CHECK(cuMemsetD32Async(out + 4, 9, 1, waiter));
+  CHECK(cuStreamWaitValue32(waiter, flags + 16, 0x4, CU_STREAM_WAIT_VALUE_AND));
+  CHECK(cuMemsetD32Async(out + 8, 11, 1, waiter));
+  CUstreamBatchMemOpParams ops[3]{};
+  ops[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+  ops[0].writeValue.address = flags + 8;
+  ops[0].writeValue.value64 = kBig;
+  ops[1].memoryBarrier.operation = CU_STREAM_MEM_OP_BARRIER;
+  ops[1].memoryBarrier.flags = CU_STREAM_MEMORY_BARRIER_TYPE_GPU;
+  ops[2].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+  ops[2].writeValue.address = flags + 16;
+  ops[2].writeValue.value = 0x6;
+  CHECK(cuLaunchKernel(sleeper, 1, 1, 1, 1, 1, 1, 0, writer, sleep_args, nullptr));
+  CHECK(cuStreamBatchMemOp(writer, 3, ops, 0));
+  CHECK(cuStreamSynchronize(waiter));
+  unsigned values[2] = {};
+  CHECK(cuMemcpyDtoH(values, out + 4, 8));
+  if (values[0] != 9 || values[1] != 11) {
+    std::printf("FAIL wait64 / AND: %u %u\n", values[0], values[1]);
+    ok = false;
+  }
+
+  void* host = nullptr;
+  CHECK(cuMemHostAlloc(&host, 4096, CU_MEMHOSTALLOC_DEVICEMAP));
+  CUdeviceptr host_device{};
+  CHECK(cuMemHostGetDevicePointer(&host_device, host, 0));
+  CHECK(cuStreamWriteValue64(writer, host_device + 8, kBig, 0));
+  CHECK(cuStreamSynchronize(writer));
+  if (static_cast<std::uint64_t*>(host)[1] != kBig) {
+    std::printf("FAIL a 64-bit write to pinned host memory did not land\n");
+    ok = false;
+  }
+
+  unsigned local = 0;
+  const CUresult unaligned = cuStreamWriteValue32(writer, flags + 2, 1, 0);
+  const CUresult unknown = cuStreamWaitValue32(writer, 0x1000, 1, 0);
+  const CUresult pageable =
+      cuStreamWriteValue32(writer, reinterpret_cast<CUdeviceptr>(&local), 1, 0);
+  const CUresult bad_flags = cuStreamWaitValue32(writer, flags, 1, 0x10);
+  const CUresult empty_batch = cuStreamBatchMemOp(writer, 0, ops, 0);
+  if (unaligned != CUDA_ERROR_INVALID_VALUE || unknown != CUDA_ERROR_INVALID_VALUE ||
+      pageable != CUDA_ERROR_INVALID_VALUE || bad_flags != CUDA_ERROR_INVALID_VALUE ||
+      empty_batch != CUDA_ERROR_INVALID_VALUE) {
+    std::printf("FAIL refusals: unaligned %d unknown %d pageable %d flags %d empty %d\n", unaligned,
+                unknown, pageable, bad_flags, empty_batch);
+    ok = false;
+  }
+  CHECK(cuStreamSynchronize(writer));  // the session is whole
+  CHECK(cuMemFreeHost(host));
+  CHECK(cuMemFree(flags));
+  CHECK(cuMemFree(out));
+  CHECK(cuStreamDestroy(waiter));
+  CHECK(cuStreamDestroy(writer));
+  std::printf("%s stream_mem_ops\n", ok ? "PASS" : "FAIL");
+  return ok ? 0 : 1;
+}
+
 // Hopper's TMA descriptors: encoded with no context current, as the real driver allows; the
 // same arguments give the same bytes, cuTensorMapReplaceAddress gives what encoding the new
 // address gives, and each documented rule refuses what it must.
@@ -1533,6 +1626,7 @@ int main(int argc, char** argv) {
   if (mode == "quota") return quota();
   if (mode == "hostmem") return hostmem(arg ? static_cast<int>(arg) : 100000);
   if (mode == "tensor_map") return tensor_map();
+  if (mode == "stream_mem_ops") return stream_mem_ops();
   if (mode == "churn") return churn(arg ? static_cast<long>(arg) : 200000);
   if (mode == "pinned_kernel") return pinned_kernel(arg ? static_cast<int>(arg) : 32);
   if (mode == "stress") {

@@ -346,6 +346,12 @@ TEST_CASE("TMA descriptors are encoded by the server's driver, rules included", 
   require_pass(run_client(daemon, {client(), "tensor_map"}), daemon);
 }
 
+TEST_CASE("stream memory operations wait and write in stream order; wrong ones are refused",
+          "[e2e][streammem]") {
+  Daemon daemon;
+  require_pass(run_client(daemon, {client(), "stream_mem_ops"}), daemon);
+}
+
 TEST_CASE("destroyed events and streams are freed, and their handles stay safe", "[e2e][churn]") {
   Daemon daemon;
   require_pass(

@@ -12,8 +12,10 @@
 #include "proto/ops.hpp"
 #include "proto/ops_copies.hpp"
 #include "proto/ops_ipc.hpp"
+#include "proto/ops_stream_mem.hpp"
 #include "proto/ops_tensor_map.hpp"
 #include "proto/ops_vmm.hpp"
+#include "proto/ops_vmm_share.hpp"
 #include "proto/ring.hpp"
 #include "proto/segment.hpp"
 
@@ -399,6 +401,14 @@ std::uint64_t layout_fingerprint() {
   SIZE(TensorMapRep);
   SIZE(TensorMapReplaceReq);
   f.add(static_cast<std::uint64_t>(Op::kTensorMapReplaceAddress));
+  SIZE(VmmOpenReq);
+  SIZE(VmmOpenRep);
+  FIELD(VmmOpenRep, bytes);
+  f.add(static_cast<std::uint64_t>(IpcKind::kVmm));
+  SIZE(StreamMemOpReq);
+  FIELD(StreamMemOpReq, value);
+  FIELD(StreamMemOpReq, flags);
+  f.add(static_cast<std::uint64_t>(Op::kStreamMemOp));
   return f.h;
 }
 
@@ -425,6 +435,8 @@ constexpr Pinned kPinned[] = {
     {1, 13, 0x79cc48d8c6abeef2},  // a library's kernel names in its load's reply; op 104
     {1, 14, 0xe296eb60097e11a4},  // arena, peer masks, peer blocks and VMM fds (105..109)
     {1, 15, 0xda4cc82ecab3f3f5},  // pinned window (HostRegisterRep::host_address), TMA (110..111)
+    {1, 16,
+     0x704d5b9c24f0bf7d},  // VMM sharing under a policy (112..114), stream memory operations (115)
 };
 
 }  // namespace

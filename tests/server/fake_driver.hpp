@@ -107,6 +107,7 @@ struct FakeGpu {
   std::map<CUdeviceptr, std::size_t> vmm_mappings;
   std::vector<std::string> vmm_teardown;
   CUmemGenericAllocationHandle next_vmm_handle = 1;
+  int vmm_exports = 0;  // cuMemExportToShareableHandle calls that gave an fd
   CUdeviceptr next_reservation = 0x7e0000000000;
 
   // Kernels' CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (one value for every kernel):

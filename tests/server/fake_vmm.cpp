@@ -2,6 +2,8 @@
 // the calls that give them back logged in order, for the server's session-end teardown.
 #include "tests/server/fake_driver.hpp"
 
+#include <sys/mman.h>
+
 #include "proto/address_arenas.hpp"
 
 namespace mpsshim::server::test {
@@ -54,10 +56,19 @@ void add_vmm_fakes(DriverTable& t) {
   t.cuMemSetAccess = [](CUdeviceptr, std::size_t, const CUmemAccessDesc*, std::size_t) {
     return CUDA_SUCCESS;
   };
-  // One device: no peers, and no shareable handles.
-  t.cuMemExportToShareableHandle = [](void*, CUmemGenericAllocationHandle,
-                                      CUmemAllocationHandleType,
-                                      unsigned long long) { return CUDA_ERROR_NOT_SUPPORTED; };
+  // One device: no peers. A physical allocation exports as an fd of a memfd of its own (what the
+  // server hands on is all the tests look at); nothing imports.
+  t.cuMemExportToShareableHandle = [](void* out, CUmemGenericAllocationHandle h,
+                                      CUmemAllocationHandleType type, unsigned long long) {
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || fake_gpu().vmm_handles.count(h) == 0) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    const int fd = ::memfd_create("fake-vmm-export", MFD_CLOEXEC);
+    if (fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;
+    *static_cast<int*>(out) = fd;
+    ++fake_gpu().vmm_exports;
+    return CUDA_SUCCESS;
+  };
   t.cuMemImportFromShareableHandle = [](CUmemGenericAllocationHandle*, void*,
                                         CUmemAllocationHandleType) {
     return CUDA_ERROR_NOT_SUPPORTED;

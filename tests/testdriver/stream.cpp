@@ -2,6 +2,8 @@
 // order and a stream wait holds the stream until the captured record has completed.
 #include <atomic>
 #include <chrono>
+#include <thread>
+#include <type_traits>
 
 #include "tests/testdriver/state.hpp"
 
@@ -158,6 +160,99 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuEventElapsedTime_v2(float* pMillise
     if (!t0 || !t1) return CUDA_ERROR_NOT_READY;
     *pMilliseconds = std::chrono::duration<float, std::milli>(*t1 - *t0).count();
     return CUDA_SUCCESS;
+  });
+}
+
+namespace {
+
+// Whether a stream wait's condition holds for `seen` (cuda.h's CUstreamWaitValue_flags).
+template <typename T>
+bool wait_satisfied(T seen, T value, unsigned condition) {
+  switch (condition) {
+    case CU_STREAM_WAIT_VALUE_GEQ:
+      // Cyclic comparison, as the driver documents: (int)(seen - value) >= 0.
+      return static_cast<std::make_signed_t<T>>(seen - value) >= 0;
+    case CU_STREAM_WAIT_VALUE_EQ:
+      return seen == value;
+    case CU_STREAM_WAIT_VALUE_AND:
+      return (seen & value) != 0;
+    default:  // CU_STREAM_WAIT_VALUE_NOR
+      return ~(seen | value) != 0;
+  }
+}
+
+// A stream memory operation's store or wait, in stream order. A wait blocks its stream (only)
+// until another stream, a kernel or the host writes what it waits for, or the device faults.
+template <typename T>
+CUresult stream_mem_op(CUstream hstream, CUdeviceptr addr, T value, unsigned flags, bool wait) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    Stream* stream = nullptr;
+    if (CUresult r = resolve_stream(s, hstream, stream); r != CUDA_SUCCESS) return r;
+    const unsigned allowed = wait ? 0x3u | unsigned{CU_STREAM_WAIT_VALUE_FLUSH}
+                                  : unsigned{CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER};
+    if ((flags & ~allowed) != 0 || addr % sizeof(T) != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (resolve_range_locked(s, addr, sizeof(T)) == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    submit_work(
+        s, *stream,
+        [=, &s] {
+          std::byte* at = resolve_range(addr, sizeof(T));
+          if (at == nullptr) throw DeviceFault{CUDA_ERROR_ILLEGAL_ADDRESS};
+          std::atomic_ref<T> word(*reinterpret_cast<T*>(at));
+          if (!wait) {
+            word.store(value, std::memory_order_release);
+            return;
+          }
+          while (!wait_satisfied<T>(word.load(std::memory_order_acquire), value, flags & 0x3u)) {
+            if (s.sticky.load() != CUDA_SUCCESS) return;
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
+          }
+        },
+        CU_GRAPH_NODE_TYPE_BATCH_MEM_OP);
+    return CUDA_SUCCESS;
+  });
+}
+
+}  // namespace
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamWriteValue64_v2(CUstream hstream,
+                                                                   CUdeviceptr addr,
+                                                                   cuuint64_t value,
+                                                                   unsigned int flags) {
+  return stream_mem_op<cuuint64_t>(hstream, addr, value, flags, false);
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamWaitValue32_v2(CUstream hstream,
+                                                                  CUdeviceptr addr,
+                                                                  cuuint32_t value,
+                                                                  unsigned int flags) {
+  return stream_mem_op<cuuint32_t>(hstream, addr, value, flags, true);
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamWaitValue64_v2(CUstream hstream,
+                                                                  CUdeviceptr addr,
+                                                                  cuuint64_t value,
+                                                                  unsigned int flags) {
+  return stream_mem_op<cuuint64_t>(hstream, addr, value, flags, true);
+}
+
+// Only the operations without an address run here (flush and barrier order nothing more than
+// a stream of one item at a time already does); the others come one by one.
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamBatchMemOp_v2(CUstream hstream,
+                                                                 unsigned int count,
+                                                                 CUstreamBatchMemOpParams* ops,
+                                                                 unsigned int flags) {
+  if (count == 0 || ops == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned i = 0; i < count; ++i) {
+    const auto op = ops[i].operation;
+    if (op != CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES && op != CU_STREAM_MEM_OP_BARRIER) {
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+  }
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    Stream* stream = nullptr;
+    return resolve_stream(s, hstream, stream);
   });
 }
 
