@@ -130,7 +130,7 @@ done
 RT_TIMEOUT=${RT_TIMEOUT:-180}
 RT_PROGRAMS=(rt_vector_add rt_matmul_shared rt_streams_events rt_host_threads rt_per_thread_stream
   rt_pinned_mapped rt_managed rt_graph rt_malloc_async rt_cooperative rt_copy_2d rt_host_callback
-  rt_texture rt_vmm rt_capture_to_graph rt_child_graph rt_ipc)
+  rt_texture rt_vmm rt_capture_to_graph rt_child_graph rt_ipc rt_stream_mem)
 # Two GPUs at once (one device address space across their servers): only where there are two.
 GPU_COUNT=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
 if [ "$GPU_COUNT" -ge 2 ]; then
@@ -279,7 +279,14 @@ multi_check() {  # NAME SCRIPT [ARGS...]
 }
 if [ "$GPU_COUNT" -ge 2 ] && python3 -c "import torch" 2>/dev/null; then
   multi_check "torch two GPUs" torch_two_gpus.py
+  # The same with PyTorch's stream-ordered allocator (cudaMallocAsync pools on both GPUs).
+  PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync multi_check "torch two GPUs, async allocator" \
+    torch_two_gpus.py
   multi_check "nccl collectives + ddp" nccl_collectives.py
+  # NCCL's P2P buffers through cudaIpc handles instead of VMM fds: IPC across GPUs' servers.
+  NCCL_CUMEM_ENABLE=0 multi_check "nccl over cuda ipc" nccl_collectives.py
+  # One GPU per rank: each imports memory of a GPU it does not see.
+  multi_check "nccl, one gpu per rank" nccl_collectives.py --one-gpu-each
 else
   add_row "several GPUs" - - SKIP "$GPU_COUNT GPU(s) or no PyTorch: the multi-GPU checks need two"
 fi

@@ -4,7 +4,10 @@ and send/recv, each checked; then 10 DDP steps whose parameters must agree acros
 itself it starts the ranks (as many as GPUs, or --ranks N). Prints one result line per rank from
 rank 0; exit 0 only when every check holds on every rank.
 
-    python3 tests/gpu/multi/nccl_collectives.py [--ranks N] [--bench]
+    python3 tests/gpu/multi/nccl_collectives.py [--ranks N] [--bench] [--one-gpu-each]
+
+--one-gpu-each: each rank sees only its own GPU (CUDA_VISIBLE_DEVICES=<rank>), as launchers that
+give every task one GPU set it; NCCL then shares memory with GPUs the process does not see.
 """
 import argparse
 import os
@@ -13,14 +16,14 @@ import sys
 import time
 
 
-def rank_main(rank: int, world: int, bench: bool) -> int:
+def rank_main(rank: int, world: int, bench: bool, local: int) -> int:
     import torch
     import torch.distributed as dist
 
-    torch.cuda.set_device(rank)
+    torch.cuda.set_device(local)
     dist.init_process_group("nccl", rank=rank, world_size=world,
-                            device_id=torch.device("cuda", rank))
-    dev = torch.device("cuda", rank)
+                            device_id=torch.device("cuda", local))
+    dev = torch.device("cuda", local)
     checks = {}
     t = torch.full((1 << 20,), float(rank + 1), device=dev)
     dist.all_reduce(t)
@@ -48,7 +51,7 @@ def rank_main(rank: int, world: int, bench: bool) -> int:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(128, 64), torch.nn.ReLU(),
                                 torch.nn.Linear(64, 10)).to(dev)
-    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local])
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     torch.manual_seed(100 + rank)
     for _ in range(10):
@@ -121,10 +124,12 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", type=int, default=0)
     parser.add_argument("--bench", action="store_true")
+    parser.add_argument("--one-gpu-each", action="store_true")
     parser.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank >= 0:
-        return rank_main(args.rank, int(os.environ["WORLD_SIZE"]), args.bench)
+        return rank_main(args.rank, int(os.environ["WORLD_SIZE"]), args.bench,
+                         0 if args.one_gpu_each else args.rank)
     import torch
     world = args.ranks or torch.cuda.device_count()
     if world < 2:
@@ -133,8 +138,12 @@ def main() -> int:
     env = dict(os.environ, WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(29500 + os.getpid() % 1000), NCCL_NVLS_ENABLE="0",
                TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
+    def rank_env(r):
+        return dict(env, CUDA_VISIBLE_DEVICES=str(r)) if args.one_gpu_each else env
     procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r)]
-                              + (["--bench"] if args.bench else []), env=env)
+                              + (["--bench"] if args.bench else [])
+                              + (["--one-gpu-each"] if args.one_gpu_each else []),
+                              env=rank_env(r))
              for r in range(world)]
     codes = [p.wait() for p in procs]
     return 0 if all(c == 0 for c in codes) else 1

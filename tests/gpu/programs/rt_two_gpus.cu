@@ -1,5 +1,5 @@
 // Memory on two GPUs held at once by one process: every allocation (small and large cudaMalloc,
-// cudaMallocPitch) has its own device addresses, cudaPointerGetAttributes names its GPU, and each
+// cudaMallocPitch, small and large cudaMallocAsync) has its own device addresses, cudaPointerGetAttributes names its GPU, and each
 // GPU's kernel results read back intact. Under the shim each GPU is a different server process,
 // whose driver would hand out the same addresses as the other's (docs/architecture.md, one device
 // address space). Needs two GPUs (gpu_suite.sh runs it only then).
@@ -26,6 +26,7 @@ int main() {
     int device;
     unsigned* base;
     std::size_t bytes;
+    bool stream_ordered = false;
   };
   std::vector<Range> ranges;
   const std::size_t sizes[] = {std::size_t{64} << 10, std::size_t{6} << 20};
@@ -40,6 +41,13 @@ int main() {
     std::size_t pitch = 0;
     RT_CHECK(cudaMallocPitch(&pitched, &pitch, 1000, 64));
     ranges.push_back({d, static_cast<unsigned*>(pitched), pitch * 64});
+    // Stream-ordered: the driver's pools would place them alike in two processes.
+    for (std::size_t bytes : sizes) {
+      void* p = nullptr;
+      RT_CHECK(cudaMallocAsync(&p, bytes, 0));
+      ranges.push_back({d, static_cast<unsigned*>(p), bytes, true});
+    }
+    RT_CHECK(cudaDeviceSynchronize());
   }
   int overlaps = 0;
   for (std::size_t i = 0; i < ranges.size(); ++i) {
@@ -65,7 +73,12 @@ int main() {
     std::vector<unsigned> host(r.bytes / sizeof(unsigned));
     RT_CHECK(cudaMemcpy(host.data(), r.base, r.bytes, cudaMemcpyDeviceToHost));
     sum = rt_checksum(host.data(), r.bytes, sum ? sum : 1469598103934665603ull);
-    RT_CHECK(cudaFree(r.base));
+    if (r.stream_ordered) {
+      RT_CHECK(cudaFreeAsync(r.base, 0));
+      RT_CHECK(cudaDeviceSynchronize());
+    } else {
+      RT_CHECK(cudaFree(r.base));
+    }
   }
   const bool ok = overlaps == 0 && wrong_device == 0;
   std::printf("%s: allocations=%zu overlaps=%d wrong_device=%d checksum=%016llx %s\n", kProgram,
