@@ -9,6 +9,7 @@
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/log.hpp"
+#include "libshim/object_pool.hpp"
 #include "proto/ops_copies.hpp"
 
 using namespace mpsshim::shim;
@@ -34,11 +35,12 @@ CUresult create_array(const CUDA_ARRAY3D_DESCRIPTOR& desc, CUarray* out) {
              static_cast<unsigned>(desc.Format), desc.NumChannels, desc.Flags);
   }
   if (rc != CUDA_SUCCESS) return rc;
-  auto* array = new (std::nothrow) Array();
-  if (array == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
-  array->ctx = ctx;
-  array->wire = reply.array;
-  array->desc = desc;
+  Array* array = nullptr;
+  try {
+    array = ObjectPool<Array>::instance().make(Magic::kArray, ctx, reply.array, desc);
+  } catch (...) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   *out = reinterpret_cast<CUarray>(array);
   return CUDA_SUCCESS;
 }
@@ -160,7 +162,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuArrayDestroy(CUarray handle) {
   CUresult rc = array->ctx->session->call(proto::Op::kArrayDestroy, proto::HandleReq{array->wire},
                                           static_cast<int*>(nullptr));
   if (rc != CUDA_SUCCESS) return rc;
-  array->magic = Magic::kDead;  // kept: a stale handle must read as dead, not as freed memory
+  // Back to its pool: a stale handle reads as dead (or as a newer array), never freed memory.
+  ObjectPool<Array>::instance().retire(array);
   return CUDA_SUCCESS;
 }
 

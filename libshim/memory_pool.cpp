@@ -9,6 +9,7 @@
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/log.hpp"
+#include "libshim/object_pool.hpp"
 #include "libshim/peer.hpp"
 
 using namespace mpsshim::shim;
@@ -235,7 +236,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* out, const CUmemPo
     return rc;
   }
   *out = reinterpret_cast<CUmemoryPool>(
-      new MemPool{Magic::kMemPool, session, device, reply.pool, false});
+      ObjectPool<MemPool>::instance().make(Magic::kMemPool, session, device, reply.pool, false));
   return CUDA_SUCCESS;
 }
 
@@ -250,7 +251,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool hpool) {
                                                                                            nullptr);
   }
   CUresult rc = pool->session->post(proto::Op::kMemPoolDestroy, proto::HandleReq{pool->wire});
-  pool->magic = Magic::kDead;
+  ObjectPool<MemPool>::instance().retire(pool);
   return rc;
 }
 

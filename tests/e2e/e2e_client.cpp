@@ -1569,7 +1569,31 @@ int churn(long cycles) {
     CHECK(cuGraphDestroy(graph));
     CHECK(cuStreamDestroy(stream));
     CHECK(cuEventDestroy(event));
+    CUarray array{};
+    CUDA_ARRAY_DESCRIPTOR desc{};
+    desc.Width = 64;
+    desc.Height = 4;
+    desc.Format = CU_AD_FORMAT_FLOAT;
+    desc.NumChannels = 1;
+    CHECK(cuArrayCreate(&array, &desc));
+    CHECK(cuArrayDestroy(array));
+    CUmemoryPool pool{};
+    CUmemPoolProps props{};
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    CHECK(cuMemPoolCreate(&pool, &props));
+    CHECK(cuMemPoolDestroy(pool));
     if (i == 0) {
+      CUDA_ARRAY3D_DESCRIPTOR described{};
+      cuuint64_t threshold = 0;
+      const CUresult array_after = cuArray3DGetDescriptor(&described, array);
+      const CUresult pool_after =
+          cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold);
+      if (array_after != CUDA_ERROR_INVALID_HANDLE || pool_after != CUDA_ERROR_INVALID_VALUE) {
+        std::printf("churn: a destroyed array answered %d, a destroyed pool %d\n", array_after,
+                    pool_after);
+        ++failures;
+      }
       const CUresult queried = cuEventQuery(event);
       const CUresult synced = cuStreamSynchronize(stream);
       const CUresult launched = cuGraphLaunch(exec, nullptr);

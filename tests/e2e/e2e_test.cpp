@@ -352,7 +352,8 @@ TEST_CASE("stream memory operations wait and write in stream order; wrong ones a
   require_pass(run_client(daemon, {client(), "stream_mem_ops"}), daemon);
 }
 
-TEST_CASE("destroyed events and streams are freed, and their handles stay safe", "[e2e][churn]") {
+TEST_CASE("destroyed events, streams, graphs, arrays and pools are freed; their handles stay safe",
+          "[e2e][churn]") {
   Daemon daemon;
   require_pass(
       run_client(daemon, {client(), "churn", std::to_string(env_int("E2E_CHURN", 200000))}),
