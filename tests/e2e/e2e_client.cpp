@@ -1531,6 +1531,212 @@ int tensor_map() {
 // The private resident memory of this process in KiB (RssAnon of /proc/self/status): what the
 // shim's own objects take. Not RSS: the session's ring and staging chunks are shared memory,
 // whose pages count as they are first touched and would grow RSS without any leak.
+// inject SEED: after stdin closes, 400 random operations of the kinds the real driver can fail for
+// lack of memory (allocations of every kind, pinned memory, arrays, pools, VMM, modules, streams,
+// graphs) on a server whose test driver fails some of them on purpose (MPSSHIM_TESTDRIVER_INJECT).
+// Each call must answer success or CUDA_ERROR_OUT_OF_MEMORY, nothing else; every allocation that
+// succeeded must hold what was written into it when it is freed; the session must stay whole.
+int inject(unsigned seed) {
+  Setup s = setup();
+  // Admitted and set up before the test arms the injection; it says go by closing stdin.
+  std::printf("READY\n");
+  std::fflush(stdout);
+  char ignored[16];
+  while (::read(0, ignored, sizeof ignored) > 0) {
+  }
+  std::srand(seed);
+  int ooms = 0, wrong = 0, unexpected = 0;
+  auto allowed = [&](const char* what, CUresult rc) {
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY) ++ooms;
+    if (rc == CUDA_SUCCESS || rc == CUDA_ERROR_OUT_OF_MEMORY) return rc == CUDA_SUCCESS;
+    std::printf("FAIL inject: %s answered %d\n", what, rc);
+    ++unexpected;
+    return false;
+  };
+  struct Held {
+    CUdeviceptr base;
+    std::size_t bytes;
+    unsigned value;
+    int kind;  // 0 cuMemAlloc, 1 async, 2 VMM
+    CUmemGenericAllocationHandle handle;
+  };
+  std::vector<Held> held;
+  std::vector<CUarray> arrays;
+  std::vector<CUmemoryPool> pools;
+  std::vector<CUmodule> modules;
+  std::vector<CUstream> streams;
+  std::vector<void*> pinned;
+  auto check_and_free = [&](const Held& h) {
+    unsigned got = 0;
+    if (cuMemcpyDtoH(&got, h.base + h.bytes - 4, 4) != CUDA_SUCCESS || got != h.value) ++wrong;
+    if (h.kind == 0) CHECK(cuMemFree(h.base));
+    if (h.kind == 1) CHECK(cuMemFreeAsync(h.base, nullptr));
+    if (h.kind == 2) {
+      CHECK(cuMemUnmap(h.base, h.bytes));
+      CHECK(cuMemRelease(h.handle));
+      CHECK(cuMemAddressFree(h.base, h.bytes));
+    }
+  };
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  std::size_t granule = 0;
+  CHECK(cuMemGetAllocationGranularity(&granule, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  for (int i = 0; i < 400; ++i) {
+    const unsigned value = 0x1000u + static_cast<unsigned>(i);
+    const std::size_t bytes = (std::size_t{1} << (10 + std::rand() % 14)) + 4 * (std::rand() % 64);
+    switch (std::rand() % 10) {
+      case 0:
+      case 1: {
+        CUdeviceptr p{};
+        if (allowed("cuMemAlloc", cuMemAlloc(&p, bytes))) {
+          CHECK(cuMemsetD32(p, value, bytes / 4));
+          held.push_back({p, bytes / 4 * 4, value, 0, 0});
+        }
+        break;
+      }
+      case 2: {
+        CUdeviceptr p{};
+        if (allowed("cuMemAllocAsync", cuMemAllocAsync(&p, bytes, nullptr))) {
+          CHECK(cuMemsetD32Async(p, value, bytes / 4, nullptr));
+          held.push_back({p, bytes / 4 * 4, value, 1, 0});
+        }
+        break;
+      }
+      case 3: {
+        const std::size_t size = granule * (1 + std::rand() % 3);
+        CUmemGenericAllocationHandle handle{};
+        if (!allowed("cuMemCreate", cuMemCreate(&handle, size, &prop, 0))) break;
+        CUdeviceptr va{};
+        CHECK(cuMemAddressReserve(&va, size, 0, 0, 0));
+        if (!allowed("cuMemMap", cuMemMap(va, size, 0, handle, 0))) {
+          CHECK(cuMemRelease(handle));
+          CHECK(cuMemAddressFree(va, size));
+          break;
+        }
+        CUmemAccessDesc access{};
+        access.location = prop.location;
+        access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        if (!allowed("cuMemSetAccess", cuMemSetAccess(va, size, &access, 1))) {
+          CHECK(cuMemUnmap(va, size));
+          CHECK(cuMemRelease(handle));
+          CHECK(cuMemAddressFree(va, size));
+          break;
+        }
+        CHECK(cuMemsetD32(va, value, size / 4));
+        held.push_back({va, size, value, 2, handle});
+        break;
+      }
+      case 4: {
+        CUarray array{};
+        CUDA_ARRAY_DESCRIPTOR desc{};
+        desc.Width = 256;
+        desc.Height = 64;
+        desc.Format = CU_AD_FORMAT_FLOAT;
+        desc.NumChannels = 1;
+        if (allowed("cuArrayCreate", cuArrayCreate(&array, &desc))) arrays.push_back(array);
+        break;
+      }
+      case 5: {
+        CUmemoryPool pool{};
+        CUmemPoolProps props{};
+        props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        if (allowed("cuMemPoolCreate", cuMemPoolCreate(&pool, &props))) pools.push_back(pool);
+        break;
+      }
+      case 6: {
+        CUmodule module{};
+        if (allowed("cuModuleLoadData", cuModuleLoadData(&module, kModuleImage))) {
+          modules.push_back(module);
+        }
+        break;
+      }
+      case 7: {
+        CUstream stream{};
+        if (allowed("cuStreamCreate", cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING))) {
+          streams.push_back(stream);
+        }
+        void* host = nullptr;
+        if (allowed("cuMemHostAlloc", cuMemHostAlloc(&host, 1 << 16, CU_MEMHOSTALLOC_DEVICEMAP))) {
+          pinned.push_back(host);
+        }
+        break;
+      }
+      case 8: {
+        CUgraph graph{};
+        CHECK(cuGraphCreate(&graph, 0));
+        CUgraphNode node{};
+        CHECK(cuGraphAddEmptyNode(&node, graph, nullptr, 0));
+        CUgraphExec exec{};
+        if (allowed("cuGraphInstantiate", cuGraphInstantiate(&exec, graph, 0))) {
+          CHECK(cuGraphLaunch(exec, nullptr));
+          CHECK(cuGraphExecDestroy(exec));
+        }
+        CHECK(cuGraphDestroy(graph));
+        break;
+      }
+      default:
+        if (!held.empty()) {
+          const std::size_t at = static_cast<std::size_t>(std::rand()) % held.size();
+          check_and_free(held[at]);
+          held.erase(held.begin() + static_cast<std::ptrdiff_t>(at));
+        }
+        break;
+    }
+  }
+  for (const Held& h : held) check_and_free(h);
+  for (CUarray a : arrays) CHECK(cuArrayDestroy(a));
+  for (CUmemoryPool p : pools) CHECK(cuMemPoolDestroy(p));
+  for (CUmodule m : modules) CHECK(cuModuleUnload(m));
+  for (CUstream st : streams) CHECK(cuStreamDestroy(st));
+  for (void* h : pinned) CHECK(cuMemFreeHost(h));
+  CHECK(cuCtxSynchronize());
+  const bool whole = add_on(s.device, 4096);  // the session still computes
+  const bool ok = unexpected == 0 && wrong == 0 && whole;
+  std::printf("%s inject seed=%u ooms=%d wrong=%d unexpected=%d\n", ok ? "PASS" : "FAIL", seed,
+              ooms, wrong, unexpected);
+  return ok ? 0 : 1;
+}
+
+// bystander: memory and a stream made first, then, until stdin closes, a memset, a kernel and a
+// copy back checked, again and again (none of them calls that fail for lack of memory).
+int bystander() {
+  Setup s = setup();
+  CUfunction add{};
+  CHECK(cuModuleGetFunction(&add, s.module, "vector_add"));
+  constexpr int kCount = 4096;
+  CUdeviceptr a{}, b{}, c{};
+  CHECK(cuMemAlloc(&a, kCount * 4));
+  CHECK(cuMemAlloc(&b, kCount * 4));
+  CHECK(cuMemAlloc(&c, kCount * 4));
+  CUstream stream{};
+  CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  std::vector<float> out(kCount);
+  CHECK(cuMemcpyDtoH(out.data(), c, 16));
+  std::printf("READY\n");
+  std::fflush(stdout);
+  long rounds = 0, wrong = 0;
+  pollfd in{0, POLLIN, 0};
+  while (::poll(&in, 1, 0) == 0) {
+    const float x = static_cast<float>(rounds % 100);
+    unsigned bits = 0;
+    std::memcpy(&bits, &x, sizeof bits);
+    CHECK(cuMemsetD32Async(a, bits, kCount, stream));
+    CHECK(cuMemsetD32Async(b, 0x3f800000u, kCount, stream));  // 1.0f
+    int n = kCount;
+    void* args[] = {&a, &b, &c, &n};
+    CHECK(cuLaunchKernel(add, kCount / 256, 1, 1, 256, 1, 1, 0, stream, args, nullptr));
+    CHECK(cuMemcpyDtoHAsync(out.data(), c, kCount * 4, stream));
+    CHECK(cuStreamSynchronize(stream));
+    wrong += std::count_if(out.begin(), out.end(), [&](float v) { return v != x + 1.0f; });
+    ++rounds;
+  }
+  const bool ok = wrong == 0 && rounds > 0;
+  std::printf("%s bystander rounds=%ld wrong=%ld\n", ok ? "PASS" : "FAIL", rounds, wrong);
+  return ok ? 0 : 1;
+}
+
 long resident_kib() {
   long kib = -1;
   if (std::FILE* f = std::fopen("/proc/self/status", "r")) {
@@ -1651,6 +1857,8 @@ int main(int argc, char** argv) {
   if (mode == "hostmem") return hostmem(arg ? static_cast<int>(arg) : 100000);
   if (mode == "tensor_map") return tensor_map();
   if (mode == "stream_mem_ops") return stream_mem_ops();
+  if (mode == "inject") return inject(static_cast<unsigned>(arg));
+  if (mode == "bystander") return bystander();
   if (mode == "churn") return churn(arg ? static_cast<long>(arg) : 200000);
   if (mode == "pinned_kernel") return pinned_kernel(arg ? static_cast<int>(arg) : 32);
   if (mode == "stress") {

@@ -352,6 +352,62 @@ TEST_CASE("stream memory operations wait and write in stream order; wrong ones a
   require_pass(run_client(daemon, {client(), "stream_mem_ops"}), daemon);
 }
 
+TEST_CASE(
+    "driver calls that fail for lack of memory give the client the driver's error, leak "
+    "nothing, and a bystander never notices",
+    "[e2e][inject]") {
+  // The calls the server makes for a client's allocations, pinned memory, arrays, pools, VMM,
+  // modules, streams and graphs; not cuEventCreate, which the bystander's synchronizations use.
+  const std::string armed = "/tmp/mpsshim-inject-armed-" + std::to_string(::getpid());
+  ::unlink(armed.c_str());
+  const std::string spec =
+      "p=0.15,seed=" + std::to_string(env_int("E2E_INJECT_SEED", 11)) +
+      ",calls=cuMemAlloc_v2+cuMemAllocPitch_v2+cuMemHostRegister_v2+cuArray3DCreate_v2+"
+      "cuMemPoolCreate+cuMemAllocFromPoolAsync+cuMemCreate+cuMemMap+cuMemSetAccess+"
+      "cuModuleLoadData+cuLibraryLoadData+cuGraphInstantiateWithFlags+cuGreenCtxStreamCreate,"
+      "armed_by=" +
+      armed;
+  Daemon daemon({}, {{"MPSSHIM_TESTDRIVER_INJECT", spec}});
+  Child bystander({client(), "bystander"}, daemon.client_env(), true);
+  REQUIRE(bystander.wait_for_output("READY", 60s));
+  auto held = [&] {
+    auto o = daemon.driver_objects();
+    return std::vector<long long>{o["allocations"] + o["physical"],
+                                  o["device_bytes"],
+                                  o["arrays"],
+                                  o["pools"],
+                                  o["modules"],
+                                  o["libraries"],
+                                  o["graph_execs"],
+                                  o["registrations"]};
+  };
+  const auto before = held();
+  const auto servers = server_lines(daemon);
+  for (unsigned seed : {1u, 2u, 3u}) {
+    Child victim({client(), "inject", std::to_string(seed)}, daemon.client_env(), true);
+    REQUIRE(victim.wait_for_output("READY", 60s));
+    {
+      std::FILE* f = std::fopen(armed.c_str(), "w");
+      REQUIRE(f != nullptr);
+      std::fclose(f);
+    }
+    victim.close_stdin();
+    Outcome outcome = victim.wait(120s);
+    ::unlink(armed.c_str());
+    INFO("victim: " << outcome.out << outcome.err << "\ndaemon log:\n" << daemon.log());
+    require_pass(outcome, daemon);
+    CHECK(outcome.out.find("ooms=0 ") == std::string::npos);  // the injection did fail calls
+    CHECK(eventually([&] { return held() == before; }));
+  }
+  CHECK(daemon.driver_objects()["injected"] > 0);
+  bystander.close_stdin();
+  Outcome watched = bystander.wait(60s);
+  INFO("bystander: " << watched.out << watched.err);
+  require_pass(watched, daemon);
+  // No fault, no restart: the same server serves on.
+  CHECK(server_lines(daemon).at(0).pid == servers.at(0).pid);
+}
+
 TEST_CASE("destroyed events, streams, graphs, arrays and pools are freed; their handles stay safe",
           "[e2e][churn]") {
   Daemon daemon;

@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "tests/testdriver/fault_injection.hpp"
 #include "tests/testdriver/state.hpp"
 #include "tests/testdriver/texture.hpp"
 
@@ -198,6 +199,7 @@ using namespace mpsshim::testdriver;
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuArray3DCreate_v2(CUarray* out,
                                                               const CUDA_ARRAY3D_DESCRIPTOR* d) {
   return entry([&](State& s) {
+    if (inject_failure("cuArray3DCreate_v2")) return CUDA_ERROR_OUT_OF_MEMORY;
     std::lock_guard lock(s.mutex);
     Device* dev = current_device(s);
     if (dev == nullptr) return CUDA_ERROR_INVALID_CONTEXT;

@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "tests/testdriver/fault_injection.hpp"
 #include "tests/testdriver/state.hpp"
 
 namespace mpsshim::testdriver {
@@ -542,6 +543,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphEx
                                                                        CUgraph hgraph,
                                                                        unsigned long long flags) {
   return entry([&](State& s) {
+    if (inject_failure("cuGraphInstantiateWithFlags")) return CUDA_ERROR_OUT_OF_MEMORY;
     std::lock_guard lock(s.mutex);
     Graph* g = find_graph(s, hgraph).get();
     if (g == nullptr) return CUDA_ERROR_INVALID_HANDLE;

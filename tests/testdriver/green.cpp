@@ -6,6 +6,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "tests/testdriver/fault_injection.hpp"
 #include "tests/testdriver/state.hpp"
 
 namespace mpsshim::testdriver {
@@ -176,6 +177,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGreenCtxCreate(CUgreenCtx* phCtx,
                                                             CUdevResourceDesc desc, CUdevice dev,
                                                             unsigned int flags) {
   return entry([&](State& s) {
+    if (inject_failure("cuGreenCtxCreate")) return CUDA_ERROR_OUT_OF_MEMORY;
     std::lock_guard lock(s.mutex);
     if (phCtx == nullptr || flags != CU_GREEN_CTX_DEFAULT_STREAM) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -213,6 +215,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGreenCtxStreamCreate(CUstream* phSt
                                                                   unsigned int flags,
                                                                   int priority) {
   return entry([&](State& s) {
+    if (inject_failure("cuGreenCtxStreamCreate")) return CUDA_ERROR_OUT_OF_MEMORY;
     std::lock_guard lock(s.mutex);
     if (phStream == nullptr) return CUDA_ERROR_INVALID_VALUE;
     std::shared_ptr<GreenContext> green = s.green_contexts.shared(greenCtx);

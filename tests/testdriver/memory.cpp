@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "tests/testdriver/fault_injection.hpp"
 #include "tests/testdriver/state.hpp"
 
 namespace mpsshim::testdriver {
@@ -34,6 +35,7 @@ using namespace mpsshim::testdriver;
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   return entry([&](State& s) {
+    if (inject_failure("cuMemAlloc_v2")) return CUDA_ERROR_OUT_OF_MEMORY;
     std::lock_guard lock(s.mutex);
     Device* dev = current_device(s);
     if (dev == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
@@ -46,6 +48,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr,
                                                               size_t width, size_t height,
                                                               unsigned int elementSize) {
   return entry([&](State& s) {
+    if (inject_failure("cuMemAllocPitch_v2")) return CUDA_ERROR_OUT_OF_MEMORY;
     std::lock_guard lock(s.mutex);
     Device* dev = current_device(s);
     if (dev == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
@@ -92,6 +95,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemGetInfo_v2(size_t* free, size_t*
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemHostRegister_v2(void* p, size_t bytesize,
                                                                 unsigned int Flags) {
   return entry([&](State& s) {
+    if (inject_failure("cuMemHostRegister_v2")) return CUDA_ERROR_OUT_OF_MEMORY;
     std::lock_guard lock(s.mutex);
     if (current_device(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
     if (p == nullptr || bytesize == 0 || (Flags & ~kRegisterFlags) != 0)

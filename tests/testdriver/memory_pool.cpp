@@ -7,6 +7,7 @@
 #include <memory>
 #include <unordered_map>
 
+#include "tests/testdriver/fault_injection.hpp"
 #include "tests/testdriver/state.hpp"
 
 namespace mpsshim::testdriver {
@@ -74,6 +75,7 @@ using namespace mpsshim::testdriver;
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* pool,
                                                            const CUmemPoolProps* props) {
   return entry([&](State& s) {
+    if (inject_failure("cuMemPoolCreate")) return CUDA_ERROR_OUT_OF_MEMORY;
     std::lock_guard lock(s.mutex);
     if (pool == nullptr || props == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
@@ -187,6 +189,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr* 
                                                                    CUmemoryPool handle,
                                                                    CUstream hstream) {
   return entry([&](State& s) {
+    if (inject_failure("cuMemAllocFromPoolAsync")) return CUDA_ERROR_OUT_OF_MEMORY;
     std::lock_guard lock(s.mutex);
     Stream* stream = nullptr;
     if (CUresult r = resolve_stream(s, hstream, stream); r != CUDA_SUCCESS) return r;

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "tests/testdriver/fault_injection.hpp"
 #include "tests/testdriver/state.hpp"
 
 namespace mpsshim::testdriver {
@@ -202,6 +203,7 @@ using namespace mpsshim::testdriver;
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuModuleLoadData(CUmodule* module, const void* image) {
   return entry([&](State& s) {
+    if (inject_failure("cuModuleLoadData")) return CUDA_ERROR_OUT_OF_MEMORY;
     std::lock_guard lock(s.mutex);
     Device* dev = current_device(s);
     if (dev == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
@@ -297,6 +299,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuLibraryLoadData(
     unsigned int numJitOptions, CUlibraryOption* libraryOptions, void** libraryOptionValues,
     unsigned int numLibraryOptions) {
   return entry([&](State& s) {
+    if (inject_failure("cuLibraryLoadData")) return CUDA_ERROR_OUT_OF_MEMORY;
     std::lock_guard lock(s.mutex);
     if (library == nullptr || code == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (numJitOptions > 0 && (jitOptions == nullptr || jitOptionsValues == nullptr))

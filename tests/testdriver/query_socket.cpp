@@ -5,6 +5,7 @@
 //
 //   objects=N streams=N events=N modules=N libraries=N allocations=N device_bytes=N
 //   registrations=N green_contexts=N graphs=N graph_execs=N arrays=N pools=N vmm=N physical=N
+//   injected=N
 // (device_bytes counts cuMemAlloc memory and the physical VMM allocations this process made)
 //
 // `objects` is mpsshim_testdriver_live_objects(), what the in-process tests compare. The
@@ -23,6 +24,7 @@
 #include <string>
 #include <thread>
 
+#include "tests/testdriver/fault_injection.hpp"
 #include "tests/testdriver/state.hpp"
 
 namespace mpsshim::testdriver {
@@ -50,11 +52,11 @@ std::string live_object_line(State& s) {
   std::snprintf(line, sizeof line,
                 "objects=%d streams=%zu events=%zu modules=%zu libraries=%zu allocations=%zu "
                 "device_bytes=%zu registrations=%zu green_contexts=%zu graphs=%zu "
-                "graph_execs=%zu arrays=%zu pools=%d vmm=%d physical=%zu\n",
+                "graph_execs=%zu arrays=%zu pools=%d vmm=%d physical=%zu injected=%llu\n",
                 total, s.streams.size(), s.events.size(), modules, s.libraries.size(), allocations,
                 device_bytes, s.registrations.size(), s.green_contexts.size(), s.graphs.size(),
-                s.graph_execs.size(), s.arrays.size(), live_pools(s), live_vmm_objects(s),
-                physical);
+                s.graph_execs.size(), s.arrays.size(), live_pools(s), live_vmm_objects(s), physical,
+                static_cast<unsigned long long>(injected_failures()));
   return line;
 }
 

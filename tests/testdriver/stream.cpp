@@ -5,6 +5,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "tests/testdriver/fault_injection.hpp"
 #include "tests/testdriver/state.hpp"
 
 namespace mpsshim::testdriver {
@@ -83,6 +84,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamWaitEvent(CUstream hstream, C
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuEventCreate(CUevent* phEvent, unsigned int Flags) {
   return entry([&](State& s) {
+    if (inject_failure("cuEventCreate")) return CUDA_ERROR_OUT_OF_MEMORY;
     std::lock_guard lock(s.mutex);
     const CurrentContext ctx = current_context(s);
     if (ctx.device == nullptr) return CUDA_ERROR_INVALID_CONTEXT;

@@ -11,6 +11,7 @@
 #include <iterator>
 
 #include "tests/testdriver/device_memory.hpp"
+#include "tests/testdriver/fault_injection.hpp"
 #include "tests/testdriver/state.hpp"
 
 namespace mpsshim::testdriver {
@@ -189,6 +190,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHan
                                                        size_t size, const CUmemAllocationProp* prop,
                                                        unsigned long long flags) {
   return entry([&](State& s) {
+    if (inject_failure("cuMemCreate")) return CUDA_ERROR_OUT_OF_MEMORY;
     std::lock_guard lock(s.mutex);
     if (handle == nullptr || size == 0 || !aligned(size) || flags != 0) {
       return CUDA_ERROR_INVALID_VALUE;
@@ -314,6 +316,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size
                                                     CUmemGenericAllocationHandle handle,
                                                     unsigned long long flags) {
   return entry([&](State& s) {
+    if (inject_failure("cuMemMap")) return CUDA_ERROR_OUT_OF_MEMORY;
     std::lock_guard lock(s.mutex);
     if (size == 0 || flags != 0 || !aligned(ptr) || !aligned(size) || !aligned(offset)) {
       return CUDA_ERROR_INVALID_VALUE;
@@ -361,6 +364,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_
                                                           const CUmemAccessDesc* desc,
                                                           size_t count) {
   return entry([&](State& s) {
+    if (inject_failure("cuMemSetAccess")) return CUDA_ERROR_OUT_OF_MEMORY;
     std::lock_guard lock(s.mutex);
     if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < count; ++i) {
