@@ -289,7 +289,7 @@ OpResult op_mem_free_async(Call& call) {
   if (!pooled || (heap != nullptr && heap->owns(req.dptr))) {
     // In the arena (cuMemAlloc'ed or a pool's): freed once every stream of the client passed
     // this point, which includes `stream`'s work before the free.
-    if (capturing(session, *stream)) {
+    if (pooled && capturing(session, *stream)) {
       // The driver would make the free a graph node, run when the graph runs; the arena's
       // memory cannot be freed so.
       log_warn(
