@@ -14,19 +14,32 @@ namespace mpsshim::daemon {
 
 namespace {
 
+// The first byte the background process writes: every server runs, or not all of them (the
+// daemon's status line follows).
 constexpr char kReady = 'R';
+constexpr char kPartly = 'P';
 
 [[noreturn]] void wait_in_foreground(proto::UniqueFd pipe, pid_t child,
                                      const std::string& log_path) {
-  char byte = 0;
-  ssize_t n;
-  do {
-    n = ::read(pipe.get(), &byte, 1);
-  } while (n < 0 && errno == EINTR);
-  if (n == 1 && byte == kReady) {
+  std::string message;
+  char buffer[512];
+  for (;;) {
+    const ssize_t n = ::read(pipe.get(), buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    message.append(buffer, static_cast<std::size_t>(n));
+  }
+  if (!message.empty() && message[0] == kReady) {
     fmt::print("mpsshimd is running in the background as pid {}; log: {}\n", child, log_path);
     std::fflush(stdout);
     ::_exit(0);
+  }
+  if (!message.empty() && message[0] == kPartly) {
+    fmt::print(stderr,
+               "mpsshimd: started in the background as pid {}, but not every GPU's server came "
+               "up: {}; see {} (stop it with `mpsshimctl quit`)\n",
+               child, message.substr(1), log_path);
+    ::_exit(1);
   }
   fmt::print(stderr, "mpsshimd: the background daemon did not start; see {}\n", log_path);
   ::_exit(1);
@@ -63,9 +76,10 @@ tl::expected<Background, std::string> Background::enter(const std::string& log_p
   return Background(std::move(write_end));
 }
 
-void Background::ready() {
+void Background::ready(bool every_server_running, const std::string& status) {
   if (!pipe_) return;
-  ssize_t ignored = ::write(pipe_.get(), &kReady, 1);
+  const std::string message = (every_server_running ? kReady : kPartly) + status;
+  ssize_t ignored = ::write(pipe_.get(), message.data(), message.size());
   (void)ignored;
   pipe_.reset();
 }

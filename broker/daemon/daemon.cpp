@@ -150,7 +150,11 @@ void Daemon::on_settled() {
   std::string status = status_line();
   log_info("ready: {}", status);
   setup_.notifier.send("READY=1\nSTATUS=" + status);
-  if (setup_.on_ready) std::exchange(setup_.on_ready, nullptr)();
+  bool every_server_running = supervisor_.gpu_count() > 0;
+  for (int i = 0; i < supervisor_.gpu_count(); ++i) {
+    every_server_running &= supervisor_.status(i).state == ServerState::kRunning;
+  }
+  if (setup_.on_ready) std::exchange(setup_.on_ready, nullptr)(every_server_running, status);
 }
 
 void Daemon::on_changed() {

@@ -24,7 +24,8 @@ struct DaemonSetup {
   std::string socket_path;
   proto::UniqueFd listener;  // listening, non-blocking
   Notifier notifier;
-  std::function<void()> on_ready;      // -d: release the waiting parent
+  // -d: release the waiting parent, saying whether every GPU's server runs and the status line.
+  std::function<void(bool, const std::string&)> on_ready;
   proto::UniqueFd metrics_listener{};  // --metrics-listen: listening TCP socket; else none
   std::string version{};               // for mpsshim_build_info
 };

@@ -116,7 +116,11 @@ int run(DaemonOptions options) {
   try {
     DaemonSetup setup{options, multiuser, socket_path, std::move(listener_fd), std::move(notifier),
                       nullptr};
-    if (background) setup.on_ready = [&background] { background->ready(); };
+    if (background) {
+      setup.on_ready = [&background](bool every_server_running, const std::string& status) {
+        background->ready(every_server_running, status);
+      };
+    }
     setup.version = MPSSHIM_VERSION;
     if (metrics) {
       log_info("metrics: listening on {} (http://{}/metrics)",

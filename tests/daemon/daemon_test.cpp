@@ -686,6 +686,30 @@ TEST_CASE("-d returns once the daemon is ready and leaves it running", "[lifecyc
   CHECK_FALSE(exists(dir + "/control"));
 }
 
+TEST_CASE(
+    "-d exits 1 with the reason when a GPU's server does not come up; the daemon serves "
+    "the others",
+    "[lifecycle]") {
+  TempDir tmp;
+  std::string dir = tmp.path() + "/run";
+
+  Outcome started = run_program(
+      {artefact("MPSSHIMD"), "-d", "--runtime-dir", dir, "--server", artefact("FAKE_SERVER")},
+      {{"FAKE_SERVER_DEVICES", "2"}, {"FAKE_SERVER_FAIL_DEVICE", "1"}});
+
+  CHECK(started.exit_code == 1);
+  CHECK(contains(started.err,
+                 "not every GPU's server came up: 1 of 2 GPU servers running, "
+                 "GPU 1 failed"));
+  std::ifstream pid_file(dir + "/mpsshimd.pid");
+  pid_t pid = 0;
+  pid_file >> pid;
+  REQUIRE(pid > 0);
+  CHECK_FALSE(process_gone(pid));
+  CHECK(run_program({artefact("MPSSHIMCTL"), "--runtime-dir", dir, "quit"}).exit_code == 0);
+  CHECK(wait_until([&] { return process_gone(pid); }));
+}
+
 // --metrics-listen: a real TCP connection to the daemon's /metrics.
 namespace {
 
