@@ -13,6 +13,8 @@ Outputs, all written to --out-dir:
   proc_address_table.cpp    the cuGetProcAddress rows, sorted for binary search
   proc_address_version.hpp  the driver version the TSV was probed on (the advertised cap)
   libmpsshim.map            linker version script exporting exactly the list
+  refusals.inc              MPSSHIM_REFUSAL(name, "reason") per symbol refused on purpose
+                            (--refused: refused.tsv), for the stubs' log line
 
 The compiler command follows `--`; its preprocessor's dependencies go to --depfile so that a
 different cuda.h regenerates everything.
@@ -167,6 +169,44 @@ def proc_address_version_hpp(driver_version, notice):
             "}  // namespace mpsshim::shim::entry\n")
 
 
+BASE_NAME = re.compile(r"^(.*?)(_v[0-9]+)?(_ptds|_ptsz)?$")
+
+
+def read_refused(path):
+    """(pattern, reason) rows of refused.tsv; a pattern ending in '*' is a prefix."""
+    rows = []
+    with open(path, encoding="utf-8") as tsv:
+        for number, line in enumerate(tsv, 1):
+            line = line.rstrip("\n")
+            if not line or line.startswith("#"):
+                continue
+            fields = line.split("\t")
+            if len(fields) != 2 or not fields[0].startswith("cu") or not fields[1]:
+                fail(f"{path}:{number}: expected a name or prefix*, a tab and a reason")
+            if '"' in fields[1] or "\\" in fields[1]:
+                fail(f"{path}:{number}: a reason may not hold quotes or backslashes")
+            rows.append((fields[0], fields[1]))
+    return rows
+
+
+def refusal_of(name, refused):
+    """The reason `name` (any variant) is refused on purpose, or None."""
+    base = BASE_NAME.match(name).group(1)
+    for pattern, reason in refused:
+        if pattern.endswith("*") and base.startswith(pattern[:-1]) or base == pattern:
+            return reason
+    return None
+
+
+def refusals_inc(names, refused, notice):
+    lines = [f"// {notice}\n// MPSSHIM_REFUSAL(symbol, reason): entry points refused on purpose.\n"]
+    for name in names:
+        reason = refusal_of(name, refused)
+        if reason is not None:
+            lines.append(f'MPSSHIM_REFUSAL({name}, "{reason}")\n')
+    return "".join(lines)
+
+
 def version_script(names, notice):
     body = "".join(f"    {name};\n" for name in names)
     return f"/* {notice} */\n{{\n  global:\n{body}  local:\n    *;\n}};\n"
@@ -177,6 +217,7 @@ def main():
     parser.add_argument("--tsv", required=True, help="procaddr-<driver>.tsv")
     parser.add_argument("--include-dir", required=True, help="directory holding cuda.h")
     parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--refused", required=True, help="refused.tsv")
     parser.add_argument("--depfile", help="Makefile-style dependencies of the outputs")
     parser.add_argument("compiler", nargs="+", help="C++ compiler command, after --")
     args = parser.parse_args()
@@ -187,6 +228,7 @@ def main():
         "table": out_dir / "proc_address_table.cpp",
         "version": out_dir / "proc_address_version.hpp",
         "script": out_dir / "libmpsshim.map",
+        "refusals": out_dir / "refusals.inc",
     }
     driver_version, rows = read_tsv(args.tsv)
     declared = header_functions(args.compiler, args.include_dir, args.depfile,
@@ -200,6 +242,9 @@ def main():
     write_if_changed(outputs["table"], proc_address_table_cpp(rows, tsv_notice))
     write_if_changed(outputs["version"], proc_address_version_hpp(driver_version, tsv_notice))
     write_if_changed(outputs["script"], version_script(names, notice))
+    write_if_changed(outputs["refusals"],
+                     refusals_inc(names, read_refused(args.refused),
+                                  GENERATED_NOTICE.format(os.path.basename(args.refused))))
 
 
 if __name__ == "__main__":

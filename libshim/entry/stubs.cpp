@@ -3,6 +3,7 @@
 // with the parameterless stubs, which are ABI-safe on x86-64 SysV because a function that
 // ignores its arguments may be called with any, and CUresult is returned in eax like int.
 #include <atomic>
+#include <string_view>
 
 #include "libshim/log.hpp"
 
@@ -11,7 +12,26 @@ namespace {
 // CUDA_ERROR_NOT_SUPPORTED, spelled out because cuda.h is not included.
 constexpr int kNotSupported = 801;
 
+// Entry points refused on purpose (libshim/entry/refused.tsv) and why.
+struct Refusal {
+  const char* name;
+  const char* reason;
+};
+#define MPSSHIM_REFUSAL(name, reason) {#name, reason},
+constexpr Refusal kRefusals[] = {
+#include "libshim/entry/refusals.inc"
+    {nullptr, nullptr}};
+#undef MPSSHIM_REFUSAL
+
 [[gnu::cold]] int not_implemented(std::atomic<bool>& logged, const char* name) noexcept {
+  for (const Refusal& refusal : kRefusals) {
+    if (refusal.name != nullptr && std::string_view(refusal.name) == name) {
+      mpsshim::shim::log_once(logged, mpsshim::shim::Level::warn,
+                              "{} is refused by mpsshim: {}; returning CUDA_ERROR_NOT_SUPPORTED",
+                              name, refusal.reason);
+      return kNotSupported;
+    }
+  }
   mpsshim::shim::log_once(logged, mpsshim::shim::Level::warn,
                           "{} is not implemented by mpsshim; returning CUDA_ERROR_NOT_SUPPORTED",
                           name);

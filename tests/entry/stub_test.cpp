@@ -1,4 +1,5 @@
-// An entry point nobody implements answers CUDA_ERROR_NOT_SUPPORTED and says so once.
+// An entry point nobody implements answers CUDA_ERROR_NOT_SUPPORTED and says so once; one refused
+// on purpose (libshim/entry/refused.tsv) says why.
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -11,8 +12,10 @@ namespace {
 
 using mpsshim::test::ShimUnderTest;
 
-// A graphics-interop call: mpsshim forwards compute work only, so this stays a stub.
-constexpr const char* kUnimplemented = "cuGraphicsUnregisterResource";
+// Not served yet (docs/driver-census.md lists it as missing).
+constexpr const char* kUnimplemented = "cuLinkDestroy";
+// A graphics-interop call, refused on purpose.
+constexpr const char* kRefused = "cuGraphicsUnregisterResource";
 constexpr int kNotSupported = 801;  // CUDA_ERROR_NOT_SUPPORTED
 
 std::size_t count(const std::string& text, const std::string& word) {
@@ -27,7 +30,7 @@ std::size_t count(const std::string& text, const std::string& word) {
 
 TEST_CASE("an unimplemented entry point returns NOT_SUPPORTED and logs its name once", "[stubs]") {
   const auto& shim = ShimUnderTest::get();
-  // The real signature takes a CUgraphicsResource; the stub ignores its arguments.
+  // The real signature takes a CUlinkState; the stub ignores its arguments.
   const auto sut = shim.function<int (*)(void*)>(kUnimplemented);
   REQUIRE(sut != nullptr);
 
@@ -41,5 +44,23 @@ TEST_CASE("an unimplemented entry point returns NOT_SUPPORTED and logs its name 
                                     "] warn: " + kUnimplemented +
                                     " is not implemented by mpsshim; returning "
                                     "CUDA_ERROR_NOT_SUPPORTED\n";
+  REQUIRE(log.find(expected_line) != std::string::npos);
+}
+
+TEST_CASE("an entry point refused on purpose returns NOT_SUPPORTED and logs why once", "[stubs]") {
+  const auto& shim = ShimUnderTest::get();
+  const auto sut = shim.function<int (*)(void*)>(kRefused);
+  REQUIRE(sut != nullptr);
+
+  REQUIRE(sut(nullptr) == kNotSupported);
+  REQUIRE(sut(nullptr) == kNotSupported);
+
+  const std::string log = shim.read_log();
+  CAPTURE(log);
+  REQUIRE(count(log, kRefused) == 1);
+  const std::string expected_line =
+      "mpsshim[" + std::to_string(::getpid()) + "] warn: " + kRefused +
+      " is refused by mpsshim: graphics interop resources come only from the GL, EGL and VDPAU "
+      "registrations, which are refused; returning CUDA_ERROR_NOT_SUPPORTED\n";
   REQUIRE(log.find(expected_line) != std::string::npos);
 }
