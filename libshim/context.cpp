@@ -559,6 +559,30 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuCtxGetCacheConfig(CUfunc_cache* config) {
   return CUDA_SUCCESS;
 }
 
+// Shared-memory bank size: fixed at four bytes on every GPU since Maxwell, which is all mpsshim
+// serves; the driver answers so and takes a setting without effect, as here.
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxGetSharedMemConfig(CUsharedconfig* config) {
+  Context* ctx = nullptr;
+  if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+  if (config == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *config = CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE;
+  return CUDA_SUCCESS;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxSetSharedMemConfig(CUsharedconfig config) {
+  Context* ctx = nullptr;
+  if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+  return config <= CU_SHARED_MEM_CONFIG_EIGHT_BYTE_BANK_SIZE ? CUDA_SUCCESS
+                                                             : CUDA_ERROR_INVALID_VALUE;
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuFuncSetSharedMemConfig(CUfunction hfunc, CUsharedconfig config) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (object_of<Function>(hfunc) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  return config <= CU_SHARED_MEM_CONFIG_EIGHT_BYTE_BANK_SIZE ? CUDA_SUCCESS
+                                                             : CUDA_ERROR_INVALID_VALUE;
+}
+
 MPSSHIM_EXPORT CUresult CUDAAPI cuCtxSetCacheConfig(CUfunc_cache) {
   Context* ctx = nullptr;
   // A preference only; the primary context is shared by all clients, so it is not changed.

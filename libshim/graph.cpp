@@ -61,6 +61,7 @@ struct GraphExecObject {
   std::uint32_t magic = kGraphExecMagic;
   Context* ctx = nullptr;
   proto::WireHandle wire = 0;
+  std::uint64_t flags = 0;  // its instantiation's (cuGraphExecGetFlags)
 };
 
 template <typename T>
@@ -382,7 +383,7 @@ CUresult instantiate(CUgraphExec* out, CUgraph hgraph, std::uint64_t flags, CUst
   }
   if (rc != CUDA_SUCCESS) return rc;
   *out = reinterpret_cast<CUgraphExec>(
-      ObjectPool<GraphExecObject>::instance().make(kGraphExecMagic, graph->ctx, reply.exec));
+      ObjectPool<GraphExecObject>::instance().make(kGraphExecMagic, graph->ctx, reply.exec, flags));
   return CUDA_SUCCESS;
 }
 
@@ -998,6 +999,15 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphNodeGetDependentNodes_v2(CUgraphNode node
                                                                 CUgraphEdgeData* data,
                                                                 size_t* count) {
   return node_neighbours(node, true, dependents, data, count);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphExecGetFlags(CUgraphExec hexec, cuuint64_t* flags) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  GraphExecObject* exec = exec_of(hexec);
+  if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *flags = exec->flags;
+  return CUDA_SUCCESS;
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec* out, CUgraph graph,

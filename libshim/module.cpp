@@ -740,6 +740,22 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_ca
   return rc;
 }
 
+// A library kernel's preference on one GPU: its copy there (kernel_for_device), set as for a
+// function (the server's driver applies it to that GPU's function).
+MPSSHIM_EXPORT CUresult CUDAAPI cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config,
+                                                       CUdevice device) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Function* f = object_of<Function>(kernel);
+  if (f == nullptr || !f->is_kernel) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult rc = CUDA_SUCCESS;
+  if (f = kernel_for_device(f, device, rc); f == nullptr) return rc;
+  if (rc = usable(f); rc != CUDA_SUCCESS) return rc;
+  proto::AttributeReq request{f->wire, static_cast<std::int32_t>(config), 0, device, 0};
+  rc = f->ctx->session->call(proto::Op::kFuncSetCacheConfig, request, static_cast<int*>(nullptr));
+  function_settings_generation.fetch_add(1, std::memory_order_acq_rel);
+  return rc;
+}
+
 MPSSHIM_EXPORT CUresult CUDAAPI cuFuncGetParamInfo(CUfunction hfunc, size_t index, size_t* offset,
                                                    size_t* size) {
   Function* f = object_of<Function>(hfunc);

@@ -102,6 +102,22 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuStreamDestroy_v2(CUstream handle) {
   return rc;
 }
 
+// A client's streams belong to its contexts, never to a green context of its own (the server's
+// green contexts are its quota, not the client's): NULL, as the driver answers for a stream of a
+// regular context.
+MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetGreenCtx(CUstream handle, CUgreenCtx* green) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (green == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Context* ctx = nullptr;
+  Stream* stream = nullptr;
+  if (CUresult rc = resolve_stream(handle, DefaultStream::kLegacy, ctx, stream);
+      rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  *green = nullptr;
+  return CUDA_SUCCESS;
+}
+
 MPSSHIM_EXPORT CUresult CUDAAPI cuStreamDestroy(CUstream handle) {
   return cuStreamDestroy_v2(handle);
 }

@@ -1430,6 +1430,55 @@ int stream_mem_ops() {
   return ok ? 0 : 1;
 }
 
+// Small queries answered by the shim itself: a library kernel's cache preference on a device,
+// the fixed shared-memory bank size, an executable graph's flags, a stream's green context.
+int queries() {
+  setup();
+  bool ok = true;
+  CUlibrary library{};
+  CHECK(cuLibraryLoadData(&library, kModuleImage, nullptr, nullptr, 0, nullptr, nullptr, 0));
+  CUkernel kernel{};
+  CHECK(cuLibraryGetKernel(&kernel, library, "vector_add"));
+  const CUresult cache = cuKernelSetCacheConfig(kernel, CU_FUNC_CACHE_PREFER_SHARED, 0);
+  const CUresult cache_bad_device = cuKernelSetCacheConfig(kernel, CU_FUNC_CACHE_PREFER_L1, 99);
+  // Deprecated in CUDA 12's headers, still exported and still called by older programs.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  CUsharedconfig bank{};
+  CHECK(cuCtxGetSharedMemConfig(&bank));
+  const CUresult bank_bad = cuCtxSetSharedMemConfig(static_cast<CUsharedconfig>(7));
+  CHECK(cuCtxSetSharedMemConfig(CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE));
+#pragma GCC diagnostic pop
+  CUgraph graph{};
+  CHECK(cuGraphCreate(&graph, 0));
+  CUgraphNode node{};
+  CHECK(cuGraphAddEmptyNode(&node, graph, nullptr, 0));
+  CUgraphExec exec{};
+  CHECK(cuGraphInstantiateWithFlags(&exec, graph, CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY));
+  cuuint64_t flags = 0;
+  CHECK(cuGraphExecGetFlags(exec, &flags));
+  CUstream stream{};
+  CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  CUgreenCtx green = reinterpret_cast<CUgreenCtx>(1);
+  CHECK(cuStreamGetGreenCtx(stream, &green));
+  CHECK(cuStreamDestroy(stream));
+  const CUresult green_dead = cuStreamGetGreenCtx(stream, &green);
+  if (cache != CUDA_SUCCESS || cache_bad_device != CUDA_ERROR_INVALID_DEVICE ||
+      bank != CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE || bank_bad != CUDA_ERROR_INVALID_VALUE ||
+      flags != CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY || green != nullptr ||
+      green_dead != CUDA_ERROR_INVALID_HANDLE) {
+    std::printf("FAIL queries: cache %d/%d bank %d/%d flags %llu green %p/%d\n", cache,
+                cache_bad_device, bank, bank_bad, static_cast<unsigned long long>(flags),
+                static_cast<void*>(green), green_dead);
+    ok = false;
+  }
+  CHECK(cuGraphExecDestroy(exec));
+  CHECK(cuGraphDestroy(graph));
+  CHECK(cuLibraryUnload(library));
+  std::printf("%s queries\n", ok ? "PASS" : "FAIL");
+  return ok ? 0 : 1;
+}
+
 // Hopper's TMA descriptors: encoded with no context current, as the real driver allows; the
 // same arguments give the same bytes, cuTensorMapReplaceAddress gives what encoding the new
 // address gives, and each documented rule refuses what it must.
@@ -1857,6 +1906,7 @@ int main(int argc, char** argv) {
   if (mode == "hostmem") return hostmem(arg ? static_cast<int>(arg) : 100000);
   if (mode == "tensor_map") return tensor_map();
   if (mode == "stream_mem_ops") return stream_mem_ops();
+  if (mode == "queries") return queries();
   if (mode == "inject") return inject(static_cast<unsigned>(arg));
   if (mode == "bystander") return bystander();
   if (mode == "churn") return churn(arg ? static_cast<long>(arg) : 200000);

@@ -346,6 +346,14 @@ TEST_CASE("TMA descriptors are encoded by the server's driver, rules included", 
   require_pass(run_client(daemon, {client(), "tensor_map"}), daemon);
 }
 
+TEST_CASE(
+    "queries the shim answers itself: cache preference, bank size, graph flags, green "
+    "context",
+    "[e2e][queries]") {
+  Daemon daemon;
+  require_pass(run_client(daemon, {client(), "queries"}), daemon);
+}
+
 TEST_CASE("stream memory operations wait and write in stream order; wrong ones are refused",
           "[e2e][streammem]") {
   Daemon daemon;
