@@ -3,7 +3,8 @@
 // device address space, so an opened allocation has the exporter's own address, and an opened
 // event names the same server events. A memory handle of another GPU's server is opened on that
 // server (its policy decides) and its block mapped into the server of the caller's GPU at the
-// same address, as peer memory (peer.hpp).
+// same address, as peer memory (peer.hpp); an event handle of another GPU's server opens as an
+// event of that GPU.
 #include <cstring>
 
 #include "libshim/api.hpp"
@@ -33,8 +34,7 @@ proto::IpcHandle wire_of(const Handle& handle) {
 void note_refused(const char* call, CUresult rc) {
   if (rc == CUDA_ERROR_NOT_SUPPORTED) {
     log_once(std::string(call) + ".cross_gpu", Level::warn,
-             "{}: the handle comes from a GPU this process does not see, or is an event of "
-             "another GPU (interprocess events do not cross GPUs under mpsshim)",
+             "{}: the handle comes from a GPU this process does not see (CUDA_VISIBLE_DEVICES)",
              call);
   } else if (rc != CUDA_SUCCESS) {
     log_once(std::string(call) + ".refused", Level::warn,
@@ -172,6 +172,12 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuIpcOpenEventHandle(CUevent* out, CUipcEventHan
   Context* ctx = nullptr;
   if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  // An event of another GPU's server is opened there, as an event of that GPU's primary context:
+  // queries and synchronizes go to that server, and a stream of this GPU waits for it as for
+  // any event of another GPU (the calling thread waits; stream_event.cpp).
+  if (const int issuer = issuing_device(wire_of(handle)); issuer >= 0 && issuer != ctx->device) {
+    if (CUresult rc = primary_context(issuer, ctx); rc != CUDA_SUCCESS) return rc;
+  }
   proto::IpcOpenReq request{wire_of(handle), ctx->wire, 0, 0};
   proto::EventCreateRep reply{};
   CUresult rc = ctx->session->call(proto::Op::kIpcOpenEventHandle, request, &reply);

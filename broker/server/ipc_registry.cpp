@@ -131,19 +131,14 @@ std::optional<IpcRefusal> foreign(const proto::IpcHandle& handle, proto::IpcKind
                       IpcRefusalKind::kNotOurs};
   }
   if (handle.device != static_cast<std::uint32_t>(device)) {
-    // The shim opens a memory handle through the server that issued it (ipc.md, "Across
-    // GPUs"), so one reaches here only from a client that does not see that GPU.
-    return IpcRefusal{
-        CUDA_ERROR_NOT_SUPPORTED,
-        kind != proto::IpcKind::kEvent
-            ? fmt::format("an IPC {} handle of GPU {}'s server on GPU {}'s: the client "
-                          "does not see GPU {} (CUDA_VISIBLE_DEVICES), through whose server "
-                          "such a handle is opened",
-                          what, handle.device, device, handle.device)
-            : fmt::format("an IPC event handle of GPU {}'s server on GPU {}'s: interprocess "
-                          "events across GPUs are not supported by mpsshim",
-                          handle.device, device),
-        IpcRefusalKind::kOtherGpu};
+    // The shim opens a handle through the server that issued it (ipc.md, "Across GPUs"), so
+    // one reaches here only from a client that does not see that GPU.
+    return IpcRefusal{CUDA_ERROR_NOT_SUPPORTED,
+                      fmt::format("an IPC {} handle of GPU {}'s server on GPU {}'s: the client "
+                                  "does not see GPU {} (CUDA_VISIBLE_DEVICES), through whose "
+                                  "server such a handle is opened",
+                                  what, handle.device, device, handle.device),
+                      IpcRefusalKind::kOtherGpu};
   }
   if (handle.server_id != server_id) {
     return IpcRefusal{CUDA_ERROR_INVALID_HANDLE,

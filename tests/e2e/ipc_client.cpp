@@ -249,13 +249,22 @@ int import_side(const std::string& memory_hex, const std::string& event_hex,
   return ok ? 0 : 1;
 }
 
-// import_on <device> <mem>: the importer on another GPU than the exporter's (ipc.md, "Across
-// GPUs"): opens the handle twice, reads the exporter's data (from an inner pointer too), adds
+// import_on <device> <mem> <event>: the importer on another GPU than the exporter's (ipc.md,
+// "Across GPUs"): opens the exporter's event (as an event of the exporter's GPU), opens the
+// memory handle twice, reads the exporter's data (from an inner pointer too), adds
 // twice the first half to the second half with a kernel on its own GPU, sets the flag, prints
 // RECORDED and waits for stdin to close; then closes both opens, after which the memory is
-// gone from this process. No event: an interprocess event does not cross GPUs.
-int import_on(int device, const std::string& memory_hex) {
+// gone from this process.
+int import_on(int device, const std::string& memory_hex, const std::string& event_hex) {
   Setup s = setup(device);
+  // The exporter's event opens as an event of its GPU: queried, waited on by this GPU's stream.
+  CUevent event{};
+  CHECK(cuIpcOpenEventHandle(&event, handle_of<CUipcEventHandle>(event_hex)));
+  const CUresult queried = cuEventQuery(event);
+  CHECK(cuStreamWaitEvent(s.stream, event, 0));
+  CHECK(cuEventSynchronize(event));
+  const CUresult recorded_here = cuEventRecord(event, s.stream);  // another GPU's event
+  CHECK(cuEventDestroy(event));
   const auto memory = handle_of<CUipcMemHandle>(memory_hex);
   CUdeviceptr base = 0, twice = 0;
   CHECK(cuIpcOpenMemHandle(&base, memory, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
@@ -266,6 +275,7 @@ int import_on(int device, const std::string& memory_hex) {
   float inner = -1.0f;
   CHECK(cuMemcpyDtoH(&inner, base + 7 * sizeof(float), sizeof inner));
   bool ok = twice == base && range_base == base && range_bytes == kBytes && inner == 7.0f &&
+            queried == CUDA_SUCCESS && recorded_here == CUDA_ERROR_INVALID_HANDLE &&
             first_half_intact(base);
 
   CUfunction scale_add{};
@@ -371,10 +381,10 @@ int main(int argc, char** argv) {
   if (mode == "import" && argc == 5) return import_side(argv[2], argv[3], argv[4]);
   if (mode == "forge" && argc == 4) return forge(argv[2], argv[3]);
   if (mode == "open" && argc == 3) return open_only(argv[2]);
-  if (mode == "import_on" && argc == 4) return import_on(std::stoi(argv[2]), argv[3]);
+  if (mode == "import_on" && argc == 5) return import_on(std::stoi(argv[2]), argv[3], argv[4]);
   std::fprintf(
       stderr,
       "usage: ipc_client export keep|free|watch | import MEM EVENT close|leave | forge MEM "
-      "EVENT | open MEM | import_on DEVICE MEM\n");
+      "EVENT | open MEM | import_on DEVICE MEM EVENT\n");
   return 2;
 }

@@ -153,7 +153,7 @@ TEST_CASE(
   Daemon daemon({}, {{"MPSSHIM_TESTDRIVER_DEVICES", "2"}});
   const Held before = held(daemon);
   Exporter a = start_exporter(daemon, "keep");
-  Child b({client(), "import_on", "1", a.memory}, daemon.client_env(), true);
+  Child b({client(), "import_on", "1", a.memory, a.event}, daemon.client_env(), true);
   {
     INFO("importer: " << b.out() << "\ndaemon log:\n" << daemon.log());
     REQUIRE(b.wait_for_output("RECORDED", 60s));
