@@ -43,8 +43,8 @@ std::uint64_t held_of(const Session& session, ClientLimit limit) {
       return session.callbacks ? session.callbacks->held() : 0;
     case ClientLimit::kInFlight:
       return session.pending.size() + session.retiring.size();
-    case ClientLimit::kIpcOpens:
-      return session.ipc_imports.size();
+    case ClientLimit::kIpcOpens:  // cuIpc opens and shared VMM opens alike
+      return session.ipc_imports.size() + session.vmm.shared_opens.size();
     case ClientLimit::kCount:
       break;
   }
