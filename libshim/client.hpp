@@ -81,6 +81,9 @@ struct Stream {
   // Written under the capture book's mutex (libshim/graph.cpp).
   std::vector<CUgraphNode> capture_deps;
   std::vector<CUgraphEdgeData> capture_edges;
+  // CU_STREAM_ATTRIBUTE_SYNCHRONIZATION_POLICY as set (0: never set), answered by the shim: the
+  // client's waits follow the shim's wait policy (libshim/wait_policy.hpp) either way.
+  unsigned sync_policy = 0;
 };
 
 struct Event {

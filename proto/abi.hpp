@@ -48,7 +48,9 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // Minor 16: VMM shareable handles between clients under a policy (ops 112..114,
 // proto/ops_vmm_share.hpp: VmmOpenReq, VmmOpenRep; IpcKind::kVmm) and stream memory operations
 // (op 115, proto/ops_stream_mem.hpp: StreamMemOpReq).
-inline constexpr std::uint16_t kAbiMinor = 16;
+// Minor 17: stream attributes on the server (op 116, proto/ops_stream_attributes.hpp:
+// StreamAttributeReq).
+inline constexpr std::uint16_t kAbiMinor = 17;
 
 // FROZEN FOREVER. Every message on every mpsshim socket starts with this header, so that any two
 // versions of mpsshim can at least tell each other which versions they are. Never change it.

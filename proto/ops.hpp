@@ -169,6 +169,9 @@ enum class Op : std::uint16_t {
   // Stream memory operations (cuStreamWaitValue*, cuStreamWriteValue*, cuStreamBatchMemOp, one
   // record per operation; proto/ops_stream_mem.hpp).
   kStreamMemOp = 115,  // StreamMemOpReq -> nothing
+  // cuStreamGetAttribute / cuStreamSetAttribute / cuStreamCopyAttributes on the server's driver
+  // (proto/ops_stream_attributes.hpp).
+  kStreamAttribute = 116,  // StreamAttributeReq -> WireLaunchAttribute (get) or nothing
   kCount
 };
 

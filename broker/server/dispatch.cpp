@@ -12,6 +12,7 @@
 #include "broker/server/ops.hpp"
 #include "proto/ops_copies.hpp"
 #include "proto/ops_ipc.hpp"
+#include "proto/ops_stream_attributes.hpp"
 #include "proto/ops_stream_mem.hpp"
 #include "proto/ops_tensor_map.hpp"
 #include "proto/ops_vmm.hpp"
@@ -75,6 +76,8 @@ std::array<OpSpec, kOpCount> make_specs() {
   set(Op::kVmmOpen, "VmmOpen", op_vmm_open, sizeof(VmmOpenReq), true);
   set(Op::kVmmClose, "VmmClose", op_vmm_close, sizeof(HandleReq), true);
   set(Op::kStreamMemOp, "StreamMemOp", op_stream_mem_op, sizeof(StreamMemOpReq), false);
+  set(Op::kStreamAttribute, "StreamAttribute", op_stream_attribute, sizeof(StreamAttributeReq),
+      true);
   set(Op::kTensorMapEncode, "TensorMapEncode", op_tensor_map_encode, sizeof(TensorMapEncodeReq),
       true);
   set(Op::kTensorMapReplaceAddress, "TensorMapReplaceAddress", op_tensor_map_replace_address,

@@ -94,6 +94,9 @@
   X(cuStreamWaitValue64_v2, CUresult, (CUstream, CUdeviceptr, cuuint64_t, unsigned int))           \
   X(cuStreamBatchMemOp_v2, CUresult,                                                               \
     (CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int))                             \
+  X(cuStreamGetAttribute, CUresult, (CUstream, CUstreamAttrID, CUstreamAttrValue*))                \
+  X(cuStreamSetAttribute, CUresult, (CUstream, CUstreamAttrID, const CUstreamAttrValue*))          \
+  X(cuStreamCopyAttributes, CUresult, (CUstream, CUstream))                                        \
   X(cuEventQuery, CUresult, (CUevent))                                                             \
   X(cuEventElapsedTime_v2, CUresult, (float*, CUevent, CUevent))                                   \
   X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, CUresult,                                \

@@ -133,6 +133,7 @@ OpResult op_vmm_share(Call& call);
 OpResult op_vmm_open(Call& call);
 OpResult op_vmm_close(Call& call);
 OpResult op_stream_mem_op(Call& call);
+OpResult op_stream_attribute(Call& call);
 OpResult op_tensor_map_encode(Call& call);
 OpResult op_tensor_map_replace_address(Call& call);
 OpResult op_vmm_address_free(Call& call);

@@ -1461,6 +1461,60 @@ int queries() {
   CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
   CUgreenCtx green = reinterpret_cast<CUgreenCtx>(1);
   CHECK(cuStreamGetGreenCtx(stream, &green));
+
+  // Stream attributes: the window and the sync domain on the server, priority and sync policy
+  // in the shim; copied to another stream; a window over memory that is not the client's and a
+  // priority change refused.
+  CUdeviceptr window_memory{};
+  CHECK(cuMemAlloc(&window_memory, 1 << 16));
+  CUstreamAttrValue value{};
+  value.accessPolicyWindow.base_ptr = reinterpret_cast<void*>(window_memory);
+  value.accessPolicyWindow.num_bytes = 1 << 16;
+  value.accessPolicyWindow.hitRatio = 0.5f;
+  value.accessPolicyWindow.hitProp = CU_ACCESS_PROPERTY_PERSISTING;
+  value.accessPolicyWindow.missProp = CU_ACCESS_PROPERTY_STREAMING;
+  CHECK(cuStreamSetAttribute(stream, CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW, &value));
+  CUstreamAttrValue domain{};
+  domain.memSyncDomain = CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE;
+  CHECK(cuStreamSetAttribute(stream, CU_STREAM_ATTRIBUTE_MEM_SYNC_DOMAIN, &domain));
+  CUstreamAttrValue policy{};
+  policy.syncPolicy = CU_SYNC_POLICY_SPIN;
+  CHECK(cuStreamSetAttribute(stream, CU_STREAM_ATTRIBUTE_SYNCHRONIZATION_POLICY, &policy));
+  CUstreamAttrValue got{};
+  CHECK(cuStreamGetAttribute(stream, CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW, &got));
+  const bool window_kept = got.accessPolicyWindow.base_ptr == value.accessPolicyWindow.base_ptr &&
+                           got.accessPolicyWindow.num_bytes == (1u << 16) &&
+                           got.accessPolicyWindow.hitRatio == 0.5f;
+  CUstream copy{};
+  CHECK(cuStreamCreate(&copy, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamCopyAttributes(copy, stream));
+  CUstreamAttrValue copied_domain{}, copied_policy{}, priority{};
+  CHECK(cuStreamGetAttribute(copy, CU_STREAM_ATTRIBUTE_MEM_SYNC_DOMAIN, &copied_domain));
+  CHECK(cuStreamGetAttribute(copy, CU_STREAM_ATTRIBUTE_SYNCHRONIZATION_POLICY, &copied_policy));
+  CHECK(cuStreamGetAttribute(copy, CU_STREAM_ATTRIBUTE_PRIORITY, &priority));
+  CUstreamAttrValue foreign = value;
+  foreign.accessPolicyWindow.base_ptr = reinterpret_cast<void*>(0x1000);
+  const CUresult foreign_window =
+      cuStreamSetAttribute(stream, CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW, &foreign);
+  const CUresult priority_set =
+      cuStreamSetAttribute(stream, CU_STREAM_ATTRIBUTE_PRIORITY, &priority);
+  CUstreamAttrValue bad_policy{};
+  bad_policy.syncPolicy = static_cast<CUsynchronizationPolicy>(9);
+  const CUresult policy_bad =
+      cuStreamSetAttribute(stream, CU_STREAM_ATTRIBUTE_SYNCHRONIZATION_POLICY, &bad_policy);
+  if (!window_kept || copied_domain.memSyncDomain != CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE ||
+      copied_policy.syncPolicy != CU_SYNC_POLICY_SPIN || priority.priority != 0 ||
+      foreign_window != CUDA_ERROR_INVALID_VALUE || priority_set != CUDA_ERROR_NOT_SUPPORTED ||
+      policy_bad != CUDA_ERROR_INVALID_VALUE) {
+    std::printf(
+        "FAIL stream attributes: window %d domain %d policy %d priority %d foreign %d "
+        "priority_set %d bad_policy %d\n",
+        window_kept, copied_domain.memSyncDomain, copied_policy.syncPolicy, priority.priority,
+        foreign_window, priority_set, policy_bad);
+    ok = false;
+  }
+  CHECK(cuStreamDestroy(copy));
+  CHECK(cuMemFree(window_memory));
   CHECK(cuStreamDestroy(stream));
   const CUresult green_dead = cuStreamGetGreenCtx(stream, &green);
   if (cache != CUDA_SUCCESS || cache_bad_device != CUDA_ERROR_INVALID_DEVICE ||

@@ -12,6 +12,7 @@
 #include "proto/ops.hpp"
 #include "proto/ops_copies.hpp"
 #include "proto/ops_ipc.hpp"
+#include "proto/ops_stream_attributes.hpp"
 #include "proto/ops_stream_mem.hpp"
 #include "proto/ops_tensor_map.hpp"
 #include "proto/ops_vmm.hpp"
@@ -409,6 +410,9 @@ std::uint64_t layout_fingerprint() {
   FIELD(StreamMemOpReq, value);
   FIELD(StreamMemOpReq, flags);
   f.add(static_cast<std::uint64_t>(Op::kStreamMemOp));
+  SIZE(StreamAttributeReq);
+  FIELD(StreamAttributeReq, attribute);
+  f.add(static_cast<std::uint64_t>(Op::kStreamAttribute));
   return f.h;
 }
 
@@ -437,6 +441,7 @@ constexpr Pinned kPinned[] = {
     {1, 15, 0xda4cc82ecab3f3f5},  // pinned window (HostRegisterRep::host_address), TMA (110..111)
     {1, 16,
      0x704d5b9c24f0bf7d},  // VMM sharing under a policy (112..114), stream memory operations (115)
+    {1, 17, 0x3f1baaa7d081c004},  // stream attributes (116)
 };
 
 }  // namespace

@@ -57,6 +57,8 @@ struct Stream {
   std::shared_ptr<WorkQueue> queue;
   std::shared_ptr<Capture> capture{};       // while capturing (graph.cpp)
   std::vector<CUgraphNode> capture_tail{};  // what the next captured node depends on
+  // cuStreamSetAttribute's values by attribute id (stream.cpp); absent: all zero.
+  std::map<int, CUstreamAttrValue> attributes{};
 };
 
 struct GreenContext {

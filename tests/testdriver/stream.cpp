@@ -165,6 +165,59 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuEventElapsedTime_v2(float* pMillise
   });
 }
 
+// Stream attributes: stored per stream; the ids a stream takes (cuda.h's CU_STREAM_ATTRIBUTE_*),
+// anything else CUDA_ERROR_INVALID_VALUE. An access policy window must lie in device memory.
+bool stream_attribute(CUstreamAttrID id) {
+  return id == CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW ||
+         id == CU_STREAM_ATTRIBUTE_SYNCHRONIZATION_POLICY || id == CU_STREAM_ATTRIBUTE_PRIORITY ||
+         id == CU_STREAM_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP || id == CU_STREAM_ATTRIBUTE_MEM_SYNC_DOMAIN;
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamGetAttribute(CUstream hstream, CUstreamAttrID id,
+                                                                CUstreamAttrValue* value) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    Stream* stream = nullptr;
+    if (CUresult r = resolve_stream(s, hstream, stream); r != CUDA_SUCCESS) return r;
+    if (value == nullptr || !stream_attribute(id)) return CUDA_ERROR_INVALID_VALUE;
+    auto it = stream->attributes.find(id);
+    *value = it == stream->attributes.end() ? CUstreamAttrValue{} : it->second;
+    if (id == CU_STREAM_ATTRIBUTE_PRIORITY) value->priority = stream->priority;
+    return CUDA_SUCCESS;
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamSetAttribute(CUstream hstream, CUstreamAttrID id,
+                                                                const CUstreamAttrValue* value) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    Stream* stream = nullptr;
+    if (CUresult r = resolve_stream(s, hstream, stream); r != CUDA_SUCCESS) return r;
+    if (value == nullptr || !stream_attribute(id)) return CUDA_ERROR_INVALID_VALUE;
+    if (id == CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW) {
+      const CUaccessPolicyWindow& w = value->accessPolicyWindow;
+      if (w.num_bytes != 0 && resolve_range_locked(s, reinterpret_cast<std::uintptr_t>(w.base_ptr),
+                                                   w.num_bytes) == nullptr) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+    }
+    stream->attributes[id] = *value;
+    return CUDA_SUCCESS;
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamCopyAttributes(CUstream dst, CUstream src) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    Stream* to = nullptr;
+    Stream* from = nullptr;
+    if (CUresult r = resolve_stream(s, dst, to); r != CUDA_SUCCESS) return r;
+    if (CUresult r = resolve_stream(s, src, from); r != CUDA_SUCCESS) return r;
+    to->attributes = from->attributes;
+    return CUDA_SUCCESS;
+  });
+}
+
 namespace {
 
 // Whether a stream wait's condition holds for `seen` (cuda.h's CUstreamWaitValue_flags).
