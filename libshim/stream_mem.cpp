@@ -32,23 +32,10 @@ bool valid_flags(proto::StreamMemOpKind kind, unsigned flags) {
   return false;
 }
 
-std::size_t width_of(proto::StreamMemOpKind kind) {
-  switch (kind) {
-    case proto::StreamMemOpKind::kWait32:
-    case proto::StreamMemOpKind::kWrite32:
-      return 4;
-    case proto::StreamMemOpKind::kWait64:
-    case proto::StreamMemOpKind::kWrite64:
-      return 8;
-    default:
-      return 0;
-  }
-}
-
 CUresult post_op(Context* ctx, Stream* stream, proto::StreamMemOpKind kind, CUdeviceptr address,
                  std::uint64_t value, unsigned flags) {
   if (!valid_flags(kind, flags)) return CUDA_ERROR_INVALID_VALUE;
-  if (const std::size_t width = width_of(kind); width != 0) {
+  if (const std::uint64_t width = proto::stream_mem_op_width(kind).value_or(0); width != 0) {
     if (address % width != 0) return CUDA_ERROR_INVALID_VALUE;
     DeviceRange range{};
     PinnedRange pinned{};

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "proto/ops.hpp"
 
@@ -18,6 +19,23 @@ enum class StreamMemOpKind : std::uint32_t {
   kFlushRemoteWrites = 5,  // CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES (no address)
   kBarrier = 6,            // CU_STREAM_MEM_OP_BARRIER (no address; flags: the scope)
 };
+
+// The bytes an operation reads or writes at its address: 4 or 8, 0 for those without an
+// address; nullopt for a kind that is none of the above.
+constexpr std::optional<std::uint64_t> stream_mem_op_width(StreamMemOpKind kind) {
+  switch (kind) {
+    case StreamMemOpKind::kWait32:
+    case StreamMemOpKind::kWrite32:
+      return 4;
+    case StreamMemOpKind::kWait64:
+    case StreamMemOpKind::kWrite64:
+      return 8;
+    case StreamMemOpKind::kFlushRemoteWrites:
+    case StreamMemOpKind::kBarrier:
+      return 0;
+  }
+  return std::nullopt;
+}
 
 struct StreamMemOpReq {
   WireHandle stream;

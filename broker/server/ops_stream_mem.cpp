@@ -9,24 +9,6 @@
 namespace mpsshim::server {
 namespace {
 
-// The bytes the operation reads or writes at its address: 0 for those without one.
-std::uint64_t width_of(proto::StreamMemOpKind kind, bool* known) {
-  *known = true;
-  switch (kind) {
-    case proto::StreamMemOpKind::kWait32:
-    case proto::StreamMemOpKind::kWrite32:
-      return 4;
-    case proto::StreamMemOpKind::kWait64:
-    case proto::StreamMemOpKind::kWrite64:
-      return 8;
-    case proto::StreamMemOpKind::kFlushRemoteWrites:
-    case proto::StreamMemOpKind::kBarrier:
-      return 0;
-  }
-  *known = false;
-  return 0;
-}
-
 CUresult issue(const DriverTable& cu, CUstream stream, const proto::StreamMemOpReq& req) {
   const CUdeviceptr at = req.address;
   switch (static_cast<proto::StreamMemOpKind>(req.kind)) {
@@ -58,9 +40,9 @@ CUresult issue(const DriverTable& cu, CUstream stream, const proto::StreamMemOpR
 
 OpResult op_stream_mem_op(Call& call) {
   auto req = call.request<proto::StreamMemOpReq>();
-  bool known = false;
-  const std::uint64_t width = width_of(static_cast<proto::StreamMemOpKind>(req.kind), &known);
+  const auto known = proto::stream_mem_op_width(static_cast<proto::StreamMemOpKind>(req.kind));
   if (!known) return call.done(CUDA_ERROR_INVALID_VALUE);
+  const std::uint64_t width = *known;
   if (width != 0 && (req.address % width != 0 || !owns_memory(call, req.address, width))) {
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }

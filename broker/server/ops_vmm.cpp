@@ -189,16 +189,20 @@ OpResult op_vmm_create(Call& call) {
 // The physical allocation as a POSIX fd another process can import (NCCL's P2P transport shares
 // its buffers so): sent on the client's socket before the answer, as the driver hands one out.
 // Only what the client created asking for that handle type, as the driver requires.
+PhysicalAllocObj* exportable_allocation(Session& session, std::uint64_t handle) {
+  PhysicalAllocObj* allocation = session.objects.get<PhysicalAllocObj>(handle);
+  if (allocation == nullptr || allocation->client_refs == 0 ||
+      (allocation->prop.handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0) {
+    return nullptr;
+  }
+  return allocation;
+}
+
 OpResult op_vmm_export(Call& call) {
   auto req = call.request<proto::HandleReq>();
   Session& session = call.session;
-  PhysicalAllocObj* allocation = session.objects.get<PhysicalAllocObj>(req.handle);
-  if (allocation == nullptr || allocation->client_refs == 0) {
-    return call.done(CUDA_ERROR_INVALID_VALUE);
-  }
-  if ((allocation->prop.handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0) {
-    return call.done(CUDA_ERROR_INVALID_VALUE);
-  }
+  PhysicalAllocObj* allocation = exportable_allocation(session, req.handle);
+  if (allocation == nullptr) return call.done(CUDA_ERROR_INVALID_VALUE);
   int exported = -1;
   if (CUresult r = call.cu.cuMemExportToShareableHandle(
           &exported, allocation->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);

@@ -42,14 +42,8 @@ tl::expected<proto::UniqueFd, CUresult> handle_memfd(const proto::IpcHandle& han
 OpResult op_vmm_share(Call& call) {
   auto req = call.request<proto::HandleReq>();
   Session& session = call.session;
-  PhysicalAllocObj* allocation = session.objects.get<PhysicalAllocObj>(req.handle);
-  if (allocation == nullptr || allocation->client_refs == 0) {
-    return call.done(CUDA_ERROR_INVALID_VALUE);
-  }
-  // As the driver: only what was created asking for the fd handle type.
-  if ((allocation->prop.handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0) {
-    return call.done(CUDA_ERROR_INVALID_VALUE);
-  }
+  PhysicalAllocObj* allocation = exportable_allocation(session, req.handle);
+  if (allocation == nullptr) return call.done(CUDA_ERROR_INVALID_VALUE);
   if (allocation->bytes == PhysicalAllocObj::kImportedBytes) {
     // Another client's memory: its exporter shares it, under its own charge.
     log_warn(

@@ -60,6 +60,11 @@ void free_reservation(Session& session, std::uint64_t base, std::uint64_t bytes)
 // closes the shared allocations it opened.
 void free_virtual_memory(Session& session, FreedTally& tally);
 
+// The client's physical allocation `handle` (a live client handle), if it was created asking
+// for the POSIX fd handle type, as the driver requires of an export; else nullptr.
+struct PhysicalAllocObj;
+PhysicalAllocObj* exportable_allocation(Session& session, std::uint64_t handle);
+
 // One open of a shared physical allocation ends (kVmmClose, or the opener's end): the last one
 // after its exporter let go gives the exporter its bytes back (ops_vmm_share.cpp).
 void close_shared_open(Session& session, const std::shared_ptr<IpcMemory>& memory);
