@@ -238,6 +238,9 @@ struct MemPool {
   int device = 0;
   proto::WireHandle wire = 0;  // 0: the session's default pool
   bool is_default = false;
+  // Other devices given read-write access (cuMemPoolSetAccess), bit per visible device: each
+  // allocation of the pool is mapped into their servers too (memory_pool.cpp, peer.hpp).
+  std::atomic<std::uint64_t> peers{0};
 };
 template <>
 inline constexpr Magic kMagicOf<MemPool> = Magic::kMemPool;

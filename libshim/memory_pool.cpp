@@ -4,10 +4,13 @@
 // default pool is the session's default pool there (wire handle 0, made on first use); the
 // current pool of a device is kept here and named in every allocation request.
 #include <array>
+#include <bit>
 #include <mutex>
+#include <vector>
 
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
+#include "libshim/client_view.hpp"
 #include "libshim/log.hpp"
 #include "libshim/object_pool.hpp"
 #include "libshim/peer.hpp"
@@ -95,8 +98,17 @@ CUresult alloc_from(MemPool* pool, CUdeviceptr* dptr, std::size_t bytes, CUstrea
   address_book().add_device(range);
   *dptr = reply.dptr;
   // In the server's arena like cuMemAlloc's memory: mapped into the GPUs that enabled peer
-  // access to this one (nothing to do, without a lock, until one has).
-  return share_with_peers(ctx->device, reply.dptr, bytes);
+  // access to this one (nothing to do, without a lock, until one has), and into those the pool
+  // gave access to.
+  if (CUresult rc = share_with_peers(ctx->device, reply.dptr, bytes); rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  for (std::uint64_t peers = pool->peers.load(std::memory_order_acquire); peers != 0;
+       peers &= peers - 1) {
+    const int peer = std::countr_zero(peers);
+    if (CUresult rc = reach_from(peer, reply.dptr, bytes); rc != CUDA_SUCCESS) return rc;
+  }
+  return CUDA_SUCCESS;
 }
 
 CUresult free_async(CUdeviceptr dptr, CUstream handle, DefaultStream mode) {
@@ -299,14 +311,41 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemPoolSetAccess(CUmemoryPool hpool, const CUm
   MemPool* pool = object_of<MemPool>(hpool);
   if (pool == nullptr || (map == nullptr && count != 0)) return CUDA_ERROR_INVALID_VALUE;
   for (size_t i = 0; i < count; ++i) {
-    if (map[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE && map[i].location.id == pool->device &&
-        map[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+    const int device = map[i].location.id;
+    if (map[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || device < 0 ||
+        device >= visible_device_count() || device >= 64) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (device == pool->device && map[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
       continue;  // what the pool's own device always has
     }
-    log_once(g_access_logged, Level::warn,
-             "cuMemPoolSetAccess: access from another device or read-only access is not "
-             "supported by mpsshim (a pool's memory is read-write on its own device only)");
-    return CUDA_ERROR_NOT_SUPPORTED;
+    const bool read_write = map[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if ((device == pool->device || !read_write) && map[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE) {
+      log_once(g_access_logged, Level::warn,
+               "cuMemPoolSetAccess: read-only access is not supported by mpsshim (a pool's "
+               "memory is read-write or not reachable)");
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    if (device == pool->device) continue;
+    // Another device: the pool's allocations from now on, and those alive now, are mapped into
+    // its server (peer.hpp). Taking access away stops the mapping of new ones; what is mapped
+    // stays until it is freed.
+    const std::uint64_t bit = std::uint64_t{1} << device;
+    if (!read_write) {
+      pool->peers.fetch_and(~bit, std::memory_order_acq_rel);
+      continue;
+    }
+    pool->peers.fetch_or(bit, std::memory_order_acq_rel);
+    std::vector<DeviceRange> held;
+    try {
+      held = address_book().device_ranges();
+    } catch (...) {
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    for (const DeviceRange& range : held) {
+      if (range.pool != hpool) continue;
+      if (CUresult rc = reach_from(device, range.base, range.bytes); rc != CUDA_SUCCESS) return rc;
+    }
   }
   return CUDA_SUCCESS;
 }
@@ -316,7 +355,10 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemPoolGetAccess(CUmemAccess_flags* flags, CUm
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   MemPool* pool = object_of<MemPool>(hpool);
   if (pool == nullptr || flags == nullptr || location == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *flags = location->type == CU_MEM_LOCATION_TYPE_DEVICE && location->id == pool->device
+  const bool peer = location->type == CU_MEM_LOCATION_TYPE_DEVICE && location->id >= 0 &&
+                    location->id < 64 &&
+                    (pool->peers.load(std::memory_order_acquire) >> location->id & 1) != 0;
+  *flags = (location->type == CU_MEM_LOCATION_TYPE_DEVICE && location->id == pool->device) || peer
                ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
                : CU_MEM_ACCESS_FLAGS_PROT_NONE;
   return CUDA_SUCCESS;

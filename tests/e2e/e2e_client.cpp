@@ -974,6 +974,50 @@ bool peer_copies_and_access() {
   CHECK(cuCtxSetCurrent(ctx[1]));
   CHECK(cuModuleUnload(module));
   CHECK(cuCtxDisablePeerAccess(ctx[0]));
+  // With peer access off again, a pool of GPU 0 given to GPU 1 (cuMemPoolSetAccess, as PyTorch's
+  // stream-ordered allocator does): its allocations are mapped into GPU 1's server, whose kernel
+  // then reads one.
+  {
+    CHECK(cuCtxSetCurrent(ctx[0]));
+    CUmemPoolProps props{};
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = 0;
+    CUmemoryPool pool{};
+    CHECK(cuMemPoolCreate(&pool, &props));
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = 1;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CHECK(cuMemPoolSetAccess(pool, &access, 1));
+    CUmemAccess_flags granted{};
+    CHECK(cuMemPoolGetAccess(&granted, pool, &access.location));
+    CUdeviceptr from_pool = 0;
+    CHECK(cuMemAllocFromPoolAsync(&from_pool, kBytes, pool, nullptr));
+    CHECK(cuMemcpyHtoDAsync(from_pool, a.data(), kBytes, nullptr));
+    CHECK(cuCtxSynchronize());
+    CHECK(cuCtxSetCurrent(ctx[1]));
+    CUmodule again{};
+    CHECK(cuModuleLoadData(&again, kModuleImage));
+    CUfunction add_again{};
+    CHECK(cuModuleGetFunction(&add_again, again, "vector_add"));
+    void* pool_args[] = {&from_pool, &on1, &sum, &n};
+    CHECK(cuLaunchKernel(add_again, (kCount + 255) / 256, 1, 1, 256, 1, 1, 0, nullptr, pool_args,
+                         nullptr));
+    CHECK(cuMemcpyDtoH(out.data(), sum, kBytes));
+    int wrong_pool = 0;
+    for (int i = 0; i < kCount; ++i) wrong_pool += out[i] != a[i] + b[i];
+    if (granted != CU_MEM_ACCESS_FLAGS_PROT_READWRITE || wrong_pool != 0) {
+      std::printf("two_gpus: a pool given to GPU 1: access %d, %d wrong sums\n", granted,
+                  wrong_pool);
+      ok = false;
+    }
+    CHECK(cuModuleUnload(again));
+    CHECK(cuCtxSetCurrent(ctx[0]));
+    CHECK(cuMemFreeAsync(from_pool, nullptr));
+    CHECK(cuCtxSynchronize());
+    CHECK(cuMemPoolDestroy(pool));
+  }
   // GPU 0's memory goes while GPU 1's server maps it: it lets go first.
   CHECK(cuCtxSetCurrent(ctx[0]));
   CHECK(cuMemFree(on0));
