@@ -1,8 +1,9 @@
 // Memory on two GPUs held at once by one process: every allocation (small and large cudaMalloc,
-// cudaMallocPitch, small and large cudaMallocAsync) has its own device addresses, cudaPointerGetAttributes names its GPU, and each
-// GPU's kernel results read back intact. Under the shim each GPU is a different server process,
-// whose driver would hand out the same addresses as the other's (docs/architecture.md, one device
-// address space). Needs two GPUs (gpu_suite.sh runs it only then).
+// cudaMallocPitch, small and large cudaMallocAsync) has its own device addresses,
+// cudaPointerGetAttributes names its GPU, and each GPU's kernel results read back intact. Under the
+// shim each GPU is a different server process, whose driver would hand out the same addresses as
+// the other's (docs/architecture.md, one device address space). Needs two GPUs (gpu_suite.sh runs
+// it only then).
 constexpr const char* kProgram = "rt_two_gpus";
 #include <algorithm>
 #include <vector>

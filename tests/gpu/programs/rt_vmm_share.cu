@@ -12,13 +12,13 @@
 #include <cstring>
 #include <vector>
 
-#define CK(x)                                                                        \
-  do {                                                                               \
-    CUresult r_ = (x);                                                               \
-    if (r_ != CUDA_SUCCESS) {                                                        \
-      std::printf("rt_vmm_share: %s: %s -> %d FAIL\n", role, #x, r_);               \
-      return 1;                                                                      \
-    }                                                                                \
+#define CK(x)                                                         \
+  do {                                                                \
+    CUresult r_ = (x);                                                \
+    if (r_ != CUDA_SUCCESS) {                                         \
+      std::printf("rt_vmm_share: %s: %s -> %d FAIL\n", role, #x, r_); \
+      return 1;                                                       \
+    }                                                                 \
   } while (0)
 
 static const char* role = "owner";
@@ -98,7 +98,8 @@ int main() {
     char link[128] = {};
     readlink(name, link, sizeof link - 1);
     CUmemGenericAllocationHandle h;
-    CK(cuMemImportFromShareableHandle(&h, (void*)(long)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+    CK(cuMemImportFromShareableHandle(&h, (void*)(long)fd,
+                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
     close(fd);
     CUdeviceptr va;
     if (map_rw(&va, 2 * g, h)) return 1;
