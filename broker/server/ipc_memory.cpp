@@ -4,6 +4,16 @@
 
 namespace mpsshim::server {
 
+CUresult log_ipc_refusal(Session& session, const IpcRefusal& refusal, const char* tried) {
+  const auto bit = static_cast<std::uint8_t>(1u << static_cast<unsigned>(refusal.kind));
+  const bool first = (session.ipc_refusals_logged & bit) == 0;
+  session.ipc_refusals_logged |= bit;
+  log_at(first ? LogLevel::kWarn : LogLevel::kDebug, "{} (uid {}) tried to {} {}; refused{}",
+         session.who(), session.client.uid, tried, refusal.why,
+         first ? " (later refusals of this kind are logged at debug level)" : "");
+  return refusal.result;
+}
+
 bool ipc_hand_over(Session& session, std::uint64_t base) {
   auto it = session.ipc_exports.find(base);
   if (it == session.ipc_exports.end()) return false;

@@ -18,6 +18,11 @@ bool ipc_hand_over(Session& session, std::uint64_t base);
 // last holder of goes into `into` to be freed. False if `base` is no import of the session.
 bool ipc_close(Session& session, std::uint64_t base, Retired& into, bool all = false);
 
+// A refused open or import: logs why, the first refusal of each kind in a session at warn
+// level and later ones at debug (a client that loops on a bad handle is no flood); returns the
+// driver's answer for it.
+CUresult log_ipc_refusal(Session& session, const IpcRefusal& refusal, const char* tried);
+
 // Session end: every export handed over (those still opened elsewhere leave the session's
 // memory map, so they are not freed with its allocations) and every import closed, into `into`.
 void ipc_end_session(Session& session, Retired& into);

@@ -15,18 +15,8 @@ IpcOwner owner_of(const Session& session) {
   return {session.client.uid, session.client.id};
 }
 
-// A refused open: the driver's answer, and a log line that says why (the first one of each kind
-// in a session at warn level, later ones at debug: a client that loops on a bad handle is no
-// flood).
 OpResult refuse_open(Call& call, const IpcRefusal& refusal) {
-  Session& session = call.session;
-  const auto bit = static_cast<std::uint8_t>(1u << static_cast<unsigned>(refusal.kind));
-  const bool first = (session.ipc_refusals_logged & bit) == 0;
-  session.ipc_refusals_logged |= bit;
-  log_at(first ? LogLevel::kWarn : LogLevel::kDebug, "{} (uid {}) tried to open {}; refused{}",
-         session.who(), session.client.uid, refusal.why,
-         first ? " (later refusals of this kind are logged at debug level)" : "");
-  return call.done(refusal.result);
+  return call.done(log_ipc_refusal(call.session, refusal, "open"));
 }
 
 }  // namespace

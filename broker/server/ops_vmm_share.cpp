@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "broker/server/client_socket.hpp"
+#include "broker/server/ipc_memory.hpp"
 #include "broker/server/limit_check.hpp"
 #include "broker/server/log.hpp"
 #include "broker/server/ops.hpp"
@@ -79,15 +80,7 @@ OpResult op_vmm_open(Call& call) {
   auto req = call.request<proto::VmmOpenReq>();
   Session& session = call.session;
   auto found = session.ipc().find_memory(req.handle, owner_of(session), proto::IpcKind::kVmm);
-  if (!found) {
-    // The first refusal of each kind at warn level, later ones at debug, as for cuIpc handles.
-    const auto bit = static_cast<std::uint8_t>(1u << static_cast<unsigned>(found.error().kind));
-    const bool first = (session.ipc_refusals_logged & bit) == 0;
-    session.ipc_refusals_logged |= bit;
-    log_at(first ? LogLevel::kWarn : LogLevel::kDebug, "{} (uid {}) tried to import {}; refused",
-           session.who(), session.client.uid, found.error().why);
-    return call.done(found.error().result);
-  }
+  if (!found) return call.done(log_ipc_refusal(session, found.error(), "import"));
   std::shared_ptr<IpcMemory> memory = std::move(*found);
   if (!within_client_limit(session, ClientLimit::kIpcOpens)) {
     return call.done(CUDA_ERROR_TOO_MANY_PEERS);
