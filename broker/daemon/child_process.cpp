@@ -23,15 +23,6 @@ namespace {
 
 constexpr int kChildControlFd = 3;
 
-int pidfd_open(pid_t pid) {
-#ifdef SYS_pidfd_open
-  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-#else
-  errno = ENOSYS;
-  return -1;
-#endif
-}
-
 // Our environment, minus the mpsshim client library in LD_PRELOAD: if a server inherited it,
 // its dlopen of the real driver would find the shim instead.
 std::vector<std::string> server_environment() {
@@ -101,6 +92,15 @@ std::vector<char*> pointers_to(std::vector<std::string>& strings) {
 }
 
 }  // namespace
+
+int pidfd_open(pid_t pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+#else
+  errno = ENOSYS;
+  return -1;
+#endif
+}
 
 tl::expected<ChildProcess, std::string> spawn_child(const SpawnRequest& request) {
   // Everything the child needs is built before fork: between fork and exec the child only makes

@@ -31,6 +31,10 @@ struct SpawnRequest {
 // sent SIGTERM if the daemon dies.
 tl::expected<ChildProcess, std::string> spawn_child(const SpawnRequest& request);
 
+// A descriptor that becomes readable when `pid` exits, or -1 with errno (ESRCH: it is gone,
+// ENOSYS: the kernel has no pidfd).
+int pidfd_open(pid_t pid);
+
 // pidfd_send_signal where there is a pidfd (no race with pid reuse), kill() otherwise.
 void signal_child(const ChildProcess& child, int signal);
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -27,6 +28,8 @@ namespace proto = mpsshim::proto;
 
 constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
+// Beyond its --stop-timeout, what a stopping daemon may take to kill its servers and exit.
+constexpr std::chrono::seconds kStoppingDaemonGrace{5};
 
 // fds 0-2 must be taken, or a socket could land on one and be clobbered when a server's stdio
 // is set up.
@@ -72,9 +75,19 @@ int run(DaemonOptions options) {
       return startup_failure(opened.error());
     }
   }
-  auto pid_file = PidFile::acquire(pid_file_path(dir.path));
-  if (!pid_file) return startup_failure(pid_file.error());
   std::string socket_path = control_socket_path(dir.path);
+  auto pid_file = PidFile::acquire(pid_file_path(dir.path));
+  if (!pid_file && !socket_answers(socket_path)) {
+    // A daemon that holds the directory but no longer answers is stopping: `mpsshimctl quit`
+    // returns once it stops listening, while it still ends its servers. Waiting for it makes
+    // `mpsshimctl quit && mpsshimd -d` a restart rather than a race.
+    log_info("the mpsshimd that holds {} is stopping; waiting for it to exit", dir.path);
+    if (PidFile::wait_for_holder_to_exit(pid_file_path(dir.path),
+                                         options.stop_timeout + kStoppingDaemonGrace)) {
+      pid_file = PidFile::acquire(pid_file_path(dir.path));
+    }
+  }
+  if (!pid_file) return startup_failure(pid_file.error());
   if (socket_answers(socket_path)) {
     return startup_failure(
         fmt::format("another mpsshimd already answers on {}; stop it with `mpsshimctl quit` or "

@@ -2,11 +2,15 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <poll.h>
 #include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+
+#include "broker/daemon/child_process.hpp"
 
 namespace mpsshim::daemon {
 
@@ -25,6 +29,27 @@ tl::expected<PidFile, std::string> PidFile::acquire(const std::string& path) {
         holder, path));
   }
   return PidFile(path, std::move(fd));
+}
+
+bool PidFile::wait_for_holder_to_exit(const std::string& path, std::chrono::milliseconds limit) {
+  proto::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd) return errno == ENOENT;  // removed: its daemon has gone
+  char text[32] = {};
+  const ssize_t n = ::pread(fd.get(), text, sizeof text - 1, 0);
+  const pid_t holder = n > 0 ? static_cast<pid_t>(std::atoi(text)) : 0;
+  if (holder <= 0) return false;
+  proto::UniqueFd pidfd(pidfd_open(holder));
+  if (!pidfd) return errno == ESRCH;
+  pollfd exited{pidfd.get(), POLLIN, 0};
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    const int ready = ::poll(&exited, 1, static_cast<int>(left.count()));
+    if (ready > 0) return true;
+    if (ready < 0 && errno != EINTR) return false;
+  }
 }
 
 PidFile::~PidFile() = default;

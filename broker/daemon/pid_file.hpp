@@ -2,6 +2,7 @@
 // existence, says a daemon owns the directory, so a crashed daemon's file is simply taken over.
 #pragma once
 
+#include <chrono>
 #include <string>
 
 #include <tl/expected.hpp>
@@ -14,6 +15,10 @@ class PidFile {
  public:
   // Fails, naming the running daemon's pid, when another daemon holds the lock.
   static tl::expected<PidFile, std::string> acquire(const std::string& path);
+
+  // Waits up to `limit` for the daemon whose pid `path` holds to exit. False when it is still
+  // there, or when the file names no pid (a daemon that is starting has not written it yet).
+  static bool wait_for_holder_to_exit(const std::string& path, std::chrono::milliseconds limit);
 
   PidFile(PidFile&&) = default;
   PidFile& operator=(PidFile&&) = default;

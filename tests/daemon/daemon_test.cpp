@@ -686,6 +686,36 @@ TEST_CASE("-d returns once the daemon is ready and leaves it running", "[lifecyc
   CHECK_FALSE(exists(dir + "/control"));
 }
 
+TEST_CASE("quit then -d at once restarts: the new daemon waits for the stopping one to exit",
+          "[lifecycle]") {
+  TempDir tmp;
+  std::string dir = tmp.path() + "/run";
+  // The first daemon's server ignores SIGTERM, so that daemon stops only after its
+  // --stop-timeout: long after `quit` has answered and its socket is gone.
+  auto start = [&](const std::map<std::string, std::string>& env) {
+    return run_program({artefact("MPSSHIMD"), "-d", "--runtime-dir", dir, "--server",
+                        artefact("FAKE_SERVER"), "--stop-timeout", "2"},
+                       env);
+  };
+  Outcome first = start({{"FAKE_SERVER_DEVICES", "1"}, {"FAKE_SERVER_HANG_ON_STOP", "1"}});
+  REQUIRE(first.exit_code == 0);
+  std::ifstream first_pid_file(dir + "/mpsshimd.pid");
+  pid_t first_pid = 0;
+  first_pid_file >> first_pid;
+  REQUIRE(first_pid > 0);
+
+  REQUIRE(run_program({artefact("MPSSHIMCTL"), "--runtime-dir", dir, "quit"}).exit_code == 0);
+  REQUIRE_FALSE(process_gone(first_pid));  // still ending its server
+  Outcome second = start({{"FAKE_SERVER_DEVICES", "1"}});
+
+  INFO(second.out << second.err);
+  CHECK(second.exit_code == 0);
+  CHECK(process_gone(first_pid));
+  Outcome list = run_program({artefact("MPSSHIMCTL"), "--runtime-dir", dir, "server_list"});
+  CHECK(contains(list.out, "running"));
+  CHECK(run_program({artefact("MPSSHIMCTL"), "--runtime-dir", dir, "quit"}).exit_code == 0);
+}
+
 TEST_CASE(
     "-d exits 1 with the reason when a GPU's server does not come up; the daemon serves "
     "the others",

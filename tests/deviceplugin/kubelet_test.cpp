@@ -307,7 +307,9 @@ TEST_CASE(
     "[deviceplugin]") {
   TempDir dir;
   const std::string runtime = dir.path + "/run";
-  REQUIRE(start_daemon(runtime).exit_code == 0);
+  Outcome started = start_daemon(runtime);
+  INFO("mpsshimd -d: " << started.out << started.err);
+  REQUIRE(started.exit_code == 0);
   FakeKubelet kubelet;
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + dir.path + "/kubelet.sock", grpc::InsecureServerCredentials());
@@ -350,7 +352,9 @@ TEST_CASE(
   // pod's token again, so the pod's next process is served.
   REQUIRE(ctl(runtime, {"quit"}).exit_code == 0);
   REQUIRE(eventually([&] { return ctl(runtime, {"server_list"}).exit_code == 2; }));
-  REQUIRE(start_daemon(runtime).exit_code == 0);
+  Outcome restarted = start_daemon(runtime);
+  INFO("mpsshimd -d: " << restarted.out << restarted.err);
+  REQUIRE(restarted.exit_code == 0);
   CHECK(eventually([&] { return contains(ctl(runtime, {"list_allocations"}).out, device); }));
   Outcome after_restart = run_client();
   INFO("client: " << after_restart.out << after_restart.err);
