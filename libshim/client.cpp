@@ -52,7 +52,8 @@ proto::ClientHello make_hello(proto::MessageKind kind, int device, const ClientC
     hello.device_memory_limit = config.memory_limit_all;
   }
   hello.flags = (config.ignore_sm_coscheduling ? proto::kHelloIgnoreSmCoscheduling : 0) |
-                (config.launch_batching ? 0 : proto::kHelloNoLaunchBatching);
+                (config.launch_batching ? 0 : proto::kHelloNoLaunchBatching) |
+                (config.own_isolation_group ? proto::kHelloOwnIsolationGroup : 0);
   std::strncpy(hello.visible_devices, config.visible_devices.c_str(),
                sizeof hello.visible_devices - 1);
   std::strncpy(hello.program, config.program.c_str(), sizeof hello.program - 1);
@@ -95,6 +96,14 @@ CUresult query_devices(ProcessState& s) {
         reply.bytes.size() < sizeof table) {
       log(Level::error, "the mpsshim daemon at {} speaks ABI {}.{}; this library speaks {}.{}",
           path, header.abi_major, header.abi_minor, proto::kAbiMajor, proto::kAbiMinor);
+      return CUDA_ERROR_MPS_CONNECTION_FAILED;
+    }
+    if (s.config.own_isolation_group && header.abi_minor < proto::kAbiMinorIsolationGroups) {
+      // That daemon would ignore the request and share this process's GPUs with others.
+      log(Level::error,
+          "MPSSHIM_ISOLATION=own, but the mpsshim daemon at {} speaks ABI {}.{}, which has no "
+          "isolation groups; not connecting (upgrade mpsshimd, or unset MPSSHIM_ISOLATION)",
+          path, header.abi_major, header.abi_minor);
       return CUDA_ERROR_MPS_CONNECTION_FAILED;
     }
     std::memcpy(&table, reply.bytes.data(), sizeof table);

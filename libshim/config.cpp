@@ -170,6 +170,18 @@ ClientConfig read_client_config() {
       log(Level::warn, "ignoring MPSSHIM_LAUNCH_BATCHING='{}': expected off or on", batching);
     }
   }
+  // A process that trusts no other client asks for server processes of its own
+  // (docs/isolation.md); it can only add isolation to what the operator's rule gives.
+  if (std::string isolation = env("MPSSHIM_ISOLATION"); !isolation.empty()) {
+    // A value it cannot read errs towards isolation: the variable is a request for it.
+    config.own_isolation_group = isolation != "shared";
+    if (isolation != "own" && isolation != "shared") {
+      log(Level::warn,
+          "MPSSHIM_ISOLATION='{}' is neither own nor shared; taking it as own (server processes "
+          "of this process's own)",
+          isolation);
+    }
+  }
   // For debugging: a library's kernels are looked up on the server when cuLibraryGetKernel asks,
   // not at their first use (libshim/kernel_lookup.hpp). CUDA_MODULE_LOADING=EAGER asks the same
   // of the real driver, so it does it here too.

@@ -50,7 +50,11 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // (op 115, proto/ops_stream_mem.hpp: StreamMemOpReq).
 // Minor 17: stream attributes on the server (op 116, proto/ops_stream_attributes.hpp:
 // StreamAttributeReq).
-inline constexpr std::uint16_t kAbiMinor = 17;
+// Minor 18: ClientHello::flags kHelloOwnIsolationGroup (MPSSHIM_ISOLATION=own), which a daemon
+// of minor 17 or older would ignore: such a client refuses that daemon.
+inline constexpr std::uint16_t kAbiMinor = 18;
+// The first minor whose daemon honours kHelloOwnIsolationGroup.
+inline constexpr std::uint16_t kAbiMinorIsolationGroups = 18;
 
 // FROZEN FOREVER. Every message on every mpsshim socket starts with this header, so that any two
 // versions of mpsshim can at least tell each other which versions they are. Never change it.

@@ -48,6 +48,9 @@ inline constexpr std::size_t kClientHelloSizeBeforeTokens = 368;
 inline constexpr std::uint32_t kHelloIgnoreSmCoscheduling = 1u << 0;
 // MPSSHIM_LAUNCH_BATCHING=off: the server issues this client's launches one by one.
 inline constexpr std::uint32_t kHelloNoLaunchBatching = 1u << 1;
+// ABI 1.18: MPSSHIM_ISOLATION=own, the client wants server processes of its own (an isolation
+// group of one; docs/isolation.md).
+inline constexpr std::uint32_t kHelloOwnIsolationGroup = 1u << 2;
 inline constexpr std::uint32_t kBadSmPartition = 0xffffffffu;
 
 struct Refused {

@@ -43,12 +43,14 @@ std::string without_tokens(std::string line) {
 }  // namespace
 
 ClientGate::ClientGate(EventLoop& loop, Supervisor& supervisor, Commands& commands,
-                       const AllocationRegistry& allocations, AccessPolicy policy)
+                       const AllocationRegistry& allocations, AccessPolicy policy,
+                       IsolationRule isolation)
     : loop_(loop),
       supervisor_(supervisor),
       commands_(commands),
       allocations_(allocations),
-      policy_(policy) {}
+      policy_(policy),
+      isolation_(isolation) {}
 
 ClientGate::~ClientGate() {
   close();
@@ -283,21 +285,40 @@ void ClientGate::on_client(Waiting connection, MessageKind kind, const proto::Cl
     refuse(connection, CUDA_ERROR_MPS_CONNECTION_FAILED, partition.error());
     return;
   }
-  // The server gets its own copy of the fd and answers the client directly; ours closes here.
-  auto server = supervisor_.admit(*gpu, connection.fd.get(), connection.peer, quota->hello,
-                                  quota->allocation_id, quota->allocation_memory_limit,
-                                  quota->sm_slot, quota->sm_slots, *partition);
-  if (!server) {
-    log_warn("{} refused: {}", who, server.error());
-    refuse(connection, CUDA_ERROR_MPS_SERVER_NOT_READY, server.error());
+  const std::string group =
+      isolation_group(isolation_, connection.peer, hello, quota->allocation_id);
+  if (*partition != nullptr && !group.empty()) {
+    // A partition is a cut of the shared server's SMs; another process cannot run inside it.
+    std::string text = fmt::format(
+        "CUDA_MPS_SM_PARTITION={} is a partition of GPU {}'s shared server, but this client "
+        "belongs to isolation group {}, which has a server of its own",
+        (*partition)->id, *gpu, group);
+    log_warn("{} refused: {}", who, text);
+    refuse(connection, CUDA_ERROR_MPS_CONNECTION_FAILED, text);
     return;
   }
+  Admission admission{connection.peer,      quota->hello,
+                      quota->allocation_id, quota->allocation_memory_limit,
+                      quota->sm_slot,       quota->sm_slots};
+  if (*partition != nullptr) admission.partition = **partition;
+  // The server gets its own copy of the fd and answers the client directly; ours closes once
+  // the admission is settled (a new group's server may take a moment to start).
+  auto fd = std::make_shared<proto::UniqueFd>(std::move(connection.fd));
+  std::string in = group.empty() ? "" : fmt::format(" in isolation group {}", group);
   if (quota->allocation_id != 0) {
-    log_info("{} attached to GPU {} (server pid {}) in allocation {} (pod {})", who, *gpu, *server,
-             quota->allocation_id, quota->pod);
-  } else {
-    log_info("{} attached to GPU {} (server pid {})", who, *gpu, *server);
+    in += fmt::format(" in allocation {} (pod {})", quota->allocation_id, quota->pod);
   }
+  supervisor_.admit_to_group(
+      group, *gpu, fd, std::move(admission),
+      [fd, who, gpu = *gpu, in](tl::expected<pid_t, std::string> server) {
+        if (!server) {
+          log_warn("{} refused: {}", who, server.error());
+          proto::send_struct(fd->get(),
+                             make_refused(CUDA_ERROR_MPS_SERVER_NOT_READY, server.error()));
+          return;
+        }
+        log_info("{} attached to GPU {} (server pid {}){}", who, gpu, *server, in);
+      });
 }
 
 void ClientGate::on_command(Waiting connection, const proto::TextMessage& request) {

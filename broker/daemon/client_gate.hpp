@@ -10,6 +10,7 @@
 #include "broker/daemon/allocations.hpp"
 #include "broker/daemon/commands.hpp"
 #include "broker/daemon/event_loop.hpp"
+#include "broker/daemon/isolation.hpp"
 #include "broker/daemon/supervisor.hpp"
 #include "proto/control.hpp"
 #include "proto/unix_socket.hpp"
@@ -27,7 +28,8 @@ class ClientGate {
   static constexpr std::size_t kMaxHelloBytes = 4096;
 
   ClientGate(EventLoop& loop, Supervisor& supervisor, Commands& commands,
-             const AllocationRegistry& allocations, AccessPolicy policy);
+             const AllocationRegistry& allocations, AccessPolicy policy,
+             IsolationRule isolation = IsolationRule::kShared);
   ~ClientGate();
 
   void listen(proto::UniqueFd listener);  // a listening SOCK_SEQPACKET socket
@@ -55,6 +57,7 @@ class ClientGate {
   Commands& commands_;
   const AllocationRegistry& allocations_;
   AccessPolicy policy_;
+  IsolationRule isolation_;
   proto::UniqueFd listener_;
   std::unordered_map<int, Waiting> waiting_;            // by fd: no first message yet
   std::unordered_map<int, proto::UniqueFd> answering_;  // by fd: a command awaiting servers

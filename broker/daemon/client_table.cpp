@@ -223,19 +223,39 @@ std::string user_name_of(const std::string& uid_text) {
   return user_name(uid_text);
 }
 
+std::string with_isolation_group(const std::string& text, const std::string& group) {
+  if (group.empty()) return text;
+  std::string out;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    out.append(text, start, end - start);
+    if (text.compare(start, 7, "client=") == 0) out += " isolation_group=" + group;
+    out += '\n';
+    start = end + 1;
+  }
+  return out;
+}
+
 std::string format_client_table(
     const std::vector<ServerClients>& servers,
     const std::function<std::string(const std::string&)>& allocation_name) {
   constexpr std::string_view kRow =
       "{:<9}{:<12}{:<5}{:<9}{:<12}{:<12}{:<12}{:<12}{:<10}{:<10}{:<12}{:<12}{:<12}{:<6}{:<10}"
-      "{:<21}{:<17}{}\n";
+      "{:<21}{:<17}{:<16}{}\n";
   std::string table = fmt::format(kRow, "PID", "USER", "GPU", "SMS", "MEMORY", "PEAK", "LIMIT",
                                   "PINNED", "LAUNCHES", "BUSY", "H2D", "D2H", "D2D", "PRIO",
-                                  "STATE", "STARTED", "PROGRAM", "ALLOCATION");
+                                  "STATE", "STARTED", "PROGRAM", "ALLOCATION", "ISOLATION");
   auto allocation = [&](const Fields& fields) -> std::string {
     std::string id = field(fields, "allocation");
     if (id == "-" || id == "0") return "-";
     return allocation_name ? allocation_name(id) : id;
+  };
+  // Clients of the shared servers show "shared", those of an isolation group its name.
+  auto isolation = [](const Fields& fields) -> std::string {
+    std::string group = field(fields, "isolation_group");
+    return group == "-" ? "shared" : group;
   };
   std::string notes;
   for_each_line(
@@ -249,7 +269,7 @@ std::string format_client_table(
             bytes_field(fields, "h2d_bytes", false), bytes_field(fields, "d2h_bytes", false),
             bytes_field(fields, "d2d_bytes", false), field(fields, "priority"),
             field(fields, "state"), start_time_field(fields), field(fields, "program"),
-            allocation(fields));
+            allocation(fields), isolation(fields));
       },
       [&](int gpu, const std::string& line) { notes += fmt::format("GPU {}: {}\n", gpu, line); });
   return table + notes;
@@ -292,6 +312,8 @@ nlohmann::json client_table_json(const std::vector<ServerClients>& servers,
             {"pod", json_string(fields, "pod")},
             {"partition", partition},
             {"priority_held_us", json_number(fields, "held_us")},
+            {"isolation_group",
+             field(fields, "isolation_group") == "-" ? "shared" : field(fields, "isolation_group")},
         });
         clients.push_back(std::move(entry));
       },

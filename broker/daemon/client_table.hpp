@@ -6,7 +6,8 @@
 //   mem_peak=2097152 mem_limit=0 pinned=0 launches=1234 busy_us=51234 h2d_bytes=4096
 //   d2h_bytes=4096 d2d_bytes=0 priority=0 state=active start_time=1732182049.123 allocation=7
 //   worker=0
-// (the daemon appends namespace= and pod= of a registered allocation, with_pod_fields).
+// (the daemon appends namespace= and pod= of a registered allocation, with_pod_fields, and
+// isolation_group= of a client of an isolation group's server, with_isolation_group).
 // Unknown keys are ignored and missing ones shown as "-"; a line without pid= (a note such as
 // "truncated: ...") is shown as it is.
 #pragma once
@@ -25,10 +26,14 @@ struct ServerClients {
   std::string text;  // the server's kServerStats text
 };
 
+// `text` of an isolation group's server with isolation_group=`group` on each client line;
+// `text` itself for a shared server (group "").
+std::string with_isolation_group(const std::string& text, const std::string& group);
+
 // PID USER GPU SMS MEMORY PEAK LIMIT PINNED LAUNCHES BUSY H2D D2H D2D PRIO STATE STARTED
-// PROGRAM ALLOCATION, then the lines that are not clients. `allocation_name` turns a line's
-// `allocation=` id into what the ALLOCATION column shows ("7 ns/pod"); ids 0 and lines without
-// the key show "-".
+// PROGRAM ALLOCATION ISOLATION, then the lines that are not clients. `allocation_name` turns a
+// line's `allocation=` id into what the ALLOCATION column shows ("7 ns/pod"); ids 0 and lines
+// without the key show "-".
 std::string format_client_table(
     const std::vector<ServerClients>& servers,
     const std::function<std::string(const std::string&)>& allocation_name = {});

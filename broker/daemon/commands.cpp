@@ -46,37 +46,55 @@ CtlReply json_reply(int status, nlohmann::json object) {
                   true};
 }
 
-// Runs `done` with every GPU's answer once the last one has arrived or failed.
+// One server's answer, with which server it was (its GPU, its isolation group, "" for the
+// GPU's shared server).
+struct SlotAnswer {
+  int gpu = 0;
+  std::string group;
+  tl::expected<ServerAnswer, std::string> answer{tl::unexpect, ""};
+
+  // "GPU 0", "GPU 0 (isolation group uid:1000)": where a line of an answer comes from.
+  std::string where() const {
+    return group.empty() ? fmt::format("GPU {}", gpu)
+                         : fmt::format("GPU {} (isolation group {})", gpu, group);
+  }
+};
+
+// Runs `done` with every server's answer once the last one has arrived or failed.
 class AnswerCollector {
  public:
   using Answer = tl::expected<ServerAnswer, std::string>;
-  using Done = std::function<void(std::vector<std::pair<int, Answer>>)>;
+  using Done = std::function<void(std::vector<SlotAnswer>)>;
 
-  static void ask(Supervisor& supervisor, const std::vector<int>& gpus, MessageKind kind,
+  // `slots`: the servers to ask (Supervisor::request).
+  static void ask(Supervisor& supervisor, const std::vector<int>& slots, MessageKind kind,
                   const std::string& text, Done done) {
-    auto collector = std::make_shared<AnswerCollector>(gpus.size(), std::move(done));
-    if (gpus.empty()) {
+    auto collector = std::make_shared<AnswerCollector>(slots.size(), std::move(done));
+    if (slots.empty()) {
       collector->finish();
       return;
     }
-    for (std::size_t i = 0; i < gpus.size(); ++i) {
-      collector->answers_[i].first = gpus[i];
-      supervisor.request(gpus[i], kind, text, Commands::kServerTimeout,
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      if (const ServerStatus* status = supervisor.status_of_slot(slots[i])) {
+        collector->answers_[i].gpu = status->ordinal;
+        collector->answers_[i].group = status->group;
+      }
+      supervisor.request(slots[i], kind, text, Commands::kServerTimeout,
                          [collector, i](Answer answer) { collector->fill(i, std::move(answer)); });
     }
   }
 
   AnswerCollector(std::size_t count, Done done)
-      : answers_(count, {0, Answer(tl::unexpect, "")}), remaining_(count), done_(std::move(done)) {}
+      : answers_(count), remaining_(count), done_(std::move(done)) {}
 
  private:
   void fill(std::size_t i, Answer answer) {
-    answers_[i].second = std::move(answer);
+    answers_[i].answer = std::move(answer);
     if (--remaining_ == 0) finish();
   }
   void finish() { done_(std::move(answers_)); }
 
-  std::vector<std::pair<int, Answer>> answers_;
+  std::vector<SlotAnswer> answers_;
   std::size_t remaining_;
   Done done_;
 };
@@ -244,23 +262,24 @@ void Commands::query_clients(const std::string& text, ClientsHandler done) {
   std::string notes;
   for (int i = 0; i < supervisor_.gpu_count(); ++i) {
     ServerState state = supervisor_.status(i).state;
-    if (state == ServerState::kRunning) {
-      ready.push_back(i);
-    } else {
+    if (state != ServerState::kRunning) {
       notes += fmt::format("GPU {}: the server is {}; its clients are not listed\n", i,
                            state_name(state));
     }
+    // Its isolation groups' servers too, whatever the shared one's state.
+    for (int slot : supervisor_.running_slots(i)) ready.push_back(slot);
   }
   AnswerCollector::ask(supervisor_, ready, MessageKind::kServerStatsQuery, text,
                        [done = std::move(done), notes](auto answers) mutable {
                          std::vector<ServerClients> clients;
                          std::string problems;
-                         for (auto& [gpu, answer] : answers) {
-                           if (answer) {
-                             clients.push_back(ServerClients{gpu, answer->text});
+                         for (SlotAnswer& reply : answers) {
+                           if (reply.answer) {
+                             clients.push_back(ServerClients{
+                                 reply.gpu, with_isolation_group(reply.answer->text, reply.group)});
                            } else {
-                             problems += fmt::format("GPU {}: {}; its clients are not listed\n",
-                                                     gpu, answer.error());
+                             problems += fmt::format("{}: {}; its clients are not listed\n",
+                                                     reply.where(), reply.answer.error());
                            }
                          }
                          done(std::move(clients), std::move(notes), std::move(problems));
@@ -322,11 +341,28 @@ void Commands::terminate_client(const Args& args, bool, ReplyHandler reply) {
   if (!gpu) return reply(error_reply(gpu.error()));
   auto pid = parse_integer(args[1]);
   if (!pid || *pid <= 0) return reply(error_reply(fmt::format("`{}` is not a pid", args[1])));
-  supervisor_.request(*gpu, MessageKind::kServerTerminateClient, std::to_string(*pid),
-                      kServerTimeout, [reply = std::move(reply)](auto answer) {
-                        if (!answer) return reply(error_reply(answer.error()));
-                        reply(CtlReply{answer->status == 0 ? 0 : 1, answer->text});
-                      });
+  ask_client_server(*gpu, MessageKind::kServerTerminateClient, std::to_string(*pid),
+                    std::move(reply));
+}
+
+void Commands::ask_client_server(int gpu, MessageKind kind, const std::string& text,
+                                 ReplyHandler reply) {
+  // The client is on one of the GPU's servers: the shared one or an isolation group's. Each
+  // that does not have it says so; the one that has it answers for the command.
+  AnswerCollector::ask(
+      supervisor_, supervisor_.running_slots(gpu), kind, text,
+      [reply = std::move(reply), gpu](std::vector<SlotAnswer> answers) {
+        if (answers.empty()) {
+          return reply(error_reply(fmt::format("GPU {} has no running server", gpu)));
+        }
+        for (SlotAnswer& one : answers) {
+          if (one.answer && one.answer->status == 0) return reply(CtlReply{0, one.answer->text});
+        }
+        // None took it: the shared server's answer (first) says why.
+        SlotAnswer& first = answers.front();
+        if (!first.answer) return reply(error_reply(first.answer.error()));
+        reply(CtlReply{1, first.answer->text});
+      });
 }
 
 void Commands::tell_servers(const std::vector<int>& gpus, const std::string& text,
@@ -334,21 +370,21 @@ void Commands::tell_servers(const std::vector<int>& gpus, const std::string& tex
   std::vector<int> running;
   std::string lines;
   for (int gpu : gpus) {
-    if (supervisor_.status(gpu).state == ServerState::kRunning) {
-      running.push_back(gpu);
-    } else {
+    if (supervisor_.status(gpu).state != ServerState::kRunning) {
       lines += fmt::format("GPU {}: the server is {}; it gets the value when it starts\n", gpu,
                            state_name(supervisor_.status(gpu).state));
     }
+    // Isolation groups' servers of the GPU take it too.
+    for (int slot : supervisor_.running_slots(gpu)) running.push_back(slot);
   }
   AnswerCollector::ask(supervisor_, running, MessageKind::kCtlRequest, text,
                        [done = std::move(done), lines](auto answers) mutable {
                          bool all_ok = true;
-                         for (auto& [gpu, answer] : answers) {
-                           if (answer && answer->status == 0) continue;
+                         for (SlotAnswer& one : answers) {
+                           if (one.answer && one.answer->status == 0) continue;
                            all_ok = false;
-                           lines += fmt::format("GPU {}: not applied: {}\n", gpu,
-                                                answer ? answer->text : answer.error());
+                           lines += fmt::format("{}: not applied: {}\n", one.where(),
+                                                one.answer ? one.answer->text : one.answer.error());
                          }
                          done(std::move(lines), all_ok);
                        });
@@ -425,8 +461,9 @@ void Commands::set_client_percentage(const Args& args, bool, ReplyHandler reply)
     return reply(error_reply(
         fmt::format("`{}` is not a percentage: give a whole number from 1 to 100", args[2])));
   }
-  ask_server(*gpu, fmt::format("set_client_active_thread_percentage {} {}", *pid, *percentage),
-             std::move(reply));
+  ask_client_server(*gpu, MessageKind::kCtlRequest,
+                    fmt::format("set_client_active_thread_percentage {} {}", *pid, *percentage),
+                    std::move(reply));
 }
 
 void Commands::set_client_memory_limit(const Args& args, bool, ReplyHandler reply) {
@@ -439,7 +476,8 @@ void Commands::set_client_memory_limit(const Args& args, bool, ReplyHandler repl
     return reply(error_reply(fmt::format(
         "`{}` is not a size: give a number with an optional K, M, G or T (e.g. 4G)", args[2])));
   }
-  ask_server(*gpu, fmt::format("set_client_memory_limit {} {}", *pid, *bytes), std::move(reply));
+  ask_client_server(*gpu, MessageKind::kCtlRequest,
+                    fmt::format("set_client_memory_limit {} {}", *pid, *bytes), std::move(reply));
 }
 
 void Commands::server_command(const Args& args, bool, ReplyHandler reply) {

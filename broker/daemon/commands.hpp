@@ -79,8 +79,12 @@ class Commands {
   void sm_partition(const Args&, bool json, ReplyHandler reply);
   void lspart(const Args&, bool json, ReplyHandler reply);
 
-  // Sends `text` to GPU `gpu`'s server as a kCtlRequest and replies with its answer.
+  // Sends `text` to GPU `gpu`'s shared server as a kCtlRequest and replies with its answer.
   void ask_server(int gpu, const std::string& text, ReplyHandler reply);
+  // Sends a command about one client to every server of GPU `gpu` (the shared one and its
+  // isolation groups'): the answer of the server that took it, else the shared server's.
+  void ask_client_server(int gpu, proto::MessageKind kind, const std::string& text,
+                         ReplyHandler reply);
   // The GPU an argument names, or an error reply.
   tl::expected<int, std::string> gpu_argument(const std::string& text) const;
   // Sends kServerStatsQuery `text` to every running server; `done` gets their answers, a line

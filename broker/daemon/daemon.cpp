@@ -52,6 +52,8 @@ SupervisorConfig with_server_tuning(SupervisorConfig config, const DaemonOptions
   config.server_priority_max_hold_us = options.server_priority_max_hold_us;
   config.server_priority_fence_poll_us = options.server_priority_fence_poll_us;
   config.server_priority_reserve_sms = options.server_priority_reserve_sms;
+  config.isolation_idle_timeout = options.isolation_idle_timeout;
+  config.isolation_max_servers = options.isolation_max_servers;
   return config;
 }
 
@@ -70,7 +72,7 @@ Daemon::Daemon(DaemonSetup setup)
       commands_(supervisor_, allocations_,
                 [this] { loop_.after({}, [this] { shutdown("mpsshimctl quit"); }); }),
       gate_(loop_, supervisor_, commands_, allocations_,
-            AccessPolicy{::geteuid(), setup_.multiuser}),
+            AccessPolicy{::geteuid(), setup_.multiuser}, setup_.options.isolation),
       metrics_(loop_, [this](auto done) { collect_metrics(std::move(done)); }),
       start_time_seconds_(
           std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
@@ -125,6 +127,13 @@ void Daemon::collect_metrics(std::function<void(std::string)> done) {
                        std::move(reports)};
     for (int i = 0; i < supervisor_.gpu_count(); ++i) {
       input.servers.push_back(supervisor_.status(i));
+      input.group_servers.push_back(0);
+      input.group_faults.push_back(supervisor_.past_group_faults(i));
+    }
+    for (auto& [slot, status] : supervisor_.group_servers()) {
+      if (status.state == ServerState::kRunning && status.ordinal < supervisor_.gpu_count()) {
+        input.group_servers[status.ordinal] += 1;
+      }
     }
     done(format_metrics(input));
   });

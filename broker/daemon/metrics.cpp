@@ -258,6 +258,12 @@ std::string format_metrics(const MetricsInput& input) {
                   "Times mpsshimd restarted the GPU's server."};
   Family faults{"mpsshim_server_gpu_faults_total", "counter",
                 "Times the GPU's server exited after a GPU fault (exit status 70)."};
+  Family group_servers{"mpsshim_isolation_group_servers", "gauge",
+                       "Server processes of isolation groups running on the GPU (mpsshimd "
+                       "--isolation), beside its shared server."};
+  Family group_faults{"mpsshim_isolation_group_gpu_faults_total", "counter",
+                      "Times a server of an isolation group on the GPU exited after a GPU fault "
+                      "(exit status 70); only that group's clients lost their work."};
   Family answered{"mpsshim_server_scrape_answered", "gauge",
                   "1 when the GPU's server answered this scrape's client queries in time, else 0 "
                   "(its client metrics are then missing)."};
@@ -362,6 +368,8 @@ std::string format_metrics(const MetricsInput& input) {
     up.add(labels, server.state == ServerState::kRunning ? 1 : 0);
     restarts.add(labels, server.restarts);
     faults.add(labels, server.gpu_faults);
+    if (i < input.group_servers.size()) group_servers.add(labels, input.group_servers[i]);
+    if (i < input.group_faults.size()) group_faults.add(labels, input.group_faults[i]);
     answered.add(labels, client_count[i] >= 0 ? 1 : 0);
     if (client_count[i] >= 0) clients.add(labels, client_count[i]);
     if (server.snapshot) {
@@ -378,10 +386,11 @@ std::string format_metrics(const MetricsInput& input) {
 
   std::string text;
   for (const Family* family :
-       {&start,          &build,   &up,     &restarts, &faults,     &answered,     &clients,
-        &info,           &sms,     &memory, &launches, &used,       &limit,        &client_sms,
-        &held_back,      &peak,    &pinned, &busy,     &copied,     &client_start, &records,
-        &server_seconds, &batched, &graphs, &images,   &image_bytes}) {
+       {&start,        &build,    &up,      &restarts,     &faults,    &group_servers,
+        &group_faults, &answered, &clients, &info,         &sms,       &memory,
+        &launches,     &used,     &limit,   &client_sms,   &held_back, &peak,
+        &pinned,       &busy,     &copied,  &client_start, &records,   &server_seconds,
+        &batched,      &graphs,   &images,  &image_bytes}) {
     text += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}", family->name, family->help, family->name,
                         family->type, family->samples);
   }

@@ -47,8 +47,10 @@ struct MetricsInput {
   std::string version;            // empty: no build info sample
   int abi_major = 0;
   int abi_minor = 0;
-  std::vector<ServerStatus> servers;  // by GPU
+  std::vector<ServerStatus> servers;  // by GPU: its shared server
   Commands::ClientReports reports;    // the servers that answered this scrape
+  std::vector<int> group_servers{};   // by GPU: isolation-group servers running
+  std::vector<int> group_faults{};    // by GPU: isolation-group servers ended by a GPU fault
 };
 
 // The body of GET /metrics.

@@ -52,6 +52,9 @@ enum LongOnly : int {
   kMetricsListen,
   kRequireAllocationToken,
   kClientLimit,
+  kIsolation,
+  kIsolationIdleTimeout,
+  kIsolationMaxServers,
   kVersion,
 };
 
@@ -187,6 +190,15 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
   --client-limit NAME=VALUE  a per-client cap of every GPU's server (repeatable): streams,
                        events, modules, graphs, memory-pools, allocations, pinned (a size),
                        host-functions, in-flight; 0 = none. Defaults in docs/daemon.md
+  --isolation shared|user|allocation|client  which clients share a server process, and so a
+                       CUDA context and GPU address space: all of them (default, as NVIDIA MPS),
+                       those of one uid, of one Kubernetes allocation, or none (each client
+                       its own); other groups get server processes of their own, isolated from
+                       each other's memory and faults (docs/isolation.md)
+  --isolation-idle-timeout SECS  an isolation group's server is stopped after SECS without
+                       clients (default 60)
+  --isolation-max-servers N  isolation-group servers one GPU may run at once (default 16);
+                       a client of a group beyond them is refused
   --require-allocation-token  clients without an allocation token (from the Kubernetes
                        device plugin) get the default SM share and memory limit, whatever they
                        ask for (see docs/kubernetes.md)
@@ -229,6 +241,9 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
       {"metrics-listen", required_argument, nullptr, kMetricsListen},
       {"require-allocation-token", no_argument, nullptr, kRequireAllocationToken},
       {"client-limit", required_argument, nullptr, kClientLimit},
+      {"isolation", required_argument, nullptr, kIsolation},
+      {"isolation-idle-timeout", required_argument, nullptr, kIsolationIdleTimeout},
+      {"isolation-max-servers", required_argument, nullptr, kIsolationMaxServers},
       {"help", no_argument, nullptr, 'h'},
       {"version", no_argument, nullptr, kVersion},
       {nullptr, 0, nullptr, 0},
@@ -438,6 +453,24 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
         auto limit = client_limit_argument(arg);
         if (!limit) return tl::unexpected(limit.error());
         options.client_limits.push_back(std::move(*limit));
+        break;
+      }
+      case kIsolation: {
+        auto rule = parse_isolation_rule(arg);
+        if (!rule) return tl::unexpected(rule.error());
+        options.isolation = *rule;
+        break;
+      }
+      case kIsolationIdleTimeout: {
+        auto n = number<int>("--isolation-idle-timeout", arg, 1, 86'400);
+        if (!n) return tl::unexpected(n.error());
+        options.isolation_idle_timeout = std::chrono::seconds(*n);
+        break;
+      }
+      case kIsolationMaxServers: {
+        auto n = number<int>("--isolation-max-servers", arg, 1, 1000);
+        if (!n) return tl::unexpected(n.error());
+        options.isolation_max_servers = *n;
         break;
       }
       case 'h':

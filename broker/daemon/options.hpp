@@ -9,6 +9,7 @@
 
 #include <tl/expected.hpp>
 
+#include "broker/daemon/isolation.hpp"
 #include "broker/daemon/log.hpp"
 #include "broker/daemon/metrics.hpp"
 
@@ -52,6 +53,9 @@ struct DaemonOptions {
   // --client-limit NAME=VALUE (repeatable), checked and passed on to every server as NAME=N
   // (broker/server/client_limits.hpp); a later one for the same NAME wins there.
   std::vector<std::string> client_limits;
+  IsolationRule isolation = IsolationRule::kShared;  // --isolation
+  std::chrono::seconds isolation_idle_timeout{60};   // --isolation-idle-timeout
+  int isolation_max_servers = 16;                    // --isolation-max-servers
   bool help = false;
   bool version = false;
 };

@@ -23,31 +23,43 @@ std::string format_driver_version(int version) {
   return fmt::format("{}.{}", version / 1000, version % 1000 / 10);
 }
 
+namespace {
+
+// Every server: each GPU's shared one, then the isolation groups' in the order they started.
+std::vector<ServerStatus> every_server(const Supervisor& supervisor) {
+  std::vector<ServerStatus> all;
+  for (int i = 0; i < supervisor.gpu_count(); ++i) all.push_back(supervisor.status(i));
+  for (auto& [slot, status] : supervisor.group_servers()) all.push_back(status);
+  return all;
+}
+
+std::string server_details(const ServerStatus& s) {
+  if (s.state == ServerState::kRunning && s.snapshot) return bounded_string(s.snapshot->name);
+  return s.problem;
+}
+
+}  // namespace
+
 std::string format_server_list(const Supervisor& supervisor) {
-  std::string text =
-      fmt::format("{:<5}{:<9}{:<12}{:<10}{}\n", "GPU", "PID", "STATE", "RESTARTS", "DETAILS");
-  for (int i = 0; i < supervisor.gpu_count(); ++i) {
-    const ServerStatus& s = supervisor.status(i);
+  constexpr std::string_view kRow = "{:<5}{:<9}{:<12}{:<10}{:<20}{}\n";
+  std::string text = fmt::format(kRow, "GPU", "PID", "STATE", "RESTARTS", "ISOLATION", "DETAILS");
+  for (const ServerStatus& s : every_server(supervisor)) {
     std::string pid = s.pid > 0 ? std::to_string(s.pid) : "-";
-    std::string details = s.problem;
-    if (s.state == ServerState::kRunning && s.snapshot) details = s.snapshot->name;
-    text +=
-        fmt::format("{:<5}{:<9}{:<12}{:<10}{}\n", i, pid, state_name(s.state), s.restarts, details);
+    text += fmt::format(kRow, s.ordinal, pid, state_name(s.state), s.restarts,
+                        s.group.empty() ? "shared" : s.group, server_details(s));
   }
   return text + discovery_note(supervisor);
 }
 
 nlohmann::json server_list_json(const Supervisor& supervisor) {
   nlohmann::json servers = nlohmann::json::array();
-  for (int i = 0; i < supervisor.gpu_count(); ++i) {
-    const ServerStatus& s = supervisor.status(i);
-    std::string details = s.problem;
-    if (s.state == ServerState::kRunning && s.snapshot) details = s.snapshot->name;
-    servers.push_back({{"gpu", i},
+  for (const ServerStatus& s : every_server(supervisor)) {
+    servers.push_back({{"gpu", s.ordinal},
                        {"pid", s.pid > 0 ? nlohmann::json(s.pid) : nlohmann::json(nullptr)},
                        {"state", state_name(s.state)},
                        {"restarts", s.restarts},
-                       {"details", details}});
+                       {"isolation_group", s.group.empty() ? "shared" : s.group},
+                       {"details", server_details(s)}});
   }
   return servers;
 }

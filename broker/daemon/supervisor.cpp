@@ -55,9 +55,47 @@ Supervisor::Supervisor(EventLoop& loop, SupervisorConfig config, Events events)
 
 Supervisor::~Supervisor() {
   for (auto& server : servers_) {
+    if (!server) continue;
     if (server->control) loop_.unwatch(server->control.get());
     if (server->process.pidfd) loop_.unwatch(server->process.pidfd.get());
   }
+}
+
+Supervisor::Server* Supervisor::at(int slot) const {
+  if (slot < 0 || static_cast<std::size_t>(slot) >= servers_.size()) return nullptr;
+  return servers_[slot].get();
+}
+
+std::vector<int> Supervisor::running_slots(int ordinal) const {
+  std::vector<int> slots;
+  if (ordinal < 0 || ordinal >= gpu_count_) return slots;
+  if (servers_[ordinal]->status.state == ServerState::kRunning) slots.push_back(ordinal);
+  for (std::size_t slot = gpu_count_; slot < servers_.size(); ++slot) {
+    const Server* server = servers_[slot].get();
+    if (server && server->status.ordinal == ordinal &&
+        server->status.state == ServerState::kRunning) {
+      slots.push_back(static_cast<int>(slot));
+    }
+  }
+  return slots;
+}
+
+std::vector<std::pair<int, ServerStatus>> Supervisor::group_servers() const {
+  std::vector<std::pair<int, ServerStatus>> groups;
+  for (std::size_t slot = gpu_count_; slot < servers_.size(); ++slot) {
+    if (servers_[slot]) groups.emplace_back(static_cast<int>(slot), servers_[slot]->status);
+  }
+  return groups;
+}
+
+const ServerStatus* Supervisor::status_of_slot(int slot) const {
+  const Server* server = at(slot);
+  return server ? &server->status : nullptr;
+}
+
+int Supervisor::past_group_faults(int ordinal) const {
+  auto it = past_group_faults_.find(ordinal);
+  return it == past_group_faults_.end() ? 0 : it->second;
 }
 
 void Supervisor::start() {
@@ -65,13 +103,17 @@ void Supervisor::start() {
 }
 
 std::string Supervisor::name(const Server& server) const {
+  std::string group =
+      is_group(server) ? fmt::format(" of isolation group {}", server.status.group) : "";
   if (server.status.pid > 0) {
-    return fmt::format("server for GPU {} (pid {})", server.status.ordinal, server.status.pid);
+    return fmt::format("server for GPU {}{} (pid {})", server.status.ordinal, group,
+                       server.status.pid);
   }
-  return fmt::format("server for GPU {}", server.status.ordinal);
+  return fmt::format("server for GPU {}{}", server.status.ordinal, group);
 }
 
-std::vector<std::string> Supervisor::server_arguments(int ordinal) const {
+std::vector<std::string> Supervisor::server_arguments(const Server& server) const {
+  const int ordinal = server.status.ordinal;
   std::vector<std::string> args{"--device", std::to_string(ordinal), "--control-fd", "3"};
   if (config_.driver_path) args.insert(args.end(), {"--driver", *config_.driver_path});
   args.insert(args.end(), {"--log-level", std::string(log_level_name(config_.log_level))});
@@ -139,22 +181,25 @@ std::vector<std::string> Supervisor::server_arguments(int ordinal) const {
   return args;
 }
 
-void Supervisor::spawn(int ordinal) {
-  Server& server = *servers_[ordinal];
-  server.status.ordinal = ordinal;
+void Supervisor::spawn(int slot) {
+  Server& server = *servers_[slot];
+  server.slot = slot;
   server.timer = 0;
   proto::UniqueFd ours, theirs;
   if (!proto::seqpacket_pair(ours, theirs)) {
-    schedule_restart(
-        server, fmt::format("could not be started: socketpair: {}", std::strerror(errno)), true);
+    std::string why = fmt::format("could not be started: socketpair: {}", std::strerror(errno));
+    if (is_group(server)) return forget_group_server(server, why);
+    schedule_restart(server, why, true);
     return;
   }
   ::fcntl(ours.get(), F_SETFL, O_NONBLOCK);  // a stuck server must never block the daemon
-  std::vector<std::string> args = server_arguments(ordinal);
+  std::vector<std::string> args = server_arguments(server);
   auto child =
       spawn_child(SpawnRequest{config_.server_path, args, theirs.get(), config_.output_fd});
   if (!child) {
-    log_error("cannot start the server for GPU {}: {}", ordinal, child.error());
+    log_error("cannot start the {}: {}", name(server), child.error());
+    if (is_group(server))
+      return forget_group_server(server, "could not be started: " + child.error());
     schedule_restart(server, "could not be started: " + child.error(), true);
     return;
   }
@@ -172,15 +217,16 @@ void Supervisor::spawn(int ordinal) {
   }
 
   std::uint64_t incarnation = server.incarnation;
-  loop_.watch(server.control.get(), EPOLLIN, [this, ordinal, incarnation](std::uint32_t) {
-    on_control_readable(ordinal, incarnation);
-  });
+  loop_.watch(server.control.get(), EPOLLIN,
+              [this, slot, incarnation](std::uint32_t) { on_control_readable(slot, incarnation); });
   if (server.process.pidfd) {
     loop_.watch(server.process.pidfd.get(), EPOLLIN,
-                [this, ordinal](std::uint32_t) { try_reap(ordinal); });
+                [this, slot](std::uint32_t) { try_reap(slot); });
   }
-  server.timer = loop_.after(kReadyTimeout, [this, ordinal, incarnation] {
-    Server& s = *servers_[ordinal];
+  server.timer = loop_.after(kReadyTimeout, [this, slot, incarnation] {
+    Server* found = at(slot);
+    if (found == nullptr) return;
+    Server& s = *found;
     if (s.incarnation != incarnation || s.status.state != ServerState::kStarting) return;
     s.timer = 0;
     log_error("{} did not report ready within {} s; killing it", name(s),
@@ -191,8 +237,10 @@ void Supervisor::spawn(int ordinal) {
   });
 }
 
-void Supervisor::on_control_readable(int ordinal, std::uint64_t incarnation) {
-  Server& server = *servers_[ordinal];
+void Supervisor::on_control_readable(int slot, std::uint64_t incarnation) {
+  Server* found = at(slot);
+  if (found == nullptr) return;
+  Server& server = *found;
   if (server.incarnation != incarnation || !server.control) return;
   for (int budget = 64; budget > 0; --budget) {
     int error = proto::receive_message(server.control.get(), scratch_);
@@ -213,8 +261,10 @@ void Supervisor::on_control_readable(int ordinal, std::uint64_t incarnation) {
     loop_.unwatch(server.control.get());
     server.control.reset();
     if (server.process.pid > 0 && !stopping_) {
-      loop_.after(kHangupGrace, [this, ordinal, incarnation] {
-        Server& s = *servers_[ordinal];
+      loop_.after(kHangupGrace, [this, slot, incarnation] {
+        Server* found = at(slot);
+        if (found == nullptr) return;
+        Server& s = *found;
         if (s.incarnation != incarnation || s.process.pid <= 0 || stopping_) return;
         log_warn("{} closed its control connection but did not exit; killing it", name(s));
         fail_pending(s, fmt::format("{} closed its control connection without answering", name(s)));
@@ -283,6 +333,10 @@ void Supervisor::on_ready(Server& server, const proto::ServerReady& ready) {
              format_driver_version(snapshot.driver_version), name(server));
     set_state(server, ServerState::kRunning);
   }
+  if (is_group(server)) {
+    if (ready.status == 0) settle_waiting(server);
+    return;
+  }
   if (server.status.ordinal == 0 && !gpu_count_known_ && ready.device_count > 0) {
     learn_gpu_count(ready.device_count);
   }
@@ -296,6 +350,7 @@ void Supervisor::learn_gpu_count(int count) {
     count = static_cast<int>(kMaxGpus);
   }
   log_info("{} GPU{} found", count, count == 1 ? "" : "s");
+  gpu_count_ = count;
   for (int ordinal = 1; ordinal < count; ++ordinal) {
     servers_.push_back(std::make_unique<Server>());
     servers_.back()->status.ordinal = ordinal;
@@ -335,8 +390,10 @@ void Supervisor::on_answer(Server& server, MessageKind kind, const proto::Receiv
   handler(ServerAnswer{status, std::move(answer)});
 }
 
-void Supervisor::try_reap(int ordinal) {
-  Server& server = *servers_[ordinal];
+void Supervisor::try_reap(int slot) {
+  Server* found = at(slot);
+  if (found == nullptr) return;
+  Server& server = *found;
   if (server.process.pid <= 0) return;
   int status = 0;
   pid_t pid;
@@ -362,7 +419,7 @@ void Supervisor::on_exit(Server& server, int wait_status) {
   ChildProcess gone = std::exchange(server.process, ChildProcess{});  // nothing left to signal
   if (gone.pidfd) loop_.unwatch(gone.pidfd.get());
   // What it said before dying (typically a failed ServerReady and why) may still be queued.
-  if (server.control) on_control_readable(server.status.ordinal, server.incarnation);
+  if (server.control) on_control_readable(server.slot, server.incarnation);
   if (server.control) loop_.unwatch(server.control.get());
   server.control.reset();
   server.status.pid = 0;
@@ -374,9 +431,24 @@ void Supervisor::on_exit(Server& server, int wait_status) {
     log_info("{} {}", who, what);
     set_state(server, ServerState::kStopped);
     if (std::all_of(servers_.begin(), servers_.end(),
-                    [](auto& s) { return s->process.pid <= 0; })) {
+                    [](auto& s) { return !s || s->process.pid <= 0; })) {
       finish_stop();
     }
+    return;
+  }
+  if (is_group(server)) {
+    if (wait_status != -1 && WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == kExitGpuFault) {
+      past_group_faults_[server.status.ordinal] += 1;
+    }
+    const bool asked = server.status.state == ServerState::kStopping;
+    if (asked) {
+      log_info("{} {}", who, what);
+    } else {
+      log_warn("{} {}; the group's next client of GPU {} starts a new one", who, what,
+               server.status.ordinal);
+    }
+    forget_group_server(
+        server, server.start_failed ? server.status.problem : fmt::format("{} {}", who, what));
     return;
   }
   Clock::duration uptime = Clock::now() - server.started;
@@ -408,7 +480,7 @@ void Supervisor::schedule_restart(Server& server, std::string_view what_happened
   set_state(server, ServerState::kRestarting);
   int ordinal = server.status.ordinal;
   server.timer = loop_.after(delay, [this, ordinal] {
-    Server& s = *servers_[ordinal];
+    Server& s = *servers_[ordinal];  // a shared server: its slot is its GPU
     s.timer = 0;
     if (stopping_ || s.status.state != ServerState::kRestarting) return;
     s.status.restarts += 1;
@@ -426,29 +498,34 @@ std::optional<std::string> Supervisor::unavailable(const Server& server) const {
                      server.status.problem);
 }
 
-tl::expected<pid_t, std::string> Supervisor::admit(
-    int ordinal, int client_fd, const proto::PeerCredentials& peer, const proto::ClientHello& hello,
-    std::uint32_t allocation_id, std::uint64_t allocation_memory_limit, std::uint32_t sm_slot,
-    std::uint32_t sm_slots, const SmPartition* partition) {
+tl::expected<pid_t, std::string> Supervisor::admit(int ordinal, int client_fd,
+                                                   const Admission& admission) {
   Server& server = *servers_.at(ordinal);
   if (auto why = unavailable(server)) {
     return tl::unexpected(*why + "; see `mpsshimctl server_list`");
   }
+  return send_admit(server, client_fd, admission);
+}
+
+tl::expected<pid_t, std::string> Supervisor::send_admit(Server& server, int client_fd,
+                                                        const Admission& admission) {
   proto::ServerAdmit admit{};
   admit.header = proto::make_header(MessageKind::kServerAdmit, sizeof admit);
-  admit.peer_pid = peer.pid;
-  admit.peer_uid = peer.uid;
-  admit.peer_gid = peer.gid;
-  admit.hello = hello;
-  admit.allocation_id = allocation_id;
-  admit.allocation_memory_limit = allocation_memory_limit;
-  admit.allocation_sm_slot = sm_slot;
-  admit.allocation_sm_slots = sm_slots;
-  if (partition != nullptr) {
-    admit.sm_partition = partition->id;
-    admit.partition_first_group = partition->first_group;
-    admit.partition_groups = partition->groups;
+  admit.peer_pid = admission.peer.pid;
+  admit.peer_uid = admission.peer.uid;
+  admit.peer_gid = admission.peer.gid;
+  admit.hello = admission.hello;
+  admit.allocation_id = admission.allocation_id;
+  admit.allocation_memory_limit = admission.allocation_memory_limit;
+  admit.allocation_sm_slot = admission.sm_slot;
+  admit.allocation_sm_slots = admission.sm_slots;
+  if (admission.partition) {
+    admit.sm_partition = admission.partition->id;
+    admit.partition_first_group = admission.partition->first_group;
+    admit.partition_groups = admission.partition->groups;
   }
+  server.admitted_since_poll = true;
+  server.idle_since.reset();
   int error = proto::send_struct(server.control.get(), admit, std::span<const int>(&client_fd, 1));
   if (error == EAGAIN || error == EWOULDBLOCK) {
     return tl::unexpected(
@@ -460,9 +537,147 @@ tl::expected<pid_t, std::string> Supervisor::admit(
   return server.status.pid;
 }
 
-void Supervisor::request(int ordinal, MessageKind kind, std::string_view text,
+void Supervisor::admit_to_group(const std::string& group, int ordinal,
+                                std::shared_ptr<proto::UniqueFd> client_fd, Admission admission,
+                                AdmitDone done) {
+  if (group.empty()) return done(admit(ordinal, client_fd->get(), admission));
+  if (stopping_) return done(tl::unexpected(std::string("mpsshimd is stopping")));
+  if (!gpu_count_known_) {
+    return done(tl::unexpected(
+        std::string("mpsshimd is still finding the GPUs (the server for GPU 0 is starting)")));
+  }
+  Server* server = nullptr;
+  int on_gpu = 0;
+  for (std::size_t slot = gpu_count_; slot < servers_.size(); ++slot) {
+    Server* candidate = servers_[slot].get();
+    if (candidate == nullptr || candidate->status.ordinal != ordinal) continue;
+    ++on_gpu;
+    // One that is stopping for idleness is not reused: a new one starts beside it.
+    if (candidate->status.group == group && (candidate->status.state == ServerState::kStarting ||
+                                             candidate->status.state == ServerState::kRunning)) {
+      server = candidate;
+    }
+  }
+  if (server == nullptr) {
+    if (on_gpu >= config_.isolation_max_servers) {
+      return done(tl::unexpected(fmt::format(
+          "GPU {} already runs {} isolation-group servers (mpsshimd --isolation-max-servers), so "
+          "isolation group {} cannot have one",
+          ordinal, on_gpu, group)));
+    }
+    const int slot = static_cast<int>(servers_.size());
+    servers_.push_back(std::make_unique<Server>());
+    server = servers_.back().get();
+    server->status.ordinal = ordinal;
+    server->status.group = group;
+    server->waiting.push_back(WaitingClient{std::move(client_fd), admission, std::move(done)});
+    log_info("isolation group {} has its first client of GPU {}: starting its server", group,
+             ordinal);
+    spawn(slot);  // may forget the server at once, telling the client why
+    if (group_poll_ == 0 && at(slot) != nullptr) {
+      group_poll_ = loop_.after(group_poll_interval(), [this] { poll_group_servers(); });
+    }
+    return;
+  }
+  if (server->status.state == ServerState::kStarting) {
+    server->waiting.push_back(WaitingClient{std::move(client_fd), admission, std::move(done)});
+    return;
+  }
+  if (auto why = unavailable(*server)) return done(tl::unexpected(*why));
+  done(send_admit(*server, client_fd->get(), admission));
+}
+
+void Supervisor::settle_waiting(Server& server) {
+  for (WaitingClient& waiting : std::exchange(server.waiting, {})) {
+    if (auto why = unavailable(server)) {
+      waiting.done(tl::unexpected(*why));
+    } else {
+      waiting.done(send_admit(server, waiting.fd->get(), waiting.admission));
+    }
+  }
+}
+
+void Supervisor::forget_group_server(Server& server, const std::string& why) {
+  const int slot = server.slot;
+  for (WaitingClient& waiting : std::exchange(server.waiting, {})) {
+    waiting.done(tl::unexpected(fmt::format("the {} could not start: {}", name(server), why)));
+  }
+  fail_pending(server, why);
+  loop_.cancel(server.timer);
+  if (server.control) loop_.unwatch(server.control.get());
+  if (server.process.pidfd) loop_.unwatch(server.process.pidfd.get());
+  servers_[slot].reset();
+  if (events_.changed) events_.changed();
+}
+
+std::chrono::milliseconds Supervisor::group_poll_interval() const {
+  const auto quarter =
+      std::chrono::duration_cast<std::chrono::milliseconds>(config_.isolation_idle_timeout) / 4;
+  return std::clamp<std::chrono::milliseconds>(quarter, 250ms, 5s);
+}
+
+void Supervisor::poll_group_servers() {
+  group_poll_ = 0;
+  if (stopping_) return;
+  bool any = false;
+  for (std::size_t slot = gpu_count_; slot < servers_.size(); ++slot) {
+    Server* server = servers_[slot].get();
+    if (server == nullptr) continue;
+    any = true;
+    if (server->status.state != ServerState::kRunning || !server->control) continue;
+    server->admitted_since_poll = false;
+    const std::uint64_t incarnation = server->incarnation;
+    request(static_cast<int>(slot), MessageKind::kServerStatsQuery, "", group_poll_interval(),
+            [this, slot = static_cast<int>(slot), incarnation](auto answer) {
+              on_group_poll_answer(slot, incarnation, answer);
+            });
+  }
+  if (any) group_poll_ = loop_.after(group_poll_interval(), [this] { poll_group_servers(); });
+}
+
+void Supervisor::on_group_poll_answer(int slot, std::uint64_t incarnation,
+                                      const tl::expected<ServerAnswer, std::string>& answer) {
+  Server* server = at(slot);
+  if (server == nullptr || server->incarnation != incarnation || !answer || stopping_ ||
+      server->status.state != ServerState::kRunning) {
+    return;
+  }
+  // One line per client, each starting "client=" (client_table.hpp).
+  bool has_clients =
+      answer->text.starts_with("client=") || answer->text.find("\nclient=") != std::string::npos;
+  // A client admitted after the question was sent may be missing from the answer.
+  if (has_clients || server->admitted_since_poll) {
+    server->idle_since.reset();
+    return;
+  }
+  const Clock::time_point now = Clock::now();
+  if (!server->idle_since) server->idle_since = now;
+  if (now - *server->idle_since < config_.isolation_idle_timeout) return;
+  log_info("{} has had no clients for {}; stopping it", name(*server),
+           seconds_text(now - *server->idle_since));
+  set_state(*server, ServerState::kStopping);
+  signal_child(server->process, SIGTERM);
+  loop_.unwatch(server->control.get());
+  server->control.reset();
+  fail_pending(*server, fmt::format("{} is stopping", name(*server)));
+  const std::uint64_t stopping = server->incarnation;
+  server->timer = loop_.after(kGroupStopGrace, [this, slot, stopping] {
+    Server* s = at(slot);
+    if (s == nullptr || s->incarnation != stopping || s->process.pid <= 0) return;
+    s->timer = 0;
+    log_warn("{} did not stop within {}; killing it", name(*s), seconds_text(kGroupStopGrace));
+    signal_child(s->process, SIGKILL);
+  });
+}
+
+void Supervisor::request(int slot, MessageKind kind, std::string_view text,
                          std::chrono::milliseconds timeout, AnswerHandler handler) {
-  Server& server = *servers_.at(ordinal);
+  Server* found = at(slot);
+  if (found == nullptr) {
+    handler(tl::unexpected(std::string("that isolation group's server has stopped")));
+    return;
+  }
+  Server& server = *found;
   if (auto why = unavailable(server)) {
     handler(tl::unexpected(*why));
     return;
@@ -482,7 +697,7 @@ void Supervisor::request(int ordinal, MessageKind kind, std::string_view text,
       kind == MessageKind::kServerStatsQuery ? MessageKind::kServerStats : MessageKind::kCtlReply;
   server.pending.push_back(PendingAnswer{id, expected, {}});
   EventLoop::TimerId timer = loop_.after(timeout, [this, id] { expire_request(id); });
-  requests_.emplace(id, Request{std::move(handler), timer, ordinal, server.status.pid, timeout});
+  requests_.emplace(id, Request{std::move(handler), timer, name(server), timeout});
 }
 
 void Supervisor::expire_request(std::uint64_t id) {
@@ -491,9 +706,8 @@ void Supervisor::expire_request(std::uint64_t id) {
   Request request = std::move(it->second);
   requests_.erase(it);
   // Its PendingAnswer stays queued so that a late answer is matched to it, not to the next one.
-  request.handler(
-      tl::unexpected(fmt::format("the server for GPU {} (pid {}) did not answer within {}",
-                                 request.ordinal, request.pid, seconds_text(request.timeout))));
+  request.handler(tl::unexpected(fmt::format("the {} did not answer within {}", request.server,
+                                             seconds_text(request.timeout))));
 }
 
 void Supervisor::fail_pending(Server& server, const std::string& why) {
@@ -518,7 +732,8 @@ void Supervisor::set_state(Server& server, ServerState state) {
 void Supervisor::check_settled() {
   if (settled_ || stopping_) return;
   if (!gpu_count_known_ && servers_[0]->status.state != ServerState::kFailed) return;
-  for (auto& server : servers_) {
+  for (int ordinal = 0; ordinal < gpu_count_; ++ordinal) {
+    const auto& server = servers_[ordinal];
     if (server->status.state != ServerState::kRunning &&
         server->status.state != ServerState::kFailed) {
       return;
@@ -531,8 +746,14 @@ void Supervisor::check_settled() {
 void Supervisor::stop(std::chrono::milliseconds grace, std::function<void()> done) {
   stopping_ = true;
   stop_done_ = std::move(done);
+  loop_.cancel(group_poll_);
+  group_poll_ = 0;
   bool any = false;
   for (auto& server : servers_) {
+    if (!server) continue;
+    for (WaitingClient& waiting : std::exchange(server->waiting, {})) {
+      waiting.done(tl::unexpected(std::string("mpsshimd is stopping")));
+    }
     loop_.cancel(server->timer);
     server->timer = 0;
     if (server->process.pid > 0) {
@@ -556,14 +777,16 @@ void Supervisor::stop(std::chrono::milliseconds grace, std::function<void()> don
   }
   stop_timers_.push_back(loop_.after(grace, [this, grace] {
     for (auto& server : servers_) {
-      if (server->process.pid <= 0) continue;
+      if (!server || server->process.pid <= 0) continue;
       log_warn("{} did not stop within {}; killing it", name(*server), seconds_text(grace));
       signal_child(server->process, SIGKILL);
     }
   }));
   stop_timers_.push_back(loop_.after(grace + 5s, [this] {
     for (auto& server : servers_) {
-      if (server->process.pid > 0) log_error("{} survived SIGKILL; leaving it", name(*server));
+      if (server && server->process.pid > 0) {
+        log_error("{} survived SIGKILL; leaving it", name(*server));
+      }
     }
     finish_stop();
   }));

@@ -1,9 +1,19 @@
-// One server process per GPU: started, watched, restarted with backoff, and talked to.
+// The server processes: started, watched, restarted with backoff, and talked to.
 //
-// Discovery needs no CUDA here: the server for GPU 0 starts first and its ServerReady says how
-// many GPUs there are; then the others start. A server that dies is restarted after 0.1 s,
-// doubling up to 5 s while it keeps failing within kStableUptime of its start; after
-// restart_limit such failures in a row the GPU is marked failed and left alone.
+// Each GPU has its shared server, started with the daemon. Discovery needs no CUDA here: the
+// server for GPU 0 starts first and its ServerReady says how many GPUs there are; then the
+// others start. A shared server that dies is restarted after 0.1 s, doubling up to 5 s while it
+// keeps failing within kStableUptime of its start; after restart_limit such failures in a row
+// the GPU is marked failed and left alone.
+//
+// An isolation group (docs/isolation.md) gets servers of its own, one per GPU it uses, started
+// when its first client of that GPU attaches and stopped once no client has used it for
+// --isolation-idle-timeout. Each is a process with its own CUDA context, so groups do not see
+// each other's memory and a fault in one ends only that group's clients. A group server that
+// dies is not restarted: the group's next client starts a new one.
+//
+// Every server has a slot: the shared server of GPU n is slot n, group servers come after the
+// GPUs and their slots are never reused. Requests address slots.
 #pragma once
 
 #include <sys/types.h>
@@ -75,6 +85,21 @@ struct SupervisorConfig {
   std::optional<std::string> server_priority_reserve_sms{};  // passed as --priority-reserve-sms
   // Per-client caps, "NAME=N" each (N in bytes for sizes), passed as --client-limit NAME=N.
   std::vector<std::string> client_limits{};
+  // Isolation groups: how long a group's server may go without clients before it is stopped,
+  // and how many group servers one GPU may run at once.
+  std::chrono::seconds isolation_idle_timeout{60};
+  int isolation_max_servers = 16;
+};
+
+// What a server needs to take a client: who it is and the quota the daemon decided.
+struct Admission {
+  proto::PeerCredentials peer{};
+  proto::ClientHello hello{};
+  std::uint32_t allocation_id = 0;  // 0 = none (docs/kubernetes.md)
+  std::uint64_t allocation_memory_limit = 0;
+  std::uint32_t sm_slot = 0;
+  std::uint32_t sm_slots = 0;
+  std::optional<SmPartition> partition{};
 };
 
 // What the rest of the daemon may know about one GPU's server.
@@ -84,6 +109,7 @@ struct ServerStatus {
   pid_t pid = 0;  // the running process; 0 while none runs
   int restarts = 0;
   int gpu_faults = 0;  // exits with status 70 (the server's sticky-GPU-fault exit)
+  std::string group;   // its isolation group; "" for the GPU's shared server
   std::optional<proto::DeviceSnapshot> snapshot;  // from its last successful ServerReady
   std::string problem;  // why it is not ready, in words ("exited with status 70 (GPU fault)")
 };
@@ -104,6 +130,8 @@ class Supervisor {
   static constexpr auto kHangupGrace = std::chrono::seconds(1);  // < Commands::kServerTimeout
   static constexpr std::size_t kMaxGpus = 64;
   static constexpr std::size_t kMaxPendingRequests = 32;
+  // An idle isolation-group server is sent SIGTERM, and SIGKILL this long after.
+  static constexpr auto kGroupStopGrace = std::chrono::seconds(5);
 
   struct Events {
     std::function<void()> settled;  // once: every server is ready or failed
@@ -116,9 +144,20 @@ class Supervisor {
   void start();
 
   // 1 until GPU 0's server has said how many GPUs there are.
-  int gpu_count() const { return static_cast<int>(servers_.size()); }
+  int gpu_count() const { return gpu_count_; }
   bool gpu_count_known() const { return gpu_count_known_; }
+  // The shared server of GPU `ordinal`.
   const ServerStatus& status(int ordinal) const { return servers_.at(ordinal)->status; }
+
+  // The slots of every server of GPU `ordinal` that runs now: its shared server's (when it
+  // runs) first, then its isolation groups'.
+  std::vector<int> running_slots(int ordinal) const;
+  // The servers of isolation groups, by slot, whatever their state.
+  std::vector<std::pair<int, ServerStatus>> group_servers() const;
+  // The status of the server in `slot`; nullptr once a group server has gone.
+  const ServerStatus* status_of_slot(int slot) const;
+  // GPU faults of group servers that have gone, per GPU (the metrics count them).
+  int past_group_faults(int ordinal) const;
 
   ServerDefaults& defaults() { return defaults_; }
 
@@ -126,19 +165,22 @@ class Supervisor {
   // the caller closes its own). Returns the server's pid, or why the client cannot have this
   // GPU now.
   // `allocation_id` (0 = none) and its shared memory limit go with it (docs/kubernetes.md).
-  tl::expected<pid_t, std::string> admit(int ordinal, int client_fd,
-                                         const proto::PeerCredentials& peer,
-                                         const proto::ClientHello& hello,
-                                         std::uint32_t allocation_id = 0,
-                                         std::uint64_t allocation_memory_limit = 0,
-                                         std::uint32_t sm_slot = 0, std::uint32_t sm_slots = 0,
-                                         const SmPartition* partition = nullptr);
+  tl::expected<pid_t, std::string> admit(int ordinal, int client_fd, const Admission& admission);
+  // The same for isolation group `group` ("": the shared server, as admit()): starts the
+  // group's server of that GPU first when there is none, keeping the client's connection until
+  // it is ready. `done` runs exactly once, with the server's pid or why the client cannot have
+  // the GPU (possibly before admit_to_group returns).
+  using AdmitDone = std::function<void(tl::expected<pid_t, std::string>)>;
+  void admit_to_group(const std::string& group, int ordinal,
+                      std::shared_ptr<proto::UniqueFd> client_fd, Admission admission,
+                      AdmitDone done);
   // The static SM partitions of every GPU (sm_partitions.hpp).
   SmPartitionTable& partitions() { return partitions_; }
 
-  // Sends a TextMessage of `kind` to GPU `ordinal`'s server; `handler` runs exactly once, with
-  // the answer or with why there is none (possibly before request() returns).
-  void request(int ordinal, proto::MessageKind kind, std::string_view text,
+  // Sends a TextMessage of `kind` to the server in `slot` (GPU n's shared server: n); `handler`
+  // runs exactly once, with the answer or with why there is none (possibly before request()
+  // returns).
+  void request(int slot, proto::MessageKind kind, std::string_view text,
                std::chrono::milliseconds timeout, AnswerHandler handler);
 
   // SIGTERM every server, SIGKILL what is left after `grace`; `done` runs when all are gone.
@@ -153,8 +195,14 @@ class Supervisor {
     proto::MessageKind expected;
     proto::TextAssembly parts;  // a long answer comes in parts (proto/text_parts.hpp)
   };
+  struct WaitingClient {
+    std::shared_ptr<proto::UniqueFd> fd;
+    Admission admission;
+    AdmitDone done;
+  };
   struct Server {
     ServerStatus status;
+    int slot = 0;
     ChildProcess process;
     proto::UniqueFd control;
     std::uint64_t incarnation = 0;
@@ -164,23 +212,40 @@ class Supervisor {
     int fast_failures = 0;
     EventLoop::TimerId timer = 0;       // ready deadline or restart backoff
     std::deque<PendingAnswer> pending;  // requests in the order the server answers them
+    // Isolation-group servers only: clients waiting for it to be ready, and its idleness as the
+    // idle poll (poll_group_servers) saw it.
+    std::vector<WaitingClient> waiting;
+    bool admitted_since_poll = false;
+    std::optional<Clock::time_point> idle_since;
   };
   struct Request {
     AnswerHandler handler;
     EventLoop::TimerId timer;
-    int ordinal;
-    pid_t pid;
+    std::string server;  // name() when it was sent
     std::chrono::milliseconds timeout;
   };
 
-  void spawn(int ordinal);
-  std::vector<std::string> server_arguments(int ordinal) const;
-  void on_control_readable(int ordinal, std::uint64_t incarnation);
+  // The server in `slot`, or nullptr once a group server has gone.
+  Server* at(int slot) const;
+  bool is_group(const Server& server) const { return !server.status.group.empty(); }
+  void spawn(int slot);
+  std::vector<std::string> server_arguments(const Server& server) const;
+  tl::expected<pid_t, std::string> send_admit(Server& server, int client_fd,
+                                              const Admission& admission);
+  // A group server became ready or could not start: its waiting clients are admitted or told.
+  void settle_waiting(Server& server);
+  // Ends a group server that is gone or could not start: its slot empties.
+  void forget_group_server(Server& server, const std::string& why);
+  std::chrono::milliseconds group_poll_interval() const;
+  void poll_group_servers();
+  void on_group_poll_answer(int slot, std::uint64_t incarnation,
+                            const tl::expected<ServerAnswer, std::string>& answer);
+  void on_control_readable(int slot, std::uint64_t incarnation);
   void on_message(Server& server, const proto::Received& message);
   void on_ready(Server& server, const proto::ServerReady& ready);
   void on_answer(Server& server, proto::MessageKind kind, const proto::Received& message);
   void learn_gpu_count(int count);
-  void try_reap(int ordinal);
+  void try_reap(int slot);
   void on_exit(Server& server, int wait_status);
   void schedule_restart(Server& server, std::string_view what_happened, bool fast);
   void fail_pending(Server& server, const std::string& why);
@@ -197,8 +262,12 @@ class Supervisor {
   Events events_;
   ServerDefaults defaults_;
   SmPartitionTable partitions_;  // the event loop's, like everything here
+  // Slot-indexed; an isolation group's slot is empty once its server has gone.
   std::vector<std::unique_ptr<Server>> servers_;
+  int gpu_count_ = 1;
   bool gpu_count_known_ = false;
+  std::map<int, int> past_group_faults_;  // GPU -> faults of group servers gone
+  EventLoop::TimerId group_poll_ = 0;     // while any group server runs
   bool settled_ = false;
   bool stopping_ = false;
   std::function<void()> stop_done_;

@@ -276,7 +276,7 @@ TEST_CASE("ps shows every server's clients", "[ps]") {
       contains(ps.out,
                "PID      USER        GPU  SMS      MEMORY      PEAK        LIMIT       PINNED      "
                "LAUNCHES  BUSY      H2D         D2H         D2D         PRIO  STATE     STARTED"));
-  CHECK(contains(ps.out, "STARTED              PROGRAM          ALLOCATION\n"));
+  CHECK(contains(ps.out, "STARTED              PROGRAM          ALLOCATION      ISOLATION\n"));
   CHECK(contains(ps.out, "\n4242     "));
   // What fake_server.cpp reports, for people.
   CHECK(
@@ -285,8 +285,9 @@ TEST_CASE("ps shows every server's clients", "[ps]") {
                "4.0 KiB     2.0 KiB     1.0 KiB     1     active    "));
   // GPU 1's client leaves 16 SMs of its 82 to normal-priority clients (--priority-reserve-sms).
   CHECK(contains(ps.out, "1    66/82    1.0 MiB"));
-  // PROGRAM, then ALLOCATION: "-" for a client that does not belong to a pod's allocation.
-  CHECK(contains(ps.out, "fake-client-gpu0 -\n"));
+  // PROGRAM, then ALLOCATION: "-" for a client that does not belong to a pod's allocation;
+  // then ISOLATION: the shared server's clients are "shared".
+  CHECK(contains(ps.out, "fake-client-gpu0 -               shared\n"));
   CHECK(contains(ps.out, "fake-client-gpu1"));
   CHECK(contains(ps.out, "GPU 1: not a client line\n"));
 }
@@ -422,7 +423,8 @@ TEST_CASE("ps lists 300 clients whole: long answers travel in parts on both hops
     INFO("client " << i);
     REQUIRE(contains(ps.out, fmt::format("\n{}     ", 5000 + i)));
   }
-  CHECK(contains(ps.out, fmt::format("{:<17}-\n", "many-299")));  // last column: ALLOCATION
+  // The last columns: ALLOCATION, ISOLATION.
+  CHECK(contains(ps.out, fmt::format("{:<17}{:<16}shared\n", "many-299", "-")));
   CHECK_FALSE(contains(ps.out, "cut"));
 }
 

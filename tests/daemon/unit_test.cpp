@@ -9,6 +9,7 @@
 #include "broker/daemon/allocations.hpp"
 #include "broker/daemon/commands.hpp"
 #include "broker/daemon/event_loop.hpp"
+#include "broker/daemon/isolation.hpp"
 #include "broker/daemon/metrics.hpp"
 #include "broker/daemon/options.hpp"
 #include "broker/daemon/sizes.hpp"
@@ -376,3 +377,32 @@ TEST_CASE("a --json answer to a command that is not UTF-8 is given, not thrown",
 
 }  // namespace
 }  // namespace mpsshim::daemon
+
+TEST_CASE("isolation groups: the operator's rule places a client; a client can only add isolation",
+          "[isolation]") {
+  using mpsshim::daemon::isolation_group;
+  using mpsshim::daemon::IsolationRule;
+  const mpsshim::proto::PeerCredentials peer{4123, 1000, 1000};
+  mpsshim::proto::ClientHello hello{};
+  CHECK(isolation_group(IsolationRule::kShared, peer, hello, 7).empty());
+  CHECK(isolation_group(IsolationRule::kUser, peer, hello, 7) == "uid:1000");
+  CHECK(isolation_group(IsolationRule::kAllocation, peer, hello, 7) == "allocation:7");
+  CHECK(isolation_group(IsolationRule::kAllocation, peer, hello, 0).empty());  // no pod: shared
+  CHECK(isolation_group(IsolationRule::kClient, peer, hello, 0) == "client:4123");
+  hello.flags = mpsshim::proto::kHelloOwnIsolationGroup;
+  for (IsolationRule rule : {IsolationRule::kShared, IsolationRule::kUser,
+                             IsolationRule::kAllocation, IsolationRule::kClient}) {
+    CHECK(isolation_group(rule, peer, hello, 7) == "client:4123");
+  }
+  CHECK(mpsshim::daemon::parse_isolation_rule("allocation") == IsolationRule::kAllocation);
+  CHECK_FALSE(mpsshim::daemon::parse_isolation_rule("pod").has_value());
+}
+
+TEST_CASE("ps text of an isolation group's server carries the group on each client line",
+          "[isolation]") {
+  const std::string text = "client=3 pid=10 uid=0\ntruncated: more\nclient=4 pid=11 uid=0\n";
+  CHECK(mpsshim::daemon::with_isolation_group(text, "") == text);
+  CHECK(mpsshim::daemon::with_isolation_group(text, "uid:5") ==
+        "client=3 pid=10 uid=0 isolation_group=uid:5\ntruncated: more\n"
+        "client=4 pid=11 uid=0 isolation_group=uid:5\n");
+}

@@ -630,6 +630,80 @@ int foreign(unsigned long long p) {
   return ok ? 0 : 1;
 }
 
+// Isolation groups (isolation_test.cpp). The victim fills a buffer with the bits of pi, says where
+// it is (after a spacer, so that a fresh server's first allocation does not land there too) and,
+// once stdin closes, checks that nothing touched it and that its GPU still runs its work.
+constexpr unsigned kVictimSecret = 0x40490fdbu;
+
+int victim() {
+  Setup s = setup();
+  constexpr int kCount = 1024;
+  constexpr std::size_t kBytes = sizeof(float) * kCount;
+  CUdeviceptr spacer{}, secret{};
+  CHECK(cuMemAlloc(&spacer, std::size_t{64} << 20));
+  CHECK(cuMemAlloc(&secret, kBytes));
+  CHECK(cuMemsetD32(secret, kVictimSecret, kCount));
+  CHECK(cuCtxSynchronize());
+  std::printf("VICTIM %llu END\n", static_cast<unsigned long long>(secret));
+  std::fflush(stdout);
+  stdin_closed(true);
+  std::vector<unsigned> back(kCount);
+  CHECK(cuMemcpyDtoH(back.data(), secret, kBytes));
+  for (unsigned word : back) {
+    if (word != kVictimSecret) {
+      std::printf("FAIL victim: its buffer holds %#x\n", word);
+      return 1;
+    }
+  }
+  // Its GPU still runs its work: y = 1 * secret + y, with y zero, is the secret again.
+  CUfunction scale{};
+  CHECK(cuModuleGetFunction(&scale, s.module, "scale_add"));
+  CHECK(cuMemsetD32(spacer, 0, kCount));
+  float alpha = 1.0f;
+  int n = kCount;
+  void* args[] = {&spacer, &secret, &alpha, &n};
+  CHECK(cuLaunchKernel(scale, 4, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr));
+  CHECK(cuCtxSynchronize());
+  CHECK(cuMemcpyDtoH(back.data(), spacer, kBytes));
+  if (back[kCount - 1] != kVictimSecret) {
+    std::printf("FAIL victim: its kernel computed %#x\n", back[kCount - 1]);
+    return 1;
+  }
+  CHECK(cuMemFree(secret));
+  CHECK(cuMemFree(spacer));
+  std::printf("PASS victim\n");
+  return 0;
+}
+
+// READY once attached; when stdin closes, a kernel reads `address` (another client's, handed
+// over by the test) into a buffer of its own: PEEK with the launch's and the synchronize's
+// results and the first word read.
+int peek(unsigned long long address) {
+  Setup s = setup();
+  constexpr int kCount = 1024;
+  CUfunction scale{};
+  CHECK(cuModuleGetFunction(&scale, s.module, "scale_add"));
+  CUdeviceptr mine{};
+  CHECK(cuMemAlloc(&mine, sizeof(float) * kCount));
+  CHECK(cuMemsetD32(mine, 0, kCount));
+  CHECK(cuCtxSynchronize());
+  std::printf("READY\n");
+  std::fflush(stdout);
+  stdin_closed(true);
+  CUdeviceptr theirs = address;
+  float alpha = 1.0f;
+  int n = kCount;
+  void* args[] = {&mine, &theirs, &alpha, &n};
+  const CUresult launched = cuLaunchKernel(scale, 4, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr);
+  const CUresult synced = cuCtxSynchronize();
+  unsigned first = 0;
+  if (launched == CUDA_SUCCESS && synced == CUDA_SUCCESS) {
+    CHECK(cuMemcpyDtoH(&first, mine, sizeof first));
+  }
+  std::printf("PEEK launch=%d sync=%d read=%#x\n", launched, synced, first);
+  return 0;
+}
+
 int pointer() {
   setup();
   CUdeviceptr p;
@@ -1995,6 +2069,8 @@ int main(int argc, char** argv) {
   if (mode == "account") return account(arg ? static_cast<int>(arg) : 8);
   if (mode == "forge") return forge(arg);
   if (mode == "pointer") return pointer();
+  if (mode == "victim") return victim();
+  if (mode == "peek") return peek(arg);
   if (mode == "attributes") return attributes();
   if (mode == "two_gpus") return two_gpus(false);
   if (mode == "two_gpus_fault") return two_gpus(true);

@@ -275,7 +275,11 @@ std::map<int, ServerLine> server_lines(const Daemon& daemon) {
     std::istringstream fields(line);
     int gpu = -1;
     ServerLine s;
-    if (fields >> gpu >> s.pid >> s.state >> s.restarts) out[gpu] = s;
+    std::string isolation;
+    // Isolation groups' servers follow the shared ones; only the latter are a GPU's line.
+    if (fields >> gpu >> s.pid >> s.state >> s.restarts >> isolation && isolation == "shared") {
+      out[gpu] = s;
+    }
   }
   return out;
 }

@@ -94,13 +94,13 @@ Outcome run_client(const Daemon& daemon, const std::vector<std::string>& argv,
 // The pids `mpsshimctl ps` lists.
 std::set<int> ps_pids(const Daemon& daemon);
 
-// A line of `mpsshimctl server_list`: GPU PID STATE RESTARTS DETAILS.
+// A line of `mpsshimctl server_list`: GPU PID STATE RESTARTS ISOLATION DETAILS.
 struct ServerLine {
   int pid = -1;
   std::string state;
   int restarts = -1;
 };
-// Every GPU's line, by GPU index.
+// Every GPU's line (its shared server's), by GPU index.
 std::map<int, ServerLine> server_lines(const Daemon& daemon);
 // GPU 0's line (pid -1 when there is none).
 ServerLine server_line(const Daemon& daemon);

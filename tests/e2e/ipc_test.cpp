@@ -184,3 +184,20 @@ TEST_CASE("forged, garbled, other GPUs' and wrong-kind handles are refused; the 
   a.child->wait(30s);
   CHECK(eventually([&] { return ps_pids(daemon).empty(); }));
 }
+
+TEST_CASE("an IPC handle does not cross isolation groups: another group's server does not hold it",
+          "[e2e][ipc][isolation]") {
+  Daemon daemon;
+  Exporter a = start_exporter(daemon, "keep");
+  // The same open from the exporter's group (the shared one) succeeds: ipc_client's other cases.
+  Outcome other_group =
+      run_client(daemon, {client(), "open", a.memory}, {{"MPSSHIM_ISOLATION", "own"}});
+  INFO("opener: " << other_group.out << other_group.err << "\ndaemon log:\n" << daemon.log());
+  CHECK(other_group.exit_code == 0);
+  CHECK(other_group.out.find("OPEN result=") != std::string::npos);
+  CHECK(other_group.out.find("OPEN result=0\n") == std::string::npos);
+  Outcome same_group = run_client(daemon, {client(), "open", a.memory});
+  CHECK(same_group.out.find("OPEN result=0\n") != std::string::npos);
+  a.child->close_stdin();
+  a.child->wait(60s);
+}

@@ -442,6 +442,7 @@ constexpr Pinned kPinned[] = {
     {1, 16,
      0x704d5b9c24f0bf7d},  // VMM sharing under a policy (112..114), stream memory operations (115)
     {1, 17, 0x3f1baaa7d081c004},  // stream attributes (116)
+    {1, 18, 0x3f1baaa7d081c004},  // kHelloOwnIsolationGroup (a flag bit; no layout change)
 };
 
 }  // namespace
