@@ -44,13 +44,14 @@ std::string without_tokens(std::string line) {
 
 ClientGate::ClientGate(EventLoop& loop, Supervisor& supervisor, Commands& commands,
                        const AllocationRegistry& allocations, AccessPolicy policy,
-                       IsolationRule isolation)
+                       IsolationRule isolation, const std::vector<ClientClass>* classes)
     : loop_(loop),
       supervisor_(supervisor),
       commands_(commands),
       allocations_(allocations),
       policy_(policy),
-      isolation_(isolation) {}
+      isolation_(isolation),
+      classes_(classes) {}
 
 ClientGate::~ClientGate() {
   close();
@@ -285,8 +286,22 @@ void ClientGate::on_client(Waiting connection, MessageKind kind, const proto::Cl
     refuse(connection, CUDA_ERROR_MPS_CONNECTION_FAILED, partition.error());
     return;
   }
-  const std::string group =
-      isolation_group(isolation_, connection.peer, hello, quota->allocation_id);
+  std::string group = isolation_group(isolation_, connection.peer, hello, quota->allocation_id);
+  std::string class_name;
+  if (classes_ != nullptr && !classes_->empty()) {
+    if (const ClientClass* cls =
+            class_of(*classes_, connection.peer, cgroup_of(connection.peer.pid),
+                     quota->allocation_id != 0)) {
+      class_name = cls->name;
+      for (const std::string& lowered : apply_class(*cls, quota->hello)) {
+        log_warn("{} {}", who, lowered);
+      }
+      // A client's own request for its own servers still wins: it only adds isolation.
+      if (cls->isolated && (hello.flags & proto::kHelloOwnIsolationGroup) == 0) {
+        group = "class:" + cls->name;
+      }
+    }
+  }
   if (*partition != nullptr && !group.empty()) {
     // A partition is a cut of the shared server's SMs; another process cannot run inside it.
     std::string text = fmt::format(
@@ -304,7 +319,8 @@ void ClientGate::on_client(Waiting connection, MessageKind kind, const proto::Cl
   // The server gets its own copy of the fd and answers the client directly; ours closes once
   // the admission is settled (a new group's server may take a moment to start).
   auto fd = std::make_shared<proto::UniqueFd>(std::move(connection.fd));
-  std::string in = group.empty() ? "" : fmt::format(" in isolation group {}", group);
+  std::string in = class_name.empty() ? "" : fmt::format(" in class {}", class_name);
+  if (!group.empty()) in += fmt::format(" in isolation group {}", group);
   if (quota->allocation_id != 0) {
     in += fmt::format(" in allocation {} (pod {})", quota->allocation_id, quota->pod);
   }

@@ -9,6 +9,7 @@
 #include "broker/daemon/access_policy.hpp"
 #include "broker/daemon/allocations.hpp"
 #include "broker/daemon/commands.hpp"
+#include "broker/daemon/config_file.hpp"
 #include "broker/daemon/event_loop.hpp"
 #include "broker/daemon/isolation.hpp"
 #include "broker/daemon/supervisor.hpp"
@@ -29,7 +30,8 @@ class ClientGate {
 
   ClientGate(EventLoop& loop, Supervisor& supervisor, Commands& commands,
              const AllocationRegistry& allocations, AccessPolicy policy,
-             IsolationRule isolation = IsolationRule::kShared);
+             IsolationRule isolation = IsolationRule::kShared,
+             const std::vector<ClientClass>* classes = nullptr);
   ~ClientGate();
 
   void listen(proto::UniqueFd listener);  // a listening SOCK_SEQPACKET socket
@@ -58,6 +60,7 @@ class ClientGate {
   const AllocationRegistry& allocations_;
   AccessPolicy policy_;
   IsolationRule isolation_;
+  const std::vector<ClientClass>* classes_;  // the daemon's; a reload replaces them
   proto::UniqueFd listener_;
   std::unordered_map<int, Waiting> waiting_;            // by fd: no first message yet
   std::unordered_map<int, proto::UniqueFd> answering_;  // by fd: a command awaiting servers

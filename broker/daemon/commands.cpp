@@ -102,10 +102,12 @@ class AnswerCollector {
 }  // namespace
 
 Commands::Commands(Supervisor& supervisor, AllocationRegistry& allocations,
-                   std::function<void()> request_shutdown)
+                   std::function<void()> request_shutdown,
+                   std::function<tl::expected<std::string, std::string>()> reload)
     : supervisor_(supervisor),
       allocations_(allocations),
-      request_shutdown_(std::move(request_shutdown)) {}
+      request_shutdown_(std::move(request_shutdown)),
+      reload_(std::move(reload)) {}
 
 const std::vector<Commands::Command>& Commands::table() {
   static const std::vector<Command> commands{
@@ -174,6 +176,11 @@ const std::vector<Commands::Command>& Commands::table() {
        &Commands::label_allocation},
       {"list_allocations", "list_allocations", "every registered allocation (not its token)", 0, 0,
        &Commands::list_allocations},
+      {"reload", "reload",
+       "read mpsshimd --config FILE again (as SIGHUP does): its classes for new clients, its "
+       "default quotas for every server; a file with a mistake is refused and the old "
+       "configuration stays",
+       0, 0, &Commands::reload},
       {"quit", "quit", "stop every server and the daemon", 0, 0, &Commands::quit},
   };
   return commands;
@@ -491,6 +498,13 @@ void Commands::quit(const Args&, bool, ReplyHandler reply) {
   reply(CtlReply{
       0, fmt::format("mpsshimd (pid {}) is stopping its servers and exiting\n", ::getpid())});
   request_shutdown_();
+}
+
+void Commands::reload(const Args&, bool, ReplyHandler reply) {
+  if (!reload_) return reply(error_reply("this mpsshimd cannot reload its configuration"));
+  auto reloaded = reload_();
+  if (!reloaded) return reply(error_reply(reloaded.error() + "\n"));
+  reply(CtlReply{0, "configuration reloaded from " + *reloaded + "\n"});
 }
 
 void Commands::register_allocation(const Args& args, bool json, ReplyHandler reply) {

@@ -27,7 +27,8 @@ class Commands {
   static constexpr auto kServerTimeout = std::chrono::milliseconds(2000);
 
   Commands(Supervisor& supervisor, AllocationRegistry& allocations,
-           std::function<void()> request_shutdown);
+           std::function<void()> request_shutdown,
+           std::function<tl::expected<std::string, std::string>()> reload = nullptr);
 
   // `reply` runs exactly once. A word `--json` anywhere after the command asks for the answer
   // as one JSON object: the command's figures where it has some, else {"ok": ..., "message":
@@ -71,6 +72,7 @@ class Commands {
   void set_client_memory_limit(const Args&, bool json, ReplyHandler reply);
   void server_command(const Args&, bool json, ReplyHandler reply);
   void quit(const Args&, bool json, ReplyHandler reply);
+  void reload(const Args&, bool json, ReplyHandler reply);
   void register_allocation(const Args&, bool json, ReplyHandler reply);
   void revoke_allocation(const Args&, bool json, ReplyHandler reply);
   void label_allocation(const Args&, bool json, ReplyHandler reply);
@@ -101,6 +103,7 @@ class Commands {
   Supervisor& supervisor_;
   AllocationRegistry& allocations_;
   std::function<void()> request_shutdown_;
+  std::function<tl::expected<std::string, std::string>()> reload_;
 };
 
 }  // namespace mpsshim::daemon

@@ -11,6 +11,7 @@
 
 #include "broker/daemon/log.hpp"
 #include "broker/daemon/metrics.hpp"
+#include "broker/daemon/sizes.hpp"
 #include "proto/abi.hpp"
 
 namespace mpsshim::daemon {
@@ -69,10 +70,13 @@ Daemon::Daemon(DaemonSetup setup)
     : setup_(std::move(setup)),
       supervisor_(loop_, with_server_tuning(supervisor_config(setup_.options), setup_.options),
                   Supervisor::Events{[this] { on_settled(); }, [this] { on_changed(); }}),
-      commands_(supervisor_, allocations_,
-                [this] { loop_.after({}, [this] { shutdown("mpsshimctl quit"); }); }),
+      classes_(setup_.options.classes),
+      commands_(
+          supervisor_, allocations_,
+          [this] { loop_.after({}, [this] { shutdown("mpsshimctl quit"); }); },
+          [this] { return reload_config(); }),
       gate_(loop_, supervisor_, commands_, allocations_,
-            AccessPolicy{::geteuid(), setup_.multiuser}, setup_.options.isolation),
+            AccessPolicy{::geteuid(), setup_.multiuser}, setup_.options.isolation, &classes_),
       metrics_(loop_, [this](auto done) { collect_metrics(std::move(done)); }),
       start_time_seconds_(
           std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
@@ -108,6 +112,9 @@ void Daemon::on_signal() {
       case SIGHUP:
         reopen_log_file();
         log_info("SIGHUP: log file reopened");
+        if (setup_.options.config_path) {
+          if (auto reloaded = reload_config(); !reloaded) log_error("{}", reloaded.error());
+        }
         break;
       case SIGCHLD:
         supervisor_.reap();
@@ -179,6 +186,51 @@ void Daemon::shutdown(std::string_view reason) {
   metrics_.close();
   ::unlink(setup_.socket_path.c_str());
   supervisor_.stop(setup_.options.stop_timeout, [this] { loop_.stop(); });
+}
+
+tl::expected<std::string, std::string> Daemon::reload_config() {
+  if (!setup_.options.config_path) {
+    return tl::unexpected(std::string("mpsshimd was started without --config; nothing to read"));
+  }
+  auto file = read_config_file(*setup_.options.config_path);
+  if (!file) {
+    return tl::unexpected(
+        fmt::format("configuration not reloaded, the old one stays: {}", file.error()));
+  }
+  // The file's options alone (the command line's still win where it set them): the default
+  // quotas change live; other options wait for the next start.
+  std::vector<std::string> words{"mpsshimd"};
+  words.insert(words.end(), file->arguments.begin(), file->arguments.end());
+  std::vector<char*> pointers;
+  for (std::string& word : words) pointers.push_back(word.data());
+  pointers.push_back(nullptr);
+  auto options = parse_daemon_options(static_cast<int>(words.size()), pointers.data());
+  if (!options) {
+    return tl::unexpected(
+        fmt::format("configuration not reloaded, the old one stays: {}", options.error()));
+  }
+  classes_ = std::move(file->classes);
+  std::string changes = fmt::format("{}: {} class{} for new clients", file->path, classes_.size(),
+                                    classes_.size() == 1 ? "" : "es");
+  ServerDefaults& defaults = supervisor_.defaults();
+  if (options->default_sm_percentage && options->default_sm_percentage != defaults.sm_percentage) {
+    commands_.execute(
+        fmt::format("set_default_active_thread_percentage {}", *options->default_sm_percentage),
+        [](CtlReply reply) { log_info("reload: {}", reply.text); });
+    changes += fmt::format("; default SM percentage {}", *options->default_sm_percentage);
+  }
+  if (options->default_memory_limit && *options->default_memory_limit != defaults.memory_limit) {
+    defaults.memory_limit = *options->default_memory_limit;
+    for (int gpu = 0; gpu < supervisor_.gpu_count(); ++gpu) {
+      commands_.execute(fmt::format("set_default_device_pinned_mem_limit {} {}", gpu,
+                                    *options->default_memory_limit),
+                        [](CtlReply reply) { log_info("reload: {}", reply.text); });
+    }
+    changes +=
+        fmt::format("; default memory limit {}", format_size(*options->default_memory_limit));
+  }
+  log_info("configuration reloaded from {}", changes);
+  return changes;
 }
 
 }  // namespace mpsshim::daemon

@@ -46,11 +46,16 @@ class Daemon {
   void shutdown(std::string_view reason);
   void collect_metrics(std::function<void(std::string)> done);
   std::string status_line() const;
+  // --config FILE again (SIGHUP, mpsshimctl reload): new classes for new clients and new default
+  // quotas for every server; the answer says what changed, or why the file was refused (the
+  // old configuration stays).
+  tl::expected<std::string, std::string> reload_config();
 
   DaemonSetup setup_;
   EventLoop loop_;
   Supervisor supervisor_;
-  AllocationRegistry allocations_;  // the event loop's; commands change it, the gate reads it
+  AllocationRegistry allocations_;    // the event loop's; commands change it, the gate reads it
+  std::vector<ClientClass> classes_;  // the event loop's; a reload replaces them, the gate reads
   Commands commands_;
   ClientGate gate_;
   MetricsServer metrics_;

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "broker/daemon/background.hpp"
+#include "broker/daemon/config_file.hpp"
 #include "broker/daemon/daemon.hpp"
 #include "broker/daemon/log.hpp"
 #include "broker/daemon/metrics.hpp"
@@ -50,6 +51,7 @@ void make_paths_absolute(DaemonOptions& options) {
   if (options.runtime_dir) options.runtime_dir = absolute_path(*options.runtime_dir);
   if (options.log_file) options.log_file = absolute_path(*options.log_file);
   if (options.driver_path) options.driver_path = absolute_path(*options.driver_path);
+  if (options.config_path) options.config_path = absolute_path(*options.config_path);
   options.server_path = absolute_path(options.server_path);
 }
 
@@ -154,9 +156,27 @@ int run(DaemonOptions options) {
 
 }  // namespace
 
+// The options of --config FILE, then the command line's, which win (docs/config.md).
+tl::expected<DaemonOptions, std::string> options_with_config(int argc, char** argv,
+                                                             DaemonOptions first) {
+  if (!first.config_path || first.help || first.version) return first;
+  auto file = read_config_file(*first.config_path);
+  if (!file) return tl::unexpected(file.error());
+  std::vector<std::string> words{argv[0]};
+  words.insert(words.end(), file->arguments.begin(), file->arguments.end());
+  words.insert(words.end(), argv + 1, argv + argc);
+  std::vector<char*> pointers;
+  for (std::string& word : words) pointers.push_back(word.data());
+  pointers.push_back(nullptr);
+  auto options = parse_daemon_options(static_cast<int>(words.size()), pointers.data());
+  if (options) options->classes = std::move(file->classes);
+  return options;
+}
+
 int main(int argc, char** argv) {
   ensure_standard_fds();
   auto options = parse_daemon_options(argc, argv);
+  if (options) options = options_with_config(argc, argv, std::move(*options));
   if (!options) {
     fmt::print(stderr, "mpsshimd: {}\nrun `mpsshimd --help` for the options\n", options.error());
     return kExitUsage;

@@ -53,6 +53,7 @@ enum LongOnly : int {
   kRequireAllocationToken,
   kClientLimit,
   kIsolation,
+  kConfig,
   kIsolationIdleTimeout,
   kIsolationMaxServers,
   kVersion,
@@ -118,6 +119,9 @@ std::string daemon_usage() {
 The mpsshim control daemon: starts one mpsshim-server per GPU, restarts those that die, hands
 each client connection to its GPU's server and answers mpsshimctl. It never loads CUDA.
 
+  --config FILE        options and client classes from a TOML file (docs/config.md); options
+                       given here win over the file's. SIGHUP or `mpsshimctl reload` reads it
+                       again
   --runtime-dir DIR    control socket and pid file directory (default: $CUDA_MPS_PIPE_DIRECTORY,
                        else /run/mpsshim for root, else /tmp/mpsshim-$UID)
   --multiuser          serve clients of every uid (root only; default: the daemon's uid only)
@@ -242,6 +246,7 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
       {"require-allocation-token", no_argument, nullptr, kRequireAllocationToken},
       {"client-limit", required_argument, nullptr, kClientLimit},
       {"isolation", required_argument, nullptr, kIsolation},
+      {"config", required_argument, nullptr, kConfig},
       {"isolation-idle-timeout", required_argument, nullptr, kIsolationIdleTimeout},
       {"isolation-max-servers", required_argument, nullptr, kIsolationMaxServers},
       {"help", no_argument, nullptr, 'h'},
@@ -455,6 +460,9 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
         options.client_limits.push_back(std::move(*limit));
         break;
       }
+      case kConfig:
+        options.config_path = std::string(arg);
+        break;
       case kIsolation: {
         auto rule = parse_isolation_rule(arg);
         if (!rule) return tl::unexpected(rule.error());

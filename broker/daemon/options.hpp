@@ -9,6 +9,7 @@
 
 #include <tl/expected.hpp>
 
+#include "broker/daemon/config_file.hpp"
 #include "broker/daemon/isolation.hpp"
 #include "broker/daemon/log.hpp"
 #include "broker/daemon/metrics.hpp"
@@ -16,6 +17,8 @@
 namespace mpsshim::daemon {
 
 struct DaemonOptions {
+  std::optional<std::string> config_path;  // --config; its options are parsed before ours
+  std::vector<ClientClass> classes;        // the [[class]] tables of --config
   std::optional<std::string> runtime_dir;
   std::string server_path;  // resolved: --server, else beside mpsshimd, else libexec
   std::optional<std::string> driver_path;
