@@ -363,7 +363,8 @@ TEST_CASE("every mpsshimctl command answers --json with one JSON object", "[ctl]
       {{"sm_partition", "rm", "1"}, false, {"message"}},  // no longer there
       {{"set_active_thread_percentage", "0", "4242", "101"}, false, {"message"}},
       {{"frobnicate"}, false, {"message"}},
-      {{"quit"}, true, {"message"}},  // last: it stops the daemon
+      {{"reload"}, false, {"message"}},  // started without --config
+      {{"quit"}, true, {"message"}},     // last: it stops the daemon
   };
   // Every command `help` lists is among the cases.
   Outcome help = sut.ctl({"--json", "help"});
