@@ -9,8 +9,8 @@
 #include <string_view>
 
 #include "broker/daemon/sizes.hpp"
-#include "broker/server/client_limits.hpp"
-#include "broker/server/sm_reserve_option.hpp"
+#include "broker/server/accounting/client_limits.hpp"
+#include "broker/server/scheduling/sm_reserve_option.hpp"
 
 #ifndef MPSSHIM_LIBEXECDIR
 #error "meson defines MPSSHIM_LIBEXECDIR (the installed server's directory)"

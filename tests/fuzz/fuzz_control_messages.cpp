@@ -23,7 +23,7 @@
 #include "broker/daemon/allocation_quota.hpp"
 #include "broker/daemon/visible_devices.hpp"
 #include "broker/daemon/wire.hpp"
-#include "broker/server/log.hpp"
+#include "broker/server/base/log.hpp"
 #include "proto/unix_socket.hpp"
 #include "tests/server/harness.hpp"
 

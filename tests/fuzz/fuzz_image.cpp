@@ -10,8 +10,8 @@
 #include <cstring>
 #include <span>
 
-#include "broker/server/image.hpp"
-#include "broker/server/image_globals.hpp"
+#include "broker/server/images/image.hpp"
+#include "broker/server/images/image_globals.hpp"
 
 namespace {
 

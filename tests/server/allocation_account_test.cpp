@@ -1,6 +1,6 @@
 // An allocation's shared memory account (broker/server/allocation_account.hpp): charges from
 // several threads never pass the limit together.
-#include "broker/server/allocation_account.hpp"
+#include "broker/server/accounting/allocation_account.hpp"
 
 #include <catch2/catch.hpp>
 

@@ -1,4 +1,4 @@
-#include "broker/server/allocation_map.hpp"
+#include "broker/server/session/allocation_map.hpp"
 
 #include <catch2/catch.hpp>
 #include <limits>

@@ -4,7 +4,7 @@
 // reads; with them off, the slot's stamps stay 0.
 #include <catch2/catch.hpp>
 
-#include "broker/server/answer_stamps.hpp"
+#include "broker/server/base/answer_stamps.hpp"
 #include "tests/server/launch_batch_fixture.hpp"
 
 namespace mpsshim::server::test {

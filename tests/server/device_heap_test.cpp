@@ -8,8 +8,8 @@
 #include <thread>
 #include <vector>
 
-#include "broker/server/address_arena.hpp"
-#include "broker/server/device_heap.hpp"
+#include "broker/server/driver/address_arena.hpp"
+#include "broker/server/driver/device_heap.hpp"
 #include "proto/address_arenas.hpp"
 #include "tests/server/fake_driver.hpp"
 

@@ -9,7 +9,7 @@
 #include <map>
 #include <vector>
 
-#include "broker/server/driver_table.hpp"
+#include "broker/server/driver/driver_table.hpp"
 
 namespace mpsshim::server::test {
 

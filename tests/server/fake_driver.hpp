@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "broker/server/driver_table.hpp"
+#include "broker/server/driver/driver_table.hpp"
 #include "tests/server/fake_device_block.hpp"
 
 namespace mpsshim::server::test {

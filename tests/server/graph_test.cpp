@@ -11,7 +11,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "broker/server/driver.hpp"
+#include "broker/server/driver/driver.hpp"
 #include "tests/server/harness.hpp"
 
 namespace mpsshim::server::test {

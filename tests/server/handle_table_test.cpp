@@ -1,4 +1,4 @@
-#include "broker/server/handle_table.hpp"
+#include "broker/server/session/handle_table.hpp"
 
 #include <catch2/catch.hpp>
 

@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "broker/server/server.hpp"
+#include "broker/server/core/server.hpp"
 #include "proto/control.hpp"
 #include "proto/ops.hpp"
 #include "proto/unix_socket.hpp"

@@ -5,7 +5,7 @@
 #include <thread>
 #include <vector>
 
-#include "broker/server/heap_trim.hpp"
+#include "broker/server/core/heap_trim.hpp"
 
 namespace mpsshim::server {
 namespace {

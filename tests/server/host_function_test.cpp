@@ -6,8 +6,8 @@
 #include <memory>
 #include <thread>
 
-#include "broker/server/host_callbacks.hpp"
-#include "broker/server/session.hpp"
+#include "broker/server/session/host_callbacks.hpp"
+#include "broker/server/session/session.hpp"
 #include "proto/futex.hpp"
 #include "tests/server/fake_async.hpp"
 #include "tests/server/harness.hpp"

@@ -11,8 +11,8 @@
 #include <thread>
 #include <vector>
 
-#include "broker/server/driver_table.hpp"
-#include "broker/server/image_cache.hpp"
+#include "broker/server/driver/driver_table.hpp"
+#include "broker/server/images/image_cache.hpp"
 #include "tests/server/fatbin_builder.hpp"
 #include "tests/server/harness.hpp"
 

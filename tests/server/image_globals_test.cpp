@@ -1,4 +1,4 @@
-#include "broker/server/image_globals.hpp"
+#include "broker/server/images/image_globals.hpp"
 
 #include <elf.h>
 #include <lz4.h>

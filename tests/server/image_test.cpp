@@ -1,4 +1,4 @@
-#include "broker/server/image.hpp"
+#include "broker/server/images/image.hpp"
 
 #include <catch2/catch.hpp>
 #include <cstring>

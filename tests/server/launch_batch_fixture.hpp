@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "broker/server/driver.hpp"
-#include "broker/server/session_stats.hpp"
+#include "broker/server/accounting/session_stats.hpp"
+#include "broker/server/driver/driver.hpp"
 #include "tests/server/harness.hpp"
 
 namespace mpsshim::server::test::batch {

@@ -1,4 +1,4 @@
-#include "broker/server/options.hpp"
+#include "broker/server/core/options.hpp"
 
 #include <fmt/format.h>
 #include <catch2/catch.hpp>

@@ -13,7 +13,7 @@
 #include <set>
 #include <vector>
 
-#include "broker/server/priority_reserve.hpp"
+#include "broker/server/scheduling/priority_reserve.hpp"
 #include "tests/server/launch_batch_fixture.hpp"
 
 namespace mpsshim::server::test {

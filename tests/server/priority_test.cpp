@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "broker/server/ops.hpp"
+#include "broker/server/ops/ops.hpp"
 #include "tests/server/launch_batch_fixture.hpp"
 
 namespace mpsshim::server::test {

@@ -1,10 +1,10 @@
-#include "broker/server/quota.hpp"
+#include "broker/server/scheduling/quota.hpp"
 
 #include <cuda.h>
 
 #include <catch2/catch.hpp>
 
-#include "broker/server/green_context.hpp"
+#include "broker/server/scheduling/green_context.hpp"
 
 namespace mpsshim::server {
 namespace {

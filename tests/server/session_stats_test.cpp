@@ -5,9 +5,9 @@
 #include <map>
 #include <sstream>
 
-#include "broker/server/heap_profile.hpp"
-#include "broker/server/session.hpp"
-#include "broker/server/session_stats.hpp"
+#include "broker/server/accounting/heap_profile.hpp"
+#include "broker/server/accounting/session_stats.hpp"
+#include "broker/server/session/session.hpp"
 #include "proto/ring.hpp"
 #include "tests/server/harness.hpp"
 

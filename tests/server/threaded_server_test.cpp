@@ -22,8 +22,8 @@
 #include <thread>
 #include <vector>
 
-#include "broker/server/driver.hpp"
-#include "broker/server/log.hpp"
+#include "broker/server/base/log.hpp"
+#include "broker/server/driver/driver.hpp"
 #include "proto/futex.hpp"
 #include "tests/server/harness.hpp"
 

@@ -1,7 +1,7 @@
 // Every entry point the server resolves must be defined by this library, with the signature the
 // server's table expects: taking each address as that type turns a missing or mismatched one
 // into a build error here instead of a dlsym failure in a test.
-#include "broker/server/driver_table.hpp"
+#include "broker/server/driver/driver_table.hpp"
 #include "tests/testdriver/state.hpp"
 
 namespace mpsshim::testdriver {

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "broker/server/driver_table.hpp"
+#include "broker/server/driver/driver_table.hpp"
 
 namespace mpsshim::testdriver::test {
 

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "broker/server/image_globals.hpp"
+#include "broker/server/images/image_globals.hpp"
 
 namespace {
 

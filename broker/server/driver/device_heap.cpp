@@ -1,0 +1,273 @@
+#include "broker/server/driver/device_heap.hpp"
+
+#include <fmt/format.h>
+
+#include <iterator>
+#include <vector>
+
+#include "broker/server/base/log.hpp"
+#include "broker/server/driver/driver.hpp"
+#include "proto/address_arenas.hpp"
+
+namespace mpsshim::server {
+namespace {
+
+std::uint64_t round_up(std::uint64_t value, std::uint64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+CUmemAllocationProp device_prop(CUdevice device) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return prop;
+}
+
+}  // namespace
+
+std::unique_ptr<DeviceHeap> DeviceHeap::open(const DriverTable& cu, CUdevice device,
+                                             unsigned arena_index, std::string* why) {
+  if (arena_index >= proto::kMaxArenas) {
+    *why = fmt::format("GPU {} has no arena (mpsshim places the memory of {} GPUs per host)",
+                       arena_index, proto::kMaxArenas);
+    return nullptr;
+  }
+  const CUmemAllocationProp prop = device_prop(device);
+  std::size_t granularity = 0;
+  if (CUresult r =
+          cu.cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+      r != CUDA_SUCCESS || granularity == 0 || (granularity & (granularity - 1)) != 0) {
+    *why = fmt::format("cuMemGetAllocationGranularity: {}", describe(cu, r));
+    return nullptr;
+  }
+  // The whole window, not only this GPU's arena: the driver places its own internal memory right
+  // after the last reservation (measured: a reservation asked for at a taken address came back
+  // at the first free one after it), which would be inside the next GPU's arena, where this
+  // server must later map that GPU's memory at its own addresses (peer access, ops_peer.cpp).
+  const std::uint64_t want = proto::kArenaWindowBase;
+  CUdeviceptr got = 0;
+  if (CUresult r = cu.cuMemAddressReserve(&got, proto::kArenaWindowBytes, granularity, want, 0);
+      r != CUDA_SUCCESS) {
+    *why = fmt::format("reserving the address window {:#x} + {} TiB: {}", want,
+                       proto::kArenaWindowBytes >> 40, describe(cu, r));
+    return nullptr;
+  }
+  if (got != want) {
+    cu.cuMemAddressFree(got, proto::kArenaWindowBytes);
+    *why = fmt::format("the driver placed the address window at {:#x} instead of {:#x}", got, want);
+    return nullptr;
+  }
+  return std::unique_ptr<DeviceHeap>(
+      new DeviceHeap(cu, device, proto::arena_base(arena_index), proto::kArenaBytes, granularity));
+}
+
+DeviceHeap::DeviceHeap(const DriverTable& cu, CUdevice device, std::uint64_t base,
+                       std::uint64_t bytes, std::uint64_t granularity)
+    : cu_(cu), device_(device), granularity_(granularity), arena_(base, bytes) {}
+
+DeviceHeap::~DeviceHeap() {
+  for (auto& [base, block] : blocks_) unmap_block(base, block);
+  cu_.cuMemAddressFree(proto::kArenaWindowBase, proto::kArenaWindowBytes);
+}
+
+tl::expected<CUdeviceptr, CUresult> DeviceHeap::map_block(std::uint64_t bytes,
+                                                          std::uint64_t alignment) {
+  auto address = arena_.take(bytes, std::max(alignment, granularity_));
+  if (!address) return tl::unexpected(CUDA_ERROR_OUT_OF_MEMORY);
+  const CUmemAllocationProp prop = device_prop(device_);
+  CUmemGenericAllocationHandle handle = 0;
+  CUresult r = cu_.cuMemCreate(&handle, bytes, &prop, 0);
+  if (r == CUDA_SUCCESS) {
+    r = cu_.cuMemMap(*address, bytes, 0, handle, 0);
+    if (r == CUDA_SUCCESS) {
+      CUmemAccessDesc access{};
+      access.location = prop.location;
+      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      r = cu_.cuMemSetAccess(*address, bytes, &access, 1);
+      if (r == CUDA_SUCCESS) {
+        std::lock_guard lock(mutex_);
+        Block& block = blocks_[*address];
+        block.handle = handle;
+        block.bytes = bytes;
+        return *address;
+      }
+      cu_.cuMemUnmap(*address, bytes);
+    }
+    cu_.cuMemRelease(handle);
+  }
+  arena_.give(*address, bytes);
+  return tl::unexpected(r);
+}
+
+void DeviceHeap::unmap_block(CUdeviceptr base, const Block& block) {
+  if (CUresult r = cu_.cuMemUnmap(base, block.bytes); r != CUDA_SUCCESS) {
+    log_warn("device heap: cuMemUnmap({:#x}, {}) failed: {}", base, block.bytes, describe(cu_, r));
+  }
+  if (CUresult r = cu_.cuMemRelease(block.handle); r != CUDA_SUCCESS) {
+    log_warn("device heap: cuMemRelease failed: {}", describe(cu_, r));
+  }
+  arena_.give(base, block.bytes);
+}
+
+std::pair<CUdeviceptr, DeviceHeap::Block> DeviceHeap::extract_chunk_locked(CUdeviceptr base) {
+  auto node = blocks_.extract(base);
+  auto [first, last] = chunks_of_.equal_range(node.mapped().owner);
+  for (auto it = first; it != last; ++it) {
+    if (it->second == base) {
+      chunks_of_.erase(it);
+      break;
+    }
+  }
+  return {base, std::move(node.mapped())};
+}
+
+CUdeviceptr DeviceHeap::carve_locked(std::uint64_t owner, std::uint64_t length) {
+  live_owners_.insert(owner);
+  auto [first, last] = chunks_of_.equal_range(owner);
+  for (auto c = first; c != last; ++c) {
+    const CUdeviceptr base = c->second;
+    Block& block = blocks_.at(base);
+    for (auto it = block.free.begin(); it != block.free.end(); ++it) {
+      if (it->second < length) continue;
+      const std::uint64_t offset = it->first, rest = it->second - length;
+      block.free.erase(it);
+      if (rest > 0) block.free.emplace(offset + length, rest);
+      if (block.live++ == 0) {
+        auto spare = spare_.find(owner);
+        if (spare != spare_.end() && spare->second == base) spare_.erase(spare);
+      }
+      small_[base + offset] = Small{base, length};
+      return base + offset;
+    }
+  }
+  return 0;
+}
+
+tl::expected<CUdeviceptr, CUresult> DeviceHeap::allocate(std::uint64_t owner, std::uint64_t bytes,
+                                                         std::uint64_t alignment) {
+  if (bytes == 0 || alignment == 0 || (alignment & (alignment - 1)) != 0) {
+    return tl::unexpected(CUDA_ERROR_INVALID_VALUE);
+  }
+  if (bytes > kSmallMax || alignment > kSmallAlignment) {
+    if (bytes > arena_.bytes()) return tl::unexpected(CUDA_ERROR_OUT_OF_MEMORY);
+    auto base = map_block(round_up(bytes, granularity_), alignment);
+    if (base) {
+      std::lock_guard lock(mutex_);
+      blocks_[*base].owner = owner;
+    }
+    return base;
+  }
+  const std::uint64_t length = round_up(bytes, kSmallAlignment);
+  {
+    std::lock_guard lock(mutex_);
+    if (CUdeviceptr at = carve_locked(owner, length); at != 0) return at;
+  }
+  // A new chunk, made without the lock; another thread of the same owner may make one too.
+  auto chunk = map_block(granularity_, granularity_);
+  if (!chunk) return chunk;
+  std::lock_guard lock(mutex_);
+  Block& block = blocks_[*chunk];
+  block.owner = owner;
+  block.chunk = true;
+  chunks_of_.emplace(owner, *chunk);
+  block.free.emplace(0, block.bytes);
+  return carve_locked(owner, length);
+}
+
+bool DeviceHeap::owns(CUdeviceptr base) const {
+  std::lock_guard lock(mutex_);
+  if (small_.count(base) != 0) return true;
+  auto it = blocks_.find(base);
+  return it != blocks_.end() && !it->second.chunk;
+}
+
+CUresult DeviceHeap::free(CUdeviceptr base) {
+  std::vector<std::pair<CUdeviceptr, Block>> unmap;
+  {
+    std::lock_guard lock(mutex_);
+    if (auto small = small_.find(base); small != small_.end()) {
+      const Small s = small->second;
+      small_.erase(small);
+      Block& chunk = blocks_.at(s.chunk);
+      std::uint64_t offset = base - s.chunk, length = s.length;
+      auto next = chunk.free.lower_bound(offset);
+      if (next != chunk.free.end() && offset + length == next->first) {
+        length += next->second;
+        next = chunk.free.erase(next);
+      }
+      if (next != chunk.free.begin()) {
+        auto prev = std::prev(next);
+        if (prev->first + prev->second == offset) {
+          offset = prev->first;
+          length += prev->second;
+          chunk.free.erase(prev);
+        }
+      }
+      chunk.free.emplace(offset, length);
+      if (--chunk.live == 0) {
+        // A live owner's first empty chunk stays as its spare; any other goes back to the driver.
+        const bool keep = live_owners_.count(chunk.owner) != 0 &&
+                          spare_.try_emplace(chunk.owner, s.chunk).first->second == s.chunk;
+        if (!keep) unmap.push_back(extract_chunk_locked(s.chunk));
+      }
+    } else {
+      auto it = blocks_.find(base);
+      if (it == blocks_.end() || it->second.chunk) return CUDA_ERROR_INVALID_VALUE;
+      auto node = blocks_.extract(it);
+      unmap.emplace_back(node.key(), std::move(node.mapped()));
+    }
+  }
+  for (auto& [at, block] : unmap) unmap_block(at, block);
+  return CUDA_SUCCESS;
+}
+
+tl::expected<DeviceHeap::Exported, CUresult> DeviceHeap::export_block(std::uint64_t owner,
+                                                                      CUdeviceptr address) {
+  // Under the lock: another worker may be freeing the block (the last opener of an IPC export).
+  std::lock_guard lock(mutex_);
+  auto after = blocks_.upper_bound(address);
+  if (after == blocks_.begin()) return tl::unexpected(CUDA_ERROR_INVALID_VALUE);
+  auto it = std::prev(after);
+  if (address - it->first >= it->second.bytes || it->second.owner != owner) {
+    return tl::unexpected(CUDA_ERROR_INVALID_VALUE);
+  }
+  int fd = -1;
+  if (CUresult r = cu_.cuMemExportToShareableHandle(&fd, it->second.handle,
+                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+      r != CUDA_SUCCESS) {
+    return tl::unexpected(r);
+  }
+  return Exported{it->first, it->second.bytes, fd};
+}
+
+void DeviceHeap::forget_owner(std::uint64_t owner) {
+  std::vector<std::pair<CUdeviceptr, Block>> unmap;
+  {
+    std::lock_guard lock(mutex_);
+    spare_.erase(owner);
+    live_owners_.erase(owner);
+    std::vector<CUdeviceptr> empty;
+    auto [first, last] = chunks_of_.equal_range(owner);
+    for (auto it = first; it != last; ++it) {
+      if (blocks_.at(it->second).live == 0) empty.push_back(it->second);
+    }
+    for (CUdeviceptr base : empty) unmap.push_back(extract_chunk_locked(base));
+  }
+  for (auto& [at, block] : unmap) unmap_block(at, block);
+}
+
+DeviceHeap::Figures DeviceHeap::figures() const {
+  std::lock_guard lock(mutex_);
+  Figures f;
+  for (const auto& [base, block] : blocks_) {
+    f.physical_bytes += block.bytes;
+    f.chunks += block.chunk ? 1 : 0;
+    f.allocations += block.chunk ? 0 : 1;
+  }
+  f.allocations += small_.size();
+  return f;
+}
+
+}  // namespace mpsshim::server

@@ -1,0 +1,120 @@
+// cuMemAlloc's memory, placed in the server's arena (address_arena.hpp) with the driver's
+// virtual memory calls, so that no other GPU's server hands out the same addresses
+// (proto/address_arenas.hpp says why the driver's own placement cannot be used).
+//
+// An allocation of more than kSmallMax bytes is one physical allocation of its own (cuMemCreate,
+// rounded up to the granularity, as the driver rounds cuMemAlloc) mapped at a range of the arena.
+// Smaller ones share chunks of one granule, and a chunk only ever holds allocations of one owner
+// (a session), so that a client's memory is a set of whole physical allocations that can later be
+// copied out or mapped elsewhere at the same addresses. Each owner keeps at most one empty chunk,
+// so a loop of small cuMemAlloc/cuMemFree makes no driver call after the first.
+//
+// Measured on an H200 (driver 580, one run): cuMemCreate + cuMemMap + cuMemSetAccess + cuMemUnmap
+// + cuMemRelease of 2 MiB 135 us against 123 us for cuMemAlloc + cuMemFree; of 64 MiB 267 us
+// against 406 us; of 1 GiB 2.07 ms against 2.16 ms.
+//
+// Physical allocations ask for the POSIX fd handle type, so another GPU's server can later map
+// them at the same address.
+//
+// Thread safety: every public function may be called from any worker; one mutex guards the
+// bookkeeping and is never held across a driver call.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include <tl/expected.hpp>
+
+#include "broker/server/driver/address_arena.hpp"
+#include "broker/server/driver/driver_table.hpp"
+
+namespace mpsshim::server {
+
+class DeviceHeap {
+ public:
+  // Allocations up to this size share their owner's chunks.
+  static constexpr std::uint64_t kSmallMax = std::uint64_t{1} << 20;
+  // cuMemAlloc's guarantee is 256; the driver hands out 512-aligned small allocations.
+  static constexpr std::uint64_t kSmallAlignment = 512;
+
+  // Reserves the whole window of arenas from the driver at its fixed address, GPU
+  // `arena_index`'s own to allocate from and the others' to map peers' memory into. Null, with
+  // the reason in `why`, when the driver cannot (no VMM support, the arena out of range, or the
+  // driver placed the reservation elsewhere): the server then lets the driver place cuMemAlloc.
+  static std::unique_ptr<DeviceHeap> open(const DriverTable& cu, CUdevice device,
+                                          unsigned arena_index, std::string* why);
+  ~DeviceHeap();
+  DeviceHeap(const DeviceHeap&) = delete;
+  DeviceHeap& operator=(const DeviceHeap&) = delete;
+
+  AddressArena& arena() { return arena_; }
+  std::uint64_t granularity() const { return granularity_; }
+
+  // `bytes` of device memory for `owner`, aligned to at least `alignment` (a power of two): the
+  // driver's error when it has no memory (CUDA_ERROR_OUT_OF_MEMORY), or when the arena is full.
+  tl::expected<CUdeviceptr, CUresult> allocate(std::uint64_t owner, std::uint64_t bytes,
+                                               std::uint64_t alignment = kSmallAlignment);
+  // Whether `base` is an allocation of this heap.
+  bool owns(CUdeviceptr base) const;
+  // Frees an allocation of this heap (any owner's); CUDA_ERROR_INVALID_VALUE if it is none.
+  CUresult free(CUdeviceptr base);
+  // The physical block holding `address` (an allocation of `owner`), exported as a POSIX fd that
+  // another process can map (the caller closes it).
+  struct Exported {
+    CUdeviceptr base = 0;
+    std::uint64_t bytes = 0;
+    int fd = -1;
+  };
+  tl::expected<Exported, CUresult> export_block(std::uint64_t owner, CUdeviceptr address);
+  // Gives back the owner's spare chunk; called when its session ends, after its allocations.
+  void forget_owner(std::uint64_t owner);
+
+  struct Figures {
+    std::uint64_t physical_bytes = 0;  // what cuMemCreate holds for this heap
+    std::uint64_t allocations = 0;
+    std::uint64_t chunks = 0;
+  };
+  Figures figures() const;
+
+ private:
+  struct Block {
+    CUmemGenericAllocationHandle handle = 0;
+    std::uint64_t bytes = 0;  // mapped and created
+    std::uint64_t owner = 0;
+    bool chunk = false;
+    std::map<std::uint64_t, std::uint64_t> free;  // chunks: offset -> length, coalesced
+    std::uint64_t live = 0;                       // chunks: allocations in it
+  };
+  struct Small {
+    std::uint64_t chunk = 0;  // the chunk's base
+    std::uint64_t length = 0;
+  };
+
+  DeviceHeap(const DriverTable& cu, CUdevice device, std::uint64_t base, std::uint64_t bytes,
+             std::uint64_t granularity);
+  tl::expected<CUdeviceptr, CUresult> map_block(std::uint64_t bytes, std::uint64_t alignment);
+  void unmap_block(CUdeviceptr base, const Block& block);
+  // Under mutex_: a small allocation in one of the owner's chunks, or 0.
+  CUdeviceptr carve_locked(std::uint64_t owner, std::uint64_t length);
+  // Under mutex_: takes the chunk out of the books, to be unmapped after the lock.
+  std::pair<CUdeviceptr, Block> extract_chunk_locked(CUdeviceptr base);
+
+  const DriverTable& cu_;
+  const CUdevice device_;
+  const std::uint64_t granularity_;
+  AddressArena arena_;
+  mutable std::mutex mutex_;
+  std::map<CUdeviceptr, Block> blocks_;         // dedicated allocations and chunks, by base
+  std::map<CUdeviceptr, Small> small_;          // allocations inside chunks
+  std::map<std::uint64_t, CUdeviceptr> spare_;  // owner -> its empty chunk
+  std::multimap<std::uint64_t, CUdeviceptr> chunks_of_;  // owner -> its chunks
+  std::set<std::uint64_t> live_owners_;  // allocated since and not forgotten: may keep a spare
+};
+
+}  // namespace mpsshim::server

@@ -1,0 +1,236 @@
+#include <algorithm>
+#include <limits>
+
+#include "broker/server/base/log.hpp"
+#include "broker/server/ops/ops.hpp"
+#include "broker/server/session/busy_time.hpp"
+#include "broker/server/session/ipc_memory.hpp"
+#include "broker/server/session/limit_check.hpp"
+#include "broker/server/session/pools.hpp"
+#include "broker/server/session/retire.hpp"
+
+namespace mpsshim::server {
+namespace {
+
+// `held` is the memory charged for it, kept once the range is recorded.
+bool add_allocation(Session& session, CUdeviceptr base, std::uint64_t bytes, std::uint64_t ctx,
+                    MemoryReservation& held) {
+  if (!session.memory.add(DeviceRange{base, bytes, RangeKind::kAllocation, ctx})) return false;
+  held.keep();
+  return true;
+}
+
+// Device memory as cuMemAlloc gives it: in the server's arena when it has one (device_heap.hpp).
+CUresult allocate_device(Session& session, std::uint64_t bytes, CUdeviceptr* out) {
+  if (DeviceHeap* heap = session.gpu().heap.get()) {
+    auto placed = heap->allocate(session.client.id, bytes);
+    if (!placed) return placed.error();
+    *out = *placed;
+    return CUDA_SUCCESS;
+  }
+  return session.cu().cuMemAlloc_v2(out, static_cast<std::size_t>(bytes));
+}
+
+// The pitch cuMemAllocPitch picks: rows padded to the texture pitch alignment the driver uses
+// for 2D allocations (512 bytes on every GPU since Kepler).
+constexpr std::uint64_t kPitchAlignment = 512;
+
+}  // namespace
+
+OpResult op_mem_alloc(Call& call) {
+  auto req = call.request<proto::MemAllocReq>();
+  Session& session = call.session;
+  if (session.objects.get<ContextObj>(req.ctx) == nullptr) {
+    return call.done(CUDA_ERROR_INVALID_CONTEXT);
+  }
+  if (!within_client_limit(session, ClientLimit::kAllocations))
+    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+  if (req.bytes == 0) return call.done(CUDA_ERROR_INVALID_VALUE);
+  auto held = session.reserve_memory(req.bytes);
+  if (!held) return refuse_over_limit(call, req.bytes, "device memory", held.error());
+  CUdeviceptr dptr = 0;
+  if (CUresult r = allocate_device(session, req.bytes, &dptr); r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  if (!add_allocation(session, dptr, req.bytes, req.ctx, *held)) {
+    free_device(session, dptr);
+    return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  return call.reply(proto::MemAllocRep{dptr});
+}
+
+OpResult op_mem_alloc_pitch(Call& call) {
+  auto req = call.request<proto::MemAllocPitchReq>();
+  Session& session = call.session;
+  if (session.objects.get<ContextObj>(req.ctx) == nullptr) {
+    return call.done(CUDA_ERROR_INVALID_CONTEXT);
+  }
+  if (req.width_bytes == 0 || req.height == 0 ||
+      req.width_bytes > std::numeric_limits<std::uint64_t>::max() / req.height) {
+    return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  if (!within_client_limit(session, ClientLimit::kAllocations))
+    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
+  const std::uint64_t asked = req.width_bytes * req.height;
+  auto held = session.reserve_memory(asked);
+  if (!held) return refuse_over_limit(call, asked, "device memory", held.error());
+  CUdeviceptr dptr = 0;
+  std::size_t pitch = 0;
+  if (session.gpu().heap) {
+    // The driver's own checks: the element size of a texture fetch, rows a pitch can address.
+    if (req.element_bytes != 4 && req.element_bytes != 8 && req.element_bytes != 16) {
+      return call.done(CUDA_ERROR_INVALID_VALUE);
+    }
+    const std::uint64_t padded =
+        (req.width_bytes + kPitchAlignment - 1) / kPitchAlignment * kPitchAlignment;
+    if (padded > std::numeric_limits<std::uint64_t>::max() / req.height) {
+      return call.done(CUDA_ERROR_INVALID_VALUE);
+    }
+    pitch = static_cast<std::size_t>(padded);
+    if (CUresult r = allocate_device(session, padded * req.height, &dptr); r != CUDA_SUCCESS) {
+      return call.done(r);
+    }
+  } else if (CUresult r = call.cu.cuMemAllocPitch_v2(&dptr, &pitch, req.width_bytes, req.height,
+                                                     req.element_bytes);
+             r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  std::uint64_t bytes = std::uint64_t{pitch} * req.height;
+  // The padding of each row counts: it is device memory the client holds.
+  auto padding = session.reserve_memory(bytes - std::min(bytes, asked));
+  if (!padding) {
+    free_device(session, dptr);
+    return refuse_over_limit(call, bytes, "device memory", padding.error());
+  }
+  if (!add_allocation(session, dptr, bytes, req.ctx, *held)) {
+    free_device(session, dptr);
+    return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  padding->keep();
+  return call.reply(proto::MemAllocPitchRep{dptr, pitch});
+}
+
+OpResult op_mem_free(Call& call) {
+  auto req = call.request<proto::MemFreeReq>();
+  Session& session = call.session;
+  if (req.dptr == 0) return call.done();  // cuMemFree(0), like free(NULL)
+  const DeviceRange* range = session.memory.find(req.dptr);
+  if (range != nullptr && range->kind == RangeKind::kOpened) {
+    log_debug(
+        "{} asked cuMemFree of {:#x}, another client's allocation it opened; refused (it "
+        "closes it with cuIpcCloseMemHandle)",
+        session.who(), req.dptr);
+    return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  if (range == nullptr || range->kind != RangeKind::kAllocation) {
+    note_not_owned(call, fmt::format("allocation {:#x}", req.dptr));
+    return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  if (is_pool_allocation(session, *range)) pool_memory_freed(session, *range);
+  Retired bundle;
+  bundle.allocations.push_back(*session.memory.remove(req.dptr));
+  // Exported and opened by another client: it stays for them, charged to this client until
+  // the last of them closes it (docs/ipc.md).
+  if (ipc_hand_over(session, req.dptr)) return call.done();
+  session.release_memory(bundle.allocations.back().bytes);
+  return call.done(retire(session, std::move(bundle)));
+}
+
+OpResult op_mem_get_info(Call& call) {
+  Session& session = call.session;
+  session.take_back_ipc_bytes();
+  std::size_t free_bytes = 0, total_bytes = 0;
+  if (CUresult r = call.cu.cuMemGetInfo_v2(&free_bytes, &total_bytes); r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  proto::MemGetInfoRep rep{free_bytes, total_bytes};
+  if (session.memory_limit != 0) {
+    std::uint64_t left = session.memory_limit - std::min(session.memory_limit, session.memory_used);
+    rep.total_bytes = std::min<std::uint64_t>(total_bytes, session.memory_limit);
+    rep.free_bytes = std::min<std::uint64_t>(free_bytes, left);
+  }
+  // What the allocation's other clients use is not free for this one either.
+  if (session.allocation && session.allocation->limit() != 0) {
+    const AllocationAccount& shared = *session.allocation;
+    rep.total_bytes = std::min<std::uint64_t>(rep.total_bytes, shared.limit());
+    rep.free_bytes = std::min<std::uint64_t>(
+        rep.free_bytes, shared.limit() - std::min(shared.limit(), shared.used()));
+  }
+  return call.reply(rep);
+}
+
+OpResult op_memset(Call& call) {
+  auto req = call.request<proto::MemsetReq>();
+  Session& session = call.session;
+  const std::uint64_t element = req.element_bytes;
+  if (element != 1 && element != 2 && element != 4) return call.done(CUDA_ERROR_INVALID_VALUE);
+  constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
+  const bool two_d = req.pitch != 0;
+  if (!two_d && req.height != 1) return call.done(CUDA_ERROR_INVALID_VALUE);
+  if (req.width > kMax / element) return call.done(CUDA_ERROR_INVALID_VALUE);
+  const std::uint64_t row_bytes = req.width * element;
+  // The whole pitched range, from the first row's start to the last row's end.
+  std::uint64_t extent = 0;
+  if (req.height != 0 && row_bytes != 0) {
+    if (two_d && row_bytes > req.pitch) return call.done(CUDA_ERROR_INVALID_VALUE);
+    if (req.height - 1 > (kMax - row_bytes) / std::max<std::uint64_t>(req.pitch, 1)) {
+      return call.done(CUDA_ERROR_INVALID_VALUE);
+    }
+    extent = (req.height - 1) * req.pitch + row_bytes;
+  }
+  if (!owns_memory(call, req.dst, extent)) return call.done(CUDA_ERROR_INVALID_VALUE);
+  CUresult error = CUDA_SUCCESS;
+  StreamObj* stream = use_stream(call, req.stream, true, &error);
+  if (stream == nullptr) return call.done(error);
+  open_busy_span(session, stream->stream);
+  const DriverTable& cu = call.cu;
+  CUresult r = CUDA_SUCCESS;
+  if (!two_d) {
+    switch (element) {
+      case 1:
+        r = cu.cuMemsetD8Async(req.dst, static_cast<unsigned char>(req.value), req.width,
+                               stream->stream);
+        break;
+      case 2:
+        r = cu.cuMemsetD16Async(req.dst, static_cast<unsigned short>(req.value), req.width,
+                                stream->stream);
+        break;
+      default:
+        r = cu.cuMemsetD32Async(req.dst, req.value, req.width, stream->stream);
+        break;
+    }
+  } else {
+    switch (element) {
+      case 1:
+        r = cu.cuMemsetD2D8Async(req.dst, req.pitch, static_cast<unsigned char>(req.value),
+                                 req.width, req.height, stream->stream);
+        break;
+      case 2:
+        r = cu.cuMemsetD2D16Async(req.dst, req.pitch, static_cast<unsigned short>(req.value),
+                                  req.width, req.height, stream->stream);
+        break;
+      default:
+        r = cu.cuMemsetD2D32Async(req.dst, req.pitch, req.value, req.width, req.height,
+                                  stream->stream);
+        break;
+    }
+  }
+  return finish_on_stream(call, *stream, r);
+}
+
+OpResult op_copy_dtod(Call& call) {
+  auto req = call.request<proto::CopyDtoDReq>();
+  Session& session = call.session;
+  if (!owns_memory(call, req.dst, req.bytes) || !owns_memory(call, req.src, req.bytes)) {
+    return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  CUresult error = CUDA_SUCCESS;
+  StreamObj* stream = use_stream(call, req.stream, true, &error);
+  if (stream == nullptr) return call.done(error);
+  open_busy_span(session, stream->stream);
+  CUresult r = call.cu.cuMemcpyDtoDAsync_v2(req.dst, req.src, req.bytes, stream->stream);
+  if (r == CUDA_SUCCESS) session.usage.bytes_d2d += req.bytes;
+  return finish_on_stream(call, *stream, r);
+}
+
+}  // namespace mpsshim::server

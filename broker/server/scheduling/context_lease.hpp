@@ -1,0 +1,48 @@
+// The GPU's primary context, held only while clients need it. A primary context costs ~500 MiB
+// of GPU memory (H100, driver 580) before anyone allocates a byte, so a server with no client
+// releases it after `idle_timeout` and retains it again for the next client, which pays the
+// context's creation once (544 ms measured on an H100). A negative timeout keeps it for the
+// server's life.
+//
+// Owned by the coordinator thread. Workers read Gpu::primary only while they own a session:
+// a retain happens before the new session is handed over (the worker's mailbox orders it), a
+// release only once every worker's load is 0 (Worker::load_ orders it after their last use).
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include <tl/expected.hpp>
+
+#include "broker/server/driver/gpu.hpp"
+#include "broker/server/scheduling/green_context_pool.hpp"
+
+namespace mpsshim::server {
+
+class ContextLease {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // `gpu` holds the context open_gpu retained; the lease may release it at the first check.
+  // `green_pool` is emptied before every release: the driver gives back what a green context
+  // cost only with the primary context (green_context_pool.hpp).
+  ContextLease(Gpu& gpu, GreenContextPool& green_pool, std::chrono::milliseconds idle_timeout);
+
+  // Before a client is admitted: the context, retained and made current on this thread.
+  tl::expected<void, std::string> acquire();
+  // Every look of the coordinator: with `sessions` == 0 for idle_timeout, releases.
+  void check(std::size_t sessions, Clock::time_point now = Clock::now());
+  // Orderly end of the server.
+  void release(const char* why);
+  bool held() const { return gpu_.primary != nullptr; }
+
+ private:
+  Gpu& gpu_;
+  GreenContextPool& green_pool_;
+  std::chrono::milliseconds idle_timeout_;
+  // When the last session went away; min(): none was ever served, release at the first check.
+  Clock::time_point idle_since_ = Clock::time_point::min();
+  bool idle_ = true;
+};
+
+}  // namespace mpsshim::server

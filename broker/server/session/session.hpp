@@ -1,0 +1,411 @@
+// One client's session: its segment and ring, its green context, the objects it made, what it
+// is waiting for. Owned and driven by the Server's single thread.
+#pragma once
+
+#include <cuda.h>
+#include <sys/types.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <tl/expected.hpp>
+
+#include "broker/server/accounting/allocation_account.hpp"
+#include "broker/server/accounting/client_limits.hpp"
+#include "broker/server/accounting/client_usage.hpp"
+#include "broker/server/accounting/session_stats.hpp"
+#include "broker/server/driver/gpu.hpp"
+#include "broker/server/driver/host_fences.hpp"
+#include "broker/server/driver/shared_segment.hpp"
+#include "broker/server/launch/launch_batch.hpp"
+#include "broker/server/scheduling/green_context.hpp"
+#include "broker/server/scheduling/green_context_pool.hpp"
+#include "broker/server/scheduling/priority_gate.hpp"
+#include "broker/server/scheduling/priority_reserve.hpp"
+#include "broker/server/session/allocation_map.hpp"
+#include "broker/server/session/ipc_registry.hpp"
+#include "broker/server/session/objects.hpp"
+#include "broker/server/session/virtual_memory.hpp"
+#include "proto/control.hpp"
+#include "proto/ops.hpp"
+#include "proto/ring.hpp"
+#include "proto/unix_socket.hpp"
+
+namespace mpsshim::server {
+
+class HostCallbackChannel;
+
+struct ClientInfo {
+  std::uint32_t id = 0;
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::string program;
+};
+
+enum class SessionState { kActive, kDraining };
+
+// Which limit refused a charge of device memory.
+enum class MemoryLimitHit {
+  kClient,      // the session's own (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT or the server's default)
+  kAllocation,  // the limit every client of the session's allocation shares
+};
+
+class Session;
+
+// Device memory charged to a session (and its allocation) before the driver is asked for it, so
+// that two clients of one allocation on different workers cannot both pass the check. Given
+// back when destroyed unless kept (the driver call succeeded).
+class MemoryReservation {
+ public:
+  MemoryReservation(Session& session, std::uint64_t bytes) : session_(&session), bytes_(bytes) {}
+  MemoryReservation(MemoryReservation&& other) noexcept
+      : session_(std::exchange(other.session_, nullptr)), bytes_(other.bytes_) {}
+  MemoryReservation& operator=(MemoryReservation&&) = delete;
+  ~MemoryReservation();
+  // The driver call succeeded: the session holds the memory until it frees it.
+  void keep();
+
+ private:
+  Session* session_;
+  std::uint64_t bytes_;
+};
+
+// GPU work a reply, a staging chunk or a deferred free waits for. Done when every event has
+// completed; the first error is the result.
+struct Completion {
+  enum class Owner : std::uint8_t {
+    kPool,    // a server event: back to the session's pool afterwards
+    kClient,  // the client's own event (EventSynchronize): left alone
+    kDestroy  // the client destroyed its event while this waited: destroyed afterwards
+  };
+  struct Wait {
+    CUevent event;
+    Owner owner;
+    // Written by the GPU just before `event` (host_fences.hpp): the wait is over when the word
+    // holds it; the event is then queried only to learn of a fault.
+    HostFence fence{};
+    // The client stream fenced and its StreamObj::queued then: completed, the stream is known
+    // idle up to there (0: not tracked).
+    std::uint64_t stream_id = 0;
+    std::uint64_t stream_queued = 0;
+  };
+  std::vector<Wait> waits;
+  std::size_t done = 0;  // waits[0, done) have completed
+  std::uint32_t slot = proto::kNoReply;
+  std::uint32_t chunk = kNoChunk;
+  std::uint32_t generation = 0;
+  CUresult result = CUDA_SUCCESS;
+  proto::Op op = proto::Op::kPad;
+  std::uint64_t taken_ns = 0;  // its request left the ring (answer_stamps.hpp; 0 when off)
+  // Keeps what the waits name alive until the completion is gone (an interprocess event
+  // another client may destroy meanwhile).
+  std::shared_ptr<const void> keep_alive;
+  // A wait on a host fence asks the driver (its event) no earlier than this, ever less often
+  // (fault_check_after: `fault_checks` so far); so does a wait without one, every
+  // Session::event_poll.
+  std::chrono::steady_clock::time_point next_fault_check{};
+  std::uint32_t fault_checks = 0;
+
+  static constexpr std::uint32_t kNoChunk = 0xffffffffu;
+};
+
+// Objects the client let go of that the GPU may still be using: freed once the fences (events
+// recorded on every stream of the client at the time) have completed, so freeing never blocks
+// the server on the client's queued work.
+struct Retired {
+  std::vector<CUevent> fences;
+  std::size_t fences_done = 0;
+  std::vector<CUmodule> modules;
+  std::vector<CUlibrary> libraries;
+  // Shared libraries (image_cache.hpp): dropping the last reference unloads.
+  std::vector<std::shared_ptr<SharedLibrary>> shared_libraries;
+  std::vector<DeviceRange> allocations;
+  std::vector<HostRegionObj> regions;
+  std::vector<TexObj> textures;  // destroyed before the arrays they may sample
+  std::vector<CUarray> arrays;
+  std::vector<CUgraphExec> graph_execs;
+  std::vector<PeerBlock> peer_blocks;  // another GPU's memory this server mapped (ops_peer.cpp)
+};
+
+// A memfd the client sent on its socket, waiting for the ring record that names its token.
+struct StashedFd {
+  proto::MessageKind kind;
+  std::uint64_t bytes;
+  proto::UniqueFd fd;
+};
+
+// Counts for the disconnect log line.
+struct FreedTally {
+  std::size_t allocations = 0;
+  std::uint64_t allocation_bytes = 0;
+  std::size_t modules = 0;
+  std::size_t libraries = 0;
+  std::size_t streams = 0;
+  std::size_t events = 0;
+  std::size_t regions = 0;
+  std::size_t arrays = 0;
+  std::size_t textures = 0;
+  std::size_t graphs = 0;
+  std::size_t physical_allocations = 0;  // cuMemCreate'd, released at the end
+  std::uint64_t physical_bytes = 0;
+  std::size_t mappings = 0;
+  std::size_t reservations = 0;
+};
+
+class Session {
+ public:
+  // `green_pool` and `ipc` are the server's; they outlive every session.
+  Session(const Gpu& gpu, GreenContextPool& green_pool, IpcRegistry& ipc, ClientInfo client);
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  const Gpu& gpu() const { return *gpu_; }
+  const DriverTable& cu() const { return *gpu_->cu; }
+  // Where its green contexts come from and go back to (green_context_pool.hpp).
+  GreenContextPool& green_pool() const { return *green_pool_; }
+  // The server's interprocess handles (ipc_registry.hpp), shared with its other sessions.
+  IpcRegistry& ipc() const { return *ipc_; }
+  // The server's shared libraries (image_cache.hpp); null: every image loaded for this session.
+  ImageCache* image_cache() const { return images_; }
+  void set_image_cache(ImageCache* images) { images_ = images; }
+
+  // "client 3 (pid 4123, vector_add)"
+  std::string who() const;
+
+  // ---- answering the client -----------------------------------------------------------
+  proto::SessionControl* control() const { return segment.view().control(); }
+  // Writes the reply, publishes kSlotReady and wakes a sleeping waiter.
+  // taken_ns / known_ns: when the request left the ring and when its answer was known
+  // (answer_stamps.hpp; 0: now).
+  void answer(std::uint32_t slot, CUresult result, std::span<const std::byte> payload = {},
+              std::uint64_t taken_ns = 0, std::uint64_t known_ns = 0);
+  // Stores the copy's result, then publishes the chunk's generation and wakes a waiter.
+  void finish_chunk(std::uint32_t chunk, std::uint32_t generation, CUresult result);
+  // A one-way call failed: the first such error waits for the client's next synchronizing call.
+  void post_async_error(CUresult result);
+  // Wakes everyone who might sleep on this segment (fault, termination).
+  void wake_everyone();
+
+  // ---- events --------------------------------------------------------------------------
+  // An event in the client's green context (events must share their stream's context).
+  tl::expected<CUevent, CUresult> create_event(unsigned flags);
+  // A timing-free server event from the pool.
+  tl::expected<CUevent, CUresult> acquire_event();
+  void release_event(CUevent event);
+  // An event of a green context the client had before a live SM quota change
+  // (sm_quota_change.hpp) is destroyed, not pooled: true when `event` was one.
+  bool destroy_if_stale(CUevent event);
+
+  // ---- completions ---------------------------------------------------------------------
+  // Records a pool event on `stream` and queues `completion` to fire when it completes.
+  CUresult complete_after(CUstream stream, Completion completion);
+  // The same for the client's stream `id`, which it then knows idle up to now.
+  CUresult complete_after(std::uint64_t id, StreamObj& stream, Completion completion);
+  // Adds a wait for the work queued on `stream` so far to `completion`: a host fence (when
+  // the session uses them and `host_fence`) and a pool event recorded after it; `id`, if not
+  // 0, is the client stream's, `queued` its StreamObj::queued now.
+  CUresult fence_into(Completion& completion, CUstream stream, bool host_fence = true,
+                      std::uint64_t id = 0, std::uint64_t queued = 0);
+  // Fences the client's stream `id` into `completion`, with a host fence unless more work than
+  // fence_max_queued is queued on it.
+  CUresult fence_stream_into(Completion& completion, std::uint64_t id, StreamObj& stream);
+  // Queues `completion` with what it already waits for (answered at the next poll, after the
+  // session's earlier completions).
+  void complete_queued(Completion completion);
+  // Events recorded now on every live stream of the client.
+  tl::expected<std::vector<CUevent>, CUresult> fence_all_streams();
+  std::size_t pending_gpu_work() const {
+    return pending.size() + retiring.size() + busy_closed.size();
+  }
+
+  // The client destroyed one of its events: destroyed now, or when the completion that still
+  // waits on it fires.
+  void destroy_client_event(CUevent event);
+
+  // ---- memory --------------------------------------------------------------------------
+  bool over_limit(std::uint64_t more) const {
+    return memory_limit != 0 && (more > memory_limit || memory_used > memory_limit - more);
+  }
+  // Charges `bytes` to the session and its allocation, or names the limit it would pass.
+  // The peak (usage.memory_peak) counts what a kept reservation holds.
+  tl::expected<MemoryReservation, MemoryLimitHit> reserve_memory(std::uint64_t bytes);
+  // Gives back device memory the client freed (at most what is charged).
+  void release_memory(std::uint64_t bytes);
+  // Gives back what the last closers of allocations it freed while exported have freed since
+  // (IpcReturnedBytes); called before every charge and every memory query.
+  void take_back_ipc_bytes();
+
+  // ---- identity and settings ---------------------------------------------------------------
+  ClientInfo client;
+  SessionState state = SessionState::kActive;
+  std::string end_reason;
+  // Set by anything that finds the session must end mid-record (socket hang-up, a malformed
+  // socket message); the server ends it after the record.
+  std::string end_requested;
+  CUresult end_notify = CUDA_SUCCESS;  // stored as the fault when end_requested ends it
+  std::chrono::steady_clock::time_point drain_started{};
+  bool drain_warned = false;
+
+  proto::UniqueFd socket;
+  proto::UniqueFd doorbell;
+  SharedSegment segment;
+  proto::RingConsumer ring;
+  GreenContext green;
+  // Live SM quota changes (sm_quota_change.hpp): bumped at each; the green contexts the client
+  // had before, kept until the session ends (graphs instantiated then, and events recorded
+  // then, still name them); events of an earlier green context that are still in use, destroyed
+  // instead of pooled when they come back; a change waiting for the client's captures to end.
+  std::uint32_t green_generation = 0;
+  std::vector<GreenContext> earlier_greens;
+  std::vector<CUevent> stale_events;
+  int pending_sm_percentage = 0;  // 0: none
+  bool staging_registered = false;
+  // Host functions run in the client (host_callbacks.hpp); shared with queued host functions.
+  std::shared_ptr<HostCallbackChannel> callbacks;
+
+  std::uint64_t memory_limit = 0;    // 0: the whole device
+  bool limit_from_client = false;    // CUDA_MPS_PINNED_DEVICE_MEM_LIMIT rather than the default
+  bool limit_from_operator = false;  // set live: mpsshimctl set_device_pinned_mem_limit
+  std::uint64_t memory_used = 0;
+  // The allocation (Kubernetes pod) this client belongs to, shared with its other clients on
+  // this GPU; null for a client without an allocation token.
+  std::shared_ptr<AllocationAccount> allocation;
+  int priority_bias = 0;    // added to every stream priority the client asks for
+  int sm_percentage = 100;  // the SM share it was granted, in percent (the green context rounds up)
+  bool ignore_sm_coscheduling = false;  // MPSSHIM_SM_GRANULARITY=2 (kHelloIgnoreSmCoscheduling)
+  SmPlacement sm_placement;  // its allocation's slot of the device (green_context.hpp); kept live
+  // The SMs reserved for normal-priority clients that a below-normal client leaves while one is
+  // connected (priority_reserve.hpp): set at admission for below-normal clients without a
+  // placement when the server reserves any, else off; and whether it follows a board with a
+  // normal client (its green context is then outside the reserve if its share reached in).
+  SmReserve sm_reserve;
+  bool kept_out_of_reserve = false;
+  // A move into or out of the reserve that failed is tried again at `reserve_retry_at`, with
+  // a doubling delay, a few times; after the last, not before the board's normal_changes() moved
+  // on from `reserve_given_up_at` (follow_priority_reserve).
+  std::chrono::steady_clock::time_point reserve_retry_at{};
+  unsigned reserve_move_failures = 0;
+  bool reserve_given_up = false;
+  std::uint64_t reserve_given_up_at = 0;
+
+  ObjectTable objects;
+  AllocationMap memory;
+  // Interprocess memory (ipc_memory.cpp, docs/ipc.md), owned by the session's worker: what it
+  // exported, by allocation base, with the handle it was given (exporting again gives the same
+  // one); what it opened, by base, with how many opens are not closed yet (an open of a handle
+  // it has open counts one more, as in the driver); where closers of memory it freed while
+  // opened give the bytes back.
+  struct IpcExport {
+    std::shared_ptr<IpcMemory> memory;
+    proto::IpcHandle handle;
+  };
+  struct IpcImport {
+    std::shared_ptr<IpcMemory> memory;
+    std::uint32_t opens = 0;
+  };
+  std::map<std::uint64_t, IpcExport> ipc_exports;
+  std::map<std::uint64_t, IpcImport> ipc_imports;
+  std::shared_ptr<IpcReturnedBytes> ipc_returned = std::make_shared<IpcReturnedBytes>();
+  VirtualMemory vmm;  // address reservations and mappings (virtual_memory.hpp)
+  // The driver hands out the same CUfunction/CUkernel/CUmodule again for the same name: one id.
+  std::unordered_map<void*, std::uint64_t> ids_by_driver_handle;
+  std::map<std::uint32_t, StashedFd> stash;
+
+  std::vector<Completion> pending;
+  std::vector<Retired> retiring;
+  std::vector<CUevent> event_pool;
+  // Completion words the GPU writes (host_fences.hpp); used while use_host_fences
+  // (ServerSettings::host_fences, and off for the session after a failed fence).
+  HostFences host_fences;
+  bool use_host_fences = false;
+  // A synchronize gets a host fence when at most this many operations are queued on its stream:
+  // no limit unless the server is crowded (Worker::drain_ring sets it at every pass from
+  // ServerSettings::crowded_fence_max_queued; host_fences.hpp).
+  std::uint64_t fence_max_queued = UINT64_MAX;
+  // Whether the server was crowded at this pass (set beside fence_max_queued): then the
+  // priority gate's fences are events, as cheap to record as a host fence is costly
+  // (priority_gate.cpp).
+  bool crowded = false;
+  // ServerSettings::event_poll, copied at admission: a completion's event is asked at most
+  // this often (completions.cpp).
+  std::chrono::microseconds event_poll{0};
+  // Captures begun and not yet ended: while 0, no stream of the client is capturing and nothing
+  // asks the driver. fence_stream stands in for capturing streams in fence_all_streams.
+  std::uint32_t active_captures = 0;
+  CUstream fence_stream = nullptr;
+  std::vector<std::uint8_t> slot_busy;  // a deferred answer is owed on this slot
+
+  std::uint64_t launches = 0;
+  std::uint64_t records = 0;
+  // Diagnostics (answer_stamps.hpp), CLOCK_MONOTONIC ns: when the record being run left the
+  // ring (set for every record), and when the last kernel launch did and went to the driver
+  // (set only with the stamps on).
+  std::uint64_t record_taken_ns = 0;
+  std::uint64_t launch_taken_ns = 0;
+  std::uint64_t launch_issued_ns = 0;
+  ClientUsage usage;  // busy time, bytes copied, memory peak, pinned memory (mpsshimctl ps)
+  // GPU busy time (busy_time.hpp): spans whose end is not recorded yet (end == nullptr), one per
+  // stream at most; spans waiting for their end to complete; timing events to reuse.
+  struct BusySpan {
+    CUstream stream;
+    CUevent begin;
+    CUevent end;
+  };
+  std::vector<BusySpan> busy_open;
+  std::vector<BusySpan> busy_closed;
+  std::vector<CUevent> timing_pool;
+  SessionStats stats;  // server time per opcode, ring delays (mpsshimctl stats)
+  // Consecutive launches waiting to go out as one graph launch, and the session's cache of
+  // executable graphs (launch_batch.hpp). Empty between drain passes.
+  LaunchBatcher launch_batch;
+  // False when the client asked for its launches to go out one by one (MPSSHIM_LAUNCH_BATCHING=off
+  // in its environment: kHelloNoLaunchBatching).
+  bool launch_batching = true;
+  // GPU busy time is measured for this session (ServerSettings::busy_time; busy_time.hpp).
+  bool measure_busy = false;
+  // Its per-client caps (ServerSettings::client_limits, copied at admission), and the kinds
+  // whose refusal has been logged already (bit per ClientLimit; limit_check.hpp).
+  ClientLimits limits;
+  std::uint32_t limits_logged = 0;
+  bool not_owned_logged = false;         // it named another's handle or memory (note_not_owned)
+  std::uint8_t ipc_refusals_logged = 0;  // bit per IpcRefusalKind logged at warn (ops_ipc.cpp)
+  // Its class (CUDA_MPS_CLIENT_PRIORITY), whether it holds back others or is held back, and
+  // the fences after its last passes (priority_gate.hpp).
+  PriorityState priority;
+  // Steps its streams rank above what they ask: 1 for a normal client while priority
+  // scheduling is on (priority_gate.hpp), else 0.
+  int priority_boost = 0;
+
+ private:
+  const Gpu* gpu_;
+  GreenContextPool* green_pool_;
+  IpcRegistry* ipc_;
+  ImageCache* images_ = nullptr;
+};
+
+// The client's green context current for a call that takes the current context (graph
+// creation, instantiation, node creation), the primary context again afterwards, as everywhere
+// else in the server.
+class GreenCurrent {
+ public:
+  explicit GreenCurrent(Session& session) : session_(session) {
+    session.cu().cuCtxSetCurrent(session.green.context);
+  }
+  ~GreenCurrent() { session_.cu().cuCtxSetCurrent(session_.gpu().primary); }
+  GreenCurrent(const GreenCurrent&) = delete;
+  GreenCurrent& operator=(const GreenCurrent&) = delete;
+
+ private:
+  Session& session_;
+};
+
+}  // namespace mpsshim::server
