@@ -1,6 +1,6 @@
 // MPSSHIM_TRACE_ANSWERS=FILE: every call that waits for an answer is written to FILE ("%p": the
 // pid) when the process exits, one CSV line each, with the server's stamps from the reply slot (0
-// unless the server runs with MPSSHIM_SERVER_STAMP_ANSWERS=1: broker/server/answer_stamps.hpp)
+// unless the server runs with MPSSHIM_SERVER_STAMP_ANSWERS=1: broker/server/base/answer_stamps.hpp)
 // between the client's own times, all CLOCK_MONOTONIC ns:
 //
 //   op,launch_sent,launch_taken,launch_issued,sent,taken,known,answered,seen

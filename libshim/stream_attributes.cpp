@@ -4,7 +4,7 @@
 // client in the server's priority scheduling: a set is refused). The synchronization policy is
 // kept here: it tells how a host thread waits, and the client's threads wait by the shim's own
 // policy. The access policy window and the memory synchronization domain and its map are the
-// server's driver's (one round trip each, broker/server/ops_stream_attributes.cpp).
+// server's driver's (one round trip each, broker/server/ops/stream_attributes.cpp).
 #include <cstring>
 
 #include "libshim/api.hpp"

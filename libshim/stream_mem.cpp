@@ -1,6 +1,6 @@
 // Stream memory operations: cuStreamWaitValue32/64, cuStreamWriteValue32/64 and
 // cuStreamBatchMemOp (docs/cuda-runtime.md). Each operation is one record on the stream's
-// server, issued there in stream order (broker/server/ops_stream_mem.cpp). Like a memset, it is
+// server, issued there in stream order (broker/server/ops/stream_mem.cpp). Like a memset, it is
 // posted: the address is checked here first (the client's own device memory, memory another GPU
 // of the process owns, mapped into this GPU's server first, or pinned host memory), so a wrong
 // one is refused at once, as by the driver.

@@ -69,7 +69,7 @@ enum class Op : std::uint16_t {
   kOccupancyMaxActiveBlocks = 44,
   kOccupancyMaxActiveClusters = 45,
   kOccupancyAvailableDynamicSmem = 46,
-  // Stream capture and graphs (libshim/graph.cpp, broker/server/ops_graph.cpp).
+  // Stream capture and graphs (libshim/graph.cpp, broker/server/ops/graph.cpp).
   kStreamBeginCapture = 47,
   kStreamEndCapture = 48,
   kStreamCaptureInfo = 49,
@@ -94,7 +94,7 @@ enum class Op : std::uint16_t {
   kTexObjectDestroy = 67,
   kSurfObjectCreate = 68,
   kSurfObjectDestroy = 69,
-  // Host functions and stream-ordered allocation (ops_host_function.cpp, ops_memory_pool.cpp).
+  // Host functions and stream-ordered allocation (ops/host_function.cpp, ops/memory_pool.cpp).
   kHostFunc = 70,
   kMemPoolCreate = 71,
   kMemPoolDestroy = 72,
@@ -104,7 +104,7 @@ enum class Op : std::uint16_t {
   kMemAllocAsync = 76,
   kMemFreeAsync = 77,
   // Virtual memory management: physical allocations, address reservations, mappings
-  // (proto/ops_vmm.hpp, broker/server/ops_vmm.cpp, libshim/vmm.cpp).
+  // (proto/ops_vmm.hpp, broker/server/ops/vmm.cpp, libshim/vmm.cpp).
   kVmmGranularity = 78,
   kVmmCreate = 79,
   kVmmRelease = 80,
@@ -119,7 +119,7 @@ enum class Op : std::uint16_t {
   // The names of a module's functions (cuModuleEnumerateFunctions, the ToolsModule table).
   kModuleFunctionNames = 89,
   // Capture into an existing graph (cuStreamBeginCaptureToGraph) and a graph's edges
-  // (cuGraphGetEdges), libshim/graph.cpp, broker/server/ops_graph.cpp.
+  // (cuGraphGetEdges), libshim/graph.cpp, broker/server/ops/graph.cpp.
   kStreamBeginCaptureToGraph = 90,
   kGraphGetEdges = 91,
   // New parameters for a kernel node of an executable graph (cuGraphExecKernelNodeSetParams).
@@ -132,7 +132,7 @@ enum class Op : std::uint16_t {
   // A node's type (cuGraphNodeGetType): XLA asks it of a captured graph's dependencies.
   kGraphNodeGetType = 96,  // HandleReq (the node) -> GraphNodeTypeRep
   // Interprocess memory and event handles between clients of one server (proto/ops_ipc.hpp,
-  // broker/server/ops_ipc.cpp, libshim/ipc.cpp; docs/ipc.md).
+  // broker/server/ops/ipc.cpp, libshim/ipc.cpp; docs/ipc.md).
   kIpcGetMemHandle = 97,      // IpcGetMemHandleReq -> IpcHandle
   kIpcOpenMemHandle = 98,     // IpcOpenReq -> IpcOpenMemRep
   kIpcCloseMemHandle = 99,    // MemFreeReq (the opened base) -> IpcCloseRep

@@ -76,9 +76,9 @@ struct ResponseSlot {
   std::int32_t result;  // CUresult
   std::uint32_t payload_bytes;
   // Diagnostics, 0 unless the server runs with MPSSHIM_SERVER_STAMP_ANSWERS
-  // (broker/server/answer_stamps.hpp), CLOCK_MONOTONIC ns: when the worker took the request from
-  // the ring, knew the answer (a synchronize: saw its fence complete), and wrote this slot; and
-  // when it took and issued the session's last kernel launch before the request.
+  // (broker/server/base/answer_stamps.hpp), CLOCK_MONOTONIC ns: when the worker took the request
+  // from the ring, knew the answer (a synchronize: saw its fence complete), and wrote this slot;
+  // and when it took and issued the session's last kernel launch before the request.
   std::uint64_t stamp_taken_ns;
   std::uint64_t stamp_known_ns;
   std::uint64_t stamp_answered_ns;

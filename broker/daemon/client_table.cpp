@@ -62,7 +62,7 @@ std::string bytes_field(const Fields& fields, std::string_view key, bool zero_is
 }
 
 // The SMs a client runs on; "116/132" while it leaves some of its share (132) to
-// normal-priority clients (sms_held_back=, broker/server/priority_reserve.hpp).
+// normal-priority clients (sms_held_back=, broker/server/scheduling/priority_reserve.hpp).
 std::string sms_field(const Fields& fields) {
   const std::string sms = field(fields, "sms");
   unsigned runs_on = 0, held_back = 0;

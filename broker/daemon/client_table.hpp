@@ -1,7 +1,7 @@
 // The `ps` table, built from the servers' kServerStats answers.
 //
 // A server answers kServerStatsQuery with one line per client of blank-separated key=value
-// fields, values without blanks (broker/server/client_usage.hpp):
+// fields, values without blanks (broker/server/accounting/client_usage.hpp):
 //   client=3 pid=4123 uid=1000 program=python3 sms=32 sm_percentage=25 mem_used=1048576
 //   mem_peak=2097152 mem_limit=0 pinned=0 launches=1234 busy_us=51234 h2d_bytes=4096
 //   d2h_bytes=4096 d2d_bytes=0 priority=0 state=active start_time=1732182049.123 allocation=7
@@ -50,7 +50,7 @@ nlohmann::json client_table_json(const std::vector<ServerClients>& servers,
 //   client=3 pid=4123 uid=1000 program=python3 records=20512 server_us=55123
 //   delay_samples=20512 delay_p50_us=0.4 delay_p99_us=3.1 delay_max_us=8.2
 //   top=LaunchKernel:20000:51234,CopyHtoD:12:3100
-// (broker/server/session_stats.hpp). As a table: PID USER GPU RECORDS SERVER DELAY_P50
+// (broker/server/accounting/session_stats.hpp). As a table: PID USER GPU RECORDS SERVER DELAY_P50
 // DELAY_P99 DELAY_MAX PROGRAM TOP, durations for people (0.4us, 51.2ms, 1.25s), then the lines
 // that are not clients.
 std::string format_stats_table(const std::vector<ServerClients>& servers);

@@ -54,7 +54,7 @@ struct DaemonOptions {
   std::optional<int> context_idle_timeout_s;     // passed on to every server; unset: its default
   std::optional<MetricsAddress> metrics_listen;  // --metrics-listen; unset: no metrics endpoint
   // --client-limit NAME=VALUE (repeatable), checked and passed on to every server as NAME=N
-  // (broker/server/client_limits.hpp); a later one for the same NAME wins there.
+  // (broker/server/accounting/client_limits.hpp); a later one for the same NAME wins there.
   std::vector<std::string> client_limits;
   IsolationRule isolation = IsolationRule::kShared;  // --isolation
   std::chrono::seconds isolation_idle_timeout{60};   // --isolation-idle-timeout

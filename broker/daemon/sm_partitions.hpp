@@ -8,8 +8,8 @@
 // SMs lie in the GPU's GPCs (SMs a GPC has beyond a multiple of 8 are in none), so the GPU's
 // server counts them with the driver (its `sm_partition_groups` command). The server builds
 // each pinned client's green context from its partition's groups
-// (broker/server/green_context.hpp). Partitions live as long as the daemon (as MPS keeps them
-// for its control daemon's life) and survive a server restart.
+// (broker/server/scheduling/green_context.hpp). Partitions live as long as the daemon (as MPS keeps
+// them for its control daemon's life) and survive a server restart.
 //
 // Owned by the daemon's event loop (Supervisor::partitions()): commands change the table, the
 // client gate reads it when a client attaches.

@@ -53,8 +53,8 @@ constexpr std::array<const char*, 9> kSteadyKinds = {"streams",       "modules",
                                                      "arrays",        "pools",   "vmm"};
 // Green contexts are apart: while the busy clients keep the primary context, the server keeps
 // the victims' green contexts for later clients, at most its pool's capacity
-// (kDefaultGreenContextPoolCapacity, broker/server/green_context_pool.hpp). A leak of one per
-// victim goes far beyond it; at rest the pool is emptied and the count must be back to 0.
+// (kDefaultGreenContextPoolCapacity, broker/server/scheduling/green_context_pool.hpp). A leak of
+// one per victim goes far beyond it; at rest the pool is emptied and the count must be back to 0.
 constexpr long long kPooledGreenContexts = 32;
 
 std::map<std::string, long long> steady_kinds(const std::map<std::string, long long>& objects) {

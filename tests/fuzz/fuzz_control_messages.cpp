@@ -3,8 +3,8 @@
 // ClientHello checks of the client gate: CUDA_VISIBLE_DEVICES resolution, the attach ordinal,
 // an mpsshimctl request's text; the quota decided from its allocation token, which must never
 // pass the allocation's or the node's caps), then the hello in a kServerAdmit to a server on the
-// fake driver (broker/server/admit.cpp), which must admit or refuse it; an admitted session must be
-// freed when its client hangs up (docs/testing.md, "Fuzzing").
+// fake driver (broker/server/core/admit.cpp), which must admit or refuse it; an admitted session
+// must be freed when its client hangs up (docs/testing.md, "Fuzzing").
 //
 // Every input gets a fresh server (tests/server/harness.hpp), so a crash reproduces from its
 // input alone.

@@ -1,9 +1,9 @@
-// libFuzzer target: the server's reading of module images a client sent (broker/server/image.hpp):
-// image_extent on the bytes, and split_containers into a count the first 4 bytes choose. Found
-// containers must tile the bytes exactly. Then whether the image may be shared between sessions
-// (image_globals.hpp: containers, entries, LZ4/Zstandard payloads, ELF sections and symbols, PTX
-// text): a shareable verdict never comes with a reason, a refusal always does
-// (docs/testing.md, "Fuzzing").
+// libFuzzer target: the server's reading of module images a client sent
+// (broker/server/images/image.hpp): image_extent on the bytes, and split_containers into a count
+// the first 4 bytes choose. Found containers must tile the bytes exactly. Then whether the image
+// may be shared between sessions (image_globals.hpp: containers, entries, LZ4/Zstandard payloads,
+// ELF sections and symbols, PTX text): a shareable verdict never comes with a reason, a refusal
+// always does (docs/testing.md, "Fuzzing").
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>

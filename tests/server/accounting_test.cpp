@@ -1,7 +1,7 @@
-// Per-client accounting on the test driver (broker/server/client_usage.hpp, busy_time.hpp): the
-// `ps` line's launch and byte counts are exact, device memory's peak outlives a free, and the GPU
-// busy time comes from the test driver's timing events around the client's work: at least the
-// sleep_kernel durations it launched, at most the wall time the work took.
+// Per-client accounting on the test driver (broker/server/accounting/client_usage.hpp,
+// busy_time.hpp): the `ps` line's launch and byte counts are exact, device memory's peak outlives a
+// free, and the GPU busy time comes from the test driver's timing events around the client's work:
+// at least the sleep_kernel durations it launched, at most the wall time the work took.
 #include <catch2/catch.hpp>
 
 #include <chrono>

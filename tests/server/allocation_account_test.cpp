@@ -1,5 +1,5 @@
-// An allocation's shared memory account (broker/server/allocation_account.hpp): charges from
-// several threads never pass the limit together.
+// An allocation's shared memory account (broker/server/accounting/allocation_account.hpp): charges
+// from several threads never pass the limit together.
 #include "broker/server/accounting/allocation_account.hpp"
 
 #include <catch2/catch.hpp>

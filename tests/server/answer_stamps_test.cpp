@@ -1,6 +1,6 @@
-// Diagnostic stamps in answers (broker/server/answer_stamps.hpp), on the test driver: with them
-// on, a synchronize's slot carries when the worker took the last launch and issued it, took the
-// synchronize, knew its answer and wrote it, in that order and within the test's own clock
+// Diagnostic stamps in answers (broker/server/base/answer_stamps.hpp), on the test driver: with
+// them on, a synchronize's slot carries when the worker took the last launch and issued it, took
+// the synchronize, knew its answer and wrote it, in that order and within the test's own clock
 // reads; with them off, the slot's stamps stay 0.
 #include <catch2/catch.hpp>
 

@@ -1,5 +1,5 @@
-// The heap trimmer (broker/server/heap_trim.hpp): it trims only after a session was freed and at
-// most once per interval, and a trim gives back what a worker thread's arena kept.
+// The heap trimmer (broker/server/core/heap_trim.hpp): it trims only after a session was freed and
+// at most once per interval, and a trim gives back what a worker thread's arena kept.
 #include <catch2/catch.hpp>
 
 #include <thread>

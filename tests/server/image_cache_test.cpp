@@ -1,5 +1,5 @@
-// broker/server/image_cache: one library per distinct image, unloaded by whoever lets go last,
-// or kept for an idle timeout after the last holder; and through the server, sessions sending
+// broker/server/images/image_cache: one library per distinct image, unloaded by whoever lets go
+// last, or kept for an idle timeout after the last holder; and through the server, sessions sending
 // the same bytes share one driver library, images with device variables do not, and a library
 // no client holds stays for the next one until its timeout or the primary context's release.
 #include <fmt/format.h>

@@ -1,6 +1,6 @@
-// The server's registry of interprocess handles (broker/server/ipc_registry.hpp): the policy
-// (same uid only, never one's own), forged and foreign handles, the lifetime of an export that
-// others hold open, and opens and closes from several threads at once.
+// The server's registry of interprocess handles (broker/server/session/ipc_registry.hpp): the
+// policy (same uid only, never one's own), forged and foreign handles, the lifetime of an export
+// that others hold open, and opens and closes from several threads at once.
 #include "broker/server/session/ipc_registry.hpp"
 
 #include <catch2/catch.hpp>

@@ -1,4 +1,4 @@
-// CUDA IPC through the server's ops on the fake driver (broker/server/ops_ipc.cpp, docs/ipc.md):
+// CUDA IPC through the server's ops on the fake driver (broker/server/ops/ipc.cpp, docs/ipc.md):
 // clients admitted with the uids the daemon would have read from SO_PEERCRED, forged here.
 #include <catch2/catch.hpp>
 

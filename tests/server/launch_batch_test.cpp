@@ -1,5 +1,5 @@
-// Launch batching (broker/server/launch_batch.hpp): consecutive launches of a session for one
-// stream go out as one launch of a cached executable graph. On the test driver, whose graphs
+// Launch batching (broker/server/launch/launch_batch.hpp): consecutive launches of a session for
+// one stream go out as one launch of a cached executable graph. On the test driver, whose graphs
 // really run their nodes in order with the parameters last set, the results must be those of
 // eager launches; on the fake driver, a failing graph step must fall back to eager launches.
 #include <catch2/catch.hpp>

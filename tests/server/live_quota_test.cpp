@@ -1,5 +1,5 @@
-// Quotas changed while the client runs (broker/server/sm_quota_change.hpp, control.cpp), on the
-// test driver, whose kernels run on the SMs of their stream's green context (record_smid) and
+// Quotas changed while the client runs (broker/server/session/sm_quota_change.hpp, control.cpp), on
+// the test driver, whose kernels run on the SMs of their stream's green context (record_smid) and
 // whose streams run in order: the SM quota moves the client's later work to a green context of
 // the new size while its earlier work is still running, its results stay right; a memory limit
 // lowered below what it uses refuses its next allocation, naming the command that set it.

@@ -1,5 +1,5 @@
-// SMs reserved for normal-priority clients (broker/server/priority_reserve.hpp), on the test
-// driver, whose record_smid kernel reports, for block b, the b-th SM (cyclically) of its
+// SMs reserved for normal-priority clients (broker/server/scheduling/priority_reserve.hpp), on the
+// test driver, whose record_smid kernel reports, for block b, the b-th SM (cyclically) of its
 // stream's green context. Its 132 SMs split in steps of 8 into 15 groups (partition_test.cpp
 // lists them), leaving 12 SMs in no group; a reserve of 16 SMs is groups 13 and 14, SMs
 // 112-127. While a normal client is connected, a below-normal client of the whole device runs

@@ -1,5 +1,5 @@
-// Priorities that protect latency (broker/server/priority_gate.hpp), on the test driver, whose
-// streams run concurrently on threads of their own: a below-normal client's later records are
+// Priorities that protect latency (broker/server/scheduling/priority_gate.hpp), on the test driver,
+// whose streams run concurrently on threads of their own: a below-normal client's later records are
 // held back while a normal client's kernel runs, until the below-normal client's own earlier
 // work finished; never longer than the hold bound; not at all without normal work in flight or
 // with the gate off. What shows the hold is an order on the device, not a timing: the

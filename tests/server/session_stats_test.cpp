@@ -1,5 +1,5 @@
 // Per-client accounting of the server's work: handler time per opcode and the ring delay
-// histogram (broker/server/session_stats.hpp), and what `mpsshimctl stats` reads from it.
+// histogram (broker/server/accounting/session_stats.hpp), and what `mpsshimctl stats` reads of it.
 #include <catch2/catch.hpp>
 
 #include <map>

@@ -1,5 +1,5 @@
 // VMM physical allocations shared between clients by fd, under the cuIpc policy
-// (broker/server/ops_vmm_share.cpp, docs/ipc.md "VMM shareable handles"): what an export hands
+// (broker/server/ops/vmm_share.cpp, docs/ipc.md "VMM shareable handles"): what an export hands
 // out is a sealed memfd naming a registry entry; another user's import is refused; the memory
 // stays charged to its exporter while an import holds it.
 #include <fcntl.h>

@@ -1,6 +1,6 @@
 // Virtual memory management on the server: a client's physical allocations, reservations and
 // mappings are its own, count against its limit, and go back to the driver in the driver's
-// order (unmap, release, free) when its session ends (ops_vmm.cpp, docs/vmm.md).
+// order (unmap, release, free) when its session ends (ops/vmm.cpp, docs/vmm.md).
 #include <catch2/catch.hpp>
 
 #include "proto/ops_vmm.hpp"

@@ -244,7 +244,7 @@ CUresult begin_capture(State& s, CUstream hstream, CUstreamCaptureMode mode,
 // A launch on a capturing stream comes here with its arguments already packed (launch.cpp), from
 // kernelParams or from `extra`: capture keeps accepting `extra`, unlike cuGraphAddKernelNode and
 // cuGraphExecKernelNodeSetParams. The server issues every eager launch with `extra`
-// (CU_LAUNCH_PARAM_BUFFER_POINTER: ops_launch.cpp, and launch_batch.cpp's eager fallback),
+// (CU_LAUNCH_PARAM_BUFFER_POINTER: ops/launch.cpp, and launch_batch.cpp's eager fallback),
 // including a client's launches while it captures a stream, and the real driver captures them
 // (under the shim on the GPU: tests/gpu rt_graph, and bench's captured graph of 10 kernels in
 // docs/benchmarks.md); refusing them here would fail every captured kernel of the server tests

@@ -1,7 +1,7 @@
 // Black-box probe of the real driver: which ways of passing a kernel's arguments does a graph
-// kernel node accept? Launch batching (broker/server/launch_batch.cpp) builds chains of kernel
-// nodes and updates them with cuGraphExecKernelNodeSetParams before each cuGraphLaunch; on an
-// H100 with driver 580 every update failed with CUDA_ERROR_INVALID_VALUE while the arguments
+// kernel node accept? Launch batching (broker/server/launch/launch_batch.cpp) builds chains of
+// kernel nodes and updates them with cuGraphExecKernelNodeSetParams before each cuGraphLaunch; on
+// an H100 with driver 580 every update failed with CUDA_ERROR_INVALID_VALUE while the arguments
 // travelled as `extra` (CU_LAUNCH_PARAM_BUFFER_POINTER). This prints, for each way (extra or
 // kernelParams), each handle kind (CUkernel, CUfunction) and each context (primary, green), what
 // cuGraphAddKernelNode, cuGraphInstantiate, cuGraphExecKernelNodeSetParams and cuGraphLaunch

@@ -2,7 +2,7 @@
 // CPU when it goes out (a) as eager launches, (b) as the server's power-of-two runs (55 launches:
 // a 32-node graph, a 16-node graph and 7 eager launches), (c) as one 64-node graph whose last
 // nodes are disabled (cuGraphNodeSetEnabled), (d) as one graph of the exact length? Launch
-// batching (broker/server/launch_batch.cpp) pays ~3 us of idle stream at each graph launch's
+// batching (broker/server/launch/launch_batch.cpp) pays ~3 us of idle stream at each graph launch's
 // start; (c) would make every batch one graph launch. Each kernel spins ~10 us (2 blocks of 32
 // threads, as examples/small_kernels) and stamps its start and end with %globaltimer; bursts go
 // out back to back on one stream, so the GPU is always fed and what shows is the stream's own

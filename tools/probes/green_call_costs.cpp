@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
           t.name, query, record, equery, async, sync_rt, poll_rt, query_rt);
     }
   };
-  // Host fences (broker/server/host_fences.hpp): what a cuStreamWriteValue32 into registered
+  // Host fences (broker/server/driver/host_fences.hpp): what a cuStreamWriteValue32 into registered
   // host memory costs the CPU and the GPU, with and without its default memory barrier, against
   // an event record, alone and behind 64 small launches.
   {

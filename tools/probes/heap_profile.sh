@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Which operations of a PyTorch client grow the server's heap (broker/server/heap_profile.hpp):
+# Which operations of a PyTorch client grow the server's heap (broker/server/accounting/heap_profile.hpp):
 # one fresh mpsshimd with MPSSHIM_SERVER_HEAP_PROFILE=1, then N bench/resnet_client.py processes
 # one after another (the first pays for the shared library images), each killed after SECONDS;
 # prints each session's "heap growth by operation" line and the server's RSS after each. With

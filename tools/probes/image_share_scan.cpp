@@ -1,11 +1,11 @@
 // Which fat-binary containers of real libraries would the server share between sessions
-// (broker/server/image_globals.hpp), and why not the others? Reads the .nv_fatbin section of
+// (broker/server/images/image_globals.hpp), and why not the others? Reads the .nv_fatbin section of
 // each ELF file given, scans every container as the server does, and prints per file the
 // containers and bytes shareable, then the most common reasons for the rest (their first words,
 // with the variable or section named).
 //
 // Build here (it links the server's scanner), run anywhere the libraries are:
-//   src=tools/probes/image_share_scan.cpp; scanner=broker/server/image_globals.cpp
+//   src=tools/probes/image_share_scan.cpp; scanner=broker/server/images/image_globals.cpp
 //   g++ -O2 -std=c++20 -I. -o /tmp/iss $src $scanner -lzstd -llz4
 //   /tmp/iss /path/to/libtorch_cuda.so ...
 #include <elf.h>

@@ -9,9 +9,10 @@
 //   stream      cuGreenCtxStreamCreate + cuStreamDestroy (a client stream)
 //   event       cuEventCreate + cuEventDestroy
 //   staging     a 64 MiB MAP_SHARED memfd mapping registered PORTABLE, unregistered, unmapped
-//               (a session's staging area, broker/server/admit.cpp)
+//               (a session's staging area, broker/server/core/admit.cpp)
 //   fence_page  a 4 KiB anonymous page registered PORTABLE|DEVICEMAP, its device pointer taken,
-//               one cuStreamWriteValue32 into it, unregistered (broker/server/host_fences.cpp)
+//               one cuStreamWriteValue32 into it, unregistered
+//               (broker/server/driver/host_fences.cpp)
 //   module      cuModuleLoadData of a small PTX module + cuModuleUnload
 //   graph       a 16-node kernel chain: create, instantiate, launch once, destroy (launch batching)
 //   alloc       cuMemAlloc 64 MiB + cuMemFree

@@ -1,6 +1,6 @@
 // The server's share of the one device address space (proto/address_arenas.hpp): its GPU's
 // arena, and which ranges of it are in use. Every device address the server hands out comes
-// from here: cuMemAlloc's memory (device_heap.hpp) and clients' VMM reservations (ops_vmm.cpp).
+// from here: cuMemAlloc's memory (device_heap.hpp) and clients' VMM reservations (ops/vmm.cpp).
 //
 // Shared by every worker (a range may be given back by another session's worker, as when the
 // last opener of an IPC allocation frees it); one mutex, held only to find, take or give a

@@ -45,7 +45,7 @@ std::unique_ptr<DeviceHeap> DeviceHeap::open(const DriverTable& cu, CUdevice dev
   // The whole window, not only this GPU's arena: the driver places its own internal memory right
   // after the last reservation (measured: a reservation asked for at a taken address came back
   // at the first free one after it), which would be inside the next GPU's arena, where this
-  // server must later map that GPU's memory at its own addresses (peer access, ops_peer.cpp).
+  // server must later map that GPU's memory at its own addresses (peer access, ops/peer.cpp).
   const std::uint64_t want = proto::kArenaWindowBase;
   CUdeviceptr got = 0;
   if (CUresult r = cu.cuMemAddressReserve(&got, proto::kArenaWindowBytes, granularity, want, 0);

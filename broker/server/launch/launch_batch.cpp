@@ -67,7 +67,7 @@ CUDA_KERNEL_NODE_PARAMS LaunchBatcher::node_params(const Session& session, std::
   CUDA_KERNEL_NODE_PARAMS p{};
   if (l.kernel) {
     // A CUkernel runs in the node's context: the client's green context, as for the client's
-    // own hand-built kernel nodes (ops_graph.cpp).
+    // own hand-built kernel nodes (ops/graph.cpp).
     p.kern = reinterpret_cast<CUkernel>(l.function);
     p.ctx = session.green.context;
   } else {

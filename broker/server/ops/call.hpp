@@ -1,5 +1,5 @@
 // One ring record being executed: its header and private payload copy, the session it came
-// from, and the reply it builds. Op handlers (ops_*.cpp) take a Call and say how it ended.
+// from, and the reply it builds. Op handlers (ops/*.cpp) take a Call and say how it ended.
 #pragma once
 
 #include <cuda.h>
@@ -103,7 +103,7 @@ class Call {
   alignas(16) std::byte reply_buffer[proto::kSlotPayloadBytes];
 };
 
-// Helpers shared by the op handlers (ops_common.cpp).
+// Helpers shared by the op handlers (ops/common.cpp).
 
 // The client's stream, ordered per legacy semantics; nullptr (and *error set) if the id does
 // not name one of the client's streams. queues_work: the call adds work to the stream.

@@ -34,7 +34,7 @@ OpResult op_event_create(Call& call) {
     return call.done(CUDA_ERROR_INVALID_CONTEXT);
   }
   // An interprocess event is shared with other clients of this server only once exported
-  // (ops_ipc.cpp); the driver requires it without timing.
+  // (ops/ipc.cpp); the driver requires it without timing.
   if ((req.flags & CU_EVENT_INTERPROCESS) != 0 && (req.flags & CU_EVENT_DISABLE_TIMING) == 0) {
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }

@@ -6,7 +6,7 @@
 
 namespace mpsshim::server {
 
-// ops_context.cpp
+// ops/context.cpp
 OpResult op_goodbye(Call& call);
 OpResult op_ping(Call& call);
 OpResult op_ctx_create(Call& call);
@@ -15,7 +15,7 @@ OpResult op_ctx_synchronize(Call& call);
 OpResult op_ctx_set_limit(Call& call);
 OpResult op_ctx_get_limit(Call& call);
 
-// ops_memory.cpp
+// ops/memory.cpp
 OpResult op_mem_alloc(Call& call);
 OpResult op_mem_alloc_pitch(Call& call);
 OpResult op_mem_free(Call& call);
@@ -23,13 +23,13 @@ OpResult op_mem_get_info(Call& call);
 OpResult op_memset(Call& call);
 OpResult op_copy_dtod(Call& call);
 
-// ops_host.cpp
+// ops/host.cpp
 OpResult op_host_register(Call& call);
 OpResult op_host_unregister(Call& call);
 OpResult op_copy_htod(Call& call);
 OpResult op_copy_dtoh(Call& call);
 
-// ops_module.cpp
+// ops/module.cpp
 OpResult op_image_load(Call& call);
 OpResult op_module_unload(Call& call);
 OpResult op_module_get_function(Call& call);
@@ -42,7 +42,7 @@ OpResult op_library_get_module(Call& call);
 OpResult op_library_get_global(Call& call);
 OpResult op_kernel_get_function(Call& call);
 
-// ops_function.cpp
+// ops/function.cpp
 OpResult op_function_get_attribute(Call& call);
 OpResult op_function_set_attribute(Call& call);
 OpResult op_function_set_cache_config(Call& call);
@@ -50,17 +50,17 @@ OpResult op_occupancy_max_active_blocks(Call& call);
 OpResult op_occupancy_max_active_clusters(Call& call);
 OpResult op_occupancy_available_dynamic_smem(Call& call);
 
-// ops_launch.cpp
+// ops/launch.cpp
 OpResult op_launch_kernel(Call& call);
 
-// ops_stream.cpp
+// ops/stream.cpp
 OpResult op_stream_create(Call& call);
 OpResult op_stream_destroy(Call& call);
 OpResult op_stream_query(Call& call);
 OpResult op_stream_synchronize(Call& call);
 OpResult op_stream_wait_event(Call& call);
 
-// ops_event.cpp
+// ops/event.cpp
 OpResult op_event_create(Call& call);
 OpResult op_event_destroy(Call& call);
 OpResult op_event_record(Call& call);
@@ -68,7 +68,7 @@ OpResult op_event_query(Call& call);
 OpResult op_event_synchronize(Call& call);
 OpResult op_event_elapsed_time(Call& call);
 
-// ops_copies.cpp
+// ops/copies.cpp
 OpResult op_copy_3d(Call& call);
 OpResult op_array_create(Call& call);
 OpResult op_array_destroy(Call& call);
@@ -76,7 +76,7 @@ OpResult op_tex_object_create(Call& call);
 OpResult op_tex_object_destroy(Call& call);
 OpResult op_surf_object_create(Call& call);
 OpResult op_surf_object_destroy(Call& call);
-// ops_graph.cpp
+// ops/graph.cpp
 OpResult op_stream_begin_capture(Call& call);
 OpResult op_stream_begin_capture_to_graph(Call& call);
 OpResult op_stream_end_capture(Call& call);
@@ -101,11 +101,11 @@ OpResult op_graph_add_memset_node(Call& call);
 OpResult op_graph_add_copy_node(Call& call);
 OpResult op_graph_add_empty_node(Call& call);
 OpResult op_graph_add_dependencies(Call& call);
-// ops_host_function.cpp
+// ops/host_function.cpp
 OpResult op_host_func(Call& call);
 
-// ops_memory_pool.cpp
-// ops_ipc.cpp
+// ops/memory_pool.cpp
+// ops/ipc.cpp
 OpResult op_ipc_get_mem_handle(Call& call);
 OpResult op_ipc_open_mem_handle(Call& call);
 OpResult op_ipc_close_mem_handle(Call& call);
@@ -119,7 +119,7 @@ OpResult op_mem_pool_trim_to(Call& call);
 OpResult op_mem_alloc_async(Call& call);
 OpResult op_mem_free_async(Call& call);
 
-// ops_vmm.cpp
+// ops/vmm.cpp
 OpResult op_vmm_granularity(Call& call);
 OpResult op_vmm_create(Call& call);
 OpResult op_vmm_release(Call& call);

@@ -14,12 +14,12 @@
 
 namespace mpsshim::server {
 
-// kMapped: a cuMemMap'ed range with read-write access (ops_vmm.cpp). Consecutive mapped ranges
+// kMapped: a cuMemMap'ed range with read-write access (ops/vmm.cpp). Consecutive mapped ranges
 // are one contiguous span of device addresses, as for the driver: a pointer range may cross
 // from one into the next (an expandable allocator grows a buffer a mapping at a time).
 // kOpened: another client's allocation opened with cuIpcOpenMemHandle (ipc_memory.cpp); usable
 // as the client's own, freed only with cuIpcCloseMemHandle.
-// kPeer: another GPU's memory of the same client, mapped here at its own address (ops_peer.cpp).
+// kPeer: another GPU's memory of the same client, mapped here at its own address (ops/peer.cpp).
 enum class RangeKind : std::uint8_t { kAllocation, kGlobal, kPinned, kMapped, kOpened, kPeer };
 inline constexpr std::size_t kRangeKinds = static_cast<std::size_t>(RangeKind::kPeer) + 1;
 

@@ -101,7 +101,7 @@ struct HostRegionObj {
   bool in_pinned_window = false;  // mapped by the GPU's PinnedWindow, unmapped through it
 };
 
-// A CUDA array of the client's (ops_copies.cpp). `charged` bytes count against its limit.
+// A CUDA array of the client's (ops/copies.cpp). `charged` bytes count against its limit.
 struct ArrayObj {
   CUarray array = nullptr;
   std::uint64_t ctx = 0;
@@ -140,7 +140,7 @@ struct GraphNodeObj {
 // A memory pool of the client's own (cuMemPoolCreate, or its default pool). Its allocations
 // come from the server's arena (device_heap.hpp) like cuMemAlloc's; the driver's pool serves
 // only allocations made while a stream is captured (graph memory) and keeps the attributes the
-// client sets (ops_memory_pool.cpp).
+// client sets (ops/memory_pool.cpp).
 struct PoolObj {
   CUmemoryPool pool = nullptr;
   bool is_default = false;
@@ -149,7 +149,7 @@ struct PoolObj {
   std::uint64_t used_high = 0;  // their high-water mark since creation or the last reset
 };
 
-// A physical allocation of the client's (cuMemCreate; ops_vmm.cpp). It lives while the client
+// A physical allocation of the client's (cuMemCreate; ops/vmm.cpp). It lives while the client
 // holds a handle to it (cuMemCreate and each cuMemRetainAllocationHandle add one, cuMemRelease
 // takes one) or while it is mapped; until then its bytes count against the client's limit.
 // The server keeps the driver's handle until both counts are 0, then releases it.
@@ -162,7 +162,7 @@ struct PhysicalAllocObj {
   proto::VmmProp prop{};
   std::uint32_t client_refs = 1;
   std::uint32_t mappings = 0;
-  // Shared with other clients by fd (cuMemExportToShareableHandle, ops_vmm_share.cpp): the
+  // Shared with other clients by fd (cuMemExportToShareableHandle, ops/vmm_share.cpp): the
   // registry's entry and the handle every export of it hands out.
   std::shared_ptr<IpcMemory> shared;
   proto::IpcHandle shared_handle{};

@@ -1,4 +1,4 @@
-// The client's memory pools on the server (ops_memory_pool.cpp).
+// The client's memory pools on the server (ops/memory_pool.cpp).
 #pragma once
 
 #include "broker/server/session/session.hpp"

@@ -133,7 +133,7 @@ struct Retired {
   std::vector<TexObj> textures;  // destroyed before the arrays they may sample
   std::vector<CUarray> arrays;
   std::vector<CUgraphExec> graph_execs;
-  std::vector<PeerBlock> peer_blocks;  // another GPU's memory this server mapped (ops_peer.cpp)
+  std::vector<PeerBlock> peer_blocks;  // another GPU's memory this server mapped (ops/peer.cpp)
 };
 
 // A memfd the client sent on its socket, waiting for the ring record that names its token.
@@ -377,7 +377,7 @@ class Session {
   ClientLimits limits;
   std::uint32_t limits_logged = 0;
   bool not_owned_logged = false;         // it named another's handle or memory (note_not_owned)
-  std::uint8_t ipc_refusals_logged = 0;  // bit per IpcRefusalKind logged at warn (ops_ipc.cpp)
+  std::uint8_t ipc_refusals_logged = 0;  // bit per IpcRefusalKind logged at warn (ops/ipc.cpp)
   // Its class (CUDA_MPS_CLIENT_PRIORITY), whether it holds back others or is held back, and
   // the fences after its last passes (priority_gate.hpp).
   PriorityState priority;

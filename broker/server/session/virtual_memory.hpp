@@ -1,4 +1,4 @@
-// A client's virtual address space on the server (ops_vmm.cpp): the ranges it reserved with
+// A client's virtual address space on the server (ops/vmm.cpp): the ranges it reserved with
 // cuMemAddressReserve and the mappings of its physical allocations (PhysicalAllocObj) into
 // them. Owned by the session's worker, like everything in a session. A mapping enters the
 // session's AllocationMap (RangeKind::kMapped) only while it is read-write accessible, so copies,
@@ -29,7 +29,7 @@ struct VmmMapping {
 };
 
 // Another GPU's memory block of this client, mapped into this server at the address its own
-// server gave it (ops_peer.cpp): a kernel or copy of this GPU reaches it over the peer link.
+// server gave it (ops/peer.cpp): a kernel or copy of this GPU reaches it over the peer link.
 struct PeerBlock {
   std::uint64_t base = 0;
   std::uint64_t bytes = 0;
@@ -41,7 +41,7 @@ struct VirtualMemory {
   std::map<std::uint64_t, VmmMapping> mappings;          // by base address
   std::map<std::uint64_t, PeerBlock> peer_blocks;        // by base address
   // Other clients' physical allocations this client opened by their shared handle (kVmmOpen,
-  // ops_vmm_share.cpp), by the open's id: each keeps its exporter charged until closed.
+  // ops/vmm_share.cpp), by the open's id: each keeps its exporter charged until closed.
   std::map<std::uint64_t, std::shared_ptr<IpcMemory>> shared_opens;
   std::uint64_t last_shared_open = 0;
 };
@@ -66,7 +66,7 @@ struct PhysicalAllocObj;
 PhysicalAllocObj* exportable_allocation(Session& session, std::uint64_t handle);
 
 // One open of a shared physical allocation ends (kVmmClose, or the opener's end): the last one
-// after its exporter let go gives the exporter its bytes back (ops_vmm_share.cpp).
+// after its exporter let go gives the exporter its bytes back (ops/vmm_share.cpp).
 void close_shared_open(Session& session, const std::shared_ptr<IpcMemory>& memory);
 
 // The exporter lets go of a physical allocation it shared: no later open finds it. True if
