@@ -15,6 +15,9 @@
 #ifndef MPSSHIM_LIBEXECDIR
 #error "meson defines MPSSHIM_LIBEXECDIR (the installed server's directory)"
 #endif
+#ifndef MPSSHIM_SERVER_FROM_BINDIR
+#error "meson defines MPSSHIM_SERVER_FROM_BINDIR (the installed server relative to bindir)"
+#endif
 
 namespace mpsshim::daemon {
 

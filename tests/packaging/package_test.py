@@ -9,6 +9,7 @@ usage: package_test.py SOURCE_DIR WORK_DIR VERSION
   tests that .deb instead of building one.) Exit 77 only when dpkg-deb, dpkg-buildpackage or
   debhelper is not installed."""
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -27,7 +28,7 @@ def copy_source(source: str, dest: str) -> None:
         left_out = set()
         for name in names:
             path = os.path.join(directory, name)
-            if name in (".git", "__pycache__") or name.startswith("obj-"):
+            if name in (".git", "__pycache__", ".whl", ".gl", ".carry") or name.startswith("obj-"):
                 left_out.add(name)
             elif os.path.isdir(os.path.join(path, "meson-private")):
                 left_out.add(name)  # a meson build directory
@@ -60,7 +61,9 @@ def build_deb(source: str, work: str, version: str) -> str:
         tail = f.read()[-6000:]
     if r.returncode != 0:
         fail(f"dpkg-buildpackage -b -us -uc exited {r.returncode} ({log_path}):\n{tail}")
-    print(f"dpkg-buildpackage: {time.monotonic() - started:.0f} s")
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(f"dpkg-buildpackage: {time.monotonic() - started:.0f} s, "
+          f"{cpu.ru_utime + cpu.ru_stime:.0f} s of CPU")
     debs = [d for d in os.listdir(work) if d.startswith(f"mpsshim_{version}_") and
             d.endswith(".deb")]
     if len(debs) != 1:
