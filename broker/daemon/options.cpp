@@ -15,6 +15,9 @@
 #ifndef MPSSHIM_LIBEXECDIR
 #error "meson defines MPSSHIM_LIBEXECDIR (the installed server's directory)"
 #endif
+#ifndef MPSSHIM_SERVER_FROM_BINDIR
+#error "meson defines MPSSHIM_SERVER_FROM_BINDIR (the installed server relative to bindir)"
+#endif
 
 namespace mpsshim::daemon {
 
@@ -59,15 +62,19 @@ enum LongOnly : int {
   kVersion,
 };
 
-// mpsshim-server beside this executable (a relocated install), or where the build tree puts it
-// (broker/daemon/ -> broker/server/), else the one installed under libexec.
+// mpsshim-server beside this executable, or where the build tree puts it (broker/daemon/ ->
+// broker/server/), or where the install puts it relative to bindir (bin/ ->
+// ../libexec/mpsshim/: an install or package moved or extracted anywhere), else the one
+// installed under libexec.
 std::string default_server_path() {
   char self[PATH_MAX];
   ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
   if (n > 0) {
     std::string dir(self, static_cast<std::size_t>(n));
     dir.erase(dir.rfind('/') + 1);
-    for (const char* relative : {"mpsshim-server", "../server/mpsshim-server"}) {
+    for (const char* relative :
+         {"mpsshim-server", "../server/mpsshim-server", MPSSHIM_SERVER_FROM_BINDIR}) {
+      if (*relative == '\0') continue;  // bindir or libexecdir outside the prefix
       std::string candidate = dir + relative;
       if (::access(candidate.c_str(), X_OK) == 0) return candidate;
     }
