@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "broker/daemon/sizes.hpp"
+#include "broker/daemon/toml_values.hpp"
 
 namespace mpsshim::deviceplugin {
 
@@ -14,39 +15,19 @@ namespace {
 
 constexpr int kMaxReplicas = 256;
 
-// A size is "20G" or a number of bytes.
-tl::expected<std::optional<std::uint64_t>, std::string> size_of(const toml::node* node,
-                                                                std::string_view key) {
-  if (node == nullptr) return std::optional<std::uint64_t>{};
-  if (auto bytes = node->value<std::int64_t>(); bytes && *bytes >= 0) {
-    return std::optional<std::uint64_t>(static_cast<std::uint64_t>(*bytes));
-  }
-  if (auto text = node->value<std::string>()) {
-    if (auto bytes = daemon::parse_size(*text)) return std::optional<std::uint64_t>(*bytes);
-  }
-  return tl::unexpected(
-      fmt::format("{}: expected a size such as \"20G\" or a number of bytes", key));
-}
-
-tl::expected<std::optional<int>, std::string> int_of(const toml::node* node, std::string_view key,
-                                                     int low, int high) {
-  if (node == nullptr) return std::optional<int>{};
-  auto value = node->value<std::int64_t>();
-  if (!value || *value < low || *value > high) {
-    return tl::unexpected(fmt::format("{}: expected a whole number from {} to {}", key, low, high));
-  }
-  return std::optional<int>(static_cast<int>(*value));
-}
+using daemon::toml_int;
+using daemon::toml_size;
 
 tl::expected<void, std::string> read_rule(const toml::table& table, SharingRule& rule,
                                           std::string_view where) {
-  auto replicas = int_of(table.get("replicas"), fmt::format("{}replicas", where), 1, kMaxReplicas);
+  auto replicas =
+      toml_int(table.get("replicas"), fmt::format("{}replicas", where), 1, kMaxReplicas);
   if (!replicas) return tl::unexpected(replicas.error());
   if (*replicas) rule.replicas = **replicas;
-  auto sm = int_of(table.get("sm_percentage"), fmt::format("{}sm_percentage", where), 1, 100);
+  auto sm = toml_int(table.get("sm_percentage"), fmt::format("{}sm_percentage", where), 1, 100);
   if (!sm) return tl::unexpected(sm.error());
   if (*sm) rule.sm_percentage = *sm;
-  auto memory = size_of(table.get("memory_limit"), fmt::format("{}memory_limit", where));
+  auto memory = toml_size(table.get("memory_limit"), fmt::format("{}memory_limit", where));
   if (!memory) return tl::unexpected(memory.error());
   if (*memory) rule.memory_limit = *memory;
   return {};
@@ -122,7 +103,7 @@ tl::expected<PluginConfig, std::string> parse_config(const std::string& toml_tex
       config.preload_libraries.push_back(*name);
     }
   }
-  auto interval = int_of(table.get("health_interval_ms"), "health_interval_ms", 100, 600000);
+  auto interval = toml_int(table.get("health_interval_ms"), "health_interval_ms", 100, 600000);
   if (!interval) return tl::unexpected(interval.error());
   if (*interval) config.health_interval = std::chrono::milliseconds(**interval);
   if (auto read = read_rule(table, config.sharing, ""); !read) return tl::unexpected(read.error());

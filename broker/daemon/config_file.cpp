@@ -9,6 +9,7 @@
 
 #include "broker/daemon/options.hpp"
 #include "broker/daemon/sizes.hpp"
+#include "broker/daemon/toml_values.hpp"
 
 namespace mpsshim::daemon {
 
@@ -73,31 +74,6 @@ tl::expected<std::vector<T>, std::string> id_list(const toml::table& table, std:
   return ids;
 }
 
-tl::expected<std::optional<int>, std::string> percentage(const toml::table& table,
-                                                         std::string_view key) {
-  const toml::node* node = table.get(key);
-  if (node == nullptr) return std::optional<int>{};
-  auto value = node->value_exact<std::int64_t>();
-  if (!value || *value < 1 || *value > 100) {
-    return tl::unexpected(fmt::format("{}: expected a whole number from 1 to 100", key));
-  }
-  return std::optional<int>(static_cast<int>(*value));
-}
-
-tl::expected<std::optional<std::uint64_t>, std::string> size(const toml::table& table,
-                                                             std::string_view key) {
-  const toml::node* node = table.get(key);
-  if (node == nullptr) return std::optional<std::uint64_t>{};
-  if (auto bytes = node->value_exact<std::int64_t>(); bytes && *bytes >= 0) {
-    return std::optional<std::uint64_t>(static_cast<std::uint64_t>(*bytes));
-  }
-  if (auto text = node->value_exact<std::string>()) {
-    if (auto bytes = parse_size(*text)) return std::optional<std::uint64_t>(*bytes);
-  }
-  return tl::unexpected(
-      fmt::format("{}: expected a size such as \"4G\" or a number of bytes", key));
-}
-
 tl::expected<ClientClass, std::string> read_class(const toml::table& table) {
   static constexpr std::string_view kKeys[] = {"name",
                                                "uids",
@@ -146,13 +122,13 @@ tl::expected<ClientClass, std::string> read_class(const toml::table& table) {
   }
   for (auto [key, field] : {std::pair{"sm_percentage", &cls.sm_percentage},
                             std::pair{"max_sm_percentage", &cls.max_sm_percentage}}) {
-    auto value = percentage(table, key);
+    auto value = toml_int(table.get(key), key, 1, 100);
     if (!value) return tl::unexpected(value.error());
     *field = *value;
   }
   for (auto [key, field] : {std::pair{"memory_limit", &cls.memory_limit},
                             std::pair{"max_memory_limit", &cls.max_memory_limit}}) {
-    auto value = size(table, key);
+    auto value = toml_size(table.get(key), key);
     if (!value) return tl::unexpected(value.error());
     *field = *value;
   }
