@@ -3,7 +3,7 @@
 # server, shim and examples/; bench/resnet_client.py comes from the source tree) and
 # bench/harness.py need out of a build
 # directory into a small tree of the same layout, stripped, with the shared libraries a fresh
-# GPU machine lacks (libfmt.so.9) in OUT/lib. A whole debug build is ~700 MiB; this is ~20 MiB,
+# GPU machine lacks (libfmt, toml++) in OUT/lib. A whole debug build is ~700 MiB; this is ~40 MiB,
 # small enough to carry to the GPU machine. There:
 #
 #   export LD_LIBRARY_PATH=$PWD/OUT/lib
@@ -41,7 +41,11 @@ for dir in examples bench tests/gpu/programs tests/gpu/libraries tests/cudart; d
   while IFS= read -r file; do copy "${file#"$build"/}"; done \
     < <(find "$build/$dir" -maxdepth 1 -type f -perm -u+x)
 done
-cp -L "$(ldconfig -p | awk '/libfmt\.so\.9 /{print $NF; exit}')" "$out/lib/"
+# Debian's libraries the daemon, server and shim link that a GPU machine may lack (mpsshimd
+# reads its configuration file with toml++).
+for soname in libfmt.so.9 libtomlplusplus.so.3; do
+  cp -L "$(ldconfig -p | awk -v name="$soname" '$1 == name {print $NF; exit}')" "$out/lib/"
+done
 
 # The Kubernetes device plugin and the test's kubelet stand-in, where they were built
 # (tests/gpu/k8s_allocation.sh), with Debian's gRPC, protobuf, abseil, toml++ and their own

@@ -50,6 +50,8 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=0, help="repetitions (preset's by default)")
     parser.add_argument("--budget-s", type=float, default=0,
                         help="stop starting new work after this many seconds (preset's)")
+    parser.add_argument("--concurrency-n", default="",
+                        help="client counts of the concurrency workload, e.g. 8 (preset's)")
     parser.add_argument("--python", default="", help="python for resnet_client.py")
     parser.add_argument("--dry-run", action="store_true",
                         help="run no GPU program: each client is bench/harness/dry_run.py, which "

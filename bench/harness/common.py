@@ -85,7 +85,7 @@ def error_text(stdout: str, stderr: str, rc, timed_out: bool) -> str:
 class Proc:
     """A started program with stdout/stderr in files (no pipe can fill up)."""
 
-    def __init__(self, argv, env, work_dir, tag, stdin_pipe=False):
+    def __init__(self, argv, env, work_dir, tag, stdin_pipe=False, uid=None):
         self.argv = argv
         self.tag = tag
         self.out_path = os.path.join(work_dir, tag + ".out")
@@ -94,7 +94,8 @@ class Proc:
         self._err = open(self.err_path, "wb")
         self.popen = subprocess.Popen(
             argv, env=env, stdout=self._out, stderr=self._err,
-            stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL)
+            stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
+            user=uid, group=uid, extra_groups=[] if uid is not None else None)
         self.timed_out = False
 
     def stdout(self) -> str:

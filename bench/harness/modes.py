@@ -12,8 +12,11 @@ MODE_LABEL = {"native": "native (time-slicing)", "mps": "NVIDIA MPS", "shim": "m
               "shim-eager": "mpsshim, launch batching off",
               "shim-runs": "mpsshim, batches in power-of-two runs",
               "shim-noprio": "mpsshim, priority scheduling off",
-              "shim-noreserve": "mpsshim, no SMs reserved for priority"}
-ALL_MODES = ["native", "mps", "shim", "shim-eager", "shim-runs", "shim-noprio", "shim-noreserve"]
+              "shim-noreserve": "mpsshim, no SMs reserved for priority",
+              "shim-groups": "mpsshim, two isolation groups",
+              "shim-solo": "mpsshim, a server per client"}
+ALL_MODES = ["native", "mps", "shim", "shim-eager", "shim-runs", "shim-noprio", "shim-noreserve",
+             "shim-groups", "shim-solo"]
 # The mpsshim modes and what each adds to mpsshimd's command line (after --daemon-arg):
 # "shim-eager" measures the daemon's defaults without launch batching, side by side
 # (docs/launch-batching.md).
@@ -23,10 +26,24 @@ ALL_MODES = ["native", "mps", "shim", "shim-eager", "shim-runs", "shim-noprio", 
 # "shim-noreserve" holds them back but reserves no SMs for high-priority clients (docs/daemon.md,
 # "SMs reserved for normal-priority clients"): what the reserve gives. Its argument comes after
 # --daemon-arg, so a --daemon-arg=--priority-reserve-sms=N sweep leaves it at 0.
+# "shim-groups" puts the clients in two isolation groups (docs/isolation.md): a group per uid,
+# every other client run as GROUPS_OTHER_UID (the harness must run as root). "shim-solo" gives
+# every client a server of its own (--isolation client). Both measure what isolation costs
+# beside "shim" (one group) and NVIDIA MPS.
 SHIM_MODES = {"shim": [], "shim-eager": ["--launch-batching=off"],
               "shim-runs": ["--launch-batch-graphs=runs"],
               "shim-noprio": ["--priority-scheduling=off"],
-              "shim-noreserve": ["--priority-reserve-sms=0"]}
+              "shim-noreserve": ["--priority-reserve-sms=0"],
+              "shim-groups": ["--isolation=user", "--multiuser"],
+              "shim-solo": ["--isolation=client"]}
+GROUPS_OTHER_UID = 65534  # nobody
+
+
+def client_uid(mode: str, index: int) -> int | None:
+    """The uid client number `index` of a group runs as (None: the harness's own)."""
+    if mode == "shim-groups" and index % 2 == 1:
+        return GROUPS_OTHER_UID
+    return None
 
 
 def is_shim(mode: str) -> bool:
@@ -89,7 +106,28 @@ class ModeControl:
         if mode == "mps":
             return self.mps_start(rep)
         if is_shim(mode):
+            if mode == "shim-groups":
+                why = self.other_uid_blocked(os.path.join(self.work, f"shim.{rep}"))
+                if why:
+                    return why
             return self.shim_start(rep, SHIM_MODES[mode])
+        return ""
+
+    def other_uid_blocked(self, shim_dir: str) -> str:
+        """Why clients run as GROUPS_OTHER_UID could not reach the shim, the programs or the
+        daemon's socket, or ""."""
+        if os.geteuid() != 0:
+            return "not root: clients cannot run as another uid"
+        for path in (self.shim_lib, self.small_kernels, shim_dir):
+            parent = os.path.dirname(path)
+            while parent and parent != "/":
+                if not os.stat(parent).st_mode & 0o001:
+                    return (f"{parent} is not searchable by other users: a client of uid "
+                            f"{GROUPS_OTHER_UID} could not reach {path}")
+                parent = os.path.dirname(parent)
+        for path in (self.shim_lib, self.small_kernels):
+            if not os.stat(path).st_mode & 0o004:
+                return f"{path} is not readable by other users"
         return ""
 
     def dry_start(self, mode: str, rep: int) -> str:

@@ -17,7 +17,7 @@ from collections import defaultdict
 from .common import HERE, Interrupted, Proc, error_text, log, parse_result_line
 from .config import PRESETS
 from .dry_run import dry_run_argv
-from .modes import ALL_MODES, MODE_LABEL, ModeControl, is_shim
+from .modes import ALL_MODES, MODE_LABEL, ModeControl, client_uid, is_shim
 from .ops_snapshot import OpsSnapshot
 from .report import is_skip, make_plots, render_report
 from .workloads import ALL_WORKLOADS, METRICS, WORKLOADS
@@ -32,6 +32,8 @@ class Harness(ModeControl, OpsSnapshot):
             self.cfg["reps"] = args.reps
         if args.budget_s:
             self.cfg["budget_s"] = args.budget_s
+        if args.concurrency_n:
+            self.cfg["concurrency_n"] = [int(n) for n in args.concurrency_n.split(",")]
         self.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
         self.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
         for m in self.modes:
@@ -137,12 +139,14 @@ class Harness(ModeControl, OpsSnapshot):
         env = self.env(mode, extra_env)
         envs = [dict(env, **(extra_envs[i] if extra_envs else {})) for i in range(len(argvs))]
         if self.args.dry_run:
-            for a, e in zip(argvs, envs):
+            for i, (a, e) in enumerate(zip(argvs, envs)):
                 extra = {k: v for k, v in e.items() if os.environ.get(k) != v}
-                log(f"  dry run: {' '.join(f'{k}={v}' for k, v in sorted(extra.items()))} "
-                    f"{' '.join(a)}")
+                uid = client_uid(mode, i)
+                log(f"  dry run: {'' if uid is None else f'(uid {uid}) '}"
+                    f"{' '.join(f'{k}={v}' for k, v in sorted(extra.items()))} {' '.join(a)}")
             argvs = [dry_run_argv(a) for a in argvs]
-        procs = [Proc(a, envs[i], run_dir, f"{tag}.{i}", stdin_pipe=wait_go)
+        procs = [Proc(a, envs[i], run_dir, f"{tag}.{i}", stdin_pipe=wait_go,
+                      uid=None if self.args.dry_run else client_uid(mode, i))
                  for i, a in enumerate(argvs)]
         try:
             if wait_go:

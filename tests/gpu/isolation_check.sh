@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Isolation groups on the real driver (docs/isolation.md): a tenant holds a secret in GPU memory,
+# an intruder's kernel copies the tenant's address into its own buffer.
+#
+#   placement              the intruder must            the tenant must
+#   shim, one group        see the secret (one context: the documented risk; proves the probe)
+#   shim, --isolation      not see it                   keep its bytes and run work; its server
+#     client                                            is not restarted
+#   native processes       not see it                   keep its bytes and run work
+#   NVIDIA MPS (if found)  not see it                   (reported: MPS may end every client)
+#
+# Exits 77 without a GPU, 0 when every row passed, 1 otherwise.
+# usage: isolation_check.sh --build-dir BUILD [--work-dir DIR]
+set -u -o pipefail
+
+SCRIPT_NAME=isolation_check
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+if ! have_gpu; then
+  log "no NVIDIA GPU (no /dev/nvidiactl, or nvidia-smi -L lists none): skipped"
+  exit "$SKIP_STATUS"
+fi
+parse_paths "$@"
+WORK_DIR=""
+set -- "${REST_ARGS[@]+"${REST_ARGS[@]}"}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --work-dir) WORK_DIR=$2; shift 2 ;;
+    *) die "unknown option $1" ;;
+  esac
+done
+PEEK=${EXAMPLES_DIR:-}/tenant_peek
+require_file tenant_peek "$PEEK"
+require_file daemon "${DAEMON:-}"
+[ -n "$WORK_DIR" ] || WORK_DIR=$(mktemp -d /tmp/mpsshim-isolation.XXXXXX)
+LOGS=$WORK_DIR/logs
+mkdir -p "$LOGS"
+PROGRAM_TIMEOUT=${PROGRAM_TIMEOUT:-120}
+FAILURES=0
+ROWS=()
+
+# shellcheck disable=SC2317  # called from the EXIT trap
+finish() {
+  daemon_stop
+  mps_stop
+  echo
+  echo "============================ mpsshim isolation on the GPU ============================"
+  printf '%-22s %-5s %s\n' PLACEMENT RESULT "INTRUDER | TENANT"
+  local row
+  for row in "${ROWS[@]+"${ROWS[@]}"}"; do echo "$row"; done
+  echo "logs: $LOGS"
+  echo "isolation_check: $FAILURES of ${#ROWS[@]} rows FAIL"
+}
+trap finish EXIT
+trap 'exit 130' INT TERM
+
+# probe MODE TAG: the tenant holds, the intruder reads; sets INTRUDER and TENANT (result lines).
+probe() {
+  local mode=$1 tag=$2 fifo=$WORK_DIR/$2.stdin address="" i
+  rm -f "$fifo"
+  mkfifo "$fifo"
+  run_mode "$mode" "$LOGS/$tag.tenant" "$PEEK" --hold <"$fifo" &
+  local tenant_pid=$!
+  exec {hold_fd}>"$fifo"  # the tenant's stdin stays open until its check
+  for i in $(seq 600); do
+    address=$(sed -n 's/^# address \(0x[0-9a-f]*\)$/\1/p' "$LOGS/$tag.tenant.out" 2>/dev/null)
+    [ -n "$address" ] || ! kill -0 "$tenant_pid" 2>/dev/null || { sleep 0.1; continue; }
+    break
+  done
+  if [ -n "$address" ]; then
+    run_mode "$mode" "$LOGS/$tag.intruder" "$PEEK" --read "$address"
+  else
+    echo "no address from the tenant" >"$LOGS/$tag.intruder.out"
+  fi
+  echo check >&"$hold_fd"
+  exec {hold_fd}>&-
+  wait "$tenant_pid"
+  INTRUDER=$(result_line "$LOGS/$tag.intruder.out" tenant_peek)
+  TENANT=$(result_line "$LOGS/$tag.tenant.out" tenant_peek)
+  [ -n "$INTRUDER" ] || INTRUDER="no result: $(tail -n1 "$LOGS/$tag.intruder.err" 2>/dev/null)"
+  [ -n "$TENANT" ] || TENANT="no result: $(tail -n1 "$LOGS/$tag.tenant.err" 2>/dev/null)"
+}
+
+# row PLACEMENT OK: one line of the table.
+row() {
+  local verdict=PASS
+  [ "$2" = 1 ] || { verdict=FAIL; FAILURES=$((FAILURES + 1)); }
+  ROWS+=("$(printf '%-22s %-5s %s | %s' "$1" "$verdict" "${INTRUDER#tenant_peek: }" \
+    "${TENANT#tenant_peek: }")")
+  log "$verdict $1"
+}
+
+saw_secret() { [ "$(field "$INTRUDER" saw_secret)" = "$1" ]; }
+tenant_ok() { [ "$(verdict "$TENANT")" = PASS ]; }
+
+restarts() {  # the GPU 0 shared server's restart count, from gpu_states
+  "$CTL" --runtime-dir "$SHIM_RUNTIME_DIR" gpu_states 2>/dev/null |
+    sed -n 's/^gpu=0 .*restarts=\([0-9]*\).*/\1/p'
+}
+
+# One group: the intruder's kernel reads the tenant's memory.
+daemon_start "$WORK_DIR/shared" "$LOGS/mpsshimd.shared.log" || die "mpsshimd did not start"
+probe shim shared
+ok=0
+saw_secret 1 && tenant_ok && ok=1
+row "shim, one group" "$ok"
+daemon_stop
+
+# A server per client: separate contexts.
+DAEMON_ARGS=(--isolation=client)
+daemon_start "$WORK_DIR/client" "$LOGS/mpsshimd.client.log" || die "mpsshimd did not start"
+before=$(restarts)
+probe shim client
+after=$(restarts)
+ok=0
+saw_secret 0 && tenant_ok && [ "$before" = "$after" ] && ok=1
+row "shim, --isolation client" "$ok"
+grep -h "GPU fault\|group" "$LOGS/mpsshimd.client.log" | tail -n 4 >&2
+daemon_stop
+DAEMON_ARGS=()
+
+probe native native
+ok=0
+saw_secret 0 && tenant_ok && ok=1
+row "native processes" "$ok"
+
+if mps_start "$WORK_DIR"; then
+  probe mps mps
+  ok=0
+  saw_secret 0 && ok=1  # the tenant's fate is reported, not judged
+  row "NVIDIA MPS" "$ok"
+  mps_stop
+fi
+exit $((FAILURES == 0 ? 0 : 1))
