@@ -14,9 +14,10 @@ MODE_LABEL = {"native": "native (time-slicing)", "mps": "NVIDIA MPS", "shim": "m
               "shim-noprio": "mpsshim, priority scheduling off",
               "shim-noreserve": "mpsshim, no SMs reserved for priority",
               "shim-groups": "mpsshim, two isolation groups",
-              "shim-solo": "mpsshim, a server per client"}
+              "shim-solo": "mpsshim, a server per client",
+              "shim-groups-mps": "mpsshim, two isolation groups over NVIDIA MPS"}
 ALL_MODES = ["native", "mps", "shim", "shim-eager", "shim-runs", "shim-noprio", "shim-noreserve",
-             "shim-groups", "shim-solo"]
+             "shim-groups", "shim-solo", "shim-groups-mps"]
 # The mpsshim modes and what each adds to mpsshimd's command line (after --daemon-arg):
 # "shim-eager" measures the daemon's defaults without launch batching, side by side
 # (docs/launch-batching.md).
@@ -29,19 +30,26 @@ ALL_MODES = ["native", "mps", "shim", "shim-eager", "shim-runs", "shim-noprio", 
 # "shim-groups" puts the clients in two isolation groups (docs/isolation.md): a group per uid,
 # every other client run as GROUPS_OTHER_UID (the harness must run as root). "shim-solo" gives
 # every client a server of its own (--isolation client). Both measure what isolation costs
-# beside "shim" (one group) and NVIDIA MPS.
+# beside "shim" (one group) and NVIDIA MPS. "shim-groups-mps" is "shim-groups" with every
+# mpsshim-server a client of NVIDIA MPS (started first; the daemon's environment names its pipe
+# directory, which the servers inherit): the groups' kernels may then overlap on the GPU, each
+# group still in an address space of its own.
 SHIM_MODES = {"shim": [], "shim-eager": ["--launch-batching=off"],
               "shim-runs": ["--launch-batch-graphs=runs"],
               "shim-noprio": ["--priority-scheduling=off"],
               "shim-noreserve": ["--priority-reserve-sms=0"],
               "shim-groups": ["--isolation=user", "--multiuser"],
-              "shim-solo": ["--isolation=client"]}
+              "shim-solo": ["--isolation=client"],
+              "shim-groups-mps": ["--isolation=user", "--multiuser"]}
+OVER_MPS = {"shim-groups-mps"}
+# Modes whose clients may each wait for a server to start: more room before the common start.
+STARTS_SERVERS = {"shim-groups", "shim-solo", "shim-groups-mps"}
 GROUPS_OTHER_UID = 65534  # nobody
 
 
 def client_uid(mode: str, index: int) -> int | None:
     """The uid client number `index` of a group runs as (None: the harness's own)."""
-    if mode == "shim-groups" and index % 2 == 1:
+    if mode in ("shim-groups", "shim-groups-mps") and index % 2 == 1:
         return GROUPS_OTHER_UID
     return None
 
@@ -106,11 +114,18 @@ class ModeControl:
         if mode == "mps":
             return self.mps_start(rep)
         if is_shim(mode):
-            if mode == "shim-groups":
+            if client_uid(mode, 1) is not None:
                 why = self.other_uid_blocked(os.path.join(self.work, f"shim.{rep}"))
                 if why:
                     return why
-            return self.shim_start(rep, SHIM_MODES[mode])
+            server_env = {}
+            if mode in OVER_MPS:
+                why = self.mps_start(rep)
+                if why:
+                    return "NVIDIA MPS under the servers: " + why
+                server_env = {"CUDA_MPS_PIPE_DIRECTORY": self.mps_dirs[0],
+                              "CUDA_MPS_LOG_DIRECTORY": self.mps_dirs[1]}
+            return self.shim_start(rep, SHIM_MODES[mode], mode, server_env)
         return ""
 
     def other_uid_blocked(self, shim_dir: str) -> str:
@@ -153,6 +168,8 @@ class ModeControl:
             self.mps_stop()
         elif is_shim(mode):
             self.shim_stop()
+            if mode in OVER_MPS:
+                self.mps_stop()
         self.wait_gpu_idle()
 
     def mps_start(self, rep: int) -> str:
@@ -244,14 +261,16 @@ class ModeControl:
             count = min(count, sum(1 for entry in visible.split(",") if entry.strip()))
         return count
 
-    def shim_start(self, rep: int, mode_args: list[str]) -> str:
+    def shim_start(self, rep: int, mode_args: list[str], mode: str = "shim",
+                   server_env: dict | None = None) -> str:
+        """Starts mpsshimd; server_env is added to its environment (its servers inherit it)."""
         self.shim_dir = os.path.join(self.work, f"shim.{rep}")
         os.makedirs(self.shim_dir, exist_ok=True)
-        log_path = os.path.join(self.logs, f"mpsshimd.{rep}.log")
+        log_path = os.path.join(self.logs, f"mpsshimd.{mode}.{rep}.log")
         self.shim_log = open(log_path, "wb")
         self.shim_proc = subprocess.Popen(
             self.shim_command() + mode_args,
-            env=self.env("native"), stdout=self.shim_log, stderr=subprocess.STDOUT,
+            env=self.env("native", server_env), stdout=self.shim_log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
         said = ""

@@ -320,7 +320,8 @@ def render_report(summary, meta, modes) -> str:
 # ---- plots -----------------------------------------------------------------------------------
 COLORS = {"native": "#7f7f7f", "mps": "#76b900", "shim": "#1f77b4", "shim-eager": "#d62728",
           "shim-noprio": "#9467bd", "shim-runs": "#17becf", "shim-noreserve": "#8c564b",
-          "shim-groups": "#ff7f0e", "shim-solo": "#e377c2"}
+          "shim-groups": "#ff7f0e", "shim-solo": "#e377c2",
+          "shim-groups-mps": "#bcbd22"}
 
 
 def series(summary, workload, metric, mode, by="n"):

@@ -207,6 +207,7 @@ class Harness(ModeControl, OpsSnapshot):
             p.wait(deadline)
 
     BROKER_COMMS = {**{m: ("mpsshimd", "mpsshim-server") for m in ALL_MODES if is_shim(m)},
+                    "shim-groups-mps": ("mpsshimd", "mpsshim-server", "nvidia-cuda-mps"),
                     "mps": ("nvidia-cuda-mps",)}
 
     def broker_ticks(self, mode):
