@@ -31,9 +31,9 @@ ALL_MODES = ["native", "mps", "shim", "shim-eager", "shim-runs", "shim-noprio", 
 # every other client run as GROUPS_OTHER_UID (the harness must run as root). "shim-solo" gives
 # every client a server of its own (--isolation client). Both measure what isolation costs
 # beside "shim" (one group) and NVIDIA MPS. "shim-groups-mps" is "shim-groups" with every
-# mpsshim-server a client of NVIDIA MPS (started first; the daemon's environment names its pipe
-# directory, which the servers inherit): the groups' kernels may then overlap on the GPU, each
-# group still in an address space of its own.
+# mpsshim-server a client of NVIDIA MPS (started first; mpsshimd --nvidia-mps-pipe-directory):
+# the groups' kernels may then overlap on the GPU, each group still in an address space of its
+# own.
 SHIM_MODES = {"shim": [], "shim-eager": ["--launch-batching=off"],
               "shim-runs": ["--launch-batch-graphs=runs"],
               "shim-noprio": ["--priority-scheduling=off"],
@@ -118,14 +118,13 @@ class ModeControl:
                 why = self.other_uid_blocked(os.path.join(self.work, f"shim.{rep}"))
                 if why:
                     return why
-            server_env = {}
+            mode_args = list(SHIM_MODES[mode])
             if mode in OVER_MPS:
                 why = self.mps_start(rep)
                 if why:
                     return "NVIDIA MPS under the servers: " + why
-                server_env = {"CUDA_MPS_PIPE_DIRECTORY": self.mps_dirs[0],
-                              "CUDA_MPS_LOG_DIRECTORY": self.mps_dirs[1]}
-            return self.shim_start(rep, SHIM_MODES[mode], mode, server_env)
+                mode_args += ["--nvidia-mps-pipe-directory", self.mps_dirs[0]]
+            return self.shim_start(rep, mode_args, mode)
         return ""
 
     def other_uid_blocked(self, shim_dir: str) -> str:
@@ -261,16 +260,15 @@ class ModeControl:
             count = min(count, sum(1 for entry in visible.split(",") if entry.strip()))
         return count
 
-    def shim_start(self, rep: int, mode_args: list[str], mode: str = "shim",
-                   server_env: dict | None = None) -> str:
-        """Starts mpsshimd; server_env is added to its environment (its servers inherit it)."""
+    def shim_start(self, rep: int, mode_args: list[str], mode: str = "shim") -> str:
+        """Starts mpsshimd with the mode's arguments; its log is logs/mpsshimd.MODE.REP.log."""
         self.shim_dir = os.path.join(self.work, f"shim.{rep}")
         os.makedirs(self.shim_dir, exist_ok=True)
         log_path = os.path.join(self.logs, f"mpsshimd.{mode}.{rep}.log")
         self.shim_log = open(log_path, "wb")
         self.shim_proc = subprocess.Popen(
             self.shim_command() + mode_args,
-            env=self.env("native", server_env), stdout=self.shim_log, stderr=subprocess.STDOUT,
+            env=self.env("native"), stdout=self.shim_log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
         said = ""

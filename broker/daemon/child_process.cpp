@@ -24,11 +24,21 @@ namespace {
 constexpr int kChildControlFd = 3;
 
 // Our environment, minus the mpsshim client library in LD_PRELOAD: if a server inherited it,
-// its dlopen of the real driver would find the shim instead.
-std::vector<std::string> server_environment() {
+// its dlopen of the real driver would find the shim instead. Minus NVIDIA MPS's directories
+// too: in the daemon's environment they name mpsshimd's own directory (MPS's names are the
+// shim's), which a server's real driver would take for an NVIDIA MPS daemon's. A server is an
+// NVIDIA MPS client only when asked (`nvidia_mps_pipe_directory`).
+std::vector<std::string> server_environment(const std::string& nvidia_mps_pipe_directory) {
   std::vector<std::string> env;
+  if (!nvidia_mps_pipe_directory.empty()) {
+    env.push_back("CUDA_MPS_PIPE_DIRECTORY=" + nvidia_mps_pipe_directory);
+  }
   for (char** entry = environ; *entry != nullptr; ++entry) {
     std::string_view item(*entry);
+    if (item.starts_with("CUDA_MPS_PIPE_DIRECTORY=") ||
+        item.starts_with("CUDA_MPS_LOG_DIRECTORY=")) {
+      continue;
+    }
     if (!item.starts_with("LD_PRELOAD=")) {
       env.emplace_back(item);
       continue;
@@ -108,7 +118,7 @@ tl::expected<ChildProcess, std::string> spawn_child(const SpawnRequest& request)
   std::vector<std::string> arguments{request.executable};
   arguments.insert(arguments.end(), request.arguments.begin(), request.arguments.end());
   std::vector<char*> argv = pointers_to(arguments);
-  std::vector<std::string> environment = server_environment();
+  std::vector<std::string> environment = server_environment(request.nvidia_mps_pipe_directory);
   std::vector<char*> envp = pointers_to(environment);
 
   int report[2];

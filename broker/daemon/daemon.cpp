@@ -55,6 +55,7 @@ SupervisorConfig with_server_tuning(SupervisorConfig config, const DaemonOptions
   config.server_priority_reserve_sms = options.server_priority_reserve_sms;
   config.isolation_idle_timeout = options.isolation_idle_timeout;
   config.isolation_max_servers = options.isolation_max_servers;
+  config.nvidia_mps_pipe_directory = options.nvidia_mps_pipe_directory;
   return config;
 }
 

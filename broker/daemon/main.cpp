@@ -71,6 +71,12 @@ int run(DaemonOptions options) {
   if (auto prepared = prepare_runtime_dir(dir.path, multiuser); !prepared) {
     return startup_failure(prepared.error());
   }
+  if (!options.nvidia_mps_pipe_directory.empty()) {
+    if (auto checked = check_nvidia_mps_pipe_directory(options.nvidia_mps_pipe_directory, dir.path);
+        !checked) {
+      return startup_failure(checked.error());
+    }
+  }
   if (!options.log_file && options.daemonize) options.log_file = dir.path + "/mpsshimd.log";
   if (options.log_file) {
     if (auto opened = open_log_file(*options.log_file); !opened) {
@@ -123,10 +129,14 @@ int run(DaemonOptions options) {
   }
   if (auto written = pid_file->write_pid(); !written) log_warn("{}", written.error());
 
-  log_info("mpsshimd {} (ABI {}.{}) starting in {} ({}); {}; server {}", MPSSHIM_VERSION,
+  log_info("mpsshimd {} (ABI {}.{}) starting in {} ({}); {}; server {}{}", MPSSHIM_VERSION,
            proto::kAbiMajor, proto::kAbiMinor, dir.path, dir.reason,
            multiuser ? "serving every uid" : fmt::format("serving uid {} only", ::geteuid()),
-           options.server_path);
+           options.server_path,
+           options.nvidia_mps_pipe_directory.empty()
+               ? ""
+               : fmt::format(", run as a client of NVIDIA MPS in {}",
+                             options.nvidia_mps_pipe_directory));
   int status = 0;
   try {
     DaemonSetup setup{options, multiuser, socket_path, std::move(listener_fd), std::move(notifier),

@@ -58,6 +58,7 @@ enum LongOnly : int {
   kIsolation,
   kConfig,
   kIsolationIdleTimeout,
+  kNvidiaMpsPipeDirectory,
   kIsolationMaxServers,
   kVersion,
 };
@@ -210,6 +211,10 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
                        clients (default 60)
   --isolation-max-servers N  isolation-group servers one GPU may run at once (default 16);
                        a client of a group beyond them is refused
+  --nvidia-mps-pipe-directory DIR  run every server as a client of the NVIDIA MPS daemon
+                       whose pipe directory is DIR: isolation groups then overlap on the GPU,
+                       each in its own address space, but a GPU fault ends every group of that
+                       GPU (docs/isolation.md)
   --require-allocation-token  clients without an allocation token (from the Kubernetes
                        device plugin) get the default SM share and memory limit, whatever they
                        ask for (see docs/kubernetes.md)
@@ -255,6 +260,7 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
       {"isolation", required_argument, nullptr, kIsolation},
       {"config", required_argument, nullptr, kConfig},
       {"isolation-idle-timeout", required_argument, nullptr, kIsolationIdleTimeout},
+      {"nvidia-mps-pipe-directory", required_argument, nullptr, kNvidiaMpsPipeDirectory},
       {"isolation-max-servers", required_argument, nullptr, kIsolationMaxServers},
       {"help", no_argument, nullptr, 'h'},
       {"version", no_argument, nullptr, kVersion},
@@ -482,6 +488,13 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
         options.isolation_idle_timeout = std::chrono::seconds(*n);
         break;
       }
+      case kNvidiaMpsPipeDirectory:
+        if (arg.empty() || arg.front() != '/') {
+          return tl::unexpected(fmt::format(
+              "--nvidia-mps-pipe-directory takes an absolute directory, not `{}`", arg));
+        }
+        options.nvidia_mps_pipe_directory = std::string(arg);
+        break;
       case kIsolationMaxServers: {
         auto n = number<int>("--isolation-max-servers", arg, 1, 1000);
         if (!n) return tl::unexpected(n.error());

@@ -59,6 +59,7 @@ struct DaemonOptions {
   IsolationRule isolation = IsolationRule::kShared;  // --isolation
   std::chrono::seconds isolation_idle_timeout{60};   // --isolation-idle-timeout
   int isolation_max_servers = 16;                    // --isolation-max-servers
+  std::string nvidia_mps_pipe_directory;             // --nvidia-mps-pipe-directory
   bool help = false;
   bool version = false;
 };

@@ -81,4 +81,28 @@ bool socket_answers(const std::string& socket_path) {
   return true;
 }
 
+tl::expected<void, std::string> check_nvidia_mps_pipe_directory(const std::string& dir,
+                                                                const std::string& runtime_dir) {
+  char* real_dir = ::realpath(dir.c_str(), nullptr);
+  char* real_runtime = ::realpath(runtime_dir.c_str(), nullptr);
+  const bool same =
+      real_dir != nullptr && real_runtime != nullptr && std::strcmp(real_dir, real_runtime) == 0;
+  std::free(real_dir);
+  std::free(real_runtime);
+  if (same) {
+    return tl::unexpected(fmt::format(
+        "--nvidia-mps-pipe-directory {} is mpsshimd's own runtime directory: name the pipe "
+        "directory of a running nvidia-cuda-mps-control",
+        dir));
+  }
+  struct stat st {};
+  if (::stat((dir + "/control").c_str(), &st) != 0) {
+    return tl::unexpected(fmt::format(
+        "--nvidia-mps-pipe-directory {}: no NVIDIA MPS control daemon there ({}/control: {}); "
+        "start one first: CUDA_MPS_PIPE_DIRECTORY={} nvidia-cuda-mps-control -d",
+        dir, dir, std::strerror(errno), dir));
+  }
+  return {};
+}
+
 }  // namespace mpsshim::daemon

@@ -31,4 +31,9 @@ tl::expected<void, std::string> prepare_runtime_dir(const std::string& dir, bool
 // or stale socket file.
 bool socket_answers(const std::string& socket_path);
 
+// --nvidia-mps-pipe-directory: an NVIDIA MPS control daemon's pipe directory (its `control`
+// FIFO there), and not mpsshimd's own runtime directory, which only looks like one to a driver.
+tl::expected<void, std::string> check_nvidia_mps_pipe_directory(const std::string& dir,
+                                                                const std::string& runtime_dir);
+
 }  // namespace mpsshim::daemon

@@ -194,8 +194,8 @@ void Supervisor::spawn(int slot) {
   }
   ::fcntl(ours.get(), F_SETFL, O_NONBLOCK);  // a stuck server must never block the daemon
   std::vector<std::string> args = server_arguments(server);
-  auto child =
-      spawn_child(SpawnRequest{config_.server_path, args, theirs.get(), config_.output_fd});
+  auto child = spawn_child(SpawnRequest{config_.server_path, args, theirs.get(), config_.output_fd,
+                                        config_.nvidia_mps_pipe_directory});
   if (!child) {
     log_error("cannot start the {}: {}", name(server), child.error());
     if (is_group(server))

@@ -89,6 +89,8 @@ struct SupervisorConfig {
   // and how many group servers one GPU may run at once.
   std::chrono::seconds isolation_idle_timeout{60};
   int isolation_max_servers = 16;
+  // Non-empty: every server is a client of the NVIDIA MPS daemon of this pipe directory.
+  std::string nvidia_mps_pipe_directory{};
 };
 
 // What a server needs to take a client: who it is and the quota the daemon decided.

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include <algorithm>
@@ -153,6 +154,17 @@ std::vector<std::string> command_line(pid_t pid) {
   return args;
 }
 
+// A process's environment, from /proc: NAME -> value.
+std::map<std::string, std::string> environment_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
+  std::map<std::string, std::string> env;
+  for (std::string entry; std::getline(in, entry, '\0');) {
+    const std::size_t equals = entry.find('=');
+    if (equals != std::string::npos) env[entry.substr(0, equals)] = entry.substr(equals + 1);
+  }
+  return env;
+}
+
 bool has_pair(const std::vector<std::string>& args, const std::string& flag,
               const std::string& value) {
   for (std::size_t i = 0; i + 1 < args.size(); ++i) {
@@ -189,6 +201,51 @@ TEST_CASE("the priority gate's options reach every server", "[lifecycle][priorit
   const std::vector<std::string> args = command_line(defaults.server_pids().at(0));
   CHECK_FALSE(has_pair(args, "--priority-fence-poll-us", "7"));  // the server's default
   CHECK(std::find(args.begin(), args.end(), "--priority-fence-poll-us") == args.end());
+}
+
+TEST_CASE("servers are NVIDIA MPS clients only with --nvidia-mps-pipe-directory",
+          "[lifecycle][nvidia-mps]") {
+  // The daemon's own CUDA_MPS_PIPE_DIRECTORY names mpsshimd's directory: a server's real driver
+  // must not take it for an NVIDIA MPS daemon's.
+  TempDir elsewhere;
+  {
+    DaemonUnderTest sut({.gpus = 1,
+                         .env = {{"CUDA_MPS_PIPE_DIRECTORY", elsewhere.path()},
+                                 {"CUDA_MPS_LOG_DIRECTORY", elsewhere.path()}}});
+    const auto env = environment_of(sut.server_pids().at(0));
+    REQUIRE_FALSE(env.empty());
+    CHECK(env.count("CUDA_MPS_PIPE_DIRECTORY") == 0);
+    CHECK(env.count("CUDA_MPS_LOG_DIRECTORY") == 0);
+  }
+  TempDir mps;
+  REQUIRE(::mkfifo((mps.path() + "/control").c_str(), 0600) == 0);  // as nvidia-cuda-mps-control
+  DaemonUnderTest sut({.gpus = 2, .args = {"--nvidia-mps-pipe-directory", mps.path()}});
+  for (const auto& [gpu, pid] : sut.server_pids()) {
+    INFO("GPU " << gpu);
+    CHECK(environment_of(pid)["CUDA_MPS_PIPE_DIRECTORY"] == mps.path());
+  }
+  CHECK(contains(sut.log(), "run as a client of NVIDIA MPS in " + mps.path()));
+}
+
+TEST_CASE("--nvidia-mps-pipe-directory without an NVIDIA MPS daemon there is refused at start",
+          "[lifecycle][nvidia-mps]") {
+  TempDir run, empty;
+  Outcome none =
+      run_program({artefact("MPSSHIMD"), "--runtime-dir", run.path() + "/a", "--server",
+                   artefact("FAKE_SERVER"), "--nvidia-mps-pipe-directory", empty.path()});
+  CHECK(none.exit_code == 1);
+  CHECK(contains(none.err, "no NVIDIA MPS control daemon there (" + empty.path() + "/control"));
+  CHECK_FALSE(exists(run.path() + "/a/control"));
+
+  Outcome own = run_program({artefact("MPSSHIMD"), "--runtime-dir", run.path(), "--server",
+                             artefact("FAKE_SERVER"), "--nvidia-mps-pipe-directory", run.path()});
+  CHECK(own.exit_code == 1);
+  CHECK(contains(own.err, "is mpsshimd's own runtime directory"));
+
+  Outcome relative = run_program({artefact("MPSSHIMD"), "--runtime-dir", run.path(), "--server",
+                                  artefact("FAKE_SERVER"), "--nvidia-mps-pipe-directory", "mps"});
+  CHECK(relative.exit_code != 0);
+  CHECK(contains(relative.err, "--nvidia-mps-pipe-directory takes an absolute directory"));
 }
 
 TEST_CASE("a server that dies is restarted and clients are routed to the new one", "[restart]") {

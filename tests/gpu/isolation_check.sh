@@ -8,6 +8,8 @@
 #     client                                            is not restarted
 #   native processes       not see it                   keep its bytes and run work
 #   NVIDIA MPS (if found)  not see it                   (reported: MPS may end every client)
+#   shim, --isolation      not see it                   (reported: a fault ends every NVIDIA MPS
+#     client over NVIDIA MPS                            client of the GPU, so every group)
 #
 # Exits 77 without a GPU, 0 when every row passed, 1 otherwise.
 # usage: isolation_check.sh --build-dir BUILD [--work-dir DIR]
@@ -129,6 +131,19 @@ if mps_start "$WORK_DIR"; then
   ok=0
   saw_secret 0 && ok=1  # the tenant's fate is reported, not judged
   row "NVIDIA MPS" "$ok"
+  # Every group's server a client of that NVIDIA MPS daemon (mpsshimd --nvidia-mps-pipe-directory).
+  DAEMON_ARGS=(--isolation=client --nvidia-mps-pipe-directory "$MPS_PIPE_DIR")
+  if daemon_start "$WORK_DIR/over-mps" "$LOGS/mpsshimd.over-mps.log"; then
+    probe shim over-mps
+    ok=0
+    saw_secret 0 && ok=1  # the tenant's fate is reported, not judged
+    row "shim over NVIDIA MPS" "$ok"
+    daemon_stop
+  else
+    INTRUDER="mpsshimd did not start" TENANT="-"
+    row "shim over NVIDIA MPS" 0
+  fi
+  DAEMON_ARGS=()
   mps_stop
 fi
 exit $((FAILURES == 0 ? 0 : 1))
