@@ -312,6 +312,21 @@ for script in live_quota_check partition_check hostfn_check; do
   esac
 done
 
+# Isolation groups on the real driver (one client's kernel reading another's memory, per
+# placement) and out of memory (the library programs beside a hog and under a memory limit):
+# each starts its own daemons and prints its table in $LOGS.
+for script in isolation_check oom_matrix; do
+  status=0
+  timeout 600 bash "$(dirname "${BASH_SOURCE[0]}")/$script.sh" --build-dir "$BUILD_ROOT" \
+    --work-dir "$WORK_DIR/$script" >"$LOGS/$script.out" 2>&1 || status=$?
+  last=$(grep -av '^\s*$' "$LOGS/$script.out" | tail -n1 | cut -c1-160)
+  case "$status" in
+    0) add_row "$script" - PASS PASS "$last" ;;
+    77) add_row "$script" - SKIP SKIP "$last" ;;
+    *) add_row "$script" - FAIL FAIL "exit $status: $last (see $LOGS/$script.out)" ;;
+  esac
+done
+
 # ---- 2. 8 concurrent copies of small_kernels: the shim must overlap them ---------------------
 COPIES=8
 run_small_kernel_copies native 1 "$LOGS/small1.native"
