@@ -7,7 +7,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <string>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "libshim/answer_trace.hpp"
 #include "libshim/log.hpp"
@@ -147,6 +151,7 @@ bool Session::peer_gone() {
 
 CUresult Session::dead_result() const {
   if (std::uint32_t f = view_.control()->fault.load(std::memory_order_acquire); f != 0) {
+    note_fault(f);
     return static_cast<CUresult>(f);
   }
   return CUDA_ERROR_MPS_CONNECTION_FAILED;
@@ -155,7 +160,33 @@ CUresult Session::dead_result() const {
 CUresult Session::fault() const {
   if (dead_.load(std::memory_order_relaxed)) return dead_result();
   std::uint32_t f = view_.control()->fault.load(std::memory_order_relaxed);
+  if (f != 0) note_fault(f);
   return static_cast<CUresult>(f);
+}
+
+void Session::note_fault(std::uint32_t fault) const {
+  if (fault_noted_.exchange(true, std::memory_order_relaxed)) return;
+  // The server wrote the culprit before it stored the fault word we loaded.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  const proto::SessionControl* control = view_.control();
+  const auto pid = static_cast<pid_t>(control->fault_pid);
+  char program[sizeof control->fault_program + 1] = {};
+  std::memcpy(program, control->fault_program, sizeof control->fault_program);
+  const char* name = nullptr;
+  if (cuGetErrorName(static_cast<CUresult>(fault), &name) != CUDA_SUCCESS) name = nullptr;
+  std::string cause;
+  if (pid == ::getpid()) {
+    cause =
+        fmt::format("; this process's own work ({}) returned it first: its likely cause", program);
+  } else if (pid != 0) {
+    cause = fmt::format(
+        "; the work of another client, pid {} ({}), returned it first: its likely cause", pid,
+        program);
+  }
+  log(Level::error,
+      "the mpsshim server of this GPU had a GPU fault ({}){}. A fault ends every client of "
+      "that server: this process's CUDA calls on the GPU now fail with it",
+      name != nullptr ? name : std::to_string(fault), cause);
 }
 
 CUresult Session::take_async_error() {

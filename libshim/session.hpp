@@ -108,6 +108,9 @@ class Session {
   CUresult wait_slot(proto::ResponseSlot* slot);
   CUresult wait_generation(proto::ChunkState* state, std::uint32_t generation);
   CUresult dead_result() const;
+  // Logs once that the server's sticky fault `fault` ends this session, naming the client whose
+  // work returned it first (its likely cause) as the server recorded.
+  void note_fault(std::uint32_t fault) const;
   std::uint32_t acquire_slot();
   void release_slot(std::uint32_t index);
 
@@ -139,6 +142,7 @@ class Session {
   std::mutex fd_receive_mutex_;
   std::atomic<std::uint32_t> next_token_{1};
   std::atomic<bool> dead_{false};
+  mutable std::atomic<bool> fault_noted_{false};
 };
 
 }  // namespace mpsshim::shim

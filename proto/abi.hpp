@@ -52,7 +52,9 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // StreamAttributeReq).
 // Minor 18: ClientHello::flags kHelloOwnIsolationGroup (MPSSHIM_ISOLATION=own), which a daemon
 // of minor 17 or older would ignore: such a client refuses that daemon.
-inline constexpr std::uint16_t kAbiMinor = 18;
+// Minor 19: naming a fault's likely culprit: SessionControl::fault_pid and fault_program (were
+// padding, 0) and MessageKind::kServerFault (server -> daemon, before it exits with a fault).
+inline constexpr std::uint16_t kAbiMinor = 19;
 // The first minor whose daemon honours kHelloOwnIsolationGroup.
 inline constexpr std::uint16_t kAbiMinorIsolationGroups = 18;
 
@@ -88,7 +90,8 @@ enum class MessageKind : std::uint32_t {
   kServerStats = 12,    // server -> daemon: per-client accounting (answer to kServerStatsQuery)
   kServerStatsQuery = 13,
   kServerTerminateClient = 14,
-  kPeerMemory = 15,  // server <-> client: a GPU memory block's POSIX fd (kPeerExport, kPeerImport)
+  kPeerMemory = 15,   // server <-> client: a GPU memory block's POSIX fd (kPeerExport, kPeerImport)
+  kServerFault = 16,  // server -> daemon: TextMessage naming a sticky fault's likely culprit
 };
 
 constexpr HelloHeader make_header(MessageKind kind, std::uint32_t size) {

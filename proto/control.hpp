@@ -139,7 +139,7 @@ static_assert(sizeof(FdTransfer) == 32);
 // mpsshimctl <-> daemon and daemon <-> server operator traffic: one line of text each way.
 struct TextMessage {
   HelloHeader header;    // kCtlRequest / kCtlReply / kServerStatsQuery / kServerStats /
-                         // kServerTerminateClient
+                         // kServerTerminateClient / kServerFault
   std::int32_t status;   // 0 = ok
   std::uint32_t length;  // bytes of text used
   char text[8168];

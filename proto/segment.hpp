@@ -59,10 +59,17 @@ struct SessionControl {
   // a short spin instead of yielding a CPU that the server's workers need
   // (libshim/wait_policy.hpp). 0 from an older server: the client's own plan.
   std::atomic<std::uint32_t> crowded;
+  // ABI 1.19 (was padding, 0): the client whose work first returned the sticky fault, written
+  // before `fault` (which publishes them): its pid and program name (NUL-terminated), for the
+  // error line every client of the server logs. 0 and "" when unknown or from an older server.
+  std::uint32_t fault_pid;
+  char fault_program[32];
 };
 static_assert(sizeof(SessionControl) == kCacheLine);
 static_assert(offsetof(SessionControl, async_error) == 4);
 static_assert(offsetof(SessionControl, crowded) == 16);
+static_assert(offsetof(SessionControl, fault_pid) == 20);
+static_assert(offsetof(SessionControl, fault_program) == 24);
 
 enum SlotState : std::uint32_t { kSlotIdle = 0, kSlotPending = 1, kSlotReady = 2 };
 

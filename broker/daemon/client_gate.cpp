@@ -44,14 +44,16 @@ std::string without_tokens(std::string line) {
 
 ClientGate::ClientGate(EventLoop& loop, Supervisor& supervisor, Commands& commands,
                        const AllocationRegistry& allocations, AccessPolicy policy,
-                       IsolationRule isolation, const std::vector<ClientClass>* classes)
+                       IsolationRule isolation, const std::vector<ClientClass>* classes,
+                       std::chrono::seconds isolate_after_fault)
     : loop_(loop),
       supervisor_(supervisor),
       commands_(commands),
       allocations_(allocations),
       policy_(policy),
       isolation_(isolation),
-      classes_(classes) {}
+      classes_(classes),
+      isolate_after_fault_(isolate_after_fault) {}
 
 ClientGate::~ClientGate() {
   close();
@@ -300,6 +302,22 @@ void ClientGate::on_client(Waiting connection, MessageKind kind, const proto::Cl
       if (cls->isolated && (hello.flags & proto::kHelloOwnIsolationGroup) == 0) {
         group = "class:" + cls->name;
       }
+    }
+  }
+  if (isolate_after_fault_.count() > 0 && !group.starts_with("client:")) {
+    // A program whose work was the likely cause of a recent fault gets its own servers, so a
+    // repeat takes only it down. Keyed by the uid and the program name the client gives: a
+    // client can rename itself out of this, so it limits accidents, not attacks.
+    std::string program = bounded_string(hello.program);
+    if (program.empty()) program = "unnamed";
+    if (auto fault = supervisor_.faults().recent_culprit(connection.peer.uid, program, Clock::now(),
+                                                         isolate_after_fault_)) {
+      group = fmt::format("client:{}", connection.peer.pid);
+      log_warn(
+          "{} gets an isolation group of its own: {} run by uid {} was the likely cause of a "
+          "GPU fault on GPU {} {} s ago (--isolate-after-fault)",
+          who, program, connection.peer.uid, fault->gpu,
+          std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - fault->seen).count());
     }
   }
   if (*partition != nullptr && !group.empty()) {

@@ -31,7 +31,8 @@ class ClientGate {
   ClientGate(EventLoop& loop, Supervisor& supervisor, Commands& commands,
              const AllocationRegistry& allocations, AccessPolicy policy,
              IsolationRule isolation = IsolationRule::kShared,
-             const std::vector<ClientClass>* classes = nullptr);
+             const std::vector<ClientClass>* classes = nullptr,
+             std::chrono::seconds isolate_after_fault = std::chrono::seconds(0));
   ~ClientGate();
 
   void listen(proto::UniqueFd listener);  // a listening SOCK_SEQPACKET socket
@@ -61,6 +62,9 @@ class ClientGate {
   AccessPolicy policy_;
   IsolationRule isolation_;
   const std::vector<ClientClass>* classes_;  // the daemon's; a reload replaces them
+  // --isolate-after-fault: for this long after a fault, a new client of the culprit's uid and
+  // program gets an isolation group of its own (0: never).
+  std::chrono::seconds isolate_after_fault_;
   proto::UniqueFd listener_;
   std::unordered_map<int, Waiting> waiting_;            // by fd: no first message yet
   std::unordered_map<int, proto::UniqueFd> answering_;  // by fd: a command awaiting servers

@@ -301,7 +301,13 @@ void Commands::ps(const Args&, bool json, ReplyHandler reply) {
       for (ServerClients& server : clients) {
         server.text = with_pod_fields(allocations_, server.text);
       }
-      return reply(json_reply(status, client_table_json(clients, notes + problems)));
+      nlohmann::json table = client_table_json(clients, notes + problems);
+      nlohmann::json faults = nlohmann::json::array();
+      for (const FaultReport& fault : supervisor_.faults().recent()) {
+        faults.push_back(fault_json(fault));
+      }
+      table["faults"] = std::move(faults);
+      return reply(json_reply(status, std::move(table)));
     }
     auto allocation_name = [this](const std::string& id) {
       auto number = parse_integer(id);
@@ -310,7 +316,12 @@ void Commands::ps(const Args&, bool json, ReplyHandler reply) {
       // An allocation revoked while its clients run keeps its id in ps.
       return allocation == nullptr ? id + " (revoked)" : id + " " + pod_of(*allocation);
     };
-    reply(CtlReply{status, format_client_table(clients, allocation_name) + notes + problems});
+    std::string faults;
+    for (const FaultReport& fault : supervisor_.faults().recent()) {
+      faults += describe_fault(fault) + "\n";
+    }
+    reply(CtlReply{status,
+                   format_client_table(clients, allocation_name) + notes + problems + faults});
   });
 }
 

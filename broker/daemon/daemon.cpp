@@ -77,7 +77,8 @@ Daemon::Daemon(DaemonSetup setup)
           [this] { loop_.after({}, [this] { shutdown("mpsshimctl quit"); }); },
           [this] { return reload_config(); }),
       gate_(loop_, supervisor_, commands_, allocations_,
-            AccessPolicy{::geteuid(), setup_.multiuser}, setup_.options.isolation, &classes_),
+            AccessPolicy{::geteuid(), setup_.multiuser}, setup_.options.isolation, &classes_,
+            setup_.options.isolate_after_fault),
       metrics_(loop_, [this](auto done) { collect_metrics(std::move(done)); }),
       start_time_seconds_(
           std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
@@ -138,6 +139,7 @@ void Daemon::collect_metrics(std::function<void(std::string)> done) {
       input.group_servers.push_back(0);
       input.group_faults.push_back(supervisor_.past_group_faults(i));
     }
+    input.client_faults = supervisor_.faults().by_culprit();
     for (auto& [slot, status] : supervisor_.group_servers()) {
       if (status.state == ServerState::kRunning && status.ordinal < supervisor_.gpu_count()) {
         input.group_servers[status.ordinal] += 1;

@@ -264,6 +264,9 @@ std::string format_metrics(const MetricsInput& input) {
   Family group_faults{"mpsshim_isolation_group_gpu_faults_total", "counter",
                       "Times a server of an isolation group on the GPU exited after a GPU fault "
                       "(exit status 70); only that group's clients lost their work."};
+  Family client_faults{"mpsshim_client_faults_total", "counter",
+                       "GPU faults whose likely cause was a client of this user and program: its "
+                       "work returned the fault first (docs/isolation.md)."};
   Family answered{"mpsshim_server_scrape_answered", "gauge",
                   "1 when the GPU's server answered this scrape's client queries in time, else 0 "
                   "(its client metrics are then missing)."};
@@ -384,13 +387,21 @@ std::string format_metrics(const MetricsInput& input) {
     }
   }
 
+  for (const auto& [key, count] : input.client_faults) {
+    const auto& [gpu, uid, program] = key;
+    client_faults.add(label_text({{"gpu", std::to_string(gpu)},
+                                  {"user", user_name_of(std::to_string(uid))},
+                                  {"program", program}}),
+                      static_cast<double>(count));
+  }
+
   std::string text;
   for (const Family* family :
-       {&start,        &build,    &up,      &restarts,     &faults,    &group_servers,
-        &group_faults, &answered, &clients, &info,         &sms,       &memory,
-        &launches,     &used,     &limit,   &client_sms,   &held_back, &peak,
-        &pinned,       &busy,     &copied,  &client_start, &records,   &server_seconds,
-        &batched,      &graphs,   &images,  &image_bytes}) {
+       {&start,          &build,         &up,       &restarts, &faults,       &group_servers,
+        &group_faults,   &client_faults, &answered, &clients,  &info,         &sms,
+        &memory,         &launches,      &used,     &limit,    &client_sms,   &held_back,
+        &peak,           &pinned,        &busy,     &copied,   &client_start, &records,
+        &server_seconds, &batched,       &graphs,   &images,   &image_bytes}) {
     text += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}", family->name, family->help, family->name,
                         family->type, family->samples);
   }

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -13,6 +14,7 @@
 #include <tl/expected.hpp>
 
 #include "broker/daemon/commands.hpp"
+#include "broker/daemon/fault_log.hpp"
 #include "broker/daemon/supervisor.hpp"
 #include "proto/unix_socket.hpp"
 
@@ -51,6 +53,8 @@ struct MetricsInput {
   Commands::ClientReports reports;    // the servers that answered this scrape
   std::vector<int> group_servers{};   // by GPU: isolation-group servers running
   std::vector<int> group_faults{};    // by GPU: isolation-group servers ended by a GPU fault
+  // GPU faults by their likely culprit: (gpu, uid, program) -> count (fault_log.hpp).
+  std::map<FaultLog::Key, std::uint64_t> client_faults{};
 };
 
 // The body of GET /metrics.

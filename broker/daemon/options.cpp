@@ -59,6 +59,7 @@ enum LongOnly : int {
   kConfig,
   kIsolationIdleTimeout,
   kNvidiaMpsPipeDirectory,
+  kIsolateAfterFault,
   kIsolationMaxServers,
   kVersion,
 };
@@ -215,6 +216,9 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
                        whose pipe directory is DIR: isolation groups then overlap on the GPU,
                        each in its own address space, but a GPU fault ends every group of that
                        GPU (docs/isolation.md)
+  --isolate-after-fault SECS  for SECS after a GPU fault, a new client of the uid and program
+                       whose work was its likely cause gets an isolation group of its own
+                       (default 0: off; docs/isolation.md)
   --require-allocation-token  clients without an allocation token (from the Kubernetes
                        device plugin) get the default SM share and memory limit, whatever they
                        ask for (see docs/kubernetes.md)
@@ -261,6 +265,7 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
       {"config", required_argument, nullptr, kConfig},
       {"isolation-idle-timeout", required_argument, nullptr, kIsolationIdleTimeout},
       {"nvidia-mps-pipe-directory", required_argument, nullptr, kNvidiaMpsPipeDirectory},
+      {"isolate-after-fault", required_argument, nullptr, kIsolateAfterFault},
       {"isolation-max-servers", required_argument, nullptr, kIsolationMaxServers},
       {"help", no_argument, nullptr, 'h'},
       {"version", no_argument, nullptr, kVersion},
@@ -495,6 +500,12 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
         }
         options.nvidia_mps_pipe_directory = std::string(arg);
         break;
+      case kIsolateAfterFault: {
+        auto n = number<int>("--isolate-after-fault", arg, 0, 30 * 86'400);
+        if (!n) return tl::unexpected(n.error());
+        options.isolate_after_fault = std::chrono::seconds(*n);
+        break;
+      }
       case kIsolationMaxServers: {
         auto n = number<int>("--isolation-max-servers", arg, 1, 1000);
         if (!n) return tl::unexpected(n.error());

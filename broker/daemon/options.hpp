@@ -60,6 +60,7 @@ struct DaemonOptions {
   std::chrono::seconds isolation_idle_timeout{60};   // --isolation-idle-timeout
   int isolation_max_servers = 16;                    // --isolation-max-servers
   std::string nvidia_mps_pipe_directory;             // --nvidia-mps-pipe-directory
+  std::chrono::seconds isolate_after_fault{0};       // --isolate-after-fault (0: off)
   bool help = false;
   bool version = false;
 };

@@ -299,9 +299,35 @@ void Supervisor::on_message(Server& server, const proto::Received& message) {
     case MessageKind::kCtlReply:
       on_answer(server, kind, message);
       return;
+    case MessageKind::kServerFault:
+      on_fault_report(server, message);
+      return;
     default:
       log_debug("{} sent message kind {}; ignored", name(server), header->kind);
   }
+}
+
+void Supervisor::on_fault_report(Server& server, const proto::Received& message) {
+  auto text = decode<proto::TextMessage>(message);
+  if (!text) {
+    log_warn("{} sent a truncated fault report ({} bytes); ignored", name(server),
+             message.bytes.size());
+    return;
+  }
+  auto report = parse_fault_report(text_of(*text), text->status);
+  if (!report) {
+    log_warn("{} sent a fault report this daemon cannot read ({}); ignored", name(server),
+             report.error());
+    return;
+  }
+  report->gpu = server.status.ordinal;
+  report->group = server.status.group;
+  report->server_pid = server.process.pid;
+  report->when = std::chrono::system_clock::now();
+  report->seen = Clock::now();
+  log_error("{}: {}", name(server), describe_fault(*report));
+  faults_.add(std::move(*report));
+  if (events_.changed) events_.changed();
 }
 
 void Supervisor::on_ready(Server& server, const proto::ServerReady& ready) {

@@ -34,6 +34,7 @@
 
 #include "broker/daemon/child_process.hpp"
 #include "broker/daemon/event_loop.hpp"
+#include "broker/daemon/fault_log.hpp"
 #include "broker/daemon/log.hpp"
 #include "broker/daemon/sm_partitions.hpp"
 #include "proto/control.hpp"
@@ -160,6 +161,8 @@ class Supervisor {
   const ServerStatus* status_of_slot(int slot) const;
   // GPU faults of group servers that have gone, per GPU (the metrics count them).
   int past_group_faults(int ordinal) const;
+  // The faults the servers reported, with their likely culprits.
+  const FaultLog& faults() const { return faults_; }
 
   ServerDefaults& defaults() { return defaults_; }
 
@@ -245,6 +248,7 @@ class Supervisor {
   void on_control_readable(int slot, std::uint64_t incarnation);
   void on_message(Server& server, const proto::Received& message);
   void on_ready(Server& server, const proto::ServerReady& ready);
+  void on_fault_report(Server& server, const proto::Received& message);
   void on_answer(Server& server, proto::MessageKind kind, const proto::Received& message);
   void learn_gpu_count(int count);
   void try_reap(int slot);
@@ -269,7 +273,8 @@ class Supervisor {
   int gpu_count_ = 1;
   bool gpu_count_known_ = false;
   std::map<int, int> past_group_faults_;  // GPU -> faults of group servers gone
-  EventLoop::TimerId group_poll_ = 0;     // while any group server runs
+  FaultLog faults_;
+  EventLoop::TimerId group_poll_ = 0;  // while any group server runs
   bool settled_ = false;
   bool stopping_ = false;
   std::function<void()> stop_done_;

@@ -9,6 +9,7 @@
 #include "broker/daemon/allocations.hpp"
 #include "broker/daemon/commands.hpp"
 #include "broker/daemon/event_loop.hpp"
+#include "broker/daemon/fault_log.hpp"
 #include "broker/daemon/isolation.hpp"
 #include "broker/daemon/metrics.hpp"
 #include "broker/daemon/options.hpp"
@@ -405,4 +406,81 @@ TEST_CASE("ps text of an isolation group's server carries the group on each clie
   CHECK(mpsshim::daemon::with_isolation_group(text, "uid:5") ==
         "client=3 pid=10 uid=0 isolation_group=uid:5\ntruncated: more\n"
         "client=4 pid=11 uid=0 isolation_group=uid:5\n");
+}
+
+TEST_CASE("a server's fault report is read field by field; the program takes the rest",
+          "[faults]") {
+  auto report = parse_fault_report(
+      "client=4 pid=1131 uid=1000 clients=2 op=CtxSynchronize error=CUDA_ERROR_ILLEGAL_ADDRESS "
+      "program=my job.py --x=1",
+      700);
+  REQUIRE(report);
+  CHECK(report->client == 4);
+  CHECK(report->pid == 1131);
+  CHECK(report->uid == 1000);
+  CHECK(report->clients_ended == 2);
+  CHECK(report->op == "CtxSynchronize");
+  CHECK(report->error == 700);
+  CHECK(report->error_name == "CUDA_ERROR_ILLEGAL_ADDRESS");
+  CHECK(report->program == "my job.py --x=1");
+
+  CHECK_FALSE(parse_fault_report("client=4 pid=x uid=0 clients=1 op=- error=E program=p", 700));
+  CHECK_FALSE(parse_fault_report("client=4 pid=1 uid=0", 700));  // no program=
+  // A newer server's extra key is skipped; a missing error name says the number.
+  auto newer = parse_fault_report("client=0 pid=0 uid=0 clients=3 colour=red program=", 719);
+  REQUIRE(newer);
+  CHECK(newer->error_name == "CUresult 719");
+  CHECK(newer->program.empty());
+  CHECK(describe_fault(*newer).find("no client's call returned it first") != std::string::npos);
+}
+
+TEST_CASE("the fault log keeps the recent reports and counts culprits by uid and program",
+          "[faults]") {
+  FaultLog log;
+  const Clock::time_point t0 = Clock::now();
+  for (std::size_t i = 0; i < FaultLog::kKept + 3; ++i) {
+    FaultReport r;
+    r.gpu = static_cast<int>(i % 2);
+    r.client = 1;
+    r.pid = static_cast<pid_t>(100 + i);
+    r.uid = 4242;
+    r.program = "train.py";
+    r.seen = t0;
+    log.add(r);
+  }
+  FaultReport anonymous;  // no culprit: listed, not counted
+  anonymous.seen = t0;
+  log.add(anonymous);
+  CHECK(log.recent().size() == FaultLog::kKept);
+  CHECK(log.recent().back().client == 0);
+  CHECK(log.by_culprit().at({0, 4242, "train.py"}) == (FaultLog::kKept + 4) / 2);
+  CHECK(log.by_culprit().at({1, 4242, "train.py"}) == (FaultLog::kKept + 3) / 2);
+  CHECK(log.by_culprit().size() == 2);
+
+  auto found =
+      log.recent_culprit(4242, "train.py", t0 + std::chrono::seconds(30), std::chrono::seconds(60));
+  REQUIRE(found);
+  CHECK(found->pid == static_cast<pid_t>(100 + FaultLog::kKept + 2));
+  CHECK_FALSE(log.recent_culprit(4242, "train.py", t0 + std::chrono::seconds(61),
+                                 std::chrono::seconds(60)));
+  CHECK_FALSE(log.recent_culprit(1001, "train.py", t0, std::chrono::seconds(60)));
+  CHECK_FALSE(log.recent_culprit(4242, "serve.py", t0, std::chrono::seconds(60)));
+
+  MetricsInput input;
+  input.client_faults = log.by_culprit();
+  const std::string text = format_metrics(input);
+  CHECK(text.find("# TYPE mpsshim_client_faults_total counter") != std::string::npos);
+  CHECK(text.find("mpsshim_client_faults_total{gpu=\"1\",user=\"4242\",program=\"train.py\"} " +
+                  std::to_string((FaultLog::kKept + 3) / 2) + "\n") != std::string::npos);
+}
+
+TEST_CASE("--isolate-after-fault takes seconds, 0 turning it off", "[options][faults]") {
+  auto on = parse({"--isolate-after-fault", "600"});
+  REQUIRE(on);
+  CHECK(on->isolate_after_fault == std::chrono::seconds(600));
+  auto off = parse({});
+  REQUIRE(off);
+  CHECK(off->isolate_after_fault == std::chrono::seconds(0));
+  CHECK_FALSE(parse({"--isolate-after-fault", "-1"}));
+  CHECK_FALSE(parse({"--isolate-after-fault", "soon"}));
 }

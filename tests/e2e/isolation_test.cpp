@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "harness.hpp"
 #include "require_pass.hpp"
 
@@ -191,4 +193,81 @@ TEST_CASE("--isolation-max-servers: a group beyond the cap is refused with the r
   CHECK(daemon.log().find("--isolation-max-servers") != std::string::npos);
   holder.close_stdin();
   holder.wait(60s);
+}
+
+TEST_CASE("a GPU fault names its likely culprit to every client, in the log and in ps",
+          "[e2e][isolation][culprit]") {
+  Daemon daemon;
+  Victim bystander = start_victim(daemon);
+  Child culprit({artefact("E2E_CLIENT"), "peek", "0"}, daemon.client_env(), true);
+  {
+    INFO("culprit: " << culprit.out() << culprit.err() << "\ndaemon log:\n" << daemon.log());
+    REQUIRE(culprit.wait_for_output("READY", 60s));
+  }
+  const std::string pid = std::to_string(culprit.pid());
+  culprit.close_stdin();
+  Outcome faulted = culprit.wait(60s);
+  bystander.child->close_stdin();
+  Outcome ended = bystander.child->wait(60s);
+  INFO("culprit: " << faulted.out << faulted.err << "\nbystander: " << ended.out << ended.err
+                   << "\ndaemon log:\n"
+                   << daemon.log());
+  CHECK(faulted.out.find("PEEK launch=0 sync=700") != std::string::npos);
+  CHECK(faulted.err.find("this process's own work (e2e_client) returned it first: its likely "
+                         "cause") != std::string::npos);
+  // The bystander shared the server, so the fault ended it too; it is told whose work it was.
+  CHECK(ended.exit_code != 0);
+  CHECK(ended.err.find("the work of another client, pid " + pid +
+                       " (e2e_client), returned it first: its likely cause") != std::string::npos);
+  const std::string named = "first returned by the work of client pid " + pid +
+                            " (e2e_client, uid " + std::to_string(::getuid()) +
+                            "), its likely cause; 2 client(s) ended";
+  CHECK(eventually([&] { return daemon.log().find(named) != std::string::npos; }));
+  CHECK(daemon.ctl({"ps"}).out.find("GPU fault on GPU 0 (CUDA_ERROR_ILLEGAL_ADDRESS) at ") !=
+        std::string::npos);
+  CHECK(daemon.ctl({"ps"}).out.find(named) != std::string::npos);
+  const auto json = nlohmann::json::parse(daemon.ctl({"ps", "--json"}).out);
+  REQUIRE(json["faults"].size() == 1);
+  const auto& fault = json["faults"][0];
+  CHECK(fault["gpu"] == 0);
+  CHECK(fault["error"] == "CUDA_ERROR_ILLEGAL_ADDRESS");
+  CHECK(fault["isolation_group"] == "shared");
+  CHECK(fault["clients_ended"] == 2);
+  CHECK(fault["likely_culprit"]["pid"] == culprit.pid());
+  CHECK(fault["likely_culprit"]["program"] == "e2e_client");
+  CHECK(fault["likely_culprit"]["call"] == "CtxSynchronize");
+}
+
+TEST_CASE("--isolate-after-fault: the culprit's program comes back in a group of its own",
+          "[e2e][isolation][culprit]") {
+  Daemon daemon({"--isolate-after-fault", "600"});
+  {
+    Child culprit({artefact("E2E_CLIENT"), "peek", "0"}, daemon.client_env(), true);
+    REQUIRE(culprit.wait_for_output("READY", 60s));
+    CHECK(isolation_of(daemon, culprit.pid()) == "shared");
+    culprit.close_stdin();
+    Outcome faulted = culprit.wait(60s);
+    INFO("culprit: " << faulted.out << faulted.err << "\ndaemon log:\n" << daemon.log());
+    CHECK(faulted.out.find("sync=700") != std::string::npos);
+  }
+  // The shared server exits for a fresh one; the next e2e_client of this uid gets its own.
+  REQUIRE(eventually([&] {
+    const ServerLine line = server_line(daemon);
+    return line.state == "running" && line.restarts == 1;
+  }));
+  Child again({artefact("E2E_CLIENT"), "peek", "0"}, daemon.client_env(), true);
+  {
+    INFO("again: " << again.out() << again.err() << "\ndaemon log:\n" << daemon.log());
+    REQUIRE(again.wait_for_output("READY", 60s));
+  }
+  CHECK(isolation_of(daemon, again.pid()) == "client:" + std::to_string(again.pid()));
+  CHECK(daemon.log().find("gets an isolation group of its own: e2e_client run by uid " +
+                          std::to_string(::getuid()) + " was the likely cause of a GPU fault") !=
+        std::string::npos);
+  // Its second fault ends only its own server.
+  again.close_stdin();
+  Outcome faulted = again.wait(60s);
+  CHECK(faulted.out.find("sync=700") != std::string::npos);
+  CHECK(eventually([&] { return group_servers(daemon).empty(); }));
+  CHECK(server_line(daemon).restarts == 1);
 }

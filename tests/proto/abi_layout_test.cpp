@@ -131,6 +131,8 @@ std::uint64_t layout_fingerprint() {
   FIELD(SessionControl, async_error);
   FIELD(SessionControl, records_executed);
   FIELD(SessionControl, crowded);
+  FIELD(SessionControl, fault_pid);
+  FIELD(SessionControl, fault_program);
   SIZE(ResponseSlot);
   FIELD(ResponseSlot, state);
   FIELD(ResponseSlot, waiter);
@@ -395,6 +397,7 @@ std::uint64_t layout_fingerprint() {
   SIZE(VmmImportReq);
   f.add(static_cast<std::uint64_t>(Op::kVmmImport));
   f.add(static_cast<std::uint64_t>(MessageKind::kPeerMemory));
+  f.add(static_cast<std::uint64_t>(MessageKind::kServerFault));
   FIELD(HostRegisterRep, host_address);
   SIZE(TensorMapEncodeReq);
   FIELD(TensorMapEncodeReq, global_address);
@@ -443,6 +446,7 @@ constexpr Pinned kPinned[] = {
      0x704d5b9c24f0bf7d},  // VMM sharing under a policy (112..114), stream memory operations (115)
     {1, 17, 0x3f1baaa7d081c004},  // stream attributes (116)
     {1, 18, 0x3f1baaa7d081c004},  // kHelloOwnIsolationGroup (a flag bit; no layout change)
+    {1, 19, 0x165814a35afcbbb0},  // a fault's culprit: SessionControl fields, kServerFault
 };
 
 }  // namespace

@@ -241,7 +241,19 @@ void Server::finish_fault() {
     }
     poll_control(std::chrono::milliseconds(10));
   }
+  report_fault_to_daemon();
   fatal_(kExitGpuFault);
+}
+
+void Server::report_fault_to_daemon() {
+  const FaultCulprit& culprit = fault_culprit();
+  const std::string error = describe(*gpu_.cu, fault());
+  // key=value fields; the program name (the client's, any text) takes the rest of the line.
+  reply_text(
+      proto::MessageKind::kServerFault, static_cast<int>(fault()),
+      fmt::format("client={} pid={} uid={} clients={} op={} error={} program={}", culprit.client,
+                  culprit.pid, culprit.uid, culprit.clients, culprit.op.empty() ? "-" : culprit.op,
+                  error.substr(0, error.find(' ')), culprit.program));
 }
 
 std::size_t Server::do_work() {

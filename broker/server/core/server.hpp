@@ -133,6 +133,19 @@ class Server final {
   // Returns true for the call that raised it first.
   bool raise_fault(const Session* culprit, CUresult error, proto::Op op);
   CUresult fault() const { return fault_.load(std::memory_order_acquire); }
+  // The client whose work first returned the sticky fault: its likely cause (another client's
+  // kernel may have run beside it, so "likely"). Named to every client, the log and the daemon.
+  struct FaultCulprit {
+    std::uint32_t client = 0;  // the session's id; 0: none known (the fault came from no call)
+    pid_t pid = 0;
+    uid_t uid = 0;
+    std::string program;
+    std::string op;           // the call that returned it ("CtxSynchronize", "queued")
+    std::size_t clients = 0;  // the sessions the fault ends
+  };
+  // Once faulted(): the culprit, after waiting (bounded) for raise_fault's winner to have
+  // written it; none known when that winner was held up past the bound.
+  const FaultCulprit& fault_culprit() const;
   // fail_sessions on a worker: it stored the sticky fault in all its sessions (phase 1), then
   // answered everything they were owed (phase 2; the coordinator exits after every worker's).
   void worker_stored_fault();
@@ -178,6 +191,8 @@ class Server final {
   void plan_priority_reserve();
   std::size_t poll_control(std::chrono::nanoseconds timeout);
   void finish_fault();
+  // Tells the daemon the fault and its likely culprit (kServerFault) before the server exits.
+  void report_fault_to_daemon();
 
   // control.cpp
   std::size_t read_control();
@@ -216,6 +231,9 @@ class Server final {
   std::chrono::steady_clock::time_point next_io_poll_{};
   bool stopping_ = false;
   std::atomic<CUresult> fault_{CUDA_SUCCESS};
+  // Written once, by raise_fault's winner, then published by fault_culprit_ready_ (release).
+  FaultCulprit fault_culprit_;
+  std::atomic<bool> fault_culprit_ready_{false};
   std::atomic<std::size_t> workers_stored_fault_{0};
   std::atomic<std::size_t> workers_failed_{0};
   std::function<void(int)> fatal_;

@@ -1,5 +1,7 @@
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -101,9 +103,16 @@ void Worker::sticky_fault(Session& culprit, CUresult error, proto::Op op,
 void Worker::fail_sessions(CUresult error) {
   const bool first = !failed_;
   failed_ = true;
-  // Every session holds the fault before anything owed is answered with it.
+  // Every session holds the fault before anything owed is answered with it, and learns whose
+  // work returned it first (published by the store of `fault`).
+  const Server::FaultCulprit& culprit = server_.fault_culprit();
   for (auto& s : sessions_) {
-    s->control()->fault.store(static_cast<std::uint32_t>(error), std::memory_order_seq_cst);
+    proto::SessionControl* control = s->control();
+    control->fault_pid = static_cast<std::uint32_t>(culprit.pid);
+    const std::size_t n = std::min(culprit.program.size(), sizeof control->fault_program - 1);
+    std::memcpy(control->fault_program, culprit.program.data(), n);
+    control->fault_program[n] = '\0';
+    control->fault.store(static_cast<std::uint32_t>(error), std::memory_order_seq_cst);
   }
   if (first) server_.worker_stored_fault();
   // ... on every worker: a client answered with the fault may tell another client (a parent
@@ -139,6 +148,17 @@ void Server::shutdown(const std::string& reason) {
 bool Server::raise_fault(const Session* culprit, CUresult error, proto::Op op) {
   CUresult none = CUDA_SUCCESS;
   if (!fault_.compare_exchange_strong(none, error, std::memory_order_acq_rel)) return false;
+  // Only the winner writes the culprit, at once: a worker that saw the fault first waits for
+  // these few stores in fault_culprit().
+  if (culprit != nullptr) {
+    fault_culprit_.client = culprit->client.id;
+    fault_culprit_.pid = culprit->client.pid;
+    fault_culprit_.uid = culprit->client.uid;
+    fault_culprit_.program = culprit->client.program;
+    fault_culprit_.op = op == proto::Op::kPad ? "queued" : op_name(op);
+  }
+  fault_culprit_.clients = session_count();
+  fault_culprit_ready_.store(true, std::memory_order_release);
   std::string error_text = describe(*gpu_.cu, error);
   if (culprit != nullptr) {
     log_error(
@@ -153,6 +173,16 @@ bool Server::raise_fault(const Session* culprit, CUresult error, proto::Op op) {
   for (auto& worker : workers_) worker->nudge();
   wake();
   return true;
+}
+
+const Server::FaultCulprit& Server::fault_culprit() const {
+  static const FaultCulprit kUnknown{};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  while (!fault_culprit_ready_.load(std::memory_order_acquire)) {
+    if (std::chrono::steady_clock::now() >= deadline) return kUnknown;
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  return fault_culprit_;
 }
 
 void Server::worker_stored_fault() {
