@@ -394,7 +394,8 @@ fi
 
 # ---- 4. crash containment: a faulting client, then a fresh client --------------------------
 # fault_check NAME TAG [fault's arguments]: the fault example natively and under the shim; both
-# must report the sticky error at the synchronize.
+# must report the sticky error at the synchronize, and under the shim the client must be told
+# that its own work returned the fault first (docs/isolation.md, "Which client faulted").
 fault_check() {
   local name=$1 tag=$2
   shift 2
@@ -404,7 +405,11 @@ fault_check() {
   run_mode shim "$LOGS/$tag.shim" "$EXAMPLES_DIR/fault" "$@"
   shim_fault=$(result_line "$LOGS/$tag.shim.out" fault)
   detail="native sync=$(field "$native_fault" sync), shim sync=$(field "$shim_fault" sync)"
-  if [ "$(verdict "$shim_fault")" = PASS ] && [ "$(verdict "$native_fault")" = PASS ]; then
+  local named=no
+  grep -q "this process's own work (fault) returned it first" "$LOGS/$tag.shim.err" && named=yes
+  detail+="; culprit named to itself: $named"
+  if [ "$(verdict "$shim_fault")" = PASS ] && [ "$(verdict "$native_fault")" = PASS ] &&
+    [ "$named" = yes ]; then
     add_row "$name" PASS PASS PASS "$detail"
   else
     add_row "$name" "$(verdict "$native_fault")" "$(verdict "$shim_fault")" FAIL \

@@ -10,6 +10,8 @@
 #   NVIDIA MPS (if found)  not see it                   (reported: MPS may end every client)
 #   shim, --isolation      not see it                   (reported: a fault ends every NVIDIA MPS
 #     client over NVIDIA MPS                            client of the GPU, so every group)
+# and a culprit row: in one group, examples/fault faults beside the tenant, which is ended and
+# must be told that the work of `fault` returned the fault first; `ps --json` must name it too.
 #
 # Exits 77 without a GPU, 0 when every row passed, 1 otherwise.
 # usage: isolation_check.sh --build-dir BUILD [--work-dir DIR]
@@ -106,6 +108,38 @@ probe shim shared
 ok=0
 saw_secret 1 && tenant_ok && ok=1
 row "shim, one group" "$ok"
+
+# The same group, a client whose kernel faults: the tenant is ended and told who it was.
+fifo=$WORK_DIR/culprit.stdin
+rm -f "$fifo"
+mkfifo "$fifo"
+run_mode shim "$LOGS/culprit.tenant" "$PEEK" --hold <"$fifo" &
+tenant_pid=$!
+exec {hold_fd}>"$fifo"
+for i in $(seq 600); do
+  grep -q '^# address' "$LOGS/culprit.tenant.out" 2>/dev/null && break
+  kill -0 "$tenant_pid" 2>/dev/null || break
+  sleep 0.1
+done
+run_mode shim "$LOGS/culprit.fault" "$EXAMPLES_DIR/fault"
+echo check >&"$hold_fd"
+exec {hold_fd}>&-
+wait "$tenant_pid"
+for i in $(seq 100); do  # the daemon hears of the fault as the server exits
+  "$CTL" --runtime-dir "$SHIM_RUNTIME_DIR" ps --json >"$LOGS/culprit.ps.json" 2>/dev/null
+  grep -q '"likely_culprit"' "$LOGS/culprit.ps.json" && break
+  sleep 0.1
+done
+named=$(python3 -c 'import json,sys; f=json.load(open(sys.argv[1]))["faults"]; \
+print(f[-1]["likely_culprit"]["program"] if f and f[-1]["likely_culprit"] else "none")' \
+  "$LOGS/culprit.ps.json" 2>/dev/null)
+told=$(grep -o "the work of another client, pid [0-9]* (fault), returned it first" \
+  "$LOGS/culprit.tenant.err" | head -n1)
+INTRUDER="$(result_line "$LOGS/culprit.fault.out" fault) | ps --json culprit: ${named:-none}"
+TENANT="${told:-not told} $(tail -n1 "$LOGS/culprit.tenant.out")"
+ok=0
+[ "$named" = fault ] && [ -n "$told" ] && ok=1
+row "shim, one group, a fault" "$ok"
 daemon_stop
 
 # A server per client: separate contexts.
