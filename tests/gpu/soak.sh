@@ -10,6 +10,9 @@
 #                [--daemon-arg ARG]... (passed to mpsshimd, e.g. --daemon-arg --host-fences=off)
 #                [--work-dir DIR (kept)] [--test-driver LIBMPSSHIM_TESTDRIVER.so]
 #                [--no-warm-up]
+#                [--pressure [--pressure-clients K (CLIENTS/8, at least 2)] [--hog-leave SIZE (24G;
+#                 15G on the test driver)] [--oom-limit SIZE (256M; 128M on the test driver)]
+#                 [--small-limit SIZE (256M)]]
 #
 # Each client slot runs one program after another, each picked at random: examples/small_kernels
 # (small kernels), examples/vector_add and examples/pinned_async (pageable and pinned copies),
@@ -21,15 +24,33 @@
 # and --minutes counts from its end.
 #
 # Checks, on the samples taken while the clients run: each figure less what the clients attached
-# at that instant account for (a least-squares fit of the figure on the client count over the
-# whole run, so that a quarter with more clients attached is no growth), the median of the last
-# quarter against the median of the first:
+# at that instant account for (a least-squares fit of the figure on the client count, and on the
+# count of --pressure oom clients apart, over the whole run, so that a quarter with more clients
+# attached is no growth), the median of the last quarter against the median of the first:
 #   server RSS     growth <= max(RSS_TOLERANCE_MIB (64), RSS_TOLERANCE_PCT (10) % of the first)
 #   server fds     growth <= FD_TOLERANCE (16)
 #   GPU memory     growth <= GPU_TOLERANCE_MIB (512)  (nvidia-smi --query-gpu=memory.used)
 # and after the last client left: server fds <= FD_TOLERANCE over the count before the first
-# client, every client run passed or was killed, the server is the same process, never
-# restarted. The tolerances are environment variables of the same names.
+# client, every client run passed or was killed (or, a --pressure limit run, ran out of memory),
+# the server is the same process, never restarted. The tolerances are environment variables of
+# the same names.
+#
+# --pressure adds memory pressure beside that mix (off by default):
+#   - a memory hog, tests/gpu/python/memory_hog.py --leave SIZE, a client of the same server that
+#     holds all of GPU 0 but --hog-leave bytes from before the warm-up to the end, when it must
+#     find its bytes intact (anything else fails the soak);
+#   - K more slots, each running one of these after another, picked at random:
+#       oom    examples/oom_then_work under CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=--oom-limit:
+#              allocates until cuMemAlloc returns CUDA_ERROR_OUT_OF_MEMORY (any other error fails
+#              it), frees everything, runs a kernel and checks it; it must pass;
+#       limit  one of the example programs above under CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=
+#              --small-limit: it passes, or fails with CUDA_ERROR_OUT_OF_MEMORY (counted apart,
+#              no error); any other failure is an error;
+#       jax    tests/gpu/python/jax_check.py, on a GPU where jax imports and finds the GPU
+#              natively (never on the test driver); it must pass.
+#     The oom clients run out of their own limit, not of the GPU: one that emptied the whole GPU
+#     would make the other clients' allocations fail at random, and those must all pass.
+#     The warm-up runs each kind once. The summary gives runs and errors per kind.
 #
 # --test-driver runs the same on the host-memory test driver (no GPU; its device memory in use,
 # read from its query socket, stands for the GPU's): how the script's own logic is tested on CPU.
@@ -48,6 +69,8 @@ PROGRAM_TIMEOUT=${PROGRAM_TIMEOUT:-300}
 parse_paths "$@"
 MINUTES=8 CLIENTS=64 INTERVAL=5 KILL_PERCENT=10 RESNET_CLIENTS=8 GPU_INDEX=0 WORK_DIR="" WARM_UP=1
 TEST_DRIVER=""
+PRESSURE=0 PRESSURE_CLIENTS="" HOG_LEAVE="" OOM_LIMIT="" SMALL_LIMIT=256M
+PRESSURE_OPTIONS=()  # the --pressure-only options given, so that one without --pressure is refused
 DAEMON_ARGS=()
 set -- "${REST_ARGS[@]+"${REST_ARGS[@]}"}"
 while [ $# -gt 0 ]; do
@@ -62,9 +85,34 @@ while [ $# -gt 0 ]; do
     --test-driver) TEST_DRIVER=$(realpath "$2"); shift 2 ;;
     --daemon-arg) DAEMON_ARGS+=("$2"); shift 2 ;;
     --no-warm-up) WARM_UP=0; shift ;;
+    --pressure) PRESSURE=1; shift ;;
+    --pressure-clients) PRESSURE_CLIENTS=$2; PRESSURE_OPTIONS+=("$1"); shift 2 ;;
+    --hog-leave) HOG_LEAVE=$2; PRESSURE_OPTIONS+=("$1"); shift 2 ;;
+    --oom-limit) OOM_LIMIT=$2; PRESSURE_OPTIONS+=("$1"); shift 2 ;;
+    --small-limit) SMALL_LIMIT=$2; PRESSURE_OPTIONS+=("$1"); shift 2 ;;
     *) die "unknown option $1" ;;
   esac
 done
+if [ "$PRESSURE" = 0 ] && [ "${#PRESSURE_OPTIONS[@]}" -gt 0 ]; then
+  die "${PRESSURE_OPTIONS[*]} given without --pressure, the only case they apply to"
+fi
+# A size as memory_hog.py and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT read it: bytes, or a number with
+# K, M or G.
+is_size() { [[ "$1" =~ ^[0-9]+(\.[0-9]+)?[KMG]?$ ]]; }
+if [ "$PRESSURE" = 1 ]; then
+  # The test driver's device has 16 GiB of host memory behind it: 15G left free holds 1 GiB,
+  # enough to be a bystander without weighing on the machine running the CPU test.
+  [ -n "$HOG_LEAVE" ] || HOG_LEAVE=$([ -n "$TEST_DRIVER" ] && echo 15G || echo 24G)
+  # What an oom client holds at its peak is noise on the GPU memory samples (GPU_TOLERANCE_MIB
+  # 512): the CPU test's quarters are a sample or two, and its 2 pressure slots may both be at
+  # their peak in one.
+  [ -n "$OOM_LIMIT" ] || OOM_LIMIT=$([ -n "$TEST_DRIVER" ] && echo 128M || echo 256M)
+  [ -n "$PRESSURE_CLIENTS" ] || PRESSURE_CLIENTS=$((CLIENTS / 8 > 2 ? CLIENTS / 8 : 2))
+  [[ "$PRESSURE_CLIENTS" =~ ^[0-9]+$ ]] || die "--pressure-clients $PRESSURE_CLIENTS is not a count"
+  for size in "$HOG_LEAVE" "$OOM_LIMIT" "$SMALL_LIMIT"; do
+    is_size "$size" || die "$size is not a size (bytes, or a number with K, M or G: 512M, 24G)"
+  done
+fi
 
 if [ -z "$TEST_DRIVER" ] && ! have_gpu; then
   log "no NVIDIA GPU (no /dev/nvidiactl, or nvidia-smi -L lists none): skipped"
@@ -75,6 +123,13 @@ require_file daemon "${DAEMON:-}"
 require_file ctl "${CTL:-}"
 require_file examples-dir "$EXAMPLES_DIR/small_kernels"
 [ -z "$TEST_DRIVER" ] || require_file test-driver "$TEST_DRIVER"
+HOG_SCRIPT=$SOURCE_DIR/tests/gpu/python/memory_hog.py
+JAX_SCRIPT=$SOURCE_DIR/tests/gpu/python/jax_check.py
+if [ "$PRESSURE" = 1 ]; then
+  [ -x "$EXAMPLES_DIR/oom_then_work" ] ||
+    die "--pressure runs $EXAMPLES_DIR/oom_then_work, which is not there (a build without it?)"
+  [ -f "$HOG_SCRIPT" ] || die "--pressure runs $HOG_SCRIPT, which is not there"
+fi
 DURATION_S=$(awk -v m="$MINUTES" 'BEGIN { printf "%d", m * 60 }')
 [ "$DURATION_S" -gt 0 ] || die "--minutes $MINUTES is not a positive duration"
 
@@ -87,12 +142,30 @@ STOP_FILE=$WORK_DIR/stop
 rm -f "$STOP_FILE" "$RESULTS"
 : >"$RESULTS"
 
+# ---- JAX, for --pressure ---------------------------------------------------------------------
+# Natively and before mpsshimd starts, so that the answer is about JAX and the GPU alone: a JAX
+# that imports but has no CUDA backend would otherwise fail every run under the shim (jax_check.py
+# exits 77 then).
+HAVE_JAX=0
+if [ "$PRESSURE" = 1 ]; then
+  if [ -n "$TEST_DRIVER" ]; then
+    log "no JAX clients: --test-driver (XLA needs a real GPU)"
+  elif env -u LD_PRELOAD -u CUDA_MPS_PIPE_DIRECTORY XLA_PYTHON_CLIENT_PREALLOCATE=false \
+    timeout 300 python3 -c 'import jax; jax.devices("gpu")' >/dev/null 2>&1; then
+    HAVE_JAX=1
+  else
+    log "no JAX clients: jax does not import or finds no GPU natively" \
+      "(python3 -c 'import jax; jax.devices(\"gpu\")')"
+  fi
+fi
+
 # ---- the daemon -----------------------------------------------------------------------------
 if [ -n "$TEST_DRIVER" ]; then
   DAEMON_ARGS+=(--driver "$TEST_DRIVER")
   export MPSSHIM_TESTDRIVER_QUERY_SOCKET=$WORK_DIR/testdriver-query
 fi
 SLOT_PIDS=()
+HOG_PID=""
 # shellcheck disable=SC2317  # the EXIT trap
 cleanup() {
   touch "$STOP_FILE"
@@ -101,6 +174,10 @@ cleanup() {
     kill "$pid" 2>/dev/null
     wait "$pid" 2>/dev/null
   done
+  if [ -n "$HOG_PID" ]; then  # a soak that died before checking it
+    kill "$HOG_PID" 2>/dev/null
+    wait "$HOG_PID" 2>/dev/null
+  fi
   daemon_stop
 }
 trap cleanup EXIT
@@ -134,33 +211,51 @@ EOF
 }
 
 # One CSV line: phase,t_s,server_pid,restarts,clients,rss_kib,fds,gpu_mem_mib,anon_kib,heap_kib,
-# driver_kib,torch_clients (phase: idle before the first client, warm after the warm-up, run,
-# after the last client left; anon/heap/driver split the server's resident memory by mapping, from /proc/PID/smaps:
+# driver_kib,torch_clients,oom_clients (phase: idle before the first client, hog once the
+# --pressure memory hog holds its memory, warm after the warm-up, run, after the last client left;
+# anon/heap/driver split the server's resident memory by mapping, from /proc/PID/smaps:
 # anonymous mappings (glibc's per-thread arenas among them), the main [heap], and what the
 # driver mapped through /dev/nvidia* (its pinned host memory), so that growth can be told apart;
-# torch_clients: the attached clients that are Python (PyTorch) programs, whose kernel images
-# cost the server far more than an example's).
+# torch_clients: the attached clients that are Python (PyTorch, and JAX under --pressure)
+# programs, whose kernel images cost the server far more than an example's, less the --pressure
+# memory hog (ctypes alone, no kernels), told by its command line; oom_clients: the attached
+# oom_then_work clients, each of which holds up to --oom-limit of device memory at its peak).
 sample() {
-  local pid_restarts pid restarts rss fds clients split torch
+  local pid_restarts pid restarts rss fds clients split torch oom gpu
   pid_restarts=$(server_pid_restarts)
   pid=${pid_restarts% *}
   restarts=${pid_restarts#* }
   rss=$(awk '/^VmRSS:/ { print $2 }' "/proc/$pid/status" 2>/dev/null)
   fds=$(find "/proc/$pid/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
-  read -r clients torch < <(ctl ps --json 2>/dev/null | python3 -c '
-import json, sys
+  read -r clients torch oom < <(ctl ps --json 2>/dev/null | python3 -c '
+import json, os, sys
+
+def cmdline(pid):
+    try:
+        with open(f"/proc/{int(pid)}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace")
+    except Exception:  # gone since the table was made: not the hog, which stays
+        return ""
+
 try:
     c = json.load(sys.stdin)["clients"]
-    print(len(c), sum(1 for x in c if str(x.get("program", "")).startswith("python")))
+    python = [x for x in c if str(x.get("program", "")).startswith("python")]
+    torch = [x for x in python if "memory_hog.py" not in cmdline(x.get("pid"))]
+    oom = [x for x in c
+           if os.path.basename(str(x.get("program", ""))).startswith("oom_then_work")]
+    print(len(c), len(torch), len(oom))
 except Exception:
-    print("nan nan")')
+    print("nan nan nan")')
+  # Right after the client table: an oom_then_work client holds its --oom-limit for a fraction of
+  # a second, so the GPU memory read later would often not match the oom_clients count.
+  gpu=$(gpu_memory_mib)
   split=$(awk '/^[0-9a-f]+-[0-9a-f]+ / { name = $6 }
                /^Rss:/ { if (name == "") a += $2; else if (name == "[heap]") h += $2;
                          else if (name ~ /^\/dev\/nvidia/) d += $2 }
                END { printf "%d,%d,%d", a, h, d }' "/proc/$pid/smaps" 2>/dev/null)
-  printf '%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n' "$1" "$((SECONDS - START_S))" "${pid:-nan}" \
-    "${restarts:-nan}" "${clients:-nan}" "${rss:-nan}" "$fds" "$(gpu_memory_mib)" \
-    "${split:-nan,nan,nan}" "${torch:-nan}"
+  printf '%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n' "$1" "$((SECONDS - START_S))" "${pid:-nan}" \
+    "${restarts:-nan}" "${clients:-nan}" "${rss:-nan}" "$fds" "$gpu" \
+    "${split:-nan,nan,nan}" "${torch:-nan}" "${oom:-nan}"
 }
 
 # ---- the client slots -----------------------------------------------------------------------
@@ -172,16 +267,20 @@ else
   log "no ResNet clients (torch/torchvision not importable, --test-driver or --resnet-clients 0)"
 fi
 
-# pick_program SLOT: sets NAME and COMMAND (argv) for the slot's next run.
+# pick_program SLOT: sets the next run of an ordinary slot (program_command says what).
+# shellcheck disable=SC2317  # called by name, through run_slot's PICK
 pick_program() {
   local choices=(small_kernels small_kernels vector_add pinned_async streams_events matmul_tiled)
   [ "$HAVE_TORCH" = 1 ] && [ "$1" -lt "$RESNET_CLIENTS" ] && choices+=(resnet resnet resnet)
   program_command "${choices[$((RANDOM % ${#choices[@]}))]}"
 }
 
-# program_command CHOICE: sets NAME and COMMAND (argv) for one run of that program.
+# program_command CHOICE: sets, for one run of that program, NAME (the name its result line
+# starts with), LABEL (its name in RESULTS and the summary), COMMAND (argv), RUN_ENV (extra
+# NAME=VALUE words for its environment) and ALLOW_OOM (1: a failure with CUDA_ERROR_OUT_OF_MEMORY
+# is no error).
 program_command() {
-  NAME=$1
+  NAME=$1 RUN_ENV=() ALLOW_OOM=0
   case "$NAME" in
     small_kernels) COMMAND=("$EXAMPLES_DIR/small_kernels" --kernels 2000 --ns 20000) ;;
     vector_add) COMMAND=("$EXAMPLES_DIR/vector_add" --n $((1 << 22))) ;;
@@ -192,7 +291,43 @@ program_command() {
       NAME=resnet_client
       COMMAND=(python3 "$SOURCE_DIR/bench/resnet_client.py" --no-wait --warmup 3 --iters 60)
       ;;
+    oom_then_work) COMMAND=("$EXAMPLES_DIR/oom_then_work") ;;  # --pressure's
+    jax_check) COMMAND=(python3 "$JAX_SCRIPT") ;;               # --pressure's
+    *) die "program_command: no program $NAME" ;;
   esac
+  LABEL=$NAME
+}
+
+# pick_pressure SLOT: sets the next run of a --pressure slot, a kind at random.
+# shellcheck disable=SC2317  # called by name, through run_slot's PICK
+pick_pressure() {
+  local choices=(oom oom limit limit)
+  [ "$HAVE_JAX" = 1 ] && choices+=(jax)
+  pressure_command "${choices[$((RANDOM % ${#choices[@]}))]}"
+}
+
+# pressure_command KIND [PROGRAM]: as program_command, for one run of a --pressure kind (oom,
+# limit, jax; limit runs PROGRAM, or an example at random). LABEL is KIND:NAME, so that the
+# summary can count runs per kind.
+pressure_command() {
+  case "$1" in
+    oom)
+      program_command oom_then_work
+      RUN_ENV=(CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="$OOM_LIMIT")
+      ;;
+    limit)
+      # The example programs only: each fits in the limit, so a run passes, or at worst meets
+      # the limit (CUDA_ERROR_OUT_OF_MEMORY, allowed); a PyTorch client would meet it at its
+      # model load on every run, which shows nothing the oom kind does not.
+      local programs=(small_kernels vector_add pinned_async streams_events matmul_tiled)
+      program_command "${2:-${programs[$((RANDOM % ${#programs[@]}))]}}"
+      RUN_ENV=(CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="$SMALL_LIMIT")
+      ALLOW_OOM=1
+      ;;
+    jax) program_command jax_check ;;
+    *) die "pressure_command: no kind $1" ;;
+  esac
+  LABEL=$1:$NAME
 }
 
 # run_program PREFIX LIMIT KILLED: one run of COMMAND under the shim, killed after LIMIT
@@ -200,36 +335,44 @@ program_command() {
 run_program() {
   local prefix=$1 limit=$2 killed=$3 status=0 line
   timeout -s KILL "$limit" env LD_PRELOAD="$SHIM" CUDA_MPS_PIPE_DIRECTORY="$SHIM_RUNTIME_DIR" \
-    "${COMMAND[@]}" >"$prefix.out" 2>"$prefix.err" || status=$?
+    "${RUN_ENV[@]+"${RUN_ENV[@]}"}" "${COMMAND[@]}" >"$prefix.out" 2>"$prefix.err" || status=$?
   line=$(result_line "$prefix.out" "$NAME")
   if [ "$status" = 0 ] && [ "$(verdict "$line")" = PASS ]; then
     # A PyTorch client's start (init_s: import, model, its first use of the GPU), which the
     # summary gives per program.
-    echo "pass $NAME $(grep -o 'init_s=[0-9.]*\|ms_per_iter=[0-9.]*' <<<"$line" | tr '\n' ' ')" \
+    echo "pass $LABEL $(grep -o 'init_s=[0-9.]*\|ms_per_iter=[0-9.]*' <<<"$line" | tr '\n' ' ')" \
       >>"$RESULTS"
   elif [ "$killed" = 1 ] && { [ "$status" = 137 ] || [ "$status" = 124 ]; }; then
-    echo "killed $NAME after ${limit}s" >>"$RESULTS"
+    echo "killed $LABEL after ${limit}s" >>"$RESULTS"
+  elif [ "$ALLOW_OOM" = 1 ] && [ "$status" != 0 ] &&
+    [ "$(field "$line" error)" = "CUDA_ERROR_OUT_OF_MEMORY(2)" ]; then
+    # An example's failed call names its error in its FAIL line (examples/common/check.cpp).
+    echo "oom $LABEL $(field "$line" failed_call)" >>"$RESULTS"
   else
     local why="status=$status"
     [ "$status" = 137 ] && [ "$killed" = 0 ] && why="status=137 (over PROGRAM_TIMEOUT=${limit}s)"
-    echo "error $NAME $why log=$prefix.{out,err}: ${line:-no result line}" >>"$RESULTS"
+    echo "error $LABEL $why log=$prefix.{out,err}: ${line:-no result line}" >>"$RESULTS"
     return 1  # keep the logs of a failure
   fi
   rm -f "$prefix.out" "$prefix.err"
 }
 
-# run_slot SLOT: runs programs until the stop file appears; appends one line per run to RESULTS.
+# run_slot SLOT PICK PREFIX: runs what PICK SLOT picks until the stop file appears, its logs
+# named LOGS/PREFIX<slot>.<run>.<label>; appends one line per run to RESULTS.
 run_slot() {
-  local slot=$1 run=0 limit killed
+  local slot=$1 pick=$2 prefix=$3 run=0 limit killed
+  # Not the hog's pipes: the programs would inherit them, and a hog whose stdin stays open
+  # after the soak died would keep its memory until they all ended.
+  [ -z "$HOG_PID" ] || exec {HOG_IN}>&- {HOG_OUT}<&-
   while [ ! -e "$STOP_FILE" ]; do
     run=$((run + 1))
-    pick_program "$slot"
+    "$pick" "$slot"
     limit=$PROGRAM_TIMEOUT killed=0
     if [ $((RANDOM % 100)) -lt "$KILL_PERCENT" ]; then
       limit=$(awk -v r="$RANDOM" 'BEGIN { printf "%.2f", 0.2 + 3 * r / 32768 }')
       killed=1
     fi
-    run_program "$LOGS/slot$slot.$run.$NAME" "$limit" "$killed"
+    run_program "$LOGS/$prefix$slot.$run.${LABEL/:/.}" "$limit" "$killed"
   done
 }
 
@@ -239,22 +382,96 @@ run_slot() {
 # start of the measure. Without it the first PyTorch clients loaded PyTorch's libraries (~2.4 GiB
 # of the server's heap on an H100) while 63 other clients ran, so slowly that it took most of a
 # 6-minute soak, and the checks read the loading as growth (2026-11-28, docs/testing.md).
+# With --pressure, each pressure kind once too (vector_add for limit: the example that holds
+# the most), so that every kind has run whatever the random picks.
 warm_up() {
   local choice
   local choices=(small_kernels vector_add pinned_async streams_events matmul_tiled)
   [ "$HAVE_TORCH" = 1 ] && choices+=(resnet)
   for choice in "${choices[@]}"; do
     program_command "$choice"
-    run_program "$LOGS/warmup.$NAME" "$PROGRAM_TIMEOUT" 0
+    run_program "$LOGS/warmup.$LABEL" "$PROGRAM_TIMEOUT" 0
   done
+  [ "$PRESSURE" = 1 ] || return 0
+  choices=(oom limit)
+  [ "$HAVE_JAX" = 1 ] && choices+=(jax)
+  for choice in "${choices[@]}"; do
+    pressure_command "$choice" vector_add
+    run_program "$LOGS/warmup.${LABEL/:/.}" "$PROGRAM_TIMEOUT" 0
+  done
+}
+
+# ---- the memory hog (--pressure) ------------------------------------------------------------
+HOG_FILE=$WORK_DIR/hog.txt  # its first line ("holding N free M"), its answer, its exit status
+rm -f "$HOG_FILE"
+
+# hog_start: memory_hog.py under the shim, a coprocess: its first line on stdout says what it
+# holds, and a line on its stdin makes it check its bytes. Sets HOG_PID, and HOG_IN and HOG_OUT:
+# the coprocess's pipes moved to fds of our own, because bash closes its own once it reaps the
+# coprocess, which could lose the answer to the check.
+hog_start() {
+  local line="" fd
+  coproc MEMORY_HOG {
+    exec env LD_PRELOAD="$SHIM" CUDA_MPS_PIPE_DIRECTORY="$SHIM_RUNTIME_DIR" \
+      python3 "$HOG_SCRIPT" --leave "$HOG_LEAVE" 2>"$LOGS/hog.err"
+  }
+  HOG_PID=$MEMORY_HOG_PID
+  exec {HOG_IN}>&"${MEMORY_HOG[1]}" {HOG_OUT}<&"${MEMORY_HOG[0]}"
+  # Closing bash's copies leaves HOG_IN the only write end: closing it is the hog's end of file.
+  fd=${MEMORY_HOG[1]} && exec {fd}>&-
+  fd=${MEMORY_HOG[0]} && exec {fd}<&-
+  # It prints the line once it has allocated and filled all but --hog-leave: seconds, even for
+  # an H200's 140 GB. Nothing within PROGRAM_TIMEOUT, or end of file, is a failed start.
+  read -r -t "$PROGRAM_TIMEOUT" -u "$HOG_OUT" line
+  echo "$line" >"$HOG_FILE"
+  case "$line" in
+    "holding 0 "*)
+      log "warning: the memory hog holds nothing: the GPU had no more than --hog-leave" \
+        "$HOG_LEAVE free ($line)"
+      ;;
+    "holding "*)
+      log "memory hog (pid $HOG_PID) holds $(awk '{ printf "%.2f GiB of device 0, %.2f GiB left", \
+        $2 / 2^30, $4 / 2^30 }' <<<"$line") free"
+      ;;
+    *)
+      die "the memory hog ($HOG_SCRIPT --leave $HOG_LEAVE) did not start:" \
+        "${line:-nothing on its stdout within ${PROGRAM_TIMEOUT}s}; its stderr ($LOGS/hog.err):" \
+        "$(tail -n 3 "$LOGS/hog.err" 2>/dev/null | tr '\n' ' ')"
+      ;;
+  esac
+}
+
+# hog_check: the hog reads its bytes back and exits; its answer ("intact" required) and exit
+# status go to HOG_FILE for the verdict.
+hog_check() {
+  local line="" status=0 read_status=0
+  # In a subshell: were the hog gone, the write would kill this shell with SIGPIPE.
+  (echo check >&"$HOG_IN") 2>/dev/null
+  read -r -t "$PROGRAM_TIMEOUT" -u "$HOG_OUT" line || read_status=$?
+  if [ "$read_status" -gt 128 ]; then
+    line="no answer within ${PROGRAM_TIMEOUT}s (killed; its stderr: $LOGS/hog.err)"
+    kill "$HOG_PID" 2>/dev/null
+  elif [ "$read_status" != 0 ]; then
+    line="${line:-it had ended without an answer (its stderr: $LOGS/hog.err)}"
+  fi
+  exec {HOG_IN}>&- {HOG_OUT}<&-
+  wait "$HOG_PID" || status=$?
+  HOG_PID=""
+  printf '%s\nstatus %s\n' "$line" "$status" >>"$HOG_FILE"
+  log "memory hog: $line, exit status $status"
 }
 
 read -r SERVER_PID RESTARTS_0 <<<"$(server_pid_restarts)"
 [ -n "${SERVER_PID:-}" ] || die "no server for GPU $GPU_INDEX in server_list"
 FDS_IDLE=$(find "/proc/$SERVER_PID/fd" -mindepth 1 -maxdepth 1 | wc -l)
 START_S=$SECONDS
-echo "phase,t_s,server_pid,restarts,clients,rss_kib,fds,gpu_mem_mib,anon_kib,heap_kib,driver_kib,torch_clients" >"$CSV"
+echo "phase,t_s,server_pid,restarts,clients,rss_kib,fds,gpu_mem_mib,anon_kib,heap_kib,driver_kib,torch_clients,oom_clients" >"$CSV"
 sample idle >>"$CSV"
+if [ "$PRESSURE" = 1 ]; then
+  # Before the warm-up: the GPU memory it holds is then part of every sample the checks read.
+  hog_start
+  sample hog >>"$CSV"
+fi
 if [ "$WARM_UP" = 1 ]; then
   log "warm-up: one run of each program alone"
   warm_up
@@ -263,9 +480,17 @@ fi
 RUN_START_S=$SECONDS  # --minutes counts from here: the warm-up is not part of it
 for slot in $(seq 0 $((CLIENTS - 1))); do
   # The slot's stderr: bash's "Killed" notes of the runs it killed.
-  run_slot "$slot" 2>>"$LOGS/slots.err" &
+  run_slot "$slot" pick_program slot 2>>"$LOGS/slots.err" &
   SLOT_PIDS+=($!)
 done
+if [ "$PRESSURE" = 1 ]; then
+  log "--pressure: $PRESSURE_CLIENTS more slots: oom (--oom-limit $OOM_LIMIT), limit" \
+    "(--small-limit $SMALL_LIMIT)$([ "$HAVE_JAX" = 1 ] && echo ", jax")"
+  for slot in $(seq 0 $((PRESSURE_CLIENTS - 1))); do
+    run_slot "$slot" pick_pressure pressure 2>>"$LOGS/slots.err" &
+    SLOT_PIDS+=($!)
+  done
+fi
 while [ $((SECONDS - RUN_START_S)) -lt "$DURATION_S" ]; do
   sleep "$INTERVAL"
   sample run >>"$CSV"
@@ -274,6 +499,7 @@ touch "$STOP_FILE"
 log "stopping: every slot ends its current run"
 for pid in "${SLOT_PIDS[@]}"; do wait "$pid"; done
 SLOT_PIDS=()
+[ -z "$HOG_PID" ] || hog_check  # first: the hog is a client too, and the wait below is for none
 for _ in $(seq 100); do  # the last sessions are freed
   [ "$(ctl ps 2>/dev/null | tail -n +2 | grep -c .)" = 0 ] && break
   sleep 0.2
@@ -288,24 +514,28 @@ sample after >>"$CSV"
 # ---- the verdict ----------------------------------------------------------------------------
 PLOT=$WORK_DIR/soak.png
 python3 - "$CSV" "$RESULTS" "$PLOT" "$SERVER_PID" "$RESTARTS_0" "$FDS_IDLE" "$FDS_END" \
-  "$RSS_TOLERANCE_MIB" "$RSS_TOLERANCE_PCT" "$FD_TOLERANCE" "$GPU_TOLERANCE_MIB" <<'EOF'
-import csv, statistics, sys
+  "$RSS_TOLERANCE_MIB" "$RSS_TOLERANCE_PCT" "$FD_TOLERANCE" "$GPU_TOLERANCE_MIB" \
+  "$PRESSURE" "$HOG_FILE" "$HOG_LEAVE" "$OOM_LIMIT" "$SMALL_LIMIT" "$HAVE_JAX" <<'EOF'
+import csv, os, statistics, sys
 (csv_path, results_path, plot_path, server_pid, restarts_0, fds_idle, fds_end,
- rss_tol_mib, rss_tol_pct, fd_tol, gpu_tol_mib) = sys.argv[1:]
+ rss_tol_mib, rss_tol_pct, fd_tol, gpu_tol_mib,
+ pressure, hog_path, hog_leave, oom_limit, small_limit, have_jax) = sys.argv[1:]
 rows = list(csv.DictReader(open(csv_path)))
 samples = [r for r in rows if r["phase"] == "run"]
 runs = [line.split()[0] for line in open(results_path) if line.strip()]
 failures = []
 errors = runs.count("error")
+# "oom": a --pressure limit run that failed with CUDA_ERROR_OUT_OF_MEMORY, which is allowed.
+oom_note = f", {runs.count('oom')} out of memory (allowed)" if runs.count("oom") else ""
 print(f"soak: {len(runs)} client runs: {runs.count('pass')} passed, {runs.count('killed')} killed, "
-      f"{errors} errors")
+      f"{errors} errors{oom_note}")
 # Per program ("pass NAME", "killed NAME after ...", "error NAME status=..."): how often the
 # PyTorch clients really came and went.
 per_program = {}
 for line in open(results_path):
     words = line.split()
     if len(words) >= 2:
-        counts = per_program.setdefault(words[1], {"pass": 0, "killed": 0, "error": 0})
+        counts = per_program.setdefault(words[1], {"pass": 0, "killed": 0, "error": 0, "oom": 0})
         counts[words[0]] = counts.get(words[0], 0) + 1
 init_s, ms_per_iter = {}, {}
 for line in open(results_path):
@@ -323,10 +553,49 @@ for name, counts in sorted(per_program.items()):
     if iters:
         start_note += (f"; ms per inference median {statistics.median(iters):.1f}, max "
                        f"{max(iters):.1f}")
+    oom_note = f", {counts['oom']} out of memory" if counts["oom"] else ""
     print(f"soak:   {name}: {counts['pass']} passed, {counts['killed']} killed, "
-          f"{counts['error']} errors{start_note}")
+          f"{counts['error']} errors{oom_note}{start_note}")
 if errors:
     failures.append(f"{errors} client runs failed (runs.txt lists their logs)")
+
+# --pressure: runs per kind (the label before the colon), and the memory hog's verdict.
+if pressure == "1":
+    kinds = [
+        ("oom", f"oom_then_work, allocating until CUDA_ERROR_OUT_OF_MEMORY under a {oom_limit} "
+                "limit, then a kernel"),
+        ("limit", f"the examples under a {small_limit} limit"),
+        ("jax", "jax_check.py"),
+    ]
+    for kind, what in kinds:
+        counts = {"pass": 0, "killed": 0, "error": 0, "oom": 0}
+        for name, c in per_program.items():
+            if name.startswith(kind + ":"):
+                for key in counts:
+                    counts[key] += c.get(key, 0)
+        total = sum(counts.values())
+        if kind == "jax" and have_jax != "1":
+            print(f"soak: pressure {kind} ({what}): not run (the test driver, or jax did not "
+                  "import or find the GPU natively)")
+            continue
+        oom_note = f"{counts['oom']} out of memory (allowed), " if kind == "limit" else ""
+        print(f"soak: pressure {kind} ({what}): {total} runs: {counts['pass']} passed, "
+              f"{counts['killed']} killed, {oom_note}{counts['error']} errors")
+        # A kind that never completed a run proved nothing (the warm-up runs each once).
+        if counts["pass"] + counts["oom"] == 0:
+            failures.append(f"pressure: no {kind} client completed a run")
+    hog = [line.strip() for line in open(hog_path)] if os.path.exists(hog_path) else []
+    held = hog[0].split() if hog else []
+    if len(held) == 4 and held[0] == "holding":
+        print(f"soak: pressure memory hog (--hog-leave {hog_leave}): held "
+              f"{int(held[1]) / 2**30:.2f} GiB, {int(held[3]) / 2**30:.2f} GiB left free; at the "
+              f"end: {hog[1] if len(hog) > 1 else 'not checked'}, "
+              f"{hog[2] if len(hog) > 2 else 'no exit status'}")
+    else:
+        print(f"soak: pressure memory hog: did not start ({hog[0] if hog else 'no record'})")
+    if hog[1:] != ["intact", "status 0"]:
+        failures.append("pressure: the memory hog's bytes were not found intact at the end "
+                        f"({' / '.join(hog[1:]) or 'not checked'})")
 if any(r["server_pid"] != server_pid for r in rows):
     failures.append("the server changed (pids " + " ".join(sorted({r["server_pid"] for r in rows})) + ")")
 if any(r["restarts"] != restarts_0 for r in rows):
@@ -364,7 +633,13 @@ def fit(xs, ys):
         coef[j] = b[i] / a[i][i]
     return coef, means
 
-def growth(key, regressors=("clients",)):
+# The attached clients, and apart from them the --pressure oom clients (always 0 without it),
+# each of which holds up to --oom-limit of device memory at its peak, a sample's worth of noise
+# on the GPU memory's median otherwise.
+CLIENT_REGRESSORS = ("clients", "oom_clients")
+
+
+def growth(key, regressors=CLIENT_REGRESSORS):
     """Medians of the first and last quarter of `key` less what the attached clients account for
     (a least-squares fit on the `regressors` columns over the run's samples)."""
     points = [([number(r[x]) for x in regressors], number(r[key])) for r in samples]
@@ -389,15 +664,16 @@ for title, key in [("anonymous", "anon_kib"), ("[heap]", "heap_kib"), ("driver (
     if a is not None:
         print(f"soak: server RSS in {title} mappings (MiB): first quarter median {a / 1024:.1f}, "
               f"last quarter {b / 1024:.1f}, growth {d / 1024:+.1f}")
-# The checks count every attached client alike; a PyTorch client's kernel images cost the server
-# ~2 GiB of RSS while it is attached (docs/benchmarks.md, "The soak's memory"). For the reader
-# (no verdict): the same growth with the PyTorch clients counted apart.
+# The checks count every attached client alike (but the oom ones); a PyTorch client's kernel
+# images cost the server ~2 GiB of RSS while it is attached (docs/benchmarks.md, "The soak's
+# memory"). For the reader (no verdict): the same growth with the Python clients (PyTorch, JAX)
+# counted apart.
 for title, key, scale in [("server RSS (MiB)", "rss_kib", 1 / 1024),
                           ("GPU memory (MiB)", "gpu_mem_mib", 1)]:
-    a, b, d = growth(key, ("clients", "torch_clients"))
+    a, b, d = growth(key, CLIENT_REGRESSORS + ("torch_clients",))
     if a is not None:
-        print(f"soak: {title} with PyTorch clients counted apart: first quarter median "
-              f"{a * scale:.1f}, last quarter {b * scale:.1f}, growth {d * scale:+.1f}")
+        print(f"soak: {title} with Python (PyTorch, JAX) clients counted apart: first quarter "
+              f"median {a * scale:.1f}, last quarter {b * scale:.1f}, growth {d * scale:+.1f}")
 for title, key, scale, tolerance in checks:
     a, b, d = growth(key)
     if a is None:
