@@ -55,6 +55,7 @@ tl::expected<AllocationPlan, std::string> plan_allocation(const PluginConfig& co
   const GpuState& first = *std::find_if(
       gpus.begin(), gpus.end(), [&](const GpuState& g) { return g.index == plan.gpus.front(); });
   plan.slots = share_for(config, first.name, first.memory).replicas;
+  plan.own_isolation_group = config.isolate_allocations;
   plan.slot = plan.slots;
   for (const std::string& id : devices) {
     if (const GpuState* gpu = gpu_of_device(gpus, id);
@@ -70,6 +71,7 @@ std::string registration_command(const AllocationPlan& plan, const std::string& 
                                  fmt::join(plan.gpus, ","), fmt::join(plan.devices, ","));
   if (plan.memory_limit != 0) line += fmt::format(" memory={}", plan.memory_limit);
   if (plan.slots > 1) line += fmt::format(" slot={}/{}", plan.slot, plan.slots);
+  if (plan.own_isolation_group) line += " isolation=own";
   if (!token.empty()) line += " token=" + token;
   return line;
 }

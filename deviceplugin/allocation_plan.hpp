@@ -25,6 +25,8 @@ struct AllocationPlan {
   // replicas), so that containers of different replicas run on different SMs.
   int slot = 0;
   int slots = 0;
+  // The config's isolation = "allocation": servers of its own (register_allocation isolation=own).
+  bool own_isolation_group = false;
 };
 
 // Fails for a device ID that names no GPU mpsshimd reports.

@@ -68,7 +68,8 @@ tl::expected<PluginConfig, std::string> parse_config(const std::string& toml_tex
                                                 "container_shim_library",
                                                 "health_interval_ms",
                                                 "preload_libraries",
-                                                "pod_resources_socket"};
+                                                "pod_resources_socket",
+                                                "isolation"};
   for (const auto& [key, value] : table) {
     if (std::find(std::begin(kKnown), std::end(kKnown), key.str()) == std::end(kKnown)) {
       return tl::unexpected(fmt::format("unknown key `{}`", key.str()));
@@ -102,6 +103,13 @@ tl::expected<PluginConfig, std::string> parse_config(const std::string& toml_tex
       }
       config.preload_libraries.push_back(*name);
     }
+  }
+  if (const toml::node* isolation = table.get("isolation")) {
+    auto value = isolation->value<std::string>();
+    if (!value || (*value != "shared" && *value != "allocation")) {
+      return tl::unexpected(std::string("isolation: expected \"shared\" or \"allocation\""));
+    }
+    config.isolate_allocations = *value == "allocation";
   }
   auto interval = toml_int(table.get("health_interval_ms"), "health_interval_ms", 100, 600000);
   if (!interval) return tl::unexpected(interval.error());

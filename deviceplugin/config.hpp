@@ -51,6 +51,10 @@ struct PluginConfig {
   // The kubelet's pod-resources API: which pod holds which device, for ps and the metrics.
   // Not there (or empty): allocations are not named.
   std::string pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
+  // isolation = "allocation": every allocation asks mpsshimd for servers of its own
+  // (register_allocation isolation=own), whatever mpsshimd --isolation says; "shared" (the
+  // default) leaves placement to mpsshimd.
+  bool isolate_allocations = false;
 };
 
 // What a GPU's replicas get, from the rule for its name.

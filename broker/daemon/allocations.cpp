@@ -147,6 +147,11 @@ tl::expected<const Allocation*, std::string> AllocationRegistry::add(
       }
       spec.sm_slot = static_cast<unsigned>(*slot);
       spec.sm_slots = static_cast<unsigned>(*slots);
+    } else if (key == "isolation") {
+      if (value != "own" && value != "shared") {
+        return tl::unexpected(fmt::format("isolation={}: expected own or shared", value));
+      }
+      spec.own_isolation_group = value == "own";
     } else if (key == "token") {
       if (!is_token(value)) {
         return tl::unexpected(
@@ -155,7 +160,8 @@ tl::expected<const Allocation*, std::string> AllocationRegistry::add(
       spec.token = std::string(value);
     } else {
       return tl::unexpected(fmt::format(
-          "unknown key `{}` (sm, memory, gpus, devices, namespace, pod, slot, token)", key));
+          "unknown key `{}` (sm, memory, gpus, devices, namespace, pod, slot, token, isolation)",
+          key));
     }
   }
   if (by_id_.size() >= kMaxAllocations) {

@@ -32,6 +32,9 @@ struct Allocation {
   std::vector<std::string> devices;  // the kubelet's device IDs (replicas) it holds
   std::string pod_namespace;         // for ps and the metrics, when the plugin knows them
   std::string pod_name;
+  // isolation=own: its clients get servers of their own (isolation group allocation:ID),
+  // whatever mpsshimd --isolation says (docs/isolation.md).
+  bool own_isolation_group = false;
 };
 
 class AllocationRegistry {
@@ -41,9 +44,9 @@ class AllocationRegistry {
 
   // Parses `key=value` words: sm=P memory=SIZE gpus=0,1 devices=a,b namespace=NS pod=NAME
   // slot=N/M (SMs in part N of M of the GPU) token=HEX (to register again, after a daemon restart,
-  // a token the pod already holds). Registering replaces every allocation that holds one of the
-  // same devices: the kubelet gives a device to one container at a time, so an older holder has
-  // gone.
+  // a token the pod already holds) isolation=own|shared (own: an isolation group of its own).
+  // Registering replaces every allocation that holds one of the same devices: the kubelet gives a
+  // device to one container at a time, so an older holder has gone.
   tl::expected<const Allocation*, std::string> add(const std::vector<std::string>& words);
   bool revoke(std::uint32_t id);
   // Sets namespace and pod of allocation `id`; false if there is none.

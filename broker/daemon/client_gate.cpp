@@ -304,6 +304,14 @@ void ClientGate::on_client(Waiting connection, MessageKind kind, const proto::Cl
       }
     }
   }
+  if (quota->allocation_id != 0 && !group.starts_with("client:")) {
+    // The device plugin asked for this pod to have servers of its own (register_allocation
+    // isolation=own): narrower than a uid's or a class's group, wider than one client's.
+    const Allocation* allocation = allocations_.find(quota->allocation_id);
+    if (allocation != nullptr && allocation->own_isolation_group) {
+      group = fmt::format("allocation:{}", quota->allocation_id);
+    }
+  }
   if (isolate_after_fault_.count() > 0 && !group.starts_with("client:")) {
     // A program whose work was the likely cause of a recent fault gets its own servers, so a
     // repeat takes only it down. Keyed by the uid and the program name the client gives: a

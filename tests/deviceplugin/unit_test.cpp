@@ -47,6 +47,11 @@ memory_limit = "10G"
   CHECK(parse_config("resource_name = \"gpu\"").error().find("needs a domain") !=
         std::string::npos);
   CHECK(parse_config("replica = 3").error() == "unknown key `replica`");
+  CHECK_FALSE(parse_config("")->isolate_allocations);
+  CHECK(parse_config("isolation = \"allocation\"")->isolate_allocations);
+  CHECK_FALSE(parse_config("isolation = \"shared\"")->isolate_allocations);
+  CHECK(parse_config("isolation = \"pod\"").error() ==
+        "isolation: expected \"shared\" or \"allocation\"");
   CHECK(parse_config("replicas = [").error().find("line 1") != std::string::npos);
   CHECK(parse_config("[[model]]\nreplicas = 2").error().find("needs match") != std::string::npos);
 }
@@ -78,6 +83,13 @@ TEST_CASE("a plan's quota is a replica's share times the replicas on its GPU", "
   CHECK(registration_command(*two) ==
         "register_allocation sm=50 gpus=0 devices=GPU-aaaa::0,GPU-aaaa::3 memory=42949672960 "
         "slot=0/4");
+  PluginConfig isolating = config;
+  isolating.isolate_allocations = true;
+  auto own = plan_allocation(isolating, *gpus, {"GPU-aaaa::1"});
+  REQUIRE(own);
+  CHECK(registration_command(*own, "0123") ==
+        "register_allocation sm=25 gpus=0 devices=GPU-aaaa::1 memory=21474836480 slot=1/4 "
+        "isolation=own token=0123");
   auto third = plan_allocation(config, *gpus, {"GPU-aaaa::2"});
   REQUIRE(third);
   CHECK(third->slot == 2);

@@ -271,3 +271,39 @@ TEST_CASE("--isolate-after-fault: the culprit's program comes back in a group of
   CHECK(eventually([&] { return group_servers(daemon).empty(); }));
   CHECK(server_line(daemon).restarts == 1);
 }
+
+TEST_CASE("an allocation registered with isolation=own gets servers of its own under a shared rule",
+          "[e2e][isolation][allocation]") {
+  Daemon daemon;
+  Outcome registered = daemon.ctl({"register_allocation", "sm=50", "isolation=own"});
+  INFO("register_allocation: " << registered.out << registered.err);
+  std::smatch m;
+  REQUIRE(
+      std::regex_search(registered.out, m, std::regex("allocation=([0-9]+) token=([0-9a-f]+)")));
+  const std::string id = m[1], token = m[2];
+  const Outcome refused = daemon.ctl({"register_allocation", "isolation=private"});
+  CHECK(refused.exit_code != 0);
+  CHECK((refused.out + refused.err).find("isolation=private: expected own or shared") !=
+        std::string::npos);
+
+  Child pod({artefact("E2E_CLIENT"), "peek", "0"},
+            daemon.client_env({{"MPSSHIM_ALLOCATION_TOKEN", token}}), true);
+  Child plain({artefact("E2E_CLIENT"), "peek", "0"}, daemon.client_env(), true);
+  {
+    INFO("pod: " << pod.out() << pod.err() << "\ndaemon log:\n" << daemon.log());
+    REQUIRE(pod.wait_for_output("READY", 60s));
+    REQUIRE(plain.wait_for_output("READY", 60s));
+  }
+  CHECK(isolation_of(daemon, pod.pid()) == "allocation:" + id);
+  CHECK(isolation_of(daemon, plain.pid()) == "shared");
+  auto groups = group_servers(daemon);
+  REQUIRE(groups.size() == 1);
+  CHECK(groups[0].group == "allocation:" + id);
+  // The pod's fault ends its own server only.
+  pod.close_stdin();
+  Outcome faulted = pod.wait(60s);
+  CHECK(faulted.out.find("sync=700") != std::string::npos);
+  CHECK(eventually([&] { return group_servers(daemon).empty(); }));
+  CHECK(server_line(daemon).restarts == 0);
+  plain.kill(SIGKILL);
+}
