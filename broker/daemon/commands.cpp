@@ -164,10 +164,11 @@ const std::vector<Commands::Command>& Commands::table() {
        SIZE_MAX, &Commands::server_command},
       {"register_allocation",
        "register_allocation [sm=P] [memory=SIZE] [gpus=N,..] [devices=ID,..] [namespace=NS] "
-       "[pod=NAME] [token=HEX]",
+       "[pod=NAME] [slot=K/N] [token=HEX] [isolation=own|shared]",
        "a pod's allocation (the device plugin's): its clients get at most sm% of the SMs and "
-       "share one memory limit per GPU; answers `allocation=ID token=HEX` (docs/kubernetes.md)",
-       0, 7, &Commands::register_allocation},
+       "share one memory limit per GPU, and with isolation=own servers of their own; answers "
+       "`allocation=ID token=HEX` (docs/kubernetes.md)",
+       0, 9, &Commands::register_allocation},
       {"revoke_allocation", "revoke_allocation <id>",
        "forget an allocation: its token is refused from now on (running clients keep going)", 1, 1,
        &Commands::revoke_allocation},
