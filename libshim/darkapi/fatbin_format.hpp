@@ -8,13 +8,15 @@
 #include <cstdint>
 #include <cstring>
 
+#include "proto/image_extent.hpp"
+
 namespace mpsshim::shim::fatbin {
 
-inline constexpr std::uint32_t kWrapperMagic = 0x466243B1;    // FATBINC_MAGIC
-inline constexpr std::uint32_t kWrapperVersionPlain = 1;      // FATBINC_VERSION
-inline constexpr std::uint32_t kWrapperVersionLinked = 2;     // FATBINC_LINK_VERSION (-rdc)
-inline constexpr std::uint32_t kContainerMagic = 0xBA55ED50;  // fatbin container header
-inline constexpr std::uint32_t kElfMagic = 0x464C457F;        // "\x7fELF", read little-endian
+inline constexpr std::uint32_t kWrapperMagic = proto::kFatbinWrapperMagic;  // FATBINC_MAGIC
+inline constexpr std::uint32_t kWrapperVersionPlain = 1;                    // FATBINC_VERSION
+inline constexpr std::uint32_t kWrapperVersionLinked = 2;  // FATBINC_LINK_VERSION (-rdc)
+inline constexpr std::uint32_t kContainerMagic = proto::kFatbinContainerMagic;
+inline constexpr std::uint32_t kElfMagic = proto::kElfMagic;  // "\x7fELF", read little-endian
 
 // __fatBinC_Wrapper_t (fatbinary_section.h), with the fields' real meaning.
 struct Wrapper {

@@ -1,5 +1,6 @@
 // Byte length of a module image known only by its pointer (docs/private-tables.md), so that the
-// shim can copy cuModuleLoadData / cuLibraryLoadData images to the broker before returning.
+// shim can copy cuModuleLoadData / cuLibraryLoadData images to the broker before returning. The
+// reading itself is proto/image_extent.hpp, the server's too.
 // The image is client memory of unknown size: every function reads only bytes the format says
 // exist, and refuses headers whose claims exceed sanity limits instead of walking off a cliff.
 #pragma once
@@ -9,10 +10,12 @@
 #include <span>
 #include <vector>
 
+#include "proto/image_extent.hpp"
+
 namespace mpsshim::shim {
 
 // Largest image the shim will size: a header claiming more is treated as garbage.
-inline constexpr std::size_t kMaxImageBytes = std::size_t{4} << 30;
+inline constexpr std::size_t kMaxImageBytes = proto::kMaxImageBytes;
 
 // cuModuleLoadData / cuModuleLoadDataEx / cuModuleLoadFatBinary:
 //  * fatbin container: header_size + fat_size, exactly one container (never the next one);

@@ -28,7 +28,8 @@ std::vector<std::byte> elf(std::uint16_t sections) {
   constexpr std::uint64_t kShoff = 0x140;
   std::vector<std::byte> bytes(kShoff + std::size_t{sections} * 64);
   put<std::uint32_t>(bytes, 0, 0x464C457Fu);
-  put<std::uint8_t>(bytes, 4, 2);
+  put<std::uint8_t>(bytes, 4, 2);  // ELFCLASS64
+  put<std::uint8_t>(bytes, 5, 1);  // little-endian
   put<std::uint64_t>(bytes, 0x28, kShoff);
   put<std::uint16_t>(bytes, 0x3A, 64);
   put<std::uint16_t>(bytes, 0x3C, sections);
@@ -80,6 +81,29 @@ TEST_CASE("an ELF whose section table lies past the end is longer than sent", "[
   auto sut = image_extent(bytes);
   REQUIRE(sut);
   CHECK(sut->bytes > bytes.size());
+}
+
+TEST_CASE("a 32-bit ELF is sized as the shim sizes it: one reading on both sides",
+          "[server][image]") {
+  // ELFCLASS32, little-endian; section headers (40 bytes) at 0x100, section 1 at 0x300 + 0x44.
+  std::vector<std::byte> bytes(0x100 + 2 * 40);
+  put<std::uint32_t>(bytes, 0, 0x464C457Fu);
+  put<std::uint8_t>(bytes, 4, 1);
+  put<std::uint8_t>(bytes, 5, 1);
+  put<std::uint32_t>(bytes, 0x20, 0x100);        // e_shoff
+  put<std::uint16_t>(bytes, 0x2E, 40);           // e_shentsize
+  put<std::uint16_t>(bytes, 0x30, 2);            // e_shnum
+  put<std::uint32_t>(bytes, 0x100 + 40 + 4, 1);  // PROGBITS
+  put<std::uint32_t>(bytes, 0x100 + 40 + 16, 0x300);
+  put<std::uint32_t>(bytes, 0x100 + 40 + 20, 0x44);
+  auto sut = image_extent(bytes);
+  REQUIRE(sut);
+  CHECK(sut->format == ImageFormat::kElf);
+  CHECK(sut->bytes == 0x344);  // past what was sent: the server refuses it as cut short
+  bytes.resize(0x344);
+  CHECK(image_extent(bytes)->bytes == bytes.size());
+  bytes[5] = std::byte{2};  // big-endian: not a CUDA image
+  CHECK_FALSE(image_extent(bytes));
 }
 
 TEST_CASE("PTX text ends at its terminator", "[server][image]") {

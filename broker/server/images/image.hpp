@@ -1,7 +1,6 @@
-// The length a module or library image says it has, read from its own bytes, so the server
-// can check that the driver will not read past what the client sent. Formats: one fat-binary
-// container (0xBA55ED50), an ELF cubin, or NUL-terminated PTX text. See
-// docs/private-tables.md, "Fat binaries".
+// The images a client ships: their length (proto/image_extent.hpp, shared with the shim), so the
+// server can check that the driver will not read past what the client sent, and a device-linked
+// program's containers. See docs/private-tables.md, "Fat binaries".
 #pragma once
 
 #include <cstddef>
@@ -10,18 +9,14 @@
 #include <span>
 #include <vector>
 
+#include "proto/image_extent.hpp"
+
 namespace mpsshim::server {
 
-enum class ImageFormat { kFatbin, kElf, kText };
-
-struct ImageExtent {
-  ImageFormat format;
-  std::uint64_t bytes;
-};
-
-// nullopt when the bytes do not tell: a header cut short, an offset past the end, text with
-// no terminator, a fat-binary wrapper (a pointer structure, not an image) or an unknown form.
-std::optional<ImageExtent> image_extent(std::span<const std::byte> image);
+// One reading of an image's length for the shim and the server (proto/image_extent.hpp).
+using proto::image_extent;
+using proto::ImageExtent;
+using proto::ImageFormat;
 
 // A device-linked (-rdc) program's image as the shim ships it: `count` fat-binary containers
 // back to back, the device-linked one first, then each translation unit's prelinked one.
@@ -39,7 +34,7 @@ struct LinkedWrapper {
   const void* const* prelinked;
 };
 static_assert(sizeof(LinkedWrapper) == 24);
-inline constexpr std::uint32_t kWrapperMagic = 0x466243B1u;
+inline constexpr std::uint32_t kWrapperMagic = proto::kFatbinWrapperMagic;
 inline constexpr std::uint32_t kWrapperVersionLinked = 2;
 
 }  // namespace mpsshim::server

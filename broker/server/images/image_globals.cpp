@@ -1,5 +1,7 @@
 #include "broker/server/images/image_globals.hpp"
 
+#include "proto/image_extent.hpp"
+
 #include <elf.h>
 #include <lz4.h>
 #include <zstd.h>
@@ -23,9 +25,9 @@ static_assert(sizeof(Elf64_Ehdr) == 64 && sizeof(Elf64_Shdr) == 64);
 
 using Bytes = std::span<const std::byte>;
 
-constexpr std::uint32_t kFatbinMagic = 0xBA55ED50u;
-constexpr std::uint32_t kFatbinWrapperMagic = 0x466243B1u;  // a pointer structure, not an image
-constexpr std::uint32_t kElfMagic = 0x464C457Fu;            // "\x7fELF"
+constexpr std::uint32_t kFatbinMagic = proto::kFatbinContainerMagic;
+constexpr std::uint32_t kFatbinWrapperMagic = proto::kFatbinWrapperMagic;  // not an image
+constexpr std::uint32_t kElfMagic = 0x464C457Fu;                           // "\x7fELF"
 constexpr std::uint16_t kFatbinVersion = 1;
 constexpr std::uint16_t kFatbinHeaderBytes = 16;
 constexpr std::uint32_t kEntryBaseBytes = 64;
