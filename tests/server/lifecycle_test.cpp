@@ -127,11 +127,19 @@ TEST_CASE("a sticky fault is told to every client, then the server exits 70",
   CHECK(bystander.view().slot(3)->result == CUDA_ERROR_ILLEGAL_ADDRESS);
   CHECK(h.logged("GPU fault"));
   CHECK(h.server->do_work() == 0);  // nothing more runs after a fault
+  // Both are told whose work returned it first: the culprit's synchronize came back with it.
+  for (TestClient* client : {&culprit, &bystander}) {
+    CHECK(client->control()->fault_pid == 1);
+    CHECK(std::string(client->control()->fault_program) == "bad_kernel");
+  }
+  CHECK(h.server->fault_culprit().op == "StreamSynchronize");
+  CHECK(h.server->fault_culprit().clients == 2);
 }
 
 TEST_CASE("a sticky error returned by a call faults the server too", "[server][lifecycle]") {
   Harness h;
-  TestClient sut(h);
+  // A program name with a newline and an escape sequence: it reaches other clients' logs.
+  TestClient sut(h, default_hello(4123, "bad\njob\x1b[31m"));
   auto ctx = sut.create_context();
   fake_gpu().work_result = CUDA_ERROR_LAUNCH_FAILED;
 
@@ -140,6 +148,8 @@ TEST_CASE("a sticky error returned by a call faults the server too", "[server][l
   REQUIRE(h.pump_until([&] { return h.fatal_code != -1; }));
   CHECK(sut.view().slot(0)->result == CUDA_ERROR_LAUNCH_FAILED);
   CHECK(sut.control()->fault.load() == CUDA_ERROR_LAUNCH_FAILED);
+  CHECK(sut.control()->fault_pid == 4123);
+  CHECK(std::string(sut.control()->fault_program) == "bad?job?[31m");
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -14,6 +16,16 @@
 
 namespace mpsshim::server {
 namespace {
+
+// The program name a client gave (any bytes) as it may appear in other clients' logs, the
+// daemon's log and ps: control characters could forge lines there.
+std::string printable(std::string_view text) {
+  std::string out(text);
+  for (char& c : out) {
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) c = '?';
+  }
+  return out;
+}
 
 std::string freed_summary(const FreedTally& t) {
   std::vector<std::string> parts;
@@ -154,7 +166,7 @@ bool Server::raise_fault(const Session* culprit, CUresult error, proto::Op op) {
     fault_culprit_.client = culprit->client.id;
     fault_culprit_.pid = culprit->client.pid;
     fault_culprit_.uid = culprit->client.uid;
-    fault_culprit_.program = culprit->client.program;
+    fault_culprit_.program = printable(culprit->client.program);
     fault_culprit_.op = op == proto::Op::kPad ? "queued" : op_name(op);
   }
   fault_culprit_.clients = session_count();
