@@ -53,8 +53,8 @@ int hold(ex::Report& report, CUmodule module) {
   report.add("changed_words", changed);
   report.expect(changed == 0, "memory_intact");
   // Its context still runs work: a fill of the spacer, read back.
-  const CUresult fill = ex::launch_kernel(ex::get_function(module, "fill_u32"), {4}, {256},
-                                          nullptr, spacer, 7u, kWords);
+  const CUresult fill = ex::launch_kernel(ex::get_function(module, "fill_u32"), {4}, {256}, nullptr,
+                                          spacer, 7u, kWords);
   const CUresult sync = cuCtxSynchronize();
   unsigned first = 0;
   if (fill == CUDA_SUCCESS && sync == CUDA_SUCCESS) {
