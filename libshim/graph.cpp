@@ -22,6 +22,7 @@
 #include "libshim/api.hpp"
 #include "libshim/capture.hpp"
 #include "libshim/client.hpp"
+#include "libshim/graph_objects.hpp"
 #include "libshim/kernel_args.hpp"
 #include "libshim/kernel_lookup.hpp"
 #include "libshim/log.hpp"
@@ -31,61 +32,6 @@ using namespace mpsshim::shim;
 namespace proto = mpsshim::proto;
 
 namespace {
-
-constexpr std::uint32_t kGraphMagic = 0x47524631;      // "GRF1"
-constexpr std::uint32_t kGraphExecMagic = 0x47455831;  // "GEX1"
-constexpr std::uint32_t kNodeMagic = 0x474e4431;       // "GND1"
-constexpr std::uint32_t kDeadMagic = 0;
-
-struct GraphNodeObject;
-
-struct GraphObject {
-  std::uint32_t magic = kGraphMagic;
-  Context* ctx = nullptr;
-  proto::WireHandle wire = 0;
-  std::mutex mutex;
-  std::unordered_map<proto::WireHandle, GraphNodeObject*> nodes;
-  // The graph embedded in a child graph node of this one is owned by the node: it dies with this
-  // graph (`embedded`), and cuGraphDestroy of it is refused (`owner` is set).
-  std::vector<GraphObject*> embedded;
-  GraphObject* owner = nullptr;
-};
-
-struct GraphNodeObject {
-  std::uint32_t magic = kNodeMagic;
-  GraphObject* graph = nullptr;
-  proto::WireHandle wire = 0;
-};
-
-struct GraphExecObject {
-  std::uint32_t magic = kGraphExecMagic;
-  Context* ctx = nullptr;
-  proto::WireHandle wire = 0;
-  std::uint64_t flags = 0;  // its instantiation's (cuGraphExecGetFlags)
-};
-
-template <typename T>
-T* live(void* handle, std::uint32_t magic) {
-  auto* object = static_cast<T*>(handle);
-  return object != nullptr && object->magic == magic ? object : nullptr;
-}
-GraphObject* graph_of(CUgraph h) {
-  return live<GraphObject>(h, kGraphMagic);
-}
-GraphExecObject* exec_of(CUgraphExec h) {
-  return live<GraphExecObject>(h, kGraphExecMagic);
-}
-GraphNodeObject* node_of(CUgraphNode h) {
-  return live<GraphNodeObject>(h, kNodeMagic);
-}
-// What a call on a node that is not live answers: no node at all is an invalid value, as the
-// driver says; a node of a destroyed graph (or a forged one) an invalid handle.
-CUresult dead_or_null(CUgraphNode h) {
-  return h == nullptr ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
-}
-
-CUresult append_dependencies(GraphObject* graph, const CUgraphNode* deps, std::size_t count,
-                             std::vector<std::byte>& out);
 
 // ---- capture bookkeeping ----
 
@@ -109,6 +55,10 @@ CaptureBook& book() {
 std::atomic<int> g_open_captures{0};
 thread_local CUstreamCaptureMode t_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
+}  // namespace
+
+namespace mpsshim::shim {
+
 GraphObject* graph_for(Context* ctx, proto::WireHandle wire) {
   CaptureBook& b = book();
   std::lock_guard lock(b.mutex);
@@ -124,9 +74,14 @@ GraphObject* graph_for(Context* ctx, proto::WireHandle wire) {
 GraphNodeObject* node_for(GraphObject* graph, proto::WireHandle wire) {
   std::lock_guard lock(graph->mutex);
   GraphNodeObject*& node = graph->nodes[wire];
-  if (node == nullptr) node = ObjectPool<GraphNodeObject>::instance().make(kNodeMagic, graph, wire);
+  if (node == nullptr)
+    node = ObjectPool<GraphNodeObject>::instance().make(kNodeMagic, graph, wire, NodeParams{});
   return node;
 }
+
+}  // namespace mpsshim::shim
+
+namespace {
 
 // Opens a capture on `stream` with `send` (which asks the server) and books it: the mode and
 // thread for cuStreamEndCapture's rules, the count for cuStreamIsCapturing's fast path.
@@ -412,6 +367,10 @@ CUresult exec_update(CUgraphExec hexec, CUgraph hgraph, CUgraphExecUpdateResult*
 
 // Checks a dependency list against the graph (any graph when nullptr) and appends the nodes'
 // ids to `out`.
+}  // namespace
+
+namespace mpsshim::shim {
+
 CUresult append_dependencies(GraphObject* graph, const CUgraphNode* deps, std::size_t count,
                              std::vector<std::byte>& out) {
   if (count != 0 && deps == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -432,6 +391,10 @@ CUresult append_dependencies(GraphObject* graph, const CUgraphNode* deps, std::s
   }
   return CUDA_SUCCESS;
 }
+
+}  // namespace mpsshim::shim
+
+namespace {
 
 template <typename Req>
 CUresult add_node(CUgraphNode* out, GraphObject* graph, proto::Op op, const Req& request,
@@ -680,8 +643,9 @@ CUresult node_neighbours(CUgraphNode hnode, bool dependents, CUgraphNode* out,
 }
 
 // cuGraphAddNode(_v2), the generic form: each node type the shim supports goes to its own add
-// call (XLA adds kernel nodes this way, with programmatic edges). Other types and a child graph
-// moved rather than cloned are refused with a log line.
+// call (XLA adds kernel nodes this way, with programmatic edges; graph_nodes.cpp has host, event
+// and memory nodes). Other types and a child graph moved rather than cloned are refused with a
+// log line.
 CUresult add_generic_node(CUgraphNode* out, CUgraph graph, const CUgraphNode* deps,
                           const CUgraphEdgeData* edges, std::size_t count, CUgraphNodeParams* p) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
@@ -723,6 +687,26 @@ CUresult add_generic_node(CUgraphNode* out, CUgraph graph, const CUgraphNode* de
         return CUDA_ERROR_NOT_SUPPORTED;
       }
       return cuGraphAddChildGraphNode(out, graph, deps, count, p->graph.graph);
+    case CU_GRAPH_NODE_TYPE_HOST: {
+      const CUDA_HOST_NODE_PARAMS v1{p->host.fn, p->host.userData};
+      return cuGraphAddHostNode(out, graph, deps, count, &v1);
+    }
+    case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+      return cuGraphAddEventRecordNode(out, graph, deps, count, p->eventRecord.event);
+    case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
+      return cuGraphAddEventWaitNode(out, graph, deps, count, p->eventWait.event);
+    case CU_GRAPH_NODE_TYPE_MEM_ALLOC: {
+      CUDA_MEM_ALLOC_NODE_PARAMS v1{};
+      v1.poolProps = p->alloc.poolProps;
+      v1.accessDescs = p->alloc.accessDescs;
+      v1.accessDescCount = p->alloc.accessDescCount;
+      v1.bytesize = p->alloc.bytesize;
+      CUresult rc = cuGraphAddMemAllocNode(out, graph, deps, count, &v1);
+      if (rc == CUDA_SUCCESS) p->alloc.dptr = v1.dptr;
+      return rc;
+    }
+    case CU_GRAPH_NODE_TYPE_MEM_FREE:
+      return cuGraphAddMemFreeNode(out, graph, deps, count, p->free.dptr);
     default:
       log(Level::warn, "cuGraphAddNode: node type {} is not supported by mpsshim",
           static_cast<int>(p->type));
@@ -892,6 +876,7 @@ void kill_graph(GraphObject* graph) {
     std::lock_guard lock(book().mutex);
     book().graphs.erase(graph->wire);
   }
+  forget_graph_memory(graph);  // the server forgets it with the graph
   std::vector<GraphObject*> embedded;
   std::vector<GraphNodeObject*> nodes;
   {

@@ -8,6 +8,7 @@
 
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
+#include "libshim/host_function.hpp"
 #include "libshim/log.hpp"
 #include "proto/futex.hpp"
 
@@ -149,6 +150,22 @@ CUresult add_callback(CUstream handle, CUstreamCallback fn, void* user_data, uns
 }
 
 }  // namespace
+
+namespace mpsshim::shim {
+
+std::uint64_t keep_host_callback(Session* session, CUhostFn fn, void* user_data) noexcept {
+  HostCallbacks* callbacks = callbacks_of(session);
+  if (callbacks == nullptr) {
+    log_once(g_no_cells_logged, Level::error,
+             "host nodes need an mpsshim server of ABI 1.1 or later; this one has no callback "
+             "cells. Update mpsshimd");
+    return 0;
+  }
+  return callbacks->add(
+      Callback{proto::HostFuncKind::kLaunchHostFunc, fn, nullptr, user_data, nullptr});
+}
+
+}  // namespace mpsshim::shim
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuLaunchHostFunc(CUstream stream, CUhostFn fn, void* user_data) {
   return launch_host_func(stream, fn, user_data, DefaultStream::kLegacy);

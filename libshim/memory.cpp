@@ -10,6 +10,7 @@
 #include "libshim/address_window.hpp"
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
+#include "libshim/graph_objects.hpp"
 #include "libshim/host_memory.hpp"
 #include "libshim/log.hpp"
 #include "libshim/peer.hpp"
@@ -76,7 +77,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   forget_peer_blocks(range.ctx->device, range.base, range.bytes);
   proto::MemFreeReq request{dptr};
   CUresult rc = range.ctx->session->call(proto::Op::kMemFree, request, static_cast<int*>(nullptr));
-  if (rc == CUDA_SUCCESS) address_book().remove_device(dptr, nullptr);
+  // Graph memory stays its graph's: the graph's next launch allocates it again.
+  if (rc == CUDA_SUCCESS && !is_graph_memory(dptr)) address_book().remove_device(dptr, nullptr);
   return rc;
 }
 

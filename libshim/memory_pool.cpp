@@ -11,6 +11,7 @@
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/client_view.hpp"
+#include "libshim/graph_objects.hpp"
 #include "libshim/log.hpp"
 #include "libshim/object_pool.hpp"
 #include "libshim/peer.hpp"
@@ -127,7 +128,8 @@ CUresult free_async(CUdeviceptr dptr, CUstream handle, DefaultStream mode) {
   proto::MemFreeAsyncReq request{dptr, stream->wire};
   CUresult rc = ctx->session->post(proto::Op::kMemFreeAsync, request);
   // After this returns the pointer is the stream's to free: its attributes are undefined.
-  if (rc == CUDA_SUCCESS) address_book().remove_device(dptr, nullptr);
+  // Graph memory stays its graph's: the graph's next launch allocates it again.
+  if (rc == CUDA_SUCCESS && !is_graph_memory(dptr)) address_book().remove_device(dptr, nullptr);
   return rc;
 }
 

@@ -54,7 +54,9 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // of minor 17 or older would ignore: such a client refuses that daemon.
 // Minor 19: naming a fault's likely culprit: SessionControl::fault_pid and fault_program (were
 // padding, 0) and MessageKind::kServerFault (server -> daemon, before it exits with a fault).
-inline constexpr std::uint16_t kAbiMinor = 19;
+// Minor 20: graph nodes beyond kernels, memsets and copies (ops 117..126,
+// proto/ops_graph_nodes.hpp).
+inline constexpr std::uint16_t kAbiMinor = 20;
 // The first minor whose daemon honours kHelloOwnIsolationGroup.
 inline constexpr std::uint16_t kAbiMinorIsolationGroups = 18;
 

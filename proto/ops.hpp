@@ -172,6 +172,18 @@ enum class Op : std::uint16_t {
   // cuStreamGetAttribute / cuStreamSetAttribute / cuStreamCopyAttributes on the server's driver
   // (proto/ops_stream_attributes.hpp).
   kStreamAttribute = 116,  // StreamAttributeReq -> WireLaunchAttribute (get) or nothing
+  // Graph nodes beyond kernels, memsets and copies, and changes to a graph's shape
+  // (proto/ops_graph_nodes.hpp, broker/server/ops/graph_nodes.cpp, libshim/graph_nodes.cpp).
+  kGraphAddEventNode = 117,        // GraphEventNodeReq + deps -> GraphRep
+  kGraphAddHostNode = 118,         // GraphHostNodeReq + deps -> GraphRep
+  kGraphAddMemAllocNode = 119,     // GraphMemAllocNodeReq + deps -> GraphMemAllocRep
+  kGraphAddMemFreeNode = 120,      // GraphMemFreeNodeReq + deps -> GraphRep
+  kGraphNodeParams = 121,          // GraphNodeParamsReq -> GraphNodeValueRep
+  kGraphDestroyNode = 122,         // HandleReq (the node) -> nothing
+  kGraphRemoveDependencies = 123,  // GraphAddDependenciesReq + (from, to) pairs -> nothing
+  kGraphClone = 124,               // HandleReq (the graph) -> GraphRep
+  kGraphNodeFindInClone = 125,     // GraphFindInCloneReq -> GraphRep
+  kDeviceGraphMem = 126,           // DeviceGraphMemReq -> GraphNodeValueRep
   kCount
 };
 

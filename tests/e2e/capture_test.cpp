@@ -17,6 +17,10 @@ std::string client() {
   return artefact("E2E_CAPTURE_CLIENT");
 }
 
+std::string nodes_client() {
+  return artefact("E2E_GRAPH_NODES_CLIENT");
+}
+
 }  // namespace
 
 TEST_CASE("captured work lands in the client's graph after the nodes it named, and computes",
@@ -44,6 +48,30 @@ TEST_CASE(
     "[e2e][capture_to_graph][child_graph]") {
   Daemon daemon;
   require_pass(run_client(daemon, {client(), "child"}), daemon);
+}
+
+TEST_CASE(
+    "event record and wait nodes order two graphs from their launch on; host nodes run at every "
+    "replay; executable graphs take new events, functions and disabled nodes",
+    "[e2e][graph_nodes]") {
+  Daemon daemon;
+  require_pass(run_client(daemon, {nodes_client(), "events_hosts"}), daemon);
+}
+
+TEST_CASE(
+    "graph memory keeps its address across launches, is freed inside or outside the graph, and a "
+    "graph holding it is refused what the driver refuses",
+    "[e2e][graph_nodes]") {
+  Daemon daemon;
+  require_pass(run_client(daemon, {nodes_client(), "memory"}), daemon);
+}
+
+TEST_CASE(
+    "a node destroyed, an edge removed, a clone changed apart from its original, nodes added in "
+    "the generic form",
+    "[e2e][graph_nodes]") {
+  Daemon daemon;
+  require_pass(run_client(daemon, {nodes_client(), "shape"}), daemon);
 }
 
 TEST_CASE(

@@ -1457,6 +1457,103 @@ int pinned_kernel(int buffers) {
   return failures == 0 ? 0 : 1;
 }
 
+// Batched copies: pageable, pinned and device sources in one cuMemcpyBatchAsync with two sets of
+// attributes (a stack buffer read during the call), then a cuMemcpy3DBatchAsync through a CUDA
+// array and back; bad batches are refused at once.
+int copy_batch() {
+  auto fail = [](const char* what) {
+    std::printf("FAIL %s\n", what);
+    return 1;
+  };
+  setup();
+  CUstream stream{};
+  CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  constexpr std::size_t kN = 1 << 16;
+  std::vector<unsigned char> pageable(kN);
+  for (std::size_t i = 0; i < kN; ++i) pageable[i] = static_cast<unsigned char>(i * 7 + 1);
+  void* pinned = nullptr;
+  CHECK(cuMemHostAlloc(&pinned, kN, 0));
+  for (std::size_t i = 0; i < kN; ++i)
+    static_cast<unsigned char*>(pinned)[i] = static_cast<unsigned char>(i * 3);
+  unsigned char on_stack[256];
+  for (int i = 0; i < 256; ++i) on_stack[i] = static_cast<unsigned char>(255 - i);
+  CUdeviceptr a{}, b{}, c{}, d{};
+  for (CUdeviceptr* p : {&a, &b, &c, &d}) CHECK(cuMemAlloc(p, kN));
+  CHECK(cuMemsetD8(c, 0x5a, kN));
+  CUdeviceptr dsts[] = {a, b, d, d + kN - 256};
+  CUdeviceptr srcs[] = {reinterpret_cast<CUdeviceptr>(pageable.data()),
+                        reinterpret_cast<CUdeviceptr>(pinned), c,
+                        reinterpret_cast<CUdeviceptr>(on_stack)};
+  size_t sizes[] = {kN, kN, kN - 256, 256};
+  CUmemcpyAttributes attrs[2]{};
+  attrs[0].srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+  attrs[1].srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL;
+  size_t idxs[] = {0, 3};
+  CHECK(cuMemcpyBatchAsync(dsts, srcs, sizes, 4, attrs, idxs, 2, stream));
+  std::memset(on_stack, 0, sizeof on_stack);  // read during the call: changing it now is fine
+  CHECK(cuStreamSynchronize(stream));
+  std::vector<unsigned char> got(kN);
+  CHECK(cuMemcpyDtoH(got.data(), a, kN));
+  if (got != pageable) return fail("the pageable source's copy");
+  CHECK(cuMemcpyDtoH(got.data(), b, kN));
+  if (std::memcmp(got.data(), pinned, kN) != 0) return fail("the pinned source's copy");
+  CHECK(cuMemcpyDtoH(got.data(), d, kN));
+  for (std::size_t i = 0; i < kN - 256; ++i)
+    if (got[i] != 0x5a) return fail("the device source's copy");
+  for (int i = 0; i < 256; ++i)
+    if (got[kN - 256 + i] != 255 - i) return fail("the stack source's copy");
+  size_t bad_idxs[] = {1};
+  if (cuMemcpyBatchAsync(dsts, srcs, sizes, 4, attrs, bad_idxs, 1, stream) !=
+      CUDA_ERROR_INVALID_VALUE) {
+    return fail("attributes that do not start at copy 0 were taken");
+  }
+  if (cuMemcpyBatchAsync(dsts, srcs, sizes, 4, attrs, idxs, 2, nullptr) !=
+      CUDA_ERROR_INVALID_VALUE) {
+    return fail("a batch on the legacy NULL stream was taken");
+  }
+
+  // Pointer -> 64x16 float2 array (8-byte elements) -> pointer, with a row pitch on the way in.
+  CUDA_ARRAY3D_DESCRIPTOR desc{};
+  desc.Width = 64;
+  desc.Height = 16;
+  desc.Format = CU_AD_FORMAT_FLOAT;
+  desc.NumChannels = 2;
+  CUarray array{};
+  CHECK(cuArray3DCreate(&array, &desc));
+  CUDA_MEMCPY3D_BATCH_OP ops[2]{};
+  ops[0].src.type = CU_MEMCPY_OPERAND_TYPE_POINTER;
+  ops[0].src.op.ptr.ptr = a;
+  ops[0].src.op.ptr.rowLength = 128;  // elements: every other 512-byte row
+  ops[0].dst.type = CU_MEMCPY_OPERAND_TYPE_ARRAY;
+  ops[0].dst.op.array.array = array;
+  ops[0].extent = {64, 16, 1};
+  ops[0].srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+  CHECK(cuMemcpy3DBatchAsync(1, ops, 0, stream));
+  ops[1].src.type = CU_MEMCPY_OPERAND_TYPE_ARRAY;
+  ops[1].src.op.array.array = array;
+  ops[1].dst.type = CU_MEMCPY_OPERAND_TYPE_POINTER;
+  ops[1].dst.op.ptr.ptr = c;
+  ops[1].extent = {64, 16, 1};
+  ops[1].srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+  CHECK(cuMemcpy3DBatchAsync(1, &ops[1], 0, stream));
+  CHECK(cuStreamSynchronize(stream));
+  CHECK(cuMemcpyDtoH(got.data(), c, 64 * 16 * 8));
+  for (std::size_t row = 0; row < 16; ++row) {
+    if (std::memcmp(got.data() + row * 512, pageable.data() + row * 1024, 512) != 0) {
+      return fail("the 3D batch round trip through the array");
+    }
+  }
+  ops[0].extent.width = 0;
+  if (cuMemcpy3DBatchAsync(1, ops, 0, stream) != CUDA_ERROR_INVALID_VALUE) {
+    return fail("an empty extent was taken");
+  }
+  CHECK(cuArrayDestroy(array));
+  for (CUdeviceptr p : {a, b, c, d}) CHECK(cuMemFree(p));
+  CHECK(cuMemFreeHost(pinned));
+  std::printf("PASS copy_batch\n");
+  return 0;
+}
+
 // Stream memory operations: a stream waits on a flag that another stream writes behind a slow
 // kernel (32-bit, 64-bit through cuStreamBatchMemOp, and the AND condition), a write reaches
 // pinned host memory, and wrong addresses and flags are refused at once.
@@ -2080,6 +2177,7 @@ int main(int argc, char** argv) {
   if (mode == "hostmem") return hostmem(arg ? static_cast<int>(arg) : 100000);
   if (mode == "tensor_map") return tensor_map();
   if (mode == "stream_mem_ops") return stream_mem_ops();
+  if (mode == "copy_batch") return copy_batch();
   if (mode == "queries") return queries();
   if (mode == "inject") return inject(static_cast<unsigned>(arg));
   if (mode == "bystander") return bystander();

@@ -361,6 +361,14 @@ TEST_CASE("stream memory operations wait and write in stream order; wrong ones a
 }
 
 TEST_CASE(
+    "batched copies land from pageable, pinned, device and stack sources, and through a "
+    "CUDA array; malformed batches are refused",
+    "[e2e][copy_batch]") {
+  Daemon daemon;
+  require_pass(run_client(daemon, {client(), "copy_batch"}), daemon);
+}
+
+TEST_CASE(
     "driver calls that fail for lack of memory give the client the driver's error, leak "
     "nothing, and a bystander never notices",
     "[e2e][inject]") {

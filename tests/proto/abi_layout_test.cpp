@@ -11,6 +11,7 @@
 #include "proto/device_snapshot.hpp"
 #include "proto/ops.hpp"
 #include "proto/ops_copies.hpp"
+#include "proto/ops_graph_nodes.hpp"
 #include "proto/ops_ipc.hpp"
 #include "proto/ops_stream_attributes.hpp"
 #include "proto/ops_stream_mem.hpp"
@@ -416,6 +417,21 @@ std::uint64_t layout_fingerprint() {
   SIZE(StreamAttributeReq);
   FIELD(StreamAttributeReq, attribute);
   f.add(static_cast<std::uint64_t>(Op::kStreamAttribute));
+  SIZE(GraphEventNodeReq);
+  FIELD(GraphEventNodeReq, kind);
+  SIZE(GraphHostNodeReq);
+  SIZE(GraphMemAllocNodeReq);
+  SIZE(GraphMemAllocRep);
+  FIELD(GraphMemAllocRep, dptr);
+  SIZE(GraphMemFreeNodeReq);
+  SIZE(GraphNodeParamsReq);
+  FIELD(GraphNodeParamsReq, param);
+  FIELD(GraphNodeParamsReq, set);
+  SIZE(GraphNodeValueRep);
+  SIZE(GraphFindInCloneReq);
+  SIZE(DeviceGraphMemReq);
+  FIELD(DeviceGraphMemReq, value);
+  f.add(static_cast<std::uint64_t>(Op::kDeviceGraphMem));
   return f.h;
 }
 
@@ -447,6 +463,7 @@ constexpr Pinned kPinned[] = {
     {1, 17, 0x3f1baaa7d081c004},  // stream attributes (116)
     {1, 18, 0x3f1baaa7d081c004},  // kHelloOwnIsolationGroup (a flag bit; no layout change)
     {1, 19, 0x165814a35afcbbb0},  // a fault's culprit: SessionControl fields, kServerFault
+    {1, 20, 0x1f5ea2c8603a2b64},  // graph nodes: events, host, memory, shape changes (117..126)
 };
 
 }  // namespace

@@ -9,7 +9,6 @@
 #include "tests/testdriver/state.hpp"
 
 namespace mpsshim::testdriver {
-namespace {
 
 // A graph by handle: one of the table's, or one embedded in a child graph node still alive.
 std::shared_ptr<Graph> find_graph(State& s, CUgraph handle) {
@@ -29,6 +28,7 @@ std::shared_ptr<Graph> clone_graph(State& s, const Graph& g) {
   std::map<CUgraphNode, CUgraphNode> renamed;
   for (const auto& node : g.nodes) {
     auto n = std::make_unique<GraphNode>(*node);
+    n->cloned_from = handle_of(node.get());
     if (node->child) n->child = clone_graph(s, *node->child);
     for (CUgraphNode& d : n->deps) d = renamed.at(d);
     renamed[handle_of(node.get())] = handle_of(n.get());
@@ -170,6 +170,36 @@ bool order_exec(const Graph& g, GraphExec& exec) {
   exec.order = std::move(order);
   for (auto& [handle, kernel] : exec.kernels) kernel.position = positions[kernel.node];
   for (auto& [handle, child] : exec.children) child.position = positions[child.node];
+  exec.events.clear();
+  exec.unfreed.clear();
+  exec.positions.clear();
+  // The handles of the graph it was instantiated from keep naming its nodes after an update.
+  if (exec.handles.empty()) {
+    for (const auto& node : g.nodes) exec.handles.push_back(handle_of(node.get()));
+  }
+  std::vector<CUdeviceptr> freed_here;
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const GraphNode& node = *g.nodes[i];
+    const CUgraphNode handle = exec.handles[i];
+    if (node.work) exec.positions[handle] = positions[i];
+    if (node.event) {
+      exec.events.push_back(
+          ExecEvent{handle, positions[i], node.event, node.type == CU_GRAPH_NODE_TYPE_WAIT_EVENT});
+    }
+    if (node.type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) exec.unfreed.push_back(node.memory);
+    if (node.type == CU_GRAPH_NODE_TYPE_MEM_FREE) freed_here.push_back(node.memory);
+  }
+  const std::vector<CUdeviceptr> allocated_here = exec.unfreed;
+  std::erase_if(exec.unfreed, [&](CUdeviceptr p) {
+    return std::find(freed_here.begin(), freed_here.end(), p) != freed_here.end();
+  });
+  exec.foreign_frees.clear();
+  for (CUdeviceptr p : freed_here) {
+    if (std::find(allocated_here.begin(), allocated_here.end(), p) == allocated_here.end())
+      exec.foreign_frees.push_back(p);
+  }
+  std::sort(exec.events.begin(), exec.events.end(),
+            [](const ExecEvent& a, const ExecEvent& b) { return a.position < b.position; });
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
     const GraphNode& node = *g.nodes[i];
     if (node.child) {
@@ -238,8 +268,6 @@ CUresult begin_capture(State& s, CUstream hstream, CUstreamCaptureMode mode,
   stream->capture_tail = std::move(after);
   return CUDA_SUCCESS;
 }
-
-}  // namespace
 
 // A launch on a capturing stream comes here with its arguments already packed (launch.cpp), from
 // kernelParams or from `extra`: capture keeps accepting `extra`, unlike cuGraphAddKernelNode and
@@ -467,10 +495,17 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphCreate(CUgraph* phGraph, unsig
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphDestroy(CUgraph hgraph) {
   return entry([&](State& s) {
-    std::lock_guard lock(s.mutex);
-    // A graph embedded in a child graph node is the node's (find_graph knows it; this does not).
-    if (s.graphs.get(hgraph) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-    s.graphs.erase(hgraph);  // executable graphs made from it keep their own copy
+    std::shared_ptr<GraphMemory> memory;
+    {
+      std::lock_guard lock(s.mutex);
+      // A graph embedded in a child graph node is the node's (find_graph knows it; this does
+      // not).
+      Graph* g = s.graphs.get(hgraph);
+      if (g == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+      memory = std::move(g->memory);
+      s.graphs.erase(hgraph);  // executable graphs made from it keep their own copy
+    }
+    release_graph_memory(s, std::move(memory));
     return CUDA_SUCCESS;
   });
 }
@@ -551,10 +586,14 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphEx
     constexpr unsigned long long kKnown = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |
                                           CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
     if ((flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
+    // A graph with memory nodes has one executable graph at a time (cuda.h; measured).
+    if (g->has_memory_nodes && !g->instance.expired()) return CUDA_ERROR_NOT_SUPPORTED;
     auto exec = std::make_shared<GraphExec>();
     exec->device = g->device;
     exec->shape = shape_of(*g);
     if (!order_exec(*g, *exec)) return CUDA_ERROR_INVALID_VALUE;
+    exec->memory = g->memory;
+    if (g->has_memory_nodes) g->instance = exec;
     *phExec = s.graph_execs.add(std::move(exec));
     ++s.graph_instantiations;
     return CUDA_SUCCESS;
@@ -563,9 +602,15 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphEx
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec hexec) {
   return entry([&](State& s) {
-    std::lock_guard lock(s.mutex);
-    if (s.graph_execs.get(hexec) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-    s.graph_execs.erase(hexec);  // launched replays hold their order
+    std::shared_ptr<GraphMemory> memory;
+    {
+      std::lock_guard lock(s.mutex);
+      GraphExec* exec = s.graph_execs.get(hexec);
+      if (exec == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+      memory = std::move(exec->memory);
+      s.graph_execs.erase(hexec);  // launched replays hold their order
+    }
+    release_graph_memory(s, std::move(memory));
     return CUDA_SUCCESS;
   });
 }
@@ -578,9 +623,12 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphLaunch(CUgraphExec hexec, CUst
     Stream* stream = nullptr;
     if (CUresult r = resolve_stream(s, hstream, stream); r != CUDA_SUCCESS) return r;
     if (stream->device != exec->device) return CUDA_ERROR_INVALID_VALUE;
+    CUresult error = CUDA_SUCCESS;
+    auto order = launch_order(s, *exec, &error);
+    if (!order) return error;
     submit_work(
         s, *stream,
-        [order = exec->order] {
+        [order = std::move(order)] {
           for (const Work& w : *order) (*w)();
         },
         CU_GRAPH_NODE_TYPE_GRAPH);
@@ -845,7 +893,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphAddDependencies_v2(CUgraph hgr
 
 // ---- child graphs ----
 
-namespace {
+namespace mpsshim::testdriver {
 
 // `handle` is a node of a live graph (the table's or an embedded one), so node_of may read it.
 bool node_alive(State& s, CUgraphNode handle) {
@@ -861,7 +909,7 @@ bool node_alive(State& s, CUgraphNode handle) {
   return false;
 }
 
-}  // namespace
+}  // namespace mpsshim::testdriver
 
 // As the driver: the child is cloned into the node, so it may be changed or destroyed afterwards
 // without touching the node. A graph may not be its own child.

@@ -15,6 +15,8 @@
 namespace mpsshim::testdriver {
 
 struct Stream;
+struct State;
+class Event;
 
 using Work = std::shared_ptr<const std::function<void()>>;
 
@@ -28,11 +30,35 @@ struct GraphNode {
   // A child graph node: the graph embedded in it (a clone of the one it was made from), which
   // replays in its place. The node owns it; State::embedded_graphs makes its handle work.
   std::shared_ptr<Graph> child;
+  // An event record or wait node: its event. Its work is a placeholder that each launch binds to
+  // the event as it stands then (GraphExec::events).
+  std::shared_ptr<Event> event;
+  // A host node's function (its work calls it).
+  CUDA_HOST_NODE_PARAMS host{};
+  // A memory allocation node: its block (bytes at address); a free node: the block it frees.
+  CUdeviceptr memory = 0;
+  std::size_t memory_bytes = 0;
+  // In a clone (cuGraphClone, and the graph a child node embeds): the node it was copied from.
+  CUgraphNode cloned_from = nullptr;
 };
+
+// The blocks of a graph's memory allocation nodes, held by the graph and by its executable
+// graph; released (after the device drained) when the last of them is destroyed.
+struct GraphMemory {
+  std::vector<CUdeviceptr> blocks;
+};
+
+struct GraphExec;
 
 struct Graph {
   int device = 0;
   std::vector<std::unique_ptr<GraphNode>> nodes;
+  // Set by its first memory allocation or free node. Such a graph may not be cloned, changed by
+  // destroying nodes or edges, or instantiated twice at once (cuda.h; the driver answers
+  // CUDA_ERROR_NOT_SUPPORTED, measured on an H200 with driver 580).
+  std::shared_ptr<GraphMemory> memory;
+  bool has_memory_nodes = false;
+  std::weak_ptr<GraphExec> instance;  // its one executable graph, while it has memory nodes
   CUgraph handle() { return reinterpret_cast<CUgraph>(this); }
 };
 
@@ -66,6 +92,15 @@ struct ExecChild {
   GraphShape shape;
 };
 
+// An event node of an executable graph: where its placeholder sits in the replay order, its
+// event (cuGraphExecEvent*NodeSetEvent changes it) and whether it waits or records.
+struct ExecEvent {
+  CUgraphNode node = nullptr;
+  std::size_t position = 0;
+  std::shared_ptr<Event> event;
+  bool wait = false;
+};
+
 struct GraphExec {
   int device = 0;
   GraphShape shape;
@@ -74,6 +109,16 @@ struct GraphExec {
   // holds it, so queued launches run with the parameters they were launched with.
   std::shared_ptr<const std::vector<Work>> order;
   std::map<CUgraphNode, ExecKernel> kernels;  // by the node's handle in the graph it came from
+  // Its nodes' handles in the graph it was instantiated from, by node index; and every node
+  // with work, by that handle: where the work sits.
+  std::vector<CUgraphNode> handles;
+  std::map<CUgraphNode, std::size_t> positions;
+  std::vector<ExecEvent> events;  // in replay order
+  // Graph memory: the blocks (kept alive with the graph's), and those the graph allocates but
+  // does not free, which must be free again before it is launched again.
+  std::shared_ptr<GraphMemory> memory;
+  std::vector<CUdeviceptr> unfreed;
+  std::vector<CUdeviceptr> foreign_frees;  // other graphs' blocks its free nodes free
 };
 
 struct Capture {
@@ -93,6 +138,29 @@ struct CapturedRecord {
   std::weak_ptr<Capture> capture;
   std::vector<CUgraphNode> nodes;
 };
+
+// graph.cpp, shared with graph_nodes.cpp (all with State::mutex held).
+std::shared_ptr<Graph> find_graph(State& s, CUgraph handle);
+CUresult check_deps(const Graph& g, const CUgraphNode* deps, std::size_t count);
+CUresult add_node(State& s, CUgraphNode* out, CUgraph hgraph, const CUgraphNode* deps,
+                  std::size_t count, CUgraphNodeType type, std::function<void()> work);
+bool node_alive(State& s, CUgraphNode handle);
+// A deep copy of `g`, registered as an embedded graph; each node knows the one it copies.
+std::shared_ptr<Graph> clone_graph(State& s, const Graph& g);
+// The graph holding a live node (nullptr if none).
+Graph* graph_holding(State& s, CUgraphNode handle);
+// Replaces the work at `position` of an executable graph's order (copy on write: a queued launch
+// holds the order it was given).
+void replace_exec_work(GraphExec& exec, std::size_t position,
+                       std::shared_ptr<const std::function<void()>> work);
+// The order a launch of `exec` runs: its event nodes bound to their events as they stand now;
+// nullptr and *error when graph memory it allocates is still allocated.
+std::shared_ptr<const std::vector<std::shared_ptr<const std::function<void()>>>> launch_order(
+    State& s, GraphExec& exec, CUresult* error);
+// Graph memory blocks: a graph memory free (in a free node's replay, cuMemFree, cuMemFreeAsync)
+// and the release of blocks no graph or executable graph holds any more (drains the device).
+bool free_graph_block(State& s, CUdeviceptr block);  // false: not allocated now
+void release_graph_memory(State& s, std::shared_ptr<GraphMemory> memory);
 
 inline GraphNode* node_of(CUgraphNode handle) {
   return reinterpret_cast<GraphNode*>(handle);

@@ -66,6 +66,14 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr,
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   return entry([&](State& s) {
+    {
+      // Graph memory: the block stays the graph's; it is free for the graph's next launch.
+      std::lock_guard lock(s.mutex);
+      auto it = s.allocations.find(dptr);
+      if (it != s.allocations.end() && it->second.graph) {
+        return free_graph_block(s, dptr) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+      }
+    }
     auto known = [&] {
       auto it = s.allocations.find(dptr);
       return it != s.allocations.end() && it->second.user ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;

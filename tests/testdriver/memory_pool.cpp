@@ -216,6 +216,11 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUst
     Stream* stream = nullptr;
     if (CUresult r = resolve_stream(s, hstream, stream); r != CUDA_SUCCESS) return r;
     auto it = s.allocations.find(dptr);
+    // Graph memory: free for the graph's next launch from now on (stream order is not modelled:
+    // the block is the graph's, and a launch after this free may allocate it again).
+    if (it != s.allocations.end() && it->second.graph) {
+      return free_graph_block(s, dptr) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    }
     if (it == s.allocations.end() || !it->second.user) return CUDA_ERROR_INVALID_VALUE;
     // Freed when the stream gets there, with no copy or kernel running (memory_use).
     stream->queue->submit([&s, dptr] {

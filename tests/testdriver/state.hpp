@@ -132,6 +132,11 @@ struct Allocation {
   int device;
   std::size_t size;
   bool user;  // from cuMemAlloc*, not a module's global
+  // A graph memory allocation node's block (graph.hpp): allocated from a launch of its graph
+  // until a free node, cuMemFree or cuMemFreeAsync frees it (`graph_live`).
+  bool graph = false;
+  bool graph_live = false;
+  bool freed_by_node = false;  // a free node names it: no other may (cuda.h)
 };
 
 struct Registration {

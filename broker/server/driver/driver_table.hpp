@@ -164,6 +164,32 @@
   X(cuGraphExecChildGraphNodeSetParams, CUresult, (CUgraphExec, CUgraphNode, CUgraph))             \
   X(cuGraphAddDependencies_v2, CUresult,                                                           \
     (CUgraph, const CUgraphNode*, const CUgraphNode*, const CUgraphEdgeData*, size_t))             \
+  X(cuGraphRemoveDependencies_v2, CUresult,                                                        \
+    (CUgraph, const CUgraphNode*, const CUgraphNode*, const CUgraphEdgeData*, size_t))             \
+  X(cuGraphAddEventRecordNode, CUresult,                                                           \
+    (CUgraphNode*, CUgraph, const CUgraphNode*, size_t, CUevent))                                  \
+  X(cuGraphAddEventWaitNode, CUresult,                                                             \
+    (CUgraphNode*, CUgraph, const CUgraphNode*, size_t, CUevent))                                  \
+  X(cuGraphEventRecordNodeSetEvent, CUresult, (CUgraphNode, CUevent))                              \
+  X(cuGraphEventWaitNodeSetEvent, CUresult, (CUgraphNode, CUevent))                                \
+  X(cuGraphExecEventRecordNodeSetEvent, CUresult, (CUgraphExec, CUgraphNode, CUevent))             \
+  X(cuGraphExecEventWaitNodeSetEvent, CUresult, (CUgraphExec, CUgraphNode, CUevent))               \
+  X(cuGraphAddHostNode, CUresult,                                                                  \
+    (CUgraphNode*, CUgraph, const CUgraphNode*, size_t, const CUDA_HOST_NODE_PARAMS*))             \
+  X(cuGraphHostNodeSetParams, CUresult, (CUgraphNode, const CUDA_HOST_NODE_PARAMS*))               \
+  X(cuGraphExecHostNodeSetParams, CUresult,                                                        \
+    (CUgraphExec, CUgraphNode, const CUDA_HOST_NODE_PARAMS*))                                      \
+  X(cuGraphAddMemAllocNode, CUresult,                                                              \
+    (CUgraphNode*, CUgraph, const CUgraphNode*, size_t, CUDA_MEM_ALLOC_NODE_PARAMS*))              \
+  X(cuGraphAddMemFreeNode, CUresult,                                                               \
+    (CUgraphNode*, CUgraph, const CUgraphNode*, size_t, CUdeviceptr))                              \
+  X(cuGraphNodeGetEnabled, CUresult, (CUgraphExec, CUgraphNode, unsigned int*))                    \
+  X(cuGraphDestroyNode, CUresult, (CUgraphNode))                                                   \
+  X(cuGraphClone, CUresult, (CUgraph*, CUgraph))                                                   \
+  X(cuGraphNodeFindInClone, CUresult, (CUgraphNode*, CUgraphNode, CUgraph))                        \
+  X(cuDeviceGraphMemTrim, CUresult, (CUdevice))                                                    \
+  X(cuDeviceGetGraphMemAttribute, CUresult, (CUdevice, CUgraphMem_attribute, void*))               \
+  X(cuDeviceSetGraphMemAttribute, CUresult, (CUdevice, CUgraphMem_attribute, void*))               \
   X(cuLaunchHostFunc, CUresult, (CUstream, CUhostFn, void*))                                       \
   X(cuStreamAddCallback, CUresult, (CUstream, CUstreamCallback, void*, unsigned int))              \
   X(cuMemPoolCreate, CUresult, (CUmemoryPool*, const CUmemPoolProps*))                             \

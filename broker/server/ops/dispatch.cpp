@@ -11,6 +11,7 @@
 #include "broker/server/ops/call.hpp"
 #include "broker/server/ops/ops.hpp"
 #include "proto/ops_copies.hpp"
+#include "proto/ops_graph_nodes.hpp"
 #include "proto/ops_ipc.hpp"
 #include "proto/ops_stream_attributes.hpp"
 #include "proto/ops_stream_mem.hpp"
@@ -78,6 +79,23 @@ std::array<OpSpec, kOpCount> make_specs() {
   set(Op::kStreamMemOp, "StreamMemOp", op_stream_mem_op, sizeof(StreamMemOpReq), false);
   set(Op::kStreamAttribute, "StreamAttribute", op_stream_attribute, sizeof(StreamAttributeReq),
       true);
+  set(Op::kGraphAddEventNode, "GraphAddEventNode", op_graph_add_event_node,
+      sizeof(GraphEventNodeReq), true);
+  set(Op::kGraphAddHostNode, "GraphAddHostNode", op_graph_add_host_node, sizeof(GraphHostNodeReq),
+      true);
+  set(Op::kGraphAddMemAllocNode, "GraphAddMemAllocNode", op_graph_add_mem_alloc_node,
+      sizeof(GraphMemAllocNodeReq), true);
+  set(Op::kGraphAddMemFreeNode, "GraphAddMemFreeNode", op_graph_add_mem_free_node,
+      sizeof(GraphMemFreeNodeReq), true);
+  set(Op::kGraphNodeParams, "GraphNodeParams", op_graph_node_params, sizeof(GraphNodeParamsReq),
+      true);
+  set(Op::kGraphDestroyNode, "GraphDestroyNode", op_graph_destroy_node, sizeof(HandleReq), true);
+  set(Op::kGraphRemoveDependencies, "GraphRemoveDependencies", op_graph_remove_dependencies,
+      sizeof(GraphAddDependenciesReq), true);
+  set(Op::kGraphClone, "GraphClone", op_graph_clone, sizeof(HandleReq), true);
+  set(Op::kGraphNodeFindInClone, "GraphNodeFindInClone", op_graph_node_find_in_clone,
+      sizeof(GraphFindInCloneReq), true);
+  set(Op::kDeviceGraphMem, "DeviceGraphMem", op_device_graph_mem, sizeof(DeviceGraphMemReq), true);
   set(Op::kTensorMapEncode, "TensorMapEncode", op_tensor_map_encode, sizeof(TensorMapEncodeReq),
       true);
   set(Op::kTensorMapReplaceAddress, "TensorMapReplaceAddress", op_tensor_map_replace_address,

@@ -71,7 +71,11 @@ OpResult op_event_record(Call& call) {
     // (sm_quota_change.hpp).
     auto fresh = call.session.create_event(event->flags);
     if (!fresh) return call.done(fresh.error());
-    call.session.destroy_client_event(event->event);
+    if (event->in_graph) {
+      call.session.graph_events.push_back(event->event);  // a graph's node still names it
+    } else {
+      call.session.destroy_client_event(event->event);
+    }
     event->event = *fresh;
     event->green_generation = call.session.green_generation;
   }

@@ -7,25 +7,27 @@
 #include <span>
 #include <vector>
 
+#include "broker/server/ops/graph_targets.hpp"
 #include "broker/server/ops/ops.hpp"
 #include "broker/server/session/busy_time.hpp"
 #include "broker/server/session/capture.hpp"
+#include "broker/server/session/graph_memory.hpp"
 #include "broker/server/session/limit_check.hpp"
 #include "broker/server/session/retire.hpp"
 
 namespace mpsshim::server {
-namespace {
 
 std::uint64_t remember_node(Session& session, CUgraphNode node, std::uint64_t graph_id) {
   return remember(session, node, GraphNodeObj{node, graph_id});
 }
 
-// A graph id handed out for the graph a capture builds; owned = false until the capture ends.
 std::uint64_t remember_graph(Session& session, CUgraph graph, std::uint64_t ctx, bool owned) {
   std::uint64_t id = remember(session, graph, GraphObj{graph, ctx, owned});
   if (GraphObj* g = session.objects.get<GraphObj>(id)) g->owned = g->owned || owned;
   return id;
 }
+
+namespace {
 
 // The dependency list after a kGraphAdd*Node request, as driver nodes of `graph_id`.
 bool read_dependencies(Call& call, std::size_t request_bytes, const proto::GraphAddNodeHeader& h,
@@ -48,14 +50,8 @@ bool read_dependencies(Call& call, std::size_t request_bytes, const proto::Graph
   return true;
 }
 
-// The shared part of a kGraphAdd*Node record: the graph it names and the dependency ids it must
-// hold after the request struct (plus `extra` bytes of the node kind's own); or the answer that
-// ends the call (a malformed record, an unknown graph or node).
-struct NodeTarget {
-  GraphObj* graph = nullptr;
-  std::vector<CUgraphNode> deps;
-};
-OpResult malformed_node(Call& call);
+}  // namespace
+
 tl::expected<NodeTarget, OpResult> node_target(Call& call, std::size_t request_bytes,
                                                const proto::GraphAddNodeHeader& h,
                                                std::uint64_t extra) {
@@ -83,8 +79,6 @@ OpResult malformed_node(Call& call) {
   return call.malformed("sent a graph node whose dependency list the record does not hold");
 }
 
-}  // namespace
-
 std::size_t forget_graphs(Session& session) {
   std::size_t destroyed = 0;
   for (std::uint64_t id : session.objects.ids<GraphObj>()) {
@@ -105,6 +99,11 @@ void forget_graph(Session& session, std::uint64_t graph_id) {
   for (std::uint64_t id : session.objects.ids_where<GraphObj>(
            [&](const GraphObj& g) { return g.embedded_in == graph_id; })) {
     forget_graph(session, id);
+  }
+  // Its memory nodes' memory stops counting against the client (graph_memory.hpp).
+  for (const DeviceRange& r : session.memory.remove_if(
+           [&](const DeviceRange& r) { return is_graph_memory(r) && r.owner == graph_id; })) {
+    session.release_memory(r.bytes);
   }
   auto graph = session.objects.take<GraphObj>(graph_id);
   if (!graph) return;

@@ -4,6 +4,7 @@
 #include "broker/server/base/log.hpp"
 #include "broker/server/ops/ops.hpp"
 #include "broker/server/session/busy_time.hpp"
+#include "broker/server/session/graph_memory.hpp"
 #include "broker/server/session/ipc_memory.hpp"
 #include "broker/server/session/limit_check.hpp"
 #include "broker/server/session/pools.hpp"
@@ -121,6 +122,10 @@ OpResult op_mem_free(Call& call) {
         "closes it with cuIpcCloseMemHandle)",
         session.who(), req.dptr);
     return call.done(CUDA_ERROR_INVALID_VALUE);
+  }
+  // The graph keeps its address; a later launch allocates it again (graph_memory.hpp).
+  if (range != nullptr && is_graph_memory(*range) && range->base == req.dptr) {
+    return call.done(call.cu.cuMemFree_v2(req.dptr));
   }
   if (range == nullptr || range->kind != RangeKind::kAllocation) {
     note_not_owned(call, fmt::format("allocation {:#x}", req.dptr));

@@ -16,6 +16,7 @@
 #include "broker/server/driver/device_heap.hpp"
 #include "broker/server/driver/driver.hpp"
 #include "broker/server/ops/ops.hpp"
+#include "broker/server/session/graph_memory.hpp"
 #include "broker/server/session/limit_check.hpp"
 #include "broker/server/session/pools.hpp"
 #include "broker/server/session/retire.hpp"
@@ -278,12 +279,16 @@ OpResult op_mem_free_async(Call& call) {
   auto req = call.request<proto::MemFreeAsyncReq>();
   Session& session = call.session;
   const DeviceRange* range = session.memory.find(req.dptr);
-  if (range == nullptr || range->kind != RangeKind::kAllocation) {
+  const bool graph_memory = range != nullptr && is_graph_memory(*range) && range->base == req.dptr;
+  if (range == nullptr || (range->kind != RangeKind::kAllocation && !graph_memory)) {
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
   CUresult error = CUDA_SUCCESS;
   StreamObj* stream = use_stream(call, req.stream, true, &error);
   if (stream == nullptr) return call.done(error);
+  if (graph_memory) {  // the graph keeps its address (graph_memory.hpp)
+    return finish_on_stream(call, *stream, call.cu.cuMemFreeAsync(req.dptr, stream->stream));
+  }
   DeviceHeap* heap = session.gpu().heap.get();
   const bool pooled = is_pool_allocation(session, *range);
   if (!pooled || (heap != nullptr && heap->owns(req.dptr))) {

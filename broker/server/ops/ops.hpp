@@ -101,6 +101,17 @@ OpResult op_graph_add_memset_node(Call& call);
 OpResult op_graph_add_copy_node(Call& call);
 OpResult op_graph_add_empty_node(Call& call);
 OpResult op_graph_add_dependencies(Call& call);
+// ops/graph_nodes.cpp
+OpResult op_graph_add_event_node(Call& call);
+OpResult op_graph_add_host_node(Call& call);
+OpResult op_graph_add_mem_alloc_node(Call& call);
+OpResult op_graph_add_mem_free_node(Call& call);
+OpResult op_graph_node_params(Call& call);
+OpResult op_graph_destroy_node(Call& call);
+OpResult op_graph_remove_dependencies(Call& call);
+OpResult op_graph_clone(Call& call);
+OpResult op_graph_node_find_in_clone(Call& call);
+OpResult op_device_graph_mem(Call& call);
 // ops/host_function.cpp
 OpResult op_host_func(Call& call);
 

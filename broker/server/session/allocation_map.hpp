@@ -20,15 +20,24 @@ namespace mpsshim::server {
 // kOpened: another client's allocation opened with cuIpcOpenMemHandle (ipc_memory.cpp); usable
 // as the client's own, freed only with cuIpcCloseMemHandle.
 // kPeer: another GPU's memory of the same client, mapped here at its own address (ops/peer.cpp).
-enum class RangeKind : std::uint8_t { kAllocation, kGlobal, kPinned, kMapped, kOpened, kPeer };
-inline constexpr std::size_t kRangeKinds = static_cast<std::size_t>(RangeKind::kPeer) + 1;
+enum class RangeKind : std::uint8_t {
+  kAllocation,
+  kGlobal,
+  kPinned,
+  kMapped,
+  kOpened,
+  kPeer,
+  kGraph,  // a graph's memory allocation node's (graph_memory.hpp)
+};
+inline constexpr std::size_t kRangeKinds = static_cast<std::size_t>(RangeKind::kGraph) + 1;
 
 struct DeviceRange {
   std::uint64_t base = 0;
   std::uint64_t bytes = 0;
   RangeKind kind = RangeKind::kAllocation;
   // allocation: context id (pool id for pool memory); global: module/library id; pinned: region
-  // id; mapped: the physical allocation's id; opened: the export's registry token; peer: 0
+  // id; mapped: the physical allocation's id; opened: the export's registry token; peer: 0;
+  // graph: the id of the graph whose allocation node holds it
   std::uint64_t owner = 0;
 };
 

@@ -61,6 +61,9 @@ struct EventObj {
   // An interprocess event (exported with cuIpcGetEventHandle, or opened): `event` is then null
   // and the event lives in the IpcEvent, shared with the other clients that hold it.
   std::shared_ptr<IpcEvent> ipc;
+  // Named by an event record or wait node (ops/graph_nodes.cpp): the driver event is then never
+  // destroyed before the session's graphs; a quota change parks it in Session::graph_events.
+  bool in_graph = false;
   // What a query, a synchronize or a stream wait looks at.
   CUevent driver_event() const { return ipc ? ipc->latest() : event; }
 };

@@ -11,6 +11,7 @@
 #include "broker/server/accounting/heap_profile.hpp"
 #include "broker/server/base/log.hpp"
 #include "broker/server/session/completions.hpp"
+#include "broker/server/session/graph_memory.hpp"
 #include "broker/server/session/host_callbacks.hpp"
 #include "broker/server/session/pools.hpp"
 #include "broker/server/session/streams.hpp"
@@ -238,6 +239,11 @@ FreedTally free_everything(Session& session) {
   ipc_end_session(session, rest);
   for (std::uint64_t id : session.objects.ids<LibraryObj>()) forget_library(session, id, rest);
   for (std::uint64_t id : session.objects.ids<ModuleObj>()) forget_module(session, id, rest);
+  // Graph memory a launch allocated and nothing freed yet outlives its graph in the driver;
+  // what is not allocated now the driver refuses, which is no failure here.
+  for (const DeviceRange& a : session.memory.remove_if(is_graph_memory)) {
+    session.cu().cuMemFree_v2(a.base);
+  }
   for (const DeviceRange& a : session.memory.remove_if(
            [](const DeviceRange& r) { return r.kind == RangeKind::kAllocation; })) {
     rest.allocations.push_back(a);
@@ -254,6 +260,8 @@ FreedTally free_everything(Session& session) {
   }
   end_open_captures(session);  // no capture may still fill a graph destroyed below
   tally.graphs += forget_graphs(session);
+  for (CUevent event : session.graph_events) cu.cuEventDestroy_v2(event);
+  session.graph_events.clear();
   free_retired(session, rest, &tally);
   free_virtual_memory(session, tally);
   if (DeviceHeap* heap = session.gpu().heap.get()) heap->forget_owner(session.client.id);

@@ -267,6 +267,9 @@ class Session {
   std::uint32_t green_generation = 0;
   std::vector<GreenContext> earlier_greens;
   std::vector<CUevent> stale_events;
+  // Driver events an event node of a graph still names after the client's event moved on to a
+  // fresh one (a record after a quota change): destroyed at session end, after the graphs.
+  std::vector<CUevent> graph_events;
   int pending_sm_percentage = 0;  // 0: none
   bool staging_registered = false;
   // Host functions run in the client (host_callbacks.hpp); shared with queued host functions.

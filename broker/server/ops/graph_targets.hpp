@@ -1,0 +1,39 @@
+// What the graph op handlers (ops/graph.cpp, ops/graph_nodes.cpp) share: ids for the driver's
+// graphs and nodes, and the common part of every kGraphAdd*Node record.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <vector>
+
+#include <tl/expected.hpp>
+
+#include "broker/server/ops/call.hpp"
+
+namespace mpsshim::server {
+
+// The node's id in the session (the one it has, or a new one), a node of graph `graph_id`.
+std::uint64_t remember_node(Session& session, CUgraphNode node, std::uint64_t graph_id);
+
+// A graph's id (the one it has, or a new one). A graph a capture builds is not the client's
+// (owned = false) until the capture ends; a clone or a created graph is.
+std::uint64_t remember_graph(Session& session, CUgraph graph, std::uint64_t ctx, bool owned);
+
+// The shared part of a kGraphAdd*Node record: the graph it names and the dependency ids it must
+// hold after the request struct (plus `extra` bytes of the node kind's own); or the answer that
+// ends the call (a malformed record, an unknown graph or node).
+struct NodeTarget {
+  GraphObj* graph = nullptr;
+  std::vector<CUgraphNode> deps;
+};
+tl::expected<NodeTarget, OpResult> node_target(Call& call, std::size_t request_bytes,
+                                               const proto::GraphAddNodeHeader& h,
+                                               std::uint64_t extra);
+
+// The answer to an add: the driver's error, or the new node's id (GraphRep).
+OpResult node_reply(Call& call, std::uint64_t graph_id, CUresult r, CUgraphNode node);
+
+OpResult malformed_node(Call& call);
+
+}  // namespace mpsshim::server

@@ -1,0 +1,150 @@
+// Event, host and memory nodes and a graph's shape through the server, on the test driver: graph
+// memory is counted against the client's limit and given back with its graph, another client's
+// events, nodes and memory are refused, malformed records end only their session, and the
+// session's end frees every graph and its memory.
+#include <catch2/catch.hpp>
+
+#include <span>
+#include <vector>
+
+#include "proto/ops_graph_nodes.hpp"
+#include "tests/server/launch_batch_fixture.hpp"
+
+namespace mpsshim::server::test {
+namespace {
+
+using proto::Op;
+constexpr std::uint64_t kMiB = 1 << 20;
+
+proto::ClientHello limited_hello(std::uint64_t limit) {
+  auto hello = default_hello(4125, "python3");
+  hello.device_memory_limit = limit;
+  return hello;
+}
+
+struct Fixture : batch::Fixture {
+  explicit Fixture(proto::ClientHello hello = default_hello())
+      : batch::Fixture(test_driver(), batch::no_batching(), hello) {}
+
+  std::uint64_t graph() {
+    auto reply = sut.call(Op::kGraphCreate, proto::GraphCreateReq{ctx.ctx, 0, 0});
+    REQUIRE(reply.result == CUDA_SUCCESS);
+    return reply.as<proto::GraphRep>().handle;
+  }
+  Reply alloc_node(std::uint64_t graph, std::uint64_t bytes) {
+    return sut.call(Op::kGraphAddMemAllocNode, proto::GraphMemAllocNodeReq{{graph, 0, 0}, bytes});
+  }
+  Reply free_node(std::uint64_t graph, std::uint64_t dptr) {
+    return sut.call(Op::kGraphAddMemFreeNode, proto::GraphMemFreeNodeReq{{graph, 0, 0}, dptr});
+  }
+  Reply event_node(std::uint64_t graph, std::uint64_t event, proto::GraphEventNodeKind kind) {
+    return sut.call(
+        Op::kGraphAddEventNode,
+        proto::GraphEventNodeReq{{graph, 0, 0}, event, static_cast<std::uint32_t>(kind), 0});
+  }
+  std::uint64_t free_bytes() {
+    auto reply = sut.call_empty(Op::kMemGetInfo);
+    REQUIRE(reply.result == CUDA_SUCCESS);
+    return reply.as<proto::MemGetInfoRep>().free_bytes;
+  }
+};
+
+TEST_CASE("graph memory counts against the client's limit until its graph is destroyed",
+          "[server][graph][graph_nodes]") {
+  Fixture f(limited_hello(16 * kMiB));
+  const std::uint64_t g = f.graph();
+  auto first = f.alloc_node(g, 10 * kMiB);
+  REQUIRE(first.result == CUDA_SUCCESS);
+  const std::uint64_t dptr = first.as<proto::GraphMemAllocRep>().dptr;
+  CHECK(dptr != 0);
+  CHECK(f.free_bytes() <= 6 * kMiB);
+  CHECK(f.alloc_node(g, 8 * kMiB).result == CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK(f.h.logged("graph memory"));
+  // Its free node frees it in the graph; the graph still holds it (its next launch allocates it).
+  REQUIRE(f.free_node(g, dptr).result == CUDA_SUCCESS);
+  CHECK(f.free_bytes() <= 6 * kMiB);
+  REQUIRE(f.sut.call(Op::kGraphDestroy, proto::HandleReq{g}).result == CUDA_SUCCESS);
+  CHECK(f.free_bytes() == 16 * kMiB);
+  // Memory of the client's that is not graph memory is no free node's.
+  const std::uint64_t plain = f.buffer(4096);
+  CHECK(f.free_node(f.graph(), plain).result == CUDA_ERROR_INVALID_VALUE);
+}
+
+TEST_CASE("graph nodes refuse another client's events, nodes and memory, and malformed records",
+          "[server][graph][graph_nodes]") {
+  Fixture f;
+  const std::uint64_t g = f.graph();
+  const std::uint64_t mine = f.event();
+  REQUIRE(f.event_node(g, mine, proto::GraphEventNodeKind::kRecord).result == CUDA_SUCCESS);
+
+  TestClient other{f.h, default_hello(4126, "other")};
+  const proto::CtxCreateRep other_ctx = other.create_context();
+  auto created = other.call(Op::kGraphCreate, proto::GraphCreateReq{other_ctx.ctx, 0, 0});
+  REQUIRE(created.result == CUDA_SUCCESS);
+  const std::uint64_t others = created.as<proto::GraphRep>().handle;
+  auto others_alloc =
+      other.call(Op::kGraphAddMemAllocNode, proto::GraphMemAllocNodeReq{{others, 0, 0}, 4096});
+  REQUIRE(others_alloc.result == CUDA_SUCCESS);
+  const proto::GraphMemAllocRep theirs = others_alloc.as<proto::GraphMemAllocRep>();
+
+  SECTION("ids and memory of this session only") {
+    CHECK(other.call(Op::kGraphAddEventNode, proto::GraphEventNodeReq{{others, 0, 0}, mine, 0, 0})
+              .result == CUDA_ERROR_INVALID_HANDLE);
+    CHECK(f.free_node(g, theirs.dptr).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(
+        f.sut.call(Op::kGraphNodeFindInClone, proto::GraphFindInCloneReq{theirs.node, g}).result ==
+        CUDA_ERROR_INVALID_VALUE);
+    CHECK(f.sut.call(Op::kGraphDestroyNode, proto::HandleReq{theirs.node}).result ==
+          CUDA_ERROR_INVALID_VALUE);
+    CHECK(f.sut.call(Op::kGraphClone, proto::HandleReq{others}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(f.sut
+              .call(Op::kGraphNodeParams,
+                    proto::GraphNodeParamsReq{
+                        0, theirs.node, mine,
+                        static_cast<std::uint32_t>(proto::GraphNodeParam::kEvent), 1})
+              .result == CUDA_ERROR_INVALID_VALUE);
+  }
+  SECTION("an event node of an unknown kind ends the session") {
+    f.sut.send(Op::kGraphAddEventNode, proto::GraphEventNodeReq{{g, 0, 0}, mine, 7, 0}, 0);
+    REQUIRE(f.h.pump_until([&] { return f.h.logged("event node of unknown kind 7"); }));
+  }
+  SECTION("a host node without a callback ends the session") {
+    f.sut.send(Op::kGraphAddHostNode, proto::GraphHostNodeReq{{g, 0, 0}, 0}, 0);
+    REQUIRE(f.h.pump_until([&] { return f.h.logged("host node without a callback id"); }));
+  }
+  // The other client was never disturbed.
+  CHECK(other.call(Op::kGraphGetNodes, proto::GraphGetNodesReq{others, 0}).result == CUDA_SUCCESS);
+  other.hang_up();
+  f.sut.hang_up();
+  REQUIRE(f.h.pump_until([&] { return f.h.server->session_count() == 0; }));
+}
+
+TEST_CASE("a session's end frees graphs with event, host and memory nodes and their clones",
+          "[server][graph][graph_nodes]") {
+  const int live_before = live_driver_objects();
+  const int graphs_before = batch::graph_objects();
+  {
+    Fixture f;
+    const std::uint64_t g = f.graph();
+    const std::uint64_t ev = f.event();
+    auto record = f.event_node(g, ev, proto::GraphEventNodeKind::kRecord);
+    REQUIRE(record.result == CUDA_SUCCESS);
+    auto clone = f.sut.call(Op::kGraphClone, proto::HandleReq{g});
+    REQUIRE(clone.result == CUDA_SUCCESS);
+    auto found = f.sut.call(Op::kGraphNodeFindInClone,
+                            proto::GraphFindInCloneReq{record.as<proto::GraphRep>().handle,
+                                                       clone.as<proto::GraphRep>().handle});
+    REQUIRE(found.result == CUDA_SUCCESS);
+    const std::uint64_t m = f.graph();
+    auto alloc = f.alloc_node(m, kMiB);
+    REQUIRE(alloc.result == CUDA_SUCCESS);
+    REQUIRE(f.sut.call(Op::kGraphInstantiate, proto::GraphInstantiateReq{m, 0, 0}).result ==
+            CUDA_SUCCESS);
+    CHECK(batch::graph_objects() == graphs_before + 4);  // g, its clone, m, m's exec
+  }
+  CHECK(batch::graph_objects() == graphs_before);
+  CHECK(live_driver_objects() == live_before);
+}
+
+}  // namespace
+}  // namespace mpsshim::server::test
