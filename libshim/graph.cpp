@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -407,6 +408,21 @@ CUresult add_node(CUgraphNode* out, GraphObject* graph, proto::Op op, const Req&
   return CUDA_SUCCESS;
 }
 
+// What cuGraphKernelNodeGetParams gives back for a kernel node: the launch as given, the
+// arguments as packed.
+void remember_kernel(NodeParams& p, const Function* f, CUfunction func, CUkernel kern,
+                     unsigned const grid[3], unsigned const block[3], unsigned shared,
+                     std::span<const std::byte> packed) {
+  p.func = func;
+  p.kern = kern;
+  std::copy(grid, grid + 3, p.grid);
+  std::copy(block, block + 3, p.block);
+  p.shared_bytes = shared;
+  p.args.assign(packed.begin(), packed.end());
+  p.arg_offsets.clear();
+  for (const proto::ParamSlot& slot : f->params) p.arg_offsets.push_back(slot.offset);
+}
+
 CUresult add_kernel_node(CUgraphNode* out, CUgraph hgraph, const CUgraphNode* deps,
                          std::size_t count, CUfunction func, CUkernel kern, unsigned const grid[3],
                          unsigned const block[3], unsigned shared, void** params, void** extra) {
@@ -438,24 +454,40 @@ CUresult add_kernel_node(CUgraphNode* out, CUgraph hgraph, const CUgraphNode* de
                                     {block[0], block[1], block[2]},
                                     shared,
                                     static_cast<std::uint32_t>(trailing.size() - at)};
-  return add_node(out, graph, proto::Op::kGraphAddKernelNode, request, trailing);
+  if (CUresult rc = add_node(out, graph, proto::Op::kGraphAddKernelNode, request, trailing);
+      rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  NodeParams known;
+  known.known = true;
+  known.type = CU_GRAPH_NODE_TYPE_KERNEL;
+  remember_kernel(known, f, func, kern, grid, block, shared, std::span(trailing).subspan(at));
+  GraphNodeObject* node = node_of(*out);
+  std::lock_guard lock(graph->mutex);
+  node->params = std::move(known);
+  return CUDA_SUCCESS;
 }
 
-// New parameters for a kernel node of an executable graph; the arguments packed as for a new
-// kernel node.
-CUresult exec_kernel_node_set_params(CUgraphExec hexec, CUgraphNode hnode, CUfunction func,
-                                     CUkernel kern, unsigned const grid[3], unsigned const block[3],
-                                     unsigned shared, void** params, void** extra) {
+}  // namespace
+
+namespace mpsshim::shim {
+
+CUresult kernel_node_set_params(CUgraphExec hexec, CUgraphNode hnode, CUfunction func,
+                                CUkernel kern, unsigned const grid[3], unsigned const block[3],
+                                unsigned shared, void** params, void** extra) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
-  GraphExecObject* exec = exec_of(hexec);
-  if (exec == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  GraphNodeObject* node = node_of(hnode);
-  if (node == nullptr || node->graph->ctx->session != exec->ctx->session) {
-    return CUDA_ERROR_INVALID_VALUE;
+  GraphExecObject* exec = nullptr;
+  if (hexec != nullptr) {
+    exec = exec_of(hexec);
+    if (exec == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   }
+  GraphNodeObject* node = node_of(hnode);
+  if (node == nullptr) return exec != nullptr ? CUDA_ERROR_INVALID_VALUE : dead_or_null(hnode);
+  Context* ctx = exec != nullptr ? exec->ctx : node->graph->ctx;
+  if (node->graph->ctx->session != ctx->session) return CUDA_ERROR_INVALID_VALUE;
   Function* f =
       object_of<Function>(func != nullptr ? static_cast<void*>(func) : static_cast<void*>(kern));
-  if (f == nullptr || f->ctx == nullptr || f->ctx->session != exec->ctx->session) {
+  if (f == nullptr || f->ctx == nullptr || f->ctx->session != ctx->session) {
     return CUDA_ERROR_INVALID_HANDLE;
   }
   if (CUresult rc = usable(f); rc != CUDA_SUCCESS) return rc;
@@ -465,16 +497,31 @@ CUresult exec_kernel_node_set_params(CUgraphExec hexec, CUgraphNode hnode, CUfun
   if (bytes > proto::kMaxArgsBytes) return CUDA_ERROR_INVALID_VALUE;
   std::vector<std::byte> packed(bytes);
   pack_arguments(f, params, buffer, bytes, packed.data());
-  proto::GraphExecKernelNodeReq request{exec->wire,
+  // exec 0: the graph's own node (cuGraphKernelNodeSetParams).
+  proto::GraphExecKernelNodeReq request{exec != nullptr ? exec->wire : 0,
                                         node->wire,
                                         f->wire,
                                         {grid[0], grid[1], grid[2]},
                                         {block[0], block[1], block[2]},
                                         shared,
                                         static_cast<std::uint32_t>(bytes)};
-  return exec->ctx->session->call(proto::Op::kGraphExecKernelNodeSetParams, &request,
-                                  sizeof request, packed, nullptr, 0);
+  if (CUresult rc = ctx->session->call(proto::Op::kGraphExecKernelNodeSetParams, &request,
+                                       sizeof request, packed, nullptr, 0);
+      rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  if (exec == nullptr) {  // an executable graph's copy is its own
+    std::lock_guard lock(node->graph->mutex);
+    node->params.known = true;
+    node->params.type = CU_GRAPH_NODE_TYPE_KERNEL;
+    remember_kernel(node->params, f, func, kern, grid, block, shared, packed);
+  }
+  return CUDA_SUCCESS;
 }
+
+}  // namespace mpsshim::shim
+
+namespace {
 
 CUresult add_dependencies(CUgraph hgraph, const CUgraphNode* from, const CUgraphNode* to,
                           const CUgraphEdgeData* edges, std::size_t count) {
@@ -1078,8 +1125,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphExecKernelNodeSetParams_v2(
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const unsigned grid[3] = {p->gridDimX, p->gridDimY, p->gridDimZ};
   const unsigned block[3] = {p->blockDimX, p->blockDimY, p->blockDimZ};
-  return exec_kernel_node_set_params(exec, node, p->func, p->kern, grid, block, p->sharedMemBytes,
-                                     p->kernelParams, p->extra);
+  return kernel_node_set_params(exec, node, p->func, p->kern, grid, block, p->sharedMemBytes,
+                                p->kernelParams, p->extra);
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuGraphExecKernelNodeSetParams(
@@ -1087,8 +1134,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphExecKernelNodeSetParams(
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const unsigned grid[3] = {p->gridDimX, p->gridDimY, p->gridDimZ};
   const unsigned block[3] = {p->blockDimX, p->blockDimY, p->blockDimZ};
-  return exec_kernel_node_set_params(exec, node, p->func, nullptr, grid, block, p->sharedMemBytes,
-                                     p->kernelParams, p->extra);
+  return kernel_node_set_params(exec, node, p->func, nullptr, grid, block, p->sharedMemBytes,
+                                p->kernelParams, p->extra);
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddMemsetNode(CUgraphNode* out, CUgraph hgraph,
@@ -1109,7 +1156,16 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddMemsetNode(CUgraphNode* out, CUgraph h
                                     p->height,
                                     p->value,
                                     p->elementSize};
-  return add_node(out, graph, proto::Op::kGraphAddMemsetNode, request, trailing);
+  if (CUresult rc = add_node(out, graph, proto::Op::kGraphAddMemsetNode, request, trailing);
+      rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  std::lock_guard lock(graph->mutex);
+  NodeParams& known = node_of(*out)->params;
+  known.known = true;
+  known.type = CU_GRAPH_NODE_TYPE_MEMSET;
+  known.memset = *p;
+  return CUDA_SUCCESS;
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddMemcpyNode(CUgraphNode* out, CUgraph hgraph,
@@ -1140,7 +1196,16 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddMemcpyNode(CUgraphNode* out, CUgraph h
                                   p->dstDevice + p->dstXInBytes,
                                   p->srcDevice + p->srcXInBytes,
                                   p->WidthInBytes};
-  return add_node(out, graph, proto::Op::kGraphAddCopyNode, request, trailing);
+  if (CUresult rc = add_node(out, graph, proto::Op::kGraphAddCopyNode, request, trailing);
+      rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  std::lock_guard lock(graph->mutex);
+  NodeParams& known = node_of(*out)->params;
+  known.known = true;
+  known.type = CU_GRAPH_NODE_TYPE_MEMCPY;
+  known.memcpy = *p;
+  return CUDA_SUCCESS;
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddEmptyNode(CUgraphNode* out, CUgraph hgraph,

@@ -67,32 +67,6 @@ CUresult add(CUgraphNode* out, CUgraph hgraph, const CUgraphNode* deps, std::siz
   return CUDA_SUCCESS;
 }
 
-// The node's parameters for a query of a node of `type`: what the shim keeps; or the answer
-// that ends the query (not a node, a node of another type, a node whose parameters the shim
-// never saw).
-CUresult params_of(CUgraphNode hnode, CUgraphNodeType type, const char* call, NodeParams& out) {
-  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
-  GraphNodeObject* node = node_of(hnode);
-  if (node == nullptr) return dead_or_null(hnode);
-  {
-    std::lock_guard lock(node->graph->mutex);
-    out = node->params;
-  }
-  if (out.known) return out.type == type ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-  proto::GraphNodeTypeRep reply{};
-  if (CUresult rc = node->graph->ctx->session->call(proto::Op::kGraphNodeGetType,
-                                                    proto::HandleReq{node->wire}, &reply);
-      rc != CUDA_SUCCESS) {
-    return rc;
-  }
-  if (reply.type != static_cast<std::uint32_t>(type)) return CUDA_ERROR_INVALID_VALUE;
-  log_once(call, Level::warn,
-           "{}: the parameters of a node made by stream capture are not known to mpsshim; "
-           "build the node with cuGraphAdd*Node to query them",
-           call);
-  return CUDA_ERROR_NOT_SUPPORTED;
-}
-
 // Sets one parameter of a node (exec null) or of an executable graph's node; on success the
 // node remembers `update` (a node's own parameters only: an executable graph's copy is its own).
 template <typename Update>
@@ -153,7 +127,7 @@ CUresult add_event_node(CUgraphNode* out, CUgraph hgraph, const CUgraphNode* dep
 CUresult get_event(CUgraphNode hnode, CUevent* out, CUgraphNodeType type, const char* call) {
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   NodeParams params;
-  if (CUresult rc = params_of(hnode, type, call, params); rc != CUDA_SUCCESS) return rc;
+  if (CUresult rc = query_params(hnode, type, call, params); rc != CUDA_SUCCESS) return rc;
   *out = params.event;
   return CUDA_SUCCESS;
 }
@@ -310,6 +284,32 @@ GraphMemoryBook& graph_memory_book() {
 
 namespace mpsshim::shim {
 
+// The node's parameters for a query of a node of `type`: what the shim keeps; or the answer
+// that ends the query (not a node, a node of another type, a node whose parameters the shim
+// never saw).
+CUresult query_params(CUgraphNode hnode, CUgraphNodeType type, const char* call, NodeParams& out) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  GraphNodeObject* node = node_of(hnode);
+  if (node == nullptr) return dead_or_null(hnode);
+  {
+    std::lock_guard lock(node->graph->mutex);
+    out = node->params;
+  }
+  if (out.known) return out.type == type ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  proto::GraphNodeTypeRep reply{};
+  if (CUresult rc = node->graph->ctx->session->call(proto::Op::kGraphNodeGetType,
+                                                    proto::HandleReq{node->wire}, &reply);
+      rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  if (reply.type != static_cast<std::uint32_t>(type)) return CUDA_ERROR_INVALID_VALUE;
+  log_once(call, Level::warn,
+           "{}: the parameters of a node made by stream capture are not known to mpsshim; "
+           "build the node with cuGraphAdd*Node to query them",
+           call);
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
 void remember_graph_memory(GraphObject* graph, CUdeviceptr base, std::size_t bytes) {
   DeviceRange range{base, bytes, graph->ctx};
   range.device = graph->ctx->device;
@@ -410,7 +410,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphHostNodeGetParams(CUgraphNode node,
                                                          CUDA_HOST_NODE_PARAMS* out) {
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   NodeParams params;
-  if (CUresult rc = params_of(node, CU_GRAPH_NODE_TYPE_HOST, "cuGraphHostNodeGetParams", params);
+  if (CUresult rc = query_params(node, CU_GRAPH_NODE_TYPE_HOST, "cuGraphHostNodeGetParams", params);
       rc != CUDA_SUCCESS) {
     return rc;
   }
@@ -478,7 +478,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphMemAllocNodeGetParams(CUgraphNode hnode,
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   NodeParams params;
   if (CUresult rc =
-          params_of(hnode, CU_GRAPH_NODE_TYPE_MEM_ALLOC, "cuGraphMemAllocNodeGetParams", params);
+          query_params(hnode, CU_GRAPH_NODE_TYPE_MEM_ALLOC, "cuGraphMemAllocNodeGetParams", params);
       rc != CUDA_SUCCESS) {
     return rc;
   }
@@ -499,7 +499,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphMemFreeNodeGetParams(CUgraphNode node, CU
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   NodeParams params;
   if (CUresult rc =
-          params_of(node, CU_GRAPH_NODE_TYPE_MEM_FREE, "cuGraphMemFreeNodeGetParams", params);
+          query_params(node, CU_GRAPH_NODE_TYPE_MEM_FREE, "cuGraphMemFreeNodeGetParams", params);
       rc != CUDA_SUCCESS) {
     return rc;
   }

@@ -48,6 +48,17 @@ struct NodeParams {
   std::size_t memory_bytes = 0;  // memory allocation nodes
   CUmemAccessDesc access{};      // memory allocation nodes: the one access descriptor given
   std::size_t access_count = 0;
+  // Kernel nodes: the launch as given, its arguments packed at the function's layout.
+  CUfunction func = nullptr;
+  CUkernel kern = nullptr;
+  unsigned grid[3]{};
+  unsigned block[3]{};
+  unsigned shared_bytes = 0;
+  std::vector<std::byte> args;
+  std::vector<std::uint32_t> arg_offsets;
+  // Memset and memcpy nodes: their parameters as given.
+  CUDA_MEMSET_NODE_PARAMS memset{};
+  CUDA_MEMCPY3D memcpy{};
 };
 
 struct GraphNodeObject {
@@ -55,6 +66,9 @@ struct GraphNodeObject {
   GraphObject* graph = nullptr;
   proto::WireHandle wire = 0;
   NodeParams params;  // guarded by graph->mutex
+  // cuGraphKernelNodeGetParams' kernelParams: pointers into params.args, valid until the next
+  // query of the node or its end (guarded by graph->mutex).
+  std::vector<void*> arg_pointers = {};
 };
 
 struct GraphExecObject {
@@ -95,6 +109,17 @@ GraphNodeObject* node_for(GraphObject* graph, proto::WireHandle wire);
 void remember_graph_memory(GraphObject* graph, CUdeviceptr base, std::size_t bytes);
 bool is_graph_memory(CUdeviceptr base) noexcept;
 void forget_graph_memory(GraphObject* graph) noexcept;
+
+// The node's parameters for a query of a node of `type` (`call` names the query in a log line):
+// what the shim keeps; or the answer that ends the query (not a node, a node of another type,
+// a node whose parameters the shim never saw: asked of the server for its type).
+CUresult query_params(CUgraphNode hnode, CUgraphNodeType type, const char* call, NodeParams& out);
+
+// New parameters for a kernel node of a graph (hexec null) or of an executable graph made from
+// it, packed as for a new kernel node; a graph's node remembers them (graph.cpp).
+CUresult kernel_node_set_params(CUgraphExec hexec, CUgraphNode hnode, CUfunction func,
+                                CUkernel kern, unsigned const grid[3], unsigned const block[3],
+                                unsigned shared, void** params, void** extra);
 
 // Appends the server ids of `deps` (nodes of `graph`; any graph's if null) to `out`.
 CUresult append_dependencies(GraphObject* graph, const CUgraphNode* deps, std::size_t count,

@@ -56,7 +56,9 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // padding, 0) and MessageKind::kServerFault (server -> daemon, before it exits with a fault).
 // Minor 20: graph nodes beyond kernels, memsets and copies (ops 117..126,
 // proto/ops_graph_nodes.hpp).
-inline constexpr std::uint16_t kAbiMinor = 20;
+// Minor 21: GraphExecKernelNodeReq::exec 0 names the graph's own kernel node
+// (cuGraphKernelNodeSetParams); no layout change.
+inline constexpr std::uint16_t kAbiMinor = 21;
 // The first minor whose daemon honours kHelloOwnIsolationGroup.
 inline constexpr std::uint16_t kAbiMinorIsolationGroups = 18;
 

@@ -75,6 +75,14 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "a kernel node's own parameters change later instantiations only; the generic setters reach "
+    "the setter of the node's type",
+    "[e2e][graph_nodes]") {
+  Daemon daemon;
+  require_pass(run_client(daemon, {nodes_client(), "kernel_params"}), daemon);
+}
+
+TEST_CASE(
     "a capture's dependency nodes are listed, replaced and added to by hand, as NCCL does, and "
     "the graph computes",
     "[e2e][capture_deps]") {

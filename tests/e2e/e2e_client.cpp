@@ -1480,6 +1480,7 @@ int copy_batch() {
   CUdeviceptr a{}, b{}, c{}, d{};
   for (CUdeviceptr* p : {&a, &b, &c, &d}) CHECK(cuMemAlloc(p, kN));
   CHECK(cuMemsetD8(c, 0x5a, kN));
+  CHECK(cuCtxSynchronize());  // a memset of device memory may still run; the stream does not wait
   CUdeviceptr dsts[] = {a, b, d, d + kN - 256};
   CUdeviceptr srcs[] = {reinterpret_cast<CUdeviceptr>(pageable.data()),
                         reinterpret_cast<CUdeviceptr>(pinned), c,

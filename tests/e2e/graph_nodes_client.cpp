@@ -366,6 +366,20 @@ int shape() {
   rp.eventRecord.event = ev;
   CHECK(cuGraphAddNode(&ge, clone, &gh, nullptr, 1, &rp));
 
+  // The kernel, memset and memcpy nodes' own parameters.
+  CUDA_KERNEL_NODE_PARAMS kq{};
+  CHECK(cuGraphKernelNodeGetParams(inc, &kq));
+  if (kq.func != increment || kq.gridDimX != (kElements + 255) / 256 || kq.blockDimX != 256 ||
+      kq.kernelParams == nullptr || *static_cast<CUdeviceptr*>(kq.kernelParams[0]) != a ||
+      *static_cast<int*>(kq.kernelParams[1]) != kElements) {
+    return fail("the kernel node's parameters");
+  }
+  CUDA_MEMSET_NODE_PARAMS mq{};
+  CHECK(cuGraphMemsetNodeGetParams(set, &mq));
+  if (mq.dst != a || mq.value != kSetA || mq.width != kElements) return fail("the memset node's");
+  EXPECT(cuGraphKernelNodeGetParams(set, &kq), CUDA_ERROR_INVALID_VALUE);
+  EXPECT(cuGraphMemcpyNodeGetParams(set, nullptr), CUDA_ERROR_INVALID_VALUE);
+
   CUgraphExec gx{}, cx{};
   CHECK(cuGraphInstantiateWithFlags(&gx, g, 0));
   CHECK(cuGraphInstantiateWithFlags(&cx, clone, 0));
@@ -383,6 +397,68 @@ int shape() {
   return 0;
 }
 
+// A kernel node's own parameters changed (later instantiations run them, earlier ones keep theirs)
+// and an executable graph's changed through the generic form.
+int kernel_params() {
+  Setup s = setup();
+  CUfunction increment{};
+  CHECK(cuModuleGetFunction(&increment, s.module, "increment_i32"));
+  CUdeviceptr a{}, b{};
+  CHECK(cuMemAlloc(&a, kBytes));
+  CHECK(cuMemAlloc(&b, kBytes));
+  CHECK(cuMemsetD32(a, 10, kElements));
+  CHECK(cuMemsetD32(b, 20, kElements));
+  CHECK(cuCtxSynchronize());  // a memset of device memory may still run; the streams do not wait
+  CUgraph g{};
+  CHECK(cuGraphCreate(&g, 0));
+  const CUgraphNode inc = increment_node(g, increment, &a, {});
+  CUgraphExec before{};
+  CHECK(cuGraphInstantiateWithFlags(&before, g, 0));
+  static int n = kElements;
+  void* on_b[] = {&b, &n};
+  CUDA_KERNEL_NODE_PARAMS k{};
+  k.func = increment;
+  k.gridDimX = (kElements + 255) / 256;
+  k.gridDimY = k.gridDimZ = 1;
+  k.blockDimX = 256;
+  k.blockDimY = k.blockDimZ = 1;
+  k.kernelParams = on_b;
+  CHECK(cuGraphKernelNodeSetParams(inc, &k));
+  CUDA_KERNEL_NODE_PARAMS kq{};
+  CHECK(cuGraphKernelNodeGetParams(inc, &kq));
+  if (*static_cast<CUdeviceptr*>(kq.kernelParams[0]) != b) return fail("the node kept a");
+  CUgraphExec after{};
+  CHECK(cuGraphInstantiateWithFlags(&after, g, 0));
+  CHECK(cuGraphLaunch(before, s.s1));  // a + 1
+  CHECK(cuStreamSynchronize(s.s1));
+  if (!all_equal(a, 11, "the graph instantiated before") || !all_equal(b, 20, "b before")) return 1;
+  CHECK(cuGraphLaunch(after, s.s1));  // b + 1
+  CHECK(cuStreamSynchronize(s.s1));
+  if (!all_equal(a, 11, "a after") || !all_equal(b, 21, "the graph instantiated after")) return 1;
+  // The generic form on the executable graph made before: back to a.
+  void* on_a[] = {&a, &n};
+  CUgraphNodeParams gp{};
+  gp.type = CU_GRAPH_NODE_TYPE_KERNEL;
+  gp.kernel.func = increment;
+  gp.kernel.gridDimX = k.gridDimX;
+  gp.kernel.gridDimY = gp.kernel.gridDimZ = 1;
+  gp.kernel.blockDimX = 256;
+  gp.kernel.blockDimY = gp.kernel.blockDimZ = 1;
+  gp.kernel.kernelParams = on_a;
+  CHECK(cuGraphExecNodeSetParams(after, inc, &gp));
+  CHECK(cuGraphLaunch(after, s.s1));
+  CHECK(cuStreamSynchronize(s.s1));
+  if (!all_equal(a, 12, "the generic setter's kernel")) return 1;
+  CUgraphNodeParams unsupported{};
+  unsupported.type = CU_GRAPH_NODE_TYPE_MEMSET;
+  EXPECT(cuGraphNodeSetParams(inc, &unsupported), CUDA_ERROR_NOT_SUPPORTED);
+  CHECK(cuGraphExecDestroy(before));
+  CHECK(cuGraphExecDestroy(after));
+  CHECK(cuGraphDestroy(g));
+  std::printf("PASS kernel_params\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -390,6 +466,8 @@ int main(int argc, char** argv) {
   if (mode == "events_hosts") return events_hosts();
   if (mode == "memory") return memory();
   if (mode == "shape") return shape();
-  std::printf("FAIL unknown mode '%s' (events_hosts, memory, shape)\n", mode.c_str());
+  if (mode == "kernel_params") return kernel_params();
+  std::printf("FAIL unknown mode '%s' (events_hosts, memory, shape, kernel_params)\n",
+              mode.c_str());
   return 2;
 }

@@ -97,10 +97,6 @@ row() {
 saw_secret() { [ "$(field "$INTRUDER" saw_secret)" = "$1" ]; }
 tenant_ok() { [ "$(verdict "$TENANT")" = PASS ]; }
 
-restarts() {  # the GPU 0 shared server's restart count, from gpu_states
-  "$CTL" --runtime-dir "$SHIM_RUNTIME_DIR" gpu_states 2>/dev/null |
-    sed -n 's/^gpu=0 .*restarts=\([0-9]*\).*/\1/p'
-}
 
 # One group: the intruder's kernel reads the tenant's memory.
 daemon_start "$WORK_DIR/shared" "$LOGS/mpsshimd.shared.log" || die "mpsshimd did not start"
@@ -145,9 +141,9 @@ daemon_stop
 # A server per client: separate contexts.
 DAEMON_ARGS=(--isolation=client)
 daemon_start "$WORK_DIR/client" "$LOGS/mpsshimd.client.log" || die "mpsshimd did not start"
-before=$(restarts)
+before=$(gpu0_restarts)
 probe shim client
-after=$(restarts)
+after=$(gpu0_restarts)
 ok=0
 saw_secret 0 && tenant_ok && [ "$before" = "$after" ] && ok=1
 row "shim, --isolation client" "$ok"

@@ -160,6 +160,12 @@ daemon_stop() {
   SHIM_RUNTIME_DIR=""
 }
 
+# gpu0_restarts: how many times the running daemon restarted GPU 0's server (gpu_states).
+gpu0_restarts() {
+  "$CTL" --runtime-dir "$SHIM_RUNTIME_DIR" gpu_states 2>/dev/null |
+    sed -n 's/^gpu=0 .*restarts=\([0-9]*\).*/\1/p'
+}
+
 # ---- NVIDIA MPS ---------------------------------------------------------------------------
 
 MPS_CONTROL=""

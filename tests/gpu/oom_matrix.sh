@@ -87,10 +87,6 @@ finish() {
 trap finish EXIT
 trap 'exit 130' INT TERM
 
-restarts() {
-  "$CTL" --runtime-dir "$SHIM_RUNTIME_DIR" gpu_states 2>/dev/null |
-    sed -n 's/^gpu=0 .*restarts=\([0-9]*\).*/\1/p'
-}
 faults_logged() { grep -c "GPU fault" "$LOGS/mpsshimd.log" 2>/dev/null || true; }
 
 # outcome PREFIX NAME STATUS: "PASS", "fault: ...", "oom: ..." or "error: ..." (short).
@@ -123,7 +119,7 @@ cell() {
   local prefix=$LOGS/$name.$column
   local restarts_before faults_before
   if [ "$mode" = shim ]; then
-    restarts_before=$(restarts)
+    restarts_before=$(gpu0_restarts)
     faults_before=$(faults_logged)
   fi
   # shellcheck disable=SC2086  # COMMAND holds a program and its arguments
@@ -133,7 +129,7 @@ cell() {
   LINE[$name/$column]=$(result_line "$prefix.out" "$name")
   local ok=1 why=""
   if [ "$mode" = shim ]; then
-    if [ "$(restarts)" != "$restarts_before" ] || [ "$(faults_logged)" != "$faults_before" ]; then
+    if [ "$(gpu0_restarts)" != "$restarts_before" ] || [ "$(faults_logged)" != "$faults_before" ]; then
       ok=0 why=" GPU-FAULT"
     fi
     case "$result" in fault:*) ok=0 ;; esac

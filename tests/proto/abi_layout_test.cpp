@@ -464,6 +464,7 @@ constexpr Pinned kPinned[] = {
     {1, 18, 0x3f1baaa7d081c004},  // kHelloOwnIsolationGroup (a flag bit; no layout change)
     {1, 19, 0x165814a35afcbbb0},  // a fault's culprit: SessionControl fields, kServerFault
     {1, 20, 0x1f5ea2c8603a2b64},  // graph nodes: events, host, memory, shape changes (117..126)
+    {1, 21, 0x1f5ea2c8603a2b64},  // exec 0 in GraphExecKernelNodeReq (no layout change)
 };
 
 }  // namespace

@@ -704,6 +704,38 @@ cuGraphAddKernelNode_v2(CUgraphNode* out, CUgraph hgraph, const CUgraphNode* dep
   });
 }
 
+// A kernel node's own function, shape and arguments: executable graphs instantiated later run
+// them, those made before keep theirs. A node that is not a kernel node is
+// CUDA_ERROR_INVALID_VALUE, as the driver answers.
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI
+cuGraphKernelNodeSetParams_v2(CUgraphNode hnode, const CUDA_KERNEL_NODE_PARAMS* p) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    Graph* g = graph_holding(s, hnode);
+    if (g == nullptr || p == nullptr || node_of(hnode)->type != CU_GRAPH_NODE_TYPE_KERNEL)
+      return CUDA_ERROR_INVALID_VALUE;
+    if (p->extra != nullptr) return CUDA_ERROR_INVALID_VALUE;  // kernelParams only, as on add
+    CUfunction handle = p->func != nullptr ? p->func : reinterpret_cast<CUfunction>(p->kern);
+    Function* fn = nullptr;
+    if (CUresult r = resolve_function(s, handle, g->device, fn); r != CUDA_SUCCESS) return r;
+    if (p->gridDimX == 0 || p->gridDimY == 0 || p->gridDimZ == 0 || p->blockDimX == 0 ||
+        p->blockDimY == 0 || p->blockDimZ == 0)
+      return CUDA_ERROR_INVALID_VALUE;
+    auto args = std::make_shared<std::vector<std::byte>>();
+    if (CUresult r = pack_arguments(*fn->def, p->kernelParams, p->extra, *args); r != CUDA_SUCCESS)
+      return r;
+    const CUcontext ctx = kernel_context(s, *p);
+    auto sms = sms_of(s, ctx, g->device);
+    if (!sms) return CUDA_ERROR_INVALID_CONTEXT;
+    GraphNode* node = node_of(hnode);
+    node->work = std::make_shared<const std::function<void()>>(kernel_work(
+        fn->def, Dim3{p->gridDimX, p->gridDimY, p->gridDimZ},
+        Dim3{p->blockDimX, p->blockDimY, p->blockDimZ}, std::move(sms), std::move(args)));
+    node->context = ctx;
+    return CUDA_SUCCESS;
+  });
+}
+
 // A kernel node's function, shape and arguments in an executable graph: later launches of the
 // graph run them, launches already queued keep what they were launched with. The node stays in
 // its context (cuda.h: "The owning context of the function cannot change").

@@ -268,5 +268,42 @@ TEST_CASE("a node destroyed, an edge removed, a clone and its nodes", "[graph][g
   REQUIRE_CU(s.sut.cuGraphDestroy(graph));
 }
 
+TEST_CASE("a kernel node's own new parameters reach later instantiations only",
+          "[graph][graph_nodes]") {
+  Session s;
+  const CUdeviceptr a = s.alloc(kElements * sizeof(int));
+  const CUdeviceptr b = s.alloc(kElements * sizeof(int));
+  s.upload(a, std::vector<int>(kElements, 10));
+  s.upload(b, std::vector<int>(kElements, 20));
+  CUgraph graph = nullptr;
+  REQUIRE_CU(s.sut.cuGraphCreate(&graph, 0));
+  int n = kElements;
+  CUdeviceptr target = a;
+  void* args[] = {&target, &n};
+  CUDA_KERNEL_NODE_PARAMS k{};
+  k.func = s.function("increment_i32");
+  k.gridDimX = k.gridDimY = k.gridDimZ = 1;
+  k.blockDimX = 256;
+  k.blockDimY = k.blockDimZ = 1;
+  k.kernelParams = args;
+  CUgraphNode node = nullptr;
+  REQUIRE_CU(s.sut.cuGraphAddKernelNode_v2(&node, graph, nullptr, 0, &k));
+  CUgraphExec before = nullptr, after = nullptr;
+  REQUIRE_CU(s.sut.cuGraphInstantiateWithFlags(&before, graph, 0));
+  target = b;
+  REQUIRE_CU(s.sut.cuGraphKernelNodeSetParams_v2(node, &k));
+  REQUIRE_CU(s.sut.cuGraphInstantiateWithFlags(&after, graph, 0));
+  REQUIRE_CU(s.sut.cuGraphLaunch(before, s.stream));
+  REQUIRE_CU(s.sut.cuGraphLaunch(after, s.stream));
+  s.sync();
+  CHECK(s.download<int>(a, kElements) == std::vector<int>(kElements, 11));
+  CHECK(s.download<int>(b, kElements) == std::vector<int>(kElements, 21));
+  const CUgraphNode fill = memset_node(s, graph, a, 1);
+  CHECK_CU(s.sut.cuGraphKernelNodeSetParams_v2(fill, &k), CUDA_ERROR_INVALID_VALUE);
+  REQUIRE_CU(s.sut.cuGraphExecDestroy(before));
+  REQUIRE_CU(s.sut.cuGraphExecDestroy(after));
+  REQUIRE_CU(s.sut.cuGraphDestroy(graph));
+}
+
 }  // namespace
 }  // namespace mpsshim::testdriver::test

@@ -150,6 +150,7 @@
     (CUgraphNode*, CUgraph, const CUgraphNode*, size_t, const CUDA_KERNEL_NODE_PARAMS*))           \
   X(cuGraphExecKernelNodeSetParams_v2, CUresult,                                                   \
     (CUgraphExec, CUgraphNode, const CUDA_KERNEL_NODE_PARAMS*))                                    \
+  X(cuGraphKernelNodeSetParams_v2, CUresult, (CUgraphNode, const CUDA_KERNEL_NODE_PARAMS*))        \
   X(cuGraphNodeSetEnabled, CUresult, (CUgraphExec, CUgraphNode, unsigned int))                     \
   X(cuGraphAddMemsetNode, CUresult,                                                                \
     (CUgraphNode*, CUgraph, const CUgraphNode*, size_t, const CUDA_MEMSET_NODE_PARAMS*,            \

@@ -611,8 +611,12 @@ OpResult op_graph_exec_kernel_node_set_params(Call& call) {
   if (req.args_bytes > proto::kMaxArgsBytes || !call.exact(sizeof req, req.args_bytes)) {
     return call.malformed("sent kernel node parameters whose arguments the record does not hold");
   }
-  const GraphExecObj* exec = session.objects.get<GraphExecObj>(req.exec);
-  if (exec == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  // exec 0: the graph's own node (cuGraphKernelNodeSetParams, ABI 1.21).
+  const GraphExecObj* exec = nullptr;
+  if (req.exec != 0) {
+    exec = session.objects.get<GraphExecObj>(req.exec);
+    if (exec == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  }
   const GraphNodeObj* node = session.objects.get<GraphNodeObj>(req.node);
   if (node == nullptr) return call.done(CUDA_ERROR_INVALID_VALUE);
   alignas(16) std::byte args[proto::kMaxArgsBytes];
@@ -625,6 +629,7 @@ OpResult op_graph_exec_kernel_node_set_params(Call& call) {
     return call.done(r);
   }
   GreenCurrent green(session);
+  if (exec == nullptr) return call.done(call.cu.cuGraphKernelNodeSetParams_v2(node->node, &params));
   return call.done(call.cu.cuGraphExecKernelNodeSetParams_v2(exec->exec, node->node, &params));
 }
 

@@ -1,10 +1,11 @@
 // Explicit graph nodes beyond kernels, memsets and copies: event record and wait nodes, host
 // nodes, memory allocation and free nodes, and the calls that change a graph or an executable
 // graph afterwards (node queries and setters, enable/disable, destroy a node, remove an edge,
-// clone and find a node in the clone). Every result is a field, so the GPU suite compares the
-// shim's run with the driver's: the checks against a CPU model, how many times each host
-// function ran, and the driver's answers to what graphs with memory nodes may not do (clone,
-// a second instantiation, deleting a node). Exit 77 without a GPU.
+// clone and find a node in the clone, a kernel node's parameters queried and changed). Every
+// result is a field, so the GPU suite compares the shim's run with the driver's: the checks
+// against a CPU model, how many times each host function ran, and the driver's answers to what
+// graphs with memory nodes may not do (clone, a second instantiation, deleting a node). Exit 77
+// without a GPU.
 static const char* const kProgram = "rt_graph_nodes";
 #include <atomic>
 #include <vector>
@@ -257,6 +258,54 @@ int main(int argc, char** argv) {
   RT_CHECK(cudaEventSynchronize(ev));
   RT_CHECK(cudaStreamSynchronize(s2));
 
+  // A kernel node's own parameters: queried, changed before instantiation, then changed in the
+  // executable graph through the generic form.
+  cudaGraph_t r;
+  RT_CHECK(cudaGraphCreate(&r, 0));
+  cudaGraphNode_t ra, rb;
+  RT_CHECK(cudaGraphAddMemsetNode(&ra, r, nullptr, 0, &ms));
+  rb = kernel_node(r, {ra}, reinterpret_cast<void*>(step), step_args);
+  cudaKernelNodeParams kq{};
+  RT_CHECK(cudaGraphKernelNodeGetParams(rb, &kq));
+  cudaMemsetParams mq{};
+  RT_CHECK(cudaGraphMemsetNodeGetParams(ra, &mq));
+  const bool kernel_query = kq.func == reinterpret_cast<void*>(step) && kq.gridDim.x == 64 &&
+                            kq.blockDim.x == 256 && kq.kernelParams != nullptr &&
+                            *static_cast<unsigned*>(kq.kernelParams[1]) == 17u && mq.dst == x &&
+                            mq.value == kX && mq.width == kN;
+  unsigned k29 = 29, k31 = 31;
+  void* args29[] = {&x, &k29, &n};
+  cudaKernelNodeParams kp{};
+  kp.func = reinterpret_cast<void*>(step);
+  kp.gridDim = dim3(64);
+  kp.blockDim = dim3(256);
+  kp.kernelParams = args29;
+  RT_CHECK(cudaGraphKernelNodeSetParams(rb, &kp));
+  cudaGraphExec_t rx;
+  RT_CHECK(cudaGraphInstantiate(&rx, r, 0));
+  RT_CHECK(cudaGraphLaunch(rx, s1));
+  RT_CHECK(cudaStreamSynchronize(s1));
+  RT_CHECK(cudaMemcpy(got.data(), x, sizeof(unsigned) * kN, cudaMemcpyDeviceToHost));
+  int wrong_set = 0;
+  for (int i = 0; i < kN; ++i)
+    wrong_set += got[i] != kX * 1664525u + 29u + static_cast<unsigned>(i);
+  void* args31[] = {&x, &k31, &n};
+  cudaGraphNodeParams gp{};
+  gp.type = cudaGraphNodeTypeKernel;
+  gp.kernel.func = reinterpret_cast<void*>(step);
+  gp.kernel.gridDim = dim3(64);
+  gp.kernel.blockDim = dim3(256);
+  gp.kernel.kernelParams = args31;
+  RT_CHECK(cudaGraphExecNodeSetParams(rx, rb, &gp));
+  RT_CHECK(cudaGraphLaunch(rx, s1));
+  RT_CHECK(cudaStreamSynchronize(s1));
+  RT_CHECK(cudaMemcpy(got.data(), x, sizeof(unsigned) * kN, cudaMemcpyDeviceToHost));
+  int wrong_exec_set = 0;
+  for (int i = 0; i < kN; ++i)
+    wrong_exec_set += got[i] != kX * 1664525u + 31u + static_cast<unsigned>(i);
+  RT_CHECK(cudaGraphExecDestroy(rx));
+  RT_CHECK(cudaGraphDestroy(r));
+
   RT_CHECK(cudaGraphExecDestroy(qx));
   RT_CHECK(cudaGraphExecDestroy(px));
   RT_CHECK(cudaGraphExecDestroy(pcx));
@@ -269,14 +318,16 @@ int main(int argc, char** argv) {
   const int calls0 = g_calls[0], calls1 = g_calls[1], calls2 = g_calls[2];
   const bool ok = queries_ok && wrong_x == 0 && wrong_y == 0 && wrong_disabled == 0 &&
                   wrong_enabled == 0 && wrong_p == 0 && enabled == 0 && swapped == ev2 &&
-                  p_nodes == 3 && graph_mem_reserved && calls0 == replays && calls1 == 2 + 1 &&
-                  calls2 == 1 + 1;
+                  p_nodes == 3 && graph_mem_reserved && calls0 == replays && kernel_query &&
+                  wrong_set == 0 && wrong_exec_set == 0 && calls1 == 2 + 1 && calls2 == 1 + 1;
   return RT_REPORT(ok,
                    "replays=%d queries=%d wrong_x=%d wrong_y=%d wrong_disabled=%d "
                    "wrong_enabled=%d wrong_p=%d enabled_after_disable=%u p_nodes=%zu "
                    "graph_mem_reserved=%d calls=%d/%d/%d clone_memnodes=%d "
-                   "second_instantiation=%d destroy_in_memgraph=%d find_foreign=%d",
+                   "second_instantiation=%d destroy_in_memgraph=%d find_foreign=%d "
+                   "kernel_query=%d wrong_set=%d wrong_exec_set=%d",
                    replays, queries_ok ? 1 : 0, wrong_x, wrong_y, wrong_disabled, wrong_enabled,
                    wrong_p, enabled, p_nodes, graph_mem_reserved ? 1 : 0, calls0, calls1, calls2,
-                   clone_memnodes, second_instantiation, destroy_in_memgraph, find_foreign);
+                   clone_memnodes, second_instantiation, destroy_in_memgraph, find_foreign,
+                   kernel_query ? 1 : 0, wrong_set, wrong_exec_set);
 }
