@@ -1,5 +1,5 @@
-// The parameters of kernel, memset and memcpy nodes (their queries, a kernel node's new
-// parameters) and the generic setters cuGraphNodeSetParams / cuGraphExecNodeSetParams, which go
+// The parameters of kernel, memset and memcpy nodes (their queries and new parameters) and the
+// generic setters cuGraphNodeSetParams / cuGraphExecNodeSetParams, which go
 // to the setter of the node's type. Queries are answered from what the shim kept when it built
 // or changed the node (graph_objects.hpp); a node made by a stream capture is asked of the server
 // for its type only (query_params).
@@ -8,10 +8,13 @@
 #include <mutex>
 
 #include "libshim/api.hpp"
+#include "libshim/client.hpp"
 #include "libshim/graph_objects.hpp"
 #include "libshim/log.hpp"
+#include "proto/ops_graph_nodes.hpp"
 
 using namespace mpsshim::shim;
+namespace proto = mpsshim::proto;
 
 namespace {
 
@@ -52,6 +55,87 @@ CUresult set_kernel(CUgraphExec exec, CUgraphNode node, const Params* p) {
   const unsigned block[3] = {p->blockDimX, p->blockDimY, p->blockDimZ};
   return kernel_node_set_params(exec, node, p->func, p->kern, grid, block, p->sharedMemBytes,
                                 p->kernelParams, p->extra);
+}
+
+// New memset parameters for a node of a graph (exec null) or an executable graph; a graph's node
+// remembers them.
+CUresult set_memset(CUgraphExec hexec, CUgraphNode hnode, const CUDA_MEMSET_NODE_PARAMS* p) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  GraphNodeObject* node = node_of(hnode);
+  if (node == nullptr) return hexec != nullptr ? CUDA_ERROR_INVALID_VALUE : dead_or_null(hnode);
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  proto::WireHandle exec_wire = 0;
+  if (hexec != nullptr) {
+    GraphExecObject* exec = exec_of(hexec);
+    if (exec == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    exec_wire = exec->wire;
+  }
+  proto::GraphMemsetNodeSetReq request{exec_wire, node->wire, p->dst,   p->pitch,
+                                       p->width,  p->height,  p->value, p->elementSize};
+  if (CUresult rc = node->graph->ctx->session->call(proto::Op::kGraphMemsetNodeSetParams, &request,
+                                                    sizeof request, {}, nullptr, 0);
+      rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  if (hexec == nullptr) {
+    std::lock_guard lock(node->graph->mutex);
+    node->params.known = true;
+    node->params.type = CU_GRAPH_NODE_TYPE_MEMSET;
+    node->params.memset = *p;
+  }
+  return CUDA_SUCCESS;
+}
+
+// New memcpy parameters: the shape an explicitly built memcpy node may have under the shim, a
+// one-dimensional device-to-device copy (graph.cpp, cuGraphAddMemcpyNode).
+CUresult set_memcpy(CUgraphExec hexec, CUgraphNode hnode, const CUDA_MEMCPY3D* p) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  GraphNodeObject* node = node_of(hnode);
+  if (node == nullptr) return hexec != nullptr ? CUDA_ERROR_INVALID_VALUE : dead_or_null(hnode);
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto device_side = [](CUmemorytype type, CUdeviceptr address) {
+    return type == CU_MEMORYTYPE_DEVICE ||
+           (type == CU_MEMORYTYPE_UNIFIED && address_book().find_device(address, nullptr));
+  };
+  if (!device_side(p->srcMemoryType, p->srcDevice) ||
+      !device_side(p->dstMemoryType, p->dstDevice) || p->Height > 1 || p->Depth > 1 ||
+      p->srcY != 0 || p->srcZ != 0 || p->dstY != 0 || p->dstZ != 0) {
+    log_once("cuGraphMemcpyNodeSetParams.shape", Level::warn,
+             "cuGraph(Exec)MemcpyNodeSetParams: only one-dimensional device-to-device copies are "
+             "supported by mpsshim in explicitly built graphs");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  proto::WireHandle exec_wire = 0;
+  if (hexec != nullptr) {
+    GraphExecObject* exec = exec_of(hexec);
+    if (exec == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    exec_wire = exec->wire;
+  }
+  proto::GraphCopyNodeSetReq request{exec_wire, node->wire, p->dstDevice + p->dstXInBytes,
+                                     p->srcDevice + p->srcXInBytes, p->WidthInBytes};
+  if (CUresult rc = node->graph->ctx->session->call(proto::Op::kGraphCopyNodeSetParams, &request,
+                                                    sizeof request, {}, nullptr, 0);
+      rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  if (hexec == nullptr) {
+    std::lock_guard lock(node->graph->mutex);
+    node->params.known = true;
+    node->params.type = CU_GRAPH_NODE_TYPE_MEMCPY;
+    node->params.memcpy = *p;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUDA_MEMSET_NODE_PARAMS memset_v1(const CUDA_MEMSET_NODE_PARAMS_v2& m) {
+  CUDA_MEMSET_NODE_PARAMS v1{};
+  v1.dst = m.dst;
+  v1.pitch = m.pitch;
+  v1.value = m.value;
+  v1.elementSize = m.elementSize;
+  v1.width = m.width;
+  v1.height = m.height;
+  return v1;
 }
 
 CUresult refuse_type(const char* call, CUgraphNodeType type) {
@@ -116,6 +200,31 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphMemsetNodeGetParams(CUgraphNode node,
   return CUDA_SUCCESS;
 }
 
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphMemsetNodeSetParams(CUgraphNode node,
+                                                           const CUDA_MEMSET_NODE_PARAMS* p) {
+  return set_memset(nullptr, node, p);
+}
+
+// The context names the one the node was made in; the server issues it with the client's green
+// context, as it made the node.
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphExecMemsetNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                                               const CUDA_MEMSET_NODE_PARAMS* p,
+                                                               CUcontext) {
+  if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return set_memset(exec, node, p);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphMemcpyNodeSetParams(CUgraphNode node,
+                                                           const CUDA_MEMCPY3D* p) {
+  return set_memcpy(nullptr, node, p);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuGraphExecMemcpyNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                                               const CUDA_MEMCPY3D* p, CUcontext) {
+  if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return set_memcpy(exec, node, p);
+}
+
 MPSSHIM_EXPORT CUresult CUDAAPI cuGraphMemcpyNodeGetParams(CUgraphNode node, CUDA_MEMCPY3D* out) {
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   NodeParams known;
@@ -139,6 +248,12 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphNodeSetParams(CUgraphNode node, CUgraphNo
       const CUDA_HOST_NODE_PARAMS host{p->host.fn, p->host.userData};
       return cuGraphHostNodeSetParams(node, &host);
     }
+    case CU_GRAPH_NODE_TYPE_MEMSET: {
+      const CUDA_MEMSET_NODE_PARAMS v1 = memset_v1(p->memset);
+      return set_memset(nullptr, node, &v1);
+    }
+    case CU_GRAPH_NODE_TYPE_MEMCPY:
+      return set_memcpy(nullptr, node, &p->memcpy.copyParams);
     case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
       return cuGraphEventRecordNodeSetEvent(node, p->eventRecord.event);
     case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
@@ -158,6 +273,12 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphExecNodeSetParams(CUgraphExec exec, CUgra
       const CUDA_HOST_NODE_PARAMS host{p->host.fn, p->host.userData};
       return cuGraphExecHostNodeSetParams(exec, node, &host);
     }
+    case CU_GRAPH_NODE_TYPE_MEMSET: {
+      const CUDA_MEMSET_NODE_PARAMS v1 = memset_v1(p->memset);
+      return set_memset(exec, node, &v1);
+    }
+    case CU_GRAPH_NODE_TYPE_MEMCPY:
+      return set_memcpy(exec, node, &p->memcpy.copyParams);
     case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
       return cuGraphExecEventRecordNodeSetEvent(exec, node, p->eventRecord.event);
     case CU_GRAPH_NODE_TYPE_WAIT_EVENT:

@@ -259,15 +259,19 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuOccupancyAvailableDynamicSMemPerBlock(size_t* 
   return rc;
 }
 
-MPSSHIM_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveClusters(int* clusters, CUfunction hfunc,
-                                                             const CUlaunchConfig* config) {
+namespace {
+
+// A cluster occupancy question (op: max active clusters or potential cluster size) about `hfunc`
+// with `config`, asked of the server of the function's GPU.
+CUresult cluster_question(proto::Op op, int* answer, CUfunction hfunc,
+                          const CUlaunchConfig* config) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   Function* f = object_of<Function>(hfunc);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   CUresult here = CUDA_SUCCESS;
   if (f = function_here(f, here); f == nullptr) return here;
   if (CUresult rc = usable(f); rc != CUDA_SUCCESS) return rc;
-  if (clusters == nullptr || config == nullptr || config->numAttrs > proto::kMaxLaunchAttributes) {
+  if (answer == nullptr || config == nullptr || config->numAttrs > proto::kMaxLaunchAttributes) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   proto::ClusterOccupancyReq request{f->wire,
@@ -277,8 +281,19 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveClusters(int* clusters, CUfu
                                      config->numAttrs};
   proto::OccupancyRep reply{};
   auto attrs = std::as_bytes(std::span<const CUlaunchAttribute>(config->attrs, config->numAttrs));
-  CUresult rc = f->ctx->session->call(proto::Op::kOccupancyMaxActiveClusters, &request,
-                                      sizeof request, attrs, &reply, sizeof reply);
-  if (rc == CUDA_SUCCESS) *clusters = static_cast<int>(reply.value);
+  CUresult rc = f->ctx->session->call(op, &request, sizeof request, attrs, &reply, sizeof reply);
+  if (rc == CUDA_SUCCESS) *answer = static_cast<int>(reply.value);
   return rc;
+}
+
+}  // namespace
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveClusters(int* clusters, CUfunction hfunc,
+                                                             const CUlaunchConfig* config) {
+  return cluster_question(proto::Op::kOccupancyMaxActiveClusters, clusters, hfunc, config);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuOccupancyMaxPotentialClusterSize(int* size, CUfunction hfunc,
+                                                                   const CUlaunchConfig* config) {
+  return cluster_question(proto::Op::kOccupancyMaxPotentialClusterSize, size, hfunc, config);
 }

@@ -58,7 +58,9 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // proto/ops_graph_nodes.hpp).
 // Minor 21: GraphExecKernelNodeReq::exec 0 names the graph's own kernel node
 // (cuGraphKernelNodeSetParams); no layout change.
-inline constexpr std::uint16_t kAbiMinor = 21;
+// Minor 22: memset and memcpy nodes' new parameters (ops 127..128: GraphMemsetNodeSetReq,
+// GraphCopyNodeSetReq) and cuOccupancyMaxPotentialClusterSize (op 129).
+inline constexpr std::uint16_t kAbiMinor = 22;
 // The first minor whose daemon honours kHelloOwnIsolationGroup.
 inline constexpr std::uint16_t kAbiMinorIsolationGroups = 18;
 

@@ -184,6 +184,12 @@ enum class Op : std::uint16_t {
   kGraphClone = 124,               // HandleReq (the graph) -> GraphRep
   kGraphNodeFindInClone = 125,     // GraphFindInCloneReq -> GraphRep
   kDeviceGraphMem = 126,           // DeviceGraphMemReq -> GraphNodeValueRep
+  // New parameters for a memset or memcpy node of a graph, or of an executable graph made from it
+  // (XLA points its command buffers' memsets and copies at new buffers so).
+  kGraphMemsetNodeSetParams = 127,  // GraphMemsetNodeSetReq -> nothing
+  kGraphCopyNodeSetParams = 128,    // GraphCopyNodeSetReq -> nothing
+  // The largest cluster a launch configuration may use (cuOccupancyMaxPotentialClusterSize).
+  kOccupancyMaxPotentialClusterSize = 129,  // ClusterOccupancyReq + attributes -> OccupancyRep
   kCount
 };
 

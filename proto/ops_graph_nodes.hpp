@@ -1,7 +1,8 @@
-// Payloads of the graph node opcodes (ops 117..126): event record and wait nodes, host nodes,
-// memory allocation and free nodes, the setters and queries the shim cannot answer itself, and
-// the calls that change a graph's shape (destroy a node, remove edges, clone). Every kGraphAdd*
-// request here is followed by its dependency ids, as GraphAddNodeHeader says (proto/ops.hpp).
+// Payloads of the graph node opcodes (ops 117..128): event record and wait nodes, host nodes,
+// memory allocation and free nodes, the setters and queries the shim cannot answer itself
+// (memset and memcpy nodes' new parameters among them), and the calls that change a graph's
+// shape (destroy a node, remove edges, clone). Every kGraphAdd* request here is followed by its
+// dependency ids, as GraphAddNodeHeader says (proto/ops.hpp).
 #pragma once
 
 #include <cstdint>
@@ -78,6 +79,28 @@ struct DeviceGraphMemReq {
   std::uint64_t value;      // set
 };
 
+// kGraphMemsetNodeSetParams: a memset node's new parameters (as GraphMemsetNodeReq's), on the
+// graph's node (exec 0) or an executable graph's.
+struct GraphMemsetNodeSetReq {
+  WireHandle exec;
+  WireHandle node;
+  std::uint64_t dst;
+  std::uint64_t pitch;
+  std::uint64_t width;   // elements per row
+  std::uint64_t height;  // rows
+  std::uint32_t value;
+  std::uint32_t element_bytes;
+};
+
+// kGraphCopyNodeSetParams: a memcpy node's new one-dimensional device-to-device copy.
+struct GraphCopyNodeSetReq {
+  WireHandle exec;
+  WireHandle node;
+  std::uint64_t dst;
+  std::uint64_t src;
+  std::uint64_t bytes;
+};
+
 static_assert(kWireSafe<GraphEventNodeReq> && sizeof(GraphEventNodeReq) == 32);
 static_assert(kWireSafe<GraphHostNodeReq> && sizeof(GraphHostNodeReq) == 24);
 static_assert(kWireSafe<GraphMemAllocNodeReq> && sizeof(GraphMemAllocNodeReq) == 24);
@@ -87,5 +110,7 @@ static_assert(kWireSafe<GraphNodeParamsReq> && sizeof(GraphNodeParamsReq) == 32)
 static_assert(kWireSafe<GraphNodeValueRep> && sizeof(GraphNodeValueRep) == 8);
 static_assert(kWireSafe<GraphFindInCloneReq> && sizeof(GraphFindInCloneReq) == 16);
 static_assert(kWireSafe<DeviceGraphMemReq> && sizeof(DeviceGraphMemReq) == 16);
+static_assert(kWireSafe<GraphMemsetNodeSetReq> && sizeof(GraphMemsetNodeSetReq) == 56);
+static_assert(kWireSafe<GraphCopyNodeSetReq> && sizeof(GraphCopyNodeSetReq) == 40);
 
 }  // namespace mpsshim::proto

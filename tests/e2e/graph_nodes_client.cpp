@@ -398,7 +398,8 @@ int shape() {
 }
 
 // A kernel node's own parameters changed (later instantiations run them, earlier ones keep theirs)
-// and an executable graph's changed through the generic form.
+// and an executable graph's changed through the generic form; then memset and memcpy nodes'; the
+// largest cluster the kernel may use.
 int kernel_params() {
   Setup s = setup();
   CUfunction increment{};
@@ -450,8 +451,68 @@ int kernel_params() {
   CHECK(cuStreamSynchronize(s.s1));
   if (!all_equal(a, 12, "the generic setter's kernel")) return 1;
   CUgraphNodeParams unsupported{};
-  unsupported.type = CU_GRAPH_NODE_TYPE_MEMSET;
+  unsupported.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
   EXPECT(cuGraphNodeSetParams(inc, &unsupported), CUDA_ERROR_NOT_SUPPORTED);
+
+  // Memset and memcpy nodes: the graph's own (later instantiations) and an executable graph's.
+  CUgraph m{};
+  CHECK(cuGraphCreate(&m, 0));
+  const CUgraphNode fill = memset_node(m, a, 1, s.ctx, {});
+  const CUgraphNode copy = copy_node(m, b, a, s.ctx, {fill});
+  CUgraphExec mx{};
+  CHECK(cuGraphInstantiateWithFlags(&mx, m, 0));
+  CUDA_MEMSET_NODE_PARAMS two{};
+  two.dst = a;
+  two.value = 2;
+  two.elementSize = sizeof(unsigned);
+  two.width = kElements;
+  two.height = 1;
+  CHECK(cuGraphMemsetNodeSetParams(fill, &two));
+  CUDA_MEMSET_NODE_PARAMS got{};
+  CHECK(cuGraphMemsetNodeGetParams(fill, &got));
+  if (got.value != 2) return fail("the memset node kept its value");
+  CHECK(cuGraphLaunch(mx, s.s1));  // made before: a = 1, b = a
+  CHECK(cuStreamSynchronize(s.s1));
+  if (!all_equal(b, 1, "the memset graph instantiated before")) return 1;
+  CUgraphExec my{};
+  CHECK(cuGraphInstantiateWithFlags(&my, m, 0));
+  CHECK(cuGraphLaunch(my, s.s1));  // made after: a = 2, b = a
+  CHECK(cuStreamSynchronize(s.s1));
+  if (!all_equal(b, 2, "the memset graph instantiated after")) return 1;
+  CUDA_MEMSET_NODE_PARAMS three = two;
+  three.value = 3;
+  CHECK(cuGraphExecMemsetNodeSetParams(mx, fill, &three, s.ctx));
+  CUDA_MEMCPY3D back{};
+  back.srcMemoryType = back.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  back.srcDevice = a;
+  back.dstDevice = a;  // a copy onto itself: b keeps what it had
+  back.WidthInBytes = kBytes;
+  back.Height = back.Depth = 1;
+  CHECK(cuGraphExecMemcpyNodeSetParams(mx, copy, &back, s.ctx));
+  CHECK(cuGraphLaunch(mx, s.s1));
+  CHECK(cuStreamSynchronize(s.s1));
+  if (!all_equal(a, 3, "the executable graph's new memset") ||
+      !all_equal(b, 2, "the executable graph's new copy")) {
+    return 1;
+  }
+  EXPECT(cuGraphExecMemsetNodeSetParams(mx, copy, &three, s.ctx), CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuGraphExecDestroy(mx));
+  CHECK(cuGraphExecDestroy(my));
+  CHECK(cuGraphDestroy(m));
+
+  // The largest cluster: the server driver's answer (8 portable; 16 once allowed on the test
+  // driver, as on an H100 or H200).
+  CUlaunchConfig config{};
+  config.gridDimX = 16;
+  config.gridDimY = config.gridDimZ = 1;
+  config.blockDimX = 256;
+  config.blockDimY = config.blockDimZ = 1;
+  int cluster = 0;
+  CHECK(cuOccupancyMaxPotentialClusterSize(&cluster, increment, &config));
+  if (cluster != 8) return fail("the portable cluster size");
+  CHECK(cuFuncSetAttribute(increment, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1));
+  CHECK(cuOccupancyMaxPotentialClusterSize(&cluster, increment, &config));
+  if (cluster != 16) return fail("the non-portable cluster size");
   CHECK(cuGraphExecDestroy(before));
   CHECK(cuGraphExecDestroy(after));
   CHECK(cuGraphDestroy(g));

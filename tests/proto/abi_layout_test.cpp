@@ -432,6 +432,11 @@ std::uint64_t layout_fingerprint() {
   SIZE(DeviceGraphMemReq);
   FIELD(DeviceGraphMemReq, value);
   f.add(static_cast<std::uint64_t>(Op::kDeviceGraphMem));
+  SIZE(GraphMemsetNodeSetReq);
+  FIELD(GraphMemsetNodeSetReq, element_bytes);
+  SIZE(GraphCopyNodeSetReq);
+  FIELD(GraphCopyNodeSetReq, bytes);
+  f.add(static_cast<std::uint64_t>(Op::kOccupancyMaxPotentialClusterSize));
   return f.h;
 }
 
@@ -465,6 +470,7 @@ constexpr Pinned kPinned[] = {
     {1, 19, 0x165814a35afcbbb0},  // a fault's culprit: SessionControl fields, kServerFault
     {1, 20, 0x1f5ea2c8603a2b64},  // graph nodes: events, host, memory, shape changes (117..126)
     {1, 21, 0x1f5ea2c8603a2b64},  // exec 0 in GraphExecKernelNodeReq (no layout change)
+    {1, 22, 0x6a45e896646beb38},  // memset and memcpy node setters, potential cluster size
 };
 
 }  // namespace

@@ -830,63 +830,147 @@ MPSSHIM_TESTDRIVER_EXPORT unsigned long long mpsshim_testdriver_graph_node_toggl
   return s.graph_node_toggles;
 }
 
+namespace mpsshim::testdriver {
+namespace {
+
+// A memset node's work, or the driver's answer to parameters it refuses (locked).
+CUresult memset_work(State& s, const CUDA_MEMSET_NODE_PARAMS* p, std::function<void()>& work) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const std::size_t element = p->elementSize;
+  if (element != 1 && element != 2 && element != 4) return CUDA_ERROR_INVALID_VALUE;
+  if (p->width == 0 || p->height == 0) return CUDA_ERROR_INVALID_VALUE;
+  const std::size_t row = p->width * element;
+  const std::size_t pitch = p->height > 1 ? p->pitch : row;
+  if (pitch < row || p->dst % element != 0) return CUDA_ERROR_INVALID_VALUE;
+  const std::size_t extent = (p->height - 1) * pitch + row;
+  if (resolve_range_locked(s, p->dst, extent) == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const CUdeviceptr dst = p->dst;
+  const unsigned value = p->value;
+  const std::size_t width = p->width, height = p->height;
+  work = [=] {
+    std::byte* base = resolve_range(dst, extent);
+    if (base == nullptr) throw DeviceFault{CUDA_ERROR_ILLEGAL_ADDRESS};
+    for (std::size_t y = 0; y < height; ++y) {
+      for (std::size_t x = 0; x < width; ++x)
+        std::memcpy(base + y * pitch + x * element, &value, element);  // little-endian
+    }
+  };
+  return CUDA_SUCCESS;
+}
+
+// A memcpy node's work: the one shape modelled, a linear device-to-device copy (locked).
+CUresult memcpy_work(State& s, const CUDA_MEMCPY3D* p, std::function<void()>& work) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (p->srcMemoryType != CU_MEMORYTYPE_DEVICE || p->dstMemoryType != CU_MEMORYTYPE_DEVICE ||
+      p->Height > 1 || p->Depth > 1 || p->srcY != 0 || p->srcZ != 0 || p->dstY != 0 || p->dstZ != 0)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  const CUdeviceptr src = p->srcDevice + p->srcXInBytes;
+  const CUdeviceptr dst = p->dstDevice + p->dstXInBytes;
+  const std::size_t bytes = p->WidthInBytes;
+  if (resolve_range_locked(s, src, bytes) == nullptr ||
+      resolve_range_locked(s, dst, bytes) == nullptr)
+    return CUDA_ERROR_INVALID_VALUE;
+  work = [=] {
+    std::byte* to = resolve_range(dst, bytes);
+    std::byte* from = resolve_range(src, bytes);
+    if (to == nullptr || from == nullptr) throw DeviceFault{CUDA_ERROR_ILLEGAL_ADDRESS};
+    std::memmove(to, from, bytes);
+  };
+  return CUDA_SUCCESS;
+}
+
+// A node's own new work (its type must be `type`), for graphs instantiated afterwards.
+CUresult set_node_work(State& s, CUgraphNode hnode, CUgraphNodeType type,
+                       std::function<void()> work) {
+  if (graph_holding(s, hnode) == nullptr || node_of(hnode)->type != type)
+    return CUDA_ERROR_INVALID_VALUE;
+  node_of(hnode)->work = std::make_shared<const std::function<void()>>(std::move(work));
+  return CUDA_SUCCESS;
+}
+
+// An executable graph's copy of a node of `type` takes new work; queued launches keep theirs.
+CUresult set_exec_work(State& s, CUgraphExec hexec, CUgraphNode hnode, CUgraphNodeType type,
+                       std::function<void()> work) {
+  GraphExec* exec = s.graph_execs.get(hexec);
+  if (exec == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  auto slot = exec->positions.find(hnode);
+  if (slot == exec->positions.end() || !node_alive(s, hnode) || node_of(hnode)->type != type)
+    return CUDA_ERROR_INVALID_VALUE;
+  replace_exec_work(*exec, slot->second,
+                    std::make_shared<const std::function<void()>>(std::move(work)));
+  ++s.graph_node_updates;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+}  // namespace mpsshim::testdriver
+
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphAddMemsetNode(CUgraphNode* out, CUgraph hgraph,
                                                                 const CUgraphNode* deps,
                                                                 size_t count,
                                                                 const CUDA_MEMSET_NODE_PARAMS* p,
-                                                                CUcontext ctx) {
+                                                                CUcontext) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
-    (void)ctx;
-    if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    const std::size_t element = p->elementSize;
-    if (element != 1 && element != 2 && element != 4) return CUDA_ERROR_INVALID_VALUE;
-    if (p->width == 0 || p->height == 0) return CUDA_ERROR_INVALID_VALUE;
-    const std::size_t row = p->width * element;
-    const std::size_t pitch = p->height > 1 ? p->pitch : row;
-    if (pitch < row || p->dst % element != 0) return CUDA_ERROR_INVALID_VALUE;
-    const std::size_t extent = (p->height - 1) * pitch + row;
-    if (resolve_range_locked(s, p->dst, extent) == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    const CUdeviceptr dst = p->dst;
-    const unsigned value = p->value;
-    const std::size_t width = p->width, height = p->height;
-    return add_node(s, out, hgraph, deps, count, CU_GRAPH_NODE_TYPE_MEMSET, [=] {
-      std::byte* base = resolve_range(dst, extent);
-      if (base == nullptr) throw DeviceFault{CUDA_ERROR_ILLEGAL_ADDRESS};
-      for (std::size_t y = 0; y < height; ++y) {
-        for (std::size_t x = 0; x < width; ++x)
-          std::memcpy(base + y * pitch + x * element, &value, element);  // little-endian
-      }
-    });
+    std::function<void()> work;
+    if (CUresult r = memset_work(s, p, work); r != CUDA_SUCCESS) return r;
+    return add_node(s, out, hgraph, deps, count, CU_GRAPH_NODE_TYPE_MEMSET, std::move(work));
   });
 }
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphAddMemcpyNode(CUgraphNode* out, CUgraph hgraph,
                                                                 const CUgraphNode* deps,
                                                                 size_t count,
-                                                                const CUDA_MEMCPY3D* p,
-                                                                CUcontext ctx) {
+                                                                const CUDA_MEMCPY3D* p, CUcontext) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
-    (void)ctx;
-    if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    // The one shape modelled: a linear device-to-device copy.
-    if (p->srcMemoryType != CU_MEMORYTYPE_DEVICE || p->dstMemoryType != CU_MEMORYTYPE_DEVICE ||
-        p->Height > 1 || p->Depth > 1 || p->srcY != 0 || p->srcZ != 0 || p->dstY != 0 ||
-        p->dstZ != 0)
-      return CUDA_ERROR_NOT_SUPPORTED;
-    const CUdeviceptr src = p->srcDevice + p->srcXInBytes;
-    const CUdeviceptr dst = p->dstDevice + p->dstXInBytes;
-    const std::size_t bytes = p->WidthInBytes;
-    if (resolve_range_locked(s, src, bytes) == nullptr ||
-        resolve_range_locked(s, dst, bytes) == nullptr)
-      return CUDA_ERROR_INVALID_VALUE;
-    return add_node(s, out, hgraph, deps, count, CU_GRAPH_NODE_TYPE_MEMCPY, [=] {
-      std::byte* to = resolve_range(dst, bytes);
-      std::byte* from = resolve_range(src, bytes);
-      if (to == nullptr || from == nullptr) throw DeviceFault{CUDA_ERROR_ILLEGAL_ADDRESS};
-      std::memmove(to, from, bytes);
-    });
+    std::function<void()> work;
+    if (CUresult r = memcpy_work(s, p, work); r != CUDA_SUCCESS) return r;
+    return add_node(s, out, hgraph, deps, count, CU_GRAPH_NODE_TYPE_MEMCPY, std::move(work));
+  });
+}
+
+// New parameters for a memset or memcpy node (of the graph: later instantiations; of an
+// executable graph: its later launches), checked as when the node is added.
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI
+cuGraphMemsetNodeSetParams(CUgraphNode hnode, const CUDA_MEMSET_NODE_PARAMS* p) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    std::function<void()> work;
+    if (CUresult r = memset_work(s, p, work); r != CUDA_SUCCESS) return r;
+    return set_node_work(s, hnode, CU_GRAPH_NODE_TYPE_MEMSET, std::move(work));
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphExecMemsetNodeSetParams(
+    CUgraphExec hexec, CUgraphNode hnode, const CUDA_MEMSET_NODE_PARAMS* p, CUcontext) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    std::function<void()> work;
+    if (CUresult r = memset_work(s, p, work); r != CUDA_SUCCESS) return r;
+    return set_exec_work(s, hexec, hnode, CU_GRAPH_NODE_TYPE_MEMSET, std::move(work));
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphMemcpyNodeSetParams(CUgraphNode hnode,
+                                                                      const CUDA_MEMCPY3D* p) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    std::function<void()> work;
+    if (CUresult r = memcpy_work(s, p, work); r != CUDA_SUCCESS) return r;
+    return set_node_work(s, hnode, CU_GRAPH_NODE_TYPE_MEMCPY, std::move(work));
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphExecMemcpyNodeSetParams(CUgraphExec hexec,
+                                                                          CUgraphNode hnode,
+                                                                          const CUDA_MEMCPY3D* p,
+                                                                          CUcontext) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    std::function<void()> work;
+    if (CUresult r = memcpy_work(s, p, work); r != CUDA_SUCCESS) return r;
+    return set_exec_work(s, hexec, hnode, CU_GRAPH_NODE_TYPE_MEMCPY, std::move(work));
   });
 }
 

@@ -209,6 +209,24 @@ cuOccupancyMaxActiveClusters(int* numClusters, CUfunction func, const CUlaunchCo
   });
 }
 
+// The largest cluster the function may be launched with: 8 blocks (portable), 16 once the
+// function allows non-portable sizes, as on an H100 or H200; never more than the stream's SMs.
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuOccupancyMaxPotentialClusterSize(
+    int* clusterSize, CUfunction func, const CUlaunchConfig* config) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    if (clusterSize == nullptr || config == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Stream* stream = nullptr;
+    if (CUresult r = resolve_stream(s, config->hStream, stream); r != CUDA_SUCCESS) return r;
+    Function* fn = nullptr;
+    if (CUresult r = resolve_function(s, func, stream->device, fn); r != CUDA_SUCCESS) return r;
+    const std::uint64_t limit =
+        fn->attributes->non_portable_cluster != 0 ? kNonPortableClusterSize : kPortableClusterSize;
+    *clusterSize = static_cast<int>(std::min<std::uint64_t>(limit, stream->sms->size()));
+    return CUDA_SUCCESS;
+  });
+}
+
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuOccupancyAvailableDynamicSMemPerBlock(
     size_t* dynamicSmemSize, CUfunction func, int numBlocks, int blockSize) {
   return entry([&](State& s) {

@@ -305,5 +305,60 @@ TEST_CASE("a kernel node's own new parameters reach later instantiations only",
   REQUIRE_CU(s.sut.cuGraphDestroy(graph));
 }
 
+TEST_CASE("memset and memcpy nodes take new parameters in the graph and in an executable graph",
+          "[graph][graph_nodes]") {
+  Session s;
+  const CUdeviceptr a = s.alloc(kElements * sizeof(int));
+  const CUdeviceptr b = s.alloc(kElements * sizeof(int));
+  const CUdeviceptr c = s.alloc(kElements * sizeof(int));
+  CUgraph graph = nullptr;
+  REQUIRE_CU(s.sut.cuGraphCreate(&graph, 0));
+  const CUgraphNode fill = memset_node(s, graph, a, 3);
+  CUDA_MEMCPY3D copy{};
+  copy.srcMemoryType = copy.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  copy.srcDevice = a;
+  copy.dstDevice = b;
+  copy.WidthInBytes = kElements * sizeof(int);
+  copy.Height = copy.Depth = 1;
+  CUgraphNode copied = nullptr;
+  REQUIRE_CU(s.sut.cuGraphAddMemcpyNode(&copied, graph, &fill, 1, &copy, s.green_ctx));
+  CUgraphExec before = nullptr;
+  REQUIRE_CU(s.sut.cuGraphInstantiateWithFlags(&before, graph, 0));
+  // The graph's nodes: fill 4, copy into c; the executable graph made before keeps 3 into b.
+  CUDA_MEMSET_NODE_PARAMS four{};
+  four.dst = a;
+  four.value = 4;
+  four.elementSize = sizeof(int);
+  four.width = kElements;
+  four.height = 1;
+  REQUIRE_CU(s.sut.cuGraphMemsetNodeSetParams(fill, &four));
+  CUDA_MEMCPY3D to_c = copy;
+  to_c.dstDevice = c;
+  REQUIRE_CU(s.sut.cuGraphMemcpyNodeSetParams(copied, &to_c));
+  CHECK_CU(s.sut.cuGraphMemsetNodeSetParams(copied, &four), CUDA_ERROR_INVALID_VALUE);
+  CUgraphExec after = nullptr;
+  REQUIRE_CU(s.sut.cuGraphInstantiateWithFlags(&after, graph, 0));
+  REQUIRE_CU(s.sut.cuGraphLaunch(before, s.stream));
+  s.sync();
+  CHECK(s.download<int>(b, kElements) == std::vector<int>(kElements, 3));
+  REQUIRE_CU(s.sut.cuGraphLaunch(after, s.stream));
+  s.sync();
+  CHECK(s.download<int>(c, kElements) == std::vector<int>(kElements, 4));
+  // The executable graph made before: fill 5, copy into c.
+  CUDA_MEMSET_NODE_PARAMS five = four;
+  five.value = 5;
+  REQUIRE_CU(s.sut.cuGraphExecMemsetNodeSetParams(before, fill, &five, s.green_ctx));
+  REQUIRE_CU(s.sut.cuGraphExecMemcpyNodeSetParams(before, copied, &to_c, s.green_ctx));
+  CHECK_CU(s.sut.cuGraphExecMemcpyNodeSetParams(before, fill, &to_c, s.green_ctx),
+           CUDA_ERROR_INVALID_VALUE);
+  REQUIRE_CU(s.sut.cuGraphLaunch(before, s.stream));
+  s.sync();
+  CHECK(s.download<int>(c, kElements) == std::vector<int>(kElements, 5));
+  CHECK(s.download<int>(b, kElements) == std::vector<int>(kElements, 3));
+  REQUIRE_CU(s.sut.cuGraphExecDestroy(before));
+  REQUIRE_CU(s.sut.cuGraphExecDestroy(after));
+  REQUIRE_CU(s.sut.cuGraphDestroy(graph));
+}
+
 }  // namespace
 }  // namespace mpsshim::testdriver::test

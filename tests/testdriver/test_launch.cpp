@@ -363,6 +363,14 @@ TEST_CASE("occupancy of an H100/H200 SM", "[launch]") {
   config.numAttrs = 0;
   CHECK_CU(s.sut.cuOccupancyMaxActiveClusters(&clusters, f, &config),
            CUDA_ERROR_INVALID_CLUSTER_SIZE);
+  // The largest cluster: portable, then non-portable once the function allows it.
+  int size = 0;
+  REQUIRE_CU(s.sut.cuOccupancyMaxPotentialClusterSize(&size, f, &config));
+  CHECK(size == 8);
+  REQUIRE_CU(s.sut.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1));
+  REQUIRE_CU(s.sut.cuOccupancyMaxPotentialClusterSize(&size, f, &config));
+  CHECK(size == 16);
+  REQUIRE_CU(s.sut.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 0));
 }
 
 }  // namespace

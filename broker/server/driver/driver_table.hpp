@@ -102,6 +102,7 @@
   X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, CUresult,                                \
     (int*, CUfunction, int, size_t, unsigned int))                                                 \
   X(cuOccupancyMaxActiveClusters, CUresult, (int*, CUfunction, const CUlaunchConfig*))             \
+  X(cuOccupancyMaxPotentialClusterSize, CUresult, (int*, CUfunction, const CUlaunchConfig*))       \
   X(cuTensorMapEncodeTiled, CUresult,                                                              \
     (CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,   \
      const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,              \
@@ -151,6 +152,12 @@
   X(cuGraphExecKernelNodeSetParams_v2, CUresult,                                                   \
     (CUgraphExec, CUgraphNode, const CUDA_KERNEL_NODE_PARAMS*))                                    \
   X(cuGraphKernelNodeSetParams_v2, CUresult, (CUgraphNode, const CUDA_KERNEL_NODE_PARAMS*))        \
+  X(cuGraphMemsetNodeSetParams, CUresult, (CUgraphNode, const CUDA_MEMSET_NODE_PARAMS*))           \
+  X(cuGraphExecMemsetNodeSetParams, CUresult,                                                      \
+    (CUgraphExec, CUgraphNode, const CUDA_MEMSET_NODE_PARAMS*, CUcontext))                         \
+  X(cuGraphMemcpyNodeSetParams, CUresult, (CUgraphNode, const CUDA_MEMCPY3D*))                     \
+  X(cuGraphExecMemcpyNodeSetParams, CUresult,                                                      \
+    (CUgraphExec, CUgraphNode, const CUDA_MEMCPY3D*, CUcontext))                                   \
   X(cuGraphNodeSetEnabled, CUresult, (CUgraphExec, CUgraphNode, unsigned int))                     \
   X(cuGraphAddMemsetNode, CUresult,                                                                \
     (CUgraphNode*, CUgraph, const CUgraphNode*, size_t, const CUDA_MEMSET_NODE_PARAMS*,            \

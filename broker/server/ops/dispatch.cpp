@@ -96,6 +96,12 @@ std::array<OpSpec, kOpCount> make_specs() {
   set(Op::kGraphNodeFindInClone, "GraphNodeFindInClone", op_graph_node_find_in_clone,
       sizeof(GraphFindInCloneReq), true);
   set(Op::kDeviceGraphMem, "DeviceGraphMem", op_device_graph_mem, sizeof(DeviceGraphMemReq), true);
+  set(Op::kGraphMemsetNodeSetParams, "GraphMemsetNodeSetParams", op_graph_memset_node_set_params,
+      sizeof(GraphMemsetNodeSetReq), true);
+  set(Op::kGraphCopyNodeSetParams, "GraphCopyNodeSetParams", op_graph_copy_node_set_params,
+      sizeof(GraphCopyNodeSetReq), true);
+  set(Op::kOccupancyMaxPotentialClusterSize, "OccupancyMaxPotentialClusterSize",
+      op_occupancy_max_potential_cluster_size, sizeof(ClusterOccupancyReq), true);
   set(Op::kTensorMapEncode, "TensorMapEncode", op_tensor_map_encode, sizeof(TensorMapEncodeReq),
       true);
   set(Op::kTensorMapReplaceAddress, "TensorMapReplaceAddress", op_tensor_map_replace_address,

@@ -91,7 +91,13 @@ OpResult op_occupancy_max_active_blocks(Call& call) {
   return call.reply(proto::OccupancyRep{blocks});
 }
 
-OpResult op_occupancy_max_active_clusters(Call& call) {
+namespace {
+
+// A cluster occupancy query (kOccupancyMaxActiveClusters, kOccupancyMaxPotentialClusterSize):
+// the function and launch configuration it names handed to `ask` (the driver's query), whose
+// answer is the reply.
+template <typename Ask>
+OpResult cluster_query(Call& call, Ask ask) {
   auto req = call.request<proto::ClusterOccupancyReq>();
   if (req.attribute_count > proto::kMaxLaunchAttributes ||
       !call.exact(sizeof req,
@@ -124,12 +130,19 @@ OpResult op_occupancy_max_active_clusters(Call& call) {
   config.hStream = nullptr;  // a query: nothing is launched
   config.attrs = attributes;
   config.numAttrs = req.attribute_count;
-  int clusters = 0;
-  if (CUresult r = call.cu.cuOccupancyMaxActiveClusters(&clusters, function, &config);
-      r != CUDA_SUCCESS) {
-    return call.done(r);
-  }
-  return call.reply(proto::OccupancyRep{clusters});
+  int answer = 0;
+  if (CUresult r = ask(&answer, function, &config); r != CUDA_SUCCESS) return call.done(r);
+  return call.reply(proto::OccupancyRep{answer});
+}
+
+}  // namespace
+
+OpResult op_occupancy_max_active_clusters(Call& call) {
+  return cluster_query(call, call.cu.cuOccupancyMaxActiveClusters);
+}
+
+OpResult op_occupancy_max_potential_cluster_size(Call& call) {
+  return cluster_query(call, call.cu.cuOccupancyMaxPotentialClusterSize);
 }
 
 // cuOccupancyAvailableDynamicSMemPerBlock(func, numBlocks, blockSize): numBlocks travels in

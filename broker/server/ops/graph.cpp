@@ -633,6 +633,31 @@ OpResult op_graph_exec_kernel_node_set_params(Call& call) {
   return call.done(call.cu.cuGraphExecKernelNodeSetParams_v2(exec->exec, node->node, &params));
 }
 
+CUresult memset_node_params(Call& call, std::uint64_t dst, std::uint64_t pitch, std::uint64_t width,
+                            std::uint64_t height, std::uint32_t value, std::uint32_t element_bytes,
+                            CUDA_MEMSET_NODE_PARAMS& out) {
+  const std::uint64_t element = element_bytes;
+  if ((element != 1 && element != 2 && element != 4) || width == 0 || height == 0 ||
+      width > std::numeric_limits<std::uint64_t>::max() / 8 / element) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const std::uint64_t row = width * element;
+  const std::uint64_t rows_pitch = height > 1 ? pitch : row;
+  if (rows_pitch < row ||
+      height - 1 > (std::numeric_limits<std::uint64_t>::max() - row) / rows_pitch ||
+      !owns_memory(call, dst, (height - 1) * rows_pitch + row)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  out = CUDA_MEMSET_NODE_PARAMS{};
+  out.dst = dst;
+  out.pitch = rows_pitch;
+  out.value = value;
+  out.elementSize = element_bytes;
+  out.width = width;
+  out.height = height;
+  return CUDA_SUCCESS;
+}
+
 OpResult op_graph_add_memset_node(Call& call) {
   auto req = call.request<proto::GraphMemsetNodeReq>();
   Session& session = call.session;
@@ -640,29 +665,33 @@ OpResult op_graph_add_memset_node(Call& call) {
   if (!target) return target.error();
   const std::vector<CUgraphNode>& deps = target->deps;
   GraphObj* graph = target->graph;
-  const std::uint64_t element = req.element_bytes;
-  if ((element != 1 && element != 2 && element != 4) || req.width == 0 || req.height == 0 ||
-      req.width > std::numeric_limits<std::uint64_t>::max() / 8 / element) {
-    return call.done(CUDA_ERROR_INVALID_VALUE);
-  }
-  const std::uint64_t row = req.width * element;
-  const std::uint64_t pitch = req.height > 1 ? req.pitch : row;
-  if (pitch < row || req.height - 1 > (std::numeric_limits<std::uint64_t>::max() - row) / pitch ||
-      !owns_memory(call, req.dst, (req.height - 1) * pitch + row)) {
-    return call.done(CUDA_ERROR_INVALID_VALUE);
-  }
   CUDA_MEMSET_NODE_PARAMS params{};
-  params.dst = req.dst;
-  params.pitch = pitch;
-  params.value = req.value;
-  params.elementSize = req.element_bytes;
-  params.width = req.width;
-  params.height = req.height;
+  if (CUresult r = memset_node_params(call, req.dst, req.pitch, req.width, req.height, req.value,
+                                      req.element_bytes, params);
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
   CUgraphNode node = nullptr;
   GreenCurrent green(session);
   CUresult r = call.cu.cuGraphAddMemsetNode(&node, graph->graph, deps.data(), deps.size(), &params,
                                             session.green.context);
   return node_reply(call, req.node.graph, r, node);
+}
+
+CUresult copy_node_params(Call& call, std::uint64_t dst, std::uint64_t src, std::uint64_t bytes,
+                          CUDA_MEMCPY3D& out) {
+  if (!owns_memory(call, dst, bytes) || !owns_memory(call, src, bytes)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  out = CUDA_MEMCPY3D{};
+  out.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+  out.srcDevice = src;
+  out.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  out.dstDevice = dst;
+  out.WidthInBytes = bytes;
+  out.Height = 1;
+  out.Depth = 1;
+  return CUDA_SUCCESS;
 }
 
 OpResult op_graph_add_copy_node(Call& call) {
@@ -672,17 +701,10 @@ OpResult op_graph_add_copy_node(Call& call) {
   if (!target) return target.error();
   const std::vector<CUgraphNode>& deps = target->deps;
   GraphObj* graph = target->graph;
-  if (!owns_memory(call, req.dst, req.bytes) || !owns_memory(call, req.src, req.bytes)) {
-    return call.done(CUDA_ERROR_INVALID_VALUE);
-  }
   CUDA_MEMCPY3D params{};
-  params.srcMemoryType = CU_MEMORYTYPE_DEVICE;
-  params.srcDevice = req.src;
-  params.dstMemoryType = CU_MEMORYTYPE_DEVICE;
-  params.dstDevice = req.dst;
-  params.WidthInBytes = req.bytes;
-  params.Height = 1;
-  params.Depth = 1;
+  if (CUresult r = copy_node_params(call, req.dst, req.src, req.bytes, params); r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
   CUgraphNode node = nullptr;
   GreenCurrent green(session);
   CUresult r = call.cu.cuGraphAddMemcpyNode(&node, graph->graph, deps.data(), deps.size(), &params,

@@ -1,9 +1,10 @@
 // Graph nodes beyond kernels, memsets and copies (proto/ops_graph_nodes.hpp): event record and
-// wait nodes, host nodes, memory allocation and free nodes; their setters; enabling a node of an
-// executable graph; destroying a node, removing edges, cloning a graph. Each checks that what
-// the client names is its own (ids of its session) and hands the driver's answer back: the
-// driver says what a graph with memory nodes may not do (measured on an H200, driver 580:
-// clone, a second instantiation, destroying a node or an edge are CUDA_ERROR_NOT_SUPPORTED).
+// wait nodes, host nodes, memory allocation and free nodes; their setters and memset and memcpy
+// nodes' new parameters; enabling a node of an executable graph; destroying a node, removing
+// edges, cloning a graph. Each checks that what the client names is its own (ids of its
+// session) and hands the driver's answer back: the driver says what a graph with memory nodes
+// may not do (measured on an H200, driver 580: clone, a second instantiation, destroying a node
+// or an edge are CUDA_ERROR_NOT_SUPPORTED).
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -291,6 +292,49 @@ OpResult op_graph_node_find_in_clone(Call& call) {
   CUgraphNode found = nullptr;
   CUresult r = call.cu.cuGraphNodeFindInClone(&found, node->node, clone->graph);
   return node_reply(call, req.clone, r, found);
+}
+
+// New parameters for a memset or memcpy node: the graph's own node (exec 0), or an executable
+// graph's; checked as when the node is added, issued with the client's green context as the
+// node was made.
+OpResult op_graph_memset_node_set_params(Call& call) {
+  auto req = call.request<proto::GraphMemsetNodeSetReq>();
+  Session& session = call.session;
+  const GraphNodeObj* node = client_node(call, req.node);
+  if (node == nullptr) return call.done(CUDA_ERROR_INVALID_VALUE);
+  const GraphExecObj* exec = nullptr;
+  if (req.exec != 0 && (exec = session.objects.get<GraphExecObj>(req.exec)) == nullptr) {
+    return call.done(CUDA_ERROR_INVALID_HANDLE);
+  }
+  CUDA_MEMSET_NODE_PARAMS params{};
+  if (CUresult r = memset_node_params(call, req.dst, req.pitch, req.width, req.height, req.value,
+                                      req.element_bytes, params);
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  GreenCurrent green(session);
+  return call.done(exec == nullptr ? call.cu.cuGraphMemsetNodeSetParams(node->node, &params)
+                                   : call.cu.cuGraphExecMemsetNodeSetParams(
+                                         exec->exec, node->node, &params, session.green.context));
+}
+
+OpResult op_graph_copy_node_set_params(Call& call) {
+  auto req = call.request<proto::GraphCopyNodeSetReq>();
+  Session& session = call.session;
+  const GraphNodeObj* node = client_node(call, req.node);
+  if (node == nullptr) return call.done(CUDA_ERROR_INVALID_VALUE);
+  const GraphExecObj* exec = nullptr;
+  if (req.exec != 0 && (exec = session.objects.get<GraphExecObj>(req.exec)) == nullptr) {
+    return call.done(CUDA_ERROR_INVALID_HANDLE);
+  }
+  CUDA_MEMCPY3D params{};
+  if (CUresult r = copy_node_params(call, req.dst, req.src, req.bytes, params); r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  GreenCurrent green(session);
+  return call.done(exec == nullptr ? call.cu.cuGraphMemcpyNodeSetParams(node->node, &params)
+                                   : call.cu.cuGraphExecMemcpyNodeSetParams(
+                                         exec->exec, node->node, &params, session.green.context));
 }
 
 OpResult op_device_graph_mem(Call& call) {

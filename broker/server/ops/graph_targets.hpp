@@ -36,4 +36,13 @@ OpResult node_reply(Call& call, std::uint64_t graph_id, CUresult r, CUgraphNode 
 
 OpResult malformed_node(Call& call);
 
+// A memset node's or memcpy node's parameters (ops/graph.cpp): the driver's form of what the
+// record states, or CUDA_ERROR_INVALID_VALUE for a shape the driver refuses or memory that is not
+// the client's (a one-dimensional device-to-device copy for memcpy nodes).
+CUresult memset_node_params(Call& call, std::uint64_t dst, std::uint64_t pitch, std::uint64_t width,
+                            std::uint64_t height, std::uint32_t value, std::uint32_t element_bytes,
+                            CUDA_MEMSET_NODE_PARAMS& out);
+CUresult copy_node_params(Call& call, std::uint64_t dst, std::uint64_t src, std::uint64_t bytes,
+                          CUDA_MEMCPY3D& out);
+
 }  // namespace mpsshim::server

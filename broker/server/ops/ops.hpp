@@ -48,6 +48,7 @@ OpResult op_function_set_attribute(Call& call);
 OpResult op_function_set_cache_config(Call& call);
 OpResult op_occupancy_max_active_blocks(Call& call);
 OpResult op_occupancy_max_active_clusters(Call& call);
+OpResult op_occupancy_max_potential_cluster_size(Call& call);
 OpResult op_occupancy_available_dynamic_smem(Call& call);
 
 // ops/launch.cpp
@@ -112,6 +113,8 @@ OpResult op_graph_remove_dependencies(Call& call);
 OpResult op_graph_clone(Call& call);
 OpResult op_graph_node_find_in_clone(Call& call);
 OpResult op_device_graph_mem(Call& call);
+OpResult op_graph_memset_node_set_params(Call& call);
+OpResult op_graph_copy_node_set_params(Call& call);
 // ops/host_function.cpp
 OpResult op_host_func(Call& call);
 

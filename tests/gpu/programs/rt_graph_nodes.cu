@@ -303,8 +303,23 @@ int main(int argc, char** argv) {
   int wrong_exec_set = 0;
   for (int i = 0; i < kN; ++i)
     wrong_exec_set += got[i] != kX * 1664525u + 31u + static_cast<unsigned>(i);
+  // The executable graph's memset node: x = 0 before the step.
+  cudaMemsetParams zero_ms = ms;
+  zero_ms.value = 0;
+  RT_CHECK(cudaGraphExecMemsetNodeSetParams(rx, ra, &zero_ms));
+  RT_CHECK(cudaGraphLaunch(rx, s1));
+  RT_CHECK(cudaStreamSynchronize(s1));
+  RT_CHECK(cudaMemcpy(got.data(), x, sizeof(unsigned) * kN, cudaMemcpyDeviceToHost));
+  int wrong_memset_set = 0;
+  for (int i = 0; i < kN; ++i) wrong_memset_set += got[i] != 31u + static_cast<unsigned>(i);
   RT_CHECK(cudaGraphExecDestroy(rx));
   RT_CHECK(cudaGraphDestroy(r));
+  // The largest cluster the step kernel may be launched with (the driver's answer).
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(64);
+  cfg.blockDim = dim3(256);
+  int cluster_size = 0;
+  RT_CHECK(cudaOccupancyMaxPotentialClusterSize(&cluster_size, step, &cfg));
 
   RT_CHECK(cudaGraphExecDestroy(qx));
   RT_CHECK(cudaGraphExecDestroy(px));
@@ -319,15 +334,17 @@ int main(int argc, char** argv) {
   const bool ok = queries_ok && wrong_x == 0 && wrong_y == 0 && wrong_disabled == 0 &&
                   wrong_enabled == 0 && wrong_p == 0 && enabled == 0 && swapped == ev2 &&
                   p_nodes == 3 && graph_mem_reserved && calls0 == replays && kernel_query &&
-                  wrong_set == 0 && wrong_exec_set == 0 && calls1 == 2 + 1 && calls2 == 1 + 1;
+                  wrong_set == 0 && wrong_exec_set == 0 && wrong_memset_set == 0 &&
+                  cluster_size > 0 && calls1 == 2 + 1 && calls2 == 1 + 1;
   return RT_REPORT(ok,
                    "replays=%d queries=%d wrong_x=%d wrong_y=%d wrong_disabled=%d "
                    "wrong_enabled=%d wrong_p=%d enabled_after_disable=%u p_nodes=%zu "
                    "graph_mem_reserved=%d calls=%d/%d/%d clone_memnodes=%d "
                    "second_instantiation=%d destroy_in_memgraph=%d find_foreign=%d "
-                   "kernel_query=%d wrong_set=%d wrong_exec_set=%d",
+                   "kernel_query=%d wrong_set=%d wrong_exec_set=%d wrong_memset_set=%d "
+                   "cluster_size=%d",
                    replays, queries_ok ? 1 : 0, wrong_x, wrong_y, wrong_disabled, wrong_enabled,
                    wrong_p, enabled, p_nodes, graph_mem_reserved ? 1 : 0, calls0, calls1, calls2,
                    clone_memnodes, second_instantiation, destroy_in_memgraph, find_foreign,
-                   kernel_query ? 1 : 0, wrong_set, wrong_exec_set);
+                   kernel_query ? 1 : 0, wrong_set, wrong_exec_set, wrong_memset_set, cluster_size);
 }
