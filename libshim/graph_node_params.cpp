@@ -65,11 +65,7 @@ CUresult set_memset(CUgraphExec hexec, CUgraphNode hnode, const CUDA_MEMSET_NODE
   if (node == nullptr) return hexec != nullptr ? CUDA_ERROR_INVALID_VALUE : dead_or_null(hnode);
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
   proto::WireHandle exec_wire = 0;
-  if (hexec != nullptr) {
-    GraphExecObject* exec = exec_of(hexec);
-    if (exec == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-    exec_wire = exec->wire;
-  }
+  if (CUresult rc = exec_wire_of(hexec, exec_wire); rc != CUDA_SUCCESS) return rc;
   proto::GraphMemsetNodeSetReq request{exec_wire, node->wire, p->dst,   p->pitch,
                                        p->width,  p->height,  p->value, p->elementSize};
   if (CUresult rc = node->graph->ctx->session->call(proto::Op::kGraphMemsetNodeSetParams, &request,
@@ -106,11 +102,7 @@ CUresult set_memcpy(CUgraphExec hexec, CUgraphNode hnode, const CUDA_MEMCPY3D* p
     return CUDA_ERROR_NOT_SUPPORTED;
   }
   proto::WireHandle exec_wire = 0;
-  if (hexec != nullptr) {
-    GraphExecObject* exec = exec_of(hexec);
-    if (exec == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-    exec_wire = exec->wire;
-  }
+  if (CUresult rc = exec_wire_of(hexec, exec_wire); rc != CUDA_SUCCESS) return rc;
   proto::GraphCopyNodeSetReq request{exec_wire, node->wire, p->dstDevice + p->dstXInBytes,
                                      p->srcDevice + p->srcXInBytes, p->WidthInBytes};
   if (CUresult rc = node->graph->ctx->session->call(proto::Op::kGraphCopyNodeSetParams, &request,

@@ -76,11 +76,7 @@ CUresult set_param(CUgraphExec hexec, CUgraphNode hnode, proto::GraphNodeParam p
   GraphNodeObject* node = node_of(hnode);
   if (node == nullptr) return dead_or_null(hnode);
   proto::WireHandle exec_wire = 0;
-  if (hexec != nullptr) {
-    GraphExecObject* exec = exec_of(hexec);
-    if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    exec_wire = exec->wire;
-  }
+  if (CUresult rc = exec_wire_of(hexec, exec_wire); rc != CUDA_SUCCESS) return rc;
   proto::GraphNodeParamsReq request{exec_wire, node->wire, value, static_cast<std::uint32_t>(param),
                                     1};
   if (CUresult rc = node->graph->ctx->session->call(proto::Op::kGraphNodeParams, &request,

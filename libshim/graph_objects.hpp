@@ -92,6 +92,16 @@ inline GraphExecObject* exec_of(CUgraphExec h) {
 inline GraphNodeObject* node_of(CUgraphNode h) {
   return live<GraphNodeObject>(h, kNodeMagic);
 }
+// The server id of an executable graph a setter names, 0 for none (the graph's own node);
+// CUDA_ERROR_INVALID_HANDLE for one that is not live.
+inline CUresult exec_wire_of(CUgraphExec hexec, proto::WireHandle& wire) {
+  wire = 0;
+  if (hexec == nullptr) return CUDA_SUCCESS;
+  GraphExecObject* exec = exec_of(hexec);
+  if (exec == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  wire = exec->wire;
+  return CUDA_SUCCESS;
+}
 // What a call on a node that is not live answers: no node at all is an invalid value, as the
 // driver says; a node of a destroyed graph (or a forged one) an invalid handle.
 inline CUresult dead_or_null(CUgraphNode h) {

@@ -671,6 +671,43 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphExecUpdate_v2(CUgraphExec hexe
 
 // ---- explicit construction ----
 
+namespace mpsshim::testdriver {
+namespace {
+
+// A kernel node's work for `p` on `device`, run on the SMs of `ctx`; or the driver's answer
+// (locked). `required` (not null): the context `p` must name, as an update of an executable graph's
+// node may not move it.
+CUresult kernel_node_work(State& s, const CUDA_KERNEL_NODE_PARAMS& p, int device, CUcontext ctx,
+                          CUcontext required, Work& out) {
+  // As the real driver (H100, driver 580, tools/probes/graph_node_args.cpp): a kernel node
+  // takes its arguments as kernelParams only; `extra` is refused.
+  if (p.extra != nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUfunction handle = p.func != nullptr ? p.func : reinterpret_cast<CUfunction>(p.kern);
+  Function* fn = nullptr;
+  if (CUresult r = resolve_function(s, handle, device, fn); r != CUDA_SUCCESS) return r;
+  if (p.gridDimX == 0 || p.gridDimY == 0 || p.gridDimZ == 0 || p.blockDimX == 0 ||
+      p.blockDimY == 0 || p.blockDimZ == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  // The node stays in its context. A CUkernel names its context (p.ctx, NULL: the current one),
+  // which must be the node's, whatever is current. A CUfunction names none: the real driver
+  // takes the context current at the update as the node's new one, and refuses it unless it is
+  // the one current when the node was added (H100, driver 580, tools/probes/graph_node_args.cpp:
+  // "CUfunction, built green, upd primary" is CUDA_ERROR_INVALID_VALUE).
+  if (required != nullptr && kernel_context(s, p) != required) return CUDA_ERROR_INVALID_VALUE;
+  auto args = std::make_shared<std::vector<std::byte>>();
+  if (CUresult r = pack_arguments(*fn->def, p.kernelParams, p.extra, *args); r != CUDA_SUCCESS)
+    return r;
+  auto sms = sms_of(s, ctx, device);
+  if (!sms) return CUDA_ERROR_INVALID_CONTEXT;
+  out = std::make_shared<const std::function<void()>>(
+      kernel_work(fn->def, Dim3{p.gridDimX, p.gridDimY, p.gridDimZ},
+                  Dim3{p.blockDimX, p.blockDimY, p.blockDimZ}, std::move(sms), std::move(args)));
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+}  // namespace mpsshim::testdriver
+
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI
 cuGraphAddKernelNode_v2(CUgraphNode* out, CUgraph hgraph, const CUgraphNode* deps, size_t count,
                         const CUDA_KERNEL_NODE_PARAMS* p) {
@@ -679,26 +716,12 @@ cuGraphAddKernelNode_v2(CUgraphNode* out, CUgraph hgraph, const CUgraphNode* dep
     Graph* g = find_graph(s, hgraph).get();
     if (g == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    // As the real driver (H100, driver 580, tools/probes/graph_node_args.cpp): a kernel node
-    // takes its arguments as kernelParams only; `extra` is refused.
-    if (p->extra != nullptr) return CUDA_ERROR_INVALID_VALUE;
-    CUfunction handle = p->func != nullptr ? p->func : reinterpret_cast<CUfunction>(p->kern);
-    Function* fn = nullptr;
-    if (CUresult r = resolve_function(s, handle, g->device, fn); r != CUDA_SUCCESS) return r;
-    if (p->gridDimX == 0 || p->gridDimY == 0 || p->gridDimZ == 0 || p->blockDimX == 0 ||
-        p->blockDimY == 0 || p->blockDimZ == 0)
-      return CUDA_ERROR_INVALID_VALUE;
-    auto args = std::make_shared<std::vector<std::byte>>();
-    if (CUresult r = pack_arguments(*fn->def, p->kernelParams, p->extra, *args); r != CUDA_SUCCESS)
-      return r;
     // func runs in its own context; a CUkernel in the node's (a green context's SMs).
     const CUcontext ctx = kernel_context(s, *p);
-    auto sms = sms_of(s, ctx, g->device);
-    if (!sms) return CUDA_ERROR_INVALID_CONTEXT;
-    CUresult r = add_node(s, out, hgraph, deps, count, CU_GRAPH_NODE_TYPE_KERNEL,
-                          kernel_work(fn->def, Dim3{p->gridDimX, p->gridDimY, p->gridDimZ},
-                                      Dim3{p->blockDimX, p->blockDimY, p->blockDimZ},
-                                      std::move(sms), std::move(args)));
+    Work work;
+    if (CUresult r = kernel_node_work(s, *p, g->device, ctx, nullptr, work); r != CUDA_SUCCESS)
+      return r;
+    CUresult r = add_node(s, out, hgraph, deps, count, CU_GRAPH_NODE_TYPE_KERNEL, *work);
     if (r == CUDA_SUCCESS) node_of(*out)->context = ctx;
     return r;
   });
@@ -714,23 +737,12 @@ cuGraphKernelNodeSetParams_v2(CUgraphNode hnode, const CUDA_KERNEL_NODE_PARAMS* 
     Graph* g = graph_holding(s, hnode);
     if (g == nullptr || p == nullptr || node_of(hnode)->type != CU_GRAPH_NODE_TYPE_KERNEL)
       return CUDA_ERROR_INVALID_VALUE;
-    if (p->extra != nullptr) return CUDA_ERROR_INVALID_VALUE;  // kernelParams only, as on add
-    CUfunction handle = p->func != nullptr ? p->func : reinterpret_cast<CUfunction>(p->kern);
-    Function* fn = nullptr;
-    if (CUresult r = resolve_function(s, handle, g->device, fn); r != CUDA_SUCCESS) return r;
-    if (p->gridDimX == 0 || p->gridDimY == 0 || p->gridDimZ == 0 || p->blockDimX == 0 ||
-        p->blockDimY == 0 || p->blockDimZ == 0)
-      return CUDA_ERROR_INVALID_VALUE;
-    auto args = std::make_shared<std::vector<std::byte>>();
-    if (CUresult r = pack_arguments(*fn->def, p->kernelParams, p->extra, *args); r != CUDA_SUCCESS)
-      return r;
     const CUcontext ctx = kernel_context(s, *p);
-    auto sms = sms_of(s, ctx, g->device);
-    if (!sms) return CUDA_ERROR_INVALID_CONTEXT;
+    Work work;
+    if (CUresult r = kernel_node_work(s, *p, g->device, ctx, nullptr, work); r != CUDA_SUCCESS)
+      return r;
     GraphNode* node = node_of(hnode);
-    node->work = std::make_shared<const std::function<void()>>(kernel_work(
-        fn->def, Dim3{p->gridDimX, p->gridDimY, p->gridDimZ},
-        Dim3{p->blockDimX, p->blockDimY, p->blockDimZ}, std::move(sms), std::move(args)));
+    node->work = std::move(work);
     node->context = ctx;
     return CUDA_SUCCESS;
   });
@@ -748,38 +760,16 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphExecKernelNodeSetParams_v2(
     if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
     auto slot = exec->kernels.find(hnode);
     if (slot == exec->kernels.end()) return CUDA_ERROR_INVALID_VALUE;
-    // kernelParams only, as when the node is added.
-    if (p->extra != nullptr) return CUDA_ERROR_INVALID_VALUE;
-    CUfunction handle = p->func != nullptr ? p->func : reinterpret_cast<CUfunction>(p->kern);
-    Function* fn = nullptr;
-    if (CUresult r = resolve_function(s, handle, exec->device, fn); r != CUDA_SUCCESS) return r;
-    if (p->gridDimX == 0 || p->gridDimY == 0 || p->gridDimZ == 0 || p->blockDimX == 0 ||
-        p->blockDimY == 0 || p->blockDimZ == 0)
-      return CUDA_ERROR_INVALID_VALUE;
-    // The node stays in its context. A CUkernel names its context (p->ctx, NULL: the current
-    // one), which must be the node's, whatever is current. A CUfunction names none: the real
-    // driver takes the context current at the update as the node's new one, and refuses it
-    // unless it is the one current when the node was added (H100, driver 580,
-    // tools/probes/graph_node_args.cpp: "CUfunction, built green, upd primary" is
-    // CUDA_ERROR_INVALID_VALUE).
-    if (kernel_context(s, *p) != slot->second.context) return CUDA_ERROR_INVALID_VALUE;
-    auto args = std::make_shared<std::vector<std::byte>>();
-    if (CUresult r = pack_arguments(*fn->def, p->kernelParams, p->extra, *args); r != CUDA_SUCCESS)
+    const CUcontext ctx = slot->second.context;
+    Work work;
+    if (CUresult r = kernel_node_work(s, *p, exec->device, ctx, ctx, work); r != CUDA_SUCCESS)
       return r;
-    auto sms = sms_of(s, slot->second.context, exec->device);
-    if (!sms) return CUDA_ERROR_INVALID_CONTEXT;
-    Work work = std::make_shared<const std::function<void()>>(kernel_work(
-        fn->def, Dim3{p->gridDimX, p->gridDimY, p->gridDimZ},
-        Dim3{p->blockDimX, p->blockDimY, p->blockDimZ}, std::move(sms), std::move(args)));
     ++s.graph_node_updates;
     if (!slot->second.enabled) {  // runs once the node is enabled again
       slot->second.disabled_work = std::move(work);
       return CUDA_SUCCESS;
     }
-    // Copy on write: a queued launch holds the order it was given.
-    auto order = std::make_shared<std::vector<Work>>(*exec->order);
-    (*order)[slot->second.position] = std::move(work);
-    exec->order = std::move(order);
+    replace_exec_work(*exec, slot->second.position, std::move(work));
     return CUDA_SUCCESS;
   });
 }

@@ -803,26 +803,34 @@ OpResult op_graph_exec_child_graph_node_set_params(Call& call) {
       call.cu.cuGraphExecChildGraphNodeSetParams(exec->exec, node->node, child->graph));
 }
 
-OpResult op_graph_add_dependencies(Call& call) {
+tl::expected<EdgeList, OpResult> edge_list(Call& call) {
   auto req = call.request<proto::GraphAddDependenciesReq>();
   Session& session = call.session;
   if (req.count > proto::kMaxNodeDependencies || !call.exact(sizeof req, req.count * 16)) {
-    return call.malformed("sent graph dependencies that the record does not hold");
+    return tl::unexpected(call.malformed("sent graph dependencies that the record does not hold"));
   }
-  const GraphObj* graph = session.objects.get<GraphObj>(req.graph);
-  if (graph == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  EdgeList edges;
+  edges.graph = session.objects.get<GraphObj>(req.graph);
+  if (edges.graph == nullptr) return tl::unexpected(call.done(CUDA_ERROR_INVALID_HANDLE));
   std::vector<proto::WireHandle> ids(req.count * 2);
   if (!ids.empty()) {
     std::memcpy(ids.data(), call.trailing(sizeof req, ids.size() * 8).data(), ids.size() * 8);
   }
-  std::vector<CUgraphNode> from, to;
   for (std::size_t i = 0; i < ids.size(); ++i) {
     const GraphNodeObj* node = session.objects.get<GraphNodeObj>(ids[i]);
-    if (node == nullptr || node->graph != req.graph) return call.done(CUDA_ERROR_INVALID_VALUE);
-    (i % 2 == 0 ? from : to).push_back(node->node);
+    if (node == nullptr || node->graph != req.graph) {
+      return tl::unexpected(call.done(CUDA_ERROR_INVALID_VALUE));
+    }
+    (i % 2 == 0 ? edges.from : edges.to).push_back(node->node);
   }
-  return call.done(call.cu.cuGraphAddDependencies_v2(graph->graph, from.data(), to.data(), nullptr,
-                                                     from.size()));
+  return edges;
+}
+
+OpResult op_graph_add_dependencies(Call& call) {
+  auto edges = edge_list(call);
+  if (!edges) return edges.error();
+  return call.done(call.cu.cuGraphAddDependencies_v2(
+      edges->graph->graph, edges->from.data(), edges->to.data(), nullptr, edges->from.size()));
 }
 
 }  // namespace mpsshim::server

@@ -61,6 +61,25 @@ const GraphNodeObj* client_node(Call& call, proto::WireHandle id) {
   return call.session.objects.get<GraphNodeObj>(id);
 }
 
+// A node of the client's and, unless `exec_id` is 0, one of its executable graphs: the answer to
+// a name that is not the client's is CUDA_ERROR_INVALID_VALUE for the node and
+// CUDA_ERROR_INVALID_HANDLE for the executable graph, as the driver's.
+struct NodeInExec {
+  const GraphNodeObj* node = nullptr;
+  const GraphExecObj* exec = nullptr;  // null: the graph's own node
+};
+tl::expected<NodeInExec, CUresult> node_in_exec(Call& call, proto::WireHandle exec_id,
+                                                proto::WireHandle node_id) {
+  NodeInExec found;
+  found.node = client_node(call, node_id);
+  if (found.node == nullptr) return tl::unexpected(CUDA_ERROR_INVALID_VALUE);
+  if (exec_id != 0) {
+    found.exec = call.session.objects.get<GraphExecObj>(exec_id);
+    if (found.exec == nullptr) return tl::unexpected(CUDA_ERROR_INVALID_HANDLE);
+  }
+  return found;
+}
+
 }  // namespace
 
 OpResult op_graph_add_event_node(Call& call) {
@@ -151,13 +170,10 @@ OpResult op_graph_add_mem_free_node(Call& call) {
 OpResult op_graph_node_params(Call& call) {
   auto req = call.request<proto::GraphNodeParamsReq>();
   Session& session = call.session;
-  const GraphNodeObj* node = client_node(call, req.node);
-  if (node == nullptr) return call.done(CUDA_ERROR_INVALID_VALUE);
-  const GraphExecObj* exec = nullptr;
-  if (req.exec != 0) {
-    exec = session.objects.get<GraphExecObj>(req.exec);
-    if (exec == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
-  }
+  auto target = node_in_exec(call, req.exec, req.node);
+  if (!target) return call.done(target.error());
+  const GraphNodeObj* node = target->node;
+  const GraphExecObj* exec = target->exec;
   switch (static_cast<proto::GraphNodeParam>(req.param)) {
     case proto::GraphNodeParam::kEvent: {
       if (req.set == 0) break;
@@ -242,25 +258,10 @@ OpResult op_graph_destroy_node(Call& call) {
 }
 
 OpResult op_graph_remove_dependencies(Call& call) {
-  auto req = call.request<proto::GraphAddDependenciesReq>();
-  Session& session = call.session;
-  if (req.count > proto::kMaxNodeDependencies || !call.exact(sizeof req, req.count * 16)) {
-    return call.malformed("sent graph dependencies that the record does not hold");
-  }
-  const GraphObj* graph = session.objects.get<GraphObj>(req.graph);
-  if (graph == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
-  std::vector<proto::WireHandle> ids(req.count * 2);
-  if (!ids.empty()) {
-    std::memcpy(ids.data(), call.trailing(sizeof req, ids.size() * 8).data(), ids.size() * 8);
-  }
-  std::vector<CUgraphNode> from, to;
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    const GraphNodeObj* node = client_node(call, ids[i]);
-    if (node == nullptr || node->graph != req.graph) return call.done(CUDA_ERROR_INVALID_VALUE);
-    (i % 2 == 0 ? from : to).push_back(node->node);
-  }
-  return call.done(call.cu.cuGraphRemoveDependencies_v2(graph->graph, from.data(), to.data(),
-                                                        nullptr, from.size()));
+  auto edges = edge_list(call);
+  if (!edges) return edges.error();
+  return call.done(call.cu.cuGraphRemoveDependencies_v2(
+      edges->graph->graph, edges->from.data(), edges->to.data(), nullptr, edges->from.size()));
 }
 
 OpResult op_graph_clone(Call& call) {
@@ -300,12 +301,10 @@ OpResult op_graph_node_find_in_clone(Call& call) {
 OpResult op_graph_memset_node_set_params(Call& call) {
   auto req = call.request<proto::GraphMemsetNodeSetReq>();
   Session& session = call.session;
-  const GraphNodeObj* node = client_node(call, req.node);
-  if (node == nullptr) return call.done(CUDA_ERROR_INVALID_VALUE);
-  const GraphExecObj* exec = nullptr;
-  if (req.exec != 0 && (exec = session.objects.get<GraphExecObj>(req.exec)) == nullptr) {
-    return call.done(CUDA_ERROR_INVALID_HANDLE);
-  }
+  auto target = node_in_exec(call, req.exec, req.node);
+  if (!target) return call.done(target.error());
+  const GraphNodeObj* node = target->node;
+  const GraphExecObj* exec = target->exec;
   CUDA_MEMSET_NODE_PARAMS params{};
   if (CUresult r = memset_node_params(call, req.dst, req.pitch, req.width, req.height, req.value,
                                       req.element_bytes, params);
@@ -321,12 +320,10 @@ OpResult op_graph_memset_node_set_params(Call& call) {
 OpResult op_graph_copy_node_set_params(Call& call) {
   auto req = call.request<proto::GraphCopyNodeSetReq>();
   Session& session = call.session;
-  const GraphNodeObj* node = client_node(call, req.node);
-  if (node == nullptr) return call.done(CUDA_ERROR_INVALID_VALUE);
-  const GraphExecObj* exec = nullptr;
-  if (req.exec != 0 && (exec = session.objects.get<GraphExecObj>(req.exec)) == nullptr) {
-    return call.done(CUDA_ERROR_INVALID_HANDLE);
-  }
+  auto target = node_in_exec(call, req.exec, req.node);
+  if (!target) return call.done(target.error());
+  const GraphNodeObj* node = target->node;
+  const GraphExecObj* exec = target->exec;
   CUDA_MEMCPY3D params{};
   if (CUresult r = copy_node_params(call, req.dst, req.src, req.bytes, params); r != CUDA_SUCCESS) {
     return call.done(r);

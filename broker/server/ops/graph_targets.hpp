@@ -36,6 +36,15 @@ OpResult node_reply(Call& call, std::uint64_t graph_id, CUresult r, CUgraphNode 
 
 OpResult malformed_node(Call& call);
 
+// The (from, to) node pairs after a GraphAddDependenciesReq (kGraphAddDependencies,
+// kGraphRemoveDependencies): nodes of the graph it names, as driver nodes; or the answer that ends
+// the call.
+struct EdgeList {
+  const GraphObj* graph = nullptr;
+  std::vector<CUgraphNode> from, to;
+};
+tl::expected<EdgeList, OpResult> edge_list(Call& call);
+
 // A memset node's or memcpy node's parameters (ops/graph.cpp): the driver's form of what the
 // record states, or CUDA_ERROR_INVALID_VALUE for a shape the driver refuses or memory that is not
 // the client's (a one-dimensional device-to-device copy for memcpy nodes).
