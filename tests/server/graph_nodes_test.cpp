@@ -70,6 +70,23 @@ TEST_CASE("graph memory counts against the client's limit until its graph is des
   CHECK(f.free_node(f.graph(), plain).result == CUDA_ERROR_INVALID_VALUE);
 }
 
+TEST_CASE("graph memory counts against the client's cap on allocations",
+          "[server][graph][graph_nodes]") {
+  ServerSettings settings = batch::no_batching();
+  settings.client_limits.set(ClientLimit::kAllocations, 2);
+  batch::Fixture f(test_driver(), settings);
+  auto reply = f.sut.call(Op::kGraphCreate, proto::GraphCreateReq{f.ctx.ctx, 0, 0});
+  REQUIRE(reply.result == CUDA_SUCCESS);
+  const std::uint64_t g = reply.as<proto::GraphRep>().handle;
+  auto alloc = [&] {
+    return f.sut.call(Op::kGraphAddMemAllocNode, proto::GraphMemAllocNodeReq{{g, 0, 0}, 4096})
+        .result;
+  };
+  CHECK(f.buffer(4096) != 0);  // a cuMemAlloc and a graph block share the cap
+  CHECK(alloc() == CUDA_SUCCESS);
+  CHECK(alloc() == CUDA_ERROR_OUT_OF_MEMORY);
+}
+
 TEST_CASE("graph nodes refuse another client's events, nodes and memory, and malformed records",
           "[server][graph][graph_nodes]") {
   Fixture f;

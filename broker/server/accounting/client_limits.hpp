@@ -22,7 +22,7 @@ enum class ClientLimit : std::uint8_t {
   kModules,        // modules and libraries loaded
   kGraphs,         // graphs and executable graphs
   kMemoryPools,    // memory pools it created
-  kAllocations,    // device allocations (cuMemAlloc*, cuMemAllocAsync), counted, not sized
+  kAllocations,    // device allocations (cuMemAlloc*, cuMemAllocAsync, graph memory), counted
   kPinnedBytes,    // pinned host memory registered or allocated (bytes)
   kHostFunctions,  // host functions queued and not yet run, or kept by its graphs
   kInFlight,       // GPU work the server tracks for it (replies, staging chunks, deferred frees)

@@ -35,8 +35,8 @@ std::uint64_t held_of(const Session& session, ClientLimit limit) {
       return objects.count<GraphObj>() + objects.count<GraphExecObj>();
     case ClientLimit::kMemoryPools:
       return objects.count<PoolObj>();
-    case ClientLimit::kAllocations:
-      return session.memory.count(RangeKind::kAllocation);
+    case ClientLimit::kAllocations:  // graph memory too: each node's block is a table entry
+      return session.memory.count(RangeKind::kAllocation) + session.memory.count(RangeKind::kGraph);
     case ClientLimit::kPinnedBytes:
       return session.usage.pinned_bytes;
     case ClientLimit::kHostFunctions:

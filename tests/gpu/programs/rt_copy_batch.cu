@@ -1,9 +1,10 @@
 // Batched copies (cudaMemcpyBatchAsync -> cuMemcpyBatchAsync_v2, cudaMemcpy3DBatchAsync ->
-// cuMemcpy3DBatchAsync_v2; serving engines swap KV-cache blocks this way): 64 blocks of 64 KiB
-// swapped out from device to pinned host memory and back in one batch each, pageable and stack
-// sources with two attribute sets, a pointer -> CUDA array -> pointer round trip with a row
-// pitch, and the answers to a batch on the legacy stream and an empty extent. Result fields:
-// checksums of what arrived, the wrong-block counts, the two refusals. Exit 77 without a GPU.
+// cuMemcpy3DBatchAsync_v2; serving engines swap KV-cache blocks this way): every other one of 64
+// blocks of 64 KiB swapped out from device to pinned host memory and back in one batch each,
+// pageable and stack sources with two attribute sets, a pointer -> CUDA array -> pointer round
+// trip with a row pitch, and the answers to a batch on the legacy stream and an empty extent.
+// Result fields: the wrong-block, wrong-source and wrong-row counts, a checksum of what arrived,
+// the two refusals. Exit 77 without a GPU.
 static const char* const kProgram = "rt_copy_batch";
 #include <cstring>
 #include <vector>
