@@ -15,6 +15,7 @@
 #include "libshim/log.hpp"
 #include "libshim/peer.hpp"
 #include "libshim/staging_copy.hpp"
+#include "libshim/sync_memops.hpp"
 
 using namespace mpsshim::shim;
 namespace proto = mpsshim::proto;
@@ -276,9 +277,9 @@ constexpr auto kPerThread = DefaultStream::kPerThread;
 #define MPSSHIM_SYNC_COPIES(SUFFIX, MODE)                                                          \
   MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyHtoD_v2##SUFFIX(CUdeviceptr dst, const void* src,        \
                                                           size_t n) {                              \
-    return with_stream(nullptr, MODE, [&](Context* ctx, Stream* s) {                               \
-      return copy_htod(ctx, s, dst, src, n, true);                                                 \
-    });                                                                                            \
+    return finish_sync_memop(dst, MODE, with_stream(nullptr, MODE, [&](Context* ctx, Stream* s) {  \
+                               return copy_htod(ctx, s, dst, src, n, true);                        \
+                             }));                                                                  \
   }                                                                                                \
   MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyDtoH_v2##SUFFIX(void* dst, CUdeviceptr src, size_t n) {  \
     return with_stream(nullptr, MODE, [&](Context* ctx, Stream* s) {                               \
@@ -287,35 +288,36 @@ constexpr auto kPerThread = DefaultStream::kPerThread;
   }                                                                                                \
   MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyDtoD_v2##SUFFIX(CUdeviceptr dst, CUdeviceptr src,        \
                                                           size_t n) {                              \
-    return with_stream(nullptr, MODE,                                                              \
-                       [&](Context* ctx, Stream* s) { return copy_dtod(ctx, s, dst, src, n); });   \
+    return finish_sync_memop(dst, MODE, with_stream(nullptr, MODE, [&](Context* ctx, Stream* s) {  \
+                               return copy_dtod(ctx, s, dst, src, n);                              \
+                             }));                                                                  \
   }                                                                                                \
   MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpy##SUFFIX(CUdeviceptr dst, CUdeviceptr src, size_t n) {   \
-    return copy_unified(dst, src, n, nullptr, MODE, false);                                        \
+    return finish_sync_memop(dst, MODE, copy_unified(dst, src, n, nullptr, MODE, false));          \
   }                                                                                                \
   MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD8_v2##SUFFIX(CUdeviceptr dst, unsigned char v,          \
                                                         size_t n) {                                \
-    return memset_2d(dst, 0, v, 1, n, 1, nullptr, MODE);                                           \
+    return finish_sync_memop(dst, MODE, memset_2d(dst, 0, v, 1, n, 1, nullptr, MODE));             \
   }                                                                                                \
   MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD16_v2##SUFFIX(CUdeviceptr dst, unsigned short v,        \
                                                          size_t n) {                               \
-    return memset_2d(dst, 0, v, 2, n, 1, nullptr, MODE);                                           \
+    return finish_sync_memop(dst, MODE, memset_2d(dst, 0, v, 2, n, 1, nullptr, MODE));             \
   }                                                                                                \
   MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD32_v2##SUFFIX(CUdeviceptr dst, unsigned int v,          \
                                                          size_t n) {                               \
-    return memset_2d(dst, 0, v, 4, n, 1, nullptr, MODE);                                           \
+    return finish_sync_memop(dst, MODE, memset_2d(dst, 0, v, 4, n, 1, nullptr, MODE));             \
   }                                                                                                \
   MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD2D8_v2##SUFFIX(CUdeviceptr dst, size_t pitch,           \
                                                           unsigned char v, size_t w, size_t h) {   \
-    return memset_2d(dst, pitch, v, 1, w, h, nullptr, MODE);                                       \
+    return finish_sync_memop(dst, MODE, memset_2d(dst, pitch, v, 1, w, h, nullptr, MODE));         \
   }                                                                                                \
   MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD2D16_v2##SUFFIX(CUdeviceptr dst, size_t pitch,          \
                                                            unsigned short v, size_t w, size_t h) { \
-    return memset_2d(dst, pitch, v, 2, w, h, nullptr, MODE);                                       \
+    return finish_sync_memop(dst, MODE, memset_2d(dst, pitch, v, 2, w, h, nullptr, MODE));         \
   }                                                                                                \
   MPSSHIM_EXPORT CUresult CUDAAPI cuMemsetD2D32_v2##SUFFIX(CUdeviceptr dst, size_t pitch,          \
                                                            unsigned int v, size_t w, size_t h) {   \
-    return memset_2d(dst, pitch, v, 4, w, h, nullptr, MODE);                                       \
+    return finish_sync_memop(dst, MODE, memset_2d(dst, pitch, v, 4, w, h, nullptr, MODE));         \
   }
 
 MPSSHIM_SYNC_COPIES(, kLegacy)

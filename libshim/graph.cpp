@@ -338,8 +338,10 @@ CUresult instantiate(CUgraphExec* out, CUgraph hgraph, std::uint64_t flags, CUst
                                   : CUDA_GRAPH_INSTANTIATE_ERROR;
   }
   if (rc != CUDA_SUCCESS) return rc;
-  *out = reinterpret_cast<CUgraphExec>(
-      ObjectPool<GraphExecObject>::instance().make(kGraphExecMagic, graph->ctx, reply.exec, flags));
+  GraphExecObject* exec =
+      ObjectPool<GraphExecObject>::instance().make(kGraphExecMagic, graph->ctx, reply.exec, flags);
+  exec_take_user_refs(exec, graph);
+  *out = reinterpret_cast<CUgraphExec>(exec);
   return CUDA_SUCCESS;
 }
 
@@ -351,6 +353,11 @@ CUresult launch_graph(CUgraphExec hexec, CUstream handle, DefaultStream dmode, p
   Stream* stream = nullptr;
   if (CUresult rc = resolve_stream(handle, dmode, ctx, stream); rc != CUDA_SUCCESS) return rc;
   if (ctx->session != exec->ctx->session) return CUDA_ERROR_INVALID_VALUE;
+  if (op == proto::Op::kGraphLaunch) {
+    std::lock_guard lock(exec->mutex);
+    exec->last_stream = handle;
+    exec->launched = true;
+  }
   return ctx->session->post(op, proto::GraphLaunchReq{exec->wire, stream->wire});
 }
 
@@ -691,8 +698,9 @@ CUresult node_neighbours(CUgraphNode hnode, bool dependents, CUgraphNode* out,
 
 // cuGraphAddNode(_v2), the generic form: each node type the shim supports goes to its own add
 // call (XLA adds kernel nodes this way, with programmatic edges; graph_nodes.cpp has host, event
-// and memory nodes). Other types and a child graph moved rather than cloned are refused with a
-// log line.
+// and memory nodes, graph_control_nodes.cpp conditional and batch memory operation nodes).
+// External semaphore nodes and a child graph moved rather than cloned are refused with a log
+// line.
 CUresult add_generic_node(CUgraphNode* out, CUgraph graph, const CUgraphNode* deps,
                           const CUgraphEdgeData* edges, std::size_t count, CUgraphNodeParams* p) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
@@ -754,6 +762,13 @@ CUresult add_generic_node(CUgraphNode* out, CUgraph graph, const CUgraphNode* de
     }
     case CU_GRAPH_NODE_TYPE_MEM_FREE:
       return cuGraphAddMemFreeNode(out, graph, deps, count, p->free.dptr);
+    case CU_GRAPH_NODE_TYPE_BATCH_MEM_OP: {
+      const CUDA_BATCH_MEM_OP_NODE_PARAMS v1{p->memOp.ctx, p->memOp.count, p->memOp.paramArray,
+                                             p->memOp.flags};
+      return cuGraphAddBatchMemOpNode(out, graph, deps, count, &v1);
+    }
+    case CU_GRAPH_NODE_TYPE_CONDITIONAL:
+      return add_conditional_node(out, graph, deps, count, p->conditional);
     default:
       log(Level::warn, "cuGraphAddNode: node type {} is not supported by mpsshim",
           static_cast<int>(p->type));
@@ -926,13 +941,16 @@ void kill_graph(GraphObject* graph) {
   forget_graph_memory(graph);  // the server forgets it with the graph
   std::vector<GraphObject*> embedded;
   std::vector<GraphNodeObject*> nodes;
+  UserObjectRefs user_refs;
   {
     std::lock_guard lock(graph->mutex);
+    user_refs.swap(graph->user_refs);
     for (auto& [wire, node] : graph->nodes) nodes.push_back(node);
     graph->nodes.clear();
     graph->magic = kDeadMagic;
     embedded.swap(graph->embedded);
   }
+  release_user_refs(user_refs);
   for (GraphNodeObject* node : nodes) ObjectPool<GraphNodeObject>::instance().retire(node);
   for (GraphObject* inner : embedded) kill_graph(inner);
   ObjectPool<GraphObject>::instance().retire(graph);
@@ -1078,9 +1096,11 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec hexec) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   GraphExecObject* exec = exec_of(hexec);
   if (exec == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  // Launched replays still run: the server destroys it behind fences.
+  // Launched replays still run: the server destroys it behind fences, and its user objects are
+  // let go of behind its last launch.
   CUresult rc =
       exec->ctx->session->post(proto::Op::kGraphExecDestroy, proto::HandleReq{exec->wire});
+  exec_release_user_refs(exec);
   ObjectPool<GraphExecObject>::instance().retire(exec);
   return rc;
 }

@@ -31,42 +31,6 @@ namespace proto = mpsshim::proto;
 
 namespace {
 
-// Adds a node of `params.type` with `request` (its header filled here) and remembers what the
-// shim knows of it.
-template <typename Req, typename Rep = proto::GraphRep>
-CUresult add(CUgraphNode* out, CUgraph hgraph, const CUgraphNode* deps, std::size_t count,
-             proto::Op op, Req request, NodeParams params, Rep* reply_out = nullptr) {
-  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
-  GraphObject* graph = graph_of(hgraph);
-  if (graph == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  std::vector<std::byte> trailing;
-  if (CUresult rc = append_dependencies(graph, deps, count, trailing); rc != CUDA_SUCCESS) {
-    return rc;
-  }
-  request.node = proto::GraphAddNodeHeader{graph->wire, static_cast<std::uint32_t>(count), 0};
-  Rep reply{};
-  if (CUresult rc =
-          graph->ctx->session->call(op, &request, sizeof request, trailing, &reply, sizeof reply);
-      rc != CUDA_SUCCESS) {
-    return rc;
-  }
-  GraphNodeObject* node = nullptr;
-  if constexpr (std::is_same_v<Rep, proto::GraphMemAllocRep>) {
-    node = node_for(graph, reply.node);
-  } else {
-    node = node_for(graph, reply.handle);
-  }
-  params.known = true;
-  {
-    std::lock_guard lock(graph->mutex);
-    node->params = params;
-  }
-  if (reply_out != nullptr) *reply_out = reply;
-  *out = reinterpret_cast<CUgraphNode>(node);
-  return CUDA_SUCCESS;
-}
-
 // Sets one parameter of a node (exec null) or of an executable graph's node; on success the
 // node remembers `update` (a node's own parameters only: an executable graph's copy is its own).
 template <typename Update>
@@ -117,7 +81,7 @@ CUresult add_event_node(CUgraphNode* out, CUgraph hgraph, const CUgraphNode* dep
   proto::GraphEventNodeReq request{};
   request.event = event != nullptr ? event->wire : 0;
   request.kind = static_cast<std::uint32_t>(kind);
-  return add(out, hgraph, deps, count, proto::Op::kGraphAddEventNode, request, params);
+  return add_node(out, hgraph, deps, count, proto::Op::kGraphAddEventNode, request, params);
 }
 
 CUresult get_event(CUgraphNode hnode, CUevent* out, CUgraphNodeType type, const char* call) {
@@ -399,7 +363,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddHostNode(CUgraphNode* out, CUgraph hgr
   params.host = *p;
   proto::GraphHostNodeReq request{};
   request.callback_id = id;
-  return add(out, hgraph, deps, count, proto::Op::kGraphAddHostNode, request, params);
+  return add_node(out, hgraph, deps, count, proto::Op::kGraphAddHostNode, request, params);
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuGraphHostNodeGetParams(CUgraphNode node,
@@ -445,7 +409,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddMemAllocNode(CUgraphNode* out, CUgraph
   request.bytes = p->bytesize;
   proto::GraphMemAllocRep reply{};
   CUresult rc =
-      add(out, hgraph, deps, count, proto::Op::kGraphAddMemAllocNode, request, params, &reply);
+      add_node(out, hgraph, deps, count, proto::Op::kGraphAddMemAllocNode, request, params, &reply);
   if (rc != CUDA_SUCCESS) return rc;
   GraphNodeObject* node = node_of(*out);
   {
@@ -466,7 +430,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddMemFreeNode(CUgraphNode* out, CUgraph 
   params.memory = dptr;
   proto::GraphMemFreeNodeReq request{};
   request.dptr = dptr;
-  return add(out, graph, deps, count, proto::Op::kGraphAddMemFreeNode, request, params);
+  return add_node(out, graph, deps, count, proto::Op::kGraphAddMemFreeNode, request, params);
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuGraphMemAllocNodeGetParams(CUgraphNode hnode,
@@ -624,6 +588,17 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphClone(CUgraph* out, CUgraph horiginal) {
           "will be asked of the server",
           node->wire, static_cast<int>(rc));
     }
+  }
+  // The clone holds references of its own to the original's user objects.
+  UserObjectRefs refs;
+  {
+    std::lock_guard lock(original->mutex);
+    refs = original->user_refs;
+  }
+  retain_user_refs(refs);
+  {
+    std::lock_guard lock(clone->mutex);
+    merge_user_refs(clone->user_refs, refs);
   }
   *out = reinterpret_cast<CUgraph>(clone);
   return CUDA_SUCCESS;

@@ -9,11 +9,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
 #include "libshim/client.hpp"
+#include "libshim/user_objects.hpp"
 #include "proto/ops.hpp"
+#include "proto/ops_graph_nodes.hpp"
 
 namespace mpsshim::shim {
 
@@ -34,6 +37,8 @@ struct GraphObject {
   // graph (`embedded`), and cuGraphDestroy of it is refused (`owner` is set).
   std::vector<GraphObject*> embedded;
   GraphObject* owner = nullptr;
+  // The references it holds to user objects (cuGraphRetainUserObject), guarded by `mutex`.
+  UserObjectRefs user_refs{};
 };
 
 // What the shim knows of a node's parameters: the type it was made as (EMPTY with `known`
@@ -59,6 +64,13 @@ struct NodeParams {
   // Memset and memcpy nodes: their parameters as given.
   CUDA_MEMSET_NODE_PARAMS memset{};
   CUDA_MEMCPY3D memcpy{};
+  // Batch memory operation nodes: the operations as given (cuGraphBatchMemOpNodeGetParams
+  // answers a pointer to these), the context and flags.
+  std::vector<CUstreamBatchMemOpParams> mem_ops;
+  CUcontext mem_ops_ctx = nullptr;
+  unsigned mem_ops_flags = 0;
+  // Kernel nodes: the priority the client set (the server's driver holds it biased).
+  int priority = 0;
 };
 
 struct GraphNodeObject {
@@ -69,6 +81,9 @@ struct GraphNodeObject {
   // cuGraphKernelNodeGetParams' kernelParams: pointers into params.args, valid until the next
   // query of the node or its end (guarded by graph->mutex).
   std::vector<void*> arg_pointers = {};
+  // A conditional node's body graphs, the array its creator was handed (phGraph_out): valid
+  // for the node's life.
+  std::vector<CUgraph> bodies = {};
 };
 
 struct GraphExecObject {
@@ -76,6 +91,12 @@ struct GraphExecObject {
   Context* ctx = nullptr;
   proto::WireHandle wire = 0;
   std::uint64_t flags = 0;  // its instantiation's (cuGraphExecGetFlags)
+  // The user object references its graph held when it was made; let go of after its last
+  // launch has run (user_objects.cpp). `last_stream`: where it was last launched.
+  std::mutex mutex{};
+  UserObjectRefs user_refs{};
+  CUstream last_stream = nullptr;
+  bool launched = false;
 };
 
 template <typename T>
@@ -131,8 +152,56 @@ CUresult kernel_node_set_params(CUgraphExec hexec, CUgraphNode hnode, CUfunction
                                 CUkernel kern, unsigned const grid[3], unsigned const block[3],
                                 unsigned shared, void** params, void** extra);
 
+// User objects (user_objects.cpp): an executable graph takes its graph's references (and its
+// embedded graphs') when it is made, and lets go of them after its last launch has run.
+void exec_take_user_refs(GraphExecObject* exec, GraphObject* graph);
+void exec_release_user_refs(GraphExecObject* exec);
+
+// Conditional nodes (graph_control_nodes.cpp): the node and its body graphs, which it owns.
+CUresult add_conditional_node(CUgraphNode* out, CUgraph hgraph, const CUgraphNode* deps,
+                              std::size_t count, CUDA_CONDITIONAL_NODE_PARAMS& params);
+
 // Appends the server ids of `deps` (nodes of `graph`; any graph's if null) to `out`.
 CUresult append_dependencies(GraphObject* graph, const CUgraphNode* deps, std::size_t count,
                              std::vector<std::byte>& out);
+
+// Adds a node of `params.type` with `request` (its header filled here) and remembers what the
+// shim knows of it. The reply names the node in `handle`, or in `node` where it says more;
+// `extra` follows the dependency ids in the record.
+template <typename Req, typename Rep = proto::GraphRep>
+CUresult add_node(CUgraphNode* out, CUgraph hgraph, const CUgraphNode* deps, std::size_t count,
+                  proto::Op op, Req request, NodeParams params, Rep* reply_out = nullptr,
+                  std::span<const std::byte> extra = {}) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  GraphObject* graph = graph_of(hgraph);
+  if (graph == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<std::byte> trailing;
+  if (CUresult rc = append_dependencies(graph, deps, count, trailing); rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  trailing.insert(trailing.end(), extra.begin(), extra.end());
+  request.node = proto::GraphAddNodeHeader{graph->wire, static_cast<std::uint32_t>(count), 0};
+  Rep reply{};
+  if (CUresult rc =
+          graph->ctx->session->call(op, &request, sizeof request, trailing, &reply, sizeof reply);
+      rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  GraphNodeObject* node = nullptr;
+  if constexpr (requires { reply.node; }) {
+    node = node_for(graph, reply.node);
+  } else {
+    node = node_for(graph, reply.handle);
+  }
+  params.known = true;
+  {
+    std::lock_guard lock(graph->mutex);
+    node->params = params;
+  }
+  if (reply_out != nullptr) *reply_out = reply;
+  *out = reinterpret_cast<CUgraphNode>(node);
+  return CUDA_SUCCESS;
+}
 
 }  // namespace mpsshim::shim

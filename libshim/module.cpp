@@ -19,23 +19,14 @@
 #include "libshim/darkapi/image_length.hpp"
 #include "libshim/kernel_lookup.hpp"
 #include "libshim/log.hpp"
+#include "proto/fd_io.hpp"
 
 using namespace mpsshim::shim;
 namespace proto = mpsshim::proto;
 
 namespace {
 
-bool write_all(int fd, const void* data, std::size_t bytes) {
-  const auto* p = static_cast<const std::byte*>(data);
-  while (bytes > 0) {
-    ssize_t n = ::write(fd, p, bytes);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    bytes -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
+using proto::write_all;
 
 // A library's load asks for its kernels' names (`names`, kernel_lookup.hpp) unless the client
 // looks its kernels up eagerly; a module's passes nullptr.

@@ -4,6 +4,7 @@
 // posted: the address is checked here first (the client's own device memory, memory another GPU
 // of the process owns, mapped into this GPU's server first, or pinned host memory), so a wrong
 // one is refused at once, as by the driver.
+#include "libshim/stream_mem.hpp"
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/peer.hpp"
@@ -34,19 +35,11 @@ bool valid_flags(proto::StreamMemOpKind kind, unsigned flags) {
 
 CUresult post_op(Context* ctx, Stream* stream, proto::StreamMemOpKind kind, CUdeviceptr address,
                  std::uint64_t value, unsigned flags) {
-  if (!valid_flags(kind, flags)) return CUDA_ERROR_INVALID_VALUE;
-  if (const std::uint64_t width = proto::stream_mem_op_width(kind).value_or(0); width != 0) {
-    if (address % width != 0) return CUDA_ERROR_INVALID_VALUE;
-    DeviceRange range{};
-    PinnedRange pinned{};
-    const bool known = address_book().find_device(address, &range) ||
-                       address_book().find_pinned_by_device(address, &pinned) ||
-                       address_book().find_pinned(reinterpret_cast<const void*>(address), &pinned);
-    if (!known) return CUDA_ERROR_INVALID_VALUE;
-    if (CUresult rc = reach_from(ctx->device, address, width); rc != CUDA_SUCCESS) return rc;
+  proto::StreamMemOpReq request{};
+  if (CUresult rc = wire_mem_op(ctx, kind, address, value, flags, request); rc != CUDA_SUCCESS) {
+    return rc;
   }
-  proto::StreamMemOpReq request{stream->wire, address, value, static_cast<std::uint32_t>(kind),
-                                flags};
+  request.stream = stream->wire;
   return ctx->session->post(proto::Op::kStreamMemOp, request);
 }
 
@@ -69,34 +62,12 @@ CUresult batch(CUstream handle, DefaultStream mode, unsigned count,
   Stream* stream = nullptr;
   if (CUresult rc = resolve_stream(handle, mode, ctx, stream); rc != CUDA_SUCCESS) return rc;
   for (unsigned i = 0; i < count; ++i) {
-    const CUstreamBatchMemOpParams& op = ops[i];
-    CUresult rc = CUDA_ERROR_INVALID_VALUE;
-    switch (op.operation) {
-      case CU_STREAM_MEM_OP_WAIT_VALUE_32:
-        rc = post_op(ctx, stream, proto::StreamMemOpKind::kWait32, op.waitValue.address,
-                     op.waitValue.value, op.waitValue.flags);
-        break;
-      case CU_STREAM_MEM_OP_WAIT_VALUE_64:
-        rc = post_op(ctx, stream, proto::StreamMemOpKind::kWait64, op.waitValue.address,
-                     op.waitValue.value64, op.waitValue.flags);
-        break;
-      case CU_STREAM_MEM_OP_WRITE_VALUE_32:
-        rc = post_op(ctx, stream, proto::StreamMemOpKind::kWrite32, op.writeValue.address,
-                     op.writeValue.value, op.writeValue.flags);
-        break;
-      case CU_STREAM_MEM_OP_WRITE_VALUE_64:
-        rc = post_op(ctx, stream, proto::StreamMemOpKind::kWrite64, op.writeValue.address,
-                     op.writeValue.value64, op.writeValue.flags);
-        break;
-      case CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES:
-        rc = post_op(ctx, stream, proto::StreamMemOpKind::kFlushRemoteWrites, 0, 0,
-                     op.flushRemoteWrites.flags);
-        break;
-      case CU_STREAM_MEM_OP_BARRIER:
-        rc = post_op(ctx, stream, proto::StreamMemOpKind::kBarrier, 0, 0, op.memoryBarrier.flags);
-        break;
+    proto::StreamMemOpReq request{};
+    if (CUresult rc = wire_mem_op(ctx, ops[i], request); rc != CUDA_SUCCESS) return rc;
+    request.stream = stream->wire;
+    if (CUresult rc = ctx->session->post(proto::Op::kStreamMemOp, request); rc != CUDA_SUCCESS) {
+      return rc;
     }
-    if (rc != CUDA_SUCCESS) return rc;
   }
   return CUDA_SUCCESS;
 }
@@ -105,6 +76,51 @@ constexpr auto kLegacy = DefaultStream::kLegacy;
 constexpr auto kPerThread = DefaultStream::kPerThread;
 
 }  // namespace
+
+namespace mpsshim::shim {
+
+CUresult wire_mem_op(Context* ctx, proto::StreamMemOpKind kind, CUdeviceptr address,
+                     std::uint64_t value, unsigned flags, proto::StreamMemOpReq& out) {
+  if (!valid_flags(kind, flags)) return CUDA_ERROR_INVALID_VALUE;
+  if (const std::uint64_t width = proto::stream_mem_op_width(kind).value_or(0); width != 0) {
+    if (address % width != 0) return CUDA_ERROR_INVALID_VALUE;
+    DeviceRange range{};
+    PinnedRange pinned{};
+    const bool known = address_book().find_device(address, &range) ||
+                       address_book().find_pinned_by_device(address, &pinned) ||
+                       address_book().find_pinned(reinterpret_cast<const void*>(address), &pinned);
+    if (!known) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult rc = reach_from(ctx->device, address, width); rc != CUDA_SUCCESS) return rc;
+  }
+  out = proto::StreamMemOpReq{0, address, value, static_cast<std::uint32_t>(kind), flags};
+  return CUDA_SUCCESS;
+}
+
+CUresult wire_mem_op(Context* ctx, const CUstreamBatchMemOpParams& op, proto::StreamMemOpReq& out) {
+  using K = proto::StreamMemOpKind;
+  switch (op.operation) {
+    case CU_STREAM_MEM_OP_WAIT_VALUE_32:
+      return wire_mem_op(ctx, K::kWait32, op.waitValue.address, op.waitValue.value,
+                         op.waitValue.flags, out);
+    case CU_STREAM_MEM_OP_WAIT_VALUE_64:
+      return wire_mem_op(ctx, K::kWait64, op.waitValue.address, op.waitValue.value64,
+                         op.waitValue.flags, out);
+    case CU_STREAM_MEM_OP_WRITE_VALUE_32:
+      return wire_mem_op(ctx, K::kWrite32, op.writeValue.address, op.writeValue.value,
+                         op.writeValue.flags, out);
+    case CU_STREAM_MEM_OP_WRITE_VALUE_64:
+      return wire_mem_op(ctx, K::kWrite64, op.writeValue.address, op.writeValue.value64,
+                         op.writeValue.flags, out);
+    case CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES:
+      return wire_mem_op(ctx, K::kFlushRemoteWrites, 0, 0, op.flushRemoteWrites.flags, out);
+    case CU_STREAM_MEM_OP_BARRIER:
+      return wire_mem_op(ctx, K::kBarrier, 0, 0, op.memoryBarrier.flags, out);
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+}  // namespace mpsshim::shim
 
 // The _v2 entry points and the CUDA 11 ones (the same arguments) alike; _ptsz: the thread's
 // default stream for a NULL stream.

@@ -60,7 +60,10 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // (cuGraphKernelNodeSetParams); no layout change.
 // Minor 22: memset and memcpy nodes' new parameters (ops 127..128: GraphMemsetNodeSetReq,
 // GraphCopyNodeSetReq) and cuOccupancyMaxPotentialClusterSize (op 129).
-inline constexpr std::uint16_t kAbiMinor = 22;
+// Minor 23: the JIT linker (ops 130..133, proto/ops_link.hpp), conditional and batch memory
+// operation nodes and kernel node attributes (ops 134..138), array queries, dma-buf handles and
+// driver settings (ops 139..141, proto/ops_driver_extras.hpp).
+inline constexpr std::uint16_t kAbiMinor = 23;
 // The first minor whose daemon honours kHelloOwnIsolationGroup.
 inline constexpr std::uint16_t kAbiMinorIsolationGroups = 18;
 

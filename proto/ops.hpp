@@ -190,6 +190,24 @@ enum class Op : std::uint16_t {
   kGraphCopyNodeSetParams = 128,    // GraphCopyNodeSetReq -> nothing
   // The largest cluster a launch configuration may use (cuOccupancyMaxPotentialClusterSize).
   kOccupancyMaxPotentialClusterSize = 129,  // ClusterOccupancyReq + attributes -> OccupancyRep
+  // The driver's JIT linker (cuLink*; proto/ops_link.hpp, broker/server/ops/link.cpp): each
+  // input travels as a memfd (FdTransfer kModuleImage); the linked image comes back as one
+  // (FdTransfer kPeerMemory) before the answer.
+  kLinkCreate = 130,    // LinkCreateReq + options -> GraphRep (the link)
+  kLinkAdd = 131,       // LinkAddReq + name + options -> LinkLogRep
+  kLinkComplete = 132,  // HandleReq (the link) -> LinkLogRep
+  kLinkDestroy = 133,   // HandleReq (the link) -> nothing
+  // Conditional nodes, batch memory operation nodes and kernel node attributes
+  // (proto/ops_graph_nodes.hpp).
+  kGraphConditionalHandleCreate = 134,  // GraphConditionalHandleReq -> GraphNodeValueRep
+  kGraphAddConditionalNode = 135,       // GraphConditionalNodeReq + deps -> GraphConditionalRep
+  kGraphAddBatchMemOpNode = 136,        // GraphBatchMemOpNodeReq + deps + ops -> GraphRep
+  kGraphBatchMemOpNodeSetParams = 137,  // GraphBatchMemOpSetReq + ops -> nothing
+  kGraphKernelNodeAttribute = 138,      // GraphKernelNodeAttributeReq -> WireLaunchAttribute
+  // The driver's smaller queries and settings (proto/ops_driver_extras.hpp).
+  kArrayQuery = 139,      // ArrayQueryReq -> ArrayQueryRep
+  kMemRangeHandle = 140,  // MemRangeHandleReq (the dma-buf fd sent before the answer) -> nothing
+  kDriverSetting = 141,   // DriverSettingReq -> GraphNodeValueRep
   kCount
 };
 

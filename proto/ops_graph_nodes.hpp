@@ -1,13 +1,15 @@
-// Payloads of the graph node opcodes (ops 117..128): event record and wait nodes, host nodes,
-// memory allocation and free nodes, the setters and queries the shim cannot answer itself
-// (memset and memcpy nodes' new parameters among them), and the calls that change a graph's
-// shape (destroy a node, remove edges, clone). Every kGraphAdd* request here is followed by its
+// Payloads of the graph node opcodes (ops 117..128, 134..138): event record and wait nodes, host
+// nodes, memory allocation and free nodes, conditional nodes, batch memory operation nodes, the
+// setters and queries the shim cannot answer itself (memset and memcpy nodes' new parameters and
+// kernel nodes' attributes among them), and the calls that change a graph's shape (destroy a
+// node, remove edges, clone). Every kGraphAdd* request here is followed by its
 // dependency ids, as GraphAddNodeHeader says (proto/ops.hpp).
 #pragma once
 
 #include <cstdint>
 
 #include "proto/ops.hpp"
+#include "proto/ops_stream_mem.hpp"
 
 namespace mpsshim::proto {
 
@@ -101,6 +103,61 @@ struct GraphCopyNodeSetReq {
   std::uint64_t bytes;
 };
 
+// kGraphConditionalHandleCreate -> GraphNodeValueRep (the driver's handle: kernels set it with
+// cudaGraphSetConditional, so it is the driver's value, not an id).
+struct GraphConditionalHandleReq {
+  WireHandle graph;
+  std::uint32_t default_value;
+  std::uint32_t flags;  // CU_GRAPH_COND_ASSIGN_DEFAULT or 0
+};
+
+// kGraphAddConditionalNode -> GraphConditionalRep. The handle must be one this session made for
+// the node's graph.
+struct GraphConditionalNodeReq {
+  GraphAddNodeHeader node;
+  std::uint64_t handle;
+  std::uint32_t type;  // CUgraphConditionalNodeType
+  std::uint32_t size;  // body graphs: 1 (while), 1 or 2 (if), up to kMaxConditionalBodies (switch)
+};
+inline constexpr std::uint32_t kMaxConditionalBodies = 256;
+// The node and its body graphs' ids. The node owns its bodies: the client adds nodes to them, but
+// cuGraphDestroy of one is refused, and they go with the node's graph.
+struct GraphConditionalRep {
+  WireHandle node;
+  std::uint32_t size;
+  std::uint32_t reserved;
+  WireHandle bodies[kMaxConditionalBodies];
+};
+
+// kGraphAddBatchMemOpNode -> GraphRep. Followed by the dependency ids, then op_count
+// StreamMemOpReqs (stream 0), in order. Their addresses are checked as a stream's are.
+struct GraphBatchMemOpNodeReq {
+  GraphAddNodeHeader node;
+  std::uint32_t op_count;
+  std::uint32_t flags;  // 0, as the driver requires
+};
+inline constexpr std::uint32_t kMaxBatchMemOps = 256;
+
+// kGraphBatchMemOpNodeSetParams: a batch memory operation node's new operations, on the graph's
+// node (exec 0) or an executable graph's. Followed by op_count StreamMemOpReqs.
+struct GraphBatchMemOpSetReq {
+  WireHandle exec;
+  WireHandle node;
+  std::uint32_t op_count;
+  std::uint32_t flags;
+};
+
+// kGraphKernelNodeAttribute: cuGraphKernelNodeGetAttribute (-> WireLaunchAttribute),
+// cuGraphKernelNodeSetAttribute and cuGraphKernelNodeCopyAttributes (-> nothing).
+enum class KernelNodeAttributeMode : std::uint32_t { kGet = 0, kSet = 1, kCopy = 2 };
+struct GraphKernelNodeAttributeReq {
+  WireHandle node;     // get, set: the node; copy: the destination
+  WireHandle source;   // copy: the node whose attributes are copied; else 0
+  std::uint32_t mode;  // KernelNodeAttributeMode
+  std::uint32_t reserved;
+  WireLaunchAttribute attribute;  // get: its id; set: id and value
+};
+
 static_assert(kWireSafe<GraphEventNodeReq> && sizeof(GraphEventNodeReq) == 32);
 static_assert(kWireSafe<GraphHostNodeReq> && sizeof(GraphHostNodeReq) == 24);
 static_assert(kWireSafe<GraphMemAllocNodeReq> && sizeof(GraphMemAllocNodeReq) == 24);
@@ -112,5 +169,11 @@ static_assert(kWireSafe<GraphFindInCloneReq> && sizeof(GraphFindInCloneReq) == 1
 static_assert(kWireSafe<DeviceGraphMemReq> && sizeof(DeviceGraphMemReq) == 16);
 static_assert(kWireSafe<GraphMemsetNodeSetReq> && sizeof(GraphMemsetNodeSetReq) == 56);
 static_assert(kWireSafe<GraphCopyNodeSetReq> && sizeof(GraphCopyNodeSetReq) == 40);
+static_assert(kWireSafe<GraphConditionalHandleReq> && sizeof(GraphConditionalHandleReq) == 16);
+static_assert(kWireSafe<GraphConditionalNodeReq> && sizeof(GraphConditionalNodeReq) == 32);
+static_assert(kWireSafe<GraphConditionalRep> && sizeof(GraphConditionalRep) <= kSlotPayloadBytes);
+static_assert(kWireSafe<GraphBatchMemOpNodeReq> && sizeof(GraphBatchMemOpNodeReq) == 24);
+static_assert(kWireSafe<GraphBatchMemOpSetReq> && sizeof(GraphBatchMemOpSetReq) == 24);
+static_assert(kWireSafe<GraphKernelNodeAttributeReq> && sizeof(GraphKernelNodeAttributeReq) == 96);
 
 }  // namespace mpsshim::proto

@@ -26,3 +26,12 @@ extern "C" __global__ void increment_i32(int* p, int n) {
     p[i] += 1;
   }
 }
+
+// A graph loop's step (conditional nodes): one thread counts down and tells the graph whether to
+// go on.
+extern "C" __global__ void countdown(cudaGraphConditionalHandle handle, int* counter) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    *counter -= 1;
+    cudaGraphSetConditional(handle, *counter > 0 ? 1u : 0u);
+  }
+}

@@ -224,11 +224,11 @@ int into_graph() {
   CHECK(cuGraphNodeGetType(bump, &bump_type));
   if (bump_type != CU_GRAPH_NODE_TYPE_KERNEL) return fail("cuGraphAddNode made no kernel node");
   CUgraphNodeParams unsupported{};
-  unsupported.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+  unsupported.type = CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL;  // needs the client's own semaphores
   CUgraphNode refused = nullptr;
   if (cuGraphAddNode_v2(&refused, generic, nullptr, nullptr, 0, &unsupported) !=
       CUDA_ERROR_NOT_SUPPORTED) {
-    return fail("a conditional node through cuGraphAddNode was not refused as unsupported");
+    return fail("an external semaphore node through cuGraphAddNode was not refused");
   }
   CUgraphExec generic_exec = nullptr;
   CHECK(cuGraphInstantiateWithFlags(&generic_exec, generic, 0));

@@ -21,6 +21,10 @@ std::string nodes_client() {
   return artefact("E2E_GRAPH_NODES_CLIENT");
 }
 
+std::string control_client() {
+  return artefact("E2E_CONTROL_CLIENT");
+}
+
 }  // namespace
 
 TEST_CASE("captured work lands in the client's graph after the nodes it named, and computes",
@@ -80,6 +84,46 @@ TEST_CASE(
     "[e2e][graph_nodes]") {
   Daemon daemon;
   require_pass(run_client(daemon, {nodes_client(), "kernel_params"}), daemon);
+}
+
+TEST_CASE(
+    "a while loop counts down, an if takes its else branch and a switch its third body; a graph "
+    "with conditional nodes is refused a clone and a second instantiation",
+    "[e2e][graph_nodes][control]") {
+  Daemon daemon;
+  require_pass(run_client(daemon, {control_client(), "conditional"}), daemon);
+}
+
+TEST_CASE(
+    "batch memory operation nodes write and wait, read back and take new operations; kernel node "
+    "attributes are set, read and copied",
+    "[e2e][graph_nodes][control]") {
+  Daemon daemon;
+  require_pass(run_client(daemon, {control_client(), "batch_and_attributes"}), daemon);
+}
+
+TEST_CASE(
+    "a user object's destructor runs once the program, its graphs and executable graphs let go, "
+    "after the last launch",
+    "[e2e][graph_nodes][control]") {
+  Daemon daemon;
+  require_pass(run_client(daemon, {control_client(), "user_objects"}), daemon);
+}
+
+TEST_CASE(
+    "the JIT linker links data and files with logs and the wall time; a bad input fails with its "
+    "reason; the linked image loads and runs",
+    "[e2e][control]") {
+  Daemon daemon;
+  require_pass(run_client(daemon, {control_client(), "link"}), daemon);
+}
+
+TEST_CASE(
+    "dma-buf handles, texture widths, atomic capabilities, L2 and RDMA settings and pointer "
+    "attributes reach the server's driver",
+    "[e2e][control]") {
+  Daemon daemon({}, {{"MPSSHIM_TESTDRIVER_DEVICES", "2"}});  // a peer for the atomics query
+  require_pass(run_client(daemon, {control_client(), "extras"}), daemon);
 }
 
 TEST_CASE(

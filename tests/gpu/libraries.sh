@@ -155,8 +155,8 @@ for name in lib_cufft lib_cublaslt lib_cusparse lib_curand lib_cudnn; do
   check "$name" "$LIBRARIES_DIR/$name"
 done
 
-for name in jax_check torch_transformer_check cupy_fft_check numba_check triton_check \
-  triton_tma_check jax_beside_hog_check; do
+for name in jax_check torch_transformer_check cupy_fft_check cupy_link_check numba_check \
+  triton_check triton_tma_check jax_beside_hog_check; do
   check "$name" "$PYTHON" "$HERE/python/$name.py"
 done
 # PyTorch's expandable-segments allocator: the VMM path (docs/vmm.md), natively and under the shim.

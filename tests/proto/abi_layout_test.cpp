@@ -11,8 +11,10 @@
 #include "proto/device_snapshot.hpp"
 #include "proto/ops.hpp"
 #include "proto/ops_copies.hpp"
+#include "proto/ops_driver_extras.hpp"
 #include "proto/ops_graph_nodes.hpp"
 #include "proto/ops_ipc.hpp"
+#include "proto/ops_link.hpp"
 #include "proto/ops_stream_attributes.hpp"
 #include "proto/ops_stream_mem.hpp"
 #include "proto/ops_tensor_map.hpp"
@@ -437,6 +439,27 @@ std::uint64_t layout_fingerprint() {
   SIZE(GraphCopyNodeSetReq);
   FIELD(GraphCopyNodeSetReq, bytes);
   f.add(static_cast<std::uint64_t>(Op::kOccupancyMaxPotentialClusterSize));
+  // 1.23: the JIT linker, conditional and batch memory operation nodes, kernel node attributes,
+  // array queries, dma-buf handles and driver settings.
+  SIZE(WireJitOption);
+  SIZE(LinkCreateReq);
+  SIZE(LinkAddReq);
+  FIELD(LinkAddReq, option_count);
+  SIZE(LinkLogRep);
+  FIELD(LinkLogRep, text);
+  SIZE(GraphConditionalHandleReq);
+  SIZE(GraphConditionalNodeReq);
+  FIELD(GraphConditionalRep, bodies);
+  SIZE(GraphBatchMemOpNodeReq);
+  SIZE(GraphBatchMemOpSetReq);
+  SIZE(GraphKernelNodeAttributeReq);
+  FIELD(GraphKernelNodeAttributeReq, attribute);
+  SIZE(ArrayQueryReq);
+  SIZE(ArrayQueryRep);
+  FIELD(ArrayQueryRep, flags);
+  SIZE(MemRangeHandleReq);
+  SIZE(DriverSettingReq);
+  f.add(static_cast<std::uint64_t>(Op::kDriverSetting));
   return f.h;
 }
 
@@ -471,6 +494,7 @@ constexpr Pinned kPinned[] = {
     {1, 20, 0x1f5ea2c8603a2b64},  // graph nodes: events, host, memory, shape changes (117..126)
     {1, 21, 0x1f5ea2c8603a2b64},  // exec 0 in GraphExecKernelNodeReq (no layout change)
     {1, 22, 0x6a45e896646beb38},  // memset and memcpy node setters, potential cluster size
+    {1, 23, 0x7af0510687ea5eec},  // JIT linker, conditional and batch nodes, driver extras
 };
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "proto/ops_graph_nodes.hpp"
+#include "proto/ops_link.hpp"
 #include "tests/server/launch_batch_fixture.hpp"
 
 namespace mpsshim::server::test {
@@ -161,6 +162,67 @@ TEST_CASE("a session's end frees graphs with event, host and memory nodes and th
   }
   CHECK(batch::graph_objects() == graphs_before);
   CHECK(live_driver_objects() == live_before);
+}
+
+TEST_CASE(
+    "conditional nodes name only this graph's handles; batch operations only the client's "
+    "memory; a link's options must be plain numbers the record holds",
+    "[server][graph][control]") {
+  Fixture f;
+  const std::uint64_t g = f.graph();
+  const std::uint64_t other = f.graph();
+  auto handle_of = [&](std::uint64_t graph) {
+    auto reply = f.sut.call(Op::kGraphConditionalHandleCreate,
+                            proto::GraphConditionalHandleReq{graph, 1, 0});
+    REQUIRE(reply.result == CUDA_SUCCESS);
+    return reply.as<proto::GraphNodeValueRep>().value;
+  };
+  const std::uint64_t mine = handle_of(g);
+  const std::uint64_t foreign = handle_of(other);
+  auto conditional = [&](std::uint64_t handle, std::uint32_t size) {
+    return f.sut.call(
+        Op::kGraphAddConditionalNode,
+        proto::GraphConditionalNodeReq{{g, 0, 0}, handle, CU_GRAPH_COND_TYPE_IF, size});
+  };
+  CHECK(conditional(foreign, 1).result == CUDA_ERROR_INVALID_VALUE);
+  CHECK(conditional(mine, proto::kMaxConditionalBodies + 1).result == CUDA_ERROR_INVALID_VALUE);
+  auto added = conditional(mine, 2);
+  REQUIRE(added.result == CUDA_SUCCESS);
+  const auto rep = added.as<proto::GraphConditionalRep>();
+  REQUIRE(rep.size == 2);
+  // The bodies are the node's: nodes go into them, the client may not destroy them.
+  CHECK(f.sut.call(Op::kGraphAddEmptyNode, proto::GraphAddNodeHeader{rep.bodies[0], 0, 0}).result ==
+        CUDA_SUCCESS);
+  CHECK(f.sut.call(Op::kGraphDestroy, proto::HandleReq{rep.bodies[1]}).result ==
+        CUDA_ERROR_INVALID_VALUE);
+  // Destroying the node forgets its bodies.
+  REQUIRE(f.sut.call(Op::kGraphDestroyNode, proto::HandleReq{rep.node}).result == CUDA_SUCCESS);
+  CHECK(f.sut.call(Op::kGraphAddEmptyNode, proto::GraphAddNodeHeader{rep.bodies[0], 0, 0}).result ==
+        CUDA_ERROR_INVALID_HANDLE);
+
+  // A batch operation on memory that is not the client's.
+  const std::uint64_t flag = f.buffer(4096);
+  auto batch = [&](std::uint64_t address) {
+    proto::StreamMemOpReq op{0, address, 7,
+                             static_cast<std::uint32_t>(proto::StreamMemOpKind::kWrite32), 0};
+    return f.sut.call(Op::kGraphAddBatchMemOpNode, proto::GraphBatchMemOpNodeReq{{g, 0, 0}, 1, 0},
+                      std::as_bytes(std::span(&op, 1)));
+  };
+  CHECK(batch(flag).result == CUDA_SUCCESS);
+  CHECK(batch(flag + (64u << 20)).result == CUDA_ERROR_INVALID_VALUE);
+
+  SECTION("a link option naming memory is refused") {
+    proto::WireJitOption option{CU_JIT_INFO_LOG_BUFFER, 0, 0x1000};
+    CHECK(f.sut
+              .call(Op::kLinkCreate, proto::LinkCreateReq{f.ctx.ctx, 0, 0, 1, 0},
+                    std::as_bytes(std::span(&option, 1)))
+              .result == CUDA_ERROR_INVALID_VALUE);
+  }
+  SECTION("a link whose options the record does not hold ends the session") {
+    f.sut.send(Op::kLinkCreate, proto::LinkCreateReq{f.ctx.ctx, 0, 0, 3, 0}, 0);
+    REQUIRE(
+        f.h.pump_until([&] { return f.h.logged("link whose options the record does not hold"); }));
+  }
 }
 
 }  // namespace

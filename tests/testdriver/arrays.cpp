@@ -11,9 +11,6 @@
 #include "tests/testdriver/texture.hpp"
 
 namespace mpsshim::testdriver {
-namespace {
-
-__extension__ using u128 = unsigned __int128;
 
 std::size_t channel_bytes(CUarray_format format) {
   switch (format) {
@@ -32,6 +29,10 @@ std::size_t channel_bytes(CUarray_format format) {
       return 0;
   }
 }
+
+namespace {
+
+__extension__ using u128 = unsigned __int128;
 
 // One side of a copy: rows at base + (z * height + y) * pitch + x. `direct`: pageable host
 // memory, used in place (the call then waits for the copy).

@@ -58,6 +58,41 @@ GraphShape shape_of(const Graph& g) {
   return shape;
 }
 
+std::shared_ptr<const std::vector<Work>> replay_order(const Graph& g, const GraphShape& shape,
+                                                      std::vector<std::size_t>* positions);
+
+// A conditional node's replay: its bodies' orders, fixed now, run as its handle says then.
+Work conditional_work(const GraphNode& node) {
+  std::vector<std::shared_ptr<const std::vector<Work>>> bodies;
+  for (const auto& body : node.bodies) {
+    auto order = replay_order(*body, shape_of(*body), nullptr);
+    if (!order) return nullptr;
+    bodies.push_back(std::move(order));
+  }
+  auto run = [](const std::vector<Work>& order) {
+    for (const Work& w : order) (*w)();
+  };
+  return std::make_shared<const std::function<void()>>(
+      [cell = node.condition, type = node.condition_type, bodies, run] {
+        auto value = [&] { return cell->value.load(std::memory_order_acquire); };
+        switch (type) {
+          case CU_GRAPH_COND_TYPE_IF:
+            if (value() != 0) {
+              run(*bodies[0]);
+            } else if (bodies.size() == 2) {
+              run(*bodies[1]);
+            }
+            break;
+          case CU_GRAPH_COND_TYPE_WHILE:
+            while (value() != 0) run(*bodies[0]);
+            break;
+          case CU_GRAPH_COND_TYPE_SWITCH:
+            if (value() < bodies.size()) run(*bodies[value()]);
+            break;
+        }
+      });
+}
+
 // The nodes' work in an order that runs every node after its dependencies (Kahn). `positions`
 // (when given) gets each node's index in that order (nodes without work: none).
 std::shared_ptr<const std::vector<Work>> replay_order(
@@ -74,6 +109,14 @@ std::shared_ptr<const std::vector<Work>> replay_order(
     if (waiting[i] == 0) ready.push_back(i);
   auto order = std::make_shared<std::vector<Work>>();
   if (positions != nullptr) positions->assign(n, 0);
+  // Its conditional handles take their defaults first, at every launch (and every replay of a
+  // body that made handles of its own).
+  for (const auto& cell : g.conditionals) {
+    if (cell->assign_default) {
+      order->push_back(std::make_shared<const std::function<void()>>(
+          [cell] { cell->value.store(cell->default_value, std::memory_order_relaxed); }));
+    }
+  }
   std::size_t visited = 0;
   while (!ready.empty()) {
     const std::size_t i = ready.back();
@@ -85,6 +128,11 @@ std::shared_ptr<const std::vector<Work>> replay_order(
       auto inner = replay_order(*child, shape_of(*child));
       if (!inner) return nullptr;
       order->insert(order->end(), inner->begin(), inner->end());
+    }
+    if (g.nodes[i]->condition) {  // its bodies' work as they are now, chosen at each replay
+      auto work = conditional_work(*g.nodes[i]);
+      if (!work) return nullptr;
+      order->push_back(std::move(work));
     }
     for (std::size_t d : dependents[i])
       if (--waiting[d] == 0) ready.push_back(d);
@@ -586,14 +634,16 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphEx
     constexpr unsigned long long kKnown = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |
                                           CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
     if ((flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
-    // A graph with memory nodes has one executable graph at a time (cuda.h; measured).
-    if (g->has_memory_nodes && !g->instance.expired()) return CUDA_ERROR_NOT_SUPPORTED;
+    // A graph with memory or conditional nodes has one executable graph at a time (cuda.h;
+    // measured).
+    const bool single = g->has_memory_nodes || g->has_conditional_nodes;
+    if (single && !g->instance.expired()) return CUDA_ERROR_NOT_SUPPORTED;
     auto exec = std::make_shared<GraphExec>();
     exec->device = g->device;
     exec->shape = shape_of(*g);
     if (!order_exec(*g, *exec)) return CUDA_ERROR_INVALID_VALUE;
     exec->memory = g->memory;
-    if (g->has_memory_nodes) g->instance = exec;
+    if (single) g->instance = exec;
     *phExec = s.graph_execs.add(std::move(exec));
     ++s.graph_instantiations;
     return CUDA_SUCCESS;
@@ -869,6 +919,8 @@ CUresult memcpy_work(State& s, const CUDA_MEMCPY3D* p, std::function<void()>& wo
   return CUDA_SUCCESS;
 }
 
+}  // namespace
+
 // A node's own new work (its type must be `type`), for graphs instantiated afterwards.
 CUresult set_node_work(State& s, CUgraphNode hnode, CUgraphNodeType type,
                        std::function<void()> work) {
@@ -892,7 +944,6 @@ CUresult set_exec_work(State& s, CUgraphExec hexec, CUgraphNode hnode, CUgraphNo
   return CUDA_SUCCESS;
 }
 
-}  // namespace
 }  // namespace mpsshim::testdriver
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphAddMemsetNode(CUgraphNode* out, CUgraph hgraph,
@@ -1029,6 +1080,8 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphAddChildGraphNode(CUgraphNode*
     std::shared_ptr<Graph> c = find_graph(s, child);
     if (!g) return CUDA_ERROR_INVALID_HANDLE;
     if (!c || c == g || c->device != g->device) return CUDA_ERROR_INVALID_VALUE;
+    // cuda.h: not in a child (CUDA_ERROR_NOT_SUPPORTED, measured on an H200 with driver 580).
+    if (c->has_conditional_nodes) return CUDA_ERROR_NOT_SUPPORTED;
     std::shared_ptr<Graph> embedded = clone_graph(s, *c);
     CUresult r = add_node(s, out, hgraph, deps, count, CU_GRAPH_NODE_TYPE_GRAPH, nullptr);
     if (r != CUDA_SUCCESS) {

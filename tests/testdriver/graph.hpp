@@ -6,6 +6,7 @@
 
 #include <cuda.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -21,6 +22,16 @@ class Event;
 using Work = std::shared_ptr<const std::function<void()>>;
 
 struct Graph;
+
+// A conditional handle (cuGraphConditionalHandleCreate): the value a conditional node reads,
+// set by kernels (cudaGraphSetConditional, the `countdown` kernel here) and, with
+// CU_GRAPH_COND_ASSIGN_DEFAULT, to its default at every launch of its graph. The handle value is
+// the cell's address; graph_control_nodes.cpp keeps the live ones.
+struct ConditionalCell {
+  std::atomic<unsigned> value{0};
+  unsigned default_value = 0;
+  bool assign_default = false;
+};
 
 struct GraphNode {
   CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
@@ -40,6 +51,15 @@ struct GraphNode {
   std::size_t memory_bytes = 0;
   // In a clone (cuGraphClone, and the graph a child node embeds): the node it was copied from.
   CUgraphNode cloned_from = nullptr;
+  // A conditional node: its handle's cell, its kind and its body graphs (owned by the node;
+  // State::embedded_graphs makes their handles work).
+  std::shared_ptr<ConditionalCell> condition;
+  CUgraphConditionalNodeType condition_type = CU_GRAPH_COND_TYPE_IF;
+  std::vector<std::shared_ptr<Graph>> bodies;
+  // A kernel node's launch attributes (cuGraphKernelNodeSetAttribute), by id.
+  std::map<int, CUkernelNodeAttrValue> attributes;
+  // A batch memory operation node's operations as given.
+  std::vector<CUstreamBatchMemOpParams> mem_ops;
 };
 
 // The blocks of a graph's memory allocation nodes, held by the graph and by its executable
@@ -59,6 +79,10 @@ struct Graph {
   std::shared_ptr<GraphMemory> memory;
   bool has_memory_nodes = false;
   std::weak_ptr<GraphExec> instance;  // its one executable graph, while it has memory nodes
+  // Conditional handles made for it; a graph with conditional nodes (or inside one) may not be
+  // cloned or embedded as a child, and has one executable graph at a time (cuda.h).
+  std::vector<std::shared_ptr<ConditionalCell>> conditionals;
+  bool has_conditional_nodes = false;
   CUgraph handle() { return reinterpret_cast<CUgraph>(this); }
 };
 
@@ -157,6 +181,12 @@ void replace_exec_work(GraphExec& exec, std::size_t position,
 // nullptr and *error when graph memory it allocates is still allocated.
 std::shared_ptr<const std::vector<std::shared_ptr<const std::function<void()>>>> launch_order(
     State& s, GraphExec& exec, CUresult* error);
+// New work for a node of `type`: the graph's own (for graphs instantiated afterwards), or an
+// executable graph's copy (queued launches keep theirs).
+CUresult set_node_work(State& s, CUgraphNode hnode, CUgraphNodeType type,
+                       std::function<void()> work);
+CUresult set_exec_work(State& s, CUgraphExec hexec, CUgraphNode hnode, CUgraphNodeType type,
+                       std::function<void()> work);
 // Graph memory blocks: a graph memory free (in a free node's replay, cuMemFree, cuMemFreeAsync)
 // and the release of blocks no graph or executable graph holds any more (drains the device).
 bool free_graph_block(State& s, CUdeviceptr block);  // false: not allocated now

@@ -510,7 +510,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGraphClone(CUgraph* out, CUgraph ho
     std::lock_guard lock(s.mutex);
     std::shared_ptr<Graph> g = find_graph(s, horiginal);
     if (!g || out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (g->has_memory_nodes) return CUDA_ERROR_NOT_SUPPORTED;
+    if (g->has_memory_nodes || g->has_conditional_nodes) return CUDA_ERROR_NOT_SUPPORTED;
     std::shared_ptr<Graph> copy = clone_graph(s, *g);
     s.embedded_graphs.erase(copy->handle());  // the caller's, not a node's
     *out = s.graphs.add(std::move(copy));

@@ -72,6 +72,15 @@ void increment_i32(const KernelContext& k, int* p, int n) {
   for (std::size_t i = 0; i < count; ++i) hp[i] += 1;
 }
 
+// One thread: *counter -= 1; cudaGraphSetConditional(handle, *counter > 0);
+void countdown(const KernelContext& k, unsigned long long handle, int* counter) {
+  int* c = k.device(counter, 1);
+  *c -= 1;
+  if (!set_graph_conditional(handle, *c > 0 ? 1u : 0u)) {
+    throw DeviceFault{CUDA_ERROR_ILLEGAL_ADDRESS};
+  }
+}
+
 // {}
 void empty_kernel(const KernelContext&) {}
 
@@ -182,6 +191,7 @@ constexpr std::array kTable{
     Entry<&scale_add>::def("scale_add"),
     Entry<&fill_u32>::def("fill_u32"),
     Entry<&increment_i32>::def("increment_i32"),
+    Entry<&countdown>::def("countdown"),
     Entry<&empty_kernel>::def("empty_kernel"),
     Entry<&spin_kernel>::def("spin_kernel"),
     Entry<&spin_stamp_kernel>::def("spin_stamp_kernel"),

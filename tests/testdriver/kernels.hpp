@@ -73,6 +73,9 @@ struct KernelDef {
 };
 
 std::span<const KernelDef> kernel_table();
+
+// cudaGraphSetConditional (graph_control_nodes.cpp): false for a handle that is not live.
+bool set_graph_conditional(std::uint64_t handle, unsigned value);
 const KernelDef* find_kernel(std::string_view name);
 
 }  // namespace mpsshim::testdriver

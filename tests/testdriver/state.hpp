@@ -154,6 +154,8 @@ struct Array {
   std::size_t rows() const { return desc.Height == 0 ? 1 : desc.Height; }
   std::size_t slices() const { return desc.Depth == 0 ? 1 : desc.Depth; }
 };
+// Bytes of one channel of `format`; 0 for a format arrays do not take (arrays.cpp).
+std::size_t channel_bytes(CUarray_format format);
 
 // A texture or surface object (arrays.cpp).
 struct TexObject {
@@ -237,10 +239,13 @@ class State {
   // Graphs embedded in child graph nodes, by handle: the nodes own them (cuGraphDestroy refuses
   // them); an entry expires with its node's graph.
   std::unordered_map<CUgraph, std::weak_ptr<Graph>> embedded_graphs;
+  // A conditional node's body handles, the array cuGraphAddNode hands its caller.
+  std::unordered_map<CUgraphNode, std::vector<CUgraph>> conditional_bodies;
   HandleTable<CUgraphExec, GraphExec> graph_execs;
   std::uint64_t graph_instantiations = 0;  // test hooks (graph.cpp)
   std::uint64_t graph_node_updates = 0;
-  std::uint64_t graph_node_toggles = 0;  // cuGraphNodeSetEnabled calls
+  std::uint64_t graph_node_toggles = 0;    // cuGraphNodeSetEnabled calls
+  std::uint64_t persisting_l2_resets = 0;  // cuCtxResetPersistingL2Cache calls
   std::unordered_map<const Event*, CapturedRecord> captured_events;
   std::uint64_t next_capture_id = 1;
   std::uint64_t next_split = 1;
@@ -298,6 +303,12 @@ CUresult resolve_function(State& s, CUfunction handle, int device, Function*& ou
 // Host view of [addr, addr + bytes) when it lies in one live allocation or registered range.
 std::byte* resolve_range_locked(State& s, std::uintptr_t addr, std::size_t bytes);
 std::byte* resolve_range(std::uintptr_t addr, std::size_t bytes);  // takes the lock
+// An access policy window (a stream's or a kernel node's attribute) lies in such memory, or is
+// empty (locked).
+inline bool window_in_memory(State& s, const CUaccessPolicyWindow& w) {
+  return w.num_bytes == 0 || resolve_range_locked(s, reinterpret_cast<std::uintptr_t>(w.base_ptr),
+                                                  w.num_bytes) != nullptr;
+}
 
 // Device memory in a context (locked); user allocations count as live objects.
 CUresult allocate(State& s, Device& dev, std::size_t bytes, bool user, CUdeviceptr* out);
@@ -316,6 +327,9 @@ int live_pools(const State& s);
 // the ticket is 0 (graph.cpp).
 WorkQueue::Ticket submit_work(State& s, Stream& stream, std::function<void()> work,
                               CUgraphNodeType type = CU_GRAPH_NODE_TYPE_KERNEL);
+// The work of one stream memory operation (a 32- or 64-bit store or wait, a flush, a barrier),
+// checked as the driver checks it (stream.cpp; locked).
+CUresult mem_op_work(State& s, const CUstreamBatchMemOpParams& op, std::function<void()>& out);
 // Adds a node to the capture of `stream` after its current dependencies (locked).
 void capture_node(State& s, Stream& stream, CUgraphNodeType type, std::function<void()> work);
 // CUDA_SUCCESS, or, for a capturing stream, the capture invalidated and

@@ -194,12 +194,9 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamSetAttribute(CUstream hstream
     Stream* stream = nullptr;
     if (CUresult r = resolve_stream(s, hstream, stream); r != CUDA_SUCCESS) return r;
     if (value == nullptr || !stream_attribute(id)) return CUDA_ERROR_INVALID_VALUE;
-    if (id == CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW) {
-      const CUaccessPolicyWindow& w = value->accessPolicyWindow;
-      if (w.num_bytes != 0 && resolve_range_locked(s, reinterpret_cast<std::uintptr_t>(w.base_ptr),
-                                                   w.num_bytes) == nullptr) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
+    if (id == CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW &&
+        !window_in_memory(s, value->accessPolicyWindow)) {
+      return CUDA_ERROR_INVALID_VALUE;
     }
     stream->attributes[id] = *value;
     return CUDA_SUCCESS;
@@ -236,39 +233,73 @@ bool wait_satisfied(T seen, T value, unsigned condition) {
   }
 }
 
-// A stream memory operation's store or wait, in stream order. A wait blocks its stream (only)
-// until another stream, a kernel or the host writes what it waits for, or the device faults.
+// A stream memory operation's store or wait, checked now (flags, alignment, memory the device
+// reaches), run later in stream order. A wait blocks its stream (only) until another stream, a
+// kernel or the host writes what it waits for, or the device faults.
+template <typename T>
+CUresult value_op_work(State& s, CUdeviceptr addr, T value, unsigned flags, bool wait,
+                       std::function<void()>& out) {
+  const unsigned allowed = wait ? 0x3u | unsigned{CU_STREAM_WAIT_VALUE_FLUSH}
+                                : unsigned{CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER};
+  if ((flags & ~allowed) != 0 || addr % sizeof(T) != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (resolve_range_locked(s, addr, sizeof(T)) == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  out = [=, &s] {
+    std::byte* at = resolve_range(addr, sizeof(T));
+    if (at == nullptr) throw DeviceFault{CUDA_ERROR_ILLEGAL_ADDRESS};
+    std::atomic_ref<T> word(*reinterpret_cast<T*>(at));
+    if (!wait) {
+      word.store(value, std::memory_order_release);
+      return;
+    }
+    while (!wait_satisfied<T>(word.load(std::memory_order_acquire), value, flags & 0x3u)) {
+      if (s.sticky.load() != CUDA_SUCCESS) return;
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  };
+  return CUDA_SUCCESS;
+}
+
 template <typename T>
 CUresult stream_mem_op(CUstream hstream, CUdeviceptr addr, T value, unsigned flags, bool wait) {
   return entry([&](State& s) {
     std::lock_guard lock(s.mutex);
     Stream* stream = nullptr;
     if (CUresult r = resolve_stream(s, hstream, stream); r != CUDA_SUCCESS) return r;
-    const unsigned allowed = wait ? 0x3u | unsigned{CU_STREAM_WAIT_VALUE_FLUSH}
-                                  : unsigned{CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER};
-    if ((flags & ~allowed) != 0 || addr % sizeof(T) != 0) return CUDA_ERROR_INVALID_VALUE;
-    if (resolve_range_locked(s, addr, sizeof(T)) == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    submit_work(
-        s, *stream,
-        [=, &s] {
-          std::byte* at = resolve_range(addr, sizeof(T));
-          if (at == nullptr) throw DeviceFault{CUDA_ERROR_ILLEGAL_ADDRESS};
-          std::atomic_ref<T> word(*reinterpret_cast<T*>(at));
-          if (!wait) {
-            word.store(value, std::memory_order_release);
-            return;
-          }
-          while (!wait_satisfied<T>(word.load(std::memory_order_acquire), value, flags & 0x3u)) {
-            if (s.sticky.load() != CUDA_SUCCESS) return;
-            std::this_thread::sleep_for(std::chrono::microseconds(20));
-          }
-        },
-        CU_GRAPH_NODE_TYPE_BATCH_MEM_OP);
+    std::function<void()> work;
+    if (CUresult r = value_op_work<T>(s, addr, value, flags, wait, work); r != CUDA_SUCCESS) {
+      return r;
+    }
+    submit_work(s, *stream, std::move(work), CU_GRAPH_NODE_TYPE_BATCH_MEM_OP);
     return CUDA_SUCCESS;
   });
 }
 
 }  // namespace
+
+CUresult mpsshim::testdriver::mem_op_work(State& s, const CUstreamBatchMemOpParams& op,
+                                          std::function<void()>& out) {
+  switch (op.operation) {
+    case CU_STREAM_MEM_OP_WAIT_VALUE_32:
+      return value_op_work<cuuint32_t>(s, op.waitValue.address, op.waitValue.value,
+                                       op.waitValue.flags, true, out);
+    case CU_STREAM_MEM_OP_WAIT_VALUE_64:
+      return value_op_work<cuuint64_t>(s, op.waitValue.address, op.waitValue.value64,
+                                       op.waitValue.flags, true, out);
+    case CU_STREAM_MEM_OP_WRITE_VALUE_32:
+      return value_op_work<cuuint32_t>(s, op.writeValue.address, op.writeValue.value,
+                                       op.writeValue.flags, false, out);
+    case CU_STREAM_MEM_OP_WRITE_VALUE_64:
+      return value_op_work<cuuint64_t>(s, op.writeValue.address, op.writeValue.value64,
+                                       op.writeValue.flags, false, out);
+    case CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES:
+    case CU_STREAM_MEM_OP_BARRIER:
+      // Order nothing more than work that runs one item at a time already does.
+      out = [] {};
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamWriteValue64_v2(CUstream hstream,
                                                                    CUdeviceptr addr,

@@ -19,7 +19,7 @@ namespace mpsshim::server {
 enum class ClientLimit : std::uint8_t {
   kStreams,        // streams, the default stream of every context included
   kEvents,         // the client's own events
-  kModules,        // modules and libraries loaded
+  kModules,        // modules and libraries loaded, and JIT links open
   kGraphs,         // graphs and executable graphs
   kMemoryPools,    // memory pools it created
   kAllocations,    // device allocations (cuMemAlloc*, cuMemAllocAsync, graph memory), counted
@@ -43,7 +43,7 @@ inline constexpr std::array<ClientLimitSpec, static_cast<std::size_t>(ClientLimi
     kClientLimitSpecs{{
         {"streams", "streams", 1024, false},
         {"events", "events", 65536, false},
-        {"modules", "modules and libraries", 16384, false},
+        {"modules", "modules, libraries and JIT links", 16384, false},
         {"graphs", "graphs and executable graphs", 16384, false},
         {"memory-pools", "memory pools", 256, false},
         {"allocations", "device allocations", 1u << 20, false},

@@ -195,6 +195,41 @@
   X(cuGraphDestroyNode, CUresult, (CUgraphNode))                                                   \
   X(cuGraphClone, CUresult, (CUgraph*, CUgraph))                                                   \
   X(cuGraphNodeFindInClone, CUresult, (CUgraphNode*, CUgraphNode, CUgraph))                        \
+  X(cuLinkCreate_v2, CUresult, (unsigned int, CUjit_option*, void**, CUlinkState*))                \
+  X(cuLinkAddData_v2, CUresult,                                                                    \
+    (CUlinkState, CUjitInputType, void*, size_t, const char*, unsigned int, CUjit_option*,         \
+     void**))                                                                                      \
+  X(cuLinkAddFile_v2, CUresult,                                                                    \
+    (CUlinkState, CUjitInputType, const char*, unsigned int, CUjit_option*, void**))               \
+  X(cuLinkComplete, CUresult, (CUlinkState, void**, size_t*))                                      \
+  X(cuLinkDestroy, CUresult, (CUlinkState))                                                        \
+  X(cuGraphConditionalHandleCreate, CUresult,                                                      \
+    (CUgraphConditionalHandle*, CUgraph, CUcontext, unsigned int, unsigned int))                   \
+  X(cuGraphAddNode_v2, CUresult,                                                                   \
+    (CUgraphNode*, CUgraph, const CUgraphNode*, const CUgraphEdgeData*, size_t,                    \
+     CUgraphNodeParams*))                                                                          \
+  X(cuGraphAddBatchMemOpNode, CUresult,                                                            \
+    (CUgraphNode*, CUgraph, const CUgraphNode*, size_t, const CUDA_BATCH_MEM_OP_NODE_PARAMS*))     \
+  X(cuGraphBatchMemOpNodeSetParams, CUresult, (CUgraphNode, const CUDA_BATCH_MEM_OP_NODE_PARAMS*)) \
+  X(cuGraphExecBatchMemOpNodeSetParams, CUresult,                                                  \
+    (CUgraphExec, CUgraphNode, const CUDA_BATCH_MEM_OP_NODE_PARAMS*))                              \
+  X(cuGraphKernelNodeGetAttribute, CUresult,                                                       \
+    (CUgraphNode, CUkernelNodeAttrID, CUkernelNodeAttrValue*))                                     \
+  X(cuGraphKernelNodeSetAttribute, CUresult,                                                       \
+    (CUgraphNode, CUkernelNodeAttrID, const CUkernelNodeAttrValue*))                               \
+  X(cuGraphKernelNodeCopyAttributes, CUresult, (CUgraphNode, CUgraphNode))                         \
+  X(cuArrayGetSparseProperties, CUresult, (CUDA_ARRAY_SPARSE_PROPERTIES*, CUarray))                \
+  X(cuArrayGetMemoryRequirements, CUresult, (CUDA_ARRAY_MEMORY_REQUIREMENTS*, CUarray, CUdevice))  \
+  X(cuMemGetHandleForAddressRange, CUresult,                                                       \
+    (void*, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long))                        \
+  X(cuCtxResetPersistingL2Cache, CUresult, ())                                                     \
+  X(cuFlushGPUDirectRDMAWrites, CUresult,                                                          \
+    (CUflushGPUDirectRDMAWritesTarget, CUflushGPUDirectRDMAWritesScope))                           \
+  X(cuDeviceGetTexture1DLinearMaxWidth, CUresult, (size_t*, CUarray_format, unsigned, CUdevice))   \
+  X(cuDeviceGetHostAtomicCapabilities, CUresult,                                                   \
+    (unsigned int*, const CUatomicOperation*, unsigned int, CUdevice))                             \
+  X(cuDeviceGetP2PAtomicCapabilities, CUresult,                                                    \
+    (unsigned int*, const CUatomicOperation*, unsigned int, CUdevice, CUdevice))                   \
   X(cuDeviceGraphMemTrim, CUresult, (CUdevice))                                                    \
   X(cuDeviceGetGraphMemAttribute, CUresult, (CUdevice, CUgraphMem_attribute, void*))               \
   X(cuDeviceSetGraphMemAttribute, CUresult, (CUdevice, CUgraphMem_attribute, void*))               \

@@ -11,8 +11,10 @@
 #include "broker/server/ops/call.hpp"
 #include "broker/server/ops/ops.hpp"
 #include "proto/ops_copies.hpp"
+#include "proto/ops_driver_extras.hpp"
 #include "proto/ops_graph_nodes.hpp"
 #include "proto/ops_ipc.hpp"
+#include "proto/ops_link.hpp"
 #include "proto/ops_stream_attributes.hpp"
 #include "proto/ops_stream_mem.hpp"
 #include "proto/ops_tensor_map.hpp"
@@ -102,6 +104,23 @@ std::array<OpSpec, kOpCount> make_specs() {
       sizeof(GraphCopyNodeSetReq), true);
   set(Op::kOccupancyMaxPotentialClusterSize, "OccupancyMaxPotentialClusterSize",
       op_occupancy_max_potential_cluster_size, sizeof(ClusterOccupancyReq), true);
+  set(Op::kLinkCreate, "LinkCreate", op_link_create, sizeof(LinkCreateReq), true);
+  set(Op::kLinkAdd, "LinkAdd", op_link_add, sizeof(LinkAddReq), true);
+  set(Op::kLinkComplete, "LinkComplete", op_link_complete, sizeof(HandleReq), true);
+  set(Op::kLinkDestroy, "LinkDestroy", op_link_destroy, sizeof(HandleReq), true);
+  set(Op::kGraphConditionalHandleCreate, "GraphConditionalHandleCreate",
+      op_graph_conditional_handle_create, sizeof(GraphConditionalHandleReq), true);
+  set(Op::kGraphAddConditionalNode, "GraphAddConditionalNode", op_graph_add_conditional_node,
+      sizeof(GraphConditionalNodeReq), true);
+  set(Op::kGraphAddBatchMemOpNode, "GraphAddBatchMemOpNode", op_graph_add_batch_mem_op_node,
+      sizeof(GraphBatchMemOpNodeReq), true);
+  set(Op::kGraphBatchMemOpNodeSetParams, "GraphBatchMemOpNodeSetParams",
+      op_graph_batch_mem_op_node_set_params, sizeof(GraphBatchMemOpSetReq), true);
+  set(Op::kGraphKernelNodeAttribute, "GraphKernelNodeAttribute", op_graph_kernel_node_attribute,
+      sizeof(GraphKernelNodeAttributeReq), true);
+  set(Op::kArrayQuery, "ArrayQuery", op_array_query, sizeof(ArrayQueryReq), true);
+  set(Op::kMemRangeHandle, "MemRangeHandle", op_mem_range_handle, sizeof(MemRangeHandleReq), true);
+  set(Op::kDriverSetting, "DriverSetting", op_driver_setting, sizeof(DriverSettingReq), true);
   set(Op::kTensorMapEncode, "TensorMapEncode", op_tensor_map_encode, sizeof(TensorMapEncodeReq),
       true);
   set(Op::kTensorMapReplaceAddress, "TensorMapReplaceAddress", op_tensor_map_replace_address,

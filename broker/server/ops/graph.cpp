@@ -773,7 +773,8 @@ OpResult op_graph_child_graph_node_get_graph(Call& call) {
   }
   if (!within_client_limit(session, ClientLimit::kGraphs))
     return call.done(CUDA_ERROR_OUT_OF_MEMORY);
-  std::uint64_t id = remember(session, embedded, GraphObj{embedded, ctx, false, parent_id});
+  std::uint64_t id =
+      remember(session, embedded, GraphObj{embedded, ctx, false, parent_id, req.handle});
   if (id == 0) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   return call.reply(proto::GraphRep{id});
 }

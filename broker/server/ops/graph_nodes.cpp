@@ -61,13 +61,8 @@ const GraphNodeObj* client_node(Call& call, proto::WireHandle id) {
   return call.session.objects.get<GraphNodeObj>(id);
 }
 
-// A node of the client's and, unless `exec_id` is 0, one of its executable graphs: the answer to
-// a name that is not the client's is CUDA_ERROR_INVALID_VALUE for the node and
-// CUDA_ERROR_INVALID_HANDLE for the executable graph, as the driver's.
-struct NodeInExec {
-  const GraphNodeObj* node = nullptr;
-  const GraphExecObj* exec = nullptr;  // null: the graph's own node
-};
+}  // namespace
+
 tl::expected<NodeInExec, CUresult> node_in_exec(Call& call, proto::WireHandle exec_id,
                                                 proto::WireHandle node_id) {
   NodeInExec found;
@@ -79,8 +74,6 @@ tl::expected<NodeInExec, CUresult> node_in_exec(Call& call, proto::WireHandle ex
   }
   return found;
 }
-
-}  // namespace
 
 OpResult op_graph_add_event_node(Call& call) {
   auto req = call.request<proto::GraphEventNodeReq>();
@@ -251,6 +244,11 @@ OpResult op_graph_destroy_node(Call& call) {
         it != session.ids_by_driver_handle.end()) {
       forget_graph(session, it->second);  // not owned: the driver freed it with the node
     }
+  }
+  // A conditional node's bodies (and a child's, where its id was asked for) went with it too.
+  for (std::uint64_t id : session.objects.ids_where<GraphObj>(
+           [&](const GraphObj& g) { return g.embedded_node == req.handle; })) {
+    forget_graph(session, id);
   }
   session.ids_by_driver_handle.erase(driver_node);
   session.objects.take<GraphNodeObj>(req.handle);

@@ -36,6 +36,16 @@ OpResult node_reply(Call& call, std::uint64_t graph_id, CUresult r, CUgraphNode 
 
 OpResult malformed_node(Call& call);
 
+// A node of the client's and, unless `exec_id` is 0, one of its executable graphs: the answer to
+// a name that is not the client's is CUDA_ERROR_INVALID_VALUE for the node and
+// CUDA_ERROR_INVALID_HANDLE for the executable graph, as the driver's (ops/graph_nodes.cpp).
+struct NodeInExec {
+  const GraphNodeObj* node = nullptr;
+  const GraphExecObj* exec = nullptr;  // null: the graph's own node
+};
+tl::expected<NodeInExec, CUresult> node_in_exec(Call& call, proto::WireHandle exec_id,
+                                                proto::WireHandle node_id);
+
 // The (from, to) node pairs after a GraphAddDependenciesReq (kGraphAddDependencies,
 // kGraphRemoveDependencies): nodes of the graph it names, as driver nodes; or the answer that ends
 // the call.

@@ -20,6 +20,7 @@
 #include "broker/server/session/client_socket.hpp"
 #include "broker/server/session/limit_check.hpp"
 #include "broker/server/session/retire.hpp"
+#include "proto/fd_io.hpp"
 
 namespace mpsshim::server {
 namespace {
@@ -109,12 +110,7 @@ class PrivateImage {
       return false;
     }
     data_ = static_cast<std::byte*>(at);
-    for (std::uint64_t done = 0; done < bytes;) {
-      ssize_t n = ::pread(fd, data_ + done, bytes - done, static_cast<off_t>(done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return false;
-      done += static_cast<std::uint64_t>(n);
-    }
+    if (!proto::pread_all(fd, data_, bytes)) return false;
     bytes_ = bytes;
     return true;
   }

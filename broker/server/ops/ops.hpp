@@ -102,6 +102,24 @@ OpResult op_graph_add_memset_node(Call& call);
 OpResult op_graph_add_copy_node(Call& call);
 OpResult op_graph_add_empty_node(Call& call);
 OpResult op_graph_add_dependencies(Call& call);
+// ops/link.cpp
+OpResult op_link_create(Call& call);
+OpResult op_link_add(Call& call);
+OpResult op_link_complete(Call& call);
+OpResult op_link_destroy(Call& call);
+
+// ops/graph_control_nodes.cpp
+OpResult op_graph_conditional_handle_create(Call& call);
+OpResult op_graph_add_conditional_node(Call& call);
+OpResult op_graph_add_batch_mem_op_node(Call& call);
+OpResult op_graph_batch_mem_op_node_set_params(Call& call);
+OpResult op_graph_kernel_node_attribute(Call& call);
+
+// ops/driver_extras.cpp
+OpResult op_array_query(Call& call);
+OpResult op_mem_range_handle(Call& call);
+OpResult op_driver_setting(Call& call);
+
 // ops/graph_nodes.cpp
 OpResult op_graph_add_event_node(Call& call);
 OpResult op_graph_add_host_node(Call& call);

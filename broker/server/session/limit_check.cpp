@@ -30,7 +30,7 @@ std::uint64_t held_of(const Session& session, ClientLimit limit) {
     case ClientLimit::kEvents:
       return objects.count<EventObj>();
     case ClientLimit::kModules:
-      return objects.count<ModuleObj>() + objects.count<LibraryObj>();
+      return objects.count<ModuleObj>() + objects.count<LibraryObj>() + objects.count<LinkObj>();
     case ClientLimit::kGraphs:
       return objects.count<GraphObj>() + objects.count<GraphExecObj>();
     case ClientLimit::kMemoryPools:

@@ -128,6 +128,12 @@ struct GraphObj {
   std::uint64_t ctx = 0;
   bool owned = true;
   std::uint64_t embedded_in = 0;
+  // Embedded in a child graph or conditional node: that node's id, so that the graph is
+  // forgotten when the node is destroyed (0: not known, or not embedded).
+  std::uint64_t embedded_node = 0;
+  // The conditional handles made for it (cuGraphConditionalHandleCreate): a conditional node
+  // may name only these.
+  std::vector<CUgraphConditionalHandle> conditionals{};
 };
 
 struct GraphExecObj {
@@ -171,8 +177,25 @@ struct PhysicalAllocObj {
   proto::IpcHandle shared_handle{};
 };
 
+// A JIT link of the client's (cuLinkCreate; ops/link.cpp). The driver writes its logs into
+// `info_log` and `error_log` and its outputs (the wall time, the logs' lengths) into `values`,
+// and reads the inputs until the link completes: all of it lives on the heap, where the table
+// moving a LinkObj does not move it.
+struct LinkState {
+  CUlinkState link = nullptr;
+  std::uint64_t ctx = 0;
+  std::vector<CUjit_option> options;
+  std::vector<void*> values;
+  std::vector<char> info_log;
+  std::vector<char> error_log;
+  std::vector<std::vector<std::byte>> inputs;
+};
+struct LinkObj {
+  std::unique_ptr<LinkState> state;
+};
+
 using ObjectTable = HandleTable<ContextObj, StreamObj, EventObj, ModuleObj, LibraryObj, FunctionObj,
                                 KernelObj, HostRegionObj, ArrayObj, TexObj, GraphObj, GraphExecObj,
-                                GraphNodeObj, PoolObj, PhysicalAllocObj>;
+                                GraphNodeObj, PoolObj, PhysicalAllocObj, LinkObj>;
 
 }  // namespace mpsshim::server

@@ -239,6 +239,9 @@ FreedTally free_everything(Session& session) {
   ipc_end_session(session, rest);
   for (std::uint64_t id : session.objects.ids<LibraryObj>()) forget_library(session, id, rest);
   for (std::uint64_t id : session.objects.ids<ModuleObj>()) forget_module(session, id, rest);
+  for (std::uint64_t id : session.objects.ids<LinkObj>()) {
+    cu.cuLinkDestroy(session.objects.take<LinkObj>(id)->state->link);
+  }
   // Graph memory a launch allocated and nothing freed yet outlives its graph in the driver;
   // what is not allocated now the driver refuses, which is no failure here.
   for (const DeviceRange& a : session.memory.remove_if(is_graph_memory)) {
