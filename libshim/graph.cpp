@@ -404,9 +404,12 @@ CUresult append_dependencies(GraphObject* graph, const CUgraphNode* deps, std::s
 
 namespace {
 
+// Sends an add whose record the caller built (kernel nodes carry their arguments after the
+// dependency ids); the node object for the reply. add_node (graph_objects.hpp) does the rest
+// for node types whose record is a request and the dependencies alone.
 template <typename Req>
-CUresult add_node(CUgraphNode* out, GraphObject* graph, proto::Op op, const Req& request,
-                  std::span<const std::byte> trailing) {
+CUresult send_add_node(CUgraphNode* out, GraphObject* graph, proto::Op op, const Req& request,
+                       std::span<const std::byte> trailing) {
   proto::GraphRep reply{};
   CUresult rc =
       graph->ctx->session->call(op, &request, sizeof request, trailing, &reply, sizeof reply);
@@ -461,7 +464,7 @@ CUresult add_kernel_node(CUgraphNode* out, CUgraph hgraph, const CUgraphNode* de
                                     {block[0], block[1], block[2]},
                                     shared,
                                     static_cast<std::uint32_t>(trailing.size() - at)};
-  if (CUresult rc = add_node(out, graph, proto::Op::kGraphAddKernelNode, request, trailing);
+  if (CUresult rc = send_add_node(out, graph, proto::Op::kGraphAddKernelNode, request, trailing);
       rc != CUDA_SUCCESS) {
     return rc;
   }
@@ -1162,38 +1165,21 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddMemsetNode(CUgraphNode* out, CUgraph h
                                                      const CUgraphNode* deps, size_t count,
                                                      const CUDA_MEMSET_NODE_PARAMS* p, CUcontext) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
-  GraphObject* graph = graph_of(hgraph);
-  if (graph == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  if (out == nullptr || p == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  std::vector<std::byte> trailing;
-  if (CUresult rc = append_dependencies(graph, deps, count, trailing); rc != CUDA_SUCCESS) {
-    return rc;
-  }
-  proto::GraphMemsetNodeReq request{{graph->wire, static_cast<std::uint32_t>(count), 0},
-                                    p->dst,
-                                    p->pitch,
-                                    p->width,
-                                    p->height,
-                                    p->value,
-                                    p->elementSize};
-  if (CUresult rc = add_node(out, graph, proto::Op::kGraphAddMemsetNode, request, trailing);
-      rc != CUDA_SUCCESS) {
-    return rc;
-  }
-  std::lock_guard lock(graph->mutex);
-  NodeParams& known = node_of(*out)->params;
-  known.known = true;
+  if (graph_of(hgraph) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  proto::GraphMemsetNodeReq request{{},        p->dst,   p->pitch,      p->width,
+                                    p->height, p->value, p->elementSize};
+  NodeParams known;
   known.type = CU_GRAPH_NODE_TYPE_MEMSET;
   known.memset = *p;
-  return CUDA_SUCCESS;
+  return add_node(out, hgraph, deps, count, proto::Op::kGraphAddMemsetNode, request, known);
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddMemcpyNode(CUgraphNode* out, CUgraph hgraph,
                                                      const CUgraphNode* deps, size_t count,
                                                      const CUDA_MEMCPY3D* p, CUcontext) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
-  GraphObject* graph = graph_of(hgraph);
-  if (graph == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (graph_of(hgraph) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (out == nullptr || p == nullptr) return CUDA_ERROR_INVALID_VALUE;
   auto device_side = [](CUmemorytype type, CUdeviceptr address) {
     return type == CU_MEMORYTYPE_DEVICE ||
@@ -1208,24 +1194,12 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddMemcpyNode(CUgraphNode* out, CUgraph h
              "(pinned host memory) instead");
     return CUDA_ERROR_NOT_SUPPORTED;
   }
-  std::vector<std::byte> trailing;
-  if (CUresult rc = append_dependencies(graph, deps, count, trailing); rc != CUDA_SUCCESS) {
-    return rc;
-  }
-  proto::GraphCopyNodeReq request{{graph->wire, static_cast<std::uint32_t>(count), 0},
-                                  p->dstDevice + p->dstXInBytes,
-                                  p->srcDevice + p->srcXInBytes,
-                                  p->WidthInBytes};
-  if (CUresult rc = add_node(out, graph, proto::Op::kGraphAddCopyNode, request, trailing);
-      rc != CUDA_SUCCESS) {
-    return rc;
-  }
-  std::lock_guard lock(graph->mutex);
-  NodeParams& known = node_of(*out)->params;
-  known.known = true;
+  proto::GraphCopyNodeReq request{
+      {}, p->dstDevice + p->dstXInBytes, p->srcDevice + p->srcXInBytes, p->WidthInBytes};
+  NodeParams known;
   known.type = CU_GRAPH_NODE_TYPE_MEMCPY;
   known.memcpy = *p;
-  return CUDA_SUCCESS;
+  return add_node(out, hgraph, deps, count, proto::Op::kGraphAddCopyNode, request, known);
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddEmptyNode(CUgraphNode* out, CUgraph hgraph,
@@ -1239,7 +1213,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddEmptyNode(CUgraphNode* out, CUgraph hg
     return rc;
   }
   proto::GraphAddNodeHeader request{graph->wire, static_cast<std::uint32_t>(count), 0};
-  return add_node(out, graph, proto::Op::kGraphAddEmptyNode, request, trailing);
+  return send_add_node(out, graph, proto::Op::kGraphAddEmptyNode, request, trailing);
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddDependencies_v2(CUgraph graph, const CUgraphNode* from,
@@ -1278,7 +1252,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddChildGraphNode(CUgraphNode* out, CUgra
   }
   proto::GraphChildNodeReq request{{graph->wire, static_cast<std::uint32_t>(count), 0},
                                    child->wire};
-  return add_node(out, graph, proto::Op::kGraphAddChildGraphNode, request, trailing);
+  return send_add_node(out, graph, proto::Op::kGraphAddChildGraphNode, request, trailing);
 }
 
 // The embedded graph, as a graph object the client may query and build on; the node owns it

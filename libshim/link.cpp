@@ -83,7 +83,8 @@ CUresult wire_options(unsigned count, const CUjit_option* options, void** values
       case CU_JIT_REFERENCED_VARIABLE_COUNT:
         log_once("cuLink.host_symbols", Level::warn,
                  "cuLink: JIT option {} names memory of this process, which the server that "
-                 "links cannot read; it is not supported by mpsshim",
+                 "links cannot read; it is not supported by mpsshim (define those symbols in "
+                 "device code, or link without the option)",
                  static_cast<int>(options[i]));
         return CUDA_ERROR_NOT_SUPPORTED;
       default:

@@ -62,11 +62,6 @@ bool all_equal(CUdeviceptr p, unsigned expected) {
   return true;
 }
 
-int fail(const char* what) {
-  std::printf("FAIL %s\n", what);
-  return 1;
-}
-
 // A graph with two memset nodes; a capture into it after the first adds an increment kernel and
 // a memset; the same handle comes back, the topology is the one asked for, the launch computes.
 // Then the per-thread variant from cuGetProcAddress captures into an empty graph.
@@ -245,15 +240,6 @@ int into_graph() {
   std::printf("PASS into_graph nodes=%zu edges=%zu\n", count, edge_count);
   return 0;
 }
-
-#define EXPECT(call, expected)                                             \
-  do {                                                                     \
-    CUresult got_ = (call);                                                \
-    if (got_ != (expected)) {                                              \
-      std::printf("FAIL %s -> %d, expected %s\n", #call, got_, #expected); \
-      return 1;                                                            \
-    }                                                                      \
-  } while (0)
 
 // XLA's command buffer: kernels captured into a graph, instantiated once, then pointed at other
 // buffers with cuGraphExecKernelNodeSetParams between launches.

@@ -18,3 +18,20 @@
       std::exit(1);                                                                              \
     }                                                                                            \
   } while (0)
+
+// EXPECT(call, expected): a call that must answer `expected` (an error the driver gives, say);
+// otherwise the mode fails with a FAIL line naming both.
+#define EXPECT(call, expected)                                             \
+  do {                                                                     \
+    CUresult got_ = (call);                                                \
+    if (got_ != (expected)) {                                              \
+      std::printf("FAIL %s -> %d, expected %s\n", #call, got_, #expected); \
+      return 1;                                                            \
+    }                                                                      \
+  } while (0)
+
+// A FAIL line for a wrong result; the mode's exit status.
+inline int fail(const char* what) {
+  std::printf("FAIL %s\n", what);
+  return 1;
+}

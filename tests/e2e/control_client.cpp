@@ -21,20 +21,6 @@ namespace {
 
 constexpr char kModuleImage[] = "// mpsshim e2e control module\n.version 8.0\n.target sm_90\n";
 
-#define EXPECT(call, expected)                                             \
-  do {                                                                     \
-    CUresult got_ = (call);                                                \
-    if (got_ != (expected)) {                                              \
-      std::printf("FAIL %s -> %d, expected %s\n", #call, got_, #expected); \
-      return 1;                                                            \
-    }                                                                      \
-  } while (0)
-
-int fail(const char* what) {
-  std::printf("FAIL %s\n", what);
-  return 1;
-}
-
 struct Setup {
   CUcontext ctx{};
   CUmodule module{};

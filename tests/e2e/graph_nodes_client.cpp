@@ -17,15 +17,6 @@ constexpr int kElements = 4096;
 constexpr std::size_t kBytes = kElements * sizeof(unsigned);
 constexpr unsigned kSetA = 77;
 
-#define EXPECT(call, expected)                                             \
-  do {                                                                     \
-    CUresult got_ = (call);                                                \
-    if (got_ != (expected)) {                                              \
-      std::printf("FAIL %s -> %d, expected %s\n", #call, got_, #expected); \
-      return 1;                                                            \
-    }                                                                      \
-  } while (0)
-
 struct Setup {
   CUcontext ctx{};
   CUmodule module{};
@@ -43,11 +34,6 @@ Setup setup() {
   CHECK(cuStreamCreate(&s.s1, CU_STREAM_NON_BLOCKING));
   CHECK(cuStreamCreate(&s.s2, CU_STREAM_NON_BLOCKING));
   return s;
-}
-
-int fail(const char* what) {
-  std::printf("FAIL %s\n", what);
-  return 1;
 }
 
 bool all_equal(CUdeviceptr p, unsigned expected, const char* what) {

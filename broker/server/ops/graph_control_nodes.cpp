@@ -214,10 +214,7 @@ OpResult op_graph_kernel_node_attribute(Call& call) {
           r != CUDA_SUCCESS) {
         return call.done(r);
       }
-      proto::WireLaunchAttribute rep{req.attribute.id, 0, {}};
-      static_assert(sizeof value == sizeof rep.value);
-      std::memcpy(rep.value, &value, sizeof value);
-      return call.reply(rep);
+      return call.reply(wire_attribute(req.attribute.id, value));
     }
     case proto::KernelNodeAttributeMode::kSet: {
       CUlaunchAttribute checked{};

@@ -6,6 +6,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <cstring>
 #include <span>
 
 #include "broker/server/session/session.hpp"
@@ -18,5 +19,14 @@ namespace mpsshim::server {
 // CUDA_ERROR_NOT_SUPPORTED.
 CUresult convert_launch_attributes(const Session& session, std::span<const std::byte> wire,
                                    std::uint32_t count, CUlaunchAttribute* out);
+
+// The wire form of an attribute the driver answered (a stream's or a kernel node's get).
+template <typename Value>
+proto::WireLaunchAttribute wire_attribute(std::uint32_t id, const Value& value) {
+  proto::WireLaunchAttribute out{id, 0, {}};
+  static_assert(sizeof value == sizeof out.value);
+  std::memcpy(out.value, &value, sizeof value);
+  return out;
+}
 
 }  // namespace mpsshim::server

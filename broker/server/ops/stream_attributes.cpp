@@ -35,10 +35,7 @@ OpResult op_stream_attribute(Call& call) {
           r != CUDA_SUCCESS) {
         return call.done(r);
       }
-      proto::WireLaunchAttribute rep{req.attribute.id, 0, {}};
-      static_assert(sizeof value == sizeof rep.value);
-      std::memcpy(rep.value, &value, sizeof value);
-      return call.reply(rep);
+      return call.reply(wire_attribute(req.attribute.id, value));
     }
     case proto::StreamAttributeMode::kSet: {
       if (!server_attribute(req.attribute.id)) return call.done(CUDA_ERROR_INVALID_VALUE);
