@@ -323,6 +323,10 @@ struct PinnedRange {
   std::uint64_t device_pointer;
   int memfd;
   unsigned flags;
+  // cuMemAllocManaged memory (managed.cpp): the same shared, device-mapped pages, answered as
+  // managed; `requested` is the size the program asked for (its range, as the driver reports it).
+  bool managed = false;
+  std::uint64_t requested = 0;
   // The same memory registered with other GPUs' servers, on its first copy on one of their
   // streams (under unified addressing pinned memory is every GPU's): their regions.
   struct Elsewhere {

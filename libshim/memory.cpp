@@ -13,6 +13,7 @@
 #include "libshim/graph_objects.hpp"
 #include "libshim/host_memory.hpp"
 #include "libshim/log.hpp"
+#include "libshim/managed_advice.hpp"
 #include "libshim/peer.hpp"
 #include "proto/address_arenas.hpp"
 #include "proto/address_reservation.hpp"
@@ -63,7 +64,16 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   if (dptr == 0) return CUDA_SUCCESS;
   DeviceRange range{};
-  if (!address_book().find_device(dptr, &range) || range.base != dptr || range.vmm) {
+  if (!address_book().find_device(dptr, &range)) {
+    PinnedRange managed{};
+    const auto* p = reinterpret_cast<const void*>(dptr);
+    if (address_book().find_pinned(p, &managed) && managed.managed && managed.base == p) {
+      managed_advice().remove(dptr);
+      return free_pinned(managed);
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (range.base != dptr || range.vmm) {
     return CUDA_ERROR_INVALID_VALUE;  // a VMM mapping is freed with cuMemUnmap
   }
   if (range.ipc_opened) {
@@ -98,9 +108,18 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr* base, size_
                                                         CUdeviceptr dptr) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   DeviceRange range{};
-  if (!address_book().find_device(dptr, &range)) return CUDA_ERROR_NOT_FOUND;
-  if (base) *base = range.base;
-  if (size) *size = range.bytes;
+  PinnedRange managed{};
+  if (address_book().find_device(dptr, &range)) {
+    if (base) *base = range.base;
+    if (size) *size = range.bytes;
+  } else if (address_book().find_pinned(reinterpret_cast<const void*>(dptr), &managed) &&
+             managed.managed &&
+             dptr - reinterpret_cast<CUdeviceptr>(managed.base) < managed.requested) {
+    if (base) *base = reinterpret_cast<CUdeviceptr>(managed.base);
+    if (size) *size = managed.requested;
+  } else {
+    return CUDA_ERROR_NOT_FOUND;
+  }
   return CUDA_SUCCESS;
 }
 
@@ -113,11 +132,13 @@ bool in_pinned_window(std::uint64_t address, std::uint64_t bytes) {
          address - proto::kPinnedWindowBase <= proto::kPinnedWindowBytes - bytes;
 }
 
+}  // namespace
+
 // Pinned host memory is a memfd both processes map. With the pinned window reserved here, the
 // server picks the address (in its slice of the window) and this process maps the memfd at the
 // same one, so the host pointer is the device pointer in both, as under unified addressing;
 // without it, this process maps first and the server tries the same address.
-CUresult host_alloc(void** pp, size_t bytes, unsigned int flags) {
+CUresult mpsshim::shim::allocate_pinned(void** pp, size_t bytes, unsigned int flags, bool managed) {
   Context* ctx = nullptr;
   if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
   if (pp == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -164,30 +185,17 @@ CUresult host_alloc(void** pp, size_t bytes, unsigned int flags) {
     ::close(fd);
     return rc == CUDA_ERROR_OUT_OF_MEMORY ? rc : CUDA_ERROR_OUT_OF_MEMORY;
   }
-  address_book().add_pinned(
-      {static_cast<std::byte*>(base), mapped, ctx, reply.region, reply.device_pointer, fd, flags});
+  PinnedRange range{static_cast<std::byte*>(base), mapped, ctx,  reply.region,
+                    reply.device_pointer,          fd,     flags};
+  range.managed = managed;
+  range.requested = bytes;
+  address_book().add_pinned(range);
   *pp = base;
   return CUDA_SUCCESS;
 }
 
-}  // namespace
-
-MPSSHIM_EXPORT CUresult CUDAAPI cuMemAllocHost_v2(void** pp, size_t bytes) {
-  return host_alloc(pp, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
-}
-
-MPSSHIM_EXPORT CUresult CUDAAPI cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) {
-  constexpr unsigned kKnown =
-      CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
-  if ((flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
-  return host_alloc(pp, bytes, flags);
-}
-
-MPSSHIM_EXPORT CUresult CUDAAPI cuMemFreeHost(void* p) {
-  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
-  PinnedRange range{};
-  if (!address_book().find_pinned(p, &range) || range.base != p) return CUDA_ERROR_INVALID_VALUE;
-  address_book().remove_pinned(p, nullptr);
+CUresult mpsshim::shim::free_pinned(const PinnedRange& range) {
+  address_book().remove_pinned(range.base, nullptr);
   proto::HostUnregisterReq request{range.region};
   CUresult rc =
       range.ctx->session->call(proto::Op::kHostUnregister, request, static_cast<int*>(nullptr));
@@ -207,6 +215,27 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemFreeHost(void* p) {
   return rc;
 }
 
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemAllocHost_v2(void** pp, size_t bytes) {
+  return allocate_pinned(pp, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) {
+  constexpr unsigned kKnown =
+      CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
+  if ((flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
+  return allocate_pinned(pp, bytes, flags);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuMemFreeHost(void* p) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  PinnedRange range{};
+  // Managed memory is freed with cuMemFree, as natively.
+  if (!address_book().find_pinned(p, &range) || range.base != p || range.managed) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  return free_pinned(range);
+}
+
 MPSSHIM_EXPORT CUresult CUDAAPI cuMemHostGetDevicePointer_v2(CUdeviceptr* dptr, void* p,
                                                              unsigned int flags) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
@@ -216,6 +245,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemHostGetDevicePointer_v2(CUdeviceptr* dptr, 
     return find_registered(p, nullptr) ? registered_device_pointer_refused()
                                        : CUDA_ERROR_INVALID_VALUE;
   }
+  if (range.managed) return CUDA_ERROR_INVALID_VALUE;  // as the driver answers for managed memory
   *dptr = range.device_pointer + (static_cast<std::byte*>(p) - range.base);
   return CUDA_SUCCESS;
 }
@@ -291,7 +321,9 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdevicept
       *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(ctx);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
-      *static_cast<unsigned*>(data) = is_device ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+      // Managed memory reads as device memory, as natively (IS_MANAGED tells it apart).
+      *static_cast<unsigned*>(data) =
+          is_device || pinned.managed ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
       *static_cast<CUdeviceptr*>(data) = is_device ? ptr : pinned.device_pointer + offset;
@@ -301,7 +333,7 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdevicept
       *static_cast<void**>(data) = pinned.base + offset;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_IS_MANAGED:
-      *static_cast<int*>(data) = 0;
+      *static_cast<int*>(data) = !is_device && pinned.managed;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
       *static_cast<int*>(data) = ordinal;
@@ -311,7 +343,8 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdevicept
           is_device ? device.base : reinterpret_cast<CUdeviceptr>(pinned.base);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
-      *static_cast<size_t*>(data) = is_device ? device.bytes : pinned.bytes;
+      *static_cast<size_t*>(data) =
+          is_device ? device.bytes : (pinned.managed ? pinned.requested : pinned.bytes);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MAPPED:
       *static_cast<int*>(data) = 1;

@@ -25,6 +25,10 @@ std::string control_client() {
   return artefact("E2E_CONTROL_CLIENT");
 }
 
+std::string managed_client() {
+  return artefact("E2E_MANAGED_CLIENT");
+}
+
 }  // namespace
 
 TEST_CASE("captured work lands in the client's graph after the nodes it named, and computes",
@@ -116,6 +120,16 @@ TEST_CASE(
     "[e2e][control]") {
   Daemon daemon;
   require_pass(run_client(daemon, {control_client(), "link"}), daemon);
+}
+
+TEST_CASE(
+    "managed memory is host memory both processors touch, with the driver's errors, attributes "
+    "and advice",
+    "[e2e][control][managed]") {
+  Daemon daemon;
+  require_pass(run_client(daemon, {managed_client(), "managed", "1000"}), daemon);
+  // Larger than a staging chunk, so copies of it take several pieces.
+  require_pass(run_client(daemon, {managed_client(), "managed", "1000003"}), daemon);
 }
 
 TEST_CASE(

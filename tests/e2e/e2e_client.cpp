@@ -1304,10 +1304,10 @@ int quota() {
   return 0;
 }
 
-// Host-memory decisions (docs/host-memory.md). Managed memory is refused with
-// CUDA_ERROR_NOT_SUPPORTED and the attributes that advertise it read 0; cuMemHostRegister of
-// malloc'd memory records the range, copies through it give correct results (staged), the
-// misuse errors are the driver's, and the device pointer of such a range is refused.
+// Host-memory decisions (docs/host-memory.md). The attributes that advertise device access to
+// pageable or registered memory read 0; cuMemHostRegister of malloc'd memory records the range,
+// copies through it give correct results (staged), the misuse errors are the driver's, and the
+// device pointer of such a range is refused.
 int hostmem(int n) {
   Setup s = setup();
   int failures = 0;
@@ -1318,31 +1318,20 @@ int hostmem(int n) {
     }
   };
 
-  // ---- managed memory ----
-  for (CUdevice_attribute a :
-       {CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS,
-        CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS,
-        CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
-        CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST,
-        CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM}) {
+  // ---- attributes (managed memory itself: managed_client.cpp) ----
+  for (CUdevice_attribute a : {CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS,
+                               CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
+                               CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST,
+                               CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM}) {
     int value = -1;
     CHECK(cuDeviceGetAttribute(&value, a, s.device));
-    expect("managed-memory attribute", value, 0);
+    expect("pageable/registered-memory attribute", value, 0);
   }
   int can_map = 0;
   CHECK(cuDeviceGetAttribute(&can_map, CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, s.device));
   expect("CAN_MAP_HOST_MEMORY (pinned allocations stay mappable)", can_map, 1);
-  CUdeviceptr managed = 1;
-  expect("cuMemAllocManaged", cuMemAllocManaged(&managed, 4096, CU_MEM_ATTACH_GLOBAL),
-         CUDA_ERROR_NOT_SUPPORTED);
-  expect("cuMemAllocManaged's pointer", static_cast<long long>(managed), 0);
   CUdeviceptr dev;
   CHECK(cuMemAlloc(&dev, sizeof(int) * static_cast<size_t>(n)));
-  CUmemLocation location{CU_MEM_LOCATION_TYPE_DEVICE, 0};
-  expect("cuMemAdvise", cuMemAdvise(dev, 4096, CU_MEM_ADVISE_SET_READ_MOSTLY, location),
-         CUDA_ERROR_NOT_SUPPORTED);
-  expect("cuMemPrefetchAsync", cuMemPrefetchAsync(dev, 4096, location, 0, nullptr),
-         CUDA_ERROR_NOT_SUPPORTED);
   std::vector<int> plain(16);
   unsigned memory_type = 0;
   expect("cuPointerGetAttribute(malloc'd, never registered)",

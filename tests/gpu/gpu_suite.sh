@@ -125,8 +125,7 @@ done
 # ---- 1b. CUDA-runtime programs (tests/gpu/programs), natively and under the shim ------------
 # nvcc-built programs with static cudart: the runtime's own path through the shim (private
 # tables, integrity check, cuGetProcAddress) and the features of docs/cuda-runtime.md. Their
-# result fields must agree; rt_managed has its own rule (managed memory is not offered under
-# the shim).
+# result fields must agree.
 RT_TIMEOUT=${RT_TIMEOUT:-180}
 RT_PROGRAMS=(rt_vector_add rt_matmul_shared rt_streams_events rt_host_threads rt_per_thread_stream
   rt_pinned_mapped rt_managed rt_graph rt_malloc_async rt_cooperative rt_copy_2d rt_host_callback
@@ -181,22 +180,6 @@ else
     shim_verdict=$(verdict "$shim_line")
     [ -z "$native_why" ] || native_verdict=FAIL
     [ -z "$shim_why" ] || shim_verdict=FAIL
-    if [ "$name" = rt_managed ]; then
-      # Native: managed memory works. Shim: refused with cudaErrorNotSupported and the device
-      # attribute reads 0 (docs/host-memory.md); the explicit-memory fallback gives the same data.
-      native_mode=$(field "$native_line" managed)
-      shim_mode=$(field "$shim_line" managed)
-      detail="native managed=${native_mode:-?}, shim managed=${shim_mode:-?}"
-      same=$([ "$(field "$native_line" checksum)" = "$(field "$shim_line" checksum)" ] && echo 1)
-      if [ "$native_verdict$shim_verdict" = PASSPASS ] && [ "$native_mode" = supported ] &&
-        [ "$shim_mode" = not_supported ] && [ "$same" = 1 ]; then
-        add_row "$name" PASS PASS PASS "$detail; checksums equal"
-      else
-        add_row "$name" "$native_verdict" "$shim_verdict" FAIL \
-          "$detail (want supported / not_supported, equal checksums) | native: ${native_why:-$native_line} | shim: ${shim_why:-$shim_line}"
-      fi
-      continue
-    fi
     difference=$(diff <(result_fields "$native_line" "${ignored[@]}") \
       <(result_fields "$shim_line" "${ignored[@]}") | grep '^[<>]' | tr '\n' ' ')
     if [ "$native_verdict$shim_verdict" = PASSPASS ] && [ -z "$difference" ]; then
