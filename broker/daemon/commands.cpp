@@ -157,7 +157,7 @@ const std::vector<Commands::Command>& Commands::table() {
        "GPU's partition size) of <gpu> that no other partition has and answers its id, for "
        "clients' CUDA_MPS_SM_PARTITION; rm removes one no client runs in",
        2, 3, &Commands::sm_partition},
-      {"lspart", "lspart", "the static SM partitions: id, GPU, first SM, SMs, clients", 0, 0,
+      {"lspart", "lspart", "the static SM partitions: id, GPU, groups, SMs, clients", 0, 0,
        &Commands::lspart},
       {"server_command", "server_command <gpu> <text...>",
        "pass a command the daemon does not know to GPU <gpu>'s server and show its answer", 2,

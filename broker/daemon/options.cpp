@@ -202,7 +202,7 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
                        docs/metrics.md)
   --client-limit NAME=VALUE  a per-client cap of every GPU's server (repeatable): streams,
                        events, modules, graphs, memory-pools, allocations, pinned (a size),
-                       host-functions, in-flight; 0 = none. Defaults in docs/daemon.md
+                       host-functions, in-flight, ipc-opens; 0 = none. Defaults in docs/daemon.md
   --isolation shared|user|allocation|client  which clients share a server process, and so a
                        CUDA context and GPU address space: all of them (default, as NVIDIA MPS),
                        those of one uid, of one Kubernetes allocation, or none (each client
