@@ -242,6 +242,12 @@ struct MemPool {
   // Other devices given read-write access (cuMemPoolSetAccess), bit per visible device: each
   // allocation of the pool is mapped into their servers too (memory_pool.cpp, peer.hpp).
   std::atomic<std::uint64_t> peers{0};
+  // Interprocess pools (memory_pool_ipc.cpp): `exportable` was created with POSIX fd handles;
+  // `imported` came from another process's export (no session, no server pool: it only names
+  // the exporter's pool, by `export_id`, for cuMemPoolImportPointer).
+  bool exportable = false;
+  bool imported = false;
+  std::uint64_t export_id = 0;
 };
 template <>
 inline constexpr Magic kMagicOf<MemPool> = Magic::kMemPool;
@@ -312,6 +318,9 @@ struct DeviceRange {
   // Another client's allocation opened with cuIpcOpenMemHandle (ipc.cpp): closed with
   // cuIpcCloseMemHandle, never freed with cuMemFree.
   bool ipc_opened = false;
+  // ... opened with cuMemPoolImportPointer (memory_pool_ipc.cpp): closed with cuMemFree or
+  // cuMemFreeAsync, as the driver takes imported pool memory back.
+  bool pool_import = false;
   bool module_global =
       false;  // a module's __device__ variable (cuModuleGetGlobal), not an allocation
 };

@@ -106,12 +106,13 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuDeviceGetAttribute(int* value, CUdevice_attrib
     *value = client_sm_count(dev);
     return CUDA_SUCCESS;
   }
-  if (masked_under_shim(attribute)) {  // no managed memory, no device-mapped registered memory
+  if (masked_under_shim(attribute)) {  // no pageable or device-mapped registered memory
     *value = 0;
     return CUDA_SUCCESS;
   }
   if (attribute == CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES) {
-    *value = CU_MEM_HANDLE_TYPE_NONE;  // pools cannot be exported through mpsshim
+    // Pools are exported as file descriptors only (memory_pool_ipc.cpp): no fabric handles.
+    *value = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     return CUDA_SUCCESS;
   }
   *value = snapshot->attributes[attribute];

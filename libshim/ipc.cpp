@@ -10,6 +10,7 @@
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/client_view.hpp"
+#include "libshim/ipc.hpp"
 #include "libshim/log.hpp"
 #include "libshim/object_pool.hpp"
 #include "libshim/peer.hpp"
@@ -62,11 +63,12 @@ CUresult close_on(Session* session, CUdeviceptr base, std::uint32_t* still_open)
   return rc;
 }
 
-CUresult open_memory(CUdeviceptr* out, const CUipcMemHandle& handle, unsigned flags) {
-  Context* ctx = nullptr;
-  if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+}  // namespace
+
+CUresult mpsshim::shim::ipc_open_memory(Context* ctx, CUdeviceptr* out,
+                                        const proto::IpcHandle& wire, unsigned flags,
+                                        CUmemoryPool pool) {
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  const proto::IpcHandle wire = wire_of(handle);
   int issuer = issuing_device(wire);
   if (issuer < 0) issuer = ctx->device;
   Session* session = ctx->session;
@@ -76,10 +78,12 @@ CUresult open_memory(CUdeviceptr* out, const CUipcMemHandle& handle, unsigned fl
   proto::IpcOpenReq request{wire, 0, flags, 0};
   proto::IpcOpenMemRep reply{};
   CUresult rc = session->call(proto::Op::kIpcOpenMemHandle, request, &reply);
-  note_refused("cuIpcOpenMemHandle", rc);
+  note_refused(pool != nullptr ? "cuMemPoolImportPointer" : "cuIpcOpenMemHandle", rc);
   if (rc != CUDA_SUCCESS) return rc;
   DeviceRange range{reply.base, reply.bytes, ctx};
   range.ipc_opened = true;
+  range.pool_import = pool != nullptr;
+  range.pool = pool;
   range.device = issuer;
   address_book().add_device(range);  // opened again: the same range
   if (issuer != ctx->device) {
@@ -103,13 +107,29 @@ CUresult open_memory(CUdeviceptr* out, const CUipcMemHandle& handle, unsigned fl
   return CUDA_SUCCESS;
 }
 
-}  // namespace
+CUresult mpsshim::shim::ipc_close_memory(const DeviceRange& range) {
+  Session* session = range.ctx->session;
+  const bool elsewhere = range.device != range.ctx->device;
+  if (elsewhere) {
+    if (CUresult rc = session_for(range.device, session); rc != CUDA_SUCCESS) return rc;
+  }
+  std::uint32_t still_open = 0;
+  CUresult rc = close_on(session, range.base, &still_open);
+  if (rc == CUDA_SUCCESS && still_open == 0) {
+    // This GPU's server lets go of the other GPU's block (once nothing else of it is open).
+    if (elsewhere) forget_peer_blocks(range.device, range.base, range.bytes);
+    address_book().remove_device(range.base, nullptr);
+  }
+  return rc;
+}
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
   DeviceRange range{};
-  if (!address_book().find_device(dptr, &range) || range.vmm || range.ipc_opened) {
+  // Pool memory is exported with cuMemPoolExportPointer, not this way (the driver refuses it).
+  if (!address_book().find_device(dptr, &range) || range.vmm || range.ipc_opened ||
+      range.pool != nullptr) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   proto::IpcHandle reply{};
@@ -124,33 +144,25 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle* handle, CUdevi
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr* dptr, CUipcMemHandle handle,
                                                       unsigned int flags) {
-  return open_memory(dptr, handle, flags);
+  Context* ctx = nullptr;
+  if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+  return ipc_open_memory(ctx, dptr, wire_of(handle), flags, nullptr);
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr* dptr, CUipcMemHandle handle,
                                                    unsigned int flags) {
-  return open_memory(dptr, handle, flags);
+  return cuIpcOpenMemHandle_v2(dptr, handle, flags);
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   DeviceRange range{};
-  if (!address_book().find_device(dptr, &range) || range.base != dptr || !range.ipc_opened) {
+  // An imported pool pointer is freed with cuMemFree / cuMemFreeAsync instead.
+  if (!address_book().find_device(dptr, &range) || range.base != dptr || !range.ipc_opened ||
+      range.pool_import) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  Session* session = range.ctx->session;
-  const bool elsewhere = range.device != range.ctx->device;
-  if (elsewhere) {
-    if (CUresult rc = session_for(range.device, session); rc != CUDA_SUCCESS) return rc;
-  }
-  std::uint32_t still_open = 0;
-  CUresult rc = close_on(session, dptr, &still_open);
-  if (rc == CUDA_SUCCESS && still_open == 0) {
-    // This GPU's server lets go of the other GPU's block (once nothing else of it is open).
-    if (elsewhere) forget_peer_blocks(range.device, range.base, range.bytes);
-    address_book().remove_device(dptr, nullptr);
-  }
-  return rc;
+  return ipc_close_memory(range);
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuIpcGetEventHandle(CUipcEventHandle* handle, CUevent hevent) {

@@ -278,6 +278,17 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr* dptr, size_t byte
   CUresult rc =
       allocate_pinned(&pointer, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP, true);
   if (rc != CUDA_SUCCESS) return rc;
+  // Managed memory has one pointer for both processors: the server must have mapped it at the
+  // address this process did (it does whenever the pinned window is reserved).
+  PinnedRange range{};
+  if (!address_book().find_pinned(pointer, &range) ||
+      range.device_pointer != reinterpret_cast<std::uint64_t>(pointer)) {
+    if (range.base != nullptr) free_pinned(range);
+    log_once("cuMemAllocManaged.address", Level::warn,
+             "cuMemAllocManaged: the server could not map the memory at this process's address "
+             "(no pinned window: MPSSHIM_ADDRESS_ARENA=off?); returning CUDA_ERROR_OUT_OF_MEMORY");
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   log_once("cuMemAllocManaged", Level::info,
            "cuMemAllocManaged: managed memory under mpsshim is host memory the device maps "
            "(it does not migrate; kernels reach it over the host link): docs/host-memory.md");

@@ -12,6 +12,7 @@
 #include "libshim/client.hpp"
 #include "libshim/graph_objects.hpp"
 #include "libshim/host_memory.hpp"
+#include "libshim/ipc.hpp"
 #include "libshim/log.hpp"
 #include "libshim/managed_advice.hpp"
 #include "libshim/peer.hpp"
@@ -76,6 +77,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   if (range.base != dptr || range.vmm) {
     return CUDA_ERROR_INVALID_VALUE;  // a VMM mapping is freed with cuMemUnmap
   }
+  if (range.pool_import) return ipc_close_memory(range);  // imported pool memory goes back
   if (range.ipc_opened) {
     log_once("cuMemFree.ipc", Level::warn,
              "cuMemFree: {:#x} was opened with cuIpcOpenMemHandle; it is closed with "

@@ -12,6 +12,7 @@
 #include "libshim/client.hpp"
 #include "libshim/client_view.hpp"
 #include "libshim/graph_objects.hpp"
+#include "libshim/ipc.hpp"
 #include "libshim/log.hpp"
 #include "libshim/object_pool.hpp"
 #include "libshim/peer.hpp"
@@ -119,10 +120,13 @@ CUresult free_async(CUdeviceptr dptr, CUstream handle, DefaultStream mode) {
   if (CUresult rc = resolve_stream(handle, mode, ctx, stream); rc != CUDA_SUCCESS) return rc;
   if (dptr == 0) return CUDA_SUCCESS;
   DeviceRange range{};
-  if (!address_book().find_device(dptr, &range) || range.base != dptr || range.vmm ||
-      range.ctx->session != ctx->session) {
+  if (!address_book().find_device(dptr, &range) || range.base != dptr || range.vmm) {
     return CUDA_ERROR_INVALID_VALUE;
   }
+  // Imported pool memory goes back to its exporter's server at once: its server frees nothing
+  // of it before this client's queued work has run (docs/memory-pools.md).
+  if (range.pool_import) return ipc_close_memory(range);
+  if (range.ctx->session != ctx->session) return CUDA_ERROR_INVALID_VALUE;
   // Other GPUs' servers that mapped it let go first, as for cuMemFree.
   forget_peer_blocks(ctx->device, range.base, range.bytes);
   proto::MemFreeAsyncReq request{dptr, stream->wire};
@@ -232,11 +236,11 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* out, const CUmemPo
   if (CUresult rc = device_of(&props->location, "cuMemPoolCreate", device); rc != CUDA_SUCCESS) {
     return rc;
   }
-  if (props->handleTypes != CU_MEM_HANDLE_TYPE_NONE) {
+  if (props->handleTypes != CU_MEM_HANDLE_TYPE_NONE &&
+      props->handleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
     log_once(g_ipc_logged, Level::warn,
-             "cuMemPoolCreate: exportable pools (handle types {:#x}) are not supported by "
-             "mpsshim: the memory belongs to the mpsshim server, not this process. Create the pool "
-             "with CU_MEM_HANDLE_TYPE_NONE",
+             "cuMemPoolCreate: pools exported as handle types {:#x} are not supported by "
+             "mpsshim (only CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: docs/memory-pools.md)",
              static_cast<unsigned>(props->handleTypes));
     return CUDA_ERROR_NOT_SUPPORTED;
   }
@@ -249,8 +253,10 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* out, const CUmemPo
   if (CUresult rc = session->call(proto::Op::kMemPoolCreate, request, &reply); rc != CUDA_SUCCESS) {
     return rc;
   }
-  *out = reinterpret_cast<CUmemoryPool>(
-      ObjectPool<MemPool>::instance().make(Magic::kMemPool, session, device, reply.pool, false));
+  MemPool* pool =
+      ObjectPool<MemPool>::instance().make(Magic::kMemPool, session, device, reply.pool, false);
+  if (props->handleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) make_exportable(*pool);
+  *out = reinterpret_cast<CUmemoryPool>(pool);
   return CUDA_SUCCESS;
 }
 
@@ -258,6 +264,10 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool hpool) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   MemPool* pool = object_of<MemPool>(hpool);
   if (pool == nullptr || pool->is_default) return CUDA_ERROR_INVALID_VALUE;
+  if (pool->imported) {  // nothing of it is on a server: its imports stay open until freed
+    ObjectPool<MemPool>::instance().retire(pool);
+    return CUDA_SUCCESS;
+  }
   // A destroyed current pool leaves its device with the default pool, as the driver does.
   if (pool->device < kMaxDevices) {
     MemPool* expected = pool;
@@ -273,7 +283,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool hpool,
                                                       CUmemPool_attribute attribute, void* value) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   MemPool* pool = object_of<MemPool>(hpool);
-  if (pool == nullptr || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (pool == nullptr || value == nullptr || pool->imported) return CUDA_ERROR_INVALID_VALUE;
   proto::MemPoolAttributeReq request{pool->wire, static_cast<std::uint32_t>(attribute), 0, 0};
   request.value = int_attribute(attribute)
                       ? static_cast<std::uint32_t>(*static_cast<const int*>(value))
@@ -285,7 +295,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool hpool,
                                                       CUmemPool_attribute attribute, void* value) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   MemPool* pool = object_of<MemPool>(hpool);
-  if (pool == nullptr || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (pool == nullptr || value == nullptr || pool->imported) return CUDA_ERROR_INVALID_VALUE;
   proto::MemPoolAttributeReq request{pool->wire, static_cast<std::uint32_t>(attribute), 0, 0};
   proto::MemPoolAttributeRep reply{};
   CUresult rc = pool->session->call(proto::Op::kMemPoolGetAttribute, request, &reply);
@@ -301,7 +311,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool hpool,
 MPSSHIM_EXPORT CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool hpool, size_t keep_bytes) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   MemPool* pool = object_of<MemPool>(hpool);
-  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (pool == nullptr || pool->imported) return CUDA_ERROR_INVALID_VALUE;
   return pool->session->post(proto::Op::kMemPoolTrimTo,
                              proto::MemPoolTrimReq{pool->wire, keep_bytes});
 }
@@ -312,6 +322,18 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemPoolSetAccess(CUmemoryPool hpool, const CUm
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   MemPool* pool = object_of<MemPool>(hpool);
   if (pool == nullptr || (map == nullptr && count != 0)) return CUDA_ERROR_INVALID_VALUE;
+  if (pool->imported) {
+    // Its imports are opened on the exporter's GPU and mapped where they are opened: only the
+    // pool's own device, read-write, is what an imported pool gives.
+    for (size_t i = 0; i < count; ++i) {
+      if (map[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+          map[i].location.id != pool->device ||
+          map[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+        return CUDA_ERROR_NOT_SUPPORTED;
+      }
+    }
+    return CUDA_SUCCESS;
+  }
   for (size_t i = 0; i < count; ++i) {
     const int device = map[i].location.id;
     if (map[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || device < 0 ||

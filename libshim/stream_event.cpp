@@ -259,3 +259,36 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuEventElapsedTime_v2(float* ms, CUevent start, 
 MPSSHIM_EXPORT CUresult CUDAAPI cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
   return cuEventElapsedTime_v2(ms, start, end);
 }
+
+// cuCtxRecordEvent / cuCtxWaitEvent: every stream of the context at once, in one request to its
+// server (broker/server/ops/event.cpp). Records are round trips, so that a refusal (a stream of
+// the context capturing) comes back to the caller.
+namespace {
+
+CUresult context_event(CUcontext hctx, CUevent hevent, bool wait) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Context* ctx = object_of<Context>(hctx);
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CUresult rc = activate(ctx); rc != CUDA_SUCCESS) return rc;
+  Event* event = object_of<Event>(hevent);
+  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (event->ctx->session != ctx->session) {
+    // An event of another GPU's server: the context's later work is ordered after it by this
+    // thread waiting for it, as for a stream's wait (wait_event above); a record needs the
+    // event's own GPU.
+    if (!wait || event->ctx->device == ctx->device) return CUDA_ERROR_INVALID_HANDLE;
+    return cuEventSynchronize(hevent);
+  }
+  proto::CtxEventReq request{ctx->wire, event->wire, wait ? 1u : 0u, 0};
+  return ctx->session->call(proto::Op::kCtxEvent, request, static_cast<int*>(nullptr));
+}
+
+}  // namespace
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxRecordEvent(CUcontext hctx, CUevent hevent) {
+  return context_event(hctx, hevent, false);
+}
+
+MPSSHIM_EXPORT CUresult CUDAAPI cuCtxWaitEvent(CUcontext hctx, CUevent hevent) {
+  return context_event(hctx, hevent, true);
+}

@@ -63,7 +63,9 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // Minor 23: the JIT linker (ops 130..133, proto/ops_link.hpp), conditional and batch memory
 // operation nodes and kernel node attributes (ops 134..138), array queries, dma-buf handles and
 // driver settings (ops 139..141, proto/ops_driver_extras.hpp).
-inline constexpr std::uint16_t kAbiMinor = 23;
+// Minor 24: cuCtxRecordEvent / cuCtxWaitEvent (op 142, CtxEventReq); pool memory is exported by
+// kIpcGetMemHandle too (cuMemPoolExportPointer; no layout change).
+inline constexpr std::uint16_t kAbiMinor = 24;
 // The first minor whose daemon honours kHelloOwnIsolationGroup.
 inline constexpr std::uint16_t kAbiMinorIsolationGroups = 18;
 

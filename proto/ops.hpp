@@ -208,6 +208,8 @@ enum class Op : std::uint16_t {
   kArrayQuery = 139,      // ArrayQueryReq -> ArrayQueryRep
   kMemRangeHandle = 140,  // MemRangeHandleReq (the dma-buf fd sent before the answer) -> nothing
   kDriverSetting = 141,   // DriverSettingReq -> GraphNodeValueRep
+  // cuCtxRecordEvent / cuCtxWaitEvent: every stream of a context at once.
+  kCtxEvent = 142,  // CtxEventReq -> nothing
   kCount
 };
 
@@ -225,6 +227,14 @@ struct CtxCreateRep {
 };
 struct CtxReq {
   WireHandle ctx;
+};
+// kCtxEvent: record `event` after the work queued so far on every stream of `ctx` (wait = 0),
+// or make every stream of `ctx` wait for it (wait = 1).
+struct CtxEventReq {
+  WireHandle ctx;
+  WireHandle event;
+  std::uint32_t wait;
+  std::uint32_t reserved;
 };
 struct CtxLimitReq {
   std::uint32_t limit;
@@ -693,6 +703,7 @@ MPSSHIM_WIRE_CHECK(CtxCreateReq)
 MPSSHIM_WIRE_CHECK(CtxCreateRep)
 MPSSHIM_WIRE_CHECK(CtxReq)
 MPSSHIM_WIRE_CHECK(CtxLimitReq)
+MPSSHIM_WIRE_CHECK(CtxEventReq)
 MPSSHIM_WIRE_CHECK(MemAllocReq)
 MPSSHIM_WIRE_CHECK(MemAllocPitchReq)
 MPSSHIM_WIRE_CHECK(HostRegisterReq)

@@ -123,6 +123,14 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "cuCtxRecordEvent waits for every stream of the context and holds none back; "
+    "cuCtxWaitEvent holds every stream back",
+    "[e2e][control][ctx_events]") {
+  Daemon daemon;
+  require_pass(run_client(daemon, {control_client(), "ctx_events"}), daemon);
+}
+
+TEST_CASE(
     "managed memory is host memory both processors touch, with the driver's errors, attributes "
     "and advice",
     "[e2e][control][managed]") {

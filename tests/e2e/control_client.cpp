@@ -449,6 +449,85 @@ int extras() {
 
 }  // namespace
 
+// cuCtxRecordEvent captures the work of every stream of the context without making any stream
+// wait; cuCtxWaitEvent makes every stream of it (the legacy one too) wait for an event; both are
+// refused while a stream of the context captures.
+int ctx_events() {
+  Setup s = setup();
+  CUfunction sleep_kernel{}, fill{};
+  CHECK(cuModuleGetFunction(&sleep_kernel, s.module, "sleep_kernel"));
+  CHECK(cuModuleGetFunction(&fill, s.module, "fill_u32"));
+  CUstream other{};
+  CHECK(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr p{}, q{}, r{};
+  CHECK(cuMemAlloc(&p, 4));
+  CHECK(cuMemAlloc(&q, 4));
+  CHECK(cuMemAlloc(&r, 4));
+  CHECK(cuMemsetD32(p, 0, 1));
+  CHECK(cuMemsetD32(r, 0, 1));
+  CHECK(cuCtxSynchronize());
+  auto launch_sleep = [&](CUstream stream, int microseconds) {
+    void* args[] = {&microseconds};
+    CHECK(cuLaunchKernel(sleep_kernel, 1, 1, 1, 1, 1, 1, 0, stream, args, nullptr));
+  };
+  auto launch_fill = [&](CUstream stream, CUdeviceptr where, unsigned value) {
+    int one = 1;
+    void* args[] = {&where, &value, &one};
+    CHECK(cuLaunchKernel(fill, 1, 1, 1, 32, 1, 1, 0, stream, args, nullptr));
+  };
+  CUevent all{}, seven{};
+  CHECK(cuEventCreate(&all, CU_EVENT_DISABLE_TIMING));
+  CHECK(cuEventCreate(&seven, CU_EVENT_DISABLE_TIMING));
+
+  // A slow kernel then a fill on one stream: the context's event waits for both.
+  launch_sleep(s.stream, 1000000);
+  launch_fill(s.stream, p, 7);
+  CHECK(cuCtxRecordEvent(s.ctx, all));
+  // Work on another stream after the record does not wait for the slow one.
+  launch_fill(other, q, 1);
+  CHECK(cuStreamSynchronize(other));
+  EXPECT(cuEventQuery(all), CUDA_ERROR_NOT_READY);
+  CHECK(cuEventSynchronize(all));
+  if (read_int(p) != 7) return fail("cuCtxRecordEvent completed before the context's work");
+
+  // Every stream of the context, the legacy one included, waits for an event of one stream.
+  launch_sleep(s.stream, 300000);
+  launch_fill(s.stream, p, 9);
+  CHECK(cuEventRecord(seven, s.stream));
+  CHECK(cuCtxWaitEvent(s.ctx, seven));
+  CHECK(cuMemcpyDtoDAsync(r, p, 4, other));
+  CHECK(cuStreamSynchronize(other));
+  if (read_int(r) != 9) return fail("a stream did not wait for cuCtxWaitEvent's event");
+  launch_sleep(s.stream, 300000);
+  launch_fill(s.stream, p, 11);
+  CHECK(cuEventRecord(seven, s.stream));
+  CHECK(cuCtxWaitEvent(s.ctx, seven));
+  CHECK(cuMemcpyDtoDAsync(r, p, 4, nullptr));
+  CHECK(cuStreamSynchronize(nullptr));
+  if (read_int(r) != 11) return fail("the legacy stream did not wait for cuCtxWaitEvent's event");
+
+  // The driver's refusals.
+  EXPECT(cuCtxRecordEvent(reinterpret_cast<CUcontext>(&r), all), CUDA_ERROR_INVALID_CONTEXT);
+  EXPECT(cuCtxWaitEvent(s.ctx, nullptr), CUDA_ERROR_INVALID_HANDLE);
+  // As on an H200: refused, and the capture is invalidated.
+  CHECK(cuStreamBeginCapture(other, CU_STREAM_CAPTURE_MODE_RELAXED));
+  EXPECT(cuCtxRecordEvent(s.ctx, all), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CUgraph graph{};
+  EXPECT(cuStreamEndCapture(other, &graph), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  if (graph != nullptr) return fail("an invalidated capture gave a graph");
+  CHECK(cuCtxRecordEvent(s.ctx, all));
+  CHECK(cuEventSynchronize(all));
+
+  CHECK(cuEventDestroy(all));
+  CHECK(cuEventDestroy(seven));
+  CHECK(cuStreamDestroy(other));
+  CHECK(cuMemFree(p));
+  CHECK(cuMemFree(q));
+  CHECK(cuMemFree(r));
+  std::printf("PASS ctx_events\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "conditional") return conditional();
@@ -456,6 +535,7 @@ int main(int argc, char** argv) {
   if (mode == "user_objects") return user_objects();
   if (mode == "link") return link();
   if (mode == "extras") return extras();
+  if (mode == "ctx_events") return ctx_events();
   std::printf(
       "FAIL unknown mode '%s' (conditional, batch_and_attributes, user_objects, link, extras)\n",
       mode.c_str());

@@ -22,6 +22,10 @@ std::string client() {
   return artefact("E2E_IPC_CLIENT");
 }
 
+std::string pool_client() {
+  return artefact("E2E_POOL_IPC_CLIENT");
+}
+
 std::string field(const std::string& text, const std::string& key) {
   std::smatch m;
   if (!std::regex_search(text, m, std::regex(key + "=([0-9a-f]+)"))) return "";
@@ -92,6 +96,24 @@ TEST_CASE("two clients share memory and an event: each sees the other's writes, 
   b.close_stdin();
   require_clean_pass(b.wait(60s), daemon);
   INFO("daemon log:\n" << daemon.log());
+  CHECK(eventually([&] { return ps_pids(daemon).empty(); }));
+  CHECK(eventually([&] { return held(daemon) == before; }));
+}
+
+TEST_CASE(
+    "a pool exported as an fd and its allocation as export data: the importer reads and writes "
+    "it, keeps it after the exporter's free, and nothing is left behind",
+    "[e2e][ipc][pool_ipc]") {
+  Daemon daemon;
+  const Held before = held(daemon);
+  Outcome o = Child({pool_client(), "export"}, daemon.client_env(), true).wait(120s);
+  require_clean_pass(o, daemon);
+  CHECK(o.out.find("PASS pool_ipc importer") != std::string::npos);
+  CHECK(o.out.find("PASS pool_ipc exporter") != std::string::npos);
+  INFO("daemon log:\n" << daemon.log());
+  // The exporter freed its side first: the server kept it for the importer.
+  CHECK(daemon.log().find("while other clients have it open") != std::string::npos);
+  CHECK(daemon.log().find("closed the last open of allocation") != std::string::npos);
   CHECK(eventually([&] { return ps_pids(daemon).empty(); }));
   CHECK(eventually([&] { return held(daemon) == before; }));
 }

@@ -460,6 +460,9 @@ std::uint64_t layout_fingerprint() {
   SIZE(MemRangeHandleReq);
   SIZE(DriverSettingReq);
   f.add(static_cast<std::uint64_t>(Op::kDriverSetting));
+  // 1.24: cuCtxRecordEvent / cuCtxWaitEvent.
+  SIZE(CtxEventReq);
+  f.add(static_cast<std::uint64_t>(Op::kCtxEvent));
   return f.h;
 }
 
@@ -495,6 +498,7 @@ constexpr Pinned kPinned[] = {
     {1, 21, 0x1f5ea2c8603a2b64},  // exec 0 in GraphExecKernelNodeReq (no layout change)
     {1, 22, 0x6a45e896646beb38},  // memset and memcpy node setters, potential cluster size
     {1, 23, 0x7af0510687ea5eec},  // JIT linker, conditional and batch nodes, driver extras
+    {1, 24, 0xa06957a464c72acf},  // cuCtxRecordEvent / cuCtxWaitEvent
 };
 
 }  // namespace

@@ -121,6 +121,7 @@ std::array<OpSpec, kOpCount> make_specs() {
   set(Op::kArrayQuery, "ArrayQuery", op_array_query, sizeof(ArrayQueryReq), true);
   set(Op::kMemRangeHandle, "MemRangeHandle", op_mem_range_handle, sizeof(MemRangeHandleReq), true);
   set(Op::kDriverSetting, "DriverSetting", op_driver_setting, sizeof(DriverSettingReq), true);
+  set(Op::kCtxEvent, "CtxEvent", op_ctx_event, sizeof(CtxEventReq), true);
   set(Op::kTensorMapEncode, "TensorMapEncode", op_tensor_map_encode, sizeof(TensorMapEncodeReq),
       true);
   set(Op::kTensorMapReplaceAddress, "TensorMapReplaceAddress", op_tensor_map_replace_address,

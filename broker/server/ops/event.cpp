@@ -1,6 +1,9 @@
+#include "broker/server/base/log.hpp"
 #include "broker/server/ops/ops.hpp"
 #include "broker/server/session/busy_time.hpp"
+#include "broker/server/session/capture.hpp"
 #include "broker/server/session/limit_check.hpp"
+#include "broker/server/session/streams.hpp"
 
 namespace mpsshim::server {
 namespace {
@@ -23,6 +26,24 @@ OpResult record_interprocess(Call& call, IpcEvent& shared, const proto::EventRec
   CUresult r = call.cu.cuEventRecordWithFlags(driver_event, stream->stream, req.flags);
   if (r == CUDA_SUCCESS) shared.recorded(driver_event);
   return finish_on_stream(call, *stream, r);
+}
+
+// The driver event a record of `event` goes into: made again when it dates from before a live
+// SM quota change (an event records only on streams of its own green context; waits on its
+// earlier record keep the old one: sm_quota_change.hpp).
+tl::expected<CUevent, CUresult> event_to_record(Session& session, EventObj& event) {
+  if (event.green_generation != session.green_generation) {
+    auto fresh = session.create_event(event.flags);
+    if (!fresh) return tl::unexpected(fresh.error());
+    if (event.in_graph) {
+      session.graph_events.push_back(event.event);  // a graph's node still names it
+    } else {
+      session.destroy_client_event(event.event);
+    }
+    event.event = *fresh;
+    event.green_generation = session.green_generation;
+  }
+  return event.event;
 }
 
 }  // namespace
@@ -65,28 +86,83 @@ OpResult op_event_record(Call& call) {
   EventObj* event = call.session.objects.get<EventObj>(req.event);
   if (event == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
   if (event->ipc) return record_interprocess(call, *event->ipc, req);
-  if (event->green_generation != call.session.green_generation) {
-    // Made before a live SM quota change: an event records only on streams of its own green
-    // context, so it gets a fresh one; waits on its earlier record keep the old one
-    // (sm_quota_change.hpp).
-    auto fresh = call.session.create_event(event->flags);
-    if (!fresh) return call.done(fresh.error());
-    if (event->in_graph) {
-      call.session.graph_events.push_back(event->event);  // a graph's node still names it
-    } else {
-      call.session.destroy_client_event(event->event);
-    }
-    event->event = *fresh;
-    event->green_generation = call.session.green_generation;
-  }
-  CUevent driver_event = event->event;
+  auto driver_event = event_to_record(call.session, *event);
+  if (!driver_event) return call.done(driver_event.error());
   CUresult error = CUDA_SUCCESS;
   StreamObj* stream = use_stream(call, req.stream, true, &error);
   if (stream == nullptr) return call.done(error);
   // The client may wait for its event: the span's end goes before it (busy_time.hpp).
   close_busy_span(call.session, stream->stream);
   return finish_on_stream(call, *stream,
-                          call.cu.cuEventRecordWithFlags(driver_event, stream->stream, req.flags));
+                          call.cu.cuEventRecordWithFlags(*driver_event, stream->stream, req.flags));
+}
+
+// cuCtxRecordEvent: the event is recorded on a stream made for the call, after it waited for
+// every stream of the context (their work so far), so that no stream of the client waits for
+// another because of it; the stream goes once its work ran. cuCtxWaitEvent: every stream of
+// the context, its default stream included, waits for the event (streams made later do not:
+// they have no work before the call).
+OpResult op_ctx_event(Call& call) {
+  auto req = call.request<proto::CtxEventReq>();
+  Session& session = call.session;
+  if (session.objects.get<ContextObj>(req.ctx) == nullptr) {
+    return call.done(CUDA_ERROR_INVALID_CONTEXT);
+  }
+  EventObj* event = session.objects.get<EventObj>(req.event);
+  if (event == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  if (req.wait > 1) return call.done(CUDA_ERROR_INVALID_VALUE);
+  const std::vector<std::uint64_t> streams =
+      session.objects.ids_where<StreamObj>([&](const StreamObj& s) { return s.ctx == req.ctx; });
+  // While one of them captures, the driver refuses a context-wide operation and invalidates the
+  // capture (H200: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, then the capture ends with
+  // CUDA_ERROR_STREAM_CAPTURE_INVALIDATED).
+  if (session.active_captures != 0) {
+    CUresult refused = CUDA_SUCCESS;
+    for (std::uint64_t id : streams) {
+      StreamObj* stream = session.objects.get<StreamObj>(id);
+      if (capturing(session, *stream)) refused = refuse_in_capture(session, *stream);
+    }
+    if (refused != CUDA_SUCCESS) return call.done(refused);
+  }
+  if (req.wait == 1) {
+    const CUevent driver_event = event->driver_event();
+    for (std::uint64_t id : streams) {
+      CUresult error = CUDA_SUCCESS;
+      StreamObj* stream = use_stream(call, id, true, &error);
+      if (stream == nullptr) return call.done(error);
+      close_busy_span(session, stream->stream);  // waiting is not busy time
+      if (CUresult r = call.cu.cuStreamWaitEvent(stream->stream, driver_event, 0);
+          r != CUDA_SUCCESS) {
+        return call.done(r);
+      }
+    }
+    return call.done();
+  }
+  if (event->ipc) {
+    log_warn(
+        "{}: cuCtxRecordEvent of an interprocess event is not supported by mpsshim; "
+        "record it on a stream",
+        session.who());
+    return call.done(CUDA_ERROR_NOT_SUPPORTED);
+  }
+  auto driver_event = event_to_record(session, *event);
+  if (!driver_event) return call.done(driver_event.error());
+  StreamObj joined;
+  if (CUresult r = call.cu.cuGreenCtxStreamCreate(&joined.stream, session.green.green,
+                                                  CU_STREAM_NON_BLOCKING, 0);
+      r != CUDA_SUCCESS) {
+    return call.done(r);
+  }
+  CUresult r = CUDA_SUCCESS;
+  for (std::uint64_t id : streams) {
+    StreamObj* stream = session.objects.get<StreamObj>(id);
+    r = join_streams(session, *stream, joined);
+    if (r != CUDA_SUCCESS) break;
+  }
+  if (r == CUDA_SUCCESS) r = call.cu.cuEventRecordWithFlags(*driver_event, joined.stream, 0);
+  // Destroying a stream with queued work is allowed: the driver lets it go once the work ran.
+  call.cu.cuStreamDestroy_v2(joined.stream);
+  return call.done(r);
 }
 
 OpResult op_event_query(Call& call) {

@@ -2,9 +2,12 @@
 // cuIpcOpenEventHandle between clients of this server (docs/ipc.md). The registry
 // (ipc_registry.hpp) says what a handle names and who may open it; lifetimes: ipc_memory.hpp.
 #include "broker/server/base/log.hpp"
+#include "broker/server/driver/device_heap.hpp"
+#include "broker/server/driver/driver.hpp"
 #include "broker/server/ops/ops.hpp"
 #include "broker/server/session/ipc_memory.hpp"
 #include "broker/server/session/limit_check.hpp"
+#include "broker/server/session/pools.hpp"
 #include "broker/server/session/retire.hpp"
 #include "proto/ops_ipc.hpp"
 
@@ -31,10 +34,14 @@ OpResult op_ipc_get_mem_handle(Call& call) {
     note_not_owned(call, fmt::format("allocation {:#x}", req.dptr));
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
-  // Pool memory (cuMemAllocAsync) is not exported this way (the driver refuses it too): its
-  // frees and trims follow the pool, not this handle's lifetime.
-  if (session.objects.get<PoolObj>(range->owner) != nullptr) {
-    return call.done(CUDA_ERROR_INVALID_VALUE);
+  // Pool memory is exported by cuMemPoolExportPointer with this same handle (the shim refuses
+  // it to cuIpcGetMemHandle, as the driver does). Only the arena's: memory the driver's own pool
+  // placed (a server without an arena) cannot outlive its free for another client.
+  if (is_pool_allocation(session, *range)) {
+    const DeviceHeap* heap = session.gpu().heap.get();
+    if (heap == nullptr || !heap->owns(range->base) || range->base != req.dptr) {
+      return call.done(heap == nullptr ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE);
+    }
   }
   proto::IpcHandle handle{};
   if (auto it = session.ipc_exports.find(range->base); it != session.ipc_exports.end()) {

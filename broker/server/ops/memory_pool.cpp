@@ -17,6 +17,7 @@
 #include "broker/server/driver/driver.hpp"
 #include "broker/server/ops/ops.hpp"
 #include "broker/server/session/graph_memory.hpp"
+#include "broker/server/session/ipc_memory.hpp"
 #include "broker/server/session/limit_check.hpp"
 #include "broker/server/session/pools.hpp"
 #include "broker/server/session/retire.hpp"
@@ -306,6 +307,9 @@ OpResult op_mem_free_async(Call& call) {
     Retired bundle;
     bundle.allocations.push_back(*session.memory.remove(req.dptr));
     if (pooled) pool_memory_freed(session, bundle.allocations.back());
+    // Exported (cuMemPoolExportPointer) and imported by another client: it stays for them,
+    // charged to this client until the last of them frees its import (docs/ipc.md).
+    if (ipc_hand_over(session, req.dptr)) return call.done();
     session.release_memory(bundle.allocations.back().bytes);
     return call.done(retire(session, std::move(bundle)));
   }

@@ -119,6 +119,7 @@ OpResult op_graph_kernel_node_attribute(Call& call);
 OpResult op_array_query(Call& call);
 OpResult op_mem_range_handle(Call& call);
 OpResult op_driver_setting(Call& call);
+OpResult op_ctx_event(Call& call);
 
 // ops/graph_nodes.cpp
 OpResult op_graph_add_event_node(Call& call);
