@@ -2,6 +2,7 @@
 // object (the descriptor is answered here), a CUtexObject/CUsurfObject is the driver's own value,
 // since kernels take it as an argument. The shim remembers each object's descriptors to answer
 // the Get*Desc calls without a round trip.
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -78,6 +79,14 @@ CUresult wire_resource(const CUDA_RESOURCE_DESC* r, Context* ctx, proto::WireRes
       out.handle = array->wire;
       return CUDA_SUCCESS;
     }
+    case CU_RESOURCE_TYPE_MIPMAPPED_ARRAY: {
+      MipmappedArray* mipmap = object_of<MipmappedArray>(r->res.mipmap.hMipmappedArray);
+      if (mipmap == nullptr || mipmap->ctx->session != ctx->session) {
+        return CUDA_ERROR_INVALID_HANDLE;
+      }
+      out.handle = mipmap->wire;
+      return CUDA_SUCCESS;
+    }
     case CU_RESOURCE_TYPE_LINEAR:
       out.handle = r->res.linear.devPtr;
       out.format = static_cast<std::uint32_t>(r->res.linear.format);
@@ -93,11 +102,7 @@ CUresult wire_resource(const CUDA_RESOURCE_DESC* r, Context* ctx, proto::WireRes
       out.pitch = r->res.pitch2D.pitchInBytes;
       return CUDA_SUCCESS;
     default:
-      log_once("tex.mipmapped", Level::warn,
-               "texture and surface objects over mipmapped arrays are not supported by mpsshim; "
-               "returning CUDA_ERROR_NOT_SUPPORTED. Use a plain CUDA array, linear or pitch2D "
-               "memory.");
-      return CUDA_ERROR_NOT_SUPPORTED;
+      return CUDA_ERROR_INVALID_VALUE;
   }
 }
 
@@ -162,6 +167,11 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuArrayDestroy(CUarray handle) {
   CUresult rc = array->ctx->session->call(proto::Op::kArrayDestroy, proto::HandleReq{array->wire},
                                           static_cast<int*>(nullptr));
   if (rc != CUDA_SUCCESS) return rc;
+  // A level's handle: its mipmapped array hands out a new one if asked again.
+  if (MipmappedArray* mipmap = array->level_of) {
+    std::lock_guard lock(mipmap->mutex);
+    std::replace(mipmap->given.begin(), mipmap->given.end(), array, static_cast<Array*>(nullptr));
+  }
   // Back to its pool: a stale handle reads as dead (or as a newer array), never freed memory.
   ObjectPool<Array>::instance().retire(array);
   return CUDA_SUCCESS;
@@ -190,15 +200,6 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR* o
   out->Format = array->desc.Format;
   out->NumChannels = array->desc.NumChannels;
   return CUDA_SUCCESS;
-}
-
-MPSSHIM_EXPORT CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray*,
-                                                       const CUDA_ARRAY3D_DESCRIPTOR*,
-                                                       unsigned int) {
-  log_once("cuMipmappedArrayCreate", Level::warn,
-           "mipmapped arrays are not supported by mpsshim; cuMipmappedArrayCreate returns "
-           "CUDA_ERROR_NOT_SUPPORTED. Use plain CUDA arrays (one per level).");
-  return CUDA_ERROR_NOT_SUPPORTED;
 }
 
 // ---- texture and surface objects ----

@@ -66,6 +66,7 @@ enum class Magic : std::uint32_t {
   kFunction = 0x46554e31,
   kArray = 0x41525231,
   kMemPool = 0x504f4f31,
+  kMipmappedArray = 0x4d495031,
 };
 
 struct Context;
@@ -207,12 +208,27 @@ struct Context {
   std::atomic<std::uint64_t> synced_through{~std::uint64_t{0}};
 };
 
+struct MipmappedArray;
+
 // A CUarray (array.cpp): the server's array and the descriptor it was made with.
 struct Array {
   Magic magic = Magic::kArray;
   Context* ctx = nullptr;
   proto::WireHandle wire = 0;
   CUDA_ARRAY3D_DESCRIPTOR desc{};
+  MipmappedArray* level_of = nullptr;  // a level of it (mipmapped_array.cpp)
+};
+
+// A CUmipmappedArray (mipmapped_array.cpp): the server's, and the levels handed out so far
+// (the same handle each time a level is asked for, as natively), under `mutex`.
+struct MipmappedArray {
+  Magic magic = Magic::kMipmappedArray;
+  Context* ctx = nullptr;
+  proto::WireHandle wire = 0;
+  CUDA_ARRAY3D_DESCRIPTOR desc{};
+  unsigned levels = 0;
+  std::mutex mutex{};
+  std::vector<Array*> given{};
 };
 
 template <typename T>
@@ -231,6 +247,8 @@ template <>
 inline constexpr Magic kMagicOf<Function> = Magic::kFunction;
 template <>
 inline constexpr Magic kMagicOf<Array> = Magic::kArray;
+template <>
+inline constexpr Magic kMagicOf<MipmappedArray> = Magic::kMipmappedArray;
 
 // A CUmemoryPool: one of the client's pools on the server of its device (memory_pool.cpp).
 struct MemPool {

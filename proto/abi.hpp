@@ -64,7 +64,8 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // operation nodes and kernel node attributes (ops 134..138), array queries, dma-buf handles and
 // driver settings (ops 139..141, proto/ops_driver_extras.hpp).
 // Minor 24: cuCtxRecordEvent / cuCtxWaitEvent (op 142, CtxEventReq); pool memory is exported by
-// kIpcGetMemHandle too (cuMemPoolExportPointer; no layout change).
+// kIpcGetMemHandle too (cuMemPoolExportPointer; no layout change); mipmapped arrays (ops
+// 143..145, ArrayLevelReq/Rep; ArrayQueryReq::mipmapped was reserved, 0).
 inline constexpr std::uint16_t kAbiMinor = 24;
 // The first minor whose daemon honours kHelloOwnIsolationGroup.
 inline constexpr std::uint16_t kAbiMinorIsolationGroups = 18;

@@ -210,6 +210,10 @@ enum class Op : std::uint16_t {
   kDriverSetting = 141,   // DriverSettingReq -> GraphNodeValueRep
   // cuCtxRecordEvent / cuCtxWaitEvent: every stream of a context at once.
   kCtxEvent = 142,  // CtxEventReq -> nothing
+  // Mipmapped arrays (proto/ops_copies.hpp).
+  kMipmappedArrayCreate = 143,   // ArrayCreateReq (desc.reserved: the levels) -> ArrayCreateRep
+  kMipmappedArrayLevel = 144,    // ArrayLevelReq -> ArrayLevelRep
+  kMipmappedArrayDestroy = 145,  // HandleReq -> nothing
   kCount
 };
 

@@ -61,8 +61,21 @@ struct ArrayCreateRep {
 };
 // kArrayDestroy takes a HandleReq.
 
-// CUDA_RESOURCE_DESC for array, linear and pitch2D resources; `handle` is the array id or the
-// device pointer.
+// kMipmappedArrayCreate takes an ArrayCreateReq whose desc.reserved is the number of levels.
+// kMipmappedArrayLevel: the CUDA array of one level (the same id each time it is asked for, while
+// it lives); kMipmappedArrayDestroy takes a HandleReq.
+struct ArrayLevelReq {
+  WireHandle mipmap;
+  std::uint32_t level;
+  std::uint32_t reserved;
+};
+struct ArrayLevelRep {
+  WireHandle array;
+  ArrayDescriptor desc;  // the level's, as the driver made it
+};
+
+// CUDA_RESOURCE_DESC for array, mipmapped array, linear and pitch2D resources; `handle` is the
+// array id, the mipmapped array id or the device pointer.
 struct WireResourceDesc {
   std::uint32_t type;  // CUresourcetype
   std::uint32_t flags;
@@ -149,6 +162,8 @@ MPSSHIM_WIRE_CHECK(Copy3DReq)
 MPSSHIM_WIRE_CHECK(ArrayDescriptor)
 MPSSHIM_WIRE_CHECK(ArrayCreateReq)
 MPSSHIM_WIRE_CHECK(ArrayCreateRep)
+MPSSHIM_WIRE_CHECK(ArrayLevelReq)
+MPSSHIM_WIRE_CHECK(ArrayLevelRep)
 MPSSHIM_WIRE_CHECK(WireResourceDesc)
 MPSSHIM_WIRE_CHECK(WireTextureDesc)
 MPSSHIM_WIRE_CHECK(WireResourceViewDesc)

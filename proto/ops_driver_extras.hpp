@@ -17,8 +17,8 @@ enum class ArrayQuery : std::uint32_t {
 };
 struct ArrayQueryReq {
   WireHandle array;
-  std::uint32_t query;  // ArrayQuery
-  std::uint32_t reserved;
+  std::uint32_t query;      // ArrayQuery
+  std::uint32_t mipmapped;  // 1: `array` is a mipmapped array (cuMipmappedArrayGet*)
 };
 struct ArrayQueryRep {
   std::uint64_t size;       // memory requirements; sparse: the mip tail's size

@@ -180,8 +180,7 @@ int main(int argc, char** argv) {
   const bool ok = pools_supported == 1 && g_failures == 0 &&
                   g_host_functions == kStreams * kIterations && seen.calls == 1 &&
                   seen.wrong == 0 && threshold_back == threshold && used_default >= bytes &&
-                  used_own == 3 * bytes && used_own_after == 0 &&
-                  ipc == cudaSuccess;
+                  used_own == 3 * bytes && used_own_after == 0 && ipc == cudaSuccess;
   std::printf(
       "cudart_async_alloc: n=%d host_functions=%d failures=%d callbacks=%d/%d "
       "used_default=%llu used_own=%llu/%llu ipc=%s %s\n",

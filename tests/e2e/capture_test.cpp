@@ -131,6 +131,14 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "mipmapped arrays: levels as arrays copies reach, a texture over the whole array, the "
+    "driver's rules",
+    "[e2e][control][mipmapped]") {
+  Daemon daemon;
+  require_pass(run_client(daemon, {control_client(), "mipmapped"}), daemon);
+}
+
+TEST_CASE(
     "managed memory is host memory both processors touch, with the driver's errors, attributes "
     "and advice",
     "[e2e][control][managed]") {

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -528,6 +529,109 @@ int ctx_events() {
   return 0;
 }
 
+// Mipmapped arrays: the driver's level count rule, levels as arrays (the same handle each time)
+// that copies reach, a texture object over the whole mipmapped array sampling level 0, a level's
+// handle destroyed and asked for again, the queries only sparse or deferred arrays answer, and
+// the destroy.
+int mipmapped() {
+  Setup s = setup();
+  CUDA_ARRAY3D_DESCRIPTOR desc{};
+  desc.Width = 64;
+  desc.Height = 64;
+  desc.Format = CU_AD_FORMAT_FLOAT;
+  desc.NumChannels = 1;
+  CUmipmappedArray mipmap{};
+  EXPECT(cuMipmappedArrayCreate(&mipmap, &desc, 0), CUDA_ERROR_INVALID_VALUE);
+  EXPECT(cuMipmappedArrayCreate(&mipmap, &desc, 8), CUDA_ERROR_INVALID_VALUE);  // 7 fit 64
+  CHECK(cuMipmappedArrayCreate(&mipmap, &desc, 4));
+  CUarray level2{}, again{}, level0{};
+  CHECK(cuMipmappedArrayGetLevel(&level2, mipmap, 2));
+  CHECK(cuMipmappedArrayGetLevel(&again, mipmap, 2));
+  if (again != level2) return fail("a level's handle changed between two asks");
+  EXPECT(cuMipmappedArrayGetLevel(&again, mipmap, 4), CUDA_ERROR_INVALID_VALUE);
+  CUDA_ARRAY3D_DESCRIPTOR got{};
+  CHECK(cuArray3DGetDescriptor(&got, level2));
+  if (got.Width != 16 || got.Height != 16 || got.Format != CU_AD_FORMAT_FLOAT) {
+    return fail("level 2's descriptor");
+  }
+  // Level 2: host -> array -> host.
+  std::vector<float> in(16 * 16), out(16 * 16, -1.0f);
+  for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i) * 0.5f;
+  auto copy = [](CUarray array, std::vector<float>& host, bool to_array, std::size_t side) {
+    CUDA_MEMCPY3D c{};
+    c.WidthInBytes = side * sizeof(float);
+    c.Height = side;
+    c.Depth = 1;
+    if (to_array) {
+      c.srcMemoryType = CU_MEMORYTYPE_HOST;
+      c.srcHost = host.data();
+      c.srcPitch = side * sizeof(float);
+      c.srcHeight = side;
+      c.dstMemoryType = CU_MEMORYTYPE_ARRAY;
+      c.dstArray = array;
+    } else {
+      c.srcMemoryType = CU_MEMORYTYPE_ARRAY;
+      c.srcArray = array;
+      c.dstMemoryType = CU_MEMORYTYPE_HOST;
+      c.dstHost = host.data();
+      c.dstPitch = side * sizeof(float);
+      c.dstHeight = side;
+    }
+    CHECK(cuMemcpy3D(&c));
+  };
+  copy(level2, in, true, 16);
+  copy(level2, out, false, 16);
+  if (out != in) return fail("level 2 did not hold what was copied in");
+
+  // A texture over the whole mipmapped array samples level 0.
+  std::vector<float> base(64 * 64);
+  for (std::size_t i = 0; i < base.size(); ++i) base[i] = static_cast<float>(i % 97) + 1.0f;
+  CHECK(cuMipmappedArrayGetLevel(&level0, mipmap, 0));
+  copy(level0, base, true, 64);
+  CUDA_RESOURCE_DESC resource{};
+  resource.resType = CU_RESOURCE_TYPE_MIPMAPPED_ARRAY;
+  resource.res.mipmap.hMipmappedArray = mipmap;
+  CUDA_TEXTURE_DESC texture{};
+  texture.filterMode = CU_TR_FILTER_MODE_POINT;
+  CUtexObject tex{};
+  CHECK(cuTexObjectCreate(&tex, &resource, &texture, nullptr));
+  CUDA_RESOURCE_DESC back{};
+  CHECK(cuTexObjectGetResourceDesc(&back, tex));
+  if (back.resType != CU_RESOURCE_TYPE_MIPMAPPED_ARRAY ||
+      back.res.mipmap.hMipmappedArray != mipmap) {
+    return fail("the texture's resource description");
+  }
+  CUfunction fetch{};
+  CHECK(cuModuleGetFunction(&fetch, s.module, "tex2d_fetch_f32"));
+  CUdeviceptr sampled{};
+  CHECK(cuMemAlloc(&sampled, base.size() * sizeof(float)));
+  int side = 64;
+  void* args[] = {&tex, &sampled, &side, &side};
+  CHECK(cuLaunchKernel(fetch, 1, 1, 1, 1, 1, 1, 0, nullptr, args, nullptr));
+  std::vector<float> seen(base.size());
+  CHECK(cuMemcpyDtoH(seen.data(), sampled, seen.size() * sizeof(float)));
+  if (seen != base) return fail("the texture over the mipmapped array did not sample level 0");
+  CHECK(cuTexObjectDestroy(tex));
+
+  // A level's handle destroyed: the level stays, asked for again.
+  CHECK(cuArrayDestroy(level2));
+  CHECK(cuMipmappedArrayGetLevel(&level2, mipmap, 2));
+  std::fill(out.begin(), out.end(), -1.0f);
+  copy(level2, out, false, 16);
+  if (out != in) return fail("level 2 lost its data with its handle");
+
+  CUDA_ARRAY_MEMORY_REQUIREMENTS requirements{};
+  EXPECT(cuMipmappedArrayGetMemoryRequirements(&requirements, mipmap, 0), CUDA_ERROR_INVALID_VALUE);
+  CUDA_ARRAY_SPARSE_PROPERTIES sparse{};
+  EXPECT(cuMipmappedArrayGetSparseProperties(&sparse, mipmap), CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMipmappedArrayDestroy(mipmap));
+  EXPECT(cuMipmappedArrayDestroy(mipmap), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT(cuArray3DGetDescriptor(&got, level2), CUDA_ERROR_INVALID_HANDLE);
+  CHECK(cuMemFree(sampled));
+  std::printf("PASS mipmapped\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "conditional") return conditional();
@@ -536,6 +640,7 @@ int main(int argc, char** argv) {
   if (mode == "link") return link();
   if (mode == "extras") return extras();
   if (mode == "ctx_events") return ctx_events();
+  if (mode == "mipmapped") return mipmapped();
   std::printf(
       "FAIL unknown mode '%s' (conditional, batch_and_attributes, user_objects, link, extras)\n",
       mode.c_str());

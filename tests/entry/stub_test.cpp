@@ -13,7 +13,7 @@ namespace {
 using mpsshim::test::ShimUnderTest;
 
 // Not served yet (docs/driver-census.md lists it as missing).
-constexpr const char* kUnimplemented = "cuMipmappedArrayDestroy";
+constexpr const char* kUnimplemented = "cuArrayGetPlane";
 // A graphics-interop call, refused on purpose.
 constexpr const char* kRefused = "cuGraphicsUnregisterResource";
 constexpr int kNotSupported = 801;  // CUDA_ERROR_NOT_SUPPORTED
@@ -30,7 +30,7 @@ std::size_t count(const std::string& text, const std::string& word) {
 
 TEST_CASE("an unimplemented entry point returns NOT_SUPPORTED and logs its name once", "[stubs]") {
   const auto& shim = ShimUnderTest::get();
-  // The real signature takes a CUmipmappedArray; the stub ignores its arguments.
+  // The real signature takes three arguments; the stub ignores them.
   const auto sut = shim.function<int (*)(void*)>(kUnimplemented);
   REQUIRE(sut != nullptr);
 

@@ -460,9 +460,13 @@ std::uint64_t layout_fingerprint() {
   SIZE(MemRangeHandleReq);
   SIZE(DriverSettingReq);
   f.add(static_cast<std::uint64_t>(Op::kDriverSetting));
-  // 1.24: cuCtxRecordEvent / cuCtxWaitEvent.
+  // 1.24: cuCtxRecordEvent / cuCtxWaitEvent, mipmapped arrays.
   SIZE(CtxEventReq);
   f.add(static_cast<std::uint64_t>(Op::kCtxEvent));
+  SIZE(ArrayLevelReq);
+  SIZE(ArrayLevelRep);
+  FIELD(ArrayQueryReq, mipmapped);
+  f.add(static_cast<std::uint64_t>(Op::kMipmappedArrayDestroy));
   return f.h;
 }
 
@@ -498,7 +502,7 @@ constexpr Pinned kPinned[] = {
     {1, 21, 0x1f5ea2c8603a2b64},  // exec 0 in GraphExecKernelNodeReq (no layout change)
     {1, 22, 0x6a45e896646beb38},  // memset and memcpy node setters, potential cluster size
     {1, 23, 0x7af0510687ea5eec},  // JIT linker, conditional and batch nodes, driver extras
-    {1, 24, 0xa06957a464c72acf},  // cuCtxRecordEvent / cuCtxWaitEvent
+    {1, 24, 0x90fc4a286b1527fb},  // cuCtxRecordEvent / cuCtxWaitEvent, mipmapped arrays
 };
 
 }  // namespace

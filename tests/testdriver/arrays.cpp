@@ -106,6 +106,8 @@ CUresult check_resource(State& s, const CUDA_RESOURCE_DESC& r) {
   switch (r.resType) {
     case CU_RESOURCE_TYPE_ARRAY:
       return s.arrays.get(r.res.array.hArray) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    case CU_RESOURCE_TYPE_MIPMAPPED_ARRAY:
+      return s.mipmaps.get(r.res.mipmap.hMipmappedArray) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
     case CU_RESOURCE_TYPE_LINEAR:
       return resolve_range_locked(s, r.res.linear.devPtr, r.res.linear.sizeInBytes)
                  ? CUDA_SUCCESS
@@ -169,8 +171,15 @@ float fetch_texel_f32(unsigned long long tex, long x, long y) {
       pitch = r.res.pitch2D.pitchInBytes;
       width = r.res.pitch2D.width;
       height = r.res.pitch2D.height;
-    } else if (r.resType == CU_RESOURCE_TYPE_ARRAY) {
-      Array* a = s.arrays.get(r.res.array.hArray);
+    } else if (r.resType == CU_RESOURCE_TYPE_ARRAY ||
+               r.resType == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY) {
+      // A mipmapped array is fetched from its level 0 (tex2D, no level of detail).
+      Array* a = nullptr;
+      if (r.resType == CU_RESOURCE_TYPE_ARRAY) {
+        a = s.arrays.get(r.res.array.hArray);
+      } else if (MipmappedArray* m = s.mipmaps.get(r.res.mipmap.hMipmappedArray)) {
+        a = s.arrays.get(m->levels.front());
+      }
       if (a == nullptr || a->desc.Format != CU_AD_FORMAT_FLOAT || a->desc.NumChannels != 1)
         throw DeviceFault{CUDA_ERROR_ILLEGAL_INSTRUCTION};
       base = a->storage;
@@ -232,9 +241,115 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuArrayDestroy(CUarray handle) {
     std::lock_guard lock(s.mutex);
     Array* array = s.arrays.get(handle);
     if (array == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    // A level stays its mipmapped array's (the real driver answers success: H200, driver 580).
+    if (array->level_of != nullptr) return CUDA_SUCCESS;
     release_allocation(s, array->storage);
     s.arrays.erase(handle);
     return CUDA_SUCCESS;
+  });
+}
+
+// Each level halves width, height and (unless layered) depth, down to 1; more levels than the
+// largest extent halves to 1 in are CUDA_ERROR_INVALID_VALUE, as natively.
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray* out,
+                                                                  const CUDA_ARRAY3D_DESCRIPTOR* d,
+                                                                  unsigned int levels) {
+  return entry([&](State& s) {
+    if (inject_failure("cuMipmappedArrayCreate")) return CUDA_ERROR_OUT_OF_MEMORY;
+    std::lock_guard lock(s.mutex);
+    Device* dev = current_device(s);
+    if (dev == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    if (out == nullptr || d == nullptr || d->Width == 0 || levels == 0) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    const bool layered = (d->Flags & CUDA_ARRAY3D_LAYERED) != 0;
+    std::size_t largest = std::max<std::size_t>(d->Width, d->Height);
+    if (!layered) largest = std::max<std::size_t>(largest, d->Depth);
+    unsigned possible = 1;
+    while ((largest >> possible) != 0) ++possible;
+    if (levels > possible) return CUDA_ERROR_INVALID_VALUE;
+    const std::size_t element = channel_bytes(d->Format) * d->NumChannels;
+    if (element == 0 || (d->NumChannels != 1 && d->NumChannels != 2 && d->NumChannels != 4))
+      return CUDA_ERROR_INVALID_VALUE;
+    auto mipmap = std::make_shared<MipmappedArray>(MipmappedArray{dev->ordinal, *d, {}});
+    const CUmipmappedArray handle = reinterpret_cast<CUmipmappedArray>(mipmap.get());
+    for (unsigned l = 0; l < levels; ++l) {
+      CUDA_ARRAY3D_DESCRIPTOR level = *d;
+      level.Width = std::max<std::size_t>(d->Width >> l, 1);
+      if (d->Height != 0) level.Height = std::max<std::size_t>(d->Height >> l, 1);
+      if (d->Depth != 0 && !layered) level.Depth = std::max<std::size_t>(d->Depth >> l, 1);
+      auto array = std::make_shared<Array>(Array{dev->ordinal, 0, level, element, handle});
+      const u128 bytes = u128{array->row()} * array->rows() * array->slices();
+      CUresult r = bytes > SIZE_MAX / 2
+                       ? CUDA_ERROR_OUT_OF_MEMORY
+                       : allocate(s, *dev, static_cast<std::size_t>(bytes), false, &array->storage);
+      if (r != CUDA_SUCCESS) {
+        for (CUarray made : mipmap->levels) {
+          release_allocation(s, s.arrays.get(made)->storage);
+          s.arrays.erase(made);
+        }
+        return r;
+      }
+      mipmap->levels.push_back(s.arrays.add(std::move(array)));
+    }
+    *out = s.mipmaps.add(std::move(mipmap));
+    return CUDA_SUCCESS;
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMipmappedArrayGetLevel(CUarray* out,
+                                                                    CUmipmappedArray handle,
+                                                                    unsigned int level) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    MipmappedArray* mipmap = s.mipmaps.get(handle);
+    if (mipmap == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    if (out == nullptr || level >= mipmap->levels.size()) return CUDA_ERROR_INVALID_VALUE;
+    *out = mipmap->levels[level];
+    return CUDA_SUCCESS;
+  });
+}
+
+// Like cuArrayDestroy: waits for queued work, then releases every level.
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMipmappedArrayDestroy(CUmipmappedArray handle) {
+  return entry([&](State& s) {
+    {
+      std::lock_guard lock(s.mutex);
+      if (s.mipmaps.get(handle) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    }
+    drain(s, -1);
+    std::unique_lock use(s.memory_use);
+    std::lock_guard lock(s.mutex);
+    MipmappedArray* mipmap = s.mipmaps.get(handle);
+    if (mipmap == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    for (CUarray level : mipmap->levels) {
+      if (Array* array = s.arrays.get(level)) release_allocation(s, array->storage);
+      s.arrays.erase(level);
+    }
+    s.mipmaps.erase(handle);
+    return CUDA_SUCCESS;
+  });
+}
+
+// Only sparse and deferred-mapping arrays have these; the test driver makes neither, and the
+// real driver answers CUDA_ERROR_INVALID_VALUE for the others (H200, driver 580).
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI
+cuMipmappedArrayGetSparseProperties(CUDA_ARRAY_SPARSE_PROPERTIES* out, CUmipmappedArray handle) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    if (s.mipmaps.get(handle) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    (void)out;
+    return CUDA_ERROR_INVALID_VALUE;
+  });
+}
+
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMipmappedArrayGetMemoryRequirements(
+    CUDA_ARRAY_MEMORY_REQUIREMENTS* out, CUmipmappedArray handle, CUdevice) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    if (s.mipmaps.get(handle) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    (void)out;
+    return CUDA_ERROR_INVALID_VALUE;
   });
 }
 

@@ -150,9 +150,17 @@ struct Array {
   CUdeviceptr storage;
   CUDA_ARRAY3D_DESCRIPTOR desc;
   std::size_t element;  // bytes
+  // A level of this mipmapped array: freed with it, not by cuArrayDestroy.
+  CUmipmappedArray level_of = nullptr;
   std::size_t row() const { return desc.Width * element; }
   std::size_t rows() const { return desc.Height == 0 ? 1 : desc.Height; }
   std::size_t slices() const { return desc.Depth == 0 ? 1 : desc.Depth; }
+};
+// A mipmapped array (arrays.cpp): one array per level, each half the one before.
+struct MipmappedArray {
+  int device;
+  CUDA_ARRAY3D_DESCRIPTOR desc;
+  std::vector<CUarray> levels;
 };
 // Bytes of one channel of `format`; 0 for a format arrays do not take (arrays.cpp).
 std::size_t channel_bytes(CUarray_format format);
@@ -233,6 +241,7 @@ class State {
   std::vector<RetiringStream> retiring;
   HandleTable<CUdevResourceDesc, ResourceDesc> descs;
   HandleTable<CUarray, Array> arrays;
+  HandleTable<CUmipmappedArray, MipmappedArray> mipmaps;
   std::map<unsigned long long, TexObject> tex_objects;  // by value; values count up from 1
   unsigned long long next_tex_object = 1;
   HandleTable<CUgraph, Graph> graphs;

@@ -121,6 +121,15 @@
   X(cuMemcpy3DAsync_v2, CUresult, (const CUDA_MEMCPY3D*, CUstream))                                \
   X(cuArray3DCreate_v2, CUresult, (CUarray*, const CUDA_ARRAY3D_DESCRIPTOR*))                      \
   X(cuArrayDestroy, CUresult, (CUarray))                                                           \
+  X(cuMipmappedArrayCreate, CUresult,                                                              \
+    (CUmipmappedArray*, const CUDA_ARRAY3D_DESCRIPTOR*, unsigned int))                             \
+  X(cuMipmappedArrayGetLevel, CUresult, (CUarray*, CUmipmappedArray, unsigned int))                \
+  X(cuMipmappedArrayDestroy, CUresult, (CUmipmappedArray))                                         \
+  X(cuArray3DGetDescriptor_v2, CUresult, (CUDA_ARRAY3D_DESCRIPTOR*, CUarray))                      \
+  X(cuMipmappedArrayGetSparseProperties, CUresult,                                                 \
+    (CUDA_ARRAY_SPARSE_PROPERTIES*, CUmipmappedArray))                                             \
+  X(cuMipmappedArrayGetMemoryRequirements, CUresult,                                               \
+    (CUDA_ARRAY_MEMORY_REQUIREMENTS*, CUmipmappedArray, CUdevice))                                 \
   X(cuTexObjectCreate, CUresult,                                                                   \
     (CUtexObject*, const CUDA_RESOURCE_DESC*, const CUDA_TEXTURE_DESC*,                            \
      const CUDA_RESOURCE_VIEW_DESC*))                                                              \

@@ -133,6 +133,13 @@ CUresult resolve_resource(Call& call, const proto::WireResourceDesc& w, CUDA_RES
       out.res.array.hArray = array->array;
       return CUDA_SUCCESS;
     }
+    case CU_RESOURCE_TYPE_MIPMAPPED_ARRAY: {
+      const MipmappedArrayObj* mipmap = session.objects.get<MipmappedArrayObj>(w.handle);
+      if (mipmap == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+      out.resType = CU_RESOURCE_TYPE_MIPMAPPED_ARRAY;
+      out.res.mipmap.hMipmappedArray = mipmap->mipmap;
+      return CUDA_SUCCESS;
+    }
     case CU_RESOURCE_TYPE_LINEAR:
       if (!session.memory.contains(w.handle, w.size_bytes) || w.size_bytes == 0) {
         return CUDA_ERROR_INVALID_VALUE;
@@ -305,6 +312,9 @@ OpResult op_array_destroy(Call& call) {
   Session& session = call.session;
   auto array = session.objects.take<ArrayObj>(req.handle);
   if (!array) return call.done(CUDA_ERROR_INVALID_HANDLE);
+  // A level of a mipmapped array: the handle goes, the level stays its mipmapped array's (the
+  // driver answers success here too).
+  if (array->mipmap != 0) return call.done();
   session.release_memory(array->charged);
   Retired bundle;
   bundle.arrays.push_back(array->array);

@@ -122,6 +122,12 @@ std::array<OpSpec, kOpCount> make_specs() {
   set(Op::kMemRangeHandle, "MemRangeHandle", op_mem_range_handle, sizeof(MemRangeHandleReq), true);
   set(Op::kDriverSetting, "DriverSetting", op_driver_setting, sizeof(DriverSettingReq), true);
   set(Op::kCtxEvent, "CtxEvent", op_ctx_event, sizeof(CtxEventReq), true);
+  set(Op::kMipmappedArrayCreate, "MipmappedArrayCreate", op_mipmapped_array_create,
+      sizeof(ArrayCreateReq), true);
+  set(Op::kMipmappedArrayLevel, "MipmappedArrayLevel", op_mipmapped_array_level,
+      sizeof(ArrayLevelReq), true);
+  set(Op::kMipmappedArrayDestroy, "MipmappedArrayDestroy", op_mipmapped_array_destroy,
+      sizeof(HandleReq), false);
   set(Op::kTensorMapEncode, "TensorMapEncode", op_tensor_map_encode, sizeof(TensorMapEncodeReq),
       true);
   set(Op::kTensorMapReplaceAddress, "TensorMapReplaceAddress", op_tensor_map_replace_address,

@@ -120,6 +120,9 @@ OpResult op_array_query(Call& call);
 OpResult op_mem_range_handle(Call& call);
 OpResult op_driver_setting(Call& call);
 OpResult op_ctx_event(Call& call);
+OpResult op_mipmapped_array_create(Call& call);
+OpResult op_mipmapped_array_level(Call& call);
+OpResult op_mipmapped_array_destroy(Call& call);
 
 // ops/graph_nodes.cpp
 OpResult op_graph_add_event_node(Call& call);

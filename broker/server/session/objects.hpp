@@ -111,6 +111,21 @@ struct ArrayObj {
   CUDA_ARRAY3D_DESCRIPTOR desc{};
   std::uint64_t element_bytes = 0;
   std::uint64_t charged = 0;
+  // A level of this mipmapped array (MipmappedArrayObj): the driver's array is the mipmapped
+  // array's, never destroyed on its own, and charged with it.
+  std::uint64_t mipmap = 0;
+};
+
+// A mipmapped array of the client's (ops/mipmapped_array.cpp); its levels are ArrayObjs made
+// when first asked for (`levels_given`: their ids, 0 until then).
+struct MipmappedArrayObj {
+  CUmipmappedArray mipmap = nullptr;
+  std::uint64_t ctx = 0;
+  CUDA_ARRAY3D_DESCRIPTOR desc{};
+  unsigned levels = 0;
+  std::uint64_t element_bytes = 0;
+  std::uint64_t charged = 0;
+  std::vector<std::uint64_t> levels_given;
 };
 
 // A texture or surface object of the client's; `value` is what the driver handed out.
@@ -194,8 +209,9 @@ struct LinkObj {
   std::unique_ptr<LinkState> state;
 };
 
-using ObjectTable = HandleTable<ContextObj, StreamObj, EventObj, ModuleObj, LibraryObj, FunctionObj,
-                                KernelObj, HostRegionObj, ArrayObj, TexObj, GraphObj, GraphExecObj,
-                                GraphNodeObj, PoolObj, PhysicalAllocObj, LinkObj>;
+using ObjectTable =
+    HandleTable<ContextObj, StreamObj, EventObj, ModuleObj, LibraryObj, FunctionObj, KernelObj,
+                HostRegionObj, ArrayObj, TexObj, GraphObj, GraphExecObj, GraphNodeObj, PoolObj,
+                PhysicalAllocObj, LinkObj, MipmappedArrayObj>;
 
 }  // namespace mpsshim::server

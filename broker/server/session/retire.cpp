@@ -52,8 +52,15 @@ void take_arrays_and_textures(Session& session, Retired& bundle, Pred pred) {
   for (std::uint64_t id :
        session.objects.ids_where<ArrayObj>([&](const ArrayObj& a) { return pred(a.ctx); })) {
     auto array = session.objects.take<ArrayObj>(id);
+    if (array->mipmap != 0) continue;  // a level: its mipmapped array's, freed with it
     session.release_memory(array->charged);
     bundle.arrays.push_back(array->array);
+  }
+  for (std::uint64_t id : session.objects.ids_where<MipmappedArrayObj>(
+           [&](const MipmappedArrayObj& m) { return pred(m.ctx); })) {
+    auto mipmap = session.objects.take<MipmappedArrayObj>(id);
+    session.release_memory(mipmap->charged);
+    bundle.mipmaps.push_back(mipmap->mipmap);
   }
 }
 
@@ -104,6 +111,9 @@ void free_retired(Session& session, Retired& bundle, FreedTally* tally) {
     }
   }
   for (CUarray a : bundle.arrays) warn_if_failed(session, cu.cuArrayDestroy(a), "cuArrayDestroy");
+  for (CUmipmappedArray m : bundle.mipmaps) {
+    warn_if_failed(session, cu.cuMipmappedArrayDestroy(m), "cuMipmappedArrayDestroy");
+  }
   for (CUgraphExec exec : bundle.graph_execs) {
     warn_if_failed(session, cu.cuGraphExecDestroy(exec), "cuGraphExecDestroy");
   }
@@ -114,11 +124,12 @@ void free_retired(Session& session, Retired& bundle, FreedTally* tally) {
     for (const DeviceRange& a : bundle.allocations) tally->allocation_bytes += a.bytes;
     tally->regions += bundle.regions.size();
     tally->textures += bundle.textures.size();
-    tally->arrays += bundle.arrays.size();
+    tally->arrays += bundle.arrays.size() + bundle.mipmaps.size();
     tally->graphs += bundle.graph_execs.size();
   }
   bundle.textures.clear();
   bundle.arrays.clear();
+  bundle.mipmaps.clear();
   bundle.modules.clear();
   bundle.libraries.clear();
   bundle.shared_libraries.clear();  // the last holder's drop unloads

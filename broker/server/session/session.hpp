@@ -132,6 +132,7 @@ struct Retired {
   std::vector<HostRegionObj> regions;
   std::vector<TexObj> textures;  // destroyed before the arrays they may sample
   std::vector<CUarray> arrays;
+  std::vector<CUmipmappedArray> mipmaps;  // after their levels' textures, like arrays
   std::vector<CUgraphExec> graph_execs;
   std::vector<PeerBlock> peer_blocks;  // another GPU's memory this server mapped (ops/peer.cpp)
 };
