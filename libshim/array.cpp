@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "libshim/api.hpp"
+#include "libshim/array_wire.hpp"
 #include "libshim/client.hpp"
 #include "libshim/log.hpp"
 #include "libshim/object_pool.hpp"
@@ -22,19 +23,10 @@ CUresult create_array(const CUDA_ARRAY3D_DESCRIPTOR& desc, CUarray* out) {
   Context* ctx = nullptr;
   if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  proto::ArrayCreateReq request{
-      ctx->wire,
-      {desc.Width, desc.Height, desc.Depth, static_cast<std::uint32_t>(desc.Format),
-       desc.NumChannels, desc.Flags, 0}};
+  proto::ArrayCreateReq request{ctx->wire, wire_descriptor(desc)};
   proto::ArrayCreateRep reply{};
   CUresult rc = ctx->session->call(proto::Op::kArrayCreate, request, &reply);
-  if (rc == CUDA_ERROR_NOT_SUPPORTED) {
-    log_once("cuArrayCreate.unsupported", Level::warn,
-             "a CUDA array of format {:#x} with {} channel(s) and flags {:#x} is not supported by "
-             "mpsshim (plain 8/16/32-bit, half and float formats only; no sparse or "
-             "deferred-mapping arrays); returning CUDA_ERROR_NOT_SUPPORTED",
-             static_cast<unsigned>(desc.Format), desc.NumChannels, desc.Flags);
-  }
+  if (rc == CUDA_ERROR_NOT_SUPPORTED) log_unsupported_array("cuArrayCreate", desc);
   if (rc != CUDA_SUCCESS) return rc;
   Array* array = nullptr;
   try {
@@ -45,6 +37,19 @@ CUresult create_array(const CUDA_ARRAY3D_DESCRIPTOR& desc, CUarray* out) {
   *out = reinterpret_cast<CUarray>(array);
   return CUDA_SUCCESS;
 }
+
+}  // namespace
+
+void mpsshim::shim::log_unsupported_array(const char* call,
+                                          const CUDA_ARRAY3D_DESCRIPTOR& d) noexcept {
+  log_once(call, Level::warn,
+           "{}: an array of format {:#x} with {} channel(s) and flags {:#x} is not supported by "
+           "mpsshim (plain 8/16/32-bit, half and float formats only; no sparse or "
+           "deferred-mapping arrays); returning CUDA_ERROR_NOT_SUPPORTED",
+           call, static_cast<unsigned>(d.Format), d.NumChannels, d.Flags);
+}
+
+namespace {
 
 // ---- texture and surface objects ----
 

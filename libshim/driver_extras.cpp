@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "libshim/api.hpp"
+#include "libshim/array_wire.hpp"
 #include "libshim/client.hpp"
 #include "libshim/client_view.hpp"
 #include "libshim/sync_memops.hpp"
@@ -88,13 +89,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuArrayGetSparseProperties(CUDA_ARRAY_SPARSE_PRO
       rc != CUDA_SUCCESS) {
     return rc;
   }
-  *out = CUDA_ARRAY_SPARSE_PROPERTIES{};
-  out->tileExtent.width = reply.tile_extent[0];
-  out->tileExtent.height = reply.tile_extent[1];
-  out->tileExtent.depth = reply.tile_extent[2];
-  out->miptailFirstLevel = reply.miptail_first_level;
-  out->miptailSize = reply.size;
-  out->flags = reply.flags;
+  *out = sparse_properties(reply);
   return CUDA_SUCCESS;
 }
 
@@ -108,9 +103,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_R
       rc != CUDA_SUCCESS) {
     return rc;
   }
-  *out = CUDA_ARRAY_MEMORY_REQUIREMENTS{};
-  out->size = reply.size;
-  out->alignment = reply.alignment;
+  *out = memory_requirements(reply);
   return CUDA_SUCCESS;
 }
 

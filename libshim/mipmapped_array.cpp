@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "libshim/api.hpp"
+#include "libshim/array_wire.hpp"
 #include "libshim/client.hpp"
 #include "libshim/log.hpp"
 #include "libshim/object_pool.hpp"
@@ -15,17 +16,6 @@ using namespace mpsshim::shim;
 namespace proto = mpsshim::proto;
 
 namespace {
-
-CUDA_ARRAY3D_DESCRIPTOR descriptor_of(const proto::ArrayDescriptor& d) {
-  CUDA_ARRAY3D_DESCRIPTOR out{};
-  out.Width = d.width;
-  out.Height = d.height;
-  out.Depth = d.depth;
-  out.Format = static_cast<CUarray_format>(d.format);
-  out.NumChannels = d.channels;
-  out.Flags = d.flags;
-  return out;
-}
 
 CUresult query(CUmipmappedArray handle, proto::ArrayQuery what, proto::ArrayQueryRep& reply) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
@@ -44,19 +34,10 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray* out,
   Context* ctx = nullptr;
   if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
   if (out == nullptr || desc == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  proto::ArrayCreateReq request{
-      ctx->wire,
-      {desc->Width, desc->Height, desc->Depth, static_cast<std::uint32_t>(desc->Format),
-       desc->NumChannels, desc->Flags, levels}};
+  proto::ArrayCreateReq request{ctx->wire, wire_descriptor(*desc, levels)};
   proto::ArrayCreateRep reply{};
   CUresult rc = ctx->session->call(proto::Op::kMipmappedArrayCreate, request, &reply);
-  if (rc == CUDA_ERROR_NOT_SUPPORTED) {
-    log_once("cuMipmappedArrayCreate.unsupported", Level::warn,
-             "a mipmapped array of format {:#x} with {} channel(s) and flags {:#x} is not "
-             "supported by mpsshim (plain 8/16/32-bit, half and float formats only; no sparse or "
-             "deferred-mapping arrays); returning CUDA_ERROR_NOT_SUPPORTED",
-             static_cast<unsigned>(desc->Format), desc->NumChannels, desc->Flags);
-  }
+  if (rc == CUDA_ERROR_NOT_SUPPORTED) log_unsupported_array("cuMipmappedArrayCreate", *desc);
   if (rc != CUDA_SUCCESS) return rc;
   MipmappedArray* mipmap = nullptr;
   try {
@@ -91,7 +72,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMipmappedArrayGetLevel(CUarray* out, CUmipmapp
   Array* array = nullptr;
   try {
     array = ObjectPool<Array>::instance().make(Magic::kArray, mipmap->ctx, reply.array,
-                                               descriptor_of(reply.desc), mipmap);
+                                               driver_descriptor(reply.desc), mipmap);
   } catch (...) {
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
@@ -127,13 +108,7 @@ cuMipmappedArrayGetSparseProperties(CUDA_ARRAY_SPARSE_PROPERTIES* out, CUmipmapp
       rc != CUDA_SUCCESS) {
     return rc;
   }
-  *out = CUDA_ARRAY_SPARSE_PROPERTIES{};
-  out->tileExtent.width = reply.tile_extent[0];
-  out->tileExtent.height = reply.tile_extent[1];
-  out->tileExtent.depth = reply.tile_extent[2];
-  out->miptailFirstLevel = reply.miptail_first_level;
-  out->miptailSize = reply.size;
-  out->flags = reply.flags;
+  *out = sparse_properties(reply);
   return CUDA_SUCCESS;
 }
 
@@ -147,8 +122,6 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMipmappedArrayGetMemoryRequirements(
       rc != CUDA_SUCCESS) {
     return rc;
   }
-  *out = CUDA_ARRAY_MEMORY_REQUIREMENTS{};
-  out->size = reply.size;
-  out->alignment = reply.alignment;
+  *out = memory_requirements(reply);
   return CUDA_SUCCESS;
 }

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "broker/server/base/log.hpp"
+#include "broker/server/ops/array_format.hpp"
 #include "broker/server/ops/ops.hpp"
 #include "broker/server/session/busy_time.hpp"
 #include "broker/server/session/retire.hpp"
@@ -268,16 +269,10 @@ OpResult op_array_create(Call& call) {
     return call.done(CUDA_ERROR_INVALID_CONTEXT);
   }
   const proto::ArrayDescriptor& d = req.desc;
-  constexpr std::uint32_t kUnsupportedFlags = CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING;
-  const std::uint64_t element = proto::element_bytes(d.format, d.channels);
-  if ((d.flags & kUnsupportedFlags) != 0 || element == 0) {
-    log_warn(
-        "{} asked for a CUDA array of format {:#x} x{} with flags {:#x}; mpsshim supports "
-        "plain 8/16/32-bit, half and float formats with 1, 2 or 4 channels, not sparse or "
-        "deferred-mapping arrays",
-        session.who(), d.format, d.channels, d.flags);
-    return call.done(d.channels > 4 ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_SUPPORTED);
+  if (CUresult r = check_array_format(session, d, "a CUDA array"); r != CUDA_SUCCESS) {
+    return call.done(r);
   }
+  const std::uint64_t element = proto::element_bytes(d.format, d.channels);
   if (d.width == 0) return call.done(CUDA_ERROR_INVALID_VALUE);
   // What the array holds; the driver's tiled layout may take somewhat more.
   const u128 bytes = u128{d.width} * std::max<std::uint64_t>(d.height, 1) *
@@ -287,13 +282,7 @@ OpResult op_array_create(Call& call) {
   auto held = session.reserve_memory(charged);
   if (!held) return refuse_over_limit(call, charged, "a CUDA array", held.error());
 
-  CUDA_ARRAY3D_DESCRIPTOR desc{};
-  desc.Width = d.width;
-  desc.Height = d.height;
-  desc.Depth = d.depth;
-  desc.Format = static_cast<CUarray_format>(d.format);
-  desc.NumChannels = d.channels;
-  desc.Flags = d.flags;
+  const CUDA_ARRAY3D_DESCRIPTOR desc = driver_descriptor(d);
   CUarray array = nullptr;
   if (CUresult r = call.cu.cuArray3DCreate_v2(&array, &desc); r != CUDA_SUCCESS) {
     return call.done(r);

@@ -15,19 +15,16 @@ namespace mpsshim::server {
 
 namespace {
 
-// The same queries of a mipmapped array (cuMipmappedArrayGetSparseProperties and
-// cuMipmappedArrayGetMemoryRequirements).
-OpResult mipmapped_array_query(Call& call, const proto::ArrayQueryReq& req) {
-  const MipmappedArrayObj* mipmap = call.session.objects.get<MipmappedArrayObj>(req.array);
-  if (mipmap == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+// A sparse-properties or memory-requirements query, answered by the driver's `sparse` and
+// `requirements` calls (of a CUDA array or of a mipmapped array).
+template <typename Sparse, typename Requirements>
+OpResult answer_array_query(Call& call, std::uint32_t query, Sparse sparse,
+                            Requirements requirements) {
   proto::ArrayQueryRep rep{};
-  switch (static_cast<proto::ArrayQuery>(req.query)) {
+  switch (static_cast<proto::ArrayQuery>(query)) {
     case proto::ArrayQuery::kSparseProperties: {
       CUDA_ARRAY_SPARSE_PROPERTIES p{};
-      if (CUresult r = call.cu.cuMipmappedArrayGetSparseProperties(&p, mipmap->mipmap);
-          r != CUDA_SUCCESS) {
-        return call.done(r);
-      }
+      if (CUresult r = sparse(&p); r != CUDA_SUCCESS) return call.done(r);
       rep.tile_extent[0] = p.tileExtent.width;
       rep.tile_extent[1] = p.tileExtent.height;
       rep.tile_extent[2] = p.tileExtent.depth;
@@ -38,55 +35,43 @@ OpResult mipmapped_array_query(Call& call, const proto::ArrayQueryReq& req) {
     }
     case proto::ArrayQuery::kMemoryRequirements: {
       CUDA_ARRAY_MEMORY_REQUIREMENTS m{};
-      if (CUresult r = call.cu.cuMipmappedArrayGetMemoryRequirements(&m, mipmap->mipmap,
-                                                                     call.session.gpu().device);
-          r != CUDA_SUCCESS) {
-        return call.done(r);
-      }
+      if (CUresult r = requirements(&m); r != CUDA_SUCCESS) return call.done(r);
       rep.size = m.size;
       rep.alignment = m.alignment;
       return call.reply(rep);
     }
   }
-  return call.malformed(fmt::format("sent a mipmapped array query of kind {}", req.query));
+  return call.malformed(fmt::format("sent an array query of kind {}", query));
 }
 
 }  // namespace
 
 OpResult op_array_query(Call& call) {
   auto req = call.request<proto::ArrayQueryReq>();
+  const CUdevice device = call.session.gpu().device;
   if (req.mipmapped > 1) return call.malformed("sent an array query with mipmapped > 1");
-  if (req.mipmapped == 1) return mipmapped_array_query(call, req);
+  if (req.mipmapped == 1) {
+    const MipmappedArrayObj* mipmap = call.session.objects.get<MipmappedArrayObj>(req.array);
+    if (mipmap == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
+    return answer_array_query(
+        call, req.query,
+        [&](CUDA_ARRAY_SPARSE_PROPERTIES* p) {
+          return call.cu.cuMipmappedArrayGetSparseProperties(p, mipmap->mipmap);
+        },
+        [&](CUDA_ARRAY_MEMORY_REQUIREMENTS* m) {
+          return call.cu.cuMipmappedArrayGetMemoryRequirements(m, mipmap->mipmap, device);
+        });
+  }
   const ArrayObj* array = call.session.objects.get<ArrayObj>(req.array);
   if (array == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
-  proto::ArrayQueryRep rep{};
-  switch (static_cast<proto::ArrayQuery>(req.query)) {
-    case proto::ArrayQuery::kSparseProperties: {
-      CUDA_ARRAY_SPARSE_PROPERTIES p{};
-      if (CUresult r = call.cu.cuArrayGetSparseProperties(&p, array->array); r != CUDA_SUCCESS) {
-        return call.done(r);
-      }
-      rep.tile_extent[0] = p.tileExtent.width;
-      rep.tile_extent[1] = p.tileExtent.height;
-      rep.tile_extent[2] = p.tileExtent.depth;
-      rep.miptail_first_level = p.miptailFirstLevel;
-      rep.size = p.miptailSize;
-      rep.flags = p.flags;
-      return call.reply(rep);
-    }
-    case proto::ArrayQuery::kMemoryRequirements: {
-      CUDA_ARRAY_MEMORY_REQUIREMENTS m{};
-      if (CUresult r =
-              call.cu.cuArrayGetMemoryRequirements(&m, array->array, call.session.gpu().device);
-          r != CUDA_SUCCESS) {
-        return call.done(r);
-      }
-      rep.size = m.size;
-      rep.alignment = m.alignment;
-      return call.reply(rep);
-    }
-  }
-  return call.malformed(fmt::format("sent an array query of kind {}", req.query));
+  return answer_array_query(
+      call, req.query,
+      [&](CUDA_ARRAY_SPARSE_PROPERTIES* p) {
+        return call.cu.cuArrayGetSparseProperties(p, array->array);
+      },
+      [&](CUDA_ARRAY_MEMORY_REQUIREMENTS* m) {
+        return call.cu.cuArrayGetMemoryRequirements(m, array->array, device);
+      });
 }
 
 OpResult op_mem_range_handle(Call& call) {

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <limits>
 
-#include "broker/server/base/log.hpp"
+#include "broker/server/ops/array_format.hpp"
 #include "broker/server/ops/ops.hpp"
 #include "broker/server/session/limit_check.hpp"
 #include "broker/server/session/retire.hpp"
@@ -29,11 +29,6 @@ u128 levels_bytes(const CUDA_ARRAY3D_DESCRIPTOR& d, unsigned levels, std::uint64
   return total;
 }
 
-proto::ArrayDescriptor wire_descriptor(const CUDA_ARRAY3D_DESCRIPTOR& d) {
-  return {d.Width,       d.Height, d.Depth, static_cast<std::uint32_t>(d.Format),
-          d.NumChannels, d.Flags,  0};
-}
-
 }  // namespace
 
 OpResult op_mipmapped_array_create(Call& call) {
@@ -44,24 +39,12 @@ OpResult op_mipmapped_array_create(Call& call) {
   }
   const proto::ArrayDescriptor& d = req.desc;
   const unsigned levels = d.reserved;
-  constexpr std::uint32_t kUnsupportedFlags = CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING;
-  const std::uint64_t element = proto::element_bytes(d.format, d.channels);
-  if ((d.flags & kUnsupportedFlags) != 0 || element == 0) {
-    log_warn(
-        "{} asked for a mipmapped array of format {:#x} x{} with flags {:#x}; mpsshim supports "
-        "plain 8/16/32-bit, half and float formats with 1, 2 or 4 channels, not sparse or "
-        "deferred-mapping arrays",
-        session.who(), d.format, d.channels, d.flags);
-    return call.done(d.channels > 4 ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_SUPPORTED);
+  if (CUresult r = check_array_format(session, d, "a mipmapped array"); r != CUDA_SUCCESS) {
+    return call.done(r);
   }
   if (d.width == 0 || levels == 0) return call.done(CUDA_ERROR_INVALID_VALUE);
-  CUDA_ARRAY3D_DESCRIPTOR desc{};
-  desc.Width = d.width;
-  desc.Height = d.height;
-  desc.Depth = d.depth;
-  desc.Format = static_cast<CUarray_format>(d.format);
-  desc.NumChannels = d.channels;
-  desc.Flags = d.flags;
+  const std::uint64_t element = proto::element_bytes(d.format, d.channels);
+  const CUDA_ARRAY3D_DESCRIPTOR desc = driver_descriptor(d);
   const u128 bytes = levels_bytes(desc, levels, element);
   if (bytes > std::numeric_limits<std::uint64_t>::max()) return call.done(CUDA_ERROR_INVALID_VALUE);
   const auto charged = static_cast<std::uint64_t>(bytes);

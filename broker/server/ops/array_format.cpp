@@ -1,0 +1,20 @@
+#include "broker/server/ops/array_format.hpp"
+
+#include "broker/server/base/log.hpp"
+
+namespace mpsshim::server {
+
+CUresult check_array_format(const Session& session, const proto::ArrayDescriptor& d,
+                            const char* what) {
+  constexpr std::uint32_t kUnsupportedFlags = CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING;
+  if ((d.flags & kUnsupportedFlags) == 0 && proto::element_bytes(d.format, d.channels) != 0) {
+    return CUDA_SUCCESS;
+  }
+  log_warn(
+      "{} asked for {} of format {:#x} x{} with flags {:#x}; mpsshim supports plain 8/16/32-bit, "
+      "half and float formats with 1, 2 or 4 channels, not sparse or deferred-mapping arrays",
+      session.who(), what, d.format, d.channels, d.flags);
+  return d.channels > 4 ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_SUPPORTED;
+}
+
+}  // namespace mpsshim::server
