@@ -30,7 +30,9 @@ __global__ void triad(float* a, const float* b, const float* c, float s, size_t 
     a[i] = b[i] + s * c[i];
 }
 
-__global__ void answer(volatile int* cell) { *cell = -*cell; }
+__global__ void answer(volatile int* cell) {
+  *cell = -*cell;
+}
 
 namespace {
 

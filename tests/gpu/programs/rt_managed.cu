@@ -55,7 +55,8 @@ int main() {
   RT_CHECK(cudaDeviceSynchronize());
 
   // Advice and prefetches, read back.
-  RT_CHECK(cudaMemAdvise(data, bytes, cudaMemAdviseSetReadMostly, cudaMemLocation{cudaMemLocationTypeDevice, 0}));
+  RT_CHECK(cudaMemAdvise(data, bytes, cudaMemAdviseSetReadMostly,
+                         cudaMemLocation{cudaMemLocationTypeDevice, 0}));
   RT_CHECK(cudaMemAdvise(data, bytes / 2, cudaMemAdviseSetPreferredLocation,
                          cudaMemLocation{cudaMemLocationTypeHost, 0}));
   RT_CHECK(cudaMemPrefetchAsync(data, bytes, cudaMemLocation{cudaMemLocationTypeDevice, 0}, 0, 0));
@@ -64,8 +65,8 @@ int main() {
   RT_CHECK(cudaMemRangeGetAttribute(&read_mostly, 4, cudaMemRangeAttributeReadMostly, data, bytes));
   RT_CHECK(cudaMemRangeGetAttribute(&preferred_half, 4, cudaMemRangeAttributePreferredLocation,
                                     data, bytes / 2));
-  RT_CHECK(cudaMemRangeGetAttribute(&preferred_all, 4, cudaMemRangeAttributePreferredLocation,
-                                    data, bytes));
+  RT_CHECK(cudaMemRangeGetAttribute(&preferred_all, 4, cudaMemRangeAttributePreferredLocation, data,
+                                    bytes));
   RT_CHECK(cudaMemRangeGetAttribute(&last_prefetch, 4, cudaMemRangeAttributeLastPrefetchLocation,
                                     data, bytes));
   const std::uint64_t after_prefetch = rt_checksum(data, bytes);
@@ -73,7 +74,8 @@ int main() {
   cudaPointerAttributes attributes{};
   RT_CHECK(cudaPointerGetAttributes(&attributes, data + 5));
   const bool pointer_ok = attributes.type == cudaMemoryTypeManaged &&
-                          attributes.devicePointer == data + 5 && attributes.hostPointer == data + 5;
+                          attributes.devicePointer == data + 5 &&
+                          attributes.hostPointer == data + 5;
   RT_CHECK(cudaFree(flags));
   RT_CHECK(cudaFree(data));
   const bool ok = attr_managed == 1 && seen && pointer_ok && checksum == after_prefetch;
