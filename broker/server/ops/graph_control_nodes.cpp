@@ -19,51 +19,12 @@
 #include "broker/server/ops/graph_targets.hpp"
 #include "broker/server/ops/launch_attributes.hpp"
 #include "broker/server/ops/ops.hpp"
+#include "broker/server/ops/stream_mem_op.hpp"
 #include "broker/server/session/limit_check.hpp"
 #include "proto/ops_graph_nodes.hpp"
 
 namespace mpsshim::server {
 namespace {
-
-// The driver's form of one operation, or nullopt for one the client may not name.
-std::optional<CUstreamBatchMemOpParams> driver_mem_op(Call& call, const proto::StreamMemOpReq& op) {
-  const auto kind = static_cast<proto::StreamMemOpKind>(op.kind);
-  const auto width = proto::stream_mem_op_width(kind);
-  if (!width) return std::nullopt;
-  if (*width != 0 && (op.address % *width != 0 || !owns_memory(call, op.address, *width))) {
-    return std::nullopt;
-  }
-  CUstreamBatchMemOpParams p{};
-  switch (kind) {
-    case proto::StreamMemOpKind::kWait32:
-    case proto::StreamMemOpKind::kWait64:
-      p.waitValue.operation = kind == proto::StreamMemOpKind::kWait32
-                                  ? CU_STREAM_MEM_OP_WAIT_VALUE_32
-                                  : CU_STREAM_MEM_OP_WAIT_VALUE_64;
-      p.waitValue.address = op.address;
-      p.waitValue.value64 = op.value;
-      p.waitValue.flags = op.flags;
-      break;
-    case proto::StreamMemOpKind::kWrite32:
-    case proto::StreamMemOpKind::kWrite64:
-      p.writeValue.operation = kind == proto::StreamMemOpKind::kWrite32
-                                   ? CU_STREAM_MEM_OP_WRITE_VALUE_32
-                                   : CU_STREAM_MEM_OP_WRITE_VALUE_64;
-      p.writeValue.address = op.address;
-      p.writeValue.value64 = op.value;
-      p.writeValue.flags = op.flags;
-      break;
-    case proto::StreamMemOpKind::kFlushRemoteWrites:
-      p.flushRemoteWrites.operation = CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES;
-      p.flushRemoteWrites.flags = op.flags;
-      break;
-    case proto::StreamMemOpKind::kBarrier:
-      p.memoryBarrier.operation = CU_STREAM_MEM_OP_BARRIER;
-      p.memoryBarrier.flags = op.flags;
-      break;
-  }
-  return p;
-}
 
 // The operations after a request of `request_bytes` (and `skip` bytes of dependency ids), in the
 // driver's form; CUDA_ERROR_INVALID_VALUE for one the client may not name.

@@ -4,12 +4,15 @@
 // on and write flags so. The address must be memory the client holds (its own, opened, a peer
 // GPU's it mapped, or pinned host memory); the driver checks the flags.
 #include "broker/server/ops/ops.hpp"
+#include "broker/server/ops/stream_mem_op.hpp"
 #include "proto/ops_stream_mem.hpp"
 
 namespace mpsshim::server {
 namespace {
 
-CUresult issue(const DriverTable& cu, CUstream stream, const proto::StreamMemOpReq& req) {
+// The waits and writes by their own entry points; a flush or a barrier as a batch of one.
+CUresult issue(const DriverTable& cu, CUstream stream, const proto::StreamMemOpReq& req,
+               CUstreamBatchMemOpParams op) {
   const CUdeviceptr at = req.address;
   switch (static_cast<proto::StreamMemOpKind>(req.kind)) {
     case proto::StreamMemOpKind::kWait32:
@@ -20,36 +23,60 @@ CUresult issue(const DriverTable& cu, CUstream stream, const proto::StreamMemOpR
       return cu.cuStreamWriteValue32_v2(stream, at, static_cast<cuuint32_t>(req.value), req.flags);
     case proto::StreamMemOpKind::kWrite64:
       return cu.cuStreamWriteValue64_v2(stream, at, req.value, req.flags);
-    case proto::StreamMemOpKind::kFlushRemoteWrites: {
-      CUstreamBatchMemOpParams op{};
-      op.flushRemoteWrites.operation = CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES;
-      op.flushRemoteWrites.flags = req.flags;
+    default:
       return cu.cuStreamBatchMemOp_v2(stream, 1, &op, 0);
-    }
-    case proto::StreamMemOpKind::kBarrier: {
-      CUstreamBatchMemOpParams op{};
-      op.memoryBarrier.operation = CU_STREAM_MEM_OP_BARRIER;
-      op.memoryBarrier.flags = req.flags;
-      return cu.cuStreamBatchMemOp_v2(stream, 1, &op, 0);
-    }
   }
-  return CUDA_ERROR_INVALID_VALUE;
 }
 
 }  // namespace
 
+std::optional<CUstreamBatchMemOpParams> driver_mem_op(Call& call, const proto::StreamMemOpReq& op) {
+  const auto kind = static_cast<proto::StreamMemOpKind>(op.kind);
+  const auto width = proto::stream_mem_op_width(kind);
+  if (!width) return std::nullopt;
+  if (*width != 0 && (op.address % *width != 0 || !owns_memory(call, op.address, *width))) {
+    return std::nullopt;
+  }
+  CUstreamBatchMemOpParams p{};
+  switch (kind) {
+    case proto::StreamMemOpKind::kWait32:
+    case proto::StreamMemOpKind::kWait64:
+      p.waitValue.operation = kind == proto::StreamMemOpKind::kWait32
+                                  ? CU_STREAM_MEM_OP_WAIT_VALUE_32
+                                  : CU_STREAM_MEM_OP_WAIT_VALUE_64;
+      p.waitValue.address = op.address;
+      p.waitValue.value64 = op.value;
+      p.waitValue.flags = op.flags;
+      break;
+    case proto::StreamMemOpKind::kWrite32:
+    case proto::StreamMemOpKind::kWrite64:
+      p.writeValue.operation = kind == proto::StreamMemOpKind::kWrite32
+                                   ? CU_STREAM_MEM_OP_WRITE_VALUE_32
+                                   : CU_STREAM_MEM_OP_WRITE_VALUE_64;
+      p.writeValue.address = op.address;
+      p.writeValue.value64 = op.value;
+      p.writeValue.flags = op.flags;
+      break;
+    case proto::StreamMemOpKind::kFlushRemoteWrites:
+      p.flushRemoteWrites.operation = CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES;
+      p.flushRemoteWrites.flags = op.flags;
+      break;
+    case proto::StreamMemOpKind::kBarrier:
+      p.memoryBarrier.operation = CU_STREAM_MEM_OP_BARRIER;
+      p.memoryBarrier.flags = op.flags;
+      break;
+  }
+  return p;
+}
+
 OpResult op_stream_mem_op(Call& call) {
   auto req = call.request<proto::StreamMemOpReq>();
-  const auto known = proto::stream_mem_op_width(static_cast<proto::StreamMemOpKind>(req.kind));
-  if (!known) return call.done(CUDA_ERROR_INVALID_VALUE);
-  const std::uint64_t width = *known;
-  if (width != 0 && (req.address % width != 0 || !owns_memory(call, req.address, width))) {
-    return call.done(CUDA_ERROR_INVALID_VALUE);
-  }
+  const auto op = driver_mem_op(call, req);
+  if (!op) return call.done(CUDA_ERROR_INVALID_VALUE);
   CUresult error = CUDA_SUCCESS;
   StreamObj* stream = use_stream(call, req.stream, true, &error);
   if (stream == nullptr) return call.done(error);
-  return finish_on_stream(call, *stream, issue(call.cu, stream->stream, req));
+  return finish_on_stream(call, *stream, issue(call.cu, stream->stream, req, *op));
 }
 
 }  // namespace mpsshim::server
