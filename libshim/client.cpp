@@ -38,30 +38,6 @@ ProcessState& state() noexcept {
   return *s;
 }
 
-proto::ClientHello make_hello(proto::MessageKind kind, int device, const ClientConfig& config) {
-  proto::ClientHello hello{};
-  hello.header = proto::make_header(kind, sizeof hello);
-  hello.pid = ::getpid();
-  hello.device = device;
-  hello.active_thread_percentage = config.active_thread_percentage;
-  hello.priority = config.priority;
-  hello.sm_partition = config.sm_partition;
-  if (auto it = config.memory_limit.find(device); it != config.memory_limit.end()) {
-    hello.device_memory_limit = it->second;
-  } else {
-    hello.device_memory_limit = config.memory_limit_all;
-  }
-  hello.flags = (config.ignore_sm_coscheduling ? proto::kHelloIgnoreSmCoscheduling : 0) |
-                (config.launch_batching ? 0 : proto::kHelloNoLaunchBatching) |
-                (config.own_isolation_group ? proto::kHelloOwnIsolationGroup : 0);
-  std::strncpy(hello.visible_devices, config.visible_devices.c_str(),
-               sizeof hello.visible_devices - 1);
-  std::strncpy(hello.program, config.program.c_str(), sizeof hello.program - 1);
-  std::strncpy(hello.allocation_token, config.allocation_token.c_str(),
-               sizeof hello.allocation_token - 1);
-  return hello;
-}
-
 // Asks the daemon for the device table. Returns the CUresult cuInit reports.
 CUresult query_devices(ProcessState& s) {
   std::string tried;
@@ -72,7 +48,7 @@ CUresult query_devices(ProcessState& s) {
       continue;
     }
     proto::UniqueFd socket(fd);
-    proto::ClientHello hello = make_hello(proto::MessageKind::kClientQuery, -1, s.config);
+    proto::ClientHello hello = make_client_hello(proto::MessageKind::kClientQuery, -1, s.config);
     proto::Received reply;
     if (proto::send_struct(fd, hello) != 0 || proto::receive_message(fd, reply) != 0 ||
         reply.bytes.size() < sizeof(proto::HelloHeader)) {
@@ -179,7 +155,8 @@ CUresult session_for(int device, Session*& out) noexcept {
   }
   if (s.session_error[device] != CUDA_SUCCESS) return s.session_error[device];
   try {
-    proto::ClientHello hello = make_hello(proto::MessageKind::kClientAttach, device, s.config);
+    proto::ClientHello hello =
+        make_client_hello(proto::MessageKind::kClientAttach, device, s.config);
     CUresult rc = Session::attach(s.socket_path, hello, s.sessions[device]);
     if (rc != CUDA_SUCCESS) {
       s.session_error[device] = rc;
@@ -212,7 +189,7 @@ CUresult session_for_gpu(int ordinal, Session*& out) noexcept {
       ClientConfig config = s.config;
       config.visible_devices = std::to_string(ordinal);
       config.memory_limit.clear();
-      proto::ClientHello hello = make_hello(proto::MessageKind::kClientAttach, 0, config);
+      proto::ClientHello hello = make_client_hello(proto::MessageKind::kClientAttach, 0, config);
       if (CUresult rc = Session::attach(s.socket_path, hello, session); rc != CUDA_SUCCESS) {
         session.reset();
         return rc;

@@ -20,6 +20,7 @@
 
 #include "libshim/api.hpp"
 #include "libshim/session.hpp"
+#include "proto/control.hpp"
 #include "proto/device_snapshot.hpp"
 #include "proto/ops.hpp"
 
@@ -51,6 +52,9 @@ struct ClientConfig {
   std::string program;
 };
 ClientConfig read_client_config();
+// The hello this process sends the daemon (`device`: a visible ordinal, -1 for none).
+proto::ClientHello make_client_hello(proto::MessageKind kind, int device,
+                                     const ClientConfig& config);
 // "4G", "512M", "1024" (bytes) -> bytes; 0 when malformed.
 std::uint64_t parse_memory_size(const std::string& text);
 

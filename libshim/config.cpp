@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string_view>
 
@@ -112,6 +113,31 @@ std::uint64_t parse_memory_size(const std::string& text) {
   const double bytes = value * scale;
   if (!(bytes < 18446744073709551616.0)) return 0;
   return static_cast<std::uint64_t>(bytes);
+}
+
+proto::ClientHello make_client_hello(proto::MessageKind kind, int device,
+                                     const ClientConfig& config) {
+  proto::ClientHello hello{};
+  hello.header = proto::make_header(kind, sizeof hello);
+  hello.pid = ::getpid();
+  hello.device = device;
+  hello.active_thread_percentage = config.active_thread_percentage;
+  hello.priority = config.priority;
+  hello.sm_partition = config.sm_partition;
+  if (auto it = config.memory_limit.find(device); it != config.memory_limit.end()) {
+    hello.device_memory_limit = it->second;
+  } else {
+    hello.device_memory_limit = config.memory_limit_all;
+  }
+  hello.flags = (config.ignore_sm_coscheduling ? proto::kHelloIgnoreSmCoscheduling : 0) |
+                (config.launch_batching ? 0 : proto::kHelloNoLaunchBatching) |
+                (config.own_isolation_group ? proto::kHelloOwnIsolationGroup : 0);
+  std::strncpy(hello.visible_devices, config.visible_devices.c_str(),
+               sizeof hello.visible_devices - 1);
+  std::strncpy(hello.program, config.program.c_str(), sizeof hello.program - 1);
+  std::strncpy(hello.allocation_token, config.allocation_token.c_str(),
+               sizeof hello.allocation_token - 1);
+  return hello;
 }
 
 ClientConfig read_client_config() {

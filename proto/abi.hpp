@@ -66,7 +66,9 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // Minor 24: cuCtxRecordEvent / cuCtxWaitEvent (op 142, CtxEventReq); pool memory is exported by
 // kIpcGetMemHandle too (cuMemPoolExportPointer; no layout change); mipmapped arrays (ops
 // 143..145, ArrayLevelReq/Rep; ArrayQueryReq::mipmapped was reserved, 0).
-inline constexpr std::uint16_t kAbiMinor = 24;
+// Minor 25: a client's view of its share for NVML (kClientView, ClientViewRequest, answered
+// with kClientViewReply text parts; docs/nvml.md). No session layout change.
+inline constexpr std::uint16_t kAbiMinor = 25;
 // The first minor whose daemon honours kHelloOwnIsolationGroup.
 inline constexpr std::uint16_t kAbiMinorIsolationGroups = 18;
 
@@ -104,6 +106,8 @@ enum class MessageKind : std::uint32_t {
   kServerTerminateClient = 14,
   kPeerMemory = 15,   // server <-> client: a GPU memory block's POSIX fd (kPeerExport, kPeerImport)
   kServerFault = 16,  // server -> daemon: TextMessage naming a sticky fault's likely culprit
+  kClientView = 17,   // NVML view -> daemon: ClientViewRequest, what share do I see?
+  kClientViewReply = 18,  // daemon -> NVML view: TextMessage parts, JSON (docs/nvml.md)
 };
 
 constexpr HelloHeader make_header(MessageKind kind, std::uint32_t size) {

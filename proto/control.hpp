@@ -53,6 +53,17 @@ inline constexpr std::uint32_t kHelloNoLaunchBatching = 1u << 1;
 inline constexpr std::uint32_t kHelloOwnIsolationGroup = 1u << 2;
 inline constexpr std::uint32_t kBadSmPartition = 0xffffffffu;
 
+// kClientView: the hello a client would send (header.kind kClientView, device -1), and its
+// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT per visible ordinal (0: hello.device_memory_limit applies), so
+// the daemon answers each GPU with the limit an attach to it would get.
+inline constexpr int kViewOrdinals = 16;
+struct ClientViewRequest {
+  ClientHello hello;
+  std::uint64_t memory_limit_by_ordinal[kViewOrdinals];
+};
+static_assert(kWireSafe<ClientViewRequest>);
+static_assert(sizeof(ClientViewRequest) == 560);
+
 struct Refused {
   HelloHeader header;  // kRefused
   std::int32_t cuda_error;

@@ -31,6 +31,7 @@ copy() {  # a build-relative path, kept at the same place under OUT
   strip --strip-debug "$out/$1" 2>/dev/null || true
 }
 copy libshim/libmpsshim.so
+copy libshim/nvml/libmpsshim-nvml.so
 for program in broker/daemon/mpsshimd broker/daemon/mpsshimctl broker/server/mpsshim-server \
   tests/gpu/integrity_vs_driver; do
   copy "$program"

@@ -12,6 +12,7 @@
 #include "broker/daemon/child_process.hpp"
 #include "broker/daemon/device_directory.hpp"
 #include "broker/daemon/log.hpp"
+#include "broker/daemon/visible_devices.hpp"
 #include "broker/daemon/wire.hpp"
 #include "proto/text_parts.hpp"
 
@@ -181,6 +182,14 @@ void ClientGate::on_first_message(Waiting connection, const proto::Received& mes
         proto::ClientHello hello{};
         std::memcpy(&hello, message.bytes.data(), std::min(message.bytes.size(), sizeof hello));
         return on_client(std::move(connection), kind, hello);
+      }
+      break;
+    case MessageKind::kClientView:
+      if (message.bytes.size() == sizeof(proto::ClientViewRequest) &&
+          header->size == message.bytes.size()) {
+        proto::ClientViewRequest request{};
+        std::memcpy(&request, message.bytes.data(), sizeof request);
+        return on_client_view(std::move(connection), request);
       }
       break;
     case MessageKind::kCtlRequest:
@@ -361,6 +370,102 @@ void ClientGate::on_client(Waiting connection, MessageKind kind, const proto::Cl
         }
         log_info("{} attached to GPU {} (server pid {}){}", who, gpu, *server, in);
       });
+}
+
+void ClientGate::on_client_view(Waiting connection, const proto::ClientViewRequest& sent) {
+  proto::ClientViewRequest request = sent;
+  proto::ClientHello& hello = request.hello;
+  hello.visible_devices[sizeof hello.visible_devices - 1] = '\0';
+  hello.program[sizeof hello.program - 1] = '\0';
+  hello.allocation_token[sizeof hello.allocation_token - 1] = '\0';
+  std::string who = describe_client(connection.peer, hello.program);
+  if (auto why = policy_.refusal(connection.peer, PeerRole::kClient)) {
+    log_warn("{} refused: {}", who, *why);
+    refuse(connection, CUDA_ERROR_MPS_CONNECTION_FAILED, *why);
+    return;
+  }
+  auto visible = visible_gpus(supervisor_, hello);
+  if (!visible) {
+    refuse(connection, visible.error().cuda_error, visible.error().message);
+    return;
+  }
+  auto scope_quota = decide_quota(allocations_, supervisor_.defaults(), hello, -1);
+  if (!scope_quota) {
+    log_warn("{} asked for its share; refused: {}", who, scope_quota.error());
+    refuse(connection, CUDA_ERROR_MPS_CONNECTION_FAILED, scope_quota.error());
+    return;
+  }
+  ViewContext context;
+  context.scope.allocation_id = scope_quota->allocation_id;
+  context.scope.pod = scope_quota->pod;
+  context.scope.cgroup = cgroup_of(connection.peer.pid);
+  const ClientClass* cls = classes_ != nullptr && !classes_->empty()
+                               ? class_of(*classes_, connection.peer, context.scope.cgroup,
+                                          scope_quota->allocation_id != 0)
+                               : nullptr;
+  for (std::size_t k = 0; k < visible->size(); ++k) {
+    const int gpu = (*visible)[k];
+    const auto& snapshot = supervisor_.status(gpu).snapshot;
+    if (!snapshot) continue;
+    // The quota an attach to this GPU would get, as on_client decides it.
+    proto::ClientHello asked = hello;
+    asked.device = static_cast<std::int32_t>(k);
+    if (k < proto::kViewOrdinals && request.memory_limit_by_ordinal[k] != 0) {
+      asked.device_memory_limit = request.memory_limit_by_ordinal[k];
+    }
+    auto quota = decide_quota(allocations_, supervisor_.defaults(), asked, gpu);
+    if (!quota) continue;  // a GPU its allocation does not hold
+    if (cls != nullptr) apply_class(*cls, quota->hello);
+    ViewGpu view;
+    view.gpu = gpu;
+    view.ordinal = static_cast<int>(k);
+    view.uuid = format_gpu_uuid(snapshot->uuid);
+    view.total_memory = snapshot->total_memory;
+    view.sms = snapshot->sm_count;
+    // An allocation's clients share its limit; anyone else has the limit each client gets.
+    view.memory_limit = quota->allocation_memory_limit != 0 ? quota->allocation_memory_limit
+                        : quota->hello.device_memory_limit != 0
+                            ? quota->hello.device_memory_limit
+                            : supervisor_.defaults().memory_limit_of(gpu);
+    view.sm_percentage = quota->hello.active_thread_percentage != proto::kUnset
+                             ? quota->hello.active_thread_percentage
+                             : supervisor_.defaults().sm_percentage.value_or(100);
+    context.gpus.push_back(std::move(view));
+  }
+  const long requester = connection.peer.pid;
+  context.visible_pid = [requester](long pid) { return pid_seen_by(pid, requester); };
+  context.cgroup_of = [](long pid) { return cgroup_of(static_cast<pid_t>(pid)); };
+  log_debug("{} asked for its share (scope: {})", who,
+            context.scope.allocation_id != 0
+                ? fmt::format("allocation {}", context.scope.allocation_id)
+                : "cgroup " + context.scope.cgroup);
+  int fd = connection.fd.get();
+  answering_.emplace(fd, std::move(connection.fd));
+  commands_.query_clients(
+      "", [this, fd, context](std::vector<ServerClients> ps, std::string, std::string) {
+        const auto now = BusySampler::Clock::now();
+        if (!busy_.needs_reading(ps, now)) return send_client_view(fd, context, ps);
+        // No recent reading of busy time: this answer starts a window, the next one ends it.
+        busy_.take(ps, now);
+        loop_.after(BusySampler::kMinWindow, [this, fd, context] {
+          commands_.query_clients(
+              "", [this, fd, context](std::vector<ServerClients> later, std::string, std::string) {
+                send_client_view(fd, context, later);
+              });
+        });
+      });
+}
+
+void ClientGate::send_client_view(int fd, const ViewContext& context,
+                                  const std::vector<ServerClients>& ps) {
+  auto node = answering_.extract(fd);
+  if (node.empty()) return;
+  nlohmann::json view = build_client_view(context, ps, busy_.take(ps, BusySampler::Clock::now()));
+  std::string text = view.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  for (const proto::TextMessage& part :
+       proto::text_messages(MessageKind::kClientViewReply, 0, text)) {
+    if (proto::send_struct(node.mapped().get(), part) != 0) break;
+  }
 }
 
 void ClientGate::on_command(Waiting connection, const proto::TextMessage& request) {

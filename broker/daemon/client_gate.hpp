@@ -8,6 +8,7 @@
 
 #include "broker/daemon/access_policy.hpp"
 #include "broker/daemon/allocations.hpp"
+#include "broker/daemon/client_view.hpp"
 #include "broker/daemon/commands.hpp"
 #include "broker/daemon/config_file.hpp"
 #include "broker/daemon/event_loop.hpp"
@@ -52,6 +53,9 @@ class ClientGate {
   void on_first_message(Waiting connection, const proto::Received& message);
   void on_client(Waiting connection, proto::MessageKind kind, const proto::ClientHello& hello);
   void on_command(Waiting connection, const proto::TextMessage& request);
+  // kClientView (docs/nvml.md): the share the peer sees, from the servers' `ps` answers.
+  void on_client_view(Waiting connection, const proto::ClientViewRequest& request);
+  void send_client_view(int fd, const ViewContext& context, const std::vector<ServerClients>& ps);
   void refuse(const Waiting& connection, int cuda_error, const std::string& message);
   Waiting take(int fd);
 
@@ -69,6 +73,7 @@ class ClientGate {
   std::unordered_map<int, Waiting> waiting_;            // by fd: no first message yet
   std::unordered_map<int, proto::UniqueFd> answering_;  // by fd: a command awaiting servers
   proto::Received scratch_;
+  BusySampler busy_;  // the GPUs' busy time at the last client view
 };
 
 }  // namespace mpsshim::daemon

@@ -45,6 +45,13 @@ class Commands {
   };
   void client_reports(std::function<void(ClientReports)> done);
 
+  // Sends kServerStatsQuery `text` to every running server; `done` gets their answers, a line
+  // for each GPU whose server is not running (notes) and one for each that did not answer
+  // (problems: the command failed).
+  using ClientsHandler =
+      std::function<void(std::vector<ServerClients>, std::string notes, std::string problems)>;
+  void query_clients(const std::string& text, ClientsHandler done);
+
  private:
   using Args = std::vector<std::string>;
   struct Command {
@@ -89,12 +96,6 @@ class Commands {
                          ReplyHandler reply);
   // The GPU an argument names, or an error reply.
   tl::expected<int, std::string> gpu_argument(const std::string& text) const;
-  // Sends kServerStatsQuery `text` to every running server; `done` gets their answers, a line
-  // for each GPU whose server is not running (notes) and one for each that did not answer
-  // (problems: the command failed).
-  using ClientsHandler =
-      std::function<void(std::vector<ServerClients>, std::string notes, std::string problems)>;
-  void query_clients(const std::string& text, ClientsHandler done);
   // Sends `text` to the running servers of `gpus`; `done` gets one line per GPU and whether all
   // of them took it.
   void tell_servers(const std::vector<int>& gpus, const std::string& text,

@@ -16,6 +16,8 @@ namespace {
 
 constexpr int kNotReady = CUDA_ERROR_MPS_SERVER_NOT_READY;
 
+}  // namespace
+
 tl::expected<std::vector<int>, Refusal> visible_gpus(const Supervisor& supervisor,
                                                      const proto::ClientHello& hello) {
   if (!supervisor.gpu_count_known()) {
@@ -42,8 +44,6 @@ tl::expected<std::vector<int>, Refusal> visible_gpus(const Supervisor& superviso
   }
   return resolve_visible_devices(bounded_string(hello.visible_devices), uuids);
 }
-
-}  // namespace
 
 tl::expected<std::vector<std::byte>, Refusal> answer_query(const Supervisor& supervisor,
                                                            const proto::ClientHello& hello) {

@@ -24,6 +24,10 @@ struct Refusal {
 tl::expected<std::vector<std::byte>, Refusal> answer_query(const Supervisor& supervisor,
                                                            const proto::ClientHello& hello);
 
+// The physical ordinals of the GPUs the client sees, in its order (CUDA_VISIBLE_DEVICES applied).
+tl::expected<std::vector<int>, Refusal> visible_gpus(const Supervisor& supervisor,
+                                                     const proto::ClientHello& hello);
+
 // The physical ordinal of the client's hello.device.
 tl::expected<int, Refusal> resolve_attach(const Supervisor& supervisor,
                                           const proto::ClientHello& hello);

@@ -297,9 +297,10 @@ for script in live_quota_check partition_check hostfn_check; do
 done
 
 # Isolation groups on the real driver (one client's kernel reading another's memory, per
-# placement) and out of memory (the library programs beside a hog and under a memory limit):
-# each starts its own daemons and prints its table in $LOGS.
-for script in isolation_check oom_matrix; do
+# placement), out of memory (the library programs beside a hog and under a memory limit) and
+# NVML as a client sees its share (nvidia-smi and pynvml with libmpsshim-nvml.so): each starts
+# its own daemons and prints its table in $LOGS.
+for script in isolation_check oom_matrix nvml_view; do
   status=0
   timeout 600 bash "$(dirname "${BASH_SOURCE[0]}")/$script.sh" --build-dir "$BUILD_ROOT" \
     --work-dir "$WORK_DIR/$script" >"$LOGS/$script.out" 2>&1 || status=$?

@@ -60,6 +60,8 @@ std::uint64_t layout_fingerprint() {
   FIELD(ClientHello, visible_devices);
   FIELD(ClientHello, program);
   FIELD(ClientHello, allocation_token);
+  SIZE(ClientViewRequest);
+  FIELD(ClientViewRequest, memory_limit_by_ordinal);
   SIZE(Refused);
   FIELD(Refused, cuda_error);
   FIELD(Refused, message);
@@ -503,6 +505,7 @@ constexpr Pinned kPinned[] = {
     {1, 22, 0x6a45e896646beb38},  // memset and memcpy node setters, potential cluster size
     {1, 23, 0x7af0510687ea5eec},  // JIT linker, conditional and batch nodes, driver extras
     {1, 24, 0x90fc4a286b1527fb},  // cuCtxRecordEvent / cuCtxWaitEvent, mipmapped arrays
+    {1, 25, 0xbda9c8c4036f0efe},  // the NVML view's ClientViewRequest
 };
 
 }  // namespace
