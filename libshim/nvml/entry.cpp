@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "libshim/nvml/export_table.hpp"
 #include "libshim/nvml/nvml_api.hpp"
 #include "libshim/nvml/real_nvml.hpp"
 #include "libshim/nvml/share_view.hpp"
@@ -14,16 +15,6 @@
 namespace mpsshim::nvml {
 
 namespace {
-
-using GetUuid = Return(Device, char*, unsigned);
-
-std::optional<GpuShare> share_of_device(Device device) {
-  auto* get_uuid = real<GetUuid>("nvmlDeviceGetUUID");
-  if (get_uuid == nullptr) return std::nullopt;
-  char uuid[96] = {};
-  if (get_uuid(device, uuid, sizeof uuid) != kSuccess) return std::nullopt;
-  return share_of(uuid);
-}
 
 // What the share says of memory: total, free, used. The scope cannot take more than the GPU
 // has free either, so free is the smaller of the two.
@@ -181,4 +172,13 @@ MPSSHIM_NVML_EXPORT Return nvmlDeviceGetMPSComputeRunningProcesses_v2(Device d, 
 MPSSHIM_NVML_EXPORT Return nvmlDeviceGetMPSComputeRunningProcesses_v3(Device d, unsigned* n,
                                                                       ProcessInfo* p) {
   return processes("nvmlDeviceGetMPSComputeRunningProcesses_v3", d, n, p, false);
+}
+
+// nvidia-smi's process table (export_table.hpp).
+MPSSHIM_NVML_EXPORT Return nvmlInternalGetExportTable(const void** table, const void* uuid) {
+  auto* fn = real<Return(const void**, const void*)>("nvmlInternalGetExportTable");
+  if (fn == nullptr) return kErrorFunctionNotFound;
+  Return r = fn(table, uuid);
+  if (r == kSuccess && table != nullptr) *table = patched_export_table(*table, uuid);
+  return r;
 }

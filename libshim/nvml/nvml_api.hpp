@@ -10,6 +10,7 @@ namespace mpsshim::nvml {
 using Return = int;  // nvmlReturn_t
 inline constexpr Return kSuccess = 0;
 inline constexpr Return kErrorInvalidArgument = 2;
+inline constexpr Return kErrorNotFound = 6;
 inline constexpr Return kErrorInsufficientSize = 7;
 inline constexpr Return kErrorLibraryNotFound = 12;
 inline constexpr Return kErrorFunctionNotFound = 13;

@@ -11,6 +11,7 @@
 
 #include "libshim/client.hpp"
 #include "libshim/log.hpp"
+#include "libshim/nvml/real_nvml.hpp"
 #include "proto/control.hpp"
 #include "proto/text_parts.hpp"
 #include "proto/unix_socket.hpp"
@@ -123,9 +124,9 @@ std::optional<std::vector<GpuShare>> parse_view(const std::string& text) {
       share.sms = gpu.at("sms").get<unsigned>();
       if (!gpu.at("busy_percent").is_null()) share.busy_percent = gpu["busy_percent"].get<double>();
       for (const auto& process : gpu.at("processes")) {
-        share.processes.push_back(
-            ShareProcess{process.at("pid").get<unsigned>(),
-                         process.at("memory_used_bytes").get<std::uint64_t>()});
+        share.processes.push_back(ShareProcess{process.at("pid").get<unsigned>(),
+                                               process.at("memory_used_bytes").get<std::uint64_t>(),
+                                               process.value("program", std::string())});
       }
       shares.push_back(std::move(share));
     }
@@ -163,6 +164,15 @@ std::optional<GpuShare> share_of(const std::string& uuid) {
                  "the physical GPU",
                  uuid);
   return std::nullopt;
+}
+
+std::optional<GpuShare> share_of_device(Device device) {
+  using GetUuid = Return(Device, char*, unsigned);
+  auto* get_uuid = real<GetUuid>("nvmlDeviceGetUUID");
+  if (get_uuid == nullptr) return std::nullopt;
+  char uuid[96] = {};
+  if (get_uuid(device, uuid, sizeof uuid) != kSuccess) return std::nullopt;
+  return share_of(uuid);
 }
 
 }  // namespace mpsshim::nvml

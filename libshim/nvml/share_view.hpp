@@ -10,11 +10,14 @@
 #include <string>
 #include <vector>
 
+#include "libshim/nvml/nvml_api.hpp"
+
 namespace mpsshim::nvml {
 
 struct ShareProcess {
   unsigned pid = 0;  // as this process sees it
   std::uint64_t memory_used = 0;
+  std::string program;  // its name, as the client gave it
 };
 
 struct GpuShare {
@@ -35,6 +38,9 @@ inline constexpr auto kRetryAfterFailure = std::chrono::seconds(5);
 // The share of the GPU `uuid`, or nullopt: the daemon cannot be reached or refused, or this
 // process cannot use that GPU (then NVML answers for the physical GPU; logged once).
 std::optional<GpuShare> share_of(const std::string& uuid);
+
+// The same for an NVML device handle (its UUID asked of the real library).
+std::optional<GpuShare> share_of_device(Device device);
 
 // The daemon's JSON answer, read (exposed for the unit test).
 std::optional<std::vector<GpuShare>> parse_view(const std::string& json);

@@ -52,12 +52,15 @@ check() {  # DESCRIPTION CONDITION-STATUS
 DAEMON_ARGS=(--busy-time on)
 daemon_start "$WORK_DIR/rt" "$WORK_DIR/daemon.log" || exit 1
 export CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=4G
-env LD_PRELOAD="$SHIM" CUDA_MPS_PIPE_DIRECTORY="$SHIM_RUNTIME_DIR" python3 -u - \
+env LD_PRELOAD="$SHIM $NVML_LIB" CUDA_MPS_PIPE_DIRECTORY="$SHIM_RUNTIME_DIR" python3 -u - \
   >"$WORK_DIR/client.out" 2>&1 <<'PY' &
 import time, torch
 x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
 a = torch.randn(4096, 4096, device="cuda")
+a = (a @ a).clamp_(-1, 1)  # cuBLAS loaded before the GPU is measured
 torch.cuda.synchronize()
+# In the client itself, both libraries preloaded: PyTorch's NVML reading (pynvml) of its GPU.
+print(torch.cuda.list_gpu_processes(0).replace("\n", " | "), flush=True)
 print("holding", flush=True)
 end = time.time() + 60
 while time.time() < end:
@@ -73,6 +76,7 @@ for _ in $(seq 600); do
 done
 grep -q holding "$WORK_DIR/client.out" || { cat "$WORK_DIR/client.out"; die "the client did not start"; }
 sleep 2  # a few busy seconds for the utilization window
+kill -0 "$CLIENT_PID" 2>/dev/null || { cat "$WORK_DIR/client.out"; die "the client ended early"; }
 
 PYNVML='
 import json, pynvml as n
@@ -86,16 +90,26 @@ print(json.dumps({"total": m.total, "used": m.used, "free": m.free, "gpu_util": 
 python3 -c "$PYNVML" >"$WORK_DIR/native.json" 2>"$WORK_DIR/native.err"
 env LD_PRELOAD="$NVML_LIB" CUDA_MPS_PIPE_DIRECTORY="$SHIM_RUNTIME_DIR" python3 -c "$PYNVML" \
   >"$WORK_DIR/shim.json" 2>"$WORK_DIR/shim.err"
+# Another pod's view: its allocation holds nothing and runs nothing while the client works.
+other=$("$CTL" --runtime-dir "$SHIM_RUNTIME_DIR" register_allocation memory=2G | sed -n 's/.*token=\([0-9a-f]*\).*/\1/p')
+env LD_PRELOAD="$NVML_LIB" CUDA_MPS_PIPE_DIRECTORY="$SHIM_RUNTIME_DIR" \
+  MPSSHIM_ALLOCATION_TOKEN="$other" python3 -c "$PYNVML" >"$WORK_DIR/other.json" 2>&1
 nvidia-smi >"$WORK_DIR/smi.native" 2>&1
 env LD_PRELOAD="$NVML_LIB" CUDA_MPS_PIPE_DIRECTORY="$SHIM_RUNTIME_DIR" nvidia-smi \
   >"$WORK_DIR/smi.shim" 2>&1
+env LD_PRELOAD="$NVML_LIB" CUDA_MPS_PIPE_DIRECTORY="$SHIM_RUNTIME_DIR" nvidia-smi \
+  --query-compute-apps=pid,used_memory,name --format=csv,noheader >"$WORK_DIR/apps.shim" 2>&1
 "$CTL" --runtime-dir "$SHIM_RUNTIME_DIR" --json ps >"$WORK_DIR/ps.json"
+kill -0 "$CLIENT_PID" 2>/dev/null || { cat "$WORK_DIR/client.out"; die "the client ended early"; }
 
 echo "---- nvidia-smi, native"; cat "$WORK_DIR/smi.native"
 echo "---- nvidia-smi, LD_PRELOAD=libmpsshim-nvml.so CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=4G"
 cat "$WORK_DIR/smi.shim"
+echo "---- nvidia-smi --query-compute-apps with the library: $(cat "$WORK_DIR/apps.shim")"
+echo "---- the client's own torch.cuda.list_gpu_processes(): $(head -n1 "$WORK_DIR/client.out")"
 echo "---- pynvml native: $(cat "$WORK_DIR/native.json")"
 echo "---- pynvml with the library: $(cat "$WORK_DIR/shim.json") $(cat "$WORK_DIR/shim.err")"
+echo "---- pynvml with the library, another allocation: $(cat "$WORK_DIR/other.json")"
 
 python3 - "$WORK_DIR" "$CLIENT_PID" <<'PY'
 import json, sys
@@ -103,7 +117,9 @@ work, client = sys.argv[1], int(sys.argv[2])
 native = json.load(open(f"{work}/native.json"))
 shim = json.load(open(f"{work}/shim.json"))
 ps = json.load(open(f"{work}/ps.json"))["clients"]
+other = json.load(open(f"{work}/other.json"))
 held = sum(c["memory_used_bytes"] for c in ps if c["pid"] == client)
+own = open(f"{work}/client.out").readline()
 checks = [
     ("pynvml total is the 4 GiB limit", shim["total"] == 4 << 30),
     (f"pynvml used is what ps says the client holds ({held})", shim["used"] == held and held >= 1 << 30),
@@ -113,6 +129,10 @@ checks = [
     ("natively the physical GPU", native["total"] > 4 << 30 and client not in native["pids"]),
     (f"utilization measured: {shim['gpu_util']}% with the library, {native['gpu_util']}% natively",
      shim["gpu_util"] > 0),
+    ("the client's PyTorch lists itself through NVML", f"process {client:>10d}" in own),
+    (f"another allocation sees its 2 GiB, nothing held, no process and {other['gpu_util']}% busy",
+     other["total"] == 2 << 30 and other["used"] == 0 and other["pids"] == [] and
+     other["gpu_util"] == 0 and native["gpu_util"] > 50),
 ]
 bad = 0
 for text, ok in checks:
@@ -126,4 +146,12 @@ check "nvidia-smi's Memory-Usage shows the 4096MiB limit" $?
 grep -Eq '/ +4096MiB' "$WORK_DIR/smi.native"
 [ $? -ne 0 ]
 check "native nvidia-smi shows the physical memory" $?
+server_pid=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["pids"][0])' "$WORK_DIR/native.json")
+grep -Eq "^\| +0 +N/A +N/A +$CLIENT_PID +C " "$WORK_DIR/smi.shim" &&
+  ! grep -Eq " $server_pid +C " "$WORK_DIR/smi.shim"
+check "nvidia-smi's process table lists the client ($CLIENT_PID), not the server ($server_pid)" $?
+grep -Eq "^$CLIENT_PID, " "$WORK_DIR/apps.shim" && [ "$(wc -l <"$WORK_DIR/apps.shim")" -eq 1 ]
+check "nvidia-smi --query-compute-apps lists the client alone" $?
+grep -Eq " $server_pid +C " "$WORK_DIR/smi.native"
+check "native nvidia-smi lists the server ($server_pid)" $?
 [ "$FAILURES" -eq 0 ]

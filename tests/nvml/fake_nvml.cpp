@@ -2,12 +2,14 @@
 // the CPU tests: the physical view of GPUs whose UUIDs FAKE_NVML_UUIDS lists (comma-separated;
 // the test driver's), each 80 GiB with 70 GiB free, 77% busy, 132 SMs and one process (pid 1,
 // the server). Only the entry points the share view reads, and a few it forwards untouched, are
-// here; the rest are missing, as in an older driver.
+// here, with the private process table nvidia-smi reads (export_table.hpp); the rest are
+// missing, as in an older driver.
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "libshim/nvml/export_table.hpp"
 #include "libshim/nvml/nvml_api.hpp"
 
 using namespace mpsshim::nvml;
@@ -109,5 +111,44 @@ FAKE_EXPORT Return nvmlDeviceGetComputeRunningProcesses_v3(Device device, unsign
   }
   infos[0] = ProcessInfo{1, 10 * kGiB, kValueNotAvailable, kValueNotAvailable};
   *count = 1;
+  return kSuccess;
+}
+
+namespace {
+
+// The private table's process lists: the server on every device (compute), nothing else.
+Return table_processes(Device device, unsigned* count, InternalProcess* entries, bool any) {
+  if (from(device) == nullptr || count == nullptr) return kErrorInvalidArgument;
+  const unsigned needed = any ? 1 : 0;
+  if (*count < needed) {
+    *count = needed;
+    return kErrorInsufficientSize;
+  }
+  if (needed == 1) {
+    std::memset(&entries[0], 0, sizeof entries[0]);
+    entries[0].pid = 1;
+    entries[0].usedGpuMemory = 10 * kGiB;
+    std::strcpy(entries[0].name, "mpsshim-server");
+  }
+  *count = needed;
+  return kSuccess;
+}
+Return compute_table(Device d, unsigned* n, InternalProcess* e) {
+  return table_processes(d, n, e, true);
+}
+Return other_table(Device d, unsigned* n, InternalProcess* e) {
+  return table_processes(d, n, e, false);
+}
+
+}  // namespace
+
+FAKE_EXPORT Return nvmlInternalGetExportTable(const void** table, const void* uuid) {
+  static std::uint64_t words[kProcessTableBytes / 8] = {kProcessTableBytes};
+  if (table == nullptr || uuid == nullptr) return kErrorInvalidArgument;
+  if (std::memcmp(uuid, kProcessTableUuid, sizeof kProcessTableUuid) != 0) return kErrorNotFound;
+  words[kComputeProcessesWord] = reinterpret_cast<std::uint64_t>(&compute_table);
+  words[kGraphicsProcessesWord] = reinterpret_cast<std::uint64_t>(&other_table);
+  words[kMpsProcessesWord] = reinterpret_cast<std::uint64_t>(&other_table);
+  *table = words;
   return kSuccess;
 }

@@ -2,12 +2,15 @@
 // nvidia-smi do (dlopen by SONAME: libmpsshim-nvml.so when preloaded) and asks every device.
 //   device=0 uuid=GPU-… name=… total=… free=… used=… v2_total=… v2_reserved=… v2_free=…
 //   v2_used=… gpu_util=… memory_util=… sms=… processes=pid:bytes,… power=<NVML return code>
+//   table_processes=pid:bytes:name,… (nvidia-smi's private process list)
 #include <dlfcn.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
+#include "libshim/nvml/export_table.hpp"
 #include "libshim/nvml/nvml_api.hpp"
 
 using namespace mpsshim::nvml;
@@ -77,14 +80,30 @@ int main() {
       processes += (k ? "," : "") + std::to_string(infos[k].pid) + ":" +
                    std::to_string(infos[k].usedGpuMemory);
     }
+    const void* table = nullptr;
+    MUST(fn<Return(const void**, const void*)>("nvmlInternalGetExportTable")(&table,
+                                                                             kProcessTableUuid));
+    std::uint64_t word = 0;
+    std::memcpy(&word, static_cast<const char*>(table) + 8 * kComputeProcessesWord, sizeof word);
+    auto* table_list = reinterpret_cast<Return (*)(Device, unsigned*, InternalProcess*)>(word);
+    static InternalProcess entries[8];
+    unsigned listed = 8;
+    MUST(table_list(device, &listed, entries));
+    std::string table_processes;
+    for (unsigned k = 0; k < listed; ++k) {
+      table_processes += (k ? "," : "") + std::to_string(entries[k].pid) + ":" +
+                         std::to_string(entries[k].usedGpuMemory) + ":" + entries[k].name;
+    }
     unsigned milliwatts = 0;
     Return power = fn<Return(Device, unsigned*)>("nvmlDeviceGetPowerUsage")(device, &milliwatts);
     std::printf(
         "device=%u uuid=%s name=%s total=%llu free=%llu used=%llu v2_total=%llu v2_reserved=%llu "
-        "v2_free=%llu v2_used=%llu gpu_util=%u memory_util=%u sms=%u processes=%s power=%d\n",
+        "v2_free=%llu v2_used=%llu gpu_util=%u memory_util=%u sms=%u processes=%s power=%d "
+        "table_processes=%s\n",
         i, uuid, name, memory.total, memory.free, memory.used, v2.total, v2.reserved, v2.free,
         v2.used, rates.gpu, rates.memory, attributes.multiprocessorCount,
-        processes.empty() ? "-" : processes.c_str(), power);
+        processes.empty() ? "-" : processes.c_str(), power,
+        table_processes.empty() ? "-" : table_processes.c_str());
   }
   fn<Return()>("nvmlShutdown")();
   std::printf("PASS\n");

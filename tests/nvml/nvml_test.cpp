@@ -114,6 +114,9 @@ TEST_CASE("NVML shows the memory limit, what the cgroup's clients hold and their
   CHECK(number(gpu, "v2_reserved") == 0);
   CHECK(number(gpu, "v2_used") == kAccountHeld);
   CHECK(gpu.at("processes") == std::to_string(client->pid()) + ":" + std::to_string(kAccountHeld));
+  // nvidia-smi's list (the private table) says the same, with the program's name.
+  CHECK(gpu.at("table_processes") ==
+        std::to_string(client->pid()) + ":" + std::to_string(kAccountHeld) + ":e2e_client");
   // The SMs the client runs on, as ps gives them.
   Outcome ps = daemon.ctl({"--json", "ps"});
   REQUIRE(ps.exit_code == 0);
@@ -145,6 +148,7 @@ TEST_CASE("an allocation's processes see the allocation's share and nobody else'
   CHECK(number(outside[0], "total") == 256 * kMiB);
   CHECK(number(outside[0], "used") == 0);
   CHECK(outside[0].at("processes") == "-");
+  CHECK(outside[0].at("table_processes") == "-");
   CHECK(number(outside[0], "gpu_util") == 0);
   client->close_stdin();
   CHECK(client->wait().exit_code == 0);
@@ -185,6 +189,7 @@ TEST_CASE("a GPU the process may not use, and a process without a daemon, see th
   REQUIRE(alone.size() == 2);
   CHECK(number(alone[0], "total") == 80 * kGiB);
   CHECK(alone[0].at("processes") == "1:" + std::to_string(10 * kGiB));
+  CHECK(alone[0].at("table_processes") == "1:" + std::to_string(10 * kGiB) + ":mpsshim-server");
   CHECK(err.find("cannot ask mpsshimd") != std::string::npos);
 }
 
