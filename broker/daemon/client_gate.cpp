@@ -242,8 +242,8 @@ tl::expected<const SmPartition*, std::string> pinned_partition(const SmPartition
 
 }  // namespace
 
-void ClientGate::on_client(Waiting connection, MessageKind kind, const proto::ClientHello& sent) {
-  proto::ClientHello hello = sent;
+std::optional<std::string> ClientGate::accept_client(const Waiting& connection,
+                                                     proto::ClientHello& hello) {
   hello.visible_devices[sizeof hello.visible_devices - 1] = '\0';
   hello.program[sizeof hello.program - 1] = '\0';
   hello.allocation_token[sizeof hello.allocation_token - 1] = '\0';
@@ -251,8 +251,16 @@ void ClientGate::on_client(Waiting connection, MessageKind kind, const proto::Cl
   if (auto why = policy_.refusal(connection.peer, PeerRole::kClient)) {
     log_warn("{} refused: {}", who, *why);
     refuse(connection, CUDA_ERROR_MPS_CONNECTION_FAILED, *why);
-    return;
+    return std::nullopt;
   }
+  return who;
+}
+
+void ClientGate::on_client(Waiting connection, MessageKind kind, const proto::ClientHello& sent) {
+  proto::ClientHello hello = sent;
+  auto accepted = accept_client(connection, hello);
+  if (!accepted) return;
+  const std::string& who = *accepted;
   if (kind == MessageKind::kClientQuery) {
     // An unknown token fails cuInit already, where the client's error is easiest to read.
     if (auto quota = decide_quota(allocations_, supervisor_.defaults(), hello, -1); !quota) {
@@ -375,15 +383,9 @@ void ClientGate::on_client(Waiting connection, MessageKind kind, const proto::Cl
 void ClientGate::on_client_view(Waiting connection, const proto::ClientViewRequest& sent) {
   proto::ClientViewRequest request = sent;
   proto::ClientHello& hello = request.hello;
-  hello.visible_devices[sizeof hello.visible_devices - 1] = '\0';
-  hello.program[sizeof hello.program - 1] = '\0';
-  hello.allocation_token[sizeof hello.allocation_token - 1] = '\0';
-  std::string who = describe_client(connection.peer, hello.program);
-  if (auto why = policy_.refusal(connection.peer, PeerRole::kClient)) {
-    log_warn("{} refused: {}", who, *why);
-    refuse(connection, CUDA_ERROR_MPS_CONNECTION_FAILED, *why);
-    return;
-  }
+  auto accepted = accept_client(connection, hello);
+  if (!accepted) return;
+  const std::string& who = *accepted;
   auto visible = visible_gpus(supervisor_, hello);
   if (!visible) {
     refuse(connection, visible.error().cuda_error, visible.error().message);

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <chrono>
+#include <optional>
+#include <string>
 #include <unordered_map>
 
 #include "broker/daemon/access_policy.hpp"
@@ -51,6 +53,9 @@ class ClientGate {
   void accept_all();
   void on_readable(int fd);
   void on_first_message(Waiting connection, const proto::Received& message);
+  // A client's hello with its strings ended inside their fields, and who it is for the log; or
+  // nullopt when the access policy refuses it (refused and logged here).
+  std::optional<std::string> accept_client(const Waiting& connection, proto::ClientHello& hello);
   void on_client(Waiting connection, proto::MessageKind kind, const proto::ClientHello& hello);
   void on_command(Waiting connection, const proto::TextMessage& request);
   // kClientView (docs/nvml.md): the share the peer sees, from the servers' `ps` answers.
