@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """packaging/grafana/mpsshim.json names only metrics mpsshimd serves: a real mpsshimd on the
-host-memory test driver (--metrics-listen 127.0.0.1:0, --busy-time on) with a client holding a
-memory limit, so that every per-client family has a sample; every metric name in every panel's
+host-memory test driver (--metrics-listen 127.0.0.1:0, --busy-time on), after a client's kernel
+faulted (so that the fault families have samples), with a client holding a memory limit, so that
+every per-client family has a sample; every metric name in every panel's
 PromQL and every template variable's query must be a sample name of its /metrics.
 
 usage: dashboard_test.py DASHBOARD (MPSSHIMD, MPSSHIMCTL, MPSSHIM_SERVER, MPSSHIM_TESTDRIVER,
@@ -12,6 +13,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 
 from mpsshimd_run import Daemon, client_env, fail
@@ -95,6 +97,24 @@ def self_check() -> None:
         fail("a dashboard naming mpsshim_client_busy_secs_total passes the check")
 
 
+def fault_once(daemon: Daemon, env: dict) -> None:
+    """A client's kernel reads address 0 (e2e_client peek 0): the GPU's server exits after the
+    fault, the daemon names the client and starts a fresh server, which must be up again."""
+    culprit = subprocess.Popen([os.environ["E2E_CLIENT"], "peek", "0"], env=env,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    if not any(line.startswith("READY") for line in culprit.stdout):
+        fail(f"e2e_client peek exited {culprit.wait()} before READY")
+    culprit.stdin.close()
+    culprit.wait(timeout=60)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        servers = daemon.ctl_json("server_list")["servers"]
+        if servers and servers[0]["restarts"] >= 1 and servers[0]["state"] == "running":
+            return
+        time.sleep(0.1)
+    fail(f"GPU 0's server is not running again after the fault:\n{daemon.log()}")
+
+
 def main() -> int:
     self_check()
     with open(sys.argv[1]) as f:
@@ -112,6 +132,7 @@ def main() -> int:
             port = re.search(r"metrics: listening on 127\.0\.0\.1:(\d+)", daemon.log())
             if not port:
                 fail(f"mpsshimd's log names no metrics port:\n{daemon.log()}")
+            fault_once(daemon, client_env(runtime, LD_PRELOAD=os.environ["LIBMPSSHIM"]))
             env = client_env(runtime, LD_PRELOAD=os.environ["LIBMPSSHIM"],
                              CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="1G")
             # Launches and copies done; it stays connected until its stdin closes.
