@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "broker/daemon/allocation_quota.hpp"
 #include "broker/daemon/child_process.hpp"
@@ -443,30 +444,36 @@ void ClientGate::on_client_view(Waiting connection, const proto::ClientViewReque
                 : "cgroup " + context.scope.cgroup);
   int fd = connection.fd.get();
   answering_.emplace(fd, std::move(connection.fd));
-  commands_.query_clients(
-      "", [this, fd, context](std::vector<ServerClients> ps, std::string, std::string) {
-        const auto now = BusySampler::Clock::now();
-        if (!busy_.needs_reading(ps, now)) return send_client_view(fd, context, ps);
-        // No recent reading of busy time: this answer starts a window, the next one ends it.
-        busy_.take(ps, now);
-        loop_.after(BusySampler::kMinWindow, [this, fd, context] {
-          commands_.query_clients(
-              "", [this, fd, context](std::vector<ServerClients> later, std::string, std::string) {
-                send_client_view(fd, context, later);
-              });
-        });
-      });
+  views_waiting_.push_back(WaitingView{fd, std::move(context)});
+  // One round of the servers' answers serves every view asked for meanwhile, so that views
+  // asked in a burst cost the servers one `ps` (two when busy time starts a window).
+  if (views_waiting_.size() == 1) ask_servers_for_views();
 }
 
-void ClientGate::send_client_view(int fd, const ViewContext& context,
-                                  const std::vector<ServerClients>& ps) {
-  auto node = answering_.extract(fd);
-  if (node.empty()) return;
-  nlohmann::json view = build_client_view(context, ps, busy_.take(ps, BusySampler::Clock::now()));
-  std::string text = view.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  for (const proto::TextMessage& part :
-       proto::text_messages(MessageKind::kClientViewReply, 0, text)) {
-    if (proto::send_struct(node.mapped().get(), part) != 0) break;
+void ClientGate::ask_servers_for_views() {
+  commands_.query_clients("", [this](std::vector<ServerClients> ps, std::string, std::string) {
+    const auto now = BusySampler::Clock::now();
+    if (!busy_.needs_reading(ps, now)) return answer_views(ps);
+    // No recent reading of busy time: this answer starts a window, the next one ends it.
+    busy_.take(ps, now);
+    loop_.after(BusySampler::kMinWindow, [this] {
+      commands_.query_clients("", [this](std::vector<ServerClients> later, std::string,
+                                         std::string) { answer_views(later); });
+    });
+  });
+}
+
+void ClientGate::answer_views(const std::vector<ServerClients>& ps) {
+  const BusySampler::Deltas deltas = busy_.take(ps, BusySampler::Clock::now());
+  for (const WaitingView& waiting : std::exchange(views_waiting_, {})) {
+    auto node = answering_.extract(waiting.fd);
+    if (node.empty()) continue;
+    nlohmann::json view = build_client_view(waiting.context, ps, deltas);
+    std::string text = view.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    for (const proto::TextMessage& part :
+         proto::text_messages(MessageKind::kClientViewReply, 0, text)) {
+      if (proto::send_struct(node.mapped().get(), part) != 0) break;
+    }
   }
 }
 

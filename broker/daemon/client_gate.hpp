@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "broker/daemon/access_policy.hpp"
 #include "broker/daemon/allocations.hpp"
@@ -60,7 +61,8 @@ class ClientGate {
   void on_command(Waiting connection, const proto::TextMessage& request);
   // kClientView (docs/nvml.md): the share the peer sees, from the servers' `ps` answers.
   void on_client_view(Waiting connection, const proto::ClientViewRequest& request);
-  void send_client_view(int fd, const ViewContext& context, const std::vector<ServerClients>& ps);
+  void ask_servers_for_views();
+  void answer_views(const std::vector<ServerClients>& ps);
   void refuse(const Waiting& connection, int cuda_error, const std::string& message);
   Waiting take(int fd);
 
@@ -79,6 +81,11 @@ class ClientGate {
   std::unordered_map<int, proto::UniqueFd> answering_;  // by fd: a command awaiting servers
   proto::Received scratch_;
   BusySampler busy_;  // the GPUs' busy time at the last client view
+  struct WaitingView {
+    int fd;  // in answering_
+    ViewContext context;
+  };
+  std::vector<WaitingView> views_waiting_;  // asked since the servers were last asked
 };
 
 }  // namespace mpsshim::daemon

@@ -193,6 +193,35 @@ TEST_CASE("a GPU the process may not use, and a process without a daemon, see th
   CHECK(err.find("cannot ask mpsshimd") != std::string::npos);
 }
 
+TEST_CASE("views asked at once are each answered for their own scope", "[nvml]") {
+  Daemon daemon({"--busy-time", "on"});
+  const std::string small = token_of(daemon, "64M");
+  const std::string large = token_of(daemon, "512M");
+  auto client = holding_client(daemon, {{"MPSSHIM_ALLOCATION_TOKEN", small}});
+  std::map<std::string, std::string> env{{"CUDA_MPS_PIPE_DIRECTORY", daemon.dir()},
+                                         {"LD_PRELOAD", nvml_preload()},
+                                         {"MPSSHIM_REAL_NVML", artefact("FAKE_NVML")},
+                                         {"FAKE_NVML_UUIDS", daemon_uuids(daemon)}};
+  std::vector<std::unique_ptr<Child>> probes;
+  for (int i = 0; i < 16; ++i) {
+    auto mine = env;
+    mine["MPSSHIM_ALLOCATION_TOKEN"] = i % 2 == 0 ? small : large;
+    probes.push_back(
+        std::make_unique<Child>(std::vector<std::string>{artefact("NVML_PROBE")}, mine));
+  }
+  for (int i = 0; i < 16; ++i) {
+    Outcome outcome = probes[i]->wait(std::chrono::seconds(30));
+    INFO("probe " << i << ": " << outcome.out << outcome.err);
+    REQUIRE(outcome.exit_code == 0);
+    const std::string total = std::to_string(i % 2 == 0 ? 64 * kMiB : 512 * kMiB);
+    const std::string used = std::to_string(i % 2 == 0 ? kAccountHeld : 0);
+    CHECK(outcome.out.find(" total=" + total + " ") != std::string::npos);
+    CHECK(outcome.out.find(" used=" + used + " ") != std::string::npos);
+  }
+  client->close_stdin();
+  CHECK(client->wait().exit_code == 0);
+}
+
 TEST_CASE("a malformed view request ends that connection, not the daemon", "[nvml]") {
   Daemon daemon;
   int fd = mpsshim::proto::connect_seqpacket(daemon.dir() + "/control");
