@@ -17,6 +17,7 @@ from collections import defaultdict
 from .common import HERE, Interrupted, Proc, error_text, log, parse_result_line
 from .config import PRESETS
 from .dry_run import dry_run_argv
+from .machine_cpu import CpuSampler
 from .modes import ALL_MODES, MODE_LABEL, ModeControl, client_uid, is_shim
 from .ops_snapshot import OpsSnapshot
 from .report import is_skip, make_plots, render_report
@@ -61,6 +62,7 @@ class Harness(ModeControl, OpsSnapshot):
         self.mps_control = (shutil.which("nvidia-cuda-mps-control")
                             or "/usr/local/nvidia/bin/nvidia-cuda-mps-control")
         self.rows: list[dict] = []
+        self.cpu: CpuSampler | None = None  # the whole machine's CPU during the last group
         self.notes: list[str] = []
         self.t0 = time.monotonic()
         self.item_cost: dict = {}
@@ -112,6 +114,20 @@ class Harness(ModeControl, OpsSnapshot):
                           "value": "" if value is None else round(float(value), 6),
                           "unit": unit, "status": status, "error": error})
 
+    def add_machine_cpu(self, workload, mode, rep, start_ns, end_ns, units, per_unit_metric,
+                        scale, n="") -> None:
+        """The whole machine's CPU over the last group's measured window (machine_cpu.py):
+        `machine_cores_busy`, and `per_unit_metric` = CPU seconds x `scale` / `units`."""
+        if self.cpu is None:
+            return
+        measured = self.cpu.over(start_ns, end_ns)
+        if measured is None:
+            return
+        cores, cpu_s = measured
+        self.add(workload, "machine_cores_busy", mode, rep, cores, n=n)
+        if units > 0:
+            self.add(workload, per_unit_metric, mode, rep, cpu_s * scale / units, n=n)
+
     def fail(self, workload, metrics, mode, rep, error, n="", size=0, status="failed"):
         for metric in metrics:
             self.add(workload, metric, mode, rep, None, n=n, size=size, status=status, error=error)
@@ -145,6 +161,7 @@ class Harness(ModeControl, OpsSnapshot):
                 log(f"  dry run: {'' if uid is None else f'(uid {uid}) '}"
                     f"{' '.join(f'{k}={v}' for k, v in sorted(extra.items()))} {' '.join(a)}")
             argvs = [dry_run_argv(a) for a in argvs]
+        self.cpu = CpuSampler().start()
         procs = [Proc(a, envs[i], run_dir, f"{tag}.{i}", stdin_pipe=wait_go,
                       uid=None if self.args.dry_run else client_uid(mode, i))
                  for i, a in enumerate(argvs)]
@@ -170,6 +187,7 @@ class Harness(ModeControl, OpsSnapshot):
             for p in procs:
                 p.wait(deadline)
         finally:
+            self.cpu.stop()
             if timer:
                 timer.cancel()
                 timer.join()

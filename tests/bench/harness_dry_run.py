@@ -48,6 +48,42 @@ def check_multigpu(harness: str, out: str) -> None:
             fail("report.md has no multigpu section")
 
 
+def check_machine_cpu(source: str, harness: str, out: str) -> None:
+    """The whole machine's CPU (bench/harness/machine_cpu.py): /proc/stat's busy ticks, a window
+    read from samples, and both columns for every mode of the concurrency workload."""
+    sys.path.insert(0, os.path.join(source, "bench"))
+    from harness.machine_cpu import CpuSampler, busy_ticks  # noqa: E402
+    stat = "cpu  100 5 50 1000 40 3 2 1 0 0\ncpu0 50 2 25 500 20 1 1 0 0 0\n"
+    if busy_ticks(stat) != 100 + 5 + 50 + 3 + 2 + 1:
+        fail(f"busy_ticks of a fixed /proc/stat: {busy_ticks(stat)}")
+    sampler = CpuSampler()
+    hz = os.sysconf("SC_CLK_TCK")
+    # Samples a second apart with 2 cores busy, then 1: the window 1..3 s averages 1.5.
+    sampler.times = [0, 1_000_000_000, 2_000_000_000, 3_000_000_000]
+    sampler.ticks = [0, 2 * hz, 4 * hz, 5 * hz]
+    if sampler.over(1_000_000_000, 3_000_000_000) != (1.5, 3.0):
+        fail(f"CpuSampler.over: {sampler.over(1_000_000_000, 3_000_000_000)}")
+    if sampler.over(500_000_000, 3_500_000_000) is not None:
+        fail("a window the samples do not cover was measured")
+    modes = ["native", "mps", "shim"]
+    results = os.path.join(out, "concurrency")
+    run = subprocess.run(
+        [sys.executable, harness, "--build-dir", out, "--out", results, "--dry-run",
+         "--workloads", "concurrency", "--modes", ",".join(modes), "--reps", "1"],
+        capture_output=True, text=True, timeout=300)
+    log = run.stdout + run.stderr
+    if run.returncode != 0:
+        fail(f"harness (concurrency) exited {run.returncode}:\n{log}")
+    with open(os.path.join(results, "results.csv")) as f:
+        rows = list(csv.DictReader(f))
+    for mode in modes:
+        for metric in ["machine_cores_busy", "machine_cpu_us_per_kernel"]:
+            got = [r for r in rows if r["mode"] == mode and r["metric"] == metric
+                   and r["status"] == "ok" and r["value"] and float(r["value"]) >= 0]
+            if not got:
+                fail(f"no {metric} for {mode} in the concurrency results.csv:\n{log}")
+
+
 def main() -> int:
     source = os.path.abspath(sys.argv[1])
     harness = os.path.join(source, "bench", "harness.py")
@@ -92,6 +128,7 @@ def main() -> int:
             if "## Headline" not in f.read():
                 fail("the re-rendered reference report has no headline")
         check_multigpu(harness, out)
+        check_machine_cpu(source, harness, out)
     print("PASS harness dry run")
     return 0
 

@@ -1,7 +1,7 @@
 """N copies of examples/small_kernels (2 blocks x 32 threads, ~10 us kernels, sync every 64)
 started together (--start-at-ns): per-process seconds, aggregate kernels/s, and the broker's CPU
 per kernel (its processes' utime + stime from /proc over the group, clients' setup included; MPS
-and mpsshim modes)."""
+and mpsshim modes), and the whole machine's CPU over the loops (machine_cpu.py; every mode)."""
 from __future__ import annotations
 
 import os
@@ -22,6 +22,10 @@ METRICS = {
     "late_ms": ("small kernels, latest start after the barrier", "ms", None),
     "broker_cpu_us_per_kernel": ("small kernels, broker CPU per kernel (/proc)", "us",
                                                   "lower"),
+    "machine_cores_busy": ("small kernels, whole machine: CPU cores busy (/proc/stat)", "cores",
+                           None),
+    "machine_cpu_us_per_kernel": ("small kernels, whole machine: CPU per kernel (/proc/stat)",
+                                  "us", "lower"),
 }
 
 
@@ -66,6 +70,8 @@ def run(h, mode, rep):
             h.add("concurrency", "per_proc_s", mode, rep, s, n=n)
         h.add("concurrency", "slowest_proc_s", mode, rep, max(seconds), n=n)
         h.add("concurrency", "late_ms", mode, rep, late, n=n)
+        h.add_machine_cpu("concurrency", mode, rep, min(starts), max(ends), n * kernels,
+                          "machine_cpu_us_per_kernel", 1e6, n=n)
         if ticks_before is not None and ticks_after is not None:
             # The broker's CPU (every thread of the daemon and the server, or of NVIDIA MPS's
             # processes) over the whole group, clients' setup included, per kernel launched.

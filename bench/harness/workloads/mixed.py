@@ -17,6 +17,9 @@ METRICS = {
     "small_p99_us": ("small-kernel latency p99 (launch+sync)", "us", "lower"),
     "small_agg_kernels_per_s": ("small kernels, aggregate", "kernels/s", "higher"),
     "large_agg_kernels_per_s": ("large kernels, aggregate", "kernels/s", "higher"),
+    "machine_cores_busy": ("mixed, whole machine: CPU cores busy (/proc/stat)", "cores", None),
+    "machine_cpu_us_per_kernel": ("mixed, whole machine: CPU per kernel, small and large "
+                                  "(/proc/stat)", "us", "lower"),
 }
 
 
@@ -57,6 +60,9 @@ def run(h, mode, rep):
         h.add("mixed", "small_p99_us", mode, rep, float(r["p99_us"]), n=n)
     h.add("mixed", "small_agg_kernels_per_s", mode, rep, agg(sm), n=n)
     h.add("mixed", "large_agg_kernels_per_s", mode, rep, agg(lg), n=n)
+    h.add_machine_cpu("mixed", mode, rep, min(int(r["start_ns"]) for r in res),
+                      max(int(r["end_ns"]) for r in res), sum(int(r["kernels"]) for r in res),
+                      "machine_cpu_us_per_kernel", 1e6, n=n)
     log(f"  mixed {mode}: small p50 {statistics.median(float(r['p50_us']) for r in sm):.1f} us"
         f" p99 {statistics.median(float(r['p99_us']) for r in sm):.1f} us, small "
         f"{agg(sm):,.0f}/s, large {agg(lg):,.0f}/s")

@@ -13,6 +13,10 @@ METRICS = {
     "ms_per_iter": ("ResNet-50 b1, per-process", "ms/iter", "lower"),
     "agg_iters_per_s": ("ResNet-50 b1, aggregate", "iters/s", "higher"),
     "out_sum": ("output check: sum of the logits (same seed in every mode)", "", None),
+    "machine_cores_busy": ("ResNet-50 b1, whole machine: CPU cores busy (/proc/stat)", "cores",
+                           None),
+    "machine_cpu_ms_per_iter": ("ResNet-50 b1, whole machine: CPU per iteration (/proc/stat)",
+                                "ms", "lower"),
 }
 
 
@@ -59,6 +63,9 @@ def run(h, mode, rep):
             if "out_sum" in r:
                 h.add("resnet", "out_sum", mode, rep, float(r["out_sum"]), n=n)
         h.add("resnet", "agg_iters_per_s", mode, rep, n * iters / span, n=n)
+        h.add_machine_cpu("resnet", mode, rep, min(int(r["start_ns"]) for r in res),
+                          max(int(r["end_ns"]) for r in res), n * iters,
+                          "machine_cpu_ms_per_iter", 1e3, n=n)
         log(f"  resnet {mode} n={n}: "
             f"{statistics.median(float(r['ms_per_iter']) for r in res):.2f} ms/iter, "
             f"{n * iters / span:.0f} iters/s")
