@@ -401,11 +401,12 @@ void ClientGate::on_client_view(Waiting connection, const proto::ClientViewReque
   ViewContext context;
   context.scope.allocation_id = scope_quota->allocation_id;
   context.scope.pod = scope_quota->pod;
-  context.scope.cgroup = cgroup_of(connection.peer.pid);
-  const ClientClass* cls = classes_ != nullptr && !classes_->empty()
-                               ? class_of(*classes_, connection.peer, context.scope.cgroup,
-                                          scope_quota->allocation_id != 0)
-                               : nullptr;
+  context.scope.cgroup = cgroup_identity(connection.peer.pid);
+  const ClientClass* cls =
+      classes_ != nullptr && !classes_->empty()
+          ? class_of(*classes_, connection.peer, cgroup_of(connection.peer.pid),
+                     scope_quota->allocation_id != 0)
+          : nullptr;
   for (std::size_t k = 0; k < visible->size(); ++k) {
     const int gpu = (*visible)[k];
     const auto& snapshot = supervisor_.status(gpu).snapshot;
@@ -437,7 +438,7 @@ void ClientGate::on_client_view(Waiting connection, const proto::ClientViewReque
   }
   const long requester = connection.peer.pid;
   context.visible_pid = [requester](long pid) { return pid_seen_by(pid, requester); };
-  context.cgroup_of = [](long pid) { return cgroup_of(static_cast<pid_t>(pid)); };
+  context.cgroup_of = [](long pid) { return cgroup_identity(pid); };
   log_debug("{} asked for its share (scope: {})", who,
             context.scope.allocation_id != 0
                 ? fmt::format("allocation {}", context.scope.allocation_id)

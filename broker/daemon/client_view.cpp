@@ -49,6 +49,18 @@ std::optional<long> innermost_pid(long pid) {
 
 }  // namespace
 
+std::string cgroup_identity(long pid) {
+  std::ifstream file(fmt::format("/proc/{}/cgroup", pid));
+  std::string all;
+  for (std::string line; std::getline(file, line);) {
+    if (line.starts_with("0::")) return line.substr(3);
+    // "4:memory:/kubepods/..." -> "memory:/kubepods/..." (the hierarchy numbers are the host's).
+    auto colon = line.find(':');
+    all += (all.empty() ? "" : ";") + (colon == std::string::npos ? line : line.substr(colon + 1));
+  }
+  return all;
+}
+
 bool BusySampler::needs_reading(const std::vector<ServerClients>& ps, Clock::time_point now) const {
   bool needed = false;
   for_each_client(ps, [&](int gpu, const ClientFields& fields) {

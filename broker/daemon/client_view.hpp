@@ -88,6 +88,11 @@ struct ViewContext {
 nlohmann::json build_client_view(const ViewContext& context, const std::vector<ServerClients>& ps,
                                  const BusySampler::Deltas& deltas);
 
+// What the scope compares when there is no allocation: the cgroup v2 path of `pid` (the "0::"
+// line of /proc/<pid>/cgroup); on a host with cgroup v1 alone, every hierarchy's path, which
+// processes of one container or unit share. "" when unknown (the process is gone).
+std::string cgroup_identity(long pid);
+
 // `pid` (in the daemon's pid namespace) as `requester` sees it: its innermost NSpid when both
 // share a pid namespace, itself when the requester is in the daemon's namespace, else nullopt.
 std::optional<long> pid_seen_by(long pid, long requester);

@@ -1,5 +1,6 @@
 // The client view's arithmetic (broker/daemon/client_view.hpp) on made-up `ps` answers: who is in
 // the scope, what it holds, which pids it may see, and busy time over a window.
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -99,6 +100,26 @@ TEST_CASE("busy time is measured over the window between two readings", "[client
   CHECK(sampler.needs_reading(second, t1 + BusySampler::kMaxWindow + std::chrono::seconds(1)));
   // Busy time off (busy_us=-): no reading is waited for.
   CHECK_FALSE(sampler.needs_reading({{1, "client=1 pid=12 busy_us=- state=active\n"}}, t1));
+}
+
+TEST_CASE("a process's cgroup identity is known while it lives, the same for its child",
+          "[client_view]") {
+  const std::string mine = cgroup_identity(::getpid());
+  CHECK_FALSE(mine.empty());
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    char byte = 0;
+    (void)::read(ready[0], &byte, 1);  // until the test closes its end
+    ::_exit(0);
+  }
+  ::close(ready[0]);
+  CHECK(cgroup_identity(child) == mine);
+  ::close(ready[1]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  CHECK(cgroup_identity(0x7ffffff0).empty());  // no such process
 }
 
 TEST_CASE("a pid is shown as the asking process sees it", "[client_view]") {
