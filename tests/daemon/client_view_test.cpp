@@ -110,6 +110,7 @@ TEST_CASE("a process's cgroup identity is known while it lives, the same for its
   REQUIRE(::pipe(ready) == 0);
   const pid_t child = ::fork();
   if (child == 0) {
+    ::close(ready[1]);
     char byte = 0;
     (void)::read(ready[0], &byte, 1);  // until the test closes its end
     ::_exit(0);
