@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <mutex>
@@ -295,8 +296,39 @@ void Server::look_after_memory(std::chrono::steady_clock::time_point now) {
   }
 }
 
+namespace {
+
+// MPSSHIM_SERVER_IDLE="SPIN,YIELD,PENDING_YIELD,PENDING_NAP" (microseconds): the workers' idle
+// strategy, for measuring what it costs (docs/environment.md); unset or malformed: the defaults.
+BackoffIdleStrategy::Config idle_config() {
+  BackoffIdleStrategy::Config config;
+  const char* text = std::getenv("MPSSHIM_SERVER_IDLE");
+  if (text == nullptr || *text == '\0') return config;
+  long us[4];
+  if (std::sscanf(text, "%ld,%ld,%ld,%ld", &us[0], &us[1], &us[2], &us[3]) != 4 || us[0] < 0 ||
+      us[1] < 0 || us[2] < 0 || us[3] <= 0) {
+    log_warn(
+        "MPSSHIM_SERVER_IDLE=\"{}\" is not SPIN,YIELD,PENDING_YIELD,PENDING_NAP in "
+        "microseconds; the defaults apply",
+        text);
+    return config;
+  }
+  config.spin = std::chrono::microseconds(us[0]);
+  config.yield = std::chrono::microseconds(us[1]);
+  config.pending_yield = std::chrono::microseconds(us[2]);
+  config.pending_nap = std::chrono::microseconds(us[3]);
+  log_info(
+      "worker idle strategy: spin {} us, yield {} us, with GPU work owed yield {} us then "
+      "naps of {} us (MPSSHIM_SERVER_IDLE)",
+      us[0], us[1], us[2], us[3]);
+  return config;
+}
+
+}  // namespace
+
 int Server::run(const std::atomic<bool>& stop) {
-  for (auto& worker : workers_) worker->start(std::make_unique<BackoffIdleStrategy>());
+  const BackoffIdleStrategy::Config idle = idle_config();
+  for (auto& worker : workers_) worker->start(std::make_unique<BackoffIdleStrategy>(idle));
   log_info("{} worker thread(s) serve the clients", workers_.size());
   int code = 0;
   while (!finished()) {
