@@ -594,6 +594,20 @@ TEST_CASE("32 clients at once on a server of 4 workers all get their own correct
   CHECK(eventually([&] { return ps_pids(daemon).empty(); }));
 }
 
+TEST_CASE("MPSSHIM_SERVER_IDLE sets the workers' idle strategy; a malformed one is refused",
+          "[e2e][idle]") {
+  {
+    Daemon daemon({}, {{"MPSSHIM_SERVER_IDLE", "10,100,0,30"}});
+    require_pass(run_client(daemon, {client(), "basic", "100000"}), daemon);
+    CHECK(daemon.log().find("worker idle strategy: spin 10 us, yield 100 us, with GPU work owed "
+                            "yield 0 us then naps of 30 us") != std::string::npos);
+  }
+  Daemon daemon({}, {{"MPSSHIM_SERVER_IDLE", "10,100,0"}});
+  require_pass(run_client(daemon, {client(), "basic", "100000"}), daemon);
+  CHECK(daemon.log().find("MPSSHIM_SERVER_IDLE=\"10,100,0\" is not SPIN,YIELD,PENDING_YIELD,"
+                          "PENDING_NAP in microseconds; the defaults apply") != std::string::npos);
+}
+
 TEST_CASE("clients killed at random points leave the server and the busy clients unharmed",
           "[e2e][threaded]") {
   Daemon daemon({"--server-workers", "4"});
