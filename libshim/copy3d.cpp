@@ -345,8 +345,39 @@ CUresult check_contexts(CUcontext dst_ctx, CUcontext src_ctx) {
   return CUDA_SUCCESS;
 }
 
+// cuMemcpyPeer and cuMemcpy3DPeer are serialized with all pending and future work of the
+// current, source and destination contexts (the driver's contract; the Async forms are not). A
+// context of another GPU lives on another server, whose queue the current one's cannot wait on:
+// its pending work is waited for before the copy is sent (the copy must read what it wrote) and
+// the copy itself before returning (its later work must not overtake the copy). Contexts of the
+// current one's GPU share its server and stream order: nothing to wait for.
+class PeerSerialization {
+ public:
+  // Waits for the pending work of `src_ctx` and `dst_ctx` where they are on another server than
+  // the current context.
+  CUresult before(CUcontext dst_ctx, CUcontext src_ctx) {
+    Context* current_ctx = nullptr;
+    if (CUresult rc = current(current_ctx); rc != CUDA_SUCCESS) return rc;
+    for (CUcontext other : {src_ctx, dst_ctx}) {
+      Context* o = object_of<Context>(other);
+      if (o == nullptr || o->session == current_ctx->session) continue;
+      crossed_ = true;
+      if (CUresult rc = cuCtxSynchronize_v2(other); rc != CUDA_SUCCESS) return rc;
+    }
+    return CUDA_SUCCESS;
+  }
+  // Waits for the copy sent (`sent`: its result) when another server was involved.
+  CUresult after(CUresult sent) {
+    if (sent != CUDA_SUCCESS || !crossed_) return sent;
+    return cuCtxSynchronize();
+  }
+
+ private:
+  bool crossed_ = false;
+};
+
 CUresult copy_peer(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx, size_t n,
-                   CUstream handle, DefaultStream mode) {
+                   CUstream handle, DefaultStream mode, bool async) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   if (CUresult rc = check_contexts(dst_ctx, src_ctx); rc != CUDA_SUCCESS) return rc;
   if (n == 0) return CUDA_SUCCESS;
@@ -355,8 +386,13 @@ CUresult copy_peer(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontex
   if (CUresult rc = resolve_stream(handle, mode, ctx, stream); rc != CUDA_SUCCESS) return rc;
   if (CUresult rc = reach_from(ctx->device, dst, n); rc != CUDA_SUCCESS) return rc;
   if (CUresult rc = reach_from(ctx->device, src, n); rc != CUDA_SUCCESS) return rc;
+  PeerSerialization serialized;
+  if (!async) {
+    if (CUresult rc = serialized.before(dst_ctx, src_ctx); rc != CUDA_SUCCESS) return rc;
+  }
   proto::CopyDtoDReq request{stream->wire, dst, src, n};
-  return ctx->session->post(proto::Op::kCopyDtoD, request);
+  CUresult sent = ctx->session->post(proto::Op::kCopyDtoD, request);
+  return async ? sent : serialized.after(sent);
 }
 
 CUresult copy_3d_peer(const CUDA_MEMCPY3D_PEER* c, CUstream handle, DefaultStream mode,
@@ -388,7 +424,14 @@ CUresult copy_3d_peer(const CUDA_MEMCPY3D_PEER* c, CUstream handle, DefaultStrea
   three.WidthInBytes = c->WidthInBytes;
   three.Height = c->Height;
   three.Depth = c->Depth;
-  return copy_3d(&three, handle, mode, async);
+  PeerSerialization serialized;
+  if (!async) {
+    if (CUresult rc = serialized.before(c->dstContext, c->srcContext); rc != CUDA_SUCCESS) {
+      return rc;
+    }
+  }
+  CUresult sent = copy_3d(&three, handle, mode, async);
+  return async ? sent : serialized.after(sent);
 }
 
 // One row of `bytes` between an array (at byte `offset` of its first row) and linear memory.
@@ -495,7 +538,7 @@ constexpr auto kPerThread = DefaultStream::kPerThread;
   }                                                                                              \
   MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyPeer##SUFFIX(                                          \
       CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx, size_t n) {        \
-    return copy_peer(dst, dst_ctx, src, src_ctx, n, nullptr, MODE);                              \
+    return copy_peer(dst, dst_ctx, src, src_ctx, n, nullptr, MODE, false);                       \
   }                                                                                              \
   MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpy3DPeer##SUFFIX(const CUDA_MEMCPY3D_PEER* c) {          \
     return copy_3d_peer(c, nullptr, MODE, false);                                                \
@@ -525,7 +568,7 @@ MPSSHIM_SYNC_COPIES_3D(_ptds, kPerThread)
   MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpyPeerAsync##SUFFIX(CUdeviceptr dst, CUcontext dst_ctx,    \
                                                             CUdeviceptr src, CUcontext src_ctx,    \
                                                             size_t n, CUstream h) {                \
-    return copy_peer(dst, dst_ctx, src, src_ctx, n, h, MODE);                                      \
+    return copy_peer(dst, dst_ctx, src, src_ctx, n, h, MODE, true);                                \
   }                                                                                                \
   MPSSHIM_EXPORT CUresult CUDAAPI cuMemcpy3DPeerAsync##SUFFIX(const CUDA_MEMCPY3D_PEER* c,         \
                                                               CUstream h) {                        \

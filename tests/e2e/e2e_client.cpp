@@ -934,6 +934,50 @@ bool one_address_space() {
   return ok;
 }
 
+// cuMemcpyPeer is serialized with the pending work of its source context, also on another GPU
+// (another server): GPU 0 sleeps 50 ms, then fills a buffer; GPU 1's cuMemcpyPeer of that buffer,
+// sent at once, must copy the filled bytes, and GPU 0's later refill must not reach the copy.
+bool peer_copy_serialized() {
+  constexpr std::size_t kBytes = 1 << 16;
+  CUcontext ctx[2]{};
+  for (int d = 0; d < 2; ++d) CHECK(cuDevicePrimaryCtxRetain(&ctx[d], d));
+  CHECK(cuCtxSetCurrent(ctx[0]));
+  CUmodule module{};
+  CHECK(cuModuleLoadData(&module, kModuleImage));
+  CUfunction sleeper{};
+  CHECK(cuModuleGetFunction(&sleeper, module, "sleep_kernel"));
+  CUdeviceptr on0{}, on1{};
+  CHECK(cuMemAlloc(&on0, kBytes));
+  CHECK(cuMemsetD8(on0, 0x11, kBytes));
+  CHECK(cuCtxSynchronize());
+  int us = 50'000;
+  void* args[] = {&us};
+  CHECK(cuLaunchKernel(sleeper, 1, 1, 1, 1, 1, 1, 0, nullptr, args, nullptr));
+  CHECK(cuMemsetD8(on0, 0x77, kBytes));  // queued behind the sleep
+  CHECK(cuCtxSetCurrent(ctx[1]));
+  CHECK(cuMemAlloc(&on1, kBytes));
+  CHECK(cuMemcpyPeer(on1, ctx[1], on0, ctx[0], kBytes));
+  CHECK(cuCtxSetCurrent(ctx[0]));
+  CHECK(cuMemsetD8(on0, 0x22, kBytes));  // after the copy
+  CHECK(cuCtxSynchronize());
+  CHECK(cuCtxSetCurrent(ctx[1]));
+  std::vector<unsigned char> copied(kBytes);
+  CHECK(cuMemcpyDtoH(copied.data(), on1, kBytes));
+  const auto filled = std::count(copied.begin(), copied.end(), 0x77);
+  bool ok = filled == static_cast<long>(kBytes);
+  if (!ok) {
+    std::printf(
+        "two_gpus: cuMemcpyPeer copied %ld of %zu bytes GPU 0 filled before it (byte 0: "
+        "0x%02x)\n",
+        static_cast<long>(filled), kBytes, copied[0]);
+  }
+  CHECK(cuMemFree(on1));
+  CHECK(cuCtxSetCurrent(ctx[0]));
+  CHECK(cuMemFree(on0));
+  CHECK(cuModuleUnload(module));
+  return ok;
+}
+
 // Copies between the GPUs (cuMemcpyPeer, a unified-address copy issued on the other GPU's
 // stream, a copy to the host of the other GPU's memory) and a kernel on GPU 1 that reads GPU 0's
 // memory once peer access is on; then GPU 0's memory is freed while GPU 1's server maps it.
@@ -1208,6 +1252,7 @@ int two_gpus(bool fault) {
   // still be its own GPU's: in that GPU's arena, apart from the other GPU's, with its data.
   ok = one_address_space() && ok;
   ok = peer_copies_and_access() && ok;
+  ok = peer_copy_serialized() && ok;
   ok = library_kernel_on_both() && ok;
   ok = pinned_on_both() && ok;
   if (fault) {
