@@ -38,7 +38,8 @@ def check_multigpu(harness: str, out: str) -> None:
     for mode in modes:
         for metric in ["peer_copy_gbps", "peer_copy_back_gbps", "unified_copy_gbps",
                        "allreduce_busbw_gbps", "allreduce_8kib_us", "ddp_step_ms",
-                       "one_gpu_kernels_per_s", "two_gpu_kernels_per_s", "two_over_one_gpu"]:
+                       "one_gpu_kernels_per_s", "two_gpu_kernels_per_s", "two_over_one_gpu",
+                       "machine_cores_busy", "machine_cpu_us_per_kernel"]:
             got = [r for r in rows if r["mode"] == mode and r["metric"] == metric
                    and r["status"] == "ok" and r["value"]]
             if not got:
@@ -107,7 +108,8 @@ def main() -> int:
             rows = list(csv.DictReader(f))
         for mode in MODES:
             for metric in ["high_p99_us", "low_kernels_per_s", "high_p99_vs_alone",
-                           "low_tput_vs_alone"]:
+                           "low_tput_vs_alone", "machine_cores_busy",
+                           "machine_cpu_us_per_kernel"]:
                 got = [r for r in rows if r["mode"] == mode and r["metric"] == metric
                        and r["status"] == "ok" and r["value"]]
                 if not got:

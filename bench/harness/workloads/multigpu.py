@@ -28,6 +28,10 @@ METRICS = {
     "two_gpu_kernels_per_s": ("small kernels, N clients on each of 2 GPUs", "kernels/s",
                               "higher"),
     "two_over_one_gpu": ("small kernels, aggregate on 2 GPUs / on 1", "x", "higher"),
+    "machine_cores_busy": ("small kernels, whole machine: CPU cores busy (/proc/stat)", "cores",
+                           None),
+    "machine_cpu_us_per_kernel": ("small kernels, whole machine: CPU per kernel (/proc/stat)",
+                                  "us", "lower"),
 }
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1"}
@@ -114,6 +118,9 @@ def small_kernels(h, mode, rep):
                 - min(int(r["start_ns"]) for r in results)) / 1e9
         rates[label] = count * kernels / span
         h.add("multigpu", label, mode, rep, rates[label], n=n)
+        h.add_machine_cpu("multigpu", mode, rep, min(int(r["start_ns"]) for r in results),
+                          max(int(r["end_ns"]) for r in results), count * kernels,
+                          "machine_cpu_us_per_kernel", 1e6, n=f"{n} on {len(gpus)} GPU(s)")
     ratio = rates["two_gpu_kernels_per_s"] / rates["one_gpu_kernels_per_s"]
     h.add("multigpu", "two_over_one_gpu", mode, rep, ratio, n=n)
     log(f"  multigpu small kernels {mode}: {rates['one_gpu_kernels_per_s']:,.0f} kernels/s on one "
