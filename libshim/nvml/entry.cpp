@@ -9,6 +9,7 @@
 
 #include "libshim/nvml/export_table.hpp"
 #include "libshim/nvml/nvml_api.hpp"
+#include "libshim/nvml/process_list.hpp"
 #include "libshim/nvml/real_nvml.hpp"
 #include "libshim/nvml/share_view.hpp"
 
@@ -28,48 +29,31 @@ MemoryFigures memory_of(const GpuShare& share, unsigned long long physical_total
   return MemoryFigures{total, std::min(room, physical_free), share.memory_used};
 }
 
-// The share's processes into an NVML process array (the _v1 layout or the later one).
-template <typename Info>
-Return fill_processes(const GpuShare& share, unsigned* count, Info* infos) {
-  const auto needed = static_cast<unsigned>(share.processes.size());
-  if (*count < needed) {
-    *count = needed;
-    return kErrorInsufficientSize;
-  }
-  if (needed > 0 && infos == nullptr) return kErrorInvalidArgument;
-  for (unsigned i = 0; i < needed; ++i) {
-    Info info{};
-    info.pid = share.processes[i].pid;
-    info.usedGpuMemory = share.processes[i].memory_used;
-    if constexpr (sizeof(Info) == sizeof(ProcessInfo)) {
-      info.gpuInstanceId = kValueNotAvailable;
-      info.computeInstanceId = kValueNotAvailable;
-    }
-    infos[i] = info;
-  }
-  *count = needed;
-  return kSuccess;
-}
-
-// A process list call: checked by the real one, answered with the share's processes (compute)
-// or none (graphics, MPS: the scope's clients are compute clients of mpsshim's servers).
+// A public process list (the _v1 layout or the later one).
 template <typename Info>
 Return processes(const char* name, Device device, unsigned* count, Info* infos, bool compute) {
-  using Fn = Return(Device, unsigned*, Info*);
-  auto* fn = real<Fn>(name);
+  return answer_process_list(real<Return(Device, unsigned*, Info*)>(name), device, count, infos,
+                             compute, [](Info& info, const ShareProcess& process) {
+                               info = Info{};
+                               info.pid = process.pid;
+                               info.usedGpuMemory = process.memory_used;
+                               if constexpr (sizeof(Info) == sizeof(ProcessInfo)) {
+                                 info.gpuInstanceId = kValueNotAvailable;
+                                 info.computeInstanceId = kValueNotAvailable;
+                               }
+                             });
+}
+
+// Calls the real `name` and, when it succeeded on a device with a share, lets `adjust` replace
+// what the share decides in its answer.
+template <typename Out, typename Adjust>
+Return adjusted(const char* name, Device device, Out* out, Adjust adjust) {
+  auto* fn = real<Return(Device, Out*)>(name);
   if (fn == nullptr) return kErrorFunctionNotFound;
-  auto share = count != nullptr ? share_of_device(device) : std::nullopt;
-  if (!share) return fn(device, count, infos);
-  // Validate the handle with a size query (a bad handle fails here as it would natively).
-  unsigned probe = 0;
-  if (Return r = fn(device, &probe, nullptr); r != kSuccess && r != kErrorInsufficientSize) {
-    return r;
-  }
-  if (!compute) {
-    *count = 0;
-    return kSuccess;
-  }
-  return fill_processes(*share, count, infos);
+  Return r = fn(device, out);
+  if (r != kSuccess) return r;
+  if (auto share = share_of_device(device)) adjust(*share, *out);
+  return r;
 }
 
 }  // namespace
@@ -81,60 +65,43 @@ using namespace mpsshim::nvml;
 #define MPSSHIM_NVML_EXPORT extern "C" __attribute__((visibility("default")))
 
 MPSSHIM_NVML_EXPORT Return nvmlDeviceGetMemoryInfo(Device device, Memory* memory) {
-  auto* fn = real<Return(Device, Memory*)>("nvmlDeviceGetMemoryInfo");
-  if (fn == nullptr) return kErrorFunctionNotFound;
-  Return r = fn(device, memory);
-  if (r != kSuccess) return r;
-  if (auto share = share_of_device(device)) {
-    MemoryFigures m = memory_of(*share, memory->total, memory->free);
-    *memory = Memory{m.total, m.free, m.used};
-  }
-  return r;
+  return adjusted("nvmlDeviceGetMemoryInfo", device, memory,
+                  [](const GpuShare& share, Memory& out) {
+                    MemoryFigures m = memory_of(share, out.total, out.free);
+                    out = Memory{m.total, m.free, m.used};
+                  });
 }
 
 MPSSHIM_NVML_EXPORT Return nvmlDeviceGetMemoryInfo_v2(Device device, MemoryV2* memory) {
-  auto* fn = real<Return(Device, MemoryV2*)>("nvmlDeviceGetMemoryInfo_v2");
-  if (fn == nullptr) return kErrorFunctionNotFound;
-  Return r = fn(device, memory);
-  if (r != kSuccess) return r;
-  if (auto share = share_of_device(device)) {
-    MemoryFigures m = memory_of(*share, memory->total, memory->free);
-    // The driver's own reservation is the server's, not the scope's.
-    memory->total = m.total;
-    memory->reserved = 0;
-    memory->free = m.free;
-    memory->used = m.used;
-  }
-  return r;
+  return adjusted("nvmlDeviceGetMemoryInfo_v2", device, memory,
+                  [](const GpuShare& share, MemoryV2& out) {
+                    MemoryFigures m = memory_of(share, out.total, out.free);
+                    out.total = m.total;
+                    out.reserved = 0;  // the driver's own reservation is the server's
+                    out.free = m.free;
+                    out.used = m.used;
+                  });
 }
 
 MPSSHIM_NVML_EXPORT Return nvmlDeviceGetUtilizationRates(Device device, Utilization* rates) {
-  auto* fn = real<Return(Device, Utilization*)>("nvmlDeviceGetUtilizationRates");
-  if (fn == nullptr) return kErrorFunctionNotFound;
-  Return r = fn(device, rates);
-  if (r != kSuccess) return r;
-  if (auto share = share_of_device(device); share && share->busy_percent) {
-    rates->gpu = static_cast<unsigned>(std::lround(*share->busy_percent));
-  }
-  return r;
+  return adjusted("nvmlDeviceGetUtilizationRates", device, rates,
+                  [](const GpuShare& share, Utilization& out) {
+                    if (share.busy_percent) {
+                      out.gpu = static_cast<unsigned>(std::lround(*share.busy_percent));
+                    }
+                  });
 }
 
 MPSSHIM_NVML_EXPORT Return nvmlDeviceGetAttributes(Device device, AttributesHead* attributes) {
-  auto* fn = real<Return(Device, AttributesHead*)>("nvmlDeviceGetAttributes");
-  if (fn == nullptr) return kErrorFunctionNotFound;
-  Return r = fn(device, attributes);
-  if (r != kSuccess) return r;
-  if (auto share = share_of_device(device)) attributes->multiprocessorCount = share->sms;
-  return r;
+  return adjusted(
+      "nvmlDeviceGetAttributes", device, attributes,
+      [](const GpuShare& share, AttributesHead& out) { out.multiprocessorCount = share.sms; });
 }
 
 MPSSHIM_NVML_EXPORT Return nvmlDeviceGetAttributes_v2(Device device, AttributesHead* attributes) {
-  auto* fn = real<Return(Device, AttributesHead*)>("nvmlDeviceGetAttributes_v2");
-  if (fn == nullptr) return kErrorFunctionNotFound;
-  Return r = fn(device, attributes);
-  if (r != kSuccess) return r;
-  if (auto share = share_of_device(device)) attributes->multiprocessorCount = share->sms;
-  return r;
+  return adjusted(
+      "nvmlDeviceGetAttributes_v2", device, attributes,
+      [](const GpuShare& share, AttributesHead& out) { out.multiprocessorCount = share.sms; });
 }
 
 MPSSHIM_NVML_EXPORT Return nvmlDeviceGetComputeRunningProcesses(Device d, unsigned* n,

@@ -5,8 +5,7 @@
 #include <mutex>
 
 #include "libshim/log.hpp"
-#include "libshim/nvml/real_nvml.hpp"
-#include "libshim/nvml/share_view.hpp"
+#include "libshim/nvml/process_list.hpp"
 
 namespace mpsshim::nvml {
 
@@ -29,34 +28,19 @@ Patched& patched() {
   return *p;
 }
 
-// The share's processes (compute) or none (graphics, MPS), after the real entry has checked the
-// device, as entry.cpp's public calls do.
+// The share's processes into the table's entries (process_list.hpp's rule).
 Return list(List* real_list, Device device, unsigned* count, InternalProcess* entries,
             bool compute) {
-  auto share = count != nullptr ? share_of_device(device) : std::nullopt;
-  if (!share) return real_list(device, count, entries);
-  unsigned probe = 0;
-  if (Return r = real_list(device, &probe, nullptr); r != kSuccess && r != kErrorInsufficientSize) {
-    return r;
-  }
-  const auto needed = compute ? static_cast<unsigned>(share->processes.size()) : 0u;
-  if (*count < needed) {
-    *count = needed;
-    return kErrorInsufficientSize;
-  }
-  if (needed > 0 && entries == nullptr) return kErrorInvalidArgument;
-  for (unsigned i = 0; i < needed; ++i) {
-    const ShareProcess& process = share->processes[i];
-    InternalProcess& entry = entries[i];
-    std::memset(&entry, 0, sizeof entry);
-    entry.pid = process.pid;
-    entry.usedGpuMemory = process.memory_used;
-    entry.gpuInstanceId = kValueNotAvailable;
-    entry.computeInstanceId = kValueNotAvailable;
-    std::strncpy(entry.name, process.program.c_str(), sizeof entry.name - 1);
-  }
-  *count = needed;
-  return kSuccess;
+  return answer_process_list(real_list, device, count, entries, compute,
+                             [](InternalProcess& entry, const ShareProcess& process) {
+                               std::memset(&entry, 0, sizeof entry);
+                               entry.pid = process.pid;
+                               entry.usedGpuMemory = process.memory_used;
+                               entry.gpuInstanceId = kValueNotAvailable;
+                               entry.computeInstanceId = kValueNotAvailable;
+                               std::strncpy(entry.name, process.program.c_str(),
+                                            sizeof entry.name - 1);
+                             });
 }
 
 Return compute_list(Device d, unsigned* n, InternalProcess* e) {

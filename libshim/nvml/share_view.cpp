@@ -151,7 +151,8 @@ std::optional<GpuShare> share_of(const std::string& uuid) {
     if (!c.view) {
       shim::log_once(unreachable_logged, Level::warn,
                      "libmpsshim-nvml: cannot ask mpsshimd for this process's share ({}); NVML "
-                     "answers for the physical GPUs",
+                     "answers for the physical GPUs until it can (start mpsshimd, or set "
+                     "CUDA_MPS_PIPE_DIRECTORY to its runtime directory)",
                      why);
     }
   }
