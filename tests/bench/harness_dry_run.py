@@ -51,7 +51,8 @@ def check_multigpu(harness: str, out: str) -> None:
 
 def check_machine_cpu(source: str, harness: str, out: str) -> None:
     """The whole machine's CPU (bench/harness/machine_cpu.py): /proc/stat's busy ticks, a window
-    read from samples, and both columns for every mode of the concurrency workload."""
+    read from samples, and both columns for every mode of the concurrency workload; and its
+    figure against the ceiling of N native processes alone."""
     sys.path.insert(0, os.path.join(source, "bench"))
     from harness.machine_cpu import CpuSampler, busy_ticks  # noqa: E402
     stat = "cpu  100 5 50 1000 40 3 2 1 0 0\ncpu0 50 2 25 500 20 1 1 0 0 0\n"
@@ -83,6 +84,14 @@ def check_machine_cpu(source: str, harness: str, out: str) -> None:
                    and r["status"] == "ok" and r["value"] and float(r["value"]) >= 0]
             if not got:
                 fail(f"no {metric} for {mode} in the concurrency results.csv:\n{log}")
+    # The ceiling: N x one native process alone; native's own N = 1 is that process, exactly 1.
+    ceiling = {(r["mode"], r["n"]): float(r["value"]) for r in rows
+               if r["metric"] == "of_ceiling" and r["status"] == "ok" and r["value"]}
+    for mode in modes:
+        if not any(m == mode and n != "1" for m, n in ceiling):
+            fail(f"no of_ceiling for {mode} at N > 1 in the concurrency results.csv:\n{log}")
+    if abs(ceiling.get(("native", "1"), 0) - 1.0) > 1e-6:
+        fail(f"native N = 1 is not its own ceiling: {ceiling.get(('native', '1'))}")
 
 
 def main() -> int:

@@ -1,7 +1,8 @@
 """N copies of examples/small_kernels (2 blocks x 32 threads, ~10 us kernels, sync every 64)
 started together (--start-at-ns): per-process seconds, aggregate kernels/s, and the broker's CPU
 per kernel (its processes' utime + stime from /proc over the group, clients' setup included; MPS
-and mpsshim modes), and the whole machine's CPU over the loops (machine_cpu.py; every mode)."""
+and mpsshim modes), the whole machine's CPU over the loops (machine_cpu.py; every mode), and the
+aggregate as a fraction of N times one process's rate alone, natively (one_stream_rate)."""
 from __future__ import annotations
 
 import os
@@ -20,6 +21,7 @@ METRICS = {
     "per_proc_s": ("small kernels, per-process loop", "s", "lower"),
     "slowest_proc_s": ("small kernels, slowest process", "s", "lower"),
     "late_ms": ("small kernels, latest start after the barrier", "ms", None),
+    "of_ceiling": ("small kernels, aggregate / (N x one native process alone)", "x", "higher"),
     "broker_cpu_us_per_kernel": ("small kernels, broker CPU per kernel (/proc)", "us",
                                                   "lower"),
     "machine_cores_busy": ("small kernels, whole machine: CPU cores busy (/proc/stat)", "cores",
@@ -27,6 +29,19 @@ METRICS = {
     "machine_cpu_us_per_kernel": ("small kernels, whole machine: CPU per kernel (/proc/stat)",
                                   "us", "lower"),
 }
+
+
+def one_stream_rate(h):
+    """The hardware's ceiling for one process: examples/small_kernels alone, natively (N = 1),
+    kernels/s, the mean of what this run measured so far (the modes rotate per repetition and the
+    first starts with the first mode given, so "native" first gives every mode the figure), or
+    None. N processes, each running its kernels back to back on its own stream, cannot pass N
+    times it."""
+    values = [r["value"] for r in h.rows
+              if r["workload"] == "concurrency" and r["metric"] == "agg_kernels_per_s"
+              and r["mode"] == "native" and r["n"] == 1 and r["status"] == "ok"
+              and r["value"] != ""]
+    return statistics.mean(values) if values else None
 
 
 def programs(h) -> dict:
@@ -66,6 +81,9 @@ def run(h, mode, rep):
         late = max(float(r.get("late_ms", 0)) for r in results)
         span = (max(ends) - min(starts)) / 1e9
         h.add("concurrency", "agg_kernels_per_s", mode, rep, n * kernels / span, n=n)
+        one = one_stream_rate(h)
+        if one:
+            h.add("concurrency", "of_ceiling", mode, rep, n * kernels / span / (n * one), n=n)
         for s in seconds:
             h.add("concurrency", "per_proc_s", mode, rep, s, n=n)
         h.add("concurrency", "slowest_proc_s", mode, rep, max(seconds), n=n)
