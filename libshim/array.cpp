@@ -209,6 +209,17 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR* o
 
 // ---- texture and surface objects ----
 
+// The planes of a planar video array (NV12 and the like). mpsshim makes no array of a planar
+// format (they are refused at creation), and an H200's driver makes none either; of every other
+// array the driver answers CUDA_ERROR_INVALID_VALUE, as here
+// (tools/probes/array_planes_sparse.cpp).
+MPSSHIM_EXPORT CUresult CUDAAPI cuArrayGetPlane(CUarray* plane, CUarray handle, unsigned int) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  if (object_of<Array>(handle) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (plane == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
 MPSSHIM_EXPORT CUresult CUDAAPI cuTexObjectCreate(CUtexObject* out,
                                                   const CUDA_RESOURCE_DESC* resource,
                                                   const CUDA_TEXTURE_DESC* texture,

@@ -71,6 +71,8 @@ enum class Magic : std::uint32_t {
   kArray = 0x41525231,
   kMemPool = 0x504f4f31,
   kMipmappedArray = 0x4d495031,
+  kGreenContext = 0x47524e31,
+  kResourceDesc = 0x44534331,
 };
 
 struct Context;
@@ -210,6 +212,25 @@ struct Context {
   // context's last synchronize that succeeded, taken before it was sent; while the count is
   // still that, nothing was sent since and cuCtxSynchronize is answered here (context.cpp).
   std::atomic<std::uint64_t> synced_through{~std::uint64_t{0}};
+  // The green context this context is (cuCtxFromGreenCtx), or null (green_context.cpp).
+  CUgreenCtx green = nullptr;
+};
+
+// A CUgreenCtx (green_context.cpp): a client context whose streams run on SMs carved out of the
+// client's quota by the server. Its CUcontext (cuCtxFromGreenCtx) is `ctx`.
+struct GreenContext {
+  Magic magic = Magic::kGreenContext;
+  Context ctx;
+  unsigned sm_count = 0;
+};
+
+// A CUdevResourceDesc (green_context.cpp): the server's descriptor, on one device's server.
+// Never freed, as the driver's are not (the API has no call that frees one).
+struct ResourceDesc {
+  Magic magic = Magic::kResourceDesc;
+  int device = 0;
+  Session* session = nullptr;
+  proto::WireHandle wire = 0;
 };
 
 struct MipmappedArray;
@@ -253,6 +274,10 @@ template <>
 inline constexpr Magic kMagicOf<Array> = Magic::kArray;
 template <>
 inline constexpr Magic kMagicOf<MipmappedArray> = Magic::kMipmappedArray;
+template <>
+inline constexpr Magic kMagicOf<GreenContext> = Magic::kGreenContext;
+template <>
+inline constexpr Magic kMagicOf<ResourceDesc> = Magic::kResourceDesc;
 
 // A CUmemoryPool: one of the client's pools on the server of its device (memory_pool.cpp).
 struct MemPool {
@@ -303,6 +328,13 @@ int client_sm_count(int device) noexcept;
 // The calling thread's current context, activated (it has a session and a server context).
 CUresult current(Context*& out) noexcept;
 CUresult activate(Context* ctx) noexcept;
+// cuCtxDestroy of a created context or a green context's: everything made in it goes on its
+// server; the object stays, dead, so that a stale handle is refused (context.cpp).
+CUresult destroy_context(Context* ctx) noexcept;
+// A context made on the server from what kCtxCreate or kGreenCtxCreate answered: its session,
+// ids and default stream; active from now on (context.cpp).
+void adopt_server_context(Context* ctx, Session* session, proto::WireHandle wire,
+                          proto::WireHandle default_stream) noexcept;
 // The flags of the calling thread's current context (0, CU_CTX_SCHED_AUTO, without one). Reads
 // thread-local and atomic state only: the wait path asks it on every synchronize.
 unsigned current_context_flags() noexcept;

@@ -107,13 +107,7 @@ CUresult create_on_server(Context* ctx) {
   if (CUresult rc = session->call(proto::Op::kCtxCreate, request, &reply); rc != CUDA_SUCCESS) {
     return rc;
   }
-  ctx->session = session;
-  ctx->wire = reply.ctx;
-  ctx->legacy = Stream{};
-  ctx->legacy.ctx = ctx;
-  ctx->legacy.wire = reply.default_stream;
-  ctx->id.store(g_next_context_id.fetch_add(1), std::memory_order_relaxed);
-  ctx->active.store(true, std::memory_order_release);
+  adopt_server_context(ctx, session, reply.ctx, reply.default_stream);
   return CUDA_SUCCESS;
 }
 
@@ -363,10 +357,26 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParam
   return create_context(pctx, flags, dev);
 }
 
+void mpsshim::shim::adopt_server_context(Context* ctx, Session* session, proto::WireHandle wire,
+                                         proto::WireHandle default_stream) noexcept {
+  ctx->session = session;
+  ctx->wire = wire;
+  ctx->legacy = Stream{};
+  ctx->legacy.ctx = ctx;
+  ctx->legacy.wire = default_stream;
+  ctx->id.store(g_next_context_id.fetch_add(1), std::memory_order_relaxed);
+  ctx->active.store(true, std::memory_order_release);
+}
+
 MPSSHIM_EXPORT CUresult CUDAAPI cuCtxDestroy_v2(CUcontext handle) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   Context* ctx = object_of<Context>(handle);
-  if (ctx == nullptr || ctx->primary) return CUDA_ERROR_INVALID_CONTEXT;
+  // A green context's CUcontext goes with cuGreenCtxDestroy.
+  if (ctx == nullptr || ctx->primary || ctx->green != nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  return destroy_context(ctx);
+}
+
+CUresult mpsshim::shim::destroy_context(Context* ctx) noexcept {
   {
     std::lock_guard lock(ctx->mutex);
     destroy_on_server(ctx);

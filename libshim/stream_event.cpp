@@ -14,9 +14,7 @@ namespace {
 
 std::atomic<std::uint64_t> g_next_stream_id{1};
 
-CUresult create_stream(CUstream* out, unsigned flags, int priority) {
-  Context* ctx = nullptr;
-  if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+CUresult create_stream_in(Context* ctx, CUstream* out, unsigned flags, int priority) {
   if (out == nullptr || (flags & ~unsigned{CU_STREAM_NON_BLOCKING}) != 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
@@ -34,6 +32,12 @@ CUresult create_stream(CUstream* out, unsigned flags, int priority) {
   stream->id = g_next_stream_id.fetch_add(1);
   *out = reinterpret_cast<CUstream>(stream);
   return CUDA_SUCCESS;
+}
+
+CUresult create_stream(CUstream* out, unsigned flags, int priority) {
+  Context* ctx = nullptr;
+  if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+  return create_stream_in(ctx, out, flags, priority);
 }
 
 CUresult stream_call(CUstream handle, DefaultStream mode, proto::Op op, bool report_async) {
@@ -102,9 +106,9 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuStreamDestroy_v2(CUstream handle) {
   return rc;
 }
 
-// A client's streams belong to its contexts, never to a green context of its own (the server's
-// green contexts are its quota, not the client's): NULL, as the driver answers for a stream of a
-// regular context.
+// The green context of a stream made in one of the client's own (cuGreenCtxStreamCreate, or
+// cuStreamCreate while its CUcontext was current); NULL for a stream of a regular context, as
+// natively (the server's green context of the client's quota is not the client's).
 MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetGreenCtx(CUstream handle, CUgreenCtx* green) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
   if (green == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -114,8 +118,18 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetGreenCtx(CUstream handle, CUgreenCtx*
       rc != CUDA_SUCCESS) {
     return rc;
   }
-  *green = nullptr;
+  *green = ctx->green;
   return CUDA_SUCCESS;
+}
+
+// Natively the flags must be CU_STREAM_NON_BLOCKING.
+MPSSHIM_EXPORT CUresult CUDAAPI cuGreenCtxStreamCreate(CUstream* out, CUgreenCtx handle,
+                                                       unsigned int flags, int priority) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  GreenContext* green = object_of<GreenContext>(handle);
+  if (green == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (flags != CU_STREAM_NON_BLOCKING) return CUDA_ERROR_INVALID_VALUE;
+  return create_stream_in(&green->ctx, out, flags, priority);
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuStreamDestroy(CUstream handle) {

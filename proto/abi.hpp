@@ -68,7 +68,9 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // 143..145, ArrayLevelReq/Rep; ArrayQueryReq::mipmapped was reserved, 0).
 // Minor 25: a client's view of its share for NVML (kClientView, ClientViewRequest, answered
 // with kClientViewReply text parts; docs/nvml.md). No session layout change.
-inline constexpr std::uint16_t kAbiMinor = 25;
+// Minor 26: a client's own green contexts (ops 146..149, proto/ops_green.hpp) and
+// cuMemBatchDecompressAsync (op 150, MemDecompressReq).
+inline constexpr std::uint16_t kAbiMinor = 26;
 // The first minor whose daemon honours kHelloOwnIsolationGroup.
 inline constexpr std::uint16_t kAbiMinorIsolationGroups = 18;
 

@@ -214,6 +214,14 @@ enum class Op : std::uint16_t {
   kMipmappedArrayCreate = 143,   // ArrayCreateReq (desc.reserved: the levels) -> ArrayCreateRep
   kMipmappedArrayLevel = 144,    // ArrayLevelReq -> ArrayLevelRep
   kMipmappedArrayDestroy = 145,  // HandleReq -> nothing
+  // A client's own green contexts, carved out of its SM quota (proto/ops_green.hpp,
+  // broker/server/ops/green_context.cpp, libshim/green_context.cpp; docs/green-contexts.md).
+  kGreenResource = 146,   // GreenResourceReq -> DevResource
+  kGreenSplit = 147,      // GreenSplitReq -> GreenSplitRep
+  kGreenDesc = 148,       // GreenDescReq + resources -> GreenDescRep
+  kGreenCtxCreate = 149,  // GreenCtxCreateReq -> GreenCtxCreateRep
+  // cuMemBatchDecompressAsync (proto/ops_driver_extras.hpp): the copy engines' decompression.
+  kMemDecompress = 150,  // MemDecompressReq + WireDecompressParams -> MemDecompressRep
   kCount
 };
 

@@ -55,9 +55,39 @@ struct DriverSettingReq {
   std::uint64_t c;
 };
 
+// kMemDecompress: cuMemBatchDecompressAsync on `stream`; `count` WireDecompressParams follow.
+// Every address is the client's own memory, checked by the server before the driver sees it.
+struct MemDecompressReq {
+  WireHandle stream;
+  std::uint32_t count;
+  std::uint32_t flags;
+};
+struct WireDecompressParams {
+  std::uint64_t src_bytes;
+  std::uint64_t dst_bytes;
+  std::uint64_t dst_act_bytes;  // where the driver writes the 32-bit count it wrote
+  std::uint64_t src;
+  std::uint64_t dst;
+  std::uint32_t algo;  // CUmemDecompressAlgorithm
+  std::uint32_t reserved;
+};
+struct MemDecompressRep {
+  // The driver's errorIndex: an operation, kDecompressNotAboutOne, or kDecompressIndexUnset
+  // (the driver left it as it was).
+  std::uint64_t error_index;
+};
+inline constexpr std::uint64_t kDecompressNotAboutOne = ~std::uint64_t{0};
+inline constexpr std::uint64_t kDecompressIndexUnset = ~std::uint64_t{0} - 1;
+// Operations in one record (the ring's largest record holds ~5,400); the shim sends longer
+// lists in parts.
+inline constexpr std::uint32_t kDecompressMaxOperations = 4096;
+
 static_assert(kWireSafe<ArrayQueryReq> && sizeof(ArrayQueryReq) == 16);
 static_assert(kWireSafe<ArrayQueryRep> && sizeof(ArrayQueryRep) == 40);
 static_assert(kWireSafe<MemRangeHandleReq> && sizeof(MemRangeHandleReq) == 32);
 static_assert(kWireSafe<DriverSettingReq> && sizeof(DriverSettingReq) == 24);
+static_assert(kWireSafe<MemDecompressReq> && sizeof(MemDecompressReq) == 16);
+static_assert(kWireSafe<WireDecompressParams> && sizeof(WireDecompressParams) == 48);
+static_assert(kWireSafe<MemDecompressRep> && sizeof(MemDecompressRep) == 8);
 
 }  // namespace mpsshim::proto

@@ -1763,6 +1763,27 @@ int queries() {
         foreign_window, priority_set, policy_bad);
     ok = false;
   }
+  // Decompression: an H200 (which the test driver is) has no engine; its driver refuses every
+  // call before it reads an argument and leaves errorIndex alone (docs/cuda-runtime.md).
+  int decompress_algorithms = -1;
+  CHECK(cuDeviceGetAttribute(&decompress_algorithms,
+                             CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK, 0));
+  CUmemDecompressParams decompress{};
+  decompress.srcNumBytes = 256;
+  decompress.dstNumBytes = 1024;
+  decompress.src = reinterpret_cast<const void*>(window_memory);
+  decompress.dst = reinterpret_cast<void*>(window_memory + 4096);
+  decompress.dstActBytes = reinterpret_cast<cuuint32_t*>(window_memory + 8192);
+  decompress.algo = CU_MEM_DECOMPRESS_ALGORITHM_DEFLATE;
+  size_t decompress_index = 77;
+  const CUresult decompressed =
+      cuMemBatchDecompressAsync(&decompress, 1, 0, &decompress_index, stream);
+  if (decompress_algorithms != 0 || decompressed != CUDA_ERROR_NOT_SUPPORTED ||
+      decompress_index != 77) {
+    std::printf("FAIL decompression: algorithms %d answer %d errorIndex %zu\n",
+                decompress_algorithms, decompressed, decompress_index);
+    ok = false;
+  }
   CHECK(cuStreamDestroy(copy));
   CHECK(cuMemFree(window_memory));
   CHECK(cuStreamDestroy(stream));

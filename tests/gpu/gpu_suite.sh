@@ -131,7 +131,7 @@ RT_PROGRAMS=(rt_vector_add rt_matmul_shared rt_streams_events rt_host_threads rt
   rt_pinned_mapped rt_managed rt_graph rt_malloc_async rt_cooperative rt_copy_2d rt_host_callback
   rt_texture rt_vmm rt_capture_to_graph rt_child_graph rt_ipc rt_stream_mem rt_vmm_share
   rt_stream_attributes rt_graph_nodes rt_copy_batch rt_control rt_tma_copy rt_profiler rt_pool_ipc
-  rt_ctx_events rt_mipmap)
+  rt_ctx_events rt_mipmap rt_green_ctx rt_decompress)
 # Two GPUs at once (one device address space across their servers): only where there are two.
 GPU_COUNT=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
 if [ "$GPU_COUNT" -ge 2 ]; then
@@ -374,6 +374,26 @@ if [ -x "$PROGRAMS_DIR/rt_graph_quota" ]; then
   else
     add_row "graph quota 25%" - "$(verdict "$graph_line")" FAIL \
       "$detail; need each <= reported <= 0.35 x native | ${graph_line:-no result line}"
+  fi
+fi
+
+# ---- 3c. a client's own green contexts are carved out of its quota --------------------------
+if [ -x "$PROGRAMS_DIR/rt_green_ctx" ]; then
+  run_mode shim "$LOGS/rt_green_ctx.q50" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 \
+    "$PROGRAMS_DIR/rt_green_ctx"
+  green_line=$(result_line "$LOGS/rt_green_ctx.q50.out" rt_green_ctx)
+  green_device=$(field "$green_line" device_sms)
+  green_check=$(awk -v r="${green_device:-x}" -v n="${native_sms:-x}" 'BEGIN {
+    if (r == "x" || n == "x" || n <= 0) { print "no"; exit }
+    print (r <= 0.6 * n) ? "ok" : "no" }')
+  detail="50% quota: the device's SM resource ${green_device:-?} of ${native_sms:-?} SMs; a green"
+  detail+=" context of $(field "$green_line" green_sms) ran on $(field "$green_line" seen) SMs,"
+  detail+=" within the quota's: $(field "$green_line" within)"
+  if [ "$(verdict "$green_line")" = PASS ] && [ "$green_check" = ok ]; then
+    add_row "green contexts in a 50% quota" - PASS PASS "$detail"
+  else
+    add_row "green contexts in a 50% quota" - "$(verdict "$green_line")" FAIL \
+      "$detail; need the resource <= 0.6 x native | ${green_line:-no result line}"
   fi
 fi
 

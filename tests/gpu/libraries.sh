@@ -162,5 +162,8 @@ done
 # PyTorch's expandable-segments allocator: the VMM path (docs/vmm.md), natively and under the shim.
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
   check expandable_check "$PYTHON" "$HERE/python/expandable_check.py"
+# The stream-ordered allocator's tensors shared between processes (docs/memory-pools.md).
+PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync \
+  check torch_pool_share_check "$PYTHON" "$HERE/python/torch_pool_share_check.py"
 
 exit $((FAILURES == 0 ? 0 : 1))

@@ -13,6 +13,7 @@
 #include "proto/ops_copies.hpp"
 #include "proto/ops_driver_extras.hpp"
 #include "proto/ops_graph_nodes.hpp"
+#include "proto/ops_green.hpp"
 #include "proto/ops_ipc.hpp"
 #include "proto/ops_link.hpp"
 #include "proto/ops_stream_attributes.hpp"
@@ -469,6 +470,23 @@ std::uint64_t layout_fingerprint() {
   SIZE(ArrayLevelRep);
   FIELD(ArrayQueryReq, mipmapped);
   f.add(static_cast<std::uint64_t>(Op::kMipmappedArrayDestroy));
+  // 1.26: a client's own green contexts.
+  SIZE(DevResource);
+  SIZE(GreenResourceReq);
+  SIZE(GreenSplitReq);
+  FIELD(GreenSplitReq, first);
+  SIZE(GreenSplitRep);
+  FIELD(GreenSplitRep, result);
+  SIZE(GreenDescReq);
+  SIZE(GreenDescRep);
+  SIZE(GreenCtxCreateReq);
+  SIZE(GreenCtxCreateRep);
+  f.add(static_cast<std::uint64_t>(Op::kGreenCtxCreate));
+  SIZE(MemDecompressReq);
+  SIZE(WireDecompressParams);
+  FIELD(WireDecompressParams, algo);
+  SIZE(MemDecompressRep);
+  f.add(static_cast<std::uint64_t>(Op::kMemDecompress));
   return f.h;
 }
 
@@ -506,6 +524,7 @@ constexpr Pinned kPinned[] = {
     {1, 23, 0x7af0510687ea5eec},  // JIT linker, conditional and batch nodes, driver extras
     {1, 24, 0x90fc4a286b1527fb},  // cuCtxRecordEvent / cuCtxWaitEvent, mipmapped arrays
     {1, 25, 0xbda9c8c4036f0efe},  // the NVML view's ClientViewRequest
+    {1, 26, 0xb2d071842a220784},  // own green contexts (146..149), cuMemBatchDecompressAsync (150)
 };
 
 }  // namespace

@@ -240,3 +240,21 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuCtxFromGreenCtx(CUcontext* pContext
     return CUDA_SUCCESS;
   });
 }
+
+// A green context's own SMs as a resource that may be split again (as the device's is): the real
+// driver answers the co-scheduling unit in both size fields and accepts its split
+// (tools/probes/green_nested.cu, H200).
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuGreenCtxGetDevResource(CUgreenCtx hCtx,
+                                                                    CUdevResource* resource,
+                                                                    CUdevResourceType type) {
+  return entry([&](State& s) {
+    std::lock_guard lock(s.mutex);
+    if (resource == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    GreenContext* green = s.green_contexts.get(hCtx);
+    if (green == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    if (type != CU_DEV_RESOURCE_TYPE_SM) return CUDA_ERROR_INVALID_RESOURCE_TYPE;
+    write_resource(*resource, ResourceTag{kResourceMagic, green->device, 0, green->sms},
+                   kCoscheduledUnit, kCoscheduledUnit);
+    return CUDA_SUCCESS;
+  });
+}

@@ -116,8 +116,11 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuEventRecordWithFlags(CUevent hevent
     Stream* stream = nullptr;
     if (CUresult r = resolve_stream(s, hstream, stream); r != CUDA_SUCCESS) return r;
     std::shared_ptr<Event> event = s.events.shared(hevent);
-    // "hEvent and hStream must be from the same context": a green context is a context of its own.
-    if (!event || event->context() != stream->context) return CUDA_ERROR_INVALID_HANDLE;
+    // cuda.h says the event and the stream must be of one context, but green contexts share
+    // their device's primary context: an H200's driver (580) records an event of the primary
+    // context, or of another green context, on a green context's stream
+    // (tools/probes/green_nested.cu). Of another device, never.
+    if (!event || event->device() != stream->device) return CUDA_ERROR_INVALID_HANDLE;
     // CU_EVENT_RECORD_EXTERNAL is invalid outside stream capture.
     if (flags != CU_EVENT_RECORD_DEFAULT) return CUDA_ERROR_INVALID_VALUE;
     if (stream->capture) {  // a record in a capture marks a point that other streams may join
@@ -368,4 +371,13 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuStreamWriteValue32_v2(CUstream hstr
         CU_GRAPH_NODE_TYPE_BATCH_MEM_OP);
     return CUDA_SUCCESS;
   });
+}
+
+// An H200 has no decompression engine (CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK 0): its
+// driver answers CUDA_ERROR_NOT_SUPPORTED before it looks at any argument and leaves errorIndex
+// as it was (tools/probes/decompress_answer.cpp, driver 580).
+MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMemBatchDecompressAsync(CUmemDecompressParams*, size_t,
+                                                                     unsigned int, size_t*,
+                                                                     CUstream) {
+  return CUDA_ERROR_NOT_SUPPORTED;
 }

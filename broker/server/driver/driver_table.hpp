@@ -29,6 +29,7 @@
   X(cuGreenCtxDestroy, CUresult, (CUgreenCtx))                                                     \
   X(cuGreenCtxStreamCreate, CUresult, (CUstream*, CUgreenCtx, unsigned int, int))                  \
   X(cuCtxFromGreenCtx, CUresult, (CUcontext*, CUgreenCtx))                                         \
+  X(cuGreenCtxGetDevResource, CUresult, (CUgreenCtx, CUdevResource*, CUdevResourceType))           \
   X(cuDevicePrimaryCtxRetain, CUresult, (CUcontext*, CUdevice))                                    \
   X(cuDevicePrimaryCtxRelease_v2, CUresult, (CUdevice))                                            \
   X(cuCtxSetCurrent, CUresult, (CUcontext))                                                        \
@@ -92,6 +93,8 @@
   X(cuStreamWriteValue64_v2, CUresult, (CUstream, CUdeviceptr, cuuint64_t, unsigned int))          \
   X(cuStreamWaitValue32_v2, CUresult, (CUstream, CUdeviceptr, cuuint32_t, unsigned int))           \
   X(cuStreamWaitValue64_v2, CUresult, (CUstream, CUdeviceptr, cuuint64_t, unsigned int))           \
+  X(cuMemBatchDecompressAsync, CUresult,                                                           \
+    (CUmemDecompressParams*, size_t, unsigned int, size_t*, CUstream))                             \
   X(cuStreamBatchMemOp_v2, CUresult,                                                               \
     (CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int))                             \
   X(cuStreamGetAttribute, CUresult, (CUstream, CUstreamAttrID, CUstreamAttrValue*))                \

@@ -13,6 +13,7 @@
 #include "proto/ops_copies.hpp"
 #include "proto/ops_driver_extras.hpp"
 #include "proto/ops_graph_nodes.hpp"
+#include "proto/ops_green.hpp"
 #include "proto/ops_ipc.hpp"
 #include "proto/ops_link.hpp"
 #include "proto/ops_stream_attributes.hpp"
@@ -128,6 +129,11 @@ std::array<OpSpec, kOpCount> make_specs() {
       sizeof(ArrayLevelReq), true);
   set(Op::kMipmappedArrayDestroy, "MipmappedArrayDestroy", op_mipmapped_array_destroy,
       sizeof(HandleReq), false);
+  set(Op::kGreenResource, "GreenResource", op_green_resource, sizeof(GreenResourceReq), true);
+  set(Op::kGreenSplit, "GreenSplit", op_green_split, sizeof(GreenSplitReq), true);
+  set(Op::kGreenDesc, "GreenDesc", op_green_desc, sizeof(GreenDescReq), true);
+  set(Op::kGreenCtxCreate, "GreenCtxCreate", op_green_ctx_create, sizeof(GreenCtxCreateReq), true);
+  set(Op::kMemDecompress, "MemDecompress", op_mem_decompress, sizeof(MemDecompressReq), true);
   set(Op::kTensorMapEncode, "TensorMapEncode", op_tensor_map_encode, sizeof(TensorMapEncodeReq),
       true);
   set(Op::kTensorMapReplaceAddress, "TensorMapReplaceAddress", op_tensor_map_replace_address,

@@ -105,9 +105,10 @@ OpResult op_event_record(Call& call) {
 OpResult op_ctx_event(Call& call) {
   auto req = call.request<proto::CtxEventReq>();
   Session& session = call.session;
-  if (session.objects.get<ContextObj>(req.ctx) == nullptr) {
-    return call.done(CUDA_ERROR_INVALID_CONTEXT);
-  }
+  const ContextObj* ctx = session.objects.get<ContextObj>(req.ctx);
+  if (ctx == nullptr) return call.done(CUDA_ERROR_INVALID_CONTEXT);
+  // A green context of the client's own records from a stream of its own SMs.
+  const CUgreenCtx green = ctx->green != nullptr ? ctx->green : session.green.green;
   EventObj* event = session.objects.get<EventObj>(req.event);
   if (event == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
   if (req.wait > 1) return call.done(CUDA_ERROR_INVALID_VALUE);
@@ -148,8 +149,7 @@ OpResult op_ctx_event(Call& call) {
   auto driver_event = event_to_record(session, *event);
   if (!driver_event) return call.done(driver_event.error());
   StreamObj joined;
-  if (CUresult r = call.cu.cuGreenCtxStreamCreate(&joined.stream, session.green.green,
-                                                  CU_STREAM_NON_BLOCKING, 0);
+  if (CUresult r = call.cu.cuGreenCtxStreamCreate(&joined.stream, green, CU_STREAM_NON_BLOCKING, 0);
       r != CUDA_SUCCESS) {
     return call.done(r);
   }

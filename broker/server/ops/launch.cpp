@@ -82,7 +82,9 @@ OpResult op_launch_kernel(Call& call) {
     launch.shared_bytes = req.shared_bytes;
     launch.args_bytes = req.args_bytes;
     const StreamObj* known = session.objects.get<StreamObj>(req.stream);
-    if (known == nullptr || !batch.accepts(session, launch)) {
+    // A batch's graph runs in the quota's green context: a stream of the client's own green
+    // context (StreamObj::in_client_green) launches eagerly, on its own SMs.
+    if (known == nullptr || known->in_client_green || !batch.accepts(session, launch)) {
       // Goes out eagerly below, after the batch.
       if (CUresult f = flush_first(); f != CUDA_SUCCESS) return call.done(f);
     } else {

@@ -172,6 +172,13 @@ OpResult op_stream_mem_op(Call& call);
 OpResult op_stream_attribute(Call& call);
 OpResult op_tensor_map_encode(Call& call);
 OpResult op_tensor_map_replace_address(Call& call);
+// A client's own green contexts (green_context.cpp).
+OpResult op_green_resource(Call& call);
+OpResult op_green_split(Call& call);
+OpResult op_green_desc(Call& call);
+OpResult op_green_ctx_create(Call& call);
+// cuMemBatchDecompressAsync (decompress.cpp).
+OpResult op_mem_decompress(Call& call);
 OpResult op_vmm_address_free(Call& call);
 OpResult op_vmm_map(Call& call);
 OpResult op_vmm_unmap(Call& call);

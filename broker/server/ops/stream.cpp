@@ -21,8 +21,8 @@ OpResult op_stream_create(Call& call) {
   // among the client's own streams (streams.hpp), never through the real NULL stream.
   CUstream stream = nullptr;
   const int priority = effective_priority(session, req.priority);
-  if (CUresult r = call.cu.cuGreenCtxStreamCreate(&stream, session.green.green,
-                                                  CU_STREAM_NON_BLOCKING, priority);
+  CUgreenCtx green = ctx->green != nullptr ? ctx->green : session.green.green;
+  if (CUresult r = call.cu.cuGreenCtxStreamCreate(&stream, green, CU_STREAM_NON_BLOCKING, priority);
       r != CUDA_SUCCESS) {
     return call.done(r);
   }
@@ -31,6 +31,7 @@ OpResult op_stream_create(Call& call) {
   object.ctx = req.ctx;
   object.priority = priority;
   object.blocking = (req.flags & CU_STREAM_NON_BLOCKING) == 0;
+  object.in_client_green = ctx->green != nullptr;
   std::uint64_t id = session.objects.insert(object);
   if (id == 0) {
     call.cu.cuStreamDestroy_v2(stream);

@@ -22,11 +22,19 @@ struct ContextObj {
   std::uint64_t default_stream = 0;
   std::uint64_t default_epoch = 0;  // bumped by every operation queued on the default stream
   std::vector<std::uint64_t> blocking_streams;
+  // A green context of the client's own (cuGreenCtxCreate, ops/green_context.cpp), carved out
+  // of its quota: its streams are made in it, and it is destroyed after them. Null: the
+  // context's streams are made in the client's quota (Session::green).
+  CUgreenCtx green = nullptr;
+  std::uint32_t green_generation = 0;  // Session::green_generation when it was made
 };
 
 struct StreamObj {
   CUstream stream = nullptr;  // always a cuGreenCtxStreamCreate stream of the client's
   std::uint64_t ctx = 0;
+  // Made in a green context of the client's own (ContextObj::green): a live SM quota change
+  // leaves it there, and its launches go eagerly (a batch's graph would run in the quota's).
+  bool in_client_green = false;
   int priority = 0;  // as created (effective_priority): a live SM quota change recreates it
   bool is_default = false;
   bool blocking = false;           // created without CU_STREAM_NON_BLOCKING
@@ -54,9 +62,10 @@ struct EventObj {
   CUevent event = nullptr;
   std::uint64_t ctx = 0;
   unsigned flags = 0;
-  // Session::green_generation when it was made: an event records only on streams of its own
-  // green context, so after a live SM quota change its next record gets a fresh one
-  // (sm_quota_change.hpp).
+  // Session::green_generation when it was made: cuda.h has an event record only on streams of
+  // its own context, so after a live SM quota change its next record gets a fresh one
+  // (sm_quota_change.hpp; the documented rule, which an H200's driver does not enforce between
+  // green contexts of one device: tools/probes/green_nested.cu).
   std::uint32_t green_generation = 0;
   // An interprocess event (exported with cuIpcGetEventHandle, or opened): `event` is then null
   // and the event lives in the IpcEvent, shared with the other clients that hold it.

@@ -117,6 +117,9 @@ void free_retired(Session& session, Retired& bundle, FreedTally* tally) {
   for (CUgraphExec exec : bundle.graph_execs) {
     warn_if_failed(session, cu.cuGraphExecDestroy(exec), "cuGraphExecDestroy");
   }
+  for (CUgreenCtx green : bundle.green_contexts) {
+    warn_if_failed(session, cu.cuGreenCtxDestroy(green), "cuGreenCtxDestroy");
+  }
   if (tally != nullptr) {
     tally->modules += bundle.modules.size();
     tally->libraries += bundle.libraries.size() + bundle.shared_libraries.size();
@@ -190,24 +193,36 @@ void destroy_stream(Session& session, std::uint64_t stream_id) {
 
 CUresult retire_context(Session& session, std::uint64_t ctx_id) {
   Retired bundle;
-  // Libraries are context-independent (CUDA 12+): the CUDA runtime loads its fat binaries once
-  // and keeps using their kernels after cudaDeviceReset, in the next primary context. Every
-  // client context lives in this server's one real context, so a library stays until
-  // cuLibraryUnload or the end of the session. (Its __device__ variables therefore keep their
-  // values across a reset, where the real driver would load them afresh.)
-  for (std::uint64_t id : session.objects.ids_where<ModuleObj>(
-           [&](const ModuleObj& m) { return m.ctx == ctx_id && m.library == 0; })) {
-    forget_module(session, id, bundle);
+  ContextObj* ctx = session.objects.get<ContextObj>(ctx_id);
+  // A green context of the client's own (cuGreenCtxDestroy): what was made while it was current
+  // belongs to the device, as natively (green contexts share their primary context's memory and
+  // modules), so the ContextObj stays as the owner of that memory, modules and arrays, without a
+  // green context or streams, and goes with the session. The green context itself is destroyed
+  // once its streams' work ran (free_retired), never waited for here.
+  const CUgreenCtx own_green = ctx->green;
+  if (own_green != nullptr) {
+    bundle.green_contexts.push_back(own_green);
+    ctx->green = nullptr;
+  } else {
+    // Libraries are context-independent (CUDA 12+): the CUDA runtime loads its fat binaries
+    // once and keeps using their kernels after cudaDeviceReset, in the next primary context.
+    // Every client context lives in this server's one real context, so a library stays until
+    // cuLibraryUnload or the end of the session. (Its __device__ variables therefore keep their
+    // values across a reset, where the real driver would load them afresh.)
+    for (std::uint64_t id : session.objects.ids_where<ModuleObj>(
+             [&](const ModuleObj& m) { return m.ctx == ctx_id && m.library == 0; })) {
+      forget_module(session, id, bundle);
+    }
+    for (const DeviceRange& a : session.memory.remove_if([&](const DeviceRange& r) {
+           return r.kind == RangeKind::kAllocation && r.owner == ctx_id;
+         })) {
+      if (ipc_hand_over(session, a.base)) continue;  // others have it open (ipc_memory.hpp)
+      session.release_memory(a.bytes);
+      bundle.allocations.push_back(a);
+    }
+    take_arrays_and_textures(session, bundle,
+                             [&](std::uint64_t owner_ctx) { return owner_ctx == ctx_id; });
   }
-  for (const DeviceRange& a : session.memory.remove_if([&](const DeviceRange& r) {
-         return r.kind == RangeKind::kAllocation && r.owner == ctx_id;
-       })) {
-    if (ipc_hand_over(session, a.base)) continue;  // others have it open (ipc_memory.hpp)
-    session.release_memory(a.bytes);
-    bundle.allocations.push_back(a);
-  }
-  take_arrays_and_textures(session, bundle,
-                           [&](std::uint64_t owner_ctx) { return owner_ctx == ctx_id; });
   // Fences go on the context's streams too, before they are destroyed.
   CUresult result = retire(session, std::move(bundle));
   for (std::uint64_t id :
@@ -219,7 +234,12 @@ CUresult retire_context(Session& session, std::uint64_t ctx_id) {
        session.objects.ids_where<StreamObj>([&](const StreamObj& s) { return s.ctx == ctx_id; })) {
     destroy_stream(session, id);
   }
-  session.objects.take<ContextObj>(ctx_id);
+  if (own_green == nullptr) {
+    session.objects.take<ContextObj>(ctx_id);
+  } else if (ContextObj* kept = session.objects.get<ContextObj>(ctx_id)) {
+    kept->default_stream = 0;  // destroyed above, with the rest of its streams
+    kept->blocking_streams.clear();
+  }
   return result;
 }
 
@@ -300,7 +320,12 @@ FreedTally free_everything(Session& session) {
     warn_if_failed(session, cu.cuStreamDestroy_v2(stream->stream), "cuStreamDestroy");
     ++tally.streams;
   }
-  for (std::uint64_t id : session.objects.ids<ContextObj>()) session.objects.take<ContextObj>(id);
+  for (std::uint64_t id : session.objects.ids<ContextObj>()) {
+    auto ctx = session.objects.take<ContextObj>(id);
+    if (ctx->green != nullptr) {  // after its streams, above
+      warn_if_failed(session, cu.cuGreenCtxDestroy(ctx->green), "cuGreenCtxDestroy");
+    }
+  }
   if (session.fence_stream != nullptr) {
     warn_if_failed(session, cu.cuStreamDestroy_v2(session.fence_stream), "cuStreamDestroy");
     session.fence_stream = nullptr;

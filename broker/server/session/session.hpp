@@ -31,6 +31,7 @@
 #include "broker/server/scheduling/priority_gate.hpp"
 #include "broker/server/scheduling/priority_reserve.hpp"
 #include "broker/server/session/allocation_map.hpp"
+#include "broker/server/session/client_green.hpp"
 #include "broker/server/session/ipc_registry.hpp"
 #include "broker/server/session/objects.hpp"
 #include "broker/server/session/virtual_memory.hpp"
@@ -135,6 +136,8 @@ struct Retired {
   std::vector<CUmipmappedArray> mipmaps;  // after their levels' textures, like arrays
   std::vector<CUgraphExec> graph_execs;
   std::vector<PeerBlock> peer_blocks;  // another GPU's memory this server mapped (ops/peer.cpp)
+  // Green contexts of the client's own (cuGreenCtxDestroy): after their streams' work.
+  std::vector<CUgreenCtx> green_contexts;
 };
 
 // A memfd the client sent on its socket, waiting for the ring record that names its token.
@@ -197,7 +200,9 @@ class Session {
   void wake_everyone();
 
   // ---- events --------------------------------------------------------------------------
-  // An event in the client's green context (events must share their stream's context).
+  // An event in the client's green context: cuda.h asks events to share their stream's context
+  // (an H200's driver 580 does not enforce it between green contexts of one device:
+  // tools/probes/green_nested.cu; the server keeps to the documented rule).
   tl::expected<CUevent, CUresult> create_event(unsigned flags);
   // A timing-free server event from the pool.
   tl::expected<CUevent, CUresult> acquire_event();
@@ -272,6 +277,8 @@ class Session {
   // fresh one (a record after a quota change): destroyed at session end, after the graphs.
   std::vector<CUevent> graph_events;
   int pending_sm_percentage = 0;  // 0: none
+  // The SM resources and descriptors for green contexts of the client's own (client_green.hpp).
+  ClientGreen client_green;
   bool staging_registered = false;
   // Host functions run in the client (host_callbacks.hpp); shared with queued host functions.
   std::shared_ptr<HostCallbackChannel> callbacks;

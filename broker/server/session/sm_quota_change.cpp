@@ -92,8 +92,10 @@ tl::expected<std::string, std::string> apply(Session& s, int percentage, bool ou
     return fmt::format("{}: {}% of the SMs, {} of {} (unchanged)", s.who(), percentage,
                        s.green.sm_count, snap.sm_count);
   }
-  // Every stream of the new context first, so that a failure changes nothing.
-  const std::vector<std::uint64_t> ids = s.objects.ids<StreamObj>();
+  // Every stream of the new context first, so that a failure changes nothing. Streams of the
+  // client's own green contexts stay on the SMs those were carved from (client_green.hpp).
+  const std::vector<std::uint64_t> ids =
+      s.objects.ids_where<StreamObj>([](const StreamObj& st) { return !st.in_client_green; });
   std::vector<CUstream> fresh;
   for (std::uint64_t id : ids) {
     CUstream stream = nullptr;
@@ -149,6 +151,7 @@ tl::expected<std::string, std::string> apply(Session& s, int percentage, bool ou
   const unsigned before = s.green.sm_count;
   s.earlier_greens.push_back(s.green);
   s.green = *green;
+  s.client_green.forget_all();  // what it was handed named the old quota's SMs
   ++s.green_generation;
   s.sm_percentage = percentage;
   const std::string held =

@@ -12,10 +12,10 @@
 //
 // What names the old green context keeps doing so: graphs the client instantiated before the
 // change run their kernels where they were instantiated (instantiate again to move them), and
-// its events get a fresh event of the new context at their next record (an event records only
-// on streams of its own context), so cuEventElapsedTime between a record before the change and
-// one after fails. The earlier green contexts live until the session ends; a change back to a
-// shape the session had (the same percentage, in or out of the priority reserve) takes its
+// its events get a fresh event of the new context at their next record (cuda.h has an event
+// record only on streams of its own context), so cuEventElapsedTime between a record before the
+// change and one after fails. The earlier green contexts live until the session ends; a change back
+// to a shape the session had (the same percentage, in or out of the priority reserve) takes its
 // green context up again instead of making another.
 // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT keeps answering the count the client started with:
 // the shim answers it from the welcome, and a program sizes its grids once.
