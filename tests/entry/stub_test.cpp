@@ -13,7 +13,7 @@ namespace {
 using mpsshim::test::ShimUnderTest;
 
 // Not served yet (docs/driver-census.md lists it as missing).
-constexpr const char* kUnimplemented = "cuArrayGetPlane";
+constexpr const char* kUnimplemented = "cuMemMapArrayAsync";
 // A graphics-interop call, refused on purpose.
 constexpr const char* kRefused = "cuGraphicsUnregisterResource";
 constexpr int kNotSupported = 801;  // CUDA_ERROR_NOT_SUPPORTED
