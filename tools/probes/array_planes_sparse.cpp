@@ -20,12 +20,6 @@
 
 namespace {
 
-const char* name(CUresult r) {
-  const char* s = "?";
-  cuGetErrorName(r, &s);
-  return s;
-}
-
 void show(const char* what, CUarray a) {
   CUDA_ARRAY3D_DESCRIPTOR d{};
   CUresult r = cuArray3DGetDescriptor(&d, a);
@@ -36,12 +30,7 @@ void show(const char* what, CUarray a) {
 }  // namespace
 
 int main() {
-  MUST(cuInit(0));
-  CUdevice dev;
-  MUST(cuDeviceGet(&dev, 0));
-  CUcontext ctx;
-  MUST(cuDevicePrimaryCtxRetain(&ctx, dev));
-  MUST(cuCtxSetCurrent(ctx));
+  const CUdevice dev = start_on_gpu0();
 
   std::printf("NV12\n");
   CUarray nv12 = nullptr;

@@ -15,12 +15,6 @@
 
 namespace {
 
-const char* name(CUresult r) {
-  const char* s = "?";
-  cuGetErrorName(r, &s);
-  return s;
-}
-
 void attempt(const char* what, CUmemDecompressParams* params, size_t count, unsigned flags,
              CUstream stream) {
   size_t index = 12345;
@@ -32,12 +26,7 @@ void attempt(const char* what, CUmemDecompressParams* params, size_t count, unsi
 }  // namespace
 
 int main() {
-  MUST(cuInit(0));
-  CUdevice dev;
-  MUST(cuDeviceGet(&dev, 0));
-  CUcontext ctx;
-  MUST(cuDevicePrimaryCtxRetain(&ctx, dev));
-  MUST(cuCtxSetCurrent(ctx));
+  const CUdevice dev = start_on_gpu0();
   int mask = -1, max_length = -1;
   CUresult r = cuDeviceGetAttribute(&mask, CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK, dev);
   std::printf("MEM_DECOMPRESS_ALGORITHM_MASK: %s %d\n", name(r), mask);

@@ -22,12 +22,6 @@
 
 namespace {
 
-const char* name(CUresult r) {
-  const char* s = "?";
-  cuGetErrorName(r, &s);
-  return s;
-}
-
 struct Args {  // store_value(int* out, int value): 8 + 4 bytes, padded to 16
   CUdeviceptr out;
   int value;

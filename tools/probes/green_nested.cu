@@ -50,12 +50,6 @@ std::set<unsigned> sms_seen(CUstream stream) {
   return {host.begin(), host.end()};
 }
 
-const char* name(CUresult r) {
-  const char* s = "?";
-  cuGetErrorName(r, &s);
-  return s;
-}
-
 void show(const char* what, const CUdevResource& r) {
   std::printf("%s: type %d smCount %u minSmPartitionSize %u smCoscheduledAlignment %u\n", what,
               r.type, r.sm.smCount, r.sm.minSmPartitionSize, r.sm.smCoscheduledAlignment);
@@ -64,12 +58,8 @@ void show(const char* what, const CUdevResource& r) {
 }  // namespace
 
 int main() {
-  MUST(cuInit(0));
-  CUdevice dev;
-  MUST(cuDeviceGet(&dev, 0));
   CUcontext primary;
-  MUST(cuDevicePrimaryCtxRetain(&primary, dev));
-  MUST(cuCtxSetCurrent(primary));
+  const CUdevice dev = start_on_gpu0(&primary);
   cudaFree(nullptr);
 
   CUdevResource device_sms{};

@@ -18,3 +18,22 @@
       std::exit(1);                                                  \
     }                                                                \
   } while (0)
+
+// The driver's name of a result ("CUDA_ERROR_INVALID_VALUE"), for the probes' report lines.
+inline const char* name(CUresult r) {
+  const char* s = "?";
+  cuGetErrorName(r, &s);
+  return s;
+}
+
+// cuInit, then GPU 0's primary context retained and made current: the probes' usual start.
+inline CUdevice start_on_gpu0(CUcontext* context = nullptr) {
+  MUST(cuInit(0));
+  CUdevice device;
+  MUST(cuDeviceGet(&device, 0));
+  CUcontext primary;
+  MUST(cuDevicePrimaryCtxRetain(&primary, device));
+  MUST(cuCtxSetCurrent(primary));
+  if (context != nullptr) *context = primary;
+  return device;
+}

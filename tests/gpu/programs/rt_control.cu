@@ -14,16 +14,7 @@ static const char* const kProgram = "rt_control";
 #include <mutex>
 #include <vector>
 
-#include "rt_common.cuh"
-
-#define CU_CHECK(call)                                                                        \
-  do {                                                                                        \
-    CUresult r_ = (call);                                                                     \
-    if (r_ != CUDA_SUCCESS) {                                                                 \
-      std::printf("%s: %s failed at line %d: %d FAIL\n", kProgram, #call, __LINE__, int(r_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
+#include "rt_driver.cuh"
 
 constexpr int kN = 4096;
 

@@ -12,16 +12,7 @@ static const char* const kProgram = "rt_green_ctx";
 #include <set>
 #include <vector>
 
-#include "rt_common.cuh"
-
-#define CU_CHECK(call)                                                                        \
-  do {                                                                                        \
-    CUresult r_ = (call);                                                                     \
-    if (r_ != CUDA_SUCCESS) {                                                                 \
-      std::printf("%s: %s failed at line %d: %d FAIL\n", kProgram, #call, __LINE__, int(r_)); \
-      return 1;                                                                               \
-    }                                                                                         \
-  } while (0)
+#include "rt_driver.cuh"
 
 __global__ void record_smid(unsigned* out) {
   unsigned smid;

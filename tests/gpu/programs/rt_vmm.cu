@@ -11,7 +11,7 @@ static const char* const kProgram = "rt_vmm";
 #include <algorithm>
 #include <vector>
 
-#include "rt_common.cuh"
+#include "rt_driver.cuh"
 
 namespace {
 
@@ -33,17 +33,6 @@ struct Driver {
   DRIVER_FUNCTIONS(MEMBER)
 #undef MEMBER
 };
-
-#define CU_CHECK(call)                                                                       \
-  do {                                                                                       \
-    CUresult rc_ = (call);                                                                   \
-    if (rc_ != CUDA_SUCCESS) {                                                               \
-      std::printf("%s: %s failed at line %d: CUresult %d FAIL\n", kProgram, #call, __LINE__, \
-                  static_cast<int>(rc_));                                                    \
-      std::fflush(stdout);                                                                   \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
 
 Driver load_driver() {
   Driver d;
