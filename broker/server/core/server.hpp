@@ -64,8 +64,8 @@ struct ServerSettings {
   // Below-normal clients held back while normal ones have work in flight (priority_gate.hpp;
   // mpsshim-server --priority-scheduling).
   PrioritySettings priority;
-  // Idle green contexts kept for later sessions at most (green_context_pool.hpp,
-  // mpsshim-server --green-context-pool N); 0: none kept.
+  // Idle green contexts kept for later sessions at most (green_context_pool.hpp); 0: none kept.
+  // Not an option of mpsshim-server: the tests set it, the server keeps the default.
   std::size_t green_context_pool = kDefaultGreenContextPoolCapacity;
   // With more clients than this, the server tells them it is crowded (SessionControl::crowded):
   // their waiting threads sleep after a short spin instead of yielding the CPUs the workers

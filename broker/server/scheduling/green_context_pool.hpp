@@ -32,12 +32,12 @@
 
 namespace mpsshim::server {
 
-// Idle green contexts kept at most (of all shapes) unless mpsshim-server --green-context-pool
-// says otherwise. Each costs ~4 MiB of device memory and ~1.65 MiB of host memory on an H100
-// (the same as a destroyed one while the primary context lives), so a full pool holds ~128 MiB
-// of device memory until the context is released at rest. Past it the oldest idle one is
-// destroyed: with more distinct shapes (or more clients leaving at once) than this, the
-// driver's per-context cost comes back until the server is idle.
+// Idle green contexts kept at most (of all shapes) unless ServerSettings::green_context_pool says
+// otherwise (the tests; no command-line option sets it). Each costs ~4 MiB of device memory and
+// ~1.65 MiB of host memory on an H100 (the same as a destroyed one while the primary context
+// lives), so a full pool holds ~128 MiB of device memory until the context is released at rest.
+// Past it the oldest idle one is destroyed: with more distinct shapes (or more clients leaving at
+// once) than this, the driver's per-context cost comes back until the server is idle.
 inline constexpr std::size_t kDefaultGreenContextPoolCapacity = 32;
 
 struct GreenContextPoolFigures {
