@@ -134,15 +134,15 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuDevSmResourceSplitByCount(
       std::lock_guard lock(s.mutex);
       split = s.next_split++;
     }
+    // The outputs answer 0 in both size fields (H200, driver 580: tools/probes/green_nested.cu);
+    // the unit is what the device's or a green context's resource says.
     SmSet rest = in.sms;
     for (unsigned i = 0; i < made; ++i) {
-      write_resource(result[i], ResourceTag{kResourceMagic, in.device, split, groups[i]}, unit,
-                     unit);
+      write_resource(result[i], ResourceTag{kResourceMagic, in.device, split, groups[i]}, 0, 0);
       for (std::uint16_t sm : groups[i].ids()) rest.remove(sm);
     }
     if (remaining != nullptr) {
-      write_resource(*remaining, ResourceTag{kResourceMagic, in.device, split, rest}, unit,
-                     kIndependentUnit);
+      write_resource(*remaining, ResourceTag{kResourceMagic, in.device, split, rest}, 0, 0);
     }
     *nbGroups = made;
     return CUDA_SUCCESS;

@@ -62,6 +62,9 @@ TEST_CASE("splits match the measured H200", "[green]") {
     CHECK(sut.groups.size() == 15);
     CHECK(sut.groups[0].sm.smCount == 8);
     CHECK(sut.remaining.sm.smCount == 12);
+    // Outputs answer 0 in both size fields, as on the H200 (tools/probes/green_nested.cu).
+    CHECK(sut.groups[0].sm.minSmPartitionSize == 0);
+    CHECK(sut.remaining.sm.smCoscheduledAlignment == 0);
   }
   SECTION("ignoring co-scheduling: groups of 2, 4 and 8") {
     CHECK(split(1, kIgnoreCoscheduling).groups.size() == 66);
