@@ -11,6 +11,8 @@
 #                     [--programs-dir DIR] [--integrity integrity_vs_driver]
 #                     [--libraries-dir DIR (tests/gpu/libraries' programs)]
 #        [--work-dir DIR (kept; default a temporary one, removed on success)]
+#        [--only PARTS (comma-separated, default all: examples, programs, integrity, libraries,
+#                       multi, daemons, concurrency, quota, containment; the sections below)]
 #        [--daemon-arg ARG]... (an mpsshimd option for the suite's daemon, e.g.
 #                               --daemon-arg=--launch-batching=off: every check under the shim
 #                               runs with it; the summary's first line names them)
@@ -28,10 +30,12 @@ fi
 
 parse_paths "$@"
 WORK_DIR=""
+ONLY=""
 set -- "${REST_ARGS[@]+"${REST_ARGS[@]}"}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --work-dir) WORK_DIR=$2; shift 2 ;;
+    --only) ONLY=",$2,"; shift 2 ;;
     --daemon-arg) DAEMON_ARGS+=("$2"); shift 2 ;;
     --daemon-arg=*) DAEMON_ARGS+=("${1#--daemon-arg=}"); shift ;;
     *) die "unknown option $1" ;;
@@ -49,6 +53,13 @@ if [ -z "$WORK_DIR" ]; then
 fi
 mkdir -p "$WORK_DIR/logs"
 LOGS=$WORK_DIR/logs
+
+PARTS=",examples,programs,integrity,libraries,multi,daemons,concurrency,quota,containment,"
+for part in ${ONLY//,/ }; do
+  [[ $PARTS == *",$part,"* ]] || die "unknown part '$part' for --only (one of ${PARTS:1:-1})"
+done
+# wanted PART: whether this run checks PART (every part when --only was not given).
+wanted() { [ -z "$ONLY" ] || [[ $ONLY == *",$1,"* ]]; }
 
 # ---- the summary table --------------------------------------------------------------------
 ROWS=()
@@ -99,28 +110,30 @@ daemon_start "$WORK_DIR/run" "$LOGS/mpsshimd.log" || {
 # Fields that legitimately differ between the two runs (the SM count is the quota under the shim).
 declare -A IGNORED=([smid_quota]="blocks distinct_sms reported_sms max_smid")
 
-for name in vector_add matmul_tiled streams_events pinned_async small_kernels smid_quota; do
-  exe=$EXAMPLES_DIR/$name
-  read -ra ignored <<<"${IGNORED[$name]:-}"
-  run_mode native "$LOGS/$name.native" "$exe"
-  native_line=$(result_line "$LOGS/$name.native.out" "$name")
-  run_mode shim "$LOGS/$name.shim" "$exe"
-  shim_line=$(result_line "$LOGS/$name.shim.out" "$name")
-  native_verdict=$(verdict "$native_line")
-  shim_verdict=$(verdict "$shim_line")
-  difference=$(diff <(result_fields "$native_line" "${ignored[@]}") \
-    <(result_fields "$shim_line" "${ignored[@]}") | grep '^[<>]' | tr '\n' ' ')
-  if [ "$native_verdict" = PASS ] && [ "$shim_verdict" = PASS ] && [ -z "$difference" ]; then
-    compared=$(result_fields "$native_line" "${ignored[@]}")
-    add_row "$name" PASS PASS PASS "$(wc -l <<<"$compared") result fields equal $(grep -E \
-      '^(checksum|max_abs_err)=' <<<"$compared" | tr '\n' ' ')"
-  elif [ "$native_verdict" = PASS ] && [ "$shim_verdict" = PASS ]; then
-    add_row "$name" PASS PASS FAIL "results differ (< native, > shim): $difference"
-  else
-    add_row "$name" "$native_verdict" "$shim_verdict" FAIL \
-      "native: ${native_line:-no result line} | shim: ${shim_line:-no result line}"
-  fi
-done
+if wanted examples; then
+  for name in vector_add matmul_tiled streams_events pinned_async small_kernels smid_quota; do
+    exe=$EXAMPLES_DIR/$name
+    read -ra ignored <<<"${IGNORED[$name]:-}"
+    run_mode native "$LOGS/$name.native" "$exe"
+    native_line=$(result_line "$LOGS/$name.native.out" "$name")
+    run_mode shim "$LOGS/$name.shim" "$exe"
+    shim_line=$(result_line "$LOGS/$name.shim.out" "$name")
+    native_verdict=$(verdict "$native_line")
+    shim_verdict=$(verdict "$shim_line")
+    difference=$(diff <(result_fields "$native_line" "${ignored[@]}") \
+      <(result_fields "$shim_line" "${ignored[@]}") | grep '^[<>]' | tr '\n' ' ')
+    if [ "$native_verdict" = PASS ] && [ "$shim_verdict" = PASS ] && [ -z "$difference" ]; then
+      compared=$(result_fields "$native_line" "${ignored[@]}")
+      add_row "$name" PASS PASS PASS "$(wc -l <<<"$compared") result fields equal $(grep -E \
+        '^(checksum|max_abs_err)=' <<<"$compared" | tr '\n' ' ')"
+    elif [ "$native_verdict" = PASS ] && [ "$shim_verdict" = PASS ]; then
+      add_row "$name" PASS PASS FAIL "results differ (< native, > shim): $difference"
+    else
+      add_row "$name" "$native_verdict" "$shim_verdict" FAIL \
+        "native: ${native_line:-no result line} | shim: ${shim_line:-no result line}"
+    fi
+  done
+fi
 
 # ---- 1b. CUDA-runtime programs (tests/gpu/programs), natively and under the shim ------------
 # nvcc-built programs with static cudart: the runtime's own path through the shim (private
@@ -136,7 +149,7 @@ RT_PROGRAMS=(rt_vector_add rt_matmul_shared rt_streams_events rt_host_threads rt
 GPU_COUNT=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
 if [ "$GPU_COUNT" -ge 2 ]; then
   RT_PROGRAMS+=(rt_two_gpus)
-else
+elif wanted programs; then
   add_row rt_two_gpus - - SKIP "one GPU: the multi-GPU programs need two"
 fi
 # The grid of a cooperative launch follows the SM count, which is the client's quota under the shim.
@@ -163,7 +176,9 @@ run_rt() {
     RT_WHY="$1: printed PASS but exited $status"
 }
 
-if [ -z "${PROGRAMS_DIR:-}" ] || [ ! -x "$PROGRAMS_DIR/rt_vector_add" ]; then
+if ! wanted programs; then
+  :
+elif [ -z "${PROGRAMS_DIR:-}" ] || [ ! -x "$PROGRAMS_DIR/rt_vector_add" ]; then
   add_row "cuda runtime programs" - - FAIL \
     "not built in ${PROGRAMS_DIR:-?} (nvcc missing at configure time?)"
 else
@@ -197,7 +212,9 @@ else
 fi
 
 # ---- 1c. the integrity check: mpsshim's algorithm against the real driver (private-tables.md) --
-if [ -z "${INTEGRITY:-}" ] || [ ! -x "$INTEGRITY" ]; then
+if ! wanted integrity; then
+  :
+elif [ -z "${INTEGRITY:-}" ] || [ ! -x "$INTEGRITY" ]; then
   add_row "integrity vs driver" - - FAIL "integrity_vs_driver not built (${INTEGRITY:-?})"
 else
   status=0
@@ -219,21 +236,23 @@ fi
 # ---- 1d. the CUDA libraries (tests/gpu/libraries.sh): cuFFT, cuBLASLt, cuSPARSE, cuRAND, cuDNN,
 # JAX, PyTorch, CuPy, numba, natively and under this daemon; their logs join ours, so the
 # "not implemented" summary covers them. SKIP rows (a Python module not installed) do not fail.
-library_rows=$WORK_DIR/library_rows.tsv
-: >"$library_rows"
-bash "$(dirname "${BASH_SOURCE[0]}")/libraries.sh" --shim "$SHIM" --ctl "$CTL" \
-  ${LIBRARIES_DIR:+--libraries-dir "$LIBRARIES_DIR"} --runtime-dir "$SHIM_RUNTIME_DIR" \
-  --logs-dir "$LOGS" --rows "$library_rows" 2>>"$LOGS/libraries.log"
-while IFS=$'\t' read -r check native shim result detail; do
-  if [ "$result" = SKIP ]; then
-    ROWS+=("$(printf '%-26s %-8s %-8s %-5s %s' "$check" "$native" "$shim" SKIP "$detail")")
-    log "SKIP  $check: $detail"
-  else
-    add_row "$check" "$native" "$shim" "$result" "$detail"
-  fi
-done <"$library_rows"
-[ -s "$library_rows" ] || add_row "cuda libraries" - - FAIL \
-  "libraries.sh gave no rows; see $LOGS/libraries.log"
+if wanted libraries; then
+  library_rows=$WORK_DIR/library_rows.tsv
+  : >"$library_rows"
+  bash "$(dirname "${BASH_SOURCE[0]}")/libraries.sh" --shim "$SHIM" --ctl "$CTL" \
+    ${LIBRARIES_DIR:+--libraries-dir "$LIBRARIES_DIR"} --runtime-dir "$SHIM_RUNTIME_DIR" \
+    --logs-dir "$LOGS" --rows "$library_rows" 2>>"$LOGS/libraries.log"
+  while IFS=$'\t' read -r check native shim result detail; do
+    if [ "$result" = SKIP ]; then
+      ROWS+=("$(printf '%-26s %-8s %-8s %-5s %s' "$check" "$native" "$shim" SKIP "$detail")")
+      log "SKIP  $check: $detail"
+    else
+      add_row "$check" "$native" "$shim" "$result" "$detail"
+    fi
+  done <"$library_rows"
+  [ -s "$library_rows" ] || add_row "cuda libraries" - - FAIL \
+    "libraries.sh gave no rows; see $LOGS/libraries.log"
+fi
 
 # ---- 1e. several GPUs (--multi-gpu; skipped on one GPU): PyTorch on two GPUs in one process, ---
 # NCCL collectives and DDP between processes (one GPU each), natively and under the shim; result
@@ -262,7 +281,9 @@ multi_check() {  # NAME SCRIPT [ARGS...]
       "native: ${native_line:-none} | shim (exit $status): ${shim_line:-$(why_no_line "$LOGS/$name.shim" "$status")}"
   fi
 }
-if [ "$GPU_COUNT" -ge 2 ] && python3 -c "import torch" 2>/dev/null; then
+if ! wanted multi; then
+  :
+elif [ "$GPU_COUNT" -ge 2 ] && python3 -c "import torch" 2>/dev/null; then
   multi_check "torch two GPUs" torch_two_gpus.py
   # The same with PyTorch's stream-ordered allocator (cudaMallocAsync pools on both GPUs).
   PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync multi_check "torch two GPUs, async allocator" \
@@ -280,120 +301,126 @@ fi
 # partitions, host functions and stream-ordered allocation (each exits 0 when it held, 77 when
 # it cannot run here, else 1; its output is in $LOGS).
 BUILD_ROOT=$(cd "$(dirname "$SHIM")/.." 2>/dev/null && pwd)
-for script in live_quota_check partition_check hostfn_check; do
-  if [ ! -x "$BUILD_ROOT/broker/daemon/mpsshimd" ]; then
-    add_row "$script" - - FAIL "no build tree around $SHIM (run with --build-dir)"
-    continue
-  fi
-  status=0
-  timeout 600 bash "$(dirname "${BASH_SOURCE[0]}")/$script.sh" "$BUILD_ROOT" "$WORK_DIR/$script" \
-    >"$LOGS/$script.out" 2>&1 || status=$?
-  last=$(grep -av '^\s*$' "$LOGS/$script.out" | tail -n1 | cut -c1-160)
-  case "$status" in
-    0) add_row "$script" - PASS PASS "$last" ;;
-    77) add_row "$script" - SKIP SKIP "$last" ;;
-    *) add_row "$script" - FAIL FAIL "exit $status: $last (see $LOGS/$script.out)" ;;
-  esac
-done
+if wanted daemons; then
+  for script in live_quota_check partition_check hostfn_check; do
+    if [ ! -x "$BUILD_ROOT/broker/daemon/mpsshimd" ]; then
+      add_row "$script" - - FAIL "no build tree around $SHIM (run with --build-dir)"
+      continue
+    fi
+    status=0
+    timeout 600 bash "$(dirname "${BASH_SOURCE[0]}")/$script.sh" "$BUILD_ROOT" "$WORK_DIR/$script" \
+      >"$LOGS/$script.out" 2>&1 || status=$?
+    last=$(grep -av '^\s*$' "$LOGS/$script.out" | tail -n1 | cut -c1-160)
+    case "$status" in
+      0) add_row "$script" - PASS PASS "$last" ;;
+      77) add_row "$script" - SKIP SKIP "$last" ;;
+      *) add_row "$script" - FAIL FAIL "exit $status: $last (see $LOGS/$script.out)" ;;
+    esac
+  done
 
-# Isolation groups on the real driver (one client's kernel reading another's memory, per
-# placement), out of memory (the library programs beside a hog and under a memory limit) and
-# NVML as a client sees its share (nvidia-smi and pynvml with libmpsshim-nvml.so): each starts
-# its own daemons and prints its table in $LOGS.
-for script in isolation_check oom_matrix nvml_view; do
-  status=0
-  timeout 600 bash "$(dirname "${BASH_SOURCE[0]}")/$script.sh" --build-dir "$BUILD_ROOT" \
-    --work-dir "$WORK_DIR/$script" >"$LOGS/$script.out" 2>&1 || status=$?
-  last=$(grep -av '^\s*$' "$LOGS/$script.out" | tail -n1 | cut -c1-160)
-  case "$status" in
-    0) add_row "$script" - PASS PASS "$last" ;;
-    77) add_row "$script" - SKIP SKIP "$last" ;;
-    *) add_row "$script" - FAIL FAIL "exit $status: $last (see $LOGS/$script.out)" ;;
-  esac
-done
+  # Isolation groups on the real driver (one client's kernel reading another's memory, per
+  # placement), out of memory (the library programs beside a hog and under a memory limit) and
+  # NVML as a client sees its share (nvidia-smi and pynvml with libmpsshim-nvml.so): each starts
+  # its own daemons and prints its table in $LOGS.
+  for script in isolation_check oom_matrix nvml_view; do
+    status=0
+    timeout 600 bash "$(dirname "${BASH_SOURCE[0]}")/$script.sh" --build-dir "$BUILD_ROOT" \
+      --work-dir "$WORK_DIR/$script" >"$LOGS/$script.out" 2>&1 || status=$?
+    last=$(grep -av '^\s*$' "$LOGS/$script.out" | tail -n1 | cut -c1-160)
+    case "$status" in
+      0) add_row "$script" - PASS PASS "$last" ;;
+      77) add_row "$script" - SKIP SKIP "$last" ;;
+      *) add_row "$script" - FAIL FAIL "exit $status: $last (see $LOGS/$script.out)" ;;
+    esac
+  done
+fi
 
 # ---- 2. 8 concurrent copies of small_kernels: the shim must overlap them ---------------------
-COPIES=8
-run_small_kernel_copies native 1 "$LOGS/small1.native"
-native_one=$COPIES_MEAN_S
-run_small_kernel_copies native "$COPIES" "$LOGS/small$COPIES.native"
-native_ok=$COPIES_OK native_wall=$COPIES_WALL_S native_mean=$COPIES_MEAN_S
-run_small_kernel_copies shim 1 "$LOGS/small1.shim"
-shim_one_ok=$COPIES_OK shim_one=$COPIES_MEAN_S
-run_small_kernel_copies shim "$COPIES" "$LOGS/small$COPIES.shim"
-shim_ok=$COPIES_OK shim_wall=$COPIES_WALL_S shim_mean=$COPIES_MEAN_S shim_late=$COPIES_LATE_MS
-detail="1 copy: native ${native_one}s shim ${shim_one}s; $COPIES copies wall:"
-detail+=" native ${native_wall}s (per-process ${native_mean}s)"
-detail+=" shim ${shim_wall}s (per-process ${shim_mean}s)"
-[ "$shim_late" = "0.0" ] || detail+="; a shim copy started ${shim_late} ms late"
-overlap=$(awk -v w="$shim_wall" -v one="$shim_one" 'BEGIN { print (w < 4 * one) ? "yes" : "no" }')
-if [ "$native_ok$shim_ok$shim_one_ok" = 111 ] && [ "$overlap" = yes ]; then
-  add_row "small_kernels x$COPIES overlap" PASS PASS PASS "$detail; shim wall < 4 x 1-copy"
-else
-  add_row "small_kernels x$COPIES overlap" "$([ "$native_ok" = 1 ] && echo PASS || echo FAIL)" \
-    "$([ "$shim_ok" = 1 ] && echo PASS || echo FAIL)" FAIL \
-    "$detail; need all PASS and shim wall < 4 x shim 1-copy"
+if wanted concurrency; then
+  COPIES=8
+  run_small_kernel_copies native 1 "$LOGS/small1.native"
+  native_one=$COPIES_MEAN_S
+  run_small_kernel_copies native "$COPIES" "$LOGS/small$COPIES.native"
+  native_ok=$COPIES_OK native_wall=$COPIES_WALL_S native_mean=$COPIES_MEAN_S
+  run_small_kernel_copies shim 1 "$LOGS/small1.shim"
+  shim_one_ok=$COPIES_OK shim_one=$COPIES_MEAN_S
+  run_small_kernel_copies shim "$COPIES" "$LOGS/small$COPIES.shim"
+  shim_ok=$COPIES_OK shim_wall=$COPIES_WALL_S shim_mean=$COPIES_MEAN_S shim_late=$COPIES_LATE_MS
+  detail="1 copy: native ${native_one}s shim ${shim_one}s; $COPIES copies wall:"
+  detail+=" native ${native_wall}s (per-process ${native_mean}s)"
+  detail+=" shim ${shim_wall}s (per-process ${shim_mean}s)"
+  [ "$shim_late" = "0.0" ] || detail+="; a shim copy started ${shim_late} ms late"
+  overlap=$(awk -v w="$shim_wall" -v one="$shim_one" 'BEGIN { print (w < 4 * one) ? "yes" : "no" }')
+  if [ "$native_ok$shim_ok$shim_one_ok" = 111 ] && [ "$overlap" = yes ]; then
+    add_row "small_kernels x$COPIES overlap" PASS PASS PASS "$detail; shim wall < 4 x 1-copy"
+  else
+    add_row "small_kernels x$COPIES overlap" "$([ "$native_ok" = 1 ] && echo PASS || echo FAIL)" \
+      "$([ "$shim_ok" = 1 ] && echo PASS || echo FAIL)" FAIL \
+      "$detail; need all PASS and shim wall < 4 x shim 1-copy"
+  fi
 fi
 
 # ---- 3. SM quota: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 --------------------------------------
-run_mode native "$LOGS/smid_quota.full" "$EXAMPLES_DIR/smid_quota"
-native_sms=$(field "$(result_line "$LOGS/smid_quota.full.out" smid_quota)" reported_sms)
-run_mode shim "$LOGS/smid_quota.q25" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 "$EXAMPLES_DIR/smid_quota"
-quota_line=$(result_line "$LOGS/smid_quota.q25.out" smid_quota)
-distinct=$(field "$quota_line" distinct_sms)
-reported=$(field "$quota_line" reported_sms)
-quota_check=$(awk -v d="${distinct:-x}" -v r="${reported:-x}" -v n="${native_sms:-x}" 'BEGIN {
-  if (d == "x" || r == "x" || n == "x" || n <= 0) { print "no figures"; exit }
-  share = r / n
-  ok = (d <= r) && (r <= 0.35 * n) && (share >= 0.15)
-  printf "%s %.1f%%\n", ok ? "ok" : "bad", 100 * share }')
-detail="25% quota: distinct_sms=${distinct:-?} reported_sms=${reported:-?} of ${native_sms:-?}"
-detail+=" native (${quota_check#* })"
-if [ "$(verdict "$quota_line")" = PASS ] && [ "${quota_check%% *}" = ok ]; then
-  add_row "smid_quota 25%" - PASS PASS "$detail"
-else
-  add_row "smid_quota 25%" - "$(verdict "$quota_line")" FAIL \
-    "$detail; need distinct <= reported <= 0.35 x native, reported >= 0.15 x native"
-fi
-
-# ---- 3b. graph kernels stay in the quota: captured and hand-built kernel nodes -------------
-if [ -x "$PROGRAMS_DIR/rt_graph_quota" ]; then
-  run_mode shim "$LOGS/rt_graph_quota.q25" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 \
-    "$PROGRAMS_DIR/rt_graph_quota"
-  graph_line=$(result_line "$LOGS/rt_graph_quota.q25.out" rt_graph_quota)
-  g_reported=$(field "$graph_line" reported_sms)
-  g_captured=$(field "$graph_line" distinct_captured)
-  g_node=$(field "$graph_line" distinct_node)
-  graph_check=$(awk -v r="${g_reported:-x}" -v n="${native_sms:-x}" 'BEGIN {
-    if (r == "x" || n == "x" || n <= 0) { print "no"; exit }
-    print (r <= 0.35 * n) ? "ok" : "no" }')
-  detail="25% quota: reported_sms=${g_reported:-?} of ${native_sms:-?}; captured kernel on"
-  detail+=" ${g_captured:-?} SMs, hand-built node on ${g_node:-?} SMs"
-  if [ "$(verdict "$graph_line")" = PASS ] && [ "$graph_check" = ok ]; then
-    add_row "graph quota 25%" - PASS PASS "$detail"
+if wanted quota; then
+  run_mode native "$LOGS/smid_quota.full" "$EXAMPLES_DIR/smid_quota"
+  native_sms=$(field "$(result_line "$LOGS/smid_quota.full.out" smid_quota)" reported_sms)
+  run_mode shim "$LOGS/smid_quota.q25" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 "$EXAMPLES_DIR/smid_quota"
+  quota_line=$(result_line "$LOGS/smid_quota.q25.out" smid_quota)
+  distinct=$(field "$quota_line" distinct_sms)
+  reported=$(field "$quota_line" reported_sms)
+  quota_check=$(awk -v d="${distinct:-x}" -v r="${reported:-x}" -v n="${native_sms:-x}" 'BEGIN {
+    if (d == "x" || r == "x" || n == "x" || n <= 0) { print "no figures"; exit }
+    share = r / n
+    ok = (d <= r) && (r <= 0.35 * n) && (share >= 0.15)
+    printf "%s %.1f%%\n", ok ? "ok" : "bad", 100 * share }')
+  detail="25% quota: distinct_sms=${distinct:-?} reported_sms=${reported:-?} of ${native_sms:-?}"
+  detail+=" native (${quota_check#* })"
+  if [ "$(verdict "$quota_line")" = PASS ] && [ "${quota_check%% *}" = ok ]; then
+    add_row "smid_quota 25%" - PASS PASS "$detail"
   else
-    add_row "graph quota 25%" - "$(verdict "$graph_line")" FAIL \
-      "$detail; need each <= reported <= 0.35 x native | ${graph_line:-no result line}"
+    add_row "smid_quota 25%" - "$(verdict "$quota_line")" FAIL \
+      "$detail; need distinct <= reported <= 0.35 x native, reported >= 0.15 x native"
   fi
-fi
 
-# ---- 3c. a client's own green contexts are carved out of its quota --------------------------
-if [ -x "$PROGRAMS_DIR/rt_green_ctx" ]; then
-  run_mode shim "$LOGS/rt_green_ctx.q50" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 \
-    "$PROGRAMS_DIR/rt_green_ctx"
-  green_line=$(result_line "$LOGS/rt_green_ctx.q50.out" rt_green_ctx)
-  green_device=$(field "$green_line" device_sms)
-  green_check=$(awk -v r="${green_device:-x}" -v n="${native_sms:-x}" 'BEGIN {
-    if (r == "x" || n == "x" || n <= 0) { print "no"; exit }
-    print (r <= 0.6 * n) ? "ok" : "no" }')
-  detail="50% quota: the device's SM resource ${green_device:-?} of ${native_sms:-?} SMs; a green"
-  detail+=" context of $(field "$green_line" green_sms) ran on $(field "$green_line" seen) SMs,"
-  detail+=" within the quota's: $(field "$green_line" within)"
-  if [ "$(verdict "$green_line")" = PASS ] && [ "$green_check" = ok ]; then
-    add_row "green contexts in a 50% quota" - PASS PASS "$detail"
-  else
-    add_row "green contexts in a 50% quota" - "$(verdict "$green_line")" FAIL \
-      "$detail; need the resource <= 0.6 x native | ${green_line:-no result line}"
+  # ---- 3b. graph kernels stay in the quota: captured and hand-built kernel nodes -------------
+  if [ -x "$PROGRAMS_DIR/rt_graph_quota" ]; then
+    run_mode shim "$LOGS/rt_graph_quota.q25" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 \
+      "$PROGRAMS_DIR/rt_graph_quota"
+    graph_line=$(result_line "$LOGS/rt_graph_quota.q25.out" rt_graph_quota)
+    g_reported=$(field "$graph_line" reported_sms)
+    g_captured=$(field "$graph_line" distinct_captured)
+    g_node=$(field "$graph_line" distinct_node)
+    graph_check=$(awk -v r="${g_reported:-x}" -v n="${native_sms:-x}" 'BEGIN {
+      if (r == "x" || n == "x" || n <= 0) { print "no"; exit }
+      print (r <= 0.35 * n) ? "ok" : "no" }')
+    detail="25% quota: reported_sms=${g_reported:-?} of ${native_sms:-?}; captured kernel on"
+    detail+=" ${g_captured:-?} SMs, hand-built node on ${g_node:-?} SMs"
+    if [ "$(verdict "$graph_line")" = PASS ] && [ "$graph_check" = ok ]; then
+      add_row "graph quota 25%" - PASS PASS "$detail"
+    else
+      add_row "graph quota 25%" - "$(verdict "$graph_line")" FAIL \
+        "$detail; need each <= reported <= 0.35 x native | ${graph_line:-no result line}"
+    fi
+  fi
+
+  # ---- 3c. a client's own green contexts are carved out of its quota --------------------------
+  if [ -x "$PROGRAMS_DIR/rt_green_ctx" ]; then
+    run_mode shim "$LOGS/rt_green_ctx.q50" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 \
+      "$PROGRAMS_DIR/rt_green_ctx"
+    green_line=$(result_line "$LOGS/rt_green_ctx.q50.out" rt_green_ctx)
+    green_device=$(field "$green_line" device_sms)
+    green_check=$(awk -v r="${green_device:-x}" -v n="${native_sms:-x}" 'BEGIN {
+      if (r == "x" || n == "x" || n <= 0) { print "no"; exit }
+      print (r <= 0.6 * n) ? "ok" : "no" }')
+    detail="50% quota: the device's SM resource ${green_device:-?} of ${native_sms:-?} SMs; a green"
+    detail+=" context of $(field "$green_line" green_sms) ran on $(field "$green_line" seen) SMs,"
+    detail+=" within the quota's: $(field "$green_line" within)"
+    if [ "$(verdict "$green_line")" = PASS ] && [ "$green_check" = ok ]; then
+      add_row "green contexts in a 50% quota" - PASS PASS "$detail"
+    else
+      add_row "green contexts in a 50% quota" - "$(verdict "$green_line")" FAIL \
+        "$detail; need the resource <= 0.6 x native | ${green_line:-no result line}"
+    fi
   fi
 fi
 
@@ -442,11 +469,13 @@ fresh_client_check() {
   fi
 }
 
-fault_check "fault (sticky error)" fault
-fresh_client_check "fresh client after fault" after_fault
-# The fault comes after a 20 ms kernel: the server's wait for the synchronize's fence word has
-# asked about a fault several times by then, ever less often (host_fences.hpp).
-fault_check "fault after 20 ms of work" fault_late --spin-ns 20000000
-fresh_client_check "fresh client after that" after_fault_late
+if wanted containment; then
+  fault_check "fault (sticky error)" fault
+  fresh_client_check "fresh client after fault" after_fault
+  # The fault comes after a 20 ms kernel: the server's wait for the synchronize's fence word has
+  # asked about a fault several times by then, ever less often (host_fences.hpp).
+  fault_check "fault after 20 ms of work" fault_late --spin-ns 20000000
+  fresh_client_check "fresh client after that" after_fault_late
+fi
 
 exit $((FAILURES == 0 ? 0 : 1))
