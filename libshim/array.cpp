@@ -44,7 +44,7 @@ void mpsshim::shim::log_unsupported_array(const char* call,
                                           const CUDA_ARRAY3D_DESCRIPTOR& d) noexcept {
   log_once(call, Level::warn,
            "{}: an array of format {:#x} with {} channel(s) and flags {:#x} is not supported by "
-           "mpsshim (plain 8/16/32-bit, half and float formats only; no sparse or "
+           "mpsshim (plain 8/16/32-bit, half and float formats only; no "
            "deferred-mapping arrays); returning CUDA_ERROR_NOT_SUPPORTED",
            call, static_cast<unsigned>(d.Format), d.NumChannels, d.Flags);
 }

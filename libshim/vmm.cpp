@@ -3,10 +3,7 @@
 // request against the client's own (docs/vmm.md). The client remembers which server each of
 // its reservations belongs to, and which address ranges are mapped (for unified-addressing
 // copies and pointer attributes).
-//
-// A CUmemGenericAllocationHandle the application sees is the server's id of the allocation in
-// this client's session, with the device ordinal (+1) in bits 24..31: a server id's index half
-// never reaches there (handle_table.hpp bounds it at 2^22 entries).
+// What a CUmemGenericAllocationHandle holds: vmm_handle.hpp.
 #include <unistd.h>
 
 #include <map>
@@ -18,6 +15,7 @@
 #include "libshim/client_view.hpp"
 #include "libshim/log.hpp"
 #include "libshim/peer.hpp"
+#include "libshim/vmm_handle.hpp"
 #include "libshim/vmm_share.hpp"
 #include "proto/ops_vmm.hpp"
 
@@ -25,23 +23,6 @@ using namespace mpsshim::shim;
 namespace proto = mpsshim::proto;
 
 namespace {
-
-constexpr int kDeviceShift = 24;
-constexpr std::uint64_t kDeviceMask = std::uint64_t{0xff} << kDeviceShift;
-static_assert(kMaxDevices < 0xff);
-
-CUmemGenericAllocationHandle to_client(int device, proto::WireHandle wire) {
-  return wire | (std::uint64_t(device + 1) << kDeviceShift);
-}
-
-// The session and wire id a handle names, or INVALID_VALUE for one this process never had.
-CUresult from_client(CUmemGenericAllocationHandle handle, Session*& session,
-                     proto::WireHandle& wire) {
-  const int device = static_cast<int>((handle & kDeviceMask) >> kDeviceShift) - 1;
-  if (device < 0 || device >= visible_device_count()) return CUDA_ERROR_INVALID_VALUE;
-  wire = handle & ~kDeviceMask;
-  return session_for(device, session) == CUDA_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-}
 
 // A reservation: which GPU's server made it, and the context that was current then (pointer
 // attributes name it).
@@ -206,7 +187,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(
   prop->type = static_cast<CUmemAllocationType>(reply.type);
   prop->requestedHandleTypes = static_cast<CUmemAllocationHandleType>(reply.handle_types);
   prop->location.type = static_cast<CUmemLocationType>(reply.location_type);
-  prop->location.id = static_cast<int>((handle & kDeviceMask) >> kDeviceShift) - 1;
+  prop->location.id = vmm_handle_device(handle);
   prop->allocFlags.compressionType = reply.compression;
   prop->allocFlags.gpuDirectRDMACapable = reply.rdma_capable;
   prop->allocFlags.usage = reply.usage;
@@ -283,7 +264,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t of
   Session* session = nullptr;
   proto::WireHandle wire = 0;
   if (CUresult rc = from_client(handle, session, wire); rc != CUDA_SUCCESS) return rc;
-  const int handle_device = static_cast<int>((handle & kDeviceMask) >> kDeviceShift) - 1;
+  const int handle_device = vmm_handle_device(handle);
   bool imported = false;
   if (handle_device != reservation.device) {
     // Another GPU's memory into this GPU's reservation (NCCL in one process maps its peers'

@@ -70,7 +70,9 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // with kClientViewReply text parts; docs/nvml.md). No session layout change.
 // Minor 26: a client's own green contexts (ops 146..149, proto/ops_green.hpp) and
 // cuMemBatchDecompressAsync (op 150, MemDecompressReq).
-inline constexpr std::uint16_t kAbiMinor = 26;
+// Minor 27: cuMemMapArrayAsync (op 151, proto/ops_sparse_array.hpp); sparse arrays are made
+// (ArrayDescriptor::flags may hold CUDA_ARRAY3D_SPARSE; no layout change there).
+inline constexpr std::uint16_t kAbiMinor = 27;
 // The first minor whose daemon honours kHelloOwnIsolationGroup.
 inline constexpr std::uint16_t kAbiMinorIsolationGroups = 18;
 

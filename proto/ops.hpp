@@ -222,6 +222,8 @@ enum class Op : std::uint16_t {
   kGreenCtxCreate = 149,  // GreenCtxCreateReq -> GreenCtxCreateRep
   // cuMemBatchDecompressAsync (proto/ops_driver_extras.hpp): the copy engines' decompression.
   kMemDecompress = 150,  // MemDecompressReq + WireDecompressParams -> MemDecompressRep
+  // cuMemMapArrayAsync (proto/ops_sparse_array.hpp): tiles of sparse arrays.
+  kMemMapArray = 151,  // MemMapArrayReq + WireArrayMapInfo -> nothing
   kCount
 };
 

@@ -20,6 +20,9 @@ namespace {
 std::string client() {
   return artefact("E2E_VMM_CLIENT");
 }
+std::string sparse_array_client() {
+  return artefact("E2E_SPARSE_ARRAY_CLIENT");
+}
 std::string e2e_client() {
   return artefact("E2E_CLIENT");
 }
@@ -65,6 +68,28 @@ TEST_CASE(
   Daemon daemon;
   require_pass(run_client(daemon, {client(), "grow", "5"}), daemon);
   require_pass(run_client(daemon, {client(), "grow", "9"}), daemon);
+}
+
+TEST_CASE("tiles of a sparse array mapped onto a tile pool hold what is written; bad maps refused",
+          "[e2e][vmm][sparse]") {
+  Daemon daemon;
+  require_pass(run_client(daemon, {sparse_array_client(), "map"}), daemon);
+}
+
+TEST_CASE("a sparse array costs nothing; a tile pool its tiles mapped is charged until it goes",
+          "[e2e][vmm][sparse]") {
+  Daemon daemon;
+  require_pass(run_client(daemon, {sparse_array_client(), "limit"},
+                          {{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=4M"}}),
+               daemon);
+}
+
+TEST_CASE("a client that exits with tiles mapped onto a released tile pool leaves nothing held",
+          "[e2e][vmm][sparse]") {
+  Daemon daemon;
+  const unsigned long long before = free_memory(daemon);
+  require_pass(run_client(daemon, {sparse_array_client(), "exit-mapped"}), daemon);
+  CHECK(await_free(daemon, before) == before);
 }
 
 TEST_CASE("cuMemCreate over the client's memory limit is refused with a message naming it",

@@ -12,8 +12,9 @@ namespace {
 
 using mpsshim::test::ShimUnderTest;
 
-// Not served yet (docs/driver-census.md lists it as missing).
-constexpr const char* kUnimplemented = "cuMemMapArrayAsync";
+// Not served: the CUDA 2.0 variant of cuArray3DCreate (32-bit sizes), which cuGetProcAddress
+// hands out for versions before 3.2.
+constexpr const char* kUnimplemented = "cuArray3DCreate";
 // A graphics-interop call, refused on purpose.
 constexpr const char* kRefused = "cuGraphicsUnregisterResource";
 constexpr int kNotSupported = 801;  // CUDA_ERROR_NOT_SUPPORTED

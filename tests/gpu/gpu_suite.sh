@@ -144,7 +144,7 @@ RT_PROGRAMS=(rt_vector_add rt_matmul_shared rt_streams_events rt_host_threads rt
   rt_pinned_mapped rt_managed rt_graph rt_malloc_async rt_cooperative rt_copy_2d rt_host_callback
   rt_texture rt_vmm rt_capture_to_graph rt_child_graph rt_ipc rt_stream_mem rt_vmm_share
   rt_stream_attributes rt_graph_nodes rt_copy_batch rt_control rt_tma_copy rt_profiler rt_pool_ipc
-  rt_ctx_events rt_mipmap rt_green_ctx rt_decompress)
+  rt_ctx_events rt_mipmap rt_green_ctx rt_decompress rt_sparse_array)
 # Two GPUs at once (one device address space across their servers): only where there are two.
 GPU_COUNT=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
 if [ "$GPU_COUNT" -ge 2 ]; then

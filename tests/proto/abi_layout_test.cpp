@@ -16,6 +16,7 @@
 #include "proto/ops_green.hpp"
 #include "proto/ops_ipc.hpp"
 #include "proto/ops_link.hpp"
+#include "proto/ops_sparse_array.hpp"
 #include "proto/ops_stream_attributes.hpp"
 #include "proto/ops_stream_mem.hpp"
 #include "proto/ops_tensor_map.hpp"
@@ -487,6 +488,11 @@ std::uint64_t layout_fingerprint() {
   FIELD(WireDecompressParams, algo);
   SIZE(MemDecompressRep);
   f.add(static_cast<std::uint64_t>(Op::kMemDecompress));
+  SIZE(MemMapArrayReq);
+  SIZE(WireArrayMapInfo);
+  FIELD(WireArrayMapInfo, allocation);
+  FIELD(WireArrayMapInfo, device_mask);
+  f.add(static_cast<std::uint64_t>(Op::kMemMapArray));
   return f.h;
 }
 
@@ -525,6 +531,7 @@ constexpr Pinned kPinned[] = {
     {1, 24, 0x90fc4a286b1527fb},  // cuCtxRecordEvent / cuCtxWaitEvent, mipmapped arrays
     {1, 25, 0xbda9c8c4036f0efe},  // the NVML view's ClientViewRequest
     {1, 26, 0xb2d071842a220784},  // own green contexts (146..149), cuMemBatchDecompressAsync (150)
+    {1, 27, 0x50a5e9343726d2fc},  // cuMemMapArrayAsync (151)
 };
 
 }  // namespace

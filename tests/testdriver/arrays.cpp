@@ -215,6 +215,8 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuArray3DCreate_v2(CUarray* out,
     if (dev == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
     if (out == nullptr || d == nullptr || d->Width == 0) return CUDA_ERROR_INVALID_VALUE;
     if (d->Depth != 0 && d->Height == 0) return CUDA_ERROR_INVALID_VALUE;
+    // Sparse arrays are 2D, 2D layered or 3D (cuda.h, cuMemMapArrayAsync).
+    if ((d->Flags & CUDA_ARRAY3D_SPARSE) != 0 && d->Height == 0) return CUDA_ERROR_INVALID_VALUE;
     const std::size_t element = channel_bytes(d->Format) * d->NumChannels;
     if (element == 0 || (d->NumChannels != 1 && d->NumChannels != 2 && d->NumChannels != 4))
       return CUDA_ERROR_INVALID_VALUE;
@@ -243,6 +245,7 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuArrayDestroy(CUarray handle) {
     if (array == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     // A level stays its mipmapped array's (the real driver answers success: H200, driver 580).
     if (array->level_of != nullptr) return CUDA_SUCCESS;
+    unmap_tiles(s, *array);
     release_allocation(s, array->storage);
     s.arrays.erase(handle);
     return CUDA_SUCCESS;
@@ -259,7 +262,8 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArr
     std::lock_guard lock(s.mutex);
     Device* dev = current_device(s);
     if (dev == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-    if (out == nullptr || d == nullptr || d->Width == 0 || levels == 0) {
+    if (out == nullptr || d == nullptr || d->Width == 0 || levels == 0 ||
+        ((d->Flags & CUDA_ARRAY3D_SPARSE) != 0 && d->Height == 0)) {
       return CUDA_ERROR_INVALID_VALUE;
     }
     const bool layered = (d->Flags & CUDA_ARRAY3D_LAYERED) != 0;
@@ -323,7 +327,10 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMipmappedArrayDestroy(CUmipmappedAr
     MipmappedArray* mipmap = s.mipmaps.get(handle);
     if (mipmap == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     for (CUarray level : mipmap->levels) {
-      if (Array* array = s.arrays.get(level)) release_allocation(s, array->storage);
+      if (Array* array = s.arrays.get(level)) {
+        unmap_tiles(s, *array);
+        release_allocation(s, array->storage);
+      }
       s.arrays.erase(level);
     }
     s.mipmaps.erase(handle);
@@ -331,18 +338,8 @@ MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMipmappedArrayDestroy(CUmipmappedAr
   });
 }
 
-// Only sparse and deferred-mapping arrays have these; the test driver makes neither, and the
-// real driver answers CUDA_ERROR_INVALID_VALUE for the others (H200, driver 580).
-MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI
-cuMipmappedArrayGetSparseProperties(CUDA_ARRAY_SPARSE_PROPERTIES* out, CUmipmappedArray handle) {
-  return entry([&](State& s) {
-    std::lock_guard lock(s.mutex);
-    if (s.mipmaps.get(handle) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-    (void)out;
-    return CUDA_ERROR_INVALID_VALUE;
-  });
-}
-
+// Only deferred-mapping arrays have these; the test driver makes none, and the real driver
+// answers CUDA_ERROR_INVALID_VALUE for the others (H200, driver 580).
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI cuMipmappedArrayGetMemoryRequirements(
     CUDA_ARRAY_MEMORY_REQUIREMENTS* out, CUmipmappedArray handle, CUdevice) {
   return entry([&](State& s) {

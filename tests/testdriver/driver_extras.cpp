@@ -1,6 +1,6 @@
-// The driver's smaller queries and settings in the test driver: sparse-array queries, dma-buf
-// handles for device memory (a memfd here), persisting L2, GPUDirect RDMA flushes, the 1D texture
-// width and atomic capabilities. The checks are the real
+// The driver's smaller queries and settings in the test driver: a deferred-mapping array's
+// memory requirements, dma-buf handles for device memory (a memfd here), persisting L2,
+// GPUDirect RDMA flushes, the 1D texture width and atomic capabilities. The checks are the real
 // driver's (cuda.h); the figures are the test driver's own, which tests compare end to end.
 #include <sys/mman.h>
 #include <unistd.h>
@@ -8,23 +8,6 @@
 #include "tests/testdriver/state.hpp"
 
 using namespace mpsshim::testdriver;
-
-MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI
-cuArrayGetSparseProperties(CUDA_ARRAY_SPARSE_PROPERTIES* out, CUarray handle) {
-  return entry([&](State& s) {
-    std::lock_guard lock(s.mutex);
-    Array* a = s.arrays.get(handle);
-    if (a == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-    if (out == nullptr || (a->desc.Flags & CUDA_ARRAY3D_SPARSE) == 0) {
-      return CUDA_ERROR_INVALID_VALUE;
-    }
-    *out = CUDA_ARRAY_SPARSE_PROPERTIES{};
-    out->tileExtent.width = 64;
-    out->tileExtent.height = a->desc.Height == 0 ? 1 : 64;
-    out->tileExtent.depth = 1;
-    return CUDA_SUCCESS;
-  });
-}
 
 MPSSHIM_TESTDRIVER_EXPORT CUresult CUDAAPI
 cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS* out, CUarray handle, CUdevice device) {

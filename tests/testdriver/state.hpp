@@ -145,6 +145,11 @@ struct Registration {
 };
 
 // A CUDA array (arrays.cpp): rows packed in a device allocation of its own.
+// A tile of a sparse array mapped onto 64 KiB of a tile-pool allocation (sparse_arrays.cpp).
+struct SparseTile {
+  CUmemGenericAllocationHandle allocation = 0;
+  std::size_t offset = 0;
+};
 struct Array {
   int device;
   CUdeviceptr storage;
@@ -152,6 +157,9 @@ struct Array {
   std::size_t element;  // bytes
   // A level of this mipmapped array: freed with it, not by cuArrayDestroy.
   CUmipmappedArray level_of = nullptr;
+  // A sparse array's mapped tiles (sparse_arrays.cpp), by tile number; a mip tail's pieces
+  // after kMiptailTiles. Copies reach `storage` whatever is mapped.
+  std::map<std::uint64_t, SparseTile> tiles{};
   std::size_t row() const { return desc.Width * element; }
   std::size_t rows() const { return desc.Height == 0 ? 1 : desc.Height; }
   std::size_t slices() const { return desc.Depth == 0 ? 1 : desc.Depth; }
@@ -303,6 +311,9 @@ void set_current_context(CUcontext ctx);
 // it, as the real driver does. release_primary unlocks `lock` while it drains the device's work.
 CUresult retain_primary(State& s, Device& dev);
 CUresult release_primary(State& s, Device& dev, std::unique_lock<std::mutex>& lock);
+
+// Unmaps every tile of a sparse array, as destroying it does (sparse_arrays.cpp; locked).
+void unmap_tiles(State& s, Array& array);
 
 // NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD name the current context's NULL stream (locked).
 CUresult resolve_stream(State& s, CUstream handle, Stream*& out);

@@ -74,15 +74,6 @@ CUresult check_prop(State& s, const CUmemAllocationProp* prop) {
   return CUDA_SUCCESS;
 }
 
-void destroy_physical(State& s, CUmemGenericAllocationHandle handle) {
-  auto it = s.vmm.physical.find(handle);
-  close(it->second.memfd);
-  if (!it->second.imported) {
-    s.vmm.physical_bytes[static_cast<std::size_t>(it->second.device)] -= it->second.size;
-  }
-  s.vmm.physical.erase(it);
-}
-
 // The reservation [address, address + bytes) lies in, or end().
 auto reservation_holding(State& s, std::uintptr_t address, std::size_t bytes) {
   auto& reservations = s.vmm.reservations;
@@ -134,6 +125,15 @@ void unmap_locked(State& s, std::uintptr_t base) {
 }
 
 }  // namespace
+
+void destroy_physical(State& s, CUmemGenericAllocationHandle handle) {
+  auto it = s.vmm.physical.find(handle);
+  close(it->second.memfd);
+  if (!it->second.imported) {
+    s.vmm.physical_bytes[static_cast<std::size_t>(it->second.device)] -= it->second.size;
+  }
+  s.vmm.physical.erase(it);
+}
 
 std::byte* resolve_mapped_locked(State& s, std::uintptr_t addr, std::size_t bytes) {
   if (s.vmm.mappings.empty() || wraps(addr, bytes)) return nullptr;

@@ -43,6 +43,8 @@ struct VaMapping {
   std::array<unsigned long long, kVmmMaxDevices> access{};  // CUmemAccess_flags per device
 };
 
+struct State;
+
 struct VirtualMemory {
   std::map<CUmemGenericAllocationHandle, PhysicalAllocation> physical;
   std::map<std::uintptr_t, VaReservation> reservations;  // by base
@@ -50,5 +52,9 @@ struct VirtualMemory {
   CUmemGenericAllocationHandle next_handle = 0x1000;
   std::array<std::size_t, kVmmMaxDevices> physical_bytes{};  // per device, counts as used memory
 };
+
+// Closes a physical allocation whose handles were all released and whose last mapping (of an
+// address range or a sparse array's tile) went (virtual_memory.cpp; locked).
+void destroy_physical(State& s, CUmemGenericAllocationHandle handle);
 
 }  // namespace mpsshim::testdriver

@@ -95,6 +95,7 @@
   X(cuStreamWaitValue64_v2, CUresult, (CUstream, CUdeviceptr, cuuint64_t, unsigned int))           \
   X(cuMemBatchDecompressAsync, CUresult,                                                           \
     (CUmemDecompressParams*, size_t, unsigned int, size_t*, CUstream))                             \
+  X(cuMemMapArrayAsync, CUresult, (CUarrayMapInfo*, unsigned int, CUstream))                       \
   X(cuStreamBatchMemOp_v2, CUresult,                                                               \
     (CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int))                             \
   X(cuStreamGetAttribute, CUresult, (CUstream, CUstreamAttrID, CUstreamAttrValue*))                \

@@ -278,7 +278,7 @@ OpResult op_array_create(Call& call) {
   const u128 bytes = u128{d.width} * std::max<std::uint64_t>(d.height, 1) *
                      std::max<std::uint64_t>(d.depth, 1) * element;
   if (bytes > kMax64) return call.done(CUDA_ERROR_INVALID_VALUE);
-  const auto charged = static_cast<std::uint64_t>(bytes);
+  const std::uint64_t charged = charged_at_creation(d, static_cast<std::uint64_t>(bytes));
   auto held = session.reserve_memory(charged);
   if (!held) return refuse_over_limit(call, charged, "a CUDA array", held.error());
 
@@ -305,6 +305,7 @@ OpResult op_array_destroy(Call& call) {
   // driver answers success here too).
   if (array->mipmap != 0) return call.done();
   session.release_memory(array->charged);
+  drop_tile_pools(session, array->tile_pools);
   Retired bundle;
   bundle.arrays.push_back(array->array);
   return call.done(retire(session, std::move(bundle)));

@@ -16,6 +16,7 @@
 #include "proto/ops_green.hpp"
 #include "proto/ops_ipc.hpp"
 #include "proto/ops_link.hpp"
+#include "proto/ops_sparse_array.hpp"
 #include "proto/ops_stream_attributes.hpp"
 #include "proto/ops_stream_mem.hpp"
 #include "proto/ops_tensor_map.hpp"
@@ -134,6 +135,7 @@ std::array<OpSpec, kOpCount> make_specs() {
   set(Op::kGreenDesc, "GreenDesc", op_green_desc, sizeof(GreenDescReq), true);
   set(Op::kGreenCtxCreate, "GreenCtxCreate", op_green_ctx_create, sizeof(GreenCtxCreateReq), true);
   set(Op::kMemDecompress, "MemDecompress", op_mem_decompress, sizeof(MemDecompressReq), true);
+  set(Op::kMemMapArray, "MemMapArray", op_mem_map_array, sizeof(MemMapArrayReq), true);
   set(Op::kTensorMapEncode, "TensorMapEncode", op_tensor_map_encode, sizeof(TensorMapEncodeReq),
       true);
   set(Op::kTensorMapReplaceAddress, "TensorMapReplaceAddress", op_tensor_map_replace_address,

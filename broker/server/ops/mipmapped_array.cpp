@@ -47,7 +47,7 @@ OpResult op_mipmapped_array_create(Call& call) {
   const CUDA_ARRAY3D_DESCRIPTOR desc = driver_descriptor(d);
   const u128 bytes = levels_bytes(desc, levels, element);
   if (bytes > std::numeric_limits<std::uint64_t>::max()) return call.done(CUDA_ERROR_INVALID_VALUE);
-  const auto charged = static_cast<std::uint64_t>(bytes);
+  const std::uint64_t charged = charged_at_creation(d, static_cast<std::uint64_t>(bytes));
   auto held = session.reserve_memory(charged);
   if (!held) return refuse_over_limit(call, charged, "a mipmapped array", held.error());
   CUmipmappedArray mipmap = nullptr;
@@ -106,6 +106,7 @@ OpResult op_mipmapped_array_destroy(Call& call) {
     session.objects.take<ArrayObj>(id);
   }
   session.release_memory(mipmap->charged);
+  drop_tile_pools(session, mipmap->tile_pools);
   Retired bundle;
   bundle.mipmaps.push_back(mipmap->mipmap);
   return call.done(retire(session, std::move(bundle)));

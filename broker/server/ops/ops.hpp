@@ -179,6 +179,8 @@ OpResult op_green_desc(Call& call);
 OpResult op_green_ctx_create(Call& call);
 // cuMemBatchDecompressAsync (decompress.cpp).
 OpResult op_mem_decompress(Call& call);
+// cuMemMapArrayAsync: tiles of sparse arrays (sparse_array.cpp).
+OpResult op_mem_map_array(Call& call);
 OpResult op_vmm_address_free(Call& call);
 OpResult op_vmm_map(Call& call);
 OpResult op_vmm_unmap(Call& call);

@@ -108,21 +108,6 @@ Cover whole_mappings(VirtualMemory& vmm, std::uint64_t address, std::uint64_t by
   return whole && at == end ? Cover::kWholeMappings : Cover::kPartOfMappings;
 }
 
-// Gives the allocation back to the driver once the client holds no handle and no mapping.
-void release_if_unused(Session& session, std::uint64_t id) {
-  PhysicalAllocObj* allocation = session.objects.get<PhysicalAllocObj>(id);
-  if (allocation == nullptr || allocation->client_refs != 0 || allocation->mappings != 0) return;
-  if (CUresult r = session.cu().cuMemRelease(allocation->handle); r != CUDA_SUCCESS) {
-    log_warn("{}: cuMemRelease failed: {}", session.who(), describe(session.cu(), r));
-  }
-  // Shared and still open elsewhere: charged to this client until the last opener closes it.
-  const bool still_open = allocation->shared && unshare_physical(session, allocation->shared);
-  if (allocation->bytes != PhysicalAllocObj::kImportedBytes && !still_open) {
-    session.release_memory(allocation->bytes);
-  }
-  session.objects.take<PhysicalAllocObj>(id);
-}
-
 // Unmaps one mapping (the driver waits for work that may still use it) and forgets it.
 CUresult unmap(Session& session, std::uint64_t base) {
   auto it = session.vmm.mappings.find(base);
@@ -138,6 +123,20 @@ CUresult unmap(Session& session, std::uint64_t base) {
 }
 
 }  // namespace
+
+void release_if_unused(Session& session, std::uint64_t id) {
+  PhysicalAllocObj* allocation = session.objects.get<PhysicalAllocObj>(id);
+  if (allocation == nullptr || allocation->client_refs != 0 || allocation->mappings != 0) return;
+  if (CUresult r = session.cu().cuMemRelease(allocation->handle); r != CUDA_SUCCESS) {
+    log_warn("{}: cuMemRelease failed: {}", session.who(), describe(session.cu(), r));
+  }
+  // Shared and still open elsewhere: charged to this client until the last opener closes it.
+  const bool still_open = allocation->shared && unshare_physical(session, allocation->shared);
+  if (allocation->bytes != PhysicalAllocObj::kImportedBytes && !still_open) {
+    session.release_memory(allocation->bytes);
+  }
+  session.objects.take<PhysicalAllocObj>(id);
+}
 
 OpResult op_vmm_granularity(Call& call) {
   auto req = call.request<proto::VmmGranularityReq>();

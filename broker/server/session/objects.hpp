@@ -123,6 +123,9 @@ struct ArrayObj {
   // A level of this mipmapped array (MipmappedArrayObj): the driver's array is the mipmapped
   // array's, never destroyed on its own, and charged with it.
   std::uint64_t mipmap = 0;
+  // A sparse array: the physical allocations its tiles were mapped onto (ops/sparse_array.cpp),
+  // each held (PhysicalAllocObj::mappings) until the array goes.
+  std::vector<std::uint64_t> tile_pools{};
 };
 
 // A mipmapped array of the client's (ops/mipmapped_array.cpp); its levels are ArrayObjs made
@@ -135,6 +138,7 @@ struct MipmappedArrayObj {
   std::uint64_t element_bytes = 0;
   std::uint64_t charged = 0;
   std::vector<std::uint64_t> levels_given;
+  std::vector<std::uint64_t> tile_pools{};  // as ArrayObj's
 };
 
 // A texture or surface object of the client's; `value` is what the driver handed out.
@@ -184,7 +188,8 @@ struct PoolObj {
 
 // A physical allocation of the client's (cuMemCreate; ops/vmm.cpp). It lives while the client
 // holds a handle to it (cuMemCreate and each cuMemRetainAllocationHandle add one, cuMemRelease
-// takes one) or while it is mapped; until then its bytes count against the client's limit.
+// takes one) or while it is mapped (`mappings`: address ranges, and sparse arrays whose tiles
+// were mapped onto it); until then its bytes count against the client's limit.
 // The server keeps the driver's handle until both counts are 0, then releases it.
 struct PhysicalAllocObj {
   CUmemGenericAllocationHandle handle = 0;

@@ -15,6 +15,7 @@
 #include "broker/server/session/host_callbacks.hpp"
 #include "broker/server/session/pools.hpp"
 #include "broker/server/session/streams.hpp"
+#include "broker/server/session/virtual_memory.hpp"
 
 namespace mpsshim::server {
 namespace {
@@ -54,12 +55,14 @@ void take_arrays_and_textures(Session& session, Retired& bundle, Pred pred) {
     auto array = session.objects.take<ArrayObj>(id);
     if (array->mipmap != 0) continue;  // a level: its mipmapped array's, freed with it
     session.release_memory(array->charged);
+    drop_tile_pools(session, array->tile_pools);
     bundle.arrays.push_back(array->array);
   }
   for (std::uint64_t id : session.objects.ids_where<MipmappedArrayObj>(
            [&](const MipmappedArrayObj& m) { return pred(m.ctx); })) {
     auto mipmap = session.objects.take<MipmappedArrayObj>(id);
     session.release_memory(mipmap->charged);
+    drop_tile_pools(session, mipmap->tile_pools);
     bundle.mipmaps.push_back(mipmap->mipmap);
   }
 }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <vector>
 
 namespace mpsshim::server {
 
@@ -64,6 +65,14 @@ void free_virtual_memory(Session& session, FreedTally& tally);
 // for the POSIX fd handle type, as the driver requires of an export; else nullptr.
 struct PhysicalAllocObj;
 PhysicalAllocObj* exportable_allocation(Session& session, std::uint64_t handle);
+
+// Gives the client's physical allocation `id` back to the driver once the client holds no
+// handle to it and nothing maps it: no address range, no tile of a sparse array (ops/vmm.cpp).
+void release_if_unused(Session& session, std::uint64_t id);
+
+// Ends the hold a sparse array's tiles have on each tile pool in `pools` (ids of physical
+// allocations it was mapped onto; ops/sparse_array.cpp), as it goes.
+void drop_tile_pools(Session& session, const std::vector<std::uint64_t>& pools);
 
 // One open of a shared physical allocation ends (kVmmClose, or the opener's end): the last one
 // after its exporter let go gives the exporter its bytes back (ops/vmm_share.cpp).
