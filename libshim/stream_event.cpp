@@ -122,6 +122,34 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetGreenCtx(CUstream handle, CUgreenCtx*
   return CUDA_SUCCESS;
 }
 
+namespace {
+
+// cuStreamGetCtx_v2: a green context's stream names the green context and its device's primary
+// context; another stream its context and no green context. CU_STREAM_PER_THREAD while a green
+// context is current is an invalid handle, as natively.
+CUresult stream_contexts(CUstream handle, DefaultStream mode, CUcontext* pctx, CUgreenCtx* pgreen) {
+  if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  Context* ctx = nullptr;
+  Stream* stream = nullptr;
+  if (CUresult rc = resolve_stream(handle, mode, ctx, stream); rc != CUDA_SUCCESS) return rc;
+  if (pctx == nullptr || pgreen == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const bool per_thread =
+      handle == CU_STREAM_PER_THREAD || (handle == nullptr && mode == DefaultStream::kPerThread);
+  if (ctx->green == nullptr) {
+    *pctx = reinterpret_cast<CUcontext>(ctx);
+    *pgreen = nullptr;
+    return CUDA_SUCCESS;
+  }
+  if (per_thread) return CUDA_ERROR_INVALID_HANDLE;
+  Context* primary = nullptr;
+  if (CUresult rc = primary_context(ctx->device, primary); rc != CUDA_SUCCESS) return rc;
+  *pctx = reinterpret_cast<CUcontext>(primary);
+  *pgreen = ctx->green;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
 // Natively the flags must be CU_STREAM_NON_BLOCKING.
 MPSSHIM_EXPORT CUresult CUDAAPI cuGreenCtxStreamCreate(CUstream* out, CUgreenCtx handle,
                                                        unsigned int flags, int priority) {
@@ -177,6 +205,10 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuStreamDestroy(CUstream handle) {
     if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;                                     \
     *pctx = reinterpret_cast<CUcontext>(ctx);                                                 \
     return CUDA_SUCCESS;                                                                      \
+  }                                                                                           \
+  MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetCtx_v2##SUFFIX(CUstream h, CUcontext* pctx,      \
+                                                            CUgreenCtx* pgreen) {             \
+    return stream_contexts(h, MODE, pctx, pgreen);                                            \
   }                                                                                           \
   MPSSHIM_EXPORT CUresult CUDAAPI cuStreamGetId##SUFFIX(CUstream h, unsigned long long* id) { \
     Context* ctx = nullptr;                                                                   \

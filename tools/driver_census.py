@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The census of the driver API under mpsshim: for every entry point the real driver's
-cuGetProcAddress knows (libshim/entry/procaddr-*.tsv), whether libmpsshim.so serves it (some
-variant is defined by libshim), refuses it on purpose (libshim/entry/refused.tsv, with the
-reason its log line gives) or does not have it yet (missing: its stub answers
-CUDA_ERROR_NOT_SUPPORTED and says it is not implemented).
+cuGetProcAddress knows (libshim/entry/procaddr-*.tsv), whether libmpsshim.so serves it (libshim
+defines every variant the table hands out for it, but those refused on purpose), refuses it on
+purpose (libshim/entry/refused.tsv, with the reason its log line gives) or does not have it yet
+(missing: a variant's stub answers CUDA_ERROR_NOT_SUPPORTED and says it is not implemented).
+Refused variants of served entry points (refused.tsv's `version<N` rows) are listed apart.
 
     driver_census.py --tsv TSV --refused TSV --lib libmpsshim.so --write docs/driver-census.md
     driver_census.py ... --check docs/driver-census.md
@@ -21,15 +22,25 @@ import sys
 BASE_NAME = re.compile(r"^(.*?)(_v[0-9]+)?(_ptds|_ptsz)?$")
 
 
+OLDER_THAN = re.compile(r"version<([0-9]+)")
+
+
 def entry_points(tsv):
-    """Entry point -> the exported symbols cuGetProcAddress hands out for it."""
-    variants = collections.defaultdict(set)
+    """Entry point -> {exported symbol cuGetProcAddress hands out for it: the version from which
+    it no longer does (a newer variant replaces it), or infinity}."""
+    by_lookup = collections.defaultdict(list)  # (base, flags) -> [(version, symbol)]
     with open(tsv, encoding="utf-8") as rows:
         for line in rows:
             if line.startswith("#") or not line.strip():
                 continue
-            base, _flags, _version, symbol = line.rstrip("\n").split("\t")
-            variants[base].add(symbol)
+            base, flags, version, symbol = line.rstrip("\n").split("\t")
+            by_lookup[(base, flags)].append((int(version), symbol))
+    variants = collections.defaultdict(dict)
+    for (base, _flags), rows in by_lookup.items():
+        rows.sort()
+        for i, (_version, symbol) in enumerate(rows):
+            until = rows[i + 1][0] if i + 1 < len(rows) else float("inf")
+            variants[base][symbol] = max(until, variants[base].get(symbol, 0))
     return variants
 
 
@@ -51,6 +62,16 @@ def refusal_of(base, refused):
     return None
 
 
+def variant_refusal(until, refused):
+    """The reason a variant handed out only for versions below `until` is refused (a
+    `version<N` row with until <= N), or None."""
+    for pattern, reason in refused:
+        older = OLDER_THAN.fullmatch(pattern)
+        if older and until <= int(older.group(1)):
+            return reason
+    return None
+
+
 def defined_symbols(lib):
     """Symbols libshim defines itself (strong), as opposed to the entry stubs (weak)."""
     out = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True,
@@ -60,21 +81,33 @@ def defined_symbols(lib):
 
 
 def census(variants, refused, strong):
-    """(served, refused {reason: [names]}, missing), every name in exactly one."""
+    """(served, refused {reason: [names]}, missing, refused variants {reason: [symbols]}), every
+    name in exactly one of the first three. Missing names list the variants that are missing."""
     served, missing = [], []
     refused_by_reason = collections.defaultdict(list)
+    refused_variants = collections.defaultdict(list)
     for base in sorted(variants):
         reason = refusal_of(base, refused)
         if reason is not None:
             refused_by_reason[reason].append(base)
-        elif variants[base] & strong:
-            served.append(base)
+            continue
+        absent = []
+        for symbol, until in sorted(variants[base].items()):
+            if symbol in strong:
+                continue
+            why = variant_refusal(until, refused)
+            if why is None:
+                absent.append(symbol)
+            else:
+                refused_variants[why].append(symbol)
+        if absent:
+            missing.append(base if absent == [base] else f"{base} ({', '.join(absent)})")
         else:
-            missing.append(base)
-    return served, refused_by_reason, missing
+            served.append(base)
+    return served, refused_by_reason, missing, refused_variants
 
 
-def document(tsv_name, served, refused_by_reason, missing):
+def document(tsv_name, served, refused_by_reason, missing, refused_variants):
     total = len(served) + sum(len(v) for v in refused_by_reason.values()) + len(missing)
     refused_count = sum(len(v) for v in refused_by_reason.values())
     out = ["# The driver API under mpsshim: a census\n\n",
@@ -85,7 +118,8 @@ def document(tsv_name, served, refused_by_reason, missing):
            "build/libshim/libmpsshim.so --write docs/driver-census.md` (the test prints the line).\n\n",
            f"{total} entry points: **{len(served)} served**, **{refused_count} refused on purpose**, ",
            f"**{len(missing)} missing**.\n\n",
-           "- *Served*: libshim defines it. Some served calls still refuse particular arguments; the\n",
+           "- *Served*: libshim defines every variant the table hands out for it (but the older\n",
+           "  variants refused below). Some served calls still refuse particular arguments; the\n",
            "  pages under docs/ say which.\n",
            "- *Refused on purpose*: it answers `CUDA_ERROR_NOT_SUPPORTED` and logs, once, `<name> is\n",
            "  refused by mpsshim: <reason>` (or its own reason where libshim defines it).\n",
@@ -94,6 +128,11 @@ def document(tsv_name, served, refused_by_reason, missing):
            "## Refused on purpose\n\n| reason | entry points |\n|---|---|\n"]
     for reason in sorted(refused_by_reason):
         names = ", ".join(f"`{n}`" for n in refused_by_reason[reason])
+        out.append(f"| {reason} | {names} |\n")
+    out.append("\n### Variants of served entry points, refused on purpose\n\n"
+               "| reason | variants (exported symbols) |\n|---|---|\n")
+    for reason in sorted(refused_variants):
+        names = ", ".join(f"`{n}`" for n in refused_variants[reason])
         out.append(f"| {reason} | {names} |\n")
     out.append("\n## Missing\n\n")
     out.append(", ".join(f"`{n}`" for n in missing) + "\n" if missing else "None.\n")
@@ -111,9 +150,10 @@ def main():
     group.add_argument("--write")
     group.add_argument("--check")
     args = parser.parse_args()
-    served, refused_by_reason, missing = census(entry_points(args.tsv), refusals(args.refused),
-                                                defined_symbols(args.lib))
-    text = document(args.tsv.rsplit("/", 1)[-1], served, refused_by_reason, missing)
+    served, refused_by_reason, missing, refused_variants = census(
+        entry_points(args.tsv), refusals(args.refused), defined_symbols(args.lib))
+    text = document(args.tsv.rsplit("/", 1)[-1], served, refused_by_reason, missing,
+                    refused_variants)
     print(f"driver census: {len(served)} served, "
           f"{sum(len(v) for v in refused_by_reason.values())} refused on purpose, "
           f"{len(missing)} missing")

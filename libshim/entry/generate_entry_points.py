@@ -34,6 +34,8 @@ DECLARATION = re.compile(r"\bCUresult\s+(cu[A-Za-z0-9_]+)\s*\(")
 # per-thread suffix; anything else in the TSV is a corrupted row.
 VARIANT_SUFFIX = re.compile(r"(_v[0-9]+)?(_ptds|_ptsz)?")
 TSV_DRIVER_VERSION = re.compile(r"cuDriverGetVersion=([0-9]+)")
+# A refused.tsv pattern naming the variants handed out only for versions below N.
+OLDER_THAN = re.compile(r"version<([0-9]+)")
 FLAGS = (0, 1, 2)  # DEFAULT, LEGACY_STREAM, PER_THREAD_DEFAULT_STREAM
 # Sanity floor: CUDA 12/13 headers declare over 600; far fewer means the parse broke.
 MIN_HEADER_FUNCTIONS = 400
@@ -181,27 +183,49 @@ def read_refused(path):
             if not line or line.startswith("#"):
                 continue
             fields = line.split("\t")
-            if len(fields) != 2 or not fields[0].startswith("cu") or not fields[1]:
-                fail(f"{path}:{number}: expected a name or prefix*, a tab and a reason")
+            if (len(fields) != 2 or not fields[1] or
+                    not (fields[0].startswith("cu") or OLDER_THAN.fullmatch(fields[0]))):
+                fail(f"{path}:{number}: expected a name, prefix* or version<N, a tab and a reason")
             if '"' in fields[1] or "\\" in fields[1]:
                 fail(f"{path}:{number}: a reason may not hold quotes or backslashes")
             rows.append((fields[0], fields[1]))
     return rows
 
 
-def refusal_of(name, refused):
-    """The reason `name` (any variant) is refused on purpose, or None."""
+def replaced_from(rows):
+    """Exported symbol -> the version from which cuGetProcAddress hands out a newer variant
+    instead, for every lookup that returns it (infinity when one never replaces it)."""
+    by_lookup = {}
+    for base, flags, version, symbol in rows:
+        by_lookup.setdefault((base, flags), []).append((version, symbol))
+    until = {}
+    for lookup in by_lookup.values():
+        lookup.sort()
+        for i, (_version, symbol) in enumerate(lookup):
+            end = lookup[i + 1][0] if i + 1 < len(lookup) else float("inf")
+            until[symbol] = max(end, until.get(symbol, 0))
+    return until
+
+
+def refusal_of(name, refused, until):
+    """The reason `name` (any variant) is refused on purpose, or None. A `version<N` row refuses
+    the symbols the table hands out only for versions below N (`until`: replaced_from)."""
     base = BASE_NAME.match(name).group(1)
     for pattern, reason in refused:
         if pattern.endswith("*") and base.startswith(pattern[:-1]) or base == pattern:
             return reason
+    for pattern, reason in refused:
+        older = OLDER_THAN.fullmatch(pattern)
+        if older and until.get(name, float("inf")) <= int(older.group(1)):
+            return reason
     return None
 
 
-def refusals_inc(names, refused, notice):
+def refusals_inc(names, refused, rows, notice):
     lines = [f"// {notice}\n// MPSSHIM_REFUSAL(symbol, reason): entry points refused on purpose.\n"]
+    until = replaced_from(rows)
     for name in names:
-        reason = refusal_of(name, refused)
+        reason = refusal_of(name, refused, until)
         if reason is not None:
             lines.append(f'MPSSHIM_REFUSAL({name}, "{reason}")\n')
     return "".join(lines)
@@ -243,7 +267,7 @@ def main():
     write_if_changed(outputs["version"], proc_address_version_hpp(driver_version, tsv_notice))
     write_if_changed(outputs["script"], version_script(names, notice))
     write_if_changed(outputs["refusals"],
-                     refusals_inc(names, read_refused(args.refused),
+                     refusals_inc(names, read_refused(args.refused), rows,
                                   GENERATED_NOTICE.format(os.path.basename(args.refused))))
 
 

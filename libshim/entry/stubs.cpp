@@ -7,6 +7,13 @@
 
 #include "libshim/log.hpp"
 
+// The generated lists; tests/entry builds these stubs from short lists of its own, to see an
+// entry point that is neither served nor refused answer (libmpsshim has none).
+#ifndef MPSSHIM_ENTRY_POINTS_INC
+#define MPSSHIM_ENTRY_POINTS_INC "libshim/entry/entry_points.inc"
+#define MPSSHIM_REFUSALS_INC "libshim/entry/refusals.inc"
+#endif
+
 namespace {
 
 // CUDA_ERROR_NOT_SUPPORTED, spelled out because cuda.h is not included.
@@ -19,7 +26,7 @@ struct Refusal {
 };
 #define MPSSHIM_REFUSAL(name, reason) {#name, reason},
 constexpr Refusal kRefusals[] = {
-#include "libshim/entry/refusals.inc"
+#include MPSSHIM_REFUSALS_INC
     {nullptr, nullptr}};
 #undef MPSSHIM_REFUSAL
 
@@ -45,5 +52,5 @@ constexpr Refusal kRefusals[] = {
     static constinit std::atomic<bool> logged{false};                  \
     return not_implemented(logged, #name);                             \
   }
-#include "libshim/entry/entry_points.inc"
+#include MPSSHIM_ENTRY_POINTS_INC
 #undef MPSSHIM_ENTRY_POINT

@@ -119,6 +119,17 @@ int main() {
   CUgreenCtx of_plain = green;
   CHECK(cuStreamGetGreenCtx(plain, &of_plain));
   if (int rc = check(of_stream == green && of_plain == nullptr, "cuStreamGetGreenCtx")) return rc;
+  // cuStreamGetCtx_v2: a green context's stream names it and the device's primary context.
+  CUcontext ctx_of_stream{}, ctx_of_plain{};
+  CUgreenCtx green_of_stream{}, green_of_plain = green;
+  CHECK(cuStreamGetCtx_v2(green_stream, &ctx_of_stream, &green_of_stream));
+  CHECK(cuStreamGetCtx_v2(plain, &ctx_of_plain, &green_of_plain));
+  EXPECT(cuStreamGetCtx_v2(plain, &ctx_of_plain, nullptr), CUDA_ERROR_INVALID_VALUE);
+  if (int rc = check(ctx_of_stream == primary && green_of_stream == green &&
+                         ctx_of_plain == primary && green_of_plain == nullptr,
+                     "cuStreamGetCtx_v2")) {
+    return rc;
+  }
 
   CUcontext green_ctx{};
   CHECK(cuCtxFromGreenCtx(&green_ctx, green));

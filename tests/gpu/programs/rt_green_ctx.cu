@@ -108,6 +108,11 @@ int main() {
   CU_CHECK(cuCtxGetId(green_ctx, &ctx_id));
   CUgreenCtx of_stream{};
   CU_CHECK(cuStreamGetGreenCtx(stream, &of_stream));
+  // cuStreamGetCtx_v2: the green context and the device's primary context.
+  CUcontext ctx_v2{};
+  CUgreenCtx green_v2{};
+  CU_CHECK(cuStreamGetCtx_v2(stream, &ctx_v2, &green_v2));
+  const int stream_ctx_v2 = (ctx_v2 == primary ? 1 : 0) + (green_v2 == green ? 2 : 0);
 
   CUevent event{};
   CU_CHECK(cuEventCreate(&event, CU_EVENT_DISABLE_TIMING));
@@ -147,8 +152,8 @@ int main() {
                   std::memcmp(&of_ctx, &own, sizeof own) == 0;
   return RT_REPORT(ok,
                    "device_sms=%u groups_of_16=%u green_sms=%u seen=%zu within=%d "
-                   "current_seen=%zu pairs=%u last_pair_seen=%zu checksum=%016llx",
+                   "current_seen=%zu pairs=%u last_pair_seen=%zu stream_ctx_v2=%d checksum=%016llx",
                    all.sm.smCount, groups, own.sm.smCount, green_sms.size(), within ? 1 : 0,
-                   current_sms.size(), pairs_made, last_sms.size(),
+                   current_sms.size(), pairs_made, last_sms.size(), stream_ctx_v2,
                    static_cast<unsigned long long>(checksum));
 }
