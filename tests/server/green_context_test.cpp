@@ -73,8 +73,28 @@ TEST_CASE("a client's green contexts: forged resources refused, long splits page
   auto combined = desc_of({all[0], all[65]});
   REQUIRE(combined.result == CUDA_SUCCESS);
   const std::uint64_t desc = combined.as<proto::GreenDescRep>().desc;
-  // A later page of a split that was not the last one asked is refused, not split again.
+  // A later page of a split never asked is refused, not split again.
   CHECK(split(quota, 4, 8, 0, 2).result == CUDA_ERROR_INVALID_VALUE);
+
+  // Two long splits paged in turn, as two threads of the client would: each page is of its own
+  // split (pairs: 66 groups; fours: 33).
+  auto page_of = [&](std::uint32_t min, std::uint32_t first) {
+    auto page = split(quota, 2000, min, kPairs, first);
+    REQUIRE(page.result == CUDA_SUCCESS);
+    return page.as<proto::GreenSplitRep>();
+  };
+  const auto pairs_0 = page_of(2, 0);
+  const auto fours_0 = page_of(4, 0);
+  const auto pairs_1 = page_of(2, proto::kGreenSplitPage);
+  const auto fours_1 = page_of(4, proto::kGreenSplitPage);
+  CHECK(pairs_0.groups == 66);
+  CHECK(fours_0.groups == 33);
+  CHECK(pairs_1.count == proto::kGreenSplitPage);
+  CHECK(fours_1.count == 33 - proto::kGreenSplitPage);
+  CHECK(sm_count(pairs_1.result[0]) == 2);
+  CHECK(sm_count(fours_1.result[0]) == 4);
+  CHECK(desc_of({pairs_0.result[0], pairs_1.result[0]}).result == CUDA_SUCCESS);
+  CHECK(desc_of({fours_0.result[0], fours_1.result[0]}).result == CUDA_SUCCESS);
 
   auto create = [&](std::uint64_t d, std::uint32_t flags) {
     return sut.call(Op::kGreenCtxCreate, proto::GreenCtxCreateReq{d, flags, 0});

@@ -81,7 +81,7 @@ OpResult op_green_split(Call& call) {
   if (asked == 0 && req.first != 0) return call.done(CUDA_ERROR_INVALID_VALUE);
   proto::GreenSplitRep rep{};
   const ClientGreen::Split* split =
-      req.first == 0 ? nullptr : green.last_split(input, asked, req.min_count, req.flags);
+      req.first == 0 ? nullptr : green.kept_split(input, asked, req.min_count, req.flags);
   if (req.first != 0 && split == nullptr) return call.done(CUDA_ERROR_INVALID_VALUE);
   if (split == nullptr) {
     ClientGreen::Split made;
@@ -110,7 +110,7 @@ OpResult op_green_split(Call& call) {
     }
     if (!green.issue(made.remaining)) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
     green.keep_split(std::move(made));
-    split = green.last_split(input, asked, req.min_count, req.flags);
+    split = green.kept_split(input, asked, req.min_count, req.flags);
   }
   rep.groups = static_cast<std::uint32_t>(split->outputs.size());
   rep.remaining = wire_of(split->remaining);

@@ -30,19 +30,30 @@ CUdevResourceDesc ClientGreen::desc(std::uint64_t id) const {
   return it == descs_.end() ? nullptr : it->second;
 }
 
-const ClientGreen::Split* ClientGreen::last_split(const CUdevResource& input, unsigned groups,
+const ClientGreen::Split* ClientGreen::kept_split(const CUdevResource& input, unsigned groups,
                                                   unsigned min_count, unsigned flags) const {
-  const Split& s = last_split_;
-  if (s.groups != groups || s.min_count != min_count || s.flags != flags || s.groups == 0 ||
-      s.input != key(input)) {
-    return nullptr;
+  const std::string input_key = key(input);
+  for (const Split& s : splits_) {
+    if (s.groups == groups && s.min_count == min_count && s.flags == flags && s.groups != 0 &&
+        s.input == input_key) {
+      return &s;
+    }
   }
-  return &s;
+  return nullptr;
+}
+
+void ClientGreen::keep_split(Split split) {
+  std::erase_if(splits_, [&](const Split& s) {
+    return s.groups == split.groups && s.min_count == split.min_count && s.flags == split.flags &&
+           s.input == split.input;
+  });
+  splits_.push_front(std::move(split));
+  if (splits_.size() > kKeptSplits) splits_.pop_back();
 }
 
 void ClientGreen::forget_all() {
   issued_.clear();
-  last_split_ = Split{};
+  splits_.clear();
   descs_.clear();  // the driver keeps them: the API has no call that frees a descriptor
 }
 

@@ -11,6 +11,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -35,7 +36,10 @@ class ClientGreen {
   CUdevResourceDesc desc(std::uint64_t id) const;
 
   // A split's outputs, kept so that the pages of a split longer than one answer are of one
-  // driver call (a descriptor combines outputs of one split only).
+  // driver call (a descriptor combines outputs of one split only). The last kKeptSplits of
+  // different arguments are kept, so that threads paging splits of their own at once each find
+  // theirs (the driver splits alike every time, so one of the same arguments serves all).
+  static constexpr std::size_t kKeptSplits = 8;
   struct Split {
     std::string input;
     unsigned groups = 0;
@@ -44,10 +48,11 @@ class ClientGreen {
     std::vector<CUdevResource> outputs;  // the groups made
     CUdevResource remaining{};
   };
-  // The last split, if it was of these arguments; nullptr otherwise.
-  const Split* last_split(const CUdevResource& input, unsigned groups, unsigned min_count,
+  // A kept split of these arguments; nullptr when none.
+  const Split* kept_split(const CUdevResource& input, unsigned groups, unsigned min_count,
                           unsigned flags) const;
-  void keep_split(Split split) { last_split_ = std::move(split); }
+  // Kept in place of one of the same arguments, else of the least recent.
+  void keep_split(Split split);
   static std::string key(const CUdevResource& resource);
 
   // A live SM quota change: what was handed out before named the old quota's SMs.
@@ -57,7 +62,7 @@ class ClientGreen {
   std::unordered_set<std::string> issued_;
   std::unordered_map<std::uint64_t, CUdevResourceDesc> descs_;
   std::uint64_t next_desc_ = 1;
-  Split last_split_;
+  std::deque<Split> splits_;  // most recent first
 };
 
 }  // namespace mpsshim::server
