@@ -5,8 +5,11 @@
 // lowered below what it uses refuses its next allocation, naming the command that set it.
 #include <catch2/catch.hpp>
 
+#include <cstring>
 #include <set>
+#include <span>
 
+#include "proto/ops_green.hpp"
 #include "tests/server/launch_batch_fixture.hpp"
 
 namespace mpsshim::server::test {
@@ -165,6 +168,67 @@ TEST_CASE("a memory limit lowered below use refuses allocations until use falls 
   CUresult allowed = CUDA_ERROR_UNKNOWN;
   f.sut.alloc(f.ctx.ctx, 4096, &allowed);
   CHECK(allowed == CUDA_SUCCESS);
+}
+
+TEST_CASE("after an SM quota change the resources handed out before name no SMs the client has",
+          "[server][quota][live][green]") {
+  Fixture f(test_driver());
+  auto resource_of = [&](std::uint64_t ctx) {
+    return f.sut.call(Op::kGreenResource, proto::GreenResourceReq{ctx, CU_DEV_RESOURCE_TYPE_SM, 0});
+  };
+  auto split = [&](const proto::DevResource& input, std::uint32_t groups) {
+    return f.sut.call(Op::kGreenSplit, proto::GreenSplitReq{input, groups, 8, 0, 0});
+  };
+  auto desc_of = [&](proto::DevResource resource) {
+    return f.sut.call(Op::kGreenDesc, proto::GreenDescReq{1, 0},
+                      std::as_bytes(std::span(&resource, 1)));
+  };
+  auto create = [&](std::uint64_t desc) {
+    return f.sut.call(Op::kGreenCtxCreate,
+                      proto::GreenCtxCreateReq{desc, CU_GREEN_CTX_DEFAULT_STREAM, 0});
+  };
+  auto sm_count = [](const proto::DevResource& r) {
+    CUdevResource resource{};
+    std::memcpy(&resource, r.bytes, sizeof resource);
+    return resource.sm.smCount;
+  };
+  auto old_quota = resource_of(0);
+  REQUIRE(old_quota.result == CUDA_SUCCESS);
+  const proto::DevResource quota = old_quota.as<proto::DevResource>();
+  auto halves = split(quota, 2);
+  REQUIRE(halves.result == CUDA_SUCCESS);
+  const proto::DevResource half = halves.as<proto::GreenSplitRep>().result[0];
+  auto made_desc = desc_of(half);
+  REQUIRE(made_desc.result == CUDA_SUCCESS);
+  const std::uint64_t old_desc = made_desc.as<proto::GreenDescRep>().desc;
+  auto made = create(old_desc);
+  REQUIRE(made.result == CUDA_SUCCESS);
+  const std::uint64_t old_green = made.as<proto::GreenCtxCreateRep>().ctx;
+
+  int status = -1;
+  const std::string answer =
+      operator_says(f.h, fmt::format("set_client_active_thread_percentage {} 25", kPid), status);
+  INFO(answer);
+  REQUIRE(status == 0);
+
+  // Everything handed out before named the old quota's SMs: refused as resources the client
+  // made up, and a descriptor made before names nothing.
+  CHECK(split(quota, 2).result == CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION);
+  CHECK(split(half, 2).result == CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION);
+  CHECK(desc_of(half).result == CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION);
+  CHECK(create(old_desc).result == CUDA_ERROR_INVALID_VALUE);
+  // The green context made before keeps its SMs and says so, but its resource is not handed
+  // out to be split again.
+  auto kept = resource_of(old_green);
+  REQUIRE(kept.result == CUDA_SUCCESS);
+  CHECK(sm_count(kept.as<proto::DevResource>()) == sm_count(half));
+  CHECK(split(kept.as<proto::DevResource>(), 2).result ==
+        CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION);
+  // The new quota's resource is the client's to split.
+  auto new_quota = resource_of(0);
+  REQUIRE(new_quota.result == CUDA_SUCCESS);
+  CHECK(sm_count(new_quota.as<proto::DevResource>()) < sm_count(quota));
+  CHECK(split(new_quota.as<proto::DevResource>(), 2).result == CUDA_SUCCESS);
 }
 
 TEST_CASE("a live quota for a pid without a client, or a bad value, is refused",
