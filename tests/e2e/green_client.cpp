@@ -164,6 +164,9 @@ int main() {
   CHECK(cuGreenCtxRecordEvent(green, event));
   CHECK(cuEventSynchronize(event));
   CHECK(cuGreenCtxWaitEvent(green, event));
+  // Again, from the stream the server keeps for the green context's records.
+  CHECK(cuGreenCtxRecordEvent(green, event));
+  CHECK(cuEventSynchronize(event));
 
   // Bytes the client wrote itself are refused, whatever they say.
   CUdevResource forged = groups[1];
@@ -198,6 +201,7 @@ int main() {
   CHECK(cuDevResourceGenerateDesc(&ends_desc, ends, 2));
   CUgreenCtx kept_alive{};  // never destroyed: the session's end destroys it
   CHECK(cuGreenCtxCreate(&kept_alive, ends_desc, device, CU_GREEN_CTX_DEFAULT_STREAM));
+  CHECK(cuGreenCtxRecordEvent(kept_alive, event));  // its record stream goes with the session
   CUstream kept_stream{};
   CHECK(cuGreenCtxStreamCreate(&kept_stream, kept_alive, CU_STREAM_NON_BLOCKING, 0));
   if (int rc = check(sms_seen(kept_stream, blocks).size() == 4, "the two pairs' green context")) {

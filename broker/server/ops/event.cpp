@@ -97,18 +97,19 @@ OpResult op_event_record(Call& call) {
                           call.cu.cuEventRecordWithFlags(*driver_event, stream->stream, req.flags));
 }
 
-// cuCtxRecordEvent: the event is recorded on a stream made for the call, after it waited for
+// cuCtxRecordEvent: the event is recorded on a stream of the server's, after it waited for
 // every stream of the context (their work so far), so that no stream of the client waits for
-// another because of it; the stream goes once its work ran. cuCtxWaitEvent: every stream of
+// another because of it. In a green context of the client's own that stream is kept with the
+// context (ContextObj::record_stream), so that destroying the green context waits for the
+// record too (retire.cpp); in the client's quota it is made for the call and goes once its work
+// ran (the quota's green context outlives the session). cuCtxWaitEvent: every stream of
 // the context, its default stream included, waits for the event (streams made later do not:
 // they have no work before the call).
 OpResult op_ctx_event(Call& call) {
   auto req = call.request<proto::CtxEventReq>();
   Session& session = call.session;
-  const ContextObj* ctx = session.objects.get<ContextObj>(req.ctx);
+  ContextObj* ctx = session.objects.get<ContextObj>(req.ctx);
   if (ctx == nullptr) return call.done(CUDA_ERROR_INVALID_CONTEXT);
-  // A green context of the client's own records from a stream of its own SMs.
-  const CUgreenCtx green = ctx->green != nullptr ? ctx->green : session.green.green;
   EventObj* event = session.objects.get<EventObj>(req.event);
   if (event == nullptr) return call.done(CUDA_ERROR_INVALID_HANDLE);
   if (req.wait > 1) return call.done(CUDA_ERROR_INVALID_VALUE);
@@ -148,10 +149,17 @@ OpResult op_ctx_event(Call& call) {
   }
   auto driver_event = event_to_record(session, *event);
   if (!driver_event) return call.done(driver_event.error());
+  // A green context of the client's own records from a stream of its own SMs.
+  const bool kept = ctx->green != nullptr;
   StreamObj joined;
-  if (CUresult r = call.cu.cuGreenCtxStreamCreate(&joined.stream, green, CU_STREAM_NON_BLOCKING, 0);
-      r != CUDA_SUCCESS) {
-    return call.done(r);
+  joined.stream = kept ? ctx->record_stream : nullptr;
+  if (joined.stream == nullptr) {
+    if (CUresult r = call.cu.cuGreenCtxStreamCreate(
+            &joined.stream, kept ? ctx->green : session.green.green, CU_STREAM_NON_BLOCKING, 0);
+        r != CUDA_SUCCESS) {
+      return call.done(r);
+    }
+    if (kept) ctx->record_stream = joined.stream;
   }
   CUresult r = CUDA_SUCCESS;
   for (std::uint64_t id : streams) {
@@ -161,7 +169,7 @@ OpResult op_ctx_event(Call& call) {
   }
   if (r == CUDA_SUCCESS) r = call.cu.cuEventRecordWithFlags(*driver_event, joined.stream, 0);
   // Destroying a stream with queued work is allowed: the driver lets it go once the work ran.
-  call.cu.cuStreamDestroy_v2(joined.stream);
+  if (!kept) call.cu.cuStreamDestroy_v2(joined.stream);
   return call.done(r);
 }
 

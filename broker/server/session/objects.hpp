@@ -27,6 +27,9 @@ struct ContextObj {
   // context's streams are made in the client's quota (Session::green).
   CUgreenCtx green = nullptr;
   std::uint32_t green_generation = 0;  // Session::green_generation when it was made
+  // A stream of `green` that cuCtxRecordEvent records from (ops/event.cpp), made at the first;
+  // fenced and destroyed before `green` when the green context goes (retire.cpp).
+  CUstream record_stream = nullptr;
 };
 
 struct StreamObj {

@@ -86,6 +86,14 @@ CUresult retire(Session& session, Retired bundle) {
     return fences.error();
   }
   bundle.fences = std::move(*fences);
+  for (CUstream stream : bundle.record_streams) {
+    auto fence = session.acquire_event();
+    if (fence && session.cu().cuEventRecordWithFlags(*fence, stream, 0) == CUDA_SUCCESS) {
+      bundle.fences.push_back(*fence);
+    } else if (fence) {
+      session.release_event(*fence);
+    }
+  }
   session.retiring.push_back(std::move(bundle));
   return CUDA_SUCCESS;
 }
@@ -119,6 +127,9 @@ void free_retired(Session& session, Retired& bundle, FreedTally* tally) {
   }
   for (CUgraphExec exec : bundle.graph_execs) {
     warn_if_failed(session, cu.cuGraphExecDestroy(exec), "cuGraphExecDestroy");
+  }
+  for (CUstream stream : bundle.record_streams) {
+    warn_if_failed(session, cu.cuStreamDestroy_v2(stream), "cuStreamDestroy");
   }
   for (CUgreenCtx green : bundle.green_contexts) {
     warn_if_failed(session, cu.cuGreenCtxDestroy(green), "cuGreenCtxDestroy");
@@ -206,6 +217,8 @@ CUresult retire_context(Session& session, std::uint64_t ctx_id) {
   if (own_green != nullptr) {
     bundle.green_contexts.push_back(own_green);
     ctx->green = nullptr;
+    if (ctx->record_stream != nullptr) bundle.record_streams.push_back(ctx->record_stream);
+    ctx->record_stream = nullptr;
   } else {
     // Libraries are context-independent (CUDA 12+): the CUDA runtime loads its fat binaries
     // once and keeps using their kernels after cudaDeviceReset, in the next primary context.
@@ -325,6 +338,9 @@ FreedTally free_everything(Session& session) {
   }
   for (std::uint64_t id : session.objects.ids<ContextObj>()) {
     auto ctx = session.objects.take<ContextObj>(id);
+    if (ctx->record_stream != nullptr) {
+      warn_if_failed(session, cu.cuStreamDestroy_v2(ctx->record_stream), "cuStreamDestroy");
+    }
     if (ctx->green != nullptr) {  // after its streams, above
       warn_if_failed(session, cu.cuGreenCtxDestroy(ctx->green), "cuGreenCtxDestroy");
     }

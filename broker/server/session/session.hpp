@@ -136,8 +136,10 @@ struct Retired {
   std::vector<CUmipmappedArray> mipmaps;  // after their levels' textures, like arrays
   std::vector<CUgraphExec> graph_execs;
   std::vector<PeerBlock> peer_blocks;  // another GPU's memory this server mapped (ops/peer.cpp)
-  // Green contexts of the client's own (cuGreenCtxDestroy): after their streams' work.
+  // Green contexts of the client's own (cuGreenCtxDestroy): after their streams' work, and
+  // the streams cuCtxRecordEvent recorded from in them (ContextObj::record_stream), fenced too.
   std::vector<CUgreenCtx> green_contexts;
+  std::vector<CUstream> record_streams;
 };
 
 // A memfd the client sent on its socket, waiting for the ring record that names its token.
