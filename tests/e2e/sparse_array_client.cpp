@@ -11,24 +11,9 @@
 #include <vector>
 
 #include "client_check.hpp"
+#include "client_expect.hpp"
 
 namespace {
-
-int g_failures = 0;
-void expect(CUresult got, CUresult want, const char* what) {
-  if (got == want) return;
-  std::printf("mismatch: %s gave %d, expected %d\n", what, got, want);
-  ++g_failures;
-}
-void expect_true(bool ok, const char* what) {
-  if (ok) return;
-  std::printf("mismatch: %s\n", what);
-  ++g_failures;
-}
-int finish(const char* mode) {
-  std::printf("%s %s failures=%d\n", g_failures == 0 ? "PASS" : "FAIL", mode, g_failures);
-  return g_failures == 0 ? 0 : 1;
-}
 
 constexpr unsigned kSide = 1024;  // the array: kSide x kSide floats, 128 x 128 tiles
 constexpr unsigned kTile = 128;

@@ -15,23 +15,11 @@
 #include <vector>
 
 #include "client_check.hpp"
+#include "client_expect.hpp"
 
 namespace {
 
 constexpr char kModuleImage[] = "// mpsshim e2e vmm module\n.version 8.0\n.target sm_90\n";
-
-// A check that an expected result came back; counts what did not.
-int g_failures = 0;
-void expect(CUresult got, CUresult want, const char* what) {
-  if (got == want) return;
-  std::printf("mismatch: %s gave %d, expected %d\n", what, got, want);
-  ++g_failures;
-}
-void expect_true(bool ok, const char* what) {
-  if (ok) return;
-  std::printf("mismatch: %s\n", what);
-  ++g_failures;
-}
 
 struct Setup {
   CUcontext ctx{};
@@ -85,11 +73,6 @@ std::size_t free_memory() {
 void vector_add(const Setup& s, CUdeviceptr a, CUdeviceptr b, CUdeviceptr c, int n) {
   void* args[] = {&a, &b, &c, &n};
   CHECK(cuLaunchKernel(s.add, (n + 255) / 256, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr));
-}
-
-int finish(const char* mode) {
-  std::printf("%s %s failures=%d\n", g_failures == 0 ? "PASS" : "FAIL", mode, g_failures);
-  return g_failures == 0 ? 0 : 1;
 }
 
 // Reserve, create, map, set access, write, read back, unmap, release, free; and the driver's
