@@ -68,7 +68,10 @@ CUresult wire_entry(const CUarrayMapInfo& info, const Context* ctx, proto::WireA
     if (session != ctx->session) return CUDA_ERROR_INVALID_VALUE;  // another GPU's memory
   }
   out.offset = info.offset;
-  out.device_mask = info.deviceBitMask == (1u << ctx->device) ? proto::kMapOnStreamDevice : 0u;
+  // A mask has 32 bits: a device past them cannot be named (the driver refuses such a mask).
+  out.device_mask = ctx->device < 32 && info.deviceBitMask == (1u << ctx->device)
+                        ? proto::kMapOnStreamDevice
+                        : 0u;
   out.flags = info.flags;
   out.driver_reserved[0] = info.reserved[0];
   out.driver_reserved[1] = info.reserved[1];

@@ -4,6 +4,7 @@
 #include "libshim/api.hpp"
 #include "libshim/capture.hpp"
 #include "libshim/client.hpp"
+#include "libshim/client_view.hpp"
 #include "libshim/log.hpp"
 #include "libshim/object_pool.hpp"
 
@@ -129,21 +130,24 @@ namespace {
 // context is current is an invalid handle, as natively.
 CUresult stream_contexts(CUstream handle, DefaultStream mode, CUcontext* pctx, CUgreenCtx* pgreen) {
   if (CUresult rc = init_status(); rc != CUDA_SUCCESS) return rc;
+  const bool per_thread =
+      handle == CU_STREAM_PER_THREAD || (handle == nullptr && mode == DefaultStream::kPerThread);
   Context* ctx = nullptr;
+  if (per_thread) {
+    // Refused before the per-thread stream would be made for nothing.
+    if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
+    if (ctx->green != nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  }
   Stream* stream = nullptr;
   if (CUresult rc = resolve_stream(handle, mode, ctx, stream); rc != CUDA_SUCCESS) return rc;
   if (pctx == nullptr || pgreen == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  const bool per_thread =
-      handle == CU_STREAM_PER_THREAD || (handle == nullptr && mode == DefaultStream::kPerThread);
   if (ctx->green == nullptr) {
     *pctx = reinterpret_cast<CUcontext>(ctx);
     *pgreen = nullptr;
     return CUDA_SUCCESS;
   }
-  if (per_thread) return CUDA_ERROR_INVALID_HANDLE;
-  Context* primary = nullptr;
-  if (CUresult rc = primary_context(ctx->device, primary); rc != CUDA_SUCCESS) return rc;
-  *pctx = reinterpret_cast<CUcontext>(primary);
+  // The primary context's handle, without activating it on the server.
+  if (CUresult rc = primary_context_handle(ctx->device, pctx); rc != CUDA_SUCCESS) return rc;
   *pgreen = ctx->green;
   return CUDA_SUCCESS;
 }

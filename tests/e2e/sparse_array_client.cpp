@@ -138,7 +138,7 @@ int map() {
   CHECK(copy_box(array, out.data(), kTile, 0, 2 * kTile, kTile, false, s.stream));
   CHECK(cuStreamSynchronize(s.stream));
   expect_true(std::memcmp(in.data(), out.data(), in.size() * sizeof(float)) == 0,
-              "the mapped tiles read back what was written");
+              "copies reach a sparse array's mapped tiles");
 
   CUarrayMapInfo bad = tiles(array, 0, 0, kTile, kTile, plain, 0);
   expect(cuMemMapArrayAsync(&bad, 1, s.stream), CUDA_ERROR_INVALID_VALUE,
@@ -167,7 +167,11 @@ int map() {
   expect(cuMemMapArrayAsync(&bad, 1, s.stream), CUDA_ERROR_INVALID_HANDLE, "not an array");
   bad = tiles(array, 0, 0, kTile, kTile, 0xdead0000beefull, 0);
   expect(cuMemMapArrayAsync(&bad, 1, s.stream), CUDA_ERROR_INVALID_HANDLE,
-         "an allocation this process never had");
+         "an allocation handle of no device");
+  // Device 0's, but no id the server gave: refused there.
+  bad = tiles(array, 0, 0, kTile, kTile, 0xdead0000beefull | (1ull << 24), 0);
+  expect(cuMemMapArrayAsync(&bad, 1, s.stream), CUDA_ERROR_INVALID_HANDLE,
+         "an allocation the server never gave");
   CUDA_ARRAY3D_DESCRIPTOR dense{};
   dense.Width = dense.Height = kSide;
   dense.Format = CU_AD_FORMAT_FLOAT;

@@ -13,7 +13,7 @@
 // the whole array's device memory, which the real driver does not take; copies reach every
 // tile, mapped or not; a mapping takes effect when called, not in the stream's order. The tile
 // shapes for other element sizes and for 3D arrays are the standard 64 KiB shapes, unmeasured.
-// A mipmapped array's tail is one tile, shared by its layers.
+// A mipmapped array's tail is one tile, one per layer of a layered array.
 #include <algorithm>
 
 #include "tests/testdriver/state.hpp"
@@ -22,7 +22,7 @@ namespace mpsshim::testdriver {
 namespace {
 
 constexpr std::size_t kTileBytes = std::size_t{64} << 10;
-// Tile numbers at and past this are a mip tail's: kMiptailTiles + the tail's 64 KiB piece.
+// Tile numbers at and past this are a mip tail's: kMiptailTiles + its layer (a tail is one tile).
 constexpr std::uint64_t kMiptailTiles = std::uint64_t{1} << 62;
 
 bool is_sparse(const CUDA_ARRAY3D_DESCRIPTOR& d) {
@@ -190,9 +190,8 @@ CUresult check_entry(State& s, const CUarrayMapInfo& info, const Stream& stream,
       return CUDA_ERROR_INVALID_VALUE;
     }
     level = s.arrays.get(mipmap->levels.front());
-    for (std::size_t at = tail.offset; at < tail.offset + tail.size; at += kTileBytes) {
-      out.tiles.push_back(kMiptailTiles + at / kTileBytes);
-    }
+    // One tail per layer of a layered array (no SINGLE_MIPTAIL flag), one in all for others.
+    out.tiles.push_back(kMiptailTiles + tail.layer);
   } else {
     return CUDA_ERROR_INVALID_VALUE;
   }

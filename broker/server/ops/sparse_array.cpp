@@ -98,7 +98,9 @@ CUresult driver_entry(Call& call, const proto::WireArrayMapInfo& w, CUarrayMapIn
     if (w.operation == CU_MEM_OPERATION_TYPE_MAP) holds.push_back(Hold{pools, w.allocation});
   }
   out.offset = w.offset;
-  out.deviceBitMask = w.device_mask == proto::kMapOnStreamDevice ? 1u << session.gpu().device : 0u;
+  out.deviceBitMask = w.device_mask == proto::kMapOnStreamDevice && session.gpu().device < 32
+                          ? 1u << session.gpu().device
+                          : 0u;
   out.flags = w.flags;
   out.reserved[0] = w.driver_reserved[0];
   out.reserved[1] = w.driver_reserved[1];

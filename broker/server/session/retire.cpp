@@ -43,9 +43,12 @@ void forget_globals_of(Session& session, std::uint64_t owner) {
       [&](const DeviceRange& r) { return r.kind == RangeKind::kGlobal && r.owner == owner; });
 }
 
-// Texture/surface objects and arrays made in a context `pred` accepts go into the bundle.
+// Texture/surface objects and arrays made in a context `pred` accepts go into the bundle, and
+// the holds of sparse arrays on tile pools end (not at the session's end, where
+// free_virtual_memory releases and counts every physical allocation).
 template <typename Pred>
-void take_arrays_and_textures(Session& session, Retired& bundle, Pred pred) {
+void take_arrays_and_textures(Session& session, Retired& bundle, Pred pred,
+                              bool drop_holds = true) {
   for (std::uint64_t id :
        session.objects.ids_where<TexObj>([&](const TexObj& t) { return pred(t.ctx); })) {
     bundle.textures.push_back(*session.objects.take<TexObj>(id));
@@ -55,14 +58,14 @@ void take_arrays_and_textures(Session& session, Retired& bundle, Pred pred) {
     auto array = session.objects.take<ArrayObj>(id);
     if (array->mipmap != 0) continue;  // a level: its mipmapped array's, freed with it
     session.release_memory(array->charged);
-    drop_tile_pools(session, array->tile_pools);
+    if (drop_holds) drop_tile_pools(session, array->tile_pools);
     bundle.arrays.push_back(array->array);
   }
   for (std::uint64_t id : session.objects.ids_where<MipmappedArrayObj>(
            [&](const MipmappedArrayObj& m) { return pred(m.ctx); })) {
     auto mipmap = session.objects.take<MipmappedArrayObj>(id);
     session.release_memory(mipmap->charged);
-    drop_tile_pools(session, mipmap->tile_pools);
+    if (drop_holds) drop_tile_pools(session, mipmap->tile_pools);
     bundle.mipmaps.push_back(mipmap->mipmap);
   }
 }
@@ -301,7 +304,8 @@ FreedTally free_everything(Session& session) {
   for (std::uint64_t id : session.objects.ids<HostRegionObj>()) {
     rest.regions.push_back(*session.objects.take<HostRegionObj>(id));
   }
-  take_arrays_and_textures(session, rest, [](std::uint64_t) { return true; });
+  take_arrays_and_textures(
+      session, rest, [](std::uint64_t) { return true; }, false);
   for (auto& [base, block] : session.vmm.peer_blocks) rest.peer_blocks.push_back(block);
   session.vmm.peer_blocks.clear();
   session.memory.remove_if([](const DeviceRange& r) { return r.kind == RangeKind::kPeer; });
