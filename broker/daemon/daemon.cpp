@@ -26,33 +26,9 @@ sigset_t handled_signals() {
 }
 
 SupervisorConfig supervisor_config(const DaemonOptions& options) {
-  return SupervisorConfig{options.server_path,
-                          options.driver_path,
-                          options.log_level,
-                          log_fd(),
-                          options.restart_limit,
-                          options.server_workers,
-                          options.context_idle_timeout_s};
-}
-
-// What the supervisor passes to every server beyond supervisor_config's list.
-SupervisorConfig with_server_tuning(SupervisorConfig config, const DaemonOptions& options) {
-  config.server_launch_batch = options.server_launch_batch;
-  config.server_launch_batch_min = options.server_launch_batch_min;
-  config.server_launch_batch_ramp = options.server_launch_batch_ramp;
-  config.server_launch_batch_graphs = options.server_launch_batch_graphs;
-  config.server_busy_time = options.server_busy_time;
-  config.server_host_fences = options.server_host_fences;
-  config.server_crowded_fence_max_queued = options.server_crowded_fence_max_queued;
-  config.server_share_images = options.server_share_images;
-  config.server_image_idle_timeout_s = options.server_image_idle_timeout_s;
-  config.server_event_poll_us = options.server_event_poll_us;
-  config.server_spin_clients = options.server_spin_clients;
-  config.client_limits = options.client_limits;
-  config.server_priority_scheduling = options.server_priority_scheduling;
-  config.server_priority_max_hold_us = options.server_priority_max_hold_us;
-  config.server_priority_fence_poll_us = options.server_priority_fence_poll_us;
-  config.server_priority_reserve_sms = options.server_priority_reserve_sms;
+  SupervisorConfig config{options.server_path, options.driver_path, options.log_level, log_fd(),
+                          options.restart_limit};
+  config.server_settings = options.server_settings;
   config.isolation_idle_timeout = options.isolation_idle_timeout;
   config.isolation_max_servers = options.isolation_max_servers;
   config.nvidia_mps_pipe_directory = options.nvidia_mps_pipe_directory;
@@ -69,7 +45,7 @@ void Daemon::block_signals() {
 
 Daemon::Daemon(DaemonSetup setup)
     : setup_(std::move(setup)),
-      supervisor_(loop_, with_server_tuning(supervisor_config(setup_.options), setup_.options),
+      supervisor_(loop_, supervisor_config(setup_.options),
                   Supervisor::Events{[this] { on_settled(); }, [this] { on_changed(); }}),
       classes_(setup_.options.classes),
       commands_(

@@ -6,11 +6,13 @@
 
 #include <charconv>
 #include <climits>
+#include <optional>
+#include <span>
 #include <string_view>
+#include <vector>
 
 #include "broker/daemon/sizes.hpp"
 #include "broker/server/accounting/client_limits.hpp"
-#include "broker/server/scheduling/sm_reserve_option.hpp"
 
 #ifndef MPSSHIM_LIBEXECDIR
 #error "meson defines MPSSHIM_LIBEXECDIR (the installed server's directory)"
@@ -34,27 +36,9 @@ enum LongOnly : int {
   kStopTimeout,
   kDefaultSm,
   kDefaultMemory,
-  kServerWorkers,
-  kServerLaunchBatch,
   kLaunchBatching,
-  kServerLaunchBatchMin,
-  kBusyTime,
-  kHostFences,
-  kCrowdedFenceMaxQueued,
-  kShareImages,
-  kImageIdleTimeout,
-  kLaunchBatchRamp,
-  kLaunchBatchGraphs,
-  kEventPoll,
-  kSpinClients,
-  kPriorityScheduling,
-  kPriorityMaxHold,
-  kPriorityFencePoll,
-  kPriorityReserveSms,
-  kContextIdleTimeout,
   kMetricsListen,
   kRequireAllocationToken,
-  kClientLimit,
   kIsolation,
   kConfig,
   kIsolationIdleTimeout,
@@ -62,6 +46,8 @@ enum LongOnly : int {
   kIsolateAfterFault,
   kIsolationMaxServers,
   kVersion,
+  // Settings of the servers: kServerSetting + their index in server_options().
+  kServerSetting = 512,
 };
 
 // mpsshim-server beside this executable, or where the build tree puts it (broker/daemon/ ->
@@ -120,6 +106,36 @@ tl::expected<std::string, std::string> client_limit_argument(std::string_view te
   return fmt::format("{}={}", name, *number);
 }
 
+// The servers' settings an mpsshimd option passes on, in the table's order.
+std::span<const server::ServerOption> passed_options() {
+  static const std::vector<server::ServerOption> passed = [] {
+    std::vector<server::ServerOption> out;
+    for (const server::ServerOption& option : server::server_options()) {
+      if (option.passed_by == server::PassedBy::kDaemonOption) out.push_back(option);
+    }
+    return out;
+  }();
+  return passed;
+}
+
+// --NAME VALUE of a server setting: checked against the server's table and kept as the server
+// takes it (client-limit sizes in bytes first).
+std::optional<std::string> set_server_setting(server::PassedSettings& settings,
+                                              const server::ServerOption& option,
+                                              std::string_view arg) {
+  const std::string as = fmt::format("--{}", server::daemon_flag_of(option));
+  std::string value(arg);
+  if (option.setting == server::Setting::kClientLimit) {
+    auto limit = client_limit_argument(arg);
+    if (!limit) return limit.error();
+    value = std::move(*limit);
+  }
+  auto checked = server::check_option_value(option, value, as);
+  if (!checked) return checked.error();
+  settings.set(option.setting, std::move(*checked));
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::string daemon_usage() {
@@ -144,65 +160,10 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
   --stop-timeout SECS  on shutdown, SIGKILL servers still running after SECS (default 10)
   --default-sm-percentage P    default active thread percentage of new clients (1-100)
   --default-memory-limit SIZE  default device memory limit of new clients on every GPU (e.g. 4G)
-  --server-workers N   worker threads of every GPU's server (default: one per CPU the server
-                       may run on; see mpsshim-server --workers)
-  --launch-batching on|off  whether every GPU's server issues a client's waiting kernel
-                       launches as graph launches (default on; see docs/launch-batching.md)
-  --server-launch-batch N  most kernel launches of a client every GPU's server issues as one
-                       graph launch (default 64; 0 = off, as --launch-batching off)
-  --server-launch-batch-min N  fewest waiting launches that go out as one graph launch;
-                       fewer go out one by one (default 8)
-  --launch-batch-ramp N|on|off  a client's first launch after it synchronized goes out at
-                       once, its next batches grow from the minimum up to N launches (default
-                       on: 8; off: no ramp; not while the server is crowded; see
-                       docs/launch-batching.md)
-  --launch-batch-graphs padded|runs|exact  how a batch goes out: padded (default) one graph
-                       launch of the next power-of-two length, its extra nodes disabled; runs:
-                       power-of-two runs, the last few launches one by one; exact: a graph of
-                       the batch's own length (docs/launch-batching.md)
-  --busy-time on|off   whether every GPU's server measures each client's GPU busy time with
-                       timing events (default off: it costs the launch path; docs/daemon.md)
-  --host-fences on|off  whether every GPU's server learns that a client's work finished from a
-                       word the GPU writes into host memory, instead of polling events (default
-                       on; see docs/daemon.md)
-  --crowded-fence-max-queued N  while a server has more clients than it lets spin, a
-                       synchronize gets a host fence only behind at most N queued operations
-                       (default 8; docs/daemon.md)
-  --share-images on|off  whether a GPU's server loads a library image once for every client that
-                       sends the same bytes (default on; only images without __device__,
-                       __constant__ or __managed__ variables; see docs/daemon.md)
-  --image-idle-timeout SECS  a shared library image no client holds stays loaded SECS for
-                       the next client that sends it (default 60; 0 = unloaded with the last
-                       client; all go with the primary context; see docs/daemon.md)
-  --event-poll-us N    how often a server asks the driver whether the work a synchronize waits
-                       for finished, where no host fence tells it, in microseconds (default 0:
-                       on every pass of the client's worker; docs/daemon.md)
-  --spin-clients N     with more clients than N on a GPU, its server tells them to sleep while
-                       they wait for an answer instead of spinning (default: half the CPUs; 0:
-                       always sleep; docs/daemon.md)
-  --priority-scheduling on|off  while a client of normal priority has GPU work in flight,
-                       hold back clients with CUDA_MPS_CLIENT_PRIORITY=1 (default on; see
-                       docs/daemon.md)
-  --priority-max-hold-us N  the longest a below-normal client is held back at once (default
-                       2000)
-  --priority-fence-poll-us N  with --host-fences off or a crowded server: how often it asks
-                       the driver whether a client's priority fences completed, in
-                       microseconds (default 50; 0: on every pass); host-fence words are
-                       read every pass
-  --priority-reserve-sms N|P%  SMs (or a percentage of them) kept for normal-priority clients:
-                       while one is connected, clients with CUDA_MPS_CLIENT_PRIORITY=1 run
-                       without them (default 18%, rounded up to whole groups of the split;
-                       0 = off; only with --priority-scheduling on; see docs/daemon.md)
-  --context-idle-timeout SECS  a GPU's server releases its primary context (~500 MiB of GPU
-                       memory) after SECS without a client and creates it again for the next
-                       one (default 10; 0 = as soon as the last client leaves; -1 = never)
   --metrics-listen [ADDR:]PORT  serve Prometheus metrics at http://ADDR:PORT/metrics (off by
                        default; a bare PORT is 127.0.0.1:PORT; [::1]:PORT and 0.0.0.0:PORT
                        work too; port 0 picks a free one, named in the log; see
                        docs/metrics.md)
-  --client-limit NAME=VALUE  a per-client cap of every GPU's server (repeatable): streams,
-                       events, modules, graphs, memory-pools, allocations, pinned (a size),
-                       host-functions, in-flight, ipc-opens; 0 = none. Defaults in docs/daemon.md
   --isolation shared|user|allocation|client  which clients share a server process, and so a
                        CUDA context and GPU address space: all of them (default, as NVIDIA MPS),
                        those of one uid, of one Kubernetes allocation, or none (each client
@@ -224,58 +185,53 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
                        ask for (see docs/kubernetes.md)
   -h, --help           this text
   --version            the version and the ABI it speaks
-)";
+
+Passed on to every GPU's server (mpsshim-server's flags; docs/daemon.md says more):
+  --launch-batching on|off  off: --server-launch-batch 0; on: its default size again
+)" + server::option_help_lines(passed_options(), true);
 }
 
 tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** argv) {
-  static const option kLong[] = {
-      {"runtime-dir", required_argument, nullptr, kRuntimeDir},
-      {"server", required_argument, nullptr, kServer},
-      {"driver", required_argument, nullptr, kDriver},
-      {"multiuser", no_argument, nullptr, kMultiuser},
-      {"log-level", required_argument, nullptr, kLogLevel},
-      {"log-file", required_argument, nullptr, kLogFile},
-      {"daemon", no_argument, nullptr, 'd'},
-      {"restart-limit", required_argument, nullptr, kRestartLimit},
-      {"stop-timeout", required_argument, nullptr, kStopTimeout},
-      {"default-sm-percentage", required_argument, nullptr, kDefaultSm},
-      {"default-memory-limit", required_argument, nullptr, kDefaultMemory},
-      {"server-workers", required_argument, nullptr, kServerWorkers},
-      {"server-launch-batch", required_argument, nullptr, kServerLaunchBatch},
-      {"launch-batching", required_argument, nullptr, kLaunchBatching},
-      {"server-launch-batch-min", required_argument, nullptr, kServerLaunchBatchMin},
-      {"busy-time", required_argument, nullptr, kBusyTime},
-      {"host-fences", required_argument, nullptr, kHostFences},
-      {"crowded-fence-max-queued", required_argument, nullptr, kCrowdedFenceMaxQueued},
-      {"share-images", required_argument, nullptr, kShareImages},
-      {"image-idle-timeout", required_argument, nullptr, kImageIdleTimeout},
-      {"launch-batch-ramp", required_argument, nullptr, kLaunchBatchRamp},
-      {"launch-batch-graphs", required_argument, nullptr, kLaunchBatchGraphs},
-      {"event-poll-us", required_argument, nullptr, kEventPoll},
-      {"spin-clients", required_argument, nullptr, kSpinClients},
-      {"priority-scheduling", required_argument, nullptr, kPriorityScheduling},
-      {"priority-max-hold-us", required_argument, nullptr, kPriorityMaxHold},
-      {"priority-fence-poll-us", required_argument, nullptr, kPriorityFencePoll},
-      {"priority-reserve-sms", required_argument, nullptr, kPriorityReserveSms},
-      {"context-idle-timeout", required_argument, nullptr, kContextIdleTimeout},
-      {"metrics-listen", required_argument, nullptr, kMetricsListen},
-      {"require-allocation-token", no_argument, nullptr, kRequireAllocationToken},
-      {"client-limit", required_argument, nullptr, kClientLimit},
-      {"isolation", required_argument, nullptr, kIsolation},
-      {"config", required_argument, nullptr, kConfig},
-      {"isolation-idle-timeout", required_argument, nullptr, kIsolationIdleTimeout},
-      {"nvidia-mps-pipe-directory", required_argument, nullptr, kNvidiaMpsPipeDirectory},
-      {"isolate-after-fault", required_argument, nullptr, kIsolateAfterFault},
-      {"isolation-max-servers", required_argument, nullptr, kIsolationMaxServers},
-      {"help", no_argument, nullptr, 'h'},
-      {"version", no_argument, nullptr, kVersion},
-      {nullptr, 0, nullptr, 0},
-  };
+  static const std::vector<option> kLong = [] {
+    std::vector<option> out{
+        {"runtime-dir", required_argument, nullptr, kRuntimeDir},
+        {"server", required_argument, nullptr, kServer},
+        {"driver", required_argument, nullptr, kDriver},
+        {"multiuser", no_argument, nullptr, kMultiuser},
+        {"log-level", required_argument, nullptr, kLogLevel},
+        {"log-file", required_argument, nullptr, kLogFile},
+        {"daemon", no_argument, nullptr, 'd'},
+        {"restart-limit", required_argument, nullptr, kRestartLimit},
+        {"stop-timeout", required_argument, nullptr, kStopTimeout},
+        {"default-sm-percentage", required_argument, nullptr, kDefaultSm},
+        {"default-memory-limit", required_argument, nullptr, kDefaultMemory},
+        {"launch-batching", required_argument, nullptr, kLaunchBatching},
+        {"metrics-listen", required_argument, nullptr, kMetricsListen},
+        {"require-allocation-token", no_argument, nullptr, kRequireAllocationToken},
+        {"isolation", required_argument, nullptr, kIsolation},
+        {"config", required_argument, nullptr, kConfig},
+        {"isolation-idle-timeout", required_argument, nullptr, kIsolationIdleTimeout},
+        {"nvidia-mps-pipe-directory", required_argument, nullptr, kNvidiaMpsPipeDirectory},
+        {"isolate-after-fault", required_argument, nullptr, kIsolateAfterFault},
+        {"isolation-max-servers", required_argument, nullptr, kIsolationMaxServers},
+        {"help", no_argument, nullptr, 'h'},
+        {"version", no_argument, nullptr, kVersion},
+    };
+    const auto table = server::server_options();
+    for (std::size_t i = 0; i < table.size(); ++i) {
+      if (table[i].passed_by != server::PassedBy::kDaemonOption) continue;
+      // getopt_long keeps the pointer: the table's names live as long as the program.
+      out.push_back({server::daemon_flag_of(table[i]).data(), required_argument, nullptr,
+                     kServerSetting + static_cast<int>(i)});
+    }
+    out.push_back({nullptr, 0, nullptr, 0});
+    return out;
+  }();
   DaemonOptions options;
   std::optional<std::string> server;
   ::opterr = 0;
   ::optind = 1;
-  for (int c; (c = ::getopt_long(argc, argv, ":dh", kLong, nullptr)) != -1;) {
+  for (int c; (c = ::getopt_long(argc, argv, ":dh", kLong.data(), nullptr)) != -1;) {
     std::string_view arg = ::optarg != nullptr ? ::optarg : "";
     switch (c) {
       case kRuntimeDir:
@@ -334,148 +290,25 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
         options.default_memory_limit = *bytes;
         break;
       }
-      case kServerWorkers: {
-        auto n = number<int>("--server-workers", arg, 1, 256);
-        if (!n) return tl::unexpected(n.error());
-        options.server_workers = *n;
-        break;
-      }
-      case kServerLaunchBatch: {
-        auto n = number<int>("--server-launch-batch", arg, 0, 256);
-        if (!n) return tl::unexpected(n.error());
-        options.server_launch_batch = *n;
-        break;
-      }
-      case kServerLaunchBatchMin: {
-        auto n = number<int>("--server-launch-batch-min", arg, 2, 256);
-        if (!n) return tl::unexpected(n.error());
-        options.server_launch_batch_min = *n;
-        break;
-      }
-      case kPriorityScheduling: {
-        const std::string_view value = arg;
-        if (value != "on" && value != "off") {
-          return tl::unexpected(fmt::format("--priority-scheduling {}: expected on or off", value));
-        }
-        options.server_priority_scheduling = value == "on";
-        break;
-      }
-      case kPriorityMaxHold: {
-        auto n = number<int>("--priority-max-hold-us", arg, 1, 10'000'000);
-        if (!n) return tl::unexpected(n.error());
-        options.server_priority_max_hold_us = *n;
-        break;
-      }
-      case kSpinClients: {
-        auto n = number<int>("--spin-clients", arg, 0, 1'000'000);
-        if (!n) return tl::unexpected(n.error());
-        options.server_spin_clients = *n;
-        break;
-      }
-      case kEventPoll: {
-        auto n = number<int>("--event-poll-us", arg, 0, 1'000'000);
-        if (!n) return tl::unexpected(n.error());
-        options.server_event_poll_us = *n;
-        break;
-      }
-      case kPriorityFencePoll: {
-        auto n = number<int>("--priority-fence-poll-us", arg, 0, 1'000'000);
-        if (!n) return tl::unexpected(n.error());
-        options.server_priority_fence_poll_us = *n;
-        break;
-      }
-      case kPriorityReserveSms: {
-        auto spec = server::parse_sm_reserve(arg);
-        if (!spec) return tl::unexpected(spec.error());
-        options.server_priority_reserve_sms = server::format_sm_reserve(*spec);
-        break;
-      }
-      case kBusyTime: {
-        const std::string_view value = arg;
-        if (value != "on" && value != "off") {
-          return tl::unexpected(fmt::format("--busy-time {}: expected on or off", value));
-        }
-        options.server_busy_time = value == "on";
-        break;
-      }
-      case kLaunchBatchRamp: {
-        const std::string_view value = arg;
-        if (value == "off") {
-          options.server_launch_batch_ramp = 0;
-        } else if (value == "on") {
-          options.server_launch_batch_ramp.reset();  // the server's default
-        } else {
-          auto n = number<int>("--launch-batch-ramp", arg, 0, 256);
-          if (!n) return tl::unexpected(n.error());
-          options.server_launch_batch_ramp = *n;
-        }
-        break;
-      }
-      case kLaunchBatchGraphs: {
-        const std::string_view value = arg;
-        if (value != "padded" && value != "runs" && value != "exact") {
-          return tl::unexpected(
-              fmt::format("--launch-batch-graphs {}: expected padded, runs or exact", value));
-        }
-        options.server_launch_batch_graphs = std::string(value);
-        break;
-      }
-      case kCrowdedFenceMaxQueued: {
-        auto n = number<int>("--crowded-fence-max-queued", arg, 0, 1 << 20);
-        if (!n) return tl::unexpected(n.error());
-        options.server_crowded_fence_max_queued = *n;
-        break;
-      }
-      case kHostFences: {
-        const std::string_view value = arg;
-        if (value != "on" && value != "off") {
-          return tl::unexpected(fmt::format("--host-fences {}: expected on or off", value));
-        }
-        options.server_host_fences = value == "on";
-        break;
-      }
-      case kShareImages: {
-        const std::string_view value = arg;
-        if (value != "on" && value != "off") {
-          return tl::unexpected(fmt::format("--share-images {}: expected on or off", value));
-        }
-        options.server_share_images = value == "on";
-        break;
-      }
-      case kImageIdleTimeout: {
-        auto n = number<int>("--image-idle-timeout", arg, 0, 86400);
-        if (!n) return tl::unexpected(n.error());
-        options.server_image_idle_timeout_s = *n;
-        break;
-      }
       case kLaunchBatching: {
         const std::string_view value = arg;
         if (value == "off") {
-          options.server_launch_batch = 0;
+          options.server_settings.set(server::Setting::kLaunchBatch, "0");
         } else if (value == "on") {
           // The server's default size, unless --server-launch-batch chose one.
-          if (options.server_launch_batch == 0) options.server_launch_batch.reset();
+          const std::string* size = options.server_settings.find(server::Setting::kLaunchBatch);
+          if (size != nullptr && *size == "0") {
+            options.server_settings.erase(server::Setting::kLaunchBatch);
+          }
         } else {
           return tl::unexpected(fmt::format("--launch-batching {}: expected on or off", value));
         }
-        break;
-      }
-      case kContextIdleTimeout: {
-        auto n = number<int>("--context-idle-timeout", arg, -1, 86400);
-        if (!n) return tl::unexpected(n.error());
-        options.context_idle_timeout_s = *n;
         break;
       }
       case kMetricsListen: {
         auto address = parse_metrics_address(arg);
         if (!address) return tl::unexpected(address.error());
         options.metrics_listen = std::move(*address);
-        break;
-      }
-      case kClientLimit: {
-        auto limit = client_limit_argument(arg);
-        if (!limit) return tl::unexpected(limit.error());
-        options.client_limits.push_back(std::move(*limit));
         break;
       }
       case kConfig:
@@ -521,6 +354,15 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
       case ':':
         return tl::unexpected(fmt::format("{} needs a value", argv[::optind - 1]));
       default:
+        if (c >= kServerSetting &&
+            c < kServerSetting + static_cast<int>(server::server_options().size())) {
+          const auto& setting =
+              server::server_options()[static_cast<std::size_t>(c - kServerSetting)];
+          if (auto error = set_server_setting(options.server_settings, setting, arg)) {
+            return tl::unexpected(*error);
+          }
+          break;
+        }
         return tl::unexpected(fmt::format("unknown option {}", argv[::optind - 1]));
     }
   }

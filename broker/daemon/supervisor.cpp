@@ -117,61 +117,8 @@ std::vector<std::string> Supervisor::server_arguments(const Server& server) cons
   std::vector<std::string> args{"--device", std::to_string(ordinal), "--control-fd", "3"};
   if (config_.driver_path) args.insert(args.end(), {"--driver", *config_.driver_path});
   args.insert(args.end(), {"--log-level", std::string(log_level_name(config_.log_level))});
-  if (config_.context_idle_timeout_s) {
-    args.insert(args.end(),
-                {"--context-idle-timeout", std::to_string(*config_.context_idle_timeout_s)});
-  }
-  if (config_.server_workers) {
-    args.insert(args.end(), {"--workers", std::to_string(*config_.server_workers)});
-  }
-  if (config_.server_launch_batch) {
-    args.insert(args.end(), {"--launch-batch", std::to_string(*config_.server_launch_batch)});
-  }
-  if (config_.server_launch_batch_ramp) {
-    args.insert(args.end(),
-                {"--launch-batch-ramp", std::to_string(*config_.server_launch_batch_ramp)});
-  }
-  if (config_.server_launch_batch_graphs) {
-    args.insert(args.end(), {"--launch-batch-graphs", *config_.server_launch_batch_graphs});
-  }
-  if (config_.server_busy_time) args.insert(args.end(), {"--busy-time", "on"});
-  if (!config_.server_host_fences) args.insert(args.end(), {"--host-fences", "off"});
-  if (config_.server_crowded_fence_max_queued) {
-    args.insert(args.end(), {"--crowded-fence-max-queued",
-                             std::to_string(*config_.server_crowded_fence_max_queued)});
-  }
-  if (!config_.server_share_images) args.insert(args.end(), {"--share-images", "off"});
-  if (config_.server_image_idle_timeout_s) {
-    args.insert(args.end(),
-                {"--image-idle-timeout", std::to_string(*config_.server_image_idle_timeout_s)});
-  }
-  if (config_.server_spin_clients) {
-    args.insert(args.end(), {"--spin-clients", std::to_string(*config_.server_spin_clients)});
-  }
-  if (config_.server_event_poll_us) {
-    args.insert(args.end(), {"--event-poll-us", std::to_string(*config_.server_event_poll_us)});
-  }
-  for (const std::string& limit : config_.client_limits) {
-    args.insert(args.end(), {"--client-limit", limit});
-  }
-  if (!config_.server_priority_scheduling) {
-    args.insert(args.end(), {"--priority-scheduling", "off"});
-  }
-  if (config_.server_priority_max_hold_us) {
-    args.insert(args.end(),
-                {"--priority-max-hold-us", std::to_string(*config_.server_priority_max_hold_us)});
-  }
-  if (config_.server_priority_fence_poll_us) {
-    args.insert(args.end(), {"--priority-fence-poll-us",
-                             std::to_string(*config_.server_priority_fence_poll_us)});
-  }
-  if (config_.server_priority_reserve_sms) {
-    args.insert(args.end(), {"--priority-reserve-sms", *config_.server_priority_reserve_sms});
-  }
-  if (config_.server_launch_batch_min) {
-    args.insert(args.end(),
-                {"--launch-batch-min", std::to_string(*config_.server_launch_batch_min)});
-  }
+  std::vector<std::string> settings = config_.server_settings.arguments();
+  args.insert(args.end(), settings.begin(), settings.end());
   if (defaults_.sm_percentage) {
     args.insert(args.end(), {"--default-sm-percentage", std::to_string(*defaults_.sm_percentage)});
   }

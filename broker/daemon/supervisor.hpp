@@ -36,6 +36,7 @@
 #include "broker/daemon/event_loop.hpp"
 #include "broker/daemon/fault_log.hpp"
 #include "broker/daemon/log.hpp"
+#include "broker/server/core/option_table.hpp"
 #include "broker/daemon/sm_partitions.hpp"
 #include "proto/control.hpp"
 #include "proto/text_parts.hpp"
@@ -65,27 +66,8 @@ struct SupervisorConfig {
   LogLevel log_level = LogLevel::kInfo;
   int output_fd = -1;  // the servers' stdout/stderr; -1 = the daemon's
   int restart_limit = 5;
-  std::optional<int> server_workers;          // passed as --workers; unset: the server's default
-  std::optional<int> context_idle_timeout_s;  // passed as --context-idle-timeout
-  // Passed as --launch-batch; unset: the server's default. Last, with an initializer:
-  // supervisor_config's aggregate lists the fields before it.
-  std::optional<int> server_launch_batch{};
-  std::optional<int> server_launch_batch_min{};             // passed as --launch-batch-min
-  std::optional<int> server_launch_batch_ramp{};            // passed as --launch-batch-ramp
-  std::optional<std::string> server_launch_batch_graphs{};  // passed as --launch-batch-graphs
-  bool server_busy_time = false;                            // passed as --busy-time on
-  bool server_host_fences = true;                           // false: passed as --host-fences off
-  std::optional<int> server_crowded_fence_max_queued{};     // passed as --crowded-fence-max-queued
-  bool server_share_images = true;                          // false: passed as --share-images off
-  std::optional<int> server_image_idle_timeout_s{};         // passed as --image-idle-timeout
-  std::optional<int> server_event_poll_us{};                // passed as --event-poll-us
-  std::optional<int> server_spin_clients{};                 // passed as --spin-clients
-  bool server_priority_scheduling = true;              // false: passed as --priority-scheduling off
-  std::optional<int> server_priority_max_hold_us{};    // passed as --priority-max-hold-us
-  std::optional<int> server_priority_fence_poll_us{};  // passed as --priority-fence-poll-us
-  std::optional<std::string> server_priority_reserve_sms{};  // passed as --priority-reserve-sms
-  // Per-client caps, "NAME=N" each (N in bytes for sizes), passed as --client-limit NAME=N.
-  std::vector<std::string> client_limits{};
+  // Passed to every server after --device, --control-fd, --driver and --log-level.
+  server::PassedSettings server_settings{};
   // Isolation groups: how long a group's server may go without clients before it is stopped,
   // and how many group servers one GPU may run at once.
   std::chrono::seconds isolation_idle_timeout{60};

@@ -88,7 +88,7 @@ TEST_CASE("a mistake in a config file is refused with its line and the reason", 
   for (const Case& c : {
            Case{"isolation = \"pods\"\n",
                 ":1: --isolation takes shared, user, allocation or client"},
-           Case{"\n\nserver-workers = 0\n", ":3: --server-workers takes a whole number from 1"},
+           Case{"\n\nserver-workers = 300\n", ":3: --server-workers 300: expected a whole number from 0"},
            Case{"no-such-option = 1\n", ":1: "},
            Case{"config = \"/etc/x.toml\"\n", ":1: `config` belongs on the command line"},
            Case{"isolation = \n", ":1: "},  // TOML itself

@@ -18,10 +18,17 @@
 #include "broker/daemon/visible_devices.hpp"
 
 using namespace mpsshim::daemon;
+namespace server = mpsshim::server;
 
 namespace {
 
 // mpsshimd's options from these arguments (the program name added).
+// What mpsshimd passes to every server for `setting`; unset: not passed.
+std::optional<std::string> passed(const DaemonOptions& options, server::Setting setting) {
+  const std::string* value = options.server_settings.find(setting);
+  return value != nullptr ? std::optional<std::string>(*value) : std::nullopt;
+}
+
 auto parse(std::vector<const char*> args) {
   args.insert(args.begin(), "mpsshimd");
   return parse_daemon_options(static_cast<int>(args.size()), const_cast<char**>(args.data()));
@@ -110,13 +117,13 @@ TEST_CASE("sizes print in the largest exact unit", "[sizes]") {
 TEST_CASE("--server-launch-batch takes what a server's --launch-batch takes", "[options]") {
   auto unset = parse({});
   REQUIRE(unset);
-  CHECK_FALSE(unset->server_launch_batch);
+  CHECK_FALSE(passed(*unset, server::Setting::kLaunchBatch));
   auto off = parse({"--server-launch-batch", "0"});
   REQUIRE(off);
-  CHECK(off->server_launch_batch == 0);
+  CHECK(passed(*off, server::Setting::kLaunchBatch) == "0");
   auto sixteen = parse({"--server-launch-batch", "16"});
   REQUIRE(sixteen);
-  CHECK(sixteen->server_launch_batch == 16);
+  CHECK(passed(*sixteen, server::Setting::kLaunchBatch) == "16");
   CHECK_FALSE(parse({"--server-launch-batch", "257"}));
   CHECK_FALSE(parse({"--server-launch-batch", "x"}));
   CHECK(daemon_usage().find("--server-launch-batch N") != std::string::npos);
@@ -125,16 +132,16 @@ TEST_CASE("--server-launch-batch takes what a server's --launch-batch takes", "[
 TEST_CASE("--launch-batching off passes --launch-batch 0 on; on keeps a size chosen", "[options]") {
   auto off = parse({"--launch-batching", "off"});
   REQUIRE(off);
-  CHECK(off->server_launch_batch == 0);
+  CHECK(passed(*off, server::Setting::kLaunchBatch) == "0");
   auto on = parse({"--launch-batching", "on"});
   REQUIRE(on);
-  CHECK_FALSE(on->server_launch_batch);  // the server's default
+  CHECK_FALSE(passed(*on, server::Setting::kLaunchBatch));  // the server's default
   auto off_then_on = parse({"--launch-batching=off", "--launch-batching=on"});
   REQUIRE(off_then_on);
-  CHECK_FALSE(off_then_on->server_launch_batch);
+  CHECK_FALSE(passed(*off_then_on, server::Setting::kLaunchBatch));
   auto sized = parse({"--server-launch-batch", "16", "--launch-batching", "on"});
   REQUIRE(sized);
-  CHECK(sized->server_launch_batch == 16);
+  CHECK(passed(*sized, server::Setting::kLaunchBatch) == "16");
   auto bad = parse({"--launch-batching", "maybe"});
   REQUIRE_FALSE(bad);
   CHECK(bad.error().find("--launch-batching maybe") != std::string::npos);
@@ -144,10 +151,10 @@ TEST_CASE("--launch-batching off passes --launch-batch 0 on; on keeps a size cho
 TEST_CASE("--host-fences is on unless turned off", "[options]") {
   auto unset = parse({});
   REQUIRE(unset);
-  CHECK(unset->server_host_fences);
+  CHECK_FALSE(passed(*unset, server::Setting::kHostFences));  // the server's default: on
   auto off = parse({"--host-fences=off"});
   REQUIRE(off);
-  CHECK_FALSE(off->server_host_fences);
+  CHECK(passed(*off, server::Setting::kHostFences) == "off");
   auto bad = parse({"--host-fences", "maybe"});
   REQUIRE_FALSE(bad);
   CHECK(bad.error().find("--host-fences maybe") != std::string::npos);
@@ -157,16 +164,16 @@ TEST_CASE("--host-fences is on unless turned off", "[options]") {
 TEST_CASE("--launch-batch-ramp is the server's default unless given", "[options]") {
   auto unset = parse({});
   REQUIRE(unset);
-  CHECK_FALSE(unset->server_launch_batch_ramp);  // the server's default
+  CHECK_FALSE(passed(*unset, server::Setting::kLaunchBatchRamp));  // the server's default
   auto off = parse({"--launch-batch-ramp=off"});
   REQUIRE(off);
-  CHECK(off->server_launch_batch_ramp == 0);
+  CHECK(passed(*off, server::Setting::kLaunchBatchRamp) == "0");
   auto eight = parse({"--launch-batch-ramp", "8"});
   REQUIRE(eight);
-  CHECK(eight->server_launch_batch_ramp == 8);
+  CHECK(passed(*eight, server::Setting::kLaunchBatchRamp) == "8");
   auto on = parse({"--launch-batch-ramp", "8", "--launch-batch-ramp", "on"});
   REQUIRE(on);
-  CHECK_FALSE(on->server_launch_batch_ramp);
+  CHECK(passed(*on, server::Setting::kLaunchBatchRamp) == "8");  // on: the table's ramp
   auto bad = parse({"--launch-batch-ramp", "sometimes"});
   REQUIRE_FALSE(bad);
   CHECK(bad.error().find("--launch-batch-ramp") != std::string::npos);
@@ -176,10 +183,10 @@ TEST_CASE("--launch-batch-ramp is the server's default unless given", "[options]
 TEST_CASE("--launch-batch-graphs is the server's default unless given", "[options]") {
   auto unset = parse({});
   REQUIRE(unset);
-  CHECK_FALSE(unset->server_launch_batch_graphs);
+  CHECK_FALSE(passed(*unset, server::Setting::kLaunchBatchGraphs));
   auto runs = parse({"--launch-batch-graphs=runs"});
   REQUIRE(runs);
-  CHECK(runs->server_launch_batch_graphs == "runs");
+  CHECK(passed(*runs, server::Setting::kLaunchBatchGraphs) == "runs");
   auto bad = parse({"--launch-batch-graphs", "all"});
   REQUIRE_FALSE(bad);
   CHECK(bad.error().find("--launch-batch-graphs all") != std::string::npos);
@@ -189,10 +196,10 @@ TEST_CASE("--launch-batch-graphs is the server's default unless given", "[option
 TEST_CASE("--crowded-fence-max-queued is the server's default unless given", "[options]") {
   auto unset = parse({});
   REQUIRE(unset);
-  CHECK_FALSE(unset->server_crowded_fence_max_queued);
+  CHECK_FALSE(passed(*unset, server::Setting::kCrowdedFenceMaxQueued));
   auto sixty_four = parse({"--crowded-fence-max-queued", "64"});
   REQUIRE(sixty_four);
-  CHECK(sixty_four->server_crowded_fence_max_queued == 64);
+  CHECK(passed(*sixty_four, server::Setting::kCrowdedFenceMaxQueued) == "64");
   CHECK_FALSE(parse({"--crowded-fence-max-queued", "-1"}));
   CHECK(daemon_usage().find("--crowded-fence-max-queued N") != std::string::npos);
 }
@@ -200,10 +207,10 @@ TEST_CASE("--crowded-fence-max-queued is the server's default unless given", "[o
 TEST_CASE("--image-idle-timeout is the server's default unless given", "[options]") {
   auto unset = parse({});
   REQUIRE(unset);
-  CHECK_FALSE(unset->server_image_idle_timeout_s);
+  CHECK_FALSE(passed(*unset, server::Setting::kImageIdleTimeout));
   auto zero = parse({"--image-idle-timeout", "0"});
   REQUIRE(zero);
-  CHECK(zero->server_image_idle_timeout_s == 0);
+  CHECK(passed(*zero, server::Setting::kImageIdleTimeout) == "0");
   CHECK_FALSE(parse({"--image-idle-timeout", "-1"}));
   CHECK_FALSE(parse({"--image-idle-timeout", "86401"}));
   CHECK(daemon_usage().find("--image-idle-timeout SECS") != std::string::npos);
@@ -213,10 +220,10 @@ TEST_CASE("--server-launch-batch-min is passed on as every server's --launch-bat
           "[options]") {
   auto unset = parse({});
   REQUIRE(unset);
-  CHECK_FALSE(unset->server_launch_batch_min);
+  CHECK_FALSE(passed(*unset, server::Setting::kLaunchBatchMin));
   auto sixteen = parse({"--server-launch-batch-min", "16"});
   REQUIRE(sixteen);
-  CHECK(sixteen->server_launch_batch_min == 16);
+  CHECK(passed(*sixteen, server::Setting::kLaunchBatchMin) == "16");
   CHECK_FALSE(parse({"--server-launch-batch-min", "1"}));
   CHECK_FALSE(parse({"--server-launch-batch-min", "257"}));
   CHECK(daemon_usage().find("--server-launch-batch-min N") != std::string::npos);
@@ -324,18 +331,23 @@ TEST_CASE("a scrape lists every family with HELP and TYPE and leaves unlimited m
 TEST_CASE("--priority-reserve-sms is checked and passed on to every server", "[options]") {
   auto unset = parse({});
   REQUIRE(unset);
-  CHECK_FALSE(unset->server_priority_reserve_sms);  // the servers' default
-  CHECK(parse({"--priority-reserve-sms", "16"})->server_priority_reserve_sms == "16");
-  CHECK(parse({"--priority-reserve-sms=12%"})->server_priority_reserve_sms == "12%");
-  CHECK(parse({"--priority-reserve-sms", "off"})->server_priority_reserve_sms == "0");
+  CHECK_FALSE(passed(*unset, server::Setting::kPriorityReserveSms));  // the servers' default
+  CHECK(passed(*parse({"--priority-reserve-sms", "16"}), server::Setting::kPriorityReserveSms) ==
+        "16");
+  CHECK(passed(*parse({"--priority-reserve-sms=12%"}), server::Setting::kPriorityReserveSms) ==
+        "12%");
+  CHECK(passed(*parse({"--priority-reserve-sms", "off"}), server::Setting::kPriorityReserveSms) ==
+        "0");
   auto bad = parse({"--priority-reserve-sms", "95%"});
   REQUIRE_FALSE(bad);
   CHECK(bad.error().find("--priority-reserve-sms 95%: expected") != std::string::npos);
   CHECK_FALSE(parse({"--priority-reserve-sms", "some"}));
   CHECK(daemon_usage().find("--priority-reserve-sms N|P%") != std::string::npos);
-  CHECK_FALSE(unset->server_priority_fence_poll_us);
-  CHECK(parse({"--priority-fence-poll-us", "0"})->server_priority_fence_poll_us == 0);
-  CHECK(parse({"--priority-fence-poll-us", "250"})->server_priority_fence_poll_us == 250);
+  CHECK_FALSE(passed(*unset, server::Setting::kPriorityFencePollUs));
+  CHECK(passed(*parse({"--priority-fence-poll-us", "0"}), server::Setting::kPriorityFencePollUs) ==
+        "0");
+  CHECK(passed(*parse({"--priority-fence-poll-us", "250"}),
+               server::Setting::kPriorityFencePollUs) == "250");
   CHECK_FALSE(parse({"--priority-fence-poll-us", "-1"}));
   CHECK_FALSE(parse({"--priority-fence-poll-us", "2000000"}));
   CHECK(daemon_usage().find("--priority-fence-poll-us N") != std::string::npos);
@@ -344,7 +356,9 @@ TEST_CASE("--priority-reserve-sms is checked and passed on to every server", "[o
 TEST_CASE("--client-limit checks the name and passes sizes on in bytes", "[options]") {
   auto sut = parse({"--client-limit", "streams=64", "--client-limit", "pinned=4G"});
   REQUIRE(sut);
-  CHECK(sut->client_limits == std::vector<std::string>{"streams=64", "pinned=4294967296"});
+  CHECK(sut->server_settings.arguments() == std::vector<std::string>{"--client-limit", "streams=64",
+                                                                     "--client-limit",
+                                                                     "pinned=4294967296"});
   auto unknown = parse({"--client-limit", "fridges=3"});
   REQUIRE_FALSE(unknown);
   CHECK(unknown.error().find("streams, events") != std::string::npos);

@@ -52,9 +52,16 @@ std::size_t default_worker_count() {
   return n > 0 ? static_cast<std::size_t>(n) : 1;
 }
 
+ServerSettings with_machine_defaults(ServerSettings settings) {
+  const std::size_t cpus = default_worker_count();
+  if (settings.workers == 0) settings.workers = cpus;
+  if (!settings.spin_clients) settings.spin_clients = std::max<std::size_t>(cpus / 2, 1);
+  return settings;
+}
+
 Server::Server(Gpu gpu, ServerSettings settings, proto::UniqueFd control)
     : gpu_(gpu),
-      settings_(settings),
+      settings_(with_machine_defaults(settings)),
       control_(std::move(control)),
       epoll_(::epoll_create1(EPOLL_CLOEXEC)),
       wake_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
@@ -76,8 +83,8 @@ Server::Server(Gpu gpu, ServerSettings settings, proto::UniqueFd control)
     watch(control_.get(), kControl);
   }
   if (wake_) watch(wake_.get(), kWake);
-  const std::size_t count = std::max<std::size_t>(settings_.workers, 1);
-  for (std::size_t i = 0; i < count; ++i) workers_.push_back(std::make_unique<Worker>(*this, i));
+  for (std::size_t i = 0; i < settings_.workers; ++i)
+    workers_.push_back(std::make_unique<Worker>(*this, i));
   plan_priority_reserve();
 }
 

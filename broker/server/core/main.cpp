@@ -61,8 +61,12 @@ int main(int argc, char** argv) {
   auto options =
       parse_options(std::span<const char* const>(argv + 1, static_cast<std::size_t>(argc - 1)));
   if (!options) {
-    std::fprintf(stderr, "mpsshim-server: %s\n%s\n", options.error().c_str(), kUsage);
+    std::fprintf(stderr, "mpsshim-server: %s\n%s", options.error().c_str(), server_usage().c_str());
     return 2;
+  }
+  if (options->help) {
+    std::fputs(server_usage().c_str(), stdout);
+    return 0;
   }
   set_log_level(options->log_level);
   set_log_prefix(fmt::format("mpsshim-server[gpu {}]", options->device));
@@ -91,33 +95,8 @@ int main(int argc, char** argv) {
            options->device, gpu->snapshot.sm_count, format_bytes(gpu->snapshot.total_memory),
            gpu->snapshot.driver_version, options->driver);
 
-  ServerSettings settings;
-  settings.default_sm_percentage = options->default_sm_percentage;
-  settings.default_memory_limit = options->default_memory_limit;
-  settings.launch_batch.max_launches = options->launch_batch;
-  settings.launch_batch.min_launches = options->launch_batch_min;
-  settings.launch_batch.ramp_last = options->launch_batch_ramp;
-  settings.launch_batch.graphs = options->launch_batch_graphs;
-  settings.busy_time = options->busy_time;
-  settings.host_fences = options->host_fences;
-  settings.crowded_fence_max_queued = options->crowded_fence_max_queued;
-  settings.share_images = options->share_images;
-  settings.image_idle_timeout = std::chrono::seconds(options->image_idle_timeout_s);
-  settings.event_poll = std::chrono::microseconds(options->event_poll_us);
-  // Each spinning client holds a CPU; so does each busy worker.
-  settings.spin_clients = options->spin_clients >= 0
-                              ? static_cast<std::size_t>(options->spin_clients)
-                              : std::max<std::size_t>(default_worker_count() / 2, 1);
-  settings.client_limits = options->client_limits;
-  settings.priority.enabled = options->priority_scheduling;
-  settings.priority.max_hold = std::chrono::microseconds(options->priority_max_hold_us);
-  settings.priority.run_ahead = options->priority_run_ahead;
-  settings.priority.fence_poll = std::chrono::microseconds(options->priority_fence_poll_us);
-  settings.priority.reserve = options->priority_reserve_sms;
-  settings.workers = options->workers != 0 ? options->workers : default_worker_count();
-  settings.context_idle_timeout = std::chrono::seconds(options->context_idle_timeout_s);
   const int control_fd = control.get();
-  Server server(*gpu, settings, std::move(control));
+  Server server(*gpu, options->settings, std::move(control));
   send_ready(control_fd, options->device, gpu->device_count, CUDA_SUCCESS, "ready", &gpu->snapshot);
 
   int code = server.run(g_stop);

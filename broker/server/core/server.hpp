@@ -14,6 +14,7 @@
 #include <functional>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -38,7 +39,7 @@ struct ServerSettings {
   std::uint64_t default_memory_limit = 0;  // for clients that set no limit; 0 = none
   proto::SegmentGeometry geometry{};
   std::size_t batch_per_client = 32;  // records per client per pass
-  std::size_t workers = 1;            // worker threads; sessions are sharded over them
+  std::size_t workers = 0;  // worker threads, sessions sharded over them; 0: one per CPU it may use
   LaunchBatchSettings launch_batch;   // launch_batch.hpp (mpsshim-server --launch-batch)
   // GPU busy time per client (busy_time.hpp, mpsshim-server --busy-time on). Off by default:
   // its timing events cost the launch path (ResNet-50 b1 x 8 on an H100, one lease: 640-846
@@ -60,7 +61,7 @@ struct ServerSettings {
   ClientLimits client_limits;
   // The primary context is released after this long without a client (context_lease.hpp);
   // negative: kept for the server's life.
-  std::chrono::milliseconds context_idle_timeout{-1};
+  std::chrono::milliseconds context_idle_timeout{std::chrono::seconds(10)};
   // Below-normal clients held back while normal ones have work in flight (priority_gate.hpp;
   // mpsshim-server --priority-scheduling).
   PrioritySettings priority;
@@ -69,8 +70,9 @@ struct ServerSettings {
   std::size_t green_context_pool = kDefaultGreenContextPoolCapacity;
   // With more clients than this, the server tells them it is crowded (SessionControl::crowded):
   // their waiting threads sleep after a short spin instead of yielding the CPUs the workers
-  // need (libshim/wait_policy.hpp; mpsshim-server --spin-clients). main() sets half the CPUs.
-  std::size_t spin_clients = SIZE_MAX;
+  // need (libshim/wait_policy.hpp; mpsshim-server --spin-clients). Unset: half the CPUs the
+  // server may run on, at least one (each spinning client holds a CPU; so does a busy worker).
+  std::optional<std::size_t> spin_clients;
   // Library images without device variables are loaded once for every session that sends the
   // same bytes (image_cache.hpp; mpsshim-server --share-images).
   bool share_images = true;
@@ -84,6 +86,8 @@ inline constexpr int kExitGpuFault = 70;
 
 // Worker threads by default: the CPUs this process may run on (sched_getaffinity).
 std::size_t default_worker_count();
+// `settings` with what it leaves to the machine worked out: the workers and spin_clients.
+ServerSettings with_machine_defaults(ServerSettings settings);
 
 class Server final {
  public:
@@ -165,7 +169,7 @@ class Server final {
   // More clients than ServerSettings::spin_clients: each worker tells its sessions between
   // passes (Worker::tell_crowded).
   bool crowded() const {
-    return placed_sessions_.load(std::memory_order_relaxed) > settings_.spin_clients;
+    return placed_sessions_.load(std::memory_order_relaxed) > *settings_.spin_clients;
   }
   std::size_t clients_on_gpu() const { return session_count(); }
   // Which priority classes have clients here, and how many normal ones have work in flight.
