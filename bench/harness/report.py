@@ -66,7 +66,9 @@ def verdict(r, better, other) -> str:
         factor = r if better == "lower" else (1 / r if r else float("inf"))
         return f"**behind {other} ({factor:.2f}x worse)**"
     if ahead:
-        factor = 1 / r if better == "lower" else r
+        # A lower-is-better figure of 0 (no server CPU measured in a short run) is ahead by
+        # any factor.
+        factor = (1 / r if r else float("inf")) if better == "lower" else r
         return f"ahead of {other} ({factor:.2f}x better)"
     return f"on par with {other}"
 
