@@ -88,8 +88,7 @@ int default_fd() noexcept {
 void append_prefix(fmt::memory_buffer& line, LogLevel level) {
   const LogIdentity* identity = g_identity.load(std::memory_order_acquire);
   if (identity == nullptr) {
-    fmt::format_to(std::back_inserter(line), "mpsshim[{}] {}: ", ::getpid(),
-                   log_level_name(level));
+    fmt::format_to(std::back_inserter(line), "mpsshim[{}] {}: ", ::getpid(), log_level_name(level));
     return;
   }
   if (identity->timestamps) {

@@ -60,9 +60,9 @@ void set_log_level(LogLevel level) noexcept;
 // How a program's lines look and where they go; set once, first thing in main, before any
 // other thread logs.
 struct LogIdentity {
-  std::string program;    // "mpsshimd"
-  std::string tag;        // inside the brackets; empty: the pid
-  bool timestamps = true; // local time to the millisecond, first on the line
+  std::string program;     // "mpsshimd"
+  std::string tag;         // inside the brackets; empty: the pid
+  bool timestamps = true;  // local time to the millisecond, first on the line
 };
 void configure_log(LogIdentity identity);
 // Where lines go from now on (a log file; STDERR_FILENO by default). The caller owns the fd

@@ -22,9 +22,6 @@
 namespace {
 
 using namespace mpsshim;
-using daemon::log_error;
-using daemon::log_info;
-using daemon::log_warn;
 
 constexpr const char* kApiVersion = "v1beta1";
 constexpr const char* kKubeletSocket = "kubelet.sock";
@@ -37,7 +34,7 @@ every container that gets some a quota mpsshimd enforces. See docs/kubernetes.md
   --config PATH        TOML sharing config (default: built-in defaults)
   --plugin-dir DIR     the kubelet's device-plugin directory (overrides plugin_dir)
   --runtime-dir DIR    mpsshimd's runtime directory (overrides runtime_dir)
-  --log-level LEVEL    error, warn, info (default) or debug
+  --log-level LEVEL    error, warn, info (default), debug or trace
   --check-config       read --config, print the sharing it gives and exit (0: valid)
   -h, --help           this text
 )";
@@ -46,7 +43,7 @@ struct Options {
   std::string config_path;
   std::string plugin_dir;
   std::string runtime_dir;
-  daemon::LogLevel log_level = daemon::LogLevel::kInfo;
+  LogLevel log_level = LogLevel::kInfo;
   bool check_config = false;
 };
 
@@ -76,11 +73,12 @@ std::optional<Options> parse_options(int argc, char** argv) {
         options.check_config = true;
         break;
       case 'l':
-        if (auto level = daemon::parse_log_level(optarg)) {
+        if (auto level = parse_log_level(optarg)) {
           options.log_level = *level;
           break;
         }
-        fmt::print(stderr, "--log-level takes error, warn, info or debug, not `{}`\n", optarg);
+        fmt::print(stderr, "--log-level takes error, warn, info, debug or trace, not `{}`\n",
+                   optarg);
         return std::nullopt;
       case 'h':
         fmt::print("{}", kUsage);
@@ -128,10 +126,10 @@ ino_t inode_of(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  daemon::set_log_program("mpsshim-device-plugin");
+  daemon::configure_daemon_log("mpsshim-device-plugin");
   auto options = parse_options(argc, argv);
   if (!options) return 2;
-  daemon::set_log_level(options->log_level);
+  set_log_level(options->log_level);
   deviceplugin::PluginConfig config;
   if (!options->config_path.empty()) {
     auto loaded = deviceplugin::load_config(options->config_path);

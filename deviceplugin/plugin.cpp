@@ -16,11 +16,6 @@ namespace mpsshim::deviceplugin {
 
 namespace {
 
-using daemon::log_debug;
-using daemon::log_error;
-using daemon::log_info;
-using daemon::log_warn;
-
 constexpr auto kDaemonTimeout = std::chrono::seconds(5);
 constexpr const char* kHealthy = "Healthy";
 constexpr const char* kUnhealthy = "Unhealthy";

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "libshim/log.hpp"
+#include "common/log.hpp"
 #include "proto/address_arenas.hpp"
 #include "proto/address_reservation.hpp"
 
@@ -16,7 +16,7 @@ bool g_pinned_window = false;  // written once under cuInit's lock, before any a
 void reserve_address_windows() noexcept {
   std::string why;
   if (!proto::reserve_range(proto::kArenaWindowBase, proto::kArenaWindowBytes, &why)) {
-    log(Level::warn,
+    log_warn(
         "could not reserve the device address window {:#x} + {} TiB ({}): a host allocation of "
         "this process may take an address a GPU uses, and copies would then mistake one for the "
         "other",
@@ -24,7 +24,7 @@ void reserve_address_windows() noexcept {
   }
   g_pinned_window = proto::reserve_range(proto::kPinnedWindowBase, proto::kPinnedWindowBytes, &why);
   if (!g_pinned_window) {
-    log(Level::info,
+    log_info(
         "pinned host memory not placed in the shared window {:#x} + {} TiB ({}): a kernel given "
         "the host pointer of cuMemHostAlloc memory (not cuMemHostGetDevicePointer's) may fault",
         proto::kPinnedWindowBase, proto::kPinnedWindowBytes >> 40, why);

@@ -7,14 +7,15 @@
 #include <mutex>
 #include <utility>
 
+#include "common/log.hpp"
 #include "libshim/api.hpp"
 #include "libshim/array_wire.hpp"
 #include "libshim/client.hpp"
-#include "libshim/log.hpp"
 #include "libshim/object_pool.hpp"
 #include "proto/ops_copies.hpp"
 
 using namespace mpsshim::shim;
+using namespace mpsshim;  // the log (common/log.hpp)
 namespace proto = mpsshim::proto;
 
 namespace {
@@ -42,7 +43,7 @@ CUresult create_array(const CUDA_ARRAY3D_DESCRIPTOR& desc, CUarray* out) {
 
 void mpsshim::shim::log_unsupported_array(const char* call,
                                           const CUDA_ARRAY3D_DESCRIPTOR& d) noexcept {
-  log_once(call, Level::warn,
+  log_once(call, LogLevel::kWarn,
            "{}: an array of format {:#x} with {} channel(s) and flags {:#x} is not supported by "
            "mpsshim (plain 8/16/32-bit, half and float formats only; no "
            "deferred-mapping arrays); returning CUDA_ERROR_NOT_SUPPORTED",

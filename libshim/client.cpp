@@ -5,10 +5,10 @@
 
 #include <cstring>
 
+#include "common/log.hpp"
 #include "libshim/address_window.hpp"
 #include "libshim/client_view.hpp"
 #include "libshim/driver_version.hpp"
-#include "libshim/log.hpp"
 #include "proto/control.hpp"
 
 namespace mpsshim::shim {
@@ -52,7 +52,7 @@ CUresult query_devices(ProcessState& s) {
     proto::Received reply;
     if (proto::send_struct(fd, hello) != 0 || proto::receive_message(fd, reply) != 0 ||
         reply.bytes.size() < sizeof(proto::HelloHeader)) {
-      log(Level::error, "the mpsshim daemon at {} did not answer the device query", path);
+      log_error("the mpsshim daemon at {} did not answer the device query", path);
       return CUDA_ERROR_MPS_CONNECTION_FAILED;
     }
     proto::HelloHeader header;
@@ -62,7 +62,7 @@ CUresult query_devices(ProcessState& s) {
       proto::Refused refused;
       std::memcpy(&refused, reply.bytes.data(), sizeof refused);
       refused.message[sizeof refused.message - 1] = '\0';
-      log(Level::error, "the mpsshim daemon at {} refused this process: {}", path, refused.message);
+      log_error("the mpsshim daemon at {} refused this process: {}", path, refused.message);
       return refused.cuda_error != 0 ? static_cast<CUresult>(refused.cuda_error)
                                      : CUDA_ERROR_MPS_CONNECTION_FAILED;
     }
@@ -70,13 +70,13 @@ CUresult query_devices(ProcessState& s) {
     if (header.magic != proto::kHelloMagic || header.abi_major != proto::kAbiMajor ||
         header.kind != static_cast<std::uint32_t>(proto::MessageKind::kDaemonDevices) ||
         reply.bytes.size() < sizeof table) {
-      log(Level::error, "the mpsshim daemon at {} speaks ABI {}.{}; this library speaks {}.{}",
-          path, header.abi_major, header.abi_minor, proto::kAbiMajor, proto::kAbiMinor);
+      log_error("the mpsshim daemon at {} speaks ABI {}.{}; this library speaks {}.{}", path,
+                header.abi_major, header.abi_minor, proto::kAbiMajor, proto::kAbiMinor);
       return CUDA_ERROR_MPS_CONNECTION_FAILED;
     }
     if (s.config.own_isolation_group && header.abi_minor < proto::kAbiMinorIsolationGroups) {
       // That daemon would ignore the request and share this process's GPUs with others.
-      log(Level::error,
+      log_error(
           "MPSSHIM_ISOLATION=own, but the mpsshim daemon at {} speaks ABI {}.{}, which has no "
           "isolation groups; not connecting (upgrade mpsshimd, or unset MPSSHIM_ISOLATION)",
           path, header.abi_major, header.abi_minor);
@@ -86,7 +86,7 @@ CUresult query_devices(ProcessState& s) {
     std::size_t expected =
         sizeof table + std::size_t{table.device_count} * sizeof(proto::DeviceSnapshot);
     if (table.device_count > kMaxDevices || reply.bytes.size() < expected) {
-      log(Level::error, "the mpsshim daemon at {} sent a malformed device table", path);
+      log_error("the mpsshim daemon at {} sent a malformed device table", path);
       return CUDA_ERROR_MPS_CONNECTION_FAILED;
     }
     s.devices.resize(table.device_count);
@@ -94,18 +94,18 @@ CUresult query_devices(ProcessState& s) {
                 table.device_count * sizeof(proto::DeviceSnapshot));
     s.socket_path = path;
     if (s.devices.empty()) {
-      log(Level::error,
+      log_error(
           "the mpsshim daemon at {} has no GPU for this process (CUDA_VISIBLE_DEVICES"
           "='{}')",
           path, s.config.visible_devices);
       return CUDA_ERROR_NO_DEVICE;
     }
     set_server_driver_version(s.devices[0].driver_version);
-    log(Level::info, "connected to the mpsshim daemon at {}: {} device(s), driver {}", path,
-        s.devices.size(), s.devices[0].driver_version);
+    log_info("connected to the mpsshim daemon at {}: {} device(s), driver {}", path,
+             s.devices.size(), s.devices[0].driver_version);
     return CUDA_SUCCESS;
   }
-  log(Level::error,
+  log_error(
       "no mpsshim daemon found (tried {}). Start one with `mpsshimd` (or "
       "`systemctl start mpsshimd`), or set CUDA_MPS_PIPE_DIRECTORY to the runtime directory of a "
       "running one.",
@@ -166,9 +166,9 @@ CUresult session_for(int device, Session*& out) noexcept {
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   Session* session = s.sessions[device].get();
-  log(Level::info, "attached to GPU {} as client {}: {} SMs, memory limit {}", device,
-      session->client_id(), session->sm_count(),
-      session->memory_limit() ? fmt::format("{} bytes", session->memory_limit()) : "none");
+  log_info("attached to GPU {} as client {}: {} SMs, memory limit {}", device, session->client_id(),
+           session->sm_count(),
+           session->memory_limit() ? fmt::format("{} bytes", session->memory_limit()) : "none");
   s.session_ptr[device].store(session, std::memory_order_release);
   out = session;
   return CUDA_SUCCESS;
@@ -197,8 +197,8 @@ CUresult session_for_gpu(int ordinal, Session*& out) noexcept {
     } catch (...) {
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    log(Level::info, "attached to GPU {} (not among this process's devices) as client {}", ordinal,
-        session->client_id());
+    log_info("attached to GPU {} (not among this process's devices) as client {}", ordinal,
+             session->client_id());
   }
   out = session.get();
   return CUDA_SUCCESS;

@@ -8,8 +8,8 @@
 #include <fstream>
 #include <string_view>
 
+#include "common/log.hpp"
 #include "libshim/client.hpp"
-#include "libshim/log.hpp"
 
 namespace mpsshim::shim {
 
@@ -38,7 +38,7 @@ void parse_memory_limits(const std::string& text, ClientConfig& config) {
     if (eq == std::string::npos) {
       config.memory_limit_all = parse_memory_size(item);
       if (config.memory_limit_all == 0) {
-        log(Level::warn, "ignoring CUDA_MPS_PINNED_DEVICE_MEM_LIMIT item '{}': not a size", item);
+        log_warn("ignoring CUDA_MPS_PINNED_DEVICE_MEM_LIMIT item '{}': not a size", item);
       }
       continue;
     }
@@ -46,7 +46,7 @@ void parse_memory_limits(const std::string& text, ClientConfig& config) {
     long ordinal = std::strtol(item.c_str(), &end, 10);
     std::uint64_t bytes = parse_memory_size(item.substr(eq + 1));
     if (end != item.c_str() + eq || ordinal < 0 || ordinal >= kMaxDevices || bytes == 0) {
-      log(Level::warn,
+      log_warn(
           "ignoring CUDA_MPS_PINNED_DEVICE_MEM_LIMIT item '{}' (expected "
           "<ordinal>=<size>, e.g. 0=4G)",
           item);
@@ -65,8 +65,7 @@ std::string read_allocation_token() {
   std::ifstream file(path);
   std::string line;
   if (!file || !std::getline(file, line)) {
-    log(Level::warn, "cannot read MPSSHIM_ALLOCATION_TOKEN_FILE={}; connecting without a token",
-        path);
+    log_warn("cannot read MPSSHIM_ALLOCATION_TOKEN_FILE={}; connecting without a token", path);
     return {};
   }
   return trim(line);
@@ -152,7 +151,7 @@ ClientConfig read_client_config() {
     char* end = nullptr;
     double value = std::strtod(pct.c_str(), &end);
     if (end == pct.c_str() || value <= 0 || value > 100) {
-      log(Level::warn,
+      log_warn(
           "ignoring CUDA_MPS_ACTIVE_THREAD_PERCENTAGE='{}': expected a number in "
           "(0, 100]",
           pct);
@@ -165,7 +164,7 @@ ClientConfig read_client_config() {
     if (prio == "0" || prio == "1") {
       config.priority = prio[0] - '0';
     } else {
-      log(Level::warn,
+      log_warn(
           "ignoring CUDA_MPS_CLIENT_PRIORITY='{}': expected 0 (normal) or 1 "
           "(below normal)",
           prio);
@@ -177,7 +176,7 @@ ClientConfig read_client_config() {
     char* end = nullptr;
     const unsigned long id = std::strtoul(partition.c_str(), &end, 10);
     if (*end != '\0' || id == 0 || id >= proto::kBadSmPartition) {
-      log(Level::error,
+      log_error(
           "CUDA_MPS_SM_PARTITION='{}' is not a partition id (a number from mpsshimctl lspart)",
           partition);
       config.sm_partition = proto::kBadSmPartition;
@@ -193,7 +192,7 @@ ClientConfig read_client_config() {
     if (batching == "off" || batching == "0") {
       config.launch_batching = false;
     } else if (batching != "on" && batching != "1") {
-      log(Level::warn, "ignoring MPSSHIM_LAUNCH_BATCHING='{}': expected off or on", batching);
+      log_warn("ignoring MPSSHIM_LAUNCH_BATCHING='{}': expected off or on", batching);
     }
   }
   // A process that trusts no other client asks for server processes of its own
@@ -202,7 +201,7 @@ ClientConfig read_client_config() {
     // A value it cannot read errs towards isolation: the variable is a request for it.
     config.own_isolation_group = isolation != "shared";
     if (isolation != "own" && isolation != "shared") {
-      log(Level::warn,
+      log_warn(
           "MPSSHIM_ISOLATION='{}' is neither own nor shared; taking it as own (server processes "
           "of this process's own)",
           isolation);
@@ -216,7 +215,7 @@ ClientConfig read_client_config() {
     if (lookup == "eager" || lookup == "lazy") {
       config.lazy_kernels = lookup == "lazy";
     } else {
-      log(Level::warn, "ignoring MPSSHIM_KERNEL_LOOKUP='{}': expected lazy or eager", lookup);
+      log_warn("ignoring MPSSHIM_KERNEL_LOOKUP='{}': expected lazy or eager", lookup);
     }
   }
   config.allocation_token = read_allocation_token();

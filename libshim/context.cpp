@@ -8,10 +8,10 @@
 #include <array>
 #include <unordered_map>
 
+#include "common/log.hpp"
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/client_view.hpp"
-#include "libshim/log.hpp"
 #include "libshim/object_pool.hpp"
 #include "libshim/wait_policy.hpp"
 
@@ -239,6 +239,7 @@ CUresult primary_context_handle(CUdevice device, CUcontext* out) noexcept {
 }  // namespace mpsshim::shim
 
 using namespace mpsshim::shim;
+using namespace mpsshim;  // the log (common/log.hpp)
 namespace proto = mpsshim::proto;
 
 // ---- primary contexts ----
@@ -340,7 +341,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuCtxCreate_v2(CUcontext* pctx, unsigned int fla
 MPSSHIM_EXPORT CUresult CUDAAPI cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* params,
                                                int count, unsigned int flags, CUdevice dev) {
   if (count > 0 && params != nullptr) {
-    log_once("cuCtxCreate_v3.affinity", Level::warn,
+    log_once("cuCtxCreate_v3.affinity", LogLevel::kWarn,
              "cuCtxCreate_v3: execution-affinity parameters are ignored; use "
              "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE to size the client's SM share");
   }
@@ -350,7 +351,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParam
                                                unsigned int flags, CUdevice dev) {
   if (params != nullptr &&
       (params->execAffinityParams != nullptr || params->cigParams != nullptr)) {
-    log_once("cuCtxCreate_v4.params", Level::warn,
+    log_once("cuCtxCreate_v4.params", LogLevel::kWarn,
              "cuCtxCreate_v4: affinity/CIG parameters are not supported by mpsshim");
     return CUDA_ERROR_NOT_SUPPORTED;
   }

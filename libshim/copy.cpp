@@ -8,11 +8,11 @@
 #include <deque>
 #include <mutex>
 
+#include "common/log.hpp"
 #include "libshim/api.hpp"
 #include "libshim/capture.hpp"
 #include "libshim/client.hpp"
 #include "libshim/copy_pool.hpp"
-#include "libshim/log.hpp"
 #include "libshim/peer.hpp"
 #include "libshim/staging_copy.hpp"
 #include "libshim/sync_memops.hpp"

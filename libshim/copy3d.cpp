@@ -10,9 +10,9 @@
 #include <deque>
 #include <vector>
 
+#include "common/log.hpp"
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
-#include "libshim/log.hpp"
 #include "libshim/peer.hpp"
 #include "proto/ops_copies.hpp"
 

@@ -14,8 +14,8 @@
 #include <immintrin.h>
 #endif
 
+#include "common/log.hpp"
 #include "libshim/cpu_budget.hpp"
-#include "libshim/log.hpp"
 #include "proto/futex.hpp"
 
 namespace mpsshim::shim {
@@ -44,8 +44,8 @@ int read_copy_threads() {
   char* end = nullptr;
   const long threads = std::strtol(value, &end, 10);
   if (*end != '\0' || threads < 1 || threads > kMaxThreads) {
-    log(Level::warn, "MPSSHIM_COPY_THREADS={}: expected 1 to {}; using {}", value, kMaxThreads,
-        default_threads());
+    log_warn("MPSSHIM_COPY_THREADS={}: expected 1 to {}; using {}", value, kMaxThreads,
+             default_threads());
     return default_threads();
   }
   return static_cast<int>(threads);
@@ -73,8 +73,7 @@ class Pool {
     for (int i = 0; i < helpers; ++i) {
       pthread_t thread;
       if (int rc = pthread_create(&thread, &attr, &Pool::helper_main, this); rc != 0) {
-        log(Level::warn, "cannot start a copy helper thread (error {}); {} of {} running", rc, i,
-            helpers);
+        log_warn("cannot start a copy helper thread (error {}); {} of {} running", rc, i, helpers);
         break;
       }
       pthread_setname_np(thread, "mpsshim-copy");

@@ -3,11 +3,11 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/log.hpp"
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/client_view.hpp"
 #include "libshim/host_memory.hpp"
-#include "libshim/log.hpp"
 
 using namespace mpsshim::shim;
 

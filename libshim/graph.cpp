@@ -20,16 +20,17 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/log.hpp"
 #include "libshim/api.hpp"
 #include "libshim/capture.hpp"
 #include "libshim/client.hpp"
 #include "libshim/graph_objects.hpp"
 #include "libshim/kernel_args.hpp"
 #include "libshim/kernel_lookup.hpp"
-#include "libshim/log.hpp"
 #include "libshim/object_pool.hpp"
 
 using namespace mpsshim::shim;
+using namespace mpsshim;  // the log (common/log.hpp)
 namespace proto = mpsshim::proto;
 
 namespace {
@@ -137,7 +138,7 @@ CUresult edges_as_full_dependencies(const CUgraphEdgeData* edges, std::size_t co
       return CUDA_ERROR_INVALID_VALUE;
     }
   }
-  log_once(std::string(api) + ".edges", Level::info,
+  log_once(std::string(api) + ".edges", LogLevel::kInfo,
            "{}: edge data other than the default (programmatic or launch-order dependencies) "
            "is added as full dependencies by mpsshim: same results, no overlap",
            api);
@@ -286,7 +287,7 @@ CUresult update_capture_dependencies(CUstream handle, DefaultStream dmode, CUgra
   if (CUresult rc = resolve_stream(handle, dmode, ctx, stream); rc != CUDA_SUCCESS) return rc;
   if (count != 0 && deps == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (count > proto::kMaxNodeDependencies) {
-    log_once("cuStreamUpdateCaptureDependencies.count", Level::warn,
+    log_once("cuStreamUpdateCaptureDependencies.count", LogLevel::kWarn,
              "cuStreamUpdateCaptureDependencies: more than {} nodes at once are not supported by "
              "mpsshim",
              proto::kMaxNodeDependencies);
@@ -315,7 +316,7 @@ CUresult instantiate(CUgraphExec* out, CUgraph hgraph, std::uint64_t flags, CUst
   if (graph == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if ((flags & CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH) != 0) {
-    log_once("cuGraphInstantiate.device_launch", Level::warn,
+    log_once("cuGraphInstantiate.device_launch", LogLevel::kWarn,
              "cuGraphInstantiate: device-launchable graphs are not supported by mpsshim; "
              "instantiate without CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH");
     return CUDA_ERROR_NOT_SUPPORTED;
@@ -383,7 +384,7 @@ CUresult append_dependencies(GraphObject* graph, const CUgraphNode* deps, std::s
                              std::vector<std::byte>& out) {
   if (count != 0 && deps == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (count > proto::kMaxNodeDependencies) {
-    log_once("cuGraphAddNode.deps", Level::warn,
+    log_once("cuGraphAddNode.deps", LogLevel::kWarn,
              "cuGraphAdd*Node: more than {} dependencies of one node are not supported by "
              "mpsshim; add them with cuGraphAddDependencies",
              proto::kMaxNodeDependencies);
@@ -739,7 +740,7 @@ CUresult add_generic_node(CUgraphNode* out, CUgraph graph, const CUgraphNode* de
       return cuGraphAddEmptyNode(out, graph, deps, count);
     case CU_GRAPH_NODE_TYPE_GRAPH:
       if (p->graph.ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE) {
-        log_once("cuGraphAddNode.move", Level::warn,
+        log_once("cuGraphAddNode.move", LogLevel::kWarn,
                  "cuGraphAddNode: a child graph moved into its node (CU_GRAPH_CHILD_GRAPH_"
                  "OWNERSHIP_MOVE) is not supported by mpsshim; clone it");
         return CUDA_ERROR_NOT_SUPPORTED;
@@ -773,8 +774,8 @@ CUresult add_generic_node(CUgraphNode* out, CUgraph graph, const CUgraphNode* de
     case CU_GRAPH_NODE_TYPE_CONDITIONAL:
       return add_conditional_node(out, graph, deps, count, p->conditional);
     default:
-      log(Level::warn, "cuGraphAddNode: node type {} is not supported by mpsshim",
-          static_cast<int>(p->type));
+      log_warn("cuGraphAddNode: node type {} is not supported by mpsshim",
+               static_cast<int>(p->type));
       return CUDA_ERROR_NOT_SUPPORTED;
   }
 }
@@ -1188,7 +1189,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddMemcpyNode(CUgraphNode* out, CUgraph h
   if (!device_side(p->srcMemoryType, p->srcDevice) ||
       !device_side(p->dstMemoryType, p->dstDevice) || p->Height > 1 || p->Depth > 1 ||
       p->srcY != 0 || p->srcZ != 0 || p->dstY != 0 || p->dstZ != 0) {
-    log_once("cuGraphAddMemcpyNode.shape", Level::warn,
+    log_once("cuGraphAddMemcpyNode.shape", LogLevel::kWarn,
              "cuGraphAddMemcpyNode: only one-dimensional device-to-device copies are supported "
              "by mpsshim in explicitly built graphs; capture other copies from a stream "
              "(pinned host memory) instead");
@@ -1229,7 +1230,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphAddDependencies(CUgraph graph, const CUgr
 }
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuGraphDebugDotPrint(CUgraph, const char*, unsigned int) {
-  log_once("cuGraphDebugDotPrint", Level::warn,
+  log_once("cuGraphDebugDotPrint", LogLevel::kWarn,
            "cuGraphDebugDotPrint is not supported by mpsshim: the graph lives in the server");
   return CUDA_ERROR_NOT_SUPPORTED;
 }

@@ -10,10 +10,10 @@
 #include <mutex>
 #include <vector>
 
+#include "common/log.hpp"
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/graph_objects.hpp"
-#include "libshim/log.hpp"
 #include "libshim/stream_mem.hpp"
 #include "proto/ops_graph_nodes.hpp"
 

@@ -7,13 +7,14 @@
 
 #include <mutex>
 
+#include "common/log.hpp"
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/graph_objects.hpp"
-#include "libshim/log.hpp"
 #include "proto/ops_graph_nodes.hpp"
 
 using namespace mpsshim::shim;
+using namespace mpsshim;  // the log (common/log.hpp)
 namespace proto = mpsshim::proto;
 
 namespace {
@@ -96,7 +97,7 @@ CUresult set_memcpy(CUgraphExec hexec, CUgraphNode hnode, const CUDA_MEMCPY3D* p
   if (!device_side(p->srcMemoryType, p->srcDevice) ||
       !device_side(p->dstMemoryType, p->dstDevice) || p->Height > 1 || p->Depth > 1 ||
       p->srcY != 0 || p->srcZ != 0 || p->dstY != 0 || p->dstZ != 0) {
-    log_once("cuGraphMemcpyNodeSetParams.shape", Level::warn,
+    log_once("cuGraphMemcpyNodeSetParams.shape", LogLevel::kWarn,
              "cuGraph(Exec)MemcpyNodeSetParams: only one-dimensional device-to-device copies are "
              "supported by mpsshim in explicitly built graphs");
     return CUDA_ERROR_NOT_SUPPORTED;
@@ -131,7 +132,7 @@ CUDA_MEMSET_NODE_PARAMS memset_v1(const CUDA_MEMSET_NODE_PARAMS_v2& m) {
 }
 
 CUresult refuse_type(const char* call, CUgraphNodeType type) {
-  log_once(call, Level::warn, "{}: node type {} is not supported by mpsshim", call,
+  log_once(call, LogLevel::kWarn, "{}: node type {} is not supported by mpsshim", call,
            static_cast<int>(type));
   return CUDA_ERROR_NOT_SUPPORTED;
 }

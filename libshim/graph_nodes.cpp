@@ -18,15 +18,16 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/log.hpp"
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/graph_objects.hpp"
 #include "libshim/host_function.hpp"
-#include "libshim/log.hpp"
 #include "libshim/object_pool.hpp"
 #include "proto/ops_graph_nodes.hpp"
 
 using namespace mpsshim::shim;
+using namespace mpsshim;  // the log (common/log.hpp)
 namespace proto = mpsshim::proto;
 
 namespace {
@@ -137,7 +138,7 @@ CUresult check_alloc_params(const GraphObject* graph, const CUDA_MEM_ALLOC_NODE_
   }
   const int device = graph->ctx->device;
   auto refuse = [](const char* what) {
-    log_once(what, Level::warn,
+    log_once(what, LogLevel::kWarn,
              "cuGraphAddMemAllocNode: {} is not supported by mpsshim (graph memory lives on the "
              "graph's GPU, for it alone)",
              what);
@@ -185,7 +186,7 @@ CUresult remove_dependencies(CUgraph hgraph, const CUgraphNode* from, const CUgr
   if (graph == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (count != 0 && (from == nullptr || to == nullptr)) return CUDA_ERROR_INVALID_VALUE;
   if (count > proto::kMaxNodeDependencies) {
-    log_once("cuGraphRemoveDependencies.count", Level::warn,
+    log_once("cuGraphRemoveDependencies.count", LogLevel::kWarn,
              "cuGraphRemoveDependencies: more than {} edges at once are not supported by "
              "mpsshim; remove them in parts",
              proto::kMaxNodeDependencies);
@@ -263,7 +264,7 @@ CUresult query_params(CUgraphNode hnode, CUgraphNodeType type, const char* call,
     return rc;
   }
   if (reply.type != static_cast<std::uint32_t>(type)) return CUDA_ERROR_INVALID_VALUE;
-  log_once(call, Level::warn,
+  log_once(call, LogLevel::kWarn,
            "{}: the parameters of a node made by stream capture are not known to mpsshim; "
            "build the node with cuGraphAdd*Node to query them",
            call);
@@ -583,7 +584,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuGraphClone(CUgraph* out, CUgraph horiginal) {
   for (GraphNodeObject* node : known) {
     GraphNodeObject* copy = nullptr;
     if (CUresult rc = find_in_clone(node, clone, copy); rc != CUDA_SUCCESS) {
-      log(Level::warn,
+      log_warn(
           "cuGraphClone: node {:#x} of the clone not found ({}); its parameters "
           "will be asked of the server",
           node->wire, static_cast<int>(rc));

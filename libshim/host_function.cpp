@@ -6,13 +6,14 @@
 #include <thread>
 #include <unordered_map>
 
+#include "common/log.hpp"
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/host_function.hpp"
-#include "libshim/log.hpp"
 #include "proto/futex.hpp"
 
 using namespace mpsshim::shim;
+using namespace mpsshim;  // the log (common/log.hpp)
 namespace proto = mpsshim::proto;
 
 namespace {
@@ -87,7 +88,7 @@ class HostCallbacks {
         callback.fn(callback.user_data);
       }
     } else {
-      log_once(unknown_id_, Level::warn,
+      log_once(unknown_id_, LogLevel::kWarn,
                "the server asked for host function {} that this process never queued; skipped", id);
     }
     cell.done.store(ticket, std::memory_order_seq_cst);
@@ -122,7 +123,7 @@ CUresult enqueue(CUstream handle, DefaultStream mode, const Callback& callback) 
   if (CUresult rc = resolve_stream(handle, mode, ctx, stream); rc != CUDA_SUCCESS) return rc;
   HostCallbacks* callbacks = callbacks_of(ctx->session);
   if (callbacks == nullptr) {
-    log_once(g_no_cells_logged, Level::error,
+    log_once(g_no_cells_logged, LogLevel::kError,
              "host functions (cuLaunchHostFunc, cuStreamAddCallback) need an mpsshim server of "
              "ABI 1.1 or later; this one has no callback cells. Update mpsshimd");
     return CUDA_ERROR_NOT_SUPPORTED;
@@ -156,7 +157,7 @@ namespace mpsshim::shim {
 std::uint64_t keep_host_callback(Session* session, CUhostFn fn, void* user_data) noexcept {
   HostCallbacks* callbacks = callbacks_of(session);
   if (callbacks == nullptr) {
-    log_once(g_no_cells_logged, Level::error,
+    log_once(g_no_cells_logged, LogLevel::kError,
              "host nodes need an mpsshim server of ABI 1.1 or later; this one has no callback "
              "cells. Update mpsshimd");
     return 0;

@@ -10,12 +10,13 @@
 #include <map>
 #include <shared_mutex>
 
+#include "common/log.hpp"
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/host_memory.hpp"
-#include "libshim/log.hpp"
 
 using namespace mpsshim::shim;
+using namespace mpsshim;  // the log (common/log.hpp)
 
 namespace {
 
@@ -78,7 +79,7 @@ CUresult host_register(void* p, size_t bytes, unsigned flags) noexcept {
   }
   if ((flags & CU_MEMHOSTREGISTER_IOMEMORY) != 0) {
     static constinit std::atomic<bool> logged{false};
-    log_once(logged, Level::warn,
+    log_once(logged, LogLevel::kWarn,
              "cuMemHostRegister(CU_MEMHOSTREGISTER_IOMEMORY): the GPU server cannot map another "
              "device's I/O memory from this process; returning CUDA_ERROR_NOT_SUPPORTED");
     return CUDA_ERROR_NOT_SUPPORTED;
@@ -92,7 +93,7 @@ CUresult host_register(void* p, size_t bytes, unsigned flags) noexcept {
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   static constinit std::atomic<bool> logged{false};
-  log_once(logged, Level::info,
+  log_once(logged, LogLevel::kInfo,
            "cuMemHostRegister: registered host memory is not page-locked for the GPU under "
            "mpsshim (the server cannot map this process's private memory); copies from and to "
            "it are staged like pageable copies and the device cannot address it. Allocate with "
@@ -110,7 +111,7 @@ bool find_registered(const void* address, RegisteredRange* out) noexcept {
 
 CUresult registered_device_pointer_refused() noexcept {
   static constinit std::atomic<bool> logged{false};
-  log_once(logged, Level::warn,
+  log_once(logged, LogLevel::kWarn,
            "cuMemHostGetDevicePointer on memory registered with cuMemHostRegister: the GPU "
            "server cannot map this process's private memory, so the device cannot address it; "
            "returning CUDA_ERROR_NOT_SUPPORTED. Use cudaHostAlloc(cudaHostAllocMapped) / "

@@ -7,16 +7,17 @@
 // event of that GPU.
 #include <cstring>
 
+#include "common/log.hpp"
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/client_view.hpp"
 #include "libshim/ipc.hpp"
-#include "libshim/log.hpp"
 #include "libshim/object_pool.hpp"
 #include "libshim/peer.hpp"
 #include "proto/ops_ipc.hpp"
 
 using namespace mpsshim::shim;
+using namespace mpsshim;  // the log (common/log.hpp)
 namespace proto = mpsshim::proto;
 
 static_assert(sizeof(CUipcMemHandle) == sizeof(proto::IpcHandle));
@@ -34,11 +35,11 @@ proto::IpcHandle wire_of(const Handle& handle) {
 // Why the server refused, for the program's log: the server's log has the details.
 void note_refused(const char* call, CUresult rc) {
   if (rc == CUDA_ERROR_NOT_SUPPORTED) {
-    log_once(std::string(call) + ".cross_gpu", Level::warn,
+    log_once(std::string(call) + ".cross_gpu", LogLevel::kWarn,
              "{}: the handle comes from a GPU this process does not see (CUDA_VISIBLE_DEVICES)",
              call);
   } else if (rc != CUDA_SUCCESS) {
-    log_once(std::string(call) + ".refused", Level::warn,
+    log_once(std::string(call) + ".refused", LogLevel::kWarn,
              "{}: refused by the server ({}); its log says why (another user's handle, a "
              "freed allocation, a garbled handle)",
              call, static_cast<int>(rc));
@@ -91,7 +92,7 @@ CUresult mpsshim::shim::ipc_open_memory(Context* ctx, CUdeviceptr* out,
     // the peer (CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS or not: both GPUs must be peers either way).
     rc = reach_from(ctx->device, reply.base, reply.bytes);
     if (rc != CUDA_SUCCESS) {
-      log_once("cuIpcOpenMemHandle.peer", Level::warn,
+      log_once("cuIpcOpenMemHandle.peer", LogLevel::kWarn,
                "cuIpcOpenMemHandle: device {}'s memory at {:#x} could not be mapped for device "
                "{} ({})",
                issuer, reply.base, ctx->device, static_cast<int>(rc));

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "libshim/log.hpp"
+#include "common/log.hpp"
 
 namespace mpsshim::shim {
 
@@ -60,7 +60,7 @@ void take_kernel_names(Library* library, const proto::LibraryLoadRep& reply) {
   std::vector<std::string> names;
   names.reserve(reply.total);
   if (!append_names(reply.names, reply.count, reply.bytes, names)) {
-    log(Level::warn,
+    log_warn(
         "a library's load listed malformed kernel names; its kernels are looked up "
         "by name");
     return;
@@ -105,7 +105,7 @@ CUresult look_up_kernel(Function* f, const char* use) {
   if (rc != CUDA_SUCCESS) return rc;
   take_lookup(f, reply);
   f->looked_up.store(true, std::memory_order_release);
-  log(Level::debug, "kernel {} looked up at its first use, in {}", f->name, use);
+  log_debug("kernel {} looked up at its first use, in {}", f->name, use);
   return CUDA_SUCCESS;
 }
 

@@ -4,11 +4,11 @@
 // system call unless the server sleeps, one uncontended lock.
 #include <cstring>
 
+#include "common/log.hpp"
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/kernel_args.hpp"
 #include "libshim/kernel_lookup.hpp"
-#include "libshim/log.hpp"
 
 using namespace mpsshim::shim;
 namespace proto = mpsshim::proto;

@@ -18,15 +18,16 @@
 #include <string_view>
 #include <vector>
 
+#include "common/log.hpp"
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
-#include "libshim/log.hpp"
 #include "libshim/object_pool.hpp"
 #include "proto/fd_io.hpp"
 #include "proto/ops_graph_nodes.hpp"
 #include "proto/ops_link.hpp"
 
 using namespace mpsshim::shim;
+using namespace mpsshim;  // the log (common/log.hpp)
 namespace proto = mpsshim::proto;
 
 namespace mpsshim::shim {
@@ -81,7 +82,7 @@ CUresult wire_options(unsigned count, const CUjit_option* options, void** values
       case CU_JIT_REFERENCED_KERNEL_COUNT:
       case CU_JIT_REFERENCED_VARIABLE_NAMES:
       case CU_JIT_REFERENCED_VARIABLE_COUNT:
-        log_once("cuLink.host_symbols", Level::warn,
+        log_once("cuLink.host_symbols", LogLevel::kWarn,
                  "cuLink: JIT option {} names memory of this process, which the server that "
                  "links cannot read; it is not supported by mpsshim (define those symbols in "
                  "device code, or link without the option)",

@@ -7,14 +7,15 @@
 // range attributes answer what the program set, but move nothing. See docs/host-memory.md.
 #include <array>
 
+#include "common/log.hpp"
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/client_view.hpp"
 #include "libshim/host_memory.hpp"
-#include "libshim/log.hpp"
 #include "libshim/managed_advice.hpp"
 
 using namespace mpsshim::shim;
+using namespace mpsshim;  // the log (common/log.hpp)
 
 namespace {
 
@@ -284,12 +285,12 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr* dptr, size_t byte
   if (!address_book().find_pinned(pointer, &range) ||
       range.device_pointer != reinterpret_cast<std::uint64_t>(pointer)) {
     if (range.base != nullptr) free_pinned(range);
-    log_once("cuMemAllocManaged.address", Level::warn,
+    log_once("cuMemAllocManaged.address", LogLevel::kWarn,
              "cuMemAllocManaged: the server could not map the memory at this process's address "
              "(no pinned window: MPSSHIM_ADDRESS_ARENA=off?); returning CUDA_ERROR_OUT_OF_MEMORY");
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  log_once("cuMemAllocManaged", Level::info,
+  log_once("cuMemAllocManaged", LogLevel::kInfo,
            "cuMemAllocManaged: managed memory under mpsshim is host memory the device maps "
            "(it does not migrate; kernels reach it over the host link): docs/host-memory.md");
   *dptr = reinterpret_cast<CUdeviceptr>(pointer);

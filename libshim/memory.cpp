@@ -7,19 +7,20 @@
 
 #include <cstring>
 
+#include "common/log.hpp"
 #include "libshim/address_window.hpp"
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/graph_objects.hpp"
 #include "libshim/host_memory.hpp"
 #include "libshim/ipc.hpp"
-#include "libshim/log.hpp"
 #include "libshim/managed_advice.hpp"
 #include "libshim/peer.hpp"
 #include "proto/address_arenas.hpp"
 #include "proto/address_reservation.hpp"
 
 using namespace mpsshim::shim;
+using namespace mpsshim;  // the log (common/log.hpp)
 namespace proto = mpsshim::proto;
 
 namespace {
@@ -79,7 +80,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   }
   if (range.pool_import) return ipc_close_memory(range);  // imported pool memory goes back
   if (range.ipc_opened) {
-    log_once("cuMemFree.ipc", Level::warn,
+    log_once("cuMemFree.ipc", LogLevel::kWarn,
              "cuMemFree: {:#x} was opened with cuIpcOpenMemHandle; it is closed with "
              "cuIpcCloseMemHandle",
              dptr);
@@ -413,7 +414,7 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attribute, CUdevicept
       *static_cast<size_t*>(data) = is_device ? device.bytes : pinned.bytes;
       return CUDA_SUCCESS;
     default:
-      log_once("cuPointerGetAttribute." + std::to_string(attribute), Level::warn,
+      log_once("cuPointerGetAttribute." + std::to_string(attribute), LogLevel::kWarn,
                "cuPointerGetAttribute: attribute {} is not supported by mpsshim",
                static_cast<int>(attribute));
       return CUDA_ERROR_NOT_SUPPORTED;

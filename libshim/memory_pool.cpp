@@ -8,16 +8,17 @@
 #include <mutex>
 #include <vector>
 
+#include "common/log.hpp"
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/client_view.hpp"
 #include "libshim/graph_objects.hpp"
 #include "libshim/ipc.hpp"
-#include "libshim/log.hpp"
 #include "libshim/object_pool.hpp"
 #include "libshim/peer.hpp"
 
 using namespace mpsshim::shim;
+using namespace mpsshim;  // the log (common/log.hpp)
 namespace proto = mpsshim::proto;
 
 namespace {
@@ -69,7 +70,7 @@ CUresult set_current_pool(int device, MemPool* pool) {
 CUresult device_of(const CUmemLocation* location, const char* api, int& device) {
   if (location == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (location->type != CU_MEM_LOCATION_TYPE_DEVICE) {
-    log_once(std::string(api) + ".location", Level::warn,
+    log_once(std::string(api) + ".location", LogLevel::kWarn,
              "{}: memory location type {} is not supported by mpsshim (only device memory, "
              "CU_MEM_LOCATION_TYPE_DEVICE); allocate pinned host memory with cuMemHostAlloc",
              api, static_cast<int>(location->type));
@@ -238,7 +239,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* out, const CUmemPo
   }
   if (props->handleTypes != CU_MEM_HANDLE_TYPE_NONE &&
       props->handleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
-    log_once(g_ipc_logged, Level::warn,
+    log_once(g_ipc_logged, LogLevel::kWarn,
              "cuMemPoolCreate: pools exported as handle types {:#x} are not supported by "
              "mpsshim (only CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: docs/memory-pools.md)",
              static_cast<unsigned>(props->handleTypes));
@@ -345,7 +346,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemPoolSetAccess(CUmemoryPool hpool, const CUm
     }
     const bool read_write = map[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     if ((device == pool->device || !read_write) && map[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE) {
-      log_once(g_access_logged, Level::warn,
+      log_once(g_access_logged, LogLevel::kWarn,
                "cuMemPoolSetAccess: read-only access is not supported by mpsshim (a pool's "
                "memory is read-write or not reachable)");
       return CUDA_ERROR_NOT_SUPPORTED;

@@ -16,16 +16,17 @@
 
 #include <cstring>
 
+#include "common/log.hpp"
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/client_view.hpp"
 #include "libshim/ipc.hpp"
-#include "libshim/log.hpp"
 #include "libshim/object_pool.hpp"
 #include "proto/fd_io.hpp"
 #include "proto/ops_ipc.hpp"
 
 using namespace mpsshim::shim;
+using namespace mpsshim;  // the log (common/log.hpp)
 namespace proto = mpsshim::proto;
 
 static_assert(sizeof(CUmemPoolPtrExportData) == sizeof(proto::IpcHandle));
@@ -94,7 +95,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemPoolImportFromShareableHandle(CUmemoryPool*
   PoolExportRecord record{};
   if (fd < 0 || !proto::pread_all(fd, &record, sizeof record) || record.magic != kPoolExportMagic ||
       record.version != 1) {
-    log_once("cuMemPoolImportFromShareableHandle.foreign", Level::warn,
+    log_once("cuMemPoolImportFromShareableHandle.foreign", LogLevel::kWarn,
              "cuMemPoolImportFromShareableHandle: fd {} is no memory pool exported under mpsshim "
              "(a real driver's pool cannot be imported by a client of the server)",
              fd);
@@ -106,7 +107,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuMemPoolImportFromShareableHandle(CUmemoryPool*
     if (snapshot != nullptr && snapshot->ordinal == static_cast<int>(record.device)) device = d;
   }
   if (device < 0) {
-    log_once("cuMemPoolImportFromShareableHandle.device", Level::warn,
+    log_once("cuMemPoolImportFromShareableHandle.device", LogLevel::kWarn,
              "cuMemPoolImportFromShareableHandle: the pool belongs to a GPU this process does "
              "not see (CUDA_VISIBLE_DEVICES)");
     return CUDA_ERROR_NOT_SUPPORTED;

@@ -4,10 +4,10 @@
 // (CU_RESOURCE_TYPE_MIPMAPPED_ARRAY, array.cpp).
 #include <algorithm>
 
+#include "common/log.hpp"
 #include "libshim/api.hpp"
 #include "libshim/array_wire.hpp"
 #include "libshim/client.hpp"
-#include "libshim/log.hpp"
 #include "libshim/object_pool.hpp"
 #include "proto/ops_copies.hpp"
 #include "proto/ops_driver_extras.hpp"

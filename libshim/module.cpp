@@ -13,15 +13,16 @@
 #include <string_view>
 #include <vector>
 
+#include "common/log.hpp"
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/client_view.hpp"
 #include "libshim/darkapi/image_length.hpp"
 #include "libshim/kernel_lookup.hpp"
-#include "libshim/log.hpp"
 #include "proto/fd_io.hpp"
 
 using namespace mpsshim::shim;
+using namespace mpsshim;  // the log (common/log.hpp)
 namespace proto = mpsshim::proto;
 
 namespace {
@@ -205,7 +206,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuModuleLoadData(CUmodule* module, const void* i
 MPSSHIM_EXPORT CUresult CUDAAPI cuModuleLoadDataEx(CUmodule* module, const void* image,
                                                    unsigned int count, CUjit_option*, void**) {
   if (count > 0) {
-    log_once("cuModuleLoadDataEx.options", Level::info,
+    log_once("cuModuleLoadDataEx.options", LogLevel::kInfo,
              "cuModuleLoadDataEx: JIT options are not forwarded; the server's driver uses its "
              "defaults");
   }
@@ -450,8 +451,8 @@ Function* mpsshim::shim::kernel_on_device(Function* f, Context* ctx, CUresult& r
   Function* there = make_function(ctx, reply, f->name, true);
   there->library = library;
   slot.store(there, std::memory_order_release);
-  log(Level::debug, "kernel {} shipped to device {}'s server for its first launch there", f->name,
-      ctx->device);
+  log_debug("kernel {} shipped to device {}'s server for its first launch there", f->name,
+            ctx->device);
   return there;
 }
 
@@ -491,8 +492,8 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuLibraryGetKernel(CUkernel* kernel, CUlibrary h
   }
   // Not listed: the server's answer decides. cuDNN's libraries list no kernels at all and find
   // them by name (measured, driver 580), so every one of their kernels comes this way.
-  log(Level::debug, "kernel {} is not among the {} kernels its library listed; looked up by name",
-      name, library->kernel_names_known ? library->kernel_names.size() : 0);
+  log_debug("kernel {} is not among the {} kernels its library listed; looked up by name", name,
+            library->kernel_names_known ? library->kernel_names.size() : 0);
   proto::FunctionRep reply{};
   CUresult rc =
       lookup(library->ctx, proto::Op::kLibraryGetKernel, library->wire, name, &reply, sizeof reply);
@@ -514,7 +515,7 @@ CUresult listed_names(Library* library) {
   if (library->kernel_names_known) return CUDA_SUCCESS;
   static constinit std::atomic<bool> logged{false};
   log_once(
-      logged, Level::warn,
+      logged, LogLevel::kWarn,
       "the server did not list this library's kernels (MPSSHIM_KERNEL_LOOKUP=eager or "
       "CUDA_MODULE_LOADING=EAGER); cuLibraryGetKernelCount and cuLibraryEnumerateKernels return "
       "CUDA_ERROR_NOT_SUPPORTED");

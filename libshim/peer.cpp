@@ -6,9 +6,9 @@
 #include <mutex>
 #include <vector>
 
+#include "common/log.hpp"
 #include "libshim/client.hpp"
 #include "libshim/client_view.hpp"
-#include "libshim/log.hpp"
 #include "proto/address_arenas.hpp"
 #include "proto/ops.hpp"
 
@@ -79,13 +79,13 @@ CUresult map_block_locked(int h, int g, CUdeviceptr address) {
   proto::PeerImportReq request{block.base, block.bytes, token, 0};
   if (CUresult rc = to->call(proto::Op::kPeerImport, request, static_cast<int*>(nullptr));
       rc != CUDA_SUCCESS) {
-    log(Level::warn, "mapping device {}'s memory at {:#x} into device {}'s server failed ({})", g,
-        block.base, h, error_name(rc));
+    log_warn("mapping device {}'s memory at {:#x} into device {}'s server failed ({})", g,
+             block.base, h, error_name(rc));
     return rc;
   }
   peers().mapped[static_cast<std::size_t>(h)][block.base] = MappedBlock{block.bytes, g};
-  log(Level::debug, "device {}'s block {:#x} (+{} bytes) mapped into device {}'s server", g,
-      block.base, block.bytes, h);
+  log_debug("device {}'s block {:#x} (+{} bytes) mapped into device {}'s server", g, block.base,
+            block.bytes, h);
   return CUDA_SUCCESS;
 }
 
@@ -111,7 +111,7 @@ CUresult map_vmm_on_peer(int peer, int owner, CUdeviceptr base, std::size_t byte
       if (CUresult rc = from->call(proto::Op::kVmmExport, proto::HandleReq{handle},
                                    static_cast<int*>(nullptr));
           rc != CUDA_SUCCESS) {
-        log(Level::warn,
+        log_warn(
             "giving device {} access to device {}'s VMM memory at {:#x} needs it created "
             "exportable (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ({})",
             peer, owner, base, error_name(rc));
@@ -205,8 +205,8 @@ void forget_peer_blocks(int owner, CUdeviceptr base, std::size_t bytes) noexcept
         if (CUresult rc =
                 session->call(proto::Op::kPeerRelease, request, static_cast<int*>(nullptr));
             rc != CUDA_SUCCESS) {
-          log(Level::warn, "device {}'s server did not let go of device {}'s block {:#x} ({})", h,
-              owner, block, error_name(rc));
+          log_warn("device {}'s server did not let go of device {}'s block {:#x} ({})", h, owner,
+                   block, error_name(rc));
         }
         blocks.erase(block);
       }

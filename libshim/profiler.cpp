@@ -6,18 +6,19 @@
 #include <cuda.h>
 #include <cudaProfiler.h>
 
+#include "common/log.hpp"
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
-#include "libshim/log.hpp"
 
 using namespace mpsshim::shim;
+using namespace mpsshim;  // the log (common/log.hpp)
 
 namespace {
 
 CUresult profiler_switch(const char* name) {
   Context* ctx = nullptr;
   if (CUresult rc = current(ctx); rc != CUDA_SUCCESS) return rc;
-  log_once("profiler.switch", Level::info,
+  log_once("profiler.switch", LogLevel::kInfo,
            "{}: the client's GPU work runs in mpsshim-server; attach the profiler to that "
            "process to see it (the call succeeds here, as with no profiler attached)",
            name);

@@ -13,8 +13,8 @@
 
 #include <fmt/format.h>
 
+#include "common/log.hpp"
 #include "libshim/answer_trace.hpp"
-#include "libshim/log.hpp"
 #include "libshim/wait_policy.hpp"
 #include "proto/futex.hpp"
 #include "proto/memfd_mapping.hpp"
@@ -65,19 +65,19 @@ CUresult Session::attach(const std::string& socket_path, const proto::ClientHell
                          std::unique_ptr<Session>& out) {
   int fd = proto::connect_seqpacket(socket_path);
   if (fd < 0) {
-    log(Level::error, "cannot reach the mpsshim daemon at {}: {}", socket_path, strerror(-fd));
+    log_error("cannot reach the mpsshim daemon at {}: {}", socket_path, strerror(-fd));
     return CUDA_ERROR_MPS_CONNECTION_FAILED;
   }
   std::unique_ptr<Session> session(new Session());
   session->socket_.reset(fd);
   if (int err = proto::send_struct(fd, hello); err != 0) {
-    log(Level::error, "sending the hello to {} failed: {}", socket_path, strerror(err));
+    log_error("sending the hello to {} failed: {}", socket_path, strerror(err));
     return CUDA_ERROR_MPS_CONNECTION_FAILED;
   }
   proto::Received reply;
   if (int err = proto::receive_message(fd, reply); err != 0 || reply.bytes.empty()) {
-    log(Level::error, "the mpsshim daemon at {} closed the connection without an answer ({})",
-        socket_path, err ? strerror(err) : "hang-up");
+    log_error("the mpsshim daemon at {} closed the connection without an answer ({})", socket_path,
+              err ? strerror(err) : "hang-up");
     return CUDA_ERROR_MPS_CONNECTION_FAILED;
   }
   proto::HelloHeader header;
@@ -88,14 +88,14 @@ CUresult Session::attach(const std::string& socket_path, const proto::ClientHell
     proto::Refused refused;
     std::memcpy(&refused, reply.bytes.data(), sizeof refused);
     refused.message[sizeof refused.message - 1] = '\0';
-    log(Level::error, "the mpsshim server refused this client: {}", refused.message);
+    log_error("the mpsshim server refused this client: {}", refused.message);
     return refused.cuda_error != 0 ? static_cast<CUresult>(refused.cuda_error)
                                    : CUDA_ERROR_MPS_CONNECTION_FAILED;
   }
   if (header.magic != proto::kHelloMagic || header.abi_major != proto::kAbiMajor ||
       header.kind != static_cast<std::uint32_t>(proto::MessageKind::kSessionWelcome) ||
       reply.bytes.size() < sizeof(proto::SessionWelcome) || reply.fds.size() != 2) {
-    log(Level::error,
+    log_error(
         "unexpected answer from the mpsshim server (ABI {}.{}, kind {}); this "
         "library speaks ABI {}.{}",
         header.abi_major, header.abi_minor, header.kind, proto::kAbiMajor, proto::kAbiMinor);
@@ -108,13 +108,13 @@ CUresult Session::attach(const std::string& socket_path, const proto::ClientHell
   int memfd = reply.fds[0].get();
   if (fstat(memfd, &st) != 0 ||
       static_cast<std::uint64_t>(st.st_size) != session->welcome_.segment_bytes) {
-    log(Level::error, "the session segment has the wrong size");
+    log_error("the session segment has the wrong size");
     return CUDA_ERROR_MPS_CONNECTION_FAILED;
   }
   auto mapping = proto::map_fd(memfd, session->welcome_.segment_bytes, true);
   if (!mapping) {
-    log(Level::error, "mapping the session segment ({} bytes) failed: {}",
-        session->welcome_.segment_bytes, strerror(errno));
+    log_error("mapping the session segment ({} bytes) failed: {}", session->welcome_.segment_bytes,
+              strerror(errno));
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   session->mapping_ = std::move(*mapping);
@@ -122,7 +122,7 @@ CUresult Session::attach(const std::string& socket_path, const proto::ClientHell
   std::memcpy(&session->view_.geometry, session->view_.base, sizeof(proto::SegmentHeader));
   const proto::SegmentHeader& g = session->view_.geometry;
   if (!proto::segment_header_valid(g, session->welcome_.segment_bytes) || g.slot_count > 64) {
-    log(Level::error, "the server sent a session segment this library cannot use");
+    log_error("the server sent a session segment this library cannot use");
     return CUDA_ERROR_MPS_CONNECTION_FAILED;
   }
   session->producer_ = proto::RingProducer(session->view_.ring(), g.ring_capacity);
@@ -142,7 +142,7 @@ bool Session::peer_gone() {
   pollfd p{socket_.get(), POLLRDHUP, 0};
   if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0) {
     if (!dead_.exchange(true)) {
-      log(Level::error, "the mpsshim server for this GPU went away; CUDA calls now fail");
+      log_error("the mpsshim server for this GPU went away; CUDA calls now fail");
     }
     return true;
   }
@@ -183,7 +183,7 @@ void Session::note_fault(std::uint32_t fault) const {
         "; the work of another client, pid {} ({}), returned it first: its likely cause", pid,
         program);
   }
-  log(Level::error,
+  log_error(
       "the mpsshim server of this GPU had a GPU fault ({}){}. A fault ends every client of "
       "that server: this process's CUDA calls on the GPU now fail with it",
       name != nullptr ? name : std::to_string(fault), cause);
@@ -340,7 +340,7 @@ CUresult Session::send_fd(proto::MessageKind kind, int fd, std::uint64_t bytes,
   proto::FdTransfer message{proto::make_header(kind, sizeof(proto::FdTransfer)), token, 0, bytes};
   int fds[1] = {fd};
   if (int err = proto::send_struct(socket_.get(), message, fds); err != 0) {
-    log(Level::error, "passing a memory descriptor to the server failed: {}", strerror(err));
+    log_error("passing a memory descriptor to the server failed: {}", strerror(err));
     return dead_result();
   }
   return CUDA_SUCCESS;
@@ -350,20 +350,20 @@ CUresult Session::receive_fd(proto::MessageKind kind, proto::UniqueFd& out) {
   proto::Received message;
   proto::FdTransfer transfer{};
   if (int err = proto::receive_message(socket_.get(), message); err != 0 || message.bytes.empty()) {
-    log(Level::error, "receiving a memory descriptor from the server failed: {}",
-        err != 0 ? strerror(err) : "it hung up");
+    log_error("receiving a memory descriptor from the server failed: {}",
+              err != 0 ? strerror(err) : "it hung up");
     return dead_result();
   }
   if (message.bytes.size() != sizeof transfer || message.fds.size() != 1) {
-    log(Level::error, "the server sent a malformed descriptor message ({} bytes, {} fds)",
-        message.bytes.size(), message.fds.size());
+    log_error("the server sent a malformed descriptor message ({} bytes, {} fds)",
+              message.bytes.size(), message.fds.size());
     return CUDA_ERROR_MPS_RPC_FAILURE;
   }
   std::memcpy(&transfer, message.bytes.data(), sizeof transfer);
   if (transfer.header.magic != proto::kHelloMagic ||
       transfer.header.kind != static_cast<std::uint32_t>(kind)) {
-    log(Level::error, "the server sent a descriptor of kind {}, expected {}", transfer.header.kind,
-        static_cast<std::uint32_t>(kind));
+    log_error("the server sent a descriptor of kind {}, expected {}", transfer.header.kind,
+              static_cast<std::uint32_t>(kind));
     return CUDA_ERROR_MPS_RPC_FAILURE;
   }
   out = std::move(message.fds[0]);

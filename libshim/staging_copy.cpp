@@ -9,8 +9,8 @@
 #include <emmintrin.h>
 #endif
 
+#include "common/log.hpp"
 #include "libshim/copy_pool.hpp"
-#include "libshim/log.hpp"
 
 namespace mpsshim::shim {
 namespace {
@@ -19,12 +19,12 @@ bool streaming_wanted() {
   const char* value = std::getenv("MPSSHIM_STAGING_STORES");
   const std::string_view mode = value != nullptr ? value : "";
   if (!mode.empty() && mode != "streaming" && mode != "cached") {
-    log(Level::warn, "MPSSHIM_STAGING_STORES={}: expected streaming or cached", mode);
+    log_warn("MPSSHIM_STAGING_STORES={}: expected streaming or cached", mode);
   }
 #if defined(__x86_64__)
   return mode != "cached";
 #else
-  if (mode == "streaming") log(Level::warn, "MPSSHIM_STAGING_STORES=streaming: x86-64 only");
+  if (mode == "streaming") log_warn("MPSSHIM_STAGING_STORES=streaming: x86-64 only");
   return false;
 #endif
 }

@@ -7,12 +7,13 @@
 // server's driver's (one round trip each, broker/server/ops/stream_attributes.cpp).
 #include <cstring>
 
+#include "common/log.hpp"
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
-#include "libshim/log.hpp"
 #include "proto/ops_stream_attributes.hpp"
 
 using namespace mpsshim::shim;
+using namespace mpsshim;  // the log (common/log.hpp)
 namespace proto = mpsshim::proto;
 
 namespace {
@@ -57,7 +58,7 @@ CUresult set(CUstream handle, CUstreamAttrID id, const CUstreamAttrValue* value,
   Stream* stream = nullptr;
   if (CUresult rc = resolve_stream(handle, mode, ctx, stream); rc != CUDA_SUCCESS) return rc;
   if (id == CU_STREAM_ATTRIBUTE_PRIORITY) {
-    log_once("cuStreamSetAttribute.priority", Level::warn,
+    log_once("cuStreamSetAttribute.priority", LogLevel::kWarn,
              "cuStreamSetAttribute: changing a stream's priority is not supported by mpsshim "
              "(the server schedules clients by their streams' priorities); create the stream "
              "with cuStreamCreateWithPriority");

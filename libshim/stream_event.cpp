@@ -1,11 +1,11 @@
 // Streams and events. Creation and queries wait for the server; records, waits and destroys
 // are one-way. Synchronization is answered by the server from a completion, never by blocking
 // its loop.
+#include "common/log.hpp"
 #include "libshim/api.hpp"
 #include "libshim/capture.hpp"
 #include "libshim/client.hpp"
 #include "libshim/client_view.hpp"
-#include "libshim/log.hpp"
 #include "libshim/object_pool.hpp"
 
 using namespace mpsshim::shim;

@@ -9,10 +9,10 @@
 #include <mutex>
 #include <thread>
 
+#include "common/log.hpp"
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/graph_objects.hpp"
-#include "libshim/log.hpp"
 #include "libshim/object_pool.hpp"
 
 using namespace mpsshim::shim;

@@ -10,16 +10,17 @@
 #include <mutex>
 #include <vector>
 
+#include "common/log.hpp"
 #include "libshim/api.hpp"
 #include "libshim/client.hpp"
 #include "libshim/client_view.hpp"
-#include "libshim/log.hpp"
 #include "libshim/peer.hpp"
 #include "libshim/vmm_handle.hpp"
 #include "libshim/vmm_share.hpp"
 #include "proto/ops_vmm.hpp"
 
 using namespace mpsshim::shim;
+using namespace mpsshim;  // the log (common/log.hpp)
 namespace proto = mpsshim::proto;
 
 namespace {
@@ -73,7 +74,7 @@ Mappings& mappings() {
 }
 
 CUresult not_supported(const std::string& key, const char* what) {
-  log_once("vmm." + key, Level::warn, "{} is not supported by mpsshim (docs/vmm.md)", what);
+  log_once("vmm." + key, LogLevel::kWarn, "{} is not supported by mpsshim (docs/vmm.md)", what);
   return CUDA_ERROR_NOT_SUPPORTED;
 }
 

@@ -7,8 +7,8 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "common/log.hpp"
 #include "libshim/client.hpp"
-#include "libshim/log.hpp"
 #include "proto/ops_vmm_share.hpp"
 
 namespace mpsshim::shim {
@@ -80,7 +80,7 @@ CUresult open_shared(const proto::IpcHandle& handle, int* issuer, std::uint64_t*
     std::lock_guard receiving(session->fd_receive_mutex());
     if (CUresult rc = session->call(proto::Op::kVmmOpen, proto::VmmOpenReq{handle}, &reply);
         rc != CUDA_SUCCESS) {
-      log_once("vmm.shared_refused", Level::warn,
+      log_once("vmm.shared_refused", LogLevel::kWarn,
                "cuMemImportFromShareableHandle: refused by GPU {}'s server ({}); its log says "
                "why (another user's handle, one whose exporter released it, a forged one)",
                gpu, static_cast<int>(rc));
@@ -102,8 +102,8 @@ void close_shared(int issuer, std::uint64_t open) noexcept {
   if (CUresult rc =
           session->call(proto::Op::kVmmClose, proto::HandleReq{open}, static_cast<int*>(nullptr));
       rc != CUDA_SUCCESS) {
-    log(Level::warn, "GPU {}'s server did not end an open of shared VMM memory ({})", issuer,
-        static_cast<int>(rc));
+    log_warn("GPU {}'s server did not end an open of shared VMM memory ({})", issuer,
+             static_cast<int>(rc));
   }
 }
 

@@ -6,7 +6,7 @@
 #include <cerrno>
 #include <cstdlib>
 
-#include "libshim/log.hpp"
+#include "common/log.hpp"
 
 namespace mpsshim::shim {
 
@@ -18,7 +18,7 @@ std::chrono::nanoseconds parse_wait_spin_us(const char* text) {
   // At most an hour: a longer spin is a spin without end, which CU_CTX_SCHED_SPIN asks for.
   if (*end != '\0' || errno != 0 || text[0] == '-' || text[0] == '+' || text[0] == ' ' ||
       us > 3'600'000'000ull) {
-    log(Level::warn,
+    log_warn(
         "ignoring MPSSHIM_WAIT_SPIN_US='{}': expected microseconds from 0 to 3600000000; "
         "waiting threads spin for {} us before they sleep",
         text, std::chrono::duration_cast<std::chrono::microseconds>(kDefaultSpinTotal).count());

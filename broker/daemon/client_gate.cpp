@@ -487,8 +487,8 @@ void ClientGate::on_command(Waiting connection, const proto::TextMessage& reques
   }
   // The device plugin asks these every second: an info line each would drown the log.
   const bool polling = line == "gpu_states" || line == "list_allocations";
-  log(polling ? LogLevel::kDebug : LogLevel::kInfo, "operator command from pid {} (uid {}): {}",
-      connection.peer.pid, connection.peer.uid, without_tokens(line));
+  log_at(polling ? LogLevel::kDebug : LogLevel::kInfo, "operator command from pid {} (uid {}): {}",
+         connection.peer.pid, connection.peer.uid, without_tokens(line));
   int fd = connection.fd.get();
   answering_.emplace(fd, std::move(connection.fd));
   commands_.execute(line, [this, fd](CtlReply reply) {

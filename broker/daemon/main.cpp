@@ -25,6 +25,7 @@
 namespace {
 
 using namespace mpsshim::daemon;
+using namespace mpsshim;  // the log (common/log.hpp)
 namespace proto = mpsshim::proto;
 
 constexpr int kExitFailure = 1;
@@ -185,6 +186,8 @@ tl::expected<DaemonOptions, std::string> options_with_config(int argc, char** ar
 
 int main(int argc, char** argv) {
   ensure_standard_fds();
+  configure_daemon_log("mpsshimd");
+  set_log_level(LogLevel::kInfo);
   auto options = parse_daemon_options(argc, argv);
   if (options) options = options_with_config(argc, argv, std::move(*options));
   if (!options) {

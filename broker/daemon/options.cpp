@@ -153,7 +153,8 @@ each client connection to its GPU's server and answers mpsshimctl. It never load
   --server PATH        the per-GPU server (default: mpsshim-server beside mpsshimd or in the
                        build tree's broker/server/, else the installed one)
   --driver PATH        CUDA driver library the servers load (passed to every server)
-  --log-level LEVEL    error, warn, info (default) or debug; also passed to the servers
+  --log-level LEVEL    error, warn, info (default), debug or trace; also passed to the
+                       servers
   --log-file PATH      log here instead of stderr (SIGHUP reopens it)
   -d, --daemon         run in the background; returns once every GPU's server is up
   --restart-limit N    give up on a GPU after N failed server starts in a row (default 5)
@@ -254,7 +255,7 @@ tl::expected<DaemonOptions, std::string> parse_daemon_options(int argc, char** a
           options.log_level = *level;
         } else {
           return tl::unexpected(
-              fmt::format("--log-level takes error, warn, info or debug, not `{}`", arg));
+              fmt::format("--log-level takes error, warn, info, debug or trace, not `{}`", arg));
         }
         break;
       case kLogFile:

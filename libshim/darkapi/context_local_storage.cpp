@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
+#include "common/log.hpp"
 #include "libshim/client_view.hpp"
 #include "libshim/darkapi/tables.hpp"
-#include "libshim/log.hpp"
 
 namespace mpsshim::shim {
 namespace {
@@ -133,8 +133,8 @@ void run_context_local_destructors(CUcontext ctx) noexcept {
       e.dtor(ctx, e.key, e.value);
     } catch (...) {
       // A C++ runtime's callback threw through the driver; nothing above us could catch it.
-      log(Level::error, "a context-local-storage destructor for context {} threw; ignored",
-          static_cast<const void*>(ctx));
+      log_error("a context-local-storage destructor for context {} threw; ignored",
+                static_cast<const void*>(ctx));
     }
   }
 }

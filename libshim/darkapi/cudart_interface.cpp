@@ -43,8 +43,8 @@ CUresult load_wrapper(CUmodule* out, const void* wrapper) noexcept {
 // their meaning is unknown, so anything else is refused rather than ignored.
 bool extras_are_default(const void* a3, const void* a4, std::uint32_t a5) noexcept {
   if (a3 == nullptr && a4 == nullptr && a5 == 0) return true;
-  log(Level::warn, "dark API {}: module load with unknown extra arguments ({}, {}, {}) refused",
-      table_name(kTable), a3, a4, a5);
+  log_warn("dark API {}: module load with unknown extra arguments ({}, {}, {}) refused",
+           table_name(kTable), a3, a4, a5);
   return false;
 }
 

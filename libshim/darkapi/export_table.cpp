@@ -9,10 +9,10 @@
 #include <string_view>
 #include <tuple>
 
+#include "common/log.hpp"
 #include "libshim/api.hpp"
 #include "libshim/darkapi/tables.hpp"
 #include "libshim/darkapi/uuids.hpp"
-#include "libshim/log.hpp"
 
 namespace mpsshim::shim::darkapi {
 namespace {
@@ -78,13 +78,13 @@ void report_refusal(const CUuuid& id, const void* caller) noexcept {
 
   for (const Refused& r : kRefused) {
     if (same(r.id, id)) {
-      log_once(once_key, Level::info, "cuGetExportTable: refusing {} table {} asked by {}", r.name,
-               text, library);
+      log_once(once_key, LogLevel::kInfo, "cuGetExportTable: refusing {} table {} asked by {}",
+               r.name, text, library);
       return;
     }
   }
-  log_once(once_key, Level::warn, "cuGetExportTable: unknown table {} asked by {}; refused", text,
-           library);
+  log_once(once_key, LogLevel::kWarn, "cuGetExportTable: unknown table {} asked by {}; refused",
+           text, library);
 }
 
 }  // namespace

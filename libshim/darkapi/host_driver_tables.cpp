@@ -26,8 +26,8 @@
 #include <string_view>
 #include <vector>
 
+#include "common/log.hpp"
 #include "libshim/darkapi/tables.hpp"
-#include "libshim/log.hpp"
 
 namespace mpsshim::shim::darkapi {
 namespace {
@@ -86,7 +86,7 @@ GetExportTable host_get_export_table() noexcept {
           ::dlclose(handle);
           continue;
         }
-        log(Level::info, "private tables of the host's driver come from {}", path);
+        log_info("private tables of the host's driver come from {}", path);
         found = get;
         return;
       }
@@ -102,7 +102,7 @@ const void* host_driver_table(const CUuuid& id) noexcept {
   GetExportTable get = host_get_export_table();
   if (get == nullptr) {
     static constinit std::atomic<bool> logged{false};
-    log_once(logged, Level::warn,
+    log_once(logged, LogLevel::kWarn,
              "cuGetExportTable: no real libcuda.so.1 found in this process's file system to "
              "serve a host-side private table (set MPSSHIM_HOST_DRIVER to its path); refused");
     return nullptr;

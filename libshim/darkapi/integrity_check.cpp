@@ -13,11 +13,11 @@
 #include <cstring>
 #include <vector>
 
+#include "common/log.hpp"
 #include "libshim/client_view.hpp"
 #include "libshim/darkapi/integrity.hpp"
 #include "libshim/darkapi/tables.hpp"
 #include "libshim/darkapi/trap_slots.hpp"
-#include "libshim/log.hpp"
 
 namespace mpsshim::shim::darkapi {
 namespace {
@@ -53,7 +53,7 @@ bool gather_devices(std::vector<IntegrityDevice>& out) noexcept {
       const proto::DeviceSnapshot* snap = device_snapshot(ordinal);
       if (snap == nullptr) {
         // cudart could not see this device either; hashing what it can see is all we can do.
-        log(Level::warn, "integrity check: no snapshot of visible device {}", ordinal);
+        log_warn("integrity check: no snapshot of visible device {}", ordinal);
         continue;
       }
       IntegrityDevice d{};

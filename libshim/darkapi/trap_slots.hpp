@@ -11,7 +11,7 @@
 #include <cstddef>
 #include <utility>
 
-#include "libshim/log.hpp"
+#include "common/log.hpp"
 
 namespace mpsshim::shim::darkapi {
 
@@ -53,7 +53,7 @@ constexpr const char* table_name(TableId id) noexcept {
 template <TableId Table, std::size_t Slot>
 CUresult trap_slot() noexcept {
   static constinit std::atomic<bool> logged{false};
-  log_once(logged, Level::warn,
+  log_once(logged, LogLevel::kWarn,
            "dark API {} slot {} was called; its meaning is unknown, returning "
            "CUDA_ERROR_NOT_SUPPORTED",
            table_name(Table), Slot);

@@ -6,10 +6,10 @@
 #include <string_view>
 #include <tuple>
 
+#include "common/log.hpp"
 #include "libshim/api.hpp"
 #include "libshim/driver_version.hpp"
 #include "libshim/entry/proc_address_table.hpp"
-#include "libshim/log.hpp"
 
 namespace mpsshim::shim::entry {
 namespace {
@@ -58,8 +58,8 @@ CUresult lookup(const char* symbol, void** pfn, int cuda_version, cuuint64_t fla
                                        ? std::uint8_t{CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM}
                                        : static_cast<std::uint8_t>(flags);
   out = find(symbol, table_flags, cuda_version);
-  log(Level::trace, "cuGetProcAddress({}, {}, {}) -> {}{}", symbol, cuda_version, flags,
-      static_cast<int>(out.status), out.function != nullptr ? "" : " (NULL)");
+  log_trace("cuGetProcAddress({}, {}, {}) -> {}{}", symbol, cuda_version, flags,
+            static_cast<int>(out.status), out.function != nullptr ? "" : " (NULL)");
   return CUDA_SUCCESS;
 }
 

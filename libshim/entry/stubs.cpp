@@ -5,7 +5,7 @@
 #include <atomic>
 #include <string_view>
 
-#include "libshim/log.hpp"
+#include "common/log.hpp"
 
 // The generated lists; tests/entry builds these stubs from short lists of its own, to see an
 // entry point that is neither served nor refused answer (libmpsshim has none).
@@ -33,15 +33,14 @@ constexpr Refusal kRefusals[] = {
 [[gnu::cold]] int not_implemented(std::atomic<bool>& logged, const char* name) noexcept {
   for (const Refusal& refusal : kRefusals) {
     if (refusal.name != nullptr && std::string_view(refusal.name) == name) {
-      mpsshim::shim::log_once(logged, mpsshim::shim::Level::warn,
-                              "{} is refused by mpsshim: {}; returning CUDA_ERROR_NOT_SUPPORTED",
-                              name, refusal.reason);
+      mpsshim::log_once(logged, mpsshim::LogLevel::kWarn,
+                        "{} is refused by mpsshim: {}; returning CUDA_ERROR_NOT_SUPPORTED", name,
+                        refusal.reason);
       return kNotSupported;
     }
   }
-  mpsshim::shim::log_once(logged, mpsshim::shim::Level::warn,
-                          "{} is not implemented by mpsshim; returning CUDA_ERROR_NOT_SUPPORTED",
-                          name);
+  mpsshim::log_once(logged, mpsshim::LogLevel::kWarn,
+                    "{} is not implemented by mpsshim; returning CUDA_ERROR_NOT_SUPPORTED", name);
   return kNotSupported;
 }
 

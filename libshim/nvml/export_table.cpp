@@ -4,14 +4,13 @@
 #include <cstring>
 #include <mutex>
 
-#include "libshim/log.hpp"
+#include "common/log.hpp"
 #include "libshim/nvml/process_list.hpp"
 
 namespace mpsshim::nvml {
 
 namespace {
 
-using shim::Level;
 using List = Return(Device, unsigned*, InternalProcess*);
 
 struct Patched {
@@ -64,10 +63,10 @@ const void* patched_export_table(const void* table, const void* uuid) {
   std::memcpy(&size, table, sizeof size);
   if (size != kProcessTableBytes) {
     static std::atomic<bool> logged{false};
-    shim::log_once(logged, Level::info,
-                   "libmpsshim-nvml: NVML's process table is {} bytes, not the {} whose layout is "
-                   "known; nvidia-smi's process list stays the physical GPU's",
-                   size, kProcessTableBytes);
+    log_once(logged, LogLevel::kInfo,
+             "libmpsshim-nvml: NVML's process table is {} bytes, not the {} whose layout is "
+             "known; nvidia-smi's process list stays the physical GPU's",
+             size, kProcessTableBytes);
     return table;
   }
   Patched& p = patched();

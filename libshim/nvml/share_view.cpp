@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/log.hpp"
 #include "libshim/client.hpp"
-#include "libshim/log.hpp"
 #include "libshim/nvml/real_nvml.hpp"
 #include "proto/control.hpp"
 #include "proto/text_parts.hpp"
@@ -20,7 +20,6 @@ namespace mpsshim::nvml {
 
 namespace {
 
-using shim::Level;
 using Clock = std::chrono::steady_clock;
 
 // A daemon that takes longer than this (its servers answer within 2 s) is not waited for.
@@ -149,21 +148,21 @@ std::optional<GpuShare> share_of(const std::string& uuid) {
     c.view = answer ? parse_view(*answer) : std::nullopt;
     if (answer && !c.view) why = "the daemon's answer is not the view this library reads";
     if (!c.view) {
-      shim::log_once(unreachable_logged, Level::warn,
-                     "libmpsshim-nvml: cannot ask mpsshimd for this process's share ({}); NVML "
-                     "answers for the physical GPUs until it can (start mpsshimd, or set "
-                     "CUDA_MPS_PIPE_DIRECTORY to its runtime directory)",
-                     why);
+      log_once(unreachable_logged, LogLevel::kWarn,
+               "libmpsshim-nvml: cannot ask mpsshimd for this process's share ({}); NVML "
+               "answers for the physical GPUs until it can (start mpsshimd, or set "
+               "CUDA_MPS_PIPE_DIRECTORY to its runtime directory)",
+               why);
     }
   }
   if (!c.view) return std::nullopt;
   for (const GpuShare& share : *c.view) {
     if (share.uuid == uuid) return share;
   }
-  shim::log_once(unlisted_logged, Level::info,
-                 "libmpsshim-nvml: {} is not a GPU this process may use; NVML answers for it as "
-                 "the physical GPU",
-                 uuid);
+  log_once(unlisted_logged, LogLevel::kInfo,
+           "libmpsshim-nvml: {} is not a GPU this process may use; NVML answers for it as "
+           "the physical GPU",
+           uuid);
   return std::nullopt;
 }
 

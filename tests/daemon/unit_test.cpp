@@ -1,9 +1,15 @@
 // The daemon's pure pieces: CUDA_VISIBLE_DEVICES as CUDA reads it, sizes as operators write them,
 // options passed on to the servers.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <regex>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "broker/daemon/allocations.hpp"
@@ -11,6 +17,7 @@
 #include "broker/daemon/event_loop.hpp"
 #include "broker/daemon/fault_log.hpp"
 #include "broker/daemon/isolation.hpp"
+#include "broker/daemon/log.hpp"
 #include "broker/daemon/metrics.hpp"
 #include "broker/daemon/options.hpp"
 #include "broker/daemon/sizes.hpp"
@@ -498,3 +505,56 @@ TEST_CASE("--isolate-after-fault takes seconds, 0 turning it off", "[options][fa
   CHECK_FALSE(parse({"--isolate-after-fault", "-1"}));
   CHECK_FALSE(parse({"--isolate-after-fault", "soon"}));
 }
+
+namespace mpsshim::daemon {
+namespace {
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The one log as mpsshimd and its servers configure it (common/log.hpp): a time stamp, the
+// program and its pid or tag, the level; one line per event; a disabled level is not written;
+// a sink takes the bare message. Restores stderr and the default level afterwards.
+TEST_CASE("the daemon's log lines: time, program[pid], level, one line per event", "[log]") {
+  char path[] = "/tmp/mpsshimd-log-test-XXXXXX";
+  const int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  ::close(fd);
+  configure_daemon_log("mpsshimd-test");
+  set_log_level(LogLevel::kInfo);
+  REQUIRE(open_log_file(path));
+  log_warn("server for GPU {} exited\nwith status {}", 1, 70);
+  log_debug("not written at info");
+  std::vector<std::string> sunk;
+  set_log_sink([&](LogLevel level, std::string_view line) {
+    sunk.push_back(fmt::format("{}|{}", log_level_name(level), line));
+  });
+  log_error("to the sink");
+  set_log_sink(nullptr);
+  log_info("back in the file");
+  set_log_fd(STDERR_FILENO);
+  const std::string text = read_all(path);
+  ::unlink(path);
+
+  const std::regex line(
+      R"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} mpsshimd-test\[(\d+)\] (\w+): ([^\n]*)\n)");
+  std::vector<std::string> seen;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), line); it != std::sregex_iterator();
+       ++it) {
+    CHECK((*it)[1] == std::to_string(::getpid()));
+    seen.push_back(fmt::format("{}|{}", (*it)[2].str(), (*it)[3].str()));
+  }
+  CHECK(seen == std::vector<std::string>{"warn|server for GPU 1 exited with status 70",
+                                         "info|back in the file"});
+  CHECK(sunk == std::vector<std::string>{"error|to the sink"});
+  CHECK(parse_log_level("Warning") == LogLevel::kWarn);
+  CHECK(parse_log_level("trace") == LogLevel::kTrace);
+  CHECK_FALSE(parse_log_level("loud"));
+}
+
+}  // namespace
+}  // namespace mpsshim::daemon

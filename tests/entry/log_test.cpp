@@ -12,13 +12,11 @@
 #include <sstream>
 #include <string>
 
-#include "libshim/log.hpp"
+#include "common/log.hpp"
 
 namespace {
 
-using mpsshim::shim::Level;
-using mpsshim::shim::log;
-using mpsshim::shim::log_once;
+using namespace mpsshim;  // the log under test (common/log.hpp)
 
 // Counts how often fmt formats it, to prove a disabled message is never formatted.
 struct Counted {
@@ -75,7 +73,7 @@ TEST_CASE("a message at an enabled level is one prefixed line", "[log]") {
   auto& file = LogFile::get();
   file.take();
 
-  log(Level::info, "client {} asked for {} GiB", 4123, 80);
+  log_info("client {} asked for {} GiB", 4123, 80);
 
   REQUIRE(file.take() == prefix("info") + "client 4123 asked for 80 GiB\n");
 }
@@ -85,7 +83,7 @@ TEST_CASE("a message above the level is neither formatted nor written", "[log]")
   file.take();
   int formatted = 0;
 
-  log(Level::debug, "{}", Counted{&formatted});
+  log_debug("{}", Counted{&formatted});
 
   REQUIRE(formatted == 0);
   REQUIRE(file.take().empty());
@@ -95,7 +93,7 @@ TEST_CASE("newlines in arguments do not split the line", "[log]") {
   auto& file = LogFile::get();
   file.take();
 
-  log(Level::warn, "server said: {}", "first\nsecond\r\n");
+  log_warn("server said: {}", "first\nsecond\r\n");
 
   REQUIRE(file.take() == prefix("warn") + "server said: first second  \n");
 }
@@ -105,9 +103,9 @@ TEST_CASE("log_once logs the first call of a flag or a key", "[log]") {
   file.take();
   std::atomic<bool> once{false};
 
-  for (int i = 0; i < 3; ++i) log_once(once, Level::error, "flag {}", i);
-  for (int i = 0; i < 3; ++i) log_once("key-a", Level::error, "key a {}", i);
-  log_once("key-b", Level::error, "key b");
+  for (int i = 0; i < 3; ++i) log_once(once, LogLevel::kError, "flag {}", i);
+  for (int i = 0; i < 3; ++i) log_once("key-a", LogLevel::kError, "key a {}", i);
+  log_once("key-b", LogLevel::kError, "key b");
 
   REQUIRE(file.take() == prefix("error") + "flag 0\n" + prefix("error") + "key a 0\n" +
                              prefix("error") + "key b\n");
@@ -118,11 +116,11 @@ TEST_CASE("set_log_level overrides the environment; errno survives", "[log]") {
   file.take();
   constexpr int kCallerErrno = 1234;
 
-  mpsshim::shim::set_log_level(Level::trace);
+  mpsshim::set_log_level(LogLevel::kTrace);
   errno = kCallerErrno;
-  log(Level::trace, "now visible");
+  log_trace("now visible");
   REQUIRE(errno == kCallerErrno);
-  mpsshim::shim::set_log_level(Level::info);
+  mpsshim::set_log_level(LogLevel::kInfo);
 
   REQUIRE(file.take() == prefix("trace") + "now visible\n");
 }

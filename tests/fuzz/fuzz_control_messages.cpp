@@ -23,7 +23,7 @@
 #include "broker/daemon/allocation_quota.hpp"
 #include "broker/daemon/visible_devices.hpp"
 #include "broker/daemon/wire.hpp"
-#include "broker/server/base/log.hpp"
+#include "common/log.hpp"
 #include "proto/unix_socket.hpp"
 #include "tests/server/harness.hpp"
 
@@ -113,7 +113,7 @@ std::optional<daemon::AdmissionQuota> daemon_decides(const proto::ClientHello& h
 void server_admits(const proto::ClientHello& hello,
                    const std::optional<daemon::AdmissionQuota>& quota) {
   server::test::Harness h;
-  server::set_log_sink([](server::LogLevel, std::string_view) {});
+  set_log_sink([](LogLevel, std::string_view) {});
   proto::UniqueFd client, server_end;
   if (!proto::seqpacket_pair(client, server_end)) fail("socketpair");
   proto::ServerAdmit admit = server::test::admission_of(hello);

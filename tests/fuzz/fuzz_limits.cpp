@@ -65,8 +65,7 @@ void command(std::string_view text) {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  daemon::set_log_level(daemon::LogLevel::kError);
-  shim::set_log_level(shim::Level::error);
+  set_log_level(LogLevel::kError);
   return 0;
 }
 

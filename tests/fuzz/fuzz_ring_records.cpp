@@ -33,7 +33,7 @@
 #include <thread>
 #include <vector>
 
-#include "broker/server/base/log.hpp"
+#include "common/log.hpp"
 #include "tests/server/harness.hpp"
 
 namespace {

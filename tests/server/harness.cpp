@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "broker/server/base/log.hpp"
+#include "common/log.hpp"
 #include "proto/futex.hpp"
 
 namespace mpsshim::server::test {

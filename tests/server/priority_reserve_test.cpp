@@ -143,19 +143,19 @@ TEST_CASE("a below-normal client leaves the reserved SMs while a normal client i
   CHECK(h.logged("SMs moved because no normal-priority client is connected any more"));
 
   // Another normal client: the session takes up the green context it had outside the reserve.
-  const std::size_t greens = session_of(h, low).earlier_greens.size();
+  const std::size_t greens = session_of(h, low).quota_changes.earlier_greens.size();
   {
     TestClient again(h, normal_hello());
     REQUIRE(again.connected());
     h.pump(4);
     CHECK(field(ps_line(h, kLowPid), "sms") == kOutsideReserve);
-    CHECK(session_of(h, low).earlier_greens.size() == greens);
+    CHECK(session_of(h, low).quota_changes.earlier_greens.size() == greens);
     again.hang_up();
     REQUIRE(h.pump_until([&] { return h.server->session_count() == 1; }));
   }
   h.pump(4);
   CHECK(field(ps_line(h, kLowPid), "sms") == kSms);
-  CHECK(session_of(h, low).earlier_greens.size() == greens);
+  CHECK(session_of(h, low).quota_changes.earlier_greens.size() == greens);
   low.sut.hang_up();
 }
 

@@ -358,7 +358,7 @@ TEST_CASE("a completion without a host fence asks its event at most every event_
       // Asked again once the interval is over: here, at once.
       Session* session = h.server->find_session(sut.welcome().client_id);
       REQUIRE(session != nullptr);
-      session->event_poll = microseconds(0);
+      session->fences.event_poll = microseconds(0);
       REQUIRE(h.pump_until([&] { return sut.slot_ready(0); }));
     }
     CHECK(sut.view().slot(0)->result == CUDA_SUCCESS);

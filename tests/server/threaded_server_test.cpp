@@ -22,8 +22,8 @@
 #include <thread>
 #include <vector>
 
-#include "broker/server/base/log.hpp"
 #include "broker/server/driver/driver.hpp"
+#include "common/log.hpp"
 #include "proto/futex.hpp"
 #include "tests/server/harness.hpp"
 

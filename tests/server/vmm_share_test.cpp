@@ -63,7 +63,7 @@ Reply open(TestClient& client, const proto::IpcHandle& handle) {
 }
 
 std::uint64_t memory_used(Harness& h, TestClient& client) {
-  return h.server->find_session(client.welcome().client_id)->memory_used;
+  return h.server->find_session(client.welcome().client_id)->charge.used();
 }
 
 TEST_CASE(

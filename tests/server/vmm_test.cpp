@@ -46,7 +46,7 @@ CUresult set_access(TestClient& client, std::uint64_t address, std::uint64_t byt
 }
 
 std::uint64_t memory_used(Harness& h, TestClient& client) {
-  return h.server->find_session(client.welcome().client_id)->memory_used;
+  return h.server->find_session(client.welcome().client_id)->charge.used();
 }
 
 TEST_CASE("VMM memory counts against the limit until released and unmapped", "[server][vmm]") {

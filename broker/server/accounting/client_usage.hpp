@@ -20,7 +20,6 @@ struct ClientUsage {
   std::uint64_t bytes_h2d = 0;
   std::uint64_t bytes_d2h = 0;
   std::uint64_t bytes_d2d = 0;
-  std::uint64_t memory_peak = 0;   // the most Session::memory_used has been
   std::uint64_t pinned_bytes = 0;  // pinned host memory it holds (cuMemAllocHost, registered)
   std::chrono::system_clock::time_point started = std::chrono::system_clock::now();
 };

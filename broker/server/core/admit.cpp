@@ -5,11 +5,11 @@
 #include <cstring>
 #include <string_view>
 
-#include "broker/server/base/log.hpp"
 #include "broker/server/core/server.hpp"
 #include "broker/server/scheduling/quota.hpp"
 #include "broker/server/session/host_callbacks.hpp"
 #include "broker/server/session/retire.hpp"
+#include "common/log.hpp"
 
 namespace mpsshim::server {
 namespace {
@@ -93,9 +93,9 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
              percentage, std::clamp(percentage, 1, 100));
   }
   s.launch_batching = (hello.flags & proto::kHelloNoLaunchBatching) == 0;
-  s.measure_busy = settings_.busy_time;
-  s.use_host_fences = settings_.host_fences;
-  s.event_poll = settings_.event_poll;
+  s.busy.on = settings_.busy_time;
+  s.fences.use_words = settings_.host_fences;
+  s.fences.event_poll = settings_.event_poll;
   s.limits = settings_.client_limits;
   const proto::DeviceSnapshot& snap = gpu_.snapshot;
   // An allocation's SMs lie in its slot (its replica) of the device; a static partition's
@@ -136,10 +136,13 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
   s.sm_placement = placement;
 
   if (admit.allocation_id != 0) {
-    s.allocation = allocation_account(admit.allocation_id, admit.allocation_memory_limit);
+    s.charge.set_allocation(allocation_account(admit.allocation_id, admit.allocation_memory_limit));
   }
-  s.limit_from_client = hello.device_memory_limit != 0;
-  s.memory_limit = s.limit_from_client ? hello.device_memory_limit : settings_.default_memory_limit;
+  if (hello.device_memory_limit != 0) {
+    s.charge.set_limit(hello.device_memory_limit, LimitSource::kClient);
+  } else {
+    s.charge.set_limit(settings_.default_memory_limit, LimitSource::kServerDefault);
+  }
   // A normal client outranks a below-normal one on the GPU too (priority_gate.hpp).
   s.priority_boost = settings_.priority.enabled && !s.priority.below_normal ? 1 : 0;
 
@@ -168,7 +171,7 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
   welcome.client_id = info.id;
   welcome.sm_count = s.green.sm_count;
   welcome.segment_bytes = geometry.segment_bytes;
-  welcome.memory_limit = s.memory_limit;
+  welcome.memory_limit = s.charge.limit();
   welcome.physical_ordinal = gpu_.ordinal;
   welcome.priority = s.priority_bias;
   const int fds[2] = {s.segment.fd(), s.doorbell.get()};
@@ -190,10 +193,11 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
            s.green.outside_reserve
                ? fmt::format(" ({} held back for normal-priority clients)", s.green.held_back_sms)
                : std::string(),
-           describe_limit(s.memory_limit),
-           s.allocation ? fmt::format(" in allocation {} (shared {})", s.allocation->id(),
-                                      describe_limit(s.allocation->limit()))
-                        : "",
+           describe_limit(s.charge.limit()),
+           s.charge.allocation()
+               ? fmt::format(" in allocation {} (shared {})", s.charge.allocation()->id(),
+                             describe_limit(s.charge.allocation()->limit()))
+               : "",
            worker.index());
   const bool normal = !s.priority.below_normal;
   priority_board_.joined(s.priority.below_normal);

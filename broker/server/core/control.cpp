@@ -10,13 +10,13 @@
 #include <sstream>
 
 #include "broker/server/accounting/client_usage.hpp"
-#include "broker/server/base/log.hpp"
 #include "broker/server/core/server.hpp"
 #include "broker/server/driver/driver.hpp"
 #include "broker/server/scheduling/green_context.hpp"
 #include "broker/server/scheduling/quota.hpp"
 #include "broker/server/session/busy_time.hpp"
 #include "broker/server/session/sm_quota_change.hpp"
+#include "common/log.hpp"
 #include "proto/text_parts.hpp"
 
 namespace mpsshim::server {
@@ -36,22 +36,20 @@ std::string_view trim(std::string_view s) {
 }
 
 // On the session's worker: a device memory limit set live. Below what the client uses, its
-// allocations are refused until it uses less (Session::over_limit).
+// allocations are refused until it uses less (MemoryCharge::over_limit).
 std::string set_memory_limit(Session& s, std::uint64_t bytes) {
-  s.memory_limit = bytes;
-  s.limit_from_client = false;
-  s.limit_from_operator = true;
+  s.charge.set_limit(bytes, LimitSource::kOperator);
   log_info("{}: device memory limit set by the operator to {}", s.who(),
            bytes == 0 ? std::string("none") : format_bytes(bytes));
   if (bytes == 0) return fmt::format("{}: no device memory limit", s.who());
-  if (s.memory_used > bytes) {
+  if (s.charge.used() > bytes) {
     return fmt::format(
         "{}: device memory limit {}; it uses {}, so its allocations are refused until it uses "
         "less",
-        s.who(), format_bytes(bytes), format_bytes(s.memory_used));
+        s.who(), format_bytes(bytes), format_bytes(s.charge.used()));
   }
   return fmt::format("{}: device memory limit {} (it uses {})", s.who(), format_bytes(bytes),
-                     format_bytes(s.memory_used));
+                     format_bytes(s.charge.used()));
 }
 
 // Operator requests wait this long for each worker's answer.

@@ -14,10 +14,10 @@
 #include <ctime>
 #include <mutex>
 
-#include "broker/server/base/log.hpp"
 #include "broker/server/core/server.hpp"
 #include "broker/server/driver/driver.hpp"
 #include "broker/server/scheduling/quota.hpp"
+#include "common/log.hpp"
 
 namespace mpsshim::server {
 namespace {

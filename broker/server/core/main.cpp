@@ -9,12 +9,12 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "broker/server/base/log.hpp"
 #include "broker/server/core/idle_strategy.hpp"
 #include "broker/server/core/options.hpp"
 #include "broker/server/core/server.hpp"
 #include "broker/server/driver/driver.hpp"
 #include "broker/server/driver/gpu.hpp"
+#include "common/log.hpp"
 #include "proto/control.hpp"
 
 namespace {
@@ -48,9 +48,8 @@ void send_ready(int control_fd, int ordinal, int device_count, CUresult status,
   std::strncpy(ready.message, message.c_str(), sizeof ready.message - 1);
   if (snapshot != nullptr) ready.snapshot = *snapshot;
   if (int rc = send_struct(control_fd, ready); rc != 0) {
-    mpsshim::server::log_error("could not tell the daemon the server is {}: {}",
-                               status == CUDA_SUCCESS ? "ready" : "not starting",
-                               std::strerror(rc));
+    mpsshim::log_error("could not tell the daemon the server is {}: {}",
+                       status == CUDA_SUCCESS ? "ready" : "not starting", std::strerror(rc));
   }
 }
 
@@ -58,6 +57,7 @@ void send_ready(int control_fd, int ordinal, int device_count, CUresult status,
 
 int main(int argc, char** argv) {
   using namespace mpsshim::server;
+  using namespace mpsshim;  // the log (common/log.hpp)
   auto options =
       parse_options(std::span<const char* const>(argv + 1, static_cast<std::size_t>(argc - 1)));
   if (!options) {
@@ -69,7 +69,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   set_log_level(options->log_level);
-  set_log_prefix(fmt::format("mpsshim-server[gpu {}]", options->device));
+  // Its stderr is the daemon's log: time-stamped lines like the daemon's, never the shim's
+  // MPSSHIM_LOG_FILE.
+  configure_log(LogIdentity{"mpsshim-server", fmt::format("gpu {}", options->device), true});
+  set_log_fd(STDERR_FILENO);
   install_signal_handlers();
   mpsshim::proto::UniqueFd control(options->control_fd);
 

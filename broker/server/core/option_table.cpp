@@ -9,6 +9,7 @@
 
 #include "broker/server/accounting/client_limits.hpp"
 #include "broker/server/scheduling/sm_reserve_option.hpp"
+#include "common/log.hpp"
 
 namespace mpsshim::server {
 namespace {
@@ -49,7 +50,7 @@ constexpr std::array kOptions{
                  .value_name = "LEVEL",
                  .kind = kLevel,
                  .default_value = "info",
-                 .help = "error, warn, info or debug",
+                 .help = "error, warn, info, debug or trace",
                  .passed_by = PassedBy::kDaemon},
     ServerOption{.setting = kDefaultSmPercentage,
                  .flag = "default-sm-percentage",
@@ -277,7 +278,7 @@ std::string expected_text(const ServerOption& option) {
     case kText:
       return "a value";
     case kLevel:
-      return "error, warn, info or debug";
+      return "error, warn, info, debug or trace";
     case kSmReserve:
     case kNamedLimit:
       break;
@@ -338,9 +339,7 @@ tl::expected<std::string, std::string> check_option_value(const ServerOption& op
       if (!value.empty()) return std::string(value);
       break;
     case kLevel:
-      if (value == "error" || value == "warn" || value == "info" || value == "debug") {
-        return std::string(value);
-      }
+      if (auto level = parse_log_level(value)) return std::string(log_level_name(*level));
       break;
     case kSmReserve: {
       auto spec = parse_sm_reserve(value);

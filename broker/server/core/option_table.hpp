@@ -51,7 +51,7 @@ enum class ValueKind : std::uint8_t {
   kSwitch,      // on or off
   kChoice,      // one of `words` (a|b|c)
   kText,        // anything not empty (a path)
-  kLevel,       // error, warn, info or debug
+  kLevel,       // error, warn, info, debug or trace (common/log.hpp)
   kSmReserve,   // N SMs or P% (scheduling/sm_reserve_option.hpp)
   kNamedLimit,  // NAME=N (accounting/client_limits.hpp)
 };

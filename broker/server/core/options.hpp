@@ -7,8 +7,8 @@
 
 #include <tl/expected.hpp>
 
-#include "broker/server/base/log.hpp"
 #include "broker/server/core/server.hpp"
+#include "common/log.hpp"
 
 namespace mpsshim::server {
 

@@ -7,12 +7,12 @@
 #include <thread>
 #include <vector>
 
-#include "broker/server/base/log.hpp"
 #include "broker/server/core/server.hpp"
 #include "broker/server/ops/dispatch.hpp"
 #include "broker/server/session/completions.hpp"
 #include "broker/server/session/host_callbacks.hpp"
 #include "broker/server/session/retire.hpp"
+#include "common/log.hpp"
 
 namespace mpsshim::server {
 namespace {

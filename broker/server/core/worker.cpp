@@ -11,7 +11,6 @@
 #include <cstring>
 #include <ctime>
 
-#include "broker/server/base/log.hpp"
 #include "broker/server/core/server.hpp"
 #include "broker/server/driver/driver.hpp"
 #include "broker/server/ops/dispatch.hpp"
@@ -20,6 +19,7 @@
 #include "broker/server/session/completions.hpp"
 #include "broker/server/session/limit_check.hpp"
 #include "broker/server/session/sm_quota_change.hpp"
+#include "common/log.hpp"
 
 namespace mpsshim::server {
 namespace {
@@ -202,9 +202,9 @@ std::size_t Worker::drain_ring(Session& session) {
   // Crowded, driver calls limit throughput more than one stream's idle time: no ramp.
   if (crowded_told_) batching.ramp_last = 0;
   // Crowded, a host fence's driver call costs more than a synchronize gains (host_fences.hpp).
-  session.fence_max_queued =
+  session.fences.max_queued =
       crowded_told_ ? server_.settings().crowded_fence_max_queued : UINT64_MAX;
-  session.crowded = crowded_told_;
+  session.fences.crowded = crowded_told_;
   session.launch_batch.configure(batching);
   std::size_t done = 0;
   DispatchOutcome outcome;
@@ -253,7 +253,8 @@ std::size_t Worker::drain_ring(Session& session) {
     priority_end_pass(session, board);
     // A live SM quota change that waited for the client's captures to end (its last end may
     // have come in this pass).
-    if (session.pending_sm_percentage != 0 && outcome.kind == DispatchOutcome::Kind::kOk) {
+    if (session.quota_changes.pending_percentage != 0 &&
+        outcome.kind == DispatchOutcome::Kind::kOk) {
       apply_pending_sm_quota(session);
     }
   }

@@ -5,8 +5,8 @@
 #include <iterator>
 #include <vector>
 
-#include "broker/server/base/log.hpp"
 #include "broker/server/driver/driver.hpp"
+#include "common/log.hpp"
 #include "proto/address_arenas.hpp"
 
 namespace mpsshim::server {

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <string_view>
 
-#include "broker/server/base/log.hpp"
+#include "common/log.hpp"
 
 namespace mpsshim::server {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <iterator>
 
-#include "broker/server/base/log.hpp"
+#include "common/log.hpp"
 #include "proto/address_arenas.hpp"
 #include "proto/address_reservation.hpp"
 

@@ -4,8 +4,8 @@
 
 #include <cstring>
 
-#include "broker/server/base/log.hpp"
 #include "broker/server/driver/driver_table.hpp"
+#include "common/log.hpp"
 
 namespace mpsshim::server {
 

@@ -5,9 +5,9 @@
 #include <string>
 
 #include "broker/server/base/answer_stamps.hpp"
-#include "broker/server/base/log.hpp"
 #include "broker/server/driver/driver.hpp"
 #include "broker/server/session/session.hpp"
+#include "common/log.hpp"
 
 namespace mpsshim::server {
 namespace {
@@ -197,7 +197,7 @@ CUresult LaunchBatcher::issue_eagerly(Session& session, CUstream stream, Run run
     config.hStream = stream;
     CUresult r =
         cu.cuLaunchKernelEx(&config, l.function, nullptr, args_size != 0 ? extra : nullptr);
-    if (answer_stamps_on()) session.launch_issued_ns = SessionStats::now_ns();
+    if (answer_stamps_on()) session.stamps.launch_issued_ns = SessionStats::now_ns();
     if (r == CUDA_SUCCESS) {
       ++session.launches;
     } else if (is_sticky(r, false)) {
@@ -242,7 +242,7 @@ bool LaunchBatcher::launch_graph(Session& session, CUstream stream, Run run) {
     if (r == CUDA_SUCCESS) r = set_enabled(cu, *entry, run.count, failed_step);
     if (r == CUDA_SUCCESS) {
       r = cu.cuGraphLaunch(entry->exec, stream);
-      if (answer_stamps_on()) session.launch_issued_ns = SessionStats::now_ns();
+      if (answer_stamps_on()) session.stamps.launch_issued_ns = SessionStats::now_ns();
       if (r != CUDA_SUCCESS) failed_step = "cuGraphLaunch";
     }
   }

@@ -1,6 +1,6 @@
 #include "broker/server/ops/array_format.hpp"
 
-#include "broker/server/base/log.hpp"
+#include "common/log.hpp"
 
 namespace mpsshim::server {
 

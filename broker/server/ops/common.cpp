@@ -1,18 +1,18 @@
 #include <algorithm>
 
-#include "broker/server/base/log.hpp"
 #include "broker/server/ops/call.hpp"
 #include "broker/server/ops/dispatch.hpp"
 #include "broker/server/session/busy_time.hpp"
 #include "broker/server/session/capture.hpp"
 #include "broker/server/session/streams.hpp"
+#include "common/log.hpp"
 
 namespace mpsshim::server {
 
 void note_not_owned(Call& call, std::string_view what) {
   Session& session = call.session;
-  const bool first = !session.not_owned_logged;
-  session.not_owned_logged = true;
+  const bool first = !session.refusals_logged.not_owned;
+  session.refusals_logged.not_owned = true;
   log_at(first ? LogLevel::kWarn : LogLevel::kDebug,
          "{} named {} in a {} record, which is not one of its own; refused{}", session.who(), what,
          op_name(call.op()), first ? " (later ones are logged at debug level)" : "");
@@ -106,7 +106,7 @@ OpResult refuse_over_limit(Call& call, std::uint64_t asked, std::string_view wha
                            MemoryLimitHit hit) {
   const Session& s = call.session;
   if (hit == MemoryLimitHit::kAllocation) {
-    const AllocationAccount& shared = *s.allocation;
+    const AllocationAccount& shared = *s.charge.allocation();
     log_warn(
         "{} asked for {} of {}; its allocation {} shares a limit of {} among all its clients on "
         "this GPU, which already use {} (set by the Kubernetes device plugin's sharing config; "
@@ -116,17 +116,17 @@ OpResult refuse_over_limit(Call& call, std::uint64_t asked, std::string_view wha
     return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   }
   const char* source =
-      s.limit_from_operator
+      s.charge.limit_source() == LimitSource::kOperator
           ? "set by the operator with mpsshimctl set_device_pinned_mem_limit; raise it the same "
             "way"
-      : s.limit_from_client
+      : s.charge.limit_source() == LimitSource::kClient
           ? "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; raise it in the client's environment"
           : "the server's default; the operator changes it with mpsshimctl "
             "set_default_device_pinned_mem_limit, or for this client with mpsshimctl "
             "set_device_pinned_mem_limit";
   log_warn("{} asked for {} of {}; its limit is {} ({}) and it already uses {}", s.who(),
-           format_bytes(asked), what, format_bytes(s.memory_limit), source,
-           format_bytes(s.memory_used));
+           format_bytes(asked), what, format_bytes(s.charge.limit()), source,
+           format_bytes(s.charge.used()));
   return call.done(CUDA_ERROR_OUT_OF_MEMORY);
 }
 

@@ -5,11 +5,11 @@
 #include <algorithm>
 #include <limits>
 
-#include "broker/server/base/log.hpp"
 #include "broker/server/ops/array_format.hpp"
 #include "broker/server/ops/ops.hpp"
 #include "broker/server/session/busy_time.hpp"
 #include "broker/server/session/retire.hpp"
+#include "common/log.hpp"
 #include "proto/ops_copies.hpp"
 
 namespace mpsshim::server {
@@ -279,7 +279,7 @@ OpResult op_array_create(Call& call) {
                      std::max<std::uint64_t>(d.depth, 1) * element;
   if (bytes > kMax64) return call.done(CUDA_ERROR_INVALID_VALUE);
   const std::uint64_t charged = charged_at_creation(d, static_cast<std::uint64_t>(bytes));
-  auto held = session.reserve_memory(charged);
+  auto held = session.charge.reserve(charged);
   if (!held) return refuse_over_limit(call, charged, "a CUDA array", held.error());
 
   const CUDA_ARRAY3D_DESCRIPTOR desc = driver_descriptor(d);
@@ -304,7 +304,7 @@ OpResult op_array_destroy(Call& call) {
   // A level of a mipmapped array: the handle goes, the level stays its mipmapped array's (the
   // driver answers success here too).
   if (array->mipmap != 0) return call.done();
-  session.release_memory(array->charged);
+  session.charge.release(array->charged);
   drop_tile_pools(session, array->tile_pools);
   Retired bundle;
   bundle.arrays.push_back(array->array);

@@ -366,7 +366,7 @@ DispatchOutcome dispatch_record(Session& session, std::span<const std::byte> rec
 
   Call call(session, header, payload);
   const std::uint64_t started = SessionStats::now_ns();
-  session.record_taken_ns = started;
+  session.stamps.record_taken_ns = started;
   const bool profile_heap = heap_profile_on();  // one branch per record when off
   const std::int64_t heap_before = profile_heap ? heap_in_use_bytes() : 0;
   OpResult result = spec->run(call);

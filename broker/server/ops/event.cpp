@@ -1,9 +1,9 @@
-#include "broker/server/base/log.hpp"
 #include "broker/server/ops/ops.hpp"
 #include "broker/server/session/busy_time.hpp"
 #include "broker/server/session/capture.hpp"
 #include "broker/server/session/limit_check.hpp"
 #include "broker/server/session/streams.hpp"
+#include "common/log.hpp"
 
 namespace mpsshim::server {
 namespace {
@@ -32,16 +32,16 @@ OpResult record_interprocess(Call& call, IpcEvent& shared, const proto::EventRec
 // SM quota change (an event records only on streams of its own green context; waits on its
 // earlier record keep the old one: sm_quota_change.hpp).
 tl::expected<CUevent, CUresult> event_to_record(Session& session, EventObj& event) {
-  if (event.green_generation != session.green_generation) {
+  if (event.green_generation != session.quota_changes.generation) {
     auto fresh = session.create_event(event.flags);
     if (!fresh) return tl::unexpected(fresh.error());
     if (event.in_graph) {
-      session.graph_events.push_back(event.event);  // a graph's node still names it
+      session.quota_changes.graph_events.push_back(event.event);  // a graph's node still names it
     } else {
       session.destroy_client_event(event.event);
     }
     event.event = *fresh;
-    event.green_generation = session.green_generation;
+    event.green_generation = session.quota_changes.generation;
   }
   return event.event;
 }
@@ -63,8 +63,8 @@ OpResult op_event_create(Call& call) {
     return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   auto event = session.create_event(req.flags);
   if (!event) return call.done(event.error());
-  std::uint64_t id =
-      session.objects.insert(EventObj{*event, req.ctx, req.flags, session.green_generation, {}});
+  std::uint64_t id = session.objects.insert(
+      EventObj{*event, req.ctx, req.flags, session.quota_changes.generation, {}});
   if (id == 0) {
     call.cu.cuEventDestroy_v2(*event);
     return call.done(CUDA_ERROR_OUT_OF_MEMORY);

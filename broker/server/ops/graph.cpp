@@ -103,7 +103,7 @@ void forget_graph(Session& session, std::uint64_t graph_id) {
   // Its memory nodes' memory stops counting against the client (graph_memory.hpp).
   for (const DeviceRange& r : session.memory.remove_if(
            [&](const DeviceRange& r) { return is_graph_memory(r) && r.owner == graph_id; })) {
-    session.release_memory(r.bytes);
+    session.charge.release(r.bytes);
   }
   auto graph = session.objects.take<GraphObj>(graph_id);
   if (!graph) return;

@@ -15,12 +15,12 @@
 #include <optional>
 #include <vector>
 
-#include "broker/server/base/log.hpp"
 #include "broker/server/ops/graph_targets.hpp"
 #include "broker/server/ops/launch_attributes.hpp"
 #include "broker/server/ops/ops.hpp"
 #include "broker/server/ops/stream_mem_op.hpp"
 #include "broker/server/session/limit_check.hpp"
+#include "common/log.hpp"
 #include "proto/ops_graph_nodes.hpp"
 
 namespace mpsshim::server {

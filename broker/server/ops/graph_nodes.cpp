@@ -9,13 +9,13 @@
 #include <memory>
 #include <vector>
 
-#include "broker/server/base/log.hpp"
 #include "broker/server/ops/graph_targets.hpp"
 #include "broker/server/ops/ops.hpp"
 #include "broker/server/session/graph_memory.hpp"
 #include "broker/server/session/host_callbacks.hpp"
 #include "broker/server/session/limit_check.hpp"
 #include "broker/server/session/retire.hpp"
+#include "common/log.hpp"
 #include "proto/ops_graph_nodes.hpp"
 
 namespace mpsshim::server {
@@ -119,7 +119,7 @@ OpResult op_graph_add_mem_alloc_node(Call& call) {
   if (req.bytes == 0) return call.done(CUDA_ERROR_INVALID_VALUE);
   if (!within_client_limit(session, ClientLimit::kAllocations))
     return call.done(CUDA_ERROR_OUT_OF_MEMORY);
-  auto held = session.reserve_memory(req.bytes);
+  auto held = session.charge.reserve(req.bytes);
   if (!held) return refuse_over_limit(call, req.bytes, "graph memory", held.error());
   CUDA_MEM_ALLOC_NODE_PARAMS params{};
   params.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;

@@ -55,7 +55,7 @@ OpResult op_green_resource(Call& call) {
     if (ctx == nullptr) return call.done(CUDA_ERROR_INVALID_CONTEXT);
     if (ctx->green != nullptr) {
       green = ctx->green;
-      may_split = ctx->green_generation == session.green_generation;
+      may_split = ctx->green_generation == session.quota_changes.generation;
     }
   }
   if (req.type != CU_DEV_RESOURCE_TYPE_SM) return call.done(CUDA_ERROR_INVALID_RESOURCE_TYPE);
@@ -176,7 +176,7 @@ OpResult op_green_ctx_create(Call& call) {
   }
   ContextObj context;
   context.green = green;
-  context.green_generation = session.green_generation;
+  context.green_generation = session.quota_changes.generation;
   const std::uint64_t ctx_id = session.objects.insert(std::move(context));
   StreamObj default_stream;
   default_stream.stream = stream;

@@ -4,13 +4,13 @@
 
 #include <limits>
 
-#include "broker/server/base/log.hpp"
 #include "broker/server/ops/ops.hpp"
 #include "broker/server/session/busy_time.hpp"
 #include "broker/server/session/capture.hpp"
 #include "broker/server/session/client_socket.hpp"
 #include "broker/server/session/limit_check.hpp"
 #include "broker/server/session/retire.hpp"
+#include "common/log.hpp"
 
 namespace mpsshim::server {
 namespace {

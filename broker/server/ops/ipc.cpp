@@ -1,7 +1,6 @@
 // cuIpcGetMemHandle, cuIpcOpenMemHandle, cuIpcCloseMemHandle, cuIpcGetEventHandle and
 // cuIpcOpenEventHandle between clients of this server (docs/ipc.md). The registry
 // (ipc_registry.hpp) says what a handle names and who may open it; lifetimes: ipc_memory.hpp.
-#include "broker/server/base/log.hpp"
 #include "broker/server/driver/device_heap.hpp"
 #include "broker/server/driver/driver.hpp"
 #include "broker/server/ops/ops.hpp"
@@ -9,6 +8,7 @@
 #include "broker/server/session/limit_check.hpp"
 #include "broker/server/session/pools.hpp"
 #include "broker/server/session/retire.hpp"
+#include "common/log.hpp"
 #include "proto/ops_ipc.hpp"
 
 namespace mpsshim::server {
@@ -44,12 +44,13 @@ OpResult op_ipc_get_mem_handle(Call& call) {
     }
   }
   proto::IpcHandle handle{};
-  if (auto it = session.ipc_exports.find(range->base); it != session.ipc_exports.end()) {
+  if (auto it = session.ipc_memory.exports.find(range->base);
+      it != session.ipc_memory.exports.end()) {
     handle = it->second.handle;
   } else {
     auto [memory, fresh] = session.ipc().export_memory(range->base, range->bytes, owner_of(session),
-                                                       session.ipc_returned);
-    session.ipc_exports.emplace(range->base, Session::IpcExport{std::move(memory), fresh});
+                                                       session.charge.returned());
+    session.ipc_memory.exports.emplace(range->base, IpcHoldings::Export{std::move(memory), fresh});
     handle = fresh;
     log_debug("{} exported allocation {:#x} ({})", session.who(), range->base,
               format_bytes(range->bytes));
@@ -69,7 +70,8 @@ OpResult op_ipc_open_mem_handle(Call& call) {
   const std::shared_ptr<IpcMemory>& memory = *found;
   const proto::IpcOpenMemRep reply{memory->base, memory->bytes};
   // Open already: one more open of the same pointer, as the driver counts them.
-  if (auto it = session.ipc_imports.find(memory->base); it != session.ipc_imports.end()) {
+  if (auto it = session.ipc_memory.imports.find(memory->base);
+      it != session.ipc_memory.imports.end()) {
     ++it->second.opens;
     return call.reply(reply);
   }
@@ -88,7 +90,7 @@ OpResult op_ipc_open_mem_handle(Call& call) {
     session.ipc().drop_opener(*memory);
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
-  session.ipc_imports.emplace(memory->base, Session::IpcImport{memory, 1});
+  session.ipc_memory.imports.emplace(memory->base, IpcHoldings::Import{memory, 1});
   log_debug("{} opened allocation {:#x} ({}) of client {}", session.who(), memory->base,
             format_bytes(memory->bytes), memory->owner.client);
   return call.reply(reply);
@@ -102,8 +104,8 @@ OpResult op_ipc_close_mem_handle(Call& call) {
     note_not_owned(call, fmt::format("opened IPC memory {:#x}", req.dptr));
     return call.done(CUDA_ERROR_INVALID_VALUE);
   }
-  const auto it = session.ipc_imports.find(req.dptr);
-  const proto::IpcCloseRep reply{it == session.ipc_imports.end() ? 0u : it->second.opens, 0};
+  const auto it = session.ipc_memory.imports.find(req.dptr);
+  const proto::IpcCloseRep reply{it == session.ipc_memory.imports.end() ? 0u : it->second.opens, 0};
   if (!freed.allocations.empty()) {
     if (CUresult r = retire(session, std::move(freed)); r != CUDA_SUCCESS) return call.done(r);
   }
@@ -122,9 +124,10 @@ OpResult op_ipc_get_event_handle(Call& call) {
     // event was made in the green context of its generation; a record from now on uses one of
     // the client's current green context (IpcEvent::in_context).
     auto shared = std::make_shared<IpcEvent>(session.ipc(), call.cu, event->flags);
-    shared->adopt(
-        event->green_generation == session.green_generation ? session.green.context : nullptr,
-        event->event);
+    shared->adopt(event->green_generation == session.quota_changes.generation
+                      ? session.green.context
+                      : nullptr,
+                  event->event);
     event->event = nullptr;
     session.ipc().export_event(shared, owner_of(session));
     event->ipc = std::move(shared);
@@ -142,7 +145,7 @@ OpResult op_ipc_open_event_handle(Call& call) {
   if (!found) return refuse_open(call, found.error());
   if (!within_client_limit(session, ClientLimit::kEvents))
     return call.done(CUDA_ERROR_OUT_OF_MEMORY);
-  EventObj opened{nullptr, req.ctx, (*found)->flags(), session.green_generation, *found};
+  EventObj opened{nullptr, req.ctx, (*found)->flags(), session.quota_changes.generation, *found};
   std::uint64_t id = session.objects.insert(std::move(opened));
   if (id == 0) return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   return call.reply(proto::EventCreateRep{id});

@@ -39,7 +39,7 @@ OpResult op_launch_kernel(Call& call) {
                     req.attribute_count, req.args_bytes));
   }
   Session& session = call.session;
-  if (answer_stamps_on()) session.launch_taken_ns = session.record_taken_ns;
+  if (answer_stamps_on()) session.stamps.launch_taken_ns = session.stamps.record_taken_ns;
   LaunchBatcher& batch = session.launch_batch;
   // Whether this launch may join the session's batch (launch_batch.hpp): batching is on, and
   // nothing about the launch needs more than a kernel node of a chain launched into the stream
@@ -134,7 +134,7 @@ OpResult op_launch_kernel(Call& call) {
   config.numAttrs = req.attribute_count;
   CUresult r =
       call.cu.cuLaunchKernelEx(&config, function, nullptr, args_size != 0 ? extra : nullptr);
-  if (answer_stamps_on()) session.launch_issued_ns = SessionStats::now_ns();
+  if (answer_stamps_on()) session.stamps.launch_issued_ns = SessionStats::now_ns();
   if (r == CUDA_SUCCESS) ++session.launches;
   return finish_on_stream(call, *stream, r);
 }

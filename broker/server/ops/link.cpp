@@ -13,10 +13,10 @@
 #include <cstring>
 #include <string>
 
-#include "broker/server/base/log.hpp"
 #include "broker/server/ops/ops.hpp"
 #include "broker/server/session/client_socket.hpp"
 #include "broker/server/session/limit_check.hpp"
+#include "common/log.hpp"
 #include "proto/fd_io.hpp"
 #include "proto/image_extent.hpp"
 #include "proto/ops_graph_nodes.hpp"

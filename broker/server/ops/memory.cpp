@@ -1,7 +1,6 @@
 #include <algorithm>
 #include <limits>
 
-#include "broker/server/base/log.hpp"
 #include "broker/server/ops/ops.hpp"
 #include "broker/server/session/busy_time.hpp"
 #include "broker/server/session/graph_memory.hpp"
@@ -9,6 +8,7 @@
 #include "broker/server/session/limit_check.hpp"
 #include "broker/server/session/pools.hpp"
 #include "broker/server/session/retire.hpp"
+#include "common/log.hpp"
 
 namespace mpsshim::server {
 namespace {
@@ -47,7 +47,7 @@ OpResult op_mem_alloc(Call& call) {
   if (!within_client_limit(session, ClientLimit::kAllocations))
     return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   if (req.bytes == 0) return call.done(CUDA_ERROR_INVALID_VALUE);
-  auto held = session.reserve_memory(req.bytes);
+  auto held = session.charge.reserve(req.bytes);
   if (!held) return refuse_over_limit(call, req.bytes, "device memory", held.error());
   CUdeviceptr dptr = 0;
   if (CUresult r = allocate_device(session, req.bytes, &dptr); r != CUDA_SUCCESS) {
@@ -73,7 +73,7 @@ OpResult op_mem_alloc_pitch(Call& call) {
   if (!within_client_limit(session, ClientLimit::kAllocations))
     return call.done(CUDA_ERROR_OUT_OF_MEMORY);
   const std::uint64_t asked = req.width_bytes * req.height;
-  auto held = session.reserve_memory(asked);
+  auto held = session.charge.reserve(asked);
   if (!held) return refuse_over_limit(call, asked, "device memory", held.error());
   CUdeviceptr dptr = 0;
   std::size_t pitch = 0;
@@ -98,7 +98,7 @@ OpResult op_mem_alloc_pitch(Call& call) {
   }
   std::uint64_t bytes = std::uint64_t{pitch} * req.height;
   // The padding of each row counts: it is device memory the client holds.
-  auto padding = session.reserve_memory(bytes - std::min(bytes, asked));
+  auto padding = session.charge.reserve(bytes - std::min(bytes, asked));
   if (!padding) {
     free_device(session, dptr);
     return refuse_over_limit(call, bytes, "device memory", padding.error());
@@ -137,26 +137,27 @@ OpResult op_mem_free(Call& call) {
   // Exported and opened by another client: it stays for them, charged to this client until
   // the last of them closes it (docs/ipc.md).
   if (ipc_hand_over(session, req.dptr)) return call.done();
-  session.release_memory(bundle.allocations.back().bytes);
+  session.charge.release(bundle.allocations.back().bytes);
   return call.done(retire(session, std::move(bundle)));
 }
 
 OpResult op_mem_get_info(Call& call) {
   Session& session = call.session;
-  session.take_back_ipc_bytes();
+  session.charge.take_back_returned();
   std::size_t free_bytes = 0, total_bytes = 0;
   if (CUresult r = call.cu.cuMemGetInfo_v2(&free_bytes, &total_bytes); r != CUDA_SUCCESS) {
     return call.done(r);
   }
   proto::MemGetInfoRep rep{free_bytes, total_bytes};
-  if (session.memory_limit != 0) {
-    std::uint64_t left = session.memory_limit - std::min(session.memory_limit, session.memory_used);
-    rep.total_bytes = std::min<std::uint64_t>(total_bytes, session.memory_limit);
+  if (session.charge.limit() != 0) {
+    std::uint64_t left =
+        session.charge.limit() - std::min(session.charge.limit(), session.charge.used());
+    rep.total_bytes = std::min<std::uint64_t>(total_bytes, session.charge.limit());
     rep.free_bytes = std::min<std::uint64_t>(free_bytes, left);
   }
   // What the allocation's other clients use is not free for this one either.
-  if (session.allocation && session.allocation->limit() != 0) {
-    const AllocationAccount& shared = *session.allocation;
+  if (session.charge.allocation() && session.charge.allocation()->limit() != 0) {
+    const AllocationAccount& shared = *session.charge.allocation();
     rep.total_bytes = std::min<std::uint64_t>(rep.total_bytes, shared.limit());
     rep.free_bytes = std::min<std::uint64_t>(
         rep.free_bytes, shared.limit() - std::min(shared.limit(), shared.used()));

@@ -12,7 +12,6 @@
 // memory) and servers without an arena.
 #include <algorithm>
 
-#include "broker/server/base/log.hpp"
 #include "broker/server/driver/device_heap.hpp"
 #include "broker/server/driver/driver.hpp"
 #include "broker/server/ops/ops.hpp"
@@ -21,6 +20,7 @@
 #include "broker/server/session/limit_check.hpp"
 #include "broker/server/session/pools.hpp"
 #include "broker/server/session/retire.hpp"
+#include "common/log.hpp"
 
 namespace mpsshim::server {
 namespace {
@@ -37,8 +37,8 @@ CUresult create_pool(Session& session, std::uint64_t max_bytes, unsigned short u
   props.location.id = session.gpu().device;
   props.usage = usage;
   std::uint64_t bound = max_bytes;
-  if (session.memory_limit != 0) {
-    const std::uint64_t limit = proto::round_up(session.memory_limit, kPoolGranule);
+  if (session.charge.limit() != 0) {
+    const std::uint64_t limit = proto::round_up(session.charge.limit(), kPoolGranule);
     bound = bound == 0 ? limit : std::min(bound, limit);
   }
   props.maxSize = static_cast<std::size_t>(bound);
@@ -238,7 +238,7 @@ OpResult op_mem_alloc_async(Call& call) {
   CUresult error = CUDA_SUCCESS;
   PoolObj* pool = find_pool(session, req.pool, &pool_id, &error);
   if (pool == nullptr) return call.done(error);
-  auto held = session.reserve_memory(req.bytes);
+  auto held = session.charge.reserve(req.bytes);
   if (!held) {
     return refuse_over_limit(call, req.bytes, "device memory (cudaMallocAsync)", held.error());
   }
@@ -310,14 +310,14 @@ OpResult op_mem_free_async(Call& call) {
     // Exported (cuMemPoolExportPointer) and imported by another client: it stays for them,
     // charged to this client until the last of them frees its import (docs/ipc.md).
     if (ipc_hand_over(session, req.dptr)) return call.done();
-    session.release_memory(bundle.allocations.back().bytes);
+    session.charge.release(bundle.allocations.back().bytes);
     return call.done(retire(session, std::move(bundle)));
   }
   const std::uint64_t bytes = range->bytes;
   CUresult r = call.cu.cuMemFreeAsync(req.dptr, stream->stream);
   if (r == CUDA_SUCCESS) {
     session.memory.remove(req.dptr);
-    session.release_memory(bytes);
+    session.charge.release(bytes);
   }
   return finish_on_stream(call, *stream, r);
 }

@@ -48,7 +48,7 @@ OpResult op_mipmapped_array_create(Call& call) {
   const u128 bytes = levels_bytes(desc, levels, element);
   if (bytes > std::numeric_limits<std::uint64_t>::max()) return call.done(CUDA_ERROR_INVALID_VALUE);
   const std::uint64_t charged = charged_at_creation(d, static_cast<std::uint64_t>(bytes));
-  auto held = session.reserve_memory(charged);
+  auto held = session.charge.reserve(charged);
   if (!held) return refuse_over_limit(call, charged, "a mipmapped array", held.error());
   CUmipmappedArray mipmap = nullptr;
   // The driver decides whether `levels` fits the extent (CUDA_ERROR_INVALID_VALUE).
@@ -105,7 +105,7 @@ OpResult op_mipmapped_array_destroy(Call& call) {
            [&](const ArrayObj& a) { return a.mipmap == req.handle; })) {
     session.objects.take<ArrayObj>(id);
   }
-  session.release_memory(mipmap->charged);
+  session.charge.release(mipmap->charged);
   drop_tile_pools(session, mipmap->tile_pools);
   Retired bundle;
   bundle.mipmaps.push_back(mipmap->mipmap);

@@ -10,7 +10,6 @@
 #include <string_view>
 #include <vector>
 
-#include "broker/server/base/log.hpp"
 #include "broker/server/driver/driver.hpp"
 #include "broker/server/images/image.hpp"
 #include "broker/server/images/image_cache.hpp"
@@ -20,6 +19,7 @@
 #include "broker/server/session/client_socket.hpp"
 #include "broker/server/session/limit_check.hpp"
 #include "broker/server/session/retire.hpp"
+#include "common/log.hpp"
 #include "proto/fd_io.hpp"
 
 namespace mpsshim::server {

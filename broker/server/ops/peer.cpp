@@ -10,10 +10,10 @@
 
 #include <cstring>
 
-#include "broker/server/base/log.hpp"
 #include "broker/server/ops/ops.hpp"
 #include "broker/server/session/client_socket.hpp"
 #include "broker/server/session/retire.hpp"
+#include "common/log.hpp"
 #include "proto/address_arenas.hpp"
 #include "proto/control.hpp"
 
@@ -29,7 +29,8 @@ OpResult op_peer_export(Call& call) {
   // block is the exporter's either way, held by this session's open until it closes it.
   std::uint64_t owner = session.client.id;
   if (range != nullptr && range->kind == RangeKind::kOpened) {
-    if (auto opened = session.ipc_imports.find(range->base); opened != session.ipc_imports.end()) {
+    if (auto opened = session.ipc_memory.imports.find(range->base);
+        opened != session.ipc_memory.imports.end()) {
       owner = opened->second.memory->owner.client;
     }
   } else if (range != nullptr && range->kind != RangeKind::kAllocation) {

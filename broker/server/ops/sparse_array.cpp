@@ -14,8 +14,8 @@
 #include <cstring>
 #include <vector>
 
-#include "broker/server/base/log.hpp"
 #include "broker/server/ops/ops.hpp"
+#include "common/log.hpp"
 #include "proto/ops_sparse_array.hpp"
 
 namespace mpsshim::server {

@@ -7,10 +7,10 @@
 #include <limits>
 #include <vector>
 
-#include "broker/server/base/log.hpp"
 #include "broker/server/driver/driver.hpp"
 #include "broker/server/ops/ops.hpp"
 #include "broker/server/session/client_socket.hpp"
+#include "common/log.hpp"
 #include "proto/control.hpp"
 #include "proto/ops_vmm.hpp"
 
@@ -133,7 +133,7 @@ void release_if_unused(Session& session, std::uint64_t id) {
   // Shared and still open elsewhere: charged to this client until the last opener closes it.
   const bool still_open = allocation->shared && unshare_physical(session, allocation->shared);
   if (allocation->bytes != PhysicalAllocObj::kImportedBytes && !still_open) {
-    session.release_memory(allocation->bytes);
+    session.charge.release(allocation->bytes);
   }
   session.objects.take<PhysicalAllocObj>(id);
 }
@@ -165,7 +165,7 @@ OpResult op_vmm_create(Call& call) {
   if (CUresult r = driver_prop(session, req.prop, &prop); r != CUDA_SUCCESS) return call.done(r);
   // Charged before the driver is asked, to the client and to its allocation (the limit a pod's
   // clients share, docs/kubernetes.md); given back if the driver or the table refuses.
-  auto held = session.reserve_memory(req.bytes);
+  auto held = session.charge.reserve(req.bytes);
   if (!held) return refuse_over_limit(call, req.bytes, "device memory (cuMemCreate)", held.error());
   CUmemGenericAllocationHandle handle = 0;
   if (CUresult r = call.cu.cuMemCreate(&handle, static_cast<std::size_t>(req.bytes), &prop, 0);

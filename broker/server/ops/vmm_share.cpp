@@ -12,11 +12,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "broker/server/base/log.hpp"
 #include "broker/server/ops/ops.hpp"
 #include "broker/server/session/client_socket.hpp"
 #include "broker/server/session/ipc_memory.hpp"
 #include "broker/server/session/limit_check.hpp"
+#include "common/log.hpp"
 #include "proto/ops_vmm_share.hpp"
 
 namespace mpsshim::server {
@@ -61,7 +61,7 @@ OpResult op_vmm_share(Call& call) {
       return call.done(r);
     }
     auto [memory, handle] = session.ipc().export_physical(
-        proto::UniqueFd(exported), allocation->bytes, owner_of(session), session.ipc_returned);
+        proto::UniqueFd(exported), allocation->bytes, owner_of(session), session.charge.returned());
     allocation->shared = std::move(memory);
     allocation->shared_handle = handle;
     log_debug("{} shared a physical allocation of {}", session.who(),

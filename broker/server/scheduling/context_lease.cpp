@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "broker/server/base/log.hpp"
+#include "common/log.hpp"
 
 namespace mpsshim::server {
 

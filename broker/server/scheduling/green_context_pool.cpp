@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <utility>
 
-#include "broker/server/base/log.hpp"
 #include "broker/server/driver/driver.hpp"
+#include "common/log.hpp"
 
 namespace mpsshim::server {
 

@@ -53,8 +53,8 @@ bool fences_done(Session& session, const PrioritySettings& settings, Clock::time
     PriorityState::Fence& fence = p.fences[i];
     bool reached = false;
     if (fence.word.armed()) {
-      reached = session.host_fences.reached(fence.word);
-      if (reached) session.host_fences.release(fence.word);
+      reached = session.fences.words.reached(fence.word);
+      if (reached) session.fences.words.release(fence.word);
     } else if (ask_events) {
       // An error here is a fault the completions report; the fence is done either way.
       reached = session.cu().cuEventQuery(fence.event) != CUDA_ERROR_NOT_READY;
@@ -157,8 +157,8 @@ void priority_end_pass(Session& session, const PriorityBoard& board) {
     // crowded: then the CPU bounds throughput, and the word's cuStreamWriteValue32 costs ~1.9 us
     // of driver CPU against ~0.2 us for an event's record (host_fences.hpp), on every pass of
     // every below-normal client beside a normal one; the events' queries are rate-limited.
-    if (session.use_host_fences && !session.crowded) {
-      if (auto armed = session.host_fences.arm(session.cu(), stream)) {
+    if (session.fences.use_words && !session.fences.crowded) {
+      if (auto armed = session.fences.words.arm(session.cu(), stream)) {
         p.fences.push_back({*armed, nullptr});
         ++p.fenced;
         continue;
@@ -201,8 +201,8 @@ void priority_leave(Session& session, PriorityBoard& board) {
   for (const PriorityState::Fence& fence : p.fences) {
     if (!fence.word.armed()) {
       session.release_event(fence.event);
-    } else if (session.host_fences.reached(fence.word)) {
-      session.host_fences.release(fence.word);
+    } else if (session.fences.words.reached(fence.word)) {
+      session.fences.words.release(fence.word);
     }  // else its write may still land: the word stays out of use until the pages go
   }
   p.fences.clear();

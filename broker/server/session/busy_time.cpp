@@ -6,9 +6,9 @@ namespace mpsshim::server {
 namespace {
 
 tl::expected<CUevent, CUresult> acquire_timing_event(Session& session) {
-  if (!session.timing_pool.empty()) {
-    CUevent event = session.timing_pool.back();
-    session.timing_pool.pop_back();
+  if (!session.busy.timing_pool.empty()) {
+    CUevent event = session.busy.timing_pool.back();
+    session.busy.timing_pool.pop_back();
     return event;
   }
   return session.create_event(CU_EVENT_DEFAULT);  // with timing: cuEventElapsedTime needs it
@@ -22,36 +22,36 @@ bool stream_captures(Session& session, CUstream stream) {
 }
 
 void release_timing_event(Session& session, CUevent event) {
-  if (!session.destroy_if_stale(event)) session.timing_pool.push_back(event);
+  if (!session.destroy_if_stale(event)) session.busy.timing_pool.push_back(event);
 }
 
-Session::BusySpan* open_span_of(Session& session, CUstream stream) {
-  for (Session::BusySpan& span : session.busy_open) {
+BusySpans::Span* open_span_of(Session& session, CUstream stream) {
+  for (BusySpans::Span& span : session.busy.open) {
     if (span.stream == stream) return &span;
   }
   return nullptr;
 }
 
-// Ends `span` (one of session.busy_open, removed by the caller).
-void end_span(Session& session, Session::BusySpan span) {
+// Ends `span` (one of session.busy.open, removed by the caller).
+void end_span(Session& session, BusySpans::Span span) {
   // A stream that began capturing since: a record would land in the client's graph. The begin
   // event is simply reused later; this span's work goes unmeasured.
   if (stream_captures(session, span.stream)) {
-    session.timing_pool.push_back(span.begin);
+    session.busy.timing_pool.push_back(span.begin);
     return;
   }
   auto end = acquire_timing_event(session);
   if (!end) {
-    session.timing_pool.push_back(span.begin);
+    session.busy.timing_pool.push_back(span.begin);
     return;
   }
   if (session.cu().cuEventRecordWithFlags(*end, span.stream, 0) != CUDA_SUCCESS) {
-    session.timing_pool.push_back(span.begin);
-    session.timing_pool.push_back(*end);
+    session.busy.timing_pool.push_back(span.begin);
+    session.busy.timing_pool.push_back(*end);
     return;
   }
   span.end = *end;
-  session.busy_closed.push_back(span);
+  session.busy.closed.push_back(span);
 }
 
 }  // namespace
@@ -61,38 +61,38 @@ void open_busy_span(Session& session, CUstream stream) {
   // of the pass (priority_gate.hpp).
   priority_note_stream(session, stream);
   // Off (the server's default): no span ever opens, so nothing else here does any work.
-  if (!session.measure_busy) return;
+  if (!session.busy.on) return;
   if (open_span_of(session, stream) != nullptr || stream_captures(session, stream)) return;
   auto begin = acquire_timing_event(session);
   if (!begin) return;  // not measured; the work itself goes ahead
   if (session.cu().cuEventRecordWithFlags(*begin, stream, 0) != CUDA_SUCCESS) {
-    session.timing_pool.push_back(*begin);
+    session.busy.timing_pool.push_back(*begin);
     return;
   }
-  session.busy_open.push_back(Session::BusySpan{stream, *begin, nullptr});
+  session.busy.open.push_back(BusySpans::Span{stream, *begin, nullptr});
 }
 
 void close_busy_span(Session& session, CUstream stream) {
-  for (std::size_t i = 0; i < session.busy_open.size(); ++i) {
-    if (session.busy_open[i].stream != stream) continue;
-    Session::BusySpan span = session.busy_open[i];
-    session.busy_open.erase(session.busy_open.begin() + static_cast<std::ptrdiff_t>(i));
+  for (std::size_t i = 0; i < session.busy.open.size(); ++i) {
+    if (session.busy.open[i].stream != stream) continue;
+    BusySpans::Span span = session.busy.open[i];
+    session.busy.open.erase(session.busy.open.begin() + static_cast<std::ptrdiff_t>(i));
     end_span(session, span);
     return;
   }
 }
 
 void close_busy_spans(Session& session) {
-  std::vector<Session::BusySpan> open;
-  open.swap(session.busy_open);
-  for (const Session::BusySpan& span : open) end_span(session, span);
+  std::vector<BusySpans::Span> open;
+  open.swap(session.busy.open);
+  for (const BusySpans::Span& span : open) end_span(session, span);
 }
 
 std::size_t poll_busy(Session& session) {
   const DriverTable& cu = session.cu();
   std::size_t done = 0;
-  for (std::size_t i = 0; i < session.busy_closed.size();) {
-    const Session::BusySpan span = session.busy_closed[i];
+  for (std::size_t i = 0; i < session.busy.closed.size();) {
+    const BusySpans::Span span = session.busy.closed[i];
     CUresult r = cu.cuEventQuery(span.end);
     if (r == CUDA_ERROR_NOT_READY) {
       ++i;
@@ -107,7 +107,7 @@ std::size_t poll_busy(Session& session) {
     ++session.usage.busy_spans;
     release_timing_event(session, span.begin);
     release_timing_event(session, span.end);
-    session.busy_closed.erase(session.busy_closed.begin() + static_cast<std::ptrdiff_t>(i));
+    session.busy.closed.erase(session.busy.closed.begin() + static_cast<std::ptrdiff_t>(i));
     ++done;
   }
   return done;
@@ -115,15 +115,15 @@ std::size_t poll_busy(Session& session) {
 
 void drop_busy(Session& session) {
   const DriverTable& cu = session.cu();
-  for (const Session::BusySpan& span : session.busy_open) cu.cuEventDestroy_v2(span.begin);
-  for (const Session::BusySpan& span : session.busy_closed) {
+  for (const BusySpans::Span& span : session.busy.open) cu.cuEventDestroy_v2(span.begin);
+  for (const BusySpans::Span& span : session.busy.closed) {
     cu.cuEventDestroy_v2(span.begin);
     cu.cuEventDestroy_v2(span.end);
   }
-  for (CUevent event : session.timing_pool) cu.cuEventDestroy_v2(event);
-  session.busy_open.clear();
-  session.busy_closed.clear();
-  session.timing_pool.clear();
+  for (CUevent event : session.busy.timing_pool) cu.cuEventDestroy_v2(event);
+  session.busy.open.clear();
+  session.busy.closed.clear();
+  session.busy.timing_pool.clear();
 }
 
 }  // namespace mpsshim::server

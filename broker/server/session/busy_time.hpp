@@ -15,7 +15,7 @@
 // Cost: two cuEventRecord per stream and pass with work, one cuEventQuery and one
 // cuEventElapsedTime per span when polled. Measured on an H100 (harness, ResNet-50 b1 x 8) that
 // is a third of the aggregate throughput, so it is off unless the server runs with
-// --busy-time on (mpsshimd --busy-time on); Session::measure_busy. Everything here is owned by
+// --busy-time on (mpsshimd --busy-time on); Session::busy.on. Everything here is owned by
 // the session's worker.
 #pragma once
 

@@ -5,7 +5,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "broker/server/base/log.hpp"
+#include "common/log.hpp"
 #include "proto/unix_socket.hpp"
 
 namespace mpsshim::server {

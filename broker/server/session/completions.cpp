@@ -16,27 +16,27 @@ using Clock = std::chrono::steady_clock;
 // Advances the completion's waits from `done` on; true when all have completed. A wait on a
 // host fence is over when its word holds the fence's value; its event is queried only after
 // kFaultCheckInterval, then ever less often (fault_check_after), to learn of a fault that stops
-// the stream before the write (host_fences.hpp); one without a fence every Session::event_poll.
-// `now` is read once per poll, when first needed.
+// the stream before the write (host_fences.hpp); one without a fence every
+// Session::fences.event_poll. `now` is read once per poll, when first needed.
 bool advance(Session& session, Completion& c, std::optional<Clock::time_point>& now) {
   const DriverTable& cu = session.cu();
   while (c.done < c.waits.size()) {
     const Completion::Wait& w = c.waits[c.done];
     if (w.fence.armed()) {
-      if (session.host_fences.reached(w.fence)) {
+      if (session.fences.words.reached(w.fence)) {
         ++c.done;
         continue;
       }
       if (!now) now = Clock::now();
       if (*now < c.next_fault_check) return false;
       c.next_fault_check = *now + fault_check_after(++c.fault_checks);
-    } else if (session.event_poll.count() != 0) {
+    } else if (session.fences.event_poll.count() != 0) {
       // At most every event_poll: each cuEventQuery holds a driver lock that the launches of
       // every other worker wait for, and a worker waiting for a long synchronize would
       // otherwise ask on every pass (~every 2 us).
       if (!now) now = Clock::now();
       if (*now < c.next_fault_check) return false;
-      c.next_fault_check = *now + session.event_poll;
+      c.next_fault_check = *now + session.fences.event_poll;
     }
     CUresult r = cu.cuEventQuery(w.event);
     if (r == CUDA_ERROR_NOT_READY) return false;
@@ -69,8 +69,8 @@ bool still_waited_on(const Session& session, const Completion* except, CUevent e
 void release_waits(Session& session, Completion& c) {
   for (const Completion::Wait& w : c.waits) {
     // A word whose write may still be on its way stays out of circulation (host_fences.hpp).
-    if (w.fence.armed() && session.host_fences.reached(w.fence))
-      session.host_fences.release(w.fence);
+    if (w.fence.armed() && session.fences.words.reached(w.fence))
+      session.fences.words.release(w.fence);
     switch (w.owner) {
       case Completion::Owner::kPool:
         session.release_event(w.event);

@@ -9,7 +9,7 @@
 #include <chrono>
 #include <cstring>
 
-#include "broker/server/base/log.hpp"
+#include "common/log.hpp"
 #include "proto/futex.hpp"
 
 namespace mpsshim::server {

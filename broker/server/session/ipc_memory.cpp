@@ -1,13 +1,13 @@
 #include "broker/server/session/ipc_memory.hpp"
 
-#include "broker/server/base/log.hpp"
+#include "common/log.hpp"
 
 namespace mpsshim::server {
 
 CUresult log_ipc_refusal(Session& session, const IpcRefusal& refusal, const char* tried) {
   const auto bit = static_cast<std::uint8_t>(1u << static_cast<unsigned>(refusal.kind));
-  const bool first = (session.ipc_refusals_logged & bit) == 0;
-  session.ipc_refusals_logged |= bit;
+  const bool first = (session.ipc_memory.refusals_logged & bit) == 0;
+  session.ipc_memory.refusals_logged |= bit;
   log_at(first ? LogLevel::kWarn : LogLevel::kDebug, "{} (uid {}) tried to {} {}; refused{}",
          session.who(), session.client.uid, tried, refusal.why,
          first ? " (later refusals of this kind are logged at debug level)" : "");
@@ -15,10 +15,10 @@ CUresult log_ipc_refusal(Session& session, const IpcRefusal& refusal, const char
 }
 
 bool ipc_hand_over(Session& session, std::uint64_t base) {
-  auto it = session.ipc_exports.find(base);
-  if (it == session.ipc_exports.end()) return false;
+  auto it = session.ipc_memory.exports.find(base);
+  if (it == session.ipc_memory.exports.end()) return false;
   std::shared_ptr<IpcMemory> memory = std::move(it->second.memory);
-  session.ipc_exports.erase(it);
+  session.ipc_memory.exports.erase(it);
   if (session.ipc().unexport_memory(*memory)) return false;
   log_info(
       "{} let go of its allocation {:#x} ({}) while other clients have it open: it stays for "
@@ -28,11 +28,11 @@ bool ipc_hand_over(Session& session, std::uint64_t base) {
 }
 
 bool ipc_close(Session& session, std::uint64_t base, Retired& into, bool all) {
-  auto it = session.ipc_imports.find(base);
-  if (it == session.ipc_imports.end()) return false;
+  auto it = session.ipc_memory.imports.find(base);
+  if (it == session.ipc_memory.imports.end()) return false;
   if (!all && --it->second.opens != 0) return true;
   std::shared_ptr<IpcMemory> memory = std::move(it->second.memory);
-  session.ipc_imports.erase(it);
+  session.ipc_memory.imports.erase(it);
   session.memory.remove(base);
   if (session.ipc().drop_opener(*memory)) {
     // The exporter let go of it before: freed behind this client's work, charged to no one
@@ -48,12 +48,12 @@ bool ipc_close(Session& session, std::uint64_t base, Retired& into, bool all) {
 }
 
 void ipc_end_session(Session& session, Retired& into) {
-  while (!session.ipc_exports.empty()) {
-    const std::uint64_t base = session.ipc_exports.begin()->first;
+  while (!session.ipc_memory.exports.empty()) {
+    const std::uint64_t base = session.ipc_memory.exports.begin()->first;
     if (ipc_hand_over(session, base)) session.memory.remove(base);
   }
-  while (!session.ipc_imports.empty()) {
-    ipc_close(session, session.ipc_imports.begin()->first, into, true);
+  while (!session.ipc_memory.imports.empty()) {
+    ipc_close(session, session.ipc_memory.imports.begin()->first, into, true);
   }
 }
 

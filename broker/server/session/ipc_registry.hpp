@@ -7,7 +7,7 @@
 // (Session::ipc). The sessions of one server live on different worker threads, so the entries
 // and the open counts are behind one mutex, held only to find, add or remove an entry or to
 // count an opener, never across a driver call. What a session exported or opened is listed in
-// the session itself (Session::ipc_exports / ipc_imports), owned by its worker.
+// the session itself (Session::ipc_memory), owned by its worker.
 #pragma once
 
 #include <cuda.h>
@@ -40,7 +40,7 @@ struct IpcOwner {
 // Device memory an exporter freed while others still held it open stays charged to the
 // exporter until the last of them closes it. That close runs on the closer's worker, which
 // only adds the bytes here; the exporter's worker gives them back at its next charge
-// (Session::take_back_ipc_bytes). Shared by a session and its exports.
+// (MemoryCharge::take_back_returned). Shared by a session and its exports.
 struct IpcReturnedBytes {
   std::atomic<std::uint64_t> bytes{0};
 };

@@ -1,7 +1,7 @@
 #include "broker/server/session/limit_check.hpp"
 
-#include "broker/server/base/log.hpp"
 #include "broker/server/session/host_callbacks.hpp"
+#include "common/log.hpp"
 
 namespace mpsshim::server {
 namespace {
@@ -15,8 +15,8 @@ std::string amount(ClientLimit limit, std::uint64_t n) {
 // lines.
 bool first_time(Session& session, ClientLimit limit) {
   const std::uint32_t bit = 1u << static_cast<unsigned>(limit);
-  const bool first = (session.limits_logged & bit) == 0;
-  session.limits_logged |= bit;
+  const bool first = (session.refusals_logged.limits & bit) == 0;
+  session.refusals_logged.limits |= bit;
   return first;
 }
 
@@ -44,7 +44,7 @@ std::uint64_t held_of(const Session& session, ClientLimit limit) {
     case ClientLimit::kInFlight:
       return session.pending.size() + session.retiring.size();
     case ClientLimit::kIpcOpens:  // cuIpc opens and shared VMM opens alike
-      return session.ipc_imports.size() + session.vmm.shared_opens.size();
+      return session.ipc_memory.imports.size() + session.vmm.shared_opens.size();
     case ClientLimit::kCount:
       break;
   }

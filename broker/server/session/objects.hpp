@@ -26,7 +26,7 @@ struct ContextObj {
   // of its quota: its streams are made in it, and it is destroyed after them. Null: the
   // context's streams are made in the client's quota (Session::green).
   CUgreenCtx green = nullptr;
-  std::uint32_t green_generation = 0;  // Session::green_generation when it was made
+  std::uint32_t green_generation = 0;  // Session::quota_changes.generation when it was made
   // A stream of `green` that cuCtxRecordEvent records from (ops/event.cpp), made at the first;
   // fenced and destroyed before `green` when the green context goes (retire.cpp).
   CUstream record_stream = nullptr;
@@ -65,8 +65,8 @@ struct EventObj {
   CUevent event = nullptr;
   std::uint64_t ctx = 0;
   unsigned flags = 0;
-  // Session::green_generation when it was made: cuda.h has an event record only on streams of
-  // its own context, so after a live SM quota change its next record gets a fresh one
+  // Session::quota_changes.generation when it was made: cuda.h has an event record only on streams
+  // of its own context, so after a live SM quota change its next record gets a fresh one
   // (sm_quota_change.hpp; the documented rule, which an H200's driver does not enforce between
   // green contexts of one device: tools/probes/green_nested.cu).
   std::uint32_t green_generation = 0;
@@ -74,7 +74,8 @@ struct EventObj {
   // and the event lives in the IpcEvent, shared with the other clients that hold it.
   std::shared_ptr<IpcEvent> ipc;
   // Named by an event record or wait node (ops/graph_nodes.cpp): the driver event is then never
-  // destroyed before the session's graphs; a quota change parks it in Session::graph_events.
+  // destroyed before the session's graphs; a quota change parks it in
+  // Session::quota_changes.graph_events.
   bool in_graph = false;
   // What a query, a synchronize or a stream wait looks at.
   CUevent driver_event() const { return ipc ? ipc->latest() : event; }

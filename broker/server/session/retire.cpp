@@ -9,13 +9,13 @@
 #include <algorithm>
 
 #include "broker/server/accounting/heap_profile.hpp"
-#include "broker/server/base/log.hpp"
 #include "broker/server/session/completions.hpp"
 #include "broker/server/session/graph_memory.hpp"
 #include "broker/server/session/host_callbacks.hpp"
 #include "broker/server/session/pools.hpp"
 #include "broker/server/session/streams.hpp"
 #include "broker/server/session/virtual_memory.hpp"
+#include "common/log.hpp"
 
 namespace mpsshim::server {
 namespace {
@@ -57,14 +57,14 @@ void take_arrays_and_textures(Session& session, Retired& bundle, Pred pred,
        session.objects.ids_where<ArrayObj>([&](const ArrayObj& a) { return pred(a.ctx); })) {
     auto array = session.objects.take<ArrayObj>(id);
     if (array->mipmap != 0) continue;  // a level: its mipmapped array's, freed with it
-    session.release_memory(array->charged);
+    session.charge.release(array->charged);
     if (drop_holds) drop_tile_pools(session, array->tile_pools);
     bundle.arrays.push_back(array->array);
   }
   for (std::uint64_t id : session.objects.ids_where<MipmappedArrayObj>(
            [&](const MipmappedArrayObj& m) { return pred(m.ctx); })) {
     auto mipmap = session.objects.take<MipmappedArrayObj>(id);
-    session.release_memory(mipmap->charged);
+    session.charge.release(mipmap->charged);
     if (drop_holds) drop_tile_pools(session, mipmap->tile_pools);
     bundle.mipmaps.push_back(mipmap->mipmap);
   }
@@ -236,7 +236,7 @@ CUresult retire_context(Session& session, std::uint64_t ctx_id) {
            return r.kind == RangeKind::kAllocation && r.owner == ctx_id;
          })) {
       if (ipc_hand_over(session, a.base)) continue;  // others have it open (ipc_memory.hpp)
-      session.release_memory(a.bytes);
+      session.charge.release(a.bytes);
       bundle.allocations.push_back(a);
     }
     take_arrays_and_textures(session, bundle,
@@ -314,12 +314,12 @@ FreedTally free_everything(Session& session) {
   }
   end_open_captures(session);  // no capture may still fill a graph destroyed below
   tally.graphs += forget_graphs(session);
-  for (CUevent event : session.graph_events) cu.cuEventDestroy_v2(event);
-  session.graph_events.clear();
+  for (CUevent event : session.quota_changes.graph_events) cu.cuEventDestroy_v2(event);
+  session.quota_changes.graph_events.clear();
   free_retired(session, rest, &tally);
   free_virtual_memory(session, tally);
   if (DeviceHeap* heap = session.gpu().heap.get()) heap->forget_owner(session.client.id);
-  session.release_memory(session.memory_used);
+  session.charge.release(session.charge.used());
   session.usage.pinned_bytes = 0;
   destroy_pools(session);  // after their allocations (pool memory is freed with cuMemFree)
   if (session.callbacks) {
@@ -356,7 +356,7 @@ FreedTally free_everything(Session& session) {
   session.active_captures = 0;
   for (CUevent event : session.event_pool) cu.cuEventDestroy_v2(event);
   session.event_pool.clear();
-  session.host_fences.release_all(cu);  // the streams are idle: no write is on its way
+  session.fences.words.release_all(cu);  // the streams are idle: no write is on its way
 
   if (session.staging_registered) {
     warn_if_failed(session, cu.cuMemHostUnregister(session.segment.staging()),
@@ -369,12 +369,12 @@ FreedTally free_everything(Session& session) {
                    "giving back its green context");
     session.green = GreenContext{};
   }
-  for (GreenContext& earlier : session.earlier_greens) {
+  for (GreenContext& earlier : session.quota_changes.earlier_greens) {
     warn_if_failed(session, session.green_pool().give_back(std::move(earlier)),
                    "giving back a green context");
   }
-  session.earlier_greens.clear();
-  session.stale_events.clear();  // each was destroyed by whoever held it
+  session.quota_changes.earlier_greens.clear();
+  session.quota_changes.stale_events.clear();  // each was destroyed by whoever held it
   session.stash.clear();
   return tally;
 }

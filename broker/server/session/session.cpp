@@ -7,8 +7,8 @@
 #include <cstring>
 
 #include "broker/server/base/answer_stamps.hpp"
-#include "broker/server/base/log.hpp"
 #include "broker/server/driver/driver.hpp"
+#include "common/log.hpp"
 #include "proto/futex.hpp"
 
 namespace mpsshim::server {
@@ -20,44 +20,6 @@ Session::Session(const Gpu& gpu, GreenContextPool& green_pool, IpcRegistry& ipc,
       gpu_(&gpu),
       green_pool_(&green_pool),
       ipc_(&ipc) {}
-
-MemoryReservation::~MemoryReservation() {
-  if (session_ != nullptr) session_->release_memory(bytes_);
-}
-
-void MemoryReservation::keep() {
-  if (session_ == nullptr) return;
-  // The peak is what the client held, not what it asked for and the driver refused.
-  session_->usage.memory_peak = std::max(session_->usage.memory_peak, session_->memory_used);
-  session_ = nullptr;
-}
-
-tl::expected<MemoryReservation, MemoryLimitHit> Session::reserve_memory(std::uint64_t bytes) {
-  take_back_ipc_bytes();
-  // The allocation's limit first: a client of one is usually given that same limit as its own,
-  // and the refusal should name the shared one.
-  if (allocation && !allocation->try_charge(bytes)) {
-    return tl::unexpected(MemoryLimitHit::kAllocation);
-  }
-  if (over_limit(bytes)) {
-    if (allocation) allocation->release(bytes);
-    return tl::unexpected(MemoryLimitHit::kClient);
-  }
-  memory_used += bytes;
-  return MemoryReservation(*this, bytes);
-}
-
-void Session::release_memory(std::uint64_t bytes) {
-  const std::uint64_t released = std::min(memory_used, bytes);
-  memory_used -= released;
-  if (allocation) allocation->release(released);
-}
-
-void Session::take_back_ipc_bytes() {
-  if (std::uint64_t back = ipc_returned->bytes.exchange(0, std::memory_order_acq_rel); back != 0) {
-    release_memory(back);
-  }
-}
 
 std::string Session::who() const {
   return fmt::format("client {} (pid {}, {})", client.id, client.pid, client.program);
@@ -75,8 +37,8 @@ void Session::answer(std::uint32_t slot, CUresult result, std::span<const std::b
     const std::uint64_t answered = SessionStats::now_ns();
     s->stamp_taken_ns = taken_ns != 0 ? taken_ns : answered;
     s->stamp_known_ns = known_ns != 0 ? known_ns : answered;
-    s->stamp_launch_taken_ns = launch_taken_ns;
-    s->stamp_launch_issued_ns = launch_issued_ns;
+    s->stamp_launch_taken_ns = stamps.launch_taken_ns;
+    s->stamp_launch_issued_ns = stamps.launch_issued_ns;
     s->stamp_answered_ns = answered;
   }
   if (slot < slot_busy.size()) slot_busy[slot] = 0;
@@ -139,7 +101,8 @@ void Session::release_event(CUevent event) {
 }
 
 bool Session::destroy_if_stale(CUevent event) {
-  if (stale_events.empty() || std::erase(stale_events, event) == 0) return false;
+  if (quota_changes.stale_events.empty() || std::erase(quota_changes.stale_events, event) == 0)
+    return false;
   cu().cuEventDestroy_v2(event);
   return true;
 }
@@ -160,7 +123,7 @@ CUresult Session::complete_after(std::uint64_t id, StreamObj& stream, Completion
 }
 
 CUresult Session::fence_stream_into(Completion& completion, std::uint64_t id, StreamObj& stream) {
-  const bool latency_bound = stream.queued - stream.settled <= fence_max_queued;
+  const bool latency_bound = stream.queued - stream.settled <= fences.max_queued;
   return fence_into(completion, stream.stream, latency_bound, id, stream.queued);
 }
 
@@ -169,12 +132,12 @@ CUresult Session::fence_into(Completion& completion, CUstream stream, bool host_
   auto event = acquire_event();
   if (!event) return event.error();
   HostFence fence;
-  if (use_host_fences && host_fence) {
-    if (auto armed = host_fences.arm(cu(), stream)) {
+  if (fences.use_words && host_fence) {
+    if (auto armed = fences.words.arm(cu(), stream)) {
       fence = *armed;
     } else {
       // Correct either way: its completions poll events from now on.
-      use_host_fences = false;
+      fences.use_words = false;
       log_warn("{}: a host fence failed ({}); its completions poll the driver from now on", who(),
                describe(cu(), armed.error()));
     }
@@ -194,7 +157,7 @@ CUresult Session::fence_into(Completion& completion, CUstream stream, bool host_
 }
 
 void Session::complete_queued(Completion completion) {
-  completion.taken_ns = record_taken_ns;
+  completion.taken_ns = stamps.record_taken_ns;
   if (completion.slot != proto::kNoReply && completion.slot < slot_busy.size()) {
     slot_busy[completion.slot] = 1;
   }

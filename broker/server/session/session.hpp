@@ -1,5 +1,8 @@
-// One client's session: its segment and ring, its green context, the objects it made, what it
-// is waiting for. Owned and driven by the Server's single thread.
+// One client's session: who it is, its socket, segment and ring, its green context and quota,
+// the objects it made, what it is waiting for. Owned by the worker it was placed on: only that
+// thread touches it (docs/architecture.md, "Threads of mpsshim-server"). Its concerns are parts
+// of their own: the memory charge (memory_charge.hpp), interprocess memory, fences, busy time,
+// live quota changes, the reserve's retries, stamps and logged refusals (session_parts.hpp).
 #pragma once
 
 #include <cuda.h>
@@ -33,7 +36,9 @@
 #include "broker/server/session/allocation_map.hpp"
 #include "broker/server/session/client_green.hpp"
 #include "broker/server/session/ipc_registry.hpp"
+#include "broker/server/session/memory_charge.hpp"
 #include "broker/server/session/objects.hpp"
+#include "broker/server/session/session_parts.hpp"
 #include "broker/server/session/virtual_memory.hpp"
 #include "proto/control.hpp"
 #include "proto/ops.hpp"
@@ -53,32 +58,6 @@ struct ClientInfo {
 };
 
 enum class SessionState { kActive, kDraining };
-
-// Which limit refused a charge of device memory.
-enum class MemoryLimitHit {
-  kClient,      // the session's own (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT or the server's default)
-  kAllocation,  // the limit every client of the session's allocation shares
-};
-
-class Session;
-
-// Device memory charged to a session (and its allocation) before the driver is asked for it, so
-// that two clients of one allocation on different workers cannot both pass the check. Given
-// back when destroyed unless kept (the driver call succeeded).
-class MemoryReservation {
- public:
-  MemoryReservation(Session& session, std::uint64_t bytes) : session_(&session), bytes_(bytes) {}
-  MemoryReservation(MemoryReservation&& other) noexcept
-      : session_(std::exchange(other.session_, nullptr)), bytes_(other.bytes_) {}
-  MemoryReservation& operator=(MemoryReservation&&) = delete;
-  ~MemoryReservation();
-  // The driver call succeeded: the session holds the memory until it frees it.
-  void keep();
-
- private:
-  Session* session_;
-  std::uint64_t bytes_;
-};
 
 // GPU work a reply, a staging chunk or a deferred free waits for. Done when every event has
 // completed; the first error is the result.
@@ -112,7 +91,7 @@ struct Completion {
   std::shared_ptr<const void> keep_alive;
   // A wait on a host fence asks the driver (its event) no earlier than this, ever less often
   // (fault_check_after: `fault_checks` so far); so does a wait without one, every
-  // Session::event_poll.
+  // Session::fences.event_poll.
   std::chrono::steady_clock::time_point next_fault_check{};
   std::uint32_t fault_checks = 0;
 
@@ -232,25 +211,12 @@ class Session {
   // Events recorded now on every live stream of the client.
   tl::expected<std::vector<CUevent>, CUresult> fence_all_streams();
   std::size_t pending_gpu_work() const {
-    return pending.size() + retiring.size() + busy_closed.size();
+    return pending.size() + retiring.size() + busy.closed.size();
   }
 
   // The client destroyed one of its events: destroyed now, or when the completion that still
   // waits on it fires.
   void destroy_client_event(CUevent event);
-
-  // ---- memory --------------------------------------------------------------------------
-  bool over_limit(std::uint64_t more) const {
-    return memory_limit != 0 && (more > memory_limit || memory_used > memory_limit - more);
-  }
-  // Charges `bytes` to the session and its allocation, or names the limit it would pass.
-  // The peak (usage.memory_peak) counts what a kept reservation holds.
-  tl::expected<MemoryReservation, MemoryLimitHit> reserve_memory(std::uint64_t bytes);
-  // Gives back device memory the client freed (at most what is charged).
-  void release_memory(std::uint64_t bytes);
-  // Gives back what the last closers of allocations it freed while exported have freed since
-  // (IpcReturnedBytes); called before every charge and every memory query.
-  void take_back_ipc_bytes();
 
   // ---- identity and settings ---------------------------------------------------------------
   ClientInfo client;
@@ -268,30 +234,14 @@ class Session {
   SharedSegment segment;
   proto::RingConsumer ring;
   GreenContext green;
-  // Live SM quota changes (sm_quota_change.hpp): bumped at each; the green contexts the client
-  // had before, kept until the session ends (graphs instantiated then, and events recorded
-  // then, still name them); events of an earlier green context that are still in use, destroyed
-  // instead of pooled when they come back; a change waiting for the client's captures to end.
-  std::uint32_t green_generation = 0;
-  std::vector<GreenContext> earlier_greens;
-  std::vector<CUevent> stale_events;
-  // Driver events an event node of a graph still names after the client's event moved on to a
-  // fresh one (a record after a quota change): destroyed at session end, after the graphs.
-  std::vector<CUevent> graph_events;
-  int pending_sm_percentage = 0;  // 0: none
+  QuotaChanges quota_changes;  // live SM quota changes (session_parts.hpp)
   // The SM resources and descriptors for green contexts of the client's own (client_green.hpp).
   ClientGreen client_green;
   bool staging_registered = false;
   // Host functions run in the client (host_callbacks.hpp); shared with queued host functions.
   std::shared_ptr<HostCallbackChannel> callbacks;
 
-  std::uint64_t memory_limit = 0;    // 0: the whole device
-  bool limit_from_client = false;    // CUDA_MPS_PINNED_DEVICE_MEM_LIMIT rather than the default
-  bool limit_from_operator = false;  // set live: mpsshimctl set_device_pinned_mem_limit
-  std::uint64_t memory_used = 0;
-  // The allocation (Kubernetes pod) this client belongs to, shared with its other clients on
-  // this GPU; null for a client without an allocation token.
-  std::shared_ptr<AllocationAccount> allocation;
+  MemoryCharge charge;      // device memory charged to it and its allocation (memory_charge.hpp)
   int priority_bias = 0;    // added to every stream priority the client asks for
   int sm_percentage = 100;  // the SM share it was granted, in percent (the green context rounds up)
   bool ignore_sm_coscheduling = false;  // MPSSHIM_SM_GRANULARITY=2 (kHelloIgnoreSmCoscheduling)
@@ -302,33 +252,12 @@ class Session {
   // normal client (its green context is then outside the reserve if its share reached in).
   SmReserve sm_reserve;
   bool kept_out_of_reserve = false;
-  // A move into or out of the reserve that failed is tried again at `reserve_retry_at`, with
-  // a doubling delay, a few times; after the last, not before the board's normal_changes() moved
-  // on from `reserve_given_up_at` (follow_priority_reserve).
-  std::chrono::steady_clock::time_point reserve_retry_at{};
-  unsigned reserve_move_failures = 0;
-  bool reserve_given_up = false;
-  std::uint64_t reserve_given_up_at = 0;
+  ReserveRetry reserve_retry;  // session_parts.hpp
 
   ObjectTable objects;
   AllocationMap memory;
-  // Interprocess memory (ipc_memory.cpp, docs/ipc.md), owned by the session's worker: what it
-  // exported, by allocation base, with the handle it was given (exporting again gives the same
-  // one); what it opened, by base, with how many opens are not closed yet (an open of a handle
-  // it has open counts one more, as in the driver); where closers of memory it freed while
-  // opened give the bytes back.
-  struct IpcExport {
-    std::shared_ptr<IpcMemory> memory;
-    proto::IpcHandle handle;
-  };
-  struct IpcImport {
-    std::shared_ptr<IpcMemory> memory;
-    std::uint32_t opens = 0;
-  };
-  std::map<std::uint64_t, IpcExport> ipc_exports;
-  std::map<std::uint64_t, IpcImport> ipc_imports;
-  std::shared_ptr<IpcReturnedBytes> ipc_returned = std::make_shared<IpcReturnedBytes>();
-  VirtualMemory vmm;  // address reservations and mappings (virtual_memory.hpp)
+  IpcHoldings ipc_memory;  // what it exported and opened (session_parts.hpp)
+  VirtualMemory vmm;       // address reservations and mappings (virtual_memory.hpp)
   // The driver hands out the same CUfunction/CUkernel/CUmodule again for the same name: one id.
   std::unordered_map<void*, std::uint64_t> ids_by_driver_handle;
   std::map<std::uint32_t, StashedFd> stash;
@@ -336,21 +265,7 @@ class Session {
   std::vector<Completion> pending;
   std::vector<Retired> retiring;
   std::vector<CUevent> event_pool;
-  // Completion words the GPU writes (host_fences.hpp); used while use_host_fences
-  // (ServerSettings::host_fences, and off for the session after a failed fence).
-  HostFences host_fences;
-  bool use_host_fences = false;
-  // A synchronize gets a host fence when at most this many operations are queued on its stream:
-  // no limit unless the server is crowded (Worker::drain_ring sets it at every pass from
-  // ServerSettings::crowded_fence_max_queued; host_fences.hpp).
-  std::uint64_t fence_max_queued = UINT64_MAX;
-  // Whether the server was crowded at this pass (set beside fence_max_queued): then the
-  // priority gate's fences are events, as cheap to record as a host fence is costly
-  // (priority_gate.cpp).
-  bool crowded = false;
-  // ServerSettings::event_poll, copied at admission: a completion's event is asked at most
-  // this often (completions.cpp).
-  std::chrono::microseconds event_poll{0};
+  FencePolicy fences;  // host-fence words and when to use them (session_parts.hpp)
   // Captures begun and not yet ended: while 0, no stream of the client is capturing and nothing
   // asks the driver. fence_stream stands in for capturing streams in fence_all_streams.
   std::uint32_t active_captures = 0;
@@ -359,38 +274,19 @@ class Session {
 
   std::uint64_t launches = 0;
   std::uint64_t records = 0;
-  // Diagnostics (answer_stamps.hpp), CLOCK_MONOTONIC ns: when the record being run left the
-  // ring (set for every record), and when the last kernel launch did and went to the driver
-  // (set only with the stamps on).
-  std::uint64_t record_taken_ns = 0;
-  std::uint64_t launch_taken_ns = 0;
-  std::uint64_t launch_issued_ns = 0;
-  ClientUsage usage;  // busy time, bytes copied, memory peak, pinned memory (mpsshimctl ps)
-  // GPU busy time (busy_time.hpp): spans whose end is not recorded yet (end == nullptr), one per
-  // stream at most; spans waiting for their end to complete; timing events to reuse.
-  struct BusySpan {
-    CUstream stream;
-    CUevent begin;
-    CUevent end;
-  };
-  std::vector<BusySpan> busy_open;
-  std::vector<BusySpan> busy_closed;
-  std::vector<CUevent> timing_pool;
-  SessionStats stats;  // server time per opcode, ring delays (mpsshimctl stats)
+  RecordStamps stamps;  // session_parts.hpp
+  ClientUsage usage;    // busy time, bytes copied, pinned memory (mpsshimctl ps)
+  BusySpans busy;       // GPU busy time (session_parts.hpp, busy_time.hpp)
+  SessionStats stats;   // server time per opcode, ring delays (mpsshimctl stats)
   // Consecutive launches waiting to go out as one graph launch, and the session's cache of
   // executable graphs (launch_batch.hpp). Empty between drain passes.
   LaunchBatcher launch_batch;
   // False when the client asked for its launches to go out one by one (MPSSHIM_LAUNCH_BATCHING=off
   // in its environment: kHelloNoLaunchBatching).
   bool launch_batching = true;
-  // GPU busy time is measured for this session (ServerSettings::busy_time; busy_time.hpp).
-  bool measure_busy = false;
-  // Its per-client caps (ServerSettings::client_limits, copied at admission), and the kinds
-  // whose refusal has been logged already (bit per ClientLimit; limit_check.hpp).
+  // Its per-client caps (ServerSettings::client_limits, copied at admission; limit_check.hpp).
   ClientLimits limits;
-  std::uint32_t limits_logged = 0;
-  bool not_owned_logged = false;         // it named another's handle or memory (note_not_owned)
-  std::uint8_t ipc_refusals_logged = 0;  // bit per IpcRefusalKind logged at warn (ops/ipc.cpp)
+  RefusalsLogged refusals_logged;  // session_parts.hpp
   // Its class (CUDA_MPS_CLIENT_PRIORITY), whether it holds back others or is held back, and
   // the fences after its last passes (priority_gate.hpp).
   PriorityState priority;

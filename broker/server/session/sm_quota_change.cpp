@@ -4,12 +4,12 @@
 
 #include <algorithm>
 
-#include "broker/server/base/log.hpp"
 #include "broker/server/driver/driver.hpp"
 #include "broker/server/launch/launch_batch.hpp"
 #include "broker/server/scheduling/priority_reserve.hpp"
 #include "broker/server/scheduling/quota.hpp"
 #include "broker/server/session/busy_time.hpp"
+#include "common/log.hpp"
 
 namespace mpsshim::server {
 namespace {
@@ -21,30 +21,30 @@ constexpr std::string_view kByOperator = "SM quota changed by the operator to";
 void mark_events_in_use_stale(Session& s) {
   for (const Completion& c : s.pending) {
     for (const Completion::Wait& w : c.waits) {
-      if (w.owner == Completion::Owner::kPool) s.stale_events.push_back(w.event);
+      if (w.owner == Completion::Owner::kPool) s.quota_changes.stale_events.push_back(w.event);
     }
   }
   for (const Retired& bundle : s.retiring) {
     for (std::size_t i = bundle.fences_done; i < bundle.fences.size(); ++i) {
-      s.stale_events.push_back(bundle.fences[i]);
+      s.quota_changes.stale_events.push_back(bundle.fences[i]);
     }
   }
-  for (const Session::BusySpan& span : s.busy_closed) {
-    s.stale_events.push_back(span.begin);
-    s.stale_events.push_back(span.end);
+  for (const BusySpans::Span& span : s.busy.closed) {
+    s.quota_changes.stale_events.push_back(span.begin);
+    s.quota_changes.stale_events.push_back(span.end);
   }
   for (const PriorityState::Fence& fence : s.priority.fences) {
-    if (!fence.word.armed()) s.stale_events.push_back(fence.event);
+    if (!fence.word.armed()) s.quota_changes.stale_events.push_back(fence.event);
   }
   for (std::uint64_t id : s.objects.ids<StreamObj>()) {
     if (CUevent fence = s.objects.get<StreamObj>(id)->capture_fence)
-      s.stale_events.push_back(fence);
+      s.quota_changes.stale_events.push_back(fence);
   }
   const DriverTable& cu = s.cu();
   for (CUevent e : s.event_pool) cu.cuEventDestroy_v2(e);
-  for (CUevent e : s.timing_pool) cu.cuEventDestroy_v2(e);
+  for (CUevent e : s.busy.timing_pool) cu.cuEventDestroy_v2(e);
   s.event_pool.clear();
-  s.timing_pool.clear();
+  s.busy.timing_pool.clear();
 }
 
 // The green context of the shape asked: one the session had before (moving back and forth
@@ -62,10 +62,11 @@ tl::expected<GreenContext, std::string> green_of_shape(Session& s, int percentag
     return g.percentage == percentage && g.outside_reserve == outside_reserve;
   };
   if (same(s.green)) return s.green;
-  if (auto it = std::find_if(s.earlier_greens.begin(), s.earlier_greens.end(), same);
-      it != s.earlier_greens.end()) {
+  if (auto it = std::find_if(s.quota_changes.earlier_greens.begin(),
+                             s.quota_changes.earlier_greens.end(), same);
+      it != s.quota_changes.earlier_greens.end()) {
     GreenContext again = *it;
-    s.earlier_greens.erase(it);
+    s.quota_changes.earlier_greens.erase(it);
     return again;
   }
   auto green = make_client_green_context(s.green_pool(), gpu, percentage, planned, s.sm_placement,
@@ -79,7 +80,7 @@ tl::expected<GreenContext, std::string> green_of_shape(Session& s, int percentag
 
 // Gives a green context taken out of earlier_greens back to it (a failed move).
 void keep_unused(Session& s, const GreenContext& green) {
-  if (green.green != s.green.green) s.earlier_greens.push_back(green);
+  if (green.green != s.green.green) s.quota_changes.earlier_greens.push_back(green);
 }
 
 tl::expected<std::string, std::string> apply(Session& s, int percentage, bool outside_reserve,
@@ -129,7 +130,7 @@ tl::expected<std::string, std::string> apply(Session& s, int percentage, bool ou
     if (fence && cu.cuEventRecordWithFlags(*fence, stream->stream, 0) == CUDA_SUCCESS) {
       cu.cuStreamWaitEvent(fresh[i], *fence, 0);
       fences.fences.push_back(*fence);
-      s.stale_events.push_back(*fence);
+      s.quota_changes.stale_events.push_back(*fence);
     } else {
       // Without a fence the order is kept the slow way: the old stream's work ends first.
       if (fence) cu.cuEventDestroy_v2(*fence);
@@ -149,10 +150,10 @@ tl::expected<std::string, std::string> apply(Session& s, int percentage, bool ou
   }
 
   const unsigned before = s.green.sm_count;
-  s.earlier_greens.push_back(s.green);
+  s.quota_changes.earlier_greens.push_back(s.green);
   s.green = *green;
   s.client_green.forget_all();  // what it was handed named the old quota's SMs
-  ++s.green_generation;
+  ++s.quota_changes.generation;
   s.sm_percentage = percentage;
   const std::string held =
       s.green.outside_reserve
@@ -169,11 +170,11 @@ tl::expected<std::string, std::string> apply(Session& s, int percentage, bool ou
 tl::expected<std::string, std::string> change_sm_quota(Session& session, int percentage) {
   percentage = std::clamp(percentage, 1, 100);
   if (session.active_captures != 0) {
-    session.pending_sm_percentage = percentage;
+    session.quota_changes.pending_percentage = percentage;
     return fmt::format("{}: {}% of the SMs once its stream capture ends", session.who(),
                        percentage);
   }
-  session.pending_sm_percentage = 0;
+  session.quota_changes.pending_percentage = 0;
   return apply(session, percentage, session.kept_out_of_reserve, kByOperator);
 }
 
@@ -184,9 +185,9 @@ tl::expected<std::string, std::string> move_sm_share(Session& session, int perce
 }
 
 void apply_pending_sm_quota(Session& session) {
-  if (session.pending_sm_percentage == 0 || session.active_captures != 0) return;
-  const int percentage = session.pending_sm_percentage;
-  session.pending_sm_percentage = 0;
+  if (session.quota_changes.pending_percentage == 0 || session.active_captures != 0) return;
+  const int percentage = session.quota_changes.pending_percentage;
+  session.quota_changes.pending_percentage = 0;
   if (auto applied = apply(session, percentage, session.kept_out_of_reserve, kByOperator);
       !applied) {
     log_warn("{}: the SM quota change to {}% could not be applied: {}", session.who(), percentage,
