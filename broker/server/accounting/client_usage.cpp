@@ -30,12 +30,12 @@ std::string format_client_usage(const Session& s) {
       "priority={} state={} start_time={}.{:03} allocation={} partition={} held_us={} "
       "sms_held_back={}\n",
       s.client.id, s.client.pid, s.client.uid, one_word(s.client.program), s.green.sm_count,
-      s.sm_percentage, s.charge.used(), s.charge.peak(), s.charge.limit(), u.pinned_bytes,
+      s.sm.percentage, s.charge.used(), s.charge.peak(), s.charge.limit(), u.pinned_bytes,
       s.launches, s.busy.on ? fmt::format("{}", u.busy_ns / 1000) : std::string("-"), u.bytes_h2d,
       u.bytes_d2h, u.bytes_d2d, s.priority_bias,
-      s.state == SessionState::kActive ? "active" : "draining", started_ms / 1000,
+      s.life.state == SessionState::kActive ? "active" : "draining", started_ms / 1000,
       started_ms % 1000, s.charge.allocation() ? s.charge.allocation()->id() : 0,
-      s.sm_placement.partition, s.priority.held_us,
+      s.sm.placement.partition, s.priority.held_us,
       s.green.outside_reserve ? s.green.held_back_sms : 0);
 }
 

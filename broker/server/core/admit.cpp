@@ -114,8 +114,8 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
   // placement of its own leaves the reserve while a normal client is connected.
   if (sm_reserve_.on() && !placement.placed()) {
     if (s.priority.below_normal) {
-      s.sm_reserve = sm_reserve_;
-      s.kept_out_of_reserve = priority_board_.normal_sessions() > 0;
+      s.sm.reserve = sm_reserve_;
+      s.sm.kept_out_of_reserve = priority_board_.normal_sessions() > 0;
     } else {
       placement.at_device_end = true;
     }
@@ -125,15 +125,15 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
   const SmQuota& quota = planned.quota;
   const bool ignore_coscheduling = planned.ignore_coscheduling;
   auto green = make_client_green_context(green_pool_, gpu_, percentage, planned, placement,
-                                         s.sm_reserve, s.kept_out_of_reserve);
+                                         s.sm.reserve, s.sm.kept_out_of_reserve);
   if (!green) {
     return fail(green.error(), fmt::format("creating its green context of {} SMs failed: {}",
                                            quota.target, describe(*gpu_.cu, green.error())));
   }
   s.green = *green;
-  s.sm_percentage = std::clamp(percentage, 1, 100);
-  s.ignore_sm_coscheduling = ignore_coscheduling;
-  s.sm_placement = placement;
+  s.sm.percentage = std::clamp(percentage, 1, 100);
+  s.sm.ignore_coscheduling = ignore_coscheduling;
+  s.sm.placement = placement;
 
   if (admit.allocation_id != 0) {
     s.charge.set_allocation(allocation_account(admit.allocation_id, admit.allocation_memory_limit));

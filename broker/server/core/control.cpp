@@ -178,7 +178,7 @@ std::string Server::terminate_client(const std::string& text, int& status) {
       [pid](Worker& worker) {
         std::vector<std::string> ended;
         for (const auto& s : worker.sessions()) {
-          if (s->client.pid != pid || s->state != SessionState::kActive) continue;
+          if (s->client.pid != pid || s->life.state != SessionState::kActive) continue;
           ended.push_back(s->who());
           worker.end_session(*s, "was terminated by the operator",
                              CUDA_ERROR_MPS_CLIENT_TERMINATED);
@@ -220,7 +220,7 @@ std::string Server::client_quota_command(const std::string& command, const std::
       [pid, sms, percentage, bytes](Worker& worker) {
         std::string lines;
         for (const auto& s : worker.sessions()) {
-          if (s->client.pid != pid || s->state != SessionState::kActive) continue;
+          if (s->client.pid != pid || s->life.state != SessionState::kActive) continue;
           if (sms) {
             auto changed = change_sm_quota(*s, percentage);
             lines += changed ? *changed + "\n"

@@ -63,11 +63,11 @@ std::string freed_summary(const FreedTally& t) {
 }  // namespace
 
 void Worker::end_session(Session& session, const std::string& reason, CUresult notify) {
-  if (session.state != SessionState::kActive) return;
-  session.state = SessionState::kDraining;
-  session.end_reason = reason;
-  session.end_notify = notify;
-  session.drain_started = std::chrono::steady_clock::now();
+  if (session.life.state != SessionState::kActive) return;
+  session.life.state = SessionState::kDraining;
+  session.life.end_reason = reason;
+  session.life.end_notify = notify;
+  session.life.drain_started = std::chrono::steady_clock::now();
   // Host functions waiting for the client return now, so its streams can drain.
   if (session.callbacks) session.callbacks->end();
   if (notify != CUDA_SUCCESS) {
@@ -96,10 +96,11 @@ void Worker::free_session(Session& session) {
   // The below-normal sessions get the SMs reserved for normal ones back once none is left.
   if (!session.priority.below_normal && server_.sm_reserve().on()) server_.nudge_workers();
   FreedTally tally = free_everything(session);
-  if (session.end_notify == CUDA_SUCCESS) {  // the client left: "disconnected", "said goodbye"
-    log_info("{} {}; {}", session.who(), session.end_reason, freed_summary(tally));
+  if (session.life.end_notify == CUDA_SUCCESS) {  // the client left: "disconnected", "said goodbye"
+    log_info("{} {}; {}", session.who(), session.life.end_reason, freed_summary(tally));
   } else {
-    log_info("{}: session over ({}); {}", session.who(), session.end_reason, freed_summary(tally));
+    log_info("{}: session over ({}); {}", session.who(), session.life.end_reason,
+             freed_summary(tally));
   }
 }
 

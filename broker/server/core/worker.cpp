@@ -166,7 +166,7 @@ std::size_t Worker::do_work() {
     std::size_t start = round_robin_++ % n;
     for (std::size_t k = 0; k < n && !failed_; ++k) {
       Session& session = *sessions_[(start + k) % n];
-      if (session.state != SessionState::kActive) continue;
+      if (session.life.state != SessionState::kActive) continue;
       // Before the pass: nothing of the session waits in its launch batch.
       follow_priority_reserve(session, server_.priority_board(), now);
       work += drain_ring(session);
@@ -280,7 +280,7 @@ std::size_t Worker::poll_gpu() {
       }
     }
     if (failed_) break;
-    if (session.state != SessionState::kDraining) {
+    if (session.life.state != SessionState::kDraining) {
       ++i;
       continue;
     }
@@ -298,9 +298,9 @@ std::size_t Worker::poll_gpu() {
       }
     }
     if (!idle) {
-      auto waited = std::chrono::steady_clock::now() - session.drain_started;
-      if (!session.drain_warned && waited > std::chrono::seconds(10)) {
-        session.drain_warned = true;
+      auto waited = std::chrono::steady_clock::now() - session.life.drain_started;
+      if (!session.life.drain_warned && waited > std::chrono::seconds(10)) {
+        session.life.drain_warned = true;
         log_warn(
             "{} is gone but its GPU work is still running after 10 s; what it owned is "
             "freed when that work ends",
@@ -321,8 +321,8 @@ std::size_t Worker::poll_gpu() {
 std::size_t Worker::reap() {
   std::size_t work = 0;
   for (auto& s : sessions_) {
-    if (s->state == SessionState::kActive && !s->end_requested.empty()) {
-      end_session(*s, s->end_requested, s->end_notify);
+    if (s->life.state == SessionState::kActive && !s->life.end_requested.empty()) {
+      end_session(*s, s->life.end_requested, s->life.end_notify);
       ++work;
     }
   }
@@ -331,7 +331,7 @@ std::size_t Worker::reap() {
 
 bool Worker::gpu_pending() const {
   for (const auto& s : sessions_) {
-    if (s->state == SessionState::kDraining || s->pending_gpu_work() != 0) return true;
+    if (s->life.state == SessionState::kDraining || s->pending_gpu_work() != 0) return true;
   }
   return false;
 }
@@ -366,7 +366,7 @@ void Worker::on_event(const epoll_event& event) {
     return;  // the pass takes the mail
   }
   Session* session = find_session(static_cast<std::uint32_t>(tag >> 2));
-  if (session == nullptr || session->state != SessionState::kActive) return;
+  if (session == nullptr || session->life.state != SessionState::kActive) return;
   if ((tag & 3) == kDoorbell) {
     std::uint64_t rings = 0;
     [[maybe_unused]] ssize_t n = ::read(session->doorbell.get(), &rings, sizeof rings);
@@ -380,13 +380,13 @@ void Worker::park(std::chrono::nanoseconds timeout) {
   // client saw the flag rings no doorbell.
   bool ready = has_mail_.load(std::memory_order_acquire) || server_.faulted();
   for (auto& s : sessions_) {
-    if (s->state == SessionState::kActive) s->ring.prepare_sleep();
+    if (s->life.state == SessionState::kActive) s->ring.prepare_sleep();
   }
   // Pairs with the fence in RingProducer::commit: either the client sees the flag and rings,
   // or the re-check below sees its record.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   for (auto& s : sessions_) {
-    if (s->state != SessionState::kActive || in_flight_at_cap(*s)) continue;
+    if (s->life.state != SessionState::kActive || in_flight_at_cap(*s)) continue;
     if (s->ring.peek().status != proto::PeekStatus::kEmpty) ready = true;
   }
   if (!ready) {
@@ -394,7 +394,7 @@ void Worker::park(std::chrono::nanoseconds timeout) {
     next_io_poll_ = std::chrono::steady_clock::now() + kIoPollInterval;
   }
   for (auto& s : sessions_) {
-    if (s->state == SessionState::kActive) s->ring.end_sleep();
+    if (s->life.state == SessionState::kActive) s->ring.end_sleep();
   }
 }
 

@@ -403,8 +403,8 @@ DispatchOutcome dispatch_record(Session& session, std::span<const std::byte> rec
       break;
   }
   if (result.kind == OpResult::Kind::kEnd) return end_session(std::move(result.why), CUDA_SUCCESS);
-  if (!session.end_requested.empty()) {
-    return end_session(session.end_requested, session.end_notify);
+  if (!session.life.end_requested.empty()) {
+    return end_session(session.life.end_requested, session.life.end_notify);
   }
   return {};
 }

@@ -83,34 +83,34 @@ tl::expected<GreenContext, CUresult> make_client_green_context(
 
 void follow_priority_reserve(Session& session, const PriorityBoard& board,
                              std::chrono::steady_clock::time_point now) {
-  if (!session.sm_reserve.on()) return;
+  if (!session.sm.reserve.on()) return;
   const bool wanted = board.normal_sessions() > 0;
-  if (wanted == session.kept_out_of_reserve) {
+  if (wanted == session.sm.kept_out_of_reserve) {
     // Where the board wants it (again): nothing owed from an earlier failure.
-    session.reserve_retry.failures = 0;
-    session.reserve_retry.given_up = false;
+    session.sm.reserve_retry.failures = 0;
+    session.sm.reserve_retry.given_up = false;
     return;
   }
   if (session.active_captures != 0) return;
-  if (session.reserve_retry.given_up) {
-    if (board.normal_changes() == session.reserve_retry.given_up_at) return;
-    session.reserve_retry.given_up = false;  // a normal client came or went since: try afresh
+  if (session.sm.reserve_retry.given_up) {
+    if (board.normal_changes() == session.sm.reserve_retry.given_up_at) return;
+    session.sm.reserve_retry.given_up = false;  // a normal client came or went since: try afresh
   }
-  if (session.reserve_retry.failures != 0 && now < session.reserve_retry.at) return;
+  if (session.sm.reserve_retry.failures != 0 && now < session.sm.reserve_retry.at) return;
   const char* verb = wanted ? "leave" : "get back";
-  auto moved = move_sm_share(session, session.sm_percentage, wanted,
+  auto moved = move_sm_share(session, session.sm.percentage, wanted,
                              wanted ? "a normal-priority client connected"
                                     : "no normal-priority client is connected any more");
   if (moved) {
-    session.kept_out_of_reserve = wanted;
-    session.reserve_retry.failures = 0;
+    session.sm.kept_out_of_reserve = wanted;
+    session.sm.reserve_retry.failures = 0;
     return;
   }
-  const unsigned failures = ++session.reserve_retry.failures;
+  const unsigned failures = ++session.sm.reserve_retry.failures;
   if (failures >= kReserveMoveTries) {
-    session.reserve_retry.failures = 0;
-    session.reserve_retry.given_up = true;
-    session.reserve_retry.given_up_at = board.normal_changes();
+    session.sm.reserve_retry.failures = 0;
+    session.sm.reserve_retry.given_up = true;
+    session.sm.reserve_retry.given_up_at = board.normal_changes();
     log_warn(
         "{}: could not {} the SMs reserved for normal-priority clients ({} tries): {}; it "
         "stays where it is until a normal-priority client connects or leaves",
@@ -118,7 +118,7 @@ void follow_priority_reserve(Session& session, const PriorityBoard& board,
     return;
   }
   const auto delay = kReserveRetryFirst * (1u << (failures - 1));
-  session.reserve_retry.at = now + delay;
+  session.sm.reserve_retry.at = now + delay;
   log_warn(
       "{}: could not {} the SMs reserved for normal-priority clients: {}; trying again in "
       "{} ms",

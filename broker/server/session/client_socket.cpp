@@ -12,8 +12,8 @@ namespace mpsshim::server {
 namespace {
 
 void violation(Session& session, std::string why) {
-  session.end_requested = std::move(why);
-  session.end_notify = CUDA_ERROR_MPS_RPC_FAILURE;
+  session.life.end_requested = std::move(why);
+  session.life.end_notify = CUDA_ERROR_MPS_RPC_FAILURE;
 }
 
 }  // namespace
@@ -21,15 +21,15 @@ void violation(Session& session, std::string why) {
 std::size_t pump_client_socket(Session& session) {
   std::size_t count = 0;
   proto::Received message;
-  while (session.end_requested.empty() && session.socket) {
+  while (session.life.end_requested.empty() && session.socket) {
     int rc = proto::receive_message(session.socket.get(), message);
     if (rc == EAGAIN || rc == EWOULDBLOCK) break;
     if (rc != 0 && rc != EMSGSIZE) {
-      session.end_requested = fmt::format("its socket failed ({})", std::strerror(rc));
+      session.life.end_requested = fmt::format("its socket failed ({})", std::strerror(rc));
       break;
     }
     if (rc == 0 && message.bytes.empty()) {
-      session.end_requested = "disconnected";
+      session.life.end_requested = "disconnected";
       break;
     }
     ++count;

@@ -10,7 +10,7 @@
 namespace mpsshim::server {
 
 // Reads every message waiting on the (non-blocking) socket and stashes their memfds. On
-// hang-up or a message that breaks the protocol it sets session.end_requested.
+// hang-up or a message that breaks the protocol it sets session.life.end_requested.
 // Returns the number of messages read.
 std::size_t pump_client_socket(Session& session);
 

@@ -57,8 +57,6 @@ struct ClientInfo {
   std::string program;
 };
 
-enum class SessionState { kActive, kDraining };
-
 // GPU work a reply, a staging chunk or a deferred free waits for. Done when every event has
 // completed; the first error is the result.
 struct Completion {
@@ -220,14 +218,7 @@ class Session {
 
   // ---- identity and settings ---------------------------------------------------------------
   ClientInfo client;
-  SessionState state = SessionState::kActive;
-  std::string end_reason;
-  // Set by anything that finds the session must end mid-record (socket hang-up, a malformed
-  // socket message); the server ends it after the record.
-  std::string end_requested;
-  CUresult end_notify = CUDA_SUCCESS;  // stored as the fault when end_requested ends it
-  std::chrono::steady_clock::time_point drain_started{};
-  bool drain_warned = false;
+  Lifecycle life;  // active or draining, and why it ends (session_parts.hpp)
 
   proto::UniqueFd socket;
   proto::UniqueFd doorbell;
@@ -241,18 +232,9 @@ class Session {
   // Host functions run in the client (host_callbacks.hpp); shared with queued host functions.
   std::shared_ptr<HostCallbackChannel> callbacks;
 
-  MemoryCharge charge;      // device memory charged to it and its allocation (memory_charge.hpp)
-  int priority_bias = 0;    // added to every stream priority the client asks for
-  int sm_percentage = 100;  // the SM share it was granted, in percent (the green context rounds up)
-  bool ignore_sm_coscheduling = false;  // MPSSHIM_SM_GRANULARITY=2 (kHelloIgnoreSmCoscheduling)
-  SmPlacement sm_placement;  // its allocation's slot of the device (green_context.hpp); kept live
-  // The SMs reserved for normal-priority clients that a below-normal client leaves while one is
-  // connected (priority_reserve.hpp): set at admission for below-normal clients without a
-  // placement when the server reserves any, else off; and whether it follows a board with a
-  // normal client (its green context is then outside the reserve if its share reached in).
-  SmReserve sm_reserve;
-  bool kept_out_of_reserve = false;
-  ReserveRetry reserve_retry;  // session_parts.hpp
+  MemoryCharge charge;    // device memory charged to it and its allocation (memory_charge.hpp)
+  int priority_bias = 0;  // added to every stream priority the client asks for
+  SmShare sm;             // its SMs: share, placement, the reserve (session_parts.hpp)
 
   ObjectTable objects;
   AllocationMap memory;

@@ -10,13 +10,56 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "broker/server/driver/host_fences.hpp"
 #include "broker/server/scheduling/green_context.hpp"
+#include "broker/server/scheduling/priority_reserve.hpp"
 #include "broker/server/session/ipc_registry.hpp"
 
 namespace mpsshim::server {
+
+enum class SessionState { kActive, kDraining };
+
+// How the session ends (core/session_end.cpp, session/retire.cpp): active until a hang-up, a
+// malformed record, terminate_client or shutdown makes it draining (its queued GPU work runs to
+// its end, then everything it owned is freed). `end_requested` is set by anything that finds
+// mid-record that the session must end (socket hang-up, a malformed socket message); the worker
+// ends it after the record, storing `end_notify` as the fault.
+struct Lifecycle {
+  SessionState state = SessionState::kActive;
+  std::string end_reason;
+  std::string end_requested;
+  CUresult end_notify = CUDA_SUCCESS;
+  std::chrono::steady_clock::time_point drain_started{};
+  bool drain_warned = false;
+};
+
+// A move into or out of the SMs reserved for normal-priority clients (priority_reserve.hpp)
+// that failed is tried again at `at`, with a doubling delay, a few times; after the last, not
+// before the board's normal_changes() moved on from `given_up_at` (follow_priority_reserve).
+struct ReserveRetry {
+  std::chrono::steady_clock::time_point at{};
+  unsigned failures = 0;
+  bool given_up = false;
+  std::uint64_t given_up_at = 0;
+};
+
+// The SMs the session runs on: the share it was granted, in percent (its green context rounds
+// up); MPSSHIM_SM_GRANULARITY=2 (kHelloIgnoreSmCoscheduling); its allocation's slot of the
+// device, kept across live changes (green_context.hpp); the SMs reserved for normal-priority
+// clients that a below-normal client leaves while one is connected (priority_reserve.hpp: set
+// at admission for below-normal clients without a placement when the server reserves any, else
+// off), whether its green context is kept out of them now, and the retries of a failed move.
+struct SmShare {
+  int percentage = 100;
+  bool ignore_coscheduling = false;
+  SmPlacement placement;
+  SmReserve reserve;
+  bool kept_out_of_reserve = false;
+  ReserveRetry reserve_retry;
+};
 
 // Interprocess memory (ipc_memory.cpp, docs/ipc.md): what the session exported, by allocation
 // base, with the handle it was given (exporting again gives the same one); what it opened, by
@@ -83,16 +126,6 @@ struct QuotaChanges {
   std::vector<CUevent> stale_events;
   std::vector<CUevent> graph_events;
   int pending_percentage = 0;
-};
-
-// A move into or out of the SMs reserved for normal-priority clients (priority_reserve.hpp)
-// that failed is tried again at `at`, with a doubling delay, a few times; after the last, not
-// before the board's normal_changes() moved on from `given_up_at` (follow_priority_reserve).
-struct ReserveRetry {
-  std::chrono::steady_clock::time_point at{};
-  unsigned failures = 0;
-  bool given_up = false;
-  std::uint64_t given_up_at = 0;
 };
 
 // Diagnostics (answer_stamps.hpp), CLOCK_MONOTONIC ns: when the record being run left the ring

@@ -55,9 +55,9 @@ tl::expected<GreenContext, std::string> green_of_shape(Session& s, int percentag
   // A client of a Kubernetes allocation stays in its slot of the device, one of a static
   // partition in its partition (admit.cpp).
   const PlannedQuota planned =
-      plan_client_quota(gpu.snapshot, percentage, s.ignore_sm_coscheduling, s.sm_placement);
+      plan_client_quota(gpu.snapshot, percentage, s.sm.ignore_coscheduling, s.sm.placement);
   outside_reserve =
-      outside_reserve && !s.sm_placement.placed() && reaches_reserve(planned, s.sm_reserve);
+      outside_reserve && !s.sm.placement.placed() && reaches_reserve(planned, s.sm.reserve);
   auto same = [&](const GreenContext& g) {
     return g.percentage == percentage && g.outside_reserve == outside_reserve;
   };
@@ -69,8 +69,8 @@ tl::expected<GreenContext, std::string> green_of_shape(Session& s, int percentag
     s.quota_changes.earlier_greens.erase(it);
     return again;
   }
-  auto green = make_client_green_context(s.green_pool(), gpu, percentage, planned, s.sm_placement,
-                                         s.sm_reserve, outside_reserve);
+  auto green = make_client_green_context(s.green_pool(), gpu, percentage, planned, s.sm.placement,
+                                         s.sm.reserve, outside_reserve);
   if (!green) {
     return tl::unexpected(fmt::format("creating a green context of {} SMs failed: {}",
                                       planned.quota.target, describe(s.cu(), green.error())));
@@ -154,7 +154,7 @@ tl::expected<std::string, std::string> apply(Session& s, int percentage, bool ou
   s.green = *green;
   s.client_green.forget_all();  // what it was handed named the old quota's SMs
   ++s.quota_changes.generation;
-  s.sm_percentage = percentage;
+  s.sm.percentage = percentage;
   const std::string held =
       s.green.outside_reserve
           ? fmt::format(", {} held back for normal-priority clients", s.green.held_back_sms)
@@ -175,7 +175,7 @@ tl::expected<std::string, std::string> change_sm_quota(Session& session, int per
                        percentage);
   }
   session.quota_changes.pending_percentage = 0;
-  return apply(session, percentage, session.kept_out_of_reserve, kByOperator);
+  return apply(session, percentage, session.sm.kept_out_of_reserve, kByOperator);
 }
 
 tl::expected<std::string, std::string> move_sm_share(Session& session, int percentage,
@@ -188,7 +188,7 @@ void apply_pending_sm_quota(Session& session) {
   if (session.quota_changes.pending_percentage == 0 || session.active_captures != 0) return;
   const int percentage = session.quota_changes.pending_percentage;
   session.quota_changes.pending_percentage = 0;
-  if (auto applied = apply(session, percentage, session.kept_out_of_reserve, kByOperator);
+  if (auto applied = apply(session, percentage, session.sm.kept_out_of_reserve, kByOperator);
       !applied) {
     log_warn("{}: the SM quota change to {}% could not be applied: {}", session.who(), percentage,
              applied.error());
