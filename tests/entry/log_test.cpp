@@ -1,4 +1,4 @@
-// libshim/log.cpp on its own. One process, one sink: the log file is chosen before the first
+// The log (common/log.cpp) with the shim's defaults, on its own. One process, one sink: the log file is chosen before the first
 // message, and the cases read only what was appended since the previous read.
 #include <unistd.h>
 

@@ -290,6 +290,8 @@ std::string other_value(const ServerOption& option) {
     case ValueKind::kNumber:
       return std::to_string(option.default_value == std::to_string(option.max) ? option.min
                                                                                : option.max);
+    case ValueKind::kBytes:
+      return "18446744073709551615";  // any 64-bit size, as mpsshimd's sizes
     case ValueKind::kSwitch:
       return option.default_value == "on" ? "off" : "on";
     case ValueKind::kChoice:

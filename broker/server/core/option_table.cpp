@@ -64,8 +64,7 @@ constexpr std::array kOptions{
     ServerOption{.setting = kDefaultMemoryLimit,
                  .flag = "default-memory-limit",
                  .value_name = "BYTES",
-                 .kind = kNumber,
-                 .max = INT64_MAX,
+                 .kind = kBytes,
                  .default_value = "0",
                  .default_text = "0: none",
                  .help = "the device memory limit of clients that ask none",
@@ -268,6 +267,8 @@ std::string expected_text(const ServerOption& option) {
       }
       return range;
     }
+    case kBytes:
+      return "a whole number of bytes";
     case kSwitch:
       return "on or off";
     case kChoice: {
@@ -326,6 +327,11 @@ tl::expected<std::string, std::string> check_option_value(const ServerOption& op
       if (whole_number(number, n) && n >= option.min && n <= option.max) return std::string(number);
       break;
     }
+    case kBytes: {
+      std::uint64_t bytes = 0;
+      if (whole_number(value, bytes)) return std::string(value);
+      break;
+    }
     case kSwitch:
       if (value == "on" || value == "off") return std::string(value);
       break;
@@ -364,6 +370,8 @@ std::string documented_values(const ServerOption& option) {
       return fmt::format("0–{} SMs or 0%–90% (`{}`)", option.max, fallback);
     case kNamedLimit:
       return std::string(fallback);
+    case kBytes:
+      return fmt::format("bytes ({})", fallback);
     case kSwitch:
     case kChoice:
     case kText:

@@ -48,6 +48,7 @@ enum class Setting : std::uint8_t {
 
 enum class ValueKind : std::uint8_t {
   kNumber,      // a whole number from `min` to `max`, or one of `words` (WORD=NUMBER|...)
+  kBytes,       // a whole number of bytes, any 64-bit one
   kSwitch,      // on or off
   kChoice,      // one of `words` (a|b|c)
   kText,        // anything not empty (a path)

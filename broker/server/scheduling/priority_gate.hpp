@@ -98,7 +98,7 @@ struct PriorityState {
   std::chrono::steady_clock::time_point held_since{};  // below normal: its hold began (or epoch)
   std::vector<CUstream> touched;                       // streams this pass queued work on
   // After the work of its last passes, not yet completed: a host-fence word the GPU writes
-  // (Session::host_fences) where the session uses them, else a pool event (`event`).
+  // (Session::fences.words) where the session uses them, else a pool event (`event`).
   struct Fence {
     HostFence word;
     CUevent event = nullptr;

@@ -201,7 +201,7 @@ class Session {
   CUresult fence_into(Completion& completion, CUstream stream, bool host_fence = true,
                       std::uint64_t id = 0, std::uint64_t queued = 0);
   // Fences the client's stream `id` into `completion`, with a host fence unless more work than
-  // fence_max_queued is queued on it.
+  // fences.max_queued is queued on it.
   CUresult fence_stream_into(Completion& completion, std::uint64_t id, StreamObj& stream);
   // Queues `completion` with what it already waits for (answered at the next poll, after the
   // session's earlier completions).
