@@ -242,11 +242,11 @@ std::string format_client_table(
     const std::vector<ServerClients>& servers,
     const std::function<std::string(const std::string&)>& allocation_name) {
   constexpr std::string_view kRow =
-      "{:<9}{:<12}{:<5}{:<9}{:<12}{:<12}{:<12}{:<12}{:<10}{:<10}{:<12}{:<12}{:<12}{:<6}{:<10}"
-      "{:<21}{:<17}{:<16}{}\n";
+      "{:<9}{:<12}{:<5}{:<9}{:<12}{:<12}{:<12}{:<12}{:<12}{:<10}{:<10}{:<12}{:<12}{:<12}{:<6}"
+      "{:<11}{:<21}{:<17}{:<16}{}\n";
   std::string table = fmt::format(kRow, "PID", "USER", "GPU", "SMS", "MEMORY", "PEAK", "LIMIT",
-                                  "PINNED", "LAUNCHES", "BUSY", "H2D", "D2H", "D2D", "PRIO",
-                                  "STATE", "STARTED", "PROGRAM", "ALLOCATION", "ISOLATION");
+                                  "PINNED", "PARKED", "LAUNCHES", "BUSY", "H2D", "D2H", "D2D",
+                                  "PRIO", "STATE", "STARTED", "PROGRAM", "ALLOCATION", "ISOLATION");
   auto allocation = [&](const Fields& fields) -> std::string {
     std::string id = field(fields, "allocation");
     if (id == "-" || id == "0") return "-";
@@ -265,11 +265,11 @@ std::string format_client_table(
             kRow, field(fields, "pid"), user_name(field(fields, "uid")), gpu, sms_field(fields),
             bytes_field(fields, "mem_used", false), bytes_field(fields, "mem_peak", false),
             bytes_field(fields, "mem_limit", true), bytes_field(fields, "pinned", false),
-            field(fields, "launches"), duration_field(fields, "busy_us"),
-            bytes_field(fields, "h2d_bytes", false), bytes_field(fields, "d2h_bytes", false),
-            bytes_field(fields, "d2d_bytes", false), field(fields, "priority"),
-            field(fields, "state"), start_time_field(fields), field(fields, "program"),
-            allocation(fields), isolation(fields));
+            bytes_field(fields, "parked", false), field(fields, "launches"),
+            duration_field(fields, "busy_us"), bytes_field(fields, "h2d_bytes", false),
+            bytes_field(fields, "d2h_bytes", false), bytes_field(fields, "d2d_bytes", false),
+            field(fields, "priority"), field(fields, "state"), start_time_field(fields),
+            field(fields, "program"), allocation(fields), isolation(fields));
       },
       [&](int gpu, const std::string& line) { notes += fmt::format("GPU {}: {}\n", gpu, line); });
   return table + notes;
@@ -300,6 +300,8 @@ nlohmann::json client_table_json(const std::vector<ServerClients>& servers,
             {"memory_peak_bytes", json_number(fields, "mem_peak")},
             {"memory_limit_bytes", limit},
             {"pinned_host_bytes", json_number(fields, "pinned")},
+            {"parked_bytes", json_number(fields, "parked")},
+            {"suspended_us", json_number(fields, "suspended_us")},
             {"launches", json_number(fields, "launches")},
             {"busy_us", json_number(fields, "busy_us")},
             {"copied_bytes",

@@ -132,7 +132,7 @@ nlohmann::json build_client_view(const ViewContext& context, const std::vector<S
       h.busy_us += busy->second;
       h.busy_known = true;
     }
-    if (text(fields, "state") != "active") return;  // gone; its memory is still held
+    if (text(fields, "state") == "draining") return;  // gone; its memory is still held
     if (auto shown = context.visible_pid(client_pid)) {
       h.processes.push_back(
           {{"pid", *shown}, {"memory_used_bytes", used}, {"program", text(fields, "program")}});

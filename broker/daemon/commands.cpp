@@ -68,7 +68,8 @@ class AnswerCollector {
 
   // `slots`: the servers to ask (Supervisor::request).
   static void ask(Supervisor& supervisor, const std::vector<int>& slots, MessageKind kind,
-                  const std::string& text, Done done) {
+                  const std::string& text, Done done,
+                  std::chrono::milliseconds timeout = Commands::kServerTimeout) {
     auto collector = std::make_shared<AnswerCollector>(slots.size(), std::move(done));
     if (slots.empty()) {
       collector->finish();
@@ -79,7 +80,7 @@ class AnswerCollector {
         collector->answers_[i].gpu = status->ordinal;
         collector->answers_[i].group = status->group;
       }
-      supervisor.request(slots[i], kind, text, Commands::kServerTimeout,
+      supervisor.request(slots[i], kind, text, timeout,
                          [collector, i](Answer answer) { collector->fill(i, std::move(answer)); });
     }
   }
@@ -152,6 +153,15 @@ const std::vector<Commands::Command>& Commands::table() {
        "change the device memory limit of the running client <pid> of GPU <gpu> (e.g. 4G; 0 = "
        "no limit); below what it uses, its allocations are refused until it uses less",
        3, 3, &Commands::set_client_memory_limit},
+      {"suspend", "suspend <gpu> <pid>",
+       "take the running client <pid> off GPU <gpu> without telling it: its calls wait, the "
+       "work it issued finishes, its device memory is copied to the server's host memory and "
+       "given back to the GPU (docs/suspend.md)",
+       2, 2, &Commands::suspend_client},
+      {"resume", "resume <gpu> <pid>",
+       "put a suspended client's memory back on GPU <gpu> at the same addresses and let its "
+       "calls go on; fails, leaving it suspended, when the GPU has no room for it",
+       2, 2, &Commands::resume_client},
       {"sm_partition", "sm_partition add <gpu> <sm count> | sm_partition rm <id>",
        "static SM partitions, as NVIDIA MPS's: add cuts <sm count> SMs (rounded up to the "
        "GPU's partition size) of <gpu> that no other partition has and answers its id, for "
@@ -365,7 +375,7 @@ void Commands::terminate_client(const Args& args, bool, ReplyHandler reply) {
 }
 
 void Commands::ask_client_server(int gpu, MessageKind kind, const std::string& text,
-                                 ReplyHandler reply) {
+                                 ReplyHandler reply, std::chrono::milliseconds timeout) {
   // The client is on one of the GPU's servers: the shared one or an isolation group's. Each
   // that does not have it says so; the one that has it answers for the command.
   AnswerCollector::ask(
@@ -377,11 +387,18 @@ void Commands::ask_client_server(int gpu, MessageKind kind, const std::string& t
         for (SlotAnswer& one : answers) {
           if (one.answer && one.answer->status == 0) return reply(CtlReply{0, one.answer->text});
         }
-        // None took it: the shared server's answer (first) says why.
+        // None took it: the server that has the client says why it refused; else the shared
+        // server's answer (first).
+        for (SlotAnswer& one : answers) {
+          if (one.answer && !one.answer->text.starts_with("no client with pid")) {
+            return reply(CtlReply{1, one.answer->text});
+          }
+        }
         SlotAnswer& first = answers.front();
         if (!first.answer) return reply(error_reply(first.answer.error()));
         reply(CtlReply{1, first.answer->text});
-      });
+      },
+      timeout);
 }
 
 void Commands::tell_servers(const std::vector<int>& gpus, const std::string& text,
@@ -497,6 +514,28 @@ void Commands::set_client_memory_limit(const Args& args, bool, ReplyHandler repl
   }
   ask_client_server(*gpu, MessageKind::kCtlRequest,
                     fmt::format("set_client_memory_limit {} {}", *pid, *bytes), std::move(reply));
+}
+
+void Commands::suspend_client(const Args& args, bool, ReplyHandler reply) {
+  suspend_or_resume("suspend_client", args, std::move(reply));
+}
+
+void Commands::resume_client(const Args& args, bool, ReplyHandler reply) {
+  suspend_or_resume("resume_client", args, std::move(reply));
+}
+
+void Commands::suspend_or_resume(const char* request, const Args& args, ReplyHandler reply) {
+  auto gpu = gpu_argument(args[0]);
+  if (!gpu) return reply(error_reply(gpu.error()));
+  auto pid = parse_integer(args[1]);
+  if (!pid || *pid <= 0) return reply(error_reply(fmt::format("`{}` is not a pid", args[1])));
+  ask_client_server(
+      *gpu, MessageKind::kCtlRequest, fmt::format("{} {}", request, *pid),
+      [reply = std::move(reply)](CtlReply answer) {
+        if (!answer.text.empty() && answer.text.back() != '\n') answer.text += '\n';
+        reply(std::move(answer));
+      },
+      kSuspendTimeout);
 }
 
 void Commands::server_command(const Args& args, bool, ReplyHandler reply) {

@@ -25,6 +25,8 @@ using ReplyHandler = std::function<void(CtlReply)>;
 class Commands {
  public:
   static constexpr auto kServerTimeout = std::chrono::milliseconds(2000);
+  // suspend and resume copy a client's memory (the server gives itself 300 s).
+  static constexpr auto kSuspendTimeout = std::chrono::milliseconds(310'000);
 
   Commands(Supervisor& supervisor, AllocationRegistry& allocations,
            std::function<void()> request_shutdown,
@@ -71,6 +73,9 @@ class Commands {
   void ps(const Args&, bool json, ReplyHandler reply);
   void stats(const Args&, bool json, ReplyHandler reply);
   void terminate_client(const Args&, bool json, ReplyHandler reply);
+  void suspend_client(const Args&, bool json, ReplyHandler reply);
+  void resume_client(const Args&, bool json, ReplyHandler reply);
+  void suspend_or_resume(const char* request, const Args& args, ReplyHandler reply);
   void set_default_percentage(const Args&, bool json, ReplyHandler reply);
   void get_default_percentage(const Args&, bool json, ReplyHandler reply);
   void set_default_memory_limit(const Args&, bool json, ReplyHandler reply);
@@ -91,9 +96,10 @@ class Commands {
   // Sends `text` to GPU `gpu`'s shared server as a kCtlRequest and replies with its answer.
   void ask_server(int gpu, const std::string& text, ReplyHandler reply);
   // Sends a command about one client to every server of GPU `gpu` (the shared one and its
-  // isolation groups'): the answer of the server that took it, else the shared server's.
+  // isolation groups'): the answer of the server that took it, else the refusal of the one that
+  // has the client, else the shared server's.
   void ask_client_server(int gpu, proto::MessageKind kind, const std::string& text,
-                         ReplyHandler reply);
+                         ReplyHandler reply, std::chrono::milliseconds timeout = kServerTimeout);
   // The GPU an argument names, or an error reply.
   tl::expected<int, std::string> gpu_argument(const std::string& text) const;
   // Sends `text` to the running servers of `gpus`; `done` gets one line per GPU and whether all

@@ -291,6 +291,13 @@ std::string format_metrics(const MetricsInput& input) {
               "The most device memory the client has held since it connected, in bytes."};
   Family pinned{"mpsshim_client_pinned_host_memory_bytes", "gauge",
                 "Pinned host memory the client holds (cuMemAllocHost, registered), in bytes."};
+  Family suspended{"mpsshim_client_suspended", "gauge",
+                   "1 while the operator has the client suspended (mpsshimctl suspend), else 0."};
+  Family parked{"mpsshim_client_parked_bytes", "gauge",
+                "Device memory of the suspended client parked in the server's host memory, in "
+                "bytes."};
+  Family suspended_time{"mpsshim_client_suspended_seconds_total", "counter",
+                        "Time the client has spent suspended, in seconds."};
   Family busy{"mpsshim_client_busy_seconds_total", "counter",
               "GPU time of the client's work, measured on the GPU with events around it and "
               "summed over its streams, in seconds."};
@@ -334,6 +341,11 @@ std::string format_metrics(const MetricsInput& input) {
     if (auto v = number_of(fields, "sms_held_back")) held_back.add(labels, *v);
     if (auto v = number_of(fields, "mem_peak")) peak.add(labels, *v);
     if (auto v = number_of(fields, "pinned")) pinned.add(labels, *v);
+    if (auto state = fields.find("state"); state != fields.end()) {
+      suspended.add(labels, state->second == "suspended" ? 1 : 0);
+    }
+    if (auto v = number_of(fields, "parked")) parked.add(labels, *v);
+    if (auto v = number_of(fields, "suspended_us")) suspended_time.add(labels, *v / 1e6);
     if (auto v = number_of(fields, "busy_us")) busy.add(labels, *v / 1e6);
     if (auto v = number_of(fields, "start_time")) client_start.add(labels, *v);
     for (std::string_view direction : {"h2d", "d2h", "d2d"}) {
@@ -397,11 +409,12 @@ std::string format_metrics(const MetricsInput& input) {
 
   std::string text;
   for (const Family* family :
-       {&start,          &build,         &up,       &restarts, &faults,       &group_servers,
-        &group_faults,   &client_faults, &answered, &clients,  &info,         &sms,
-        &memory,         &launches,      &used,     &limit,    &client_sms,   &held_back,
-        &peak,           &pinned,        &busy,     &copied,   &client_start, &records,
-        &server_seconds, &batched,       &graphs,   &images,   &image_bytes}) {
+       {&start,        &build,         &up,        &restarts,       &faults,         &group_servers,
+        &group_faults, &client_faults, &answered,  &clients,        &info,           &sms,
+        &memory,       &launches,      &used,      &limit,          &client_sms,     &held_back,
+        &peak,         &pinned,        &suspended, &parked,         &suspended_time, &busy,
+        &copied,       &client_start,  &records,   &server_seconds, &batched,        &graphs,
+        &images,       &image_bytes}) {
     text += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}", family->name, family->help, family->name,
                         family->type, family->samples);
   }

@@ -497,6 +497,104 @@ int stress(int iterations, bool gate) {
   return 0;
 }
 
+// Memory that must outlive a suspension (suspend_test.cpp): `megabytes` in one allocation and
+// 64 small ones of 64 KiB (the heap's shared chunks), each filled with its own pattern, a stream
+// and an event. READY, then a second thread keeps running the stress loop (allocate, copy in,
+// add, copy back, check, free) until stdin closes, while the test suspends and resumes the
+// client. Then every byte of the first allocations is checked at its address, and PASS.
+int resident(std::size_t megabytes) {
+  Setup s = setup();
+  CUfunction add{};
+  CHECK(cuModuleGetFunction(&add, s.module, "vector_add"));
+  CUstream stream{};
+  CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  CUevent event{};
+  CHECK(cuEventCreate(&event, CU_EVENT_DEFAULT));
+  struct Held {
+    CUdeviceptr address = 0;
+    std::size_t bytes = 0;
+    unsigned char seed = 0;
+  };
+  std::vector<Held> held;
+  held.push_back({0, megabytes << 20, 1});
+  for (int i = 0; i < 64; ++i) held.push_back({0, 64 << 10, static_cast<unsigned char>(i + 2)});
+  auto pattern = [](const Held& h, std::size_t i) {
+    return static_cast<unsigned char>(h.seed * 31 + i * 7 + (i >> 12));
+  };
+  for (Held& h : held) {
+    CHECK(cuMemAlloc(&h.address, h.bytes));
+    std::vector<unsigned char> bytes(h.bytes);
+    for (std::size_t i = 0; i < h.bytes; ++i) bytes[i] = pattern(h, i);
+    CHECK(cuMemcpyHtoDAsync(h.address, bytes.data(), h.bytes, stream));
+    CHECK(cuStreamSynchronize(stream));
+  }
+  CHECK(cuEventRecord(event, stream));
+  std::atomic<bool> stop{false};
+  std::atomic<long> iterations{0};
+  std::atomic<int> failures{0};
+  std::thread busy([&] {
+    CHECK(cuCtxSetCurrent(s.ctx));
+    const int n = 1 << 12;
+    const std::size_t bytes = sizeof(float) * n;
+    std::vector<float> a(n), b(n), c(n);
+    for (long round = 0; !stop.load(); ++round) {
+      for (int i = 0; i < n; ++i) {
+        a[i] = static_cast<float>(round + i);
+        b[i] = static_cast<float>(2 * i);
+      }
+      CUdeviceptr da, db, dc;
+      CHECK(cuMemAlloc(&da, bytes));
+      CHECK(cuMemAlloc(&db, bytes));
+      CHECK(cuMemAlloc(&dc, bytes));
+      int count = n;
+      void* args[] = {&da, &db, &dc, &count};
+      CHECK(cuMemcpyHtoDAsync(da, a.data(), bytes, stream));
+      CHECK(cuMemcpyHtoDAsync(db, b.data(), bytes, stream));
+      CHECK(cuLaunchKernel(add, n / 256, 1, 1, 256, 1, 1, 0, stream, args, nullptr));
+      CHECK(cuMemcpyDtoHAsync(c.data(), dc, bytes, stream));
+      CHECK(cuStreamSynchronize(stream));
+      for (int i = 0; i < n; ++i) {
+        if (c[i] != static_cast<float>(round + 3 * i)) {
+          ++failures;
+          break;
+        }
+      }
+      CHECK(cuMemFree(da));
+      CHECK(cuMemFree(db));
+      CHECK(cuMemFree(dc));
+      ++iterations;
+    }
+  });
+  std::printf("READY pid=%d\n", static_cast<int>(::getpid()));
+  std::fflush(stdout);
+  stdin_closed(true);
+  stop = true;
+  busy.join();
+  CHECK(cuEventSynchronize(event));
+  for (const Held& h : held) {
+    std::vector<unsigned char> bytes(h.bytes);
+    CHECK(cuMemcpyDtoH(bytes.data(), h.address, h.bytes));
+    for (std::size_t i = 0; i < h.bytes; ++i) {
+      if (bytes[i] != pattern(h, i)) {
+        std::printf("FAIL allocation %#llx of %zu bytes: byte %zu is %d, expected %d\n",
+                    static_cast<unsigned long long>(h.address), h.bytes, i, bytes[i],
+                    pattern(h, i));
+        return 1;
+      }
+    }
+    CHECK(cuMemFree(h.address));
+  }
+  if (failures.load() != 0) {
+    std::printf("FAIL %d of %ld stress iterations computed wrong sums\n", failures.load(),
+                iterations.load());
+    return 1;
+  }
+  CHECK(cuEventDestroy(event));
+  CHECK(cuStreamDestroy(stream));
+  std::printf("PASS resident iterations=%ld\n", iterations.load());
+  return 0;
+}
+
 int hog(std::size_t megabytes) {
   Setup s = setup();
   CUfunction sleeper{};
@@ -2218,6 +2316,7 @@ int main(int argc, char** argv) {
   if (mode == "occupancy") return occupancy();
   if (mode == "idle_sync") return idle_sync();
   if (mode == "hog") return hog(arg ? arg : 256);
+  if (mode == "resident") return resident(arg ? arg : 8);
   if (mode == "meminfo") return meminfo();
   if (mode == "account") return account(arg ? static_cast<int>(arg) : 8);
   if (mode == "forge") return forge(arg);

@@ -28,15 +28,20 @@ std::string format_client_usage(const Session& s) {
       "client={} pid={} uid={} program={} sms={} sm_percentage={} mem_used={} mem_peak={} "
       "mem_limit={} pinned={} launches={} busy_us={} h2d_bytes={} d2h_bytes={} d2d_bytes={} "
       "priority={} state={} start_time={}.{:03} allocation={} partition={} held_us={} "
-      "sms_held_back={}\n",
+      "sms_held_back={} parked={} suspended_us={}\n",
       s.client.id, s.client.pid, s.client.uid, one_word(s.client.program), s.green.sm_count,
       s.sm.percentage, s.charge.used(), s.charge.peak(), s.charge.limit(), u.pinned_bytes,
       s.launches, s.busy.on ? fmt::format("{}", u.busy_ns / 1000) : std::string("-"), u.bytes_h2d,
       u.bytes_d2h, u.bytes_d2d, s.priority_bias,
-      s.life.state == SessionState::kActive ? "active" : "draining", started_ms / 1000,
-      started_ms % 1000, s.charge.allocation() ? s.charge.allocation()->id() : 0,
+      s.life.state != SessionState::kActive ? "draining"
+      : s.suspension.on                     ? "suspended"
+                                            : "active",
+      started_ms / 1000, started_ms % 1000, s.charge.allocation() ? s.charge.allocation()->id() : 0,
       s.sm.placement.partition, s.priority.held_us,
-      s.green.outside_reserve ? s.green.held_back_sms : 0);
+      s.green.outside_reserve ? s.green.held_back_sms : 0, s.suspension.parked_bytes,
+      std::chrono::duration_cast<std::chrono::microseconds>(
+          s.suspension.total(std::chrono::steady_clock::now()))
+          .count());
 }
 
 }  // namespace mpsshim::server

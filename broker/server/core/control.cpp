@@ -16,6 +16,7 @@
 #include "broker/server/scheduling/quota.hpp"
 #include "broker/server/session/busy_time.hpp"
 #include "broker/server/session/sm_quota_change.hpp"
+#include "broker/server/session/suspension.hpp"
 #include "common/log.hpp"
 #include "proto/text_parts.hpp"
 
@@ -54,6 +55,8 @@ std::string set_memory_limit(Session& s, std::uint64_t bytes) {
 
 // Operator requests wait this long for each worker's answer.
 constexpr auto kOperatorTimeout = std::chrono::milliseconds(2000);
+// A suspend or resume copies the client's memory: 40 GiB take seconds (docs/suspend.md).
+constexpr auto kSuspendTimeout = std::chrono::milliseconds(300'000);
 
 }  // namespace
 
@@ -243,6 +246,49 @@ std::string Server::client_quota_command(const std::string& command, const std::
   return answer;
 }
 
+std::string Server::suspend_command(const std::string& command, const std::string& pid_text,
+                                    int& status) {
+  int pid = 0;
+  if (!parse_number(std::string_view(pid_text), pid) || pid <= 0) {
+    status = 1;
+    return fmt::format("{}: expected a pid, got \"{}\"", command, pid_text);
+  }
+  const bool suspend = command == "suspend_client";
+  // The session's own worker suspends or resumes it between two passes.
+  std::vector<std::string> parts = on_each_worker(
+      [pid, suspend](Worker& worker) {
+        std::string lines;
+        for (const auto& s : worker.sessions()) {
+          if (s->client.pid != pid || s->life.state != SessionState::kActive) continue;
+          auto done = suspend ? suspend_session(*s) : resume_session(*s);
+          // A refusal is marked for the coordinator by a leading '!'.
+          lines += done ? *done + "\n" : "!" + done.error() + "\n";
+        }
+        return lines;
+      },
+      kSuspendTimeout);
+  std::string answer;
+  for (const std::string& part : parts) answer += part;
+  if (answer.empty()) {
+    status = 1;
+    return fmt::format("no client with pid {} on GPU {}", pid, gpu_.ordinal);
+  }
+  std::string out;
+  for (std::size_t at = 0; at < answer.size();) {
+    std::size_t end = answer.find('\n', at);
+    std::string_view line(answer.data() + at, end - at);
+    if (!line.empty() && line.front() == '!') {
+      status = 1;
+      line.remove_prefix(1);
+    }
+    out.append(line);
+    out.push_back('\n');
+    at = end + 1;
+  }
+  out.pop_back();
+  return out;
+}
+
 std::string Server::control_command(const std::string& text, int& status) {
   std::istringstream in{std::string(trim(text))};
   std::string command, value;
@@ -285,6 +331,9 @@ std::string Server::control_command(const std::string& text, int& status) {
   }
   if (command == "set_client_active_thread_percentage" || command == "set_client_memory_limit") {
     return client_quota_command(command, value, in, status);
+  }
+  if (command == "suspend_client" || command == "resume_client") {
+    return suspend_command(command, value, status);
   }
   status = 1;
   return fmt::format("the server does not know the command \"{}\"", command);

@@ -40,7 +40,7 @@ struct ServerSettings {
   proto::SegmentGeometry geometry{};
   std::size_t batch_per_client = 32;  // records per client per pass
   std::size_t workers = 0;  // worker threads, sessions sharded over them; 0: one per CPU it may use
-  LaunchBatchSettings launch_batch;   // launch_batch.hpp (mpsshim-server --launch-batch)
+  LaunchBatchSettings launch_batch;  // launch_batch.hpp (mpsshim-server --launch-batch)
   // GPU busy time per client (busy_time.hpp, mpsshim-server --busy-time on). Off by default:
   // its timing events cost the launch path (ResNet-50 b1 x 8 on an H100, one lease: 640-846
   // iters/s with it, 1,143-1,192 without; docs/benchmarks.md).
@@ -182,7 +182,8 @@ class Server final {
 
   // A kCtlRequest from the daemon (control.cpp): the defaults for new clients, and a running
   // client's quotas changed live (set_client_active_thread_percentage PID P,
-  // set_client_memory_limit PID BYTES), applied by the worker that owns the client. The answer;
+  // set_client_memory_limit PID BYTES) or suspended and resumed (suspend_client PID,
+  // resume_client PID), applied by the worker that owns the client. The answer;
   // `status` 1 when it failed. Tests call it directly in inline mode.
   std::string control_command(const std::string& text, int& status);
 
@@ -205,6 +206,8 @@ class Server final {
   std::string terminate_client(const std::string& text, int& status);
   std::string client_quota_command(const std::string& command, const std::string& pid_text,
                                    std::istream& rest, int& status);
+  // suspend_client PID / resume_client PID (session/suspension.hpp), on the client's worker.
+  std::string suspend_command(const std::string& command, const std::string& pid_text, int& status);
 
   // loop.cpp: the coordinator's memory upkeep at each look: the primary context's lease, kept
   // library images past their idle timeout (image_cache.hpp), the heap trim.

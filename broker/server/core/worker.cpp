@@ -166,7 +166,8 @@ std::size_t Worker::do_work() {
     std::size_t start = round_robin_++ % n;
     for (std::size_t k = 0; k < n && !failed_; ++k) {
       Session& session = *sessions_[(start + k) % n];
-      if (session.life.state != SessionState::kActive) continue;
+      // A suspended session's ring waits (session/suspension.hpp).
+      if (session.life.state != SessionState::kActive || session.suspension.on) continue;
       // Before the pass: nothing of the session waits in its launch batch.
       follow_priority_reserve(session, server_.priority_board(), now);
       work += drain_ring(session);
@@ -386,7 +387,9 @@ void Worker::park(std::chrono::nanoseconds timeout) {
   // or the re-check below sees its record.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   for (auto& s : sessions_) {
-    if (s->life.state != SessionState::kActive || in_flight_at_cap(*s)) continue;
+    if (s->life.state != SessionState::kActive || s->suspension.on || in_flight_at_cap(*s)) {
+      continue;
+    }
     if (s->ring.peek().status != proto::PeekStatus::kEmpty) ready = true;
   }
   if (!ready) {

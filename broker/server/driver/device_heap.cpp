@@ -1,5 +1,7 @@
 #include "broker/server/driver/device_heap.hpp"
 
+#include <sys/mman.h>
+
 #include <fmt/format.h>
 
 #include <iterator>
@@ -23,6 +25,25 @@ CUmemAllocationProp device_prop(CUdevice device) {
   prop.location.id = device;
   prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   return prop;
+}
+
+// Page-locked host memory for a parked block: anonymous memory registered with the driver, as the
+// server pins every host buffer it copies through (cuMemHostRegister).
+tl::expected<void*, CUresult> pin_host(const DriverTable& cu, std::uint64_t bytes) {
+  void* host = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (host == MAP_FAILED) return tl::unexpected(CUDA_ERROR_OUT_OF_MEMORY);
+  if (CUresult r = cu.cuMemHostRegister_v2(host, bytes, 0); r != CUDA_SUCCESS) {
+    ::munmap(host, bytes);
+    return tl::unexpected(r);
+  }
+  return host;
+}
+
+void unpin_host(const DriverTable& cu, void* host, std::uint64_t bytes) {
+  if (CUresult r = cu.cuMemHostUnregister(host); r != CUDA_SUCCESS) {
+    log_warn("device heap: cuMemHostUnregister of a parked block failed: {}", describe(cu, r));
+  }
+  ::munmap(host, bytes);
 }
 
 }  // namespace
@@ -102,6 +123,11 @@ tl::expected<CUdeviceptr, CUresult> DeviceHeap::map_block(std::uint64_t bytes,
 }
 
 void DeviceHeap::unmap_block(CUdeviceptr base, const Block& block) {
+  if (block.parked != nullptr) {
+    unpin_host(cu_, block.parked, block.bytes);
+    arena_.give(base, block.bytes);
+    return;
+  }
   if (CUresult r = cu_.cuMemUnmap(base, block.bytes); r != CUDA_SUCCESS) {
     log_warn("device heap: cuMemUnmap({:#x}, {}) failed: {}", base, block.bytes, describe(cu_, r));
   }
@@ -129,6 +155,7 @@ CUdeviceptr DeviceHeap::carve_locked(std::uint64_t owner, std::uint64_t length) 
   for (auto c = first; c != last; ++c) {
     const CUdeviceptr base = c->second;
     Block& block = blocks_.at(base);
+    if (block.parked != nullptr) continue;
     for (auto it = block.free.begin(); it != block.free.end(); ++it) {
       if (it->second < length) continue;
       const std::uint64_t offset = it->first, rest = it->second - length;
@@ -233,12 +260,14 @@ tl::expected<DeviceHeap::Exported, CUresult> DeviceHeap::export_block(std::uint6
   if (address - it->first >= it->second.bytes || it->second.owner != owner) {
     return tl::unexpected(CUDA_ERROR_INVALID_VALUE);
   }
+  if (it->second.parked != nullptr) return tl::unexpected(CUDA_ERROR_NOT_READY);
   int fd = -1;
   if (CUresult r = cu_.cuMemExportToShareableHandle(&fd, it->second.handle,
                                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
       r != CUDA_SUCCESS) {
     return tl::unexpected(r);
   }
+  it->second.exported = true;
   return Exported{it->first, it->second.bytes, fd};
 }
 
@@ -258,11 +287,147 @@ void DeviceHeap::forget_owner(std::uint64_t owner) {
   for (auto& [at, block] : unmap) unmap_block(at, block);
 }
 
+bool DeviceHeap::exported(std::uint64_t owner) const {
+  std::lock_guard lock(mutex_);
+  for (const auto& [base, block] : blocks_) {
+    if (block.owner == owner && block.exported) return true;
+  }
+  return false;
+}
+
+std::vector<CUdeviceptr> DeviceHeap::blocks_of_locked(std::uint64_t owner, bool parked) const {
+  std::vector<CUdeviceptr> out;
+  for (const auto& [base, block] : blocks_) {
+    if (block.owner == owner && (block.parked != nullptr) == parked) out.push_back(base);
+  }
+  return out;
+}
+
+tl::expected<std::uint64_t, CUresult> DeviceHeap::park(std::uint64_t owner, CUstream stream) {
+  struct Copy {
+    CUdeviceptr base = 0;
+    std::uint64_t bytes = 0;
+    CUmemGenericAllocationHandle handle = 0;
+    void* host = nullptr;
+  };
+  std::vector<Copy> copies;
+  std::vector<std::pair<CUdeviceptr, Block>> spare;
+  {
+    std::lock_guard lock(mutex_);
+    // The empty spare chunk holds nothing worth keeping: it goes back to the driver.
+    if (auto it = spare_.find(owner); it != spare_.end()) {
+      spare.push_back(extract_chunk_locked(it->second));
+      spare_.erase(it);
+    }
+    for (CUdeviceptr base : blocks_of_locked(owner, false)) {
+      const Block& block = blocks_.at(base);
+      copies.push_back(Copy{base, block.bytes, block.handle, nullptr});
+    }
+  }
+  for (auto& [at, block] : spare) unmap_block(at, block);
+  // Each block's host memory is pinned while the previous block's copy runs.
+  CUresult failed = CUDA_SUCCESS;
+  for (Copy& c : copies) {
+    auto host = pin_host(cu_, c.bytes);
+    if (!host) {
+      failed = host.error();
+      break;
+    }
+    c.host = *host;
+    if (failed = cu_.cuMemcpyDtoHAsync_v2(c.host, c.base, c.bytes, stream);
+        failed != CUDA_SUCCESS) {
+      break;
+    }
+  }
+  if (CUresult r = cu_.cuStreamSynchronize(stream); failed == CUDA_SUCCESS) failed = r;
+  if (failed != CUDA_SUCCESS) {
+    for (Copy& c : copies) {
+      if (c.host != nullptr) unpin_host(cu_, c.host, c.bytes);
+    }
+    return tl::unexpected(failed);
+  }
+  std::uint64_t parked = 0;
+  for (const Copy& c : copies) {
+    if (CUresult r = cu_.cuMemUnmap(c.base, c.bytes); r != CUDA_SUCCESS) {
+      log_warn("device heap: cuMemUnmap({:#x}, {}) of a parked block failed: {}", c.base, c.bytes,
+               describe(cu_, r));
+    }
+    if (CUresult r = cu_.cuMemRelease(c.handle); r != CUDA_SUCCESS) {
+      log_warn("device heap: cuMemRelease of a parked block failed: {}", describe(cu_, r));
+    }
+    std::lock_guard lock(mutex_);
+    Block& block = blocks_.at(c.base);
+    block.handle = 0;
+    block.parked = c.host;
+    parked += c.bytes;
+  }
+  return parked;
+}
+
+tl::expected<std::uint64_t, CUresult> DeviceHeap::unpark(std::uint64_t owner, CUstream stream) {
+  struct Copy {
+    CUdeviceptr base = 0;
+    std::uint64_t bytes = 0;
+    void* host = nullptr;
+    CUmemGenericAllocationHandle handle = 0;
+    bool mapped = false;
+  };
+  std::vector<Copy> copies;
+  {
+    std::lock_guard lock(mutex_);
+    for (CUdeviceptr base : blocks_of_locked(owner, true)) {
+      const Block& block = blocks_.at(base);
+      copies.push_back(Copy{base, block.bytes, block.parked, 0, false});
+    }
+  }
+  const CUmemAllocationProp prop = device_prop(device_);
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  // Every block gets its device memory before any byte moves: all or nothing.
+  CUresult failed = CUDA_SUCCESS;
+  for (Copy& c : copies) {
+    if (failed = cu_.cuMemCreate(&c.handle, c.bytes, &prop, 0); failed != CUDA_SUCCESS) {
+      c.handle = 0;
+      break;
+    }
+    if (failed = cu_.cuMemMap(c.base, c.bytes, 0, c.handle, 0); failed != CUDA_SUCCESS) break;
+    c.mapped = true;
+    if (failed = cu_.cuMemSetAccess(c.base, c.bytes, &access, 1); failed != CUDA_SUCCESS) break;
+  }
+  if (failed == CUDA_SUCCESS) {
+    for (const Copy& c : copies) {
+      if (failed = cu_.cuMemcpyHtoDAsync_v2(c.base, c.host, c.bytes, stream);
+          failed != CUDA_SUCCESS) {
+        break;
+      }
+    }
+    if (CUresult r = cu_.cuStreamSynchronize(stream); failed == CUDA_SUCCESS) failed = r;
+  }
+  if (failed != CUDA_SUCCESS) {
+    for (const Copy& c : copies) {
+      if (c.mapped) cu_.cuMemUnmap(c.base, c.bytes);
+      if (c.handle != 0) cu_.cuMemRelease(c.handle);
+    }
+    return tl::unexpected(failed);
+  }
+  std::uint64_t back = 0;
+  for (const Copy& c : copies) {
+    unpin_host(cu_, c.host, c.bytes);
+    std::lock_guard lock(mutex_);
+    Block& block = blocks_.at(c.base);
+    block.handle = c.handle;
+    block.parked = nullptr;
+    back += c.bytes;
+  }
+  return back;
+}
+
 DeviceHeap::Figures DeviceHeap::figures() const {
   std::lock_guard lock(mutex_);
   Figures f;
   for (const auto& [base, block] : blocks_) {
-    f.physical_bytes += block.bytes;
+    (block.parked != nullptr ? f.parked_bytes : f.physical_bytes) += block.bytes;
     f.chunks += block.chunk ? 1 : 0;
     f.allocations += block.chunk ? 0 : 1;
   }

@@ -16,8 +16,13 @@
 // Physical allocations ask for the POSIX fd handle type, so another GPU's server can later map
 // them at the same address.
 //
+// A suspended client's memory is parked (park/unpark): each of its blocks is copied to pinned host
+// memory and its physical allocation released, while its addresses stay taken in the arena, so
+// that unpark puts the bytes back at the same device addresses (session/suspension.hpp).
+//
 // Thread safety: every public function may be called from any worker; one mutex guards the
-// bookkeeping and is never held across a driver call.
+// bookkeeping and is never held across a driver call. park and unpark of an owner run on the
+// worker of that owner's session, the only thread that allocates or frees for it.
 #pragma once
 
 #include <cuda.h>
@@ -28,6 +33,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <tl/expected.hpp>
 
@@ -75,8 +81,22 @@ class DeviceHeap {
   // Gives back the owner's spare chunk; called when its session ends, after its allocations.
   void forget_owner(std::uint64_t owner);
 
+  // Whether a block of `owner` was exported to another process (export_block): its memory is
+  // then mapped elsewhere and cannot be parked.
+  bool exported(std::uint64_t owner) const;
+  // Parks every block of `owner` (its streams idle): copied to pinned host memory on `stream`,
+  // then its physical allocation released; its addresses stay taken. Its spare chunk goes back
+  // to the driver. All or nothing: when host memory runs out, nothing is parked and the
+  // driver's error comes back. The bytes parked.
+  tl::expected<std::uint64_t, CUresult> park(std::uint64_t owner, CUstream stream);
+  // Puts every parked block of `owner` back at its address, its bytes copied in on `stream`.
+  // All or nothing: when the device has no room, nothing moves and the driver's error
+  // (CUDA_ERROR_OUT_OF_MEMORY) comes back. The bytes put back.
+  tl::expected<std::uint64_t, CUresult> unpark(std::uint64_t owner, CUstream stream);
+
   struct Figures {
     std::uint64_t physical_bytes = 0;  // what cuMemCreate holds for this heap
+    std::uint64_t parked_bytes = 0;    // blocks of suspended clients, on the host
     std::uint64_t allocations = 0;
     std::uint64_t chunks = 0;
   };
@@ -84,10 +104,12 @@ class DeviceHeap {
 
  private:
   struct Block {
-    CUmemGenericAllocationHandle handle = 0;
-    std::uint64_t bytes = 0;  // mapped and created
+    CUmemGenericAllocationHandle handle = 0;  // 0 while parked
+    std::uint64_t bytes = 0;                  // mapped and created
     std::uint64_t owner = 0;
     bool chunk = false;
+    bool exported = false;   // export_block handed its handle to another process
+    void* parked = nullptr;  // its bytes on the host (registered anonymous memory) while parked
     std::map<std::uint64_t, std::uint64_t> free;  // chunks: offset -> length, coalesced
     std::uint64_t live = 0;                       // chunks: allocations in it
   };
@@ -99,7 +121,10 @@ class DeviceHeap {
   DeviceHeap(const DriverTable& cu, CUdevice device, std::uint64_t base, std::uint64_t bytes,
              std::uint64_t granularity);
   tl::expected<CUdeviceptr, CUresult> map_block(std::uint64_t bytes, std::uint64_t alignment);
+  // Unmaps and releases the block (frees its host copy when parked) and gives its addresses back.
   void unmap_block(CUdeviceptr base, const Block& block);
+  // Under mutex_: the owner's blocks, parked or not.
+  std::vector<CUdeviceptr> blocks_of_locked(std::uint64_t owner, bool parked) const;
   // Under mutex_: a small allocation in one of the owner's chunks, or 0.
   CUdeviceptr carve_locked(std::uint64_t owner, std::uint64_t length);
   // Under mutex_: takes the chunk out of the books, to be unmapped after the lock.

@@ -2,7 +2,8 @@
 // the objects it made, what it is waiting for. Owned by the worker it was placed on: only that
 // thread touches it (docs/architecture.md, "Threads of mpsshim-server"). Its concerns are parts
 // of their own: the memory charge (memory_charge.hpp), interprocess memory, fences, busy time,
-// live quota changes, the reserve's retries, stamps and logged refusals (session_parts.hpp).
+// live quota changes, the reserve's retries, stamps, logged refusals and the operator's
+// suspension (session_parts.hpp).
 #pragma once
 
 #include <cuda.h>
@@ -219,6 +220,8 @@ class Session {
   // ---- identity and settings ---------------------------------------------------------------
   ClientInfo client;
   Lifecycle life;  // active or draining, and why it ends (session_parts.hpp)
+  // Suspended by the operator: its ring is not read, its memory parked (suspension.hpp).
+  Suspension suspension;
 
   proto::UniqueFd socket;
   proto::UniqueFd doorbell;

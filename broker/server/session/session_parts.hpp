@@ -145,4 +145,20 @@ struct RefusalsLogged {
   bool not_owned = false;
 };
 
+// Whether the operator suspended the session (suspension.hpp): while `on`, its worker reads
+// nothing from its ring and its device memory is parked on the host. For `ps` and the metrics:
+// the bytes parked, since when, and the time of its earlier suspensions.
+struct Suspension {
+  bool on = false;
+  std::uint64_t parked_bytes = 0;
+  std::chrono::steady_clock::time_point since{};
+  std::chrono::nanoseconds earlier{0};
+  std::uint32_t count = 0;
+
+  // Time suspended in all, the current suspension included.
+  std::chrono::nanoseconds total(std::chrono::steady_clock::time_point now) const {
+    return earlier + (on ? now - since : std::chrono::nanoseconds{0});
+  }
+};
+
 }  // namespace mpsshim::server

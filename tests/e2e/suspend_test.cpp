@@ -1,0 +1,193 @@
+// Suspend and resume of a running client (mpsshimctl suspend / resume, docs/suspend.md) through
+// the whole path on the CPU: e2e_client under LD_PRELOAD=libmpsshim.so -> mpsshimd ->
+// mpsshim-server -> the host-memory test driver, whose device memory is a fixed amount
+// (MPSSHIM_TESTDRIVER_MEMORY_MB) that runs out as the GPU's does.
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "harness.hpp"
+
+using namespace mpsshim::e2e;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr long long kMiB = 1 << 20;
+
+// 96 MiB of device memory: a client holding 48 MiB leaves no room for another's 64 MiB.
+const std::map<std::string, std::string> kSmallGpu{{"MPSSHIM_TESTDRIVER_MEMORY_MB", "96"}};
+
+std::string client() {
+  return artefact("E2E_CLIENT");
+}
+
+// The client `pid`'s entry in `mpsshimctl ps --json` (null when it is not listed).
+nlohmann::json ps_entry(const Daemon& daemon, int pid) {
+  const Outcome ps = daemon.ctl({"ps", "--json"});
+  if (ps.exit_code != 0) return nullptr;
+  const nlohmann::json parsed = nlohmann::json::parse(ps.out, nullptr, false);
+  if (!parsed.is_object() || !parsed.contains("clients")) return nullptr;
+  for (const nlohmann::json& entry : parsed["clients"]) {
+    if (entry.value("pid", -1) == pid) return entry;
+  }
+  return nullptr;
+}
+
+// What mpsshimctl said: its answer on stdout, or on stderr when it failed.
+std::string said(const Outcome& o) {
+  return o.out + o.err;
+}
+
+long long device_bytes(const Daemon& daemon) {
+  const auto objects = daemon.driver_objects();
+  auto it = objects.find("device_bytes");
+  return it == objects.end() ? -1 : it->second;
+}
+
+// A client holding `megabytes` of device memory and computing on another thread.
+std::unique_ptr<Child> resident(const Daemon& daemon, int megabytes) {
+  auto child = std::make_unique<Child>(
+      std::vector<std::string>{client(), "resident", std::to_string(megabytes)},
+      daemon.client_env(), true);
+  REQUIRE(child->wait_for_output("READY", 60s));
+  return child;
+}
+
+void finishes_with_its_bytes_intact(Child& child) {
+  child.close_stdin();
+  const Outcome o = child.wait(120s);
+  INFO(o.out << o.err);
+  CHECK(o.exit_code == 0);
+  CHECK(said(o).find("PASS resident") != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("a suspended client's memory leaves the GPU and comes back at its addresses",
+          "[e2e][suspend]") {
+  Daemon daemon({}, kSmallGpu);
+  auto holder = resident(daemon, 48);
+  const std::string gpu0 = "0", pid = std::to_string(holder->pid());
+  const long long held = device_bytes(daemon);
+  REQUIRE(held >= 48 * kMiB);
+
+  const Outcome suspended = daemon.ctl({"suspend", gpu0, pid});
+  INFO(suspended.out << suspended.err << daemon.log());
+  REQUIRE(suspended.exit_code == 0);
+  CHECK(suspended.out.find("suspended;") != std::string::npos);
+  nlohmann::json entry = ps_entry(daemon, holder->pid());
+  REQUIRE(entry.is_object());
+  CHECK(entry["state"] == "suspended");
+  CHECK(entry["parked_bytes"].get<long long>() >= 48 * kMiB);
+  // The memory went back to the driver: another client's 64 MiB fits now.
+  CHECK(device_bytes(daemon) <= held - 48 * kMiB);
+
+  // Its thread keeps calling, and nothing of it is served while suspended: the kernels it
+  // launched stay at their count over a window in which it launched thousands before.
+  const long long launches = entry["launches"].get<long long>();
+  std::this_thread::sleep_for(300ms);
+  CHECK(ps_entry(daemon, holder->pid())["launches"].get<long long>() == launches);
+  {
+    Child other({client(), "hog", "64"}, daemon.client_env());
+    REQUIRE(other.wait_for_output("READY", 60s));
+    other.kill(SIGKILL);
+    other.wait();
+  }
+  // The other client's memory is given back once its session is freed.
+  REQUIRE(eventually([&] { return device_bytes(daemon) <= held - 48 * kMiB; }));
+
+  const Outcome resumed = daemon.ctl({"resume", gpu0, pid});
+  INFO(resumed.out << resumed.err);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(resumed.out.find("resumed;") != std::string::npos);
+  entry = ps_entry(daemon, holder->pid());
+  CHECK(entry["state"] == "active");
+  CHECK(entry["parked_bytes"] == 0);
+  CHECK(entry["suspended_us"].get<long long>() >= 300'000);
+  CHECK(eventually(
+      [&] { return ps_entry(daemon, holder->pid())["launches"].get<long long>() > launches; }));
+  // Suspended twice more mid-run: the same bytes each time.
+  for (int round = 0; round < 2; ++round) {
+    REQUIRE(daemon.ctl({"suspend", gpu0, pid}).exit_code == 0);
+    REQUIRE(daemon.ctl({"resume", gpu0, pid}).exit_code == 0);
+  }
+  finishes_with_its_bytes_intact(*holder);
+  CHECK(daemon.log().find("not implemented") == std::string::npos);
+}
+
+TEST_CASE("a resume the GPU has no room for fails and leaves the client suspended",
+          "[e2e][suspend]") {
+  Daemon daemon({}, kSmallGpu);
+  auto holder = resident(daemon, 48);
+  const std::string gpu0 = "0", pid = std::to_string(holder->pid());
+  REQUIRE(daemon.ctl({"suspend", gpu0, pid}).exit_code == 0);
+  auto other =
+      std::make_unique<Child>(std::vector<std::string>{client(), "hog", "64"}, daemon.client_env());
+  REQUIRE(other->wait_for_output("READY", 60s));
+
+  const Outcome refused = daemon.ctl({"resume", gpu0, pid});
+  INFO(refused.out << refused.err);
+  CHECK(refused.exit_code != 0);
+  CHECK(said(refused).find("stays suspended") != std::string::npos);
+  CHECK(said(refused).find("CUDA_ERROR_OUT_OF_MEMORY") != std::string::npos);
+  CHECK(ps_entry(daemon, holder->pid())["state"] == "suspended");
+
+  other->kill(SIGKILL);
+  other->wait();
+  // Room again once the other client's memory is freed.
+  CHECK(eventually([&] { return daemon.ctl({"resume", gpu0, pid}).exit_code == 0; }));
+  finishes_with_its_bytes_intact(*holder);
+}
+
+TEST_CASE("a client killed while suspended leaves nothing behind", "[e2e][suspend]") {
+  Daemon daemon({"--context-idle-timeout", "-1"}, kSmallGpu);
+  const long long before = device_bytes(daemon);
+  auto holder = resident(daemon, 32);
+  REQUIRE(daemon.ctl({"suspend", "0", std::to_string(holder->pid())}).exit_code == 0);
+  holder->kill(SIGKILL);
+  holder->wait();
+  CHECK(eventually([&] { return ps_pids(daemon).empty(); }));
+  CHECK(eventually([&] { return device_bytes(daemon) == before; }));
+  // The server is whole: a new client gets all of the memory.
+  auto next = resident(daemon, 80);
+  finishes_with_its_bytes_intact(*next);
+}
+
+TEST_CASE("suspend and resume refuse what they cannot do, and change nothing", "[e2e][suspend]") {
+  Daemon daemon({}, kSmallGpu);
+  auto holder = resident(daemon, 8);
+  const std::string gpu0 = "0", pid = std::to_string(holder->pid());
+
+  Outcome o = daemon.ctl({"resume", gpu0, pid});
+  CHECK(o.exit_code != 0);
+  CHECK(said(o).find("is not suspended") != std::string::npos);
+  REQUIRE(daemon.ctl({"suspend", gpu0, pid}).exit_code == 0);
+  o = daemon.ctl({"suspend", gpu0, pid});
+  CHECK(o.exit_code != 0);
+  CHECK(said(o).find("suspended already") != std::string::npos);
+  o = daemon.ctl({"suspend", gpu0, "999999"});
+  CHECK(o.exit_code != 0);
+  CHECK(said(o).find("no client with pid 999999") != std::string::npos);
+  o = daemon.ctl({"suspend", gpu0, "nobody"});
+  CHECK(o.exit_code != 0);
+  REQUIRE(daemon.ctl({"resume", gpu0, pid}).exit_code == 0);
+
+  // Memory another process may map through an IPC handle cannot be parked.
+  Child exporter({artefact("E2E_IPC_CLIENT"), "export", "free"}, daemon.client_env(), true);
+  REQUIRE(exporter.wait_for_output("EXPORTED", 60s));
+  o = daemon.ctl({"suspend", gpu0, std::to_string(exporter.pid())});
+  INFO(o.out << o.err);
+  CHECK(o.exit_code != 0);
+  CHECK(said(o).find("cannot be suspended: it exported memory with cuIpcGetMemHandle") !=
+        std::string::npos);
+  CHECK(ps_entry(daemon, exporter.pid())["state"] == "active");
+  exporter.kill(SIGKILL);
+  exporter.wait();
+  finishes_with_its_bytes_intact(*holder);
+}
