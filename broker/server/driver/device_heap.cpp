@@ -1,13 +1,12 @@
 #include "broker/server/driver/device_heap.hpp"
 
-#include <sys/mman.h>
-
 #include <fmt/format.h>
 
 #include <iterator>
 #include <vector>
 
 #include "broker/server/driver/driver.hpp"
+#include "broker/server/driver/parked_memory.hpp"
 #include "common/log.hpp"
 #include "proto/address_arenas.hpp"
 
@@ -25,25 +24,6 @@ CUmemAllocationProp device_prop(CUdevice device) {
   prop.location.id = device;
   prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   return prop;
-}
-
-// Page-locked host memory for a parked block: anonymous memory registered with the driver, as the
-// server pins every host buffer it copies through (cuMemHostRegister).
-tl::expected<void*, CUresult> pin_host(const DriverTable& cu, std::uint64_t bytes) {
-  void* host = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (host == MAP_FAILED) return tl::unexpected(CUDA_ERROR_OUT_OF_MEMORY);
-  if (CUresult r = cu.cuMemHostRegister_v2(host, bytes, 0); r != CUDA_SUCCESS) {
-    ::munmap(host, bytes);
-    return tl::unexpected(r);
-  }
-  return host;
-}
-
-void unpin_host(const DriverTable& cu, void* host, std::uint64_t bytes) {
-  if (CUresult r = cu.cuMemHostUnregister(host); r != CUDA_SUCCESS) {
-    log_warn("device heap: cuMemHostUnregister of a parked block failed: {}", describe(cu, r));
-  }
-  ::munmap(host, bytes);
 }
 
 }  // namespace
@@ -124,7 +104,7 @@ tl::expected<CUdeviceptr, CUresult> DeviceHeap::map_block(std::uint64_t bytes,
 
 void DeviceHeap::unmap_block(CUdeviceptr base, const Block& block) {
   if (block.parked != nullptr) {
-    unpin_host(cu_, block.parked, block.bytes);
+    unpin_parked(cu_, block.parked, block.bytes);
     arena_.give(base, block.bytes);
     return;
   }
@@ -325,24 +305,23 @@ tl::expected<std::uint64_t, CUresult> DeviceHeap::park(std::uint64_t owner, CUst
     }
   }
   for (auto& [at, block] : spare) unmap_block(at, block);
-  // Each block's host memory is pinned while the previous block's copy runs.
+  // Each piece's copy runs while the next piece is pinned (parked_memory.hpp).
   CUresult failed = CUDA_SUCCESS;
   for (Copy& c : copies) {
-    auto host = pin_host(cu_, c.bytes);
+    auto host = pin_parked(cu_, c.bytes, stream,
+                           [&](void* piece, std::uint64_t offset, std::uint64_t bytes) {
+                             return cu_.cuMemcpyDtoHAsync_v2(piece, c.base + offset, bytes, stream);
+                           });
     if (!host) {
       failed = host.error();
       break;
     }
     c.host = *host;
-    if (failed = cu_.cuMemcpyDtoHAsync_v2(c.host, c.base, c.bytes, stream);
-        failed != CUDA_SUCCESS) {
-      break;
-    }
   }
   if (CUresult r = cu_.cuStreamSynchronize(stream); failed == CUDA_SUCCESS) failed = r;
   if (failed != CUDA_SUCCESS) {
     for (Copy& c : copies) {
-      if (c.host != nullptr) unpin_host(cu_, c.host, c.bytes);
+      if (c.host != nullptr) unpin_parked(cu_, c.host, c.bytes);
     }
     return tl::unexpected(failed);
   }
@@ -397,10 +376,12 @@ tl::expected<std::uint64_t, CUresult> DeviceHeap::unpark(std::uint64_t owner, CU
   }
   if (failed == CUDA_SUCCESS) {
     for (const Copy& c : copies) {
-      if (failed = cu_.cuMemcpyHtoDAsync_v2(c.base, c.host, c.bytes, stream);
-          failed != CUDA_SUCCESS) {
-        break;
-      }
+      // Piece by piece: each is registered on its own (parked_memory.hpp).
+      failed = for_each_parked_piece(
+          c.host, c.bytes, [&](void* piece, std::uint64_t offset, std::uint64_t bytes) {
+            return cu_.cuMemcpyHtoDAsync_v2(c.base + offset, piece, bytes, stream);
+          });
+      if (failed != CUDA_SUCCESS) break;
     }
     if (CUresult r = cu_.cuStreamSynchronize(stream); failed == CUDA_SUCCESS) failed = r;
   }
@@ -413,7 +394,7 @@ tl::expected<std::uint64_t, CUresult> DeviceHeap::unpark(std::uint64_t owner, CU
   }
   std::uint64_t back = 0;
   for (const Copy& c : copies) {
-    unpin_host(cu_, c.host, c.bytes);
+    unpin_parked(cu_, c.host, c.bytes);
     std::lock_guard lock(mutex_);
     Block& block = blocks_.at(c.base);
     block.handle = c.handle;

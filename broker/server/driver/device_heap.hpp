@@ -109,7 +109,7 @@ class DeviceHeap {
     std::uint64_t owner = 0;
     bool chunk = false;
     bool exported = false;   // export_block handed its handle to another process
-    void* parked = nullptr;  // its bytes on the host (registered anonymous memory) while parked
+    void* parked = nullptr;  // its bytes on the host while parked (parked_memory.hpp)
     std::map<std::uint64_t, std::uint64_t> free;  // chunks: offset -> length, coalesced
     std::uint64_t live = 0;                       // chunks: allocations in it
   };

@@ -25,7 +25,8 @@ def held_bytes(gib):
         return None, None
     n = int(gib * (1 << 30))
     g = torch.Generator(device="cuda").manual_seed(1)
-    held = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda", generator=g)
+    # In place: torch.randint would make its int64 draw first (8 bytes per byte held).
+    held = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 256, generator=g)
     return held, fingerprint(held)
 
 
