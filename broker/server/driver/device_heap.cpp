@@ -343,7 +343,8 @@ tl::expected<std::uint64_t, CUresult> DeviceHeap::park(std::uint64_t owner, CUst
   return parked;
 }
 
-tl::expected<std::uint64_t, CUresult> DeviceHeap::unpark(std::uint64_t owner, CUstream stream) {
+tl::expected<std::uint64_t, CUresult> DeviceHeap::unpark(std::uint64_t owner, CUstream stream,
+                                                         CUcontext context) {
   struct Copy {
     CUdeviceptr base = 0;
     std::uint64_t bytes = 0;
@@ -394,7 +395,7 @@ tl::expected<std::uint64_t, CUresult> DeviceHeap::unpark(std::uint64_t owner, CU
   }
   std::uint64_t back = 0;
   for (const Copy& c : copies) {
-    unpin_parked(cu_, c.host, c.bytes);
+    releaser_.release(context, c.host, c.bytes);
     std::lock_guard lock(mutex_);
     Block& block = blocks_.at(c.base);
     block.handle = c.handle;

@@ -39,6 +39,7 @@
 
 #include "broker/server/driver/address_arena.hpp"
 #include "broker/server/driver/driver_table.hpp"
+#include "broker/server/driver/parked_memory.hpp"
 
 namespace mpsshim::server {
 
@@ -91,8 +92,10 @@ class DeviceHeap {
   tl::expected<std::uint64_t, CUresult> park(std::uint64_t owner, CUstream stream);
   // Puts every parked block of `owner` back at its address, its bytes copied in on `stream`.
   // All or nothing: when the device has no room, nothing moves and the driver's error
-  // (CUDA_ERROR_OUT_OF_MEMORY) comes back. The bytes put back.
-  tl::expected<std::uint64_t, CUresult> unpark(std::uint64_t owner, CUstream stream);
+  // (CUDA_ERROR_OUT_OF_MEMORY) comes back. The bytes put back. The host memory is given back
+  // afterwards on a thread of the heap's, in `context` (the caller's current one).
+  tl::expected<std::uint64_t, CUresult> unpark(std::uint64_t owner, CUstream stream,
+                                               CUcontext context);
 
   struct Figures {
     std::uint64_t physical_bytes = 0;  // what cuMemCreate holds for this heap
@@ -134,6 +137,7 @@ class DeviceHeap {
   const CUdevice device_;
   const std::uint64_t granularity_;
   AddressArena arena_;
+  ParkedReleaser releaser_{cu_};  // resumed clients' host memory, given back (parked_memory.hpp)
   mutable std::mutex mutex_;
   std::map<CUdeviceptr, Block> blocks_;         // dedicated allocations and chunks, by base
   std::map<CUdeviceptr, Small> small_;          // allocations inside chunks

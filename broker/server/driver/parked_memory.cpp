@@ -3,8 +3,6 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <thread>
-#include <vector>
 
 #include "broker/server/driver/driver.hpp"
 #include "common/log.hpp"
@@ -68,17 +66,24 @@ tl::expected<void*, CUresult> pin_parked(const DriverTable& cu, std::uint64_t by
   void* host = map_huge_aligned(bytes);
   if (host == nullptr) return tl::unexpected(CUDA_ERROR_OUT_OF_MEMORY);
   auto* base = static_cast<std::byte*>(host);
+  auto length_at = [&](std::uint64_t offset) { return std::min(kParkPiece, bytes - offset); };
   std::uint64_t registered = 0;
   CUresult failed = CUDA_SUCCESS;
+  fault_in(base, length_at(0));
   while (registered < bytes) {
-    const std::uint64_t length = std::min(kParkPiece, bytes - registered);
-    fault_in(base + registered, length);
-    if (failed = cu.cuMemHostRegister_v2(base + registered, length, 0); failed != CUDA_SUCCESS) {
-      break;
+    const std::uint64_t offset = registered, length = length_at(offset);
+    // The next piece is faulted in while this one is registered and its copy queued.
+    std::thread ahead;
+    if (offset + length < bytes) {
+      ahead = std::thread(fault_in, base + offset + length, length_at(offset + length));
     }
-    const std::uint64_t offset = registered;
-    registered += length;
-    if (failed = piece(base + offset, offset, length); failed != CUDA_SUCCESS) break;
+    failed = cu.cuMemHostRegister_v2(base + offset, length, 0);
+    if (failed == CUDA_SUCCESS) {
+      registered += length;
+      failed = piece(base + offset, offset, length);
+    }
+    if (ahead.joinable()) ahead.join();
+    if (failed != CUDA_SUCCESS) break;
   }
   if (failed == CUDA_SUCCESS) return host;
   cu.cuStreamSynchronize(stream);
@@ -100,6 +105,40 @@ CUresult for_each_parked_piece(void* host, std::uint64_t bytes, const ParkPieceF
 void unpin_parked(const DriverTable& cu, void* host, std::uint64_t bytes) {
   unregister_pieces(cu, host, bytes);
   ::munmap(host, bytes);
+}
+
+ParkedReleaser::~ParkedReleaser() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void ParkedReleaser::release(CUcontext context, void* host, std::uint64_t bytes) {
+  {
+    std::lock_guard lock(mutex_);
+    queue_.push_back(Parked{context, host, bytes});
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+  }
+  wake_.notify_one();
+}
+
+void ParkedReleaser::run() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping, nothing left
+    std::vector<Parked> batch;
+    batch.swap(queue_);
+    lock.unlock();
+    for (const Parked& p : batch) {
+      cu_.cuCtxSetCurrent(p.context);
+      unpin_parked(cu_, p.host, p.bytes);
+    }
+    lock.lock();
+  }
 }
 
 }  // namespace mpsshim::server

@@ -12,8 +12,12 @@
 
 #include <cuda.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include <tl/expected.hpp>
 
@@ -39,5 +43,33 @@ CUresult for_each_parked_piece(void* host, std::uint64_t bytes, const ParkPieceF
 
 // Unregisters and unmaps memory pin_parked gave.
 void unpin_parked(const DriverTable& cu, void* host, std::uint64_t bytes);
+
+// Gives parked memory back on a thread of its own, in `context`: unregistering and unmapping
+// 16 GiB took 0.3 s (same H200 host), which a resumed client need not wait for. Thread-safe.
+class ParkedReleaser {
+ public:
+  explicit ParkedReleaser(const DriverTable& cu) : cu_(cu) {}
+  // Gives back what is still queued, then joins the thread.
+  ~ParkedReleaser();
+  ParkedReleaser(const ParkedReleaser&) = delete;
+  ParkedReleaser& operator=(const ParkedReleaser&) = delete;
+
+  void release(CUcontext context, void* host, std::uint64_t bytes);
+
+ private:
+  struct Parked {
+    CUcontext context = nullptr;
+    void* host = nullptr;
+    std::uint64_t bytes = 0;
+  };
+  void run();
+
+  const DriverTable& cu_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::vector<Parked> queue_;  // under mutex_
+  bool stop_ = false;          // under mutex_
+  std::thread thread_;         // started by the first release
+};
 
 }  // namespace mpsshim::server

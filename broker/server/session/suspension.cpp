@@ -145,7 +145,7 @@ tl::expected<std::string, std::string> resume_session(Session& s) {
                                       describe(s.cu(), stream.result())));
   }
   const auto start = Clock::now();
-  auto back = s.gpu().heap->unpark(s.client.id, stream.get());
+  auto back = s.gpu().heap->unpark(s.client.id, stream.get(), s.gpu().primary);
   if (!back) {
     return tl::unexpected(fmt::format(
         "{} was not resumed and stays suspended: putting its {} back on the GPU failed: {}",
