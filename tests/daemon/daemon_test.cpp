@@ -329,17 +329,21 @@ TEST_CASE("ps shows every server's clients", "[ps]") {
   Outcome ps = sut.ctl({"ps"});
 
   CHECK(ps.exit_code == 0);
-  CHECK(
-      contains(ps.out,
-               "PID      USER        GPU  SMS      MEMORY      PEAK        LIMIT       PINNED      "
-               "LAUNCHES  BUSY      H2D         D2H         D2D         PRIO  STATE     STARTED"));
+  CHECK(contains(
+      ps.out,
+      "PID      USER        GPU  SMS      MEMORY      PEAK        LIMIT       PINNED      "
+      "PARKED      LAUNCHES  BUSY      H2D         D2H         D2D         PRIO  STATE      "
+      "STARTED"));
   CHECK(contains(ps.out, "STARTED              PROGRAM          ALLOCATION      ISOLATION\n"));
   CHECK(contains(ps.out, "\n4242     "));
   // What fake_server.cpp reports, for people.
-  CHECK(
-      contains(ps.out,
-               "0    66       1.0 MiB     3.0 MiB     none        64.0 KiB    7         1.25s     "
-               "4.0 KiB     2.0 KiB     1.0 KiB     1     active    "));
+  CHECK(contains(
+      ps.out,
+      "0    66       1.0 MiB     3.0 MiB     none        64.0 KiB    0 B         7         "
+      "1.25s     4.0 KiB     2.0 KiB     1.0 KiB     1     active     "));
+  // GPU 1's client is suspended, 1 MiB of it parked on the host.
+  CHECK(contains(ps.out, "64.0 KiB    1.0 MiB     7         "));
+  CHECK(contains(ps.out, " suspended  "));
   // GPU 1's client leaves 16 SMs of its 82 to normal-priority clients (--priority-reserve-sms).
   CHECK(contains(ps.out, "1    66/82    1.0 MiB"));
   // PROGRAM, then ALLOCATION: "-" for a client that does not belong to a pod's allocation;
@@ -365,7 +369,9 @@ TEST_CASE("ps --json gives every figure as a number", "[ps][json]") {
   CHECK(c["uid"] == ::getuid());
   CHECK(c["user"] == own_user());
   CHECK(c["program"] == "fake-client-gpu1");
-  CHECK(c["state"] == "active");
+  CHECK(c["state"] == "suspended");
+  CHECK(c["parked_bytes"] == 1048576);
+  CHECK(c["suspended_us"] == 2500000);
   CHECK(c["start_time"] == 1795568665.25);
   CHECK(c["sms"] == 66);
   CHECK(c["sm_percentage"] == 50);
@@ -404,6 +410,9 @@ TEST_CASE("every mpsshimctl command answers --json with one JSON object", "[ctl]
       {{"get_default_device_pinned_mem_limit", "0"}, true, {"gpu", "bytes"}},
       {{"set_active_thread_percentage", "0", "4242", "50"}, true, {"message"}},
       {{"set_device_pinned_mem_limit", "0", "4242", "1G"}, true, {"message"}},
+      {{"suspend", "0", "4242"}, true, {"message"}},
+      {{"resume", "0", "4242"}, true, {"message"}},
+      {{"suspend", "0", "nobody"}, false, {"message"}},
       {{"server_command", "1", "hello"}, true, {"message"}},
       {{"gpu_states"}, true, {"gpus"}},
       {{"register_allocation", "sm=25", "memory=1G", "namespace=ns", "pod=p"},
@@ -930,6 +939,10 @@ TEST_CASE("GET /metrics reports every GPU's server and every client's figures", 
   CHECK(contains(m, "mpsshim_client_sms_held_back" + client + " 16\n"));
   CHECK(contains(m, "mpsshim_client_memory_peak_bytes" + client + " 3145728\n"));
   CHECK(contains(m, "mpsshim_client_pinned_host_memory_bytes" + client + " 65536\n"));
+  // GPU 1's fake client is suspended (fake_server.cpp).
+  CHECK(contains(m, "mpsshim_client_suspended" + client + " 1\n"));
+  CHECK(contains(m, "mpsshim_client_parked_bytes" + client + " 1048576\n"));
+  CHECK(contains(m, "mpsshim_client_suspended_seconds_total" + client + " 2.5\n"));
   CHECK(contains(m, "mpsshim_client_busy_seconds_total" + client + " 1.25\n"));
   CHECK(contains(m, "mpsshim_client_start_time_seconds" + client + " 1795568665.25\n"));
   const std::string copied = client.substr(0, client.size() - 1);

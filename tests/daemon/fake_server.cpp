@@ -150,9 +150,12 @@ int main(int argc, char** argv) {
                                                "mem_peak=3145728 mem_limit=0 pinned=65536 "
                                                "launches=7 busy_us=1250000 h2d_bytes=4096 "
                                                "d2h_bytes=2048 d2d_bytes=1024 priority=1 "
-                                               "state=active start_time=1795568665.250 "
-                                               "sms_held_back={} worker=0\nnot a client line\n",
-                                               ::getuid(), gpu, gpu == 1 ? 16 : 0)));
+                                               "state={} start_time=1795568665.250 "
+                                               "sms_held_back={} parked={} suspended_us={} "
+                                               "worker=0\nnot a client line\n",
+                                               ::getuid(), gpu, gpu == 1 ? "suspended" : "active",
+                                               gpu == 1 ? 16 : 0, gpu == 1 ? 1048576 : 0,
+                                               gpu == 1 ? 2500000 : 0)));
     } else if (kind == MessageKind::kServerTerminateClient) {
       proto::send_struct(control,
                          make_text(MessageKind::kCtlReply, 0,
