@@ -140,13 +140,14 @@ TEST_CASE("stats list one line per client", "[server][control]") {
         "d2d_bytes=0 priority=0 state=active");
   // start_time: unix seconds with milliseconds, now or a moment ago; then the allocation and the
   // static SM partition (none), the time held back for priorities (none), the SMs it leaves to
-  // normal-priority clients (none) and the worker.
+  // normal-priority clients (none), nothing parked and never suspended, and the worker.
   const double start_time = std::stod(line.substr(at + started.size()));
   const double now =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   CHECK(start_time <= now);
   CHECK(start_time > now - 60);
-  CHECK(line.ends_with(" allocation=0 partition=0 held_us=0 sms_held_back=0 worker=0\n"));
+  CHECK(line.ends_with(
+      " allocation=0 partition=0 held_us=0 sms_held_back=0 parked=0 suspended_us=0 worker=0\n"));
 }
 
 TEST_CASE("terminate_client ends that client's session and tells it", "[server][control]") {

@@ -2,7 +2,9 @@
 // the test driver, whose kernels run on the SMs of their stream's green context (record_smid) and
 // whose streams run in order: the SM quota moves the client's later work to a green context of
 // the new size while its earlier work is still running, its results stay right; a memory limit
-// lowered below what it uses refuses its next allocation, naming the command that set it.
+// lowered below what it uses refuses its next allocation, naming the command that set it; a
+// suspended client's records wait while its memory is parked, and come back to the same bytes
+// (session/suspension.hpp).
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -241,6 +243,45 @@ TEST_CASE("a live quota for a pid without a client, or a bad value, is refused",
   operator_says(f.h, fmt::format("set_client_active_thread_percentage {} 0", kPid), status);
   CHECK(status == 1);
   operator_says(f.h, fmt::format("set_client_memory_limit {} lots", kPid), status);
+  CHECK(status == 1);
+}
+
+TEST_CASE("a suspended client's records wait, and its memory comes back with its bytes",
+          "[server][suspend]") {
+  Fixture f(test_driver());
+  auto fill = f.function("fill_u32");
+  const std::uint64_t y = f.buffer(kWords * 4);
+  f.launch(fill, f.ctx.default_stream, 8, 256, y, bits(1.0f), kWords);
+  REQUIRE(f.synchronize(f.ctx.default_stream) == CUDA_SUCCESS);
+
+  int status = -1;
+  std::string said = operator_says(f.h, fmt::format("suspend_client {}", kPid), status);
+  INFO(said);
+  REQUIRE(status == 0);
+  CHECK(said.find("suspended; 2 MiB parked on the host") != std::string::npos);
+  CHECK(f.h.server->gpu().heap->figures().parked_bytes == 2u << 20);
+  // A read of the buffer is not served while the client is suspended, however many passes run.
+  const std::uint32_t generation = ++f.read_generation;
+  f.sut.send(Op::kCopyDtoH,
+             proto::CopyHostReq{f.ctx.default_stream, y, kWords * 4,
+                                proto::HostRef{1, 0, proto::HostKind::kStagingChunk, generation}});
+  f.h.pump(64);
+  CHECK(f.sut.view().chunk_state(1)->done_generation.load() != generation);
+  operator_says(f.h, fmt::format("suspend_client {}", kPid), status);
+  CHECK(status == 1);  // suspended already
+
+  said = operator_says(f.h, fmt::format("resume_client {}", kPid), status);
+  REQUIRE(status == 0);
+  CHECK(said.find("resumed; 2 MiB back on the GPU") != std::string::npos);
+  CHECK(f.h.server->gpu().heap->figures().parked_bytes == 0);
+  REQUIRE(f.h.pump_until(
+      [&] { return f.sut.view().chunk_state(1)->done_generation.load() == generation; }));
+  std::vector<std::uint32_t> words(kWords);
+  std::memcpy(words.data(), f.sut.view().chunk(1), kWords * 4);
+  CHECK(std::all_of(words.begin(), words.end(), [](std::uint32_t w) { return w == bits(1.0f); }));
+  operator_says(f.h, fmt::format("resume_client {}", kPid), status);
+  CHECK(status == 1);  // not suspended
+  operator_says(f.h, "suspend_client someone", status);
   CHECK(status == 1);
 }
 
