@@ -31,6 +31,14 @@ constexpr int kDaemonError = 1;
 constexpr int kUnreachable = 2;
 // The daemon gives its servers 2 s to answer; this leaves room for a loaded machine.
 constexpr int kAnswerTimeoutSeconds = 15;
+// suspend and resume copy a client's memory: the daemon waits up to 310 s for the server.
+constexpr int kSuspendAnswerTimeoutSeconds = 320;
+
+int answer_timeout_seconds(const std::string& line) {
+  const std::string command = line.substr(0, line.find(' '));
+  return command == "suspend" || command == "resume" ? kSuspendAnswerTimeoutSeconds
+                                                     : kAnswerTimeoutSeconds;
+}
 
 constexpr const char* kUsage = R"(usage: mpsshimctl [--runtime-dir DIR] [command [arguments...]]
 
@@ -49,7 +57,7 @@ Exit status: 0 ok, 1 the daemon answered with an error, 2 the daemon could not b
 
 int send_command(const RuntimeDir& dir, const std::string& line) {
   const std::string path = control_socket_path(dir.path);
-  auto answer = ask_daemon(path, line, std::chrono::seconds(kAnswerTimeoutSeconds));
+  auto answer = ask_daemon(path, line, std::chrono::seconds(answer_timeout_seconds(line)));
   if (!answer) {
     const CtlFailure& failure = answer.error();
     switch (failure.kind) {

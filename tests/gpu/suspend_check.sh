@@ -7,7 +7,7 @@
 # resumed, its bytes checked: the copy rates the server reports, beside bench/bandwidth's pinned
 # figures measured in the same run.
 # usage: suspend_check.sh BUILD_DIR [OUT_DIR]   (exits 77 without a GPU or PyTorch; 0 when it held)
-set -u
+set -u -o pipefail
 B=$(cd "$1" && pwd)
 OUT=${2:-$(mktemp -d /tmp/suspend-check.XXXX)}
 mkdir -p "$OUT"
@@ -46,7 +46,8 @@ else
   steps_then=$(grep -c '^STEP' "$OUT/suspended.out")
   sleep 1  # a window in which an unsuspended loop prints dozens of STEP lines
   steps_later=$(grep -c '^STEP' "$OUT/suspended.out")
-  ctl resume 0 "$pid" | tee "$OUT/resume-train.out" || fail=1
+  # A client left suspended would never finish: it is killed instead.
+  ctl resume 0 "$pid" | tee "$OUT/resume-train.out" || { fail=1; kill -9 "$TRAIN"; }
   python3 - "$OUT/ps-suspended.json" "$pid" "$steps_then" "$steps_later" <<'PY' || fail=1
 import json, sys
 clients = json.load(open(sys.argv[1]))["clients"]
@@ -81,7 +82,7 @@ for gib in ${SUSPEND_SIZES_GIB:-1}; do
   pid=$(sed -n 's/^READY pid=\([0-9]*\).*/\1/p' <<<"$line")
   [ -z "$pid" ] && { echo "FAIL: the $gib GiB client did not start: $line"; fail=1; continue; }
   s=$(ctl suspend 0 "$pid") || { echo "FAIL: $s"; fail=1; }
-  r=$(ctl resume 0 "$pid") || { echo "FAIL: $r"; fail=1; }
+  r=$(ctl resume 0 "$pid") || { echo "FAIL: $r"; fail=1; kill -9 "$hold_pid"; }
   echo "$s" >>"$OUT/sizes.out"
   echo "$r" >>"$OUT/sizes.out"
   echo >&"$hold_in"

@@ -275,6 +275,14 @@ bool DeviceHeap::exported(std::uint64_t owner) const {
   return false;
 }
 
+void DeviceHeap::mark_exported(CUdeviceptr address) {
+  std::lock_guard lock(mutex_);
+  auto after = blocks_.upper_bound(address);
+  if (after == blocks_.begin()) return;
+  auto it = std::prev(after);
+  if (address - it->first < it->second.bytes) it->second.exported = true;
+}
+
 std::vector<CUdeviceptr> DeviceHeap::blocks_of_locked(std::uint64_t owner, bool parked) const {
   std::vector<CUdeviceptr> out;
   for (const auto& [base, block] : blocks_) {
@@ -305,6 +313,9 @@ tl::expected<std::uint64_t, CUresult> DeviceHeap::park(std::uint64_t owner, CUst
     }
   }
   for (auto& [at, block] : spare) unmap_block(at, block);
+  std::uint64_t total = 0;
+  for (const Copy& c : copies) total += c.bytes;
+  if (!host_can_hold(total)) return tl::unexpected(CUDA_ERROR_OUT_OF_MEMORY);
   // Each piece's copy runs while the next piece is pinned (parked_memory.hpp).
   CUresult failed = CUDA_SUCCESS;
   for (Copy& c : copies) {
@@ -327,9 +338,14 @@ tl::expected<std::uint64_t, CUresult> DeviceHeap::park(std::uint64_t owner, CUst
   }
   std::uint64_t parked = 0;
   for (const Copy& c : copies) {
+    // A block still mapped could not be mapped again at resume: it stays on the device.
     if (CUresult r = cu_.cuMemUnmap(c.base, c.bytes); r != CUDA_SUCCESS) {
-      log_warn("device heap: cuMemUnmap({:#x}, {}) of a parked block failed: {}", c.base, c.bytes,
-               describe(cu_, r));
+      log_warn(
+          "device heap: cuMemUnmap({:#x}, {}) of a block to park failed, so it stays on the "
+          "device: {}",
+          c.base, c.bytes, describe(cu_, r));
+      unpin_parked(cu_, c.host, c.bytes);
+      continue;
     }
     if (CUresult r = cu_.cuMemRelease(c.handle); r != CUDA_SUCCESS) {
       log_warn("device heap: cuMemRelease of a parked block failed: {}", describe(cu_, r));

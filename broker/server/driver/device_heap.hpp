@@ -82,9 +82,11 @@ class DeviceHeap {
   // Gives back the owner's spare chunk; called when its session ends, after its allocations.
   void forget_owner(std::uint64_t owner);
 
-  // Whether a block of `owner` was exported to another process (export_block): its memory is
-  // then mapped elsewhere and cannot be parked.
+  // Whether a block of `owner` was exported to another process (export_block) or holds memory
+  // shared through an IPC handle (mark_exported): others may use it, so it cannot be parked.
+  // The mark lasts as long as the block.
   bool exported(std::uint64_t owner) const;
+  void mark_exported(CUdeviceptr address);
   // Parks every block of `owner` (its streams idle): copied to pinned host memory on `stream`,
   // then its physical allocation released; its addresses stay taken. Its spare chunk goes back
   // to the driver. All or nothing: when host memory runs out, nothing is parked and the
@@ -111,7 +113,7 @@ class DeviceHeap {
     std::uint64_t bytes = 0;                  // mapped and created
     std::uint64_t owner = 0;
     bool chunk = false;
-    bool exported = false;   // export_block handed its handle to another process
+    bool exported = false;   // export_block or mark_exported: others may use it
     void* parked = nullptr;  // its bytes on the host while parked (parked_memory.hpp)
     std::map<std::uint64_t, std::uint64_t> free;  // chunks: offset -> length, coalesced
     std::uint64_t live = 0;                       // chunks: allocations in it

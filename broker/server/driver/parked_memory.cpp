@@ -3,6 +3,13 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
 
 #include "broker/server/driver/driver.hpp"
 #include "common/log.hpp"
@@ -44,11 +51,26 @@ void fault_in(std::byte* p, std::uint64_t bytes) {
   if (threads == 1) return touch(p, bytes);
   const std::uint64_t share = (bytes / threads + kHugePage - 1) & ~(kHugePage - 1);
   std::vector<std::thread> helpers;
+  std::uint64_t mine = std::min(share, bytes);  // the calling thread's part
   for (unsigned i = 1; i < threads && i * share < bytes; ++i) {
-    helpers.emplace_back(touch, p + i * share, std::min(share, bytes - i * share));
+    const std::uint64_t length = std::min(share, bytes - i * share);
+    try {
+      helpers.emplace_back(touch, p + i * share, length);
+    } catch (const std::system_error&) {
+      mine = bytes;  // no more threads: the rest on this one (pages touched twice cost nothing)
+      break;
+    }
   }
-  touch(p, std::min(share, bytes));
+  touch(p, mine);
   for (std::thread& t : helpers) t.join();
+}
+
+// A number from a file of the kernel's ("max" or unreadable: none).
+std::uint64_t read_number(const std::string& path) {
+  std::ifstream in(path);
+  std::uint64_t value = 0;
+  if (!(in >> value)) return std::numeric_limits<std::uint64_t>::max();
+  return value;
 }
 
 void unregister_pieces(const DriverTable& cu, void* host, std::uint64_t registered) {
@@ -61,6 +83,31 @@ void unregister_pieces(const DriverTable& cu, void* host, std::uint64_t register
 
 }  // namespace
 
+bool host_can_hold(std::uint64_t bytes) {
+  constexpr std::uint64_t kMargin = std::uint64_t{1} << 30;
+  std::uint64_t available = std::numeric_limits<std::uint64_t>::max();
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string line; std::getline(meminfo, line);) {
+    std::istringstream fields(line);
+    std::string key;
+    std::uint64_t kib = 0;
+    if (fields >> key >> kib && key == "MemAvailable:") available = kib << 10;
+  }
+  // The cgroup (v2) the server runs in: "0::/path".
+  std::ifstream cgroup("/proc/self/cgroup");
+  for (std::string line; std::getline(cgroup, line);) {
+    if (line.rfind("0::", 0) != 0) continue;
+    const std::string dir = "/sys/fs/cgroup" + line.substr(3);
+    const std::uint64_t max = read_number(dir + "/memory.max");
+    const std::uint64_t current = read_number(dir + "/memory.current");
+    if (max != std::numeric_limits<std::uint64_t>::max() &&
+        current != std::numeric_limits<std::uint64_t>::max()) {
+      available = std::min(available, max > current ? max - current : 0);
+    }
+  }
+  return available > kMargin && bytes <= available - kMargin;
+}
+
 tl::expected<void*, CUresult> pin_parked(const DriverTable& cu, std::uint64_t bytes,
                                          CUstream stream, const ParkPieceFn& piece) {
   void* host = map_huge_aligned(bytes);
@@ -72,10 +119,14 @@ tl::expected<void*, CUresult> pin_parked(const DriverTable& cu, std::uint64_t by
   fault_in(base, length_at(0));
   while (registered < bytes) {
     const std::uint64_t offset = registered, length = length_at(offset);
-    // The next piece is faulted in while this one is registered and its copy queued.
+    // The next piece is faulted in while this one is registered and its copy queued (without a
+    // thread to spare, its registration faults it in, more slowly).
     std::thread ahead;
     if (offset + length < bytes) {
-      ahead = std::thread(fault_in, base + offset + length, length_at(offset + length));
+      try {
+        ahead = std::thread(fault_in, base + offset + length, length_at(offset + length));
+      } catch (const std::system_error&) {
+      }
     }
     failed = cu.cuMemHostRegister_v2(base + offset, length, 0);
     if (failed == CUDA_SUCCESS) {

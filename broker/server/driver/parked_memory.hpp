@@ -38,6 +38,11 @@ using ParkPieceFn = std::function<CUresult(void* host, std::uint64_t offset, std
 tl::expected<void*, CUresult> pin_parked(const DriverTable& cu, std::uint64_t bytes,
                                          CUstream stream, const ParkPieceFn& piece);
 
+// Whether the host can hold `bytes` more: what /proc/meminfo calls available, and what the
+// server's cgroup (v2) still allows, each less a margin. Faulting in memory the host does not have
+// would bring the kernel's OOM killer to the server and all its clients instead of an error.
+bool host_can_hold(std::uint64_t bytes);
+
 // Calls `piece` for each piece of parked memory `host` of `bytes`, in order; stops at an error.
 CUresult for_each_parked_piece(void* host, std::uint64_t bytes, const ParkPieceFn& piece);
 

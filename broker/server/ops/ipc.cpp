@@ -51,6 +51,8 @@ OpResult op_ipc_get_mem_handle(Call& call) {
     auto [memory, fresh] = session.ipc().export_memory(range->base, range->bytes, owner_of(session),
                                                        session.charge.returned());
     session.ipc_memory.exports.emplace(range->base, IpcHoldings::Export{std::move(memory), fresh});
+    // Other clients may use it even after the exporter frees it: never parked (suspension.hpp).
+    if (DeviceHeap* heap = session.gpu().heap.get()) heap->mark_exported(range->base);
     handle = fresh;
     log_debug("{} exported allocation {:#x} ({})", session.who(), range->base,
               format_bytes(range->bytes));
