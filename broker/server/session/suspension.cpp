@@ -23,7 +23,8 @@ std::string why_not_parkable(const Session& s) {
     return "it exported memory with cuIpcGetMemHandle, which other processes may have mapped";
   }
   if (s.gpu().heap->exported(s.client.id)) {
-    return "another GPU's server maps its memory (peer access)";
+    return "other clients or another GPU's server may use its memory (an IPC handle, also of "
+           "memory it has freed since, or peer access)";
   }
   if (s.objects.count<PhysicalAllocObj>() != 0) {
     return fmt::format(
