@@ -8,20 +8,12 @@ B=$(cd "$1" && pwd)
 OUT=${2:-$(mktemp -d /tmp/hostfn-check.XXXX)}
 mkdir -p "$OUT"
 command -v nvidia-smi >/dev/null && nvidia-smi -L | grep -q GPU || exit 77
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # gpu_count
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # start_build_daemon
 P=$B/tests/cudart/cudart_async_alloc
 SHIM=$B/libshim/libmpsshim.so
 CTL=$B/broker/daemon/mpsshimctl
 RT=$(mktemp -d /tmp/hostfn-rt.XXXX)
-env -u LD_PRELOAD -u CUDA_MPS_PIPE_DIRECTORY "$B/broker/daemon/mpsshimd" --runtime-dir "$RT" \
-  --server "$B/broker/server/mpsshim-server" >"$OUT/daemon.log" 2>&1 &
-DPID=$!
-for _ in $(seq 300); do
-  # Every GPU's server running (the daemon starts them one after another).
-  [ -S "$RT/control" ] && [ "$("$CTL" --runtime-dir "$RT" server_list 2>/dev/null |
-    grep -cw running)" -ge "$(gpu_count)" ] && break
-  sleep 0.1
-done
+start_build_daemon "$B" "$RT" "$OUT/daemon.log"  # sets DPID
 # `timeout` runs programs, not shell functions: the shim's environment is a prefix of env args.
 SHIM_ENV=(env LD_PRELOAD="$SHIM" CUDA_MPS_PIPE_DIRECTORY="$RT")
 FAILED=0

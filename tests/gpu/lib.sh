@@ -31,6 +31,21 @@ gpu_count() {
   echo $((count > 0 ? count : 1))
 }
 
+# Starts the mpsshimd of build tree $1 with runtime directory $2 and its log in $3 (LD_PRELOAD and
+# CUDA_MPS_PIPE_DIRECTORY removed), then waits until every GPU's server runs: the daemon starts
+# them one after another. Sets DPID.
+start_build_daemon() {
+  local build=$1 rt=$2 log=$3
+  env -u LD_PRELOAD -u CUDA_MPS_PIPE_DIRECTORY "$build/broker/daemon/mpsshimd" --runtime-dir "$rt" \
+    --server "$build/broker/server/mpsshim-server" >"$log" 2>&1 &
+  DPID=$!
+  for _ in $(seq 300); do
+    [ -S "$rt/control" ] && [ "$("$build/broker/daemon/mpsshimctl" --runtime-dir "$rt" \
+      server_list 2>/dev/null | grep -cw running)" -ge "$(gpu_count)" ] && break
+    sleep 0.1
+  done
+}
+
 have_gpu() {
   [ -e /dev/nvidiactl ] || return 1
   local smi

@@ -11,19 +11,11 @@ B=$(cd "$1" && pwd)
 OUT=${2:-$(mktemp -d /tmp/partition-check.XXXX)}
 mkdir -p "$OUT"
 command -v nvidia-smi >/dev/null && nvidia-smi -L | grep -q GPU || exit 77
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # gpu_count
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # start_build_daemon
 SHIM=$B/libshim/libmpsshim.so
 CTL=$B/broker/daemon/mpsshimctl
 RT=$(mktemp -d /tmp/partition-rt.XXXX)
-env -u LD_PRELOAD -u CUDA_MPS_PIPE_DIRECTORY "$B/broker/daemon/mpsshimd" --runtime-dir "$RT" \
-  --server "$B/broker/server/mpsshim-server" >"$OUT/daemon.log" 2>&1 &
-DPID=$!
-for _ in $(seq 300); do
-  # Every GPU's server running (the daemon starts them one after another).
-  [ -S "$RT/control" ] && [ "$("$CTL" --runtime-dir "$RT" server_list 2>/dev/null |
-    grep -cw running)" -ge "$(gpu_count)" ] && break
-  sleep 0.1
-done
+start_build_daemon "$B" "$RT" "$OUT/daemon.log"  # sets DPID
 fail=0
 "$CTL" --runtime-dir "$RT" sm_partition add 0 32 | tee "$OUT/add1.out"
 "$CTL" --runtime-dir "$RT" sm_partition add 0 32 | tee "$OUT/add2.out"

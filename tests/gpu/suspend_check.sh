@@ -14,19 +14,12 @@ mkdir -p "$OUT"
 command -v nvidia-smi >/dev/null && nvidia-smi -L | grep -q GPU || exit 77
 python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null ||
   { echo "SKIP: no PyTorch with CUDA"; exit 77; }
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # gpu_count
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # start_build_daemon
 CLIENT=$(dirname "${BASH_SOURCE[0]}")/python/suspend_client.py
 SHIM=$B/libshim/libmpsshim.so
 CTL=$B/broker/daemon/mpsshimctl
 RT=$(mktemp -d /tmp/suspend-rt.XXXX)
-env -u LD_PRELOAD -u CUDA_MPS_PIPE_DIRECTORY "$B/broker/daemon/mpsshimd" --runtime-dir "$RT" \
-  --server "$B/broker/server/mpsshim-server" >"$OUT/daemon.log" 2>&1 &
-DPID=$!
-for _ in $(seq 300); do
-  [ -S "$RT/control" ] && [ "$("$CTL" --runtime-dir "$RT" server_list 2>/dev/null |
-    grep -cw running)" -ge "$(gpu_count)" ] && break
-  sleep 0.1
-done
+start_build_daemon "$B" "$RT" "$OUT/daemon.log"  # sets DPID
 ctl() { "$CTL" --runtime-dir "$RT" "$@"; }
 shim() { env LD_PRELOAD="$SHIM" CUDA_MPS_PIPE_DIRECTORY="$RT" "$@"; }
 fail=0
