@@ -1,5 +1,6 @@
-// The log (common/log.cpp) with the shim's defaults, on its own. One process, one sink: the log file is chosen before the first
-// message, and the cases read only what was appended since the previous read.
+// The log (common/log.cpp) with the shim's defaults, on its own. One process, one sink: the log
+// file is chosen before the first message, and the cases read only what was appended since the
+// previous read.
 #include <unistd.h>
 
 #include <fmt/format.h>
