@@ -595,6 +595,43 @@ int resident(std::size_t megabytes) {
   return 0;
 }
 
+// holder MB: one cuMemAlloc of MB MiB, its result printed (ALLOC <CUresult>) whether it fit or
+// not; when it fit, a known pattern is written into it. Then READY, nothing more until stdin
+// closes (an idle client), and then the bytes are checked: PASS holder, or FAIL naming the first
+// wrong byte. For the memory policies (memory_policy_test.cpp), under which the allocation may
+// wait and the client may be suspended and resumed while idle.
+int holder(std::size_t megabytes) {
+  setup();
+  const std::size_t bytes = megabytes << 20;
+  CUdeviceptr address = 0;
+  const CUresult r = cuMemAlloc(&address, bytes);
+  std::printf("ALLOC %d\n", static_cast<int>(r));
+  auto pattern = [](std::size_t i) { return static_cast<unsigned char>(i * 13 + (i >> 16)); };
+  std::vector<unsigned char> host(r == CUDA_SUCCESS ? bytes : 0);
+  if (r == CUDA_SUCCESS) {
+    for (std::size_t i = 0; i < bytes; ++i) host[i] = pattern(i);
+    CHECK(cuMemcpyHtoD(address, host.data(), bytes));
+  }
+  std::printf("READY pid=%d\n", static_cast<int>(::getpid()));
+  std::fflush(stdout);
+  stdin_closed(true);
+  if (r != CUDA_SUCCESS) {
+    std::printf("PASS holder, nothing held\n");
+    return 0;
+  }
+  std::fill(host.begin(), host.end(), 0);
+  CHECK(cuMemcpyDtoH(host.data(), address, bytes));
+  for (std::size_t i = 0; i < bytes; ++i) {
+    if (host[i] != pattern(i)) {
+      std::printf("FAIL byte %zu of %zu is %d, expected %d\n", i, bytes, host[i], pattern(i));
+      return 1;
+    }
+  }
+  CHECK(cuMemFree(address));
+  std::printf("PASS holder\n");
+  return 0;
+}
+
 int hog(std::size_t megabytes) {
   Setup s = setup();
   CUfunction sleeper{};
@@ -2317,6 +2354,7 @@ int main(int argc, char** argv) {
   if (mode == "idle_sync") return idle_sync();
   if (mode == "hog") return hog(arg ? arg : 256);
   if (mode == "resident") return resident(arg ? arg : 8);
+  if (mode == "holder") return holder(arg ? arg : 8);
   if (mode == "meminfo") return meminfo();
   if (mode == "account") return account(arg ? static_cast<int>(arg) : 8);
   if (mode == "forge") return forge(arg);

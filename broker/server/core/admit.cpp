@@ -143,6 +143,10 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
   } else {
     s.charge.set_limit(settings_.default_memory_limit, LimitSource::kServerDefault);
   }
+  if (std::string why = overcommit_refusal(s.charge.limit()); !why.empty()) {
+    return fail(CUDA_ERROR_OUT_OF_MEMORY, why);
+  }
+  s.memory_arbiter = memory_arbiter_.get();
   // A normal client outranks a below-normal one on the GPU too (priority_gate.hpp).
   s.priority_boost = settings_.priority.enabled && !s.priority.below_normal ? 1 : 0;
 

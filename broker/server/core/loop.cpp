@@ -29,6 +29,8 @@ constexpr auto kFaultSpreadTimeout = std::chrono::seconds(5);
 // The coordinator parks at most this long: a signal that lands just before epoll_wait is seen
 // by the next look at most this late.
 constexpr int kCoordinatorParkMs = 1000;
+// How long the coordinator parks while a memory policy has clients suspended.
+constexpr auto kPolicyLook = std::chrono::milliseconds(50);
 // A heap trim that gave back at least this much is logged.
 constexpr std::uint64_t kTrimLogBytes = 16u << 20;
 
@@ -86,6 +88,16 @@ Server::Server(Gpu gpu, ServerSettings settings, proto::UniqueFd control)
   for (std::size_t i = 0; i < settings_.workers; ++i)
     workers_.push_back(std::make_unique<Worker>(*this, i));
   plan_priority_reserve();
+  if (settings_.memory_policy.on()) {
+    memory_arbiter_ = std::make_unique<MemoryArbiter>(settings_.memory_policy, [this] { wake(); });
+    const MemoryPolicySettings& policy = settings_.memory_policy;
+    log_info(
+        "memory policies: preemption of idle below-normal clients {} (idle after {} ms), "
+        "overcommit {}",
+        policy.preemption ? "on" : "off", policy.idle_after.count(),
+        policy.overcommit_percent == 0 ? std::string("off")
+                                       : fmt::format("{}%", policy.overcommit_percent));
+  }
 }
 
 void Server::plan_priority_reserve() {
@@ -281,6 +293,7 @@ std::size_t Server::do_work() {
     return work;
   }
   look_after_memory(std::chrono::steady_clock::now());
+  arbitrate_memory(std::chrono::steady_clock::now());
   return work;
 }
 
@@ -346,7 +359,10 @@ int Server::run(const std::atomic<bool>& stop) {
       break;
     }
     look_after_memory(std::chrono::steady_clock::now());
-    poll_control(std::chrono::nanoseconds(-1));
+    arbitrate_memory(std::chrono::steady_clock::now());
+    // A want is posted with a wake; clients the policies suspended are looked at often.
+    poll_control(memory_policy_busy() ? std::chrono::nanoseconds(kPolicyLook)
+                                      : std::chrono::nanoseconds(-1));
   }
   for (auto& worker : workers_) worker->stop();
   if (code == 0) lease_.release("the server stops");

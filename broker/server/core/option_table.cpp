@@ -226,6 +226,33 @@ constexpr std::array kOptions{
         .default_text = "`on`: 8",
         .help = "after a client synchronized a stream, its batches grow from the minimum up to "
                 "N launches; off: no ramp"},
+    ServerOption{.setting = kMemoryPreemption,
+                 .flag = "memory-preemption",
+                 .value_name = "on|off",
+                 .kind = kSwitch,
+                 .default_value = "off",
+                 .help = "a normal-priority client's cuMemAlloc that does not fit suspends idle "
+                         "below-normal clients, least recently active first; they resume when "
+                         "the memory frees"},
+    ServerOption{.setting = kPreemptionIdleMs,
+                 .flag = "preemption-idle-ms",
+                 .value_name = "N",
+                 .kind = kNumber,
+                 .max = 86'400'000,
+                 .default_value = "1000",
+                 .help = "a below-normal client is idle, and may be suspended for memory, after N "
+                         "ms without a call and with no GPU work in flight"},
+    ServerOption{.setting = kMemoryOvercommit,
+                 .flag = "memory-overcommit",
+                 .value_name = "PERCENT|off",
+                 .kind = kNumber,
+                 .max = 10'000,
+                 .words = "off=0",
+                 .default_value = "0",
+                 .default_text = "`off`",
+                 .help = "admit clients while their memory limits add up to PERCENT of the GPU's "
+                         "memory at most (no limit counts as the whole GPU); a cuMemAlloc that "
+                         "does not fit waits suspended instead of failing; 0 or off: neither"},
     ServerOption{.setting = kClientLimit,
                  .flag = "client-limit",
                  .value_name = "NAME=VALUE",

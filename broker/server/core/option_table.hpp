@@ -43,6 +43,9 @@ enum class Setting : std::uint8_t {
   kLaunchBatchMin,
   kLaunchBatchGraphs,
   kLaunchBatchRamp,
+  kMemoryPreemption,
+  kPreemptionIdleMs,
+  kMemoryOvercommit,
   kClientLimit,
 };
 

@@ -102,6 +102,15 @@ void apply(Options& options, Setting setting, const std::string& value) {
     case Setting::kLaunchBatchRamp:
       s.launch_batch.ramp_last = number<std::size_t>(value);
       return;
+    case Setting::kMemoryPreemption:
+      s.memory_policy.preemption = value == "on";
+      return;
+    case Setting::kPreemptionIdleMs:
+      s.memory_policy.idle_after = std::chrono::milliseconds(number<long>(value));
+      return;
+    case Setting::kMemoryOvercommit:
+      s.memory_policy.overcommit_percent = number<unsigned>(value);
+      return;
     case Setting::kClientLimit:
       parse_client_limit(value, s.client_limits);
       return;

@@ -79,6 +79,9 @@ struct ServerSettings {
   // A shared library no session holds stays loaded this long for the next client (zero: unloaded
   // with its last holder; image_cache.hpp; mpsshim-server --image-idle-timeout).
   std::chrono::seconds image_idle_timeout = kDefaultImageIdleTimeout;
+  // What happens to a cuMemAlloc that does not fit (memory_arbiter.hpp; --memory-preemption,
+  // --preemption-idle-ms, --memory-overcommit). Off by default.
+  MemoryPolicySettings memory_policy;
 };
 
 // The process exit code after a sticky GPU fault: the daemon starts a fresh server.
@@ -209,6 +212,27 @@ class Server final {
   // suspend_client PID / resume_client PID (session/suspension.hpp), on the client's worker.
   std::string suspend_command(const std::string& command, const std::string& pid_text, int& status);
 
+  // memory_policy.cpp: the memory policies' coordinator side (scheduling/memory_arbiter.hpp).
+  // Runs `task` on the worker of active session `client` (on_each_worker); false when none has
+  // it. `task` is copied: it may run after the timeout.
+  bool on_session(std::uint32_t client, std::function<void(Session&)> task,
+                  std::chrono::milliseconds timeout);
+  void arbitrate_memory(std::chrono::steady_clock::time_point now);
+  // Wants waiting or clients the policies suspended: the coordinator looks often.
+  bool memory_policy_busy() const;
+  void serve_memory_want(const MemoryWant& want);
+  struct IdleClientRef {
+    std::uint32_t client = 0;
+    std::uint64_t last_record_ns = 0;
+  };
+  // Below-normal clients idle for --preemption-idle-ms that hold memory, least recently active
+  // first.
+  std::vector<IdleClientRef> idle_below_normal_clients();
+  void resume_what_fits();
+  // Under --memory-overcommit: why a client with memory limit `limit` (0: none) is not admitted,
+  // or empty.
+  std::string overcommit_refusal(std::uint64_t limit);
+
   // loop.cpp: the coordinator's memory upkeep at each look: the primary context's lease, kept
   // library images past their idle timeout (image_cache.hpp), the heap trim.
   void look_after_memory(std::chrono::steady_clock::time_point now);
@@ -248,6 +272,11 @@ class Server final {
   HeapTrimmer heap_trimmer_;  // session_freed() from any worker; trims on the coordinator
   std::atomic<std::size_t> placed_sessions_{0};  // session_placed() - session_freed()
   SmReserve sm_reserve_;                         // written by the constructor only
+  // The memory policies (memory_arbiter.hpp); null when both are off. Wants from any worker;
+  // the rest the coordinator's.
+  std::unique_ptr<MemoryArbiter> memory_arbiter_;
+  std::chrono::steady_clock::time_point next_resume_look_{};
+  std::chrono::steady_clock::time_point last_preemption_{};
 };
 
 }  // namespace mpsshim::server

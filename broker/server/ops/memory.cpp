@@ -36,7 +36,72 @@ CUresult allocate_device(Session& session, std::uint64_t bytes, CUdeviceptr* out
 // for 2D allocations (512 bytes on every GPU since Kepler).
 constexpr std::uint64_t kPitchAlignment = 512;
 
+// The allocation of a cuMemAlloc the client may make (its limits checked before): `bytes` charged
+// to it, placed, and recorded as its own.
+tl::expected<CUdeviceptr, CUresult> allocate_for_client(Session& session, std::uint64_t bytes,
+                                                        std::uint64_t ctx,
+                                                        MemoryReservation& held) {
+  CUdeviceptr dptr = 0;
+  if (CUresult r = allocate_device(session, bytes, &dptr); r != CUDA_SUCCESS) {
+    return tl::unexpected(r);
+  }
+  if (!add_allocation(session, dptr, bytes, ctx, held)) {
+    free_device(session, dptr);
+    return tl::unexpected(CUDA_ERROR_INVALID_VALUE);
+  }
+  return dptr;
+}
+
+// A cuMemAlloc that did not fit, kept for a memory policy (scheduling/memory_arbiter.hpp) when
+// one applies to the client: its answer stays owed until the coordinator has it tried again.
+bool wait_for_memory(Call& call, std::uint64_t bytes, std::uint64_t ctx) {
+  Session& session = call.session;
+  MemoryArbiter* arbiter = session.memory_arbiter;
+  if (arbiter == nullptr || !call.has_reply_slot() || session.memory_wait.on ||
+      !arbiter->may_wait(session.priority.below_normal)) {
+    return false;
+  }
+  MemoryWait& wait = session.memory_wait;
+  wait.on = true;
+  wait.slot = call.header.reply_slot;
+  wait.bytes = bytes;
+  wait.ctx = ctx;
+  wait.taken_ns = session.stamps.record_taken_ns;
+  wait.since = std::chrono::steady_clock::now();
+  session.slot_busy[wait.slot] = 1;
+  log_info("{}: cuMemAlloc of {} does not fit on the GPU; it waits for a memory policy",
+           session.who(), format_bytes(bytes));
+  arbiter->want(MemoryWant{session.client.id, bytes, session.priority.below_normal});
+  return true;
+}
+
 }  // namespace
+
+bool retry_waiting_allocation(Session& session, bool last_try) {
+  MemoryWait& wait = session.memory_wait;
+  if (!wait.on) return true;
+  tl::expected<CUdeviceptr, CUresult> placed = tl::unexpected(CUDA_ERROR_OUT_OF_MEMORY);
+  // Its limit may have been lowered meanwhile: then it fails as it would have at first.
+  if (auto held = session.charge.reserve(wait.bytes)) {
+    placed = allocate_for_client(session, wait.bytes, wait.ctx, *held);
+    if (!placed && placed.error() == CUDA_ERROR_OUT_OF_MEMORY && !last_try) return false;
+  }
+  wait.on = false;
+  const auto waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - wait.since);
+  if (placed) {
+    log_info("{}: its cuMemAlloc of {} fits after {:.3f} s waiting", session.who(),
+             format_bytes(wait.bytes), waited.count());
+    const proto::MemAllocRep rep{*placed};
+    session.answer(wait.slot, CUDA_SUCCESS,
+                   std::span<const std::byte>(reinterpret_cast<const std::byte*>(&rep), sizeof rep),
+                   wait.taken_ns);
+  } else {
+    log_info("{}: its cuMemAlloc of {} fails after {:.3f} s waiting: {}", session.who(),
+             format_bytes(wait.bytes), waited.count(), describe(session.cu(), placed.error()));
+    session.answer(wait.slot, placed.error(), {}, wait.taken_ns);
+  }
+  return true;
+}
 
 OpResult op_mem_alloc(Call& call) {
   auto req = call.request<proto::MemAllocReq>();
@@ -49,15 +114,12 @@ OpResult op_mem_alloc(Call& call) {
   if (req.bytes == 0) return call.done(CUDA_ERROR_INVALID_VALUE);
   auto held = session.charge.reserve(req.bytes);
   if (!held) return refuse_over_limit(call, req.bytes, "device memory", held.error());
-  CUdeviceptr dptr = 0;
-  if (CUresult r = allocate_device(session, req.bytes, &dptr); r != CUDA_SUCCESS) {
-    return call.done(r);
+  auto placed = allocate_for_client(session, req.bytes, req.ctx, *held);
+  if (placed) return call.reply(proto::MemAllocRep{*placed});
+  if (placed.error() == CUDA_ERROR_OUT_OF_MEMORY && wait_for_memory(call, req.bytes, req.ctx)) {
+    return call.deferred();
   }
-  if (!add_allocation(session, dptr, req.bytes, req.ctx, *held)) {
-    free_device(session, dptr);
-    return call.done(CUDA_ERROR_INVALID_VALUE);
-  }
-  return call.reply(proto::MemAllocRep{dptr});
+  return call.done(placed.error());
 }
 
 OpResult op_mem_alloc_pitch(Call& call) {

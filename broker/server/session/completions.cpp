@@ -157,6 +157,11 @@ PollOutcome poll_retired(Session& session) {
 }
 
 void abandon_completions(Session& session, CUresult result) {
+  // A cuMemAlloc waiting for a memory policy is owed its answer as well.
+  if (session.memory_wait.on) {
+    session.memory_wait.on = false;
+    session.answer(session.memory_wait.slot, result);
+  }
   for (Completion& c : session.pending) {
     deliver(session, c, result);
     c.slot = proto::kNoReply;

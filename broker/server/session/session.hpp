@@ -32,6 +32,7 @@
 #include "broker/server/launch/launch_batch.hpp"
 #include "broker/server/scheduling/green_context.hpp"
 #include "broker/server/scheduling/green_context_pool.hpp"
+#include "broker/server/scheduling/memory_arbiter.hpp"
 #include "broker/server/scheduling/priority_gate.hpp"
 #include "broker/server/scheduling/priority_reserve.hpp"
 #include "broker/server/session/allocation_map.hpp"
@@ -220,8 +221,13 @@ class Session {
   // ---- identity and settings ---------------------------------------------------------------
   ClientInfo client;
   Lifecycle life;  // active or draining, and why it ends (session_parts.hpp)
-  // Suspended by the operator: its ring is not read, its memory parked (suspension.hpp).
+  // Suspended by the operator or a memory policy: its ring is not read, its memory parked
+  // (suspension.hpp).
   Suspension suspension;
+  // A cuMemAlloc waiting for a memory policy (session_parts.hpp), and the server's arbiter
+  // where a policy is on (else null: an allocation that does not fit fails at once).
+  MemoryWait memory_wait;
+  MemoryArbiter* memory_arbiter = nullptr;
 
   proto::UniqueFd socket;
   proto::UniqueFd doorbell;

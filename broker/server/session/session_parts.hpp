@@ -145,11 +145,13 @@ struct RefusalsLogged {
   bool not_owned = false;
 };
 
-// Whether the operator suspended the session (suspension.hpp): while `on`, its worker reads
-// nothing from its ring and its device memory is parked on the host. For `ps` and the metrics:
-// the bytes parked, since when, and the time of its earlier suspensions.
+// Whether the session is suspended (suspension.hpp), by the operator or by a memory policy
+// (`by_policy`): while `on`, its worker reads nothing from its ring and its device memory is
+// parked on the host. For `ps` and the metrics: the bytes parked, since when, and the time of
+// its earlier suspensions.
 struct Suspension {
   bool on = false;
+  bool by_policy = false;
   std::uint64_t parked_bytes = 0;
   std::chrono::steady_clock::time_point since{};
   std::chrono::nanoseconds earlier{0};
@@ -159,6 +161,19 @@ struct Suspension {
   std::chrono::nanoseconds total(std::chrono::steady_clock::time_point now) const {
     return earlier + (on ? now - since : std::chrono::nanoseconds{0});
   }
+};
+
+// A cuMemAlloc that did not fit on the GPU and waits for a memory policy
+// (scheduling/memory_arbiter.hpp): its answer stays owed on `slot` until the coordinator has the
+// worker try it again (retry_waiting_allocation, ops/ops.hpp). One per session at a time: a
+// second allocation that does not fit meanwhile fails at once.
+struct MemoryWait {
+  bool on = false;
+  std::uint32_t slot = 0;
+  std::uint64_t bytes = 0;
+  std::uint64_t ctx = 0;       // the client's context id the allocation names
+  std::uint64_t taken_ns = 0;  // when its record left the ring (answer_stamps.hpp)
+  std::chrono::steady_clock::time_point since{};
 };
 
 }  // namespace mpsshim::server

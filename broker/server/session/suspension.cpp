@@ -127,6 +127,7 @@ tl::expected<std::string, std::string> suspend_session(Session& s,
   }
   const double copy_seconds = seconds_since(copy_start);
   s.suspension.on = true;
+  s.suspension.by_policy = false;  // the memory policies mark their own (memory_arbiter.hpp)
   s.suspension.parked_bytes = *parked;
   s.suspension.since = Clock::now();
   ++s.suspension.count;
@@ -156,6 +157,7 @@ tl::expected<std::string, std::string> resume_session(Session& s) {
   const auto now = Clock::now();
   s.suspension.earlier = s.suspension.total(now);
   s.suspension.on = false;
+  s.suspension.by_policy = false;
   s.suspension.parked_bytes = 0;
   std::string said = fmt::format("{}: resumed; {} back on the GPU in {:.3f} s ({})", s.who(),
                                  format_bytes(*back), copy_seconds, rate(*back, copy_seconds));

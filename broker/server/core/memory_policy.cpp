@@ -1,0 +1,246 @@
+// The coordinator's side of the memory policies (scheduling/memory_arbiter.hpp): serving the
+// allocations that did not fit, resuming the clients it suspended, and overcommit's admission
+// rule. Everything about a session runs on its worker; the coordinator only decides.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <memory>
+#include <mutex>
+
+#include "broker/server/core/server.hpp"
+#include "broker/server/driver/driver.hpp"
+#include "broker/server/ops/ops.hpp"
+#include "broker/server/session/suspension.hpp"
+#include "common/log.hpp"
+
+namespace mpsshim::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A suspend or resume copies the client's memory (docs/suspend.md): as long as the operator's.
+constexpr auto kPolicyTaskTimeout = std::chrono::milliseconds(300'000);
+// How often the coordinator looks whether a client it suspended fits on the GPU again.
+constexpr auto kResumeLookInterval = std::chrono::milliseconds(50);
+
+// The GPU's free and total memory as the driver says, from a worker (its thread has the primary
+// context current).
+struct DeviceRoom {
+  std::size_t free = 0;
+  std::size_t total = 0;
+};
+DeviceRoom device_room(Session& s) {
+  DeviceRoom room;
+  if (s.cu().cuMemGetInfo_v2(&room.free, &room.total) != CUDA_SUCCESS) room = {};
+  return room;
+}
+
+// The session's memory suspended for a policy: the bytes parked, or why not (logged).
+std::optional<std::uint64_t> suspend_for_policy(Session& s, std::string_view why) {
+  auto done = suspend_session(s);
+  if (!done) {
+    log_info("memory policy: {}", done.error());
+    return std::nullopt;
+  }
+  s.suspension.by_policy = true;
+  log_info("memory policy: {} was suspended {}", s.who(), why);
+  return s.suspension.parked_bytes;
+}
+
+// Whether a call of the client waits for its GPU work (a synchronize): then it is not idle.
+// Completions that only hand staging chunks back do not count.
+bool waits_for_gpu(const Session& s) {
+  return std::any_of(s.pending.begin(), s.pending.end(),
+                     [](const Completion& c) { return c.slot != proto::kNoReply; });
+}
+
+}  // namespace
+
+bool Server::on_session(std::uint32_t client, std::function<void(Session&)> task,
+                        std::chrono::milliseconds timeout) {
+  auto found = std::make_shared<std::atomic<bool>>(false);
+  on_each_worker(
+      [client, task, found](Worker& worker) {
+        Session* s = worker.find_session(client);
+        if (s != nullptr && s->life.state == SessionState::kActive) {
+          task(*s);
+          found->store(true, std::memory_order_release);
+        }
+        return std::string();
+      },
+      timeout);
+  return found->load(std::memory_order_acquire);
+}
+
+void Server::arbitrate_memory(Clock::time_point now) {
+  if (!memory_arbiter_) return;
+  for (const MemoryWant& want : memory_arbiter_->take_wants()) serve_memory_want(want);
+  if (!memory_arbiter_->suspended().empty() && now >= next_resume_look_) {
+    next_resume_look_ = now + kResumeLookInterval;
+    resume_what_fits();
+  }
+}
+
+bool Server::memory_policy_busy() const {
+  return memory_arbiter_ && (memory_arbiter_->has_wants() || !memory_arbiter_->suspended().empty());
+}
+
+void Server::serve_memory_want(const MemoryWant& want) {
+  const MemoryPolicySettings& policy = memory_arbiter_->settings();
+  // Whether the allocation was answered: it fit, failed for good, or its client is gone.
+  auto try_again = [this, &want](bool last_try) {
+    auto answered = std::make_shared<bool>(true);
+    on_session(
+        want.client,
+        [answered, last_try](Session& s) { *answered = retry_waiting_allocation(s, last_try); },
+        kPolicyTaskTimeout);
+    return *answered;
+  };
+  if (try_again(false)) return;  // memory freed since it asked
+
+  if (policy.preemption && !want.below_normal) {
+    for (const IdleClientRef& idle : idle_below_normal_clients()) {
+      auto parked = std::make_shared<std::optional<std::uint64_t>>();
+      const std::string why = fmt::format("for client {}'s allocation", want.client);
+      on_session(
+          idle.client, [parked, why](Session& s) { *parked = suspend_for_policy(s, why); },
+          kPolicyTaskTimeout);
+      if (!parked->has_value()) continue;
+      memory_arbiter_->suspended().push_back(
+          PolicySuspended{idle.client, **parked, 0, false, Clock::now()});
+      last_preemption_ = Clock::now();
+      if (try_again(false)) return;
+    }
+  }
+  if (policy.overcommit_percent == 0) {
+    try_again(true);
+    return;
+  }
+  // Overcommit: the client waits suspended, unless it could never fit or cannot be suspended.
+  auto entry = std::make_shared<std::optional<PolicySuspended>>();
+  on_session(
+      want.client,
+      [entry](Session& s) {
+        if (!s.memory_wait.on) return;
+        const DeviceRoom room = device_room(s);
+        if (s.charge.used() + s.memory_wait.bytes > room.total) {
+          log_info("memory policy: {}'s cuMemAlloc of {} could never fit beside its {}", s.who(),
+                   format_bytes(s.memory_wait.bytes), format_bytes(s.charge.used()));
+        } else if (auto parked = suspend_for_policy(s, "to wait for room for its allocation")) {
+          *entry = PolicySuspended{s.client.id, *parked, s.memory_wait.bytes, true, Clock::now()};
+          return;
+        }
+        retry_waiting_allocation(s, true);
+      },
+      kPolicyTaskTimeout);
+  if (entry->has_value()) memory_arbiter_->suspended().push_back(**entry);
+}
+
+std::vector<Server::IdleClientRef> Server::idle_below_normal_clients() {
+  struct Found {
+    std::mutex mutex;
+    std::vector<IdleClientRef> clients;
+  };
+  auto found = std::make_shared<Found>();
+  const auto idle_after = memory_arbiter_->settings().idle_after;
+  on_each_worker(
+      [found, idle_after](Worker& worker) {
+        const std::uint64_t now_ns = SessionStats::now_ns();
+        const auto idle_ns = static_cast<std::uint64_t>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(idle_after).count());
+        for (const auto& s : worker.sessions()) {
+          if (s->life.state != SessionState::kActive || !s->priority.below_normal ||
+              s->suspension.on || s->memory_wait.on || waits_for_gpu(*s) || s->charge.used() == 0 ||
+              now_ns - s->stamps.record_taken_ns < idle_ns) {
+            continue;
+          }
+          std::lock_guard lock(found->mutex);
+          found->clients.push_back({s->client.id, s->stamps.record_taken_ns});
+        }
+        return std::string();
+      },
+      kPolicyTaskTimeout);
+  std::lock_guard lock(found->mutex);
+  std::vector<IdleClientRef> clients = found->clients;
+  // Least recently active first.
+  std::sort(clients.begin(), clients.end(), [](const IdleClientRef& a, const IdleClientRef& b) {
+    return a.last_record_ns < b.last_record_ns;
+  });
+  return clients;
+}
+
+void Server::resume_what_fits() {
+  std::vector<PolicySuspended>& suspended = memory_arbiter_->suspended();
+  // Clients waiting for their own allocation first, then in the order they were suspended; the
+  // first that does not fit stops the look, so a large client is not passed by small ones for
+  // good.
+  std::stable_sort(suspended.begin(), suspended.end(),
+                   [](const PolicySuspended& a, const PolicySuspended& b) {
+                     if (a.waiting != b.waiting) return a.waiting;
+                     return a.since < b.since;
+                   });
+  // Clients preempted for another are not resumed while preemptions go on: the client that took
+  // their memory is likely to want more soon, and each resume and suspend copies it all.
+  const bool victims_may_resume =
+      Clock::now() - last_preemption_ >= memory_arbiter_->settings().idle_after;
+  while (!suspended.empty()) {
+    if (!suspended.front().waiting && !victims_may_resume) return;
+    enum class Outcome { kGone, kResumed, kNoRoom };
+    auto outcome = std::make_shared<Outcome>(Outcome::kGone);
+    const PolicySuspended entry = suspended.front();
+    on_session(
+        entry.client,
+        [outcome, entry](Session& s) {
+          // Resumed by the operator meanwhile (or suspended again by it): no longer the policy's.
+          if (!s.suspension.on || !s.suspension.by_policy) {
+            if (s.memory_wait.on) retry_waiting_allocation(s, true);
+            return;
+          }
+          const DeviceRoom room = device_room(s);
+          const std::uint64_t needed =
+              s.suspension.parked_bytes + (s.memory_wait.on ? s.memory_wait.bytes : 0);
+          if (room.free < needed) {
+            *outcome = Outcome::kNoRoom;
+            return;
+          }
+          if (auto done = resume_session(s); !done) {
+            log_info("memory policy: {}", done.error());
+            *outcome = Outcome::kNoRoom;
+            return;
+          }
+          log_info("memory policy: {} was resumed: the GPU has room for it again", s.who());
+          *outcome = Outcome::kResumed;
+          // Its allocation fits now unless another client took the room first: then it fails.
+          if (s.memory_wait.on) retry_waiting_allocation(s, true);
+        },
+        kPolicyTaskTimeout);
+    if (*outcome == Outcome::kNoRoom) return;
+    suspended.erase(suspended.begin());
+  }
+}
+
+std::string Server::overcommit_refusal(std::uint64_t limit) {
+  const unsigned percent = memory_arbiter_ ? memory_arbiter_->settings().overcommit_percent : 0;
+  if (percent == 0) return {};
+  const std::uint64_t total = gpu_.snapshot.total_memory;
+  auto counted = [total](std::uint64_t l) { return l == 0 || l > total ? total : l; };
+  auto sum = std::make_shared<std::atomic<std::uint64_t>>(0);
+  on_each_worker(
+      [sum, counted](Worker& worker) {
+        for (const auto& s : worker.sessions()) {
+          if (s->life.state == SessionState::kActive) sum->fetch_add(counted(s->charge.limit()));
+        }
+        return std::string();
+      },
+      kPolicyTaskTimeout);
+  const std::uint64_t allowed = total / 100 * percent;
+  const std::uint64_t after = sum->load() + counted(limit);
+  if (after <= allowed) return {};
+  return fmt::format(
+      "its memory limit ({}) would bring the limits of this GPU's clients to {}, more than the "
+      "{}% of its {} that --memory-overcommit allows",
+      limit == 0 ? std::string("none: the whole GPU") : format_bytes(limit), format_bytes(after),
+      percent, format_bytes(total));
+}
+
+}  // namespace mpsshim::server

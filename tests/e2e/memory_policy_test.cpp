@@ -1,0 +1,143 @@
+// The memory policies (--memory-preemption, --memory-overcommit; docs/suspend.md) through the
+// whole path on the CPU: e2e_client under LD_PRELOAD=libmpsshim.so -> mpsshimd ->
+// mpsshim-server -> the host-memory test driver, whose 96 MiB of device memory run out as a
+// GPU's does (MPSSHIM_TESTDRIVER_MEMORY_MB).
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "harness.hpp"
+
+using namespace mpsshim::e2e;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr long long kMiB = 1 << 20;
+const std::map<std::string, std::string> kSmallGpu{{"MPSSHIM_TESTDRIVER_MEMORY_MB", "96"}};
+
+std::string client() {
+  return artefact("E2E_CLIENT");
+}
+
+// The client `pid`'s entry in `mpsshimctl ps --json` (null when it is not listed).
+nlohmann::json ps_entry(const Daemon& daemon, int pid) {
+  const Outcome ps = daemon.ctl({"ps", "--json"});
+  if (ps.exit_code != 0) return nullptr;
+  const nlohmann::json parsed = nlohmann::json::parse(ps.out, nullptr, false);
+  if (!parsed.is_object() || !parsed.contains("clients")) return nullptr;
+  for (const nlohmann::json& entry : parsed["clients"]) {
+    if (entry.value("pid", -1) == pid) return entry;
+  }
+  return nullptr;
+}
+
+std::string state_of(const Daemon& daemon, int pid) {
+  const nlohmann::json entry = ps_entry(daemon, pid);
+  return entry.is_object() ? entry.value("state", std::string()) : std::string();
+}
+
+// An e2e_client `holder MB` (one cuMemAlloc, then idle until its stdin closes), started.
+std::unique_ptr<Child> holder(int megabytes, std::map<std::string, std::string> env) {
+  return std::make_unique<Child>(
+      std::vector<std::string>{client(), "holder", std::to_string(megabytes)}, env, true);
+}
+
+// Its stdin closed: it checks its bytes and ends.
+void ends_with_its_bytes_intact(Child& child) {
+  child.close_stdin();
+  const Outcome o = child.wait(120s);
+  INFO(o.out << o.err);
+  CHECK(o.exit_code == 0);
+  CHECK(o.out.find("PASS holder") != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "--memory-preemption: an idle below-normal client makes room for a normal one and "
+    "comes back when the memory frees",
+    "[e2e][suspend][policy]") {
+  Daemon daemon({"--memory-preemption", "on", "--preemption-idle-ms", "0"}, kSmallGpu);
+  auto idle = holder(48, daemon.client_env({{"CUDA_MPS_CLIENT_PRIORITY", "1"}}));
+  REQUIRE(idle->wait_for_output("READY", 60s));
+  REQUIRE(idle->out().find("ALLOC 0\n") != std::string::npos);
+  {
+    // 64 MiB do not fit beside the 48: the allocation suspends the idle client.
+    auto normal = holder(64, daemon.client_env());
+    REQUIRE(normal->wait_for_output("READY", 60s));
+    INFO(normal->out() << daemon.log());
+    CHECK(normal->out().find("ALLOC 0\n") != std::string::npos);
+    const nlohmann::json entry = ps_entry(daemon, idle->pid());
+    REQUIRE(entry.is_object());
+    CHECK(entry["state"] == "suspended");
+    CHECK(entry["parked_bytes"].get<long long>() >= 48 * kMiB);
+    CHECK(state_of(daemon, normal->pid()) == "active");
+    ends_with_its_bytes_intact(*normal);
+  }
+  // The normal client's memory is freed with its session: the idle client is resumed by itself.
+  CHECK(eventually([&] { return state_of(daemon, idle->pid()) == "active"; }));
+  CHECK(daemon.log().find("was resumed: the GPU has room for it again") != std::string::npos);
+  ends_with_its_bytes_intact(*idle);
+}
+
+TEST_CASE("--memory-preemption suspends no below-normal client that is not idle long enough",
+          "[e2e][suspend][policy]") {
+  Daemon daemon({"--memory-preemption", "on", "--preemption-idle-ms", "600000"}, kSmallGpu);
+  auto recent = holder(48, daemon.client_env({{"CUDA_MPS_CLIENT_PRIORITY", "1"}}));
+  REQUIRE(recent->wait_for_output("READY", 60s));
+  auto normal = holder(64, daemon.client_env());
+  REQUIRE(normal->wait_for_output("READY", 60s));
+  INFO(normal->out() << daemon.log());
+  // CUDA_ERROR_OUT_OF_MEMORY, as without the policy.
+  CHECK(normal->out().find("ALLOC 2\n") != std::string::npos);
+  CHECK(state_of(daemon, recent->pid()) == "active");
+  ends_with_its_bytes_intact(*normal);
+  ends_with_its_bytes_intact(*recent);
+}
+
+TEST_CASE(
+    "--memory-overcommit: an allocation that does not fit waits suspended, and admission "
+    "keeps the clients' limits within the percentage",
+    "[e2e][suspend][policy]") {
+  // 200% of 96 MiB: the clients' limits may add up to 192 MiB.
+  Daemon daemon({"--memory-overcommit", "200"}, kSmallGpu);
+  auto limited = [&](const char* limit) {
+    return daemon.client_env({{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", limit}});
+  };
+  auto first = holder(64, limited("0=80M"));
+  REQUIRE(first->wait_for_output("READY", 60s));
+  REQUIRE(first->out().find("ALLOC 0\n") != std::string::npos);
+
+  // 64 MiB more do not fit: the second client waits, suspended, its cuMemAlloc unanswered.
+  auto second = holder(64, limited("0=80M"));
+  REQUIRE(eventually([&] { return state_of(daemon, second->pid()) == "suspended"; }));
+  CHECK(second->out().find("ALLOC") == std::string::npos);
+
+  // 80 + 80 + 40 MiB of limits are more than 192 MiB: a third client is not admitted.
+  const Outcome third = run_client(daemon, {client(), "holder", "8"},
+                                   {{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=40M"}});
+  CHECK(third.exit_code != 0);
+  CHECK(daemon.log().find("more than the 200% of its 96 MiB that --memory-overcommit allows") !=
+        std::string::npos);
+  ends_with_its_bytes_intact(*first);
+  // The first client's memory freed, the second is resumed and its allocation answered.
+  REQUIRE(second->wait_for_output("READY", 60s));
+  INFO(second->out() << daemon.log());
+  CHECK(second->out().find("ALLOC 0\n") != std::string::npos);
+  CHECK(state_of(daemon, second->pid()) == "active");
+  ends_with_its_bytes_intact(*second);
+}
+
+TEST_CASE("--memory-overcommit fails at once an allocation that could never fit",
+          "[e2e][suspend][policy]") {
+  Daemon daemon({"--memory-overcommit", "200"}, kSmallGpu);
+  const Outcome huge = run_client(daemon, {client(), "holder", "100"},
+                                  {{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=128M"}});
+  INFO(huge.out << huge.err << daemon.log());
+  CHECK(huge.exit_code == 0);
+  CHECK(huge.out.find("ALLOC 2\n") != std::string::npos);
+  CHECK(daemon.log().find("could never fit") != std::string::npos);
+}
