@@ -342,7 +342,9 @@ std::string format_metrics(const MetricsInput& input) {
     if (auto v = number_of(fields, "mem_peak")) peak.add(labels, *v);
     if (auto v = number_of(fields, "pinned")) pinned.add(labels, *v);
     if (auto state = fields.find("state"); state != fields.end()) {
-      suspended.add(labels, state->second == "suspended" ? 1 : 0);
+      const bool off_gpu = state->second == "suspended" || state->second == "preempted" ||
+                           state->second == "mem-wait";
+      suspended.add(labels, off_gpu ? 1 : 0);
     }
     if (auto v = number_of(fields, "parked")) parked.add(labels, *v);
     if (auto v = number_of(fields, "suspended_us")) suspended_time.add(labels, *v / 1e6);

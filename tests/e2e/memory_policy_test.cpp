@@ -72,7 +72,7 @@ TEST_CASE(
     CHECK(normal->out().find("ALLOC 0\n") != std::string::npos);
     const nlohmann::json entry = ps_entry(daemon, idle->pid());
     REQUIRE(entry.is_object());
-    CHECK(entry["state"] == "suspended");
+    CHECK(entry["state"] == "preempted");
     CHECK(entry["parked_bytes"].get<long long>() >= 48 * kMiB);
     CHECK(state_of(daemon, normal->pid()) == "active");
     ends_with_its_bytes_intact(*normal);
@@ -113,7 +113,7 @@ TEST_CASE(
 
   // 64 MiB more do not fit: the second client waits, suspended, its cuMemAlloc unanswered.
   auto second = holder(64, limited("0=80M"));
-  REQUIRE(eventually([&] { return state_of(daemon, second->pid()) == "suspended"; }));
+  REQUIRE(eventually([&] { return state_of(daemon, second->pid()) == "mem-wait"; }));
   CHECK(second->out().find("ALLOC") == std::string::npos);
 
   // 80 + 80 + 40 MiB of limits are more than 192 MiB: a third client is not admitted.

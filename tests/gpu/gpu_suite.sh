@@ -302,7 +302,7 @@ fi
 # it cannot run here, else 1; its output is in $LOGS).
 BUILD_ROOT=$(cd "$(dirname "$SHIM")/.." 2>/dev/null && pwd)
 if wanted daemons; then
-  for script in live_quota_check partition_check hostfn_check suspend_check; do
+  for script in live_quota_check partition_check hostfn_check suspend_check preemption_check; do
     if [ ! -x "$BUILD_ROOT/broker/daemon/mpsshimd" ]; then
       add_row "$script" - - FAIL "no build tree around $SHIM (run with --build-dir)"
       continue

@@ -31,13 +31,14 @@ gpu_count() {
   echo $((count > 0 ? count : 1))
 }
 
-# Starts the mpsshimd of build tree $1 with runtime directory $2 and its log in $3 (LD_PRELOAD and
-# CUDA_MPS_PIPE_DIRECTORY removed), then waits until every GPU's server runs: the daemon starts
-# them one after another. Sets DPID.
+# Starts the mpsshimd of build tree $1 with runtime directory $2, its log in $3 and any further
+# arguments as its options (LD_PRELOAD and CUDA_MPS_PIPE_DIRECTORY removed), then waits until
+# every GPU's server runs: the daemon starts them one after another. Sets DPID.
 start_build_daemon() {
   local build=$1 rt=$2 log=$3
+  shift 3
   env -u LD_PRELOAD -u CUDA_MPS_PIPE_DIRECTORY "$build/broker/daemon/mpsshimd" --runtime-dir "$rt" \
-    --server "$build/broker/server/mpsshim-server" >"$log" 2>&1 &
+    --server "$build/broker/server/mpsshim-server" "$@" >"$log" 2>&1 &
   DPID=$!
   for _ in $(seq 300); do
     [ -S "$rt/control" ] && [ "$("$build/broker/daemon/mpsshimctl" --runtime-dir "$rt" \

@@ -18,6 +18,15 @@ std::string one_word(const std::string& name) {
   return out;
 }
 
+// active, suspended (by the operator), preempted (suspended for another client's memory),
+// mem-wait (suspended until its own allocation fits) or draining.
+const char* state_word(const Session& s) {
+  if (s.life.state != SessionState::kActive) return "draining";
+  if (!s.suspension.on) return "active";
+  if (!s.suspension.by_policy) return "suspended";
+  return s.memory_wait.on ? "mem-wait" : "preempted";
+}
+
 }  // namespace
 
 std::string format_client_usage(const Session& s) {
@@ -32,11 +41,8 @@ std::string format_client_usage(const Session& s) {
       s.client.id, s.client.pid, s.client.uid, one_word(s.client.program), s.green.sm_count,
       s.sm.percentage, s.charge.used(), s.charge.peak(), s.charge.limit(), u.pinned_bytes,
       s.launches, s.busy.on ? fmt::format("{}", u.busy_ns / 1000) : std::string("-"), u.bytes_h2d,
-      u.bytes_d2h, u.bytes_d2d, s.priority_bias,
-      s.life.state != SessionState::kActive ? "draining"
-      : s.suspension.on                     ? "suspended"
-                                            : "active",
-      started_ms / 1000, started_ms % 1000, s.charge.allocation() ? s.charge.allocation()->id() : 0,
+      u.bytes_d2h, u.bytes_d2d, s.priority_bias, state_word(s), started_ms / 1000,
+      started_ms % 1000, s.charge.allocation() ? s.charge.allocation()->id() : 0,
       s.sm.placement.partition, s.priority.held_us,
       s.green.outside_reserve ? s.green.held_back_sms : 0, s.suspension.parked_bytes,
       std::chrono::duration_cast<std::chrono::microseconds>(

@@ -100,16 +100,26 @@ void Server::serve_memory_want(const MemoryWant& want) {
 
   if (policy.preemption && !want.below_normal) {
     for (const IdleClientRef& idle : idle_below_normal_clients()) {
-      auto parked = std::make_shared<std::optional<std::uint64_t>>();
+      struct Suspended {
+        std::optional<std::uint64_t> parked;
+        std::size_t free = 0;  // the GPU's free memory after it
+      };
+      auto done = std::make_shared<Suspended>();
       const std::string why = fmt::format("for client {}'s allocation", want.client);
       on_session(
-          idle.client, [parked, why](Session& s) { *parked = suspend_for_policy(s, why); },
+          idle.client,
+          [done, why](Session& s) {
+            done->parked = suspend_for_policy(s, why);
+            done->free = device_room(s).free;
+          },
           kPolicyTaskTimeout);
-      if (!parked->has_value()) continue;
+      if (!done->parked) continue;
       memory_arbiter_->suspended().push_back(
-          PolicySuspended{idle.client, **parked, 0, false, Clock::now()});
+          PolicySuspended{idle.client, *done->parked, 0, false, Clock::now()});
       last_preemption_ = Clock::now();
-      if (try_again(false)) return;
+      // An allocation that cannot fit yet is not tried: a failed try of a large one takes the
+      // driver tens of milliseconds.
+      if (done->free >= want.bytes && try_again(false)) return;
     }
   }
   if (policy.overcommit_percent == 0) {

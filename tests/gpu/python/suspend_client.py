@@ -5,10 +5,13 @@ while holding HOLD_GIB of random bytes, printing `STEP k` every 20 steps (each a
 so the program waits on the GPU there), then an inference pass; the digest of the weights and
 the output, and whether the held bytes are unchanged.
 hold GIB: holds GIB of random bytes, prints READY, waits for a line on stdin, then checks them.
+want GIB: starts CUDA, prints STARTED, then times one allocation of GIB and the first kernel on
+it (a fill, synchronized): `WANT seconds=S`; READY, and it holds them until a line on stdin.
 """
 import hashlib
 import os
 import sys
+import time
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 import torch  # noqa: E402
@@ -75,7 +78,23 @@ def hold(gib):
     return 0 if ok else 1
 
 
+def want(gib):
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    print(f"STARTED pid={os.getpid()}", flush=True)
+    start = time.perf_counter()
+    wanted = torch.empty(int(gib * (1 << 30)), dtype=torch.uint8, device="cuda")
+    wanted.fill_(7)
+    torch.cuda.synchronize()
+    print(f"WANT seconds={time.perf_counter() - start:.4f}", flush=True)
+    print(f"READY pid={os.getpid()}", flush=True)
+    sys.stdin.readline()
+    return 0
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "train":
         sys.exit(train(int(sys.argv[2]), float(sys.argv[3])))
+    if sys.argv[1] == "want":
+        sys.exit(want(float(sys.argv[2])))
     sys.exit(hold(float(sys.argv[2])))
