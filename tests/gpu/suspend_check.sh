@@ -19,7 +19,9 @@ CLIENT=$(dirname "${BASH_SOURCE[0]}")/python/suspend_client.py
 SHIM=$B/libshim/libmpsshim.so
 CTL=$B/broker/daemon/mpsshimctl
 RT=$(mktemp -d /tmp/suspend-rt.XXXX)
-start_build_daemon "$B" "$RT" "$OUT/daemon.log"  # sets DPID
+# MPSSHIMD_ARGS: more mpsshimd options (word-split), e.g. "--park-pool 51539607552".
+# shellcheck disable=SC2086
+start_build_daemon "$B" "$RT" "$OUT/daemon.log" ${MPSSHIMD_ARGS:-}  # sets DPID
 ctl() { "$CTL" --runtime-dir "$RT" "$@"; }
 shim() { env LD_PRELOAD="$SHIM" CUDA_MPS_PIPE_DIRECTORY="$RT" "$@"; }
 fail=0

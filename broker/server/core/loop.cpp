@@ -88,6 +88,7 @@ Server::Server(Gpu gpu, ServerSettings settings, proto::UniqueFd control)
   for (std::size_t i = 0; i < settings_.workers; ++i)
     workers_.push_back(std::make_unique<Worker>(*this, i));
   plan_priority_reserve();
+  if (gpu_.heap && settings_.park_pool != 0) gpu_.heap->set_park_pool(&park_pool_);
   if (settings_.memory_policy.on()) {
     memory_arbiter_ = std::make_unique<MemoryArbiter>(settings_.memory_policy, [this] { wake(); });
     const MemoryPolicySettings& policy = settings_.memory_policy;
@@ -136,6 +137,7 @@ void Server::nudge_workers() {
 
 Server::~Server() {
   for (auto& worker : workers_) worker->stop();
+  if (gpu_.heap) gpu_.heap->set_park_pool(nullptr);  // the pool goes before the heap
   // The operator's figure for the pool (docs/architecture.md); what is still kept is destroyed
   // with it.
   const GreenContextPoolFigures pool = green_pool_.figures();

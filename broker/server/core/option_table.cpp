@@ -253,6 +253,14 @@ constexpr std::array kOptions{
                  .help = "admit clients while their memory limits add up to PERCENT of the GPU's "
                          "memory at most (no limit counts as the whole GPU); a cuMemAlloc that "
                          "does not fit waits suspended instead of failing; 0 or off: neither"},
+    ServerOption{.setting = kParkPool,
+                 .flag = "park-pool",
+                 .value_name = "BYTES",
+                 .kind = kBytes,
+                 .default_value = "0",
+                 .default_text = "0: none",
+                 .help = "page-locked host memory kept ready for suspends while the GPU's context "
+                         "is held, so that parking up to BYTES is a plain copy; 0: none"},
     ServerOption{.setting = kClientLimit,
                  .flag = "client-limit",
                  .value_name = "NAME=VALUE",

@@ -46,6 +46,7 @@ enum class Setting : std::uint8_t {
   kMemoryPreemption,
   kPreemptionIdleMs,
   kMemoryOvercommit,
+  kParkPool,
   kClientLimit,
 };
 

@@ -111,6 +111,9 @@ void apply(Options& options, Setting setting, const std::string& value) {
     case Setting::kMemoryOvercommit:
       s.memory_policy.overcommit_percent = number<unsigned>(value);
       return;
+    case Setting::kParkPool:
+      s.park_pool = number<std::uint64_t>(value);
+      return;
     case Setting::kClientLimit:
       parse_client_limit(value, s.client_limits);
       return;

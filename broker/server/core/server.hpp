@@ -82,6 +82,9 @@ struct ServerSettings {
   // What happens to a cuMemAlloc that does not fit (memory_arbiter.hpp; --memory-preemption,
   // --preemption-idle-ms, --memory-overcommit). Off by default.
   MemoryPolicySettings memory_policy;
+  // Page-locked host memory kept ready for suspends while the primary context is held
+  // (park_pool.hpp; --park-pool); 0: none.
+  std::uint64_t park_pool = 0;
 };
 
 // The process exit code after a sticky GPU fault: the daemon starts a fresh server.
@@ -251,7 +254,10 @@ class Server final {
   IpcRegistry ipc_{gpu_.ordinal};
   // Libraries shared between sessions (image_cache.hpp): outlives every session, which hold them.
   ImageCache images_{settings_.share_images, settings_.image_idle_timeout};
-  ContextLease lease_{gpu_, green_pool_, settings_.context_idle_timeout};
+  // Host memory kept for parking (park_pool.hpp; --park-pool): filled and drained with the lease.
+  ParkPool park_pool_{*gpu_.cu, settings_.park_pool};
+  ContextLease lease_{gpu_, green_pool_, settings_.context_idle_timeout,
+                      settings_.park_pool != 0 ? &park_pool_ : nullptr};
   proto::UniqueFd control_;
   proto::UniqueFd epoll_;
   proto::UniqueFd wake_;  // eventfd: a worker wants the coordinator to look (fault, drained)

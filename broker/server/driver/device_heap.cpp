@@ -104,7 +104,7 @@ tl::expected<CUdeviceptr, CUresult> DeviceHeap::map_block(std::uint64_t bytes,
 
 void DeviceHeap::unmap_block(CUdeviceptr base, const Block& block) {
   if (block.parked != nullptr) {
-    unpin_parked(cu_, block.parked, block.bytes);
+    unpin(block.parked, block.bytes);
     arena_.give(base, block.bytes);
     return;
   }
@@ -291,7 +291,7 @@ std::vector<CUdeviceptr> DeviceHeap::blocks_of_locked(std::uint64_t owner, bool 
   return out;
 }
 
-tl::expected<std::uint64_t, CUresult> DeviceHeap::park(std::uint64_t owner, CUstream stream) {
+tl::expected<DeviceHeap::Parked, CUresult> DeviceHeap::park(std::uint64_t owner, CUstream stream) {
   struct Copy {
     CUdeviceptr base = 0;
     std::uint64_t bytes = 0;
@@ -315,14 +315,18 @@ tl::expected<std::uint64_t, CUresult> DeviceHeap::park(std::uint64_t owner, CUst
   for (auto& [at, block] : spare) unmap_block(at, block);
   std::uint64_t total = 0;
   for (const Copy& c : copies) total += c.bytes;
-  if (!host_can_hold(total)) return tl::unexpected(CUDA_ERROR_OUT_OF_MEMORY);
+  // What the pool cannot take is faulted in fresh: the host must have room for that.
+  const std::uint64_t pooled = pool_ != nullptr ? pool_->available() : 0;
+  if (total > pooled && !host_can_hold(total - pooled)) {
+    return tl::unexpected(CUDA_ERROR_OUT_OF_MEMORY);
+  }
   // Each piece's copy runs while the next piece is pinned (parked_memory.hpp).
   CUresult failed = CUDA_SUCCESS;
   for (Copy& c : copies) {
-    auto host = pin_parked(cu_, c.bytes, stream,
-                           [&](void* piece, std::uint64_t offset, std::uint64_t bytes) {
-                             return cu_.cuMemcpyDtoHAsync_v2(piece, c.base + offset, bytes, stream);
-                           });
+    auto host =
+        pin_for_park(c.bytes, stream, [&](void* piece, std::uint64_t offset, std::uint64_t bytes) {
+          return cu_.cuMemcpyDtoHAsync_v2(piece, c.base + offset, bytes, stream);
+        });
     if (!host) {
       failed = host.error();
       break;
@@ -332,11 +336,11 @@ tl::expected<std::uint64_t, CUresult> DeviceHeap::park(std::uint64_t owner, CUst
   if (CUresult r = cu_.cuStreamSynchronize(stream); failed == CUDA_SUCCESS) failed = r;
   if (failed != CUDA_SUCCESS) {
     for (Copy& c : copies) {
-      if (c.host != nullptr) unpin_parked(cu_, c.host, c.bytes);
+      if (c.host != nullptr) unpin(c.host, c.bytes);
     }
     return tl::unexpected(failed);
   }
-  std::uint64_t parked = 0;
+  Parked parked;
   for (const Copy& c : copies) {
     // A block still mapped could not be mapped again at resume: it stays on the device.
     if (CUresult r = cu_.cuMemUnmap(c.base, c.bytes); r != CUDA_SUCCESS) {
@@ -344,7 +348,7 @@ tl::expected<std::uint64_t, CUresult> DeviceHeap::park(std::uint64_t owner, CUst
           "device heap: cuMemUnmap({:#x}, {}) of a block to park failed, so it stays on the "
           "device: {}",
           c.base, c.bytes, describe(cu_, r));
-      unpin_parked(cu_, c.host, c.bytes);
+      unpin(c.host, c.bytes);
       continue;
     }
     if (CUresult r = cu_.cuMemRelease(c.handle); r != CUDA_SUCCESS) {
@@ -354,7 +358,8 @@ tl::expected<std::uint64_t, CUresult> DeviceHeap::park(std::uint64_t owner, CUst
     Block& block = blocks_.at(c.base);
     block.handle = 0;
     block.parked = c.host;
-    parked += c.bytes;
+    parked.bytes += c.bytes;
+    if (pool_ != nullptr && pool_->holds(c.host)) parked.pooled += c.bytes;
   }
   return parked;
 }
@@ -411,7 +416,13 @@ tl::expected<std::uint64_t, CUresult> DeviceHeap::unpark(std::uint64_t owner, CU
   }
   std::uint64_t back = 0;
   for (const Copy& c : copies) {
-    releaser_.release(context, c.host, c.bytes);
+    // The pool's memory is back in the pool at once; fresh memory is unpinned on the releaser's
+    // thread.
+    if (pool_ != nullptr && pool_->holds(c.host)) {
+      pool_->give(c.host, c.bytes);
+    } else {
+      releaser_.release(context, c.host, c.bytes);
+    }
     std::lock_guard lock(mutex_);
     Block& block = blocks_.at(c.base);
     block.handle = c.handle;
@@ -419,6 +430,27 @@ tl::expected<std::uint64_t, CUresult> DeviceHeap::unpark(std::uint64_t owner, CU
     back += c.bytes;
   }
   return back;
+}
+
+tl::expected<void*, CUresult> DeviceHeap::pin_for_park(std::uint64_t bytes, CUstream stream,
+                                                       const ParkPieceFn& piece) {
+  if (void* host = pool_ != nullptr ? pool_->take(bytes) : nullptr) {
+    if (CUresult r = for_each_parked_piece(host, bytes, piece); r != CUDA_SUCCESS) {
+      cu_.cuStreamSynchronize(stream);  // nothing may still copy into it once it is back
+      pool_->give(host, bytes);
+      return tl::unexpected(r);
+    }
+    return host;
+  }
+  return pin_parked(cu_, bytes, stream, piece);
+}
+
+void DeviceHeap::unpin(void* host, std::uint64_t bytes) {
+  if (pool_ != nullptr && pool_->holds(host)) {
+    pool_->give(host, bytes);
+  } else {
+    unpin_parked(cu_, host, bytes);
+  }
 }
 
 DeviceHeap::Figures DeviceHeap::figures() const {

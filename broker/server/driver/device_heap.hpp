@@ -39,6 +39,7 @@
 
 #include "broker/server/driver/address_arena.hpp"
 #include "broker/server/driver/driver_table.hpp"
+#include "broker/server/driver/park_pool.hpp"
 #include "broker/server/driver/parked_memory.hpp"
 
 namespace mpsshim::server {
@@ -90,14 +91,22 @@ class DeviceHeap {
   // Parks every block of `owner` (its streams idle): copied to pinned host memory on `stream`,
   // then its physical allocation released; its addresses stay taken. Its spare chunk goes back
   // to the driver. All or nothing: when host memory runs out, nothing is parked and the
-  // driver's error comes back. The bytes parked.
-  tl::expected<std::uint64_t, CUresult> park(std::uint64_t owner, CUstream stream);
+  // driver's error comes back. The bytes parked, and how many of them in the park pool.
+  struct Parked {
+    std::uint64_t bytes = 0;
+    std::uint64_t pooled = 0;
+  };
+  tl::expected<Parked, CUresult> park(std::uint64_t owner, CUstream stream);
   // Puts every parked block of `owner` back at its address, its bytes copied in on `stream`.
   // All or nothing: when the device has no room, nothing moves and the driver's error
   // (CUDA_ERROR_OUT_OF_MEMORY) comes back. The bytes put back. The host memory is given back
   // afterwards on a thread of the heap's, in `context` (the caller's current one).
   tl::expected<std::uint64_t, CUresult> unpark(std::uint64_t owner, CUstream stream,
                                                CUcontext context);
+
+  // Host memory kept for parking (park_pool.hpp): blocks are parked in it when it has room.
+  // Set before any session; null: none.
+  void set_park_pool(ParkPool* pool) { pool_ = pool; }
 
   struct Figures {
     std::uint64_t physical_bytes = 0;  // what cuMemCreate holds for this heap
@@ -128,6 +137,11 @@ class DeviceHeap {
   tl::expected<CUdeviceptr, CUresult> map_block(std::uint64_t bytes, std::uint64_t alignment);
   // Unmaps and releases the block (frees its host copy when parked) and gives its addresses back.
   void unmap_block(CUdeviceptr base, const Block& block);
+  // Page-locked memory for a block to park, `piece` called for each piece as it is ready: the
+  // pool's when it has room, else fresh (pin_parked). Given back by unpin.
+  tl::expected<void*, CUresult> pin_for_park(std::uint64_t bytes, CUstream stream,
+                                             const ParkPieceFn& piece);
+  void unpin(void* host, std::uint64_t bytes);
   // Under mutex_: the owner's blocks, parked or not.
   std::vector<CUdeviceptr> blocks_of_locked(std::uint64_t owner, bool parked) const;
   // Under mutex_: a small allocation in one of the owner's chunks, or 0.
@@ -140,6 +154,7 @@ class DeviceHeap {
   const std::uint64_t granularity_;
   AddressArena arena_;
   ParkedReleaser releaser_{cu_};  // resumed clients' host memory, given back (parked_memory.hpp)
+  ParkPool* pool_ = nullptr;      // the server's (park_pool.hpp), or none
   mutable std::mutex mutex_;
   std::map<CUdeviceptr, Block> blocks_;         // dedicated allocations and chunks, by base
   std::map<CUdeviceptr, Small> small_;          // allocations inside chunks

@@ -22,8 +22,8 @@ constexpr std::uint64_t kPage = 4096;
 // Below this a piece is faulted in by the calling thread alone.
 constexpr std::uint64_t kFaultInParallelFrom = std::uint64_t{64} << 20;
 
-// Anonymous memory aligned to the huge page, with huge pages asked for: a 2 MiB fault instead of
-// 512 small ones.
+}  // namespace
+
 void* map_huge_aligned(std::uint64_t bytes) {
   const std::uint64_t padded = bytes + kHugePage;
   void* raw = ::mmap(nullptr, padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -38,8 +38,6 @@ void* map_huge_aligned(std::uint64_t bytes) {
   return host;
 }
 
-// Touches every page of [p, p + bytes) so that the kernel provides it now, on several threads:
-// registering memory already present is what runs fast (parked_memory.hpp).
 void fault_in(std::byte* p, std::uint64_t bytes) {
   auto touch = [](std::byte* from, std::uint64_t length) {
     for (std::uint64_t o = 0; o < length; o += kPage) {
@@ -64,6 +62,8 @@ void fault_in(std::byte* p, std::uint64_t bytes) {
   touch(p, mine);
   for (std::thread& t : helpers) t.join();
 }
+
+namespace {
 
 // A number from a file of the kernel's ("max" or unreadable: none).
 std::uint64_t read_number(const std::string& path) {

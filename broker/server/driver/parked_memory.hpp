@@ -13,6 +13,7 @@
 #include <cuda.h>
 
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -24,6 +25,13 @@
 #include "broker/server/driver/driver_table.hpp"
 
 namespace mpsshim::server {
+
+// Anonymous memory aligned to the huge page, with huge pages asked for (a 2 MiB fault instead of
+// 512 small ones); null when the host has no address space for it.
+void* map_huge_aligned(std::uint64_t bytes);
+// Touches every page of [p, p + bytes) so that the kernel provides it now, on up to 16 threads:
+// registering memory already present is what runs fast.
+void fault_in(std::byte* p, std::uint64_t bytes);
 
 // Each piece of parked memory is registered with the driver on its own.
 inline constexpr std::uint64_t kParkPiece = std::uint64_t{1} << 30;

@@ -7,12 +7,15 @@
 namespace mpsshim::server {
 
 ContextLease::ContextLease(Gpu& gpu, GreenContextPool& green_pool,
-                           std::chrono::milliseconds idle_timeout)
-    : gpu_(gpu), green_pool_(green_pool), idle_timeout_(idle_timeout) {}
+                           std::chrono::milliseconds idle_timeout, ParkPool* park_pool)
+    : gpu_(gpu), green_pool_(green_pool), idle_timeout_(idle_timeout), park_pool_(park_pool) {}
 
 tl::expected<void, std::string> ContextLease::acquire() {
   idle_ = false;
-  if (held()) return {};
+  if (held()) {
+    if (park_pool_ != nullptr) park_pool_->fill(gpu_.primary);  // the context open_gpu retained
+    return {};
+  }
   const auto started = Clock::now();
   CUcontext primary = nullptr;
   if (CUresult r = gpu_.cu->cuDevicePrimaryCtxRetain(&primary, gpu_.device); r != CUDA_SUCCESS) {
@@ -26,6 +29,7 @@ tl::expected<void, std::string> ContextLease::acquire() {
   }
   gpu_.primary = primary;
   ++gpu_.primary_generation;
+  if (park_pool_ != nullptr) park_pool_->fill(primary);
   log_info("retained the primary context for a client in {:.0f} ms",
            std::chrono::duration<double, std::milli>(Clock::now() - started).count());
   return {};
@@ -51,6 +55,7 @@ void ContextLease::release(const char* why) {
   // Only with no session anywhere (check) or at the server's end: nobody takes from the pool
   // meanwhile. Its idle green contexts first, so that the release gives back all they cost.
   const std::size_t emptied = green_pool_.empty();
+  if (park_pool_ != nullptr) park_pool_->drain();
   gpu_.cu->cuCtxSetCurrent(nullptr);
   if (CUresult r = gpu_.cu->cuDevicePrimaryCtxRelease_v2(gpu_.device); r != CUDA_SUCCESS) {
     log_warn("releasing the primary context failed: {}", describe(*gpu_.cu, r));

@@ -15,6 +15,7 @@
 #include <tl/expected.hpp>
 
 #include "broker/server/driver/gpu.hpp"
+#include "broker/server/driver/park_pool.hpp"
 #include "broker/server/scheduling/green_context_pool.hpp"
 
 namespace mpsshim::server {
@@ -26,7 +27,10 @@ class ContextLease {
   // `gpu` holds the context open_gpu retained; the lease may release it at the first check.
   // `green_pool` is emptied before every release: the driver gives back what a green context
   // cost only with the primary context (green_context_pool.hpp).
-  ContextLease(Gpu& gpu, GreenContextPool& green_pool, std::chrono::milliseconds idle_timeout);
+  // `park_pool` (null: none) is filled after every retain and drained before every release: its
+  // registration lives in the context (park_pool.hpp).
+  ContextLease(Gpu& gpu, GreenContextPool& green_pool, std::chrono::milliseconds idle_timeout,
+               ParkPool* park_pool = nullptr);
 
   // Before a client is admitted: the context, retained and made current on this thread.
   tl::expected<void, std::string> acquire();
@@ -40,6 +44,7 @@ class ContextLease {
   Gpu& gpu_;
   GreenContextPool& green_pool_;
   std::chrono::milliseconds idle_timeout_;
+  ParkPool* park_pool_;
   // When the last session went away; min(): none was ever served, release at the first check.
   Clock::time_point idle_since_ = Clock::time_point::min();
   bool idle_ = true;

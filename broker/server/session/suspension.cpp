@@ -128,13 +128,17 @@ tl::expected<std::string, std::string> suspend_session(Session& s,
   const double copy_seconds = seconds_since(copy_start);
   s.suspension.on = true;
   s.suspension.by_policy = false;  // the memory policies mark their own (memory_arbiter.hpp)
-  s.suspension.parked_bytes = *parked;
+  s.suspension.parked_bytes = parked->bytes;
   s.suspension.since = Clock::now();
   ++s.suspension.count;
   std::string said = fmt::format(
-      "{}: suspended; {} parked on the host in {:.3f} s ({}), after {:.3f} s waiting for its "
+      "{}: suspended; {} parked on the host in {:.3f} s ({}){}, after {:.3f} s waiting for its "
       "issued work",
-      s.who(), format_bytes(*parked), copy_seconds, rate(*parked, copy_seconds), wait_seconds);
+      s.who(), format_bytes(parked->bytes), copy_seconds, rate(parked->bytes, copy_seconds),
+      parked->pooled == 0
+          ? std::string()
+          : fmt::format(" ({} of it in the park pool)", format_bytes(parked->pooled)),
+      wait_seconds);
   log_info("{}", said);
   return said;
 }
