@@ -65,6 +65,13 @@ TEST_CASE(
   REQUIRE(idle->wait_for_output("READY", 60s));
   REQUIRE(idle->out().find("ALLOC 0\n") != std::string::npos);
   {
+    // More than the GPU has: it fails at once, and no one is suspended for it.
+    const Outcome huge = run_client(daemon, {client(), "holder", "100"});
+    INFO(huge.out << huge.err);
+    CHECK(huge.out.find("ALLOC 2\n") != std::string::npos);
+    CHECK(state_of(daemon, idle->pid()) == "active");
+  }
+  {
     // 64 MiB do not fit beside the 48: the allocation suspends the idle client.
     auto normal = holder(64, daemon.client_env());
     REQUIRE(normal->wait_for_output("READY", 60s));

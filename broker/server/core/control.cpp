@@ -261,6 +261,12 @@ std::string Server::suspend_command(const std::string& command, const std::strin
         for (const auto& s : worker.sessions()) {
           if (s->client.pid != pid || s->life.state != SessionState::kActive) continue;
           auto done = suspend ? suspend_session(*s) : resume_session(*s);
+          // An allocation that waited for a memory policy is served again once the operator's
+          // suspend is over (the coordinator leaves it alone meanwhile).
+          if (done && !suspend && s->memory_wait.on && s->memory_arbiter != nullptr) {
+            s->memory_arbiter->want(
+                MemoryWant{s->client.id, s->memory_wait.bytes, s->priority.below_normal});
+          }
           // A refusal is marked for the coordinator by a leading '!'.
           lines += done ? *done + "\n" : "!" + done.error() + "\n";
         }

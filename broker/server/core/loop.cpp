@@ -137,7 +137,10 @@ void Server::nudge_workers() {
 
 Server::~Server() {
   for (auto& worker : workers_) worker->stop();
-  if (gpu_.heap) gpu_.heap->set_park_pool(nullptr);  // the pool goes before the heap
+  // The sessions go first (a parked block of one gives its memory back to the pool), then the
+  // pool, before the heap that outlives it.
+  workers_.clear();
+  if (gpu_.heap) gpu_.heap->set_park_pool(nullptr);
   // The operator's figure for the pool (docs/architecture.md); what is still kept is destroyed
   // with it.
   const GreenContextPoolFigures pool = green_pool_.figures();

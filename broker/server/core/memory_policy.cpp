@@ -35,9 +35,14 @@ DeviceRoom device_room(Session& s) {
   return room;
 }
 
+// A policy's suspend waits this long at most for the client's issued work: an idle client's
+// work is done or nearly; one with a long kernel still running is passed over instead of holding
+// its worker and the coordinator for the operator's 30 s.
+constexpr auto kPolicyWorkWait = std::chrono::milliseconds(500);
+
 // The session's memory suspended for a policy: the bytes parked, or why not (logged).
 std::optional<std::uint64_t> suspend_for_policy(Session& s, std::string_view why) {
-  auto done = suspend_session(s);
+  auto done = suspend_session(s, kPolicyWorkWait);
   if (!done) {
     log_info("memory policy: {}", done.error());
     return std::nullopt;
@@ -54,8 +59,31 @@ bool waits_for_gpu(const Session& s) {
                      [](const Completion& c) { return c.slot != proto::kNoReply; });
 }
 
+// A below-normal client that may be suspended for another's memory: idle for `idle_ns` (no
+// call, none waiting for its GPU work), holding memory, not suspended or waiting itself.
+bool preemptible(const Session& s, std::uint64_t now_ns, std::uint64_t idle_ns) {
+  return s.life.state == SessionState::kActive && s.priority.below_normal && !s.suspension.on &&
+         !s.memory_wait.on && !waits_for_gpu(s) && s.charge.used() != 0 &&
+         now_ns - s.stamps.record_taken_ns >= idle_ns;
+}
+
+std::uint64_t nanoseconds(std::chrono::milliseconds ms) {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(ms).count());
+}
+
+// Whether the operator holds the session suspended: its wait is left alone until the operator's
+// resume posts it again (resume_session).
+bool held_by_operator(const Session& s) {
+  return s.suspension.on && !s.suspension.by_policy;
+}
+
 }  // namespace
 
+// Every result a task writes is read only when on_session returned true: the task ran to its end
+// before that (release/acquire on `found`). A worker that does not answer within the timeout is
+// stuck in a driver call for minutes; what its late task decides is then lost to the
+// coordinator's books (a wait stays owed, a client stays suspended) until the session ends.
 bool Server::on_session(std::uint32_t client, std::function<void(Session&)> task,
                         std::chrono::milliseconds timeout) {
   auto found = std::make_shared<std::atomic<bool>>(false);
@@ -87,18 +115,34 @@ bool Server::memory_policy_busy() const {
 
 void Server::serve_memory_want(const MemoryWant& want) {
   const MemoryPolicySettings& policy = memory_arbiter_->settings();
-  // Whether the allocation was answered: it fit, failed for good, or its client is gone.
-  auto try_again = [this, &want](bool last_try) {
-    auto answered = std::make_shared<bool>(true);
-    on_session(
+  // Whether the wait is over: the allocation answered (it fit, or failed for good), its client
+  // gone, or held by the operator. The first look also fails at once an allocation that could
+  // never fit: the client's memory and it together more than the GPU has.
+  auto try_again = [this, &want](bool last_try, bool first_look) {
+    auto over = std::make_shared<bool>(true);
+    const bool found = on_session(
         want.client,
-        [answered, last_try](Session& s) { *answered = retry_waiting_allocation(s, last_try); },
+        [over, last_try, first_look](Session& s) {
+          if (!s.memory_wait.on || held_by_operator(s)) return;
+          if (first_look) {
+            const DeviceRoom room = device_room(s);
+            const std::uint64_t used = std::min<std::uint64_t>(s.charge.used(), room.total);
+            if (s.memory_wait.bytes > room.total - used) {
+              log_info("memory policy: {}'s cuMemAlloc of {} could never fit beside its {}",
+                       s.who(), format_bytes(s.memory_wait.bytes), format_bytes(used));
+              retry_waiting_allocation(s, true);
+              return;
+            }
+          }
+          *over = retry_waiting_allocation(s, last_try);
+        },
         kPolicyTaskTimeout);
-    return *answered;
+    return !found || *over;
   };
-  if (try_again(false)) return;  // memory freed since it asked
+  if (try_again(false, true)) return;  // memory freed since it asked, or it could never fit
 
   if (policy.preemption && !want.below_normal) {
+    const std::uint64_t idle_ns = nanoseconds(policy.idle_after);
     for (const IdleClientRef& idle : idle_below_normal_clients()) {
       struct Suspended {
         std::optional<std::uint64_t> parked;
@@ -106,44 +150,42 @@ void Server::serve_memory_want(const MemoryWant& want) {
       };
       auto done = std::make_shared<Suspended>();
       const std::string why = fmt::format("for client {}'s allocation", want.client);
-      on_session(
+      const bool found = on_session(
           idle.client,
-          [done, why](Session& s) {
+          [done, why, idle_ns](Session& s) {
+            // Still idle: the earlier victims' copies took time.
+            if (!preemptible(s, SessionStats::now_ns(), idle_ns)) return;
             done->parked = suspend_for_policy(s, why);
             done->free = device_room(s).free;
           },
           kPolicyTaskTimeout);
-      if (!done->parked) continue;
+      if (!found || !done->parked) continue;
       memory_arbiter_->suspended().push_back(
           PolicySuspended{idle.client, *done->parked, 0, false, Clock::now()});
       last_preemption_ = Clock::now();
       // An allocation that cannot fit yet is not tried: a failed try of a large one takes the
       // driver tens of milliseconds.
-      if (done->free >= want.bytes && try_again(false)) return;
+      if (done->free >= want.bytes && try_again(false, false)) return;
     }
   }
   if (policy.overcommit_percent == 0) {
-    try_again(true);
+    try_again(true, false);
     return;
   }
-  // Overcommit: the client waits suspended, unless it could never fit or cannot be suspended.
+  // Overcommit: the client waits suspended, unless it cannot be suspended.
   auto entry = std::make_shared<std::optional<PolicySuspended>>();
-  on_session(
+  const bool found = on_session(
       want.client,
       [entry](Session& s) {
-        if (!s.memory_wait.on) return;
-        const DeviceRoom room = device_room(s);
-        if (s.charge.used() + s.memory_wait.bytes > room.total) {
-          log_info("memory policy: {}'s cuMemAlloc of {} could never fit beside its {}", s.who(),
-                   format_bytes(s.memory_wait.bytes), format_bytes(s.charge.used()));
-        } else if (auto parked = suspend_for_policy(s, "to wait for room for its allocation")) {
+        if (!s.memory_wait.on || held_by_operator(s)) return;
+        if (auto parked = suspend_for_policy(s, "to wait for room for its allocation")) {
           *entry = PolicySuspended{s.client.id, *parked, s.memory_wait.bytes, true, Clock::now()};
           return;
         }
         retry_waiting_allocation(s, true);
       },
       kPolicyTaskTimeout);
-  if (entry->has_value()) memory_arbiter_->suspended().push_back(**entry);
+  if (found && entry->has_value()) memory_arbiter_->suspended().push_back(**entry);
 }
 
 std::vector<Server::IdleClientRef> Server::idle_below_normal_clients() {
@@ -154,16 +196,10 @@ std::vector<Server::IdleClientRef> Server::idle_below_normal_clients() {
   auto found = std::make_shared<Found>();
   const auto idle_after = memory_arbiter_->settings().idle_after;
   on_each_worker(
-      [found, idle_after](Worker& worker) {
+      [found, idle_ns = nanoseconds(idle_after)](Worker& worker) {
         const std::uint64_t now_ns = SessionStats::now_ns();
-        const auto idle_ns = static_cast<std::uint64_t>(
-            std::chrono::duration_cast<std::chrono::nanoseconds>(idle_after).count());
         for (const auto& s : worker.sessions()) {
-          if (s->life.state != SessionState::kActive || !s->priority.below_normal ||
-              s->suspension.on || s->memory_wait.on || waits_for_gpu(*s) || s->charge.used() == 0 ||
-              now_ns - s->stamps.record_taken_ns < idle_ns) {
-            continue;
-          }
+          if (!preemptible(*s, now_ns, idle_ns)) continue;
           std::lock_guard lock(found->mutex);
           found->clients.push_back({s->client.id, s->stamps.record_taken_ns});
         }
@@ -198,14 +234,12 @@ void Server::resume_what_fits() {
     enum class Outcome { kGone, kResumed, kNoRoom };
     auto outcome = std::make_shared<Outcome>(Outcome::kGone);
     const PolicySuspended entry = suspended.front();
-    on_session(
+    const bool found = on_session(
         entry.client,
         [outcome, entry](Session& s) {
           // Resumed by the operator meanwhile (or suspended again by it): no longer the policy's.
-          if (!s.suspension.on || !s.suspension.by_policy) {
-            if (s.memory_wait.on) retry_waiting_allocation(s, true);
-            return;
-          }
+          // A wait of its own is the operator's resume's to post again (resume_session).
+          if (!s.suspension.on || !s.suspension.by_policy) return;
           const DeviceRoom room = device_room(s);
           const std::uint64_t needed =
               s.suspension.parked_bytes + (s.memory_wait.on ? s.memory_wait.bytes : 0);
@@ -214,6 +248,8 @@ void Server::resume_what_fits() {
             return;
           }
           if (auto done = resume_session(s); !done) {
+            // Out of memory after all (another client took the room), or the copy stream could
+            // not be made: tried again at the next look.
             log_info("memory policy: {}", done.error());
             *outcome = Outcome::kNoRoom;
             return;
@@ -224,7 +260,7 @@ void Server::resume_what_fits() {
           if (s.memory_wait.on) retry_waiting_allocation(s, true);
         },
         kPolicyTaskTimeout);
-    if (*outcome == Outcome::kNoRoom) return;
+    if (found && *outcome == Outcome::kNoRoom) return;
     suspended.erase(suspended.begin());
   }
 }

@@ -241,7 +241,7 @@ constexpr std::array kOptions{
                  .max = 86'400'000,
                  .default_value = "1000",
                  .help = "a below-normal client is idle, and may be suspended for memory, after N "
-                         "ms without a call and with no GPU work in flight"},
+                         "ms without a call and with none waiting for its GPU work"},
     ServerOption{.setting = kMemoryOvercommit,
                  .flag = "memory-overcommit",
                  .value_name = "PERCENT|off",

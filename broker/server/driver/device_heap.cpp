@@ -313,25 +313,33 @@ tl::expected<DeviceHeap::Parked, CUresult> DeviceHeap::park(std::uint64_t owner,
     }
   }
   for (auto& [at, block] : spare) unmap_block(at, block);
-  std::uint64_t total = 0;
-  for (const Copy& c : copies) total += c.bytes;
-  // What the pool cannot take is faulted in fresh: the host must have room for that.
-  const std::uint64_t pooled = pool_ != nullptr ? pool_->available() : 0;
-  if (total > pooled && !host_can_hold(total - pooled)) {
+  // The pool's ranges first; what it has no range for is faulted in fresh, and the host must
+  // have room for that.
+  std::uint64_t fresh = 0;
+  for (Copy& c : copies) {
+    c.host = pool_ != nullptr ? pool_->take(c.bytes) : nullptr;
+    if (c.host == nullptr) fresh += c.bytes;
+  }
+  if (fresh != 0 && !host_can_hold(fresh)) {
+    for (Copy& c : copies) {
+      if (c.host != nullptr) pool_->give(c.host, c.bytes);
+    }
     return tl::unexpected(CUDA_ERROR_OUT_OF_MEMORY);
   }
   // Each piece's copy runs while the next piece is pinned (parked_memory.hpp).
   CUresult failed = CUDA_SUCCESS;
   for (Copy& c : copies) {
-    auto host =
-        pin_for_park(c.bytes, stream, [&](void* piece, std::uint64_t offset, std::uint64_t bytes) {
-          return cu_.cuMemcpyDtoHAsync_v2(piece, c.base + offset, bytes, stream);
-        });
-    if (!host) {
+    auto copy_piece = [&](void* piece, std::uint64_t offset, std::uint64_t bytes) {
+      return cu_.cuMemcpyDtoHAsync_v2(piece, c.base + offset, bytes, stream);
+    };
+    if (c.host != nullptr) {
+      failed = for_each_parked_piece(c.host, c.bytes, copy_piece);
+    } else if (auto host = pin_parked(cu_, c.bytes, stream, copy_piece)) {
+      c.host = *host;
+    } else {
       failed = host.error();
-      break;
     }
-    c.host = *host;
+    if (failed != CUDA_SUCCESS) break;
   }
   if (CUresult r = cu_.cuStreamSynchronize(stream); failed == CUDA_SUCCESS) failed = r;
   if (failed != CUDA_SUCCESS) {
@@ -430,19 +438,6 @@ tl::expected<std::uint64_t, CUresult> DeviceHeap::unpark(std::uint64_t owner, CU
     back += c.bytes;
   }
   return back;
-}
-
-tl::expected<void*, CUresult> DeviceHeap::pin_for_park(std::uint64_t bytes, CUstream stream,
-                                                       const ParkPieceFn& piece) {
-  if (void* host = pool_ != nullptr ? pool_->take(bytes) : nullptr) {
-    if (CUresult r = for_each_parked_piece(host, bytes, piece); r != CUDA_SUCCESS) {
-      cu_.cuStreamSynchronize(stream);  // nothing may still copy into it once it is back
-      pool_->give(host, bytes);
-      return tl::unexpected(r);
-    }
-    return host;
-  }
-  return pin_parked(cu_, bytes, stream, piece);
 }
 
 void DeviceHeap::unpin(void* host, std::uint64_t bytes) {

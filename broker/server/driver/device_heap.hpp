@@ -137,10 +137,7 @@ class DeviceHeap {
   tl::expected<CUdeviceptr, CUresult> map_block(std::uint64_t bytes, std::uint64_t alignment);
   // Unmaps and releases the block (frees its host copy when parked) and gives its addresses back.
   void unmap_block(CUdeviceptr base, const Block& block);
-  // Page-locked memory for a block to park, `piece` called for each piece as it is ready: the
-  // pool's when it has room, else fresh (pin_parked). Given back by unpin.
-  tl::expected<void*, CUresult> pin_for_park(std::uint64_t bytes, CUstream stream,
-                                             const ParkPieceFn& piece);
+  // Gives back a parked block's host memory: to the pool when it is the pool's, else unpinned.
   void unpin(void* host, std::uint64_t bytes);
   // Under mutex_: the owner's blocks, parked or not.
   std::vector<CUdeviceptr> blocks_of_locked(std::uint64_t owner, bool parked) const;

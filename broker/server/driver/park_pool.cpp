@@ -22,12 +22,17 @@ void ParkPool::fill(CUcontext context) {
     if (base_ != nullptr) return;
   }
   if (!host_can_hold(capacity_)) {
-    log_warn(
-        "park pool: the host cannot hold {} more of page-locked memory; suspends get fresh "
-        "memory each time",
-        format_bytes(capacity_));
+    // Asked again at every admission: said once until it fits.
+    if (!refused_) {
+      log_warn(
+          "park pool: the host cannot hold {} more of page-locked memory; suspends get fresh "
+          "memory until it can",
+          format_bytes(capacity_));
+    }
+    refused_ = true;
     return;
   }
+  refused_ = false;
   filler_ = std::thread([this, context] { prepare(context); });
 }
 

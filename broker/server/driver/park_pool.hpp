@@ -57,7 +57,8 @@ class ParkPool {
 
   const DriverTable& cu_;
   const std::uint64_t capacity_;
-  std::thread filler_;  // the coordinator's
+  std::thread filler_;    // the coordinator's
+  bool refused_ = false;  // the coordinator's: the host had no room at the last fill
   mutable std::mutex mutex_;
   std::byte* base_ = nullptr;             // under mutex_: set once the memory is ready
   std::unique_ptr<AddressArena> ranges_;  // under mutex_: which of it is taken

@@ -81,8 +81,11 @@ bool retry_waiting_allocation(Session& session, bool last_try) {
   MemoryWait& wait = session.memory_wait;
   if (!wait.on) return true;
   tl::expected<CUdeviceptr, CUresult> placed = tl::unexpected(CUDA_ERROR_OUT_OF_MEMORY);
-  // Its limit may have been lowered meanwhile: then it fails as it would have at first.
-  if (auto held = session.charge.reserve(wait.bytes)) {
+  // Its context may have been destroyed meanwhile, its limit lowered: then it fails as it would
+  // have at first.
+  if (session.objects.get<ContextObj>(wait.ctx) == nullptr) {
+    placed = tl::unexpected(CUDA_ERROR_INVALID_CONTEXT);
+  } else if (auto held = session.charge.reserve(wait.bytes)) {
     placed = allocate_for_client(session, wait.bytes, wait.ctx, *held);
     if (!placed && placed.error() == CUDA_ERROR_OUT_OF_MEMORY && !last_try) return false;
   }
