@@ -9,6 +9,7 @@
 #include <string>
 
 #include "harness.hpp"
+#include "ps_json.hpp"
 
 using namespace mpsshim::e2e;
 using namespace std::chrono_literals;
@@ -20,23 +21,6 @@ const std::map<std::string, std::string> kSmallGpu{{"MPSSHIM_TESTDRIVER_MEMORY_M
 
 std::string client() {
   return artefact("E2E_CLIENT");
-}
-
-// The client `pid`'s entry in `mpsshimctl ps --json` (null when it is not listed).
-nlohmann::json ps_entry(const Daemon& daemon, int pid) {
-  const Outcome ps = daemon.ctl({"ps", "--json"});
-  if (ps.exit_code != 0) return nullptr;
-  const nlohmann::json parsed = nlohmann::json::parse(ps.out, nullptr, false);
-  if (!parsed.is_object() || !parsed.contains("clients")) return nullptr;
-  for (const nlohmann::json& entry : parsed["clients"]) {
-    if (entry.value("pid", -1) == pid) return entry;
-  }
-  return nullptr;
-}
-
-std::string state_of(const Daemon& daemon, int pid) {
-  const nlohmann::json entry = ps_entry(daemon, pid);
-  return entry.is_object() ? entry.value("state", std::string()) : std::string();
 }
 
 // An e2e_client `holder MB` (one cuMemAlloc, then idle until its stdin closes), started.

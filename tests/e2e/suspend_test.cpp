@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "harness.hpp"
+#include "ps_json.hpp"
 
 using namespace mpsshim::e2e;
 using namespace std::chrono_literals;
@@ -25,18 +26,6 @@ const std::map<std::string, std::string> kSmallGpu{{"MPSSHIM_TESTDRIVER_MEMORY_M
 
 std::string client() {
   return artefact("E2E_CLIENT");
-}
-
-// The client `pid`'s entry in `mpsshimctl ps --json` (null when it is not listed).
-nlohmann::json ps_entry(const Daemon& daemon, int pid) {
-  const Outcome ps = daemon.ctl({"ps", "--json"});
-  if (ps.exit_code != 0) return nullptr;
-  const nlohmann::json parsed = nlohmann::json::parse(ps.out, nullptr, false);
-  if (!parsed.is_object() || !parsed.contains("clients")) return nullptr;
-  for (const nlohmann::json& entry : parsed["clients"]) {
-    if (entry.value("pid", -1) == pid) return entry;
-  }
-  return nullptr;
 }
 
 // What mpsshimctl said: its answer on stdout, or on stderr when it failed.
