@@ -284,7 +284,8 @@ std::string Server::overcommit_refusal(std::uint64_t limit) {
   if (after <= allowed) return {};
   return fmt::format(
       "its memory limit ({}) would bring the limits of this GPU's clients to {}, more than the "
-      "{}% of its {} that --memory-overcommit allows",
+      "{}% of its {} that --memory-overcommit allows; give it a smaller limit "
+      "(CUDA_MPS_PINNED_DEVICE_MEM_LIMIT), wait for a client to leave, or raise the percentage",
       limit == 0 ? std::string("none: the whole GPU") : format_bytes(limit), format_bytes(after),
       percent, format_bytes(total));
 }
