@@ -94,7 +94,7 @@ CUresult Session::attach(const std::string& socket_path, const proto::ClientHell
   }
   if (header.magic != proto::kHelloMagic || header.abi_major != proto::kAbiMajor ||
       header.kind != static_cast<std::uint32_t>(proto::MessageKind::kSessionWelcome) ||
-      reply.bytes.size() < sizeof(proto::SessionWelcome) || reply.fds.size() != 2) {
+      reply.bytes.size() < sizeof(proto::SessionWelcome) || reply.fds.size() < 2) {
     log_error(
         "unexpected answer from the mpsshim server (ABI {}.{}, kind {}); this "
         "library speaks ABI {}.{}",
@@ -124,6 +124,23 @@ CUresult Session::attach(const std::string& socket_path, const proto::ClientHell
   if (!proto::segment_header_valid(g, session->welcome_.segment_bytes) || g.slot_count > 64) {
     log_error("the server sent a session segment this library cannot use");
     return CUDA_ERROR_MPS_CONNECTION_FAILED;
+  }
+  if (reply.fds.size() >= 3) {
+    // The server leaves synchronizes to this client's watch of their fences: a page it cannot
+    // read would leave them unanswered for milliseconds, so the session does not start.
+    constexpr std::size_t kWatchPageBytes = proto::kWatchPageWords * sizeof(std::uint32_t);
+    struct stat page {};
+    auto watch = fstat(reply.fds[2].get(), &page) == 0 &&
+                         static_cast<std::size_t>(page.st_size) == kWatchPageBytes
+                     ? proto::map_fd(reply.fds[2].get(), kWatchPageBytes, false)
+                     : std::nullopt;
+    if (!watch) {
+      log_error("mapping the session's watch page failed: {}", strerror(errno));
+      return CUDA_ERROR_MPS_CONNECTION_FAILED;
+    }
+    session->watch_mapping_ = std::move(*watch);
+    session->watch_words_ =
+        static_cast<const std::uint32_t*>(session->watch_mapping_.get_address());
   }
   session->producer_ = proto::RingProducer(session->view_.ring(), g.ring_capacity);
   session->free_slots_ =
@@ -267,15 +284,40 @@ void Session::release_slot(std::uint32_t index) {
   slot_freed_.notify_one();
 }
 
+void Session::look_at_watch(const proto::ResponseSlot& slot, std::uint64_t& rung) {
+  const std::uint64_t watch = slot.watch.load(std::memory_order_relaxed);
+  if (!proto::watch_set(watch) || watch == rung || watch_words_ == nullptr) return;
+  const std::uint32_t word = proto::watch_word(watch);
+  if (word >= proto::kWatchPageWords) return;
+  // The GPU's write, then the worker's announced sleep: the worker announces, fences, then
+  // looks at the word, so when it missed the write this sees the announcement.
+  if (__atomic_load_n(&watch_words_[word], __ATOMIC_SEQ_CST) != proto::watch_value(watch)) return;
+  if (view_.ring()->consumer_waiting.load(std::memory_order_seq_cst) == 0) return;
+  rung = watch;
+  ring_doorbell();
+}
+
 CUresult Session::wait_slot(proto::ResponseSlot* slot) {
-  auto ready = [slot] { return slot->state.load(std::memory_order_acquire) == proto::kSlotReady; };
+  std::uint64_t rung = 0;
+  auto ready = [&] {
+    if (slot->state.load(std::memory_order_acquire) == proto::kSlotReady) return true;
+    look_at_watch(*slot, rung);
+    return false;
+  };
   const SpinEnd spun =
       spin_until(current_wait_plan(crowded()), ready, [this] { return peer_gone(); });
   if (spun == SpinEnd::kReady) return CUDA_SUCCESS;
   if (spun == SpinEnd::kGone) return dead_result();
-  for (;;) {
+  for (bool first = true;; first = false) {
     slot->waiter.store(1, std::memory_order_seq_cst);
     if (ready()) break;
+    // A sleeping thread watches nothing: a worker that left this answer to the watch and
+    // sleeps is woken to poll instead. It stores the watch, announces its sleep, fences, then
+    // looks at `waiter`: it sees this thread's sleep, or this sees its announcement.
+    if (first && proto::watch_set(slot->watch.load(std::memory_order_seq_cst)) &&
+        view_.ring()->consumer_waiting.load(std::memory_order_seq_cst) != 0) {
+      ring_doorbell();
+    }
     proto::futex_wait(&slot->state, proto::kSlotPending, kSleepSliceNs);
     if (ready()) break;
     if (peer_gone()) return dead_result();
@@ -291,6 +333,7 @@ CUresult Session::call(proto::Op op, const void* request, std::size_t request_by
   std::uint32_t index = acquire_slot();
   proto::ResponseSlot* slot = view_.slot(index);
   slot->waiter.store(0, std::memory_order_relaxed);
+  slot->watch.store(0, std::memory_order_relaxed);
   slot->state.store(proto::kSlotPending, std::memory_order_relaxed);
 
   std::uint32_t bytes = proto::record_bytes(request_bytes + trailing.size());

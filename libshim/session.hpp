@@ -106,6 +106,10 @@ class Session {
   // The server's hint that waiting threads should not spin long (proto::SessionControl).
   bool crowded() const { return view_.control()->crowded.load(std::memory_order_relaxed) != 0; }
   CUresult wait_slot(proto::ResponseSlot* slot);
+  // One look of a spinning wait at its slot's fence watch (proto::ResponseSlot::watch): rings
+  // the doorbell when the named fence has landed while the worker sleeps, once per watch
+  // (`rung`), so the worker sleeps through the GPU's work instead of polling it.
+  void look_at_watch(const proto::ResponseSlot& slot, std::uint64_t& rung);
   CUresult wait_generation(proto::ChunkState* state, std::uint32_t generation);
   CUresult dead_result() const;
   // Logs once that the server's sticky fault `fault` ends this session, naming the client whose
@@ -118,6 +122,10 @@ class Session {
   proto::UniqueFd doorbell_;
   boost::interprocess::mapped_region mapping_;
   proto::SegmentView view_;
+  // The watch page (ABI 1.28): the session's host-fence words, mapped read-only; nullptr from
+  // an older server.
+  boost::interprocess::mapped_region watch_mapping_;
+  const std::uint32_t* watch_words_ = nullptr;
   proto::SessionWelcome welcome_{};
 
   std::mutex producer_mutex_;

@@ -72,9 +72,15 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // cuMemBatchDecompressAsync (op 150, MemDecompressReq).
 // Minor 27: cuMemMapArrayAsync (op 151, proto/ops_sparse_array.hpp); sparse arrays are made
 // (ArrayDescriptor::flags may hold CUDA_ARRAY3D_SPARSE; no layout change there).
-inline constexpr std::uint16_t kAbiMinor = 27;
+// Minor 28: fence watches. The server's welcome to a client of minor 28 or later carries a third
+// descriptor, the session's watch page (its host-fence words, read-only for the client), and
+// ResponseSlot::watch (was reserved, 0) names the word that finishes the call's GPU work
+// (proto/segment.hpp).
+inline constexpr std::uint16_t kAbiMinor = 28;
 // The first minor whose daemon honours kHelloOwnIsolationGroup.
 inline constexpr std::uint16_t kAbiMinorIsolationGroups = 18;
+// The first minor whose clients take the watch page.
+inline constexpr std::uint16_t kAbiMinorFenceWatch = 28;
 
 // FROZEN FOREVER. Every message on every mpsshim socket starts with this header, so that any two
 // versions of mpsshim can at least tell each other which versions they are. Never change it.

@@ -91,12 +91,35 @@ struct ResponseSlot {
   std::uint64_t stamp_answered_ns;
   std::uint64_t stamp_launch_taken_ns;
   std::uint64_t stamp_launch_issued_ns;
-  std::uint8_t reserved[8];
+  // ABI 1.28 (was reserved, 0): the fence watch (fence_watch()). Written by the server before
+  // it parks its worker: the word of the session's watch page whose landing finishes this
+  // call's GPU work, and the value the GPU writes there. A client thread that spins for the
+  // answer looks at the word and rings the doorbell when it landed while the worker sleeps,
+  // so the worker sleeps through the GPU's work instead of polling it. The client zeroes it
+  // when it takes the slot. A hint only: the server trusts its own copy of the fence.
+  std::atomic<std::uint64_t> watch;
   std::uint8_t payload[kSlotBytes - kCacheLine];
 };
 static_assert(sizeof(ResponseSlot) == kSlotBytes);
 static_assert(offsetof(ResponseSlot, payload) == kCacheLine);
 static_assert(offsetof(ResponseSlot, stamp_taken_ns) == 16);
+static_assert(offsetof(ResponseSlot, watch) == 56);
+
+// The watch page: one page of 32-bit host-fence words the GPU writes (a sealed memfd the
+// client maps read-only). ResponseSlot::watch holds (word + 1) << 32 | value; 0: no watch.
+inline constexpr std::uint32_t kWatchPageWords = 1024;
+constexpr std::uint64_t fence_watch(std::uint32_t word, std::uint32_t value) {
+  return (std::uint64_t{word} + 1) << 32 | value;
+}
+constexpr bool watch_set(std::uint64_t watch) {
+  return (watch >> 32) != 0;
+}
+constexpr std::uint32_t watch_word(std::uint64_t watch) {
+  return static_cast<std::uint32_t>(watch >> 32) - 1;
+}
+constexpr std::uint32_t watch_value(std::uint64_t watch) {
+  return static_cast<std::uint32_t>(watch);
+}
 inline constexpr std::uint32_t kSlotPayloadBytes = kSlotBytes - kCacheLine;
 
 // Staging chunk i may be refilled by the client once done_generation equals the generation it

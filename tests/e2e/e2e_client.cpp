@@ -432,6 +432,49 @@ int idle_sync() {
   return after != CUDA_SUCCESS ? 0 : 1;
 }
 
+// Three 30 ms kernels on a stream, each followed by a synchronize that must wait for it and
+// then see its result (the worker may sleep through the wait: fence_watch.hpp). Prints READY,
+// then waits for stdin to close so the test can read the server's figures meanwhile.
+int watched_sync() {
+  Setup s = setup();
+  CUfunction sleeper{}, fill{};
+  CHECK(cuModuleGetFunction(&sleeper, s.module, "sleep_kernel"));
+  CHECK(cuModuleGetFunction(&fill, s.module, "fill_u32"));
+  CUstream stream{};
+  CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  constexpr int kWords = 64;
+  CUdeviceptr out;
+  CHECK(cuMemAlloc(&out, kWords * sizeof(unsigned)));
+  for (unsigned round = 1; round <= 3; ++round) {
+    int us = 30'000;
+    int n = kWords;
+    void* sleep_args[] = {&us};
+    void* fill_args[] = {&out, &round, &n};
+    CHECK(cuLaunchKernel(sleeper, 1, 1, 1, 1, 1, 1, 0, stream, sleep_args, nullptr));
+    CHECK(cuLaunchKernel(fill, 1, 1, 1, kWords, 1, 1, 0, stream, fill_args, nullptr));
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK(cuStreamSynchronize(stream));
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    std::vector<unsigned> words(kWords);
+    CHECK(cuMemcpyDtoH(words.data(), out, kWords * sizeof(unsigned)));
+    const auto filled = std::count(words.begin(), words.end(), round);
+    if (waited < std::chrono::milliseconds(30) || filled != kWords) {
+      std::printf("FAIL round %u: the synchronize took %lld us; %ld of %d words filled\n", round,
+                  static_cast<long long>(
+                      std::chrono::duration_cast<std::chrono::microseconds>(waited).count()),
+                  static_cast<long>(filled), kWords);
+      return 1;
+    }
+  }
+  std::printf("READY\n");
+  std::fflush(stdout);
+  stdin_closed(true);
+  CHECK(cuMemFree(out));
+  CHECK(cuStreamDestroy(stream));
+  std::printf("PASS watched_sync\n");
+  return 0;
+}
+
 // Many iterations of work, each checked: three fresh allocations, copies in (synchronous from
 // pageable memory, or asynchronous from pinned memory on a stream of its own, alternately), a
 // vector_add launch, the copy back and every element compared, the allocations freed. Prints
@@ -2352,6 +2395,7 @@ int main(int argc, char** argv) {
   if (mode == "library_kernels") return library_kernels(arg != 0);
   if (mode == "occupancy") return occupancy();
   if (mode == "idle_sync") return idle_sync();
+  if (mode == "watched_sync") return watched_sync();
   if (mode == "hog") return hog(arg ? arg : 256);
   if (mode == "resident") return resident(arg ? arg : 8);
   if (mode == "holder") return holder(arg ? arg : 8);

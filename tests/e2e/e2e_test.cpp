@@ -174,6 +174,46 @@ TEST_CASE("an idle cuCtxSynchronize is answered in the shim, and fails once the 
   require_pass(sync.wait(60s), daemon);
 }
 
+// Fence watches (broker/server/session/fence_watch.hpp): while a spinning client synchronizes,
+// its worker sleeps and the client rings when the fence lands; a client that sleeps itself
+// watches nothing and its worker polls. Both get every answer right and on time.
+TEST_CASE("a spinning client watches its synchronize's fence and wakes its worker", "[e2e]") {
+  Daemon daemon;
+  auto figures = [&](const char* which) {
+    Outcome stats = daemon.ctl({"stats", "--json"});
+    INFO(which << " stats --json:\n" << stats.out);
+    REQUIRE(stats.exit_code == 0);
+    const nlohmann::json answer = nlohmann::json::parse(stats.out);
+    REQUIRE(answer["clients"].size() == 1);
+    return std::pair{answer["clients"][0]["fence_watches"].get<long long>(),
+                     answer["clients"][0]["watch_wakes"].get<long long>()};
+  };
+  {
+    // Spinning (yielding) for up to 10 s: it watches for the whole 30 ms.
+    Child spinning({client(), "watched_sync"},
+                   daemon.client_env({{"MPSSHIM_WAIT_SPIN_US", "10000000"}}), true);
+    INFO("stdout: " << spinning.out() << "\ndaemon log:\n" << daemon.log());
+    REQUIRE(spinning.wait_for_output("READY", 60s));
+    const auto [watches, wakes] = figures("spinning");
+    // Each of the three synchronizes was left to the watch; the fence of at least one landed
+    // while the worker slept (a landing during one of its fault checks is seen by the worker).
+    CHECK(watches >= 3);
+    CHECK(wakes >= 1);
+    spinning.close_stdin();
+    require_pass(spinning.wait(60s), daemon);
+  }
+  {
+    // Asleep after the 60 us spin: it watches nothing, so its doorbell never rings for a fence.
+    Child sleeping({client(), "watched_sync"}, daemon.client_env({{"MPSSHIM_WAIT_SPIN_US", "0"}}),
+                   true);
+    INFO("stdout: " << sleeping.out() << "\ndaemon log:\n" << daemon.log());
+    REQUIRE(sleeping.wait_for_output("READY", 60s));
+    CHECK(figures("sleeping").second == 0);
+    sleeping.close_stdin();
+    require_pass(sleeping.wait(60s), daemon);
+  }
+}
+
 // The examples need nvcc to build; meson leaves the "[examples]" cases out of a build without
 // them (tests/e2e/meson.build), so a missing one here is an error, never a silent pass.
 const char* example_path(const char* name) {

@@ -1,8 +1,11 @@
 // Admission (ServerAdmit), quotas, and the daemon's control requests.
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 
+#include <cerrno>
 #include <chrono>
 
 #include "tests/server/harness.hpp"
@@ -110,6 +113,39 @@ TEST_CASE("the daemon admits clients through the control socket", "[server][admi
   admit.header = proto::make_header(proto::MessageKind::kServerAdmit, sizeof admit);
   admit.peer_pid = 77;
   admit.hello = default_hello(77);
+  const int fds[1] = {server_end.get()};
+
+  REQUIRE(proto::send_struct(h.daemon.get(), admit, fds) == 0);
+  server_end.reset();
+
+  CHECK(h.pump_until([&] { return h.server->session_count() == 1; }));
+  proto::Received message;
+  REQUIRE(proto::receive_message(client.get(), message) == 0);
+  // The segment, the doorbell and the watch page of its host fences.
+  REQUIRE(message.fds.size() == 3);
+
+  // The client reads the fence words and can never write them: a fence it could fake would
+  // have the server free memory under its running work (host_fences.hpp).
+  const int page = message.fds[2].get();
+  void* writable = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, page, 0);
+  CHECK(writable == MAP_FAILED);
+  CHECK(errno == EPERM);
+  CHECK(::ftruncate(page, 8192) != 0);
+  void* readable = ::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, page, 0);
+  REQUIRE(readable != MAP_FAILED);
+  CHECK(::mprotect(readable, 4096, PROT_READ | PROT_WRITE) != 0);
+  ::munmap(readable, 4096);
+}
+
+TEST_CASE("a client of an ABI before fence watches gets no watch page", "[server][admission]") {
+  Harness h;
+  proto::UniqueFd client, server_end;
+  REQUIRE(proto::seqpacket_pair(client, server_end));
+  proto::ServerAdmit admit{};
+  admit.header = proto::make_header(proto::MessageKind::kServerAdmit, sizeof admit);
+  admit.peer_pid = 78;
+  admit.hello = default_hello(78);
+  admit.hello.header.abi_minor = proto::kAbiMinorFenceWatch - 1;
   const int fds[1] = {server_end.get()};
 
   REQUIRE(proto::send_struct(h.daemon.get(), admit, fds) == 0);

@@ -46,6 +46,10 @@ struct SessionStats {
   std::uint64_t batch_padding = 0;
   std::uint64_t batch_graphs = 0;
   std::uint64_t batch_fallbacks = 0;
+  // Fence watches (fence_watch.hpp): owed answers the worker left to the waiting client's watch
+  // of their fence while it slept, and doorbells the client rang because a watched fence landed.
+  std::uint64_t fence_watches = 0;
+  std::uint64_t watch_wakes = 0;
   // Kernel images the session loaded (op_image_load), and their bytes: libraries it shares with
   // other sessions (found in the image cache or published there, image_cache.hpp), and libraries
   // and modules loaded for it alone (variables in them, a module, or sharing off). The driver

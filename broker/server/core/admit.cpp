@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 #include <string_view>
 
 #include "broker/server/core/server.hpp"
@@ -178,8 +179,19 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
   welcome.memory_limit = s.charge.limit();
   welcome.physical_ordinal = gpu_.ordinal;
   welcome.priority = s.priority_bias;
-  const int fds[2] = {s.segment.fd(), s.doorbell.get()};
-  if (int rc = proto::send_struct(client.get(), welcome, fds); rc != 0) {
+  // The watch page (host_fences.hpp): for a client that takes it and a session with host
+  // fences; without one the worker polls the session's synchronizes as before.
+  proto::UniqueFd watch_page;
+  if (s.fences.use_words && hello.header.abi_minor >= proto::kAbiMinorFenceWatch) {
+    if (auto page = s.fences.words.open_watch_page()) {
+      watch_page = std::move(*page);
+    } else {
+      log_warn("{}: no watch page, its synchronizes are polled: {}", s.who(), page.error());
+    }
+  }
+  const int fds[3] = {s.segment.fd(), s.doorbell.get(), watch_page.get()};
+  const std::span<const int> sent(fds, watch_page ? 3 : 2);
+  if (int rc = proto::send_struct(client.get(), welcome, sent); rc != 0) {
     log_warn("{} left before its session started ({})", s.who(), std::strerror(rc));
     free_everything(s);
     return;

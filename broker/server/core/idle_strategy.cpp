@@ -6,7 +6,7 @@
 
 namespace mpsshim::server {
 
-void BackoffIdleStrategy::idle(std::size_t work, bool gpu_pending, Parker& parker) {
+void BackoffIdleStrategy::idle(std::size_t work, GpuWait gpu, Parker& parker) {
   if (work != 0) {
     idle_ = false;
     return;
@@ -16,16 +16,17 @@ void BackoffIdleStrategy::idle(std::size_t work, bool gpu_pending, Parker& parke
     idle_ = true;
     idle_since_ = now;
   }
+  const bool polled = gpu == GpuWait::kPolled;
   auto idle_for = now - idle_since_;
   if (idle_for < config_.spin) {
     proto::cpu_relax();
     return;
   }
-  if (idle_for < (gpu_pending ? config_.pending_yield : config_.yield)) {
+  if (idle_for < (polled ? config_.pending_yield : config_.yield)) {
     ::sched_yield();
     return;
   }
-  parker.park(gpu_pending ? config_.pending_nap : std::chrono::nanoseconds(-1));
+  parker.park(polled ? config_.pending_nap : std::chrono::nanoseconds(-1), config_.pending_nap);
 }
 
 }  // namespace mpsshim::server

@@ -1,7 +1,9 @@
 // What the server loop does when a pass found nothing to do (Aeron's idle strategies): spin
 // briefly for the lowest hand-off latency, then yield the CPU, then park in the kernel until a
-// client rings its doorbell. GPU completions cannot ring anything, so while some are owed the
-// strategy only parks for short timeouts and keeps polling.
+// client rings its doorbell. The GPU cannot ring anything: while completions are owed that only
+// a poll learns of, the strategy parks for short timeouts and keeps polling. A completion whose
+// waiting client watches its fence (ResponseSlot::watch) needs no poll: the client rings when
+// the fence lands, and the worker sleeps until then.
 #pragma once
 
 #include <chrono>
@@ -9,18 +11,27 @@
 
 namespace mpsshim::server {
 
+// What the loop owes for GPU work when a pass ends.
+enum class GpuWait {
+  kNone,     // nothing
+  kWatched,  // only answers whose fences the waiting clients watch: they ring when one lands
+  kPolled,   // work that only a poll learns of has completed
+};
+
 class Parker {
  public:
   virtual ~Parker() = default;
-  // Sleeps until something arrives for the loop, at most `timeout` (negative: no limit).
-  virtual void park(std::chrono::nanoseconds timeout) = 0;
+  // Sleeps until something arrives for the loop, at most `timeout` (negative: no limit but
+  // what the parker finds it owes: its watches' fault checks, or `poll_nap` when a client
+  // that watched a fence went to sleep meanwhile).
+  virtual void park(std::chrono::nanoseconds timeout, std::chrono::nanoseconds poll_nap) = 0;
 };
 
 class IdleStrategy {
  public:
   virtual ~IdleStrategy() = default;
   // Called after every pass of the loop with the amount of work that pass did.
-  virtual void idle(std::size_t work, bool gpu_pending, Parker& parker) = 0;
+  virtual void idle(std::size_t work, GpuWait gpu, Parker& parker) = 0;
 };
 
 class BackoffIdleStrategy final : public IdleStrategy {
@@ -28,7 +39,8 @@ class BackoffIdleStrategy final : public IdleStrategy {
   struct Config {
     std::chrono::nanoseconds spin = std::chrono::microseconds(20);
     std::chrono::nanoseconds yield = std::chrono::microseconds(200);
-    // While GPU work is owed: yield longer, then park in short naps between polls.
+    // While GPU work is owed that only a poll learns of: yield longer, then park in short naps
+    // between polls.
     std::chrono::nanoseconds pending_yield = std::chrono::milliseconds(1);
     std::chrono::nanoseconds pending_nap = std::chrono::microseconds(100);
   };
@@ -36,7 +48,7 @@ class BackoffIdleStrategy final : public IdleStrategy {
   BackoffIdleStrategy() = default;
   explicit BackoffIdleStrategy(Config config) : config_(config) {}
 
-  void idle(std::size_t work, bool gpu_pending, Parker& parker) override;
+  void idle(std::size_t work, GpuWait gpu, Parker& parker) override;
 
  private:
   Config config_;

@@ -17,6 +17,7 @@
 #include "broker/server/scheduling/priority_reserve.hpp"
 #include "broker/server/session/client_socket.hpp"
 #include "broker/server/session/completions.hpp"
+#include "broker/server/session/fence_watch.hpp"
 #include "broker/server/session/limit_check.hpp"
 #include "broker/server/session/sm_quota_change.hpp"
 #include "common/log.hpp"
@@ -330,11 +331,19 @@ std::size_t Worker::reap() {
   return work;
 }
 
-bool Worker::gpu_pending() const {
+GpuWait Worker::gpu_wait() const {
+  GpuWait wait = GpuWait::kNone;
   for (const auto& s : sessions_) {
-    if (s->life.state == SessionState::kDraining || s->pending_gpu_work() != 0) return true;
+    if (s->life.state == SessionState::kDraining || !s->retiring.empty() ||
+        !s->busy.closed.empty()) {
+      return GpuWait::kPolled;
+    }
+    for (const Completion& c : s->pending) {
+      if (!watchable(*s, c)) return GpuWait::kPolled;
+      wait = GpuWait::kWatched;
+    }
   }
-  return false;
+  return wait;
 }
 
 // ---- sockets and sleeping ------------------------------------------------------------------
@@ -371,27 +380,42 @@ void Worker::on_event(const epoll_event& event) {
   if ((tag & 3) == kDoorbell) {
     std::uint64_t rings = 0;
     [[maybe_unused]] ssize_t n = ::read(session->doorbell.get(), &rings, sizeof rings);
+    count_watch_wake(*session);
   } else {
     pump_client_socket(*session);
   }
 }
 
-void Worker::park(std::chrono::nanoseconds timeout) {
+void Worker::park(std::chrono::nanoseconds timeout, std::chrono::nanoseconds poll_nap) {
   // Announce the sleep in every ring, then look once more: a record committed before a
   // client saw the flag rings no doorbell.
   bool ready = has_mail_.load(std::memory_order_acquire) || server_.faulted();
+  // Without a limit the sleep may leave owed answers to their clients' watches: name the
+  // fences first, so a client that sees the sleep sees its watch (fence_watch.hpp).
+  const bool watching = timeout.count() < 0;
   for (auto& s : sessions_) {
+    if (watching) post_watches(*s);
     if (s->life.state == SessionState::kActive) s->ring.prepare_sleep();
   }
   // Pairs with the fence in RingProducer::commit: either the client sees the flag and rings,
-  // or the re-check below sees its record.
+  // or the re-check below sees its record. The same for a watching client: it rings, or the
+  // look below sees its fence landed or its sleep.
   std::atomic_thread_fence(std::memory_order_seq_cst);
+  WatchLook look;
   for (auto& s : sessions_) {
+    if (watching) look_at_watches(*s, look);
     if (s->life.state != SessionState::kActive || s->suspension.on || in_flight_at_cap(*s)) {
       continue;
     }
     if (s->ring.peek().status != proto::PeekStatus::kEmpty) ready = true;
   }
+  if (look.landed) ready = true;
+  if (look.fault_check) {
+    const auto due = std::max(*look.fault_check - std::chrono::steady_clock::now(),
+                              std::chrono::steady_clock::duration::zero());
+    timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(due);
+  }
+  if (look.must_poll && (timeout.count() < 0 || timeout > poll_nap)) timeout = poll_nap;
   if (!ready) {
     poll_io(timeout);
     next_io_poll_ = std::chrono::steady_clock::now() + kIoPollInterval;
@@ -430,7 +454,7 @@ void Worker::loop(std::unique_ptr<IdleStrategy> idle) {
   // The primary context is made current by serve(), once a session arrives.
   while (!exit_.load(std::memory_order_acquire)) {
     std::size_t work = do_work();
-    idle->idle(work, gpu_pending(), *this);
+    idle->idle(work, gpu_wait(), *this);
   }
 }
 

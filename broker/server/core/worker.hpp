@@ -43,8 +43,9 @@ class Worker final : public Parker {
   // ---- the worker's own thread (or the test's thread in inline mode) ---------------------
   // One pass; returns the amount of work done (0 = idle).
   std::size_t do_work();
-  void park(std::chrono::nanoseconds timeout) override;
-  bool gpu_pending() const;
+  void park(std::chrono::nanoseconds timeout, std::chrono::nanoseconds poll_nap) override;
+  // What the sessions' owed GPU work needs of the idle loop (fence_watch.hpp).
+  GpuWait gpu_wait() const;
 
   // Stops reading the client's ring; its GPU work drains, then everything it owned is freed.
   // notify != CUDA_SUCCESS is stored as the session's fault and answers everything owed.

@@ -1,8 +1,13 @@
 #include "broker/server/driver/host_fences.hpp"
 
+#include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 
 namespace mpsshim::server {
 
@@ -12,12 +17,44 @@ constexpr std::size_t kPageBytes = HostFences::kWordsPerPage * sizeof(std::uint3
 
 HostFences::~HostFences() {
   for (const Page& page : pages_) ::munmap(page.host, kPageBytes);
+  if (watch_page_ != nullptr) ::munmap(watch_page_, kPageBytes);
+}
+
+tl::expected<proto::UniqueFd, std::string> HostFences::open_watch_page() {
+  static_assert(kWordsPerPage == proto::kWatchPageWords);
+  if (watch_page_ != nullptr || !pages_.empty()) {
+    return tl::unexpected(std::string("fences are in use"));
+  }
+  proto::UniqueFd fd(::memfd_create("mpsshim-fences", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd) return tl::unexpected(fmt::format("memfd_create: {}", std::strerror(errno)));
+  if (::ftruncate(fd.get(), kPageBytes) != 0) {
+    return tl::unexpected(fmt::format("ftruncate: {}", std::strerror(errno)));
+  }
+  void* host = ::mmap(nullptr, kPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (host == MAP_FAILED) return tl::unexpected(fmt::format("mmap: {}", std::strerror(errno)));
+  // This mapping stays writable; no later one can be (the client's included).
+  if (::fcntl(fd.get(), F_ADD_SEALS,
+              F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0) {
+    const int err = errno;
+    ::munmap(host, kPageBytes);
+    return tl::unexpected(fmt::format("sealing: {}", std::strerror(err)));
+  }
+  watch_page_ = static_cast<std::uint32_t*>(host);
+  return fd;
 }
 
 CUresult HostFences::add_page(const DriverTable& cu) {
-  void* host =
-      ::mmap(nullptr, kPageBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (host == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  void* host = nullptr;
+  const bool watch_page = pages_.empty() && watch_page_ != nullptr;
+  if (watch_page) {
+    host = watch_page_;
+  } else {
+    host = ::mmap(nullptr, kPageBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (host == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  // A failed registration of the watch page leaves it unmapped too: the next arm takes a
+  // private page and nothing is watched.
+  if (watch_page) watch_page_ = nullptr;
   // PORTABLE: the green contexts' streams write it, the primary context registers it.
   if (CUresult r = cu.cuMemHostRegister_v2(
           host, kPageBytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
@@ -31,6 +68,7 @@ CUresult HostFences::add_page(const DriverTable& cu) {
     ::munmap(host, kPageBytes);
     return r;
   }
+  if (watch_page) watch_page_registered_ = true;
   const auto first = static_cast<std::uint32_t>(pages_.size() * kWordsPerPage);
   pages_.push_back({static_cast<std::uint32_t*>(host), device});
   last_value_.resize(pages_.size() * kWordsPerPage, 0);
@@ -80,6 +118,7 @@ void HostFences::release_all(const DriverTable& cu) {
     ::munmap(page.host, kPageBytes);
   }
   pages_.clear();
+  watch_page_registered_ = false;
   free_.clear();
   last_value_.clear();
   in_use_ = 0;

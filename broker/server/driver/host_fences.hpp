@@ -13,10 +13,16 @@
 // waited longer than kFaultCheckInterval, to learn of the fault (completions.cpp).
 //
 // Words come from pages of pinned host memory registered with the driver, one set per session,
-// owned and touched only by the worker thread that owns the session. A word is reused only once
-// its last write has landed (reached), so a late write can never satisfy a newer fence; a word
-// whose write may still be in flight when its completion is abandoned (a fault, a departing
-// client) stays out of circulation until the session's streams are idle and the pages are freed.
+// owned and touched only by the worker thread that owns the session. The first page is the
+// session's watch page when the client takes one (open_watch_page): a sealed memfd the client
+// maps read-only, so a client thread spinning for a synchronize sees its fence land and rings
+// the worker, which sleeps meanwhile instead of polling (Worker::park, ResponseSlot::watch).
+// The client cannot write it (F_SEAL_FUTURE_WRITE), so the server's reading of a word stays
+// its own: a client could otherwise fake its fences and have memory freed under running work. A
+// word is reused only once its last write has landed (reached), so a late write can never satisfy a
+// newer fence; a word whose write may still be in flight when its completion is abandoned (a fault,
+// a departing client) stays out of circulation until the session's streams are idle and the pages
+// are freed.
 #pragma once
 
 #include <cuda.h>
@@ -25,10 +31,13 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <tl/expected.hpp>
 #include <vector>
 
 #include "broker/server/driver/driver_table.hpp"
+#include "proto/segment.hpp"
+#include "proto/unix_socket.hpp"
 
 namespace mpsshim::server {
 
@@ -79,6 +88,15 @@ class HostFences {
   HostFences(const HostFences&) = delete;
   HostFences& operator=(const HostFences&) = delete;
 
+  // Makes the first page a page of a sealed memfd and returns a descriptor the client can map
+  // read-only (and only read-only). Before the first arm(); the page is registered with the
+  // driver at the first arm.
+  tl::expected<proto::UniqueFd, std::string> open_watch_page();
+  // The fence's word is in the watch page: the client can see it land.
+  bool watched(const HostFence& fence) const {
+    return fence.armed() && watch_page_registered_ && fence.word < kWordsPerPage;
+  }
+
   // Queues a fence on `stream`: the GPU writes a fresh value into a free word once the work
   // queued on the stream before it has completed.
   tl::expected<HostFence, CUresult> arm(const DriverTable& cu, CUstream stream);
@@ -99,6 +117,9 @@ class HostFences {
   };
   CUresult add_page(const DriverTable& cu);
 
+  // The memfd page of open_watch_page, mapped here until add_page takes it as page 0.
+  std::uint32_t* watch_page_ = nullptr;
+  bool watch_page_registered_ = false;
   std::vector<Page> pages_;
   std::vector<std::uint32_t> free_;        // word indexes ready for a new fence
   std::vector<std::uint32_t> last_value_;  // per word: the value of its latest fence

@@ -1,0 +1,42 @@
+// Fence watches: a client thread spinning for a synchronize watches the host fence that finishes
+// it and rings the worker's doorbell when the fence lands, so the worker sleeps through the GPU's
+// work instead of polling it every 100 us (each poll a wake-up, ~1 core per busy worker).
+//
+// The worker, about to park, names in each owed answer's slot the fence the client can watch
+// (post_watches; ResponseSlot::watch), announces its sleep in the ring, then looks once more
+// (look_at_watches): a fence that landed meanwhile means no sleep; a client that went to sleep
+// itself (ResponseSlot::waiter) watches nothing, so the worker naps and polls as before. The
+// client, spinning, rings when the named word holds the value and the ring says the worker sleeps;
+// going to sleep, it rings if the worker sleeps, so the worker looks again. Both sides store, then
+// fence, then load what the other stored: one of them always sees the other.
+//
+// Only the owning worker's thread calls these.
+#pragma once
+
+#include <chrono>
+#include <optional>
+
+#include "broker/server/session/session.hpp"
+
+namespace mpsshim::server {
+
+// The client can watch what `c` still waits for: an answer to a slot, one wait left, on a fence
+// of the session's watch page (host_fences.hpp).
+bool watchable(const Session& session, const Completion& c);
+
+// Names each watchable completion's fence in its slot.
+void post_watches(Session& session);
+
+// What the worker found after announcing its sleep.
+struct WatchLook {
+  bool landed = false;     // a watched fence has landed: no sleep
+  bool must_poll = false;  // a completion nobody watches (its client sleeps, or not watchable)
+  std::optional<std::chrono::steady_clock::time_point> fault_check;  // the earliest one due
+};
+void look_at_watches(const Session& session, WatchLook& look);
+
+// A doorbell of the session came while a watched fence of it had landed: counts it
+// (SessionStats::watch_wakes).
+void count_watch_wake(Session& session);
+
+}  // namespace mpsshim::server
