@@ -43,8 +43,9 @@ Workloads:
   bandwidth    bench/bandwidth: H2D/D2H, pageable and pinned, 4 KiB .. 256 MiB
   concurrency  N copies of examples/small_kernels (2 blocks x 32 threads, ~10 us kernels, sync
                every 64) started together (--start-at-ns): per-process seconds, aggregate kernels/s,
-               and the broker's CPU per kernel (its processes' utime + stime from /proc over the
-               group, clients' setup included; MPS and mpsshim modes)
+               and the broker's CPU per kernel (its processes' utime + stime from /proc, MPS and
+               mpsshim modes): over the whole group, clients' start and end included, and over
+               the window the programs report, while kernels run
   mixed        bench/kernel_latency: a few clients with large kernels (many blocks, 2 ms) and many
                with small ones (10 us, sync after each): small kernels' p50/p99 latency and the
                aggregate throughput of both

@@ -6,7 +6,11 @@ servers, NVIDIA MPS's, the harness itself) from the first line of /proc/stat, sa
   cores busy       = busy ticks in the window / ticks per second / the window's seconds
   CPU per unit     = busy ticks in the window / ticks per second / units of work done
 
-Busy ticks: user, nice, system, irq, softirq and steal (not idle, not iowait)."""
+Busy ticks: user, nice, system, irq, softirq and steal (not idle, not iowait).
+
+The same samples can follow a set of processes (CpuSampler(pids)): the broker's, from their
+/proc/<pid>/stat utime + stime (every thread), read over the same window, so the broker's CPU
+per unit of work excludes what its clients' start and end cost it."""
 from __future__ import annotations
 
 import bisect
@@ -32,18 +36,55 @@ def read_busy_ticks() -> int:
         return busy_ticks(f.read())
 
 
-class CpuSampler:
-    """Samples (time_ns, busy ticks) from start() to stop()."""
+def _children(pid: int) -> list[int]:
+    kids = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids.extend(int(k) for k in f.read().split())
+    except (OSError, ValueError):
+        pass
+    return kids
 
-    def __init__(self) -> None:
+
+def process_ticks(pids: list[int]) -> int | None:
+    """utime + stime of the processes and of their children (all their threads), in clock
+    ticks: a server its daemon starts meanwhile (NVIDIA MPS's, at its first client) counts from
+    then on. None when one of `pids` is gone."""
+    total, seen = 0, set()
+    todo = list(pids)
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            if pid in pids:
+                return None
+            continue  # a child that just exited
+        todo.extend(_children(pid))
+    return total
+
+
+class CpuSampler:
+    """Samples (time_ns, busy ticks, and the followed processes' ticks) from start() to stop()."""
+
+    def __init__(self, pids: list[int] | None = None) -> None:
         self.times: list[int] = []
         self.ticks: list[int] = []
+        self.pids = list(pids or [])
+        self.process: list[int | None] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="machine-cpu", daemon=True)
 
     def _sample(self) -> None:
         self.times.append(time.time_ns())
         self.ticks.append(read_busy_ticks())
+        self.process.append(process_ticks(self.pids) if self.pids else None)
 
     def _run(self) -> None:
         while not self._stop.wait(SAMPLE_S):
@@ -71,3 +112,15 @@ class CpuSampler:
         cpu_s = (self.ticks[last] - self.ticks[first]) / hz
         wall_s = (self.times[last] - self.times[first]) / 1e9
         return cpu_s / wall_s, cpu_s
+
+    def processes_over(self, start_ns: int, end_ns: int) -> float | None:
+        """CPU seconds of the followed processes over the window, as over() reads it; None
+        without processes, when the samples do not cover it or one of them ended."""
+        first = bisect.bisect_right(self.times, start_ns) - 1
+        last = bisect.bisect_left(self.times, end_ns)
+        if first < 0 or last >= len(self.times) or last <= first:
+            return None
+        a, b = self.process[first], self.process[last]
+        if a is None or b is None:
+            return None
+        return (b - a) / os.sysconf("SC_CLK_TCK")

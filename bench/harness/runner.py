@@ -17,7 +17,7 @@ from collections import defaultdict
 from .common import HERE, Interrupted, Proc, error_text, log, parse_result_line
 from .config import PRESETS
 from .dry_run import dry_run_argv
-from .machine_cpu import CpuSampler
+from .machine_cpu import CpuSampler, process_ticks
 from .modes import ALL_MODES, MODE_LABEL, ModeControl, client_uid, is_shim
 from .ops_snapshot import OpsSnapshot
 from .report import is_skip, make_plots, render_report
@@ -161,7 +161,7 @@ class Harness(ModeControl, OpsSnapshot):
                 log(f"  dry run: {'' if uid is None else f'(uid {uid}) '}"
                     f"{' '.join(f'{k}={v}' for k, v in sorted(extra.items()))} {' '.join(a)}")
             argvs = [dry_run_argv(a) for a in argvs]
-        self.cpu = CpuSampler().start()
+        self.cpu = CpuSampler(self.broker_pids(mode)).start()
         procs = [Proc(a, envs[i], run_dir, f"{tag}.{i}", stdin_pipe=wait_go,
                       uid=None if self.args.dry_run else client_uid(mode, i))
                  for i, a in enumerate(argvs)]
@@ -228,27 +228,28 @@ class Harness(ModeControl, OpsSnapshot):
                     "shim-groups-mps": ("mpsshimd", "mpsshim-server", "nvidia-cuda-mps"),
                     "mps": ("nvidia-cuda-mps",)}
 
-    def broker_ticks(self, mode):
-        """CPU clock ticks (user + system) of the broker's processes, all threads, so far; None
-        when the mode has no broker or none of its processes runs."""
+    def broker_pids(self, mode) -> list[int]:
+        """The broker's running processes (mpsshimd and its servers, or NVIDIA MPS's)."""
         prefixes = self.BROKER_COMMS.get(mode)
-        if not prefixes:
-            return None
-        total, matched = 0, 0
+        if not prefixes or self.args.dry_run:
+            return []
+        pids = []
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
                 continue
             try:
                 with open(f"/proc/{pid}/comm") as f:
-                    if not f.read().strip().startswith(prefixes):
-                        continue
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                total += int(fields[11]) + int(fields[12])  # utime, stime
-                matched += 1
-            except (OSError, IndexError, ValueError):
+                    if f.read().strip().startswith(prefixes):
+                        pids.append(int(pid))
+            except OSError:
                 continue
-        return total if matched else None
+        return pids
+
+    def broker_ticks(self, mode):
+        """CPU clock ticks (user + system) of the broker's processes, all threads, so far; None
+        when the mode has no broker or none of its processes runs."""
+        pids = self.broker_pids(mode)
+        return process_ticks(pids) if pids else None
 
     def broker_cpu_pct(self, mode, seconds=5.0):
         """CPU the broker's processes (all threads) used over `seconds`, in % of one core."""

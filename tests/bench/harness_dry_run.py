@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 MODES = ["native", "mps", "shim", "shim-noreserve", "shim-noprio"]
 
@@ -54,7 +55,7 @@ def check_machine_cpu(source: str, harness: str, out: str) -> None:
     read from samples, and both columns for every mode of the concurrency workload; and its
     figure against the ceiling of N native processes alone."""
     sys.path.insert(0, os.path.join(source, "bench"))
-    from harness.machine_cpu import CpuSampler, busy_ticks  # noqa: E402
+    from harness.machine_cpu import CpuSampler, busy_ticks, process_ticks  # noqa: E402
     stat = "cpu  100 5 50 1000 40 3 2 1 0 0\ncpu0 50 2 25 500 20 1 1 0 0 0\n"
     if busy_ticks(stat) != 100 + 5 + 50 + 3 + 2 + 1:
         fail(f"busy_ticks of a fixed /proc/stat: {busy_ticks(stat)}")
@@ -67,6 +68,29 @@ def check_machine_cpu(source: str, harness: str, out: str) -> None:
         fail(f"CpuSampler.over: {sampler.over(1_000_000_000, 3_000_000_000)}")
     if sampler.over(500_000_000, 3_500_000_000) is not None:
         fail("a window the samples do not cover was measured")
+    # The followed processes' ticks over the same window: 1 s of CPU between samples 1 and 3.
+    sampler.process = [0, hz, hz, 2 * hz]
+    if sampler.processes_over(1_000_000_000, 3_000_000_000) != 1.0:
+        fail(f"CpuSampler.processes_over: {sampler.processes_over(1_000_000_000, 3_000_000_000)}")
+    sampler.process[3] = None  # a followed process ended
+    if sampler.processes_over(1_000_000_000, 3_000_000_000) is not None:
+        fail("a window with a followed process gone was measured")
+    # process_ticks follows children: this process's ticks grow by a busy child's CPU.
+    before = process_ticks([os.getpid()])
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import time\nt = time.time()\nwhile time.time() - t < 0.5: pass\n"
+                              "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with open(f"/proc/{child.pid}/stat") as f:
+            child_ticks = sum(int(v) for v in f.read().rsplit(")", 1)[1].split()[11:13])
+        if child_ticks >= hz // 4:
+            break
+        time.sleep(0.05)
+    during = process_ticks([os.getpid()])
+    child.communicate(b"")
+    if during is None or before is None or during - before < hz // 4:
+        fail(f"process_ticks did not count a busy child: {before} -> {during}")
     modes = ["native", "mps", "shim"]
     results = os.path.join(out, "concurrency")
     run = subprocess.run(

@@ -182,7 +182,8 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
   // The watch page (host_fences.hpp): for a client that takes it and a session with host
   // fences; without one the worker polls the session's synchronizes as before.
   proto::UniqueFd watch_page;
-  if (s.fences.use_words && hello.header.abi_minor >= proto::kAbiMinorFenceWatch) {
+  if (settings_.fence_watch && s.fences.use_words &&
+      hello.header.abi_minor >= proto::kAbiMinorFenceWatch) {
     if (auto page = s.fences.words.open_watch_page()) {
       watch_page = std::move(*page);
     } else {

@@ -105,6 +105,14 @@ constexpr std::array kOptions{
                  .help =
                      "learn that a synchronize's work is done from a word the GPU writes into host "
                      "memory instead of polling an event"},
+    ServerOption{.setting = kFenceWatch,
+                 .flag = "fence-watch",
+                 .value_name = "on|off",
+                 .kind = kSwitch,
+                 .default_value = "on",
+                 .help =
+                     "a worker sleeps while a spinning client watches its synchronize's host "
+                     "fence, and the client wakes it when the fence lands; off: the worker polls"},
     ServerOption{.setting = kCrowdedFenceMaxQueued,
                  .flag = "crowded-fence-max-queued",
                  .value_name = "N",

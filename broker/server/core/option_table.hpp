@@ -29,6 +29,7 @@ enum class Setting : std::uint8_t {
   kContextIdleTimeout,
   kSpinClients,
   kHostFences,
+  kFenceWatch,
   kCrowdedFenceMaxQueued,
   kEventPollUs,
   kShareImages,

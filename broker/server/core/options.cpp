@@ -60,6 +60,9 @@ void apply(Options& options, Setting setting, const std::string& value) {
     case Setting::kHostFences:
       s.host_fences = value == "on";
       return;
+    case Setting::kFenceWatch:
+      s.fence_watch = value == "on";
+      return;
     case Setting::kCrowdedFenceMaxQueued:
       s.crowded_fence_max_queued = number<std::uint64_t>(value);
       return;

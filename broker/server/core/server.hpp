@@ -48,6 +48,10 @@ struct ServerSettings {
   // Synchronizing calls learn of completion from a word the GPU writes (host_fences.hpp,
   // mpsshim-server --host-fences). On by default: see host_fences.hpp for the measurement.
   bool host_fences = true;
+  // A spinning client watches its synchronize's host fence and wakes the sleeping worker when it
+  // lands (session/fence_watch.hpp, mpsshim-server --fence-watch): the client is sent the
+  // watch page. Off: every owed answer is polled.
+  bool fence_watch = true;
   // While the server is crowded, a synchronize gets a host fence only when at most this many
   // operations were queued on its stream since it was last known idle; otherwise always
   // (host_fences.hpp, mpsshim-server --crowded-fence-max-queued).
