@@ -38,7 +38,10 @@ class BackoffIdleStrategy final : public IdleStrategy {
  public:
   struct Config {
     std::chrono::nanoseconds spin = std::chrono::microseconds(20);
-    std::chrono::nanoseconds yield = std::chrono::microseconds(200);
+    // Short: a worker whose answers are watched parks soon after its pass (fence_watch.hpp), and
+    // a record then costs its client a doorbell (docs/benchmarks.md, "Measurements behind the
+    // defaults").
+    std::chrono::nanoseconds yield = std::chrono::microseconds(50);
     // While GPU work is owed that only a poll learns of: yield longer, then park in short naps
     // between polls.
     std::chrono::nanoseconds pending_yield = std::chrono::milliseconds(1);
