@@ -105,14 +105,15 @@ TEST_CASE("the refusal carries CUDA_ERROR_MPS_CONNECTION_FAILED", "[server][admi
   CHECK(std::string(refused.message).find("version mismatch") != std::string::npos);
 }
 
-TEST_CASE("the daemon admits clients through the control socket", "[server][admission]") {
-  Harness h;
+// Sends the daemon's admission of a client with `hello` over the control socket and returns
+// the server's welcome as the client receives it.
+proto::Received admit_through_control(Harness& h, const proto::ClientHello& hello) {
   proto::UniqueFd client, server_end;
   REQUIRE(proto::seqpacket_pair(client, server_end));
   proto::ServerAdmit admit{};
   admit.header = proto::make_header(proto::MessageKind::kServerAdmit, sizeof admit);
-  admit.peer_pid = 77;
-  admit.hello = default_hello(77);
+  admit.peer_pid = hello.pid;
+  admit.hello = hello;
   const int fds[1] = {server_end.get()};
 
   REQUIRE(proto::send_struct(h.daemon.get(), admit, fds) == 0);
@@ -121,6 +122,12 @@ TEST_CASE("the daemon admits clients through the control socket", "[server][admi
   CHECK(h.pump_until([&] { return h.server->session_count() == 1; }));
   proto::Received message;
   REQUIRE(proto::receive_message(client.get(), message) == 0);
+  return message;
+}
+
+TEST_CASE("the daemon admits clients through the control socket", "[server][admission]") {
+  Harness h;
+  const proto::Received message = admit_through_control(h, default_hello(77));
   // The segment, the doorbell and the watch page of its host fences.
   REQUIRE(message.fds.size() == 3);
 
@@ -139,22 +146,9 @@ TEST_CASE("the daemon admits clients through the control socket", "[server][admi
 
 TEST_CASE("a client of an ABI before fence watches gets no watch page", "[server][admission]") {
   Harness h;
-  proto::UniqueFd client, server_end;
-  REQUIRE(proto::seqpacket_pair(client, server_end));
-  proto::ServerAdmit admit{};
-  admit.header = proto::make_header(proto::MessageKind::kServerAdmit, sizeof admit);
-  admit.peer_pid = 78;
-  admit.hello = default_hello(78);
-  admit.hello.header.abi_minor = proto::kAbiMinorFenceWatch - 1;
-  const int fds[1] = {server_end.get()};
-
-  REQUIRE(proto::send_struct(h.daemon.get(), admit, fds) == 0);
-  server_end.reset();
-
-  CHECK(h.pump_until([&] { return h.server->session_count() == 1; }));
-  proto::Received message;
-  REQUIRE(proto::receive_message(client.get(), message) == 0);
-  CHECK(message.fds.size() == 2);
+  proto::ClientHello hello = default_hello(78);
+  hello.header.abi_minor = proto::kAbiMinorFenceWatch - 1;
+  CHECK(admit_through_control(h, hello).fds.size() == 2);
 }
 
 TEST_CASE("stats list one line per client", "[server][control]") {
