@@ -130,12 +130,15 @@ CUresult Session::attach(const std::string& socket_path, const proto::ClientHell
     // read would leave them unanswered for milliseconds, so the session does not start.
     constexpr std::size_t kWatchPageBytes = proto::kWatchPageWords * sizeof(std::uint32_t);
     struct stat page {};
-    auto watch = fstat(reply.fds[2].get(), &page) == 0 &&
-                         static_cast<std::size_t>(page.st_size) == kWatchPageBytes
-                     ? proto::map_fd(reply.fds[2].get(), kWatchPageBytes, false)
-                     : std::nullopt;
+    if (fstat(reply.fds[2].get(), &page) != 0 ||
+        static_cast<std::size_t>(page.st_size) != kWatchPageBytes) {
+      log_error("the session's watch page is not one page ({} bytes)",
+                static_cast<long long>(page.st_size));
+      return CUDA_ERROR_MPS_CONNECTION_FAILED;
+    }
+    auto watch = proto::map_fd(reply.fds[2].get(), kWatchPageBytes, false);
     if (!watch) {
-      log_error("mapping the session's watch page failed: {}", strerror(errno));
+      log_error("mapping the session's watch page read-only failed");
       return CUDA_ERROR_MPS_CONNECTION_FAILED;
     }
     session->watch_mapping_ = std::move(*watch);

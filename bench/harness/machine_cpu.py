@@ -48,9 +48,9 @@ def _children(pid: int) -> list[int]:
 
 
 def process_ticks(pids: list[int]) -> int | None:
-    """utime + stime of the processes and of their children (all their threads), in clock
-    ticks: a server its daemon starts meanwhile (NVIDIA MPS's, at its first client) counts from
-    then on. None when one of `pids` is gone."""
+    """utime + stime of the processes and of their children (all their threads), and of the
+    children they reaped (cutime + cstime), in clock ticks: a server its daemon starts meanwhile
+    (NVIDIA MPS's, at its first client) counts from then on. None when one of `pids` is gone."""
     total, seen = 0, set()
     todo = list(pids)
     while todo:
@@ -61,7 +61,9 @@ def process_ticks(pids: list[int]) -> int | None:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
+            # utime, stime, and cutime, cstime: a child that exits in the window (a server, a
+            # helper) leaves its CPU to its parent's cutime/cstime.
+            total += sum(int(v) for v in fields[11:15])
         except (OSError, IndexError, ValueError):
             if pid in pids:
                 return None

@@ -355,6 +355,10 @@ DriverTable fake_driver_table() {
     return CUDA_SUCCESS;
   };
   t.cuMemHostRegister_v2 = [](void* p, std::size_t bytes, unsigned) {
+    if (fake_gpu().host_register_failures > 0) {
+      --fake_gpu().host_register_failures;
+      return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    }
     fake_gpu().host_registrations[p] = bytes;
     return CUDA_SUCCESS;
   };

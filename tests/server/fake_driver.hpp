@@ -46,7 +46,8 @@ struct FakeGpu {
   // What the server did.
   std::map<CUdeviceptr, DeviceBlock> allocations;
   std::map<void*, std::size_t> host_registrations;
-  int primary_refs = 0;  // cuDevicePrimaryCtxRetain minus releases
+  int host_register_failures = 0;  // the next this many cuMemHostRegister calls fail
+  int primary_refs = 0;            // cuDevicePrimaryCtxRetain minus releases
   CUresult primary_retain_result = CUDA_SUCCESS;
   int streams_live = 0;
   int events_live = 0;

@@ -333,13 +333,19 @@ std::size_t Worker::reap() {
 
 GpuWait Worker::gpu_wait() const {
   GpuWait wait = GpuWait::kNone;
+  const bool held_sessions = server_.priority_board().below_normal_sessions() > 0;
   for (const auto& s : sessions_) {
     if (s->life.state == SessionState::kDraining || !s->retiring.empty() ||
         !s->busy.closed.empty()) {
       return GpuWait::kPolled;
     }
+    // A normal session that below-normal ones are held for stops counting as busy only after
+    // its linger, which the worker's polls measure (priority_poll).
+    if (held_sessions && s->priority.counted_busy) return GpuWait::kPolled;
     for (const Completion& c : s->pending) {
-      if (!watchable(*s, c)) return GpuWait::kPolled;
+      // A client asleep on its slot watches nothing: its answer is polled, with the longer
+      // yield that keeps it prompt.
+      if (!watchable(*s, c) || client_sleeps(*s, c)) return GpuWait::kPolled;
       wait = GpuWait::kWatched;
     }
   }

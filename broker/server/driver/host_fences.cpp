@@ -52,21 +52,20 @@ CUresult HostFences::add_page(const DriverTable& cu) {
     host = ::mmap(nullptr, kPageBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (host == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  // A failed registration of the watch page leaves it unmapped too: the next arm takes a
-  // private page and nothing is watched.
   if (watch_page) watch_page_ = nullptr;
   // PORTABLE: the green contexts' streams write it, the primary context registers it.
-  if (CUresult r = cu.cuMemHostRegister_v2(
-          host, kPageBytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
-      r != CUDA_SUCCESS) {
-    ::munmap(host, kPageBytes);
-    return r;
-  }
   CUdeviceptr device = 0;
-  if (CUresult r = cu.cuMemHostGetDevicePointer_v2(&device, host, 0); r != CUDA_SUCCESS) {
-    cu.cuMemHostUnregister(host);
+  CUresult r = cu.cuMemHostRegister_v2(host, kPageBytes,
+                                       CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+  if (r == CUDA_SUCCESS) {
+    r = cu.cuMemHostGetDevicePointer_v2(&device, host, 0);
+    if (r != CUDA_SUCCESS) cu.cuMemHostUnregister(host);
+  }
+  if (r != CUDA_SUCCESS) {
     ::munmap(host, kPageBytes);
-    return r;
+    // The watch page failed: a private page instead, and nothing of the session is watched
+    // (its answers are polled), rather than no host fences at all.
+    return watch_page ? add_page(cu) : r;
   }
   if (watch_page) watch_page_registered_ = true;
   const auto first = static_cast<std::uint32_t>(pages_.size() * kWordsPerPage);

@@ -11,6 +11,10 @@ bool watchable(const Session& session, const Completion& c) {
          session.fences.words.watched(c.waits.back().fence);
 }
 
+bool client_sleeps(const Session& session, const Completion& c) {
+  return session.segment.view().slot(c.slot)->waiter.load(std::memory_order_seq_cst) != 0;
+}
+
 void post_watches(Session& session) {
   for (Completion& c : session.pending) {
     if (!watchable(session, c)) continue;
@@ -35,9 +39,7 @@ void look_at_watches(const Session& session, WatchLook& look) {
       continue;
     }
     // The client went to sleep on its slot: nobody watches this fence.
-    if (session.segment.view().slot(c.slot)->waiter.load(std::memory_order_seq_cst) != 0) {
-      look.must_poll = true;
-    }
+    if (client_sleeps(session, c)) look.must_poll = true;
     look.fault_check =
         look.fault_check ? std::min(*look.fault_check, c.next_fault_check) : c.next_fault_check;
   }

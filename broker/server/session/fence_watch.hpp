@@ -24,6 +24,10 @@ namespace mpsshim::server {
 // of the session's watch page (host_fences.hpp).
 bool watchable(const Session& session, const Completion& c);
 
+// The client thread waiting for `c`'s answer sleeps on its slot (ResponseSlot::waiter): it
+// watches nothing.
+bool client_sleeps(const Session& session, const Completion& c);
+
 // Names each watchable completion's fence in its slot.
 void post_watches(Session& session);
 
