@@ -343,9 +343,10 @@ GpuWait Worker::gpu_wait() const {
     // its linger, which the worker's polls measure (priority_poll).
     if (held_sessions && s->priority.counted_busy) return GpuWait::kPolled;
     for (const Completion& c : s->pending) {
-      // A client asleep on its slot watches nothing: its answer is polled, with the longer
-      // yield that keeps it prompt.
-      if (!watchable(*s, c) || client_sleeps(*s, c)) return GpuWait::kPolled;
+      // A client asleep on its slot watches nothing either, but its answer is not hurried with
+      // the long yield: it chose to give up its CPU (a crowded server), and the worker's naps
+      // serve it (park). Measured both ways in docs/benchmarks.md (Host CPU).
+      if (!watchable(*s, c)) return GpuWait::kPolled;
       wait = GpuWait::kWatched;
     }
   }
