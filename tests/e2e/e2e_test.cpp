@@ -176,7 +176,7 @@ TEST_CASE("an idle cuCtxSynchronize is answered in the shim, and fails once the 
 
 // Fence watches (broker/server/session/fence_watch.hpp): while a spinning client synchronizes,
 // its worker sleeps and the client rings when the fence lands; a client that sleeps itself
-// watches nothing and its worker polls. Both get every answer right and on time.
+// watches nothing and its worker polls. Both get every answer right.
 TEST_CASE("a spinning client watches its synchronize's fence and wakes its worker", "[e2e]") {
   Daemon daemon;
   auto figures = [&](const char* which) {
