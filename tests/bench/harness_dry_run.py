@@ -118,6 +118,42 @@ def check_machine_cpu(source: str, harness: str, out: str) -> None:
         fail(f"native N = 1 is not its own ceiling: {ceiling.get(('native', '1'))}")
 
 
+def check_startup(harness: str, out: str) -> None:
+    """The startup workload: each daemon is started again before the cold client (the shim's
+    twice in the log: the repetition's start, then the workload's), the cold and warm figures
+    of every mode parsed from the client's stamps and reported."""
+    modes = ["native", "mps", "shim"]
+    results = os.path.join(out, "startup")
+    run = subprocess.run(
+        [sys.executable, harness, "--build-dir", out, "--out", results, "--dry-run",
+         "--workloads", "startup", "--modes", ",".join(modes), "--reps", "1"],
+        capture_output=True, text=True, timeout=300)
+    log = run.stdout + run.stderr
+    if run.returncode != 0:
+        fail(f"harness (startup) exited {run.returncode}:\n{log}")
+    for daemon in ("--runtime-dir", "nvidia-cuda-mps-control -d"):  # mpsshimd's, MPS's
+        starts = sum(1 for line in log.splitlines() if "dry run:" in line and daemon in line)
+        if starts != 2:
+            fail(f"{daemon} started {starts} times in the startup dry run, not 2:\n{log}")
+    with open(os.path.join(results, "results.csv")) as f:
+        rows = list(csv.DictReader(f))
+    for mode in modes:
+        for metric in ["cold_s", "warm_s", "cold_cuda_s", "warm_cuda_s", "out_sum"]:
+            got = [float(r["value"]) for r in rows if r["mode"] == mode
+                   and r["metric"] == metric and r["status"] == "ok" and r["value"]]
+            if not got:
+                fail(f"no {metric} for {mode} in the startup results.csv:\n{log}")
+            # Made-up stamps 10 ms apart: 30 ms from the import to the result, more from the
+            # process's start.
+            if metric.endswith("cuda_s") and not 0.025 < got[0] < 1.0:
+                fail(f"{metric} for {mode} is {got[0]} s, not the stamps' 0.03")
+            if metric in ("cold_s", "warm_s") and not got[0] > 0.03:
+                fail(f"{metric} for {mode} is {got[0]} s: not counted from the process's start")
+    with open(os.path.join(results, "report.md")) as f:
+        if "PyTorch start to first result" not in f.read():
+            fail("report.md has no startup section")
+
+
 def main() -> int:
     source = os.path.abspath(sys.argv[1])
     harness = os.path.join(source, "bench", "harness.py")
@@ -164,6 +200,7 @@ def main() -> int:
                 fail("the re-rendered reference report has no headline")
         check_multigpu(harness, out)
         check_machine_cpu(source, harness, out)
+        check_startup(harness, out)
     print("PASS harness dry run")
     return 0
 

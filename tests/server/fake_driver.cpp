@@ -250,6 +250,15 @@ DriverTable fake_driver_table() {
       *value = static_cast<int>(fake_gpu().sm_count);
       return CUDA_SUCCESS;
     }
+    // An H200's compute capability: which entries of an image the server scans follow it.
+    if (a == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) {
+      *value = 9;
+      return CUDA_SUCCESS;
+    }
+    if (a == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR) {
+      *value = 0;
+      return CUDA_SUCCESS;
+    }
     if (a % 7 == 0) return CUDA_ERROR_INVALID_VALUE;  // some the driver does not know
     *value = static_cast<int>(a) * 10;
     return CUDA_SUCCESS;

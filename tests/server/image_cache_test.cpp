@@ -4,6 +4,7 @@
 // no client holds stays for the next one until its timeout or the primary context's release.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <mutex>
@@ -188,17 +189,39 @@ TEST_CASE("the cache's end unloads what it kept", "[image_cache]") {
   CHECK(unloads == 1);
 }
 
-TEST_CASE("images found unfit for sharing are remembered, within a bound", "[image_cache]") {
+TEST_CASE("the scan's verdicts are remembered, within a bound", "[image_cache]") {
   ImageCache cache(true);
-  const ImageDigest digest = digest_image(bytes_of("with globals"), 1);
-  CHECK_FALSE(cache.known_private(digest));
-  cache.remember_private(digest);
-  CHECK(cache.known_private(digest));
-  for (std::size_t i = 0; i < ImageCache::kMaxKnownPrivate; ++i) {
+  const ImageDigest with_globals = digest_image(bytes_of("with globals"), 1);
+  const ImageDigest clean = digest_image(bytes_of("clean"), 1);
+  CHECK_FALSE(cache.known_private(with_globals));
+  CHECK_FALSE(cache.known_shareable(with_globals));
+  cache.remember_private(with_globals);
+  cache.remember_shareable(clean);
+  CHECK(cache.known_private(with_globals));
+  CHECK_FALSE(cache.known_shareable(with_globals));
+  CHECK(cache.known_shareable(clean));
+  CHECK_FALSE(cache.known_private(clean));
+  std::vector<ImageVerdict> all = cache.verdicts();
+  std::sort(all.begin(), all.end(), [](auto& a, auto& b) { return a.digest < b.digest; });
+  std::vector<ImageVerdict> expected{{with_globals, false}, {clean, true}};
+  std::sort(expected.begin(), expected.end(), [](auto& a, auto& b) { return a.digest < b.digest; });
+  CHECK(all == expected);
+  for (std::size_t i = 0; i < ImageCache::kMaxVerdicts; ++i) {
     const std::string text = "image " + std::to_string(i);
     cache.remember_private(digest_image(bytes_of(text.c_str()), 1));
   }
-  CHECK_FALSE(cache.known_private(digest));  // forgotten with the rest at the bound
+  CHECK_FALSE(cache.known_private(with_globals));  // forgotten with the rest at the bound
+  CHECK(cache.verdicts().size() < ImageCache::kMaxVerdicts);
+}
+
+TEST_CASE("verdicts an earlier server kept are adopted, the all-zero digest never",
+          "[image_cache]") {
+  ImageCache cache(true);
+  const ImageDigest clean = digest_image(bytes_of("clean"), 1);
+  cache.adopt({{clean, true}, {ImageDigest{}, true}});
+  CHECK(cache.known_shareable(clean));
+  CHECK_FALSE(cache.known_shareable(ImageDigest{}));
+  CHECK(cache.stats().adopted == 1);
 }
 
 TEST_CASE("concurrent finds, publishes and drops unload every library exactly once",

@@ -444,6 +444,65 @@ TEST_CASE("image_globals: every entry is checked, not only the first", "[image_g
   CHECK(result.reason == "entry 4 (ELF, sm_120): section .nv.constant3");
 }
 
+TEST_CASE("image_globals: a server reads only the entries its GPU may load", "[image_globals]") {
+  const DeviceArch hopper{9, 0};
+  // Shipped for many architectures, like PyTorch's libraries: state in an entry of another
+  // architecture never reaches a 9.0 GPU.
+  for (std::uint32_t foreign : {50u, 80u, 86u, 100u, 120u}) {
+    CAPTURE(foreign);
+    std::vector<EntrySpec> entries = {
+        {kElf, elf_with(".nv.global"), Packing::kZstd, foreign, 112},
+        {kElf, clean_elf(), Packing::kNone, 90},
+    };
+    Buffer image = make_container(entries);
+    CHECK(scan_image_globals(image, 1, hopper).shareable);
+    GlobalsScan every = scan_image_globals(image, 1);
+    CHECK_FALSE(every.shareable);
+    CHECK(every.reason == "entry 0 (ELF, sm_" + std::to_string(foreign) + "): section .nv.global");
+  }
+  SECTION("a cubin of the same major and a lower minor is read") {
+    Buffer image = make_container({{kElf, elf_with(".nv.constant3"), Packing::kNone, 80}});
+    GlobalsScan ampere = scan_image_globals(image, 1, DeviceArch{8, 6});
+    CHECK_FALSE(ampere.shareable);
+    CHECK(ampere.reason == "entry 0 (ELF, sm_80): section .nv.constant3");
+    CHECK(scan_image_globals(image, 1, DeviceArch{9, 0}).shareable);
+    Buffer higher_minor = make_container({{kElf, elf_with(".nv.global"), Packing::kNone, 103}});
+    CHECK(scan_image_globals(higher_minor, 1, DeviceArch{10, 0}).shareable);
+    CHECK_FALSE(scan_image_globals(higher_minor, 1, DeviceArch{10, 3}).shareable);
+  }
+  SECTION("PTX of an earlier architecture is read: the driver may JIT it") {
+    Buffer image =
+        make_container({{kElf, clean_elf(), Packing::kNone, 90},
+                        {kPtx, text_bytes(ptx_with(".global .u32 g;")), Packing::kLz4, 80, 80}});
+    GlobalsScan ptx = scan_image_globals(image, 1, hopper);
+    CHECK_FALSE(ptx.shareable);
+    CHECK_THAT(ptx.reason, StartsWith("entry 1 (PTX, sm_80): PTX line "));
+    Buffer later =
+        make_container({{kPtx, text_bytes(ptx_with(".global .u32 g;")), Packing::kNone, 100, 80}});
+    CHECK(scan_image_globals(later, 1, hopper).shareable);
+  }
+  SECTION("a skipped entry is not decompressed, but must still lie inside its container") {
+    EntrySpec broken{kElf, clean_elf(), Packing::kZstd, 80, 112};
+    Buffer image = make_container({broken, {kElf, clean_elf(), Packing::kNone, 90}});
+    // Corrupt the foreign entry's compressed stream: a 9.0 GPU never reads it.
+    image[kFirstEntry + 112 + 4] ^= std::byte{0xff};
+    CHECK(scan_image_globals(image, 1, hopper).shareable);
+    CHECK_FALSE(scan_image_globals(image, 1).shareable);
+    Buffer cut = image;
+    cut.resize(kFirstEntry + 120);
+    put<std::uint64_t>(cut, 8, cut.size() - kFirstEntry);  // the container ends inside entry 0
+    CHECK_FALSE(scan_image_globals(cut, 1, hopper).shareable);
+  }
+  SECTION("unknown entry kinds are refused whatever their architecture") {
+    Buffer image = make_container({{7, clean_elf(), Packing::kNone, 50}});
+    CHECK_FALSE(scan_image_globals(image, 1, hopper).shareable);
+  }
+  SECTION("a bare cubin or PTX text is always read") {
+    CHECK_FALSE(scan_image_globals(elf_with(".nv.global"), 1, hopper).shareable);
+    CHECK_FALSE(scan_image_globals(ptx_image(ptx_with(".const .b8 c[4];")), 1, hopper).shareable);
+  }
+}
+
 TEST_CASE("image_globals: containers back to back", "[image_globals]") {
   Buffer clean = make_container({{kElf, clean_elf()}, {kPtx, text_bytes(kCleanPtx)}});
   Buffer dirty = make_container({{kElf, elf_with(".nv.global", SHT_NOBITS), Packing::kZstd}});

@@ -1,18 +1,21 @@
 // Which fat-binary containers of real libraries would the server share between sessions
 // (broker/server/images/image_globals.hpp), and why not the others? Reads the .nv_fatbin section of
 // each ELF file given, scans every container as the server does, and prints per file the
-// containers and bytes shareable, then the most common reasons for the rest (their first words,
-// with the variable or section named).
+// containers and bytes shareable and the scan's time, then the most common reasons for the rest
+// (their first words, with the variable or section named). `--arch 90` first scans as a server
+// of a compute capability 9.0 GPU does (only the entries it may load); without it, every entry.
 //
 // Build here (it links the server's scanner), run anywhere the libraries are:
 //   src=tools/probes/image_share_scan.cpp; scanner=broker/server/images/image_globals.cpp
 //   g++ -O2 -std=c++20 -I. -o /tmp/iss $src $scanner -lzstd -llz4
-//   /tmp/iss /path/to/libtorch_cuda.so ...
+//   /tmp/iss [--arch 90] /path/to/libtorch_cuda.so ...
 #include <elf.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -70,7 +73,14 @@ std::string reason_key(const std::string& reason) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
+  mpsshim::server::DeviceArch device;
+  int first = 1;
+  if (argc > 2 && std::strcmp(argv[1], "--arch") == 0) {
+    const int arch = std::atoi(argv[2]);
+    device = {arch / 10, arch % 10};
+    first = 3;
+  }
+  for (int i = first; i < argc; ++i) {
     std::ifstream file(argv[i], std::ios::binary);
     std::vector<char> raw((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
     std::vector<std::byte> elf(raw.size());
@@ -78,9 +88,10 @@ int main(int argc, char** argv) {
     const auto containers = containers_of(elf);
     std::size_t shared = 0, shared_bytes = 0, total_bytes = 0;
     std::map<std::string, int> reasons;
+    const auto start = std::chrono::steady_clock::now();
     for (auto container : containers) {
       total_bytes += container.size();
-      auto scan = mpsshim::server::scan_image_globals(container, 1);
+      auto scan = mpsshim::server::scan_image_globals(container, 1, device);
       if (scan.shareable) {
         ++shared;
         shared_bytes += container.size();
@@ -88,8 +99,11 @@ int main(int argc, char** argv) {
         ++reasons[reason_key(scan.reason)];
       }
     }
-    std::printf("%s: %zu containers (%.1f MiB), %zu shareable (%.1f MiB)\n", argv[i],
-                containers.size(), total_bytes / 1048576.0, shared, shared_bytes / 1048576.0);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("%s: %zu containers (%.1f MiB), %zu shareable (%.1f MiB), scanned in %.3f s\n",
+                argv[i], containers.size(), total_bytes / 1048576.0, shared,
+                shared_bytes / 1048576.0, seconds);
     std::vector<std::pair<int, std::string>> sorted;
     for (auto& [reason, count] : reasons) sorted.push_back({count, reason});
     std::sort(sorted.rbegin(), sorted.rend());

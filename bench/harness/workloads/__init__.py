@@ -4,15 +4,15 @@ programs it needs: name -> path) and run(h, mode, rep) (adds rows to h); optiona
 once_only(cfg, rep) (nothing to do in this repetition) and report_notes(summary, modes) (lines
 under its table). A new workload is a new module listed here."""
 from . import (bandwidth, concurrency, launch, memory, mixed, multigpu, priority, resnet,
-               scaling)
+               scaling, startup)
 
 # In the order they run within a repetition (and appear in the report).
 WORKLOADS = {m.__name__.rsplit(".", 1)[1]: m
              for m in (launch, bandwidth, concurrency, mixed, priority, memory, resnet, scaling,
-                       multigpu)}
+                       multigpu, startup)}
 ALL_WORKLOADS = list(WORKLOADS)
 # What runs without --workloads: the workloads of the harness's first reference runs (the
-# priority and multigpu workloads run when asked for).
+# priority, multigpu and startup workloads run when asked for).
 DEFAULT_WORKLOADS = ["launch", "bandwidth", "concurrency", "mixed", "memory", "resnet", "scaling"]
 # (workload, metric) -> (label, unit, better: "lower" | "higher" | None)
 METRICS = {(name, metric): spec for name, module in WORKLOADS.items()

@@ -16,6 +16,7 @@
 
 #include "broker/server/core/server.hpp"
 #include "broker/server/driver/driver.hpp"
+#include "broker/server/images/image_verdicts.hpp"
 #include "broker/server/scheduling/quota.hpp"
 #include "common/log.hpp"
 
@@ -89,6 +90,7 @@ Server::Server(Gpu gpu, ServerSettings settings, proto::UniqueFd control)
     workers_.push_back(std::make_unique<Worker>(*this, i));
   plan_priority_reserve();
   if (gpu_.heap && settings_.park_pool != 0) gpu_.heap->set_park_pool(&park_pool_);
+  adopt_kept_verdicts(images_, settings_.image_verdict_dir, device_arch(gpu_));
   if (settings_.memory_policy.on()) {
     memory_arbiter_ = std::make_unique<MemoryArbiter>(settings_.memory_policy, [this] { wake(); });
     const MemoryPolicySettings& policy = settings_.memory_policy;
@@ -151,9 +153,11 @@ Server::~Server() {
   const ImageCacheStats images = images_.stats();
   log_info(
       "library images: {} loaded to share, {} loads answered by a shared one ({} not loaded "
-      "again), {} loaded for one client alone, {} unloaded after no client held them",
+      "again), {} loaded for one client alone, {} unloaded after no client held them; {} "
+      "scanned, {} verdicts of earlier servers adopted",
       images.loads, images.hits, format_bytes(images.hit_bytes), images.private_loads,
-      images.expired);
+      images.expired, images.scans, images.adopted);
+  keep_verdicts(images_, settings_.image_verdict_dir, device_arch(gpu_));
 }
 
 void Server::wake() {

@@ -148,6 +148,13 @@ constexpr std::array kOptions{
                  .default_value = "60",
                  .help = "a shared image no client holds stays loaded SECS for the next client; 0: "
                          "unloaded with its last"},
+    ServerOption{.setting = kImageVerdictDir,
+                 .flag = "image-verdict-dir",
+                 .value_name = "DIR",
+                 .kind = kText,
+                 .default_text = "none",
+                 .help = "keep the scan's verdicts on library images in DIR across restarts, so "
+                         "that the first client after a start does not wait for the scan"},
     ServerOption{.setting = kBusyTime,
                  .flag = "busy-time",
                  .value_name = "on|off",
@@ -415,9 +422,11 @@ std::string documented_values(const ServerOption& option) {
       return std::string(fallback);
     case kBytes:
       return fmt::format("bytes ({})", fallback);
+    case kText:
+      if (option.default_value.empty()) return fmt::format("a path ({})", fallback);
+      break;
     case kSwitch:
     case kChoice:
-    case kText:
     case kLevel:
       break;
   }

@@ -34,6 +34,7 @@ enum class Setting : std::uint8_t {
   kEventPollUs,
   kShareImages,
   kImageIdleTimeout,
+  kImageVerdictDir,
   kBusyTime,
   kPriorityScheduling,
   kPriorityMaxHoldUs,

@@ -75,6 +75,9 @@ void apply(Options& options, Setting setting, const std::string& value) {
     case Setting::kImageIdleTimeout:
       s.image_idle_timeout = std::chrono::seconds(number<int>(value));
       return;
+    case Setting::kImageVerdictDir:
+      s.image_verdict_dir = value;
+      return;
     case Setting::kBusyTime:
       s.busy_time = value == "on";
       return;

@@ -83,6 +83,8 @@ struct ServerSettings {
   // A shared library no session holds stays loaded this long for the next client (zero: unloaded
   // with its last holder; image_cache.hpp; mpsshim-server --image-idle-timeout).
   std::chrono::seconds image_idle_timeout = kDefaultImageIdleTimeout;
+  // Where the image scan's verdicts are kept across restarts (image_verdicts.hpp); empty: not.
+  std::string image_verdict_dir;
   // What happens to a cuMemAlloc that does not fit (memory_arbiter.hpp; --memory-preemption,
   // --preemption-idle-ms, --memory-overcommit). Off by default.
   MemoryPolicySettings memory_policy;

@@ -85,14 +85,41 @@ std::shared_ptr<SharedLibrary> ImageCache::publish(const ImageDigest& digest,
 
 bool ImageCache::known_private(const ImageDigest& digest) {
   std::lock_guard lock(mutex_);
-  return known_private_.contains(digest);
+  auto it = verdicts_.find(digest);
+  return it != verdicts_.end() && !it->second;
 }
 
-void ImageCache::remember_private(const ImageDigest& digest) {
+bool ImageCache::known_shareable(const ImageDigest& digest) {
+  std::lock_guard lock(mutex_);
+  auto it = verdicts_.find(digest);
+  return it != verdicts_.end() && it->second;
+}
+
+void ImageCache::remember(const ImageDigest& digest, bool shareable) {
   if (!usable(digest)) return;
   std::lock_guard lock(mutex_);
-  if (known_private_.size() >= kMaxKnownPrivate) known_private_.clear();
-  known_private_.insert(digest);
+  if (verdicts_.size() >= kMaxVerdicts && !verdicts_.contains(digest)) verdicts_.clear();
+  verdicts_[digest] = shareable;
+}
+
+std::vector<ImageVerdict> ImageCache::verdicts() {
+  std::lock_guard lock(mutex_);
+  std::vector<ImageVerdict> out;
+  out.reserve(verdicts_.size());
+  for (const auto& [digest, shareable] : verdicts_) out.push_back({digest, shareable});
+  return out;
+}
+
+void ImageCache::adopt(const std::vector<ImageVerdict>& verdicts) {
+  std::size_t taken = 0;
+  for (const ImageVerdict& verdict : verdicts) {
+    if (taken == kMaxVerdicts) break;
+    if (!usable(verdict.digest)) continue;
+    remember(verdict.digest, verdict.shareable);
+    ++taken;
+  }
+  std::lock_guard lock(mutex_);
+  counts_.adopted += taken;
 }
 
 void ImageCache::forget(const ImageDigest& digest) {
@@ -162,6 +189,7 @@ ImageCacheStats ImageCache::stats() {
   std::lock_guard lock(mutex_);
   ImageCacheStats out = counts_;
   out.private_loads = private_loads_.load(std::memory_order_relaxed);
+  out.scans = scans_.load(std::memory_order_relaxed);
   out.live = 0;
   for (const auto& [digest, entry] : entries_) out.live += entry.expired() ? 0 : 1;
   for (const auto& [digest, entry] : kept_) {

@@ -42,7 +42,6 @@
 #include <mutex>
 #include <span>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 namespace mpsshim::server {
@@ -85,6 +84,15 @@ struct ImageCacheStats {
   std::uint64_t unused = 0;         // of those, kept with no session holding them
   std::uint64_t unused_bytes = 0;   // their image bytes
   std::uint64_t expired = 0;        // kept libraries unloaded when no session held them
+  std::uint64_t scans = 0;          // images scanned for variables (image_globals.hpp)
+  std::uint64_t adopted = 0;        // verdicts an earlier server kept (image_verdicts.hpp)
+};
+
+// What the scan found for one image: whether it may be shared.
+struct ImageVerdict {
+  ImageDigest digest{};
+  bool shareable = false;
+  friend bool operator==(const ImageVerdict&, const ImageVerdict&) = default;
 };
 
 // What unload_unused / unload_all_unused unloaded.
@@ -116,11 +124,19 @@ class ImageCache {
   std::shared_ptr<SharedLibrary> publish(const ImageDigest& digest,
                                          std::shared_ptr<SharedLibrary> fresh);
   void count_private_load() { private_loads_.fetch_add(1, std::memory_order_relaxed); }
-  // Images found unfit for sharing (image_globals.hpp), so that the next load of the same bytes
-  // is not scanned again. Bounded: forgotten all at once past kMaxKnownPrivate.
+  // The scan's verdicts (image_globals.hpp), so that the next load of the same bytes is not
+  // scanned again: found unfit for sharing (private) or fit (shareable; a shared library of
+  // them may be unloaded meanwhile). Bounded: all forgotten at once past kMaxVerdicts.
   bool known_private(const ImageDigest& digest);
-  void remember_private(const ImageDigest& digest);
-  static constexpr std::size_t kMaxKnownPrivate = 65536;
+  bool known_shareable(const ImageDigest& digest);
+  void remember_private(const ImageDigest& digest) { remember(digest, false); }
+  void remember_shareable(const ImageDigest& digest) { remember(digest, true); }
+  void count_scan() { scans_.fetch_add(1, std::memory_order_relaxed); }
+  static constexpr std::size_t kMaxVerdicts = 65536;
+  // Every verdict, to be kept across a restart (image_verdicts.hpp), and the ones an earlier
+  // server kept, taken at the start.
+  std::vector<ImageVerdict> verdicts();
+  void adopt(const std::vector<ImageVerdict>& verdicts);
 
   // Coordinator: unloads the kept libraries that no session held at any look since `now` -
   // idle_timeout (a look with a holder marks it held).
@@ -134,6 +150,7 @@ class ImageCache {
  private:
   friend class SharedLibrary;
   void forget(const ImageDigest& digest);
+  void remember(const ImageDigest& digest, bool shareable);
   // Under mutex_: keeps `library` loaded, marked held now.
   void keep(std::shared_ptr<SharedLibrary> library);
   // Moves out of `kept_` the unheld libraries last held before `held_after`; the caller drops
@@ -156,10 +173,11 @@ class ImageCache {
   const Clock::duration idle_timeout_;
   std::mutex mutex_;
   std::unordered_map<ImageDigest, std::weak_ptr<SharedLibrary>, DigestHash> entries_;
-  std::unordered_map<ImageDigest, Kept, DigestHash> kept_;  // retention on only
-  std::unordered_set<ImageDigest, DigestHash> known_private_;
-  ImageCacheStats counts_;  // under mutex_, but for private_loads_
+  std::unordered_map<ImageDigest, Kept, DigestHash> kept_;      // retention on only
+  std::unordered_map<ImageDigest, bool, DigestHash> verdicts_;  // true: shareable
+  ImageCacheStats counts_;  // under mutex_, but for private_loads_ and scans_
   std::atomic<std::uint64_t> private_loads_{0};
+  std::atomic<std::uint64_t> scans_{0};
 };
 
 }  // namespace mpsshim::server

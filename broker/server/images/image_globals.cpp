@@ -556,7 +556,7 @@ GlobalsScan scan_payload(std::uint16_t kind, Bytes payload) {
 }
 
 // One entry, which lies at the start of `entry`; `size` gets its length within the container.
-GlobalsScan scan_entry(Bytes entry, std::size_t index, std::uint64_t& size) {
+GlobalsScan scan_entry(Bytes entry, std::size_t index, DeviceArch device, std::uint64_t& size) {
   EntryHeader header;
   if (!read_entry_header(entry, header)) {
     return refuse("entry " + std::to_string(index) + " header cut short");
@@ -568,6 +568,7 @@ GlobalsScan scan_entry(Bytes entry, std::size_t index, std::uint64_t& size) {
   }
   if (header.kind != kKindPtx && header.kind != kKindElf) return refuse(label + "unknown kind");
   size = std::uint64_t{header.header_size} + header.payload_size;
+  if (!device.may_load(header.kind, header.arch)) return shareable();
   std::vector<std::byte> storage;
   Bytes payload;
   std::string problem = entry_payload(entry.subspan(header.header_size, header.payload_size),
@@ -577,7 +578,7 @@ GlobalsScan scan_entry(Bytes entry, std::size_t index, std::uint64_t& size) {
 }
 
 // One container, which starts `bytes` (and may be followed by more); `size` gets its length.
-GlobalsScan scan_container(Bytes bytes, std::uint64_t& size) {
+GlobalsScan scan_container(Bytes bytes, DeviceArch device, std::uint64_t& size) {
   std::uint32_t magic = 0;
   std::uint16_t version = 0, header_size = 0;
   std::uint64_t fat_size = 0;
@@ -597,19 +598,19 @@ GlobalsScan scan_container(Bytes bytes, std::uint64_t& size) {
   std::uint64_t at = 0;
   for (std::size_t index = 0; at < entries.size(); ++index) {
     std::uint64_t entry_size = 0;
-    GlobalsScan scan = scan_entry(entries.subspan(at), index, entry_size);
+    GlobalsScan scan = scan_entry(entries.subspan(at), index, device, entry_size);
     if (!scan.shareable) return scan;
     at += entry_size;  // >= kEntryBaseBytes and within `entries`: the loop ends
   }
   return shareable();
 }
 
-GlobalsScan scan_containers(Bytes image, std::uint32_t count) {
+GlobalsScan scan_containers(Bytes image, std::uint32_t count, DeviceArch device) {
   std::uint64_t at = 0;
   for (std::uint32_t i = 0; i < count; ++i) {
     std::uint64_t size = 0;
     std::string where = count > 1 ? "container " + std::to_string(i) + ", " : "";
-    GlobalsScan scan = located(where, scan_container(image.subspan(at), size));
+    GlobalsScan scan = located(where, scan_container(image.subspan(at), device, size));
     if (!scan.shareable) return scan;
     at += size;
   }
@@ -622,11 +623,11 @@ GlobalsScan scan_containers(Bytes image, std::uint32_t count) {
   return shareable();
 }
 
-GlobalsScan scan_image(Bytes image, std::uint32_t containers) {
+GlobalsScan scan_image(Bytes image, std::uint32_t containers, DeviceArch device) {
   if (containers == 0) return refuse("no containers");
   std::uint32_t magic = 0;
   bool has_magic = read_at(image, 0, magic);
-  if (has_magic && magic == kFatbinMagic) return scan_containers(image, containers);
+  if (has_magic && magic == kFatbinMagic) return scan_containers(image, containers, device);
   if (containers != 1) {
     return refuse(std::to_string(containers) + " containers expected, image is not a fat binary");
   }
@@ -650,10 +651,19 @@ bool is_string_literal_name(std::string_view name) {
   return false;
 }
 
-GlobalsScan scan_image_globals(std::span<const std::byte> image,
-                               std::uint32_t containers) noexcept {
+bool DeviceArch::may_load(std::uint16_t kind, std::uint32_t arch) const {
+  if (major <= 0) return true;
+  const std::uint32_t own =
+      10u * static_cast<std::uint32_t>(major) + static_cast<std::uint32_t>(minor);
+  if (kind == kKindPtx) return arch <= own;
+  if (kind == kKindElf) return arch / 10 == static_cast<std::uint32_t>(major) && arch <= own;
+  return true;  // an unknown kind is refused by the caller
+}
+
+GlobalsScan scan_image_globals(std::span<const std::byte> image, std::uint32_t containers,
+                               DeviceArch device) noexcept {
   try {
-    return scan_image(image, containers);
+    return scan_image(image, containers, device);
   } catch (const std::bad_alloc&) {
     return GlobalsScan{false, "out of memory"};  // short enough not to allocate
   } catch (...) {

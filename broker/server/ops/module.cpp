@@ -14,6 +14,7 @@
 #include "broker/server/images/image.hpp"
 #include "broker/server/images/image_cache.hpp"
 #include "broker/server/images/image_globals.hpp"
+#include "broker/server/images/image_verdicts.hpp"
 #include "broker/server/images/name_pages.hpp"
 #include "broker/server/ops/ops.hpp"
 #include "broker/server/session/client_socket.hpp"
@@ -192,14 +193,19 @@ CUresult load_library(Call& call, std::span<const std::byte> bytes, std::uint32_
     cache->count_private_load();
     return CUDA_SUCCESS;
   }
-  // 0 and 1 both mean one image (a container, a cubin or PTX); more, a device-linked program.
-  if (GlobalsScan scan = scan_image_globals(bytes, std::max<std::uint32_t>(containers, 1));
-      !scan.shareable) {
-    log_debug("{}: a library image of {} is loaded for this client alone: {}", call.session.who(),
-              format_bytes(bytes.size()), scan.reason);
-    cache->remember_private(digest);
-    cache->count_private_load();
-    return CUDA_SUCCESS;
+  if (!cache->known_shareable(digest)) {
+    // 0 and 1 both mean one image (a container, a cubin or PTX); more, a device-linked program.
+    cache->count_scan();
+    if (GlobalsScan scan = scan_image_globals(bytes, std::max<std::uint32_t>(containers, 1),
+                                              device_arch(call.session.gpu()));
+        !scan.shareable) {
+      log_debug("{}: a library image of {} is loaded for this client alone: {}", call.session.who(),
+                format_bytes(bytes.size()), scan.reason);
+      cache->remember_private(digest);
+      cache->count_private_load();
+      return CUDA_SUCCESS;
+    }
+    cache->remember_shareable(digest);
   }
   // If another session published the same bytes meanwhile, its library is used and this load,
   // dropped with `fresh`, is unloaded.
