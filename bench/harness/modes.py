@@ -157,8 +157,10 @@ class ModeControl:
         return ""
 
     def shim_command(self) -> list[str]:
+        # extra_shim_args: what a workload adds while it starts daemons of its own (startup.py).
         return [self.daemon, "--runtime-dir", self.shim_dir, "--server",
-                self.server] + self.ops_daemon_args() + self.args.daemon_arg
+                self.server] + self.ops_daemon_args() + self.args.daemon_arg + getattr(
+                    self, "extra_shim_args", [])
 
     def stop_mode(self, mode: str) -> None:
         if self.args.dry_run:

@@ -119,9 +119,10 @@ def check_machine_cpu(source: str, harness: str, out: str) -> None:
 
 
 def check_startup(harness: str, out: str) -> None:
-    """The startup workload: each daemon is started again before the cold client (the shim's
-    twice in the log: the repetition's start, then the workload's), the cold and warm figures
-    of every mode parsed from the client's stamps and reported."""
+    """The startup workload: each daemon is started again before the first and the cold client
+    (three times in the log: the repetition's start, then the workload's two), mpsshimd's two
+    with a verdict directory of the workload's; the first, cold and warm figures of every mode
+    parsed from the client's stamps and reported."""
     modes = ["native", "mps", "shim"]
     results = os.path.join(out, "startup")
     run = subprocess.run(
@@ -133,12 +134,17 @@ def check_startup(harness: str, out: str) -> None:
         fail(f"harness (startup) exited {run.returncode}:\n{log}")
     for daemon in ("--runtime-dir", "nvidia-cuda-mps-control -d"):  # mpsshimd's, MPS's
         starts = sum(1 for line in log.splitlines() if "dry run:" in line and daemon in line)
-        if starts != 2:
-            fail(f"{daemon} started {starts} times in the startup dry run, not 2:\n{log}")
+        if starts != 3:
+            fail(f"{daemon} started {starts} times in the startup dry run, not 3:\n{log}")
+    verdict_starts = [line for line in log.splitlines()
+                      if "dry run:" in line and "--image-verdict-dir" in line]
+    if len(verdict_starts) != 2 or not verdict_starts[0].rstrip().endswith("verdicts.shim.0"):
+        fail(f"mpsshimd was not started twice with the workload's verdict directory:\n{log}")
     with open(os.path.join(results, "results.csv")) as f:
         rows = list(csv.DictReader(f))
     for mode in modes:
-        for metric in ["cold_s", "warm_s", "cold_cuda_s", "warm_cuda_s", "out_sum"]:
+        for metric in ["first_s", "cold_s", "warm_s", "first_cuda_s", "cold_cuda_s",
+                       "warm_cuda_s", "out_sum"]:
             got = [float(r["value"]) for r in rows if r["mode"] == mode
                    and r["metric"] == metric and r["status"] == "ok" and r["value"]]
             if not got:
@@ -147,7 +153,7 @@ def check_startup(harness: str, out: str) -> None:
             # process's start.
             if metric.endswith("cuda_s") and not 0.025 < got[0] < 1.0:
                 fail(f"{metric} for {mode} is {got[0]} s, not the stamps' 0.03")
-            if metric in ("cold_s", "warm_s") and not got[0] > 0.03:
+            if metric in ("first_s", "cold_s", "warm_s") and not got[0] > 0.03:
                 fail(f"{metric} for {mode} is {got[0]} s: not counted from the process's start")
     with open(os.path.join(results, "report.md")) as f:
         if "PyTorch start to first result" not in f.read():

@@ -1,31 +1,45 @@
 """bench/startup_client.py: how long a PyTorch program takes from its start to its first result,
-as the first client after its mode's daemon started ("cold") and as the next one ("warm").
+as the first client after its mode's daemon started and as the next one.
 
-Before each mode's cold client the workload restarts that mode's daemon (mpsshimd, or NVIDIA
-MPS's control daemon, whose server starts with its first client), so the cold figure includes
-everything the first client after a daemon start pays. Natively there is nothing to restart.
-Once per harness run, before any timed client, one untimed native run reads PyTorch and the
-CUDA libraries into the page cache: a cold figure means a cold daemon, not a cold disk.
+Three clients one after the other:
+- "first": the daemon was just started again; for mpsshim with a new, empty
+  --image-verdict-dir, so its server scans every library image the client loads, as on the
+  first start on a machine;
+- "cold": the daemon was started again once more; mpsshim's server finds the verdicts the last
+  one kept (the installed unit keeps them in /var/cache/mpsshim), as after any later restart;
+- "warm": the next client of the same daemon.
+NVIDIA MPS's control daemon starts its server with its first client, so it is started again
+before "first" and "cold" as well; natively there is nothing to restart. Once per harness run,
+before any timed client, one untimed native run reads PyTorch and the CUDA libraries into the
+page cache: "first" and "cold" mean a fresh daemon, not a cold disk.
 
-Two figures per run: from the process's start, and from the end of `import torch, torchvision`
-(their import alone takes seconds and varies with the machine, not with the mode)."""
+Two figures per client: from the process's start, and from the end of `import torch,
+torchvision` (their import alone takes seconds and varies with the machine, not with the
+mode)."""
 from __future__ import annotations
 
 import os
+import shutil
 import time
 
 from ..common import HERE, log, parse_result_line
+from ..modes import is_shim
 
 TITLE = "PyTorch start to first result (bench/startup_client.py)"
 ESTIMATE_S = (60, 60)  # seconds per mode and repetition: --quick, --full
 PROGRAM = "startup_client"
 
 # metric -> (label, unit, better: "lower" | "higher" | None)
+CLIENTS = ("first", "cold", "warm")
 METRICS = {
-    "cold_s": ("first client after the daemon starts: process start to first result", "s",
-               "lower"),
+    "first_s": ("first client after the first start: process start to first result", "s",
+                "lower"),
+    "cold_s": ("first client after a restart: process start to first result", "s", "lower"),
     "warm_s": ("the next client: process start to first result", "s", "lower"),
-    "cold_cuda_s": ("first client: torch imported to first result", "s", "lower"),
+    "first_cuda_s": ("first client after the first start: torch imported to first result", "s",
+                     "lower"),
+    "cold_cuda_s": ("first client after a restart: torch imported to first result", "s",
+                    "lower"),
     "warm_cuda_s": ("the next client: torch imported to first result", "s", "lower"),
     "out_sum": ("output check: sum of the logits (same seed in every mode)", "", None),
 }
@@ -47,29 +61,40 @@ def one_client(h, mode, tag):
     return parse_result_line(procs[0].stdout(), PROGRAM)[0], started_ns
 
 
+def restart(h, mode, rep) -> str:
+    """Stops and starts the mode's daemon (nothing natively); "" or why it did not start."""
+    h.stop_mode(mode)
+    return h.start_mode(mode, rep)
+
+
 def run(h, mode, rep):
-    metrics = list(METRICS)
     if not getattr(h, "startup_disk_warm", False) and not h.args.dry_run:
         one_client(h, "native", f"startup.disk.{rep}")
         h.startup_disk_warm = True
-    # The harness started the mode's daemon for this repetition and may have run other
-    # workloads on it: start it again (nothing for native).
-    h.stop_mode(mode)
-    why = h.start_mode(mode, rep)
-    if why:
-        h.fail("startup", metrics, mode, rep, "daemon did not restart: " + why)
-        log(f"  startup {mode}: daemon did not restart: {why}")
-        return
-    for which in ("cold", "warm"):
-        fields, started = one_client(h, mode, f"startup.{mode}.{rep}.{which}")
-        if fields is None:
-            h.fail("startup", [f"{which}_s", f"{which}_cuda_s"], mode, rep, started)
-            log(f"  startup {mode} {which}: FAILED {started[:240]}")
-            continue
-        total = (int(fields["result_ns"]) - started) / 1e9
-        cuda = (int(fields["result_ns"]) - int(fields["imported_ns"])) / 1e9
-        h.add("startup", f"{which}_s", mode, rep, total)
-        h.add("startup", f"{which}_cuda_s", mode, rep, cuda)
-        h.add("startup", "out_sum", mode, rep, float(fields["out_sum"]))
-        log(f"  startup {mode} {which}: {total:.2f} s to the first result, {cuda:.2f} s after "
-            f"the import")
+    verdicts = os.path.join(h.work, f"verdicts.{mode}.{rep}")
+    shutil.rmtree(verdicts, ignore_errors=True)
+    os.makedirs(verdicts, mode=0o755)
+    if is_shim(mode):
+        h.extra_shim_args = ["--image-verdict-dir", verdicts]
+    try:
+        for which in CLIENTS:
+            if which != "warm":
+                why = restart(h, mode, rep)
+                if why:
+                    h.fail("startup", list(METRICS), mode, rep, "daemon did not restart: " + why)
+                    log(f"  startup {mode}: daemon did not restart: {why}")
+                    return
+            fields, started = one_client(h, mode, f"startup.{mode}.{rep}.{which}")
+            if fields is None:
+                h.fail("startup", [f"{which}_s", f"{which}_cuda_s"], mode, rep, started)
+                log(f"  startup {mode} {which}: FAILED {started[:240]}")
+                continue
+            total = (int(fields["result_ns"]) - started) / 1e9
+            cuda = (int(fields["result_ns"]) - int(fields["imported_ns"])) / 1e9
+            h.add("startup", f"{which}_s", mode, rep, total)
+            h.add("startup", f"{which}_cuda_s", mode, rep, cuda)
+            h.add("startup", "out_sum", mode, rep, float(fields["out_sum"]))
+            log(f"  startup {mode} {which}: {total:.2f} s to the first result, {cuda:.2f} s "
+                f"after the import")
+    finally:
+        h.extra_shim_args = []  # the daemon running now keeps them until the mode stops
