@@ -210,7 +210,8 @@ ClientConfig read_client_config() {
   // For debugging: a library's kernels are looked up on the server when cuLibraryGetKernel asks,
   // not at their first use (libshim/kernel_lookup.hpp). CUDA_MODULE_LOADING=EAGER asks the same
   // of the real driver, so it does it here too.
-  config.lazy_kernels = env("CUDA_MODULE_LOADING") != "EAGER";
+  config.lazy_loading = env("CUDA_MODULE_LOADING") != "EAGER";
+  config.lazy_kernels = config.lazy_loading;
   if (std::string lookup = env("MPSSHIM_KERNEL_LOOKUP"); !lookup.empty()) {
     if (lookup == "eager" || lookup == "lazy") {
       config.lazy_kernels = lookup == "lazy";

@@ -351,7 +351,7 @@ MPSSHIM_EXPORT CUresult CUDAAPI cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* 
 
 MPSSHIM_EXPORT CUresult CUDAAPI cuModuleGetLoadingMode(CUmoduleLoadingMode* mode) {
   if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *mode = CU_MODULE_EAGER_LOADING;
+  *mode = config().lazy_loading ? CU_MODULE_LAZY_LOADING : CU_MODULE_EAGER_LOADING;
   return CUDA_SUCCESS;
 }
 

@@ -56,7 +56,22 @@ bool lazy_kernels(const char* lookup, const char* module_loading) {
   return mpsshim::shim::read_client_config().lazy_kernels;
 }
 
+bool lazy_loading(const char* lookup, const char* module_loading) {
+  ScopedVariable a("MPSSHIM_KERNEL_LOOKUP", lookup);
+  ScopedVariable b("CUDA_MODULE_LOADING", module_loading);
+  return mpsshim::shim::read_client_config().lazy_loading;
+}
+
 }  // namespace
+
+TEST_CASE("modules load lazily, as the real driver's, unless CUDA_MODULE_LOADING=EAGER",
+          "[config]") {
+  CHECK(lazy_loading(nullptr, nullptr));
+  CHECK(lazy_loading(nullptr, "LAZY"));
+  CHECK_FALSE(lazy_loading(nullptr, "EAGER"));
+  CHECK(lazy_loading("eager", nullptr));       // the shim's lookups alone
+  CHECK_FALSE(lazy_loading("lazy", "EAGER"));  // the runtime is still told eager
+}
 
 TEST_CASE("kernel lookups are lazy unless MPSSHIM_KERNEL_LOOKUP or CUDA_MODULE_LOADING says eager",
           "[config]") {
