@@ -2,7 +2,8 @@
 //
 // A library's kernels are handed out before the server has looked them up. PyTorch's CUDA
 // runtime asks cuLibraryGetKernel for every kernel of every library it loads (16,749 lookups for
-// 4,389 images when a ResNet-50 client starts) and uses 31 of them. Each lookup was a round trip
+// 4,389 images when a ResNet-50 client starts with eager loading; ClientConfig::lazy_loading)
+// and uses 31 of them. Each lookup was a round trip
 // in which the server's driver also loaded the kernel and read its parameters (measured on an
 // H200: 0.44-0.47 GiB of the server's RSS and 226-246 MiB of GPU memory for PyTorch's libraries,
 // docs/benchmarks.md). So a library's load answers

@@ -1,8 +1,9 @@
 // Libraries loaded once for every session that sends the same bytes. The driver keeps several
 // bytes of host memory for every byte of a library image it loads (cuLibraryLoadData of
 // libtorch_cuda.so's 444 containers, 284 MiB: +1.75 GiB RSS; a second load of the same bytes
-// +1.0 GiB), and a PyTorch client loads thousands of images, so each PyTorch session cost the
-// server ~2 GiB that its own process would have held natively. A green context uses the
+// +1.0 GiB), and a PyTorch client told to load eagerly (CUDA_MODULE_LOADING=EAGER) loads
+// thousands of images, so each such session cost the server ~2 GiB that its own process would
+// have held natively (loading lazily, the default, it loads a few dozen). A green context uses the
 // functions of a library loaded once for free (+0 MiB of GPU memory and +20 KiB of RSS for 4,484
 // functions; tools/probes/library_sharing.cpp), so sessions can share one CUlibrary.
 //
