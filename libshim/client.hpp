@@ -42,10 +42,10 @@ struct ClientConfig {
   // the server at their first use (libshim/kernel_lookup.hpp). MPSSHIM_KERNEL_LOOKUP=eager, or
   // CUDA_MODULE_LOADING=EAGER, looks each up when cuLibraryGetKernel asks: false.
   bool lazy_kernels = true;
-  // What cuModuleGetLoadingMode answers: lazy, as the real driver does unless
-  // CUDA_MODULE_LOADING=EAGER. The CUDA runtime asks it and, told lazy, loads each fat binary
-  // registered with it at the first use of one of its kernels; told eager, it loads every one at
-  // the context's start (a PyTorch ResNet-50 client: 4,389 library loads instead of 24).
+  // What cuModuleGetLoadingMode answers: lazy, as the real driver does by default since CUDA
+  // 12.2, unless CUDA_MODULE_LOADING=EAGER. The CUDA runtime asks it and, told lazy, loads each fat
+  // binary registered with it at the first use of one of its kernels; told eager, it loads every
+  // one at the context's start (a PyTorch ResNet-50 client: 4,389 library loads instead of 24).
   bool lazy_loading = true;
   // MPSSHIM_ALLOCATION_TOKEN, else the first line of MPSSHIM_ALLOCATION_TOKEN_FILE: what the
   // Kubernetes device plugin handed this pod (docs/kubernetes.md). "" when none.

@@ -7,11 +7,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/server/fatbin_builder.hpp"
@@ -65,6 +69,23 @@ std::uint64_t load_library_image(TestClient& client, std::uint64_t ctx,
 
 }  // namespace
 
+TEST_CASE("image verdicts: the scan's rules are raised with every change to the scan",
+          "[image_verdicts]") {
+  // A change to image_globals.cpp may refuse what it once allowed; verdicts kept under the old
+  // rules would then skip the new scan. Raise kScanRules, then pin the file's new digest here.
+  const char* root = std::getenv("MPSSHIM_SOURCE_ROOT");
+  REQUIRE(root != nullptr);
+  const std::string text = read_text(std::string(root) + "/broker/server/images/image_globals.cpp");
+  REQUIRE_FALSE(text.empty());
+  std::string hex;
+  for (std::uint8_t b :
+       digest_image({reinterpret_cast<const std::byte*>(text.data()), text.size()}, 1)) {
+    hex += fmt::format("{:02x}", b);
+  }
+  CHECK(kScanRules == 2);
+  CHECK(hex == "a16bec73f54a13dd4d313f0a48286eeaf329015bb8eca41f167cb6f8948246ef");
+}
+
 TEST_CASE("image verdicts: the file is named after the compute capability", "[image_verdicts]") {
   CHECK(verdict_file("/var/cache/mpsshim", DeviceArch{9, 0}) ==
         "/var/cache/mpsshim/image-verdicts-sm90");
@@ -82,7 +103,7 @@ TEST_CASE("image verdicts: written, read back and merged with what the file held
   REQUIRE(write_verdicts(path, {{digest_of(1), true}, {digest_of(2), false}}) == 2u);
   struct stat st {};
   REQUIRE(::stat(path.c_str(), &st) == 0);
-  CHECK((st.st_mode & 07777) == 0644);
+  CHECK((st.st_mode & 07777) == 0600);
   auto first = read_verdicts(path);
   REQUIRE(first);
   CHECK(first->size() == 2);
@@ -96,9 +117,30 @@ TEST_CASE("image verdicts: written, read back and merged with what the file held
   CHECK(merged->size() == 3);
   CHECK(std::find(merged->begin(), merged->end(), ImageVerdict{digest_of(2), true}) !=
         merged->end());
-  // Nothing left behind but the file itself.
+  // Nothing left behind but the file and its lock.
   CHECK(std::distance(std::filesystem::directory_iterator(dir.path),
-                      std::filesystem::directory_iterator{}) == 1);
+                      std::filesystem::directory_iterator{}) == 2);
+}
+
+TEST_CASE("image verdicts: servers writing at once lose none of each other's", "[image_verdicts]") {
+  ScratchDir dir;
+  const std::string path = verdict_file(dir.path, DeviceArch{9, 0});
+  constexpr int kRounds = 40;
+  std::atomic<int> failed{0};  // Catch's assertions are not for other threads
+  auto writer = [&](std::uint8_t first) {
+    for (int i = 0; i < kRounds; ++i) {
+      if (!write_verdicts(path, {{digest_of(static_cast<std::uint8_t>(first + i)), true}})) {
+        ++failed;
+      }
+    }
+  };
+  std::thread a(writer, 0), b(writer, 100);
+  a.join();
+  b.join();
+  CHECK(failed == 0);
+  auto all = read_verdicts(path);
+  REQUIRE(all);
+  CHECK(all->size() == 2 * kRounds);
 }
 
 TEST_CASE("image verdicts: a file the server did not write is ignored, never half read",

@@ -77,6 +77,10 @@ int main(int argc, char** argv) {
   int first = 1;
   if (argc > 2 && std::strcmp(argv[1], "--arch") == 0) {
     const int arch = std::atoi(argv[2]);
+    if (arch < 10) {
+      std::fprintf(stderr, "--arch takes 10 * major + minor, e.g. 90 for compute capability 9.0\n");
+      return 2;
+    }
     device = {arch / 10, arch % 10};
     first = 3;
   }

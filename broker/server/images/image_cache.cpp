@@ -111,9 +111,10 @@ std::vector<ImageVerdict> ImageCache::verdicts() {
 }
 
 void ImageCache::adopt(const std::vector<ImageVerdict>& verdicts) {
+  // At most half the bound: the server's own verdicts must not reach it at once and clear all.
   std::size_t taken = 0;
   for (const ImageVerdict& verdict : verdicts) {
-    if (taken == kMaxVerdicts) break;
+    if (taken == kMaxVerdicts / 2) break;
     if (!usable(verdict.digest)) continue;
     remember(verdict.digest, verdict.shareable);
     ++taken;

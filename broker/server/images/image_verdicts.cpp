@@ -1,6 +1,7 @@
 #include "broker/server/images/image_verdicts.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <new>
 #include <string_view>
 
 #include "common/log.hpp"
@@ -126,6 +128,18 @@ tl::expected<std::vector<ImageVerdict>, std::string> read_verdicts(const std::st
 
 tl::expected<std::size_t, std::string> write_verdicts(const std::string& path,
                                                       const std::vector<ImageVerdict>& verdicts) {
+  // Servers of GPUs of one compute capability share the file and end together when the daemon
+  // stops: one at a time reads, merges and renames, so none loses another's verdicts.
+  const std::string lock_path = path + ".lock";
+  proto::UniqueFd lock(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!lock) {
+    return tl::unexpected(fmt::format("cannot open {}: {}", lock_path, std::strerror(errno)));
+  }
+  while (::flock(lock.get(), LOCK_EX) != 0) {
+    if (errno != EINTR) {
+      return tl::unexpected(fmt::format("cannot lock {}: {}", lock_path, std::strerror(errno)));
+    }
+  }
   std::map<ImageDigest, bool> all;
   if (auto kept = read_verdicts(path)) {
     for (const ImageVerdict& verdict : *kept) all[verdict.digest] = verdict.shareable;
@@ -144,20 +158,24 @@ tl::expected<std::size_t, std::string> write_verdicts(const std::string& path,
   proto::UniqueFd fd(::mkostemp(temporary.data(), O_CLOEXEC));
   if (!fd)
     return tl::unexpected(fmt::format("cannot create {}: {}", temporary, std::strerror(errno)));
-  auto fail = [&](const char* what) {
-    std::string why = fmt::format("{} {}: {}", what, temporary, std::strerror(errno));
+  auto fail = [&](const char* what, int error) {
+    std::string why = fmt::format("{} {}: {}", what, temporary, std::strerror(error));
     ::unlink(temporary.c_str());
     return tl::unexpected(why);
   };
-  if (::fchmod(fd.get(), 0644) != 0) return fail("cannot chmod");
+  // Only the server reads it: the digests say which images its clients loaded.
+  if (::fchmod(fd.get(), 0600) != 0) return fail("cannot chmod", errno);
   std::size_t written = 0;
   while (written < text.size()) {
     ssize_t n = ::write(fd.get(), text.data() + written, text.size() - written);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return fail("cannot write");
+    if (n < 0) return fail("cannot write", errno);
+    if (n == 0) return fail("cannot write", EIO);
     written += static_cast<std::size_t>(n);
   }
-  if (::rename(temporary.c_str(), path.c_str()) != 0) return fail("cannot rename");
+  // A file cut short by a crash would be refused whole: flushed before it replaces the last.
+  if (::fsync(fd.get()) != 0) return fail("cannot flush", errno);
+  if (::rename(temporary.c_str(), path.c_str()) != 0) return fail("cannot rename", errno);
   return all.size();
 }
 
@@ -173,10 +191,15 @@ void adopt_kept_verdicts(ImageCache& cache, const std::string& dir, DeviceArch d
   log_info("image verdicts: {} read from {}", kept->size(), path);
 }
 
-void keep_verdicts(ImageCache& cache, const std::string& dir, DeviceArch device) {
+void keep_verdicts(ImageCache& cache, const std::string& dir, DeviceArch device) noexcept {
   if (dir.empty() || !cache.enabled()) return;
   const std::string path = verdict_file(dir, device);
-  auto written = write_verdicts(path, cache.verdicts());
+  tl::expected<std::size_t, std::string> written = tl::unexpected(std::string("out of memory"));
+  try {
+    written = write_verdicts(path, cache.verdicts());
+  } catch (const std::bad_alloc&) {
+    // At the server's end: a cache not kept, never a crash.
+  }
   if (!written) {
     log_warn("image verdicts: not kept: {}", written.error());
     return;

@@ -9,9 +9,14 @@
 //
 // A verdict says whether clients may share the image's variables, so the file is trusted only
 // when the server's own user wrote it and no one else may change it: a file another user owns
-// or may write, or a symbolic link, is ignored. Writes go to a temporary file renamed over the
-// old one, merged with what the file held, so the servers of one GPU's isolation groups add to
-// one another's verdicts and a reader never sees half a file.
+// or may write, or a symbolic link, is ignored. Writes go to a temporary file (mode 0600: the
+// digests say which images clients loaded), flushed and renamed over the old one, merged with
+// what the file held under an flock of FILE.lock, so servers of GPUs of one compute capability
+// and of isolation groups add to one another's verdicts and a reader never sees half a file.
+//
+// kScanRules must change with every change to image_globals.cpp, or stale verdicts would skip
+// a scan that now refuses what it once allowed: image_verdicts_test pins the rules to a SHA-256
+// of that file and fails until both are raised together.
 //
 // Format, text: the line "mpsshim image verdicts rules=N", then one line per image: 64
 // lowercase hex digits of its digest (image_cache.hpp), a space, "shared" or "private".
@@ -53,6 +58,6 @@ tl::expected<std::size_t, std::string> write_verdicts(const std::string& path,
 // many (or why none). Nothing when `dir` is empty or sharing is off.
 void adopt_kept_verdicts(ImageCache& cache, const std::string& dir, DeviceArch device);
 // At its orderly end: writes the cache's verdicts there, and logs how many (or why not).
-void keep_verdicts(ImageCache& cache, const std::string& dir, DeviceArch device);
+void keep_verdicts(ImageCache& cache, const std::string& dir, DeviceArch device) noexcept;
 
 }  // namespace mpsshim::server
