@@ -16,6 +16,7 @@
 #include "broker/server/images/image_cache.hpp"
 #include "tests/server/fatbin_builder.hpp"
 #include "tests/server/harness.hpp"
+#include "tests/server/library_load.hpp"
 
 namespace mpsshim::server::test {
 namespace {
@@ -37,17 +38,6 @@ CUlibrary fake_library(std::uintptr_t n) {
 
 std::span<const std::byte> bytes_of(const char* text) {
   return {reinterpret_cast<const std::byte*>(text), std::strlen(text)};
-}
-
-// The client's library image, sent as a memfd under `token`; its handle.
-std::uint64_t load_library_image(TestClient& client, std::uint64_t ctx,
-                                 const std::vector<std::byte>& image, std::uint32_t token) {
-  client.send_memfd(proto::MessageKind::kModuleImage, token, image.size(), image);
-  auto reply =
-      client.call(proto::Op::kImageLoad,
-                  proto::ImageLoadReq{ctx, image.size(), token, proto::ImageKind::kLibrary, 0, 0});
-  REQUIRE(reply.result == CUDA_SUCCESS);
-  return reply.as<proto::ImageLoadRep>().handle;
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 
 #include "tests/server/fatbin_builder.hpp"
 #include "tests/server/harness.hpp"
+#include "tests/server/library_load.hpp"
 
 namespace mpsshim::server::test {
 namespace {
@@ -56,16 +57,6 @@ std::string read_text(const std::string& path) {
 const std::string kHeader = "mpsshim image verdicts rules=" + std::to_string(kScanRules) + "\n";
 const std::string kLine =
     "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f shared\n";
-
-std::uint64_t load_library_image(TestClient& client, std::uint64_t ctx,
-                                 const std::vector<std::byte>& image, std::uint32_t token) {
-  client.send_memfd(proto::MessageKind::kModuleImage, token, image.size(), image);
-  auto reply =
-      client.call(proto::Op::kImageLoad,
-                  proto::ImageLoadReq{ctx, image.size(), token, proto::ImageKind::kLibrary, 0, 0});
-  REQUIRE(reply.result == CUDA_SUCCESS);
-  return reply.as<proto::ImageLoadRep>().handle;
-}
 
 }  // namespace
 
