@@ -77,10 +77,12 @@ def check_machine_cpu(source: str, harness: str, out: str) -> None:
         fail("a window with a followed process gone was measured")
     # process_ticks follows children: this process's ticks grow by a busy child's CPU.
     before = process_ticks([os.getpid()])
+    # It spins until it has used 0.3 s of CPU, not of wall time: on a loaded machine (CI's two
+    # cores building) half a second of wall time gave it fewer ticks than the check needs.
     child = subprocess.Popen([sys.executable, "-c",
-                              "import time\nt = time.time()\nwhile time.time() - t < 0.5: pass\n"
+                              "import time\nwhile time.process_time() < 0.3: pass\n"
                               "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         with open(f"/proc/{child.pid}/stat") as f:
             child_ticks = sum(int(v) for v in f.read().rsplit(")", 1)[1].split()[11:13])

@@ -29,8 +29,8 @@ TITLE = "PyTorch start to first result (bench/startup_client.py)"
 ESTIMATE_S = (60, 60)  # seconds per mode and repetition: --quick, --full
 PROGRAM = "startup_client"
 
-# metric -> (label, unit, better: "lower" | "higher" | None)
 CLIENTS = ("first", "cold", "warm")
+# metric -> (label, unit, better: "lower" | "higher" | None)
 METRICS = {
     "first_s": ("first client after the first start: process start to first result", "s",
                 "lower"),
@@ -71,10 +71,10 @@ def run(h, mode, rep):
     if not getattr(h, "startup_disk_warm", False) and not h.args.dry_run:
         one_client(h, "native", f"startup.disk.{rep}")
         h.startup_disk_warm = True
-    verdicts = os.path.join(h.work, f"verdicts.{mode}.{rep}")
-    shutil.rmtree(verdicts, ignore_errors=True)
-    os.makedirs(verdicts, mode=0o755)
-    if is_shim(mode):
+    if is_shim(mode):  # a new, empty directory: the first start scans every image
+        verdicts = os.path.join(h.work, f"verdicts.{mode}.{rep}")
+        shutil.rmtree(verdicts, ignore_errors=True)
+        os.makedirs(verdicts, mode=0o755)
         h.extra_shim_args = ["--image-verdict-dir", verdicts]
     try:
         for which in CLIENTS:
