@@ -18,18 +18,24 @@ def fail(message: str) -> None:
     sys.exit(1)
 
 
+def dry_run(harness: str, out: str, results: str, workload: str, modes: list[str]) -> str:
+    """Runs the harness with --dry-run on one workload; its log (stdout and stderr)."""
+    run = subprocess.run(
+        [sys.executable, harness, "--build-dir", out, "--out", results, "--dry-run",
+         "--workloads", workload, "--modes", ",".join(modes), "--reps", "1"],
+        capture_output=True, text=True, timeout=300)
+    log = run.stdout + run.stderr
+    if run.returncode != 0:
+        fail(f"harness ({workload}) exited {run.returncode}:\n{log}")
+    return log
+
+
 def check_multigpu(harness: str, out: str) -> None:
     """The multigpu workload: peer copies, NCCL with multicast off, small kernels split over two
     GPUs by CUDA_VISIBLE_DEVICES; every figure parsed in every mode, the ratio computed."""
     modes = ["native", "mps", "shim"]
     results = os.path.join(out, "multigpu")
-    run = subprocess.run(
-        [sys.executable, harness, "--build-dir", out, "--out", results, "--dry-run",
-         "--workloads", "multigpu", "--modes", ",".join(modes), "--reps", "1"],
-        capture_output=True, text=True, timeout=300)
-    log = run.stdout + run.stderr
-    if run.returncode != 0:
-        fail(f"harness (multigpu) exited {run.returncode}:\n{log}")
+    log = dry_run(harness, out, results, "multigpu", modes)
     for needed in ["CUDA_VISIBLE_DEVICES=1", "CUDA_VISIBLE_DEVICES=0", "NCCL_NVLS_ENABLE=0",
                    "nccl_collectives.py --ranks 2 --bench", "peer_copy"]:
         if needed not in log:
@@ -95,13 +101,7 @@ def check_machine_cpu(source: str, harness: str, out: str) -> None:
         fail(f"process_ticks did not count a busy child: {before} -> {during}")
     modes = ["native", "mps", "shim"]
     results = os.path.join(out, "concurrency")
-    run = subprocess.run(
-        [sys.executable, harness, "--build-dir", out, "--out", results, "--dry-run",
-         "--workloads", "concurrency", "--modes", ",".join(modes), "--reps", "1"],
-        capture_output=True, text=True, timeout=300)
-    log = run.stdout + run.stderr
-    if run.returncode != 0:
-        fail(f"harness (concurrency) exited {run.returncode}:\n{log}")
+    log = dry_run(harness, out, results, "concurrency", modes)
     with open(os.path.join(results, "results.csv")) as f:
         rows = list(csv.DictReader(f))
     for mode in modes:
@@ -127,13 +127,7 @@ def check_startup(harness: str, out: str) -> None:
     parsed from the client's stamps and reported."""
     modes = ["native", "mps", "shim"]
     results = os.path.join(out, "startup")
-    run = subprocess.run(
-        [sys.executable, harness, "--build-dir", out, "--out", results, "--dry-run",
-         "--workloads", "startup", "--modes", ",".join(modes), "--reps", "1"],
-        capture_output=True, text=True, timeout=300)
-    log = run.stdout + run.stderr
-    if run.returncode != 0:
-        fail(f"harness (startup) exited {run.returncode}:\n{log}")
+    log = dry_run(harness, out, results, "startup", modes)
     for daemon in ("--runtime-dir", "nvidia-cuda-mps-control -d"):  # mpsshimd's, MPS's
         starts = sum(1 for line in log.splitlines() if "dry run:" in line and daemon in line)
         if starts != 3:
@@ -166,13 +160,7 @@ def main() -> int:
     source = os.path.abspath(sys.argv[1])
     harness = os.path.join(source, "bench", "harness.py")
     with tempfile.TemporaryDirectory() as out:
-        run = subprocess.run(
-            [sys.executable, harness, "--build-dir", out, "--out", os.path.join(out, "r"),
-             "--dry-run", "--workloads", "priority", "--modes", ",".join(MODES), "--reps", "1"],
-            capture_output=True, text=True, timeout=300)
-        log = run.stdout + run.stderr
-        if run.returncode != 0:
-            fail(f"harness exited {run.returncode}:\n{log}")
+        log = dry_run(harness, out, os.path.join(out, "r"), "priority", MODES)
         # The commands it would have run: low-priority clients with CUDA_MPS_CLIENT_PRIORITY=1,
         # the high-priority one with 0, shim-noprio's daemon without priority scheduling and
         # shim-noreserve's without SMs reserved for the high-priority client.
