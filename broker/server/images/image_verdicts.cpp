@@ -184,7 +184,10 @@ void adopt_kept_verdicts(ImageCache& cache, const std::string& dir, DeviceArch d
   const std::string path = verdict_file(dir, device);
   auto kept = read_verdicts(path);
   if (!kept) {
-    log_warn("image verdicts: {} ignored: {}", path, kept.error());
+    log_warn(
+        "image verdicts: {} ignored ({}); every image is scanned, and the server replaces the "
+        "file with its own verdicts at its orderly end",
+        path, kept.error());
     return;
   }
   cache.adopt(*kept);
