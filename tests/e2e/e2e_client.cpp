@@ -432,10 +432,10 @@ int idle_sync() {
   return after != CUDA_SUCCESS ? 0 : 1;
 }
 
-// Three 30 ms kernels on a stream, each followed by a synchronize that must wait for it and
+// `rounds` 30 ms kernels on a stream, each followed by a synchronize that must wait for it and
 // then see its result (the worker may sleep through the wait: fence_watch.hpp). Prints READY,
 // then waits for stdin to close so the test can read the server's figures meanwhile.
-int watched_sync() {
+int watched_sync(unsigned rounds) {
   Setup s = setup();
   CUfunction sleeper{}, fill{};
   CHECK(cuModuleGetFunction(&sleeper, s.module, "sleep_kernel"));
@@ -445,7 +445,7 @@ int watched_sync() {
   constexpr int kWords = 64;
   CUdeviceptr out;
   CHECK(cuMemAlloc(&out, kWords * sizeof(unsigned)));
-  for (unsigned round = 1; round <= 3; ++round) {
+  for (unsigned round = 1; round <= rounds; ++round) {
     int us = 30'000;
     int n = kWords;
     void* sleep_args[] = {&us};
@@ -2395,7 +2395,7 @@ int main(int argc, char** argv) {
   if (mode == "library_kernels") return library_kernels(arg != 0);
   if (mode == "occupancy") return occupancy();
   if (mode == "idle_sync") return idle_sync();
-  if (mode == "watched_sync") return watched_sync();
+  if (mode == "watched_sync") return watched_sync(arg ? static_cast<unsigned>(arg) : 3);
   if (mode == "hog") return hog(arg ? arg : 256);
   if (mode == "resident") return resident(arg ? arg : 8);
   if (mode == "holder") return holder(arg ? arg : 8);
