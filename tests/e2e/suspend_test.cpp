@@ -220,3 +220,135 @@ TEST_CASE(
     CHECK(log.find(ready) == log.rfind(ready));
   }
 }
+
+namespace {
+
+constexpr int kMixedRounds = 3000;
+
+std::unique_ptr<Child> mixed(const Daemon& daemon) {
+  auto child =
+      std::make_unique<Child>(std::vector<std::string>{artefact("E2E_SUSPEND_CLIENT"), "mixed",
+                                                       std::to_string(kMixedRounds)},
+                              daemon.client_env(), true);
+  REQUIRE(child->wait_for_output("READY", 60s));
+  return child;
+}
+
+// The client's "RESULT <hex>" once it passed, or empty.
+std::string result_of(Child& child) {
+  const Outcome o = child.wait(120s);
+  INFO(o.out << o.err);
+  CHECK(o.exit_code == 0);
+  CHECK(said(o).find("PASS mixed") != std::string::npos);
+  const std::size_t at = o.out.find("RESULT ");
+  return at == std::string::npos ? std::string() : o.out.substr(at + 7, 16);
+}
+
+// Its cuMemAlloc (16 MiB), pool (4 MiB) and VMM (4 granules of 2 MiB) memory.
+constexpr long long kMixedHeld = (16 + 4 + 8) * kMiB;
+
+}  // namespace
+
+TEST_CASE(
+    "a client with memory, a pool, a module, streams, events, a graph and VMM mappings is "
+    "suspended and resumed mid-run and ends as an uninterrupted run",
+    "[e2e][suspend]") {
+  Daemon daemon({"--context-idle-timeout", "-1"});
+  const long long idle = device_bytes(daemon);
+  std::string uninterrupted;
+  {
+    auto run = mixed(daemon);
+    uninterrupted = result_of(*run);
+    REQUIRE(uninterrupted.size() == 16);
+  }
+  REQUIRE(eventually([&] { return device_bytes(daemon) == idle; }));
+  auto run = mixed(daemon);
+  const std::string pid = std::to_string(run->pid());
+  for (int round = 0; round < 3; ++round) {
+    INFO("round " << round);
+    const long long held = device_bytes(daemon);
+    const Outcome suspended = daemon.ctl({"suspend", "0", pid});
+    INFO(said(suspended) << daemon.log());
+    REQUIRE(suspended.exit_code == 0);
+    const nlohmann::json entry = ps_entry(daemon, run->pid());
+    REQUIRE(entry.is_object());
+    CHECK(entry["state"] == "suspended");
+    // Its physical allocations were parked with the rest, and left the device with it.
+    CHECK(entry["parked_bytes"].get<long long>() >= kMixedHeld);
+    CHECK(device_bytes(daemon) <= held - kMixedHeld);
+    const long long launches = entry["launches"].get<long long>();
+    std::this_thread::sleep_for(100ms);
+    CHECK(ps_entry(daemon, run->pid())["launches"].get<long long>() == launches);
+    const Outcome resumed = daemon.ctl({"resume", "0", pid});
+    INFO(said(resumed));
+    REQUIRE(resumed.exit_code == 0);
+    // Resumed mid-run: its threads go on launching.
+    if (round == 0) {
+      CHECK(eventually(
+          [&] { return ps_entry(daemon, run->pid())["launches"].get<long long>() > launches; }));
+    }
+  }
+  CHECK(result_of(*run) == uninterrupted);
+  CHECK(eventually([&] { return device_bytes(daemon) == idle; }));
+}
+
+TEST_CASE(
+    "a resume with no room for the cuMemAlloc memory takes the VMM memory it put back off the "
+    "GPU again",
+    "[e2e][suspend]") {
+  Daemon daemon({}, kSmallGpu);
+  auto run = mixed(daemon);
+  const std::string pid = std::to_string(run->pid());
+  REQUIRE(daemon.ctl({"suspend", "0", pid}).exit_code == 0);
+  // 72 MiB taken: the 8 MiB of VMM memory fit back, the 20 MiB of cuMemAlloc memory do not.
+  auto other =
+      std::make_unique<Child>(std::vector<std::string>{client(), "hog", "72"}, daemon.client_env());
+  REQUIRE(other->wait_for_output("READY", 60s));
+  const long long with_other = device_bytes(daemon);
+  const Outcome refused = daemon.ctl({"resume", "0", pid});
+  INFO(said(refused) << daemon.log());
+  CHECK(refused.exit_code != 0);
+  CHECK(said(refused).find("CUDA_ERROR_OUT_OF_MEMORY") != std::string::npos);
+  CHECK(ps_entry(daemon, run->pid())["state"] == "suspended");
+  CHECK(device_bytes(daemon) == with_other);
+  other->kill(SIGKILL);
+  other->wait();
+  CHECK(eventually([&] { return daemon.ctl({"resume", "0", pid}).exit_code == 0; }));
+  CHECK(result_of(*run).size() == 16);
+}
+
+TEST_CASE("a client killed while its VMM memory is parked leaves nothing behind",
+          "[e2e][suspend]") {
+  Daemon daemon({"--context-idle-timeout", "-1"});
+  const auto before = daemon.driver_objects();
+  REQUIRE(before.count("physical") == 1);
+  auto run = mixed(daemon);
+  REQUIRE(daemon.ctl({"suspend", "0", std::to_string(run->pid())}).exit_code == 0);
+  CHECK(daemon.driver_objects()["physical"] < before.at("physical") + 2);  // A and B released
+  run->kill(SIGKILL);
+  run->wait();
+  CHECK(eventually([&] { return ps_pids(daemon).empty(); }));
+  CHECK(eventually([&] { return device_bytes(daemon) == before.at("device_bytes"); }));
+  const auto after = daemon.driver_objects();
+  CHECK(after.at("physical") == before.at("physical"));
+  CHECK(after.at("vmm") == before.at("vmm"));
+  INFO(daemon.log());
+  // Nothing parked was unmapped or released as if it were on the device.
+  CHECK(daemon.log().find("failed while freeing") == std::string::npos);
+}
+
+TEST_CASE("a physical allocation handed to another process as an fd is not suspended",
+          "[e2e][suspend]") {
+  Daemon daemon;
+  const std::string socket_path = daemon.dir() + "/share";
+  Child owner({artefact("E2E_VMM_CLIENT"), "share-owner", socket_path}, daemon.client_env());
+  REQUIRE(owner.wait_for_output("READY", 60s));
+  const Outcome o = daemon.ctl({"suspend", "0", std::to_string(owner.pid())});
+  INFO(said(o));
+  CHECK(o.exit_code != 0);
+  CHECK(said(o).find("cannot be suspended: it handed a physical allocation of its own") !=
+        std::string::npos);
+  CHECK(ps_entry(daemon, owner.pid())["state"] == "active");
+  owner.kill(SIGKILL);
+  owner.wait();
+}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of mpsshimctl suspend / resume (docs/suspend.md). A PyTorch training loop holding
-# 4 GiB beside its model is suspended mid-run and resumed: while suspended, `ps` shows it
+# 4 GiB beside its model is suspended mid-run and resumed, once with PyTorch's caching allocator
+# and once with its expandable segments (cuMemCreate memory): while suspended, `ps` shows it
 # suspended with its memory parked and it makes no progress; its final weights, its inference
 # output and the held bytes must equal those of an uninterrupted run under the shim. Then, for
 # each size in SUSPEND_SIZES_GIB (default "1"), a client holding that much is suspended and
@@ -27,44 +28,56 @@ shim() { env LD_PRELOAD="$SHIM" CUDA_MPS_PIPE_DIRECTORY="$RT" "$@"; }
 fail=0
 STEPS=8000
 
-# ---- a training loop suspended mid-run ---------------------------------------------------------
-shim python3 "$CLIENT" train "$STEPS" 4 >"$OUT/uninterrupted.out" 2>&1
-shim python3 "$CLIENT" train "$STEPS" 4 >"$OUT/suspended.out" 2>&1 &
-TRAIN=$!
-for _ in $(seq 600); do grep -q '^STEP 400 ' "$OUT/suspended.out" && break; sleep 0.05; done
-pid=$(sed -n 's/^STEP .* pid=\([0-9]*\).*/\1/p' "$OUT/suspended.out" | head -1)
-if [ -z "$pid" ]; then
-  echo "FAIL: the training loop did not start"; fail=1
-else
-  ctl suspend 0 "$pid" | tee "$OUT/suspend-train.out" || fail=1
-  ctl ps --json >"$OUT/ps-suspended.json"
-  steps_then=$(grep -c '^STEP' "$OUT/suspended.out")
-  sleep 1  # a window in which an unsuspended loop prints dozens of STEP lines
-  steps_later=$(grep -c '^STEP' "$OUT/suspended.out")
-  # A client left suspended would never finish: it is killed instead.
-  ctl resume 0 "$pid" | tee "$OUT/resume-train.out" || { fail=1; kill -9 "$TRAIN"; }
-  python3 - "$OUT/ps-suspended.json" "$pid" "$steps_then" "$steps_later" <<'PY' || fail=1
+# ---- a training loop suspended mid-run, with each of PyTorch's allocators ----------------------
+# train_check NAME ALLOC_CONF: the caching allocator ("" : cuMemAlloc memory) or expandable
+# segments (cuMemCreate physical allocations mapped into reserved ranges, docs/vmm.md).
+train_check() {
+  local name=$1 conf=$2 pid
+  local o=$OUT/$name
+  mkdir -p "$o"
+  PYTORCH_CUDA_ALLOC_CONF=$conf shim python3 "$CLIENT" train "$STEPS" 4 >"$o/uninterrupted.out" 2>&1
+  PYTORCH_CUDA_ALLOC_CONF=$conf shim python3 "$CLIENT" train "$STEPS" 4 >"$o/suspended.out" 2>&1 &
+  local train=$!
+  for _ in $(seq 600); do grep -q '^STEP 400 ' "$o/suspended.out" && break; sleep 0.05; done
+  pid=$(sed -n 's/^STEP .* pid=\([0-9]*\).*/\1/p' "$o/suspended.out" | head -1)
+  if [ -z "$pid" ]; then
+    echo "FAIL ($name): the training loop did not start"; fail=1
+  else
+    ctl suspend 0 "$pid" | tee "$o/suspend-train.out" || fail=1
+    ctl ps --json >"$o/ps-suspended.json"
+    local steps_then steps_later
+    steps_then=$(grep -c '^STEP' "$o/suspended.out")
+    sleep 1  # a window in which an unsuspended loop prints dozens of STEP lines
+    steps_later=$(grep -c '^STEP' "$o/suspended.out")
+    # A client left suspended would never finish: it is killed instead.
+    ctl resume 0 "$pid" | tee "$o/resume-train.out" || { fail=1; kill -9 "$train"; }
+    python3 - "$o/ps-suspended.json" "$pid" "$steps_then" "$steps_later" "$name" <<'PY' || fail=1
 import json, sys
 clients = json.load(open(sys.argv[1]))["clients"]
 me = [c for c in clients if c["pid"] == int(sys.argv[2])][0]
 then, later = int(sys.argv[3]), int(sys.argv[4])
-print(f"while suspended: state={me['state']} parked={me['parked_bytes'] / 2**30:.2f} GiB "
-      f"memory={me['memory_used_bytes'] / 2**30:.2f} GiB; STEP lines {then} -> {later} over 1 s")
+print(f"{sys.argv[5]}: while suspended: state={me['state']} "
+      f"parked={me['parked_bytes'] / 2**30:.2f} GiB memory={me['memory_used_bytes'] / 2**30:.2f} "
+      f"GiB; STEP lines {then} -> {later} over 1 s")
 ok = me["state"] == "suspended" and me["parked_bytes"] >= 4 << 30 and then == later
 print("PASS" if ok else "FAIL: expected suspended, >= 4 GiB parked and no progress")
 sys.exit(0 if ok else 1)
 PY
-fi
-wait "$TRAIN" || { echo "FAIL: the suspended run exited $?"; fail=1; }
-a=$(grep '^RESULT' "$OUT/uninterrupted.out")
-b=$(grep '^RESULT' "$OUT/suspended.out")
-echo "uninterrupted: $a"
-echo "suspended:     $b"
-if [ -z "$a" ] || [ "$a" != "$b" ] || [[ "$b" != *held_ok=True* ]]; then
-  echo "FAIL: the suspended run's weights, output or held bytes differ"; fail=1
-else
-  echo "PASS: identical weights, output and held bytes"
-fi
+  fi
+  wait "$train" || { echo "FAIL ($name): the suspended run exited $?"; fail=1; }
+  local a b
+  a=$(grep '^RESULT' "$o/uninterrupted.out")
+  b=$(grep '^RESULT' "$o/suspended.out")
+  echo "$name uninterrupted: $a"
+  echo "$name suspended:     $b"
+  if [ -z "$a" ] || [ "$a" != "$b" ] || [[ "$b" != *held_ok=True* ]]; then
+    echo "FAIL ($name): the suspended run's weights, output or held bytes differ"; fail=1
+  else
+    echo "PASS ($name): identical weights, output and held bytes"
+  fi
+}
+train_check caching ""
+train_check expandable "expandable_segments:True"
 
 # ---- copy rates by size --------------------------------------------------------------------------
 echo "size_gib suspend_s suspend_rate resume_s resume_rate bytes_ok"

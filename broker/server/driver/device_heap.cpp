@@ -440,6 +440,31 @@ tl::expected<std::uint64_t, CUresult> DeviceHeap::unpark(std::uint64_t owner, CU
   return back;
 }
 
+tl::expected<DeviceHeap::HostCopy, CUresult> DeviceHeap::copy_to_host(std::uint64_t bytes,
+                                                                      CUstream stream,
+                                                                      const ParkPieceFn& copy) {
+  if (void* host = pool_ != nullptr ? pool_->take(bytes) : nullptr) {
+    if (CUresult r = for_each_parked_piece(host, bytes, copy); r != CUDA_SUCCESS) {
+      cu_.cuStreamSynchronize(stream);  // nothing may still write into the range given back
+      pool_->give(host, bytes);
+      return tl::unexpected(r);
+    }
+    return HostCopy{host, true};
+  }
+  if (!host_can_hold(bytes)) return tl::unexpected(CUDA_ERROR_OUT_OF_MEMORY);
+  auto host = pin_parked(cu_, bytes, stream, copy);
+  if (!host) return tl::unexpected(host.error());
+  return HostCopy{*host, false};
+}
+
+void DeviceHeap::release_host(CUcontext context, void* host, std::uint64_t bytes) {
+  if (pool_ != nullptr && pool_->holds(host)) {
+    pool_->give(host, bytes);
+  } else {
+    releaser_.release(context, host, bytes);
+  }
+}
+
 void DeviceHeap::unpin(void* host, std::uint64_t bytes) {
   if (pool_ != nullptr && pool_->holds(host)) {
     pool_->give(host, bytes);

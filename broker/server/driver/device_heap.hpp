@@ -108,6 +108,22 @@ class DeviceHeap {
   // Set before any session; null: none.
   void set_park_pool(ParkPool* pool) { pool_ = pool; }
 
+  // Parking memory that is not a block of this heap (a client's own cuMemCreate allocations,
+  // session/vmm_park.hpp), with the same host memory as park and unpark.
+  // `bytes` of host memory, `copy` called for each piece of it to queue the copies into it: a
+  // range of the park pool when it has room, else pinned fresh (the host must be able to hold it:
+  // CUDA_ERROR_OUT_OF_MEMORY). The copies are not waited for; on an error, nothing is held.
+  struct HostCopy {
+    void* host = nullptr;
+    bool pooled = false;
+  };
+  tl::expected<HostCopy, CUresult> copy_to_host(std::uint64_t bytes, CUstream stream,
+                                                const ParkPieceFn& copy);
+  // Host memory copy_to_host gave, back at once (unpin) or, once a resume no longer needs it,
+  // on the heap's thread in `context` (release_host).
+  void unpin(void* host, std::uint64_t bytes);
+  void release_host(CUcontext context, void* host, std::uint64_t bytes);
+
   struct Figures {
     std::uint64_t physical_bytes = 0;  // what cuMemCreate holds for this heap
     std::uint64_t parked_bytes = 0;    // blocks of suspended clients, on the host
@@ -137,8 +153,6 @@ class DeviceHeap {
   tl::expected<CUdeviceptr, CUresult> map_block(std::uint64_t bytes, std::uint64_t alignment);
   // Unmaps and releases the block (frees its host copy when parked) and gives its addresses back.
   void unmap_block(CUdeviceptr base, const Block& block);
-  // Gives back a parked block's host memory: to the pool when it is the pool's, else unpinned.
-  void unpin(void* host, std::uint64_t bytes);
   // Under mutex_: the owner's blocks, parked or not.
   std::vector<CUdeviceptr> blocks_of_locked(std::uint64_t owner, bool parked) const;
   // Under mutex_: a small allocation in one of the owner's chunks, or 0.

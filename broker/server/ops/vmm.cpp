@@ -26,7 +26,8 @@ CUresult refuse_unsupported(const Session& session, const char* what) {
   return CUDA_ERROR_NOT_SUPPORTED;
 }
 
-// The properties the driver gets: the client's, on the server's own device.
+}  // namespace
+
 CUresult driver_prop(const Session& session, const proto::VmmProp& wire, CUmemAllocationProp* out) {
   if (wire.type == CU_MEM_ALLOCATION_TYPE_MANAGED) {
     return refuse_unsupported(session, "managed VMM memory (CU_MEM_ALLOCATION_TYPE_MANAGED)");
@@ -52,6 +53,8 @@ CUresult driver_prop(const Session& session, const proto::VmmProp& wire, CUmemAl
   out->allocFlags.usage = wire.usage;
   return CUDA_SUCCESS;
 }
+
+namespace {
 
 bool wraps(std::uint64_t address, std::uint64_t bytes) {
   return bytes > std::numeric_limits<std::uint64_t>::max() - address;
@@ -208,6 +211,8 @@ OpResult op_vmm_export(Call& call) {
       r != CUDA_SUCCESS) {
     return call.done(r);
   }
+  // Marked before it is sent: a send that fails part-way may still have passed the fd.
+  allocation->exported = true;
   if (CUresult r = send_memory_fd(session, proto::UniqueFd(exported), allocation->bytes);
       r != CUDA_SUCCESS) {
     return call.done(r);
@@ -468,7 +473,11 @@ void free_virtual_memory(Session& session, FreedTally& tally) {
     }
   };
   for (const auto& [base, mapping] : session.vmm.mappings) {
-    warn_if_failed(cu.cuMemUnmap(base, static_cast<std::size_t>(mapping.bytes)), "cuMemUnmap");
+    // A suspended client's parked allocations are mapped nowhere (session/vmm_park.hpp).
+    const PhysicalAllocObj* allocation = session.objects.get<PhysicalAllocObj>(mapping.allocation);
+    if (allocation == nullptr || allocation->handle != 0) {
+      warn_if_failed(cu.cuMemUnmap(base, static_cast<std::size_t>(mapping.bytes)), "cuMemUnmap");
+    }
     ++tally.mappings;
   }
   session.vmm.mappings.clear();
@@ -476,11 +485,16 @@ void free_virtual_memory(Session& session, FreedTally& tally) {
   for (std::uint64_t id : session.objects.ids<PhysicalAllocObj>()) {
     auto allocation = session.objects.take<PhysicalAllocObj>(id);
     if (allocation->shared) unshare_physical(session, allocation->shared);
-    warn_if_failed(cu.cuMemRelease(allocation->handle), "cuMemRelease");
+    if (allocation->handle != 0)
+      warn_if_failed(cu.cuMemRelease(allocation->handle), "cuMemRelease");
     ++tally.physical_allocations;
     if (allocation->bytes != PhysicalAllocObj::kImportedBytes) {
       tally.physical_bytes += allocation->bytes;
     }
+  }
+  if (session.vmm.parked.host != nullptr) {
+    session.gpu().heap->unpin(session.vmm.parked.host, session.vmm.parked.bytes);
+    session.vmm.parked = {};
   }
   for (const auto& [base, reservation] : session.vmm.reservations) {
     free_reservation(session, base, reservation.bytes);

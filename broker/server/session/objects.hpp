@@ -208,6 +208,13 @@ struct PhysicalAllocObj {
   // registry's entry and the handle every export of it hands out.
   std::shared_ptr<IpcMemory> shared;
   proto::IpcHandle shared_handle{};
+  // Handed out as a POSIX fd (cuMemExportToShareableHandle): another process may map it.
+  bool exported = false;
+  // Its bytes are on the host while its client is suspended, at `parked_at` in the session's
+  // block of them (VirtualMemory::parked, session/vmm_park.hpp); `handle` is 0 while its device
+  // memory is given back.
+  bool parked = false;
+  std::uint64_t parked_at = 0;
 };
 
 // A JIT link of the client's (cuLinkCreate; ops/link.cpp). The driver writes its logs into

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "broker/server/driver/driver.hpp"
+#include "broker/server/session/vmm_park.hpp"
 #include "common/log.hpp"
 
 namespace mpsshim::server {
@@ -14,7 +15,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Why the session's memory cannot be parked now, or empty.
-std::string why_not_parkable(const Session& s) {
+std::string why_not_parkable(Session& s) {
   if (!s.gpu().heap) {
     return "this server lets the driver place device memory (no address arena), so the memory "
            "could not come back at the same addresses";
@@ -26,11 +27,7 @@ std::string why_not_parkable(const Session& s) {
     return "other clients or another GPU's server may use its memory (an IPC handle, also of "
            "memory it has freed since, or peer access)";
   }
-  if (s.objects.count<PhysicalAllocObj>() != 0) {
-    return fmt::format(
-        "it holds {} physical allocation(s) of its own (cuMemCreate), which are not parked",
-        s.objects.count<PhysicalAllocObj>());
-  }
+  if (std::string why = why_vmm_not_parkable(s); !why.empty()) return why;
   if (s.active_captures != 0) return "one of its streams is capturing a graph";
   return {};
 }
@@ -119,12 +116,23 @@ tl::expected<std::string, std::string> suspend_session(Session& s,
                                       describe(s.cu(), stream.result())));
   }
   const auto copy_start = Clock::now();
-  auto parked = s.gpu().heap->park(s.client.id, stream.get());
-  if (!parked) {
+  auto not_parked = [&](CUresult r) {
     return tl::unexpected(
         fmt::format("{} was not suspended: parking its memory on the host failed: {}", s.who(),
-                    describe(s.cu(), parked.error())));
+                    describe(s.cu(), r)));
+  };
+  // Its physical allocations are copied out first and released only once the heap's blocks are
+  // parked too: all or nothing (vmm_park.hpp).
+  auto vmm = copy_out_vmm(s, stream.get());
+  if (!vmm) return not_parked(vmm.error());
+  auto parked = s.gpu().heap->park(s.client.id, stream.get());
+  if (!parked) {
+    drop_vmm_copies(s);
+    return not_parked(parked.error());
   }
+  release_copied_vmm(s);
+  parked->bytes += vmm->bytes;
+  parked->pooled += vmm->pooled;
   const double copy_seconds = seconds_since(copy_start);
   s.suspension.on = true;
   s.suspension.by_policy = false;  // the memory policies mark their own (memory_arbiter.hpp)
@@ -151,12 +159,20 @@ tl::expected<std::string, std::string> resume_session(Session& s) {
                                       describe(s.cu(), stream.result())));
   }
   const auto start = Clock::now();
-  auto back = s.gpu().heap->unpark(s.client.id, stream.get(), s.gpu().primary);
-  if (!back) {
+  auto not_resumed = [&](CUresult r) {
     return tl::unexpected(fmt::format(
         "{} was not resumed and stays suspended: putting its {} back on the GPU failed: {}",
-        s.who(), format_bytes(s.suspension.parked_bytes), describe(s.cu(), back.error())));
+        s.who(), format_bytes(s.suspension.parked_bytes), describe(s.cu(), r)));
+  };
+  auto vmm = restore_vmm(s, stream.get());
+  if (!vmm) return not_resumed(vmm.error());
+  auto back = s.gpu().heap->unpark(s.client.id, stream.get(), s.gpu().primary);
+  if (!back) {
+    unrestore_vmm(s);
+    return not_resumed(back.error());
   }
+  free_vmm_copies(s, s.gpu().primary);
+  *back += *vmm;
   const double copy_seconds = seconds_since(start);
   const auto now = Clock::now();
   s.suspension.earlier = s.suspension.total(now);

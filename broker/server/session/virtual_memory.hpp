@@ -12,6 +12,8 @@
 #include <memory>
 #include <vector>
 
+#include "proto/ops_vmm.hpp"
+
 namespace mpsshim::server {
 
 class Session;
@@ -37,7 +39,15 @@ struct PeerBlock {
   CUmemGenericAllocationHandle handle = 0;
 };
 
+// A suspended client's physical allocations' bytes on the host: one block for all of them
+// (session/vmm_park.hpp), so that it is pinned in pieces as large as a cuMemAlloc block's.
+struct ParkedVmm {
+  void* host = nullptr;
+  std::uint64_t bytes = 0;
+};
+
 struct VirtualMemory {
+  ParkedVmm parked;
   std::map<std::uint64_t, VmmReservation> reservations;  // by base address
   std::map<std::uint64_t, VmmMapping> mappings;          // by base address
   std::map<std::uint64_t, PeerBlock> peer_blocks;        // by base address
@@ -46,6 +56,10 @@ struct VirtualMemory {
   std::map<std::uint64_t, std::shared_ptr<IpcMemory>> shared_opens;
   std::uint64_t last_shared_open = 0;
 };
+
+// The properties the driver gets for a physical allocation: the client's, on the server's own
+// device; CUDA_ERROR_NOT_SUPPORTED (logged) for what mpsshim does not serve (docs/vmm.md).
+CUresult driver_prop(const Session& session, const proto::VmmProp& wire, CUmemAllocationProp* out);
 
 // What one client may hold at once, so a client cannot make the server remember without bound.
 inline constexpr std::size_t kMaxVmmRanges = std::size_t{1} << 20;

@@ -1,0 +1,298 @@
+#include "broker/server/session/vmm_park.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "broker/server/driver/driver.hpp"
+#include "broker/server/session/session.hpp"
+#include "common/log.hpp"
+
+namespace mpsshim::server {
+namespace {
+
+// The client's own physical allocations: imported ones are another process's memory.
+std::vector<std::uint64_t> own_allocations(const Session& s) {
+  return s.objects.ids_where<PhysicalAllocObj>(
+      [](const PhysicalAllocObj& a) { return a.bytes != PhysicalAllocObj::kImportedBytes; });
+}
+
+CUmemAccessDesc device_access(const Session& s, std::uint32_t flags) {
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = s.gpu().device;
+  access.flags = static_cast<CUmemAccess_flags>(flags);
+  return access;
+}
+
+// The whole of a physical allocation mapped read-write at a free range of the server's arena,
+// for the copies out and in (the client's own mappings may cover only part of it, or none).
+// Unmapped at the end of scope: the caller waits for the copies first.
+class WholeView {
+ public:
+  WholeView(Session& s, CUmemGenericAllocationHandle handle, std::uint64_t bytes)
+      : s_(s), bytes_(bytes) {
+    DeviceHeap& heap = *s.gpu().heap;
+    auto at = heap.arena().take(bytes, heap.granularity());
+    if (!at) {
+      result_ = CUDA_ERROR_OUT_OF_MEMORY;
+      return;
+    }
+    address_ = *at;
+    if (result_ = s.cu().cuMemMap(address_, bytes, 0, handle, 0); result_ != CUDA_SUCCESS) return;
+    mapped_ = true;
+    const CUmemAccessDesc access = device_access(s, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    result_ = s.cu().cuMemSetAccess(address_, bytes, &access, 1);
+  }
+  ~WholeView() {
+    if (mapped_) s_.cu().cuMemUnmap(address_, bytes_);
+    if (address_ != 0) s_.gpu().heap->arena().give(address_, bytes_);
+  }
+  WholeView(const WholeView&) = delete;
+  WholeView& operator=(const WholeView&) = delete;
+
+  CUresult result() const { return result_; }
+  CUdeviceptr address() const { return address_; }
+
+ private:
+  Session& s_;
+  const std::uint64_t bytes_;
+  CUdeviceptr address_ = 0;
+  bool mapped_ = false;
+  CUresult result_ = CUDA_SUCCESS;
+};
+
+// A parked allocation during a copy: the address of its whole view, its place in the host block.
+struct Segment {
+  CUdeviceptr device = 0;
+  std::uint64_t at = 0;
+  std::uint64_t bytes = 0;
+};
+
+// Views of the allocations `ids` (their handles live), with their places in the host block
+// (PhysicalAllocObj::parked_at); the views stay mapped while this lives.
+struct ViewSet {
+  std::vector<std::unique_ptr<WholeView>> views;
+  std::vector<Segment> segments;  // by place in the block
+
+  CUresult open(Session& s, const std::vector<std::uint64_t>& ids) {
+    for (std::uint64_t id : ids) {
+      const PhysicalAllocObj& a = *s.objects.get<PhysicalAllocObj>(id);
+      views.push_back(std::make_unique<WholeView>(s, a.handle, a.bytes));
+      if (CUresult r = views.back()->result(); r != CUDA_SUCCESS) return r;
+      segments.push_back(Segment{views.back()->address(), a.parked_at, a.bytes});
+    }
+    std::sort(segments.begin(), segments.end(),
+              [](const Segment& x, const Segment& y) { return x.at < y.at; });
+    return CUDA_SUCCESS;
+  }
+
+  // Queues the copies between the block's piece [offset, offset + bytes), at `piece`, and the
+  // views it overlaps.
+  CUresult copy(const DriverTable& cu, void* piece, std::uint64_t offset, std::uint64_t bytes,
+                bool to_host, CUstream stream) const {
+    auto it = std::upper_bound(segments.begin(), segments.end(), offset,
+                               [](std::uint64_t o, const Segment& seg) { return o < seg.at; });
+    if (it != segments.begin()) --it;
+    const std::uint64_t end = offset + bytes;
+    for (; it != segments.end() && it->at < end; ++it) {
+      const std::uint64_t lo = std::max(offset, it->at), hi = std::min(end, it->at + it->bytes);
+      if (lo >= hi) continue;
+      void* host = static_cast<std::byte*>(piece) + (lo - offset);
+      const CUdeviceptr device = it->device + (lo - it->at);
+      const CUresult r = to_host ? cu.cuMemcpyDtoHAsync_v2(host, device, hi - lo, stream)
+                                 : cu.cuMemcpyHtoDAsync_v2(device, host, hi - lo, stream);
+      if (r != CUDA_SUCCESS) return r;
+    }
+    return CUDA_SUCCESS;
+  }
+};
+
+// Maps the client's range `base` onto its allocation's current handle, with its access.
+CUresult map_again(Session& s, std::uint64_t base, const VmmMapping& m,
+                   CUmemGenericAllocationHandle handle) {
+  if (CUresult r = s.cu().cuMemMap(base, m.bytes, m.offset, handle, 0); r != CUDA_SUCCESS) {
+    return r;
+  }
+  if (m.access == CU_MEM_ACCESS_FLAGS_PROT_NONE) return CUDA_SUCCESS;  // never given access
+  const CUmemAccessDesc access = device_access(s, m.access);
+  if (CUresult r = s.cu().cuMemSetAccess(base, m.bytes, &access, 1); r != CUDA_SUCCESS) {
+    s.cu().cuMemUnmap(base, m.bytes);
+    return r;
+  }
+  return CUDA_SUCCESS;
+}
+
+// The client's mappings onto `id`, by base.
+std::vector<std::uint64_t> mappings_of(const Session& s, std::uint64_t id) {
+  std::vector<std::uint64_t> bases;
+  for (const auto& [base, m] : s.vmm.mappings) {
+    if (m.allocation == id) bases.push_back(base);
+  }
+  return bases;
+}
+
+// Unmaps `mapped` (client ranges) and releases every parked allocation that has device memory
+// again: what restore_vmm made, undone. The host copies stay.
+void take_off_device(Session& s, const std::vector<std::uint64_t>& mapped) {
+  for (std::uint64_t base : mapped) s.cu().cuMemUnmap(base, s.vmm.mappings.at(base).bytes);
+  for (std::uint64_t id : own_allocations(s)) {
+    PhysicalAllocObj& a = *s.objects.get<PhysicalAllocObj>(id);
+    if (!a.parked || a.handle == 0) continue;
+    s.cu().cuMemRelease(a.handle);
+    a.handle = 0;
+  }
+}
+
+}  // namespace
+
+std::string why_vmm_not_parkable(Session& s) {
+  std::map<std::uint64_t, std::uint32_t> client_mappings;
+  for (const auto& [base, m] : s.vmm.mappings) ++client_mappings[m.allocation];
+  for (std::uint64_t id : own_allocations(s)) {
+    const PhysicalAllocObj& a = *s.objects.get<PhysicalAllocObj>(id);
+    if (a.exported || a.shared) {
+      return "it handed a physical allocation of its own (cuMemCreate) to other processes as a "
+             "shareable handle, and they may have mapped it";
+    }
+    // Each sparse array holding it counts one mapping beyond the client's ranges
+    // (ops/sparse_array.cpp).
+    if (a.mappings > client_mappings[id]) {
+      return "tiles of its sparse arrays are mapped onto a physical allocation of its own "
+             "(cuMemMapArrayAsync), and the server does not follow tiles to map them again";
+    }
+  }
+  return {};
+}
+
+tl::expected<VmmParked, CUresult> copy_out_vmm(Session& s, CUstream stream) {
+  const std::vector<std::uint64_t> ids = own_allocations(s);
+  std::uint64_t total = 0;
+  for (std::uint64_t id : ids) {
+    PhysicalAllocObj& a = *s.objects.get<PhysicalAllocObj>(id);
+    a.parked_at = total;
+    total += a.bytes;
+  }
+  if (total == 0) return VmmParked{};
+  ViewSet views;
+  if (CUresult r = views.open(s, ids); r != CUDA_SUCCESS) return tl::unexpected(r);
+  auto copy = s.gpu().heap->copy_to_host(
+      total, stream, [&](void* piece, std::uint64_t offset, std::uint64_t bytes) {
+        return views.copy(s.cu(), piece, offset, bytes, true, stream);
+      });
+  if (!copy) return tl::unexpected(copy.error());
+  if (CUresult r = s.cu().cuStreamSynchronize(stream); r != CUDA_SUCCESS) {
+    s.gpu().heap->unpin(copy->host, total);
+    return tl::unexpected(r);
+  }
+  s.vmm.parked = ParkedVmm{copy->host, total};
+  for (std::uint64_t id : ids) s.objects.get<PhysicalAllocObj>(id)->parked = true;
+  return VmmParked{total, copy->pooled ? total : 0};
+}
+
+void release_copied_vmm(Session& s) {
+  for (std::uint64_t id : own_allocations(s)) {
+    PhysicalAllocObj& a = *s.objects.get<PhysicalAllocObj>(id);
+    if (!a.parked) continue;
+    const std::vector<std::uint64_t> bases = mappings_of(s, id);
+    std::vector<std::uint64_t> unmapped;
+    CUresult failed = CUDA_SUCCESS;
+    for (std::uint64_t base : bases) {
+      if (failed = s.cu().cuMemUnmap(base, s.vmm.mappings.at(base).bytes); failed != CUDA_SUCCESS) {
+        break;
+      }
+      unmapped.push_back(base);
+    }
+    if (failed != CUDA_SUCCESS) {
+      // Still mapped, it could not be mapped again at resume: it stays on the device, whole.
+      log_warn("{}: unmapping a physical allocation to park failed, so it stays on the device: {}",
+               s.who(), describe(s.cu(), failed));
+      for (std::uint64_t base : unmapped) map_again(s, base, s.vmm.mappings.at(base), a.handle);
+      a.parked = false;  // its bytes in the block go with the block
+      continue;
+    }
+    if (CUresult r = s.cu().cuMemRelease(a.handle); r != CUDA_SUCCESS) {
+      log_warn("{}: cuMemRelease of a parked physical allocation failed: {}", s.who(),
+               describe(s.cu(), r));
+    }
+    a.handle = 0;
+  }
+}
+
+void drop_vmm_copies(Session& s) {
+  if (s.vmm.parked.host == nullptr) return;
+  s.gpu().heap->unpin(s.vmm.parked.host, s.vmm.parked.bytes);
+  s.vmm.parked = {};
+  for (std::uint64_t id : own_allocations(s)) s.objects.get<PhysicalAllocObj>(id)->parked = false;
+}
+
+tl::expected<std::uint64_t, CUresult> restore_vmm(Session& s, CUstream stream) {
+  std::vector<std::uint64_t> parked;
+  for (std::uint64_t id : own_allocations(s)) {
+    const PhysicalAllocObj& a = *s.objects.get<PhysicalAllocObj>(id);
+    if (a.parked && a.handle == 0) parked.push_back(id);
+  }
+  if (parked.empty()) return 0;
+  std::vector<std::uint64_t> mapped;
+  auto fail = [&](CUresult r) {
+    take_off_device(s, mapped);
+    return tl::unexpected(r);
+  };
+  // Every allocation gets its device memory before any byte moves: all or nothing.
+  for (std::uint64_t id : parked) {
+    PhysicalAllocObj& a = *s.objects.get<PhysicalAllocObj>(id);
+    CUmemAllocationProp prop;
+    if (CUresult r = driver_prop(s, a.prop, &prop); r != CUDA_SUCCESS) return fail(r);
+    CUmemGenericAllocationHandle handle = 0;
+    if (CUresult r = s.cu().cuMemCreate(&handle, a.bytes, &prop, 0); r != CUDA_SUCCESS) {
+      return fail(r);
+    }
+    a.handle = handle;
+  }
+  {
+    ViewSet views;
+    CUresult failed = views.open(s, parked);
+    if (failed == CUDA_SUCCESS) {
+      failed =
+          for_each_parked_piece(s.vmm.parked.host, s.vmm.parked.bytes,
+                                [&](void* piece, std::uint64_t offset, std::uint64_t bytes) {
+                                  return views.copy(s.cu(), piece, offset, bytes, false, stream);
+                                });
+      if (CUresult r = s.cu().cuStreamSynchronize(stream); failed == CUDA_SUCCESS) failed = r;
+    }
+    if (failed != CUDA_SUCCESS) return fail(failed);
+  }
+  std::uint64_t back = 0;
+  for (std::uint64_t id : parked) {
+    const PhysicalAllocObj& a = *s.objects.get<PhysicalAllocObj>(id);
+    for (std::uint64_t base : mappings_of(s, id)) {
+      if (CUresult r = map_again(s, base, s.vmm.mappings.at(base), a.handle); r != CUDA_SUCCESS) {
+        return fail(r);
+      }
+      mapped.push_back(base);
+    }
+    back += a.bytes;
+  }
+  return back;
+}
+
+void unrestore_vmm(Session& s) {
+  std::vector<std::uint64_t> mapped;
+  for (const auto& [base, m] : s.vmm.mappings) {
+    const PhysicalAllocObj* a = s.objects.get<PhysicalAllocObj>(m.allocation);
+    if (a != nullptr && a->parked && a->handle != 0) mapped.push_back(base);
+  }
+  take_off_device(s, mapped);
+}
+
+void free_vmm_copies(Session& s, CUcontext context) {
+  if (s.vmm.parked.host == nullptr) return;
+  s.gpu().heap->release_host(context, s.vmm.parked.host, s.vmm.parked.bytes);
+  s.vmm.parked = {};
+  for (std::uint64_t id : own_allocations(s)) s.objects.get<PhysicalAllocObj>(id)->parked = false;
+}
+
+}  // namespace mpsshim::server
