@@ -5,6 +5,8 @@
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
+#include <signal.h>
+
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -131,4 +133,70 @@ TEST_CASE("--memory-overcommit fails at once an allocation that could never fit"
   CHECK(huge.exit_code == 0);
   CHECK(huge.out.find("ALLOC 2\n") != std::string::npos);
   CHECK(daemon.log().find("could never fit") != std::string::npos);
+}
+
+namespace {
+
+// A vmm_client `hold MB` (one cuMemCreate mapped and written, then idle), started.
+std::unique_ptr<Child> vmm_holder(int megabytes, std::map<std::string, std::string> env) {
+  return std::make_unique<Child>(
+      std::vector<std::string>{artefact("E2E_VMM_CLIENT"), "hold", std::to_string(megabytes)}, env);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a cuMemCreate that does not fit waits for the policies as cuMemAlloc does, and a "
+    "client holding cuMemCreate memory can be preempted",
+    "[e2e][suspend][policy]") {
+  SECTION("preemption: a normal client's cuMemCreate suspends an idle below-normal one") {
+    Daemon daemon({"--memory-preemption", "on", "--preemption-idle-ms", "0"}, kSmallGpu);
+    auto idle = holder(48, daemon.client_env({{"CUDA_MPS_CLIENT_PRIORITY", "1"}}));
+    REQUIRE(idle->wait_for_output("READY", 60s));
+    {
+      auto normal = vmm_holder(64, daemon.client_env());
+      INFO(normal->out() << daemon.log());
+      REQUIRE(normal->wait_for_output("READY", 60s));
+      CHECK(daemon.log().find("cuMemCreate of 64 MiB does not fit on the GPU; it waits") !=
+            std::string::npos);
+      CHECK(state_of(daemon, idle->pid()) == "preempted");
+      normal->kill(SIGKILL);
+      normal->wait();
+    }
+    CHECK(eventually([&] { return state_of(daemon, idle->pid()) == "active"; }));
+    ends_with_its_bytes_intact(*idle);
+  }
+  SECTION("preemption: the idle below-normal client holding cuMemCreate memory makes room") {
+    Daemon daemon({"--memory-preemption", "on", "--preemption-idle-ms", "0"}, kSmallGpu);
+    auto idle = vmm_holder(48, daemon.client_env({{"CUDA_MPS_CLIENT_PRIORITY", "1"}}));
+    REQUIRE(idle->wait_for_output("READY", 60s));
+    auto normal = holder(64, daemon.client_env());
+    REQUIRE(normal->wait_for_output("READY", 60s));
+    INFO(normal->out() << daemon.log());
+    CHECK(normal->out().find("ALLOC 0\n") != std::string::npos);
+    const nlohmann::json entry = ps_entry(daemon, idle->pid());
+    REQUIRE(entry.is_object());
+    CHECK(entry["state"] == "preempted");
+    CHECK(entry["parked_bytes"].get<long long>() >= 48 * kMiB);
+    ends_with_its_bytes_intact(*normal);
+    CHECK(eventually([&] { return state_of(daemon, idle->pid()) == "active"; }));
+    idle->kill(SIGKILL);
+    idle->wait();
+  }
+  SECTION("overcommit: a cuMemCreate that does not fit waits suspended") {
+    Daemon daemon({"--memory-overcommit", "200"}, kSmallGpu);
+    const auto limited = daemon.client_env({{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=80M"}});
+    auto first = holder(64, limited);
+    REQUIRE(first->wait_for_output("READY", 60s));
+    auto second = vmm_holder(64, limited);
+    REQUIRE(eventually([&] { return state_of(daemon, second->pid()) == "mem-wait"; }));
+    CHECK(second->out().find("READY") == std::string::npos);
+    ends_with_its_bytes_intact(*first);
+    INFO(second->out() << daemon.log());
+    REQUIRE(second->wait_for_output("READY", 60s));
+    CHECK(daemon.log().find("its cuMemCreate of 64 MiB fits after") != std::string::npos);
+    CHECK(state_of(daemon, second->pid()) == "active");
+    second->kill(SIGKILL);
+    second->wait();
+  }
 }

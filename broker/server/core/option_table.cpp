@@ -246,9 +246,9 @@ constexpr std::array kOptions{
                  .value_name = "on|off",
                  .kind = kSwitch,
                  .default_value = "off",
-                 .help = "a normal-priority client's cuMemAlloc that does not fit suspends idle "
-                         "below-normal clients, least recently active first; they resume when "
-                         "the memory frees"},
+                 .help = "a normal-priority client's cuMemAlloc or cuMemCreate that does not "
+                         "fit suspends idle below-normal clients, least recently active first; "
+                         "they resume when the memory frees"},
     ServerOption{.setting = kPreemptionIdleMs,
                  .flag = "preemption-idle-ms",
                  .value_name = "N",
@@ -266,8 +266,9 @@ constexpr std::array kOptions{
                  .default_value = "0",
                  .default_text = "`off`",
                  .help = "admit clients while their memory limits add up to PERCENT of the GPU's "
-                         "memory at most (no limit counts as the whole GPU); a cuMemAlloc that "
-                         "does not fit waits suspended instead of failing; 0 or off: neither"},
+                         "memory at most (no limit counts as the whole GPU); a cuMemAlloc or "
+                         "cuMemCreate that does not fit waits suspended instead of failing; 0 or "
+                         "off: neither"},
     ServerOption{.setting = kParkPool,
                  .flag = "park-pool",
                  .value_name = "BYTES",

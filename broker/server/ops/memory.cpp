@@ -52,54 +52,65 @@ tl::expected<CUdeviceptr, CUresult> allocate_for_client(Session& session, std::u
   return dptr;
 }
 
-// A cuMemAlloc that did not fit, kept for a memory policy (scheduling/memory_arbiter.hpp) when
-// one applies to the client: its answer stays owed until the coordinator has it tried again.
-bool wait_for_memory(Call& call, std::uint64_t bytes, std::uint64_t ctx) {
+const char* what_waits(const MemoryWait& wait) {
+  return wait.call == MemoryWait::Call::kMemCreate ? "cuMemCreate" : "cuMemAlloc";
+}
+
+}  // namespace
+
+bool wait_for_memory(Call& call, MemoryWait wait) {
   Session& session = call.session;
   MemoryArbiter* arbiter = session.memory_arbiter;
   if (arbiter == nullptr || !call.has_reply_slot() || session.memory_wait.on ||
       !arbiter->may_wait(session.priority.below_normal)) {
     return false;
   }
-  MemoryWait& wait = session.memory_wait;
   wait.on = true;
   wait.slot = call.header.reply_slot;
-  wait.bytes = bytes;
-  wait.ctx = ctx;
   wait.taken_ns = session.stamps.record_taken_ns;
   wait.since = std::chrono::steady_clock::now();
+  session.memory_wait = wait;
   session.slot_busy[wait.slot] = 1;
-  log_info("{}: cuMemAlloc of {} does not fit on the GPU; it waits for a memory policy",
-           session.who(), format_bytes(bytes));
-  arbiter->want(MemoryWant{session.client.id, bytes, session.priority.below_normal});
+  log_info("{}: {} of {} does not fit on the GPU; it waits for a memory policy", session.who(),
+           what_waits(wait), format_bytes(wait.bytes));
+  arbiter->want(MemoryWant{session.client.id, wait.bytes, session.priority.below_normal});
   return true;
 }
-
-}  // namespace
 
 bool retry_waiting_allocation(Session& session, bool last_try) {
   MemoryWait& wait = session.memory_wait;
   if (!wait.on) return true;
-  tl::expected<CUdeviceptr, CUresult> placed = tl::unexpected(CUDA_ERROR_OUT_OF_MEMORY);
+  // The device pointer or the new handle's id: both answers are one 64-bit word
+  // (proto::MemAllocRep, proto::VmmHandleRep).
   // Its context may have been destroyed meanwhile, its limit lowered: then it fails as it would
-  // have at first.
-  if (session.objects.get<ContextObj>(wait.ctx) == nullptr) {
+  // have at first. Only the driver's CUDA_ERROR_OUT_OF_MEMORY waits on.
+  tl::expected<std::uint64_t, CUresult> placed = tl::unexpected(CUDA_ERROR_OUT_OF_MEMORY);
+  bool over_limit = false;
+  if (wait.call == MemoryWait::Call::kMemCreate) {
+    placed = retry_vmm_create(session, wait, over_limit);
+  } else if (session.objects.get<ContextObj>(wait.ctx) == nullptr) {
     placed = tl::unexpected(CUDA_ERROR_INVALID_CONTEXT);
   } else if (auto held = session.charge.reserve(wait.bytes)) {
     placed = allocate_for_client(session, wait.bytes, wait.ctx, *held);
-    if (!placed && placed.error() == CUDA_ERROR_OUT_OF_MEMORY && !last_try) return false;
+  } else {
+    over_limit = true;
+  }
+  if (!placed && placed.error() == CUDA_ERROR_OUT_OF_MEMORY && !over_limit && !last_try) {
+    return false;
   }
   wait.on = false;
   const auto waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - wait.since);
   if (placed) {
-    log_info("{}: its cuMemAlloc of {} fits after {:.3f} s waiting", session.who(),
+    log_info("{}: its {} of {} fits after {:.3f} s waiting", session.who(), what_waits(wait),
              format_bytes(wait.bytes), waited.count());
-    const proto::MemAllocRep rep{*placed};
+    static_assert(sizeof(proto::MemAllocRep) == sizeof(std::uint64_t) &&
+                  sizeof(proto::VmmHandleRep) == sizeof(std::uint64_t));
+    const std::uint64_t rep = *placed;
     session.answer(wait.slot, CUDA_SUCCESS,
                    std::span<const std::byte>(reinterpret_cast<const std::byte*>(&rep), sizeof rep),
                    wait.taken_ns);
   } else {
-    log_info("{}: its cuMemAlloc of {} fails after {:.3f} s waiting: {}", session.who(),
+    log_info("{}: its {} of {} fails after {:.3f} s waiting: {}", session.who(), what_waits(wait),
              format_bytes(wait.bytes), waited.count(), describe(session.cu(), placed.error()));
     session.answer(wait.slot, placed.error(), {}, wait.taken_ns);
   }
@@ -119,7 +130,10 @@ OpResult op_mem_alloc(Call& call) {
   if (!held) return refuse_over_limit(call, req.bytes, "device memory", held.error());
   auto placed = allocate_for_client(session, req.bytes, req.ctx, *held);
   if (placed) return call.reply(proto::MemAllocRep{*placed});
-  if (placed.error() == CUDA_ERROR_OUT_OF_MEMORY && wait_for_memory(call, req.bytes, req.ctx)) {
+  if (placed.error() == CUDA_ERROR_OUT_OF_MEMORY &&
+      wait_for_memory(
+          call,
+          MemoryWait{.call = MemoryWait::Call::kMemAlloc, .bytes = req.bytes, .ctx = req.ctx})) {
     return call.deferred();
   }
   return call.done(placed.error());

@@ -22,10 +22,14 @@ OpResult op_mem_free(Call& call);
 OpResult op_mem_get_info(Call& call);
 OpResult op_memset(Call& call);
 OpResult op_copy_dtod(Call& call);
-// The cuMemAlloc the session waits for (Session::memory_wait) tried again: answered when it
-// fits, or, on the `last_try`, with the driver's CUDA_ERROR_OUT_OF_MEMORY. False when it still
-// waits. On the session's worker.
+// The cuMemAlloc or cuMemCreate the session waits for (Session::memory_wait) tried again:
+// answered when it fits, or, on the `last_try`, with the driver's CUDA_ERROR_OUT_OF_MEMORY. False
+// when it still waits. On the session's worker.
 bool retry_waiting_allocation(Session& session, bool last_try);
+// An allocation of `bytes` that did not fit, kept for a memory policy when one applies to the
+// client (`wait`'s call and its arguments filled in by the caller): true when its answer is now
+// owed (the op is deferred), false when it fails at once.
+bool wait_for_memory(Call& call, MemoryWait wait);
 
 // ops/host.cpp
 OpResult op_host_register(Call& call);
@@ -160,6 +164,10 @@ OpResult op_mem_alloc_async(Call& call);
 OpResult op_mem_free_async(Call& call);
 
 // ops/vmm.cpp
+// A cuMemCreate the session waited for, tried again: the new handle's id, or the error;
+// `over_limit` set when the client's memory limit (lowered meanwhile) refused it.
+tl::expected<std::uint64_t, CUresult> retry_vmm_create(Session& session, const MemoryWait& wait,
+                                                       bool& over_limit);
 OpResult op_vmm_granularity(Call& call);
 OpResult op_vmm_create(Call& call);
 OpResult op_vmm_release(Call& call);

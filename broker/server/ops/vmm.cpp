@@ -3,8 +3,10 @@
 // session like cuMemAlloc memory. docs/vmm.md says what is served and why.
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "broker/server/driver/driver.hpp"
@@ -160,32 +162,67 @@ OpResult op_vmm_granularity(Call& call) {
   return call.reply(proto::VmmGranularityRep{granularity});
 }
 
+namespace {
+
+// A physical allocation of `bytes` for the client, charged to it first: its handle's id, or the
+// error (CUDA_ERROR_OUT_OF_MEMORY from the driver or the full handle table; what the charge
+// refused is logged and answered by the caller through `over_limit`).
+tl::expected<std::uint64_t, CUresult> create_for_client(
+    Session& session, std::uint64_t bytes, const proto::VmmProp& wire,
+    const std::function<CUresult(MemoryLimitHit)>& over_limit) {
+  CUmemAllocationProp prop;
+  if (CUresult r = driver_prop(session, wire, &prop); r != CUDA_SUCCESS) return tl::unexpected(r);
+  // Charged before the driver is asked, to the client and to its allocation (the limit a pod's
+  // clients share, docs/kubernetes.md); given back if the driver or the table refuses.
+  auto held = session.charge.reserve(bytes);
+  if (!held) return tl::unexpected(over_limit(held.error()));
+  CUmemGenericAllocationHandle handle = 0;
+  if (CUresult r = session.cu().cuMemCreate(&handle, static_cast<std::size_t>(bytes), &prop, 0);
+      r != CUDA_SUCCESS) {
+    return tl::unexpected(r);
+  }
+  PhysicalAllocObj allocation;
+  allocation.handle = handle;
+  allocation.bytes = bytes;
+  allocation.prop = wire;
+  const std::uint64_t id = session.objects.insert(allocation);
+  if (id == 0) {
+    session.cu().cuMemRelease(handle);
+    return tl::unexpected(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  held->keep();
+  return id;
+}
+
+}  // namespace
+
 OpResult op_vmm_create(Call& call) {
   auto req = call.request<proto::VmmCreateReq>();
   Session& session = call.session;
   if (req.bytes == 0 || req.flags != 0) return call.done(CUDA_ERROR_INVALID_VALUE);
-  CUmemAllocationProp prop;
-  if (CUresult r = driver_prop(session, req.prop, &prop); r != CUDA_SUCCESS) return call.done(r);
-  // Charged before the driver is asked, to the client and to its allocation (the limit a pod's
-  // clients share, docs/kubernetes.md); given back if the driver or the table refuses.
-  auto held = session.charge.reserve(req.bytes);
-  if (!held) return refuse_over_limit(call, req.bytes, "device memory (cuMemCreate)", held.error());
-  CUmemGenericAllocationHandle handle = 0;
-  if (CUresult r = call.cu.cuMemCreate(&handle, static_cast<std::size_t>(req.bytes), &prop, 0);
-      r != CUDA_SUCCESS) {
-    return call.done(r);
+  std::optional<OpResult> refused;
+  auto created = create_for_client(session, req.bytes, req.prop, [&](MemoryLimitHit why) {
+    refused = refuse_over_limit(call, req.bytes, "device memory (cuMemCreate)", why);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  });
+  if (refused) return *refused;
+  if (created) return call.reply(proto::VmmHandleRep{*created});
+  // The driver's own CUDA_ERROR_OUT_OF_MEMORY may wait for a memory policy, as cuMemAlloc's does.
+  if (created.error() == CUDA_ERROR_OUT_OF_MEMORY &&
+      wait_for_memory(
+          call,
+          MemoryWait{.call = MemoryWait::Call::kMemCreate, .bytes = req.bytes, .prop = req.prop})) {
+    return call.deferred();
   }
-  PhysicalAllocObj allocation;
-  allocation.handle = handle;
-  allocation.bytes = req.bytes;
-  allocation.prop = req.prop;
-  const std::uint64_t id = session.objects.insert(allocation);
-  if (id == 0) {
-    call.cu.cuMemRelease(handle);
-    return call.done(CUDA_ERROR_OUT_OF_MEMORY);
-  }
-  held->keep();
-  return call.reply(proto::VmmHandleRep{id});
+  return call.done(created.error());
+}
+
+tl::expected<std::uint64_t, CUresult> retry_vmm_create(Session& session, const MemoryWait& wait,
+                                                       bool& over_limit) {
+  return create_for_client(session, wait.bytes, wait.prop, [&](MemoryLimitHit) {
+    over_limit = true;
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  });
 }
 
 // The physical allocation as a POSIX fd another process can import (NCCL's P2P transport shares

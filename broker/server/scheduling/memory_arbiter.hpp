@@ -1,5 +1,5 @@
 // Memory policies (docs/suspend.md, "Policies"): what the server does when a client's cuMemAlloc
-// does not fit on the GPU, instead of failing it at once. Both are off by default.
+// or cuMemCreate does not fit on the GPU, instead of failing it at once. Both are off by default.
 //
 // - Preemption (mpsshim-server --memory-preemption on): the allocation of a normal-priority
 //   client suspends idle below-normal clients (session/suspension.hpp), least recently active

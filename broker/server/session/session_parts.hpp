@@ -17,6 +17,7 @@
 #include "broker/server/scheduling/green_context.hpp"
 #include "broker/server/scheduling/priority_reserve.hpp"
 #include "broker/server/session/ipc_registry.hpp"
+#include "proto/ops_vmm.hpp"
 
 namespace mpsshim::server {
 
@@ -163,15 +164,18 @@ struct Suspension {
   }
 };
 
-// A cuMemAlloc that did not fit on the GPU and waits for a memory policy
+// A cuMemAlloc or cuMemCreate that did not fit on the GPU and waits for a memory policy
 // (scheduling/memory_arbiter.hpp): its answer stays owed on `slot` until the coordinator has the
 // worker try it again (retry_waiting_allocation, ops/ops.hpp). One per session at a time: a
 // second allocation that does not fit meanwhile fails at once.
 struct MemoryWait {
+  enum class Call { kMemAlloc, kMemCreate };
   bool on = false;
+  Call call = Call::kMemAlloc;
   std::uint32_t slot = 0;
   std::uint64_t bytes = 0;
-  std::uint64_t ctx = 0;       // the client's context id the allocation names
+  std::uint64_t ctx = 0;       // cuMemAlloc: the client's context id the allocation names
+  proto::VmmProp prop{};       // cuMemCreate: the properties asked for
   std::uint64_t taken_ns = 0;  // when its record left the ring (answer_stamps.hpp)
   std::chrono::steady_clock::time_point since{};
 };
