@@ -200,3 +200,31 @@ TEST_CASE(
     second->wait();
   }
 }
+
+TEST_CASE("--memory-overcommit holds a limit the operator raises to the percentage",
+          "[e2e][suspend][policy]") {
+  // 150% of 96 MiB: the clients' limits may add up to 144 MiB.
+  Daemon daemon({"--memory-overcommit", "150"}, kSmallGpu);
+  const auto limited = daemon.client_env({{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=64M"}});
+  auto first = holder(8, limited);
+  auto second = holder(8, limited);
+  REQUIRE(first->wait_for_output("READY", 60s));
+  REQUIRE(second->wait_for_output("READY", 60s));
+  const std::string pid = std::to_string(first->pid());
+  // 96 + 64 MiB are more than 144: refused, the limit unchanged.
+  const Outcome raised = daemon.ctl({"set_device_pinned_mem_limit", "0", pid, "96M"});
+  INFO(raised.out << raised.err << daemon.log());
+  CHECK(raised.exit_code != 0);
+  CHECK((raised.out + raised.err)
+            .find("not changed: a memory limit of 96 MiB would bring the "
+                  "limits of this GPU's clients to 160 MiB") != std::string::npos);
+  CHECK(ps_entry(daemon, first->pid())["memory_limit_bytes"].get<long long>() == 64 * kMiB);
+  // 72 + 64 MiB are within it: allowed.
+  CHECK(daemon.ctl({"set_device_pinned_mem_limit", "0", pid, "72M"}).exit_code == 0);
+  CHECK(ps_entry(daemon, first->pid())["memory_limit_bytes"].get<long long>() == 72 * kMiB);
+  // A client that is not there is named as such.
+  const Outcome nobody = daemon.ctl({"set_device_pinned_mem_limit", "0", "999999", "96M"});
+  CHECK((nobody.out + nobody.err).find("no client with pid 999999") != std::string::npos);
+  ends_with_its_bytes_intact(*first);
+  ends_with_its_bytes_intact(*second);
+}

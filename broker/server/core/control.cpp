@@ -217,6 +217,13 @@ std::string Server::client_quota_command(const std::string& command, const std::
                        sms ? "a percentage from 1 to 100" : "a number of bytes (0 = no limit)",
                        pid_text, value);
   }
+  // Under --memory-overcommit a raised limit is held to the percentage, as at admission.
+  if (!sms) {
+    if (std::string why = overcommit_refusal(bytes, pid); !why.empty()) {
+      status = 1;
+      return fmt::format("client with pid {} on GPU {}: not changed: {}", pid, gpu_.ordinal, why);
+    }
+  }
   // Mail to every worker: the session's own worker applies it between two passes.
   std::vector<std::string> parts = on_each_worker(
       // By value: a worker that answers after the timeout must not reach this stack frame.

@@ -265,29 +265,44 @@ void Server::resume_what_fits() {
   }
 }
 
-std::string Server::overcommit_refusal(std::uint64_t limit) {
+std::string Server::overcommit_refusal(std::uint64_t limit, int changing_pid) {
   const unsigned percent = memory_arbiter_ ? memory_arbiter_->settings().overcommit_percent : 0;
   if (percent == 0) return {};
   const std::uint64_t total = gpu_.snapshot.total_memory;
   auto counted = [total](std::uint64_t l) { return l == 0 || l > total ? total : l; };
   auto sum = std::make_shared<std::atomic<std::uint64_t>>(0);
+  auto changing_found = std::make_shared<std::atomic<bool>>(false);
   on_each_worker(
-      [sum, counted](Worker& worker) {
+      [sum, changing_found, counted, changing_pid](Worker& worker) {
         for (const auto& s : worker.sessions()) {
-          if (s->life.state == SessionState::kActive) sum->fetch_add(counted(s->charge.limit()));
+          if (s->life.state != SessionState::kActive) continue;
+          if (changing_pid != 0 && s->client.pid == changing_pid) {
+            changing_found->store(true);
+            continue;
+          }
+          sum->fetch_add(counted(s->charge.limit()));
         }
         return std::string();
       },
       kPolicyTaskTimeout);
+  // No such client: the change itself answers that.
+  if (changing_pid != 0 && !changing_found->load()) return {};
   const std::uint64_t allowed = total / 100 * percent;
   const std::uint64_t after = sum->load() + counted(limit);
   if (after <= allowed) return {};
+  const std::string limit_text =
+      limit == 0 ? std::string("none: the whole GPU") : format_bytes(limit);
+  if (changing_pid != 0) {
+    return fmt::format(
+        "a memory limit of {} would bring the limits of this GPU's clients to {}, more than the "
+        "{}% of its {} that --memory-overcommit allows",
+        limit_text, format_bytes(after), percent, format_bytes(total));
+  }
   return fmt::format(
       "its memory limit ({}) would bring the limits of this GPU's clients to {}, more than the "
       "{}% of its {} that --memory-overcommit allows; give it a smaller limit "
       "(CUDA_MPS_PINNED_DEVICE_MEM_LIMIT), wait for a client to leave, or raise the percentage",
-      limit == 0 ? std::string("none: the whole GPU") : format_bytes(limit), format_bytes(after),
-      percent, format_bytes(total));
+      limit_text, format_bytes(after), percent, format_bytes(total));
 }
 
 }  // namespace mpsshim::server
