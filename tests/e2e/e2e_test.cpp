@@ -197,9 +197,10 @@ TEST_CASE("a spinning client watches its synchronize's fence and wakes its worke
     INFO("stdout: " << spinning.out() << "\ndaemon log:\n" << daemon.log());
     REQUIRE(spinning.wait_for_output("READY", 60s));
     const auto [watches, wakes] = figures("spinning");
-    // Each synchronize was left to the watch; the fence of at least one landed while the
-    // worker slept.
-    CHECK(watches >= 20);
+    // The synchronizes were left to the watch (a worker kept off its CPU until a fence landed
+    // posts none for that one, so not all 20 are required); the fence of at least one landed
+    // while the worker slept.
+    CHECK(watches >= 10);
     CHECK(wakes >= 1);
     spinning.close_stdin();
     require_pass(spinning.wait(60s), daemon);

@@ -5,8 +5,6 @@
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
-#include <signal.h>
-
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -137,10 +135,20 @@ TEST_CASE("--memory-overcommit fails at once an allocation that could never fit"
 
 namespace {
 
-// A vmm_client `hold MB` (one cuMemCreate mapped and written, then idle), started.
+// A vmm_client `hold-check MB` (one cuMemCreate mapped and written, then idle until its stdin
+// closes, then its bytes checked), started.
 std::unique_ptr<Child> vmm_holder(int megabytes, std::map<std::string, std::string> env) {
   return std::make_unique<Child>(
-      std::vector<std::string>{artefact("E2E_VMM_CLIENT"), "hold", std::to_string(megabytes)}, env);
+      std::vector<std::string>{artefact("E2E_VMM_CLIENT"), "hold-check", std::to_string(megabytes)},
+      env, true);
+}
+
+void vmm_holder_ends_intact(Child& child) {
+  child.close_stdin();
+  const Outcome o = child.wait(120s);
+  INFO(o.out << o.err);
+  CHECK(o.exit_code == 0);
+  CHECK(o.out.find("PASS hold-check") != std::string::npos);
 }
 
 }  // namespace
@@ -160,8 +168,7 @@ TEST_CASE(
       CHECK(daemon.log().find("cuMemCreate of 64 MiB does not fit on the GPU; it waits") !=
             std::string::npos);
       CHECK(state_of(daemon, idle->pid()) == "preempted");
-      normal->kill(SIGKILL);
-      normal->wait();
+      vmm_holder_ends_intact(*normal);
     }
     CHECK(eventually([&] { return state_of(daemon, idle->pid()) == "active"; }));
     ends_with_its_bytes_intact(*idle);
@@ -180,8 +187,8 @@ TEST_CASE(
     CHECK(entry["parked_bytes"].get<long long>() >= 48 * kMiB);
     ends_with_its_bytes_intact(*normal);
     CHECK(eventually([&] { return state_of(daemon, idle->pid()) == "active"; }));
-    idle->kill(SIGKILL);
-    idle->wait();
+    // Its cuMemCreate memory came back with its bytes.
+    vmm_holder_ends_intact(*idle);
   }
   SECTION("overcommit: a cuMemCreate that does not fit waits suspended") {
     Daemon daemon({"--memory-overcommit", "200"}, kSmallGpu);
@@ -196,8 +203,7 @@ TEST_CASE(
     REQUIRE(second->wait_for_output("READY", 60s));
     CHECK(daemon.log().find("its cuMemCreate of 64 MiB fits after") != std::string::npos);
     CHECK(state_of(daemon, second->pid()) == "active");
-    second->kill(SIGKILL);
-    second->wait();
+    vmm_holder_ends_intact(*second);
   }
 }
 

@@ -6,8 +6,10 @@
 // and resumes it; then every byte is checked against what the rounds must have made, and a checksum
 // of all of them is printed ("RESULT <hex>"), which must equal an uninterrupted run's.
 //
-//   suspend_client mixed ROUNDS   prints READY once both threads run, RESULT and PASS at the end
+//   suspend_client mixed ROUNDS   prints READY once both threads run, RESULT once they are done,
+//                                 PASS once its stdin has closed
 #include <cuda.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdint>
@@ -229,6 +231,11 @@ int mixed(int rounds) {
     mix(hash, *words);
   }
   std::printf("RESULT %016llx\n", static_cast<unsigned long long>(hash));
+  std::fflush(stdout);
+  // Held until stdin closes, so that a suspend the test sends late still finds it.
+  char ignored[64];
+  while (::read(0, ignored, sizeof ignored) > 0) {
+  }
   if (access != CU_MEM_ACCESS_FLAGS_PROT_READ) {
     std::printf("FAIL the read-only range's access is %llu\n", access);
     return 1;

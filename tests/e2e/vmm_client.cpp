@@ -8,6 +8,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -275,6 +276,36 @@ int hold(std::size_t megabytes, bool exit_at_once) {
   for (;;) pause();
 }
 
+// As hold, then, once stdin closes, every byte checked (a suspend and resume must keep them).
+int hold_check(std::size_t megabytes) {
+  setup();
+  const CUmemAllocationProp prop = device_prop(0);
+  const std::size_t g = granularity(prop);
+  const std::size_t bytes = (megabytes << 20) / g * g;
+  CUdeviceptr va{};
+  CHECK(cuMemAddressReserve(&va, bytes, 0, 0, 0));
+  CUmemGenericAllocationHandle h{};
+  CHECK(cuMemCreate(&h, bytes, &prop, 0));
+  CHECK(cuMemMap(va, bytes, 0, h, 0));
+  set_read_write(va, bytes, 0);
+  CHECK(cuMemsetD8(va, 7, bytes));
+  CHECK(cuCtxSynchronize());
+  std::printf("READY\n");
+  std::fflush(stdout);
+  char ignored[64];
+  while (read(0, ignored, sizeof ignored) > 0) {
+  }
+  std::vector<unsigned char> host(bytes);
+  CHECK(cuMemcpyDtoH(host.data(), va, bytes));
+  const auto wrong =
+      std::count_if(host.begin(), host.end(), [](unsigned char b) { return b != 7; });
+  expect_true(wrong == 0, "every byte held is as written");
+  CHECK(cuMemUnmap(va, bytes));
+  CHECK(cuMemRelease(h));
+  CHECK(cuMemAddressFree(va, bytes));
+  return finish("hold-check");
+}
+
 // Another client's handle and address name nothing of this client's; exporting and importing
 // are refused by policy.
 int steal(unsigned long long handle, unsigned long long address) {
@@ -539,6 +570,7 @@ int main(int argc, char** argv) {
   if (mode == "limit") return limit(arg(2));
   if (mode == "hold") return hold(arg(2) ? arg(2) : 64, false);
   if (mode == "hold-exit") return hold(arg(2) ? arg(2) : 64, true);
+  if (mode == "hold-check") return hold_check(arg(2) ? arg(2) : 64);
   if (mode == "steal") return steal(arg(2), arg(3));
   if (mode == "share-owner" && argc > 2) return share_owner(argv[2]);
   if (mode == "peer-access") return peer_access();

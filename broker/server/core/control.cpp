@@ -219,7 +219,7 @@ std::string Server::client_quota_command(const std::string& command, const std::
   }
   // Under --memory-overcommit a raised limit is held to the percentage, as at admission.
   if (!sms) {
-    if (std::string why = overcommit_refusal(bytes, pid); !why.empty()) {
+    if (std::string why = overcommit_refusal(bytes, pid, kOperatorTimeout); !why.empty()) {
       status = 1;
       return fmt::format("client with pid {} on GPU {}: not changed: {}", pid, gpu_.ordinal, why);
     }

@@ -128,8 +128,10 @@ void Server::serve_memory_want(const MemoryWant& want) {
             const DeviceRoom room = device_room(s);
             const std::uint64_t used = std::min<std::uint64_t>(s.charge.used(), room.total);
             if (s.memory_wait.bytes > room.total - used) {
-              log_info("memory policy: {}'s cuMemAlloc of {} could never fit beside its {}",
-                       s.who(), format_bytes(s.memory_wait.bytes), format_bytes(used));
+              log_info(
+                  "memory policy: {}'s {} of {} could never fit beside its {}", s.who(),
+                  s.memory_wait.call == MemoryWait::Call::kMemCreate ? "cuMemCreate" : "cuMemAlloc",
+                  format_bytes(s.memory_wait.bytes), format_bytes(used));
               retry_waiting_allocation(s, true);
               return;
             }
@@ -265,30 +267,45 @@ void Server::resume_what_fits() {
   }
 }
 
-std::string Server::overcommit_refusal(std::uint64_t limit, int changing_pid) {
+std::string Server::overcommit_refusal(std::uint64_t limit, int changing_pid,
+                                       std::chrono::milliseconds timeout) {
   const unsigned percent = memory_arbiter_ ? memory_arbiter_->settings().overcommit_percent : 0;
   if (percent == 0) return {};
   const std::uint64_t total = gpu_.snapshot.total_memory;
   auto counted = [total](std::uint64_t l) { return l == 0 || l > total ? total : l; };
-  auto sum = std::make_shared<std::atomic<std::uint64_t>>(0);
-  auto changing_found = std::make_shared<std::atomic<bool>>(false);
-  on_each_worker(
-      [sum, changing_found, counted, changing_pid](Worker& worker) {
+  struct Sum {
+    std::atomic<std::uint64_t> others{0};
+    std::atomic<std::uint64_t> changing{0};  // the changing client's limit now, counted
+    std::atomic<bool> changing_found{false};
+  };
+  auto sum = std::make_shared<Sum>();
+  const std::vector<std::string> answers = on_each_worker(
+      [sum, counted, changing_pid](Worker& worker) {
         for (const auto& s : worker.sessions()) {
           if (s->life.state != SessionState::kActive) continue;
           if (changing_pid != 0 && s->client.pid == changing_pid) {
-            changing_found->store(true);
+            sum->changing_found.store(true);
+            sum->changing.fetch_add(counted(s->charge.limit()));
             continue;
           }
-          sum->fetch_add(counted(s->charge.limit()));
+          sum->others.fetch_add(counted(s->charge.limit()));
         }
-        return std::string();
+        return std::string("counted");
       },
-      kPolicyTaskTimeout);
-  // No such client: the change itself answers that.
-  if (changing_pid != 0 && !changing_found->load()) return {};
+      timeout);
+  const bool all_counted =
+      std::all_of(answers.begin(), answers.end(), [](const std::string& a) { return !a.empty(); });
+  if (changing_pid != 0) {
+    // A worker that did not answer may hold the client, or others: nothing is known.
+    if (!all_counted) {
+      return "a worker of the server did not answer in time, so the clients' limits could not be "
+             "added up (a suspend or resume may be copying); try again";
+    }
+    // No such client: the change itself answers that. A lower limit is always allowed.
+    if (!sum->changing_found.load() || counted(limit) <= sum->changing.load()) return {};
+  }
   const std::uint64_t allowed = total / 100 * percent;
-  const std::uint64_t after = sum->load() + counted(limit);
+  const std::uint64_t after = sum->others.load() + counted(limit);
   if (after <= allowed) return {};
   const std::string limit_text =
       limit == 0 ? std::string("none: the whole GPU") : format_bytes(limit);

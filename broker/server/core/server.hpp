@@ -240,9 +240,11 @@ class Server final {
   std::vector<IdleClientRef> idle_below_normal_clients();
   void resume_what_fits();
   // Under --memory-overcommit: why a client with memory limit `limit` (0: none) is not admitted,
-  // or empty. With `changing_pid`, why that running client's limit may not become `limit` (its
-  // present limit not counted).
-  std::string overcommit_refusal(std::uint64_t limit, int changing_pid = 0);
+  // or empty. With `changing_pid`, why that running client's limit may not be raised to `limit`
+  // (its present limit not counted; lowering is always allowed), refused too when a worker does
+  // not answer within `timeout`.
+  std::string overcommit_refusal(std::uint64_t limit, int changing_pid = 0,
+                                 std::chrono::milliseconds timeout = std::chrono::minutes(5));
 
   // loop.cpp: the coordinator's memory upkeep at each look: the primary context's lease, kept
   // library images past their idle timeout (image_cache.hpp), the heap trim.

@@ -85,19 +85,16 @@ bool retry_waiting_allocation(Session& session, bool last_try) {
   // Its context may have been destroyed meanwhile, its limit lowered: then it fails as it would
   // have at first. Only the driver's CUDA_ERROR_OUT_OF_MEMORY waits on.
   tl::expected<std::uint64_t, CUresult> placed = tl::unexpected(CUDA_ERROR_OUT_OF_MEMORY);
-  bool over_limit = false;
+  bool may_wait_more = false;
   if (wait.call == MemoryWait::Call::kMemCreate) {
-    placed = retry_vmm_create(session, wait, over_limit);
+    placed = retry_vmm_create(session, wait, may_wait_more);
   } else if (session.objects.get<ContextObj>(wait.ctx) == nullptr) {
     placed = tl::unexpected(CUDA_ERROR_INVALID_CONTEXT);
   } else if (auto held = session.charge.reserve(wait.bytes)) {
     placed = allocate_for_client(session, wait.bytes, wait.ctx, *held);
-  } else {
-    over_limit = true;
+    may_wait_more = !placed && placed.error() == CUDA_ERROR_OUT_OF_MEMORY;
   }
-  if (!placed && placed.error() == CUDA_ERROR_OUT_OF_MEMORY && !over_limit && !last_try) {
-    return false;
-  }
+  if (may_wait_more && !last_try) return false;
   wait.on = false;
   const auto waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - wait.since);
   if (placed) {

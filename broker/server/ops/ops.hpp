@@ -165,9 +165,10 @@ OpResult op_mem_free_async(Call& call);
 
 // ops/vmm.cpp
 // A cuMemCreate the session waited for, tried again: the new handle's id, or the error;
-// `over_limit` set when the client's memory limit (lowered meanwhile) refused it.
+// `may_wait_more` set when the driver had no room (not when the client's limit, lowered
+// meanwhile, or its handle table refused it).
 tl::expected<std::uint64_t, CUresult> retry_vmm_create(Session& session, const MemoryWait& wait,
-                                                       bool& over_limit);
+                                                       bool& may_wait_more);
 OpResult op_vmm_granularity(Call& call);
 OpResult op_vmm_create(Call& call);
 OpResult op_vmm_release(Call& call);

@@ -166,10 +166,11 @@ namespace {
 
 // A physical allocation of `bytes` for the client, charged to it first: its handle's id, or the
 // error (CUDA_ERROR_OUT_OF_MEMORY from the driver or the full handle table; what the charge
-// refused is logged and answered by the caller through `over_limit`).
+// refused is logged and answered by the caller through `over_limit`). `driver_out_of_memory`:
+// the driver had no room, the one refusal a memory policy may wait out.
 tl::expected<std::uint64_t, CUresult> create_for_client(
     Session& session, std::uint64_t bytes, const proto::VmmProp& wire,
-    const std::function<CUresult(MemoryLimitHit)>& over_limit) {
+    const std::function<CUresult(MemoryLimitHit)>& over_limit, bool& driver_out_of_memory) {
   CUmemAllocationProp prop;
   if (CUresult r = driver_prop(session, wire, &prop); r != CUDA_SUCCESS) return tl::unexpected(r);
   // Charged before the driver is asked, to the client and to its allocation (the limit a pod's
@@ -179,6 +180,7 @@ tl::expected<std::uint64_t, CUresult> create_for_client(
   CUmemGenericAllocationHandle handle = 0;
   if (CUresult r = session.cu().cuMemCreate(&handle, static_cast<std::size_t>(bytes), &prop, 0);
       r != CUDA_SUCCESS) {
+    driver_out_of_memory = r == CUDA_ERROR_OUT_OF_MEMORY;
     return tl::unexpected(r);
   }
   PhysicalAllocObj allocation;
@@ -201,28 +203,30 @@ OpResult op_vmm_create(Call& call) {
   Session& session = call.session;
   if (req.bytes == 0 || req.flags != 0) return call.done(CUDA_ERROR_INVALID_VALUE);
   std::optional<OpResult> refused;
-  auto created = create_for_client(session, req.bytes, req.prop, [&](MemoryLimitHit why) {
-    refused = refuse_over_limit(call, req.bytes, "device memory (cuMemCreate)", why);
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  });
+  bool driver_out_of_memory = false;
+  auto created = create_for_client(
+      session, req.bytes, req.prop,
+      [&](MemoryLimitHit why) {
+        refused = refuse_over_limit(call, req.bytes, "device memory (cuMemCreate)", why);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+      },
+      driver_out_of_memory);
   if (refused) return *refused;
   if (created) return call.reply(proto::VmmHandleRep{*created});
   // The driver's own CUDA_ERROR_OUT_OF_MEMORY may wait for a memory policy, as cuMemAlloc's does.
-  if (created.error() == CUDA_ERROR_OUT_OF_MEMORY &&
-      wait_for_memory(
-          call,
-          MemoryWait{.call = MemoryWait::Call::kMemCreate, .bytes = req.bytes, .prop = req.prop})) {
+  if (driver_out_of_memory && wait_for_memory(call, MemoryWait{.call = MemoryWait::Call::kMemCreate,
+                                                               .bytes = req.bytes,
+                                                               .prop = req.prop})) {
     return call.deferred();
   }
   return call.done(created.error());
 }
 
 tl::expected<std::uint64_t, CUresult> retry_vmm_create(Session& session, const MemoryWait& wait,
-                                                       bool& over_limit) {
-  return create_for_client(session, wait.bytes, wait.prop, [&](MemoryLimitHit) {
-    over_limit = true;
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  });
+                                                       bool& may_wait_more) {
+  return create_for_client(
+      session, wait.bytes, wait.prop, [](MemoryLimitHit) { return CUDA_ERROR_OUT_OF_MEMORY; },
+      may_wait_more);
 }
 
 // The physical allocation as a POSIX fd another process can import (NCCL's P2P transport shares

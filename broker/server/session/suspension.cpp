@@ -130,9 +130,9 @@ tl::expected<std::string, std::string> suspend_session(Session& s,
     drop_vmm_copies(s);
     return not_parked(parked.error());
   }
-  release_copied_vmm(s);
-  parked->bytes += vmm->bytes;
-  parked->pooled += vmm->pooled;
+  const std::uint64_t vmm_released = release_copied_vmm(s);
+  parked->bytes += vmm_released;
+  parked->pooled += vmm_released == vmm->bytes ? vmm->pooled : 0;
   const double copy_seconds = seconds_since(copy_start);
   s.suspension.on = true;
   s.suspension.by_policy = false;  // the memory policies mark their own (memory_arbiter.hpp)
@@ -169,7 +169,12 @@ tl::expected<std::string, std::string> resume_session(Session& s) {
   auto back = s.gpu().heap->unpark(s.client.id, stream.get(), s.gpu().primary);
   if (!back) {
     unrestore_vmm(s);
-    return not_resumed(back.error());
+    std::string said = not_resumed(back.error()).value();
+    if (*vmm != 0) {
+      said += fmt::format(" (its {} of cuMemCreate memory, put back first, was taken off again)",
+                          format_bytes(*vmm));
+    }
+    return tl::unexpected(said);
   }
   free_vmm_copies(s, s.gpu().primary);
   *back += *vmm;

@@ -33,10 +33,21 @@ CUmemAccessDesc device_access(const Session& s, std::uint32_t flags) {
 // Unmapped at the end of scope: the caller waits for the copies first.
 class WholeView {
  public:
-  WholeView(Session& s, CUmemGenericAllocationHandle handle, std::uint64_t bytes)
-      : s_(s), bytes_(bytes) {
+  WholeView(Session& s, const PhysicalAllocObj& a) : s_(s), bytes_(a.bytes) {
     DeviceHeap& heap = *s.gpu().heap;
-    auto at = heap.arena().take(bytes, heap.granularity());
+    // Mapped at the allocation's own granularity, which its properties may make coarser.
+    std::size_t granularity = heap.granularity();
+    CUmemAllocationProp prop;
+    if (driver_prop(s, a.prop, &prop) == CUDA_SUCCESS) {
+      std::size_t own = 0;
+      if (s.cu().cuMemGetAllocationGranularity(&own, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) ==
+          CUDA_SUCCESS) {
+        granularity = std::max(granularity, own);
+      }
+    }
+    const std::uint64_t bytes = a.bytes;
+    const CUmemGenericAllocationHandle handle = a.handle;
+    auto at = heap.arena().take(bytes, granularity);
     if (!at) {
       result_ = CUDA_ERROR_OUT_OF_MEMORY;
       return;
@@ -81,7 +92,7 @@ struct ViewSet {
   CUresult open(Session& s, const std::vector<std::uint64_t>& ids) {
     for (std::uint64_t id : ids) {
       const PhysicalAllocObj& a = *s.objects.get<PhysicalAllocObj>(id);
-      views.push_back(std::make_unique<WholeView>(s, a.handle, a.bytes));
+      views.push_back(std::make_unique<WholeView>(s, a));
       if (CUresult r = views.back()->result(); r != CUDA_SUCCESS) return r;
       segments.push_back(Segment{views.back()->address(), a.parked_at, a.bytes});
     }
@@ -193,7 +204,8 @@ tl::expected<VmmParked, CUresult> copy_out_vmm(Session& s, CUstream stream) {
   return VmmParked{total, copy->pooled ? total : 0};
 }
 
-void release_copied_vmm(Session& s) {
+std::uint64_t release_copied_vmm(Session& s) {
+  std::uint64_t released = 0;
   for (std::uint64_t id : own_allocations(s)) {
     PhysicalAllocObj& a = *s.objects.get<PhysicalAllocObj>(id);
     if (!a.parked) continue;
@@ -210,7 +222,12 @@ void release_copied_vmm(Session& s) {
       // Still mapped, it could not be mapped again at resume: it stays on the device, whole.
       log_warn("{}: unmapping a physical allocation to park failed, so it stays on the device: {}",
                s.who(), describe(s.cu(), failed));
-      for (std::uint64_t base : unmapped) map_again(s, base, s.vmm.mappings.at(base), a.handle);
+      for (std::uint64_t base : unmapped) {
+        if (CUresult r = map_again(s, base, s.vmm.mappings.at(base), a.handle); r != CUDA_SUCCESS) {
+          log_error("{}: mapping {:#x} again failed, so its kernels will fault there: {}", s.who(),
+                    base, describe(s.cu(), r));
+        }
+      }
       a.parked = false;  // its bytes in the block go with the block
       continue;
     }
@@ -219,7 +236,9 @@ void release_copied_vmm(Session& s) {
                describe(s.cu(), r));
     }
     a.handle = 0;
+    released += a.bytes;
   }
+  return released;
 }
 
 void drop_vmm_copies(Session& s) {

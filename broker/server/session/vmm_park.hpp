@@ -48,8 +48,9 @@ struct VmmParked {
 // Nothing on the device changes. On an error, no copy is kept.
 tl::expected<VmmParked, CUresult> copy_out_vmm(Session& session, CUstream stream);
 // Step 2, the suspend going ahead: the client's mappings of them unmapped and the allocations
-// released; what was copied out is what is left of them.
-void release_copied_vmm(Session& session);
+// released; what was copied out is what is left of them. The bytes released: an allocation
+// whose mapping the driver would not unmap stays on the device, logged.
+std::uint64_t release_copied_vmm(Session& session);
 // Or the suspend not going ahead: the copies given back, the allocations untouched.
 void drop_vmm_copies(Session& session);
 
