@@ -254,23 +254,35 @@ int limit(std::size_t limit_mib) {
   return finish("limit");
 }
 
-// Holds `megabytes` of mapped memory, prints READY with the handle and address, and waits:
-// until killed, or (`exit`) exits at once without giving anything back.
-int hold(std::size_t megabytes, bool exit_at_once) {
+// `megabytes` (rounded down to the granularity) of cuMemCreate memory mapped read-write in a
+// reservation `reserve_factor` times as large, every byte 7.
+struct Held {
+  CUdeviceptr va{};
+  CUmemGenericAllocationHandle handle{};
+  std::size_t bytes = 0;
+};
+Held create_and_fill(std::size_t megabytes, std::size_t reserve_factor) {
   setup();
   const CUmemAllocationProp prop = device_prop(0);
   const std::size_t g = granularity(prop);
-  const std::size_t bytes = (megabytes << 20) / g * g;
-  CUdeviceptr va{};
-  CHECK(cuMemAddressReserve(&va, 2 * bytes, 0, 0, 0));
-  CUmemGenericAllocationHandle h{};
-  CHECK(cuMemCreate(&h, bytes, &prop, 0));
-  CHECK(cuMemMap(va, bytes, 0, h, 0));
-  set_read_write(va, bytes, 0);
-  CHECK(cuMemsetD8(va, 7, bytes));
+  Held held;
+  held.bytes = (megabytes << 20) / g * g;
+  CHECK(cuMemAddressReserve(&held.va, reserve_factor * held.bytes, 0, 0, 0));
+  CHECK(cuMemCreate(&held.handle, held.bytes, &prop, 0));
+  CHECK(cuMemMap(held.va, held.bytes, 0, held.handle, 0));
+  set_read_write(held.va, held.bytes, 0);
+  CHECK(cuMemsetD8(held.va, 7, held.bytes));
   CHECK(cuCtxSynchronize());
-  std::printf("READY handle=%llu address=%llu free=%zu\n", static_cast<unsigned long long>(h),
-              static_cast<unsigned long long>(va), free_memory());
+  return held;
+}
+
+// Holds `megabytes` of mapped memory, prints READY with the handle and address, and waits:
+// until killed, or (`exit`) exits at once without giving anything back.
+int hold(std::size_t megabytes, bool exit_at_once) {
+  const Held held = create_and_fill(megabytes, 2);
+  std::printf("READY handle=%llu address=%llu free=%zu\n",
+              static_cast<unsigned long long>(held.handle),
+              static_cast<unsigned long long>(held.va), free_memory());
   std::fflush(stdout);
   if (exit_at_once) std::_Exit(0);  // no cuMemUnmap, no cuMemRelease, no atexit
   for (;;) pause();
@@ -278,18 +290,9 @@ int hold(std::size_t megabytes, bool exit_at_once) {
 
 // As hold, then, once stdin closes, every byte checked (a suspend and resume must keep them).
 int hold_check(std::size_t megabytes) {
-  setup();
-  const CUmemAllocationProp prop = device_prop(0);
-  const std::size_t g = granularity(prop);
-  const std::size_t bytes = (megabytes << 20) / g * g;
-  CUdeviceptr va{};
-  CHECK(cuMemAddressReserve(&va, bytes, 0, 0, 0));
-  CUmemGenericAllocationHandle h{};
-  CHECK(cuMemCreate(&h, bytes, &prop, 0));
-  CHECK(cuMemMap(va, bytes, 0, h, 0));
-  set_read_write(va, bytes, 0);
-  CHECK(cuMemsetD8(va, 7, bytes));
-  CHECK(cuCtxSynchronize());
+  const Held held = create_and_fill(megabytes, 1);
+  const CUdeviceptr va = held.va;
+  const std::size_t bytes = held.bytes;
   std::printf("READY\n");
   std::fflush(stdout);
   char ignored[64];
@@ -301,7 +304,7 @@ int hold_check(std::size_t megabytes) {
       std::count_if(host.begin(), host.end(), [](unsigned char b) { return b != 7; });
   expect_true(wrong == 0, "every byte held is as written");
   CHECK(cuMemUnmap(va, bytes));
-  CHECK(cuMemRelease(h));
+  CHECK(cuMemRelease(held.handle));
   CHECK(cuMemAddressFree(va, bytes));
   return finish("hold-check");
 }
@@ -407,6 +410,9 @@ int share_owner(const char* path) {
   CHECK(cuMemMap(va, bytes, 0, handle, 0));
   set_read_write(va, bytes, 0);
   CHECK(cuMemsetD8(va, kOwnerByte, bytes));
+  // cuMemsetD8 may return before the GPU has written: a fill still running would overwrite what
+  // the peer writes.
+  CHECK(cuCtxSynchronize());
   int fd = -1;
   CHECK(cuMemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
   int listener = socket(AF_UNIX, SOCK_STREAM, 0);
