@@ -643,12 +643,17 @@ int resident(std::size_t megabytes) {
 // closes (an idle client), and then the bytes are checked: PASS holder, or FAIL naming the first
 // wrong byte. For the memory policies (memory_policy_test.cpp), under which the allocation may
 // wait and the client may be suspended and resumed while idle.
-int holder(std::size_t megabytes) {
+// pitch_holder MB: the same with cuMemAllocPitch of rows of 1000 bytes, which the driver pads to
+// a pitch of 1024 (printed: PITCH <bytes>), so the allocation is MB MiB whole.
+int holder(std::size_t megabytes, bool pitched) {
   setup();
   const std::size_t bytes = megabytes << 20;
   CUdeviceptr address = 0;
-  const CUresult r = cuMemAlloc(&address, bytes);
+  std::size_t pitch = 0;
+  const CUresult r = pitched ? cuMemAllocPitch(&address, &pitch, 1000, bytes / 1024, 4)
+                             : cuMemAlloc(&address, bytes);
   std::printf("ALLOC %d\n", static_cast<int>(r));
+  if (pitched) std::printf("PITCH %zu\n", pitch);
   auto pattern = [](std::size_t i) { return static_cast<unsigned char>(i * 13 + (i >> 16)); };
   std::vector<unsigned char> host(r == CUDA_SUCCESS ? bytes : 0);
   if (r == CUDA_SUCCESS) {
@@ -2398,7 +2403,8 @@ int main(int argc, char** argv) {
   if (mode == "watched_sync") return watched_sync(arg ? static_cast<unsigned>(arg) : 3);
   if (mode == "hog") return hog(arg ? arg : 256);
   if (mode == "resident") return resident(arg ? arg : 8);
-  if (mode == "holder") return holder(arg ? arg : 8);
+  if (mode == "holder") return holder(arg ? arg : 8, false);
+  if (mode == "pitch_holder") return holder(arg ? arg : 8, true);
   if (mode == "meminfo") return meminfo();
   if (mode == "account") return account(arg ? static_cast<int>(arg) : 8);
   if (mode == "forge") return forge(arg);

@@ -23,19 +23,42 @@ std::string client() {
   return artefact("E2E_CLIENT");
 }
 
-// An e2e_client `holder MB` (one cuMemAlloc, then idle until its stdin closes), started.
-std::unique_ptr<Child> holder(int megabytes, std::map<std::string, std::string> env) {
+// An e2e_client `holder MB` (one cuMemAlloc, then idle until its stdin closes), or with `mode`
+// `pitch_holder` one cuMemAllocPitch, started.
+std::unique_ptr<Child> holder(int megabytes, std::map<std::string, std::string> env,
+                              const std::string& mode = "holder") {
   return std::make_unique<Child>(
-      std::vector<std::string>{client(), "holder", std::to_string(megabytes)}, env, true);
+      std::vector<std::string>{client(), mode, std::to_string(megabytes)}, env, true);
 }
 
-// Its stdin closed: it checks its bytes and ends with `pass` (e2e_client holder's by default).
+// Its stdin closed: it checks its bytes and ends with the line `pass` (e2e_client holder's by
+// default; not "PASS holder, nothing held").
 void ends_with_its_bytes_intact(Child& child, const std::string& pass = "PASS holder") {
   child.close_stdin();
   const Outcome o = child.wait(120s);
   INFO(o.out << o.err);
   CHECK(o.exit_code == 0);
-  CHECK(o.out.find(pass) != std::string::npos);
+  CHECK(o.out.find(pass + "\n") != std::string::npos);
+}
+
+// `normal`, a normal-priority client started beside `idle`, an idle below-normal one holding 48
+// of the GPU's 96 MiB, needs 64: its allocation suspends `idle`, which parks its bytes; once
+// `normal` has ended, `idle` is resumed by itself. Each ends with its line (`*_pass`).
+void makes_room_and_gets_it_back(Daemon& daemon, Child& idle, const std::string& idle_pass,
+                                 std::unique_ptr<Child> normal, const std::string& normal_pass) {
+  {
+    REQUIRE(normal->wait_for_output("READY", 60s));
+    INFO(normal->out() << daemon.log());
+    const nlohmann::json entry = ps_entry(daemon, idle.pid());
+    REQUIRE(entry.is_object());
+    CHECK(entry["state"] == "preempted");
+    CHECK(entry["parked_bytes"].get<long long>() >= 48 * kMiB);
+    CHECK(state_of(daemon, normal->pid()) == "active");
+    ends_with_its_bytes_intact(*normal, normal_pass);
+  }
+  CHECK(eventually([&] { return state_of(daemon, idle.pid()) == "active"; }));
+  CHECK(daemon.log().find("was resumed: the GPU has room for it again") != std::string::npos);
+  ends_with_its_bytes_intact(idle, idle_pass);
 }
 
 }  // namespace
@@ -55,23 +78,10 @@ TEST_CASE(
     CHECK(huge.out.find("ALLOC 2\n") != std::string::npos);
     CHECK(state_of(daemon, idle->pid()) == "active");
   }
-  {
-    // 64 MiB do not fit beside the 48: the allocation suspends the idle client.
-    auto normal = holder(64, daemon.client_env());
-    REQUIRE(normal->wait_for_output("READY", 60s));
-    INFO(normal->out() << daemon.log());
-    CHECK(normal->out().find("ALLOC 0\n") != std::string::npos);
-    const nlohmann::json entry = ps_entry(daemon, idle->pid());
-    REQUIRE(entry.is_object());
-    CHECK(entry["state"] == "preempted");
-    CHECK(entry["parked_bytes"].get<long long>() >= 48 * kMiB);
-    CHECK(state_of(daemon, normal->pid()) == "active");
-    ends_with_its_bytes_intact(*normal);
-  }
-  // The normal client's memory is freed with its session: the idle client is resumed by itself.
-  CHECK(eventually([&] { return state_of(daemon, idle->pid()) == "active"; }));
-  CHECK(daemon.log().find("was resumed: the GPU has room for it again") != std::string::npos);
-  ends_with_its_bytes_intact(*idle);
+  // 64 MiB do not fit beside the 48: the allocation suspends the idle client, which is resumed
+  // once the normal client's session has freed its memory.
+  makes_room_and_gets_it_back(daemon, *idle, "PASS holder", holder(64, daemon.client_env()),
+                              "PASS holder");
 }
 
 TEST_CASE("--memory-preemption suspends no below-normal client that is not idle long enough",
@@ -85,7 +95,7 @@ TEST_CASE("--memory-preemption suspends no below-normal client that is not idle 
   // CUDA_ERROR_OUT_OF_MEMORY, as without the policy.
   CHECK(normal->out().find("ALLOC 2\n") != std::string::npos);
   CHECK(state_of(daemon, recent->pid()) == "active");
-  ends_with_its_bytes_intact(*normal);
+  ends_with_its_bytes_intact(*normal, "PASS holder, nothing held");
   ends_with_its_bytes_intact(*recent);
 }
 
@@ -135,6 +145,9 @@ TEST_CASE("--memory-overcommit fails at once an allocation that could never fit"
 
 namespace {
 
+// vmm_client's line when every byte it held came back.
+const std::string kVmmPass = "PASS hold-check failures=0";
+
 // A vmm_client `hold-check MB` (one cuMemCreate mapped and written, then idle until its stdin
 // closes, then its bytes checked), started.
 std::unique_ptr<Child> vmm_holder(int megabytes, std::map<std::string, std::string> env) {
@@ -143,64 +156,57 @@ std::unique_ptr<Child> vmm_holder(int megabytes, std::map<std::string, std::stri
       env, true);
 }
 
-void vmm_holder_ends_intact(Child& child) {
-  ends_with_its_bytes_intact(child, "PASS hold-check");
-}
-
 }  // namespace
 
 TEST_CASE(
-    "a cuMemCreate that does not fit waits for the policies as cuMemAlloc does, and a "
-    "client holding cuMemCreate memory can be preempted",
+    "cuMemCreate and cuMemAllocPitch wait for the policies as cuMemAlloc does, and a client "
+    "holding cuMemCreate memory can be preempted",
     "[e2e][suspend][policy]") {
+  Daemon daemon({"--memory-preemption", "on", "--preemption-idle-ms", "0"}, kSmallGpu);
+  const auto below_normal = daemon.client_env({{"CUDA_MPS_CLIENT_PRIORITY", "1"}});
   SECTION("preemption: a normal client's cuMemCreate suspends an idle below-normal one") {
-    Daemon daemon({"--memory-preemption", "on", "--preemption-idle-ms", "0"}, kSmallGpu);
-    auto idle = holder(48, daemon.client_env({{"CUDA_MPS_CLIENT_PRIORITY", "1"}}));
+    auto idle = holder(48, below_normal);
     REQUIRE(idle->wait_for_output("READY", 60s));
-    {
-      auto normal = vmm_holder(64, daemon.client_env());
-      INFO(normal->out() << daemon.log());
-      REQUIRE(normal->wait_for_output("READY", 60s));
-      CHECK(daemon.log().find("cuMemCreate of 64 MiB does not fit on the GPU; it waits") !=
-            std::string::npos);
-      CHECK(state_of(daemon, idle->pid()) == "preempted");
-      vmm_holder_ends_intact(*normal);
-    }
-    CHECK(eventually([&] { return state_of(daemon, idle->pid()) == "active"; }));
-    ends_with_its_bytes_intact(*idle);
+    makes_room_and_gets_it_back(daemon, *idle, "PASS holder", vmm_holder(64, daemon.client_env()),
+                                kVmmPass);
+    CHECK(daemon.log().find("cuMemCreate of 64 MiB does not fit on the GPU; it waits") !=
+          std::string::npos);
+  }
+  SECTION("preemption: a normal client's cuMemAllocPitch suspends an idle below-normal one") {
+    auto idle = holder(48, below_normal);
+    REQUIRE(idle->wait_for_output("READY", 60s));
+    auto normal = holder(64, daemon.client_env(), "pitch_holder");
+    REQUIRE(normal->wait_for_output("READY", 60s));
+    // The answer that waited carries the pitch.
+    CHECK(normal->out().find("ALLOC 0\nPITCH 1024\n") != std::string::npos);
+    makes_room_and_gets_it_back(daemon, *idle, "PASS holder", std::move(normal), "PASS holder");
+    CHECK(daemon.log().find("cuMemAllocPitch of 64 MiB does not fit on the GPU; it waits") !=
+          std::string::npos);
   }
   SECTION("preemption: the idle below-normal client holding cuMemCreate memory makes room") {
-    Daemon daemon({"--memory-preemption", "on", "--preemption-idle-ms", "0"}, kSmallGpu);
-    auto idle = vmm_holder(48, daemon.client_env({{"CUDA_MPS_CLIENT_PRIORITY", "1"}}));
+    auto idle = vmm_holder(48, below_normal);
     REQUIRE(idle->wait_for_output("READY", 60s));
-    auto normal = holder(64, daemon.client_env());
-    REQUIRE(normal->wait_for_output("READY", 60s));
-    INFO(normal->out() << daemon.log());
-    CHECK(normal->out().find("ALLOC 0\n") != std::string::npos);
-    const nlohmann::json entry = ps_entry(daemon, idle->pid());
-    REQUIRE(entry.is_object());
-    CHECK(entry["state"] == "preempted");
-    CHECK(entry["parked_bytes"].get<long long>() >= 48 * kMiB);
-    ends_with_its_bytes_intact(*normal);
-    CHECK(eventually([&] { return state_of(daemon, idle->pid()) == "active"; }));
-    // Its cuMemCreate memory came back with its bytes.
-    vmm_holder_ends_intact(*idle);
+    // Its cuMemCreate memory comes back with its bytes.
+    makes_room_and_gets_it_back(daemon, *idle, kVmmPass, holder(64, daemon.client_env()),
+                                "PASS holder");
   }
-  SECTION("overcommit: a cuMemCreate that does not fit waits suspended") {
-    Daemon daemon({"--memory-overcommit", "200"}, kSmallGpu);
-    const auto limited = daemon.client_env({{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=80M"}});
-    auto first = holder(64, limited);
-    REQUIRE(first->wait_for_output("READY", 60s));
-    auto second = vmm_holder(64, limited);
-    REQUIRE(eventually([&] { return state_of(daemon, second->pid()) == "mem-wait"; }));
-    CHECK(second->out().find("READY") == std::string::npos);
-    ends_with_its_bytes_intact(*first);
-    INFO(second->out() << daemon.log());
-    REQUIRE(second->wait_for_output("READY", 60s));
-    CHECK(daemon.log().find("its cuMemCreate of 64 MiB fits after") != std::string::npos);
-    CHECK(state_of(daemon, second->pid()) == "active");
-    vmm_holder_ends_intact(*second);
-  }
+}
+
+TEST_CASE("under --memory-overcommit a cuMemCreate that does not fit waits suspended",
+          "[e2e][suspend][policy]") {
+  Daemon daemon({"--memory-overcommit", "200"}, kSmallGpu);
+  const auto limited = daemon.client_env({{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=80M"}});
+  auto first = holder(64, limited);
+  REQUIRE(first->wait_for_output("READY", 60s));
+  auto second = vmm_holder(64, limited);
+  REQUIRE(eventually([&] { return state_of(daemon, second->pid()) == "mem-wait"; }));
+  CHECK(second->out().find("READY") == std::string::npos);
+  ends_with_its_bytes_intact(*first);
+  INFO(second->out() << daemon.log());
+  REQUIRE(second->wait_for_output("READY", 60s));
+  CHECK(daemon.log().find("its cuMemCreate of 64 MiB fits after") != std::string::npos);
+  CHECK(state_of(daemon, second->pid()) == "active");
+  ends_with_its_bytes_intact(*second, kVmmPass);
 }
 
 TEST_CASE("--memory-overcommit holds a limit the operator raises to the percentage",

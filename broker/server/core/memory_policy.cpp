@@ -128,10 +128,8 @@ void Server::serve_memory_want(const MemoryWant& want) {
             const DeviceRoom room = device_room(s);
             const std::uint64_t used = std::min<std::uint64_t>(s.charge.used(), room.total);
             if (s.memory_wait.bytes > room.total - used) {
-              log_info(
-                  "memory policy: {}'s {} of {} could never fit beside its {}", s.who(),
-                  s.memory_wait.call == MemoryWait::Call::kMemCreate ? "cuMemCreate" : "cuMemAlloc",
-                  format_bytes(s.memory_wait.bytes), format_bytes(used));
+              log_info("memory policy: {}'s {} of {} could never fit beside its {}", s.who(),
+                       s.memory_wait.what(), format_bytes(s.memory_wait.bytes), format_bytes(used));
               retry_waiting_allocation(s, true);
               return;
             }

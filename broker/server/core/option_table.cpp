@@ -111,8 +111,9 @@ constexpr std::array kOptions{
                  .kind = kSwitch,
                  .default_value = "on",
                  .help =
-                     "a worker sleeps while a spinning client watches its synchronize's host "
-                     "fence, and the client wakes it when the fence lands; off: the worker polls"},
+                     "a spinning client watches its synchronize's host fence, returns when it "
+                     "lands and wakes the worker, which sleeps meanwhile; off: the worker polls "
+                     "and answers"},
     ServerOption{.setting = kCrowdedFenceMaxQueued,
                  .flag = "crowded-fence-max-queued",
                  .value_name = "N",
@@ -246,9 +247,9 @@ constexpr std::array kOptions{
                  .value_name = "on|off",
                  .kind = kSwitch,
                  .default_value = "off",
-                 .help = "a normal-priority client's cuMemAlloc or cuMemCreate that does not "
-                         "fit suspends idle below-normal clients, least recently active first; "
-                         "they resume when the memory frees"},
+                 .help = "a normal-priority client's cuMemAlloc, cuMemAllocPitch or cuMemCreate "
+                         "that does not fit suspends idle below-normal clients, least recently "
+                         "active first; they resume when the memory frees"},
     ServerOption{.setting = kPreemptionIdleMs,
                  .flag = "preemption-idle-ms",
                  .value_name = "N",
@@ -266,9 +267,9 @@ constexpr std::array kOptions{
                  .default_value = "0",
                  .default_text = "`off`",
                  .help = "admit clients while their memory limits add up to PERCENT of the GPU's "
-                         "memory at most (no limit counts as the whole GPU); a cuMemAlloc or "
-                         "cuMemCreate that does not fit waits suspended instead of failing; 0 or "
-                         "off: neither"},
+                         "memory at most (no limit counts as the whole GPU); a cuMemAlloc, "
+                         "cuMemAllocPitch or cuMemCreate that does not fit waits suspended "
+                         "instead of failing; 0 or off: neither"},
     ServerOption{.setting = kParkPool,
                  .flag = "park-pool",
                  .value_name = "BYTES",

@@ -85,9 +85,9 @@ struct ServerSettings {
   std::chrono::seconds image_idle_timeout = kDefaultImageIdleTimeout;
   // Where the image scan's verdicts are kept across restarts (image_verdicts.hpp); empty: not.
   std::string image_verdict_dir;
-  // What happens to a cuMemAlloc or cuMemCreate that does not fit (memory_arbiter.hpp;
-  // --memory-preemption,
-  // --preemption-idle-ms, --memory-overcommit). Off by default.
+  // What happens to a cuMemAlloc, cuMemAllocPitch or cuMemCreate that does not fit
+  // (memory_arbiter.hpp; --memory-preemption, --preemption-idle-ms, --memory-overcommit). Off by
+  // default.
   MemoryPolicySettings memory_policy;
   // Page-locked host memory kept ready for suspends while the primary context is held
   // (park_pool.hpp; --park-pool); 0: none.

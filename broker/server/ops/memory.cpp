@@ -52,10 +52,6 @@ tl::expected<CUdeviceptr, CUresult> allocate_for_client(Session& session, std::u
   return dptr;
 }
 
-const char* what_waits(const MemoryWait& wait) {
-  return wait.call == MemoryWait::Call::kMemCreate ? "cuMemCreate" : "cuMemAlloc";
-}
-
 }  // namespace
 
 bool wait_for_memory(Call& call, MemoryWait wait) {
@@ -72,7 +68,7 @@ bool wait_for_memory(Call& call, MemoryWait wait) {
   session.memory_wait = wait;
   session.slot_busy[wait.slot] = 1;
   log_info("{}: {} of {} does not fit on the GPU; it waits for a memory policy", session.who(),
-           what_waits(wait), format_bytes(wait.bytes));
+           wait.what(), format_bytes(wait.bytes));
   arbiter->want(MemoryWant{session.client.id, wait.bytes, session.priority.below_normal});
   return true;
 }
@@ -80,8 +76,8 @@ bool wait_for_memory(Call& call, MemoryWait wait) {
 bool retry_waiting_allocation(Session& session, bool last_try) {
   MemoryWait& wait = session.memory_wait;
   if (!wait.on) return true;
-  // The device pointer or the new handle's id: both answers are one 64-bit word
-  // (proto::MemAllocRep, proto::VmmHandleRep).
+  // The device pointer or the new handle's id, one 64-bit word (proto::MemAllocRep,
+  // proto::VmmHandleRep); cuMemAllocPitch's answer adds the pitch (proto::MemAllocPitchRep).
   // Its context may have been destroyed meanwhile, its limit lowered: then it fails as it would
   // have at first. Only the driver's CUDA_ERROR_OUT_OF_MEMORY waits on.
   tl::expected<std::uint64_t, CUresult> placed = tl::unexpected(CUDA_ERROR_OUT_OF_MEMORY);
@@ -98,16 +94,18 @@ bool retry_waiting_allocation(Session& session, bool last_try) {
   wait.on = false;
   const auto waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - wait.since);
   if (placed) {
-    log_info("{}: its {} of {} fits after {:.3f} s waiting", session.who(), what_waits(wait),
+    log_info("{}: its {} of {} fits after {:.3f} s waiting", session.who(), wait.what(),
              format_bytes(wait.bytes), waited.count());
     static_assert(sizeof(proto::MemAllocRep) == sizeof(std::uint64_t) &&
                   sizeof(proto::VmmHandleRep) == sizeof(std::uint64_t));
-    const std::uint64_t rep = *placed;
+    const proto::MemAllocPitchRep rep{*placed, wait.pitch};
+    const std::size_t rep_bytes =
+        wait.call == MemoryWait::Call::kMemAllocPitch ? sizeof rep : sizeof rep.dptr;
     session.answer(wait.slot, CUDA_SUCCESS,
-                   std::span<const std::byte>(reinterpret_cast<const std::byte*>(&rep), sizeof rep),
+                   std::span<const std::byte>(reinterpret_cast<const std::byte*>(&rep), rep_bytes),
                    wait.taken_ns);
   } else {
-    log_info("{}: its {} of {} fails after {:.3f} s waiting: {}", session.who(), what_waits(wait),
+    log_info("{}: its {} of {} fails after {:.3f} s waiting: {}", session.who(), wait.what(),
              format_bytes(wait.bytes), waited.count(), describe(session.cu(), placed.error()));
     session.answer(wait.slot, placed.error(), {}, wait.taken_ns);
   }
@@ -148,32 +146,44 @@ OpResult op_mem_alloc_pitch(Call& call) {
   }
   if (!within_client_limit(session, ClientLimit::kAllocations))
     return call.done(CUDA_ERROR_OUT_OF_MEMORY);
-  const std::uint64_t asked = req.width_bytes * req.height;
-  auto held = session.charge.reserve(asked);
-  if (!held) return refuse_over_limit(call, asked, "device memory", held.error());
-  CUdeviceptr dptr = 0;
-  std::size_t pitch = 0;
   if (session.gpu().heap) {
     // The driver's own checks: the element size of a texture fetch, rows a pitch can address.
     if (req.element_bytes != 4 && req.element_bytes != 8 && req.element_bytes != 16) {
       return call.done(CUDA_ERROR_INVALID_VALUE);
     }
-    const std::uint64_t padded =
+    const std::uint64_t pitch =
         (req.width_bytes + kPitchAlignment - 1) / kPitchAlignment * kPitchAlignment;
-    if (padded > std::numeric_limits<std::uint64_t>::max() / req.height) {
+    if (pitch > std::numeric_limits<std::uint64_t>::max() / req.height) {
       return call.done(CUDA_ERROR_INVALID_VALUE);
     }
-    pitch = static_cast<std::size_t>(padded);
-    if (CUresult r = allocate_device(session, padded * req.height, &dptr); r != CUDA_SUCCESS) {
-      return call.done(r);
+    // The padding of each row counts: it is device memory the client holds.
+    const std::uint64_t bytes = pitch * req.height;
+    auto held = session.charge.reserve(bytes);
+    if (!held) return refuse_over_limit(call, bytes, "device memory", held.error());
+    auto placed = allocate_for_client(session, bytes, req.ctx, *held);
+    if (placed) return call.reply(proto::MemAllocPitchRep{*placed, pitch});
+    if (placed.error() == CUDA_ERROR_OUT_OF_MEMORY &&
+        wait_for_memory(call, MemoryWait{.call = MemoryWait::Call::kMemAllocPitch,
+                                         .bytes = bytes,
+                                         .ctx = req.ctx,
+                                         .pitch = pitch})) {
+      return call.deferred();
     }
-  } else if (CUresult r = call.cu.cuMemAllocPitch_v2(&dptr, &pitch, req.width_bytes, req.height,
-                                                     req.element_bytes);
-             r != CUDA_SUCCESS) {
+    return call.done(placed.error());
+  }
+  // Without the address arena the driver places it and picks the pitch; it fails at once when
+  // the GPU is full (the memory policies need the arena: docs/suspend.md).
+  const std::uint64_t asked = req.width_bytes * req.height;
+  auto held = session.charge.reserve(asked);
+  if (!held) return refuse_over_limit(call, asked, "device memory", held.error());
+  CUdeviceptr dptr = 0;
+  std::size_t pitch = 0;
+  if (CUresult r =
+          call.cu.cuMemAllocPitch_v2(&dptr, &pitch, req.width_bytes, req.height, req.element_bytes);
+      r != CUDA_SUCCESS) {
     return call.done(r);
   }
-  std::uint64_t bytes = std::uint64_t{pitch} * req.height;
-  // The padding of each row counts: it is device memory the client holds.
+  const std::uint64_t bytes = std::uint64_t{pitch} * req.height;
   auto padding = session.charge.reserve(bytes - std::min(bytes, asked));
   if (!padding) {
     free_device(session, dptr);

@@ -22,9 +22,9 @@ OpResult op_mem_free(Call& call);
 OpResult op_mem_get_info(Call& call);
 OpResult op_memset(Call& call);
 OpResult op_copy_dtod(Call& call);
-// The cuMemAlloc or cuMemCreate the session waits for (Session::memory_wait) tried again:
-// answered when it fits, or, on the `last_try`, with the driver's CUDA_ERROR_OUT_OF_MEMORY. False
-// when it still waits. On the session's worker.
+// The cuMemAlloc, cuMemAllocPitch or cuMemCreate the session waits for (Session::memory_wait) tried
+// again: answered when it fits, or, on the `last_try`, with the driver's CUDA_ERROR_OUT_OF_MEMORY.
+// False when it still waits. On the session's worker.
 bool retry_waiting_allocation(Session& session, bool last_try);
 // An allocation of `bytes` that did not fit, kept for a memory policy when one applies to the
 // client (`wait`'s call and its arguments filled in by the caller): true when its answer is now

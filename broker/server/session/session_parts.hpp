@@ -164,20 +164,34 @@ struct Suspension {
   }
 };
 
-// A cuMemAlloc or cuMemCreate that did not fit on the GPU and waits for a memory policy
-// (scheduling/memory_arbiter.hpp): its answer stays owed on `slot` until the coordinator has the
-// worker try it again (retry_waiting_allocation, ops/ops.hpp). One per session at a time: a
-// second allocation that does not fit meanwhile fails at once.
+// A cuMemAlloc, cuMemAllocPitch or cuMemCreate that did not fit on the GPU and waits for a
+// memory policy (scheduling/memory_arbiter.hpp): its answer stays owed on `slot` until the
+// coordinator has the worker try it again (retry_waiting_allocation, ops/ops.hpp). One per
+// session at a time: a second allocation that does not fit meanwhile fails at once.
 struct MemoryWait {
-  enum class Call { kMemAlloc, kMemCreate };
+  enum class Call { kMemAlloc, kMemAllocPitch, kMemCreate };
   bool on = false;
   Call call = Call::kMemAlloc;
   std::uint32_t slot = 0;
-  std::uint64_t bytes = 0;
-  std::uint64_t ctx = 0;       // cuMemAlloc: the client's context id the allocation names
+  std::uint64_t bytes = 0;     // cuMemAllocPitch: the rows' padded bytes
+  std::uint64_t ctx = 0;       // cuMemAlloc(Pitch): the client's context id the allocation names
+  std::uint64_t pitch = 0;     // cuMemAllocPitch: the pitch its answer carries
   proto::VmmProp prop{};       // cuMemCreate: the properties asked for
   std::uint64_t taken_ns = 0;  // when its record left the ring (answer_stamps.hpp)
   std::chrono::steady_clock::time_point since{};
+
+  // The driver call that waits, for the log.
+  const char* what() const {
+    switch (call) {
+      case Call::kMemAllocPitch:
+        return "cuMemAllocPitch";
+      case Call::kMemCreate:
+        return "cuMemCreate";
+      case Call::kMemAlloc:
+        break;
+    }
+    return "cuMemAlloc";
+  }
 };
 
 }  // namespace mpsshim::server
