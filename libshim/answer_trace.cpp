@@ -14,6 +14,7 @@ namespace {
 
 struct Line {
   std::uint16_t op;
+  bool early;
   std::uint64_t values[8];
 };
 
@@ -55,11 +56,15 @@ std::uint64_t AnswerTrace::now_ns() {
 }
 
 void AnswerTrace::add(proto::Op op, std::uint64_t launch_sent, std::uint64_t sent,
-                      const proto::ResponseSlot& slot, std::uint64_t seen) {
+                      const proto::ResponseSlot* slot, std::uint64_t seen) {
   State& s = *state();
+  // An early answer has no stamps yet: the server writes them with its late answer.
+  const proto::ResponseSlot none{};
+  const proto::ResponseSlot& stamps = slot != nullptr ? *slot : none;
   Line line{static_cast<std::uint16_t>(op),
-            {launch_sent, slot.stamp_launch_taken_ns, slot.stamp_launch_issued_ns, sent,
-             slot.stamp_taken_ns, slot.stamp_known_ns, slot.stamp_answered_ns, seen}};
+            slot == nullptr,
+            {launch_sent, stamps.stamp_launch_taken_ns, stamps.stamp_launch_issued_ns, sent,
+             stamps.stamp_taken_ns, stamps.stamp_known_ns, stamps.stamp_answered_ns, seen}};
   std::lock_guard lock(s.mutex);
   if (s.lines.size() < kMaxLines) s.lines.push_back(line);
 }
@@ -77,11 +82,12 @@ void AnswerTrace::write() {
   }
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) return;
-  std::fprintf(f, "op,launch_sent,launch_taken,launch_issued,sent,taken,known,answered,seen\n");
+  std::fprintf(f,
+               "op,launch_sent,launch_taken,launch_issued,sent,taken,known,answered,seen,early\n");
   for (const Line& l : s.lines) {
     std::fprintf(f, "%u", static_cast<unsigned>(l.op));  // proto/ops.hpp's numbers
     for (std::uint64_t v : l.values) std::fprintf(f, ",%llu", static_cast<unsigned long long>(v));
-    std::fprintf(f, "\n");
+    std::fprintf(f, ",%d\n", l.early ? 1 : 0);
   }
   std::fclose(f);
 }

@@ -144,6 +144,7 @@ CUresult Session::attach(const std::string& socket_path, const proto::ClientHell
     session->watch_mapping_ = std::move(*watch);
     session->watch_words_ =
         static_cast<const std::uint32_t*>(session->watch_mapping_.get_address());
+    session->early_answers_ = session->welcome_.header.abi_minor >= proto::kAbiMinorEarlyAnswers;
   }
   session->producer_ = proto::RingProducer(session->view_.ring(), g.ring_capacity);
   session->free_slots_ =
@@ -272,11 +273,38 @@ CUresult Session::post(proto::Op op, const void* request, std::size_t request_by
 }
 
 std::uint32_t Session::acquire_slot() {
+  // An owed slot comes back by itself when the server's late answer lands, with no one to
+  // notify: while every slot is taken and some are owed, the wait looks again every 20 us.
+  constexpr auto kOwedLook = std::chrono::microseconds(20);
   std::unique_lock lock(slot_mutex_);
-  slot_freed_.wait(lock, [this] { return free_slots_ != 0; });
+  for (;;) {
+    if (owed_slots_ != 0) reclaim_owed_locked();
+    if (free_slots_ != 0) break;
+    if (owed_slots_ != 0) {
+      slot_freed_.wait_for(lock, kOwedLook);
+    } else {
+      slot_freed_.wait(lock);
+    }
+  }
   std::uint32_t index = static_cast<std::uint32_t>(__builtin_ctzll(free_slots_));
   free_slots_ &= ~(std::uint64_t{1} << index);
   return index;
+}
+
+void Session::owe_slot(std::uint32_t index) {
+  std::lock_guard lock(slot_mutex_);
+  owed_slots_ |= std::uint64_t{1} << index;
+}
+
+void Session::reclaim_owed_locked() {
+  for (std::uint64_t owed = owed_slots_; owed != 0; owed &= owed - 1) {
+    const auto index = static_cast<std::uint32_t>(__builtin_ctzll(owed));
+    proto::ResponseSlot* slot = view_.slot(index);
+    if (slot->state.load(std::memory_order_acquire) != proto::kSlotReady) continue;
+    slot->state.store(proto::kSlotIdle, std::memory_order_relaxed);
+    owed_slots_ &= ~(std::uint64_t{1} << index);
+    free_slots_ |= std::uint64_t{1} << index;
+  }
 }
 
 void Session::release_slot(std::uint32_t index) {
@@ -287,25 +315,34 @@ void Session::release_slot(std::uint32_t index) {
   slot_freed_.notify_one();
 }
 
-void Session::look_at_watch(const proto::ResponseSlot& slot, std::uint64_t& rung) {
+bool Session::look_at_watch(const proto::ResponseSlot& slot, std::uint64_t& rung) {
   const std::uint64_t watch = slot.watch.load(std::memory_order_relaxed);
-  if (!proto::watch_set(watch) || watch == rung || watch_words_ == nullptr) return;
+  if (!proto::watch_set(watch) || watch_words_ == nullptr) return false;
   const std::uint32_t word = proto::watch_word(watch);
-  if (word >= proto::kWatchPageWords) return;
+  if (word >= proto::kWatchPageWords) return false;
   // The GPU's write, then the worker's announced sleep: the worker announces, fences, then
   // looks at the word, so when it missed the write this sees the announcement.
-  if (__atomic_load_n(&watch_words_[word], __ATOMIC_SEQ_CST) != proto::watch_value(watch)) return;
-  if (view_.ring()->consumer_waiting.load(std::memory_order_seq_cst) == 0) return;
-  rung = watch;
-  ring_doorbell();
+  if (__atomic_load_n(&watch_words_[word], __ATOMIC_SEQ_CST) != proto::watch_value(watch)) {
+    return false;
+  }
+  if (watch != rung && view_.ring()->consumer_waiting.load(std::memory_order_seq_cst) != 0) {
+    rung = watch;
+    ring_doorbell();
+  }
+  return true;
 }
 
-CUresult Session::wait_slot(proto::ResponseSlot* slot) {
+CUresult Session::wait_slot(proto::ResponseSlot* slot, SlotEnd& end) {
   std::uint64_t rung = 0;
+  end = SlotEnd::kAnswered;
   auto ready = [&] {
     if (slot->state.load(std::memory_order_acquire) == proto::kSlotReady) return true;
-    look_at_watch(*slot, rung);
-    return false;
+    if (!look_at_watch(*slot, rung) || !early_answers_) return false;
+    // The call's GPU work is done, so its answer will be CUDA_SUCCESS: it returns now, unless
+    // the session faulted meanwhile (the server then answers everything with the fault).
+    if (view_.control()->fault.load(std::memory_order_acquire) != 0) return false;
+    end = SlotEnd::kLanded;
+    return true;
   };
   const SpinEnd spun =
       spin_until(current_wait_plan(crowded()), ready, [this] { return peer_gone(); });
@@ -357,10 +394,17 @@ CUresult Session::call(proto::Op op, const void* request, std::size_t request_by
     }
     open_record_ = at;
     const std::uint64_t sent = commit_record();
-    rc = wait_slot(slot);
+    SlotEnd end = SlotEnd::kAnswered;
+    rc = wait_slot(slot, end);
     if (trace_ != nullptr && rc == CUDA_SUCCESS) {
-      trace_->add(op, last_launch_commit_ns_.load(std::memory_order_relaxed), sent, *slot,
-                  AnswerTrace::now_ns());
+      trace_->add(op, last_launch_commit_ns_.load(std::memory_order_relaxed), sent,
+                  end == SlotEnd::kLanded ? nullptr : slot, AnswerTrace::now_ns());
+    }
+    if (rc == CUDA_SUCCESS && end == SlotEnd::kLanded) {
+      // An early answer: CUDA_SUCCESS, no payload (proto::ResponseSlot::watch). The slot stays
+      // out of circulation until the server's answer comes.
+      owe_slot(index);
+      return CUDA_SUCCESS;
     }
     if (rc == CUDA_SUCCESS) {
       rc = static_cast<CUresult>(slot->result);

@@ -105,11 +105,14 @@ class Session {
   void ring_doorbell();
   // The server's hint that waiting threads should not spin long (proto::SessionControl).
   bool crowded() const { return view_.control()->crowded.load(std::memory_order_relaxed) != 0; }
-  CUresult wait_slot(proto::ResponseSlot* slot);
-  // One look of a spinning wait at its slot's fence watch (proto::ResponseSlot::watch): rings
-  // the doorbell when the named fence has landed while the worker sleeps, once per watch
-  // (`rung`), so the worker sleeps through the GPU's work instead of polling it.
-  void look_at_watch(const proto::ResponseSlot& slot, std::uint64_t& rung);
+  // How a wait for a slot's answer ended: the answer came, or (early answers) the call's fence
+  // landed first; else the session is dead.
+  enum class SlotEnd { kAnswered, kLanded };
+  CUresult wait_slot(proto::ResponseSlot* slot, SlotEnd& end);
+  // One look of a spinning wait at its slot's fence watch (proto::ResponseSlot::watch): true
+  // when the named fence has landed. Then rings the doorbell if the worker sleeps, once per
+  // watch (`rung`), so the worker sleeps through the GPU's work instead of polling it.
+  bool look_at_watch(const proto::ResponseSlot& slot, std::uint64_t& rung);
   CUresult wait_generation(proto::ChunkState* state, std::uint32_t generation);
   CUresult dead_result() const;
   // Logs once that the server's sticky fault `fault` ends this session, naming the client whose
@@ -117,6 +120,10 @@ class Session {
   void note_fault(std::uint32_t fault) const;
   std::uint32_t acquire_slot();
   void release_slot(std::uint32_t index);
+  // A slot whose call returned on an early answer: back in circulation once the server's answer
+  // has come (reclaim_owed_locked, under slot_mutex_).
+  void owe_slot(std::uint32_t index);
+  void reclaim_owed_locked();
 
   proto::UniqueFd socket_;
   proto::UniqueFd doorbell_;
@@ -126,6 +133,8 @@ class Session {
   // an older server.
   boost::interprocess::mapped_region watch_mapping_;
   const std::uint32_t* watch_words_ = nullptr;
+  // The server's watches are early answers (ABI 1.29): a call returns when its fence lands.
+  bool early_answers_ = false;
   proto::SessionWelcome welcome_{};
 
   std::mutex producer_mutex_;
@@ -141,6 +150,7 @@ class Session {
   std::mutex slot_mutex_;
   std::condition_variable slot_freed_;
   std::uint64_t free_slots_ = 0;  // bit i set = slot i free (slot_count <= 64)
+  std::uint64_t owed_slots_ = 0;  // bit i set = slot i awaits the answer to an early-answered call
 
   std::mutex chunk_mutex_;
   std::uint32_t next_chunk_ = 0;

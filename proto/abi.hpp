@@ -76,11 +76,17 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // descriptor, the session's watch page (its host-fence words, read-only for the client), and
 // ResponseSlot::watch (was reserved, 0) names the word that finishes the call's GPU work
 // (proto/segment.hpp).
-inline constexpr std::uint16_t kAbiMinor = 28;
+// Minor 29: early answers. The server names a deferred call's fence in ResponseSlot::watch as
+// soon as it defers the answer, and the fence landing means the call succeeded: a client of a
+// minor-29 server may return as soon as it sees the word land, and takes the slot again only
+// once the late answer has come (proto/segment.hpp). No layout change.
+inline constexpr std::uint16_t kAbiMinor = 29;
 // The first minor whose daemon honours kHelloOwnIsolationGroup.
 inline constexpr std::uint16_t kAbiMinorIsolationGroups = 18;
 // The first minor whose clients take the watch page.
 inline constexpr std::uint16_t kAbiMinorFenceWatch = 28;
+// The first minor whose server's watches are early answers.
+inline constexpr std::uint16_t kAbiMinorEarlyAnswers = 29;
 
 // FROZEN FOREVER. Every message on every mpsshim socket starts with this header, so that any two
 // versions of mpsshim can at least tell each other which versions they are. Never change it.

@@ -91,12 +91,15 @@ struct ResponseSlot {
   std::uint64_t stamp_answered_ns;
   std::uint64_t stamp_launch_taken_ns;
   std::uint64_t stamp_launch_issued_ns;
-  // ABI 1.28 (was reserved, 0): the fence watch (fence_watch()). Written by the server before
-  // it parks its worker: the word of the session's watch page whose landing finishes this
-  // call's GPU work, and the value the GPU writes there. A client thread that spins for the
-  // answer looks at the word and rings the doorbell when it landed while the worker sleeps,
-  // so the worker sleeps through the GPU's work instead of polling it. The client zeroes it
-  // when it takes the slot. A hint only: the server trusts its own copy of the fence.
+  // ABI 1.28 (was reserved, 0): the fence watch (fence_watch()): the word of the session's
+  // watch page whose landing finishes this call's GPU work, and the value the GPU writes there.
+  // A client thread that spins for the answer looks at the word and rings the doorbell when it
+  // landed while the worker sleeps, so the worker sleeps through the GPU's work instead of
+  // polling it. The client zeroes it when it takes the slot. The server trusts its own copy of
+  // the fence. Written by a 1.28 server before it parks its worker; by a 1.29 server as soon as
+  // it defers the answer, and only when the answer will be CUDA_SUCCESS without payload once the
+  // word lands (unless the session faults): the client may then return at once (an early
+  // answer) and leaves the slot out of circulation until the server's answer comes.
   std::atomic<std::uint64_t> watch;
   std::uint8_t payload[kSlotBytes - kCacheLine];
 };

@@ -65,7 +65,7 @@ std::vector<std::map<std::string, unsigned long long>> read_answer_trace(const s
     rows.push_back(row);
   }
   REQUIRE(names == std::vector<std::string>{"op", "launch_sent", "launch_taken", "launch_issued",
-                                            "sent", "taken", "known", "answered", "seen"});
+                                            "sent", "taken", "known", "answered", "seen", "early"});
   return rows;
 }
 
@@ -77,9 +77,12 @@ TEST_CASE("answers carry the server's stamps to a client that traces them, in ti
           "[e2e][stamps]") {
   for (bool stamped : {true, false}) {
     INFO("MPSSHIM_SERVER_STAMP_ANSWERS " << (stamped ? "1" : "unset"));
-    Daemon daemon(
-        {}, stamped ? std::map<std::string, std::string>{{"MPSSHIM_SERVER_STAMP_ANSWERS", "1"}}
-                    : std::map<std::string, std::string>{});
+    // Without the fence watch: a synchronize that returns on its fence's landing (an early
+    // answer, the next case) does so before the server's stamps are written.
+    Daemon daemon({"--fence-watch", "off"},
+                  stamped
+                      ? std::map<std::string, std::string>{{"MPSSHIM_SERVER_STAMP_ANSWERS", "1"}}
+                      : std::map<std::string, std::string>{});
     const std::string trace = daemon.dir() + "/answers.csv";
     require_pass(
         run_client(daemon, {client(), "basic", "100000"}, {{"MPSSHIM_TRACE_ANSWERS", trace}}),
@@ -90,6 +93,7 @@ TEST_CASE("answers carry the server's stamps to a client that traces them, in ti
     for (const auto& r : rows) {
       CHECK(r.at("sent") != 0);
       CHECK(r.at("sent") <= r.at("seen"));  // CLOCK_MONOTONIC, one clock for every process
+      CHECK(r.at("early") == 0);
       if (!stamped) {
         CHECK(r.at("taken") + r.at("known") + r.at("answered") == 0);
         continue;
@@ -177,6 +181,39 @@ TEST_CASE("an idle cuCtxSynchronize is answered in the shim, and fails once the 
 // Fence watches (broker/server/session/fence_watch.hpp): while a spinning client synchronizes,
 // its worker sleeps and the client rings when the fence lands; a client that sleeps itself
 // watches nothing and its worker polls. Both get every answer right.
+TEST_CASE("a spinning client returns when its synchronize's fence lands, before the answer",
+          "[e2e]") {
+  for (bool watching : {true, false}) {
+    INFO("--fence-watch " << (watching ? "on" : "off"));
+    Daemon daemon(watching ? std::vector<std::string>{}
+                           : std::vector<std::string>{"--fence-watch", "off"});
+    const std::string trace = daemon.dir() + "/answers.csv";
+    // Each of the 20 rounds checks that its synchronize waited for the kernel's 30 ms and that
+    // the kernel's words are there; the worker sleeps meanwhile, so the client sees the landing
+    // first.
+    Child spinning(
+        {client(), "watched_sync", "20"},
+        daemon.client_env({{"MPSSHIM_WAIT_SPIN_US", "10000000"}, {"MPSSHIM_TRACE_ANSWERS", trace}}),
+        true);
+    INFO("stdout: " << spinning.out() << "\ndaemon log:\n" << daemon.log());
+    REQUIRE(spinning.wait_for_output("READY", 60s));
+    spinning.close_stdin();
+    require_pass(spinning.wait(60s), daemon);
+    int early = 0;
+    for (const auto& r : read_answer_trace(trace)) {
+      if (r.at("early") == 0) continue;
+      CHECK(r.at("op") == kStreamSynchronizeOp);
+      ++early;
+    }
+    // Not all 20: a worker that happens to be awake when a fence lands answers first.
+    if (watching) {
+      CHECK(early >= 1);
+    } else {
+      CHECK(early == 0);  // without the watch page, only the server's answer ends a call
+    }
+  }
+}
+
 TEST_CASE("a spinning client watches its synchronize's fence and wakes its worker", "[e2e]") {
   Daemon daemon;
   auto figures = [&](const char* which) {

@@ -533,6 +533,7 @@ constexpr Pinned kPinned[] = {
     {1, 26, 0xb2d071842a220784},  // own green contexts (146..149), cuMemBatchDecompressAsync (150)
     {1, 27, 0x50a5e9343726d2fc},  // cuMemMapArrayAsync (151)
     {1, 28, 0x50a5e9343726d2fc},  // fence watches: ResponseSlot::watch (was reserved), the page
+    {1, 29, 0x50a5e9343726d2fc},  // early answers: a landed ResponseSlot::watch answers the call
 };
 
 }  // namespace

@@ -23,7 +23,9 @@ Beside each hop's p50 and p99 it prints the hop's mean over the slowest 1% of ro
 then how many trips took over 50 us, 100 us, 500 us and 1 ms. With --slow-us T it lists every
 trip over T us: when it began (ms after the first) and its hops.
 
-Trips whose answer carries no server stamps (a server without the variable) are left out.
+Trips whose answer carries no server stamps (a server without the variable) are left out, and
+so are early answers (column early = 1: the client returned on its fence's landing, before the
+server's answer and its stamps); their count and round trip are printed on their own.
 """
 import argparse
 import csv
@@ -56,6 +58,13 @@ def main():
     for path in args.traces:
         rows = [r for r in csv.DictReader(open(path)) if int(r["op"]) == args.op]
         rows = [{k: int(v) for k, v in r.items()} for r in rows[args.skip:]]
+        early = [r for r in rows if r.get("early", 0)]
+        if early:
+            trips = [(r["seen"] - r["launch_sent"]) / 1000 for r in early if r["launch_sent"]]
+            print(f"{path}: {len(early)} early answers of op {args.op}" +
+                  (f", round trip p50 {statistics.median(trips):.2f} us, p99 "
+                   f"{quantile(trips, 0.99):.2f} us" if trips else ""))
+        rows = [r for r in rows if not r.get("early", 0)]
         rows = [r for r in rows if r["taken"] and r["launch_taken"] and r["launch_sent"]]
         print(f"{path}: {len(rows)} answers of op {args.op}")
         if not rows:

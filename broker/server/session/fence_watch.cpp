@@ -15,17 +15,31 @@ bool client_sleeps(const Session& session, const Completion& c) {
   return session.segment.view().slot(c.slot)->waiter.load(std::memory_order_seq_cst) != 0;
 }
 
+namespace {
+
+// Names the fence of watchable `c` in its slot, once.
+void name_fence(Session& session, const Completion& c) {
+  const HostFence& fence = c.waits.back().fence;
+  const std::uint64_t watch = proto::fence_watch(fence.word, fence.value);
+  proto::ResponseSlot* slot = session.segment.view().slot(c.slot);
+  if (slot->watch.load(std::memory_order_relaxed) == watch) return;
+  // Ordered before the sleep's announcement by its seq_cst store.
+  slot->watch.store(watch, std::memory_order_relaxed);
+  ++session.stats.fence_watches;
+}
+
+}  // namespace
+
 void post_watches(Session& session) {
   for (Completion& c : session.pending) {
-    if (!watchable(session, c)) continue;
-    const HostFence& fence = c.waits.back().fence;
-    const std::uint64_t watch = proto::fence_watch(fence.word, fence.value);
-    proto::ResponseSlot* slot = session.segment.view().slot(c.slot);
-    if (slot->watch.load(std::memory_order_relaxed) == watch) continue;
-    // Ordered before the sleep's announcement by its seq_cst store.
-    slot->watch.store(watch, std::memory_order_relaxed);
-    ++session.stats.fence_watches;
+    if (watchable(session, c)) name_fence(session, c);
   }
+}
+
+void post_early_watch(Session& session, const Completion& c) {
+  // Landed, the last wait completes the answer with c.result (completions.cpp: deliver), with
+  // no payload; a fault stops the stream before the fence's write.
+  if (c.result == CUDA_SUCCESS && watchable(session, c)) name_fence(session, c);
 }
 
 void look_at_watches(const Session& session, WatchLook& look) {

@@ -10,6 +10,12 @@
 // going to sleep, it rings if the worker sleeps, so the worker looks again. Both sides store, then
 // fence, then load what the other stored: one of them always sees the other.
 //
+// Early answers (ABI 1.29): a completion whose answer will be CUDA_SUCCESS once its fence lands
+// is named in its slot as soon as the answer is deferred (post_early_watch), and a spinning client
+// returns when it sees the word land instead of waiting for the worker to see it and answer
+// (~1 us less per synchronize on an H200: tools/probes/small_pinned_copies.cpp). The worker's
+// answer still comes, later, and only then may the client use the slot again.
+//
 // Only the owning worker's thread calls these.
 #pragma once
 
@@ -30,6 +36,10 @@ bool client_sleeps(const Session& session, const Completion& c);
 
 // Names each watchable completion's fence in its slot.
 void post_watches(Session& session);
+
+// Names `c`'s fence in its slot now, when the client can watch it and its answer will be
+// CUDA_SUCCESS once the fence lands: an early answer. `c` was just deferred.
+void post_early_watch(Session& session, const Completion& c);
 
 // What the worker found after announcing its sleep.
 struct WatchLook {

@@ -8,6 +8,7 @@
 
 #include "broker/server/base/answer_stamps.hpp"
 #include "broker/server/driver/driver.hpp"
+#include "broker/server/session/fence_watch.hpp"
 #include "common/log.hpp"
 #include "proto/futex.hpp"
 
@@ -162,6 +163,7 @@ void Session::complete_queued(Completion completion) {
     slot_busy[completion.slot] = 1;
   }
   pending.push_back(std::move(completion));
+  post_early_watch(*this, pending.back());
 }
 
 tl::expected<std::vector<CUevent>, CUresult> Session::fence_all_streams() {
