@@ -195,6 +195,15 @@ ClientConfig read_client_config() {
       log_warn("ignoring MPSSHIM_LAUNCH_BATCHING='{}': expected off or on", batching);
     }
   }
+  // For measuring: a call waits for the server's answer even when its fence landed first
+  // (docs/architecture.md, "Early answers").
+  if (std::string early = env("MPSSHIM_EARLY_ANSWERS"); !early.empty()) {
+    if (early == "off" || early == "0") {
+      config.early_answers = false;
+    } else if (early != "on" && early != "1") {
+      log_warn("ignoring MPSSHIM_EARLY_ANSWERS='{}': expected off or on", early);
+    }
+  }
   // A process that trusts no other client asks for server processes of its own
   // (docs/isolation.md); it can only add isolation to what the operator's rule gives.
   if (std::string isolation = env("MPSSHIM_ISOLATION"); !isolation.empty()) {

@@ -15,6 +15,7 @@
 
 #include "common/log.hpp"
 #include "libshim/answer_trace.hpp"
+#include "libshim/client.hpp"
 #include "libshim/wait_policy.hpp"
 #include "proto/futex.hpp"
 #include "proto/memfd_mapping.hpp"
@@ -144,7 +145,8 @@ CUresult Session::attach(const std::string& socket_path, const proto::ClientHell
     session->watch_mapping_ = std::move(*watch);
     session->watch_words_ =
         static_cast<const std::uint32_t*>(session->watch_mapping_.get_address());
-    session->early_answers_ = session->welcome_.header.abi_minor >= proto::kAbiMinorEarlyAnswers;
+    session->early_answers_ = config().early_answers &&
+                              session->welcome_.header.abi_minor >= proto::kAbiMinorEarlyAnswers;
   }
   session->producer_ = proto::RingProducer(session->view_.ring(), g.ring_capacity);
   session->free_slots_ =
@@ -223,6 +225,12 @@ void Session::ring_doorbell() {
   [[maybe_unused]] ssize_t n = ::write(doorbell_.get(), &one, sizeof one);
 }
 
+void Session::wake_sleeping_worker() {
+  // Taken back before the ring, so that every announcement cleared here is followed by a ring:
+  // the worker wakes, and reads the whole ring, however many records came meanwhile.
+  if (view_.ring()->consumer_waiting.exchange(0, std::memory_order_seq_cst) != 0) ring_doorbell();
+}
+
 std::byte* Session::begin_record(proto::Op op, std::uint32_t payload, std::uint16_t flags) {
   std::uint32_t bytes = proto::record_bytes(payload);
   producer_mutex_.lock();
@@ -256,7 +264,7 @@ std::uint64_t Session::commit_record() {
   records_committed_.store(records_committed_.load(std::memory_order_relaxed) + 1,
                            std::memory_order_release);
   producer_mutex_.unlock();
-  if (wake) ring_doorbell();
+  if (wake) wake_sleeping_worker();
   return committed_ns;
 }
 
@@ -327,7 +335,7 @@ bool Session::look_at_watch(const proto::ResponseSlot& slot, std::uint64_t& rung
   }
   if (watch != rung && view_.ring()->consumer_waiting.load(std::memory_order_seq_cst) != 0) {
     rung = watch;
-    ring_doorbell();
+    wake_sleeping_worker();
   }
   return true;
 }
@@ -356,7 +364,7 @@ CUresult Session::wait_slot(proto::ResponseSlot* slot, SlotEnd& end) {
     // looks at `waiter`: it sees this thread's sleep, or this sees its announcement.
     if (first && proto::watch_set(slot->watch.load(std::memory_order_seq_cst)) &&
         view_.ring()->consumer_waiting.load(std::memory_order_seq_cst) != 0) {
-      ring_doorbell();
+      wake_sleeping_worker();
     }
     proto::futex_wait(&slot->state, proto::kSlotPending, kSleepSliceNs);
     if (ready()) break;

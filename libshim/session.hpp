@@ -103,6 +103,11 @@ class Session {
   Session() = default;
   bool peer_gone();
   void ring_doorbell();
+  // Rings the doorbell when the worker announced its sleep (RingControl::consumer_waiting), and
+  // takes the announcement back, so that the records that follow before the worker is up (an
+  // early answer's caller launching again at once, the process's other threads) ring no more:
+  // one eventfd write per sleep instead of one per record.
+  void wake_sleeping_worker();
   // The server's hint that waiting threads should not spin long (proto::SessionControl).
   bool crowded() const { return view_.control()->crowded.load(std::memory_order_relaxed) != 0; }
   // How a wait for a slot's answer ended: the answer came, or (early answers) the call's fence

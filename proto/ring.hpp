@@ -81,6 +81,9 @@ inline void stamp_record(std::byte* record) {
 struct RingControl {
   alignas(kCacheLine) std::atomic<std::uint64_t> head;  // written by the producer only
   alignas(kCacheLine) std::atomic<std::uint64_t> tail;  // written by the consumer only
+  // Set by the consumer (the server's worker) before it sleeps and cleared when it wakes; a
+  // producer that sees it set clears it and rings the consumer's doorbell (ABI 1.29; before, it
+  // rang on every record until the consumer was up).
   alignas(kCacheLine) std::atomic<std::uint32_t> consumer_waiting;
   std::atomic<std::uint32_t> producer_waiting;
   std::uint64_t capacity;  // bytes of the data area that follows; power of two
