@@ -37,7 +37,7 @@ struct ClientConfig {
   std::map<int, std::uint64_t> memory_limit;  // per visible ordinal
   bool ignore_sm_coscheduling = false;        // MPSSHIM_SM_GRANULARITY=2
   bool launch_batching = true;                // MPSSHIM_LAUNCH_BATCHING=off: false
-  bool early_answers = true;                  // MPSSHIM_EARLY_ANSWERS=off: false
+  bool early_answers = false;                 // MPSSHIM_EARLY_ANSWERS=on: true
   bool own_isolation_group = false;           // MPSSHIM_ISOLATION=own
   // A library's kernels are handed out from the names its load's reply lists and looked up on
   // the server at their first use (libshim/kernel_lookup.hpp). MPSSHIM_KERNEL_LOOKUP=eager, or

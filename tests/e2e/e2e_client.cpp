@@ -432,10 +432,11 @@ int idle_sync() {
   return after != CUDA_SUCCESS ? 0 : 1;
 }
 
-// `rounds` 30 ms kernels on a stream, each followed by a synchronize that must wait for it and
-// then see its result (the worker may sleep through the wait: fence_watch.hpp). Prints READY,
-// then waits for stdin to close so the test can read the server's figures meanwhile.
-int watched_sync(unsigned rounds) {
+// `rounds` kernels of `us` microseconds (30 ms by default) on a stream, each followed by a
+// synchronize that must wait for it and then see its result (the worker may sleep through the
+// wait: fence_watch.hpp). Prints READY, then waits for stdin to close so the test can read the
+// server's figures meanwhile.
+int watched_sync(unsigned rounds, int kernel_us) {
   Setup s = setup();
   CUfunction sleeper{}, fill{};
   CHECK(cuModuleGetFunction(&sleeper, s.module, "sleep_kernel"));
@@ -446,7 +447,7 @@ int watched_sync(unsigned rounds) {
   CUdeviceptr out;
   CHECK(cuMemAlloc(&out, kWords * sizeof(unsigned)));
   for (unsigned round = 1; round <= rounds; ++round) {
-    int us = 30'000;
+    int us = kernel_us;
     int n = kWords;
     void* sleep_args[] = {&us};
     void* fill_args[] = {&out, &round, &n};
@@ -458,7 +459,7 @@ int watched_sync(unsigned rounds) {
     std::vector<unsigned> words(kWords);
     CHECK(cuMemcpyDtoH(words.data(), out, kWords * sizeof(unsigned)));
     const auto filled = std::count(words.begin(), words.end(), round);
-    if (waited < std::chrono::milliseconds(30) || filled != kWords) {
+    if (waited < std::chrono::microseconds(kernel_us) || filled != kWords) {
       std::printf("FAIL round %u: the synchronize took %lld us; %ld of %d words filled\n", round,
                   static_cast<long long>(
                       std::chrono::duration_cast<std::chrono::microseconds>(waited).count()),
@@ -2400,7 +2401,10 @@ int main(int argc, char** argv) {
   if (mode == "library_kernels") return library_kernels(arg != 0);
   if (mode == "occupancy") return occupancy();
   if (mode == "idle_sync") return idle_sync();
-  if (mode == "watched_sync") return watched_sync(arg ? static_cast<unsigned>(arg) : 3);
+  if (mode == "watched_sync") {
+    const int kernel_us = argc > 3 ? std::atoi(argv[3]) : 30'000;
+    return watched_sync(arg ? static_cast<unsigned>(arg) : 3, kernel_us > 0 ? kernel_us : 30'000);
+  }
   if (mode == "hog") return hog(arg ? arg : 256);
   if (mode == "resident") return resident(arg ? arg : 8);
   if (mode == "holder") return holder(arg ? arg : 8, false);

@@ -191,10 +191,11 @@ TEST_CASE("a spinning client returns when its synchronize's fence lands, before 
     // Each of the 20 rounds checks that its synchronize waited for the kernel's 30 ms and that
     // the kernel's words are there; the worker sleeps meanwhile, so the client sees the landing
     // first.
-    Child spinning(
-        {client(), "watched_sync", "20"},
-        daemon.client_env({{"MPSSHIM_WAIT_SPIN_US", "10000000"}, {"MPSSHIM_TRACE_ANSWERS", trace}}),
-        true);
+    Child spinning({client(), "watched_sync", "20"},
+                   daemon.client_env({{"MPSSHIM_WAIT_SPIN_US", "10000000"},
+                                      {"MPSSHIM_EARLY_ANSWERS", "on"},
+                                      {"MPSSHIM_TRACE_ANSWERS", trace}}),
+                   true);
     INFO("stdout: " << spinning.out() << "\ndaemon log:\n" << daemon.log());
     REQUIRE(spinning.wait_for_output("READY", 60s));
     spinning.close_stdin();
@@ -212,6 +213,28 @@ TEST_CASE("a spinning client returns when its synchronize's fence lands, before 
       CHECK(early == 0);  // without the watch page, only the server's answer ends a call
     }
   }
+}
+
+TEST_CASE("slots left owed by early answers come back: many synchronizes in a row", "[e2e]") {
+  Daemon daemon;
+  const std::string trace = daemon.dir() + "/answers.csv";
+  // 500 rounds of a 2 ms kernel and a synchronize that must wait for it and see its words; each
+  // early answer leaves its slot owed until the late answer.
+  Child spinning({client(), "watched_sync", "500", "2000"},
+                 daemon.client_env({{"MPSSHIM_WAIT_SPIN_US", "10000000"},
+                                    {"MPSSHIM_EARLY_ANSWERS", "on"},
+                                    {"MPSSHIM_TRACE_ANSWERS", trace}}),
+                 true);
+  INFO("stdout: " << spinning.out() << "\ndaemon log:\n" << daemon.log());
+  REQUIRE(spinning.wait_for_output("READY", 120s));
+  spinning.close_stdin();
+  require_pass(spinning.wait(60s), daemon);
+  int early = 0;
+  for (const auto& r : read_answer_trace(trace)) early += r.at("early") == 1 ? 1 : 0;
+  INFO(early << " early answers");
+  // More than the session's 64 slots: owed slots were taken back, or the client would have
+  // waited for a free slot for ever.
+  CHECK(early > 64);
 }
 
 TEST_CASE("a spinning client watches its synchronize's fence and wakes its worker", "[e2e]") {
