@@ -451,16 +451,19 @@ int watched_sync(unsigned rounds, int kernel_us) {
     int n = kWords;
     void* sleep_args[] = {&us};
     void* fill_args[] = {&out, &round, &n};
+    // From before the launch: the kernel may run while this thread is kept off its CPU between
+    // the launch and the synchronize, but cannot end before it was launched.
+    const auto t0 = std::chrono::steady_clock::now();
     CHECK(cuLaunchKernel(sleeper, 1, 1, 1, 1, 1, 1, 0, stream, sleep_args, nullptr));
     CHECK(cuLaunchKernel(fill, 1, 1, 1, kWords, 1, 1, 0, stream, fill_args, nullptr));
-    const auto t0 = std::chrono::steady_clock::now();
     CHECK(cuStreamSynchronize(stream));
     const auto waited = std::chrono::steady_clock::now() - t0;
     std::vector<unsigned> words(kWords);
     CHECK(cuMemcpyDtoH(words.data(), out, kWords * sizeof(unsigned)));
     const auto filled = std::count(words.begin(), words.end(), round);
     if (waited < std::chrono::microseconds(kernel_us) || filled != kWords) {
-      std::printf("FAIL round %u: the synchronize took %lld us; %ld of %d words filled\n", round,
+      std::printf("FAIL round %u: launch and synchronize took %lld us; %ld of %d words filled\n",
+                  round,
                   static_cast<long long>(
                       std::chrono::duration_cast<std::chrono::microseconds>(waited).count()),
                   static_cast<long>(filled), kWords);

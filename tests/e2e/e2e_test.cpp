@@ -225,8 +225,9 @@ TEST_CASE("slots left owed by early answers come back: many synchronizes in a ro
                                     {"MPSSHIM_EARLY_ANSWERS", "on"},
                                     {"MPSSHIM_TRACE_ANSWERS", trace}}),
                  true);
+  const bool ready = spinning.wait_for_output("READY", 120s);
   INFO("stdout: " << spinning.out() << "\ndaemon log:\n" << daemon.log());
-  REQUIRE(spinning.wait_for_output("READY", 120s));
+  REQUIRE(ready);
   spinning.close_stdin();
   require_pass(spinning.wait(60s), daemon);
   int early = 0;
