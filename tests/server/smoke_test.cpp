@@ -400,6 +400,11 @@ TEST_CASE("a GPU fault reaches every client and the server exits 70", "[server][
   REQUIRE(as<proto::ServerReady>(message).status == 0);
   Client culprit(server, 1001);
   Client bystander(server, 1002);
+  // One answered call: the bystander's session is on its worker before the fault (a session
+  // admitted after it would only see its server go away).
+  bystander.send(proto::Op::kCtxCreate, proto::CtxCreateReq{0, 0}, 0);
+  proto::CtxCreateRep bystander_ctx{};
+  REQUIRE(bystander.wait(0, &bystander_ctx, sizeof bystander_ctx) == CUDA_SUCCESS);
   culprit.send(proto::Op::kCtxCreate, proto::CtxCreateReq{0, 0}, 0);
   proto::CtxCreateRep ctx{};
   REQUIRE(culprit.wait(0, &ctx, sizeof ctx) == CUDA_SUCCESS);
