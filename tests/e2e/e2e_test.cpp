@@ -181,27 +181,39 @@ TEST_CASE("an idle cuCtxSynchronize is answered in the shim, and fails once the 
 // Fence watches (broker/server/session/fence_watch.hpp): while a spinning client synchronizes,
 // its worker sleeps and the client rings when the fence lands; a client that sleeps itself
 // watches nothing and its worker polls. Both get every answer right.
+namespace {
+
+// A spinning e2e_client `watched_sync ROUNDS KERNEL_US` with early answers on: every round checks
+// that its synchronize waited for the kernel and finds the kernel's words. Its answer trace's
+// lines.
+std::vector<std::map<std::string, unsigned long long>> early_answer_run(const Daemon& daemon,
+                                                                        const char* rounds,
+                                                                        const char* kernel_us) {
+  const std::string trace = daemon.dir() + "/answers.csv";
+  Child spinning({client(), "watched_sync", rounds, kernel_us},
+                 daemon.client_env({{"MPSSHIM_WAIT_SPIN_US", "10000000"},
+                                    {"MPSSHIM_EARLY_ANSWERS", "on"},
+                                    {"MPSSHIM_TRACE_ANSWERS", trace}}),
+                 true);
+  const bool ready = spinning.wait_for_output("READY", 120s);
+  INFO("stdout: " << spinning.out() << "\ndaemon log:\n" << daemon.log());
+  REQUIRE(ready);
+  spinning.close_stdin();
+  require_pass(spinning.wait(60s), daemon);
+  return read_answer_trace(trace);
+}
+
+}  // namespace
+
 TEST_CASE("a spinning client returns when its synchronize's fence lands, before the answer",
           "[e2e]") {
   for (bool watching : {true, false}) {
     INFO("--fence-watch " << (watching ? "on" : "off"));
     Daemon daemon(watching ? std::vector<std::string>{}
                            : std::vector<std::string>{"--fence-watch", "off"});
-    const std::string trace = daemon.dir() + "/answers.csv";
-    // Each of the 20 rounds checks that its synchronize waited for the kernel's 30 ms and that
-    // the kernel's words are there; the worker sleeps meanwhile, so the client sees the landing
-    // first.
-    Child spinning({client(), "watched_sync", "20"},
-                   daemon.client_env({{"MPSSHIM_WAIT_SPIN_US", "10000000"},
-                                      {"MPSSHIM_EARLY_ANSWERS", "on"},
-                                      {"MPSSHIM_TRACE_ANSWERS", trace}}),
-                   true);
-    INFO("stdout: " << spinning.out() << "\ndaemon log:\n" << daemon.log());
-    REQUIRE(spinning.wait_for_output("READY", 60s));
-    spinning.close_stdin();
-    require_pass(spinning.wait(60s), daemon);
+    // 20 rounds of 30 ms: the worker sleeps meanwhile, so the client sees the landing first.
     int early = 0;
-    for (const auto& r : read_answer_trace(trace)) {
+    for (const auto& r : early_answer_run(daemon, "20", "30000")) {
       if (r.at("early") == 0) continue;
       CHECK(r.at("op") == kStreamSynchronizeOp);
       ++early;
@@ -217,21 +229,9 @@ TEST_CASE("a spinning client returns when its synchronize's fence lands, before 
 
 TEST_CASE("slots left owed by early answers come back: many synchronizes in a row", "[e2e]") {
   Daemon daemon;
-  const std::string trace = daemon.dir() + "/answers.csv";
-  // 500 rounds of a 2 ms kernel and a synchronize that must wait for it and see its words; each
-  // early answer leaves its slot owed until the late answer.
-  Child spinning({client(), "watched_sync", "500", "2000"},
-                 daemon.client_env({{"MPSSHIM_WAIT_SPIN_US", "10000000"},
-                                    {"MPSSHIM_EARLY_ANSWERS", "on"},
-                                    {"MPSSHIM_TRACE_ANSWERS", trace}}),
-                 true);
-  const bool ready = spinning.wait_for_output("READY", 120s);
-  INFO("stdout: " << spinning.out() << "\ndaemon log:\n" << daemon.log());
-  REQUIRE(ready);
-  spinning.close_stdin();
-  require_pass(spinning.wait(60s), daemon);
+  // 500 rounds of a 2 ms kernel; each early answer leaves its slot owed until the late answer.
   int early = 0;
-  for (const auto& r : read_answer_trace(trace)) early += r.at("early") == 1 ? 1 : 0;
+  for (const auto& r : early_answer_run(daemon, "500", "2000")) early += r.at("early") == 1;
   INFO(early << " early answers");
   // More than the session's 64 slots: owed slots were taken back, or the client would have
   // waited for a free slot for ever.
