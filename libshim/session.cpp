@@ -326,6 +326,8 @@ void Session::release_slot(std::uint32_t index) {
 bool Session::look_at_watch(const proto::ResponseSlot& slot, std::uint64_t& rung) {
   const std::uint64_t watch = slot.watch.load(std::memory_order_relaxed);
   if (!proto::watch_set(watch) || watch_words_ == nullptr) return false;
+  // Rung already, and the landing ends nothing without early answers: no more loads.
+  if (watch == rung && !early_answers_) return false;
   const std::uint32_t word = proto::watch_word(watch);
   if (word >= proto::kWatchPageWords) return false;
   // The GPU's write, then the worker's announced sleep: the worker announces, fences, then
