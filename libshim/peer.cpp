@@ -43,14 +43,26 @@ Peers& peers() {
   return *p;
 }
 
-// Under peers().mutex: whether `device`'s server already maps [address, address + bytes).
-bool mapped_locked(int device, CUdeviceptr address, std::size_t bytes) {
+// Under peers().mutex: the first address of [address, address + bytes) that `device`'s server
+// does not map yet; address + bytes when it maps all of it. An allocation the server made of
+// several physical allocations (memory handed over by preempted clients) is mapped one of them
+// at a time, each its own block, the blocks adjacent.
+CUdeviceptr first_unmapped_locked(int device, CUdeviceptr address, std::size_t bytes) {
   const auto& blocks = peers().mapped[static_cast<std::size_t>(device)];
-  auto after = blocks.upper_bound(address);
-  if (after == blocks.begin()) return false;
-  auto it = std::prev(after);
-  return address - it->first < it->second.bytes &&
-         bytes <= it->second.bytes - (address - it->first);
+  const CUdeviceptr end = address + bytes;
+  CUdeviceptr at = address;
+  while (at < end) {
+    auto after = blocks.upper_bound(at);
+    if (after == blocks.begin()) return at;
+    auto it = std::prev(after);
+    if (at - it->first >= it->second.bytes) return at;
+    at = it->first + it->second.bytes;
+  }
+  return end;
+}
+
+bool mapped_locked(int device, CUdeviceptr address, std::size_t bytes) {
+  return first_unmapped_locked(device, address, bytes) == address + bytes;
 }
 
 // Under peers().mutex: g's block holding `address`, mapped into h's server.
@@ -169,12 +181,15 @@ CUresult reach_from(int device, CUdeviceptr address, std::size_t bytes) noexcept
   if (!valid(device)) return CUDA_ERROR_INVALID_DEVICE;
   try {
     std::lock_guard lock(peers().mutex);
-    if (mapped_locked(device, address, std::max<std::size_t>(bytes, 1))) return CUDA_SUCCESS;
-    if (CUresult rc = map_block_locked(device, owner, address); rc != CUDA_SUCCESS) return rc;
-    // A range that runs past the block is not one allocation: the driver refuses it too.
-    return mapped_locked(device, address, std::max<std::size_t>(bytes, 1))
-               ? CUDA_SUCCESS
-               : CUDA_ERROR_INVALID_VALUE;
+    const std::size_t length = std::max<std::size_t>(bytes, 1);
+    // Each block the range reaches, until it is all mapped. A range that runs past the client's
+    // allocation fails on the server's side: the driver refuses it too.
+    for (CUdeviceptr at = first_unmapped_locked(device, address, length); at != address + length;
+         at = first_unmapped_locked(device, address, length)) {
+      if (CUresult rc = map_block_locked(device, owner, at); rc != CUDA_SUCCESS) return rc;
+      if (first_unmapped_locked(device, address, length) == at) return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
   } catch (...) {
     return CUDA_ERROR_OUT_OF_MEMORY;
   }

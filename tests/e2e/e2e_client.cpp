@@ -643,7 +643,8 @@ int resident(std::size_t megabytes) {
 }
 
 // holder MB: one cuMemAlloc of MB MiB, its result printed (ALLOC <CUresult>) whether it fit or
-// not; when it fit, a known pattern is written into it. Then READY, nothing more until stdin
+// not; when it fit, whether it came cleared (FRESH zero, or the first byte that is not), and a
+// known pattern is written into it. Then READY, nothing more until stdin
 // closes (an idle client), and then the bytes are checked: PASS holder, or FAIL naming the first
 // wrong byte. For the memory policies (memory_policy_test.cpp), under which the allocation may
 // wait and the client may be suspended and resumed while idle.
@@ -661,6 +662,14 @@ int holder(std::size_t megabytes, bool pitched) {
   auto pattern = [](std::size_t i) { return static_cast<unsigned char>(i * 13 + (i >> 16)); };
   std::vector<unsigned char> host(r == CUDA_SUCCESS ? bytes : 0);
   if (r == CUDA_SUCCESS) {
+    // New memory holds no other client's bytes, even when it was a preempted client's.
+    CHECK(cuMemcpyDtoH(host.data(), address, bytes));
+    const auto dirty = std::find_if(host.begin(), host.end(), [](unsigned char b) { return b; });
+    if (dirty == host.end()) {
+      std::printf("FRESH zero\n");
+    } else {
+      std::printf("FRESH byte %td is %d\n", dirty - host.begin(), *dirty);
+    }
     for (std::size_t i = 0; i < bytes; ++i) host[i] = pattern(i);
     CHECK(cuMemcpyHtoD(address, host.data(), bytes));
   }
@@ -681,6 +690,42 @@ int holder(std::size_t megabytes, bool pitched) {
   }
   CHECK(cuMemFree(address));
   std::printf("PASS holder\n");
+  return 0;
+}
+
+// peer_holder MB: one cuMemAlloc of MB MiB on GPU 0 (which may wait for a memory policy), a
+// pattern written into it, then copied whole to GPU 1 with cuMemcpyPeer and read back there: GPU
+// 1's server must map every physical allocation the block is made of (memory handed over by
+// preempted clients is several: libshim/peer.cpp). PASS peer_holder, or FAIL naming the first
+// wrong byte.
+int peer_holder(std::size_t megabytes) {
+  setup();
+  const std::size_t bytes = megabytes << 20;
+  CUcontext ctx[2]{};
+  for (int d = 0; d < 2; ++d) CHECK(cuDevicePrimaryCtxRetain(&ctx[d], d));
+  CHECK(cuCtxSetCurrent(ctx[0]));
+  CUdeviceptr on0 = 0, on1 = 0;
+  CHECK(cuMemAlloc(&on0, bytes));
+  auto pattern = [](std::size_t i) { return static_cast<unsigned char>(i * 7 + (i >> 20)); };
+  std::vector<unsigned char> host(bytes);
+  for (std::size_t i = 0; i < bytes; ++i) host[i] = pattern(i);
+  CHECK(cuMemcpyHtoD(on0, host.data(), bytes));
+  CHECK(cuCtxSetCurrent(ctx[1]));
+  CHECK(cuMemAlloc(&on1, bytes));
+  CHECK(cuMemcpyPeer(on1, ctx[1], on0, ctx[0], bytes));
+  std::fill(host.begin(), host.end(), 0);
+  CHECK(cuMemcpyDtoH(host.data(), on1, bytes));
+  for (std::size_t i = 0; i < bytes; ++i) {
+    if (host[i] != pattern(i)) {
+      std::printf("FAIL byte %zu of %zu copied to GPU 1 is %d, expected %d\n", i, bytes, host[i],
+                  pattern(i));
+      return 1;
+    }
+  }
+  CHECK(cuMemFree(on1));
+  CHECK(cuCtxSetCurrent(ctx[0]));
+  CHECK(cuMemFree(on0));
+  std::printf("PASS peer_holder\n");
   return 0;
 }
 
@@ -2412,6 +2457,7 @@ int main(int argc, char** argv) {
   if (mode == "resident") return resident(arg ? arg : 8);
   if (mode == "holder") return holder(arg ? arg : 8, false);
   if (mode == "pitch_holder") return holder(arg ? arg : 8, true);
+  if (mode == "peer_holder") return peer_holder(arg ? arg : 8);
   if (mode == "meminfo") return meminfo();
   if (mode == "account") return account(arg ? static_cast<int>(arg) : 8);
   if (mode == "forge") return forge(arg);

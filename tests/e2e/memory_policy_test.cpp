@@ -79,9 +79,37 @@ TEST_CASE(
     CHECK(state_of(daemon, idle->pid()) == "active");
   }
   // 64 MiB do not fit beside the 48: the allocation suspends the idle client, which is resumed
-  // once the normal client's session has freed its memory.
-  makes_room_and_gets_it_back(daemon, *idle, "PASS holder", holder(64, daemon.client_env()),
-                              "PASS holder");
+  // once the normal client's session has freed its memory. The idle client's physical memory
+  // goes to the allocation, cleared: 48 MiB of it, and 16 MiB new (device_heap.hpp).
+  auto normal = holder(64, daemon.client_env());
+  REQUIRE(normal->wait_for_output("READY", 60s));
+  {
+    INFO(normal->out() << daemon.log());
+    CHECK(normal->out().find("ALLOC 0\nFRESH zero\n") != std::string::npos);
+    CHECK(daemon.log().find("64 MiB at 0x") != std::string::npos);
+    CHECK(
+        daemon.log().find("made of 48 MiB of memory taken from preempted clients and 16 MiB new") !=
+        std::string::npos);
+  }
+  makes_room_and_gets_it_back(daemon, *idle, "PASS holder", std::move(normal), "PASS holder");
+}
+
+TEST_CASE(
+    "--memory-preemption: memory handed over by a preempted client is reached from another GPU",
+    "[e2e][suspend][policy][multigpu]") {
+  Daemon daemon({"--memory-preemption", "on", "--preemption-idle-ms", "0"},
+                {{"MPSSHIM_TESTDRIVER_MEMORY_MB", "96"}, {"MPSSHIM_TESTDRIVER_DEVICES", "2"}});
+  auto idle = holder(48, daemon.client_env({{"CUDA_MPS_CLIENT_PRIORITY", "1"}}));
+  REQUIRE(idle->wait_for_output("READY", 60s));
+  // Its 64 MiB on GPU 0 are the idle client's 48 and 16 new: GPU 1's server maps both to copy.
+  const Outcome normal = run_client(daemon, {client(), "peer_holder", "64"});
+  INFO(normal.out << normal.err << daemon.log());
+  CHECK(normal.exit_code == 0);
+  CHECK(normal.out.find("PASS peer_holder\n") != std::string::npos);
+  CHECK(daemon.log().find("made of 48 MiB of memory taken from preempted clients and 16 MiB new") !=
+        std::string::npos);
+  CHECK(eventually([&] { return state_of(daemon, idle->pid()) == "active"; }));
+  ends_with_its_bytes_intact(*idle);
 }
 
 TEST_CASE("--memory-preemption suspends no below-normal client that is not idle long enough",

@@ -5,7 +5,8 @@
 # allocation must suspend both (checked). Its first kernel's time is compared with the time their
 # suspends took plus 50 ms plus what the same allocation and kernel take with the GPU free
 # (measured first in the same run): printed as met or missed, a benchmark target, not a failure.
-# When it has ended, both must be resumed by themselves, their bytes unchanged.
+# Its new memory must come cleared (it was the victims'); with a second GPU, GPU 1 must read all
+# of it. When it has ended, both must be resumed by themselves, their bytes unchanged.
 # usage: preemption_check.sh BUILD_DIR [OUT_DIR]   (exits 77 without a GPU or PyTorch)
 set -u -o pipefail
 B=$(cd "$1" && pwd)
@@ -56,7 +57,7 @@ start FREE 0 want "$WANT_GIB"
 free_line=$(read_until "$FREE_OUT" WANT 300) || { echo "FAIL: the uncontested client"; fail=1; }
 echo >&"$FREE_IN"
 wait "$FREE_PID" 2>/dev/null
-free_s=$(sed -n 's/^WANT seconds=//p' <<<"$free_line")
+free_s=$(sed -n 's/^WANT seconds=\([0-9.]*\).*/\1/p' <<<"$free_line")
 echo "uncontested: $WANT_GIB GiB allocated and filled in ${free_s:-?} s"
 
 # ---- two idle below-normal clients in the way -----------------------------------------------------
@@ -68,16 +69,36 @@ v2=$(read_until "$V2_OUT" READY 300 | sed -n 's/^READY pid=//p')
 
 start WANTER 0 want "$WANT_GIB"
 want_line=$(read_until "$WANTER_OUT" WANT 600) || { echo "FAIL: the normal client got no memory"; fail=1; }
-want_s=$(sed -n 's/^WANT seconds=//p' <<<"$want_line")
+want_s=$(sed -n 's/^WANT seconds=\([0-9.]*\).*/\1/p' <<<"$want_line")
+# Its memory was the victims' (handed over, device_heap.hpp): none of their bytes may show.
+if [[ "$want_line" == *" largest_byte=0" ]]; then
+  echo "PASS: the normal client's new memory came cleared"
+else
+  echo "FAIL: the normal client's new memory held other bytes: $want_line"
+  fail=1
+fi
+grep -a "taken from preempted clients" "$OUT/daemon.log" | tail -1
+# With a second GPU, the client copies it all there (suspend_client.py).
+if [ "$(nvidia-smi -L | grep -c GPU)" -gt 1 ]; then
+  peer_line=$(read_until "$WANTER_OUT" PEER 300)
+  if [ "$peer_line" = "PEER min=7 max=7" ]; then
+    echo "PASS: GPU 1 read all of it"
+  else
+    echo "FAIL: GPU 1's copy: ${peer_line:-none}"
+    fail=1
+  fi
+fi
 ctl ps --json >"$OUT/ps-preempted.json"
 # The suspends' own time: the copy and the wait for issued work, from the server's log lines.
 suspend_s=$(grep -a ": suspended; " "$OUT/daemon.log" |
   sed -n 's/.* in \([0-9.]*\) s (.*after \([0-9.]*\) s waiting.*/\1 \2/p' |
   awk '{s += $1 + $2} END {printf "%.4f", s}')
 python3 - "$OUT/ps-preempted.json" "$v1" "$v2" "${want_s:-nan}" "$suspend_s" "${free_s:-nan}" \
+  "$OUT/daemon.log" \
   <<'PY' || fail=1
 import json, sys
-clients = {c["pid"]: c for c in json.load(open(sys.argv[1]))["clients"]}
+# GPU 0's sessions: on a host with more GPUs PyTorch opens one on each.
+clients = {c["pid"]: c for c in json.load(open(sys.argv[1]))["clients"] if c["gpu"] == 0}
 victims = [clients.get(int(p), {}) for p in sys.argv[2:4]]
 want_s, suspend_s, free_s = (float(x) for x in sys.argv[4:7])
 for p, v in zip(sys.argv[2:4], victims):
@@ -85,6 +106,16 @@ for p, v in zip(sys.argv[2:4], victims):
 over = want_s - suspend_s - free_s
 print(f"preempted: first kernel after {want_s:.3f} s; the suspends took {suspend_s:.3f} s, "
       f"the uncontested allocation and kernel {free_s:.3f} s: {over * 1000:+.1f} ms beyond both")
+# From the server's log: the allocation's answer after the end of the last suspend.
+import datetime, re
+def stamp(line):
+    return datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S.%f")
+log = open(sys.argv[7], errors="replace").read().splitlines()
+ends = [stamp(l) for l in log if ": suspended; " in l]
+answers = [stamp(l) for l in log if re.search(r"its cuMemAlloc of .* fits after", l)]
+if ends and answers:
+    gap = (answers[-1] - ends[-1]).total_seconds()
+    print(f"the allocation was answered {gap * 1000:.0f} ms after the last suspend ended")
 ok = all(v.get("state") == "preempted" for v in victims)
 print("PASS: both preempted" if ok else "FAIL: both victims should be preempted")
 print("target met: within the suspends + 50 ms (+ the uncontested time)" if over <= 0.05
@@ -100,7 +131,8 @@ for _ in $(seq 1200); do
   back=$(ctl ps --json | python3 -c '
 import json, sys
 c = json.load(sys.stdin)["clients"]
-print(sum(1 for x in c if x["pid"] in (int(sys.argv[1]), int(sys.argv[2])) and x["state"] == "active"))' "$v1" "$v2")
+print(sum(1 for x in c if x["pid"] in (int(sys.argv[1]), int(sys.argv[2])) and x["gpu"] == 0
+          and x["state"] == "active"))' "$v1" "$v2")
   [ "$back" = 2 ] && break
   sleep 0.1
 done

@@ -57,6 +57,20 @@ TEST_CASE("a range may run on through back-to-back VMM mappings, and only throug
   CHECK_FALSE(sut.contains(kBase + 6 * kBytes - 8, 16));  // a gap between mappings
 }
 
+TEST_CASE("a range may run on through another GPU's block mapped a physical allocation at a time",
+          "[server][allocation_map][peer]") {
+  AllocationMap sut;
+  sut.add(DeviceRange{kBase, kBytes, RangeKind::kPeer, 0});
+  sut.add(DeviceRange{kBase + kBytes, 2 * kBytes, RangeKind::kPeer, 0});
+  CHECK(sut.contains(kBase + 8, 3 * kBytes - 8));
+  CHECK_FALSE(sut.contains(kBase + 8, 3 * kBytes));  // past the last piece
+  // Not from a peer range into another kind, nor from a mapping into a peer range.
+  sut.add(DeviceRange{kBase + 3 * kBytes, kBytes, RangeKind::kMapped, 10});
+  CHECK_FALSE(sut.contains(kBase + 3 * kBytes - 8, 16));
+  sut.add(DeviceRange{kBase + 4 * kBytes, kBytes, RangeKind::kPeer, 0});
+  CHECK_FALSE(sut.contains(kBase + 4 * kBytes - 8, 16));
+}
+
 TEST_CASE("zero bytes touch nothing and are always fine", "[server][allocation_map]") {
   AllocationMap sut = one_allocation();
   CHECK(sut.contains(kBase, 0));

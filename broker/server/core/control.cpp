@@ -272,7 +272,8 @@ std::string Server::suspend_command(const std::string& command, const std::strin
           // suspend is over (the coordinator leaves it alone meanwhile).
           if (done && !suspend && s->memory_wait.on && s->memory_arbiter != nullptr) {
             s->memory_arbiter->want(
-                MemoryWant{s->client.id, s->memory_wait.bytes, s->priority.below_normal});
+                MemoryWant{s->client.id, s->memory_wait.bytes, s->priority.below_normal,
+                           s->memory_wait.call != MemoryWait::Call::kMemCreate});
           }
           // A refusal is marked for the coordinator by a leading '!'.
           lines += done ? *done + "\n" : "!" + done.error() + "\n";

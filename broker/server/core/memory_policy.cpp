@@ -143,6 +143,15 @@ void Server::serve_memory_want(const MemoryWant& want) {
 
   if (policy.preemption && !want.below_normal) {
     const std::uint64_t idle_ns = nanoseconds(policy.idle_after);
+    // The physical memory of the clients suspended for it goes to this allocation, cleared,
+    // rather than back to the driver (device_heap.hpp says why). What it does not take is given
+    // back once the preemption is over, on this thread (the context lease's: the primary context
+    // is current while a session is).
+    DeviceHeap* heap = want.heap_allocation ? gpu_.heap.get() : nullptr;
+    if (heap != nullptr) heap->start_handover(want.client);
+    const auto end_handover = [heap] {
+      if (heap != nullptr) heap->end_handover();
+    };
     for (const IdleClientRef& idle : idle_below_normal_clients()) {
       struct Suspended {
         std::optional<std::uint64_t> parked;
@@ -152,11 +161,11 @@ void Server::serve_memory_want(const MemoryWant& want) {
       const std::string why = fmt::format("for client {}'s allocation", want.client);
       const bool found = on_session(
           idle.client,
-          [done, why, idle_ns](Session& s) {
+          [done, why, idle_ns, heap](Session& s) {
             // Still idle: the earlier victims' copies took time.
             if (!preemptible(s, SessionStats::now_ns(), idle_ns)) return;
             done->parked = suspend_for_policy(s, why);
-            done->free = device_room(s).free;
+            done->free = device_room(s).free + (heap != nullptr ? heap->handover_bytes() : 0);
           },
           kPolicyTaskTimeout);
       if (!found || !done->parked) continue;
@@ -165,8 +174,12 @@ void Server::serve_memory_want(const MemoryWant& want) {
       last_preemption_ = Clock::now();
       // An allocation that cannot fit yet is not tried: a failed try of a large one takes the
       // driver tens of milliseconds.
-      if (done->free >= want.bytes && try_again(false, false)) return;
+      if (done->free >= want.bytes && try_again(false, false)) {
+        end_handover();
+        return;
+      }
     }
+    end_handover();
   }
   if (policy.overcommit_percent == 0) {
     try_again(true, false);

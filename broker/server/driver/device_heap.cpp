@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <iterator>
 #include <vector>
 
@@ -73,6 +74,45 @@ DeviceHeap::~DeviceHeap() {
   cu_.cuMemAddressFree(proto::kArenaWindowBase, proto::kArenaWindowBytes);
 }
 
+CUresult DeviceHeap::map_pieces(CUdeviceptr base, const std::vector<Piece>& pieces) {
+  CUmemAccessDesc access{};
+  access.location = device_prop(device_).location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  std::uint64_t offset = 0;
+  std::size_t mapped = 0;
+  CUresult r = CUDA_SUCCESS;
+  for (const Piece& piece : pieces) {
+    if (r = cu_.cuMemMap(base + offset, piece.bytes, 0, piece.handle, 0); r != CUDA_SUCCESS) break;
+    ++mapped;
+    if (r = cu_.cuMemSetAccess(base + offset, piece.bytes, &access, 1); r != CUDA_SUCCESS) break;
+    offset += piece.bytes;
+  }
+  if (r != CUDA_SUCCESS) {
+    unmap_pieces(base, std::vector<Piece>(pieces.begin(), pieces.begin() + mapped));
+  }
+  return r;
+}
+
+// One piece at a time: the driver unmaps whole mappings only.
+void DeviceHeap::unmap_pieces(CUdeviceptr base, const std::vector<Piece>& pieces) {
+  std::uint64_t offset = 0;
+  for (const Piece& piece : pieces) {
+    if (CUresult r = cu_.cuMemUnmap(base + offset, piece.bytes); r != CUDA_SUCCESS) {
+      log_warn("device heap: cuMemUnmap({:#x}, {}) failed: {}", base + offset, piece.bytes,
+               describe(cu_, r));
+    }
+    offset += piece.bytes;
+  }
+}
+
+void DeviceHeap::release_pieces(const std::vector<Piece>& pieces) {
+  for (const Piece& piece : pieces) {
+    if (CUresult r = cu_.cuMemRelease(piece.handle); r != CUDA_SUCCESS) {
+      log_warn("device heap: cuMemRelease failed: {}", describe(cu_, r));
+    }
+  }
+}
+
 tl::expected<CUdeviceptr, CUresult> DeviceHeap::map_block(std::uint64_t bytes,
                                                           std::uint64_t alignment) {
   auto address = arena_.take(bytes, std::max(alignment, granularity_));
@@ -81,25 +121,70 @@ tl::expected<CUdeviceptr, CUresult> DeviceHeap::map_block(std::uint64_t bytes,
   CUmemGenericAllocationHandle handle = 0;
   CUresult r = cu_.cuMemCreate(&handle, bytes, &prop, 0);
   if (r == CUDA_SUCCESS) {
-    r = cu_.cuMemMap(*address, bytes, 0, handle, 0);
-    if (r == CUDA_SUCCESS) {
-      CUmemAccessDesc access{};
-      access.location = prop.location;
-      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-      r = cu_.cuMemSetAccess(*address, bytes, &access, 1);
-      if (r == CUDA_SUCCESS) {
-        std::lock_guard lock(mutex_);
-        Block& block = blocks_[*address];
-        block.handle = handle;
-        block.bytes = bytes;
-        return *address;
-      }
-      cu_.cuMemUnmap(*address, bytes);
+    const std::vector<Piece> pieces{Piece{handle, bytes}};
+    if (r = map_pieces(*address, pieces); r == CUDA_SUCCESS) {
+      std::lock_guard lock(mutex_);
+      Block& block = blocks_[*address];
+      block.pieces = pieces;
+      block.bytes = bytes;
+      return *address;
     }
     cu_.cuMemRelease(handle);
   }
   arena_.give(*address, bytes);
   return tl::unexpected(r);
+}
+
+tl::expected<CUdeviceptr, CUresult> DeviceHeap::map_handed_block(std::uint64_t bytes,
+                                                                 std::uint64_t alignment) {
+  std::vector<Piece> pieces;
+  std::uint64_t handed = 0;
+  {
+    std::lock_guard lock(mutex_);
+    std::vector<Piece>& kept = handover_.pieces;
+    std::sort(kept.begin(), kept.end(),
+              [](const Piece& a, const Piece& b) { return a.bytes > b.bytes; });
+    for (auto it = kept.begin(); it != kept.end();) {
+      if (handed + it->bytes > bytes) {
+        ++it;
+        continue;
+      }
+      handed += it->bytes;
+      pieces.push_back(*it);
+      it = kept.erase(it);
+    }
+  }
+  if (pieces.empty()) return map_block(bytes, alignment);
+  auto give_back = [&](CUresult r) {
+    std::lock_guard lock(mutex_);
+    handover_.pieces.insert(handover_.pieces.end(), pieces.begin(),
+                            pieces.begin() + static_cast<std::ptrdiff_t>(pieces.size()));
+    return tl::unexpected(r);
+  };
+  auto address = arena_.take(bytes, std::max(alignment, granularity_));
+  if (!address) return give_back(CUDA_ERROR_OUT_OF_MEMORY);
+  const std::size_t handed_pieces = pieces.size();
+  CUresult r = CUDA_SUCCESS;
+  if (handed < bytes) {
+    const CUmemAllocationProp prop = device_prop(device_);
+    CUmemGenericAllocationHandle fresh = 0;
+    r = cu_.cuMemCreate(&fresh, bytes - handed, &prop, 0);
+    if (r == CUDA_SUCCESS) pieces.push_back(Piece{fresh, bytes - handed});
+  }
+  if (r == CUDA_SUCCESS) r = map_pieces(*address, pieces);
+  if (r != CUDA_SUCCESS) {
+    if (pieces.size() > handed_pieces) release_pieces({pieces.back()});
+    pieces.resize(handed_pieces);
+    arena_.give(*address, bytes);
+    return give_back(r);
+  }
+  log_info("device heap: {} at {:#x} made of {} of memory taken from preempted clients and {} new",
+           format_bytes(bytes), *address, format_bytes(handed), format_bytes(bytes - handed));
+  std::lock_guard lock(mutex_);
+  Block& block = blocks_[*address];
+  block.pieces = std::move(pieces);
+  block.bytes = bytes;
+  return *address;
 }
 
 void DeviceHeap::unmap_block(CUdeviceptr base, const Block& block) {
@@ -108,12 +193,8 @@ void DeviceHeap::unmap_block(CUdeviceptr base, const Block& block) {
     arena_.give(base, block.bytes);
     return;
   }
-  if (CUresult r = cu_.cuMemUnmap(base, block.bytes); r != CUDA_SUCCESS) {
-    log_warn("device heap: cuMemUnmap({:#x}, {}) failed: {}", base, block.bytes, describe(cu_, r));
-  }
-  if (CUresult r = cu_.cuMemRelease(block.handle); r != CUDA_SUCCESS) {
-    log_warn("device heap: cuMemRelease failed: {}", describe(cu_, r));
-  }
+  unmap_pieces(base, block.pieces);
+  release_pieces(block.pieces);
   arena_.give(base, block.bytes);
 }
 
@@ -159,7 +240,13 @@ tl::expected<CUdeviceptr, CUresult> DeviceHeap::allocate(std::uint64_t owner, st
   }
   if (bytes > kSmallMax || alignment > kSmallAlignment) {
     if (bytes > arena_.bytes()) return tl::unexpected(CUDA_ERROR_OUT_OF_MEMORY);
-    auto base = map_block(round_up(bytes, granularity_), alignment);
+    bool handed = false;
+    {
+      std::lock_guard lock(mutex_);
+      handed = handover_.owner == owner && !handover_.pieces.empty();
+    }
+    const std::uint64_t rounded = round_up(bytes, granularity_);
+    auto base = handed ? map_handed_block(rounded, alignment) : map_block(rounded, alignment);
     if (base) {
       std::lock_guard lock(mutex_);
       blocks_[*base].owner = owner;
@@ -241,14 +328,24 @@ tl::expected<DeviceHeap::Exported, CUresult> DeviceHeap::export_block(std::uint6
     return tl::unexpected(CUDA_ERROR_INVALID_VALUE);
   }
   if (it->second.parked != nullptr) return tl::unexpected(CUDA_ERROR_NOT_READY);
+  std::uint64_t offset = 0;
+  const Piece* holding = nullptr;
+  for (const Piece& piece : it->second.pieces) {
+    if (address - it->first < offset + piece.bytes) {
+      holding = &piece;
+      break;
+    }
+    offset += piece.bytes;
+  }
+  if (holding == nullptr) return tl::unexpected(CUDA_ERROR_INVALID_VALUE);
   int fd = -1;
-  if (CUresult r = cu_.cuMemExportToShareableHandle(&fd, it->second.handle,
+  if (CUresult r = cu_.cuMemExportToShareableHandle(&fd, holding->handle,
                                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
       r != CUDA_SUCCESS) {
     return tl::unexpected(r);
   }
   it->second.exported = true;
-  return Exported{it->first, it->second.bytes, fd};
+  return Exported{it->first + offset, holding->bytes, fd};
 }
 
 void DeviceHeap::forget_owner(std::uint64_t owner) {
@@ -295,13 +392,17 @@ tl::expected<DeviceHeap::Parked, CUresult> DeviceHeap::park(std::uint64_t owner,
   struct Copy {
     CUdeviceptr base = 0;
     std::uint64_t bytes = 0;
-    CUmemGenericAllocationHandle handle = 0;
+    std::vector<Piece> pieces;
     void* host = nullptr;
   };
   std::vector<Copy> copies;
   std::vector<std::pair<CUdeviceptr, Block>> spare;
+  bool hand_over = false;
+  std::uint64_t handover_generation = 0;
   {
     std::lock_guard lock(mutex_);
+    hand_over = handover_.owner != 0 && handover_.owner != owner;
+    handover_generation = handover_.generation;
     // The empty spare chunk holds nothing worth keeping: it goes back to the driver.
     if (auto it = spare_.find(owner); it != spare_.end()) {
       spare.push_back(extract_chunk_locked(it->second));
@@ -309,7 +410,7 @@ tl::expected<DeviceHeap::Parked, CUresult> DeviceHeap::park(std::uint64_t owner,
     }
     for (CUdeviceptr base : blocks_of_locked(owner, false)) {
       const Block& block = blocks_.at(base);
-      copies.push_back(Copy{base, block.bytes, block.handle, nullptr});
+      copies.push_back(Copy{base, block.bytes, block.pieces, nullptr});
     }
   }
   for (auto& [at, block] : spare) unmap_block(at, block);
@@ -348,27 +449,66 @@ tl::expected<DeviceHeap::Parked, CUresult> DeviceHeap::park(std::uint64_t owner,
     }
     return tl::unexpected(failed);
   }
+  // Memory handed to another client holds none of this one's bytes: cleared once they are all
+  // on the host. Memory that could not be cleared is released as without a handover.
+  if (hand_over) {
+    CUresult cleared = CUDA_SUCCESS;
+    for (const Copy& c : copies) {
+      if (cleared = cu_.cuMemsetD8Async(c.base, 0, c.bytes, stream); cleared != CUDA_SUCCESS) break;
+    }
+    if (CUresult r = cu_.cuStreamSynchronize(stream); cleared == CUDA_SUCCESS) cleared = r;
+    if (cleared != CUDA_SUCCESS) {
+      log_warn("device heap: clearing parked memory to hand it over failed: {}",
+               describe(cu_, cleared));
+      hand_over = false;
+    }
+  }
   Parked parked;
+  std::vector<Piece> released;
   for (const Copy& c : copies) {
-    // A block still mapped could not be mapped again at resume: it stays on the device.
-    if (CUresult r = cu_.cuMemUnmap(c.base, c.bytes); r != CUDA_SUCCESS) {
+    // A block still mapped could not be mapped again at resume: it stays on the device, whole.
+    std::uint64_t offset = 0;
+    std::size_t unmapped = 0;
+    CUresult r = CUDA_SUCCESS;
+    for (const Piece& piece : c.pieces) {
+      if (r = cu_.cuMemUnmap(c.base + offset, piece.bytes); r != CUDA_SUCCESS) break;
+      offset += piece.bytes;
+      ++unmapped;
+    }
+    if (r != CUDA_SUCCESS) {
       log_warn(
           "device heap: cuMemUnmap({:#x}, {}) of a block to park failed, so it stays on the "
           "device: {}",
-          c.base, c.bytes, describe(cu_, r));
+          c.base + offset, c.pieces[unmapped].bytes, describe(cu_, r));
+      map_pieces(c.base, std::vector<Piece>(c.pieces.begin(), c.pieces.begin() + unmapped));
+      // Cleared for the handover: its bytes go back from the host copy first.
+      if (hand_over) {
+        for_each_parked_piece(c.host, c.bytes,
+                              [&](void* piece, std::uint64_t at, std::uint64_t bytes) {
+                                return cu_.cuMemcpyHtoDAsync_v2(c.base + at, piece, bytes, stream);
+                              });
+        cu_.cuStreamSynchronize(stream);
+      }
       unpin(c.host, c.bytes);
       continue;
     }
-    if (CUresult r = cu_.cuMemRelease(c.handle); r != CUDA_SUCCESS) {
-      log_warn("device heap: cuMemRelease of a parked block failed: {}", describe(cu_, r));
-    }
+    released.insert(released.end(), c.pieces.begin(), c.pieces.end());
     std::lock_guard lock(mutex_);
     Block& block = blocks_.at(c.base);
-    block.handle = 0;
+    block.pieces.clear();
     block.parked = c.host;
     parked.bytes += c.bytes;
     if (pool_ != nullptr && pool_->holds(c.host)) parked.pooled += c.bytes;
   }
+  if (hand_over) {
+    std::lock_guard lock(mutex_);
+    // The handover may have ended meanwhile (its coordinator gave up waiting for this suspend).
+    if (handover_.owner != 0 && handover_.generation == handover_generation) {
+      handover_.pieces.insert(handover_.pieces.end(), released.begin(), released.end());
+      released.clear();
+    }
+  }
+  release_pieces(released);
   return parked;
 }
 
@@ -433,7 +573,7 @@ tl::expected<std::uint64_t, CUresult> DeviceHeap::unpark(std::uint64_t owner, CU
     }
     std::lock_guard lock(mutex_);
     Block& block = blocks_.at(c.base);
-    block.handle = c.handle;
+    block.pieces = {Piece{c.handle, c.bytes}};
     block.parked = nullptr;
     back += c.bytes;
   }
@@ -471,6 +611,30 @@ void DeviceHeap::unpin(void* host, std::uint64_t bytes) {
   } else {
     unpin_parked(cu_, host, bytes);
   }
+}
+
+void DeviceHeap::start_handover(std::uint64_t owner) {
+  std::lock_guard lock(mutex_);
+  handover_.owner = owner;
+  ++handover_.generation;
+}
+
+std::uint64_t DeviceHeap::handover_bytes() const {
+  std::lock_guard lock(mutex_);
+  std::uint64_t bytes = 0;
+  for (const Piece& piece : handover_.pieces) bytes += piece.bytes;
+  return bytes;
+}
+
+void DeviceHeap::end_handover() {
+  std::vector<Piece> left;
+  {
+    std::lock_guard lock(mutex_);
+    handover_.owner = 0;
+    ++handover_.generation;
+    left.swap(handover_.pieces);
+  }
+  release_pieces(left);
 }
 
 DeviceHeap::Figures DeviceHeap::figures() const {

@@ -69,7 +69,8 @@ bool wait_for_memory(Call& call, MemoryWait wait) {
   session.slot_busy[wait.slot] = 1;
   log_info("{}: {} of {} does not fit on the GPU; it waits for a memory policy", session.who(),
            wait.what(), format_bytes(wait.bytes));
-  arbiter->want(MemoryWant{session.client.id, wait.bytes, session.priority.below_normal});
+  arbiter->want(MemoryWant{session.client.id, wait.bytes, session.priority.below_normal,
+                           wait.call != MemoryWait::Call::kMemCreate});
   return true;
 }
 

@@ -39,6 +39,9 @@ struct MemoryWant {
   std::uint32_t client = 0;  // Session::client.id
   std::uint64_t bytes = 0;
   bool below_normal = false;  // such a client preempts no one; under overcommit it waits
+  // A cuMemAlloc or cuMemAllocPitch, placed by the server's heap: preempted clients' memory can
+  // be handed to it (device_heap.hpp). A cuMemCreate makes the client's own allocation.
+  bool heap_allocation = false;
 };
 
 // A client the coordinator suspended for memory: a below-normal one preempted for another

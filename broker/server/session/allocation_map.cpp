@@ -19,11 +19,14 @@ bool AllocationMap::contains(std::uint64_t p, std::uint64_t n) const {
   const DeviceRange* range = &std::prev(after)->second;
   std::uint64_t offset = p - range->base;
   if (offset >= range->bytes) return false;
-  // Walk on through mappings that continue exactly where the last one ended.
+  // Walk on through mappings that continue exactly where the last one ended: the client's own
+  // (kMapped), or another GPU's allocation mapped a physical allocation at a time (kPeer: one its
+  // server made of several, device_heap.hpp).
   while (n > range->bytes - offset) {
-    if (range->kind != RangeKind::kMapped || after == ranges_.end()) return false;
+    const bool runs_on = range->kind == RangeKind::kMapped || range->kind == RangeKind::kPeer;
+    if (!runs_on || after == ranges_.end()) return false;
     const DeviceRange& next = after->second;
-    if (next.kind != RangeKind::kMapped || next.base != range->base + range->bytes) return false;
+    if (next.kind != range->kind || next.base != range->base + range->bytes) return false;
     n -= range->bytes - offset;
     offset = 0;
     range = &next;

@@ -19,7 +19,8 @@ namespace mpsshim::server {
 // from one into the next (an expandable allocator grows a buffer a mapping at a time).
 // kOpened: another client's allocation opened with cuIpcOpenMemHandle (ipc_memory.cpp); usable
 // as the client's own, freed only with cuIpcCloseMemHandle.
-// kPeer: another GPU's memory of the same client, mapped here at its own address (ops/peer.cpp).
+// kPeer: another GPU's memory of the same client, mapped here at its own address (ops/peer.cpp),
+// a physical allocation at a time: consecutive ones are one span, as consecutive kMapped ones.
 enum class RangeKind : std::uint8_t {
   kAllocation,
   kGlobal,
@@ -47,8 +48,8 @@ class AllocationMap {
   // is remembered once).
   bool add(const DeviceRange& range);
 
-  // [p, p + n) lies inside one known range, or a run of back-to-back mapped ranges. Zero bytes
-  // touch nothing and are always fine.
+  // [p, p + n) lies inside one known range, or a run of back-to-back mapped or peer ranges. Zero
+  // bytes touch nothing and are always fine.
   bool contains(std::uint64_t p, std::uint64_t n) const;
 
   const DeviceRange* find(std::uint64_t base) const;

@@ -84,9 +84,17 @@ def want(gib):
     print(f"STARTED pid={os.getpid()}", flush=True)
     start = time.perf_counter()
     wanted = torch.empty(int(gib * (1 << 30)), dtype=torch.uint8, device="cuda")
+    # New memory holds no other client's bytes, even when it was preempted clients': its largest
+    # byte is 0 (a reduction with no copy of the tensor, unlike count_nonzero).
+    largest = int(wanted.max())
     wanted.fill_(7)
     torch.cuda.synchronize()
-    print(f"WANT seconds={time.perf_counter() - start:.4f}", flush=True)
+    print(f"WANT seconds={time.perf_counter() - start:.4f} largest_byte={largest}", flush=True)
+    if torch.cuda.device_count() > 1:
+        # GPU 1 reads all of it: its server maps each physical allocation the block is made of.
+        copied = wanted.to("cuda:1")
+        print(f"PEER min={int(copied.min())} max={int(copied.max())}", flush=True)
+        del copied
     print(f"READY pid={os.getpid()}", flush=True)
     sys.stdin.readline()
     return 0
