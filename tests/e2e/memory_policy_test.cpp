@@ -199,6 +199,8 @@ TEST_CASE(
                                 kVmmPass);
     CHECK(daemon.log().find("cuMemCreate of 64 MiB does not fit on the GPU; it waits") !=
           std::string::npos);
+    // The client's cuMemCreate makes its own physical allocation: nothing is handed to it.
+    CHECK(daemon.log().find("taken from preempted clients") == std::string::npos);
   }
   SECTION("preemption: a normal client's cuMemAllocPitch suspends an idle below-normal one") {
     auto idle = holder(48, below_normal);
@@ -214,9 +216,18 @@ TEST_CASE(
   SECTION("preemption: the idle below-normal client holding cuMemCreate memory makes room") {
     auto idle = vmm_holder(48, below_normal);
     REQUIRE(idle->wait_for_output("READY", 60s));
-    // Its cuMemCreate memory comes back with its bytes.
-    makes_room_and_gets_it_back(daemon, *idle, kVmmPass, holder(64, daemon.client_env()),
-                                "PASS holder");
+    // Its cuMemCreate memory goes to the normal client's cuMemAlloc, cleared (every byte was 7),
+    // and comes back with its bytes.
+    auto normal = holder(64, daemon.client_env());
+    REQUIRE(normal->wait_for_output("READY", 60s));
+    {
+      INFO(normal->out() << daemon.log());
+      CHECK(normal->out().find("ALLOC 0\nFRESH zero\n") != std::string::npos);
+      CHECK(daemon.log().find(
+                "made of 48 MiB of memory taken from preempted clients and 16 MiB new") !=
+            std::string::npos);
+    }
+    makes_room_and_gets_it_back(daemon, *idle, kVmmPass, std::move(normal), "PASS holder");
   }
 }
 

@@ -34,13 +34,16 @@ ctl() { "$CTL" --runtime-dir "$RT" "$@"; }
 fail=0
 echo "GPU: $TOTAL_GIB GiB; victims: 2 x $VICTIM_GIB GiB; the normal client wants $WANT_GIB GiB"
 
-# Starts `suspend_client.py ARGS` under the shim as a coprocess named $1; sets ${1}_PID and fds
-# ${1}_OUT / ${1}_IN.
+# VICTIM_ALLOC_CONF / WANT_ALLOC_CONF: PYTORCH_CUDA_ALLOC_CONF of the victims and of the normal
+# client, e.g. "expandable_segments:True" (their memory then comes from cuMemCreate).
+# Starts `suspend_client.py ARGS` under the shim as a coprocess named $1 with priority $2 and
+# PYTORCH_CUDA_ALLOC_CONF $3; sets ${1}_PID and fds ${1}_OUT / ${1}_IN.
 start() {
-  local name=$1 env_priority=$2
-  shift 2
+  local name=$1 env_priority=$2 alloc_conf=$3
+  shift 3
   eval "coproc $name { exec env LD_PRELOAD=\"$SHIM\" CUDA_MPS_PIPE_DIRECTORY=\"$RT\" \
-    CUDA_MPS_CLIENT_PRIORITY=$env_priority python3 \"$CLIENT\" $* 2>&1; }"
+    CUDA_MPS_CLIENT_PRIORITY=$env_priority PYTORCH_CUDA_ALLOC_CONF=\"$alloc_conf\" \
+    python3 \"$CLIENT\" $* 2>&1; }"
   eval "exec {${name}_OUT}<&\"\${${name}[0]}\" {${name}_IN}>&\"\${${name}[1]}\""
 }
 # Reads lines of coprocess fd $1 until one starts with $2 (at most $3 s); prints it.
@@ -53,7 +56,7 @@ read_until() {
 }
 
 # ---- the same allocation and kernel with the GPU free ------------------------------------------
-start FREE 0 want "$WANT_GIB"
+start FREE 0 "${WANT_ALLOC_CONF:-}" want "$WANT_GIB"
 free_line=$(read_until "$FREE_OUT" WANT 300) || { echo "FAIL: the uncontested client"; fail=1; }
 echo >&"$FREE_IN"
 wait "$FREE_PID" 2>/dev/null
@@ -61,13 +64,13 @@ free_s=$(sed -n 's/^WANT seconds=\([0-9.]*\).*/\1/p' <<<"$free_line")
 echo "uncontested: $WANT_GIB GiB allocated and filled in ${free_s:-?} s"
 
 # ---- two idle below-normal clients in the way -----------------------------------------------------
-start V1 1 hold "$VICTIM_GIB"
+start V1 1 "${VICTIM_ALLOC_CONF:-}" hold "$VICTIM_GIB"
 v1=$(read_until "$V1_OUT" READY 300 | sed -n 's/^READY pid=//p')
-start V2 1 hold "$VICTIM_GIB"
+start V2 1 "${VICTIM_ALLOC_CONF:-}" hold "$VICTIM_GIB"
 v2=$(read_until "$V2_OUT" READY 300 | sed -n 's/^READY pid=//p')
 [ -n "$v1" ] && [ -n "$v2" ] || { echo "FAIL: the below-normal clients did not start"; exit 1; }
 
-start WANTER 0 want "$WANT_GIB"
+start WANTER 0 "${WANT_ALLOC_CONF:-}" want "$WANT_GIB"
 want_line=$(read_until "$WANTER_OUT" WANT 600) || { echo "FAIL: the normal client got no memory"; fail=1; }
 want_s=$(sed -n 's/^WANT seconds=\([0-9.]*\).*/\1/p' <<<"$want_line")
 # Its memory was the victims' (handed over, device_heap.hpp): none of their bytes may show.
@@ -112,7 +115,7 @@ def stamp(line):
     return datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S.%f")
 log = open(sys.argv[7], errors="replace").read().splitlines()
 ends = [stamp(l) for l in log if ": suspended; " in l]
-answers = [stamp(l) for l in log if re.search(r"its cuMemAlloc of .* fits after", l)]
+answers = [stamp(l) for l in log if re.search(r"its (cuMemAlloc|cuMemCreate) of .* fits after", l)]
 if ends and answers:
     gap = (answers[-1] - ends[-1]).total_seconds()
     print(f"the allocation was answered {gap * 1000:.0f} ms after the last suspend ended")

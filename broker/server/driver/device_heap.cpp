@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <iterator>
 #include <vector>
 
@@ -84,9 +85,11 @@ CUresult DeviceHeap::map_pieces(CUdeviceptr base, const std::vector<Piece>& piec
   for (const Piece& piece : pieces) {
     if (r = cu_.cuMemMap(base + offset, piece.bytes, 0, piece.handle, 0); r != CUDA_SUCCESS) break;
     ++mapped;
-    if (r = cu_.cuMemSetAccess(base + offset, piece.bytes, &access, 1); r != CUDA_SUCCESS) break;
     offset += piece.bytes;
   }
+  // One call for all: the driver takes "a fully mapped address range containing all
+  // allocations", and a preempted PyTorch client's expandable segments are thousands of pieces.
+  if (r == CUDA_SUCCESS) r = cu_.cuMemSetAccess(base, offset, &access, 1);
   if (r != CUDA_SUCCESS) {
     unmap_pieces(base, std::vector<Piece>(pieces.begin(), pieces.begin() + mapped));
   }
@@ -103,6 +106,25 @@ void DeviceHeap::unmap_pieces(CUdeviceptr base, const std::vector<Piece>& pieces
     }
     offset += piece.bytes;
   }
+}
+
+CUresult DeviceHeap::clear_dirty(CUdeviceptr base, const std::vector<Piece>& pieces) {
+  if (std::none_of(pieces.begin(), pieces.end(), [](const Piece& p) { return p.dirty; })) {
+    return CUDA_SUCCESS;
+  }
+  // On the current context's NULL stream (the primary context's, where the server's clients
+  // have no work): handovers are rare, and the caller has no stream of its own to give.
+  CUstream stream = nullptr;
+  CUresult r = CUDA_SUCCESS;
+  std::uint64_t offset = 0;
+  for (const Piece& piece : pieces) {
+    if (piece.dirty && r == CUDA_SUCCESS) {
+      r = cu_.cuMemsetD8Async(base + offset, 0, piece.bytes, stream);
+    }
+    offset += piece.bytes;
+  }
+  if (CUresult synced = cu_.cuStreamSynchronize(stream); r == CUDA_SUCCESS) r = synced;
+  return r;
 }
 
 void DeviceHeap::release_pieces(const std::vector<Piece>& pieces) {
@@ -144,15 +166,16 @@ tl::expected<CUdeviceptr, CUresult> DeviceHeap::map_handed_block(std::uint64_t b
     std::vector<Piece>& kept = handover_.pieces;
     std::sort(kept.begin(), kept.end(),
               [](const Piece& a, const Piece& b) { return a.bytes > b.bytes; });
-    for (auto it = kept.begin(); it != kept.end();) {
-      if (handed + it->bytes > bytes) {
-        ++it;
-        continue;
+    std::vector<Piece> rest;
+    for (const Piece& piece : kept) {
+      if (handed + piece.bytes <= bytes) {
+        handed += piece.bytes;
+        pieces.push_back(piece);
+      } else {
+        rest.push_back(piece);
       }
-      handed += it->bytes;
-      pieces.push_back(*it);
-      it = kept.erase(it);
     }
+    kept.swap(rest);
   }
   if (pieces.empty()) return map_block(bytes, alignment);
   auto give_back = [&](CUresult r) {
@@ -171,15 +194,32 @@ tl::expected<CUdeviceptr, CUresult> DeviceHeap::map_handed_block(std::uint64_t b
     r = cu_.cuMemCreate(&fresh, bytes - handed, &prop, 0);
     if (r == CUDA_SUCCESS) pieces.push_back(Piece{fresh, bytes - handed});
   }
-  if (r == CUDA_SUCCESS) r = map_pieces(*address, pieces);
+  using Clock = std::chrono::steady_clock;
+  const auto started = Clock::now();
+  auto mapped = started, cleared = started;
+  if (r == CUDA_SUCCESS) {
+    if (r = map_pieces(*address, pieces); r == CUDA_SUCCESS) {
+      mapped = Clock::now();
+      // Another client's bytes are never seen: a failed clearing hands nothing out.
+      if (r = clear_dirty(*address, pieces); r != CUDA_SUCCESS) unmap_pieces(*address, pieces);
+      cleared = Clock::now();
+    }
+  }
   if (r != CUDA_SUCCESS) {
     if (pieces.size() > handed_pieces) release_pieces({pieces.back()});
     pieces.resize(handed_pieces);
     arena_.give(*address, bytes);
     return give_back(r);
   }
-  log_info("device heap: {} at {:#x} made of {} of memory taken from preempted clients and {} new",
-           format_bytes(bytes), *address, format_bytes(handed), format_bytes(bytes - handed));
+  const std::size_t dirty = static_cast<std::size_t>(
+      std::count_if(pieces.begin(), pieces.end(), [](const Piece& p) { return p.dirty; }));
+  auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  log_info(
+      "device heap: {} at {:#x} made of {} of memory taken from preempted clients and {} new: "
+      "{} physical allocations mapped in {:.1f} ms, {} of them cleared in {:.1f} ms",
+      format_bytes(bytes), *address, format_bytes(handed), format_bytes(bytes - handed),
+      pieces.size(), ms(mapped - started), dirty, ms(cleared - mapped));
+  for (Piece& piece : pieces) piece.dirty = false;
   std::lock_guard lock(mutex_);
   Block& block = blocks_[*address];
   block.pieces = std::move(pieces);
@@ -624,6 +664,15 @@ std::uint64_t DeviceHeap::handover_bytes() const {
   std::uint64_t bytes = 0;
   for (const Piece& piece : handover_.pieces) bytes += piece.bytes;
   return bytes;
+}
+
+bool DeviceHeap::keep_for_handover(std::uint64_t from_owner, CUmemGenericAllocationHandle handle,
+                                   std::uint64_t bytes) {
+  if (bytes == 0 || bytes % granularity_ != 0) return false;
+  std::lock_guard lock(mutex_);
+  if (handover_.owner == 0 || handover_.owner == from_owner) return false;
+  handover_.pieces.push_back(Piece{handle, bytes, true});
+  return true;
 }
 
 void DeviceHeap::end_handover() {

@@ -145,6 +145,13 @@ class DeviceHeap {
   void start_handover(std::uint64_t owner);
   std::uint64_t handover_bytes() const;
   void end_handover();
+  // A physical allocation of `bytes` (a multiple of the granularity) that a client being
+  // suspended made itself (cuMemCreate, session/vmm_park.hpp), unmapped, its bytes on the host:
+  // true when a handover is on for another owner, which now owns it (cleared before it is
+  // handed out); false: the caller releases it. It must be exportable as a POSIX fd, as the
+  // heap's own are, and plain (no compression).
+  bool keep_for_handover(std::uint64_t from_owner, CUmemGenericAllocationHandle handle,
+                         std::uint64_t bytes);
 
   struct Figures {
     std::uint64_t physical_bytes = 0;  // what cuMemCreate holds for this heap
@@ -159,6 +166,7 @@ class DeviceHeap {
   struct Piece {
     CUmemGenericAllocationHandle handle = 0;
     std::uint64_t bytes = 0;
+    bool dirty = false;  // kept for a handover with another client's bytes: cleared when taken
   };
   struct Block {
     // Mapped one after another from the block's base: one physical allocation, or several for a
@@ -187,6 +195,8 @@ class DeviceHeap {
   // Maps `pieces` one after another from `base` with read-write access for the device; on
   // failure unmaps what it mapped (the pieces stay created).
   CUresult map_pieces(CUdeviceptr base, const std::vector<Piece>& pieces);
+  // Clears the dirty pieces of a block mapped from `base`, and waits for it.
+  CUresult clear_dirty(CUdeviceptr base, const std::vector<Piece>& pieces);
   void unmap_pieces(CUdeviceptr base, const std::vector<Piece>& pieces);
   void release_pieces(const std::vector<Piece>& pieces);
   // Unmaps and releases the block (frees its host copy when parked) and gives its addresses back.

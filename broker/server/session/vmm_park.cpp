@@ -231,7 +231,13 @@ std::uint64_t release_copied_vmm(Session& s) {
       a.parked = false;  // its bytes in the block go with the block
       continue;
     }
-    if (CUresult r = s.cu().cuMemRelease(a.handle); r != CUDA_SUCCESS) {
+    // Memory preemption's handover takes it when it can (device_heap.hpp): exportable as a
+    // POSIX fd, as the heap's own memory, and plain.
+    const bool plain = (a.prop.handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0 &&
+                       a.prop.compression == CU_MEM_ALLOCATION_COMP_NONE;
+    if (plain && s.gpu().heap->keep_for_handover(s.client.id, a.handle, a.bytes)) {
+      // The heap owns it now.
+    } else if (CUresult r = s.cu().cuMemRelease(a.handle); r != CUDA_SUCCESS) {
       log_warn("{}: cuMemRelease of a parked physical allocation failed: {}", s.who(),
                describe(s.cu(), r));
     }
