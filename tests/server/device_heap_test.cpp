@@ -1,6 +1,8 @@
 // The server's part of the one device address space: the arena's range allocator
 // (address_arena.hpp) and cuMemAlloc's memory placed in it with VMM (device_heap.hpp), against the
 // fake driver with its reservations at the address asked for, as the real driver was measured to.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 
 #include <map>
@@ -205,6 +207,102 @@ TEST_CASE("the driver's out-of-memory reaches the caller and leaves the arena as
   REQUIRE_FALSE(huge);
   CHECK(huge.error() == CUDA_ERROR_OUT_OF_MEMORY);
   CHECK(creates == 0);
+}
+
+TEST_CASE(
+    "memory kept for a handover makes its owner's next large allocation, cleared; what is left "
+    "goes back at its end",
+    "[device_heap][preemption]") {
+  DriverTable cu = honouring_driver();
+  // What the heap clears, by range (the fake's memset would write to the arena's addresses).
+  static std::vector<std::pair<CUdeviceptr, std::size_t>> cleared;
+  cleared.clear();
+  cu.cuMemsetD8Async = [](CUdeviceptr d, unsigned char v, std::size_t n, CUstream) {
+    if (v != 0) return CUDA_ERROR_INVALID_VALUE;
+    cleared.emplace_back(d, n);
+    return CUDA_SUCCESS;
+  };
+  // The heap waits for the clearing (the fake refuses to block the server elsewhere).
+  static int waits;
+  waits = 0;
+  cu.cuStreamSynchronize = [](CUstream) {
+    ++waits;
+    return CUDA_SUCCESS;
+  };
+  std::string why;
+  auto sut = DeviceHeap::open(cu, 0, kGpu, &why);
+  REQUIRE(sut != nullptr);
+  // Physical allocations of a client being suspended (its own cuMemCreate memory).
+  auto physical = [&](std::uint64_t bytes) {
+    CUmemGenericAllocationHandle h = 0;
+    CUmemAllocationProp prop{};
+    REQUIRE(cu.cuMemCreate(&h, bytes, &prop, 0) == CUDA_SUCCESS);
+    return h;
+  };
+  const auto first = physical(4 * kMiB), second = physical(2 * kMiB), third = physical(4 * kMiB);
+  CHECK_FALSE(sut->keep_for_handover(kOtherOwner, first, 4 * kMiB));  // no handover on
+  sut->start_handover(kOwner);
+  CHECK_FALSE(sut->keep_for_handover(kOwner, first, 4 * kMiB));       // its own memory
+  CHECK_FALSE(sut->keep_for_handover(kOtherOwner, first, 3 * kMiB));  // not whole granules
+  CHECK(sut->keep_for_handover(kOtherOwner, first, 4 * kMiB));
+  CHECK(sut->keep_for_handover(kOtherOwner, second, 2 * kMiB));
+  CHECK(sut->keep_for_handover(kOtherOwner, third, 4 * kMiB));
+  CHECK(sut->handover_bytes() == 10 * kMiB);
+
+  // Another owner's allocation gets new memory; small ones never take kept memory.
+  const int before = creates;
+  auto others = sut->allocate(kOtherOwner, 8 * kMiB);
+  auto small = sut->allocate(kOwner, 4096);
+  REQUIRE(others);
+  REQUIRE(small);
+  CHECK(creates == before + 2);
+  CHECK(sut->handover_bytes() == 10 * kMiB);
+
+  // 12 MiB: the kept 10 (largest first) and 2 new, mapped one after another; only the kept
+  // memory is cleared.
+  auto taken = sut->allocate(kOwner, 11 * kMiB + 1);
+  REQUIRE(taken);
+  CHECK(waits == 1);  // the clearing is waited for before the memory is handed out
+  CHECK(creates == before + 3);
+  CHECK(sut->handover_bytes() == 0);
+  std::uint64_t cleared_bytes = 0;
+  for (const auto& [at, bytes] : cleared) {
+    CHECK(at >= *taken);
+    CHECK(at + bytes <= *taken + 10 * kMiB);
+    cleared_bytes += bytes;
+  }
+  CHECK(cleared_bytes == 10 * kMiB);
+  CHECK(fake_gpu().vmm_mappings.count(*taken) == 1);
+  CHECK(fake_gpu().vmm_mappings.count(*taken + 4 * kMiB) == 1);
+  CHECK(fake_gpu().vmm_mappings.count(*taken + 8 * kMiB) == 1);
+  CHECK(fake_gpu().vmm_mappings.count(*taken + 10 * kMiB) == 1);
+  // Exported for another GPU's server: the physical allocation holding the address, alone.
+  auto exported = sut->export_block(kOwner, *taken + 5 * kMiB);
+  REQUIRE(exported);
+  ::close(exported->fd);
+  CHECK(exported->base == *taken + 4 * kMiB);
+  CHECK(exported->bytes == 4 * kMiB);
+
+  // Freed, every piece goes back to the driver.
+  const std::size_t handles = fake_gpu().vmm_handles.size();
+  CHECK(sut->free(*taken) == CUDA_SUCCESS);
+  CHECK(fake_gpu().vmm_handles.size() == handles - 4);
+  CHECK(fake_gpu().vmm_handles.count(first) == 0);
+  sut->end_handover();
+
+  // What the allocation did not take goes back when the handover ends; none is kept after it.
+  sut->start_handover(kOwner);
+  const auto fourth = physical(4 * kMiB), fifth = physical(4 * kMiB);
+  CHECK(sut->keep_for_handover(kOtherOwner, fourth, 4 * kMiB));
+  CHECK(sut->keep_for_handover(kOtherOwner, fifth, 4 * kMiB));
+  auto part = sut->allocate(kOwner, 4 * kMiB);
+  REQUIRE(part);
+  CHECK(sut->handover_bytes() == 4 * kMiB);
+  sut->end_handover();
+  CHECK(sut->handover_bytes() == 0);
+  CHECK(fake_gpu().vmm_handles.size() == handles - 4 + 1);  // the one `part` holds
+  CHECK_FALSE(sut->keep_for_handover(kOtherOwner, physical(2 * kMiB), 2 * kMiB));
+  for (CUdeviceptr p : {*part, *others, *small}) CHECK(sut->free(p) == CUDA_SUCCESS);
 }
 
 TEST_CASE("allocations from several threads never overlap", "[device_heap]") {

@@ -180,8 +180,7 @@ tl::expected<CUdeviceptr, CUresult> DeviceHeap::map_handed_block(std::uint64_t b
   if (pieces.empty()) return map_block(bytes, alignment);
   auto give_back = [&](CUresult r) {
     std::lock_guard lock(mutex_);
-    handover_.pieces.insert(handover_.pieces.end(), pieces.begin(),
-                            pieces.begin() + static_cast<std::ptrdiff_t>(pieces.size()));
+    handover_.pieces.insert(handover_.pieces.end(), pieces.begin(), pieces.end());
     return tl::unexpected(r);
   };
   auto address = arena_.take(bytes, std::max(alignment, granularity_));

@@ -24,9 +24,10 @@
 // instead (start_handover): the driver's cuMemCreate of memory released just before is slow.
 // Measured on an H200 (driver 580): cuMemCreate of 116 GiB took 0.8 ms on a fresh GPU, 325-338 ms
 // right after the same 116 GiB were released, 168-173 ms after 60 GiB were created and released;
-// the driver clears the memory first, at about 0.4 TB/s. The heap clears it with a memset on the
-// suspend's copy stream, behind the copy. A block of such memory is several physical allocations
-// mapped one after another (Block::pieces).
+// the driver clears the memory first, at about 0.4 TB/s. The heap clears it with a memset: its
+// own blocks on the suspend's copy stream behind the copy, a client's own cuMemCreate memory
+// (keep_for_handover) once the allocation has mapped it. A block of such memory is several
+// physical allocations mapped one after another (Block::pieces).
 //
 // Thread safety: every public function may be called from any worker; one mutex guards the
 // bookkeeping and is never held across a driver call. park and unpark of an owner run on the
