@@ -31,6 +31,30 @@ double ms_since(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
+// Runs step(i) for i in [0, count), split into `threads` consecutive runs, each thread with
+// `context` current; the milliseconds it took. A step that fails ends the probe.
+template <typename Step>
+double on_threads(unsigned threads, std::size_t count, CUcontext context, Step step) {
+  const auto start = Clock::now();
+  std::vector<std::thread> workers;
+  std::vector<CUresult> results(threads, CUDA_SUCCESS);
+  for (unsigned t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      cuCtxSetCurrent(context);
+      for (std::size_t i = t * count / threads; i < (t + 1) * count / threads; ++i) {
+        if (CUresult r = step(i); r != CUDA_SUCCESS) {
+          results[t] = r;
+          return;
+        }
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  const double ms = ms_since(start);
+  for (CUresult r : results) MUST(r);
+  return ms;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -59,24 +83,9 @@ int main(int argc, char** argv) {
     std::printf("cuMemMap with no context current: %s\n", name(r));
     if (r == CUDA_SUCCESS) MUST(cuMemUnmap(base, piece));
   }
+  auto map = [&](std::size_t i) { return cuMemMap(base + i * piece, piece, 0, handles[i], 0); };
   for (unsigned threads : {1u, 2u, 4u, 8u, 16u}) {
-    const auto start = Clock::now();
-    std::vector<std::thread> mappers;
-    std::vector<CUresult> results(threads, CUDA_SUCCESS);
-    for (unsigned t = 0; t < threads; ++t) {
-      mappers.emplace_back([&, t] {
-        cuCtxSetCurrent(context);
-        for (std::size_t i = t * count / threads; i < (t + 1) * count / threads; ++i) {
-          if (CUresult r = cuMemMap(base + i * piece, piece, 0, handles[i], 0); r != CUDA_SUCCESS) {
-            results[t] = r;
-            return;
-          }
-        }
-      });
-    }
-    for (auto& m : mappers) m.join();
-    const double map_ms = ms_since(start);
-    for (CUresult r : results) MUST(r);
+    const double map_ms = on_threads(threads, count, context, map);
     const auto access_start = Clock::now();
     MUST(cuMemSetAccess(base, piece * count, &access, 1));
     const double access_ms = ms_since(access_start);
@@ -90,25 +99,10 @@ int main(int argc, char** argv) {
   }
   // Access set per mapping instead, each thread for the mappings it made.
   for (unsigned threads : {1u, 4u, 8u, 16u}) {
-    const auto start = Clock::now();
-    std::vector<std::thread> mappers;
-    std::vector<CUresult> results(threads, CUDA_SUCCESS);
-    for (unsigned t = 0; t < threads; ++t) {
-      mappers.emplace_back([&, t] {
-        cuCtxSetCurrent(context);
-        for (std::size_t i = t * count / threads; i < (t + 1) * count / threads; ++i) {
-          CUresult r = cuMemMap(base + i * piece, piece, 0, handles[i], 0);
-          if (r == CUDA_SUCCESS) r = cuMemSetAccess(base + i * piece, piece, &access, 1);
-          if (r != CUDA_SUCCESS) {
-            results[t] = r;
-            return;
-          }
-        }
-      });
-    }
-    for (auto& m : mappers) m.join();
-    const double map_ms = ms_since(start);
-    for (CUresult r : results) MUST(r);
+    const double map_ms = on_threads(threads, count, context, [&](std::size_t i) {
+      CUresult r = map(i);
+      return r == CUDA_SUCCESS ? cuMemSetAccess(base + i * piece, piece, &access, 1) : r;
+    });
     for (std::size_t i = 0; i < count; ++i) MUST(cuMemUnmap(base + i * piece, piece));
     std::printf("%zu x 20 MiB, %2u threads: map and set access per mapping %.1f ms\n", count,
                 threads, map_ms);
