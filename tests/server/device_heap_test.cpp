@@ -25,6 +25,8 @@ constexpr std::uint64_t kOwner = 7, kOtherOwner = 8;
 
 int creates = 0;
 CUresult create_result = CUDA_SUCCESS;
+// The device's memory, when not 0: cuMemCreate past it is out of memory, as the driver's is.
+std::uint64_t device_bytes_limit = 0;
 
 // The fake driver, with reservations placed where asked and cuMemCreate counted and failing on
 // demand.
@@ -32,6 +34,7 @@ DriverTable honouring_driver() {
   fake_gpu().reset();
   creates = 0;
   create_result = CUDA_SUCCESS;
+  device_bytes_limit = 0;
   DriverTable t = fake_driver_table();
   t.cuMemAddressReserve = [](CUdeviceptr* p, std::size_t bytes, std::size_t, CUdeviceptr want,
                              unsigned long long) {
@@ -53,6 +56,11 @@ DriverTable honouring_driver() {
                      const CUmemAllocationProp* prop, unsigned long long flags) {
     std::lock_guard lock(books);
     if (create_result != CUDA_SUCCESS) return create_result;
+    std::uint64_t held = 0;
+    for (const auto& [handle, size] : fake_gpu().vmm_handles) held += size;
+    if (device_bytes_limit != 0 && held + bytes > device_bytes_limit) {
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     ++creates;
     return create(h, bytes, prop, flags);
   };
@@ -303,6 +311,45 @@ TEST_CASE(
   CHECK(fake_gpu().vmm_handles.size() == handles - 4 + 1);  // the one `part` holds
   CHECK_FALSE(sut->keep_for_handover(kOtherOwner, physical(2 * kMiB), 2 * kMiB));
   for (CUdeviceptr p : {*part, *others, *small}) CHECK(sut->free(p) == CUDA_SUCCESS);
+}
+
+TEST_CASE(
+    "an allocation that cannot be made of the kept memory gets room by giving it back, large "
+    "or small",
+    "[device_heap][preemption]") {
+  DriverTable cu = honouring_driver();
+  std::string why;
+  auto sut = DeviceHeap::open(cu, 0, kGpu, &why);
+  REQUIRE(sut != nullptr);
+  device_bytes_limit = 10 * kMiB;
+  auto keep = [&](std::uint64_t bytes) {
+    CUmemGenericAllocationHandle h = 0;
+    CUmemAllocationProp prop{};
+    REQUIRE(cu.cuMemCreate(&h, bytes, &prop, 0) == CUDA_SUCCESS);
+    REQUIRE(sut->keep_for_handover(kOtherOwner, h, bytes));
+    return h;
+  };
+  sut->start_handover(kOwner);
+  // 8 MiB kept of 10: 4 MiB new do not fit beside them, and the kept piece is too large for it.
+  const auto large = keep(8 * kMiB);
+  auto four = sut->allocate(kOwner, 4 * kMiB);
+  REQUIRE(four);
+  CHECK(sut->handover_bytes() == 0);
+  CHECK(fake_gpu().vmm_handles.count(large) == 0);
+  // A small allocation's chunk likewise.
+  keep(6 * kMiB);
+  auto small = sut->allocate(kOwner, 4096);
+  REQUIRE(small);
+  CHECK(sut->handover_bytes() == 0);
+  // Another owner's allocation never takes it, nor makes it go.
+  keep(4 * kMiB);
+  auto others = sut->allocate(kOtherOwner, 2 * kMiB);
+  REQUIRE_FALSE(others);
+  CHECK(others.error() == CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK(sut->handover_bytes() == 4 * kMiB);
+  sut->end_handover();
+  CHECK(fake_gpu().vmm_handles.size() == 2);  // `four` and the chunk of `small`
+  for (CUdeviceptr p : {*four, *small}) CHECK(sut->free(p) == CUDA_SUCCESS);
 }
 
 TEST_CASE("allocations from several threads never overlap", "[device_heap]") {

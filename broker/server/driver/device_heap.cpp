@@ -286,6 +286,9 @@ tl::expected<CUdeviceptr, CUresult> DeviceHeap::allocate(std::uint64_t owner, st
     }
     const std::uint64_t rounded = round_up(bytes, granularity_);
     auto base = handed ? map_handed_block(rounded, alignment) : map_block(rounded, alignment);
+    if (!base && base.error() == CUDA_ERROR_OUT_OF_MEMORY && release_kept_for(owner)) {
+      base = map_block(rounded, alignment);
+    }
     if (base) {
       std::lock_guard lock(mutex_);
       blocks_[*base].owner = owner;
@@ -299,6 +302,9 @@ tl::expected<CUdeviceptr, CUresult> DeviceHeap::allocate(std::uint64_t owner, st
   }
   // A new chunk, made without the lock; another thread of the same owner may make one too.
   auto chunk = map_block(granularity_, granularity_);
+  if (!chunk && chunk.error() == CUDA_ERROR_OUT_OF_MEMORY && release_kept_for(owner)) {
+    chunk = map_block(granularity_, granularity_);
+  }
   if (!chunk) return chunk;
   std::lock_guard lock(mutex_);
   Block& block = blocks_[*chunk];
@@ -672,6 +678,17 @@ bool DeviceHeap::keep_for_handover(std::uint64_t from_owner, CUmemGenericAllocat
   if (handover_.owner == 0 || handover_.owner == from_owner) return false;
   handover_.pieces.push_back(Piece{handle, bytes, true});
   return true;
+}
+
+bool DeviceHeap::release_kept_for(std::uint64_t owner) {
+  std::vector<Piece> kept;
+  {
+    std::lock_guard lock(mutex_);
+    if (handover_.owner != owner) return false;
+    kept.swap(handover_.pieces);
+  }
+  release_pieces(kept);
+  return !kept.empty();
 }
 
 void DeviceHeap::end_handover() {

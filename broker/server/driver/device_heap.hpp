@@ -140,6 +140,8 @@ class DeviceHeap {
   // from start_handover until end_handover, what park releases of other owners is cleared and
   // kept, and `owner`'s allocations larger than kSmallMax are made of it first (whole physical
   // allocations, largest first, as many as fit in the allocation; the rest is created fresh).
+  // An allocation of `owner` that finds no room beside what is kept (none of it fits in the
+  // allocation) gives it all back to the driver and is tried once more.
   // handover_bytes: what is kept and not taken yet, which the driver does not count as free.
   // end_handover gives back to the driver what was not taken. Any thread with the primary
   // context current.
@@ -199,6 +201,10 @@ class DeviceHeap {
   // Clears the dirty pieces of a block mapped from `base`, and waits for it.
   CUresult clear_dirty(CUdeviceptr base, const std::vector<Piece>& pieces);
   void unmap_pieces(CUdeviceptr base, const std::vector<Piece>& pieces);
+  // The handover's kept memory given back to the driver when `owner`'s allocation found no room
+  // beside it: an allocation smaller than every kept piece, or a small one, cannot be made of
+  // it, and must not fail for it (it is tried again once). Whether any was given back.
+  bool release_kept_for(std::uint64_t owner);
   void release_pieces(const std::vector<Piece>& pieces);
   // Unmaps and releases the block (frees its host copy when parked) and gives its addresses back.
   void unmap_block(CUdeviceptr base, const Block& block);
