@@ -38,6 +38,7 @@ struct ClientConfig {
   bool ignore_sm_coscheduling = false;        // MPSSHIM_SM_GRANULARITY=2
   bool launch_batching = true;                // MPSSHIM_LAUNCH_BATCHING=off: false
   bool early_answers = false;                 // MPSSHIM_EARLY_ANSWERS=on: true
+  bool wait_pacing = true;                    // MPSSHIM_WAIT_PACING=off: false
   bool own_isolation_group = false;           // MPSSHIM_ISOLATION=own
   // A library's kernels are handed out from the names its load's reply lists and looked up on
   // the server at their first use (libshim/kernel_lookup.hpp). MPSSHIM_KERNEL_LOOKUP=eager, or

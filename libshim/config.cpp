@@ -204,6 +204,14 @@ ClientConfig read_client_config() {
       log_warn("ignoring MPSSHIM_EARLY_ANSWERS='{}': expected off or on", early);
     }
   }
+  // Waits that took long their last times sleep first (wait_pacer.hpp).
+  if (std::string pacing = env("MPSSHIM_WAIT_PACING"); !pacing.empty()) {
+    if (pacing == "off" || pacing == "0") {
+      config.wait_pacing = false;
+    } else if (pacing != "on" && pacing != "1") {
+      log_warn("ignoring MPSSHIM_WAIT_PACING='{}': expected off or on", pacing);
+    }
+  }
   // A process that trusts no other client asks for server processes of its own
   // (docs/isolation.md); it can only add isolation to what the operator's rule gives.
   if (std::string isolation = env("MPSSHIM_ISOLATION"); !isolation.empty()) {

@@ -16,6 +16,7 @@
 #include "common/log.hpp"
 #include "libshim/answer_trace.hpp"
 #include "libshim/client.hpp"
+#include "libshim/wait_pacer.hpp"
 #include "libshim/wait_policy.hpp"
 #include "proto/futex.hpp"
 #include "proto/memfd_mapping.hpp"
@@ -342,7 +343,10 @@ bool Session::look_at_watch(const proto::ResponseSlot& slot, std::uint64_t& rung
   return true;
 }
 
-CUresult Session::wait_slot(proto::ResponseSlot* slot, SlotEnd& end) {
+CUresult Session::wait_slot(proto::ResponseSlot* slot, std::uint16_t op, SlotEnd& end) {
+  // Each thread paces its own waits: its calls' history is its own.
+  thread_local WaitPacer pacer;
+  const auto start = std::chrono::steady_clock::now();
   std::uint64_t rung = 0;
   end = SlotEnd::kAnswered;
   auto ready = [&] {
@@ -354,9 +358,22 @@ CUresult Session::wait_slot(proto::ResponseSlot* slot, SlotEnd& end) {
     end = SlotEnd::kLanded;
     return true;
   };
-  const SpinEnd spun =
-      spin_until(current_wait_plan(crowded()), ready, [this] { return peer_gone(); });
-  if (spun == SpinEnd::kReady) return CUDA_SUCCESS;
+  auto answered = [&] {
+    pacer.record(op, std::chrono::steady_clock::now() - start);
+    return CUDA_SUCCESS;
+  };
+  const WaitPlan plan = current_wait_plan(crowded());
+  if (plan.paced && config().wait_pacing) {
+    // Slept in slices, so a server that died is noticed as while spinning.
+    for (auto left = pacer.sleep_before(op); left > std::chrono::nanoseconds(0);
+         left -= kPeerCheck) {
+      sleep_precisely(std::min(left, std::chrono::nanoseconds(kPeerCheck)));
+      if (ready()) return answered();
+      if (peer_gone()) return dead_result();
+    }
+  }
+  const SpinEnd spun = spin_until(plan, ready, [this] { return peer_gone(); });
+  if (spun == SpinEnd::kReady) return answered();
   if (spun == SpinEnd::kGone) return dead_result();
   for (bool first = true;; first = false) {
     slot->waiter.store(1, std::memory_order_seq_cst);
@@ -373,7 +390,7 @@ CUresult Session::wait_slot(proto::ResponseSlot* slot, SlotEnd& end) {
     if (peer_gone()) return dead_result();
   }
   slot->waiter.store(0, std::memory_order_relaxed);
-  return CUDA_SUCCESS;
+  return answered();
 }
 
 CUresult Session::call(proto::Op op, const void* request, std::size_t request_bytes,
@@ -405,7 +422,7 @@ CUresult Session::call(proto::Op op, const void* request, std::size_t request_by
     open_record_ = at;
     const std::uint64_t sent = commit_record();
     SlotEnd end = SlotEnd::kAnswered;
-    rc = wait_slot(slot, end);
+    rc = wait_slot(slot, static_cast<std::uint16_t>(op), end);
     if (trace_ != nullptr && rc == CUDA_SUCCESS) {
       trace_->add(op, last_launch_commit_ns_.load(std::memory_order_relaxed), sent,
                   end == SlotEnd::kLanded ? nullptr : slot, AnswerTrace::now_ns());

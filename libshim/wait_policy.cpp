@@ -41,10 +41,10 @@ WaitPlan wait_plan_for(unsigned context_flags, std::chrono::nanoseconds auto_spi
     case CU_CTX_SCHED_YIELD:
       return {std::chrono::nanoseconds(0), forever};
     case CU_CTX_SCHED_BLOCKING_SYNC:
-      return {kBusySpin, kBusySpin};
+      return {kBusySpin, kBusySpin, true};
     default:  // CU_CTX_SCHED_AUTO
-      if (crowded) return {kBusySpin, kBusySpin};
-      return {kBusySpin, std::max(kBusySpin, auto_spin)};
+      if (crowded) return {kBusySpin, kBusySpin, true};
+      return {kBusySpin, std::max(kBusySpin, auto_spin), true};
   }
 }
 

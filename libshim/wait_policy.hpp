@@ -17,6 +17,8 @@
 //                               took the CPU the server's workers issue their work with
 //                               (small_kernels x 32 on an H100: 0.81 M kernels/s spinning,
 //                               1.48 M sleeping; docs/benchmarks.md)
+// AUTO and BLOCKING_SYNC waits are paced (wait_pacer.hpp): a call whose last waits all took
+// long sleeps through most of the next one first.
 // Every plan looks at the server's socket every kPeerCheck while it spins, so a server that
 // died is noticed as it is while sleeping.
 #pragma once
@@ -31,6 +33,9 @@ struct WaitPlan {
   // Then spin with sched_yield between looks until this much time has passed since the wait
   // began; nanoseconds::max(): never sleep.
   std::chrono::nanoseconds spin_total;
+  // Whether a wait whose call took long its last few times sleeps first (wait_pacer.hpp):
+  // not where the context asked to spin or to yield.
+  bool paced = false;
 };
 
 // The busy spin of every plan: longer than a typical launch + synchronize round trip.
