@@ -17,8 +17,8 @@
 //                               took the CPU the server's workers issue their work with
 //                               (small_kernels x 32 on an H100: 0.81 M kernels/s spinning,
 //                               1.48 M sleeping; docs/benchmarks.md)
-// AUTO and BLOCKING_SYNC waits are paced (wait_pacer.hpp): a call whose last waits all took
-// long sleeps through most of the next one first.
+// AUTO and BLOCKING_SYNC waits are paced (wait_pacer.hpp), except AUTO's on a crowded server: a
+// call whose last waits all took long sleeps through most of the next one first.
 // Every plan looks at the server's socket every kPeerCheck while it spins, so a server that
 // died is noticed as it is while sleeping.
 #pragma once

@@ -21,6 +21,7 @@ TEST_CASE("AUTO spins, yields for the process's budget, then sleeps", "[wait_pol
   const WaitPlan plan = wait_plan_for(CU_CTX_SCHED_AUTO, milliseconds(20));
   CHECK(plan.busy == kBusySpin);
   CHECK(plan.spin_total == milliseconds(20));
+  CHECK(plan.paced);
   // Other context flags do not change the plan.
   const WaitPlan mapped = wait_plan_for(CU_CTX_SCHED_AUTO | CU_CTX_MAP_HOST, milliseconds(20));
   CHECK(mapped.busy == plan.busy);
@@ -32,6 +33,7 @@ TEST_CASE("AUTO with a budget under the busy spin waits as a blocking-sync conte
   const WaitPlan blocking = wait_plan_for(CU_CTX_SCHED_BLOCKING_SYNC, milliseconds(20));
   CHECK(blocking.busy == kBusySpin);
   CHECK(blocking.spin_total == kBusySpin);
+  CHECK(blocking.paced);
   for (nanoseconds budget : {nanoseconds(0), nanoseconds(microseconds(10))}) {
     const WaitPlan plan = wait_plan_for(CU_CTX_SCHED_AUTO, budget);
     CHECK(plan.busy == blocking.busy);
@@ -43,9 +45,11 @@ TEST_CASE("SPIN and YIELD never sleep; YIELD gives the CPU away from the start",
   const WaitPlan spin = wait_plan_for(CU_CTX_SCHED_SPIN, microseconds(0));
   CHECK(spin.busy == kForever);
   CHECK(spin.spin_total == kForever);
+  CHECK_FALSE(spin.paced);
   const WaitPlan yield = wait_plan_for(CU_CTX_SCHED_YIELD, microseconds(0));
   CHECK(yield.busy == nanoseconds(0));
   CHECK(yield.spin_total == kForever);
+  CHECK_FALSE(yield.paced);
 }
 
 TEST_CASE("a crowded server makes AUTO sleep after the busy spin; explicit flags still win",
@@ -53,6 +57,8 @@ TEST_CASE("a crowded server makes AUTO sleep after the busy spin; explicit flags
   const WaitPlan crowded = wait_plan_for(CU_CTX_SCHED_AUTO, milliseconds(20), true);
   CHECK(crowded.busy == kBusySpin);
   CHECK(crowded.spin_total == kBusySpin);
+  CHECK_FALSE(crowded.paced);
+  CHECK(wait_plan_for(CU_CTX_SCHED_BLOCKING_SYNC, milliseconds(20), true).paced);
   CHECK(wait_plan_for(CU_CTX_SCHED_SPIN, milliseconds(20), true).spin_total == kForever);
   CHECK(wait_plan_for(CU_CTX_SCHED_YIELD, milliseconds(20), true).spin_total == kForever);
 }
