@@ -20,9 +20,11 @@ ticks() {
     stat=$(cat "$t/stat" 2>/dev/null) || continue
     rest=${stat##*) }
     set -- $rest
-    echo "${name%%[0-9]*} $((${12} + ${13}))"
-  done | awk '{s[$1] += $2} END {for (k in s) print k, s[k]}' | sort
+    echo "${t##*/} ${name%%[0-9]*} $((${12} + ${13}))"
+  done | sort
 }
+# By name: threads the driver starts without naming them carry their creator's name.
+by_name() { awk '{s[$2] += $3} END {for (k in s) print k, s[k]}' "$1" | sort; }
 # A warm-up client, so the primary context and the images are loaded before the measured run.
 env LD_PRELOAD="$B/libshim/libmpsshim.so" CUDA_MPS_PIPE_DIRECTORY="$RT" \
   "$B/examples/small_kernels" --kernels 1000 >/dev/null
@@ -40,8 +42,11 @@ hz=$(getconf CLK_TCK)
 wall_ms=$(((end - start) / 1000000))
 kernels=$((N * K))
 echo "$N clients x $K kernels in $wall_ms ms: $((kernels * 1000 / wall_ms)) kernels/s"
-join -a2 -e0 -o 0,1.2,2.2 "$RT/before" "$RT/after" | awk -v hz="$hz" -v k="$kernels" -v w="$wall_ms" '
+join -a2 -e0 -o 0,1.2,2.2 <(by_name "$RT/before") <(by_name "$RT/after") | awk -v hz="$hz" -v k="$kernels" -v w="$wall_ms" '
   {d = ($3 - $2) / hz; printf "server %-12s %7.3f s  %6.2f cores  %6.3f us/kernel\n", $1, d, d * 1000 / w, d * 1e6 / k}'
+echo "the server's busiest threads (tid, name, CPU s):"
+join -a2 -e0 -o 0,2.2,1.3,2.3 "$RT/before" "$RT/after" |
+  awk -v hz="$hz" '{printf "  %s %s %.3f\n", $1, $2, ($4 - $3) / hz}' | sort -k3 -nr | head -n 5
 grep -ho "idle strategy: .*" "$RT/daemon.log" | head -n1 || true
 read -r u s <"$RT/clients"
 awk -v u="$u" -v s="$s" -v k="$kernels" -v w="$wall_ms" \
