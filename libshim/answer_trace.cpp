@@ -16,6 +16,7 @@ struct Line {
   std::uint16_t op;
   bool early;
   std::uint64_t values[8];
+  std::uint64_t slept;
 };
 
 struct State {
@@ -56,7 +57,7 @@ std::uint64_t AnswerTrace::now_ns() {
 }
 
 void AnswerTrace::add(proto::Op op, std::uint64_t launch_sent, std::uint64_t sent,
-                      const proto::ResponseSlot* slot, std::uint64_t seen) {
+                      const proto::ResponseSlot* slot, std::uint64_t seen, std::uint64_t slept) {
   State& s = *state();
   // An early answer has no stamps yet: the server writes them with its late answer.
   const proto::ResponseSlot none{};
@@ -64,7 +65,8 @@ void AnswerTrace::add(proto::Op op, std::uint64_t launch_sent, std::uint64_t sen
   Line line{static_cast<std::uint16_t>(op),
             slot == nullptr,
             {launch_sent, stamps.stamp_launch_taken_ns, stamps.stamp_launch_issued_ns, sent,
-             stamps.stamp_taken_ns, stamps.stamp_known_ns, stamps.stamp_answered_ns, seen}};
+             stamps.stamp_taken_ns, stamps.stamp_known_ns, stamps.stamp_answered_ns, seen},
+            slept};
   std::lock_guard lock(s.mutex);
   if (s.lines.size() < kMaxLines) s.lines.push_back(line);
 }
@@ -83,11 +85,12 @@ void AnswerTrace::write() {
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) return;
   std::fprintf(f,
-               "op,launch_sent,launch_taken,launch_issued,sent,taken,known,answered,seen,early\n");
+               "op,launch_sent,launch_taken,launch_issued,sent,taken,known,answered,seen,early,"
+               "slept\n");
   for (const Line& l : s.lines) {
     std::fprintf(f, "%u", static_cast<unsigned>(l.op));  // proto/ops.hpp's numbers
     for (std::uint64_t v : l.values) std::fprintf(f, ",%llu", static_cast<unsigned long long>(v));
-    std::fprintf(f, ",%d\n", l.early ? 1 : 0);
+    std::fprintf(f, ",%d,%llu\n", l.early ? 1 : 0, static_cast<unsigned long long>(l.slept));
   }
   std::fclose(f);
 }

@@ -343,12 +343,14 @@ bool Session::look_at_watch(const proto::ResponseSlot& slot, std::uint64_t& rung
   return true;
 }
 
-CUresult Session::wait_slot(proto::ResponseSlot* slot, std::uint16_t op, SlotEnd& end) {
+CUresult Session::wait_slot(proto::ResponseSlot* slot, std::uint16_t op, SlotEnd& end,
+                            std::chrono::nanoseconds& slept) {
   // Each thread paces its own waits: its calls' history is its own.
   thread_local WaitPacer pacer;
   const auto start = std::chrono::steady_clock::now();
   std::uint64_t rung = 0;
   end = SlotEnd::kAnswered;
+  slept = std::chrono::nanoseconds(0);
   auto ready = [&] {
     if (slot->state.load(std::memory_order_acquire) == proto::kSlotReady) return true;
     if (!look_at_watch(*slot, rung) || !early_answers_) return false;
@@ -367,7 +369,9 @@ CUresult Session::wait_slot(proto::ResponseSlot* slot, std::uint16_t op, SlotEnd
     // Slept in slices, so a server that died is noticed as while spinning.
     for (auto left = pacer.sleep_before(op); left > std::chrono::nanoseconds(0);
          left -= kPeerCheck) {
-      sleep_precisely(std::min(left, std::chrono::nanoseconds(kPeerCheck)));
+      const auto slice = std::min(left, std::chrono::nanoseconds(kPeerCheck));
+      sleep_precisely(slice);
+      slept += slice;
       if (ready()) return answered();
       if (peer_gone()) return dead_result();
     }
@@ -422,10 +426,12 @@ CUresult Session::call(proto::Op op, const void* request, std::size_t request_by
     open_record_ = at;
     const std::uint64_t sent = commit_record();
     SlotEnd end = SlotEnd::kAnswered;
-    rc = wait_slot(slot, static_cast<std::uint16_t>(op), end);
+    std::chrono::nanoseconds slept{};
+    rc = wait_slot(slot, static_cast<std::uint16_t>(op), end, slept);
     if (trace_ != nullptr && rc == CUDA_SUCCESS) {
       trace_->add(op, last_launch_commit_ns_.load(std::memory_order_relaxed), sent,
-                  end == SlotEnd::kLanded ? nullptr : slot, AnswerTrace::now_ns());
+                  end == SlotEnd::kLanded ? nullptr : slot, AnswerTrace::now_ns(),
+                  static_cast<std::uint64_t>(slept.count()));
     }
     if (rc == CUDA_SUCCESS && end == SlotEnd::kLanded) {
       // An early answer: CUDA_SUCCESS, no payload (proto::ResponseSlot::watch). The slot stays

@@ -7,6 +7,7 @@
 #include <boost/interprocess/mapped_region.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
@@ -113,7 +114,8 @@ class Session {
   // How a wait for a slot's answer ended: the answer came, or (early answers) the call's fence
   // landed first; else the session is dead.
   enum class SlotEnd { kAnswered, kLanded };
-  CUresult wait_slot(proto::ResponseSlot* slot, std::uint16_t op, SlotEnd& end);
+  CUresult wait_slot(proto::ResponseSlot* slot, std::uint16_t op, SlotEnd& end,
+                     std::chrono::nanoseconds& slept);
   // One look of a spinning wait at its slot's fence watch (proto::ResponseSlot::watch): true
   // when the named fence has landed. Then rings the doorbell if the worker sleeps, once per
   // watch (`rung`), so the worker sleeps through the GPU's work instead of polling it.

@@ -65,7 +65,8 @@ std::vector<std::map<std::string, unsigned long long>> read_answer_trace(const s
     rows.push_back(row);
   }
   REQUIRE(names == std::vector<std::string>{"op", "launch_sent", "launch_taken", "launch_issued",
-                                            "sent", "taken", "known", "answered", "seen", "early"});
+                                            "sent", "taken", "known", "answered", "seen", "early",
+                                            "slept"});
   return rows;
 }
 
@@ -275,6 +276,43 @@ TEST_CASE("a spinning client watches its synchronize's fence and wakes its worke
     CHECK(figures("sleeping").second == 0);
     sleeping.close_stdin();
     require_pass(sleeping.wait(60s), daemon);
+  }
+}
+
+TEST_CASE("a thread's long synchronizes are paced: it sleeps through most of each after 8",
+          "[e2e][pacing]") {
+  Daemon daemon;
+  for (bool paced : {true, false}) {
+    INFO("MPSSHIM_WAIT_PACING " << (paced ? "on" : "off"));
+    const std::string trace = daemon.dir() + "/paced.csv";
+    // 20 rounds of a 30 ms kernel and a synchronize, spinning for up to 10 s otherwise.
+    require_pass(run_client(daemon, {client(), "watched_sync", "20", "30000"},
+                            {{"MPSSHIM_WAIT_SPIN_US", "10000000"},
+                             {"MPSSHIM_WAIT_PACING", paced ? "on" : "off"},
+                             {"MPSSHIM_TRACE_ANSWERS", trace}}),
+                 daemon);
+    std::vector<std::map<std::string, unsigned long long>> syncs;
+    for (const auto& row : read_answer_trace(trace)) {
+      if (row.at("op") == kStreamSynchronizeOp) syncs.push_back(row);
+    }
+    REQUIRE(syncs.size() == 20);
+    int slept = 0;
+    for (std::size_t i = 0; i < syncs.size(); ++i) {
+      const auto& r = syncs[i];
+      INFO("synchronize " << i << ": waited " << (r.at("seen") - r.at("sent")) << " ns, slept "
+                          << r.at("slept") << " ns");
+      // Never before the history is full, and never longer than the wait itself.
+      if (i < 8) CHECK(r.at("slept") == 0);
+      CHECK(r.at("slept") < r.at("seen") - r.at("sent"));
+      slept += r.at("slept") > 0;
+    }
+    // Rounds 9-20 each follow 8 waits of about 30 ms (one cut short by a thread kept off its CPU
+    // between the launch and the synchronize would spare one round).
+    if (paced) {
+      CHECK(slept >= 10);
+    } else {
+      CHECK(slept == 0);
+    }
   }
 }
 

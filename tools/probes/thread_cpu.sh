@@ -1,7 +1,8 @@
 #!/bin/bash
 # Where the broker's CPU goes: runs N x examples/small_kernels (K kernels each) under mpsshim and
 # prints the CPU time of each kind of thread of the GPU's server (by thread name, /proc/PID/task)
-# and of the clients, over the run.
+# and of the clients, over the run: the clients' start and end included (the coordinator's CPU
+# is mostly their admission), unlike the harness's "while they run".
 #   usage: tools/probes/thread_cpu.sh BUILD N K [mpsshimd options...]
 # The clients' environment passes through (MPSSHIM_WAIT_PACING, MPSSHIM_EARLY_ANSWERS, ...).
 set -euo pipefail
