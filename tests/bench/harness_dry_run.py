@@ -61,7 +61,8 @@ def check_machine_cpu(source: str, harness: str, out: str) -> None:
     read from samples, and both columns for every mode of the concurrency workload; and its
     figure against the ceiling of N native processes alone."""
     sys.path.insert(0, os.path.join(source, "bench"))
-    from harness.machine_cpu import CpuSampler, busy_ticks, process_ticks  # noqa: E402
+    from harness.machine_cpu import (CpuSampler, busy_ticks, process_cpu_ns,  # noqa: E402
+                                     process_ticks)
     stat = "cpu  100 5 50 1000 40 3 2 1 0 0\ncpu0 50 2 25 500 20 1 1 0 0 0\n"
     if busy_ticks(stat) != 100 + 5 + 50 + 3 + 2 + 1:
         fail(f"busy_ticks of a fixed /proc/stat: {busy_ticks(stat)}")
@@ -74,15 +75,17 @@ def check_machine_cpu(source: str, harness: str, out: str) -> None:
         fail(f"CpuSampler.over: {sampler.over(1_000_000_000, 3_000_000_000)}")
     if sampler.over(500_000_000, 3_500_000_000) is not None:
         fail("a window the samples do not cover was measured")
-    # The followed processes' ticks over the same window: 1 s of CPU between samples 1 and 3.
-    sampler.process = [0, hz, hz, 2 * hz]
+    # The followed processes' CPU over the same window: 1 s between samples 1 and 3.
+    sampler.process = [0, 10**9, 10**9, 2 * 10**9]
     if sampler.processes_over(1_000_000_000, 3_000_000_000) != 1.0:
         fail(f"CpuSampler.processes_over: {sampler.processes_over(1_000_000_000, 3_000_000_000)}")
     sampler.process[3] = None  # a followed process ended
     if sampler.processes_over(1_000_000_000, 3_000_000_000) is not None:
         fail("a window with a followed process gone was measured")
-    # process_ticks follows children: this process's ticks grow by a busy child's CPU.
+    # process_ticks and process_cpu_ns follow children: this process's CPU grows by a busy
+    # child's.
     before = process_ticks([os.getpid()])
+    before_ns = process_cpu_ns([os.getpid()])
     # It spins until it has used 0.3 s of CPU, not of wall time: on a loaded machine (CI's two
     # cores building) half a second of wall time gave it fewer ticks than the check needs.
     child = subprocess.Popen([sys.executable, "-c",
@@ -96,9 +99,22 @@ def check_machine_cpu(source: str, harness: str, out: str) -> None:
             break
         time.sleep(0.05)
     during = process_ticks([os.getpid()])
+    during_ns = process_cpu_ns([os.getpid()])
     child.communicate(b"")
     if during is None or before is None or during - before < hz // 4:
         fail(f"process_ticks did not count a busy child: {before} -> {during}")
+    if during_ns is None or before_ns is None or during_ns - before_ns < 250_000_000:
+        fail(f"process_cpu_ns did not count a busy child: {before_ns} -> {during_ns}")
+    # Nanoseconds, not ticks: this process's own threads, summed, agree with what the kernel
+    # says of the process within a tick, and a pid that is not there gives None.
+    own_ticks = sum(int(v) for v in open(f"/proc/{os.getpid()}/stat").read()
+                    .rsplit(")", 1)[1].split()[11:13])
+    own_ns = sum(int(open(f"/proc/self/task/{t}/schedstat").read().split()[0])
+                 for t in os.listdir("/proc/self/task"))
+    if abs(own_ns - own_ticks * 1_000_000_000 // hz) > 2 * 1_000_000_000 // hz:
+        fail(f"this process's threads ran {own_ns} ns, its stat says {own_ticks} ticks")
+    if process_cpu_ns([2**22 + 1]) is not None:
+        fail("process_cpu_ns of a pid that does not exist was not None")
     modes = ["native", "mps", "shim"]
     results = os.path.join(out, "concurrency")
     log = dry_run(harness, out, results, "concurrency", modes)
