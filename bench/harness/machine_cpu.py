@@ -50,10 +50,10 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
-def process_ticks(pids: list[int]) -> int | None:
-    """utime + stime of the processes and of their children (all their threads), and of the
-    children they reaped (cutime + cstime), in clock ticks: a server its daemon starts meanwhile
-    (NVIDIA MPS's, at its first client) counts from then on. None when one of `pids` is gone."""
+def _tree_sum(pids: list[int], count) -> int | None:
+    """The sum of count(pid, stat fields after the name) over the processes and their children,
+    found again at each call: a server its daemon starts meanwhile (NVIDIA MPS's, at its first
+    client) counts from then on. None when one of `pids` is gone."""
     total, seen = 0, set()
     todo = list(pids)
     while todo:
@@ -64,15 +64,20 @@ def process_ticks(pids: list[int]) -> int | None:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            # utime, stime, and cutime, cstime: a child that exits in the window (a server, a
-            # helper) leaves its CPU to its parent's cutime/cstime.
-            total += sum(int(v) for v in fields[11:15])
+            total += count(pid, fields)
         except (OSError, IndexError, ValueError):
             if pid in pids:
                 return None
             continue  # a child that just exited
         todo.extend(_children(pid))
     return total
+
+
+def process_ticks(pids: list[int]) -> int | None:
+    """utime + stime of the processes and of their children (all their threads), and of the
+    children they reaped (cutime + cstime: a child that exits in the window, a server or a
+    helper, leaves its CPU to its parent's), in clock ticks."""
+    return _tree_sum(pids, lambda _pid, fields: sum(int(v) for v in fields[11:15]))
 
 
 def _task_ns(pid: int) -> int | None:
@@ -96,30 +101,17 @@ def _task_ns(pid: int) -> int | None:
 
 def process_cpu_ns(pids: list[int]) -> int | None:
     """CPU nanoseconds of the processes and of their children (every live thread), and of the
-    children they reaped (cutime + cstime, in ticks: a server its daemon replaced); a process
-    whose threads the kernel does not time counts its own utime + stime ticks. None when one of
-    `pids` is gone."""
-    hz = os.sysconf("SC_CLK_TCK")
-    total, seen = 0, set()
-    todo = list(pids)
-    while todo:
-        pid = todo.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            own = _task_ns(pid)
-            if own is None:
-                own = sum(int(v) for v in fields[11:13]) * 1_000_000_000 // hz
-            total += own + sum(int(v) for v in fields[13:15]) * 1_000_000_000 // hz
-        except (OSError, IndexError, ValueError):
-            if pid in pids:
-                return None
-            continue  # a child that just exited
-        todo.extend(_children(pid))
-    return total
+    children they reaped (cutime + cstime, in ticks); a process whose threads the kernel does
+    not time counts its own utime + stime ticks."""
+    tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+    def count(pid: int, fields: list[str]) -> int:
+        own = _task_ns(pid)
+        if own is None:
+            own = sum(int(v) for v in fields[11:13]) * tick_ns
+        return own + sum(int(v) for v in fields[13:15]) * tick_ns
+
+    return _tree_sum(pids, count)
 
 
 class CpuSampler:
