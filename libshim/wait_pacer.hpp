@@ -5,9 +5,11 @@
 // spinning was most of the machine's CPU (docs/benchmarks.md, "Host CPU").
 //
 // The sleep is taken from the shortest of the call's last kHistory waits on this thread, so a
-// call that is sometimes quick is never slept through; a wait that turns out shorter than the
+// call that was quick even once among them is not paced; a wait that turns out shorter than the
 // sleep is recorded as the sleep's length and shrinks the next one by a quarter, so a call that
 // became quicker stops being overslept within a few waits.
+//
+// One pacer per thread (thread_local in Session::wait_slot), touched by that thread alone.
 #pragma once
 
 #include <array>
