@@ -82,6 +82,18 @@ def check_machine_cpu(source: str, harness: str, out: str) -> None:
     sampler.process[3] = None  # a followed process ended
     if sampler.processes_over(1_000_000_000, 3_000_000_000) is not None:
         fail("a window with a followed process gone was measured")
+    # Clients starting and ending cost the broker 5 s each just outside the window 0.5..3.5 s:
+    # the rate inside it (1 core) times its length, not the outer samples' 12 s.
+    sampler.times = [0, 1_000_000_000, 2_000_000_000, 3_000_000_000, 4_000_000_000]
+    sampler.ticks = [0] * 5
+    sampler.process = [0, 5 * 10**9, 6 * 10**9, 7 * 10**9, 12 * 10**9]
+    if sampler.processes_over(500_000_000, 3_500_000_000) != 3.0:
+        fail(f"processes_over counted the window's edges: "
+             f"{sampler.processes_over(500_000_000, 3_500_000_000)}")
+    # One sample inside a window: the outer samples, the only reading there is.
+    if sampler.processes_over(1_900_000_000, 2_100_000_000) != 2.0:
+        fail(f"processes_over of a short window: "
+             f"{sampler.processes_over(1_900_000_000, 2_100_000_000)}")
     # process_ticks and process_cpu_ns follow children: this process's CPU grows by a busy
     # child's.
     before = process_ticks([os.getpid()])

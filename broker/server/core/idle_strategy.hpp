@@ -4,8 +4,17 @@
 // a poll learns of, the strategy parks for short timeouts and keeps polling. A completion whose
 // waiting client watches its fence (ResponseSlot::watch) needs no poll: the client rings when
 // the fence lands, and the worker sleeps until then.
+//
+// Spinning pays only when work comes back within the spin. A client that synchronizes behind a
+// long queue of kernels sends nothing until its wait ends: every spell the worker then spends
+// spinning and yielding is CPU for nothing (70 us per synchronize of 64 small kernels: about a
+// microsecond per kernel). So the strategy remembers how the last spells of each kind (begun
+// with watched or with polled GPU work owed) ended: after `park_at_once_after` of one kind in a
+// row outlasted their spin and yield, the next spell of that kind parks at once. One spell of
+// that kind that ends sooner brings the spin back for the next ones.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 
@@ -49,17 +58,37 @@ class BackoffIdleStrategy final : public IdleStrategy {
     // (docs/benchmarks.md, "Measurements behind the defaults").
     std::chrono::nanoseconds pending_yield = std::chrono::microseconds(200);
     std::chrono::nanoseconds pending_nap = std::chrono::microseconds(100);
+    // After this many spells in a row, begun with the same kind of GPU work owed (watched or
+    // polled), each outlasted its spin and yield, the next such spell parks at once. 0: never.
+    unsigned park_at_once_after = 8;
   };
+  using Clock = std::chrono::steady_clock;
 
   BackoffIdleStrategy() = default;
-  explicit BackoffIdleStrategy(Config config) : config_(config) {}
+  // `now`: the clock, for tests.
+  explicit BackoffIdleStrategy(Config config, Clock::time_point (*now)() = &Clock::now)
+      : config_(config), now_(now) {}
 
   void idle(std::size_t work, GpuWait gpu, Parker& parker) override;
 
+  // How many spells of the kind `gpu` in a row outlasted their spin and yield (capped at
+  // park_at_once_after): for tests.
+  unsigned long_spells(GpuWait gpu) const { return long_spells_[static_cast<std::size_t>(gpu)]; }
+
  private:
+  // The spin and yield a spell that began with `gpu` owed spends before it parks.
+  std::chrono::nanoseconds awake_for(GpuWait gpu) const {
+    return gpu == GpuWait::kPolled ? config_.pending_yield : config_.yield;
+  }
+  void end_spell(Clock::time_point now);
+
   Config config_;
-  bool idle_ = false;
-  std::chrono::steady_clock::time_point idle_since_{};
+  Clock::time_point (*now_)() = &Clock::now;
+  bool idle_ = false;  // in a spell: the last pass found nothing
+  Clock::time_point idle_since_{};
+  GpuWait spell_kind_ = GpuWait::kNone;  // what was owed when the spell began
+  bool park_at_once_ = false;            // this spell skips its spin and yield
+  std::array<unsigned, 3> long_spells_{};
 };
 
 }  // namespace mpsshim::server

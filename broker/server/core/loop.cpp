@@ -327,18 +327,21 @@ void Server::look_after_memory(std::chrono::steady_clock::time_point now) {
 
 namespace {
 
-// MPSSHIM_SERVER_IDLE="SPIN,YIELD,PENDING_YIELD,PENDING_NAP" (microseconds): the workers' idle
-// strategy, for measuring what it costs (docs/environment.md); unset or malformed: the defaults.
+// MPSSHIM_SERVER_IDLE="SPIN,YIELD,PENDING_YIELD,PENDING_NAP[,PARK_AT_ONCE_AFTER]" (microseconds,
+// then a count of spells): the workers' idle strategy, for measuring what it costs
+// (docs/environment.md); unset or malformed: the defaults.
 BackoffIdleStrategy::Config idle_config() {
   BackoffIdleStrategy::Config config;
   const char* text = std::getenv("MPSSHIM_SERVER_IDLE");
   if (text == nullptr || *text == '\0') return config;
   long us[4];
-  if (std::sscanf(text, "%ld,%ld,%ld,%ld", &us[0], &us[1], &us[2], &us[3]) != 4 || us[0] < 0 ||
-      us[1] < 0 || us[2] < 0 || us[3] <= 0) {
+  long after = config.park_at_once_after;
+  int fields = std::sscanf(text, "%ld,%ld,%ld,%ld,%ld", &us[0], &us[1], &us[2], &us[3], &after);
+  if (fields < 4 || us[0] < 0 || us[1] < 0 || us[2] < 0 || us[3] <= 0 || after < 0 ||
+      after > 1000) {
     log_warn(
         "MPSSHIM_SERVER_IDLE=\"{}\" is not SPIN,YIELD,PENDING_YIELD,PENDING_NAP in "
-        "microseconds; the defaults apply",
+        "microseconds[,PARK_AT_ONCE_AFTER spells (0 to 1000)]; the defaults apply",
         text);
     return config;
   }
@@ -346,10 +349,11 @@ BackoffIdleStrategy::Config idle_config() {
   config.yield = std::chrono::microseconds(us[1]);
   config.pending_yield = std::chrono::microseconds(us[2]);
   config.pending_nap = std::chrono::microseconds(us[3]);
+  config.park_at_once_after = static_cast<unsigned>(after);
   log_info(
       "worker idle strategy: spin {} us, yield {} us, with GPU work owed yield {} us then "
-      "naps of {} us (MPSSHIM_SERVER_IDLE)",
-      us[0], us[1], us[2], us[3]);
+      "naps of {} us; after {} long spells in a row park at once (MPSSHIM_SERVER_IDLE)",
+      us[0], us[1], us[2], us[3], after);
   return config;
 }
 

@@ -1,0 +1,135 @@
+// The workers' idle strategy (broker/server/core/idle_strategy.hpp) on a clock the test moves:
+// when a spell spins, yields and parks, and how spells that outlast their spin and yield make
+// the next one of their kind park at once, until one ends sooner.
+#include "broker/server/core/idle_strategy.hpp"
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <vector>
+
+namespace mpsshim::server {
+namespace {
+
+using std::chrono::microseconds;
+using std::chrono::nanoseconds;
+using Clock = BackoffIdleStrategy::Clock;
+
+Clock::time_point fake_now;
+Clock::time_point read_fake_clock() {
+  return fake_now;
+}
+
+struct CountingParker final : Parker {
+  std::vector<nanoseconds> timeouts;
+  void park(nanoseconds timeout, nanoseconds) override { timeouts.push_back(timeout); }
+};
+
+BackoffIdleStrategy::Config config() {
+  BackoffIdleStrategy::Config c;  // spin 20 us, yield 50, pending yield 200, naps 100
+  c.park_at_once_after = 3;
+  return c;
+}
+
+struct Loop {
+  BackoffIdleStrategy strategy{config(), &read_fake_clock};
+  CountingParker parker;
+
+  // A pass that found nothing, `at` after the spell began; whether it parked.
+  bool idle_at(Clock::time_point start, microseconds at, GpuWait gpu) {
+    fake_now = start + at;
+    const std::size_t parks = parker.timeouts.size();
+    strategy.idle(0, gpu, parker);
+    return parker.timeouts.size() > parks;
+  }
+  // One spell owing `gpu`: passes find nothing from its start to `length`, then one has work.
+  // Returns whether its first pass parked.
+  bool spell(GpuWait gpu, microseconds length) {
+    const auto start = fake_now + microseconds(1);
+    const bool first_parked = idle_at(start, microseconds(0), gpu);
+    for (auto t = microseconds(5); t < length; t += microseconds(5)) idle_at(start, t, gpu);
+    fake_now = start + length;
+    strategy.idle(1, gpu, parker);
+    return first_parked;
+  }
+};
+
+TEST_CASE("a spell spins, yields, then parks: on a doorbell, or in naps with polled work owed",
+          "[server][idle_strategy]") {
+  Loop loop;
+  const auto start = Clock::time_point{} + std::chrono::seconds(1);
+  CHECK_FALSE(loop.idle_at(start, microseconds(0), GpuWait::kWatched));
+  CHECK_FALSE(loop.idle_at(start, microseconds(19), GpuWait::kWatched));
+  CHECK_FALSE(loop.idle_at(start, microseconds(49), GpuWait::kWatched));
+  CHECK(loop.idle_at(start, microseconds(50), GpuWait::kWatched));
+  CHECK(loop.parker.timeouts.back() < nanoseconds(0));  // until a doorbell
+
+  // Polled work owed keeps the worker awake 200 us, then it naps 100 us at a time.
+  fake_now = start + microseconds(60);
+  loop.strategy.idle(1, GpuWait::kPolled, loop.parker);
+  const auto polled = start + microseconds(100);
+  CHECK_FALSE(loop.idle_at(polled, microseconds(0), GpuWait::kPolled));
+  CHECK_FALSE(loop.idle_at(polled, microseconds(199), GpuWait::kPolled));
+  CHECK(loop.idle_at(polled, microseconds(200), GpuWait::kPolled));
+  CHECK(loop.parker.timeouts.back() == microseconds(100));
+}
+
+TEST_CASE("long spells in a row make the next of their kind park at once; a short one undoes it",
+          "[server][idle_strategy]") {
+  Loop loop;
+  fake_now = Clock::time_point{} + std::chrono::seconds(1);
+  for (int i = 0; i < 3; ++i) {
+    CHECK_FALSE(loop.spell(GpuWait::kWatched, microseconds(600)));
+    CHECK(loop.strategy.long_spells(GpuWait::kWatched) == unsigned(i + 1));
+  }
+  // The fourth watched spell parks on its first pass; the other kinds still spin.
+  CHECK(loop.spell(GpuWait::kWatched, microseconds(600)));
+  CHECK(loop.strategy.long_spells(GpuWait::kWatched) == 3);  // capped
+  CHECK_FALSE(loop.spell(GpuWait::kPolled, microseconds(600)));
+  CHECK_FALSE(loop.spell(GpuWait::kNone, microseconds(600)));
+  CHECK(loop.strategy.long_spells(GpuWait::kNone) == 0);  // nothing owed: never skipped
+
+  // A spell that parked at once but whose work came back within the spin and yield (10 us)
+  // brings spinning back for the next three.
+  CHECK(loop.spell(GpuWait::kWatched, microseconds(10)));
+  CHECK(loop.strategy.long_spells(GpuWait::kWatched) == 0);
+  for (int i = 0; i < 3; ++i) CHECK_FALSE(loop.spell(GpuWait::kWatched, microseconds(600)));
+  CHECK(loop.spell(GpuWait::kWatched, microseconds(600)));
+
+  // Work that comes back after the spin but within the yield also counts as short.
+  CHECK(loop.spell(GpuWait::kWatched, microseconds(49)));
+  CHECK_FALSE(loop.spell(GpuWait::kWatched, microseconds(49)));
+}
+
+TEST_CASE("polled spells are long only past the longer yield owed with polled work",
+          "[server][idle_strategy]") {
+  Loop loop;
+  fake_now = Clock::time_point{} + std::chrono::seconds(1);
+  for (int i = 0; i < 5; ++i) CHECK_FALSE(loop.spell(GpuWait::kPolled, microseconds(150)));
+  CHECK(loop.strategy.long_spells(GpuWait::kPolled) == 0);
+  for (int i = 0; i < 3; ++i) CHECK_FALSE(loop.spell(GpuWait::kPolled, microseconds(250)));
+  CHECK(loop.spell(GpuWait::kPolled, microseconds(250)));
+  CHECK(loop.parker.timeouts.back() == microseconds(100));  // at once, but still in naps
+}
+
+TEST_CASE("a spell that parks at once spins again once it owes something else",
+          "[server][idle_strategy]") {
+  Loop loop;
+  fake_now = Clock::time_point{} + std::chrono::seconds(1);
+  for (int i = 0; i < 3; ++i) loop.spell(GpuWait::kWatched, microseconds(600));
+  const auto start = fake_now + microseconds(1);
+  CHECK(loop.idle_at(start, microseconds(0), GpuWait::kWatched));
+  // A client went to sleep on its slot meanwhile: its answer needs polls, sooner than a nap.
+  CHECK_FALSE(loop.idle_at(start, microseconds(5), GpuWait::kPolled));
+}
+
+TEST_CASE("park_at_once_after 0 always spins first", "[server][idle_strategy]") {
+  auto c = config();
+  c.park_at_once_after = 0;
+  Loop loop;
+  loop.strategy = BackoffIdleStrategy(c, &read_fake_clock);
+  fake_now = Clock::time_point{} + std::chrono::seconds(1);
+  for (int i = 0; i < 10; ++i) CHECK_FALSE(loop.spell(GpuWait::kWatched, microseconds(600)));
+}
+
+}  // namespace
+}  // namespace mpsshim::server
