@@ -1,6 +1,6 @@
 // The workers' idle strategy (broker/server/core/idle_strategy.hpp) on a clock the test moves:
-// when a spell spins, yields and parks, and how spells that outlast their spin and yield make
-// the next one of their kind park at once, until one ends sooner.
+// when a spell spins, yields and parks, and how spells owing only watched fences that outlast
+// their spin and yield make the next such spell park at once, until one ends sooner.
 #include "broker/server/core/idle_strategy.hpp"
 
 #include <catch2/catch.hpp>
@@ -73,25 +73,26 @@ TEST_CASE("a spell spins, yields, then parks: on a doorbell, or in naps with pol
   CHECK(loop.parker.timeouts.back() == microseconds(100));
 }
 
-TEST_CASE("long spells in a row make the next of their kind park at once; a short one undoes it",
+TEST_CASE("long watched spells in a row make the next park at once; a short one undoes it",
           "[server][idle_strategy]") {
   Loop loop;
   fake_now = Clock::time_point{} + std::chrono::seconds(1);
   for (int i = 0; i < 3; ++i) {
     CHECK_FALSE(loop.spell(GpuWait::kWatched, microseconds(600)));
-    CHECK(loop.strategy.long_spells(GpuWait::kWatched) == unsigned(i + 1));
+    CHECK(loop.strategy.long_watched_spells() == unsigned(i + 1));
   }
   // The fourth watched spell parks on its first pass; the other kinds still spin.
   CHECK(loop.spell(GpuWait::kWatched, microseconds(600)));
-  CHECK(loop.strategy.long_spells(GpuWait::kWatched) == 3);  // capped
+  CHECK(loop.strategy.long_watched_spells() == 3);  // capped
   CHECK_FALSE(loop.spell(GpuWait::kPolled, microseconds(600)));
   CHECK_FALSE(loop.spell(GpuWait::kNone, microseconds(600)));
-  CHECK(loop.strategy.long_spells(GpuWait::kNone) == 0);  // nothing owed: never skipped
+  CHECK(loop.strategy.long_watched_spells() == 3);  // the other kinds leave the count alone
+  CHECK(loop.spell(GpuWait::kWatched, microseconds(600)));
 
   // A spell that parked at once but whose work came back within the spin and yield (10 us)
   // brings spinning back for the next three.
   CHECK(loop.spell(GpuWait::kWatched, microseconds(10)));
-  CHECK(loop.strategy.long_spells(GpuWait::kWatched) == 0);
+  CHECK(loop.strategy.long_watched_spells() == 0);
   for (int i = 0; i < 3; ++i) CHECK_FALSE(loop.spell(GpuWait::kWatched, microseconds(600)));
   CHECK(loop.spell(GpuWait::kWatched, microseconds(600)));
 
@@ -100,15 +101,11 @@ TEST_CASE("long spells in a row make the next of their kind park at once; a shor
   CHECK_FALSE(loop.spell(GpuWait::kWatched, microseconds(49)));
 }
 
-TEST_CASE("polled spells are long only past the longer yield owed with polled work",
-          "[server][idle_strategy]") {
+TEST_CASE("spells owing polled work always spin and yield first", "[server][idle_strategy]") {
   Loop loop;
   fake_now = Clock::time_point{} + std::chrono::seconds(1);
-  for (int i = 0; i < 5; ++i) CHECK_FALSE(loop.spell(GpuWait::kPolled, microseconds(150)));
-  CHECK(loop.strategy.long_spells(GpuWait::kPolled) == 0);
-  for (int i = 0; i < 3; ++i) CHECK_FALSE(loop.spell(GpuWait::kPolled, microseconds(250)));
-  CHECK(loop.spell(GpuWait::kPolled, microseconds(250)));
-  CHECK(loop.parker.timeouts.back() == microseconds(100));  // at once, but still in naps
+  for (int i = 0; i < 10; ++i) CHECK_FALSE(loop.spell(GpuWait::kPolled, microseconds(600)));
+  CHECK(loop.strategy.long_watched_spells() == 0);
 }
 
 TEST_CASE("a spell that parks at once spins again once it owes something else",

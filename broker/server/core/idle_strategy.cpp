@@ -10,13 +10,12 @@ namespace mpsshim::server {
 
 void BackoffIdleStrategy::end_spell(Clock::time_point now) {
   idle_ = false;
-  if (spell_kind_ == GpuWait::kNone) return;
+  if (!spell_watched_) return;
   // A spell that parked at once is judged as if it had spun: had work come back within the
   // spin and yield, spinning would have caught it.
-  unsigned& streak = long_spells_[static_cast<std::size_t>(spell_kind_)];
-  streak = now - idle_since_ >= awake_for(spell_kind_)
-               ? std::min(streak + 1, config_.park_at_once_after)
-               : 0;
+  long_watched_spells_ = now - idle_since_ >= config_.yield
+                             ? std::min(long_watched_spells_ + 1, config_.park_at_once_after)
+                             : 0;
 }
 
 void BackoffIdleStrategy::idle(std::size_t work, GpuWait gpu, Parker& parker) {
@@ -29,21 +28,20 @@ void BackoffIdleStrategy::idle(std::size_t work, GpuWait gpu, Parker& parker) {
   if (!idle_) {
     idle_ = true;
     idle_since_ = now;
-    spell_kind_ = gpu;
-    const unsigned streak = long_spells_[static_cast<std::size_t>(gpu)];
-    park_at_once_ = gpu != GpuWait::kNone && config_.park_at_once_after != 0 &&
-                    streak >= config_.park_at_once_after;
+    spell_watched_ = gpu == GpuWait::kWatched;
+    park_at_once_ = spell_watched_ && config_.park_at_once_after != 0 &&
+                    long_watched_spells_ >= config_.park_at_once_after;
   }
   const bool polled = gpu == GpuWait::kPolled;
   auto idle_for = now - idle_since_;
-  // What is owed can change within a spell (an answer delivered, a poll's work found): the
-  // spell parks at once only while it still owes what it began with.
-  if (!(park_at_once_ && gpu == spell_kind_)) {
+  // What is owed can change within a spell (a client went to sleep on its slot): the spell
+  // parks at once only while it owes nothing but watched fences.
+  if (!(park_at_once_ && gpu == GpuWait::kWatched)) {
     if (idle_for < config_.spin) {
       proto::cpu_relax();
       return;
     }
-    if (idle_for < awake_for(gpu)) {
+    if (idle_for < (polled ? config_.pending_yield : config_.yield)) {
       ::sched_yield();
       return;
     }

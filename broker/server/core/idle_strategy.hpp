@@ -8,13 +8,14 @@
 // Spinning pays only when work comes back within the spin. A client that synchronizes behind a
 // long queue of kernels sends nothing until its wait ends: every spell the worker then spends
 // spinning and yielding is CPU for nothing (70 us per synchronize of 64 small kernels: about a
-// microsecond per kernel). So the strategy remembers how the last spells of each kind (begun
-// with watched or with polled GPU work owed) ended: after `park_at_once_after` of one kind in a
-// row outlasted their spin and yield, the next spell of that kind parks at once. One spell of
-// that kind that ends sooner brings the spin back for the next ones.
+// microsecond per kernel). So the strategy remembers how its last spells begun with only watched
+// fences owed ended: after `park_at_once_after` of them in a row outlasted their spin and yield,
+// the next such spell parks at once, and the client's doorbell wakes it. One that ends sooner
+// brings the spin back. Spells owing polled work always spin and yield first: the yield is how
+// soon their completions are found, and parking at once cost 32 crowded clients 7-18% of their
+// kernels/s (docs/benchmarks.md, "Measurements behind the defaults").
 #pragma once
 
-#include <array>
 #include <chrono>
 #include <cstddef>
 
@@ -58,8 +59,8 @@ class BackoffIdleStrategy final : public IdleStrategy {
     // (docs/benchmarks.md, "Measurements behind the defaults").
     std::chrono::nanoseconds pending_yield = std::chrono::microseconds(200);
     std::chrono::nanoseconds pending_nap = std::chrono::microseconds(100);
-    // After this many spells in a row, begun with the same kind of GPU work owed (watched or
-    // polled), each outlasted its spin and yield, the next such spell parks at once. 0: never.
+    // After this many spells in a row begun with only watched fences owed outlasted their spin
+    // and yield, the next such spell parks at once. 0: never.
     unsigned park_at_once_after = 8;
   };
   using Clock = std::chrono::steady_clock;
@@ -71,24 +72,20 @@ class BackoffIdleStrategy final : public IdleStrategy {
 
   void idle(std::size_t work, GpuWait gpu, Parker& parker) override;
 
-  // How many spells of the kind `gpu` in a row outlasted their spin and yield (capped at
-  // park_at_once_after): for tests.
-  unsigned long_spells(GpuWait gpu) const { return long_spells_[static_cast<std::size_t>(gpu)]; }
+  // How many spells begun with only watched fences owed in a row outlasted their spin and
+  // yield (capped at park_at_once_after): for tests.
+  unsigned long_watched_spells() const { return long_watched_spells_; }
 
  private:
-  // The spin and yield a spell that began with `gpu` owed spends before it parks.
-  std::chrono::nanoseconds awake_for(GpuWait gpu) const {
-    return gpu == GpuWait::kPolled ? config_.pending_yield : config_.yield;
-  }
   void end_spell(Clock::time_point now);
 
   Config config_;
   Clock::time_point (*now_)() = &Clock::now;
   bool idle_ = false;  // in a spell: the last pass found nothing
   Clock::time_point idle_since_{};
-  GpuWait spell_kind_ = GpuWait::kNone;  // what was owed when the spell began
-  bool park_at_once_ = false;            // this spell skips its spin and yield
-  std::array<unsigned, 3> long_spells_{};
+  bool spell_watched_ = false;  // the spell began with only watched fences owed
+  bool park_at_once_ = false;   // this spell skips its spin and yield
+  unsigned long_watched_spells_ = 0;
 };
 
 }  // namespace mpsshim::server
