@@ -108,7 +108,7 @@ TEST_CASE("spells owing polled work always spin and yield first", "[server][idle
   CHECK(loop.strategy.long_watched_spells() == 0);
 }
 
-TEST_CASE("a spell that parks at once spins again once it owes something else",
+TEST_CASE("a spell whose client falls asleep spins again, and the count starts over",
           "[server][idle_strategy]") {
   Loop loop;
   fake_now = Clock::time_point{} + std::chrono::seconds(1);
@@ -117,6 +117,12 @@ TEST_CASE("a spell that parks at once spins again once it owes something else",
   CHECK(loop.idle_at(start, microseconds(0), GpuWait::kWatched));
   // A client went to sleep on its slot meanwhile: its answer needs polls, sooner than a nap.
   CHECK_FALSE(loop.idle_at(start, microseconds(5), GpuWait::kPolled));
+  // Its client rings for nothing now: the count starts over, and the next spells spin.
+  CHECK(loop.strategy.long_watched_spells() == 0);
+  fake_now = start + microseconds(600);
+  loop.strategy.idle(1, GpuWait::kPolled, loop.parker);
+  CHECK(loop.strategy.long_watched_spells() == 0);
+  CHECK_FALSE(loop.spell(GpuWait::kWatched, microseconds(600)));
 }
 
 TEST_CASE("park_at_once_after 0 always spins first", "[server][idle_strategy]") {

@@ -33,9 +33,15 @@ void BackoffIdleStrategy::idle(std::size_t work, GpuWait gpu, Parker& parker) {
                     long_watched_spells_ >= config_.park_at_once_after;
   }
   const bool polled = gpu == GpuWait::kPolled;
+  if (polled && spell_watched_) {
+    // A client went to sleep on its slot (a crowded server's clients do after 60 us): it
+    // watches nothing, so no doorbell would end a spell that parked at once.
+    spell_watched_ = false;
+    long_watched_spells_ = 0;
+  }
   auto idle_for = now - idle_since_;
-  // What is owed can change within a spell (a client went to sleep on its slot): the spell
-  // parks at once only while it owes nothing but watched fences.
+  // What is owed can change within a spell: it parks at once only while it owes nothing but
+  // watched fences.
   if (!(park_at_once_ && gpu == GpuWait::kWatched)) {
     if (idle_for < config_.spin) {
       proto::cpu_relax();

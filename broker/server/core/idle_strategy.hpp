@@ -11,9 +11,10 @@
 // microsecond per kernel). So the strategy remembers how its last spells begun with only watched
 // fences owed ended: after `park_at_once_after` of them in a row outlasted their spin and yield,
 // the next such spell parks at once, and the client's doorbell wakes it. One that ends sooner
-// brings the spin back. Spells owing polled work always spin and yield first: the yield is how
-// soon their completions are found, and parking at once cost 32 crowded clients 7-18% of their
-// kernels/s (docs/benchmarks.md, "Measurements behind the defaults").
+// brings the spin back, and so does a client that falls asleep on its slot (it then watches
+// nothing: a crowded server's clients do after 60 us). Spells owing polled work always spin and
+// yield first: the yield is how soon their completions are found.
+
 #pragma once
 
 #include <chrono>
