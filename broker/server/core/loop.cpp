@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <mutex>
+#include <string>
 
 #include "broker/server/core/server.hpp"
 #include "broker/server/driver/driver.hpp"
@@ -352,8 +353,11 @@ BackoffIdleStrategy::Config idle_config() {
   config.park_at_once_after = static_cast<unsigned>(after);
   log_info(
       "worker idle strategy: spin {} us, yield {} us, with GPU work owed yield {} us then "
-      "naps of {} us; after {} long spells in a row park at once (MPSSHIM_SERVER_IDLE)",
-      us[0], us[1], us[2], us[3], after);
+      "naps of {} us; {} (MPSSHIM_SERVER_IDLE)",
+      us[0], us[1], us[2], us[3],
+      after == 0
+          ? std::string("never parks at once")
+          : "parks at once after " + std::to_string(after) + " long watched spells in a row");
   return config;
 }
 
