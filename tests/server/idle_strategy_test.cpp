@@ -117,7 +117,7 @@ TEST_CASE("a spell whose client falls asleep spins again, and the count starts o
   CHECK(loop.idle_at(start, microseconds(0), GpuWait::kWatched));
   // A client went to sleep on its slot meanwhile: its answer needs polls, sooner than a nap.
   CHECK_FALSE(loop.idle_at(start, microseconds(5), GpuWait::kPolled));
-  // Its client rings for nothing now: the count starts over, and the next spells spin.
+  // It watches nothing now: the count starts over, and the next watched spells spin.
   CHECK(loop.strategy.long_watched_spells() == 0);
   fake_now = start + microseconds(600);
   loop.strategy.idle(1, GpuWait::kPolled, loop.parker);
