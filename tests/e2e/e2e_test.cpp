@@ -742,15 +742,17 @@ TEST_CASE("MPSSHIM_SERVER_IDLE sets the workers' idle strategy; a malformed one 
     Daemon daemon({}, {{"MPSSHIM_SERVER_IDLE", "10,100,0,30"}});
     require_pass(run_client(daemon, {client(), "basic", "100000"}), daemon);
     CHECK(daemon.log().find("worker idle strategy: spin 10 us, yield 100 us, with GPU work owed "
-                            "yield 0 us then naps of 30 us; parks at once after 8 long watched "
+                            "yield 0 us then naps of 30 us (on a crowded server naps after 0 "
+                            "us); parks at once after 8 long watched "
                             "spells in a row") != std::string::npos);
   }
   {
-    Daemon daemon({}, {{"MPSSHIM_SERVER_IDLE", "20,50,200,100,0"}});
+    Daemon daemon({}, {{"MPSSHIM_SERVER_IDLE", "20,50,200,100,0,150"}});
     require_pass(run_client(daemon, {client(), "basic", "100000"}), daemon);
-    CHECK(daemon.log().find("naps of 100 us; never parks at once") != std::string::npos);
+    CHECK(daemon.log().find("yield 200 us then naps of 100 us (on a crowded server naps after "
+                            "150 us); never parks at once") != std::string::npos);
   }
-  for (const char* malformed : {"10,100,0", "20,50,200,100,-1"}) {
+  for (const char* malformed : {"10,100,0", "20,50,200,100,-1", "20,50,200,100,8,-5"}) {
     Daemon daemon({}, {{"MPSSHIM_SERVER_IDLE", malformed}});
     require_pass(run_client(daemon, {client(), "basic", "100000"}), daemon);
     CHECK(daemon.log().find("MPSSHIM_SERVER_IDLE=\"" + std::string(malformed) +

@@ -33,12 +33,13 @@ BackoffIdleStrategy::Config config() {
 struct Loop {
   BackoffIdleStrategy strategy{config(), &read_fake_clock};
   CountingParker parker;
+  bool crowded = false;  // what the passes are told
 
   // A pass that found nothing, `at` after the spell began; whether it parked.
   bool idle_at(Clock::time_point start, microseconds at, GpuWait gpu) {
     fake_now = start + at;
     const std::size_t parks = parker.timeouts.size();
-    strategy.idle(0, gpu, parker);
+    strategy.idle(0, gpu, crowded, parker);
     return parker.timeouts.size() > parks;
   }
   // One spell owing `gpu`: passes find nothing from its start to `length`, then one has work.
@@ -48,7 +49,7 @@ struct Loop {
     const bool first_parked = idle_at(start, microseconds(0), gpu);
     for (auto t = microseconds(5); t < length; t += microseconds(5)) idle_at(start, t, gpu);
     fake_now = start + length;
-    strategy.idle(1, gpu, parker);
+    strategy.idle(1, gpu, crowded, parker);
     return first_parked;
   }
 };
@@ -65,12 +66,36 @@ TEST_CASE("a spell spins, yields, then parks: on a doorbell, or in naps with pol
 
   // Polled work owed keeps the worker awake 200 us, then it naps 100 us at a time.
   fake_now = start + microseconds(60);
-  loop.strategy.idle(1, GpuWait::kPolled, loop.parker);
+  loop.strategy.idle(1, GpuWait::kPolled, false, loop.parker);
   const auto polled = start + microseconds(100);
   CHECK_FALSE(loop.idle_at(polled, microseconds(0), GpuWait::kPolled));
   CHECK_FALSE(loop.idle_at(polled, microseconds(199), GpuWait::kPolled));
   CHECK(loop.idle_at(polled, microseconds(200), GpuWait::kPolled));
   CHECK(loop.parker.timeouts.back() == microseconds(100));
+}
+
+TEST_CASE("on a crowded server a spell owing polled work naps at once", "[server][idle_strategy]") {
+  Loop loop;
+  loop.crowded = true;
+  const auto start = Clock::time_point{} + std::chrono::seconds(1);
+  CHECK(loop.idle_at(start, microseconds(0), GpuWait::kPolled));
+  CHECK(loop.parker.timeouts.back() == microseconds(100));
+  // Watched fences still get their spin and yield: their clients spin too.
+  fake_now = start + microseconds(300);
+  loop.strategy.idle(1, GpuWait::kWatched, true, loop.parker);
+  const auto watched = start + microseconds(400);
+  CHECK_FALSE(loop.idle_at(watched, microseconds(0), GpuWait::kWatched));
+  CHECK_FALSE(loop.idle_at(watched, microseconds(20), GpuWait::kWatched));
+  CHECK(loop.idle_at(watched, microseconds(50), GpuWait::kWatched));
+
+  // With crowded_pending_wait set, such a spell spins, yields until it, then naps.
+  auto c = config();
+  c.crowded_pending_wait = microseconds(120);
+  loop.strategy = BackoffIdleStrategy(c, &read_fake_clock);
+  const auto later = start + std::chrono::seconds(1);
+  CHECK_FALSE(loop.idle_at(later, microseconds(0), GpuWait::kPolled));
+  CHECK_FALSE(loop.idle_at(later, microseconds(119), GpuWait::kPolled));
+  CHECK(loop.idle_at(later, microseconds(120), GpuWait::kPolled));
 }
 
 TEST_CASE("long watched spells in a row make the next park at once; a short one undoes it",
@@ -120,7 +145,7 @@ TEST_CASE("a spell whose client falls asleep spins again, and the count starts o
   // It watches nothing now: the count starts over, and the next watched spells spin.
   CHECK(loop.strategy.long_watched_spells() == 0);
   fake_now = start + microseconds(600);
-  loop.strategy.idle(1, GpuWait::kPolled, loop.parker);
+  loop.strategy.idle(1, GpuWait::kPolled, false, loop.parker);
   CHECK(loop.strategy.long_watched_spells() == 0);
   CHECK_FALSE(loop.spell(GpuWait::kWatched, microseconds(600)));
 }

@@ -18,7 +18,7 @@ void BackoffIdleStrategy::end_spell(Clock::time_point now) {
                              : 0;
 }
 
-void BackoffIdleStrategy::idle(std::size_t work, GpuWait gpu, Parker& parker) {
+void BackoffIdleStrategy::idle(std::size_t work, GpuWait gpu, bool crowded, Parker& parker) {
   if (work != 0) {
     // The clock is read once per spell, not once per pass with work.
     if (idle_) end_spell(now_());
@@ -43,11 +43,18 @@ void BackoffIdleStrategy::idle(std::size_t work, GpuWait gpu, Parker& parker) {
   // What is owed can change within a spell: it parks at once only while it owes nothing but
   // watched fences.
   if (!(park_at_once_ && gpu == GpuWait::kWatched)) {
-    if (idle_for < config_.spin) {
+    // A crowded server's polled spells wait at most crowded_pending_wait before their naps.
+    const bool crowded_polled = polled && crowded;
+    const auto spin =
+        crowded_polled ? std::min(config_.spin, config_.crowded_pending_wait) : config_.spin;
+    if (idle_for < spin) {
       proto::cpu_relax();
       return;
     }
-    if (idle_for < (polled ? config_.pending_yield : config_.yield)) {
+    const auto yield = crowded_polled ? config_.crowded_pending_wait
+                       : polled       ? config_.pending_yield
+                                      : config_.yield;
+    if (idle_for < yield) {
       ::sched_yield();
       return;
     }

@@ -13,7 +13,10 @@
 // the next such spell parks at once, and the client's doorbell wakes it. One that ends sooner
 // brings the spin back, and so does a client that falls asleep on its slot (it then watches
 // nothing: a crowded server's clients do after 60 us). Spells owing polled work always spin and
-// yield first: the yield is how soon their completions are found.
+// yield first: the yield is how soon their completions are found, except on a crowded server
+// (more clients than it lets spin): its clients sleep rather than spin, the spin and the yield
+// took CPUs those clients need and found their completions no sooner than the naps do, so
+// such spells nap at once.
 
 #pragma once
 
@@ -41,8 +44,9 @@ class Parker {
 class IdleStrategy {
  public:
   virtual ~IdleStrategy() = default;
-  // Called after every pass of the loop with the amount of work that pass did.
-  virtual void idle(std::size_t work, GpuWait gpu, Parker& parker) = 0;
+  // Called after every pass of the loop with the amount of work that pass did; `crowded`:
+  // the server has more clients than it lets spin (Server::crowded).
+  virtual void idle(std::size_t work, GpuWait gpu, bool crowded, Parker& parker) = 0;
 };
 
 class BackoffIdleStrategy final : public IdleStrategy {
@@ -60,6 +64,9 @@ class BackoffIdleStrategy final : public IdleStrategy {
     // (docs/benchmarks.md, "Measurements behind the defaults").
     std::chrono::nanoseconds pending_yield = std::chrono::microseconds(200);
     std::chrono::nanoseconds pending_nap = std::chrono::microseconds(100);
+    // On a crowded server, such a spell spins (at most `spin`) and yields only until this,
+    // then naps (docs/benchmarks.md, "Measurements behind the defaults").
+    std::chrono::nanoseconds crowded_pending_wait = std::chrono::microseconds(0);
     // After this many spells in a row begun with only watched fences owed outlasted their spin
     // and yield, the next such spell parks at once. 0: never.
     unsigned park_at_once_after = 8;
@@ -71,7 +78,7 @@ class BackoffIdleStrategy final : public IdleStrategy {
   explicit BackoffIdleStrategy(Config config, Clock::time_point (*now)() = &Clock::now)
       : config_(config), now_(now) {}
 
-  void idle(std::size_t work, GpuWait gpu, Parker& parker) override;
+  void idle(std::size_t work, GpuWait gpu, bool crowded, Parker& parker) override;
 
   // How many spells begun with only watched fences owed in a row outlasted their spin and
   // yield (capped at park_at_once_after): for tests.

@@ -328,21 +328,26 @@ void Server::look_after_memory(std::chrono::steady_clock::time_point now) {
 
 namespace {
 
-// MPSSHIM_SERVER_IDLE="SPIN,YIELD,PENDING_YIELD,PENDING_NAP[,PARK_AT_ONCE_AFTER]" (microseconds,
-// then a count of spells): the workers' idle strategy, for measuring what it costs
-// (docs/environment.md); unset or malformed: the defaults.
+// MPSSHIM_SERVER_IDLE=
+//   "SPIN,YIELD,PENDING_YIELD,PENDING_NAP[,PARK_AT_ONCE_AFTER[,CROWDED_PENDING_WAIT]]"
+// (microseconds, a count of spells, microseconds): the workers' idle strategy, for measuring
+// what it costs (docs/environment.md); unset or malformed: the defaults.
 BackoffIdleStrategy::Config idle_config() {
   BackoffIdleStrategy::Config config;
   const char* text = std::getenv("MPSSHIM_SERVER_IDLE");
   if (text == nullptr || *text == '\0') return config;
   long us[4];
   long after = config.park_at_once_after;
-  int fields = std::sscanf(text, "%ld,%ld,%ld,%ld,%ld", &us[0], &us[1], &us[2], &us[3], &after);
+  long crowded_wait =
+      std::chrono::duration_cast<std::chrono::microseconds>(config.crowded_pending_wait).count();
+  int fields = std::sscanf(text, "%ld,%ld,%ld,%ld,%ld,%ld", &us[0], &us[1], &us[2], &us[3], &after,
+                           &crowded_wait);
   if (fields < 4 || us[0] < 0 || us[1] < 0 || us[2] < 0 || us[3] <= 0 || after < 0 ||
-      after > 1000) {
+      after > 1000 || crowded_wait < 0) {
     log_warn(
         "MPSSHIM_SERVER_IDLE=\"{}\" is not SPIN,YIELD,PENDING_YIELD,PENDING_NAP in "
-        "microseconds[,PARK_AT_ONCE_AFTER spells (0 to 1000)]; the defaults apply",
+        "microseconds[,PARK_AT_ONCE_AFTER spells (0 to 1000)[,CROWDED_PENDING_WAIT in "
+        "microseconds]]; the defaults apply",
         text);
     return config;
   }
@@ -351,10 +356,11 @@ BackoffIdleStrategy::Config idle_config() {
   config.pending_yield = std::chrono::microseconds(us[2]);
   config.pending_nap = std::chrono::microseconds(us[3]);
   config.park_at_once_after = static_cast<unsigned>(after);
+  config.crowded_pending_wait = std::chrono::microseconds(crowded_wait);
   log_info(
       "worker idle strategy: spin {} us, yield {} us, with GPU work owed yield {} us then "
-      "naps of {} us; {} (MPSSHIM_SERVER_IDLE)",
-      us[0], us[1], us[2], us[3],
+      "naps of {} us (on a crowded server naps after {} us); {} (MPSSHIM_SERVER_IDLE)",
+      us[0], us[1], us[2], us[3], crowded_wait,
       after == 0
           ? std::string("never parks at once")
           : "parks at once after " + std::to_string(after) + " long watched spells in a row");

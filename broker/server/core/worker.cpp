@@ -461,7 +461,7 @@ void Worker::loop(std::unique_ptr<IdleStrategy> idle) {
   // The primary context is made current by serve(), once a session arrives.
   while (!exit_.load(std::memory_order_acquire)) {
     std::size_t work = do_work();
-    idle->idle(work, gpu_wait(), *this);
+    idle->idle(work, gpu_wait(), crowded_told_, *this);
   }
 }
 
