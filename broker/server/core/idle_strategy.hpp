@@ -58,10 +58,11 @@ class BackoffIdleStrategy final : public IdleStrategy {
     // defaults").
     std::chrono::nanoseconds yield = std::chrono::microseconds(50);
     // While GPU work is owed that only a poll learns of: yield longer, then park in short naps
-    // between polls. 200 us, not 1 ms: 32 crowded small_kernels clients (whose synchronizes
-    // wait on events, not watched fences) cost the workers 4.75-4.88 us per kernel against
-    // 6.31-6.62, at the same kernels/s, mixed-workload and high-priority figures
-    // (docs/benchmarks.md, "Measurements behind the defaults").
+    // between polls. 200 us, not 1 ms: it cost 32 crowded clients' workers 4.75-4.88 us per
+    // kernel against 6.31-6.62, when crowded servers still yielded too. Uncrowded servers keep
+    // it (draining sessions, the priority classes' linger): without it the high-priority p99
+    // beside 4 batch clients was 1.32 and 1.20x alone against 1.16 and 1.16 (docs/benchmarks.md,
+    // "Measurements behind the defaults").
     std::chrono::nanoseconds pending_yield = std::chrono::microseconds(200);
     std::chrono::nanoseconds pending_nap = std::chrono::microseconds(100);
     // On a crowded server, such a spell spins (at most `spin`) and yields only until this,
