@@ -215,14 +215,16 @@ TEST_CASE(
     auto idle = vmm_holder(48, below_normal);
     REQUIRE(idle->wait_for_output("READY", 60s));
     // Its cuMemCreate memory goes to the normal client's cuMemAlloc, cleared (every byte was 7),
-    // and comes back with its bytes.
+    // and comes back with its bytes. The suspend's copy mapped it where the allocation goes, and
+    // there it stays (handover_range.hpp).
     auto normal = holder(64, daemon.client_env());
     REQUIRE(normal->wait_for_output("READY", 60s));
     {
       INFO(normal->out() << daemon.log());
       CHECK(normal->out().find("ALLOC 0\nFRESH zero\n") != std::string::npos);
       CHECK(daemon.log().find(
-                "made of 48 MiB of memory taken from preempted clients and 16 MiB new") !=
+                "made of 48 MiB of memory taken from preempted clients and 16 MiB new: 2 physical "
+                "allocations, 1 of them mapped there by their clients' suspends") !=
             std::string::npos);
     }
     makes_room_and_gets_it_back(daemon, *idle, kVmmPass, std::move(normal), "PASS holder");

@@ -352,6 +352,169 @@ TEST_CASE(
   for (CUdeviceptr p : {*four, *small}) CHECK(sut->free(p) == CUDA_SUCCESS);
 }
 
+// A heap whose memsets are recorded (the fake's would write to the arena's addresses) and whose
+// waits return at once, cuMemMap counted.
+struct HandoverFixture {
+  static inline std::vector<std::pair<CUdeviceptr, std::size_t>> cleared;
+  static inline int maps = 0;
+  static inline decltype(DriverTable::cuMemMap) map = nullptr;
+  DriverTable cu = honouring_driver();
+  std::unique_ptr<DeviceHeap> sut;
+
+  HandoverFixture() {
+    cleared.clear();
+    maps = 0;
+    cu.cuMemsetD8Async = [](CUdeviceptr d, unsigned char v, std::size_t n, CUstream) {
+      if (v != 0) return CUDA_ERROR_INVALID_VALUE;
+      cleared.emplace_back(d, n);
+      return CUDA_SUCCESS;
+    };
+    cu.cuStreamSynchronize = [](CUstream) { return CUDA_SUCCESS; };
+    map = cu.cuMemMap;
+    cu.cuMemMap = [](CUdeviceptr p, std::size_t bytes, std::size_t offset,
+                     CUmemGenericAllocationHandle h, unsigned long long flags) {
+      ++maps;
+      return map(p, bytes, offset, h, flags);
+    };
+    std::string why;
+    sut = DeviceHeap::open(cu, 0, kGpu, &why);
+    REQUIRE(sut != nullptr);
+  }
+  // A physical allocation of a client being suspended.
+  CUmemGenericAllocationHandle physical(std::uint64_t bytes) {
+    CUmemGenericAllocationHandle h = 0;
+    CUmemAllocationProp prop{};
+    REQUIRE(cu.cuMemCreate(&h, bytes, &prop, 0) == CUDA_SUCCESS);
+    return h;
+  }
+  // What vmm_park does for the suspend's copy: the whole allocation mapped at its view.
+  void map_view(CUdeviceptr at, CUmemGenericAllocationHandle h, std::uint64_t bytes) {
+    REQUIRE(cu.cuMemMap(at, bytes, 0, h, 0) == CUDA_SUCCESS);
+  }
+};
+
+TEST_CASE(
+    "views a suspend made in the addresses a handover prepared become its allocation, mapped "
+    "there already",
+    "[device_heap][preemption]") {
+  HandoverFixture f;
+  DeviceHeap& sut = *f.sut;
+  const std::uint64_t taken_before = sut.arena().taken_bytes();
+  CHECK_FALSE(sut.place_handover_view(kOtherOwner, 4 * kMiB, kGranule));  // no handover on
+  sut.start_handover(kOwner, 15 * kMiB + 1);
+  // The allocation's 16 MiB are taken at once.
+  CHECK(sut.arena().taken_bytes() == taken_before + 16 * kMiB);
+  CHECK_FALSE(sut.place_handover_view(kOwner, 4 * kMiB, kGranule));       // its own memory
+  CHECK_FALSE(sut.place_handover_view(kOtherOwner, 3 * kMiB, kGranule));  // not whole granules
+  const auto a = sut.place_handover_view(kOtherOwner, 4 * kMiB, kGranule);
+  const auto b = sut.place_handover_view(kOtherOwner, 2 * kMiB, kGranule);
+  const auto c = sut.place_handover_view(kOtherOwner, 4 * kMiB, kGranule);
+  REQUIRE(a);
+  REQUIRE(b);
+  REQUIRE(c);
+  CHECK(*b == *a + 4 * kMiB);
+  CHECK(*c == *a + 6 * kMiB);
+  CHECK_FALSE(sut.place_handover_view(kOtherOwner, 8 * kMiB, kGranule));  // 6 MiB left
+  const auto ha = f.physical(4 * kMiB), hb = f.physical(2 * kMiB), hc = f.physical(4 * kMiB);
+  f.map_view(*a, ha, 4 * kMiB);
+  f.map_view(*b, hb, 2 * kMiB);
+  f.map_view(*c, hc, 4 * kMiB);
+  // The first two suspends went ahead; the third was dropped, its view unmapped: a hole.
+  CHECK(sut.keep_for_handover(kOtherOwner, ha, 4 * kMiB, *a));
+  CHECK(sut.keep_for_handover(kOtherOwner, hb, 2 * kMiB, *b));
+  CHECK_FALSE(sut.keep_for_handover(kOtherOwner, hb, 2 * kMiB, *b));  // kept already
+  REQUIRE(f.cu.cuMemUnmap(*c, 4 * kMiB) == CUDA_SUCCESS);
+  sut.forget_handover_view(*c, 4 * kMiB);
+  // A parked block of the heap's own, kept unmapped, fills the hole before new memory does.
+  const auto hd = f.physical(2 * kMiB);
+  CHECK(sut.keep_for_handover(kOtherOwner, hd, 2 * kMiB));
+  CHECK(sut.handover_bytes() == 8 * kMiB);
+
+  const int maps_before = HandoverFixture::maps, creates_before = creates;
+  auto taken = sut.allocate(kOwner, 15 * kMiB + 1);
+  REQUIRE(taken);
+  CHECK(*taken == *a);
+  CHECK(sut.handover_bytes() == 0);
+  // Only the hole was mapped: the kept 2 MiB and 8 MiB new; the views stayed as they were.
+  CHECK(HandoverFixture::maps == maps_before + 2);
+  CHECK(creates == creates_before + 1);
+  CHECK(sut.arena().taken_bytes() == taken_before + 16 * kMiB);
+  for (std::uint64_t at : {0, 4, 6, 8}) CHECK(fake_gpu().vmm_mappings.count(*a + at * kMiB) == 1);
+  // The other clients' 8 MiB cleared in one memset, the new memory not at all.
+  REQUIRE(HandoverFixture::cleared.size() == 1);
+  CHECK(HandoverFixture::cleared[0] == std::make_pair(*a, std::size_t{8 * kMiB}));
+  // Exported for another GPU's server: the view's physical allocation alone.
+  auto exported = sut.export_block(kOwner, *a + 5 * kMiB);
+  REQUIRE(exported);
+  ::close(exported->fd);
+  CHECK(exported->base == *a + 4 * kMiB);
+  CHECK(exported->bytes == 2 * kMiB);
+
+  sut.end_handover();
+  CHECK(sut.free(*taken) == CUDA_SUCCESS);
+  for (auto h : {ha, hb, hd}) CHECK(fake_gpu().vmm_handles.count(h) == 0);
+  CHECK(fake_gpu().vmm_handles.count(hc) == 1);  // the dropped suspend's client still holds it
+  CHECK(fake_gpu().vmm_mappings.empty());
+  CHECK(sut.arena().taken_bytes() == taken_before);
+}
+
+TEST_CASE(
+    "prepared addresses another allocation cannot use are given up: kept views unmapped and "
+    "kept, a view still copied through gives its addresses back when its suspend ends",
+    "[device_heap][preemption]") {
+  HandoverFixture f;
+  DeviceHeap& sut = *f.sut;
+  const std::uint64_t taken_before = sut.arena().taken_bytes();
+  sut.start_handover(kOwner, 8 * kMiB);
+  const auto a = sut.place_handover_view(kOtherOwner, 4 * kMiB, kGranule);
+  const auto b = sut.place_handover_view(kOtherOwner, 4 * kMiB, kGranule);
+  REQUIRE(a);
+  REQUIRE(b);
+  const auto ha = f.physical(4 * kMiB), hb = f.physical(4 * kMiB);
+  f.map_view(*a, ha, 4 * kMiB);
+  f.map_view(*b, hb, 4 * kMiB);
+  REQUIRE(sut.keep_for_handover(kOtherOwner, ha, 4 * kMiB, *a));
+  SECTION("an allocation of another size takes the kept view's memory, mapped elsewhere") {
+    auto other = sut.allocate(kOwner, 6 * kMiB);
+    REQUIRE(other);
+    CHECK(fake_gpu().vmm_mappings.count(*a) == 0);
+    CHECK(fake_gpu().vmm_mappings.count(*b) == 1);  // its suspend still copies through it
+    CHECK(fake_gpu().vmm_mappings.count(*other) == 1);
+    CHECK(fake_gpu().vmm_mappings.count(*other + 4 * kMiB) == 1);
+    // b's suspend ends after the addresses were given up: not kept, its addresses go back.
+    CHECK_FALSE(sut.keep_for_handover(kOtherOwner, hb, 4 * kMiB, *b));
+    REQUIRE(f.cu.cuMemUnmap(*b, 4 * kMiB) == CUDA_SUCCESS);
+    sut.forget_handover_view(*b, 4 * kMiB);
+    sut.end_handover();
+    CHECK(sut.free(*other) == CUDA_SUCCESS);
+    CHECK(fake_gpu().vmm_handles.count(ha) == 0);
+  }
+  SECTION("the waited allocation while a suspend still copies through its addresses") {
+    auto same = sut.allocate(kOwner, 8 * kMiB);
+    REQUIRE(same);
+    CHECK(*same != *a);
+    CHECK(fake_gpu().vmm_mappings.count(*b) == 1);
+    sut.end_handover();
+    REQUIRE(f.cu.cuMemUnmap(*b, 4 * kMiB) == CUDA_SUCCESS);
+    sut.forget_handover_view(*b, 4 * kMiB);
+    CHECK(sut.free(*same) == CUDA_SUCCESS);
+  }
+  SECTION("no room for the new part: the driver's error, the kept memory back to the driver") {
+    REQUIRE(f.cu.cuMemUnmap(*b, 4 * kMiB) == CUDA_SUCCESS);
+    sut.forget_handover_view(*b, 4 * kMiB);
+    create_result = CUDA_ERROR_OUT_OF_MEMORY;
+    auto none = sut.allocate(kOwner, 8 * kMiB);
+    REQUIRE_FALSE(none);
+    CHECK(none.error() == CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK(fake_gpu().vmm_handles.count(ha) == 0);
+    CHECK(sut.handover_bytes() == 0);
+    sut.end_handover();
+  }
+  CHECK(fake_gpu().vmm_handles.count(hb) == 1);  // the suspended client's, never the heap's
+  CHECK(fake_gpu().vmm_mappings.empty());
+  CHECK(sut.arena().taken_bytes() == taken_before);
+}
+
 TEST_CASE("allocations from several threads never overlap", "[device_heap]") {
   DriverTable cu = honouring_driver();
   std::string why;

@@ -144,11 +144,12 @@ void Server::serve_memory_want(const MemoryWant& want) {
   if (policy.preemption && !want.below_normal) {
     const std::uint64_t idle_ns = nanoseconds(policy.idle_after);
     // The physical memory of the clients suspended for it goes to this allocation, cleared,
-    // rather than back to the driver (device_heap.hpp says why). What it does not take is given
-    // back once the preemption is over, on this thread (the context lease's: the primary context
-    // is current while a session is).
+    // rather than back to the driver (device_heap.hpp says why), and its addresses are taken now
+    // so that the suspends' copies map the clients' own allocations there (handover_range.hpp).
+    // What it does not take is given back once the preemption is over, on this thread (the
+    // context lease's: the primary context is current while a session is).
     DeviceHeap* heap = want.heap_allocation ? gpu_.heap.get() : nullptr;
-    if (heap != nullptr) heap->start_handover(want.client);
+    if (heap != nullptr) heap->start_handover(want.client, want.bytes);
     const auto end_handover = [heap] {
       if (heap != nullptr) heap->end_handover();
     };

@@ -13,13 +13,8 @@
 #include "proto/address_arenas.hpp"
 
 namespace mpsshim::server {
-namespace {
 
-std::uint64_t round_up(std::uint64_t value, std::uint64_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
-
-CUmemAllocationProp device_prop(CUdevice device) {
+CUmemAllocationProp DeviceHeap::device_prop(CUdevice device) {
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -27,8 +22,6 @@ CUmemAllocationProp device_prop(CUdevice device) {
   prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   return prop;
 }
-
-}  // namespace
 
 std::unique_ptr<DeviceHeap> DeviceHeap::open(const DriverTable& cu, CUdevice device,
                                              unsigned arena_index, std::string* why) {
@@ -71,6 +64,7 @@ DeviceHeap::DeviceHeap(const DriverTable& cu, CUdevice device, std::uint64_t bas
     : cu_(cu), device_(device), granularity_(granularity), arena_(base, bytes) {}
 
 DeviceHeap::~DeviceHeap() {
+  end_handover();
   for (auto& [base, block] : blocks_) unmap_block(base, block);
   cu_.cuMemAddressFree(proto::kArenaWindowBase, proto::kArenaWindowBytes);
 }
@@ -108,25 +102,6 @@ void DeviceHeap::unmap_pieces(CUdeviceptr base, const std::vector<Piece>& pieces
   }
 }
 
-CUresult DeviceHeap::clear_dirty(CUdeviceptr base, const std::vector<Piece>& pieces) {
-  if (std::none_of(pieces.begin(), pieces.end(), [](const Piece& p) { return p.dirty; })) {
-    return CUDA_SUCCESS;
-  }
-  // On the current context's NULL stream (the primary context's, where the server's clients
-  // have no work): handovers are rare, and the caller has no stream of its own to give.
-  CUstream stream = nullptr;
-  CUresult r = CUDA_SUCCESS;
-  std::uint64_t offset = 0;
-  for (const Piece& piece : pieces) {
-    if (piece.dirty && r == CUDA_SUCCESS) {
-      r = cu_.cuMemsetD8Async(base + offset, 0, piece.bytes, stream);
-    }
-    offset += piece.bytes;
-  }
-  if (CUresult synced = cu_.cuStreamSynchronize(stream); r == CUDA_SUCCESS) r = synced;
-  return r;
-}
-
 void DeviceHeap::release_pieces(const std::vector<Piece>& pieces) {
   for (const Piece& piece : pieces) {
     if (CUresult r = cu_.cuMemRelease(piece.handle); r != CUDA_SUCCESS) {
@@ -155,75 +130,6 @@ tl::expected<CUdeviceptr, CUresult> DeviceHeap::map_block(std::uint64_t bytes,
   }
   arena_.give(*address, bytes);
   return tl::unexpected(r);
-}
-
-tl::expected<CUdeviceptr, CUresult> DeviceHeap::map_handed_block(std::uint64_t bytes,
-                                                                 std::uint64_t alignment) {
-  std::vector<Piece> pieces;
-  std::uint64_t handed = 0;
-  {
-    std::lock_guard lock(mutex_);
-    std::vector<Piece>& kept = handover_.pieces;
-    std::sort(kept.begin(), kept.end(),
-              [](const Piece& a, const Piece& b) { return a.bytes > b.bytes; });
-    std::vector<Piece> rest;
-    for (const Piece& piece : kept) {
-      if (handed + piece.bytes <= bytes) {
-        handed += piece.bytes;
-        pieces.push_back(piece);
-      } else {
-        rest.push_back(piece);
-      }
-    }
-    kept.swap(rest);
-  }
-  if (pieces.empty()) return map_block(bytes, alignment);
-  auto give_back = [&](CUresult r) {
-    std::lock_guard lock(mutex_);
-    handover_.pieces.insert(handover_.pieces.end(), pieces.begin(), pieces.end());
-    return tl::unexpected(r);
-  };
-  auto address = arena_.take(bytes, std::max(alignment, granularity_));
-  if (!address) return give_back(CUDA_ERROR_OUT_OF_MEMORY);
-  const std::size_t handed_pieces = pieces.size();
-  CUresult r = CUDA_SUCCESS;
-  if (handed < bytes) {
-    const CUmemAllocationProp prop = device_prop(device_);
-    CUmemGenericAllocationHandle fresh = 0;
-    r = cu_.cuMemCreate(&fresh, bytes - handed, &prop, 0);
-    if (r == CUDA_SUCCESS) pieces.push_back(Piece{fresh, bytes - handed});
-  }
-  using Clock = std::chrono::steady_clock;
-  const auto started = Clock::now();
-  auto mapped = started, cleared = started;
-  if (r == CUDA_SUCCESS) {
-    if (r = map_pieces(*address, pieces); r == CUDA_SUCCESS) {
-      mapped = Clock::now();
-      // Another client's bytes are never seen: a failed clearing hands nothing out.
-      if (r = clear_dirty(*address, pieces); r != CUDA_SUCCESS) unmap_pieces(*address, pieces);
-      cleared = Clock::now();
-    }
-  }
-  if (r != CUDA_SUCCESS) {
-    if (pieces.size() > handed_pieces) release_pieces({pieces.back()});
-    pieces.resize(handed_pieces);
-    arena_.give(*address, bytes);
-    return give_back(r);
-  }
-  const std::size_t dirty = static_cast<std::size_t>(
-      std::count_if(pieces.begin(), pieces.end(), [](const Piece& p) { return p.dirty; }));
-  auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
-  log_info(
-      "device heap: {} at {:#x} made of {} of memory taken from preempted clients and {} new: "
-      "{} physical allocations mapped in {:.1f} ms, {} of them cleared in {:.1f} ms",
-      format_bytes(bytes), *address, format_bytes(handed), format_bytes(bytes - handed),
-      pieces.size(), ms(mapped - started), dirty, ms(cleared - mapped));
-  for (Piece& piece : pieces) piece.dirty = false;
-  std::lock_guard lock(mutex_);
-  Block& block = blocks_[*address];
-  block.pieces = std::move(pieces);
-  block.bytes = bytes;
-  return *address;
 }
 
 void DeviceHeap::unmap_block(CUdeviceptr base, const Block& block) {
@@ -282,7 +188,8 @@ tl::expected<CUdeviceptr, CUresult> DeviceHeap::allocate(std::uint64_t owner, st
     bool handed = false;
     {
       std::lock_guard lock(mutex_);
-      handed = handover_.owner == owner && !handover_.pieces.empty();
+      handed =
+          handover_.owner == owner && (!handover_.pieces.empty() || !handover_.prepared.empty());
     }
     const std::uint64_t rounded = round_up(bytes, granularity_);
     auto base = handed ? map_handed_block(rounded, alignment) : map_block(rounded, alignment);
@@ -656,50 +563,6 @@ void DeviceHeap::unpin(void* host, std::uint64_t bytes) {
   } else {
     unpin_parked(cu_, host, bytes);
   }
-}
-
-void DeviceHeap::start_handover(std::uint64_t owner) {
-  std::lock_guard lock(mutex_);
-  handover_.owner = owner;
-  ++handover_.generation;
-}
-
-std::uint64_t DeviceHeap::handover_bytes() const {
-  std::lock_guard lock(mutex_);
-  std::uint64_t bytes = 0;
-  for (const Piece& piece : handover_.pieces) bytes += piece.bytes;
-  return bytes;
-}
-
-bool DeviceHeap::keep_for_handover(std::uint64_t from_owner, CUmemGenericAllocationHandle handle,
-                                   std::uint64_t bytes) {
-  if (bytes == 0 || bytes % granularity_ != 0) return false;
-  std::lock_guard lock(mutex_);
-  if (handover_.owner == 0 || handover_.owner == from_owner) return false;
-  handover_.pieces.push_back(Piece{handle, bytes, true});
-  return true;
-}
-
-bool DeviceHeap::release_kept_for(std::uint64_t owner) {
-  std::vector<Piece> kept;
-  {
-    std::lock_guard lock(mutex_);
-    if (handover_.owner != owner) return false;
-    kept.swap(handover_.pieces);
-  }
-  release_pieces(kept);
-  return !kept.empty();
-}
-
-void DeviceHeap::end_handover() {
-  std::vector<Piece> left;
-  {
-    std::lock_guard lock(mutex_);
-    handover_.owner = 0;
-    ++handover_.generation;
-    left.swap(handover_.pieces);
-  }
-  release_pieces(left);
 }
 
 DeviceHeap::Figures DeviceHeap::figures() const {

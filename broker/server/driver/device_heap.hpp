@@ -27,7 +27,9 @@
 // the driver clears the memory first, at about 0.4 TB/s. The heap clears it with a memset: its
 // own blocks on the suspend's copy stream behind the copy, a client's own cuMemCreate memory
 // (keep_for_handover) once the allocation has mapped it. A block of such memory is several
-// physical allocations mapped one after another (Block::pieces).
+// physical allocations mapped one after another (Block::pieces). The allocation's addresses are
+// taken when the handover starts, and the suspends map the client's own physical allocations
+// there for their copies, so that those are already in place when it is made (handover_range.hpp).
 //
 // Thread safety: every public function may be called from any worker; one mutex guards the
 // bookkeeping and is never held across a driver call. park and unpark of an owner run on the
@@ -40,6 +42,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -48,6 +51,7 @@
 
 #include "broker/server/driver/address_arena.hpp"
 #include "broker/server/driver/driver_table.hpp"
+#include "broker/server/driver/handover_range.hpp"
 #include "broker/server/driver/park_pool.hpp"
 #include "broker/server/driver/parked_memory.hpp"
 
@@ -145,16 +149,30 @@ class DeviceHeap {
   // handover_bytes: what is kept and not taken yet, which the driver does not count as free.
   // end_handover gives back to the driver what was not taken. Any thread with the primary
   // context current.
-  void start_handover(std::uint64_t owner);
+  // `bytes`, the size of the allocation waited for (0: not known), takes its addresses from the
+  // arena at once, for the suspends' views (place_handover_view); its allocation is then made
+  // there when its size matches, the views kept there already mapped.
+  void start_handover(std::uint64_t owner, std::uint64_t bytes = 0);
   std::uint64_t handover_bytes() const;
   void end_handover();
   // A physical allocation of `bytes` (a multiple of the granularity) that a client being
   // suspended made itself (cuMemCreate, session/vmm_park.hpp), unmapped, its bytes on the host:
   // true when a handover is on for another owner, which now owns it (cleared before it is
   // handed out); false: the caller releases it. It must be exportable as a POSIX fd, as the
-  // heap's own are, and plain (no compression).
+  // heap's own are, and plain (no compression). `view`, when not 0, is where the caller mapped
+  // the whole of it, read-write, at an address place_handover_view gave: on true the heap owns
+  // that mapping too; on false the caller unmaps it and calls forget_handover_view.
   bool keep_for_handover(std::uint64_t from_owner, CUmemGenericAllocationHandle handle,
-                         std::uint64_t bytes);
+                         std::uint64_t bytes, CUdeviceptr view = 0);
+  // Where a client being suspended (`from_owner`) may map the whole of a physical allocation of
+  // `bytes` that it made itself, for the suspend's copy, with `alignment` (its granularity): in
+  // the handover's addresses when a handover for another owner prepared them and they have room,
+  // else nullopt (the caller takes addresses of the arena). Such a view is either kept
+  // (keep_for_handover) or unmapped and then given back with forget_handover_view, which also
+  // gives the arena addresses placed in a handover that ended meanwhile.
+  std::optional<CUdeviceptr> place_handover_view(std::uint64_t from_owner, std::uint64_t bytes,
+                                                 std::uint64_t alignment);
+  void forget_handover_view(CUdeviceptr view, std::uint64_t bytes);
 
   struct Figures {
     std::uint64_t physical_bytes = 0;  // what cuMemCreate holds for this heap
@@ -190,11 +208,33 @@ class DeviceHeap {
 
   DeviceHeap(const DriverTable& cu, CUdevice device, std::uint64_t base, std::uint64_t bytes,
              std::uint64_t granularity);
+  // What the heap's physical allocations are made with: plain device memory that another GPU's
+  // server can import (a POSIX fd).
+  static CUmemAllocationProp device_prop(CUdevice device);
+  static std::uint64_t round_up(std::uint64_t value, std::uint64_t multiple) {
+    return (value + multiple - 1) / multiple * multiple;
+  }
   tl::expected<CUdeviceptr, CUresult> map_block(std::uint64_t bytes, std::uint64_t alignment);
   // A block for the handover's owner: the handover's pieces that fit first, the rest fresh. The
   // handover's pieces go back to it on failure. Falls back to map_block when none fits.
   tl::expected<CUdeviceptr, CUresult> map_handed_block(std::uint64_t bytes,
                                                        std::uint64_t alignment);
+  // The block made in the handover's prepared addresses (`parts`, HandoverRange::take, nothing
+  // viewing): the kept views as they are mapped, each hole filled with kept unmapped pieces that
+  // fit and new memory. On failure the kept views and pieces are back in the handover, unmapped
+  // (the addresses go back to the arena).
+  tl::expected<CUdeviceptr, CUresult> map_prepared_block(std::vector<HandoverRange::Part> parts,
+                                                         std::uint64_t bytes);
+  // The handover's prepared addresses given up: kept views unmapped and added to the kept pieces,
+  // the addresses back to the arena except those of views still being copied through (their
+  // suspends give them back, forget_handover_view).
+  void dissolve_prepared();
+  // Under mutex_: the kept unmapped pieces, largest first, that fit in `bytes` together; taken
+  // out of the handover.
+  std::vector<Piece> take_kept_locked(std::uint64_t bytes);
+  // Pieces back into the handover's kept ones, or to the driver when it has ended meanwhile (its
+  // coordinator stopped waiting for the allocation).
+  void return_kept(std::vector<Piece> pieces);
   // Maps `pieces` one after another from `base` with read-write access for the device; on
   // failure unmaps what it mapped (the pieces stay created).
   CUresult map_pieces(CUdeviceptr base, const std::vector<Piece>& pieces);
@@ -231,6 +271,7 @@ class DeviceHeap {
     std::uint64_t owner = 0;       // whose allocations take it; 0: no handover
     std::uint64_t generation = 0;  // bumped by each start and end
     std::vector<Piece> pieces;     // cleared, unmapped, not taken yet
+    HandoverRange prepared;        // the waited allocation's addresses, with views kept there
   };
   Handover handover_;  // under mutex_
 };

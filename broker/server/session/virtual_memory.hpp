@@ -44,6 +44,11 @@ struct PeerBlock {
 struct ParkedVmm {
   void* host = nullptr;
   std::uint64_t bytes = 0;
+  // Between the copy and the release of a suspend for memory preemption: the views of its
+  // allocations that the copy made in the addresses the handover prepared
+  // (DeviceHeap::place_handover_view), by allocation id, still mapped: each becomes part of the
+  // waiting allocation as it is (DeviceHeap::keep_for_handover).
+  std::map<std::uint64_t, CUdeviceptr> handover_views;
 };
 
 struct VirtualMemory {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "broker/server/driver/driver.hpp"
@@ -28,12 +29,22 @@ CUmemAccessDesc device_access(const Session& s, std::uint32_t flags) {
   return access;
 }
 
+// Whether memory preemption's handover may take the allocation (device_heap.hpp): exportable as
+// a POSIX fd, as the heap's own memory, and plain.
+bool fit_for_handover(const PhysicalAllocObj& a) {
+  return (a.prop.handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0 &&
+         a.prop.compression == CU_MEM_ALLOCATION_COMP_NONE;
+}
+
 // The whole of a physical allocation mapped read-write at a free range of the server's arena,
 // for the copies out and in (the client's own mappings may cover only part of it, or none).
-// Unmapped at the end of scope: the caller waits for the copies first.
+// Unmapped at the end of scope: the caller waits for the copies first. With `for_handover`, in
+// the addresses a handover prepared when they have room (DeviceHeap::place_handover_view), where
+// it may stay mapped (hand_over).
 class WholeView {
  public:
-  WholeView(Session& s, const PhysicalAllocObj& a) : s_(s), bytes_(a.bytes) {
+  WholeView(Session& s, const PhysicalAllocObj& a, bool for_handover = false)
+      : s_(s), bytes_(a.bytes) {
     DeviceHeap& heap = *s.gpu().heap;
     // Mapped at the allocation's own granularity, which its properties may make coarser.
     std::size_t granularity = heap.granularity();
@@ -47,7 +58,10 @@ class WholeView {
     }
     const std::uint64_t bytes = a.bytes;
     const CUmemGenericAllocationHandle handle = a.handle;
-    auto at = heap.arena().take(bytes, granularity);
+    std::optional<CUdeviceptr> at;
+    if (for_handover) at = heap.place_handover_view(s.client.id, bytes, granularity);
+    placed_ = at.has_value();
+    if (!at) at = heap.arena().take(bytes, granularity);
     if (!at) {
       result_ = CUDA_ERROR_OUT_OF_MEMORY;
       return;
@@ -60,18 +74,33 @@ class WholeView {
   }
   ~WholeView() {
     if (mapped_) s_.cu().cuMemUnmap(address_, bytes_);
-    if (address_ != 0) s_.gpu().heap->arena().give(address_, bytes_);
+    if (address_ == 0) return;
+    if (placed_) {
+      s_.gpu().heap->forget_handover_view(address_, bytes_);
+    } else {
+      s_.gpu().heap->arena().give(address_, bytes_);
+    }
   }
   WholeView(const WholeView&) = delete;
   WholeView& operator=(const WholeView&) = delete;
 
   CUresult result() const { return result_; }
   CUdeviceptr address() const { return address_; }
+  // A view made in a handover's addresses, left mapped for it: its address, which the caller now
+  // unmaps or hands over (ParkedVmm::handover_views). 0 for any other view.
+  CUdeviceptr hand_over() {
+    if (!placed_ || !mapped_ || result_ != CUDA_SUCCESS) return 0;
+    mapped_ = false;
+    const CUdeviceptr at = address_;
+    address_ = 0;
+    return at;
+  }
 
  private:
   Session& s_;
   const std::uint64_t bytes_;
   CUdeviceptr address_ = 0;
+  bool placed_ = false;
   bool mapped_ = false;
   CUresult result_ = CUDA_SUCCESS;
 };
@@ -86,13 +115,14 @@ struct Segment {
 // Views of the allocations `ids` (their handles live), with their places in the host block
 // (PhysicalAllocObj::parked_at); the views stay mapped while this lives.
 struct ViewSet {
-  std::vector<std::unique_ptr<WholeView>> views;
-  std::vector<Segment> segments;  // by place in the block
+  std::vector<std::unique_ptr<WholeView>> views;  // as `ids` given to open
+  std::vector<Segment> segments;                  // by place in the block
 
-  CUresult open(Session& s, const std::vector<std::uint64_t>& ids) {
+  // `for_handover`: the copy is a suspend's, whose memory a handover may take.
+  CUresult open(Session& s, const std::vector<std::uint64_t>& ids, bool for_handover = false) {
     for (std::uint64_t id : ids) {
       const PhysicalAllocObj& a = *s.objects.get<PhysicalAllocObj>(id);
-      views.push_back(std::make_unique<WholeView>(s, a));
+      views.push_back(std::make_unique<WholeView>(s, a, for_handover && fit_for_handover(a)));
       if (CUresult r = views.back()->result(); r != CUDA_SUCCESS) return r;
       segments.push_back(Segment{views.back()->address(), a.parked_at, a.bytes});
     }
@@ -158,6 +188,23 @@ void take_off_device(Session& s, const std::vector<std::uint64_t>& mapped) {
   }
 }
 
+// The view of allocation `id` a suspend left mapped for a handover (ParkedVmm::handover_views),
+// unmapped and its addresses given back: the handover does not take it.
+void drop_handover_view(Session& s, std::uint64_t id) {
+  auto view = s.vmm.parked.handover_views.find(id);
+  if (view == s.vmm.parked.handover_views.end()) return;
+  const CUdeviceptr at = view->second;
+  s.vmm.parked.handover_views.erase(view);
+  const std::uint64_t bytes = s.objects.get<PhysicalAllocObj>(id)->bytes;
+  if (CUresult r = s.cu().cuMemUnmap(at, bytes); r != CUDA_SUCCESS) {
+    // Still mapped, the addresses cannot be handed out again.
+    log_warn("{}: unmapping the view of a physical allocation at {:#x} failed: {}", s.who(), at,
+             describe(s.cu(), r));
+    return;
+  }
+  s.gpu().heap->forget_handover_view(at, bytes);
+}
+
 }  // namespace
 
 std::string why_vmm_not_parkable(Session& s) {
@@ -189,7 +236,7 @@ tl::expected<VmmParked, CUresult> copy_out_vmm(Session& s, CUstream stream) {
   }
   if (total == 0) return VmmParked{};
   ViewSet views;
-  if (CUresult r = views.open(s, ids); r != CUDA_SUCCESS) return tl::unexpected(r);
+  if (CUresult r = views.open(s, ids, true); r != CUDA_SUCCESS) return tl::unexpected(r);
   auto copy = s.gpu().heap->copy_to_host(
       total, stream, [&](void* piece, std::uint64_t offset, std::uint64_t bytes) {
         return views.copy(s.cu(), piece, offset, bytes, true, stream);
@@ -199,8 +246,13 @@ tl::expected<VmmParked, CUresult> copy_out_vmm(Session& s, CUstream stream) {
     s.gpu().heap->unpin(copy->host, total);
     return tl::unexpected(r);
   }
-  s.vmm.parked = ParkedVmm{copy->host, total};
-  for (std::uint64_t id : ids) s.objects.get<PhysicalAllocObj>(id)->parked = true;
+  s.vmm.parked = ParkedVmm{copy->host, total, {}};
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    s.objects.get<PhysicalAllocObj>(ids[i])->parked = true;
+    if (CUdeviceptr at = views.views[i]->hand_over(); at != 0) {
+      s.vmm.parked.handover_views[ids[i]] = at;
+    }
+  }
   return VmmParked{total, copy->pooled ? total : 0};
 }
 
@@ -219,6 +271,7 @@ std::uint64_t release_copied_vmm(Session& s) {
       unmapped.push_back(base);
     }
     if (failed != CUDA_SUCCESS) {
+      drop_handover_view(s, id);
       // Still mapped, it could not be mapped again at resume: it stays on the device, whole.
       log_warn("{}: unmapping a physical allocation to park failed, so it stays on the device: {}",
                s.who(), describe(s.cu(), failed));
@@ -231,11 +284,16 @@ std::uint64_t release_copied_vmm(Session& s) {
       a.parked = false;  // its bytes in the block go with the block
       continue;
     }
-    // Memory preemption's handover takes it when it can (device_heap.hpp): exportable as a
-    // POSIX fd, as the heap's own memory, and plain.
-    const bool plain = (a.prop.handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0 &&
-                       a.prop.compression == CU_MEM_ALLOCATION_COMP_NONE;
-    if (plain && s.gpu().heap->keep_for_handover(s.client.id, a.handle, a.bytes)) {
+    // Memory preemption's handover takes it when it can (device_heap.hpp): with the view the
+    // copy made in its addresses still mapped there, or unmapped.
+    DeviceHeap& heap = *s.gpu().heap;
+    const bool plain = fit_for_handover(a);
+    auto view = s.vmm.parked.handover_views.find(id);
+    if (view != s.vmm.parked.handover_views.end() &&
+        heap.keep_for_handover(s.client.id, a.handle, a.bytes, view->second)) {
+      s.vmm.parked.handover_views.erase(view);  // the heap owns it and its view now
+    } else if (drop_handover_view(s, id);
+               plain && heap.keep_for_handover(s.client.id, a.handle, a.bytes)) {
       // The heap owns it now.
     } else if (CUresult r = s.cu().cuMemRelease(a.handle); r != CUDA_SUCCESS) {
       log_warn("{}: cuMemRelease of a parked physical allocation failed: {}", s.who(),
@@ -244,11 +302,18 @@ std::uint64_t release_copied_vmm(Session& s) {
     a.handle = 0;
     released += a.bytes;
   }
+  // Views of allocations left on the device: not handed over.
+  while (!s.vmm.parked.handover_views.empty()) {
+    drop_handover_view(s, s.vmm.parked.handover_views.begin()->first);
+  }
   return released;
 }
 
 void drop_vmm_copies(Session& s) {
   if (s.vmm.parked.host == nullptr) return;
+  while (!s.vmm.parked.handover_views.empty()) {
+    drop_handover_view(s, s.vmm.parked.handover_views.begin()->first);
+  }
   s.gpu().heap->unpin(s.vmm.parked.host, s.vmm.parked.bytes);
   s.vmm.parked = {};
   for (std::uint64_t id : own_allocations(s)) s.objects.get<PhysicalAllocObj>(id)->parked = false;
