@@ -650,13 +650,27 @@ int resident(std::size_t megabytes) {
 // wait and the client may be suspended and resumed while idle.
 // pitch_holder MB: the same with cuMemAllocPitch of rows of 1000 bytes, which the driver pads to
 // a pitch of 1024 (printed: PITCH <bytes>), so the allocation is MB MiB whole.
-int holder(std::size_t megabytes, bool pitched) {
+// async_holder MB: the same with cuMemAllocAsync on a stream of its own (freed with
+// cuMemFreeAsync).
+enum class HolderCall { kAlloc, kPitch, kAsync };
+int holder(std::size_t megabytes, HolderCall call) {
   setup();
   const std::size_t bytes = megabytes << 20;
+  const bool pitched = call == HolderCall::kPitch;
   CUdeviceptr address = 0;
   std::size_t pitch = 0;
-  const CUresult r = pitched ? cuMemAllocPitch(&address, &pitch, 1000, bytes / 1024, 4)
-                             : cuMemAlloc(&address, bytes);
+  CUstream stream = nullptr;
+  CUresult r = CUDA_SUCCESS;
+  if (pitched) {
+    r = cuMemAllocPitch(&address, &pitch, 1000, bytes / 1024, 4);
+  } else if (call == HolderCall::kAsync) {
+    CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    if (r = cuMemAllocAsync(&address, bytes, stream); r == CUDA_SUCCESS) {
+      CHECK(cuStreamSynchronize(stream));
+    }
+  } else {
+    r = cuMemAlloc(&address, bytes);
+  }
   std::printf("ALLOC %d\n", static_cast<int>(r));
   if (pitched) std::printf("PITCH %zu\n", pitch);
   auto pattern = [](std::size_t i) { return static_cast<unsigned char>(i * 13 + (i >> 16)); };
@@ -688,7 +702,13 @@ int holder(std::size_t megabytes, bool pitched) {
       return 1;
     }
   }
-  CHECK(cuMemFree(address));
+  if (stream != nullptr) {
+    CHECK(cuMemFreeAsync(address, stream));
+    CHECK(cuStreamSynchronize(stream));
+    CHECK(cuStreamDestroy(stream));
+  } else {
+    CHECK(cuMemFree(address));
+  }
   std::printf("PASS holder\n");
   return 0;
 }
@@ -2455,8 +2475,9 @@ int main(int argc, char** argv) {
   }
   if (mode == "hog") return hog(arg ? arg : 256);
   if (mode == "resident") return resident(arg ? arg : 8);
-  if (mode == "holder") return holder(arg ? arg : 8, false);
-  if (mode == "pitch_holder") return holder(arg ? arg : 8, true);
+  if (mode == "holder") return holder(arg ? arg : 8, HolderCall::kAlloc);
+  if (mode == "pitch_holder") return holder(arg ? arg : 8, HolderCall::kPitch);
+  if (mode == "async_holder") return holder(arg ? arg : 8, HolderCall::kAsync);
   if (mode == "peer_holder") return peer_holder(arg ? arg : 8);
   if (mode == "meminfo") return meminfo();
   if (mode == "account") return account(arg ? static_cast<int>(arg) : 8);

@@ -187,8 +187,8 @@ std::unique_ptr<Child> vmm_holder(int megabytes, std::map<std::string, std::stri
 }  // namespace
 
 TEST_CASE(
-    "cuMemCreate and cuMemAllocPitch wait for the policies as cuMemAlloc does, and a client "
-    "holding cuMemCreate memory can be preempted",
+    "cuMemCreate, cuMemAllocPitch and cuMemAllocAsync wait for the policies as cuMemAlloc does, "
+    "and a client holding cuMemCreate memory can be preempted",
     "[e2e][suspend][policy]") {
   Daemon daemon({"--memory-preemption", "on", "--preemption-idle-ms", "0"}, kSmallGpu);
   const auto below_normal = daemon.client_env({{"CUDA_MPS_CLIENT_PRIORITY", "1"}});
@@ -210,6 +210,23 @@ TEST_CASE(
     makes_room_and_gets_it_back(daemon, *idle, "PASS holder", std::move(normal), "PASS holder");
     CHECK(daemon.log().find("cuMemAllocPitch of 64 MiB does not fit on the GPU; it waits") !=
           std::string::npos);
+  }
+  SECTION("preemption: a normal client's cuMemAllocAsync suspends an idle below-normal one") {
+    auto idle = holder(48, below_normal);
+    REQUIRE(idle->wait_for_output("READY", 60s));
+    auto normal = holder(64, daemon.client_env(), "async_holder");
+    REQUIRE(normal->wait_for_output("READY", 60s));
+    {
+      INFO(normal->out() << daemon.log());
+      // Made of the preempted client's memory too, cleared.
+      CHECK(normal->out().find("ALLOC 0\nFRESH zero\n") != std::string::npos);
+      CHECK(daemon.log().find("cuMemAllocAsync of 64 MiB does not fit on the GPU; it waits") !=
+            std::string::npos);
+      CHECK(daemon.log().find(
+                "made of 48 MiB of memory taken from preempted clients and 16 MiB new") !=
+            std::string::npos);
+    }
+    makes_room_and_gets_it_back(daemon, *idle, "PASS holder", std::move(normal), "PASS holder");
   }
   SECTION("preemption: the idle below-normal client holding cuMemCreate memory makes room") {
     auto idle = vmm_holder(48, below_normal);

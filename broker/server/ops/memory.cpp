@@ -85,6 +85,8 @@ bool retry_waiting_allocation(Session& session, bool last_try) {
   bool may_wait_more = false;
   if (wait.call == MemoryWait::Call::kMemCreate) {
     placed = retry_vmm_create(session, wait, may_wait_more);
+  } else if (wait.call == MemoryWait::Call::kMemAllocAsync) {
+    placed = retry_pool_allocation(session, wait, may_wait_more);
   } else if (session.objects.get<ContextObj>(wait.ctx) == nullptr) {
     placed = tl::unexpected(CUDA_ERROR_INVALID_CONTEXT);
   } else if (auto held = session.charge.reserve(wait.bytes)) {

@@ -119,6 +119,28 @@ bool capturing(Session& session, const StreamObj& stream) {
   return status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+// `bytes` of the server's arena for the client's pool `pool_id`, recorded as its allocation and
+// counted in the pool; the client's limit already holds them (`held`, kept on success).
+tl::expected<CUdeviceptr, CUresult> place_in_pool(Session& session, std::uint64_t pool_id,
+                                                  PoolObj& pool, std::uint64_t bytes,
+                                                  MemoryReservation& held) {
+  if (pool.max_bytes != 0 && pool.used + bytes > pool.max_bytes) {
+    return tl::unexpected(CUDA_ERROR_OUT_OF_MEMORY);  // the pool's maxSize, as the driver answers
+  }
+  // Fresh memory, or memory whose last free has run: usable by any stream from now on.
+  DeviceHeap& heap = *session.gpu().heap;
+  auto got = heap.allocate(session.client.id, bytes);
+  if (!got) return got;
+  if (!session.memory.add(DeviceRange{*got, bytes, RangeKind::kAllocation, pool_id})) {
+    heap.free(*got);
+    return tl::unexpected(CUDA_ERROR_INVALID_VALUE);
+  }
+  pool.used += bytes;
+  pool.used_high = std::max(pool.used_high, pool.used);
+  held.keep();
+  return got;
+}
+
 }  // namespace
 
 void pool_memory_freed(Session& session, const DeviceRange& range) {
@@ -244,36 +266,45 @@ OpResult op_mem_alloc_async(Call& call) {
   }
   StreamObj* stream = use_stream(call, req.stream, true, &error);
   if (stream == nullptr) return call.done(error);
-  CUdeviceptr dptr = 0;
-  DeviceHeap* heap = session.gpu().heap.get();
-  const bool in_arena = heap != nullptr && !capturing(session, *stream);
-  if (in_arena) {
-    if (pool->max_bytes != 0 && pool->used + req.bytes > pool->max_bytes) {
-      return call.done(CUDA_ERROR_OUT_OF_MEMORY);  // the pool's maxSize, as the driver answers
+  if (session.gpu().heap != nullptr && !capturing(session, *stream)) {
+    const bool bounded = pool->max_bytes != 0 && pool->used + req.bytes > pool->max_bytes;
+    auto placed = place_in_pool(session, pool_id, *pool, req.bytes, *held);
+    if (placed) return call.reply(proto::MemAllocRep{*placed});
+    // The GPU full, not the pool's bound: it waits for the memory policies as cuMemAlloc does.
+    if (!bounded && placed.error() == CUDA_ERROR_OUT_OF_MEMORY &&
+        wait_for_memory(call, MemoryWait{.call = MemoryWait::Call::kMemAllocAsync,
+                                         .bytes = req.bytes,
+                                         .pool = pool_id})) {
+      return call.deferred();
     }
-    // Fresh memory, or memory whose last free has run: usable by any stream from now on.
-    auto got = heap->allocate(session.client.id, req.bytes);
-    if (!got) return call.done(got.error());
-    dptr = *got;
-  } else if (CUresult r = call.cu.cuMemAllocFromPoolAsync(
-                 &dptr, static_cast<std::size_t>(req.bytes), pool->pool, stream->stream);
-             r != CUDA_SUCCESS) {
+    return call.done(placed.error());
+  }
+  CUdeviceptr dptr = 0;
+  if (CUresult r = call.cu.cuMemAllocFromPoolAsync(&dptr, static_cast<std::size_t>(req.bytes),
+                                                   pool->pool, stream->stream);
+      r != CUDA_SUCCESS) {
     return call.done(r);
   }
   if (!session.memory.add(DeviceRange{dptr, req.bytes, RangeKind::kAllocation, pool_id})) {
-    if (in_arena) {
-      heap->free(dptr);
-    } else {
-      call.cu.cuMemFreeAsync(dptr, stream->stream);
-    }
+    call.cu.cuMemFreeAsync(dptr, stream->stream);
     return call.done(CUDA_ERROR_INVALID_VALUE);
-  }
-  if (in_arena) {
-    pool->used += req.bytes;
-    pool->used_high = std::max(pool->used_high, pool->used);
   }
   held->keep();
   return call.reply(proto::MemAllocRep{dptr});
+}
+
+tl::expected<std::uint64_t, CUresult> retry_pool_allocation(Session& session,
+                                                            const MemoryWait& wait,
+                                                            bool& may_wait_more) {
+  may_wait_more = false;
+  PoolObj* pool = session.objects.get<PoolObj>(wait.pool);
+  if (pool == nullptr) return tl::unexpected(CUDA_ERROR_INVALID_VALUE);  // destroyed meanwhile
+  auto held = session.charge.reserve(wait.bytes);
+  if (!held) return tl::unexpected(CUDA_ERROR_OUT_OF_MEMORY);
+  const bool bounded = pool->max_bytes != 0 && pool->used + wait.bytes > pool->max_bytes;
+  auto placed = place_in_pool(session, wait.pool, *pool, wait.bytes, *held);
+  may_wait_more = !placed && !bounded && placed.error() == CUDA_ERROR_OUT_OF_MEMORY;
+  return placed;
 }
 
 OpResult op_mem_free_async(Call& call) {

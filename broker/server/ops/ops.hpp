@@ -162,6 +162,12 @@ OpResult op_mem_pool_get_attribute(Call& call);
 OpResult op_mem_pool_trim_to(Call& call);
 OpResult op_mem_alloc_async(Call& call);
 OpResult op_mem_free_async(Call& call);
+// A cuMemAllocAsync the session waited for, tried again in the server's arena: the device
+// pointer, or the error; `may_wait_more` set when the GPU had no room (not when its pool was
+// destroyed or its bound reached meanwhile, or the client's limit lowered).
+tl::expected<std::uint64_t, CUresult> retry_pool_allocation(Session& session,
+                                                            const MemoryWait& wait,
+                                                            bool& may_wait_more);
 
 // ops/vmm.cpp
 // A cuMemCreate the session waited for, tried again: the new handle's id, or the error;

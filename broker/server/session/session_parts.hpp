@@ -169,13 +169,14 @@ struct Suspension {
 // coordinator has the worker try it again (retry_waiting_allocation, ops/ops.hpp). One per
 // session at a time: a second allocation that does not fit meanwhile fails at once.
 struct MemoryWait {
-  enum class Call { kMemAlloc, kMemAllocPitch, kMemCreate };
+  enum class Call { kMemAlloc, kMemAllocPitch, kMemCreate, kMemAllocAsync };
   bool on = false;
   Call call = Call::kMemAlloc;
   std::uint32_t slot = 0;
   std::uint64_t bytes = 0;     // cuMemAllocPitch: the rows' padded bytes
   std::uint64_t ctx = 0;       // cuMemAlloc(Pitch): the client's context id the allocation names
   std::uint64_t pitch = 0;     // cuMemAllocPitch: the pitch its answer carries
+  std::uint64_t pool = 0;      // cuMemAllocAsync: the client's pool id it allocates from
   proto::VmmProp prop{};       // cuMemCreate: the properties asked for
   std::uint64_t taken_ns = 0;  // when its record left the ring (answer_stamps.hpp)
   std::chrono::steady_clock::time_point since{};
@@ -187,6 +188,8 @@ struct MemoryWait {
         return "cuMemAllocPitch";
       case Call::kMemCreate:
         return "cuMemCreate";
+      case Call::kMemAllocAsync:
+        return "cuMemAllocAsync";
       case Call::kMemAlloc:
         break;
     }
