@@ -19,6 +19,19 @@ double ms(Clock::duration d) {
   return std::chrono::duration<double, std::milli>(d).count();
 }
 
+// Unmaps a view kept in a handover's prepared addresses and gives the addresses back to the
+// arena. False when the driver would not unmap it: still mapped, its addresses stay taken, never
+// handed out again, and the caller releases its memory with them.
+bool unmap_kept_view(const DriverTable& cu, AddressArena& arena, const HandoverRange::Part& part) {
+  if (CUresult r = cu.cuMemUnmap(part.at, part.bytes); r != CUDA_SUCCESS) {
+    log_warn("device heap: cuMemUnmap({:#x}, {}) of memory kept for a handover failed: {}", part.at,
+             part.bytes, describe(cu, r));
+    return false;
+  }
+  arena.give(part.at, part.bytes);
+  return true;
+}
+
 }  // namespace
 
 void DeviceHeap::start_handover(std::uint64_t owner, std::uint64_t bytes) {
@@ -106,17 +119,13 @@ void DeviceHeap::dissolve_prepared() {
   std::vector<Piece> unmapped;
   for (const HandoverRange::Part& part : parts) {
     if (part.kind == HandoverRange::Part::Kind::kViewing) continue;  // its suspend gives it back
-    if (part.kind == HandoverRange::Part::Kind::kKept) {
-      if (CUresult r = cu_.cuMemUnmap(part.at, part.bytes); r != CUDA_SUCCESS) {
-        // Still mapped, its addresses cannot be handed out again; the memory goes with them.
-        log_warn("device heap: cuMemUnmap({:#x}, {}) of memory kept for a handover failed: {}",
-                 part.at, part.bytes, describe(cu_, r));
-        release_pieces({Piece{part.handle, part.bytes}});
-        continue;
-      }
+    if (part.kind == HandoverRange::Part::Kind::kHole) {
+      arena_.give(part.at, part.bytes);
+    } else if (unmap_kept_view(cu_, arena_, part)) {
       unmapped.push_back(Piece{part.handle, part.bytes, true});
+    } else {
+      release_pieces({Piece{part.handle, part.bytes}});
     }
-    arena_.give(part.at, part.bytes);
   }
   if (!unmapped.empty()) return_kept(std::move(unmapped));
 }
@@ -283,14 +292,11 @@ tl::expected<CUdeviceptr, CUresult> DeviceHeap::map_prepared_block(
     }
     for (const HandoverRange::Part& part : parts) {
       if (part.kind != HandoverRange::Part::Kind::kKept) continue;
-      if (CUresult u = cu_.cuMemUnmap(part.at, part.bytes); u != CUDA_SUCCESS) {
-        log_warn("device heap: cuMemUnmap({:#x}, {}) of memory kept for a handover failed: {}",
-                 part.at, part.bytes, describe(cu_, u));
+      if (unmap_kept_view(cu_, arena_, part)) {
+        back.push_back(Piece{part.handle, part.bytes, true});
+      } else {
         release_pieces({Piece{part.handle, part.bytes}});
-        continue;
       }
-      back.push_back(Piece{part.handle, part.bytes, true});
-      arena_.give(part.at, part.bytes);
     }
     return_kept(std::move(back));
     return tl::unexpected(r);
