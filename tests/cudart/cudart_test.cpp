@@ -2,7 +2,6 @@
 // CPU: the runtime's dlopen("libcuda.so.1") gets the shim, whose private tables and integrity
 // check the runtime accepts, and whose driver calls reach the host-memory test driver through
 // mpsshimd and mpsshim-server. Exits 77 (meson: SKIP) when nvcc was not found at configure time.
-#define CATCH_CONFIG_RUNNER
 #include <elf.h>
 #include <catch2/catch.hpp>
 
@@ -13,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "catch2_session.hpp"
 #include "harness.hpp"
 
 using namespace mpsshim::e2e;
@@ -205,5 +205,5 @@ int main(int argc, char** argv) {
       return 77;
     }
   }
-  return Catch::Session().run(argc, argv);
+  return mpsshim::test::run_catch2_session(argc, argv);
 }

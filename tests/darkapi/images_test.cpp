@@ -4,7 +4,6 @@
 //
 // Without nvcc the images do not exist: the program then exits 77, which meson reports as a
 // skip.
-#define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
 #include <cstddef>
@@ -18,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "catch2_session.hpp"
 #include "libshim/darkapi/fatbin_format.hpp"
 #include "libshim/darkapi/image_length.hpp"
 
@@ -146,5 +146,5 @@ int main(int argc, char* argv[]) {
     return 77;  // meson: skipped
   }
   image_dir = dir;
-  return Catch::Session().run(argc, argv);
+  return mpsshim::test::run_catch2_session(argc, argv);
 }

@@ -2,7 +2,6 @@
 // plugin registers on kubelet.sock, the test calls the plugin's socket as the kubelet does
 // (ListAndWatch, GetPreferredAllocation, Allocate) and runs a client with what Allocate
 // returned, against a real mpsshimd on the test driver. No cluster is involved.
-#define CATCH_CONFIG_MAIN
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <catch2/catch.hpp>
@@ -10,6 +9,7 @@
 #include <condition_variable>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <thread>

@@ -1,5 +1,4 @@
 // The device plugin's config, inventory and allocation plans, without processes.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include "deviceplugin/allocation_plan.hpp"

@@ -1,7 +1,6 @@
 // Capture into an existing graph through the whole path on the CPU: capture_client under
 // LD_PRELOAD=libmpsshim.so -> mpsshimd -> mpsshim-server -> the host-memory test driver, with
 // real processes (docs/graphs.md).
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include <string>

@@ -7,7 +7,6 @@
 //
 // MPSSHIM_STORM_KILLS=N (default 100; 1000 for the full run in docs/testing.md) sets the number
 // of kills; MPSSHIM_STORM_SEED=S replays a failed run's phases and delays (printed on failure).
-#define CATCH_CONFIG_MAIN
 #include <signal.h>
 #include <catch2/catch.hpp>
 

@@ -1,6 +1,5 @@
 // The whole path on the CPU: LD_PRELOAD=libmpsshim.so client -> mpsshimd -> mpsshim-server ->
 // host-memory test driver, with real processes, sockets and shared memory.
-#define CATCH_CONFIG_MAIN
 #include <signal.h>
 #include <sys/personality.h>
 #include <catch2/catch.hpp>

@@ -1,7 +1,6 @@
 // Green contexts a client makes itself, through the whole path on the CPU: green_client under
 // LD_PRELOAD=libmpsshim.so -> mpsshimd -> mpsshim-server -> the host-memory test driver
 // (docs/green-contexts.md).
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include <string>

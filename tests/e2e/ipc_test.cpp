@@ -1,7 +1,6 @@
 // CUDA IPC between two clients of one server through the whole path on the CPU: ipc_client
 // under LD_PRELOAD=libmpsshim.so -> mpsshimd -> mpsshim-server -> the host-memory test driver,
 // with real processes (docs/ipc.md).
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include <csignal>

@@ -2,7 +2,6 @@
 // whole path on the CPU: e2e_client under LD_PRELOAD=libmpsshim.so -> mpsshimd ->
 // mpsshim-server -> the host-memory test driver, whose 96 MiB of device memory run out as a
 // GPU's does (MPSSHIM_TESTDRIVER_MEMORY_MB).
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>

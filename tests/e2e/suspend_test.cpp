@@ -2,7 +2,6 @@
 // the whole path on the CPU: e2e_client under LD_PRELOAD=libmpsshim.so -> mpsshimd ->
 // mpsshim-server -> the host-memory test driver, whose device memory is a fixed amount
 // (MPSSHIM_TESTDRIVER_MEMORY_MB) that runs out as the GPU's does.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include <signal.h>

@@ -1,7 +1,6 @@
 // Virtual memory management through the whole path on the CPU: vmm_client under
 // LD_PRELOAD=libmpsshim.so -> mpsshimd -> mpsshim-server -> the host-memory test driver, with
 // real processes (docs/vmm.md).
-#define CATCH_CONFIG_MAIN
 #include <signal.h>
 #include <catch2/catch.hpp>
 

@@ -4,7 +4,6 @@
 // client saw a refusal or its session end, the log says why in a line naming its pid, the
 // well-behaved client passes, the server was never restarted, and its fds and the test
 // driver's objects and device bytes are back to the idle baseline.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include <unistd.h>

@@ -9,7 +9,6 @@
 // bob and opens for another client of alice's (ipc_client; docs/ipc.md); a non-root user's
 // mpsshimctl is refused every operator command and the other's client goes on; the runtime
 // directory, socket and pid file have the documented owners and modes (docs/daemon.md).
-#define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
 #include <pwd.h>
@@ -25,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "baseline.hpp"
+#include "catch2_session.hpp"
 
 using namespace mpsshim::e2e;
 using namespace mpsshim::hostile_test;
@@ -233,7 +233,7 @@ int main(int argc, char** argv) {
     std::printf("SKIP: useradd failed\n");
     return kSkipped;
   }
-  const int rc = Catch::Session().run(argc, argv);
+  const int rc = mpsshim::test::run_catch2_session(argc, argv);
   remove_user(g_alice);
   remove_user(g_bob);
   return rc;

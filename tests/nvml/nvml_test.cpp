@@ -1,7 +1,7 @@
 // NVML as a client sees its share (libmpsshim-nvml.so, docs/nvml.md), end to end: a real daemon
 // and server on the host-memory test driver, real clients holding memory, and a program reading
 // NVML through libmpsshim-nvml.so in front of a stand-in for the real library (fake_nvml.cpp).
-#define CATCH_CONFIG_MAIN
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 

@@ -1,7 +1,6 @@
 // darktrace on the fake driver: darktrace_client runs with LD_PRELOAD=libdarktrace.so, checks
 // every answer it gets (arguments and return values pass through the wrappers), and this test
 // reads the trace file and checks what it says about the tables, slots, calls and memory.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include <cstdio>
