@@ -1,6 +1,6 @@
 // Catch2's implementation (its single header's CATCH_CONFIG_RUNNER part), compiled once for
 // every test program. Each program that compiled it itself paid about a minute of CPU at -O2;
-// with some 25 such programs that was a third of a cold build on CI's two cores.
+// with some 25 such programs that was about a quarter of a cold build on CI's two cores.
 #define CATCH_CONFIG_RUNNER
 #include "catch2_session.hpp"
 
