@@ -160,6 +160,12 @@ CUresult Session::attach(const std::string& socket_path, const proto::ClientHell
 
 Session::~Session() = default;
 
+bool Session::ring_full_gone() {
+  // The ring is full: a dozing worker takes nothing from it until it is woken.
+  wake_dozing_worker();
+  return peer_gone();
+}
+
 bool Session::peer_gone() {
   if (dead_.load(std::memory_order_relaxed)) return true;
   if (view_.control()->fault.load(std::memory_order_acquire) != 0) return true;
@@ -232,6 +238,14 @@ void Session::wake_sleeping_worker() {
   if (view_.ring()->consumer_waiting.exchange(0, std::memory_order_seq_cst) != 0) ring_doorbell();
 }
 
+void Session::wake_dozing_worker() {
+  // The caller's record was committed behind a seq_cst fence: the worker's re-check after it
+  // announced the doze sees the record, or this sees the announcement.
+  if (view_.ring()->consumer_waiting.load(std::memory_order_seq_cst) == proto::kConsumerDozing) {
+    wake_sleeping_worker();
+  }
+}
+
 std::byte* Session::begin_record(proto::Op op, std::uint32_t payload, std::uint16_t flags) {
   std::uint32_t bytes = proto::record_bytes(payload);
   producer_mutex_.lock();
@@ -239,7 +253,7 @@ std::byte* Session::begin_record(proto::Op op, std::uint32_t payload, std::uint1
     producer_mutex_.unlock();
     return nullptr;
   }
-  std::byte* at = producer_.reserve(bytes, [this] { return peer_gone(); });
+  std::byte* at = producer_.reserve(bytes, [this] { return ring_full_gone(); });
   if (at == nullptr) {
     producer_mutex_.unlock();
     return nullptr;
@@ -250,7 +264,7 @@ std::byte* Session::begin_record(proto::Op op, std::uint32_t payload, std::uint1
   return at + sizeof header;
 }
 
-std::uint64_t Session::commit_record() {
+std::uint64_t Session::commit_record(bool awaited) {
   proto::stamp_record(open_record_);
   std::uint64_t committed_ns = 0;
   if (trace_ != nullptr) {
@@ -261,7 +275,7 @@ std::uint64_t Session::commit_record() {
       last_launch_commit_ns_.store(committed_ns, std::memory_order_relaxed);
     }
   }
-  bool wake = producer_.commit();
+  bool wake = producer_.commit(awaited);
   records_committed_.store(records_committed_.load(std::memory_order_relaxed) + 1,
                            std::memory_order_release);
   producer_mutex_.unlock();
@@ -411,7 +425,7 @@ CUresult Session::call(proto::Op op, const void* request, std::size_t request_by
   CUresult rc = CUDA_SUCCESS;
   producer_mutex_.lock();
   std::byte* at = bytes <= producer_.max_record()
-                      ? producer_.reserve(bytes, [this] { return peer_gone(); })
+                      ? producer_.reserve(bytes, [this] { return ring_full_gone(); })
                       : nullptr;
   if (at == nullptr) {
     producer_mutex_.unlock();
@@ -424,7 +438,7 @@ CUresult Session::call(proto::Op op, const void* request, std::size_t request_by
       std::memcpy(at + sizeof header + request_bytes, trailing.data(), trailing.size());
     }
     open_record_ = at;
-    const std::uint64_t sent = commit_record();
+    const std::uint64_t sent = commit_record(/*awaited=*/true);
     SlotEnd end = SlotEnd::kAnswered;
     std::chrono::nanoseconds slept{};
     rc = wait_slot(slot, static_cast<std::uint16_t>(op), end, slept);
@@ -501,6 +515,8 @@ CUresult Session::wait_generation(proto::ChunkState* state, std::uint32_t genera
   auto done = [state, reached] {
     return reached(state->done_generation.load(std::memory_order_acquire));
   };
+  if (done()) return CUDA_SUCCESS;
+  wake_dozing_worker();  // the copy's record was one-way
   const SpinEnd spun =
       spin_until(current_wait_plan(crowded()), done, [this] { return peer_gone(); });
   if (spun == SpinEnd::kReady) return CUDA_SUCCESS;

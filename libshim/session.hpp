@@ -60,7 +60,9 @@ class Session {
   // released) when the session is dead.
   std::byte* begin_record(proto::Op op, std::uint32_t payload, std::uint16_t flags = 0);
   // Returns when it committed (CLOCK_MONOTONIC ns) under MPSSHIM_TRACE_ANSWERS, else 0.
-  std::uint64_t commit_record();
+  // `awaited`: the caller waits for the server's answer next (a call); a one-way record does
+  // not wake a dozing worker (proto::kConsumerDozing), which collects it when its doze ends.
+  std::uint64_t commit_record(bool awaited = false);
   // How many records this process has sent so far, one-way or not (counted at each commit, under
   // the producer lock). Unchanged between two looks: nothing was sent in between.
   std::uint64_t records_committed() const {
@@ -103,12 +105,17 @@ class Session {
  private:
   Session() = default;
   bool peer_gone();
+  // peer_gone() for a producer waiting for ring space; wakes a dozing worker first.
+  bool ring_full_gone();
   void ring_doorbell();
   // Rings the doorbell when the worker announced its sleep (RingControl::consumer_waiting), and
   // takes the announcement back, so that the records that follow before the worker is up (an
   // early answer's caller launching again at once, the process's other threads) ring no more:
   // one eventfd write per sleep instead of one per record.
   void wake_sleeping_worker();
+  // Before a wait for the server's work that no call of this thread asked for (a staged copy's
+  // chunk, ring space): a dozing worker would collect the record only when its doze ends.
+  void wake_dozing_worker();
   // The server's hint that waiting threads should not spin long (proto::SessionControl).
   bool crowded() const { return view_.control()->crowded.load(std::memory_order_relaxed) != 0; }
   // How a wait for a slot's answer ended: the answer came, or (early answers) the call's fence

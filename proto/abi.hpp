@@ -80,13 +80,18 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // soon as it defers the answer, and the fence landing means the call succeeded: a client of a
 // minor-29 server may return as soon as it sees the word land, and takes the slot again only
 // once the late answer has come (proto/segment.hpp). No layout change.
-inline constexpr std::uint16_t kAbiMinor = 29;
+// Minor 30: dozing workers. RingControl::consumer_waiting may hold kConsumerDozing: a client of
+// minor 30 or later then rings the doorbell only for a record it waits on (proto/ring.hpp); the
+// server dozes only while its sessions' clients are of minor 30 or later. No layout change.
+inline constexpr std::uint16_t kAbiMinor = 30;
 // The first minor whose daemon honours kHelloOwnIsolationGroup.
 inline constexpr std::uint16_t kAbiMinorIsolationGroups = 18;
 // The first minor whose clients take the watch page.
 inline constexpr std::uint16_t kAbiMinorFenceWatch = 28;
 // The first minor whose server's watches are early answers.
 inline constexpr std::uint16_t kAbiMinorEarlyAnswers = 29;
+// The first minor whose clients let a dozing worker collect their one-way records.
+inline constexpr std::uint16_t kAbiMinorDoze = 30;
 
 // FROZEN FOREVER. Every message on every mpsshim socket starts with this header, so that any two
 // versions of mpsshim can at least tell each other which versions they are. Never change it.

@@ -83,7 +83,10 @@ struct RingControl {
   alignas(kCacheLine) std::atomic<std::uint64_t> tail;  // written by the consumer only
   // Set by the consumer (the server's worker) before it sleeps and cleared when it wakes; a
   // producer that sees it set clears it and rings the consumer's doorbell (ABI 1.29; before, it
-  // rang on every record until the consumer was up).
+  // rang on every record until the consumer was up). kConsumerDozing (ABI 1.30): the consumer
+  // naps briefly and collects records meanwhile; a producer rings only when it is about to wait
+  // for the consumer (an answer, a copy's chunk, ring space). Producers before 1.30 ring on any
+  // value but 0.
   alignas(kCacheLine) std::atomic<std::uint32_t> consumer_waiting;
   std::atomic<std::uint32_t> producer_waiting;
   std::uint64_t capacity;  // bytes of the data area that follows; power of two
@@ -96,6 +99,11 @@ static_assert(offsetof(RingControl, capacity) == 2 * kCacheLine + 8);
 static_assert(sizeof(RingControl) == 3 * kCacheLine);
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
+
+// RingControl::consumer_waiting.
+inline constexpr std::uint32_t kConsumerAwake = 0;
+inline constexpr std::uint32_t kConsumerAsleep = 1;
+inline constexpr std::uint32_t kConsumerDozing = 2;
 
 constexpr std::uint32_t record_bytes(std::size_t payload) {
   return static_cast<std::uint32_t>((sizeof(RecordHeader) + payload + kRecordAlign - 1) &
@@ -176,12 +184,14 @@ class RingProducer {
     }
   }
 
-  // Publishes everything reserved so far. Returns true if the consumer sleeps and must be
-  // woken by the caller (futex on head, or the consumer's doorbell).
-  bool commit() {
+  // Publishes everything reserved so far. Returns true if the consumer must be woken by the
+  // caller (futex on head, or the consumer's doorbell): it sleeps, or it dozes and `awaited`
+  // (the caller is about to wait for the consumer's answer).
+  bool commit(bool awaited = true) {
     ctl_->head.store(head_, std::memory_order_release);
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    return ctl_->consumer_waiting.load(std::memory_order_relaxed) != 0;
+    const std::uint32_t waiting = ctl_->consumer_waiting.load(std::memory_order_relaxed);
+    return waiting == kConsumerAsleep || (waiting == kConsumerDozing && awaited);
   }
 
   std::uint64_t position() const { return head_; }
@@ -261,8 +271,11 @@ class RingConsumer {
 
   // Announces that the consumer is about to sleep. After this, re-check with peek() before
   // sleeping: a record committed before the flag was visible does not ring the doorbell.
-  void prepare_sleep() { ctl_->consumer_waiting.store(1, std::memory_order_seq_cst); }
-  void end_sleep() { ctl_->consumer_waiting.store(0, std::memory_order_relaxed); }
+  void prepare_sleep() { ctl_->consumer_waiting.store(kConsumerAsleep, std::memory_order_seq_cst); }
+  // The same for a doze: only records whose producers then wait ring the doorbell; the re-check
+  // after it finds the rest when the doze ends.
+  void prepare_doze() { ctl_->consumer_waiting.store(kConsumerDozing, std::memory_order_seq_cst); }
+  void end_sleep() { ctl_->consumer_waiting.store(kConsumerAwake, std::memory_order_relaxed); }
 
   // Futex-based sleep for consumers that wait on this ring alone (tests, tools).
   void sleep_on_head(std::uint64_t timeout_ns) {

@@ -390,6 +390,7 @@ nlohmann::json stats_json(const std::vector<ServerClients>& servers, const std::
         {"batched", json_number(fields, "batched")},
         {"fence_watches", json_number(fields, "fence_watches")},
         {"watch_wakes", json_number(fields, "watch_wakes")},
+        {"dozes", json_number(fields, "dozes")},
         {"images_shared", json_number(fields, "images_shared")},
         {"images_shared_bytes", json_number(fields, "images_shared_bytes")},
         {"images_private", json_number(fields, "images_private")},

@@ -553,6 +553,7 @@ TEST_CASE("stats --json gives the same figures as numbers", "[stats][json]") {
       {"batched", 19200},
       {"fence_watches", 12},
       {"watch_wakes", 9},
+      {"dozes", 7},
       {"images_shared", 441},
       {"images_shared_bytes", 289931264},
       {"images_private", 3},

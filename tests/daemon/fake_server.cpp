@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
                     fmt::format("client=1 pid=4242 uid={} program=fake-client-gpu{} "
                                 "records=20512 server_us=55123 delay_samples=20512 "
                                 "delay_p50_us=0.4 delay_p99_us=3.1 delay_max_us=8.2 "
-                                "batches=300 batched=19200 fence_watches=12 watch_wakes=9 "
+                                "batches=300 batched=19200 fence_watches=12 watch_wakes=9 dozes=7 "
                                 "images_shared=441 "
                                 "images_shared_bytes=289931264 images_private=3 "
                                 "images_private_bytes=8388608 "

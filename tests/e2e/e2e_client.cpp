@@ -479,6 +479,58 @@ int watched_sync(unsigned rounds, int kernel_us) {
   return 0;
 }
 
+// A client whose worker dozes (MPSSHIM_SERVER_DOZE): `launches` one-way kernel launches with
+// 30 us of host work between them, then copies of 64 MiB through the 32 MiB staging area both
+// ways, whose later pieces wait for chunks no call of the client asks for, then the results
+// checked. Prints READY elapsed_us=<from the first launch to the checked results>, then waits
+// for stdin to close (the test reads `stats` meanwhile).
+int trickle(unsigned launches) {
+  Setup s = setup();
+  CUfunction fill{};
+  CHECK(cuModuleGetFunction(&fill, s.module, "fill_u32"));
+  constexpr int kWords = 64;
+  CUdeviceptr out;
+  CHECK(cuMemAlloc(&out, kWords * sizeof(unsigned)));
+  constexpr std::size_t kBigWords = std::size_t{16} << 20;  // 64 MiB
+  std::vector<unsigned> big(kBigWords), back(kBigWords);
+  for (std::size_t i = 0; i < kBigWords; ++i) big[i] = static_cast<unsigned>(i * 2654435761u);
+  CUdeviceptr device_big;
+  CHECK(cuMemAlloc(&device_big, kBigWords * sizeof(unsigned)));
+  CHECK(cuCtxSynchronize());
+  const auto t0 = std::chrono::steady_clock::now();
+  for (unsigned i = 1; i <= launches; ++i) {
+    unsigned value = i;
+    int n = kWords;
+    void* args[] = {&out, &value, &n};
+    CHECK(cuLaunchKernel(fill, 1, 1, 1, kWords, 1, 1, 0, nullptr, args, nullptr));
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(30);
+    while (std::chrono::steady_clock::now() < until) {
+    }
+  }
+  CHECK(cuMemcpyHtoD(device_big, big.data(), kBigWords * sizeof(unsigned)));
+  CHECK(cuMemcpyDtoH(back.data(), device_big, kBigWords * sizeof(unsigned)));
+  std::vector<unsigned> words(kWords);
+  CHECK(cuMemcpyDtoH(words.data(), out, kWords * sizeof(unsigned)));
+  const auto elapsed =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
+  if (std::count(words.begin(), words.end(), launches) != kWords || back != big) {
+    std::printf(
+        "FAIL trickle: %ld of %d words hold the last launch's value; the 64 MiB came "
+        "back %s\n",
+        static_cast<long>(std::count(words.begin(), words.end(), launches)), kWords,
+        back == big ? "intact" : "changed");
+    return 1;
+  }
+  std::printf("READY elapsed_us=%lld\n", static_cast<long long>(elapsed));
+  std::fflush(stdout);
+  stdin_closed(true);
+  CHECK(cuMemFree(device_big));
+  CHECK(cuMemFree(out));
+  std::printf("PASS trickle\n");
+  return 0;
+}
+
 // Many iterations of work, each checked: three fresh allocations, copies in (synchronous from
 // pageable memory, or asynchronous from pinned memory on a stream of its own, alternately), a
 // vector_add launch, the copy back and every element compared, the allocations freed. Prints
@@ -2473,6 +2525,7 @@ int main(int argc, char** argv) {
     const int kernel_us = argc > 3 ? std::atoi(argv[3]) : 30'000;
     return watched_sync(arg ? static_cast<unsigned>(arg) : 3, kernel_us > 0 ? kernel_us : 30'000);
   }
+  if (mode == "trickle") return trickle(static_cast<unsigned>(arg ? arg : 200));
   if (mode == "hog") return hog(arg ? arg : 256);
   if (mode == "resident") return resident(arg ? arg : 8);
   if (mode == "holder") return holder(arg ? arg : 8, HolderCall::kAlloc);

@@ -760,6 +760,39 @@ TEST_CASE("MPSSHIM_SERVER_IDLE sets the workers' idle strategy; a malformed one 
   }
 }
 
+TEST_CASE("a dozing worker collects one-way records, and a client about to wait wakes it",
+          "[e2e][idle]") {
+  // Every spell owing nothing dozes at once, for up to 30 s: a wait that did not wake the
+  // worker would last that long.
+  Daemon daemon({}, {{"MPSSHIM_SERVER_DOZE", "0,30000000,1"}});
+  Child trickling({client(), "trickle", "200"}, daemon.client_env(), true);
+  INFO("stdout: " << trickling.out() << "\ndaemon log:\n" << daemon.log());
+  REQUIRE(trickling.wait_for_output("READY", 60s));
+  const std::string& out = trickling.out();
+  const auto at = out.find("elapsed_us=");
+  REQUIRE(at != std::string::npos);
+  const long long elapsed_us = std::stoll(out.substr(at + 11));
+  // 200 launches 30 us apart and 128 MiB of staged copies: well under a second on this path.
+  CHECK(elapsed_us < 15'000'000);
+  Outcome stats = daemon.ctl({"stats", "--json"});
+  INFO("stats --json:\n" << stats.out);
+  REQUIRE(stats.exit_code == 0);
+  const nlohmann::json answer = nlohmann::json::parse(stats.out);
+  REQUIRE(answer["clients"].size() == 1);
+  CHECK(answer["clients"][0]["dozes"].get<long long>() >= 1);
+  trickling.close_stdin();
+  require_pass(trickling.wait(60s), daemon);
+  CHECK(daemon.log().find("workers doze after 0 us of a spell owing nothing, for at most "
+                          "30000000 us, once 1 such spells in a row lasted that long") !=
+        std::string::npos);
+
+  // Malformed: refused with a warning, and the defaults serve.
+  Daemon refused({}, {{"MPSSHIM_SERVER_DOZE", "5,0,4"}});
+  require_pass(run_client(refused, {client(), "basic", "100000"}), refused);
+  CHECK(refused.log().find("MPSSHIM_SERVER_DOZE=\"5,0,4\" is not DOZE_AFTER,DOZE") !=
+        std::string::npos);
+}
+
 TEST_CASE("clients killed at random points leave the server and the busy clients unharmed",
           "[e2e][threaded]") {
   Daemon daemon({"--server-workers", "4"});

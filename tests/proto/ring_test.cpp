@@ -156,3 +156,31 @@ TEST_CASE("two processes pass a million records through a small ring", "[ring][f
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
 }
+
+TEST_CASE("a sleeping consumer is woken by every commit, a dozing one only by awaited ones",
+          "[ring]") {
+  SharedRing ring(256);
+  RingProducer producer(ring.ctl, ring.capacity);
+  RingConsumer sut(ring.ctl, ring.capacity);
+  auto commit_one = [&](bool awaited) {
+    std::byte* at = producer.try_reserve(record_bytes(4));
+    REQUIRE(at != nullptr);
+    write_record(at, record_bytes(4), 7, 1);
+    return producer.commit(awaited);
+  };
+  CHECK_FALSE(commit_one(true));  // awake: nobody to wake
+  sut.prepare_sleep();
+  CHECK(commit_one(false));
+  CHECK(commit_one(true));
+  sut.prepare_doze();
+  CHECK_FALSE(commit_one(false));  // collected when the doze ends
+  CHECK(commit_one(true));
+  sut.end_sleep();
+  CHECK_FALSE(commit_one(true));
+  int records = 0;
+  for (Peeked p = sut.peek(); p.status == PeekStatus::kRecord; p = sut.peek()) {
+    ++records;
+    sut.release();
+  }
+  CHECK(records == 6);
+}

@@ -1,6 +1,7 @@
 // The workers' idle strategy (broker/server/core/idle_strategy.hpp) on a clock the test moves:
-// when a spell spins, yields and parks, and how spells owing only watched fences that outlast
-// their spin and yield make the next such spell park at once, until one ends sooner.
+// when a spell spins, yields and parks, how spells owing only watched fences that outlast
+// their spin and yield make the next such spell park at once, until one ends sooner, and how a
+// client trickling records makes spells owing nothing doze.
 #include "broker/server/core/idle_strategy.hpp"
 
 #include <catch2/catch.hpp>
@@ -21,7 +22,13 @@ Clock::time_point read_fake_clock() {
 
 struct CountingParker final : Parker {
   std::vector<nanoseconds> timeouts;
+  std::vector<nanoseconds> dozes;
+  bool can_doze = true;  // false: a client too old to ring only for what it waits on
   void park(nanoseconds timeout, nanoseconds) override { timeouts.push_back(timeout); }
+  bool doze(nanoseconds timeout) override {
+    dozes.push_back(timeout);
+    return can_doze;
+  }
 };
 
 BackoffIdleStrategy::Config config() {
@@ -157,6 +164,73 @@ TEST_CASE("park_at_once_after 0 always spins first", "[server][idle_strategy]") 
   loop.strategy = BackoffIdleStrategy(c, &read_fake_clock);
   fake_now = Clock::time_point{} + std::chrono::seconds(1);
   for (int i = 0; i < 10; ++i) CHECK_FALSE(loop.spell(GpuWait::kWatched, microseconds(600)));
+}
+
+TEST_CASE("spells owing nothing doze once the client has been trickling; a quick record undoes it",
+          "[server][idle_strategy]") {
+  Loop loop;  // doze after 5 us once 4 such spells in a row lasted that long; dozes of 15 us
+  fake_now = Clock::time_point{} + std::chrono::seconds(1);
+  // A client sending a record every 15 us: the first four spells spin through their gaps.
+  for (int i = 0; i < 4; ++i) {
+    loop.spell(GpuWait::kNone, microseconds(15));
+    CHECK(loop.strategy.trickling_spells() == unsigned(i + 1));
+  }
+  CHECK(loop.parker.dozes.empty());
+  // The fifth spins until 5 us, then dozes, once.
+  const auto start = fake_now + microseconds(1);
+  CHECK_FALSE(loop.idle_at(start, microseconds(0), GpuWait::kNone));
+  CHECK_FALSE(loop.idle_at(start, microseconds(4), GpuWait::kNone));
+  CHECK(loop.parker.dozes.empty());
+  CHECK_FALSE(loop.idle_at(start, microseconds(5), GpuWait::kNone));
+  REQUIRE(loop.parker.dozes.size() == 1);
+  CHECK(loop.parker.dozes.back() == microseconds(15));
+  // A doze that found nothing: the spell goes on as before, parking once past its yield.
+  CHECK_FALSE(loop.idle_at(start, microseconds(21), GpuWait::kNone));
+  CHECK(loop.idle_at(start, microseconds(50), GpuWait::kNone));
+  CHECK(loop.parker.dozes.size() == 1);
+  fake_now = start + microseconds(300);
+  loop.strategy.idle(1, GpuWait::kNone, false, loop.parker);
+  CHECK(loop.strategy.trickling_spells() == 4);  // capped
+
+  // Spells owing GPU work never doze and leave the count alone.
+  loop.spell(GpuWait::kWatched, microseconds(600));
+  loop.spell(GpuWait::kPolled, microseconds(600));
+  CHECK(loop.parker.dozes.size() == 1);
+  CHECK(loop.strategy.trickling_spells() == 4);
+
+  // A record that comes back within 5 us (a launch's synchronize) brings the spin back.
+  loop.spell(GpuWait::kNone, microseconds(3));
+  CHECK(loop.strategy.trickling_spells() == 0);
+  for (int i = 0; i < 4; ++i) loop.spell(GpuWait::kNone, microseconds(15));
+  CHECK(loop.parker.dozes.size() == 1);
+  loop.spell(GpuWait::kNone, microseconds(15));
+  CHECK(loop.parker.dozes.size() == 2);
+}
+
+TEST_CASE("a worker that cannot doze spins, yields and parks as before",
+          "[server][idle_strategy]") {
+  Loop loop;
+  loop.parker.can_doze = false;
+  fake_now = Clock::time_point{} + std::chrono::seconds(1);
+  for (int i = 0; i < 4; ++i) loop.spell(GpuWait::kNone, microseconds(15));
+  const auto start = fake_now + microseconds(1);
+  CHECK_FALSE(loop.idle_at(start, microseconds(0), GpuWait::kNone));
+  CHECK_FALSE(loop.idle_at(start, microseconds(5), GpuWait::kNone));
+  CHECK(loop.parker.dozes.size() == 1);
+  CHECK_FALSE(loop.idle_at(start, microseconds(10), GpuWait::kNone));
+  CHECK(loop.parker.dozes.size() == 1);  // tried once a spell
+  REQUIRE(loop.idle_at(start, microseconds(50), GpuWait::kNone));
+  CHECK(loop.parker.timeouts.back() < nanoseconds(0));
+}
+
+TEST_CASE("doze_after_spells 0 never dozes", "[server][idle_strategy]") {
+  auto c = config();
+  c.doze_after_spells = 0;
+  Loop loop;
+  loop.strategy = BackoffIdleStrategy(c, &read_fake_clock);
+  fake_now = Clock::time_point{} + std::chrono::seconds(1);
+  for (int i = 0; i < 10; ++i) loop.spell(GpuWait::kNone, microseconds(600));
+  CHECK(loop.parker.dozes.empty());
 }
 
 }  // namespace

@@ -107,15 +107,16 @@ std::string format_session_stats(const Session& session) {
   return fmt::format(
       "client={} pid={} uid={} program={} records={} server_us={} delay_samples={} "
       "delay_p50_us={} delay_p99_us={} delay_max_us={} batches={} batched={} fence_watches={} "
-      "watch_wakes={} images_shared={} "
+      "watch_wakes={} dozes={} images_shared={} "
       "images_shared_bytes={} images_private={} images_private_bytes={} top={}\n",
       session.client.id, session.client.pid, session.client.uid, one_word(session.client.program),
       stats.records(), stats.handler_ns() / 1000, stats.delay_samples(),
       delay_us(stats, stats.delay_percentile_ns(0.50)),
       delay_us(stats, stats.delay_percentile_ns(0.99)),
       delay_us(stats, static_cast<double>(stats.delay_max_ns())), stats.batches, stats.batched,
-      stats.fence_watches, stats.watch_wakes, stats.images_shared, stats.images_shared_bytes,
-      stats.images_private, stats.images_private_bytes, top.empty() ? "-" : top);
+      stats.fence_watches, stats.watch_wakes, stats.dozes, stats.images_shared,
+      stats.images_shared_bytes, stats.images_private, stats.images_private_bytes,
+      top.empty() ? "-" : top);
 }
 
 }  // namespace mpsshim::server

@@ -50,6 +50,9 @@ struct SessionStats {
   // of their fence while it slept, and doorbells the client rang because a watched fence landed.
   std::uint64_t fence_watches = 0;
   std::uint64_t watch_wakes = 0;
+  // Dozes of its worker while serving it (idle_strategy.hpp): naps during which its one-way
+  // records collected unannounced, to go out together when the nap ended.
+  std::uint64_t dozes = 0;
   // Kernel images the session loaded (op_image_load), and their bytes: libraries it shares with
   // other sessions (found in the image cache or published there, image_cache.hpp), and libraries
   // and modules loaded for it alone (variables in them, a module, or sharing off). The driver

@@ -94,6 +94,7 @@ void Server::admit(const proto::ServerAdmit& admit, proto::UniqueFd client) {
              percentage, std::clamp(percentage, 1, 100));
   }
   s.launch_batching = (hello.flags & proto::kHelloNoLaunchBatching) == 0;
+  s.rings_when_awaited = hello.header.abi_minor >= proto::kAbiMinorDoze;
   s.busy.on = settings_.busy_time;
   s.fences.use_words = settings_.host_fences;
   s.fences.event_poll = settings_.event_poll;

@@ -10,6 +10,11 @@ namespace mpsshim::server {
 
 void BackoffIdleStrategy::end_spell(Clock::time_point now) {
   idle_ = false;
+  if (spell_owed_nothing_) {
+    trickling_spells_ = now - idle_since_ >= config_.doze_after
+                            ? std::min(trickling_spells_ + 1, config_.doze_after_spells)
+                            : 0;
+  }
   if (!spell_watched_) return;
   // A spell that parked at once is judged as if it had spun: had work come back within the
   // spin and yield, spinning would have caught it.
@@ -31,6 +36,8 @@ void BackoffIdleStrategy::idle(std::size_t work, GpuWait gpu, bool crowded, Park
     spell_watched_ = gpu == GpuWait::kWatched;
     park_at_once_ = spell_watched_ && config_.park_at_once_after != 0 &&
                     long_watched_spells_ >= config_.park_at_once_after;
+    spell_owed_nothing_ = gpu == GpuWait::kNone;
+    dozed_ = false;
   }
   const bool polled = gpu == GpuWait::kPolled;
   if (polled && spell_watched_) {
@@ -40,6 +47,11 @@ void BackoffIdleStrategy::idle(std::size_t work, GpuWait gpu, bool crowded, Park
     long_watched_spells_ = 0;
   }
   auto idle_for = now - idle_since_;
+  if (gpu == GpuWait::kNone && spell_owed_nothing_ && !dozed_ && config_.doze_after_spells != 0 &&
+      trickling_spells_ >= config_.doze_after_spells && idle_for >= config_.doze_after) {
+    dozed_ = true;
+    if (parker.doze(config_.doze)) return;
+  }
   // What is owed can change within a spell: it parks at once only while it owes nothing but
   // watched fences.
   if (!(park_at_once_ && gpu == GpuWait::kWatched)) {

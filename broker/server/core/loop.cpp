@@ -14,6 +14,7 @@
 #include <ctime>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 #include "broker/server/core/server.hpp"
 #include "broker/server/driver/driver.hpp"
@@ -367,10 +368,41 @@ BackoffIdleStrategy::Config idle_config() {
   return config;
 }
 
+// MPSSHIM_SERVER_DOZE="DOZE_AFTER,DOZE,SPELLS" (microseconds, microseconds, a count) or "off":
+// when a worker whose clients trickle records dozes (idle_strategy.hpp), for measuring it
+// (docs/environment.md); unset or malformed: the defaults.
+void read_doze_config(BackoffIdleStrategy::Config& config) {
+  const char* text = std::getenv("MPSSHIM_SERVER_DOZE");
+  if (text == nullptr || *text == '\0') return;
+  if (std::string_view(text) == "off") {
+    config.doze_after_spells = 0;
+    log_info("workers never doze (MPSSHIM_SERVER_DOZE=off)");
+    return;
+  }
+  long after = -1, nap = -1, spells = -1;
+  char tail = 0;
+  if (std::sscanf(text, "%ld,%ld,%ld%c", &after, &nap, &spells, &tail) != 3 || after < 0 ||
+      nap <= 0 || nap > 1'000'000'000 || spells < 0 || spells > 1000) {
+    log_warn(
+        "MPSSHIM_SERVER_DOZE=\"{}\" is not DOZE_AFTER,DOZE in microseconds (DOZE 1 to "
+        "1000000000),SPELLS (0 to 1000) or off; the defaults apply",
+        text);
+    return;
+  }
+  config.doze_after = std::chrono::microseconds(after);
+  config.doze = std::chrono::microseconds(nap);
+  config.doze_after_spells = static_cast<unsigned>(spells);
+  log_info(
+      "workers doze after {} us of a spell owing nothing, for at most {} us, once {} such spells "
+      "in a row lasted that long (MPSSHIM_SERVER_DOZE)",
+      after, nap, spells);
+}
+
 }  // namespace
 
 int Server::run(const std::atomic<bool>& stop) {
-  const BackoffIdleStrategy::Config idle = idle_config();
+  BackoffIdleStrategy::Config idle = idle_config();
+  read_doze_config(idle);
   for (auto& worker : workers_) worker->start(std::make_unique<BackoffIdleStrategy>(idle));
   log_info("{} worker thread(s) serve the clients", workers_.size());
   int code = 0;

@@ -432,6 +432,35 @@ void Worker::park(std::chrono::nanoseconds timeout, std::chrono::nanoseconds pol
   }
 }
 
+bool Worker::doze(std::chrono::nanoseconds timeout) {
+  for (auto& s : sessions_) {
+    if (s->life.state == SessionState::kActive && !s->rings_when_awaited) return false;
+  }
+  bool ready = has_mail_.load(std::memory_order_acquire) || server_.faulted();
+  for (auto& s : sessions_) {
+    if (s->life.state == SessionState::kActive) s->ring.prepare_doze();
+  }
+  // As in park(): a record committed before its client saw the doze is seen here, and one
+  // committed after it rings if its client waits for it.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  for (auto& s : sessions_) {
+    if (s->life.state != SessionState::kActive || s->suspension.on || in_flight_at_cap(*s)) {
+      continue;
+    }
+    if (s->ring.peek().status != proto::PeekStatus::kEmpty) ready = true;
+  }
+  if (!ready) {
+    poll_io(timeout);
+    next_io_poll_ = std::chrono::steady_clock::now() + kIoPollInterval;
+  }
+  for (auto& s : sessions_) {
+    if (s->life.state != SessionState::kActive) continue;
+    s->ring.end_sleep();
+    if (!ready) ++s->stats.dozes;
+  }
+  return true;
+}
+
 // ---- the thread -----------------------------------------------------------------------------
 
 void Worker::start(std::unique_ptr<IdleStrategy> idle) {

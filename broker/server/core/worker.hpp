@@ -44,6 +44,7 @@ class Worker final : public Parker {
   // One pass; returns the amount of work done (0 = idle).
   std::size_t do_work();
   void park(std::chrono::nanoseconds timeout, std::chrono::nanoseconds poll_nap) override;
+  bool doze(std::chrono::nanoseconds timeout) override;
   // What the sessions' owed GPU work needs of the idle loop (fence_watch.hpp).
   GpuWait gpu_wait() const;
 

@@ -275,6 +275,9 @@ class Session {
   // False when the client asked for its launches to go out one by one (MPSSHIM_LAUNCH_BATCHING=off
   // in its environment: kHelloNoLaunchBatching).
   bool launch_batching = true;
+  // Its client rings a dozing worker only for records it waits on (proto::kAbiMinorDoze);
+  // an older one rings for every record, which ends every doze at once.
+  bool rings_when_awaited = false;
   // Its per-client caps (ServerSettings::client_limits, copied at admission; limit_check.hpp).
   ClientLimits limits;
   RefusalsLogged refusals_logged;  // session_parts.hpp
