@@ -14,15 +14,34 @@ ServerSettings idle_timeout(std::chrono::milliseconds timeout) {
 
 }  // namespace
 
-TEST_CASE("a server without clients holds no primary context", "[server][context]") {
-  Harness h(idle_timeout(std::chrono::hours(1)));
-  REQUIRE(fake_gpu().primary_refs == 1);  // open_gpu's, for the snapshot
-
-  h.pump(1);
-
-  CHECK(fake_gpu().primary_refs == 0);
-  CHECK_FALSE(h.server->context_held());
-  CHECK(h.logged("released the primary context (no client yet)"));
+TEST_CASE("the context made at start is kept for the idle timeout, then released",
+          "[server][context]") {
+  SECTION("within the timeout a first client finds it") {
+    Harness h(idle_timeout(std::chrono::hours(1)));
+    REQUIRE(fake_gpu().primary_refs == 1);  // open_gpu's, for the snapshot
+    h.pump();
+    CHECK(h.server->context_held());
+    TestClient client(h);
+    REQUIRE(client.connected());
+    CHECK(fake_gpu().primary_refs == 1);
+    CHECK(client.create_context().ctx != 0);
+    CHECK(h.count_logged("retained the primary context for a client") == 0);
+  }
+  SECTION("after it, with no client, the server holds none") {
+    constexpr auto kTimeout = std::chrono::milliseconds(300);
+    const auto started = std::chrono::steady_clock::now();
+    Harness h(idle_timeout(kTimeout));
+    REQUIRE(h.pump_until([&] { return !h.server->context_held(); }));
+    CHECK(std::chrono::steady_clock::now() - started >= kTimeout);
+    CHECK(fake_gpu().primary_refs == 0);
+    CHECK(h.logged("released the primary context (no client since the server's start)"));
+  }
+  SECTION("a timeout of 0 releases it at once") {
+    Harness h(idle_timeout(std::chrono::milliseconds(0)));
+    h.pump(1);
+    CHECK_FALSE(h.server->context_held());
+    CHECK(fake_gpu().primary_refs == 0);
+  }
 }
 
 TEST_CASE("the first client retains the context and the last one's leaving releases it",

@@ -87,7 +87,8 @@ constexpr std::array kOptions{
                  .default_value = "10",
                  .help =
                      "release the primary context (~500 MiB of GPU memory) after SECS without a "
-                     "client; 0: as the last client leaves; -1: never"},
+                     "client, the server's start counting as a client's leaving; 0: as the last "
+                     "client leaves; -1: never"},
     ServerOption{.setting = kSpinClients,
                  .flag = "spin-clients",
                  .value_name = "N",

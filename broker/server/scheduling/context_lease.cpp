@@ -8,10 +8,15 @@ namespace mpsshim::server {
 
 ContextLease::ContextLease(Gpu& gpu, GreenContextPool& green_pool,
                            std::chrono::milliseconds idle_timeout, ParkPool* park_pool)
-    : gpu_(gpu), green_pool_(green_pool), idle_timeout_(idle_timeout), park_pool_(park_pool) {}
+    : gpu_(gpu),
+      green_pool_(green_pool),
+      idle_timeout_(idle_timeout),
+      park_pool_(park_pool),
+      idle_since_(Clock::now()) {}
 
 tl::expected<void, std::string> ContextLease::acquire() {
   idle_ = false;
+  served_ = true;
   if (held()) {
     if (park_pool_ != nullptr) park_pool_->fill(gpu_.primary);  // the context open_gpu retained
     return {};
@@ -45,9 +50,8 @@ void ContextLease::check(std::size_t sessions, Clock::time_point now) {
     idle_since_ = now;
   }
   if (!held() || idle_timeout_.count() < 0) return;
-  if (idle_since_ != Clock::time_point::min() && now - idle_since_ < idle_timeout_) return;
-  release(idle_since_ == Clock::time_point::min() ? "no client yet"
-                                                  : "no client for the idle timeout");
+  if (now - idle_since_ < idle_timeout_) return;
+  release(served_ ? "no client for the idle timeout" : "no client since the server's start");
 }
 
 void ContextLease::release(const char* why) {

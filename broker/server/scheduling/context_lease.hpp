@@ -4,6 +4,13 @@
 // context's creation once (544 ms measured on an H100). A negative timeout keeps it for the
 // server's life.
 //
+// The context open_gpu retained at the server's start counts as one a client just left: it is
+// kept for `idle_timeout` too. A daemon is often started just before its first client (a job
+// script, a container's entry point), which would otherwise wait for the context the server had
+// in hand seconds earlier: on an H200 the first PyTorch client after a start took 1.47-1.60 s
+// from `import torch` to its first result with the context released at start, 0.82-1.00 s with
+// it kept, natively 0.86-1.29 s (docs/benchmarks.md, "Start to first result").
+//
 // Owned by the coordinator thread. Workers read Gpu::primary only while they own a session:
 // a retain happens before the new session is handed over (the worker's mailbox orders it), a
 // release only once every worker's load is 0 (Worker::load_ orders it after their last use).
@@ -45,9 +52,10 @@ class ContextLease {
   GreenContextPool& green_pool_;
   std::chrono::milliseconds idle_timeout_;
   ParkPool* park_pool_;
-  // When the last session went away; min(): none was ever served, release at the first check.
-  Clock::time_point idle_since_ = Clock::time_point::min();
+  // When the last session went away, or the server started if none was ever served.
+  Clock::time_point idle_since_;
   bool idle_ = true;
+  bool served_ = false;  // whether any client was ever admitted (for the release's log line)
 };
 
 }  // namespace mpsshim::server
