@@ -84,7 +84,7 @@ constexpr std::array kOptions{
                  .kind = kNumber,
                  .min = -1,
                  .max = kSecondsCap,
-                 .default_value = "10",
+                 .default_value = "60",
                  .help =
                      "release the primary context (~500 MiB of GPU memory) after SECS without a "
                      "client, the server's start counting as a client's leaving; 0: as the last "

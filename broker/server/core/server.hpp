@@ -64,8 +64,10 @@ struct ServerSettings {
   // mpsshim-server --client-limit NAME=N).
   ClientLimits client_limits;
   // The primary context is released after this long without a client (context_lease.hpp);
-  // negative: kept for the server's life.
-  std::chrono::milliseconds context_idle_timeout{std::chrono::seconds(10)};
+  // negative: kept for the server's life. As long as shared library images are kept by
+  // default (image_idle_timeout), which go with the context, and longer than a PyTorch
+  // program's import (7-12 s on an H200 host), so that one started with the daemon finds it.
+  std::chrono::milliseconds context_idle_timeout{std::chrono::seconds(60)};
   // Below-normal clients held back while normal ones have work in flight (priority_gate.hpp;
   // mpsshim-server --priority-scheduling).
   PrioritySettings priority;

@@ -9,7 +9,8 @@
 // script, a container's entry point), which would otherwise wait for the context the server had
 // in hand seconds earlier: on an H200 the first PyTorch client after a start took 1.47-1.60 s
 // from `import torch` to its first result with the context released at start, 0.82-1.00 s with
-// it kept, natively 0.86-1.29 s (docs/benchmarks.md, "Start to first result").
+// it kept, natively 0.86-1.29 s (docs/benchmarks.md, "Start to first result"). Such a client's
+// import alone takes 7-12 s there, and a 10 s timeout missed 3 of 12 such clients.
 //
 // Owned by the coordinator thread. Workers read Gpu::primary only while they own a session:
 // a retain happens before the new session is handed over (the worker's mailbox orders it), a
