@@ -8,8 +8,8 @@
 // kept for `idle_timeout` too. A daemon is often started just before its first client (a job
 // script, a container's entry point), which would otherwise wait for the context the server had
 // in hand seconds earlier: on an H200 the first PyTorch client after a start took 1.47-1.60 s
-// from `import torch` to its first result with the context released at start, 0.82-1.00 s with
-// it kept, natively 0.86-1.29 s (docs/benchmarks.md, "Start to first result"). Such a client's
+// from `import torch` to its first result with the context released at start, 0.55-1.04 s with
+// it kept, natively 0.83-1.29 s (docs/benchmarks.md, "Start to first result"). Such a client's
 // import alone takes 7-12 s there, and a 10 s timeout missed 3 of 12 such clients.
 //
 // Owned by the coordinator thread. Workers read Gpu::primary only while they own a session:
