@@ -17,17 +17,17 @@ void reserve_address_windows() noexcept {
   std::string why;
   if (!proto::reserve_range(proto::kArenaWindowBase, proto::kArenaWindowBytes, &why)) {
     log_warn(
-        "could not reserve the device address window {:#x} + {} TiB ({}): a host allocation of "
+        "could not reserve the device address window {:#x} + {} ({}): a host allocation of "
         "this process may take an address a GPU uses, and copies would then mistake one for the "
         "other",
-        proto::kArenaWindowBase, proto::kArenaWindowBytes >> 40, why);
+        proto::kArenaWindowBase, format_bytes(proto::kArenaWindowBytes), why);
   }
   g_pinned_window = proto::reserve_range(proto::kPinnedWindowBase, proto::kPinnedWindowBytes, &why);
   if (!g_pinned_window) {
     log_info(
-        "pinned host memory not placed in the shared window {:#x} + {} TiB ({}): a kernel given "
+        "pinned host memory not placed in the shared window {:#x} + {} ({}): a kernel given "
         "the host pointer of cuMemHostAlloc memory (not cuMemHostGetDevicePointer's) may fault",
-        proto::kPinnedWindowBase, proto::kPinnedWindowBytes >> 40, why);
+        proto::kPinnedWindowBase, format_bytes(proto::kPinnedWindowBytes), why);
   }
 }
 

@@ -9,7 +9,7 @@
 namespace mpsshim::shim {
 
 // Once per process (a forked child inherits the reservations). A window that is taken or may
-// not be mapped (RLIMIT_AS, ThreadSanitizer's address layout) is logged; the shim works on.
+// not be mapped (RLIMIT_AS) is logged; the shim works on.
 void reserve_address_windows() noexcept;
 
 // Whether the pinned window is this process's: cuMemHostAlloc then maps where the server says.

@@ -6,27 +6,8 @@
 #include <cstring>
 
 namespace mpsshim::proto {
-namespace {
-
-#if defined(__SANITIZE_THREAD__)
-constexpr bool kThreadSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-constexpr bool kThreadSanitizer = true;
-#else
-constexpr bool kThreadSanitizer = false;
-#endif
-#else
-constexpr bool kThreadSanitizer = false;
-#endif
-
-}  // namespace
 
 bool reserve_range(std::uint64_t base, std::uint64_t bytes, std::string* why) noexcept {
-  if (kThreadSanitizer) {
-    if (why) *why = "ThreadSanitizer build";
-    return false;
-  }
   void* want = reinterpret_cast<void*>(base);
   void* got = ::mmap(want, bytes, PROT_NONE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);

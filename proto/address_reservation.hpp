@@ -9,8 +9,9 @@
 namespace mpsshim::proto {
 
 // Reserves [base, base + bytes) PROT_NONE, never replacing a mapping. False with the reason in
-// `why` when part of it is taken or the process may not map it (RLIMIT_AS; a ThreadSanitizer
-// build, whose mmap would put a refused MAP_FIXED_NOREPLACE range at address 0).
+// `why` when part of it is taken or the process may not map it (RLIMIT_AS). Under ThreadSanitizer
+// the range must lie inside TSan's application ranges (the windows of a TSan build do): its mmap
+// would put a MAP_FIXED_NOREPLACE range outside them at address 0 and abort.
 bool reserve_range(std::uint64_t base, std::uint64_t bytes, std::string* why) noexcept;
 
 // Turns a mapping inside a reserved range back into reservation (PROT_NONE, no memory), so the

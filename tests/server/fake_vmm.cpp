@@ -28,9 +28,9 @@ void add_vmm_fakes(DriverTable& t) {
   };
   t.cuMemAddressReserve = [](CUdeviceptr* p, std::size_t bytes, std::size_t, CUdeviceptr want,
                              unsigned long long) {
-    // No room for the server's window of arenas (16 TiB at a fixed address): the in-process server
-    // tests run the driver-placed path; device_heap_test and the e2e tests (on the test driver) the
-    // arena's.
+    // No room for the server's window of arenas (kArenaWindowBytes at a fixed address): the
+    // in-process server tests run the driver-placed path; device_heap_test and the e2e tests (on
+    // the test driver) the arena's.
     if (proto::arena_holding(want) >= 0 && bytes >= proto::kArenaBytes) {
       return CUDA_ERROR_OUT_OF_MEMORY;
     }

@@ -8,6 +8,18 @@
 namespace mpsshim::testdriver {
 namespace {
 
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kThreadSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+constexpr bool kThreadSanitizer = true;
+#else
+constexpr bool kThreadSanitizer = false;
+#endif
+#else
+constexpr bool kThreadSanitizer = false;
+#endif
+
 // Where a real GPU's allocations tend to appear in a UVA process: high, clear of the heap and of
 // the libraries, so a device pointer printed in a log looks like one.
 constexpr std::uintptr_t kAddressHint = 0x7e0000000000;
@@ -32,6 +44,19 @@ std::byte* map_none(void* hint, std::size_t size, int extra_flags) {
 
 }  // namespace
 
+std::byte* reserve_exactly(std::uintptr_t address, std::size_t size) {
+  if (!kThreadSanitizer) {
+    return map_none(reinterpret_cast<void*>(address), size, MAP_FIXED_NOREPLACE);
+  }
+  // TSan's mmap drops a hint outside its application ranges but keeps MAP_FIXED_NOREPLACE, so the
+  // kernel maps at address 0 (as root) and TSan aborts. A bare hint asks the kernel for the same
+  // (that range when it is free, or elsewhere) and TSan only drops it.
+  std::byte* p = map_none(reinterpret_cast<void*>(address), size, 0);
+  if (p == nullptr || reinterpret_cast<std::uintptr_t>(p) == address) return p;
+  munmap(p, size);
+  return nullptr;
+}
+
 DeviceMemory::~DeviceMemory() {
   if (device_range_ != nullptr) munmap(device_range_, size_);
   if (shadow_ != nullptr) munmap(shadow_, size_);
@@ -48,8 +73,8 @@ bool DeviceMemory::ensure_mapped() {
   static unsigned placed = 0;
   // A gigabyte of unmapped gap between devices, so running off one device's end faults.
   const std::size_t stride = align_up(size_, kGiB) + kGiB;
-  auto* hint = reinterpret_cast<void*>(kAddressHint + placed++ * stride);
-  if (kHonourAddressHints) device_range_ = map_none(hint, size_, MAP_FIXED_NOREPLACE);
+  const std::uintptr_t hint = kAddressHint + placed++ * stride;
+  device_range_ = reserve_exactly(hint, size_);
   if (device_range_ == nullptr) device_range_ = map_none(nullptr, size_, 0);
   shadow_ = map_none(nullptr, size_, 0);
   if (device_range_ == nullptr || shadow_ == nullptr) return false;

@@ -16,20 +16,10 @@
 
 namespace mpsshim::testdriver {
 
-// Not under ThreadSanitizer: addresses such as 0x7e0000000000 are outside its application
-// ranges, and its mmap drops such a hint but keeps MAP_FIXED_NOREPLACE, so the kernel maps at
-// address 0 (as root) and TSan aborts. The kernel chooses instead.
-#if defined(__SANITIZE_THREAD__)
-inline constexpr bool kHonourAddressHints = false;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-inline constexpr bool kHonourAddressHints = false;
-#else
-inline constexpr bool kHonourAddressHints = true;
-#endif
-#else
-inline constexpr bool kHonourAddressHints = true;
-#endif
+// PROT_NONE addresses [address, address + size), or nullptr when any of them is taken (or, under
+// ThreadSanitizer, outside the ranges TSan lets a program map: such an address is not available
+// there, as a taken one is not).
+std::byte* reserve_exactly(std::uintptr_t address, std::size_t size);
 
 class DeviceMemory {
  public:

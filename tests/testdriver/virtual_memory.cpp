@@ -39,16 +39,15 @@ std::uintptr_t next_reservation = kFirstReservation;  // under State::mutex
 
 // `size` bytes of PROT_NONE addresses aligned to `alignment`, at `wish` when that is free.
 std::byte* reserve_aligned(std::size_t size, std::size_t alignment, std::uintptr_t wish) {
-  if (!kHonourAddressHints) wish = 0;
-  if (wish == 0 && kHonourAddressHints) {
+  if (wish == 0) {
     const std::uintptr_t at = (next_reservation + alignment - 1) / alignment * alignment;
-    if (std::byte* p = map_none(reinterpret_cast<void*>(at), size, MAP_FIXED_NOREPLACE)) {
+    if (std::byte* p = reserve_exactly(at, size)) {
       next_reservation = at + size;
       return p;
     }
   }
   if (wish != 0 && wish % alignment == 0) {
-    if (std::byte* p = map_none(reinterpret_cast<void*>(wish), size, MAP_FIXED_NOREPLACE)) return p;
+    if (std::byte* p = reserve_exactly(wish, size)) return p;
   }
   std::byte* raw = map_none(nullptr, size + alignment, 0);
   if (raw == nullptr) return nullptr;

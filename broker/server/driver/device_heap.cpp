@@ -46,8 +46,8 @@ std::unique_ptr<DeviceHeap> DeviceHeap::open(const DriverTable& cu, CUdevice dev
   CUdeviceptr got = 0;
   if (CUresult r = cu.cuMemAddressReserve(&got, proto::kArenaWindowBytes, granularity, want, 0);
       r != CUDA_SUCCESS) {
-    *why = fmt::format("reserving the address window {:#x} + {} TiB: {}", want,
-                       proto::kArenaWindowBytes >> 40, describe(cu, r));
+    *why = fmt::format("reserving the address window {:#x} + {}: {}", want,
+                       format_bytes(proto::kArenaWindowBytes), describe(cu, r));
     return nullptr;
   }
   if (got != want) {
