@@ -2,6 +2,7 @@
 // host-memory test driver, with real processes, sockets and shared memory.
 #include <signal.h>
 #include <sys/personality.h>
+#include <sys/prctl.h>
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -757,6 +758,43 @@ TEST_CASE("MPSSHIM_SERVER_IDLE sets the workers' idle strategy; a malformed one 
     CHECK(daemon.log().find("MPSSHIM_SERVER_IDLE=\"" + std::string(malformed) +
                             "\" is not SPIN,YIELD,PENDING_YIELD,PENDING_NAP in "
                             "microseconds") != std::string::npos);
+  }
+}
+
+TEST_CASE("MPSSHIM_SERVER_TIMER_SLACK sets how late the workers' timed sleeps may end",
+          "[e2e][idle]") {
+  // The line gives the slack worker 0's thread has, read back from the kernel. The daemon and
+  // its server inherit this process's slack (fork and exec keep it).
+  const long long own = ::prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+  REQUIRE(own != 2500);
+  const auto slack_line = [](long long ns, bool set) {
+    return "workers' timed sleeps end at most " + std::to_string(ns) + " ns late (timer slack, " +
+           (set ? "MPSSHIM_SERVER_TIMER_SLACK)" : "the server's own)");
+  };
+  const auto logged = [](const Daemon& daemon, const std::string& line) {
+    return eventually([&] { return daemon.log().find(line) != std::string::npos; });
+  };
+  {
+    Daemon daemon;
+    require_pass(run_client(daemon, {client(), "basic", "100000"}), daemon);
+    CHECK(logged(daemon, slack_line(own, false)));
+  }
+  {
+    Daemon daemon({}, {{"MPSSHIM_SERVER_TIMER_SLACK", "2500"}});
+    require_pass(run_client(daemon, {client(), "basic", "100000"}), daemon);
+    CHECK(logged(daemon, slack_line(2500, true)));
+  }
+  {
+    Daemon daemon({}, {{"MPSSHIM_SERVER_TIMER_SLACK", "inherit"}});
+    require_pass(run_client(daemon, {client(), "basic", "100000"}), daemon);
+    CHECK(logged(daemon, slack_line(own, false)));
+  }
+  for (const char* malformed : {"0", "12us", "-5", "2000000000"}) {
+    Daemon daemon({}, {{"MPSSHIM_SERVER_TIMER_SLACK", malformed}});
+    require_pass(run_client(daemon, {client(), "basic", "100000"}), daemon);
+    CHECK(daemon.log().find("MPSSHIM_SERVER_TIMER_SLACK=\"" + std::string(malformed) +
+                            "\" is not nanoseconds") != std::string::npos);
+    CHECK(logged(daemon, slack_line(own, false)));
   }
 }
 

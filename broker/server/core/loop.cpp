@@ -17,6 +17,7 @@
 #include <string_view>
 
 #include "broker/server/core/server.hpp"
+#include "broker/server/core/timer_slack.hpp"
 #include "broker/server/driver/driver.hpp"
 #include "broker/server/images/image_verdicts.hpp"
 #include "broker/server/scheduling/quota.hpp"
@@ -403,7 +404,11 @@ void read_doze_config(BackoffIdleStrategy::Config& config) {
 int Server::run(const std::atomic<bool>& stop) {
   BackoffIdleStrategy::Config idle = idle_config();
   read_doze_config(idle);
-  for (auto& worker : workers_) worker->start(std::make_unique<BackoffIdleStrategy>(idle));
+  const std::optional<std::chrono::nanoseconds> slack =
+      worker_timer_slack(std::getenv("MPSSHIM_SERVER_TIMER_SLACK"));
+  for (auto& worker : workers_) {
+    worker->start(std::make_unique<BackoffIdleStrategy>(idle), slack);
+  }
   log_info("{} worker thread(s) serve the clients", workers_.size());
   int code = 0;
   while (!finished()) {

@@ -12,6 +12,7 @@
 #include <ctime>
 
 #include "broker/server/core/server.hpp"
+#include "broker/server/core/timer_slack.hpp"
 #include "broker/server/driver/driver.hpp"
 #include "broker/server/ops/dispatch.hpp"
 #include "broker/server/scheduling/priority_reserve.hpp"
@@ -463,7 +464,8 @@ bool Worker::doze(std::chrono::nanoseconds timeout) {
 
 // ---- the thread -----------------------------------------------------------------------------
 
-void Worker::start(std::unique_ptr<IdleStrategy> idle) {
+void Worker::start(std::unique_ptr<IdleStrategy> idle,
+                   std::optional<std::chrono::nanoseconds> timer_slack) {
   if (thread_.joinable()) return;
   exit_.store(false, std::memory_order_relaxed);
   // Signals go to the coordinator (main thread): its epoll_wait returns on SIGTERM.
@@ -471,7 +473,9 @@ void Worker::start(std::unique_ptr<IdleStrategy> idle) {
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, &previous);
   threaded_.store(true, std::memory_order_release);
-  thread_ = std::thread([this, idle = std::move(idle)]() mutable { loop(std::move(idle)); });
+  thread_ = std::thread([this, idle = std::move(idle), timer_slack]() mutable {
+    loop(std::move(idle), timer_slack);
+  });
   pthread_sigmask(SIG_SETMASK, &previous, nullptr);
 }
 
@@ -483,10 +487,16 @@ void Worker::stop() {
   threaded_.store(false, std::memory_order_release);
 }
 
-void Worker::loop(std::unique_ptr<IdleStrategy> idle) {
+void Worker::loop(std::unique_ptr<IdleStrategy> idle,
+                  std::optional<std::chrono::nanoseconds> timer_slack) {
   char name[16];
   std::snprintf(name, sizeof name, "mpsshim-w%zu", index_);
   ::pthread_setname_np(::pthread_self(), name);
+  const std::chrono::nanoseconds slack = set_thread_timer_slack(timer_slack);
+  if (index_ == 0) {
+    log_info("workers' timed sleeps end at most {} ns late (timer slack, {})", slack.count(),
+             timer_slack ? "MPSSHIM_SERVER_TIMER_SLACK" : "the server's own");
+  }
   // The primary context is made current by serve(), once a session arrives.
   while (!exit_.load(std::memory_order_acquire)) {
     std::size_t work = do_work();

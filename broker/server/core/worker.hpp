@@ -19,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -70,8 +71,10 @@ class Worker final : public Parker {
   std::size_t index() const { return index_; }
 
   // Starts the thread (primary context current, signals blocked) running passes under `idle`
-  // until stop(); without start() the server runs passes inline (tests).
-  void start(std::unique_ptr<IdleStrategy> idle);
+  // until stop(), its timed sleeps at most `timer_slack` late (timer_slack.hpp; nullopt: the
+  // server's); without start() the server runs passes inline (tests).
+  void start(std::unique_ptr<IdleStrategy> idle,
+             std::optional<std::chrono::nanoseconds> timer_slack = std::nullopt);
   void stop();  // joins
   // Set before the thread starts and cleared after it was joined: the worker's own thread and
   // the coordinator may both ask (thread_ itself is the coordinator's).
@@ -81,7 +84,8 @@ class Worker final : public Parker {
   // epoll_event.data.u64: client id << 2 | source.
   enum Source : std::uint64_t { kMailbox = 0, kSocket = 1, kDoorbell = 2 };
 
-  void loop(std::unique_ptr<IdleStrategy> idle);
+  void loop(std::unique_ptr<IdleStrategy> idle,
+            std::optional<std::chrono::nanoseconds> timer_slack);
   std::size_t take_mail();
   void serve(std::unique_ptr<Session> session);
   // Stores Server::crowded() in every session's control block when it changed.
