@@ -1908,6 +1908,8 @@ int stream_mem_ops() {
   CHECK(cuMemAlloc(&out, 16));
   CHECK(cuMemsetD8(flags, 0, 64));
   CHECK(cuMemsetD8(out, 0, 16));
+  // The memsets run on the NULL stream, which the non-blocking streams below do not wait for.
+  CHECK(cuCtxSynchronize());
   bool ok = true;
 
   CHECK(cuStreamWaitValue32(waiter, flags, 1, CU_STREAM_WAIT_VALUE_GEQ));

@@ -123,6 +123,9 @@ int events_hosts() {
   CHECK(cuMemAlloc(&a, kBytes));
   CHECK(cuMemAlloc(&b, kBytes));
   CHECK(cuMemsetD32(b, 0, kElements));
+  // The memset runs on the NULL stream, which the non-blocking streams below do not wait for:
+  // without this the consumer's copy into `b` could run before it.
+  CHECK(cuCtxSynchronize());
   CUevent ev{}, ev2{};
   CHECK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
   CHECK(cuEventCreate(&ev2, CU_EVENT_DISABLE_TIMING));
@@ -174,6 +177,9 @@ int events_hosts() {
   for (int i = 0; i < 3; ++i) {
     CHECK(cuGraphLaunch(px, s.s1));
     CHECK(cuGraphLaunch(cx, s.s2));
+    // The next producer sets `a` again: nothing else keeps it from overwriting what this
+    // consumer still copies.
+    CHECK(cuStreamSynchronize(s.s2));
   }
   CHECK(cuCtxSynchronize());
   if (g_calls[0] != 4) return fail("the host node did not run at every replay");
