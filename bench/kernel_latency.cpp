@@ -17,7 +17,10 @@
 // stamp_run (kernel start to end) and stamp_answer (kernel end to the synchronize's return):
 // min, p50, p99 and p50 - min each. The two clocks are offset (by tens of microseconds on an
 // H200, and the offset moves between runs), so compare only p50 - min between runs, or the sum
-// of start and answer; stamp_run does not depend on the offset.
+// of start and answer; stamp_run does not depend on the offset. The kernel's end is block 0's,
+// or with --stamps-last-block (implies --stamps) its last block's (spin_span_kernel): a kernel
+// among others' whose last blocks waited for SM slots then shows it in stamp_run, where an
+// answer that came late shows in stamp_answer.
 #include <cuda.h>
 
 #include <algorithm>
@@ -92,11 +95,13 @@ void report_stamps(ex::Report& report, CUdeviceptr stamps_dev,
 
 int main(int argc, char** argv) {
   ex::Report report("kernel_latency");
-  ex::Cli cli(
-      argc, argv,
-      "[--ns SPIN_NS (10000)] [--blocks B (2)] [--threads T (32)] [--batch K (1)] "
-      "[--duration-ms D (2000)] [--kernels N (0 = until the duration is over)] "
-      "[--wait-go | --start-at-ns REALTIME_NS] [--stamps [--stamps-csv FILE]] [--device ORDINAL]");
+  ex::Cli cli(argc, argv,
+              "[--ns SPIN_NS (10000)] [--blocks B (2)] [--threads T (32)] [--batch K (1)] "
+              "[--duration-ms D (2000)] [--kernels N (0 = until the duration is over)] "
+              "[--wait-go | --start-at-ns REALTIME_NS] [--stamps [--stamps-csv FILE]] "
+              "[--stamps-last-block] "
+              "[--device ORDINAL] "
+              "[--stream-priority P (0; lower is higher, as cuStreamCreateWithPriority)]");
   const long long spin_ns = cli.integer("--ns", 10000, 0, 10000000000LL);
   const auto blocks = static_cast<unsigned>(cli.integer("--blocks", 2, 1, 1 << 20));
   const auto threads = static_cast<unsigned>(cli.integer("--threads", 32, 1, 1024));
@@ -104,23 +109,31 @@ int main(int argc, char** argv) {
   const auto duration_ms = cli.integer("--duration-ms", 2000, 1, 3600000);
   const auto max_kernels = cli.integer("--kernels", 0, 0, 1000000000);
   const bool wait_go = cli.flag("--wait-go");
-  const bool stamps = cli.flag("--stamps");
+  // The stamped end is the last block's instead of block 0's (spin_span_kernel).
+  const bool last_block = cli.flag("--stamps-last-block");
+  const bool stamps = cli.flag("--stamps") || last_block;
   const std::string stamps_csv = cli.text("--stamps-csv", "");
   auto start_at_ns = cli.integer("--start-at-ns", 0, 0, INT64_MAX);
   const auto ordinal = static_cast<int>(cli.integer("--device", 0, 0, 1023));
+  const auto stream_priority = static_cast<int>(cli.integer("--stream-priority", 0, -1024, 1024));
   cli.finish();
   if (stamps && batch != 1) ex::fail_reason("stamps_need_batch_1", __FILE__, __LINE__);
 
   const ex::Device device = ex::open_device(ordinal);
   CUmodule module = ex::load_image_module();
   CUfunction spin = ex::get_function(module, "spin_kernel");
-  CUfunction spin_stamp = ex::get_function(module, "spin_stamp_kernel");
+  CUfunction spin_stamp =
+      ex::get_function(module, last_block ? "spin_span_kernel" : "spin_stamp_kernel");
   CUstream stream = nullptr;
-  CU_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  CU_CHECK(cuStreamCreateWithPriority(&stream, CU_STREAM_NON_BLOCKING, stream_priority));
   // --stamps: the first kStampCap round trips are split; later ones stamp into a spare pair.
   constexpr int kStampCap = 1 << 18;
   CUdeviceptr stamps_dev = 0;
-  if (stamps) CU_CHECK(cuMemAlloc(&stamps_dev, sizeof(std::uint64_t) * 2 * (kStampCap + 1)));
+  if (stamps) {
+    CU_CHECK(cuMemAlloc(&stamps_dev, sizeof(std::uint64_t) * 2 * (kStampCap + 1)));
+    // spin_span_kernel raises each end from 0.
+    CU_CHECK(cuMemsetD8(stamps_dev, 0, sizeof(std::uint64_t) * 2 * (kStampCap + 1)));
+  }
   std::vector<std::int64_t> host_launch, host_done;
   auto launch_one = [&](long long index) {
     if (!stamps) return ex::launch_kernel(spin, {blocks}, {threads}, stream, spin_ns);

@@ -195,6 +195,8 @@ constexpr std::array kTable{
     Entry<&empty_kernel>::def("empty_kernel"),
     Entry<&spin_kernel>::def("spin_kernel"),
     Entry<&spin_stamp_kernel>::def("spin_stamp_kernel"),
+    // A launch runs once here, as one block: its end is its last block's.
+    Entry<&spin_stamp_kernel>::def("spin_span_kernel"),
     Entry<&sleep_kernel>::def("sleep_kernel"),
     Entry<&record_smid>::def("record_smid"),
     Entry<&trigger_fault>::def("trigger_fault"),
