@@ -149,7 +149,7 @@ unsigned current_context_flags() noexcept {
   return ctx == nullptr ? 0u : ctx->flags.load(std::memory_order_relaxed);
 }
 
-WaitPlan current_wait_plan(bool crowded) {
+WaitPlan current_wait_plan(std::uint32_t crowded) {
   return wait_plan_for(current_context_flags(), auto_spin_total(), crowded);
 }
 

@@ -378,7 +378,7 @@ CUresult Session::wait_slot(proto::ResponseSlot* slot, std::uint16_t op, SlotEnd
     pacer.record(op, std::chrono::steady_clock::now() - start);
     return CUDA_SUCCESS;
   };
-  const WaitPlan plan = current_wait_plan(crowded());
+  WaitPlan plan = current_wait_plan(crowded());
   if (plan.paced && config().wait_pacing) {
     // Slept in slices, so a server that died is noticed as while spinning.
     for (auto left = pacer.sleep_before(op); left > std::chrono::nanoseconds(0);
@@ -389,6 +389,7 @@ CUresult Session::wait_slot(proto::ResponseSlot* slot, std::uint16_t op, SlotEnd
       if (ready()) return answered();
       if (peer_gone()) return dead_result();
     }
+    plan = after_paced_sleep(plan, slept);
   }
   const SpinEnd spun = spin_until(plan, ready, [this] { return peer_gone(); });
   if (spun == SpinEnd::kReady) return answered();

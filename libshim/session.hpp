@@ -117,7 +117,8 @@ class Session {
   // chunk, ring space): a dozing worker would collect the record only when its doze ends.
   void wake_dozing_worker();
   // The server's hint that waiting threads should not spin long (proto::SessionControl).
-  bool crowded() const { return view_.control()->crowded.load(std::memory_order_relaxed) != 0; }
+  // proto::SessionControl::crowded: 0, proto::kCrowded or proto::kCrowdedPastCpus.
+  std::uint32_t crowded() const { return view_.control()->crowded.load(std::memory_order_relaxed); }
   // How a wait for a slot's answer ended: the answer came, or (early answers) the call's fence
   // landed first; else the session is dead.
   enum class SlotEnd { kAnswered, kLanded };

@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "common/log.hpp"
+#include "proto/segment.hpp"
 
 namespace mpsshim::shim {
 
@@ -33,7 +34,8 @@ std::chrono::nanoseconds auto_spin_total() {
   return total;
 }
 
-WaitPlan wait_plan_for(unsigned context_flags, std::chrono::nanoseconds auto_spin, bool crowded) {
+WaitPlan wait_plan_for(unsigned context_flags, std::chrono::nanoseconds auto_spin,
+                       std::uint32_t crowded) {
   constexpr auto forever = std::chrono::nanoseconds::max();
   switch (context_flags & CU_CTX_SCHED_MASK) {
     case CU_CTX_SCHED_SPIN:
@@ -43,12 +45,21 @@ WaitPlan wait_plan_for(unsigned context_flags, std::chrono::nanoseconds auto_spi
     case CU_CTX_SCHED_BLOCKING_SYNC:
       return {kBusySpin, kBusySpin, true};
     default:  // CU_CTX_SCHED_AUTO
-      // Not paced: the crowded server's clients sleep soon anyway, and a paced sleep on a
-      // machine with more runnable threads than CPUs wakes late (32 small_kernels clients on an
-      // H200: 1.28-1.52 M kernels/s paced, 1.44-1.64 M not).
-      if (crowded) return {kBusySpin, kBusySpin, false};
+      // Past the CPUs not paced: a paced sleep on a machine with more runnable threads than
+      // CPUs wakes late (32 small_kernels clients on an H200: 1.28-1.52 M kernels/s paced,
+      // 1.44-1.64 M not).
+      if (crowded >= proto::kCrowdedPastCpus) return {kBusySpin, kBusySpin, false};
+      if (crowded != 0) return {kBusySpin, kBusySpin, true, true};
       return {kBusySpin, std::max(kBusySpin, auto_spin), true};
   }
+}
+
+WaitPlan after_paced_sleep(WaitPlan plan, std::chrono::nanoseconds slept) {
+  if (!plan.spin_after_sleep || slept <= std::chrono::nanoseconds(0)) return plan;
+  // The sleep was three quarters of the call's shortest recent wait less a wake-up margin
+  // (wait_pacer.hpp): the rest is expected within about a third of it.
+  plan.busy = plan.spin_total = std::max(kBusySpin, slept / 2);
+  return plan;
 }
 
 }  // namespace mpsshim::shim

@@ -17,13 +17,19 @@
 //                               took the CPU the server's workers issue their work with
 //                               (small_kernels x 32 on an H100: 0.81 M kernels/s spinning,
 //                               1.48 M sleeping; docs/benchmarks.md)
-// AUTO and BLOCKING_SYNC waits are paced (wait_pacer.hpp), except AUTO's on a crowded server: a
-// call whose last waits all took long sleeps through most of the next one first.
+// AUTO and BLOCKING_SYNC waits are paced (wait_pacer.hpp): a call whose last waits all took long
+// sleeps through most of the next one first. On a crowded server AUTO's too, but only while it
+// has no more clients than CPUs, and the paced sleep is followed by a spin of up to half its
+// length: the short spin would end before the call's usual end, and a sleeping thread watches
+// nothing (the worker then polls for its answer, in 100 us naps while crowded). Two clients of
+// 2 ms kernels beside 8 of 10 us kernels on an H200 waited 76-85 us longer than their kernels'
+// last blocks took, NVIDIA MPS's 3-4 (docs/benchmarks.md, "Concurrency and mixed sizes").
 // Every plan looks at the server's socket every kPeerCheck while it spins, so a server that
 // died is noticed as it is while sleeping.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 
 namespace mpsshim::shim {
 
@@ -36,7 +42,13 @@ struct WaitPlan {
   // Whether a wait whose call took long its last few times sleeps first (wait_pacer.hpp):
   // not where the context asked to spin or to yield.
   bool paced = false;
+  // Whether a wait that did sleep first then spins for up to half the sleep instead of `busy`
+  // and `spin_total` (a crowded server's AUTO waits).
+  bool spin_after_sleep = false;
 };
+
+// After a paced sleep of `slept`, the plan for the rest of the wait.
+WaitPlan after_paced_sleep(WaitPlan plan, std::chrono::nanoseconds slept);
 
 // The busy spin of every plan: longer than a typical launch + synchronize round trip.
 inline constexpr std::chrono::nanoseconds kBusySpin = std::chrono::microseconds(60);
@@ -46,9 +58,10 @@ inline constexpr std::chrono::nanoseconds kPeerCheck = std::chrono::milliseconds
 inline constexpr std::chrono::nanoseconds kDefaultSpinTotal = std::chrono::milliseconds(20);
 
 // The plan for a context with these flags (only the CU_CTX_SCHED_MASK bits matter), where AUTO
-// spins for `auto_spin_total` in all, or only the busy spin while the server is `crowded`.
+// spins for `auto_spin_total` in all, or only the busy spin while the server is crowded
+// (`crowded`: proto::SessionControl::crowded).
 WaitPlan wait_plan_for(unsigned context_flags, std::chrono::nanoseconds auto_spin_total,
-                       bool crowded = false);
+                       std::uint32_t crowded = 0);
 
 // MPSSHIM_WAIT_SPIN_US as microseconds; unset or empty: kDefaultSpinTotal, which a malformed
 // value also gives (with a warning in the log).
@@ -59,6 +72,6 @@ std::chrono::nanoseconds auto_spin_total();
 // The plan for the calling thread: its current context's flags (AUTO without one),
 // auto_spin_total() and the server's crowded hint. In context.cpp, which knows the thread's
 // current context.
-WaitPlan current_wait_plan(bool crowded);
+WaitPlan current_wait_plan(std::uint32_t crowded);
 
 }  // namespace mpsshim::shim

@@ -83,7 +83,10 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // Minor 30: dozing workers. RingControl::consumer_waiting may hold kConsumerDozing: a client of
 // minor 30 or later then rings the doorbell only for a record it waits on (proto/ring.hpp); the
 // server dozes only while its sessions' clients are of minor 30 or later. No layout change.
-inline constexpr std::uint16_t kAbiMinor = 30;
+// Minor 31: SessionControl::crowded may hold kCrowdedPastCpus (more clients than the server's
+// CPUs); at kCrowded a client of minor 31 or later paces its long waits (proto/segment.hpp). No
+// layout change.
+inline constexpr std::uint16_t kAbiMinor = 31;
 // The first minor whose daemon honours kHelloOwnIsolationGroup.
 inline constexpr std::uint16_t kAbiMinorIsolationGroups = 18;
 // The first minor whose clients take the watch page.

@@ -45,6 +45,10 @@ static_assert(sizeof(SegmentHeader) == 120);
 static_assert(offsetof(SegmentHeader, callback_cell_count) == 76);
 static_assert(offsetof(SegmentHeader, callbacks_offset) == 88);
 
+// SessionControl::crowded: more clients than the server lets spin; more than it has CPUs too.
+inline constexpr std::uint32_t kCrowded = 1;
+inline constexpr std::uint32_t kCrowdedPastCpus = 2;
+
 // Session-wide state the server publishes.
 struct SessionControl {
   // A sticky failure of the whole server (GPU fault, server exit): every later call of the
@@ -54,10 +58,12 @@ struct SessionControl {
   // 0 at its next synchronizing call and returns it, as CUDA reports asynchronous errors.
   std::atomic<std::uint32_t> async_error;
   std::atomic<std::uint64_t> records_executed;  // accounting, for tests and mpsshimctl
-  // ABI 1.12 (was padding, 0): 1 while the server has more clients than it lets spin
+  // ABI 1.12 (was padding, 0): kCrowded while the server has more clients than it lets spin
   // (mpsshim-server --spin-clients): a client thread waiting for an answer then sleeps after
   // a short spin instead of yielding a CPU that the server's workers need
-  // (libshim/wait_policy.hpp). 0 from an older server: the client's own plan.
+  // (libshim/wait_policy.hpp). 0 from an older server: the client's own plan. ABI 1.31:
+  // kCrowdedPastCpus while it also has more clients than CPUs to run on, where a wait is never
+  // paced (an older server says kCrowded then).
   std::atomic<std::uint32_t> crowded;
   // ABI 1.19 (was padding, 0): the client whose work first returned the sticky fault, written
   // before `fault` (which publishes them): its pid and program name (NUL-terminated), for the

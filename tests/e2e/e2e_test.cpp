@@ -316,6 +316,33 @@ TEST_CASE("a thread's long synchronizes are paced: it sleeps through most of eac
   }
 }
 
+TEST_CASE("on a crowded server with a CPU per client, long synchronizes are paced too",
+          "[e2e][pacing]") {
+  // --spin-clients 0: crowded with one client, which has the server's CPUs to itself
+  // (proto::kCrowded). Its waits sleep after the short spin; a long one sleeps first, then spins
+  // for its end (libshim/wait_policy.hpp).
+  Daemon daemon({"--spin-clients", "0"});
+  const std::string trace = daemon.dir() + "/crowded.csv";
+  require_pass(run_client(daemon, {client(), "watched_sync", "20", "30000"},
+                          {{"MPSSHIM_TRACE_ANSWERS", trace}}),
+               daemon);
+  std::vector<std::map<std::string, unsigned long long>> syncs;
+  for (const auto& row : read_answer_trace(trace)) {
+    if (row.at("op") == kStreamSynchronizeOp) syncs.push_back(row);
+  }
+  REQUIRE(syncs.size() == 20);
+  int slept = 0;
+  for (std::size_t i = 0; i < syncs.size(); ++i) {
+    const auto& r = syncs[i];
+    INFO("synchronize " << i << ": waited " << (r.at("seen") - r.at("sent")) << " ns, slept "
+                        << r.at("slept") << " ns");
+    if (i < 8) CHECK(r.at("slept") == 0);
+    CHECK(r.at("slept") < r.at("seen") - r.at("sent"));
+    slept += r.at("slept") > 0;
+  }
+  CHECK(slept >= 10);
+}
+
 // The examples need nvcc to build; meson leaves the "[examples]" cases out of a build without
 // them (tests/e2e/meson.build), so a missing one here is an error, never a silent pass.
 const char* example_path(const char* name) {

@@ -6,6 +6,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "proto/segment.hpp"
+
 namespace mpsshim::shim {
 namespace {
 
@@ -54,13 +56,40 @@ TEST_CASE("SPIN and YIELD never sleep; YIELD gives the CPU away from the start",
 
 TEST_CASE("a crowded server makes AUTO sleep after the busy spin; explicit flags still win",
           "[wait_policy]") {
-  const WaitPlan crowded = wait_plan_for(CU_CTX_SCHED_AUTO, milliseconds(20), true);
-  CHECK(crowded.busy == kBusySpin);
-  CHECK(crowded.spin_total == kBusySpin);
-  CHECK_FALSE(crowded.paced);
-  CHECK(wait_plan_for(CU_CTX_SCHED_BLOCKING_SYNC, milliseconds(20), true).paced);
-  CHECK(wait_plan_for(CU_CTX_SCHED_SPIN, milliseconds(20), true).spin_total == kForever);
-  CHECK(wait_plan_for(CU_CTX_SCHED_YIELD, milliseconds(20), true).spin_total == kForever);
+  for (std::uint32_t level : {proto::kCrowded, proto::kCrowdedPastCpus}) {
+    INFO("crowded " << level);
+    const WaitPlan crowded = wait_plan_for(CU_CTX_SCHED_AUTO, milliseconds(20), level);
+    CHECK(crowded.busy == kBusySpin);
+    CHECK(crowded.spin_total == kBusySpin);
+    CHECK(wait_plan_for(CU_CTX_SCHED_BLOCKING_SYNC, milliseconds(20), level).paced);
+    CHECK(wait_plan_for(CU_CTX_SCHED_SPIN, milliseconds(20), level).spin_total == kForever);
+    CHECK(wait_plan_for(CU_CTX_SCHED_YIELD, milliseconds(20), level).spin_total == kForever);
+  }
+  // Paced while the server has CPUs for its clients, and then the sleep is followed by a spin
+  // long enough to see the call's usual end; past the CPUs never paced.
+  const WaitPlan crowded = wait_plan_for(CU_CTX_SCHED_AUTO, milliseconds(20), proto::kCrowded);
+  CHECK(crowded.paced);
+  CHECK(crowded.spin_after_sleep);
+  const WaitPlan past = wait_plan_for(CU_CTX_SCHED_AUTO, milliseconds(20), proto::kCrowdedPastCpus);
+  CHECK_FALSE(past.paced);
+  CHECK_FALSE(past.spin_after_sleep);
+}
+
+TEST_CASE("after a paced sleep a crowded server's wait spins for half the sleep", "[wait_policy]") {
+  const WaitPlan crowded = wait_plan_for(CU_CTX_SCHED_AUTO, milliseconds(20), proto::kCrowded);
+  const WaitPlan after = after_paced_sleep(crowded, microseconds(1460));
+  CHECK(after.busy == microseconds(730));
+  CHECK(after.spin_total == microseconds(730));
+  // Never shorter than the busy spin; no sleep, no change.
+  CHECK(after_paced_sleep(crowded, microseconds(40)).busy == kBusySpin);
+  CHECK(after_paced_sleep(crowded, nanoseconds(0)).busy == kBusySpin);
+  CHECK(after_paced_sleep(crowded, nanoseconds(0)).spin_total == kBusySpin);
+  // Elsewhere the plan's own spin follows the sleep.
+  const WaitPlan alone = wait_plan_for(CU_CTX_SCHED_AUTO, milliseconds(20));
+  CHECK_FALSE(alone.spin_after_sleep);
+  CHECK(after_paced_sleep(alone, microseconds(1460)).spin_total == milliseconds(20));
+  const WaitPlan blocking = wait_plan_for(CU_CTX_SCHED_BLOCKING_SYNC, milliseconds(20), 1);
+  CHECK(after_paced_sleep(blocking, microseconds(1460)).spin_total == kBusySpin);
 }
 
 TEST_CASE("MPSSHIM_WAIT_SPIN_US is read as microseconds; anything else is the default",

@@ -535,6 +535,7 @@ constexpr Pinned kPinned[] = {
     {1, 28, 0x50a5e9343726d2fc},  // fence watches: ResponseSlot::watch (was reserved), the page
     {1, 29, 0x50a5e9343726d2fc},  // early answers: a landed ResponseSlot::watch answers the call
     {1, 30, 0x50a5e9343726d2fc},  // dozing workers: RingControl::consumer_waiting may be 2
+    {1, 31, 0x50a5e9343726d2fc},  // SessionControl::crowded may be kCrowdedPastCpus
 };
 
 }  // namespace

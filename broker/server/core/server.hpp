@@ -186,6 +186,13 @@ class Server final {
   bool crowded() const {
     return placed_sessions_.load(std::memory_order_relaxed) > *settings_.spin_clients;
   }
+  // What the sessions are told (proto::SessionControl::crowded): 0; proto::kCrowded while
+  // crowded(); proto::kCrowdedPastCpus while there are more clients than CPUs it may run on too.
+  std::uint32_t crowded_level() const {
+    const std::size_t sessions = placed_sessions_.load(std::memory_order_relaxed);
+    if (sessions <= *settings_.spin_clients) return 0;
+    return sessions > cpus_ ? proto::kCrowdedPastCpus : proto::kCrowded;
+  }
   std::size_t clients_on_gpu() const { return session_count(); }
   // Which priority classes have clients here, and how many normal ones have work in flight.
   PriorityBoard& priority_board() { return priority_board_; }
@@ -288,8 +295,9 @@ class Server final {
   std::function<void(int)> fatal_;
   PriorityBoard priority_board_;
   HeapTrimmer heap_trimmer_;  // session_freed() from any worker; trims on the coordinator
-  std::atomic<std::size_t> placed_sessions_{0};  // session_placed() - session_freed()
-  SmReserve sm_reserve_;                         // written by the constructor only
+  std::atomic<std::size_t> placed_sessions_{0};      // session_placed() - session_freed()
+  const std::size_t cpus_ = default_worker_count();  // CPUs it may run on, for crowded_level()
+  SmReserve sm_reserve_;                             // written by the constructor only
   // The memory policies (memory_arbiter.hpp); null when both are off. Wants from any worker;
   // the rest the coordinator's.
   std::unique_ptr<MemoryArbiter> memory_arbiter_;

@@ -128,7 +128,7 @@ void Worker::serve(std::unique_ptr<Session> session) {
     return;
   }
   // What the worker last told its other sessions; the next pass corrects it if it changed.
-  s.control()->crowded.store(crowded_told_ ? 1 : 0, std::memory_order_relaxed);
+  s.control()->crowded.store(crowded_level_told_, std::memory_order_relaxed);
   watch(s.socket.get(), std::uint64_t{s.client.id} << 2 | kSocket);
   watch(s.doorbell.get(), std::uint64_t{s.client.id} << 2 | kDoorbell);
 }
@@ -143,11 +143,12 @@ Session* Worker::find_session(std::uint32_t client_id) const {
 // ---- one pass ---------------------------------------------------------------------------
 
 void Worker::tell_crowded() {
-  const bool crowded = server_.crowded();
-  if (crowded == crowded_told_) return;
-  crowded_told_ = crowded;
+  const std::uint32_t level = server_.crowded_level();
+  if (level == crowded_level_told_) return;
+  crowded_level_told_ = level;
+  crowded_told_ = level != 0;
   for (const auto& s : sessions_) {
-    s->control()->crowded.store(crowded ? 1 : 0, std::memory_order_relaxed);
+    s->control()->crowded.store(level, std::memory_order_relaxed);
   }
 }
 

@@ -88,7 +88,7 @@ class Worker final : public Parker {
             std::optional<std::chrono::nanoseconds> timer_slack);
   std::size_t take_mail();
   void serve(std::unique_ptr<Session> session);
-  // Stores Server::crowded() in every session's control block when it changed.
+  // Stores Server::crowded_level() in every session's control block when it changed.
   void tell_crowded();
   std::size_t drain_ring(Session& session);
   std::size_t poll_gpu();
@@ -114,7 +114,8 @@ class Worker final : public Parker {
   std::chrono::steady_clock::time_point next_io_poll_{};
   bool failed_ = false;                   // fail_sessions ran
   std::uint64_t context_generation_ = 0;  // Gpu::primary_generation this thread has current
-  bool crowded_told_ = false;             // what tell_crowded() last stored in the sessions
+  std::uint32_t crowded_level_told_ = 0;  // what tell_crowded() last stored in the sessions
+  bool crowded_told_ = false;             // crowded_level_told_ != 0
   // The culprit's call that returned the sticky error: answered by fail_sessions once every
   // worker's sessions hold the fault.
   struct FaultReply {
