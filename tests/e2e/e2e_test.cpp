@@ -279,6 +279,30 @@ TEST_CASE("a spinning client watches its synchronize's fence and wakes its worke
   }
 }
 
+namespace {
+
+// The stream synchronizes of a `watched_sync 20 ...` client's trace: 20 of them, none slept
+// before the history is full (8) or as long as its wait; how many slept.
+int paced_synchronizes(const std::string& trace) {
+  std::vector<std::map<std::string, unsigned long long>> syncs;
+  for (const auto& row : read_answer_trace(trace)) {
+    if (row.at("op") == kStreamSynchronizeOp) syncs.push_back(row);
+  }
+  REQUIRE(syncs.size() == 20);
+  int slept = 0;
+  for (std::size_t i = 0; i < syncs.size(); ++i) {
+    const auto& r = syncs[i];
+    INFO("synchronize " << i << ": waited " << (r.at("seen") - r.at("sent")) << " ns, slept "
+                        << r.at("slept") << " ns");
+    if (i < 8) CHECK(r.at("slept") == 0);
+    CHECK(r.at("slept") < r.at("seen") - r.at("sent"));
+    slept += r.at("slept") > 0;
+  }
+  return slept;
+}
+
+}  // namespace
+
 TEST_CASE("a thread's long synchronizes are paced: it sleeps through most of each after 8",
           "[e2e][pacing]") {
   Daemon daemon;
@@ -291,23 +315,9 @@ TEST_CASE("a thread's long synchronizes are paced: it sleeps through most of eac
                              {"MPSSHIM_WAIT_PACING", paced ? "on" : "off"},
                              {"MPSSHIM_TRACE_ANSWERS", trace}}),
                  daemon);
-    std::vector<std::map<std::string, unsigned long long>> syncs;
-    for (const auto& row : read_answer_trace(trace)) {
-      if (row.at("op") == kStreamSynchronizeOp) syncs.push_back(row);
-    }
-    REQUIRE(syncs.size() == 20);
-    int slept = 0;
-    for (std::size_t i = 0; i < syncs.size(); ++i) {
-      const auto& r = syncs[i];
-      INFO("synchronize " << i << ": waited " << (r.at("seen") - r.at("sent")) << " ns, slept "
-                          << r.at("slept") << " ns");
-      // Never before the history is full, and never longer than the wait itself.
-      if (i < 8) CHECK(r.at("slept") == 0);
-      CHECK(r.at("slept") < r.at("seen") - r.at("sent"));
-      slept += r.at("slept") > 0;
-    }
     // Rounds 9-20 each follow 8 waits of about 30 ms (one cut short by a thread kept off its CPU
     // between the launch and the synchronize would spare one round).
+    const int slept = paced_synchronizes(trace);
     if (paced) {
       CHECK(slept >= 10);
     } else {
@@ -326,21 +336,7 @@ TEST_CASE("on a crowded server with a CPU per client, long synchronizes are pace
   require_pass(run_client(daemon, {client(), "watched_sync", "20", "30000"},
                           {{"MPSSHIM_TRACE_ANSWERS", trace}}),
                daemon);
-  std::vector<std::map<std::string, unsigned long long>> syncs;
-  for (const auto& row : read_answer_trace(trace)) {
-    if (row.at("op") == kStreamSynchronizeOp) syncs.push_back(row);
-  }
-  REQUIRE(syncs.size() == 20);
-  int slept = 0;
-  for (std::size_t i = 0; i < syncs.size(); ++i) {
-    const auto& r = syncs[i];
-    INFO("synchronize " << i << ": waited " << (r.at("seen") - r.at("sent")) << " ns, slept "
-                        << r.at("slept") << " ns");
-    if (i < 8) CHECK(r.at("slept") == 0);
-    CHECK(r.at("slept") < r.at("seen") - r.at("sent"));
-    slept += r.at("slept") > 0;
-  }
-  CHECK(slept >= 10);
+  CHECK(paced_synchronizes(trace) >= 10);
 }
 
 // The examples need nvcc to build; meson leaves the "[examples]" cases out of a build without
