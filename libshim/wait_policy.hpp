@@ -22,8 +22,9 @@
 // has no more clients than CPUs, and the paced sleep is followed by a spin of up to half its
 // length: the short spin would end before the call's usual end, and a sleeping thread watches
 // nothing (the worker then polls for its answer, in 100 us naps while crowded). Two clients of
-// 2 ms kernels beside 8 of 10 us kernels on an H200 waited 76-85 us longer than their kernels'
-// last blocks took, NVIDIA MPS's 3-4 (docs/benchmarks.md, "Concurrency and mixed sizes").
+// 2 ms kernels beside 8 of 10 us kernels on an H200 got their answers 76-85 us after their
+// kernels' last block ended (medians over their fastest), 9.5-11 us paced; NVIDIA MPS's 2.5-4.2
+// (docs/benchmarks.md, "Concurrency and mixed sizes").
 // Every plan looks at the server's socket every kPeerCheck while it spins, so a server that
 // died is noticed as it is while sleeping.
 #pragma once
