@@ -131,8 +131,9 @@ int main(int argc, char** argv) {
   CUdeviceptr stamps_dev = 0;
   if (stamps) {
     CU_CHECK(cuMemAlloc(&stamps_dev, sizeof(std::uint64_t) * 2 * (kStampCap + 1)));
-    // spin_span_kernel raises each end from 0.
-    CU_CHECK(cuMemsetD8(stamps_dev, 0, sizeof(std::uint64_t) * 2 * (kStampCap + 1)));
+    // spin_span_kernel raises each end from 0. On the kernels' own stream: a non-blocking
+    // stream does not wait for a memset on the NULL stream.
+    CU_CHECK(cuMemsetD8Async(stamps_dev, 0, sizeof(std::uint64_t) * 2 * (kStampCap + 1), stream));
   }
   std::vector<std::int64_t> host_launch, host_done;
   auto launch_one = [&](long long index) {
