@@ -152,6 +152,54 @@ TEST_CASE("a batch goes out as one graph launch whose nodes all got this batch's
   CHECK(f.async_error() == CUDA_SUCCESS);
 }
 
+TEST_CASE("a node that already holds a launch's function, shape and arguments is not updated",
+          "[server][launch_batch]") {
+  Fixture f(test_driver(), batching(64, 0));
+  const auto fill = f.function("fill_u32");
+  const std::uint64_t s = f.stream();
+  const std::uint64_t out = f.buffer(4 * kWords);
+  // kWords launches filling word i with value(i), after a memset that clears them: only the
+  // graph's nodes, kept or updated, put the values back.
+  auto burst = [&](auto value, std::array<unsigned, 3> grid = {1, 1, 1}) {
+    f.memset(s, out, 0, kWords);
+    for (int i = 0; i < kWords; ++i) {
+      f.launch_shaped(fill, s, grid, {32, 1, 1}, 0, out + 4u * i, value(i), 1);
+    }
+    REQUIRE(f.synchronize(s) == CUDA_SUCCESS);
+    std::vector<std::uint32_t> expected;
+    for (int i = 0; i < kWords; ++i) expected.push_back(value(i));
+    CHECK(f.read(out, kWords) == expected);
+  };
+  auto same = [](int i) { return 7u * static_cast<std::uint32_t>(i); };
+  auto fifth_changed = [&](int i) { return i == 5 ? 999u : same(i); };
+  const unsigned long long before = node_updates();
+  auto updates = [&] { return node_updates() - before; };
+
+  burst(same);
+  CHECK(updates() == kWords);  // a new graph: every node is set
+  burst(same);
+  burst(same);
+  CHECK(updates() == kWords);
+  burst(fifth_changed);
+  CHECK(updates() == kWords + 1);
+  burst(same);  // the fifth node is set back
+  CHECK(updates() == kWords + 2);
+  burst(same, {2, 1, 1});  // another grid: every node
+  CHECK(updates() == 2 * kWords + 2);
+  CHECK(figures(f.h).batches == 6);
+
+  // A function's attribute may change what a node took from it: every node is set again.
+  auto set =
+      f.sut.call(Op::kFuncSetAttribute,
+                 proto::AttributeReq{fill.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                     1024, 0, 0});
+  REQUIRE(set.result == CUDA_SUCCESS);
+  burst(same, {2, 1, 1});
+  CHECK(updates() == 3 * kWords + 2);
+  CHECK(f.async_error() == CUDA_SUCCESS);
+  CHECK(figures(f.h).batches == 7);
+}
+
 TEST_CASE("a memset, an event record or another stream between launches splits the batch in order",
           "[server][launch_batch]") {
   Fixture f(test_driver(), batching(64, 0));

@@ -44,7 +44,11 @@ struct SessionStats {
   std::uint64_t batches = 0;
   std::uint64_t batched = 0;
   std::uint64_t batch_padding = 0;
+  // Nodes of a batch's graph that held this launch's function, shape and arguments already and
+  // were not updated.
+  std::uint64_t batch_nodes_kept = 0;
   std::uint64_t batch_graphs = 0;
+  std::uint64_t batch_build_ns = 0;  // making and instantiating those graphs
   std::uint64_t batch_fallbacks = 0;
   // Fence watches (fence_watch.hpp): owed answers the worker left to the waiting client's watch
   // of their fence while it slept, and doorbells the client rang because a watched fence landed.

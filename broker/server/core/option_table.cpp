@@ -243,6 +243,13 @@ constexpr std::array kOptions{
         .default_text = "`on`: 8",
         .help = "after a client synchronized a stream, its batches grow from the minimum up to "
                 "N launches; off: no ramp"},
+    ServerOption{.setting = kLaunchBatchKeepNodes,
+                 .flag = "launch-batch-keep-nodes",
+                 .value_name = "on|off",
+                 .kind = kSwitch,
+                 .default_value = "on",
+                 .help = "a graph node that holds a launch's function, shape and arguments "
+                         "already is not updated; off: every node at every batch"},
     ServerOption{.setting = kMemoryPreemption,
                  .flag = "memory-preemption",
                  .value_name = "on|off",

@@ -45,6 +45,7 @@ enum class Setting : std::uint8_t {
   kLaunchBatchMin,
   kLaunchBatchGraphs,
   kLaunchBatchRamp,
+  kLaunchBatchKeepNodes,
   kMemoryPreemption,
   kPreemptionIdleMs,
   kMemoryOvercommit,

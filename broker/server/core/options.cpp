@@ -108,6 +108,9 @@ void apply(Options& options, Setting setting, const std::string& value) {
     case Setting::kLaunchBatchRamp:
       s.launch_batch.ramp_last = number<std::size_t>(value);
       return;
+    case Setting::kLaunchBatchKeepNodes:
+      s.launch_batch.keep_nodes = value == "on";
+      return;
     case Setting::kMemoryPreemption:
       s.memory_policy.preemption = value == "on";
       return;

@@ -87,6 +87,34 @@ CUDA_KERNEL_NODE_PARAMS LaunchBatcher::node_params(const Session& session, std::
   return p;
 }
 
+bool LaunchBatcher::holds(const NodeState& node, const Session& session, std::size_t i) const {
+  const BatchedLaunch& l = pending_[i];
+  const BatchedLaunch& n = node.launch;
+  if (!node.known || n.function != l.function || n.kernel != l.kernel ||
+      n.shared_bytes != l.shared_bytes || n.args_bytes != l.args_bytes ||
+      !std::equal(std::begin(n.grid), std::end(n.grid), std::begin(l.grid)) ||
+      !std::equal(std::begin(n.block), std::end(n.block), std::begin(l.block))) {
+    return false;
+  }
+  if (l.kernel && node.context != session.green.context) return false;
+  return std::memcmp(node.args.data(), args_of(i), l.args_bytes) == 0;
+}
+
+void LaunchBatcher::remember(NodeState& node, const Session& session, std::size_t i) const {
+  const BatchedLaunch& l = pending_[i];
+  node.known = true;
+  node.launch = l;
+  node.context = l.kernel ? session.green.context : nullptr;
+  node.args.assign(args_of(i), args_of(i) + l.args_bytes);  // keeps its capacity
+}
+
+void LaunchBatcher::forget_limits() {
+  limits_.clear();
+  for (Cached& c : cache_) {
+    for (NodeState& node : c.set) node.known = false;
+  }
+}
+
 bool LaunchBatcher::accepts(Session& session, const BatchedLaunch& l) {
   if (!settings_.enabled()) return false;
   // A module's CUfunction runs in its own context when it is a graph node (cuda.h, the ctx
@@ -235,9 +263,19 @@ bool LaunchBatcher::launch_graph(Session& session, CUstream stream, Run run) {
     GreenCurrent green(session);
     // The padded nodes keep whatever they held: they are disabled.
     for (std::size_t k = 0; k < run.count && r == CUDA_SUCCESS; ++k) {
+      NodeState& node = entry->set[k];
+      if (settings_.keep_nodes && holds(node, session, run.first + k)) {
+        ++session.stats.batch_nodes_kept;
+        continue;
+      }
       CUDA_KERNEL_NODE_PARAMS params = node_params(session, run.first + k);
       r = cu.cuGraphExecKernelNodeSetParams_v2(entry->exec, entry->nodes[k], &params);
-      if (r != CUDA_SUCCESS) failed_node = k;
+      if (r == CUDA_SUCCESS) {
+        remember(node, session, run.first + k);
+      } else {
+        node.known = false;  // a refused update may have changed it partly
+        failed_node = k;
+      }
     }
     if (r == CUDA_SUCCESS) r = set_enabled(cu, *entry, run.count, failed_step);
     if (r == CUDA_SUCCESS) {
@@ -341,6 +379,11 @@ bool LaunchBatcher::refused(std::uint64_t hash) const {
 
 LaunchBatcher::Cached* LaunchBatcher::build(Session& session, std::uint64_t hash, Run run) {
   const DriverTable& cu = session.cu();
+  struct Timed {  // every way out counts its time
+    SessionStats& stats;
+    std::uint64_t started = SessionStats::now_ns();
+    ~Timed() { stats.batch_build_ns += SessionStats::now_ns() - started; }
+  } timed{session.stats};
   evict_for(cu, run.nodes);
   Cached entry;
   entry.hash = hash;
@@ -349,7 +392,8 @@ LaunchBatcher::Cached* LaunchBatcher::build(Session& session, std::uint64_t hash
     GreenCurrent green(session);
     r = cu.cuGraphCreate(&entry.graph, 0);
     // A chain: node k depends on node k - 1, as launches on one stream are ordered. The
-    // parameters are this run's; every launch of the graph sets them again.
+    // parameters are this run's; the graph's first launch sets them again (entry.set knows
+    // nothing yet).
     // A padded node gets the run's last launch, so that it is a valid node of its kind; it is
     // disabled before any launch of the graph (set_enabled).
     for (std::size_t k = 0; k < run.nodes && r == CUDA_SUCCESS; ++k) {
@@ -376,6 +420,7 @@ LaunchBatcher::Cached* LaunchBatcher::build(Session& session, std::uint64_t hash
     return nullptr;
   }
   for (std::size_t k = 0; k < run.nodes; ++k) entry.kernels.push_back(node_kind(run, k));
+  entry.set.resize(entry.nodes.size());
   entry.enabled = entry.nodes.size();
   cu_ = &cu;
   cached_nodes_ += entry.nodes.size();
@@ -424,12 +469,14 @@ void LaunchBatcher::release(Session& session) {
   if (stats.batches != 0 || stats.batch_fallbacks != 0) {
     log_info(
         "{}: {} launches went out in {} graph launches (mean batch {:.1f}, {} disabled nodes "
-        "past their ends); {} graphs built, {} batches issued eagerly after a failure",
+        "past their ends, {} nodes left as they were); {} graphs built in {:.1f} ms, {} batches "
+        "issued eagerly after a failure",
         session.who(), stats.batched, stats.batches,
         stats.batches == 0
             ? 0.0
             : static_cast<double>(stats.batched) / static_cast<double>(stats.batches),
-        stats.batch_padding, stats.batch_graphs, stats.batch_fallbacks);
+        stats.batch_padding, stats.batch_nodes_kept, stats.batch_graphs,
+        static_cast<double>(stats.batch_build_ns) / 1e6, stats.batch_fallbacks);
   }
   forget(session.cu());
 }

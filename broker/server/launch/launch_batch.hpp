@@ -84,6 +84,9 @@ struct LaunchBatchSettings {
   // throughput (32 clients: 1.07 M kernels/s with a ramp on every client, 1.90 M without).
   // mpsshim-server --launch-batch-ramp N|on|off.
   std::size_t ramp_last = 8;
+  // A graph node that holds a launch's function, context, shape and argument bytes already is
+  // not updated (NodeState). mpsshim-server --launch-batch-keep-nodes on|off.
+  bool keep_nodes = true;
 
   bool enabled() const { return max_launches >= 2 && min_launches <= max_launches; }
 };
@@ -137,8 +140,9 @@ class LaunchBatcher {
   // cached graph and limit is dropped. Nothing may be pending.
   void forget(const DriverTable& cu);
   // A function's attribute changed (cuFuncSetAttribute, ...): its limits are read again at its
-  // next launch, the cached graphs stay. Nothing may be pending.
-  void forget_limits() { limits_.clear(); }
+  // next launch, the cached graphs stay, and each node is set again at its next launch (a node
+  // may have taken the attributes its function had when it was set). Nothing may be pending.
+  void forget_limits();
 
   // Session end: destroys every cached graph (the session's streams are idle) and logs what
   // batching did for the session.
@@ -155,15 +159,26 @@ class LaunchBatcher {
     // (kernel_params.hpp).
     ParamLayout layout;
   };
+  // What a node was last given (cuGraphExecKernelNodeSetParams): a launch that would give it
+  // the same function, context, shape and argument bytes again leaves it as it is. A loop that
+  // launches the same kernels on the same buffers (small_kernels, an inference step on the
+  // caching allocator's blocks) then costs one cuGraphLaunch per batch and no node updates.
+  struct NodeState {
+    bool known = false;
+    BatchedLaunch launch;
+    CUcontext context = nullptr;
+    std::vector<std::byte> args;
+  };
   // An executable graph whose kernel nodes form a chain; node i is a CUkernel's when kernels[i].
-  // Every launch sets each enabled node's function, shape and arguments. Nodes [0, enabled) are
-  // enabled, the rest disabled (Graphs::kPadded).
+  // Every launch sets each enabled node's function, shape and arguments, unless set[i] says the
+  // node holds them already. Nodes [0, enabled) are enabled, the rest disabled (Graphs::kPadded).
   struct Cached {
     std::uint64_t hash = 0;
     std::vector<bool> kernels;
     CUgraph graph = nullptr;
     CUgraphExec exec = nullptr;
     std::vector<CUgraphNode> nodes;
+    std::vector<NodeState> set;
     std::size_t enabled = 0;
     std::uint64_t last_used = 0;
   };
@@ -204,6 +219,9 @@ class LaunchBatcher {
   // The node parameters of pending_[i], its kernelParams pointing into args_ through
   // params_ (valid until the next call).
   CUDA_KERNEL_NODE_PARAMS node_params(const Session& session, std::size_t i);
+  // Whether `node` already holds what pending_[i] would give it.
+  bool holds(const NodeState& node, const Session& session, std::size_t i) const;
+  void remember(NodeState& node, const Session& session, std::size_t i) const;
 
   // The most launches the batch may hold before it goes out: the ramp's step after an idle
   // stream (ramp_last), else the maximum.
