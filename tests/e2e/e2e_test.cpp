@@ -565,7 +565,7 @@ TEST_CASE(
   const auto before = held();
   const auto servers = server_lines(daemon);
   for (unsigned seed : {1u, 2u, 3u}) {
-    Child victim({client(), "inject", std::to_string(seed)}, daemon.client_env(), true);
+    Child victim({client(), "inject", std::to_string(seed), armed}, daemon.client_env(), true);
     REQUIRE(victim.wait_for_output("READY", 60s));
     {
       std::FILE* f = std::fopen(armed.c_str(), "w");

@@ -227,7 +227,8 @@ struct Fixture {
 
 // Batching on, with runs of 2 launches and more going out as graphs (the tests' expectations
 // count batches that way, whatever the server's default minimum), and without the ramp after an
-// idle stream (its own tests turn it on), so that a burst queued on a fresh stream is one batch.
+// idle stream (its own tests turn it on), so that a burst queued on a fresh stream is one batch,
+// and without graphs prepared at the first launch (they would count as built).
 // In power-of-two runs unless `graphs` says otherwise: most expectations count graph launches
 // that way; the server's default, padded graphs, has its own tests and property runs.
 inline ServerSettings batching(
@@ -235,6 +236,7 @@ inline ServerSettings batching(
     LaunchBatchSettings::Graphs graphs = LaunchBatchSettings::Graphs::kRuns) {
   ServerSettings s;
   s.launch_batch.ramp_last = 0;
+  s.launch_batch.prepare_graphs = false;
   s.launch_batch.min_launches = 2;
   s.launch_batch.max_launches = max;
   s.launch_batch.eager_sightings = eager_sightings;

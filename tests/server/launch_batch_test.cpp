@@ -200,6 +200,39 @@ TEST_CASE("a node that already holds a launch's function, shape and arguments is
   CHECK(figures(f.h).batches == 7);
 }
 
+TEST_CASE("the padded graphs of the shortest and the longest batch are built at the first launch",
+          "[server][launch_batch]") {
+  for (const bool prepare : {true, false}) {
+    INFO("prepare " << prepare);
+    ServerSettings settings = padded_batching(64, 1);
+    settings.launch_batch.min_launches = 8;
+    settings.launch_batch.prepare_graphs = prepare;
+    Fixture f(test_driver(), settings);
+    const unsigned long long before = instantiations();
+    const auto fill = f.function("fill_u32");
+    const std::uint64_t s = f.stream();
+    const std::uint64_t out = f.buffer(4 * 64);
+    auto burst = [&](int n, std::uint32_t base) {
+      for (int i = 0; i < n; ++i) {
+        f.launch(fill, s, 1, 32, out + 4u * i, base + static_cast<std::uint32_t>(i), 1);
+      }
+      REQUIRE(f.synchronize(s) == CUDA_SUCCESS);
+      std::vector<std::uint32_t> expected;
+      for (int i = 0; i < n; ++i) expected.push_back(base + static_cast<std::uint32_t>(i));
+      CHECK(f.read(out, static_cast<std::size_t>(n)) == expected);
+    };
+    burst(1, 10);  // goes out alone; then the 8- and the 64-node graphs are built
+    CHECK(instantiations() - before == (prepare ? 2 : 0));
+    burst(40, 100);  // first sight of its key: the 64-node graph if prepared, else eagerly
+    burst(8, 200);
+    CHECK(figures(f.h).batches == (prepare ? 2 : 0));
+    burst(20, 300);  // a 32-node graph is never prepared: eagerly at first sight
+    CHECK(figures(f.h).batches == (prepare ? 2 : 0));
+    CHECK(instantiations() - before == (prepare ? 2 : 0));
+    CHECK(f.async_error() == CUDA_SUCCESS);
+  }
+}
+
 TEST_CASE("a memset, an event record or another stream between launches splits the batch in order",
           "[server][launch_batch]") {
   Fixture f(test_driver(), batching(64, 0));

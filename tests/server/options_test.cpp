@@ -274,7 +274,8 @@ std::string describe(const Options& o) {
       "device={} fd={} driver={} log={} sm={} mem={} workers={} ctx={} spin={} hf={} fw={} cfmq={} "
       "poll={} share={} img={} verdicts={} busy={} prio={} hold={} fpoll={} ahead={} reserve={} "
       "batch={} "
-      "min={} graphs={} ramp={} keep={} preempt={} idle={} overcommit={} park={} limits={}",
+      "min={} graphs={} ramp={} keep={} prepare={} preempt={} idle={} overcommit={} park={} "
+      "limits={}",
       o.device, o.control_fd, o.driver, static_cast<int>(o.log_level), s.default_sm_percentage,
       s.default_memory_limit, s.workers, s.context_idle_timeout.count(),
       s.spin_clients ? static_cast<long long>(*s.spin_clients) : -1LL, s.host_fences, s.fence_watch,
@@ -283,8 +284,9 @@ std::string describe(const Options& o) {
       s.priority.max_hold.count(), s.priority.fence_poll.count(), s.priority.run_ahead,
       format_sm_reserve(s.priority.reserve), s.launch_batch.max_launches,
       s.launch_batch.min_launches, static_cast<int>(s.launch_batch.graphs),
-      s.launch_batch.ramp_last, s.launch_batch.keep_nodes, s.memory_policy.preemption,
-      s.memory_policy.idle_after.count(), s.memory_policy.overcommit_percent, s.park_pool, limits);
+      s.launch_batch.ramp_last, s.launch_batch.keep_nodes, s.launch_batch.prepare_graphs,
+      s.memory_policy.preemption, s.memory_policy.idle_after.count(),
+      s.memory_policy.overcommit_percent, s.park_pool, limits);
 }
 
 // A valid value of `option` other than its default.

@@ -250,6 +250,13 @@ constexpr std::array kOptions{
                  .default_value = "on",
                  .help = "a graph node that holds a launch's function, shape and arguments "
                          "already is not updated; off: every node at every batch"},
+    ServerOption{.setting = kLaunchBatchPrepare,
+                 .flag = "launch-batch-prepare",
+                 .value_name = "on|off",
+                 .kind = kSwitch,
+                 .default_value = "on",
+                 .help = "build the graphs of the shortest and the longest padded batch at a "
+                         "client's first launch; off: at their second sighting"},
     ServerOption{.setting = kMemoryPreemption,
                  .flag = "memory-preemption",
                  .value_name = "on|off",

@@ -46,6 +46,7 @@ enum class Setting : std::uint8_t {
   kLaunchBatchGraphs,
   kLaunchBatchRamp,
   kLaunchBatchKeepNodes,
+  kLaunchBatchPrepare,
   kMemoryPreemption,
   kPreemptionIdleMs,
   kMemoryOvercommit,

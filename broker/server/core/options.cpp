@@ -111,6 +111,9 @@ void apply(Options& options, Setting setting, const std::string& value) {
     case Setting::kLaunchBatchKeepNodes:
       s.launch_batch.keep_nodes = value == "on";
       return;
+    case Setting::kLaunchBatchPrepare:
+      s.launch_batch.prepare_graphs = value == "on";
+      return;
     case Setting::kMemoryPreemption:
       s.memory_policy.preemption = value == "on";
       return;

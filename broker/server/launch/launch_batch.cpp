@@ -195,6 +195,7 @@ CUresult LaunchBatcher::flush(Session& session) {
       }
       first += run.count;
     }
+    if (sticky == CUDA_SUCCESS && !prepared_) prepare(session);
   }
   pending_.clear();
   offsets_.clear();
@@ -204,6 +205,28 @@ CUresult LaunchBatcher::flush(Session& session) {
     if (ramp_ > settings_.ramp_last || ramp_ >= settings_.max_launches) ramp_ = 0;
   }
   return sticky;
+}
+
+void LaunchBatcher::prepare(Session& session) {
+  prepared_ = true;
+  if (!settings_.prepare_graphs || settings_.graphs != LaunchBatchSettings::Graphs::kPadded) return;
+  auto padded = [](std::size_t n) {
+    std::size_t pow2 = 1;
+    while (pow2 < n) pow2 *= 2;
+    return pow2;
+  };
+  const std::size_t lengths[] = {padded(std::max<std::size_t>(settings_.min_launches, 2)),
+                                 padded(settings_.max_launches)};
+  for (std::size_t nodes : lengths) {
+    // Every node of the graph gets pending_[0]'s launch (node_kind, build: the run's last).
+    const Run run{0, 1, nodes};
+    const std::uint64_t hash = key_hash(run);
+    if (nodes > settings_.cache_nodes || settings_.cache_graphs == 0 || refused(hash) ||
+        find(hash, run) != nullptr) {
+      continue;
+    }
+    if (build(session, hash, run) == nullptr) return;  // logged; not tried again
+  }
 }
 
 CUresult LaunchBatcher::issue_eagerly(Session& session, CUstream stream, Run run) {
