@@ -37,6 +37,21 @@ std::vector<std::uint32_t> appended_and_counted() {
   return out;
 }
 
+// n launches of fill_u32 on `stream`, the i-th writing value(i) into word i of `out`, then a
+// synchronize and the words checked. `grid` changes the launches' shape, not what they write.
+template <typename Value>
+void fill_words(Fixture& f, const proto::FunctionRep& fill, std::uint64_t stream, std::uint64_t out,
+                int n, Value value, std::array<unsigned, 3> grid = {1, 1, 1}) {
+  std::vector<std::uint32_t> expected;
+  for (int i = 0; i < n; ++i) {
+    f.launch_shaped(fill, stream, grid, {32, 1, 1}, 0, out + 4u * static_cast<unsigned>(i),
+                    static_cast<std::uint32_t>(value(i)), 1);
+    expected.push_back(static_cast<std::uint32_t>(value(i)));
+  }
+  REQUIRE(f.synchronize(stream) == CUDA_SUCCESS);
+  CHECK(f.read(out, static_cast<std::size_t>(n)) == expected);
+}
+
 // Fibonacci with vector_add on aliased buffers: a += b, then b += a, `pairs` times, from a = b =
 // 1: any two launches swapped give other numbers.
 void fibonacci(Fixture& f, std::uint64_t stream, std::uint64_t a, std::uint64_t b, int pairs,
@@ -138,14 +153,8 @@ TEST_CASE("a batch goes out as one graph launch whose nodes all got this batch's
   const unsigned long long updates_before = node_updates();
   // The same sequence of functions with other arguments each time: the cached graph runs them.
   for (std::uint32_t round = 1; round <= 3; ++round) {
-    for (int i = 0; i < kWords; ++i) {
-      f.launch(fill, s, 1, 32, out + 4u * i, round * 1000 + static_cast<std::uint32_t>(i), 1);
-    }
-    REQUIRE(f.synchronize(s) == CUDA_SUCCESS);
-    std::vector<std::uint32_t> expected;
-    for (int i = 0; i < kWords; ++i)
-      expected.push_back(round * 1000 + static_cast<std::uint32_t>(i));
-    CHECK(f.read(out, kWords) == expected);
+    fill_words(f, fill, s, out, kWords,
+               [&](int i) { return round * 1000 + static_cast<std::uint32_t>(i); });
   }
   CHECK(figures(f.h).batches == 3);
   CHECK(node_updates() - updates_before == 3 * kWords);
@@ -158,17 +167,11 @@ TEST_CASE("a node that already holds a launch's function, shape and arguments is
   const auto fill = f.function("fill_u32");
   const std::uint64_t s = f.stream();
   const std::uint64_t out = f.buffer(4 * kWords);
-  // kWords launches filling word i with value(i), after a memset that clears them: only the
-  // graph's nodes, kept or updated, put the values back.
+  // After a memset that clears the words: only the graph's nodes, kept or updated, put the
+  // values back.
   auto burst = [&](auto value, std::array<unsigned, 3> grid = {1, 1, 1}) {
     f.memset(s, out, 0, kWords);
-    for (int i = 0; i < kWords; ++i) {
-      f.launch_shaped(fill, s, grid, {32, 1, 1}, 0, out + 4u * i, value(i), 1);
-    }
-    REQUIRE(f.synchronize(s) == CUDA_SUCCESS);
-    std::vector<std::uint32_t> expected;
-    for (int i = 0; i < kWords; ++i) expected.push_back(value(i));
-    CHECK(f.read(out, kWords) == expected);
+    fill_words(f, fill, s, out, kWords, value, grid);
   };
   auto same = [](int i) { return 7u * static_cast<std::uint32_t>(i); };
   auto fifth_changed = [&](int i) { return i == 5 ? 999u : same(i); };
@@ -213,13 +216,7 @@ TEST_CASE("the padded graphs of the shortest and the longest batch are built at 
     const std::uint64_t s = f.stream();
     const std::uint64_t out = f.buffer(4 * 64);
     auto burst = [&](int n, std::uint32_t base) {
-      for (int i = 0; i < n; ++i) {
-        f.launch(fill, s, 1, 32, out + 4u * i, base + static_cast<std::uint32_t>(i), 1);
-      }
-      REQUIRE(f.synchronize(s) == CUDA_SUCCESS);
-      std::vector<std::uint32_t> expected;
-      for (int i = 0; i < n; ++i) expected.push_back(base + static_cast<std::uint32_t>(i));
-      CHECK(f.read(out, static_cast<std::size_t>(n)) == expected);
+      fill_words(f, fill, s, out, n, [&](int i) { return base + static_cast<std::uint32_t>(i); });
     };
     burst(1, 10);  // goes out alone; then the 8- and the 64-node graphs are built
     CHECK(instantiations() - before == (prepare ? 2 : 0));
