@@ -9,7 +9,8 @@
 // then. --start-at-ns does the same without stdin (as examples/small_kernels).
 //
 // Result line fields: kernels, batches, seconds, kernels_per_s, p50_us/p90_us/p99_us/max_us
-// (per batch, launch to synchronized), start_ns/end_ns (CLOCK_REALTIME of the timed loop).
+// (per batch, launch to synchronized), start_ns/end_ns (CLOCK_REALTIME of the timed loop),
+// stream_priority (the stream's priority as the driver gave it, --stream-priority clamped).
 //
 // --stamps (with --batch 1) splits each round trip where the time goes: the kernel records its
 // start and end on the GPU (%globaltimer, spin_stamp_kernel) and the program its launch call and
@@ -126,6 +127,8 @@ int main(int argc, char** argv) {
       ex::get_function(module, last_block ? "spin_span_kernel" : "spin_stamp_kernel");
   CUstream stream = nullptr;
   CU_CHECK(cuStreamCreateWithPriority(&stream, CU_STREAM_NON_BLOCKING, stream_priority));
+  int priority_given = 0;  // the driver clamps it to its range
+  CU_CHECK(cuStreamGetPriority(stream, &priority_given));
   // --stamps: the first kStampCap round trips are split; later ones stamp into a spare pair.
   constexpr int kStampCap = 1 << 18;
   CUdeviceptr stamps_dev = 0;
@@ -202,6 +205,7 @@ int main(int argc, char** argv) {
   report.add("blocks", blocks);
   report.add("threads", threads);
   report.add("batch", batch);
+  report.add("stream_priority", priority_given);
   report.add_fixed("seconds", seconds, 4);
   report.add_fixed("kernels_per_s", static_cast<double>(kernels) / seconds, 1);
   report.add_fixed("p50_us", p50, 2);

@@ -389,6 +389,32 @@ TEST_CASE("small_kernels --gaps reads back when each kernel ran, through the bro
   CHECK(std::regex_search(o.out, std::regex("gap_head_us=([0-9.-]+/){14}[0-9.-]+(\\s|$)")));
 }
 
+TEST_CASE("kernel_latency --stamps-last-block splits each trip, on a stream of the priority asked",
+          "[e2e][examples]") {
+  const char* path = example_path("BENCH_KERNEL_LATENCY");
+  Daemon daemon;
+  constexpr long long kSpinNs = 200'000;
+  constexpr int kKernels = 20;
+  Outcome o = run_client(
+      daemon, {path, "--stamps-last-block", "--stream-priority", "-1", "--ns",
+               std::to_string(kSpinNs), "--blocks", "4", "--kernels", std::to_string(kKernels)});
+  require_pass(o, daemon);
+  auto number = [&](const std::string& key) {
+    std::smatch m;
+    const std::regex re("(?:^| )" + key + "=(-?[0-9.]+)");
+    REQUIRE(std::regex_search(o.out, m, re));
+    return std::stod(m[1]);
+  };
+  INFO(o.out);
+  CHECK(number("stream_priority") == -1);
+  CHECK(number("stamped") == kKernels);
+  // Block 0's start to the last block's end: at least one spin; zeroed or unwritten stamps (a
+  // kernel that did not run, or stamps cleared after it) make it absurd.
+  CHECK(number("stamp_run_min_us") >= kSpinNs / 1000.0);
+  CHECK(number("stamp_run_p99_us") < 100 * kSpinNs / 1000.0);
+  CHECK(number("stamp_answer_p50_over_min_us") >= 0);
+}
+
 TEST_CASE("ps accounts a real client's work: launches, bytes, memory, GPU time",
           "[e2e][accounting]") {
   Daemon daemon({"--busy-time", "on"});
